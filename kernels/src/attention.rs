@@ -1,0 +1,198 @@
+//! Causal attention over one sequence, returning the output and the per-query log-sum-exp.
+//!
+//! Layout (DESIGN.md §2): queries `[q_heads, q_len, head_dim]`, keys and values
+//! `[kv_heads, kv_len, head_dim]`, one token's row contiguous. Grouped-query attention maps
+//! query head `h` to KV head `h / (q_heads / kv_heads)`, as Hugging Face's `repeat_kv` does.
+//!
+//! Positions: query `i` sits at absolute position `mask.q_offset + i`, key `j` at position `j`.
+//! Key `j` is visible from query position `p` when `j <= p` and, with a sliding window `w`,
+//! `p - j < w` (the window counts the query's own token, as transformers' Mistral does).
+
+use candle_core::{DType, Device, Result, Tensor, D};
+
+/// Which keys each query may see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mask {
+    /// Absolute position of the first query.
+    pub q_offset: usize,
+    /// Sliding-window size in tokens (the query's own token included); `None` for full causal.
+    pub window: Option<usize>,
+}
+
+impl Mask {
+    pub fn causal(q_offset: usize) -> Self {
+        Self { q_offset, window: None }
+    }
+
+    /// Whether key position `key` is visible from query position `pos`.
+    pub fn visible(&self, pos: usize, key: usize) -> bool {
+        key <= pos && self.window.is_none_or(|w| pos - key < w)
+    }
+
+    /// Half-open range of key positions that query position `pos` may see, clipped to `kv_len`.
+    fn key_range(&self, pos: usize, kv_len: usize) -> (usize, usize) {
+        let end = (pos + 1).min(kv_len);
+        let start = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        (start.min(end), end)
+    }
+}
+
+/// Attention output `[q_heads, q_len, head_dim]` (f32) and log-sum-exp `[q_heads, q_len]` (f32),
+/// where the LSE is taken over the scaled scores `scale * q·k` of the visible keys.
+#[derive(Debug, Clone)]
+pub struct AttnOutput {
+    pub out: Tensor,
+    pub lse: Tensor,
+}
+
+/// Upper bound on the number of f32 scores materialised at once; queries are processed in
+/// chunks so that prefill never builds a `q_len × kv_len` matrix larger than this (64 MiB).
+const MAX_SCORE_ELEMS: usize = 1 << 24;
+
+/// Fast path: causal (optionally windowed) attention with LSE, on the tensors' device.
+///
+/// Computes in f32 whatever the input dtype (scores and softmax in bf16 lose too much), in
+/// query chunks bounded by [`MAX_SCORE_ELEMS`], reading for each chunk only the keys some
+/// query of the chunk can see.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Mask, scale: f32) -> Result<AttnOutput> {
+    let (q_heads, q_len, head_dim) = q.dims3()?;
+    let (kv_heads, kv_len, k_dim) = k.dims3()?;
+    if v.dims3()? != (kv_heads, kv_len, head_dim) || k_dim != head_dim {
+        candle_core::bail!(
+            "attention: shapes do not agree: q {:?}, k {:?}, v {:?}",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        );
+    }
+    if kv_heads == 0 || q_heads % kv_heads != 0 {
+        candle_core::bail!("attention: {q_heads} query heads are not a multiple of {kv_heads} KV heads");
+    }
+    let last_pos = mask.q_offset + q_len.saturating_sub(1);
+    if q_len > 0 && mask.key_range(mask.q_offset, kv_len).0 >= kv_len.min(last_pos + 1) {
+        candle_core::bail!("attention: query at position {} sees no key (kv_len {kv_len})", mask.q_offset);
+    }
+    let groups = q_heads / kv_heads;
+    let device = q.device();
+    let q = q.to_dtype(DType::F32)?;
+    let k = k.to_dtype(DType::F32)?;
+    let v = v.to_dtype(DType::F32)?;
+
+    let chunk = (MAX_SCORE_ELEMS / (q_heads * kv_len.max(1))).clamp(1, q_len.max(1));
+    let mut outs = Vec::with_capacity(q_len.div_ceil(chunk));
+    let mut lses = Vec::with_capacity(outs.capacity());
+    let mut c0 = 0;
+    while c0 < q_len {
+        let n = chunk.min(q_len - c0);
+        let first = mask.q_offset + c0;
+        let last = first + n - 1;
+        let k_start = mask.key_range(first, kv_len).0;
+        let k_end = mask.key_range(last, kv_len).1;
+        let kl = k_end - k_start;
+        // [q_heads, n, d] -> [kv_heads, groups * n, d]: the heads of one group share K/V.
+        let qc = q.narrow(1, c0, n)?.contiguous()?.reshape((kv_heads, groups * n, head_dim))?;
+        let kc = k.narrow(1, k_start, kl)?;
+        let vc = v.narrow(1, k_start, kl)?.contiguous()?;
+        let mut scores = (qc.matmul(&kc.t()?)? * scale as f64)?; // [kv_heads, groups*n, kl]
+        if let Some(bias) = mask_bias(&mask, first, n, k_start, k_end, device)? {
+            scores = scores
+                .reshape((kv_heads, groups, n, kl))?
+                .broadcast_add(&bias)?
+                .reshape((kv_heads, groups * n, kl))?;
+        }
+        let max = scores.max_keepdim(D::Minus1)?;
+        let exp = scores.broadcast_sub(&max)?.exp()?;
+        let sum = exp.sum_keepdim(D::Minus1)?;
+        let lse = (max + sum.log()?)?; // [kv_heads, groups*n, 1]
+        let out = exp.broadcast_div(&sum)?.matmul(&vc)?; // [kv_heads, groups*n, d]
+        outs.push(out.reshape((q_heads, n, head_dim))?);
+        lses.push(lse.reshape((q_heads, n))?);
+        c0 += n;
+    }
+    if outs.is_empty() {
+        return Ok(AttnOutput {
+            out: Tensor::zeros((q_heads, 0, head_dim), DType::F32, device)?,
+            lse: Tensor::zeros((q_heads, 0), DType::F32, device)?,
+        });
+    }
+    Ok(AttnOutput { out: Tensor::cat(&outs, 1)?, lse: Tensor::cat(&lses, 1)? })
+}
+
+/// Additive mask `[n, k_end - k_start]` (0 or -inf) for queries at `first..first + n`, or
+/// `None` when every key of the range is visible to every query (decode, the common case).
+fn mask_bias(
+    mask: &Mask,
+    first: usize,
+    n: usize,
+    k_start: usize,
+    k_end: usize,
+    device: &Device,
+) -> Result<Option<Tensor>> {
+    let last = first + n - 1;
+    let all_visible = mask.visible(first, k_end - 1) && mask.visible(last, k_start);
+    if all_visible {
+        return Ok(None);
+    }
+    let kl = k_end - k_start;
+    let mut bias = vec![0f32; n * kl];
+    for i in 0..n {
+        for j in 0..kl {
+            if !mask.visible(first + i, k_start + j) {
+                bias[i * kl + j] = f32::NEG_INFINITY;
+            }
+        }
+    }
+    Tensor::from_vec(bias, (n, kl), device).map(Some)
+}
+
+/// The obviously-right version, over row-major `f32` slices with the shapes of [`attention`].
+pub mod reference {
+    use super::Mask;
+
+    /// Returns `(out [q_heads * q_len * head_dim], lse [q_heads * q_len])`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        mask: Mask,
+        scale: f32,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let q_len = q.len() / (q_heads * head_dim);
+        let kv_len = k.len() / (kv_heads * head_dim);
+        let groups = q_heads / kv_heads;
+        let mut out = vec![0f32; q.len()];
+        let mut lse = vec![0f32; q_heads * q_len];
+        for h in 0..q_heads {
+            let kvh = h / groups;
+            for i in 0..q_len {
+                let pos = mask.q_offset + i;
+                let qrow = &q[(h * q_len + i) * head_dim..][..head_dim];
+                let keys: Vec<usize> = (0..kv_len).filter(|&j| mask.visible(pos, j)).collect();
+                let scores: Vec<f64> = keys
+                    .iter()
+                    .map(|&j| {
+                        let krow = &k[(kvh * kv_len + j) * head_dim..][..head_dim];
+                        let dot: f64 = qrow.iter().zip(krow).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        dot * scale as f64
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                lse[h * q_len + i] = (max + total.ln()) as f32;
+                let orow = &mut out[(h * q_len + i) * head_dim..][..head_dim];
+                for (w, &j) in weights.iter().zip(&keys) {
+                    let vrow = &v[(kvh * kv_len + j) * head_dim..][..head_dim];
+                    for (o, x) in orow.iter_mut().zip(vrow) {
+                        *o += (w / total * *x as f64) as f32;
+                    }
+                }
+            }
+        }
+        (out, lse)
+    }
+}

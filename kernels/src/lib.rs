@@ -1,0 +1,20 @@
+//! Attention math for Folio, with no knowledge of models.
+//!
+//! Every primitive exists twice, side by side:
+//!
+//! * a **reference** over plain `f32` slices, written as directly from the definition as
+//!   possible (two passes, no tricks), whose only job is to be obviously right;
+//! * a **fast path** over candle tensors that runs on every device candle supports (CPU, and
+//!   CUDA with the `cuda` feature) and is what the engine calls.
+//!
+//! The tests compare the two on fresh random inputs with one test body for every device
+//! (candle's `test_device!` habit), so a later hand-written CUDA kernel slots in beside the
+//! candle path and is held to the same reference.
+//!
+//! Attention here always returns the log-sum-exp (LSE) of each query's scores along with the
+//! output: sparse methods compute partial attentions over disjoint key sets and merge them
+//! exactly by LSE, so the primitive has to expose it from day one.
+
+pub mod attention;
+
+pub use attention::{attention, AttnOutput, Mask};

@@ -1,0 +1,114 @@
+//! The fast attention path against the reference, on fresh random inputs, for every device.
+
+use candle_core::{Device, Result, Tensor};
+use folio_kernels::attention::{self, reference, Mask};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+/// One test body for every device (candle's `test_device!` habit).
+macro_rules! test_device {
+    ($body:ident, $cpu:ident, $cuda:ident) => {
+        #[test]
+        fn $cpu() -> Result<()> {
+            $body(&Device::Cpu)
+        }
+        #[cfg(feature = "cuda")]
+        #[test]
+        fn $cuda() -> Result<()> {
+            $body(&Device::new_cuda(0)?)
+        }
+    };
+}
+
+fn tolerance(device: &Device) -> f32 {
+    if device.is_cpu() {
+        1e-5
+    } else {
+        1e-4
+    }
+}
+
+fn random(rng: &mut StdRng, n: usize, spread: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-spread..spread)).collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Random shapes: prefill chunks (q_len > 1), decode (q_len = 1), GQA/MQA/MHA, windows.
+fn fast_matches_reference(device: &Device) -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    for case in 0..40 {
+        let kv_heads = [1, 2, 4][rng.random_range(0..3)];
+        let q_heads = kv_heads * [1, 2, 4][rng.random_range(0..3)];
+        let head_dim = [8, 16, 64][rng.random_range(0..3)];
+        let kv_len = rng.random_range(1..200);
+        let q_len = rng.random_range(1..=kv_len.min(64));
+        let q_offset = kv_len - q_len; // queries are the last q_len tokens, as in prefill/decode
+        let window = if case % 3 == 0 { Some(rng.random_range(1..=kv_len)) } else { None };
+        let mask = Mask { q_offset, window };
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        // A large spread makes peaked softmaxes, a small one diffuse ones: test both.
+        let spread = if case % 2 == 0 { 3.0 } else { 0.5 };
+        let q = random(&mut rng, q_heads * q_len * head_dim, spread);
+        let k = random(&mut rng, kv_heads * kv_len * head_dim, spread);
+        let v = random(&mut rng, kv_heads * kv_len * head_dim, 1.0);
+        let (ref_out, ref_lse) = reference::attention(&q, &k, &v, q_heads, kv_heads, head_dim, mask, scale);
+
+        let qt = Tensor::from_vec(q, (q_heads, q_len, head_dim), device)?;
+        let kt = Tensor::from_vec(k, (kv_heads, kv_len, head_dim), device)?;
+        let vt = Tensor::from_vec(v, (kv_heads, kv_len, head_dim), device)?;
+        let got = attention::attention(&qt, &kt, &vt, mask, scale)?;
+        let out = got.out.flatten_all()?.to_vec1::<f32>()?;
+        let lse = got.lse.flatten_all()?.to_vec1::<f32>()?;
+        let (d_out, d_lse) = (max_abs_diff(&out, &ref_out), max_abs_diff(&lse, &ref_lse));
+        let tol = tolerance(device);
+        assert!(
+            d_out < tol && d_lse < tol * 10.0,
+            "case {case}: q_heads {q_heads} kv_heads {kv_heads} d {head_dim} q_len {q_len} \
+             kv_len {kv_len} window {window:?}: max |out diff| {d_out}, max |lse diff| {d_lse}"
+        );
+    }
+    Ok(())
+}
+test_device!(fast_matches_reference, fast_matches_reference_cpu, fast_matches_reference_cuda);
+
+/// Queries chunked by the score-memory bound give the same answer as one chunk.
+fn chunking_is_exact(device: &Device) -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    // 16 heads x 4096 keys: the bound forces chunks of 256 queries, so 600 queries span 3 chunks.
+    let (q_heads, kv_heads, head_dim, kv_len, q_len) = (16, 4, 8, 4096, 600);
+    let mask = Mask::causal(kv_len - q_len);
+    let q = random(&mut rng, q_heads * q_len * head_dim, 1.0);
+    let k = random(&mut rng, kv_heads * kv_len * head_dim, 1.0);
+    let v = random(&mut rng, kv_heads * kv_len * head_dim, 1.0);
+    let qt = Tensor::from_slice(&q, (q_heads, q_len, head_dim), device)?;
+    let kt = Tensor::from_slice(&k, (kv_heads, kv_len, head_dim), device)?;
+    let vt = Tensor::from_slice(&v, (kv_heads, kv_len, head_dim), device)?;
+    let got = attention::attention(&qt, &kt, &vt, mask, 0.35)?;
+    let (ref_out, _) = reference::attention(&q, &k, &v, q_heads, kv_heads, head_dim, mask, 0.35);
+    let out = got.out.flatten_all()?.to_vec1::<f32>()?;
+    assert!(max_abs_diff(&out, &ref_out) < tolerance(device));
+    Ok(())
+}
+test_device!(chunking_is_exact, chunking_is_exact_cpu, chunking_is_exact_cuda);
+
+#[test]
+fn window_semantics() {
+    let m = Mask { q_offset: 0, window: Some(3) };
+    // Query at position 5 sees keys 3, 4, 5 (three tokens, its own included).
+    let seen: Vec<usize> = (0..8).filter(|&j| m.visible(5, j)).collect();
+    assert_eq!(seen, vec![3, 4, 5]);
+    assert!(!Mask::causal(0).visible(2, 3), "future keys are never visible");
+}
+
+#[test]
+fn bad_shapes_are_errors() -> Result<()> {
+    let d = Device::Cpu;
+    let q = Tensor::zeros((3, 1, 8), candle_core::DType::F32, &d)?;
+    let k = Tensor::zeros((2, 4, 8), candle_core::DType::F32, &d)?;
+    let err = attention::attention(&q, &k, &k, Mask::causal(3), 1.0).unwrap_err();
+    assert!(err.to_string().contains("not a multiple"), "{err}");
+    Ok(())
+}

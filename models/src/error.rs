@@ -1,0 +1,76 @@
+//! One error type for the engine. Every variant names what is wrong *and* what to do, because
+//! these messages reach users verbatim (CLI and desktop app alike).
+
+use std::path::PathBuf;
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "{file} not found in {dir}: a model folder needs config.json, tokenizer.json and \
+         safetensors weights (model.safetensors, or model.safetensors.index.json with its shards)"
+    )]
+    MissingFile { file: String, dir: PathBuf },
+
+    #[error("unsupported model_type \"{found}\" in config.json; Folio supports: {}", supported.join(", "))]
+    UnsupportedModelType { found: String, supported: Vec<&'static str> },
+
+    #[error("{path}: {msg}")]
+    InvalidConfig { path: PathBuf, msg: String },
+
+    #[error(
+        "{path} is truncated: its header describes {expected} bytes but the file has {actual}; \
+         download or copy it again"
+    )]
+    WeightsTruncated { path: PathBuf, expected: u64, actual: u64 },
+
+    #[error("{path}: invalid safetensors file: {msg}")]
+    InvalidWeights { path: PathBuf, msg: String },
+
+    #[error("tensor {name} is missing from the model weights")]
+    MissingTensor { name: String },
+
+    #[error(
+        "the prompt is {tokens} tokens, longer than the model's context length of {limit} tokens \
+         (max_position_embeddings); nothing was truncated: shorten the input or use a model with a \
+         longer context"
+    )]
+    PromptTooLong { tokens: usize, limit: usize },
+
+    #[error(
+        "model {repo} is not in the Hugging Face cache ({cache}) and downloads are off \
+         (HF_HUB_OFFLINE); download it once with network access, or pass a local model folder"
+    )]
+    ModelNotCached { repo: String, cache: PathBuf },
+
+    #[error("{0} is neither a model folder nor a Hugging Face repo id (owner/name)")]
+    BadModelSpec(String),
+
+    #[error("downloading {repo}/{file} from the Hugging Face hub failed: {msg}")]
+    Download { repo: String, file: String, msg: String },
+
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+
+    #[error("chat template: {0}")]
+    Template(String),
+
+    #[error("the model has no chat template (no chat_template.jinja, none in tokenizer_config.json); use raw text instead")]
+    NoChatTemplate,
+
+    #[error("{0}")]
+    Invalid(String),
+
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io { path: path.into(), source }
+    }
+}

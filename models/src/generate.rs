@@ -1,0 +1,238 @@
+//! Token generation: sampling settings (with the model's generation_config.json as defaults),
+//! the decode loop, stop conditions, and streaming of text pieces to a callback.
+//!
+//! Sampling is candle-transformers' `LogitsProcessor` (argmax, temperature, top-k, top-p,
+//! seeded) after its Hugging Face-style repetition penalty; this module owns the loop, the stop
+//! rules and the streaming, which are Folio's.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+
+use candle_transformers::generation::{LogitsProcessor, Sampling};
+use serde::{Deserialize, Serialize};
+
+use crate::attention::Attention;
+use crate::config::TokenIds;
+use crate::error::{Error, Result};
+use crate::kv::KvStore;
+use crate::model::{Logits, Model};
+use crate::tokenizer::Tokenizer;
+
+/// How the next token is chosen.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SamplingParams {
+    /// 0 means greedy (argmax).
+    pub temperature: f64,
+    pub top_p: Option<f64>,
+    pub top_k: Option<usize>,
+    /// 1.0 means off; > 1 discourages tokens already in the prompt or answer (HF semantics).
+    pub repetition_penalty: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self { temperature: 0.0, top_p: None, top_k: None, repetition_penalty: 1.0, seed: 0 }
+    }
+}
+
+impl SamplingParams {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Invalid(m));
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad(format!("temperature must be >= 0 (0 = greedy), got {}", self.temperature));
+        }
+        if let Some(p) = self.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+            return bad(format!("top_p must be in (0, 1], got {p}"));
+        }
+        if self.top_k == Some(0) {
+            return bad("top_k must be >= 1".into());
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return bad(format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
+        }
+        Ok(())
+    }
+
+    fn sampling(&self) -> Sampling {
+        let temperature = self.temperature;
+        match (self.temperature > 0.0, self.top_k, self.top_p.filter(|p| *p < 1.0)) {
+            (false, _, _) => Sampling::ArgMax,
+            (true, None, None) => Sampling::All { temperature },
+            (true, Some(k), None) => Sampling::TopK { k, temperature },
+            (true, None, Some(p)) => Sampling::TopP { p, temperature },
+            (true, Some(k), Some(p)) => Sampling::TopKThenTopP { k, p, temperature },
+        }
+    }
+}
+
+/// The parts of `generation_config.json` Folio uses.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct GenerationConfig {
+    eos_token_id: Option<TokenIds>,
+    pub do_sample: Option<bool>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<usize>,
+    pub repetition_penalty: Option<f32>,
+}
+
+impl GenerationConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        serde_json::from_str(&text).map_err(|e| Error::InvalidConfig { path: path.to_owned(), msg: e.to_string() })
+    }
+
+    pub fn eos_token_ids(&self) -> Vec<u32> {
+        self.eos_token_id.as_ref().map(TokenIds::to_vec).unwrap_or_default()
+    }
+
+    /// The model author's sampling defaults (greedy unless `do_sample` is set).
+    pub fn sampling_defaults(&self) -> SamplingParams {
+        let sample = self.do_sample == Some(true);
+        SamplingParams {
+            temperature: if sample { self.temperature.unwrap_or(1.0) } else { 0.0 },
+            top_p: self.top_p.filter(|_| sample),
+            top_k: self.top_k.filter(|_| sample),
+            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+            seed: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateParams {
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop_strings: Vec<String>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The model produced an end-of-sequence token.
+    Eos,
+    /// A stop string appeared in the text (it is not part of the answer).
+    StopString,
+    /// `max_new_tokens` reached.
+    MaxTokens,
+    /// The model's context length is full.
+    ContextFull,
+    /// The callback asked to stop (the user pressed Stop).
+    Cancelled,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Generation {
+    /// Generated token ids, the EOS token included when generation ended on one.
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub stop_reason: StopReason,
+}
+
+/// Runs the prompt through `model` (appending to `kv`) and generates up to `max_new_tokens`,
+/// calling `on_text` with each new piece of text as soon as it is final (text that could be
+/// the start of a stop string, or half a UTF-8 character, is held back).
+pub fn generate(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    attn: &dyn Attention,
+    kv: &mut dyn KvStore,
+    prompt: &[u32],
+    params: &GenerateParams,
+    mut on_text: impl FnMut(&str) -> ControlFlow<()>,
+) -> Result<Generation> {
+    params.sampling.validate()?;
+    let limit = model.config().max_position_embeddings;
+    if kv.len() + prompt.len() > limit {
+        return Err(Error::PromptTooLong { tokens: kv.len() + prompt.len(), limit });
+    }
+    kv.reserve((kv.len() + prompt.len() + params.max_new_tokens).min(limit))?;
+    let mut processor = LogitsProcessor::from_sampling(params.sampling.seed, params.sampling.sampling());
+    let mut context: Vec<u32> = prompt.to_vec();
+    let mut tokens = Vec::new();
+    let mut emitted = 0;
+    let mut text = String::new();
+    let mut input = prompt.to_vec();
+    let stop_reason = loop {
+        if tokens.len() >= params.max_new_tokens {
+            break StopReason::MaxTokens;
+        }
+        if kv.len() + input.len() > limit {
+            break StopReason::ContextFull;
+        }
+        let logits = model.forward(&input, kv, attn, Logits::Last)?.squeeze(0)?;
+        let logits = if params.sampling.repetition_penalty != 1.0 {
+            candle_transformers::utils::apply_repeat_penalty(&logits, params.sampling.repetition_penalty, &context)?
+        } else {
+            logits
+        };
+        let next = processor.sample(&logits)?;
+        tokens.push(next);
+        context.push(next);
+        input = vec![next];
+        if params.eos_token_ids.contains(&next) {
+            break StopReason::Eos;
+        }
+        text = tokenizer.decode(&tokens, true)?;
+        if let Some(at) = params.stop_strings.iter().filter_map(|s| text.find(s.as_str())).min() {
+            text.truncate(at);
+            break StopReason::StopString;
+        }
+        let safe = safe_prefix_len(&text, &params.stop_strings);
+        if safe > emitted {
+            if on_text(&text[emitted..safe]).is_break() {
+                emitted = safe;
+                break StopReason::Cancelled;
+            }
+            emitted = safe;
+        }
+    };
+    if stop_reason != StopReason::Cancelled && text.len() > emitted {
+        // The held-back tail is final now (the loop ended without a stop string there).
+        let _ = on_text(&text[emitted..]);
+    }
+    Ok(Generation { tokens, text, stop_reason })
+}
+
+/// Length of the prefix of `text` that can be shown: without a trailing partial character
+/// (U+FFFD from an incomplete UTF-8 sequence) and without a tail that may begin a stop string.
+fn safe_prefix_len(text: &str, stops: &[String]) -> usize {
+    let visible = text.trim_end_matches('\u{FFFD}');
+    let hold = stops
+        .iter()
+        .map(|stop| {
+            // The longest proper prefix of the stop string that the text ends with.
+            stop.char_indices().map(|(i, _)| i).filter(|&i| i > 0).rev().find(|&i| visible.ends_with(&stop[..i])).unwrap_or(0)
+        })
+        .max()
+        .unwrap_or(0);
+    visible.len() - hold
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holds_back_possible_stop_prefixes() {
+        let stops = vec!["</answer>".to_owned()];
+        assert_eq!(safe_prefix_len("hello </ans", &stops), "hello ".len());
+        assert_eq!(safe_prefix_len("hello world", &stops), "hello world".len());
+        assert_eq!(safe_prefix_len("caf\u{FFFD}", &[]), 3);
+        assert_eq!(safe_prefix_len("xaa", &["aab".to_owned()]), 1, "the longest partial match is held");
+    }
+
+    #[test]
+    fn sampling_validation() {
+        let mut p = SamplingParams { temperature: -1.0, ..Default::default() };
+        assert!(p.validate().unwrap_err().to_string().contains("temperature"));
+        p.temperature = 0.7;
+        p.top_p = Some(1.5);
+        assert!(p.validate().unwrap_err().to_string().contains("top_p"));
+        p.top_p = Some(0.9);
+        assert!(p.validate().is_ok());
+        assert!(matches!(p.sampling(), Sampling::TopP { .. }));
+    }
+}

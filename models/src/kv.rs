@@ -1,0 +1,186 @@
+//! The KV store seam: where the decoder writes post-RoPE keys and values and where attention
+//! methods read them.
+//!
+//! Layout (DESIGN.md §2): per layer, `[kv_heads, capacity, head_dim]`, so one token's row for
+//! one head is contiguous and a sparse gather reads whole rows. Storage is preallocated and
+//! written in place (`slice_set`); it grows by doubling when a conversation outgrows it, never
+//! by concatenating per step. Later issues add tiered stores (GPU hot set, host RAM, the
+//! memory-mapped context file) behind the same trait.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::{Error, Result};
+
+/// Storage of the per-layer K/V rows of one sequence.
+pub trait KvStore: Send {
+    /// Tokens stored (identical for every layer between forward passes).
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Writes `k`, `v` (`[kv_heads, t, head_dim]`, post-RoPE) for positions `pos..pos + t` of
+    /// `layer`. Positions must continue the stored sequence (`pos <= len`); writing at
+    /// `pos < len` overwrites (a regenerated tail).
+    fn write(&mut self, layer: usize, pos: usize, k: &Tensor, v: &Tensor) -> Result<()>;
+
+    /// K and V of `layer` for positions `0..end`, `[kv_heads, end, head_dim]` each.
+    fn read(&self, layer: usize, end: usize) -> Result<(Tensor, Tensor)>;
+
+    /// Sets the stored length after a forward pass wrote every layer up to `len`.
+    fn set_len(&mut self, len: usize) -> Result<()>;
+
+    /// Makes room for `total` tokens at once, so a known-length prefill or generation does not
+    /// grow the store step by step.
+    fn reserve(&mut self, total: usize) -> Result<()>;
+}
+
+/// Dense store on one device: every row of every layer resident.
+pub struct DenseKv {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    /// Highest position written per layer, to check the write/set_len protocol.
+    written: Vec<usize>,
+    len: usize,
+    capacity: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    dtype: DType,
+    device: Device,
+}
+
+/// Smallest allocation, so that short chats do not reallocate on their first tokens.
+const MIN_CAPACITY: usize = 256;
+
+impl DenseKv {
+    pub fn new(layers: usize, kv_heads: usize, head_dim: usize, dtype: DType, device: &Device) -> Self {
+        Self {
+            k: Vec::new(),
+            v: Vec::new(),
+            written: vec![0; layers],
+            len: 0,
+            capacity: 0,
+            kv_heads,
+            head_dim,
+            dtype,
+            device: device.clone(),
+        }
+        .with_layers(layers)
+    }
+
+    fn with_layers(mut self, layers: usize) -> Self {
+        self.k = Vec::with_capacity(layers);
+        self.v = Vec::with_capacity(layers);
+        self
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn grow(&mut self, total: usize) -> Result<()> {
+        if total <= self.capacity && self.k.len() == self.written.len() {
+            return Ok(());
+        }
+        let capacity = total.max(MIN_CAPACITY).max(self.capacity * 2);
+        let shape = (self.kv_heads, capacity, self.head_dim);
+        let mut k = Vec::with_capacity(self.written.len());
+        let mut v = Vec::with_capacity(self.written.len());
+        for layer in 0..self.written.len() {
+            let nk = Tensor::zeros(shape, self.dtype, &self.device)?;
+            let nv = Tensor::zeros(shape, self.dtype, &self.device)?;
+            let keep = self.written[layer];
+            if keep > 0 {
+                nk.slice_set(&self.k[layer].narrow(1, 0, keep)?.contiguous()?, 1, 0)?;
+                nv.slice_set(&self.v[layer].narrow(1, 0, keep)?.contiguous()?, 1, 0)?;
+            }
+            k.push(nk);
+            v.push(nv);
+        }
+        self.k = k;
+        self.v = v;
+        self.capacity = capacity;
+        Ok(())
+    }
+}
+
+impl KvStore for DenseKv {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn write(&mut self, layer: usize, pos: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        let (h, t, d) = k.dims3()?;
+        if (h, d) != (self.kv_heads, self.head_dim) || v.dims3()? != (h, t, d) {
+            return Err(Error::Invalid(format!(
+                "kv write: expected [{}, t, {}], got k {:?} v {:?}",
+                self.kv_heads,
+                self.head_dim,
+                k.dims(),
+                v.dims()
+            )));
+        }
+        if layer >= self.written.len() || pos > self.len {
+            return Err(Error::Invalid(format!("kv write at layer {layer}, position {pos} past the end {}", self.len)));
+        }
+        self.grow(pos + t)?;
+        self.k[layer].slice_set(&k.to_dtype(self.dtype)?.contiguous()?, 1, pos)?;
+        self.v[layer].slice_set(&v.to_dtype(self.dtype)?.contiguous()?, 1, pos)?;
+        self.written[layer] = pos + t;
+        Ok(())
+    }
+
+    fn read(&self, layer: usize, end: usize) -> Result<(Tensor, Tensor)> {
+        if layer >= self.k.len() || end > self.written[layer] {
+            return Err(Error::Invalid(format!("kv read of {end} rows at layer {layer}: not written")));
+        }
+        Ok((self.k[layer].narrow(1, 0, end)?, self.v[layer].narrow(1, 0, end)?))
+    }
+
+    fn set_len(&mut self, len: usize) -> Result<()> {
+        if self.written.iter().any(|&w| w < len) {
+            return Err(Error::Invalid(format!("kv length {len} set before every layer was written")));
+        }
+        self.len = len;
+        self.written.iter_mut().for_each(|w| *w = len);
+        Ok(())
+    }
+
+    fn reserve(&mut self, total: usize) -> Result<()> {
+        self.grow(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_in_place_and_grows() -> Result<()> {
+        let dev = Device::Cpu;
+        let mut kv = DenseKv::new(2, 2, 4, DType::F32, &dev);
+        let rows = |t: usize, base: f32| {
+            Tensor::arange(0f32, (2 * t * 4) as f32, &dev).unwrap().affine(1.0, base as f64).unwrap().reshape((2, t, 4))
+        };
+        for layer in 0..2 {
+            kv.write(layer, 0, &rows(3, 0.0)?, &rows(3, 100.0)?)?;
+        }
+        kv.set_len(3)?;
+        let cap = kv.capacity();
+        // Grow past the first allocation: earlier rows must survive the move.
+        let big = cap + 5;
+        for layer in 0..2 {
+            kv.write(layer, 3, &rows(big - 3, 1000.0)?, &rows(big - 3, 2000.0)?)?;
+        }
+        kv.set_len(big)?;
+        assert!(kv.capacity() >= big);
+        let (k, v) = kv.read(1, big)?;
+        assert_eq!(k.dims(), &[2, big, 4]);
+        assert_eq!(k.narrow(1, 0, 3)?.flatten_all()?.to_vec1::<f32>()?, rows(3, 0.0)?.flatten_all()?.to_vec1::<f32>()?);
+        assert_eq!(v.narrow(1, 3, 1)?.flatten_all()?.to_vec1::<f32>()?[0], 2000.0);
+        assert!(kv.read(0, big + 1).is_err());
+        assert!(kv.write(0, big + 2, &rows(1, 0.0)?, &rows(1, 0.0)?).is_err(), "gaps are refused");
+        Ok(())
+    }
+}

@@ -1,0 +1,168 @@
+//! Folio's inference engine.
+//!
+//! * [`config`], [`loader`]: a Hugging Face model folder (or cached/hub repo) → config + files.
+//! * [`model`]: one generic decoder whose per-family differences are config flags.
+//! * [`kv`], [`attention`]: the seam between the decoder and how K/V is stored and attended;
+//!   dense attention over a preallocated store here, sparse methods and tiers later.
+//! * [`tokenizer`], [`chat`], [`generate`]: text in, text out, with Hugging Face semantics.
+//!
+//! [`Engine`] ties them together for the CLI and the desktop app; nothing here knows about
+//! either.
+
+pub mod attention;
+pub mod chat;
+pub mod config;
+pub mod error;
+pub mod generate;
+pub mod kv;
+pub mod loader;
+pub mod model;
+pub mod rope;
+pub mod tokenizer;
+
+use std::ops::ControlFlow;
+
+use candle_core::{DType, Device};
+
+pub use error::{Error, Result};
+
+use crate::attention::Dense;
+use crate::chat::{ChatTemplate, Message};
+use crate::config::ModelConfig;
+use crate::generate::{GenerateParams, Generation, GenerationConfig};
+use crate::loader::{ModelFiles, ModelSource};
+use crate::model::Model;
+use crate::tokenizer::Tokenizer;
+
+/// Tokens per forward pass when scoring a text (bounds the `[chunk, vocab]` logits).
+const PERPLEXITY_CHUNK: usize = 512;
+
+/// `auto` (CUDA when built with it and a GPU answers, else CPU), `cpu`, `cuda` or `cuda:N`.
+pub fn parse_device(spec: &str) -> Result<Device> {
+    match spec {
+        "cpu" => Ok(Device::Cpu),
+        "auto" => Ok(Device::cuda_if_available(0).unwrap_or(Device::Cpu)),
+        _ => {
+            let ordinal = match spec.strip_prefix("cuda") {
+                Some("") => 0,
+                Some(rest) => rest
+                    .strip_prefix(':')
+                    .and_then(|n| n.parse().ok())
+                    .ok_or_else(|| Error::Invalid(format!("bad device \"{spec}\": use auto, cpu, cuda or cuda:N")))?,
+                None => return Err(Error::Invalid(format!("bad device \"{spec}\": use auto, cpu, cuda or cuda:N"))),
+            };
+            if !candle_core::utils::cuda_is_available() {
+                return Err(Error::Invalid(format!(
+                    "device {spec} asked for, but this build of Folio has no CUDA support (build with --features cuda)"
+                )));
+            }
+            Ok(Device::new_cuda(ordinal)?)
+        }
+    }
+}
+
+/// `f32`, `bf16`, `f16`, or `auto`: f32 on CPU (candle's CPU kernels are fastest and exact
+/// there), bf16 on a GPU.
+pub fn parse_dtype(spec: &str, device: &Device) -> Result<DType> {
+    match spec {
+        "auto" => Ok(if device.is_cpu() { DType::F32 } else { DType::BF16 }),
+        "f32" => Ok(DType::F32),
+        "bf16" => Ok(DType::BF16),
+        "f16" => Ok(DType::F16),
+        _ => Err(Error::Invalid(format!("bad dtype \"{spec}\": use auto, f32, bf16 or f16"))),
+    }
+}
+
+pub fn device_name(device: &Device) -> String {
+    match device {
+        Device::Cpu => "cpu".into(),
+        Device::Cuda(_) => "cuda".into(),
+        Device::Metal(_) => "metal".into(),
+    }
+}
+
+/// A loaded model with everything needed to chat with it.
+pub struct Engine {
+    pub name: String,
+    pub files: ModelFiles,
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+    pub generation_config: GenerationConfig,
+}
+
+impl Engine {
+    pub fn load(spec: &str, device: &Device, dtype: DType) -> Result<Self> {
+        let source = ModelSource::parse(spec)?;
+        let files = ModelFiles::resolve(&source)?;
+        let cfg = ModelConfig::from_file(&files.config)?;
+        let tokenizer = Tokenizer::from_file(&files.tokenizer, cfg.bos_token_id)?;
+        let chat_template = ChatTemplate::load(files.chat_template.as_deref(), files.tokenizer_config.as_deref())?;
+        let generation_config = match &files.generation_config {
+            Some(p) => GenerationConfig::from_file(p)?,
+            None => GenerationConfig::default(),
+        };
+        let model = Model::load(&cfg, &files.weights, device, dtype)?;
+        Ok(Self { name: source.display_name(), files, model, tokenizer, chat_template, generation_config })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    /// End-of-sequence ids: generation_config.json's, else config.json's.
+    pub fn eos_token_ids(&self) -> Vec<u32> {
+        let ids = self.generation_config.eos_token_ids();
+        if ids.is_empty() {
+            self.config().eos_token_ids.clone()
+        } else {
+            ids
+        }
+    }
+
+    /// Token ids of a chat prompt (rendered, generation prompt added, no extra special tokens).
+    pub fn chat_prompt(&self, messages: &[Message]) -> Result<Vec<u32>> {
+        let template = self.chat_template.as_ref().ok_or(Error::NoChatTemplate)?;
+        self.tokenizer.encode_prompt(&template.render(messages, true)?)
+    }
+
+    /// Fails before any compute if `tokens` do not fit the model's context.
+    pub fn check_fits(&self, tokens: usize) -> Result<()> {
+        let limit = self.config().max_position_embeddings;
+        if tokens > limit {
+            return Err(Error::PromptTooLong { tokens, limit });
+        }
+        Ok(())
+    }
+
+    /// Generates from `prompt` with dense attention on a fresh KV store.
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        on_text: impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<Generation> {
+        self.check_fits(prompt.len())?;
+        let mut kv = self.model.new_kv();
+        generate::generate(&self.model, &self.tokenizer, &Dense, &mut kv, prompt, params, on_text)
+    }
+
+    /// Perplexity of `ids` as transformers computes it with `labels=input_ids`: the mean
+    /// negative log-likelihood of tokens 1.. (the first token is not scored).
+    pub fn perplexity(&self, ids: &[u32]) -> Result<Perplexity> {
+        if ids.len() < 2 {
+            return Err(Error::Invalid(format!("perplexity needs at least 2 tokens, the text has {}", ids.len())));
+        }
+        self.check_fits(ids.len())?;
+        let logp = self.model.token_log_probs(ids, PERPLEXITY_CHUNK, &Dense)?;
+        let mean_nll = -logp.iter().map(|&x| x as f64).sum::<f64>() / logp.len() as f64;
+        Ok(Perplexity { tokens: ids.len(), mean_nll, perplexity: mean_nll.exp() })
+    }
+}
+
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Perplexity {
+    pub tokens: usize,
+    pub mean_nll: f64,
+    pub perplexity: f64,
+}

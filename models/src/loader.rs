@@ -1,0 +1,260 @@
+//! Finding a model's files: a local folder, or a Hugging Face repo id through the HF cache and,
+//! when allowed, the hub.
+//!
+//! The cache is always tried first, file by file, so a model that is already cached loads with
+//! no network at all. `HF_HUB_OFFLINE=1` (the Hugging Face convention) forbids downloads; a
+//! model that is then missing from the cache is a clear error, not a hang.
+//!
+//! Weights are checked before they are mapped: a safetensors file shorter than its own header
+//! says (an interrupted download or copy) is reported as truncated, with both sizes, instead of
+//! failing somewhere inside the mmap.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use hf_hub::{Cache, Repo, RepoType};
+
+use crate::error::{Error, Result};
+
+pub const CONFIG: &str = "config.json";
+pub const TOKENIZER: &str = "tokenizer.json";
+pub const TOKENIZER_CONFIG: &str = "tokenizer_config.json";
+pub const GENERATION_CONFIG: &str = "generation_config.json";
+pub const CHAT_TEMPLATE: &str = "chat_template.jinja";
+pub const WEIGHTS: &str = "model.safetensors";
+pub const WEIGHTS_INDEX: &str = "model.safetensors.index.json";
+
+/// Where a model comes from, as the user named it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    Dir(PathBuf),
+    Hub { repo: String, revision: Option<String> },
+}
+
+impl ModelSource {
+    /// An existing folder is a folder; `owner/name` or `owner/name@revision` is a hub repo id.
+    pub fn parse(spec: &str) -> Result<Self> {
+        let path = Path::new(spec);
+        if path.is_dir() {
+            return Ok(Self::Dir(path.to_owned()));
+        }
+        let (repo, revision) = match spec.split_once('@') {
+            Some((r, rev)) => (r, Some(rev.to_owned())),
+            None => (spec, None),
+        };
+        let valid_part = |s: &str| {
+            !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) && !s.starts_with('.')
+        };
+        match repo.split_once('/') {
+            Some((owner, name)) if valid_part(owner) && valid_part(name) && !spec.starts_with('/') => {
+                Ok(Self::Hub { repo: repo.to_owned(), revision })
+            }
+            _ => Err(Error::BadModelSpec(spec.to_owned())),
+        }
+    }
+
+    /// A short display name (the folder name or the repo id).
+    pub fn display_name(&self) -> String {
+        match self {
+            Self::Dir(p) => p
+                .canonicalize()
+                .ok()
+                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_else(|| p.display().to_string()),
+            Self::Hub { repo, .. } => repo.clone(),
+        }
+    }
+}
+
+/// Paths of every file the engine reads, all local once resolved.
+#[derive(Debug, Clone)]
+pub struct ModelFiles {
+    pub config: PathBuf,
+    pub tokenizer: PathBuf,
+    pub tokenizer_config: Option<PathBuf>,
+    pub generation_config: Option<PathBuf>,
+    pub chat_template: Option<PathBuf>,
+    pub weights: Vec<PathBuf>,
+}
+
+impl ModelFiles {
+    pub fn resolve(source: &ModelSource) -> Result<Self> {
+        match source {
+            ModelSource::Dir(dir) => Self::from_dir(dir),
+            ModelSource::Hub { repo, revision } => Self::from_hub(repo, revision.as_deref()),
+        }
+    }
+
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let required = |file: &str| {
+            let p = dir.join(file);
+            if p.is_file() {
+                Ok(p)
+            } else {
+                Err(Error::MissingFile { file: file.to_owned(), dir: dir.to_owned() })
+            }
+        };
+        let optional = |file: &str| Some(dir.join(file)).filter(|p| p.is_file());
+        let config = required(CONFIG)?;
+        let tokenizer = required(TOKENIZER)?;
+        let weights = if let Some(index) = optional(WEIGHTS_INDEX) {
+            shard_names(&index)?.into_iter().map(|s| required(&s)).collect::<Result<Vec<_>>>()?
+        } else {
+            vec![required(WEIGHTS)?]
+        };
+        Ok(Self {
+            config,
+            tokenizer,
+            tokenizer_config: optional(TOKENIZER_CONFIG),
+            generation_config: optional(GENERATION_CONFIG),
+            chat_template: optional(CHAT_TEMPLATE),
+            weights,
+        })
+    }
+
+    fn from_hub(repo_id: &str, revision: Option<&str>) -> Result<Self> {
+        let repo = match revision {
+            Some(rev) => Repo::with_revision(repo_id.to_owned(), RepoType::Model, rev.to_owned()),
+            None => Repo::new(repo_id.to_owned(), RepoType::Model),
+        };
+        let cache = Cache::from_env();
+        let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| !v.is_empty() && v != "0");
+        let hub = Hub { cache: cache.clone(), repo: repo.clone(), repo_id, offline };
+        let config = hub.required(CONFIG)?;
+        let tokenizer = hub.required(TOKENIZER)?;
+        let weights = match hub.optional(WEIGHTS_INDEX)? {
+            Some(index) => shard_names(&index)?.iter().map(|s| hub.required(s)).collect::<Result<Vec<_>>>()?,
+            None => vec![hub.required(WEIGHTS)?],
+        };
+        Ok(Self {
+            config,
+            tokenizer,
+            tokenizer_config: hub.optional(TOKENIZER_CONFIG)?,
+            generation_config: hub.optional(GENERATION_CONFIG)?,
+            chat_template: hub.optional(CHAT_TEMPLATE)?,
+            weights,
+        })
+    }
+}
+
+struct Hub<'a> {
+    cache: Cache,
+    repo: Repo,
+    repo_id: &'a str,
+    offline: bool,
+}
+
+impl Hub<'_> {
+    fn cached(&self, file: &str) -> Option<PathBuf> {
+        self.cache.repo(self.repo.clone()).get(file)
+    }
+
+    fn required(&self, file: &str) -> Result<PathBuf> {
+        if let Some(p) = self.cached(file) {
+            return Ok(p);
+        }
+        if self.offline {
+            return Err(Error::ModelNotCached { repo: self.repo_id.to_owned(), cache: self.cache.path().clone() });
+        }
+        self.download(file)
+    }
+
+    /// An optional file: absent from a complete cache means absent (no network round trip
+    /// once the required files are cached), otherwise asked of the hub.
+    fn optional(&self, file: &str) -> Result<Option<PathBuf>> {
+        if let Some(p) = self.cached(file) {
+            return Ok(Some(p));
+        }
+        if self.offline || self.cached(CONFIG).is_some() {
+            return Ok(None);
+        }
+        Ok(self.download(file).ok())
+    }
+
+    fn download(&self, file: &str) -> Result<PathBuf> {
+        let api = hf_hub::api::sync::ApiBuilder::from_cache(self.cache.clone())
+            .with_progress(true)
+            .build()
+            .map_err(|e| self.download_error(file, e))?;
+        api.repo(self.repo.clone()).get(file).map_err(|e| self.download_error(file, e))
+    }
+
+    fn download_error(&self, file: &str, e: impl std::fmt::Display) -> Error {
+        Error::Download { repo: self.repo_id.to_owned(), file: file.to_owned(), msg: e.to_string() }
+    }
+}
+
+/// The distinct shard files named by a `model.safetensors.index.json`, in order.
+fn shard_names(index: &Path) -> Result<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    struct Index {
+        weight_map: BTreeMap<String, String>,
+    }
+    let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
+    let idx: Index = serde_json::from_str(&text)
+        .map_err(|e| Error::InvalidConfig { path: index.to_owned(), msg: e.to_string() })?;
+    let mut shards: Vec<String> = idx.weight_map.into_values().collect();
+    shards.sort();
+    shards.dedup();
+    Ok(shards)
+}
+
+/// Tensor names and element counts from a safetensors header, after checking that the file
+/// holds every byte the header promises.
+pub fn check_safetensors(path: &Path) -> Result<BTreeMap<String, usize>> {
+    let invalid = |msg: String| Error::InvalidWeights { path: path.to_owned(), msg };
+    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let actual = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    let mut len_bytes = [0u8; 8];
+    if actual < 8 {
+        return Err(Error::WeightsTruncated { path: path.to_owned(), expected: 8, actual });
+    }
+    file.read_exact(&mut len_bytes).map_err(|e| Error::io(path, e))?;
+    let header_len = u64::from_le_bytes(len_bytes);
+    if header_len > actual - 8 {
+        return Err(Error::WeightsTruncated { path: path.to_owned(), expected: 8 + header_len, actual });
+    }
+    let mut header = vec![0u8; header_len as usize];
+    file.read_exact(&mut header).map_err(|e| Error::io(path, e))?;
+    let header: BTreeMap<String, serde_json::Value> =
+        serde_json::from_slice(&header).map_err(|e| invalid(format!("header is not valid JSON: {e}")))?;
+    let mut data_end = 0u64;
+    let mut elems = BTreeMap::new();
+    for (name, info) in header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let end = info["data_offsets"][1].as_u64().ok_or_else(|| invalid(format!("tensor {name} has no data_offsets")))?;
+        let shape: Vec<usize> = serde_json::from_value(info["shape"].clone())
+            .map_err(|e| invalid(format!("tensor {name} has a bad shape: {e}")))?;
+        data_end = data_end.max(end);
+        elems.insert(name, shape.iter().product());
+    }
+    let expected = 8 + header_len + data_end;
+    if actual < expected {
+        return Err(Error::WeightsTruncated { path: path.to_owned(), expected, actual });
+    }
+    Ok(elems)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_specs() {
+        assert_eq!(
+            ModelSource::parse("Qwen/Qwen2.5-7B-Instruct-1M").unwrap(),
+            ModelSource::Hub { repo: "Qwen/Qwen2.5-7B-Instruct-1M".into(), revision: None }
+        );
+        assert_eq!(
+            ModelSource::parse("meta-llama/Llama-3.1-8B@main").unwrap(),
+            ModelSource::Hub { repo: "meta-llama/Llama-3.1-8B".into(), revision: Some("main".into()) }
+        );
+        for bad in ["/no/such/dir", "just-a-name", "a/b/c", "./x/y"] {
+            let err = ModelSource::parse(bad).unwrap_err().to_string();
+            assert!(err.contains("neither a model folder nor"), "{bad}: {err}");
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! One generic decoder for Llama 3.x, Mistral, Qwen2/2.5 and Qwen3.
+//!
+//! The families differ only by flags of [`ModelConfig`] (QKV bias, q/k RMSNorm, explicit
+//! head_dim, tied embeddings, sliding window, RoPE rule), so there is one forward pass, not
+//! one copy per family. Attention goes through the [`Attention`] seam over a [`KvStore`]; the
+//! decoder never touches K/V after writing it.
+//!
+//! Batch size is one: Folio serves one conversation over one long context at a time.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Module, Tensor, D};
+use candle_nn::Linear;
+
+use crate::attention::{AttnCall, Attention};
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::kv::{DenseKv, KvStore};
+use crate::loader::check_safetensors;
+use crate::rope;
+
+struct Layer {
+    input_norm: Tensor,
+    post_attn_norm: Tensor,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// Which positions' logits a forward pass returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last position (prefill and decode): the LM head runs once.
+    Last,
+    /// Every position (perplexity, parity tests).
+    All,
+}
+
+pub struct Model {
+    cfg: ModelConfig,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Linear,
+    inv_freq: Vec<f32>,
+    device: Device,
+    dtype: DType,
+    params: usize,
+}
+
+/// Reads tensors from a set of memory-mapped safetensors files, converting to one dtype.
+struct Weights {
+    st: candle_core::safetensors::MmapedSafetensors,
+    names: std::collections::BTreeSet<String>,
+    device: Device,
+    dtype: DType,
+}
+
+impl Weights {
+    fn get(&self, name: &str) -> Result<Tensor> {
+        if !self.names.contains(name) {
+            return Err(Error::MissingTensor { name: name.to_owned() });
+        }
+        Ok(self.st.load(name, &self.device)?.to_dtype(self.dtype)?)
+    }
+
+    fn get_shaped(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let t = self.get(name)?;
+        if t.dims() != shape {
+            return Err(Error::Invalid(format!(
+                "tensor {name} has shape {:?}, config.json implies {shape:?}",
+                t.dims()
+            )));
+        }
+        Ok(t)
+    }
+
+    fn linear(&self, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+        let w = self.get_shaped(&format!("{prefix}.weight"), &[out, inp])?;
+        let b = if bias { Some(self.get_shaped(&format!("{prefix}.bias"), &[out])?) } else { None };
+        Ok(Linear::new(w, b))
+    }
+}
+
+impl Model {
+    /// Loads weights from safetensors `files` (one file or all shards) onto `device` as `dtype`.
+    pub fn load(cfg: &ModelConfig, files: &[impl AsRef<Path>], device: &Device, dtype: DType) -> Result<Self> {
+        let mut names = std::collections::BTreeSet::new();
+        let mut params = 0;
+        for f in files {
+            for (name, n) in check_safetensors(f.as_ref())? {
+                params += n;
+                names.insert(name);
+            }
+        }
+        // SAFETY: the files are opened read-only and checked above to be complete; Folio does
+        // not write model files while they are mapped.
+        let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(files)? };
+        let w = Weights { st, names, device: device.clone(), dtype };
+        let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+        let (nq, nkv) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
+        let embed = w.get_shaped("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for i in 0..cfg.num_layers {
+            let p = format!("model.layers.{i}");
+            let norm = |n: &str, size: usize| w.get_shaped(&format!("{p}.{n}.weight"), &[size]);
+            layers.push(Layer {
+                input_norm: norm("input_layernorm", h)?,
+                post_attn_norm: norm("post_attention_layernorm", h)?,
+                q: w.linear(&format!("{p}.self_attn.q_proj"), nq, h, cfg.qkv_bias)?,
+                k: w.linear(&format!("{p}.self_attn.k_proj"), nkv, h, cfg.qkv_bias)?,
+                v: w.linear(&format!("{p}.self_attn.v_proj"), nkv, h, cfg.qkv_bias)?,
+                o: w.linear(&format!("{p}.self_attn.o_proj"), h, nq, false)?,
+                q_norm: if cfg.qk_norm { Some(norm("self_attn.q_norm", hd)?) } else { None },
+                k_norm: if cfg.qk_norm { Some(norm("self_attn.k_norm", hd)?) } else { None },
+                gate: w.linear(&format!("{p}.mlp.gate_proj"), inter, h, false)?,
+                up: w.linear(&format!("{p}.mlp.up_proj"), inter, h, false)?,
+                down: w.linear(&format!("{p}.mlp.down_proj"), h, inter, false)?,
+            });
+        }
+        let norm = w.get_shaped("model.norm.weight", &[h])?;
+        let lm_head = if cfg.tie_word_embeddings {
+            Linear::new(embed.clone(), None)
+        } else {
+            Linear::new(w.get_shaped("lm_head.weight", &[cfg.vocab_size, h])?, None)
+        };
+        Ok(Self {
+            inv_freq: rope::inv_freq(hd, cfg.rope_theta, &cfg.rope_scaling),
+            cfg: cfg.clone(),
+            embed,
+            layers,
+            norm,
+            lm_head,
+            device: device.clone(),
+            dtype,
+            params,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Parameters stored in the checkpoint.
+    pub fn parameters(&self) -> usize {
+        self.params
+    }
+
+    /// An empty dense KV store shaped for this model.
+    pub fn new_kv(&self) -> DenseKv {
+        DenseKv::new(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim, self.dtype, &self.device)
+    }
+
+    /// Runs `ids` at positions `kv.len()..`, appending their K/V to `kv`; returns f32 logits
+    /// `[n, vocab]` for the last position (`n = 1`) or all of them.
+    pub fn forward(&self, ids: &[u32], kv: &mut dyn KvStore, attn: &dyn Attention, logits: Logits) -> Result<Tensor> {
+        let t = ids.len();
+        let pos = kv.len();
+        if t == 0 {
+            return Err(Error::Invalid("forward pass over zero tokens".into()));
+        }
+        if pos + t > self.cfg.max_position_embeddings {
+            return Err(Error::PromptTooLong { tokens: pos + t, limit: self.cfg.max_position_embeddings });
+        }
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.cfg.vocab_size) {
+            return Err(Error::Invalid(format!("token id {bad} is outside the vocabulary ({})", self.cfg.vocab_size)));
+        }
+        let ids_t = Tensor::new(ids, &self.device)?;
+        let mut x = self.embed.index_select(&ids_t, 0)?; // [t, hidden]
+        let (cos, sin) = rope::cos_sin(&self.inv_freq, pos, t, self.dtype, &self.device)?;
+        let eps = self.cfg.rms_norm_eps as f32;
+        let hd = self.cfg.head_dim;
+        let scale = 1.0 / (hd as f32).sqrt();
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &layer.input_norm, eps)?;
+            // [t, heads * hd] -> [heads, t, hd]
+            let heads = |y: Tensor, n: usize| y.reshape((t, n, hd))?.transpose(0, 1)?.contiguous();
+            let mut q = heads(layer.q.forward(&h)?, self.cfg.num_heads)?;
+            let mut k = heads(layer.k.forward(&h)?, self.cfg.num_kv_heads)?;
+            let v = heads(layer.v.forward(&h)?, self.cfg.num_kv_heads)?;
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                q = candle_nn::ops::rms_norm(&q, qn, eps)?;
+                k = candle_nn::ops::rms_norm(&k, kn, eps)?;
+            }
+            let q = candle_nn::rotary_emb::rope(&q.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
+            let k = candle_nn::rotary_emb::rope(&k.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
+            kv.write(i, pos, &k, &v)?;
+            let call = AttnCall { layer: i, q: &q, q_start: pos, kv: &*kv, scale, window: self.cfg.sliding_window };
+            let a = attn.forward(&call)?; // [heads, t, hd]
+            let a = a.transpose(0, 1)?.reshape((t, self.cfg.num_heads * hd))?;
+            x = (x + layer.o.forward(&a)?)?;
+            let h = candle_nn::ops::rms_norm(&x, &layer.post_attn_norm, eps)?;
+            let mlp = layer.down.forward(&(candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?)?;
+            x = (x + mlp)?;
+        }
+        kv.set_len(pos + t)?;
+        let x = match logits {
+            Logits::Last => x.narrow(0, t - 1, 1)?,
+            Logits::All => x,
+        };
+        let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
+        Ok(self.lm_head.forward(&x)?.to_dtype(DType::F32)?)
+    }
+
+    /// Log-probability of each next token: `result[i] = log p(ids[i + 1] | ids[..=i])`, computed
+    /// in chunks of `chunk` tokens so the `[n, vocab]` logits never exist for all `n` at once.
+    pub fn token_log_probs(&self, ids: &[u32], chunk: usize, attn: &dyn Attention) -> Result<Vec<f32>> {
+        if ids.len() > self.cfg.max_position_embeddings {
+            return Err(Error::PromptTooLong { tokens: ids.len(), limit: self.cfg.max_position_embeddings });
+        }
+        let mut kv = self.new_kv();
+        kv.reserve(ids.len())?;
+        let mut out = Vec::with_capacity(ids.len().saturating_sub(1));
+        for start in (0..ids.len().saturating_sub(1)).step_by(chunk.max(1)) {
+            let end = (start + chunk.max(1)).min(ids.len() - 1);
+            let logits = self.forward(&ids[start..end], &mut kv, attn, Logits::All)?;
+            let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+            let targets = Tensor::new(&ids[start + 1..end + 1], &self.device)?.unsqueeze(1)?;
+            out.extend(logp.gather(&targets, 1)?.squeeze(1)?.to_vec1::<f32>()?);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,56 @@
+//! Tokenizer wrapper: `tokenizer.json` through the `tokenizers` crate, plus the BOS rule for
+//! raw text.
+//!
+//! BOS rule (llama.cpp's): raw text gets the model's `bos_token_id` in front when the config
+//! names one and the tokenizer's post-processor did not already add it. Chat prompts never get
+//! it this way: the template writes `bos_token` itself when the model wants it, and the
+//! rendered prompt is encoded without special tokens, as transformers' `apply_chat_template`.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    bos: Option<u32>,
+}
+
+fn tok_err(e: impl std::fmt::Display) -> Error {
+    Error::Tokenizer(e.to_string())
+}
+
+impl Tokenizer {
+    pub fn from_file(path: &Path, bos: Option<u32>) -> Result<Self> {
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        Ok(Self { inner, bos })
+    }
+
+    /// Raw text, with the BOS rule applied.
+    pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.inner.encode(text, true).map_err(tok_err)?.get_ids().to_vec();
+        if let Some(bos) = self.bos {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// A rendered chat prompt: no special tokens added (the template wrote them).
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self.inner.encode(text, false).map_err(tok_err)?.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        self.inner.decode(ids, skip_special).map_err(tok_err)
+    }
+
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}

@@ -1,0 +1,53 @@
+# Sourced by scripts/run.sh and scripts/test.sh: installs what Folio needs to build on a
+# Debian/Ubuntu machine (system packages when run as root, npm packages, crates) and sets the
+# shared build cache. Safe to run again: it installs only what is missing.
+set -euo pipefail
+
+FOLIO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export FOLIO_ROOT
+# One cargo target dir outside the clone, so fresh clones (CI) reuse earlier builds.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/folio-target}
+
+# Tauri (webkit2gtk 4.1) and the desktop test (Xvfb, ImageMagick for the screenshot).
+FOLIO_APT_PACKAGES=(build-essential pkg-config curl file libssl-dev libwebkit2gtk-4.1-dev libxdo-dev
+  libayatana-appindicator3-dev librsvg2-dev xvfb xauth imagemagick)
+
+folio_missing_packages() {
+  local p missing=()
+  for p in "${FOLIO_APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  command -v npm >/dev/null || missing+=(nodejs npm)
+  echo "${missing[@]:-}"
+}
+
+missing=$(folio_missing_packages)
+if [ -n "$missing" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing system packages: $missing" >&2
+    apt-get update -q >&2
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing >&2
+  else
+    echo "setup: missing system packages: $missing" >&2
+    echo "setup: install them (sudo apt-get install $missing) or run this script as root" >&2
+    exit 1
+  fi
+fi
+
+command -v cargo >/dev/null || { echo "setup: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+if [ "$node_major" -lt 20 ]; then
+  echo "setup: Node.js $(node --version 2>/dev/null || echo none) is too old: the UI build (Vite 7) needs Node.js 20.19+" >&2
+  exit 1
+fi
+for component in rustfmt clippy; do
+  if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+    rustup component add "$component" >&2
+  fi
+done
+
+# UI dependencies, exactly as locked.
+if [ ! -d "$FOLIO_ROOT/ui/node_modules" ]; then
+  (cd "$FOLIO_ROOT/ui" && npm ci --no-audit --no-fund >&2)
+fi

@@ -1,0 +1,197 @@
+//! Headless subcommands. Each one loads what it needs, does one job, and prints either a
+//! human-readable result or (with `--json`) one JSON document.
+
+use std::io::Write;
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use folio_models::chat::Message;
+use folio_models::generate::{GenerateParams, SamplingParams};
+use folio_models::{device_name, parse_device, parse_dtype, Engine};
+use serde_json::json;
+
+/// Options shared by every subcommand.
+pub struct Common {
+    pub model: Option<String>,
+    pub device: String,
+    pub dtype: String,
+}
+
+impl Common {
+    fn engine(&self) -> Result<Engine> {
+        let spec = self.model.as_deref().context("--model is required: a model folder or a Hugging Face repo id")?;
+        let device = parse_device(&self.device)?;
+        let dtype = parse_dtype(&self.dtype, &device)?;
+        Ok(Engine::load(spec, &device, dtype)?)
+    }
+}
+
+#[derive(Args)]
+pub struct ChatArgs {
+    /// The question (rendered with the model's chat template).
+    #[arg(conflicts_with = "raw", required_unless_present = "raw")]
+    question: Option<String>,
+    /// Text given to the model as is: no chat template (BOS added per the model).
+    #[arg(long)]
+    raw: Option<String>,
+    /// System message.
+    #[arg(long, conflicts_with = "raw")]
+    system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 512)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 is greedy. Default: the model's generation_config.json.
+    #[arg(long)]
+    temperature: Option<f64>,
+    #[arg(long)]
+    top_p: Option<f64>,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long)]
+    repetition_penalty: Option<f32>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop when this string appears (not included in the answer). Repeatable.
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Print one JSON document instead of streaming text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn chat(common: &Common, a: ChatArgs) -> Result<()> {
+    let engine = common.engine()?;
+    let prompt = match (&a.raw, &a.question) {
+        (Some(raw), _) => engine.tokenizer.encode_raw(raw)?,
+        (None, Some(q)) => {
+            let mut messages = Vec::new();
+            if let Some(s) = &a.system {
+                messages.push(Message::new("system", s));
+            }
+            messages.push(Message::new("user", q));
+            engine.chat_prompt(&messages)?
+        }
+        (None, None) => bail!("give a question, or --raw TEXT"),
+    };
+    let defaults = engine.generation_config.sampling_defaults();
+    let sampling = SamplingParams {
+        temperature: a.temperature.unwrap_or(defaults.temperature),
+        top_p: a.top_p.or(defaults.top_p),
+        top_k: a.top_k.or(defaults.top_k),
+        repetition_penalty: a.repetition_penalty.unwrap_or(defaults.repetition_penalty),
+        seed: a.seed,
+    };
+    let params =
+        GenerateParams { max_new_tokens: a.max_tokens, sampling, stop_strings: a.stop, eos_token_ids: engine.eos_token_ids() };
+    let start = Instant::now();
+    let mut stdout = std::io::stdout().lock();
+    let generation = engine.generate(&prompt, &params, |piece| {
+        if !a.json {
+            let _ = write!(stdout, "{piece}");
+            let _ = stdout.flush();
+        }
+        ControlFlow::Continue(())
+    })?;
+    let secs = start.elapsed().as_secs_f64();
+    if a.json {
+        let doc = json!({
+            "model": engine.name,
+            "prompt_tokens": prompt,
+            "tokens": generation.tokens,
+            "text": generation.text,
+            "stop_reason": generation.stop_reason,
+            "sampling": params.sampling,
+            "seconds": secs,
+        });
+        writeln!(stdout, "{doc}")?;
+    } else {
+        writeln!(stdout)?;
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct PerplexityArgs {
+    /// Text file to score.
+    #[arg(long)]
+    file: PathBuf,
+    /// Score only the file's first N tokens (counted after the BOS rule).
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn perplexity(common: &Common, a: PerplexityArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let engine = common.engine()?;
+    let mut ids = engine.tokenizer.encode_raw(&text)?;
+    if let Some(n) = a.max_tokens {
+        ids.truncate(n);
+    }
+    let p = engine.perplexity(&ids)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&p)?);
+    } else {
+        println!("perplexity {:.4} (mean NLL {:.6} over {} tokens)", p.perplexity, p.mean_nll, p.tokens);
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct InfoArgs {
+    #[arg(long)]
+    json: bool,
+}
+
+/// Bytes per element of the KV cache as Folio stores it by default (bf16; DESIGN.md §2).
+const KV_STORAGE_BYTES: usize = 2;
+
+pub fn info(common: &Common, a: InfoArgs) -> Result<()> {
+    let engine = common.engine()?;
+    let cfg = engine.config();
+    let doc = json!({
+        "model": engine.name,
+        "architecture": cfg.arch,
+        "parameters": engine.model.parameters(),
+        "layers": cfg.num_layers,
+        "hidden_size": cfg.hidden_size,
+        "attention_heads": cfg.num_heads,
+        "kv_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+        "max_context": cfg.max_position_embeddings,
+        "kv_bytes_per_token": cfg.kv_bytes_per_token(KV_STORAGE_BYTES),
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": cfg.rope_scaling,
+        "sliding_window": cfg.sliding_window,
+        "device": device_name(engine.model.device()),
+        "dtype": format!("{:?}", engine.model.dtype()).to_lowercase(),
+        "chat_template": engine.chat_template.is_some(),
+    });
+    if a.json {
+        println!("{doc}");
+    } else {
+        println!("model           {}", engine.name);
+        println!("architecture    {}", cfg.arch.name());
+        println!("parameters      {}", human_count(engine.model.parameters()));
+        println!("layers          {}", cfg.num_layers);
+        println!("heads           {} query / {} KV, head_dim {}", cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        println!("max context     {} tokens", cfg.max_position_embeddings);
+        println!("KV per token    {} bytes (bf16)", cfg.kv_bytes_per_token(KV_STORAGE_BYTES));
+        println!("device          {} ({})", device_name(engine.model.device()), doc["dtype"].as_str().unwrap_or(""));
+    }
+    Ok(())
+}
+
+fn human_count(n: usize) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.2}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.2}M", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1}K", n as f64 / 1e3),
+        n => n.to_string(),
+    }
+}

@@ -1,0 +1,65 @@
+//! `folio`: with no subcommand, the desktop window (feature `gui`); with one, headless work
+//! for scripts and servers. Every headless command takes `--json` and then prints exactly one
+//! JSON document on stdout; errors go to stderr with a non-zero exit code.
+
+mod cli;
+#[cfg(feature = "gui")]
+mod gui;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "folio", version, about = "Chat with a local LLM over whole document collections")]
+struct Cli {
+    /// Model: a Hugging Face model folder, or a repo id (owner/name[@revision]) from the HF
+    /// cache or hub. The desktop window uses it too.
+    #[arg(long, global = true)]
+    model: Option<String>,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, global = true, default_value = "auto")]
+    device: String,
+    /// Compute dtype: auto (f32 on CPU, bf16 on GPU), f32, bf16 or f16.
+    #[arg(long, global = true, default_value = "auto")]
+    dtype: String,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Ask the model a question (streams the answer).
+    Chat(cli::ChatArgs),
+    /// Perplexity of a text file under the model.
+    Perplexity(cli::PerplexityArgs),
+    /// Architecture, size and context facts of a model.
+    Info(cli::InfoArgs),
+}
+
+fn main() {
+    let args = Cli::parse();
+    let result = match args.command {
+        Some(cmd) => {
+            let common = cli::Common { model: args.model, device: args.device, dtype: args.dtype };
+            match cmd {
+                Command::Chat(a) => cli::chat(&common, a),
+                Command::Perplexity(a) => cli::perplexity(&common, a),
+                Command::Info(a) => cli::info(&common, a),
+            }
+        }
+        None => desktop(args.model, &args.device, &args.dtype),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+#[cfg(feature = "gui")]
+fn desktop(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<()> {
+    gui::run(model, device, dtype)
+}
+
+#[cfg(not(feature = "gui"))]
+fn desktop(_: Option<String>, _: &str, _: &str) -> anyhow::Result<()> {
+    anyhow::bail!("this build of folio has no desktop window (built without the `gui` feature); run `folio --help` for the headless commands")
+}

@@ -1,0 +1,212 @@
+//! The `folio` binary end to end on the committed fixtures: what scripts see (`--json`), and
+//! a clear, specific error for each kind of bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models").join(name)
+}
+
+fn reference(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("reference.json")).unwrap()).unwrap()
+}
+
+fn folio(args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_folio"));
+    cmd.args(args).env_remove("HF_HUB_OFFLINE");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run folio")
+}
+
+fn ok_json(out: Output) -> Value {
+    assert!(out.status.success(), "folio failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn err_text(out: Output) -> String {
+    assert!(!out.status.success(), "folio should have failed: {}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A writable copy of a fixture, for breaking it.
+fn copy_fixture(name: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+    }
+    dir
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+}
+
+#[test]
+fn perplexity_json_matches_transformers() {
+    for name in ["llama", "qwen2", "qwen3", "mistral"] {
+        let r = reference(name);
+        let file = fixture(name).join("ppl.txt");
+        let model = fixture(name);
+        let got = ok_json(folio(
+            &["perplexity", "--model", model.to_str().unwrap(), "--file", file.to_str().unwrap(), "--json"],
+            &[],
+        ));
+        let want = r["perplexity"]["perplexity"].as_f64().unwrap();
+        let rel = (got["perplexity"].as_f64().unwrap() - want).abs() / want;
+        println!("{name}: folio perplexity {} vs transformers {want} (rel {rel:.2e})", got["perplexity"]);
+        assert!(rel < 1e-3, "{name}: relative difference {rel}");
+        assert_eq!(got["tokens"].as_u64().unwrap() as usize, r["perplexity"]["input_ids"].as_array().unwrap().len());
+
+        let cut = ok_json(folio(
+            &["perplexity", "--model", model.to_str().unwrap(), "--file", file.to_str().unwrap(), "--max-tokens", "40", "--json"],
+            &[],
+        ));
+        let want = r["perplexity_max_tokens"]["perplexity"].as_f64().unwrap();
+        assert!((cut["perplexity"].as_f64().unwrap() - want).abs() / want < 1e-3, "{name}: --max-tokens 40");
+        assert_eq!(cut["tokens"], 40);
+    }
+}
+
+#[test]
+fn greedy_chat_json_matches_transformers() {
+    for name in ["llama", "qwen2", "qwen3", "mistral"] {
+        let r = reference(name);
+        let model = fixture(name);
+        let messages = r["chat"]["messages"].as_array().unwrap();
+        let out = ok_json(folio(
+            &[
+                "chat",
+                "--model",
+                model.to_str().unwrap(),
+                "--json",
+                "--temperature",
+                "0",
+                "--max-tokens",
+                "16",
+                "--system",
+                messages[0]["content"].as_str().unwrap(),
+                messages[1]["content"].as_str().unwrap(),
+            ],
+            &[],
+        ));
+        assert_eq!(ids(&out["prompt_tokens"]), ids(&r["greedy"]["prompt_ids"]), "{name}: prompt tokens");
+        assert_eq!(ids(&out["tokens"]), ids(&r["greedy"]["new_tokens"]), "{name}: greedy tokens");
+        assert_eq!(out["stop_reason"], "max_tokens");
+        assert!(out["text"].is_string());
+    }
+}
+
+#[test]
+fn raw_text_gets_bos_by_the_rule_and_streams() {
+    // mistral: config has bos_token_id 1 and its tokenizer adds none → BOS prepended.
+    let out = ok_json(folio(&["chat", "--model", fixture("mistral").to_str().unwrap(), "--raw", "The old captain", "--json", "--max-tokens", "3"], &[]));
+    assert_eq!(out["prompt_tokens"][0], 1);
+    // qwen3: no bos_token_id → nothing prepended.
+    let out = ok_json(folio(&["chat", "--model", fixture("qwen3").to_str().unwrap(), "--raw", "The old captain", "--json", "--max-tokens", "3"], &[]));
+    assert_ne!(out["prompt_tokens"][0], 590);
+    // Without --json the answer streams as plain text.
+    let out = folio(&["chat", "--model", fixture("llama").to_str().unwrap(), "--max-tokens", "8", "--temperature", "0", "hello"], &[]);
+    assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty());
+}
+
+#[test]
+fn info_reports_the_model() {
+    let out = ok_json(folio(&["info", "--model", fixture("qwen3").to_str().unwrap(), "--json"], &[]));
+    assert_eq!(out["architecture"], "qwen3");
+    assert_eq!(out["head_dim"], 32);
+    assert_eq!(out["kv_heads"], 2);
+    assert_eq!(out["max_context"], 512);
+    // 2 (K and V) x 2 layers x 2 KV heads x 32 dims x 2 bytes (bf16).
+    assert_eq!(out["kv_bytes_per_token"], 2 * 2 * 2 * 32 * 2);
+    assert_eq!(out["device"], "cpu");
+    let n = out["parameters"].as_u64().unwrap();
+    assert!(n > 100_000 && n < 1_000_000, "{n}");
+}
+
+#[test]
+fn missing_files_are_named() {
+    for file in ["config.json", "tokenizer.json"] {
+        let dir = copy_fixture("llama");
+        std::fs::remove_file(dir.path().join(file)).unwrap();
+        let err = err_text(folio(&["info", "--model", dir.path().to_str().unwrap()], &[]));
+        assert!(err.contains(&format!("{file} not found in")), "{err}");
+    }
+    let dir = copy_fixture("qwen3");
+    std::fs::remove_file(dir.path().join("model-00003-of-00005.safetensors")).unwrap();
+    let err = err_text(folio(&["info", "--model", dir.path().to_str().unwrap()], &[]));
+    assert!(err.contains("model-00003-of-00005.safetensors not found"), "{err}");
+}
+
+#[test]
+fn unknown_model_type_lists_the_supported_ones() {
+    let dir = copy_fixture("llama");
+    let cfg_path = dir.path().join("config.json");
+    let cfg = std::fs::read_to_string(&cfg_path).unwrap().replace("\"llama\"", "\"gpt_neox\"");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let err = err_text(folio(&["info", "--model", dir.path().to_str().unwrap()], &[]));
+    assert!(err.contains("unsupported model_type \"gpt_neox\"") && err.contains("llama, mistral, qwen2, qwen3"), "{err}");
+}
+
+#[test]
+fn truncated_weights_are_reported_with_sizes() {
+    let dir = copy_fixture("llama");
+    let weights = dir.path().join("model.safetensors");
+    let len = std::fs::metadata(&weights).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&weights).unwrap().set_len(len / 2).unwrap();
+    let err = err_text(folio(&["info", "--model", dir.path().to_str().unwrap()], &[]));
+    assert!(err.contains("is truncated") && err.contains(&format!("has {}", len / 2)) && err.contains(&len.to_string()), "{err}");
+}
+
+#[test]
+fn over_long_prompts_are_refused_not_truncated() {
+    let long = "the old captain carried a basket of apples to the market ".repeat(80);
+    let model = fixture("llama");
+    let err = err_text(folio(&["chat", "--model", model.to_str().unwrap(), "--raw", &long, "--max-tokens", "1"], &[]));
+    assert!(err.contains("longer than the model's context length of 512 tokens") && err.contains("nothing was truncated"), "{err}");
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &long).unwrap();
+    let err = err_text(folio(&["perplexity", "--model", model.to_str().unwrap(), "--file", file.path().to_str().unwrap()], &[]));
+    assert!(err.contains("context length of 512"), "{err}");
+}
+
+#[test]
+fn hub_repo_ids_use_the_cache_and_fail_clearly_offline() {
+    let home = tempfile::tempdir().unwrap();
+    let offline: &[(&str, &Path)] = &[("HF_HOME", home.path()), ("HF_HUB_OFFLINE", Path::new("1"))];
+    let err = err_text(folio(&["info", "--model", "folio-test/not-cached"], offline));
+    assert!(err.contains("model folio-test/not-cached is not in the Hugging Face cache") && err.contains("HF_HUB_OFFLINE"), "{err}");
+
+    // A cached repo (the hub's cache layout) loads with downloads forbidden.
+    let repo = home.path().join("hub/models--folio-test--tiny-llama");
+    let snapshot = repo.join("snapshots/0123456789abcdef");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123456789abcdef").unwrap();
+    for entry in std::fs::read_dir(fixture("llama")).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, snapshot.join(p.file_name().unwrap())).unwrap();
+    }
+    let out = ok_json(folio(&["info", "--model", "folio-test/tiny-llama", "--json"], offline));
+    assert_eq!(out["architecture"], "llama");
+    assert_eq!(out["model"], "folio-test/tiny-llama");
+}
+
+#[test]
+fn bad_arguments_are_explained() {
+    let err = err_text(folio(&["info"], &[]));
+    assert!(err.contains("--model is required"), "{err}");
+    let err = err_text(folio(&["info", "--model", "no/such/place"], &[]));
+    assert!(err.contains("neither a model folder nor a Hugging Face repo id"), "{err}");
+    let model = fixture("llama");
+    let err = err_text(folio(&["chat", "--model", model.to_str().unwrap(), "--temperature", "-1", "hi"], &[]));
+    assert!(err.contains("temperature must be >= 0"), "{err}");
+    let err = err_text(folio(&["info", "--model", model.to_str().unwrap(), "--device", "tpu"], &[]));
+    assert!(err.contains("bad device \"tpu\""), "{err}");
+}

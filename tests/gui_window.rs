@@ -1,0 +1,91 @@
+//! The real desktop window: `folio` with no subcommand opens a Tauri window under Xvfb, and a
+//! screenshot of the screen shows the rendered UI rather than a blank (single-colour) screen.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the window may take to appear (a cold WebKit start under a software renderer).
+const WINDOW_TIMEOUT: Duration = Duration::from_secs(90);
+/// A blank screen has one colour; the rendered UI (text, borders, anti-aliasing) has hundreds.
+const MIN_COLOURS: usize = 64;
+
+/// Kills the child on drop, so a failing assertion leaves no Xvfb or window behind.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_display() -> u32 {
+    (100 + std::process::id() % 400..600)
+        .find(|n| !Path::new(&format!("/tmp/.X11-unix/X{n}")).exists() && !Path::new(&format!("/tmp/.X{n}-lock")).exists())
+        .expect("no free X display number")
+}
+
+/// Number of distinct colours in a PNG (ImageMagick's `%k`).
+fn colours(png: &Path) -> Option<usize> {
+    let out = Command::new("convert").arg(png).args(["-format", "%k", "info:"]).output().ok()?;
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
+#[test]
+fn desktop_window_renders_the_ui() {
+    let n = free_display();
+    let display = format!(":{n}");
+    let xvfb = Command::new("Xvfb")
+        .args([display.as_str(), "-screen", "0", "1280x860x24", "-nolisten", "tcp"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("Xvfb is needed for this test (scripts/setup.sh installs it)");
+    let _xvfb = Reaped(xvfb);
+    let socket = PathBuf::from(format!("/tmp/.X11-unix/X{n}"));
+    let start = Instant::now();
+    while !socket.exists() {
+        assert!(start.elapsed() < Duration::from_secs(20), "Xvfb did not start on {display}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let log = std::env::temp_dir().join(format!("folio-gui-{n}.log"));
+    let app = Command::new(env!("CARGO_BIN_EXE_folio"))
+        .args(["--device", "cpu"])
+        .env("DISPLAY", &display)
+        .env("WEBKIT_DISABLE_COMPOSITING_MODE", "1")
+        .env("LIBGL_ALWAYS_SOFTWARE", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start folio");
+    let mut app = Reaped(app);
+
+    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("folio-window.png");
+    let mut best = 0;
+    let start = Instant::now();
+    while start.elapsed() < WINDOW_TIMEOUT {
+        if let Some(status) = app.0.try_wait().unwrap() {
+            panic!("folio exited with {status} before rendering: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        let ok = Command::new("import")
+            .args(["-display", &display, "-window", "root"])
+            .arg(&shot)
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            best = colours(&shot).unwrap_or(0);
+            if best >= MIN_COLOURS {
+                break;
+            }
+        }
+    }
+    println!("screenshot: {} ({best} colours)", shot.display());
+    assert!(
+        best >= MIN_COLOURS,
+        "the window stayed blank ({best} colours after {WINDOW_TIMEOUT:?}); folio's log: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}

@@ -1,0 +1,119 @@
+// The single place the UI talks to the Rust side of Folio.
+//
+// Backend contract (src-tauri implements exactly this):
+//
+//   app_info()                      -> AppInfo
+//   chat({ prompt, onEvent })       -> ChatResult     (rejects with a string message)
+//       onEvent: Channel<ChatEvent>, messages tagged { event, data }
+//   cancel_chat()                   -> ()
+//
+// Tauri maps the JS argument `onEvent` to the Rust parameter `on_event`.
+//
+// Outside the Folio app (plain browser, `npm run dev` without Tauri) nothing
+// here throws at import time: app_info answers with a "not in the app" stub,
+// chat rejects with a readable message and cancel_chat is a no-op.
+
+import { Channel, invoke } from '@tauri-apps/api/core';
+
+/** Result of `app_info`. */
+export interface AppInfo {
+  version: string;
+  /** Display name of the loaded model, or null when none is configured. */
+  model: string | null;
+  /** Compute device, e.g. "CUDA 0 (NVIDIA H100)" or "cpu". */
+  device: string;
+  /** Why no model is loaded, when there is a reason to tell. */
+  model_error: string | null;
+}
+
+/** Events streamed over the `onEvent` channel during `chat`. */
+export type ChatEvent =
+  | { event: 'token'; data: { text: string } }
+  | {
+      event: 'done';
+      data: { stop_reason: string; tokens: number; tokens_per_second: number };
+    };
+
+/** Value `chat` resolves with once generation ends. */
+export interface ChatResult {
+  stop_reason: string;
+  tokens: number;
+}
+
+export type DoneInfo = Extract<ChatEvent, { event: 'done' }>['data'];
+
+export interface ChatHandlers {
+  onToken: (text: string) => void;
+  onDone?: (info: DoneInfo) => void;
+}
+
+declare global {
+  interface Window {
+    __TAURI_INTERNALS__?: unknown;
+  }
+}
+
+/** True when running inside the Tauri webview (the real app). */
+export function inTauri(): boolean {
+  return typeof window !== 'undefined' && window.__TAURI_INTERNALS__ !== undefined;
+}
+
+const NOT_IN_APP = 'Not running inside the Folio app';
+
+/** Turn whatever a rejected invoke carries into a human-readable string. */
+export function errorMessage(err: unknown): string {
+  if (typeof err === 'string') return err;
+  if (err instanceof Error) return err.message;
+  if (err && typeof err === 'object' && 'message' in err) {
+    const m = (err as { message: unknown }).message;
+    if (typeof m === 'string') return m;
+  }
+  try {
+    return JSON.stringify(err);
+  } catch {
+    return String(err);
+  }
+}
+
+export async function appInfo(): Promise<AppInfo> {
+  if (!inTauri()) {
+    return { version: 'dev', model: null, device: 'browser', model_error: NOT_IN_APP };
+  }
+  return invoke<AppInfo>('app_info');
+}
+
+/**
+ * Ask the model. Tokens are delivered through `handlers.onToken` as they are
+ * generated; the promise resolves when generation ends (finished, hit a limit
+ * or cancelled) and rejects with the backend's error message as a string.
+ */
+export async function chat(prompt: string, handlers: ChatHandlers): Promise<ChatResult> {
+  if (!inTauri()) {
+    throw NOT_IN_APP;
+  }
+  const onEvent = new Channel<ChatEvent>((msg) => {
+    switch (msg.event) {
+      case 'token':
+        handlers.onToken(msg.data.text);
+        break;
+      case 'done':
+        handlers.onDone?.(msg.data);
+        break;
+    }
+  });
+  try {
+    return await invoke<ChatResult>('chat', { prompt, onEvent });
+  } catch (err) {
+    throw errorMessage(err);
+  }
+}
+
+/** Ask the backend to stop the running generation; `chat` then resolves. */
+export async function cancelChat(): Promise<void> {
+  if (!inTauri()) return;
+  try {
+    await invoke<void>('cancel_chat');
+  } catch (err) {
+    throw errorMessage(err);
+  }
+}

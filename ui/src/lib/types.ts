@@ -1,0 +1,21 @@
+import type { DoneInfo } from './api';
+
+export type Role = 'user' | 'assistant';
+
+/**
+ * streaming: tokens still arriving
+ * done:      generation ended normally (or hit a limit)
+ * stopped:   the user pressed Stop
+ * error:     the backend rejected; `error` holds its message
+ */
+export type MessageStatus = 'streaming' | 'done' | 'stopped' | 'error';
+
+export interface Message {
+  id: number;
+  role: Role;
+  text: string;
+  status: MessageStatus;
+  error?: string;
+  stopReason?: string;
+  stats?: DoneInfo;
+}
