@@ -25,7 +25,8 @@ fn folio(args: &[&str], env: &[(&str, &Path)]) -> Output {
 
 fn ok_json(out: Output) -> Value {
     assert!(out.status.success(), "folio failed: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 fn err_text(out: Output) -> String {
@@ -64,7 +65,16 @@ fn perplexity_json_matches_transformers() {
         assert_eq!(got["tokens"].as_u64().unwrap() as usize, r["perplexity"]["input_ids"].as_array().unwrap().len());
 
         let cut = ok_json(folio(
-            &["perplexity", "--model", model.to_str().unwrap(), "--file", file.to_str().unwrap(), "--max-tokens", "40", "--json"],
+            &[
+                "perplexity",
+                "--model",
+                model.to_str().unwrap(),
+                "--file",
+                file.to_str().unwrap(),
+                "--max-tokens",
+                "40",
+                "--json",
+            ],
             &[],
         ));
         let want = r["perplexity_max_tokens"]["perplexity"].as_f64().unwrap();
@@ -105,13 +115,40 @@ fn greedy_chat_json_matches_transformers() {
 #[test]
 fn raw_text_gets_bos_by_the_rule_and_streams() {
     // mistral: config has bos_token_id 1 and its tokenizer adds none → BOS prepended.
-    let out = ok_json(folio(&["chat", "--model", fixture("mistral").to_str().unwrap(), "--raw", "The old captain", "--json", "--max-tokens", "3"], &[]));
+    let out = ok_json(folio(
+        &[
+            "chat",
+            "--model",
+            fixture("mistral").to_str().unwrap(),
+            "--raw",
+            "The old captain",
+            "--json",
+            "--max-tokens",
+            "3",
+        ],
+        &[],
+    ));
     assert_eq!(out["prompt_tokens"][0], 1);
     // qwen3: no bos_token_id → nothing prepended.
-    let out = ok_json(folio(&["chat", "--model", fixture("qwen3").to_str().unwrap(), "--raw", "The old captain", "--json", "--max-tokens", "3"], &[]));
+    let out = ok_json(folio(
+        &[
+            "chat",
+            "--model",
+            fixture("qwen3").to_str().unwrap(),
+            "--raw",
+            "The old captain",
+            "--json",
+            "--max-tokens",
+            "3",
+        ],
+        &[],
+    ));
     assert_ne!(out["prompt_tokens"][0], 590);
     // Without --json the answer streams as plain text.
-    let out = folio(&["chat", "--model", fixture("llama").to_str().unwrap(), "--max-tokens", "8", "--temperature", "0", "hello"], &[]);
+    let out = folio(
+        &["chat", "--model", fixture("llama").to_str().unwrap(), "--max-tokens", "8", "--temperature", "0", "hello"],
+        &[],
+    );
     assert!(out.status.success());
     assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty());
 }
@@ -151,7 +188,10 @@ fn unknown_model_type_lists_the_supported_ones() {
     let cfg = std::fs::read_to_string(&cfg_path).unwrap().replace("\"llama\"", "\"gpt_neox\"");
     std::fs::write(&cfg_path, cfg).unwrap();
     let err = err_text(folio(&["info", "--model", dir.path().to_str().unwrap()], &[]));
-    assert!(err.contains("unsupported model_type \"gpt_neox\"") && err.contains("llama, mistral, qwen2, qwen3"), "{err}");
+    assert!(
+        err.contains("unsupported model_type \"gpt_neox\"") && err.contains("llama, mistral, qwen2, qwen3"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -161,7 +201,10 @@ fn truncated_weights_are_reported_with_sizes() {
     let len = std::fs::metadata(&weights).unwrap().len();
     std::fs::OpenOptions::new().write(true).open(&weights).unwrap().set_len(len / 2).unwrap();
     let err = err_text(folio(&["info", "--model", dir.path().to_str().unwrap()], &[]));
-    assert!(err.contains("is truncated") && err.contains(&format!("has {}", len / 2)) && err.contains(&len.to_string()), "{err}");
+    assert!(
+        err.contains("is truncated") && err.contains(&format!("has {}", len / 2)) && err.contains(&len.to_string()),
+        "{err}"
+    );
 }
 
 #[test]
@@ -169,10 +212,16 @@ fn over_long_prompts_are_refused_not_truncated() {
     let long = "the old captain carried a basket of apples to the market ".repeat(80);
     let model = fixture("llama");
     let err = err_text(folio(&["chat", "--model", model.to_str().unwrap(), "--raw", &long, "--max-tokens", "1"], &[]));
-    assert!(err.contains("longer than the model's context length of 512 tokens") && err.contains("nothing was truncated"), "{err}");
+    assert!(
+        err.contains("longer than the model's context length of 512 tokens") && err.contains("nothing was truncated"),
+        "{err}"
+    );
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), &long).unwrap();
-    let err = err_text(folio(&["perplexity", "--model", model.to_str().unwrap(), "--file", file.path().to_str().unwrap()], &[]));
+    let err = err_text(folio(
+        &["perplexity", "--model", model.to_str().unwrap(), "--file", file.path().to_str().unwrap()],
+        &[],
+    ));
     assert!(err.contains("context length of 512"), "{err}");
 }
 
@@ -181,7 +230,10 @@ fn hub_repo_ids_use_the_cache_and_fail_clearly_offline() {
     let home = tempfile::tempdir().unwrap();
     let offline: &[(&str, &Path)] = &[("HF_HOME", home.path()), ("HF_HUB_OFFLINE", Path::new("1"))];
     let err = err_text(folio(&["info", "--model", "folio-test/not-cached"], offline));
-    assert!(err.contains("model folio-test/not-cached is not in the Hugging Face cache") && err.contains("HF_HUB_OFFLINE"), "{err}");
+    assert!(
+        err.contains("model folio-test/not-cached is not in the Hugging Face cache") && err.contains("HF_HUB_OFFLINE"),
+        "{err}"
+    );
 
     // A cached repo (the hub's cache layout) loads with downloads forbidden.
     let repo = home.path().join("hub/models--folio-test--tiny-llama");
@@ -205,7 +257,7 @@ fn bad_arguments_are_explained() {
     let err = err_text(folio(&["info", "--model", "no/such/place"], &[]));
     assert!(err.contains("neither a model folder nor a Hugging Face repo id"), "{err}");
     let model = fixture("llama");
-    let err = err_text(folio(&["chat", "--model", model.to_str().unwrap(), "--temperature", "-1", "hi"], &[]));
+    let err = err_text(folio(&["chat", "--model", model.to_str().unwrap(), "--temperature=-1", "hi"], &[]));
     assert!(err.contains("temperature must be >= 0"), "{err}");
     let err = err_text(folio(&["info", "--model", model.to_str().unwrap(), "--device", "tpu"], &[]));
     assert!(err.contains("bad device \"tpu\""), "{err}");

@@ -22,7 +22,9 @@ impl Drop for Reaped {
 
 fn free_display() -> u32 {
     (100 + std::process::id() % 400..600)
-        .find(|n| !Path::new(&format!("/tmp/.X11-unix/X{n}")).exists() && !Path::new(&format!("/tmp/.X{n}-lock")).exists())
+        .find(|n| {
+            !Path::new(&format!("/tmp/.X11-unix/X{n}")).exists() && !Path::new(&format!("/tmp/.X{n}-lock")).exists()
+        })
         .expect("no free X display number")
 }
 
@@ -67,7 +69,10 @@ fn desktop_window_renders_the_ui() {
     let start = Instant::now();
     while start.elapsed() < WINDOW_TIMEOUT {
         if let Some(status) = app.0.try_wait().unwrap() {
-            panic!("folio exited with {status} before rendering: {}", std::fs::read_to_string(&log).unwrap_or_default());
+            panic!(
+                "folio exited with {status} before rendering: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
         }
         std::thread::sleep(Duration::from_secs(2));
         let ok = Command::new("import")

@@ -58,18 +58,13 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Mask, scale: f32) -> 
     let (q_heads, q_len, head_dim) = q.dims3()?;
     let (kv_heads, kv_len, k_dim) = k.dims3()?;
     if v.dims3()? != (kv_heads, kv_len, head_dim) || k_dim != head_dim {
-        candle_core::bail!(
-            "attention: shapes do not agree: q {:?}, k {:?}, v {:?}",
-            q.dims(),
-            k.dims(),
-            v.dims()
-        );
+        candle_core::bail!("attention: shapes do not agree: q {:?}, k {:?}, v {:?}", q.dims(), k.dims(), v.dims());
     }
     if kv_heads == 0 || q_heads % kv_heads != 0 {
         candle_core::bail!("attention: {q_heads} query heads are not a multiple of {kv_heads} KV heads");
     }
-    let last_pos = mask.q_offset + q_len.saturating_sub(1);
-    if q_len > 0 && mask.key_range(mask.q_offset, kv_len).0 >= kv_len.min(last_pos + 1) {
+    let (first_start, first_end) = mask.key_range(mask.q_offset, kv_len);
+    if q_len > 0 && first_start >= first_end {
         candle_core::bail!("attention: query at position {} sees no key (kv_len {kv_len})", mask.q_offset);
     }
     let groups = q_heads / kv_heads;
@@ -95,10 +90,8 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Mask, scale: f32) -> 
         let vc = v.narrow(1, k_start, kl)?.contiguous()?;
         let mut scores = (qc.matmul(&kc.t()?)? * scale as f64)?; // [kv_heads, groups*n, kl]
         if let Some(bias) = mask_bias(&mask, first, n, k_start, k_end, device)? {
-            scores = scores
-                .reshape((kv_heads, groups, n, kl))?
-                .broadcast_add(&bias)?
-                .reshape((kv_heads, groups * n, kl))?;
+            scores =
+                scores.reshape((kv_heads, groups, n, kl))?.broadcast_add(&bias)?.reshape((kv_heads, groups * n, kl))?;
         }
         let max = scores.max_keepdim(D::Minus1)?;
         let exp = scores.broadcast_sub(&max)?.exp()?;

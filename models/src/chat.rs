@@ -67,9 +67,7 @@ impl ChatTemplate {
                 _ => None,
             },
         };
-        source
-            .map(|s| Self::new(s, token_string(tc.get("bos_token")), token_string(tc.get("eos_token"))))
-            .transpose()
+        source.map(|s| Self::new(s, token_string(tc.get("bos_token")), token_string(tc.get("eos_token")))).transpose()
     }
 
     pub fn new(source: String, bos_token: Option<String>, eos_token: Option<String>) -> Result<Self> {
@@ -130,13 +128,14 @@ fn describe(e: &minijinja::Error) -> String {
 fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> std::result::Result<Value, minijinja::Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&value)
-        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let json =
+        serde_json::to_value(&value).map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
     let mut out = Vec::new();
     let written = match indent {
         Some(n) => {
             let pad = vec![b' '; n];
-            let mut ser = serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(&pad));
+            let mut ser =
+                serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(&pad));
             json.serialize(&mut ser)
         }
         None => json.serialize(&mut serde_json::Serializer::with_formatter(&mut out, PyFormatter)),

@@ -182,6 +182,9 @@ impl ModelConfig {
             Some(r) => parse_rope(r).map_err(invalid)?,
         };
         let sliding_window = match arch {
+            Arch::Mistral if raw.sliding_window == Some(0) => {
+                return Err(invalid("sliding_window must be at least 1 token".into()))
+            }
             Arch::Mistral => raw.sliding_window,
             Arch::Qwen2 | Arch::Qwen3 if raw.use_sliding_window == Some(true) => {
                 return Err(invalid(
@@ -276,7 +279,8 @@ mod tests {
         assert_eq!(classic.rope_theta, 5e5);
         assert_eq!(classic.rope_scaling, v5.rope_scaling);
         assert_eq!(classic.rope_theta, v5.rope_theta);
-        let yarn = parse(&format!(r#"{{"model_type": "qwen2", {BASE}, "rope_scaling": {{"type": "yarn", "factor": 4.0}}}}"#));
+        let yarn =
+            parse(&format!(r#"{{"model_type": "qwen2", {BASE}, "rope_scaling": {{"type": "yarn", "factor": 4.0}}}}"#));
         assert!(yarn.unwrap_err().to_string().contains("\"yarn\" is not supported"));
     }
 

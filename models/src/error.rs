@@ -56,7 +56,9 @@ pub enum Error {
     #[error("chat template: {0}")]
     Template(String),
 
-    #[error("the model has no chat template (no chat_template.jinja, none in tokenizer_config.json); use raw text instead")]
+    #[error(
+        "the model has no chat template (no chat_template.jinja, none in tokenizer_config.json); use raw text instead"
+    )]
     NoChatTemplate,
 
     #[error("{0}")]

@@ -204,7 +204,12 @@ fn safe_prefix_len(text: &str, stops: &[String]) -> usize {
         .iter()
         .map(|stop| {
             // The longest proper prefix of the stop string that the text ends with.
-            stop.char_indices().map(|(i, _)| i).filter(|&i| i > 0).rev().find(|&i| visible.ends_with(&stop[..i])).unwrap_or(0)
+            stop.char_indices()
+                .map(|(i, _)| i)
+                .filter(|&i| i > 0)
+                .rev()
+                .find(|&i| visible.ends_with(&stop[..i]))
+                .unwrap_or(0)
         })
         .max()
         .unwrap_or(0);

@@ -192,8 +192,8 @@ fn shard_names(index: &Path) -> Result<Vec<String>> {
         weight_map: BTreeMap<String, String>,
     }
     let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
-    let idx: Index = serde_json::from_str(&text)
-        .map_err(|e| Error::InvalidConfig { path: index.to_owned(), msg: e.to_string() })?;
+    let idx: Index =
+        serde_json::from_str(&text).map_err(|e| Error::InvalidConfig { path: index.to_owned(), msg: e.to_string() })?;
     let mut shards: Vec<String> = idx.weight_map.into_values().collect();
     shards.sort();
     shards.dedup();
@@ -225,7 +225,8 @@ pub fn check_safetensors(path: &Path) -> Result<BTreeMap<String, usize>> {
         if name == "__metadata__" {
             continue;
         }
-        let end = info["data_offsets"][1].as_u64().ok_or_else(|| invalid(format!("tensor {name} has no data_offsets")))?;
+        let end =
+            info["data_offsets"][1].as_u64().ok_or_else(|| invalid(format!("tensor {name} has no data_offsets")))?;
         let shape: Vec<usize> = serde_json::from_value(info["shape"].clone())
             .map_err(|e| invalid(format!("tensor {name} has a bad shape: {e}")))?;
         data_end = data_end.max(end);

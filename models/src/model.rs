@@ -12,7 +12,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::Linear;
 
-use crate::attention::{AttnCall, Attention};
+use crate::attention::{Attention, AttnCall};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kv::{DenseKv, KvStore};
@@ -204,7 +204,8 @@ impl Model {
             let a = a.transpose(0, 1)?.reshape((t, self.cfg.num_heads * hd))?;
             x = (x + layer.o.forward(&a)?)?;
             let h = candle_nn::ops::rms_norm(&x, &layer.post_attn_norm, eps)?;
-            let mlp = layer.down.forward(&(candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?)?;
+            let mlp =
+                layer.down.forward(&(candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?)?;
             x = (x + mlp)?;
         }
         kv.set_len(pos + t)?;

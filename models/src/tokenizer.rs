@@ -21,8 +21,8 @@ fn tok_err(e: impl std::fmt::Display) -> Error {
 
 impl Tokenizer {
     pub fn from_file(path: &Path, bos: Option<u32>) -> Result<Self> {
-        let inner = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let inner =
+            tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
         Ok(Self { inner, bos })
     }
 

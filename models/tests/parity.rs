@@ -123,14 +123,20 @@ fn parity(name: &str) {
     let split = ids.len() / 2;
     engine.model.forward(&ids[..split], &mut kv, &Dense, Logits::Last).unwrap();
     for (i, id) in ids[split..].iter().enumerate() {
-        let l: Vec<f32> = engine.model.forward(&[*id], &mut kv, &Dense, Logits::Last).unwrap().squeeze(0).unwrap().to_vec1().unwrap();
+        let l: Vec<f32> =
+            engine.model.forward(&[*id], &mut kv, &Dense, Logits::Last).unwrap().squeeze(0).unwrap().to_vec1().unwrap();
         let d = max_abs_diff(&l, &r.logits.values[split + i]);
         assert!(d < LOGIT_TOL, "{name}: incremental logits at position {} differ by {d}", split + i);
     }
 
     // Tokenizer and the BOS rule.
     for case in &r.tokenizer_cases {
-        assert_eq!(engine.tokenizer.encode_raw(&case.text).unwrap(), with_bos(&engine, &case.ids), "{name}: {:?}", case.text);
+        assert_eq!(
+            engine.tokenizer.encode_raw(&case.text).unwrap(),
+            with_bos(&engine, &case.ids),
+            "{name}: {:?}",
+            case.text
+        );
         assert_eq!(engine.tokenizer.decode(&case.ids, true).unwrap(), case.decoded_skip_special, "{name}: decode");
     }
     let text = std::fs::read_to_string(fixture(name).join(&r.perplexity.file)).unwrap();
@@ -207,7 +213,8 @@ fn candle_transformers_logits(name: &str, ids: &[u32]) -> Vec<f32> {
     use candle_nn::VarBuilder;
     use candle_transformers::models::{llama, mistral, qwen2, qwen3};
     let dir = fixture(name);
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     // candle-transformers reads the classic keys; transformers 5 folds rope_theta into rope_parameters.
     if let Some(theta) = cfg.pointer("/rope_parameters/rope_theta").cloned() {
         cfg["rope_theta"] = theta;
@@ -261,10 +268,13 @@ fn decoder_agrees_with_candle_transformers() {
         }
         let theirs = candle_transformers_logits(name, ids);
         let mut kv = engine.model.new_kv();
-        let ours: Vec<f32> = engine.model.forward(ids, &mut kv, &Dense, Logits::Last).unwrap().squeeze(0).unwrap().to_vec1().unwrap();
+        let ours: Vec<f32> =
+            engine.model.forward(ids, &mut kv, &Dense, Logits::Last).unwrap().squeeze(0).unwrap().to_vec1().unwrap();
         let diff = max_abs_diff(&ours, &theirs);
         let hf = max_abs_diff(&theirs, &r.logits.values[ids.len() - 1]);
-        println!("{name}: max |folio - candle-transformers| = {diff:.3e}; candle-transformers vs transformers {hf:.3e}");
+        println!(
+            "{name}: max |folio - candle-transformers| = {diff:.3e}; candle-transformers vs transformers {hf:.3e}"
+        );
         assert!(diff < LOGIT_TOL, "{name}: folio and candle-transformers differ by {diff}");
     }
 }
@@ -283,7 +293,8 @@ fn cuda_logits_match_cpu() {
         for (dtype, tol) in [(DType::F32, 1e-3f32), (DType::BF16, 0.25)] {
             let (engine, _) = load_on(name, &gpu, dtype);
             let mut kv = engine.model.new_kv();
-            let got: Vec<Vec<f32>> = engine.model.forward(ids, &mut kv, &Dense, Logits::All).unwrap().to_vec2().unwrap();
+            let got: Vec<Vec<f32>> =
+                engine.model.forward(ids, &mut kv, &Dense, Logits::All).unwrap().to_vec2().unwrap();
             let vs_cpu = got.iter().zip(&want).map(|(g, w)| max_abs_diff(g, w)).fold(0.0, f32::max);
             let vs_hf = got.iter().zip(&r.logits.values).map(|(g, w)| max_abs_diff(g, w)).fold(0.0, f32::max);
             println!("{name} cuda {dtype:?}: max |logit diff| vs CPU {vs_cpu:.3e}, vs transformers {vs_hf:.3e}");
@@ -295,7 +306,8 @@ fn cuda_logits_match_cpu() {
                     stop_strings: vec![],
                     eos_token_ids: engine.eos_token_ids(),
                 };
-                let g = engine.generate(&r.greedy.prompt_ids, &params, |_| std::ops::ControlFlow::Continue(())).unwrap();
+                let g =
+                    engine.generate(&r.greedy.prompt_ids, &params, |_| std::ops::ControlFlow::Continue(())).unwrap();
                 assert_eq!(g.tokens, r.greedy.new_tokens, "{name}: CUDA greedy tokens differ");
             }
         }

@@ -84,8 +84,12 @@ pub fn chat(common: &Common, a: ChatArgs) -> Result<()> {
         repetition_penalty: a.repetition_penalty.unwrap_or(defaults.repetition_penalty),
         seed: a.seed,
     };
-    let params =
-        GenerateParams { max_new_tokens: a.max_tokens, sampling, stop_strings: a.stop, eos_token_ids: engine.eos_token_ids() };
+    let params = GenerateParams {
+        max_new_tokens: a.max_tokens,
+        sampling,
+        stop_strings: a.stop,
+        eos_token_ids: engine.eos_token_ids(),
+    };
     let start = Instant::now();
     let mut stdout = std::io::stdout().lock();
     let generation = engine.generate(&prompt, &params, |piece| {

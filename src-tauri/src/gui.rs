@@ -123,13 +123,8 @@ pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<(
             Err(e) => (None, Some(e.to_string())),
         },
     };
-    let state = AppState {
-        engine,
-        model_error,
-        device: device_name(&device),
-        history: Arc::default(),
-        cancel: Arc::default(),
-    };
+    let state =
+        AppState { engine, model_error, device: device_name(&device), history: Arc::default(), cancel: Arc::default() };
     tauri::Builder::default()
         .manage(state)
         .invoke_handler(tauri::generate_handler![app_info, chat, cancel_chat])

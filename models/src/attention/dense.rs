@@ -4,7 +4,7 @@
 use candle_core::Tensor;
 use folio_kernels::attention::{attention, Mask};
 
-use super::{AttnCall, Attention};
+use super::{Attention, AttnCall};
 use crate::error::Result;
 
 #[derive(Debug, Default, Clone, Copy)]
