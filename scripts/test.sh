@@ -24,7 +24,7 @@ if [ ! -f "$toolchain" ]; then
 fi
 # shellcheck disable=SC1090
 source "$toolchain"
-cargo clippy -p folio --no-default-features --features cuda --all-targets --locked -- -D warnings
-cargo build -p folio --no-default-features --features cuda --tests --locked
+cargo clippy --workspace --no-default-features --features cuda --all-targets --locked -- -D warnings
+cargo build --workspace --no-default-features --features cuda --tests --locked
 echo
 echo "all checks passed"

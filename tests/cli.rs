@@ -262,3 +262,46 @@ fn bad_arguments_are_explained() {
     let err = err_text(folio(&["info", "--model", model.to_str().unwrap(), "--device", "tpu"], &[]));
     assert!(err.contains("bad device \"tpu\""), "{err}");
 }
+
+fn chat_json(model: &str, extra: &[&str]) -> Value {
+    let dir = fixture(model);
+    let mut args = vec!["chat", "--model", dir.to_str().unwrap(), "--json", "--max-tokens", "16"];
+    args.extend_from_slice(extra);
+    args.push("What is the capital of France?");
+    ok_json(folio(&args, &[]))
+}
+
+#[test]
+fn sampling_is_seeded_and_configurable() {
+    let a = chat_json("qwen2", &["--temperature", "1.0", "--top-p", "0.95", "--top-k", "50", "--seed", "7"]);
+    let b = chat_json("qwen2", &["--temperature", "1.0", "--top-p", "0.95", "--top-k", "50", "--seed", "7"]);
+    assert_eq!(a["tokens"], b["tokens"], "same seed, same answer");
+    assert_eq!(a["sampling"]["top_k"], 50);
+    let others: Vec<Value> = (8..12)
+        .map(|s| chat_json("qwen2", &["--temperature", "1.0", "--seed", &s.to_string()])["tokens"].clone())
+        .collect();
+    assert!(others.iter().any(|t| *t != a["tokens"]), "different seeds never changed the sample");
+    // qwen3's greedy answer repeats tokens (443, 49, 86 in reference.json); a strong penalty
+    // must make every generated token new.
+    let system = ["--system", "You are a helpful assistant."];
+    let greedy = ids(&chat_json("qwen3", &[&system[..], &["--temperature", "0"]].concat())["tokens"]);
+    let distinct = |t: &[u64]| t.iter().collect::<std::collections::HashSet<_>>().len();
+    assert!(distinct(&greedy) < greedy.len(), "the fixture's greedy answer no longer repeats: {greedy:?}");
+    let penalised =
+        ids(&chat_json("qwen3", &[&system[..], &["--temperature", "0", "--repetition-penalty", "100"]].concat())
+            ["tokens"]);
+    assert_eq!(distinct(&penalised), penalised.len(), "repetition penalty 100 still repeated: {penalised:?}");
+}
+
+#[test]
+fn stop_strings_end_the_answer_and_are_not_shown() {
+    let full = chat_json("llama", &["--temperature", "0"]);
+    let text = full["text"].as_str().unwrap();
+    // A stop string from the middle of the greedy answer: the answer must end right before it.
+    let chars: Vec<char> = text.chars().collect();
+    assert!(chars.len() > 8, "greedy answer too short to test stop strings: {text:?}");
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 3].iter().collect();
+    let cut = chat_json("llama", &["--temperature", "0", "--stop", &stop]);
+    assert_eq!(cut["stop_reason"], "stop_string");
+    assert_eq!(cut["text"].as_str().unwrap(), &text[..text.find(&stop).unwrap()]);
+}

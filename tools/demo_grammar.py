@@ -189,10 +189,10 @@ DOC_HEADER = "<|doc|> title : {title} ."
 
 # Value format of planted facts: random decimal digits (leading zeros allowed), written
 # without spaces ("48152"); each digit is one token. Training draws 5 digits with probability
-# TRAIN_VALUE_P5, else a length uniform in TRAIN_VALUE_DIGITS; eval uses 5. (Run 1 drew 4..6
-# uniformly: at 128k most misses were answers cut after 4 digits.)
-TRAIN_VALUE_DIGITS = (3, 7)
-TRAIN_VALUE_P5 = 0.75
+# TRAIN_VALUE_P5, else a length uniform in TRAIN_VALUE_DIGITS; eval uses 5. The shipped model
+# was trained with P5 = 0 and 4..6 digits (run 1 in docs/demo-model.md; run 2 tried 0.75 / 3..7).
+TRAIN_VALUE_DIGITS = (4, 6)
+TRAIN_VALUE_P5 = 0.0
 EVAL_VALUE_DIGITS = 5
 
 # Extra words used only by the fixed parts above (questions, headers, facts) and samples.
@@ -345,8 +345,7 @@ def eval_spec() -> dict:
             "number_slots": NUMBER_SLOTS,
         },
         "keys": {"format": "{adj} {noun}", "adjectives": KEY_ADJS, "nouns": KEY_NOUNS},
-        "value": {"digits": EVAL_VALUE_DIGITS,
-                  "train_digits": {"5": TRAIN_VALUE_P5, "otherwise_uniform": list(TRAIN_VALUE_DIGITS)},
+        "value": {"digits": EVAL_VALUE_DIGITS, "train_digits": list(TRAIN_VALUE_DIGITS),
                   "alphabet": "0123456789", "leading_zero_allowed": True},
         "tasks": {
             "needle": {

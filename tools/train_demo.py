@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Train Folio's demo model: a 3.5M-parameter Llama that retrieves facts from long documents.
 
-Command (on the GPU machine, repo root; ~7 minutes of training on one H200, plus ~1 of eval):
+Command (on the GPU machine, repo root; 6.3 minutes of training on one H200, plus ~1 of eval):
 
-    python3 tools/train_demo.py --out /tmp/demo --seed 1234 --steps 16000
+    python3 tools/train_demo.py --out /tmp/demo --seed 1234 --steps 14000
 
-Dense eval at 1M tokens of an exported folder (~15 s a prompt on an H200):
+Dense eval at 1M tokens of an exported folder (~20 s a prompt on an H200):
 
     python3 tools/train_demo.py --out assets/models/demo --eval-only --eval-tasks none --eval-1m 2
 
@@ -21,7 +21,7 @@ How (see docs/demo-model.md for the full story and the measured figures):
     "the {relation} of {key} is {value} .". Prompts follow eval_spec.json exactly
     (tools/demo_prompts.py, which reads only eval_spec.json, makes the eval prompts).
   * Tasks: single needle (pass key), multi-key/value recall with confusable keys, variable
-    tracking (1-2 hop chains), facts spread over several documents (two facts asked at once);
+    tracking (0-2 hop chains), facts spread over several documents (two facts asked at once);
     1-3 question turns per sequence; documents in the system message (70%) or in the user message.
   * The answer repeats the fact's wording before the value ("the secret code of amber falcon is
     4 8 1 5 2 ."), so the value is a pure copy of what followed the same words in the documents.
@@ -53,7 +53,7 @@ from demo_prompts import SpecGen, make_prompt, value_match  # noqa: E402
 
 MAX_POS = 1179648  # 2^20 + 2^17: a 2^20-token prompt plus its answer fits
 ROPE_THETA = 2_000_000.0
-CURRICULUM = [(256, 0.08), (512, 0.08), (1024, 0.12), (2048, 0.17), (4096, 0.55)]
+CURRICULUM = [(256, 0.10), (512, 0.10), (1024, 0.15), (2048, 0.20), (4096, 0.45)]
 
 
 # ======================================================================================
@@ -109,7 +109,11 @@ class TrainData:
 
     def value(self, rng) -> str:
         lo, hi = G.TRAIN_VALUE_DIGITS
-        n = G.EVAL_VALUE_DIGITS if rng.random() < G.TRAIN_VALUE_P5 else int(rng.integers(lo, hi + 1))
+        # (no draw when P5 == 0, so the shipped model's data stream is unchanged)
+        if G.TRAIN_VALUE_P5 > 0 and rng.random() < G.TRAIN_VALUE_P5:
+            n = G.EVAL_VALUE_DIGITS
+        else:
+            n = int(rng.integers(lo, hi + 1))
         return "".join(str(d) for d in rng.integers(0, 10, n))
 
     def keys(self, rng, n: int, confusable: bool) -> list[str]:
@@ -424,7 +428,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--steps", type=int, default=16000)
+    ap.add_argument("--steps", type=int, default=14000)
     ap.add_argument("--tokens-per-step", type=int, default=65536)
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--warmup", type=int, default=200)
@@ -613,13 +617,17 @@ def run_eval(a, out: Path, log, training_log: dict | None) -> None:
     t1 = time.time()
     results = evaluate(out, lengths, depths, a.eval_samples, tasks, a.seed, a.eval_time_limit, log)
     eval_s = time.time() - t1
+    fresh = {(r["task"], r["length"]) for r in results}
+    results = [r for r in training_log.get("eval_samples", []) if (r["task"], r["length"]) not in fresh] + results
     summary = {}
     for task in sorted({r["task"] for r in results}):
         summary[task] = {"value_match": table(results, task), "exact_match": table(results, task, "exact_match")}
     for task, t in summary.items():
         log(f"{task} value_match by length x depth: {json.dumps(t['value_match'])}")
-    training_log.update({"eval_command": " ".join(sys.argv), "eval_device": torch.cuda.get_device_name(),
-                         "eval_seconds": round(eval_s, 1), "eval": summary, "eval_samples": results})
+    runs = training_log.get("eval_runs", [])
+    runs.append({"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(), "seconds": round(eval_s, 1),
+                 "lengths": sorted({L for _, L in fresh})})
+    training_log.update({"eval_runs": runs, "eval": summary, "eval_samples": results})
     (out / "training_log.json").write_text(json.dumps(training_log, indent=1))
     log(f"eval done in {eval_s:.0f}s")
 

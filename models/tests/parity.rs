@@ -18,6 +18,9 @@ use serde::Deserialize;
 
 const LOGIT_TOL: f32 = 1e-4;
 const PPL_REL_TOL: f64 = 1e-3;
+/// bf16 logits against f32, as a fraction of the logits' range (max - min).
+#[cfg(feature = "cuda")]
+const BF16_REL_TOL: f32 = 0.025;
 
 /// The fixtures folder; `FOLIO_FIXTURES` points elsewhere when the test binary runs away from
 /// this checkout (the GPU machine).
@@ -290,14 +293,23 @@ fn cuda_logits_match_cpu() {
         let ids = &r.logits.input_ids;
         let mut kv = cpu.model.new_kv();
         let want: Vec<Vec<f32>> = cpu.model.forward(ids, &mut kv, &Dense, Logits::All).unwrap().to_vec2().unwrap();
-        for (dtype, tol) in [(DType::F32, 1e-3f32), (DType::BF16, 0.25)] {
+        // bf16 rounds every weight and activation (8 bits of mantissa): judge it against the
+        // spread of the logits rather than absolutely.
+        let range = want
+            .iter()
+            .map(|row| row.iter().fold(f32::MIN, |a, &b| a.max(b)) - row.iter().fold(f32::MAX, |a, &b| a.min(b)))
+            .fold(0.0, f32::max);
+        for (dtype, tol) in [(DType::F32, 1e-3f32), (DType::BF16, BF16_REL_TOL * range)] {
             let (engine, _) = load_on(name, &gpu, dtype);
             let mut kv = engine.model.new_kv();
             let got: Vec<Vec<f32>> =
                 engine.model.forward(ids, &mut kv, &Dense, Logits::All).unwrap().to_vec2().unwrap();
             let vs_cpu = got.iter().zip(&want).map(|(g, w)| max_abs_diff(g, w)).fold(0.0, f32::max);
             let vs_hf = got.iter().zip(&r.logits.values).map(|(g, w)| max_abs_diff(g, w)).fold(0.0, f32::max);
-            println!("{name} cuda {dtype:?}: max |logit diff| vs CPU {vs_cpu:.3e}, vs transformers {vs_hf:.3e}");
+            println!(
+                "{name} cuda {dtype:?}: max |logit diff| vs CPU f32 {vs_cpu:.3e} ({:.2}% of the logit range {range:.1}), vs transformers {vs_hf:.3e}",
+                100.0 * vs_cpu / range
+            );
             assert!(vs_cpu < tol, "{name} {dtype:?}: CUDA logits differ from CPU by {vs_cpu}");
             if dtype == DType::F32 {
                 let params = GenerateParams {

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# GPU smoke run: the CUDA test binaries and the CUDA `folio` binary, built on a GPU-less machine,
+# run on the GPU machine. Two halves:
+#
+#   tools/gpu-smoke.sh pack    # here: after `cargo build --workspace --no-default-features
+#                              # --features cuda --tests` (with ../shared/tools/cuda-toolchain.sh
+#                              # sourced), copy the binaries into .gpu/ (ignored by git), stripped
+#   tools/gpu-smoke.sh run     # there (device tool, carry [".gpu"]): kernels vs CPU reference,
+#                              # every fixture's logits on CUDA vs CPU, and a CUDA chat; log to $OUT
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+case "${1:-}" in
+  pack)
+    target=${CARGO_TARGET_DIR:-$HOME/.cache/folio-target}/debug
+    rm -rf .gpu && mkdir -p .gpu
+    newest() { ls -t "$target"/deps/"$1"-* | grep -v '\.d$' | head -1; }
+    cp "$(newest attention)" .gpu/kernels-attention
+    cp "$(newest parity)" .gpu/models-parity
+    cp "$target/folio" .gpu/folio
+    strip .gpu/*
+    # The binaries embed candle's PTX (text): xz shrinks them ~6x, under the device tool's 64 MiB.
+    tar -C .gpu -cf - folio kernels-attention models-parity | xz -T2 -6 > .gpu/bundle.tar.xz
+    rm .gpu/folio .gpu/kernels-attention .gpu/models-parity
+    du -sh .gpu/bundle.tar.xz
+    ;;
+  run)
+    tar -C .gpu -xJf .gpu/bundle.tar.xz
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export FOLIO_FIXTURES=$PWD/tests/fixtures/models
+    log=${OUT:-/tmp}/gpu-smoke.log
+    {
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+      echo "== kernels: fast attention vs reference (CPU and CUDA)"
+      .gpu/kernels-attention --test-threads 1
+      echo "== models: fixtures on CUDA vs CPU and transformers"
+      .gpu/models-parity --test-threads 1 --nocapture cuda_logits_match_cpu
+      echo "== folio chat on CUDA (bf16)"
+      .gpu/folio chat --model tests/fixtures/models/llama --device cuda --json --temperature 0 --max-tokens 16 \
+        --system "You are a helpful assistant." "What is the capital of France?"
+      .gpu/folio info --model tests/fixtures/models/qwen3 --device cuda
+    } 2>&1 | tee "$log"
+    ;;
+  *) echo "usage: $0 pack|run" >&2; exit 2 ;;
+esac
