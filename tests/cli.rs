@@ -305,3 +305,44 @@ fn stop_strings_end_the_answer_and_are_not_shown() {
     assert_eq!(cut["stop_reason"], "stop_string");
     assert_eq!(cut["text"].as_str().unwrap(), &text[..text.find(&stop).unwrap()]);
 }
+
+#[test]
+fn needle_eval_writes_table_json_and_heatmap() {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/models/demo");
+    let out = tempfile::tempdir().unwrap();
+    let run = folio(
+        &[
+            "eval",
+            "needle",
+            "--model",
+            demo.to_str().unwrap(),
+            "--lengths",
+            "1k",
+            "--depths",
+            "0,1",
+            "--samples",
+            "2",
+            "--out",
+            out.path().to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let table = String::from_utf8_lossy(&run.stdout);
+    assert!(table.contains("1k |") && table.contains("overall"), "{table}");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(out.path().join("needle.json")).unwrap()).unwrap();
+    assert_eq!(doc["lengths"][0], 1024);
+    assert_eq!(doc["results"].as_array().unwrap().len(), 4);
+    assert!(doc["overall"].as_f64().unwrap() >= 0.75, "{}", doc["overall"]);
+    let svg = std::fs::read_to_string(out.path().join("needle-heatmap.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.matches("<rect x=").count() == 2);
+
+    // A model without eval_spec.json, an unknown method and a dense budget are clear errors.
+    let err =
+        err_text(folio(&["eval", "needle", "--model", fixture("llama").to_str().unwrap(), "--lengths", "1k"], &[]));
+    assert!(err.contains("eval_spec.json"), "{err}");
+    let err = err_text(folio(&["eval", "needle", "--model", demo.to_str().unwrap(), "--method", "magic"], &[]));
+    assert!(err.contains("unknown attention method \"magic\"; available: dense"), "{err}");
+    let err = err_text(folio(&["eval", "needle", "--model", demo.to_str().unwrap(), "--budget", "2048"], &[]));
+    assert!(err.contains("takes no budget"), "{err}");
+}

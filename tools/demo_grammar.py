@@ -188,12 +188,35 @@ PAIR_QUESTION = "what is the {relation} of {key} and the {relation2} of {key2} ?
 DOC_HEADER = "<|doc|> title : {title} ."
 
 # Value format of planted facts: random decimal digits (leading zeros allowed), written
-# without spaces ("48152"); each digit is one token. Training draws 5 digits with probability
-# TRAIN_VALUE_P5, else a length uniform in TRAIN_VALUE_DIGITS; eval uses 5. The shipped model
-# was trained with P5 = 0 and 4..6 digits (run 1 in docs/demo-model.md; run 2 tried 0.75 / 3..7).
-TRAIN_VALUE_DIGITS = (4, 6)
-TRAIN_VALUE_P5 = 0.0
+# without spaces ("48152"); each digit is one token. Eval uses EVAL_VALUE_DIGITS; training
+# draws the digit count per RECIPES below.
 EVAL_VALUE_DIGITS = 5
+
+# Words that replace the {num} filler slot when a recipe keeps digits out of the filler. All of
+# them are already in the vocabulary (so the tokenizer is the same for every recipe).
+NUM_WORDS = ["one", "many", "more", "no", "all", "both", "each", "first", "second", "third", "last", "next"]
+
+# --------------------------------------------------------------------------------------
+# Training recipes (docs/demo-model.md has the runs and their figures). A recipe fixes the
+# data distribution; eval_spec(recipe) describes it for prompt generators.
+#   value_digits:    (min, max) digits of planted values, uniform
+#   filler_numbers:  True: {num} is a 1-4 digit integer; False: a word from NUM_WORDS, so the
+#                    only digit runs in a sequence are planted values
+#   pose:            "random_cuts": 1-2 random cuts, gaps summing to a log-uniform max position
+#                    (run 1); "fact_distance": one skip between the asked fact and the question
+#                    so the fact-question distance in position ids is log-uniform in
+#                    [100, max_position_embeddings - L], plus a uniform skip before the fact
+#                    half of the time (run 3)
+#   prefill_answer_prefix: the eval mode eval_spec.json recommends (chat.prefill_answer_prefix)
+# --------------------------------------------------------------------------------------
+RECIPES = {
+    "run1": {"value_digits": (4, 6), "filler_numbers": True, "pose": "random_cuts",
+             "prefill_answer_prefix": False},
+    "run3": {"value_digits": (5, 5), "filler_numbers": False, "pose": "fact_distance",
+             "prefill_answer_prefix": True},
+}
+DEFAULT_RECIPE = "run1"  # the shipped model (assets/models/demo)
+POSE_MIN_DISTANCE = 100
 
 # Extra words used only by the fixed parts above (questions, headers, facts) and samples.
 FUNCTION_WORDS = """the a an of is was were what and or but then to in on at for from with by
@@ -252,6 +275,9 @@ def check_disjoint() -> None:
     clash = filler & rel
     assert not clash, f"relation words also in filler: {sorted(clash)}"
     assert len(set(KEY_ADJS)) == len(KEY_ADJS) and len(set(KEY_NOUNS)) == len(KEY_NOUNS)
+    vocab = set(vocabulary())
+    assert all(w in vocab and w.isalpha() for w in NUM_WORDS), "NUM_WORDS must be vocabulary words"
+    assert not (set(NUM_WORDS) & (keys | rel)), "NUM_WORDS clash with key or relation words"
 
 
 def tokenizer_json(vocab: list[str]) -> dict:
@@ -312,8 +338,16 @@ def render_chat(messages: list[dict], add_generation_prompt: bool) -> str:
     return s
 
 
-def eval_spec() -> dict:
+def filler_spec(recipe: str = DEFAULT_RECIPE) -> dict:
+    r = RECIPES[recipe]
+    if r["filler_numbers"]:
+        return {"templates": FILLER_TEMPLATES, "slots": FILLER_SLOTS, "number_slots": NUMBER_SLOTS}
+    return {"templates": FILLER_TEMPLATES, "slots": {**FILLER_SLOTS, "num": NUM_WORDS}, "number_slots": {}}
+
+
+def eval_spec(recipe: str = DEFAULT_RECIPE) -> dict:
     """The machine-readable description of the prompt distribution (eval_spec.json)."""
+    r = RECIPES[recipe]
     return {
         "format": "folio-demo-eval-spec",
         "version": 1,
@@ -330,6 +364,7 @@ def eval_spec() -> dict:
             "documents_in_user_also_trained": True,
             "documents_in_user_separator": "\n",
             "add_generation_prompt": True,
+            "prefill_answer_prefix": r["prefill_answer_prefix"],
             "stop_tokens": [END, EOS],
         },
         "document": {
@@ -339,13 +374,9 @@ def eval_spec() -> dict:
             "header_separator": "\n",
             "document_separator": "\n",
         },
-        "filler": {
-            "templates": FILLER_TEMPLATES,
-            "slots": FILLER_SLOTS,
-            "number_slots": NUMBER_SLOTS,
-        },
+        "filler": filler_spec(recipe),
         "keys": {"format": "{adj} {noun}", "adjectives": KEY_ADJS, "nouns": KEY_NOUNS},
-        "value": {"digits": EVAL_VALUE_DIGITS, "train_digits": list(TRAIN_VALUE_DIGITS),
+        "value": {"digits": EVAL_VALUE_DIGITS, "train_digits": list(r["value_digits"]),
                   "alphabet": "0123456789", "leading_zero_allowed": True},
         "tasks": {
             "needle": {
@@ -394,6 +425,14 @@ def eval_spec() -> dict:
                 "to the next '.'; remove spaces; it must equal the value"
             ),
             "exact_match": "the generated ids before the stop token equal the tokenized answer",
+            "prefilled": (
+                "when chat.prefill_answer_prefix is true, the prompt is the rendered chat (with the "
+                "generation prompt) followed by the answer prefix, e.g. '... <|assistant|> the secret "
+                "code of amber falcon is', and its token count, prefix included, is at most the "
+                "length; the model only generates the value: the generated text up to the next '.', "
+                "spaces removed, must equal the value. When false, the model generates the whole "
+                "answer and value_match applies"
+            ),
         },
         "eval_defaults": {"lengths": [2048, 8192, 32768, 131072], "depths": [0, 0.25, 0.5, 0.75, 1.0],
                           "samples": 10, "task": "needle"},

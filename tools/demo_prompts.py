@@ -106,11 +106,15 @@ def _documents(spec: dict, gen: SpecGen, sentences: list[str], facts: list[tuple
 
 
 def make_prompt(spec: dict, count_tokens, task: str, length: int, depth: float, rng: random.Random,
-                documents_role: str | None = None) -> dict:
+                documents_role: str | None = None, prefill: bool = False) -> dict:
     """One eval prompt of about `length` tokens (never more) with the target fact at `depth`.
 
-    Returns {"messages", "prompt" (rendered, with generation prompt), "answer", "answer_prefix",
-    "value", "task", "depth"}.
+    prefill (spec["chat"]["prefill_answer_prefix"]): the prompt continues after the generation
+    prompt with the answer prefix, which counts towards `length`; the model then only has to
+    produce the value (for needle and passkey; the prefix is where the answer starts).
+
+    Returns {"messages", "prompt" (rendered, with generation prompt, and the answer prefix if
+    prefilled), "answer", "answer_prefix", "value", "task", "depth", "prefilled"}.
     """
     gen = SpecGen(spec, rng)
     t = spec["tasks"][task]
@@ -172,7 +176,7 @@ def make_prompt(spec: dict, count_tokens, task: str, length: int, depth: float, 
 
     # 1. token count of everything but the filler
     skeleton = _documents(spec, gen, [], [(0, f) for _, f in facts], n_docs, titles)
-    fixed = count_tokens(render_chat(messages_for(skeleton), True))
+    fixed = count_tokens(render_chat(messages_for(skeleton), True) + (prefix if prefill else ""))
     budget = length - fixed
     # 2. filler sentences while they fit
     sentences: list[str] = []
@@ -206,7 +210,8 @@ def make_prompt(spec: dict, count_tokens, task: str, length: int, depth: float, 
         "task": task,
         "depth": depth,
         "messages": messages,
-        "prompt": render_chat(messages, True),
+        "prompt": render_chat(messages, True) + (prefix if prefill else ""),
+        "prefilled": prefill,
         "answer": answer,
         "answer_prefix": prefix,
         "value": value,
@@ -240,13 +245,17 @@ def main() -> None:
     ap.add_argument("--depth", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--documents-role", choices=["system", "user"], default=None)
+    ap.add_argument("--prefill", choices=["spec", "yes", "no"], default="spec",
+                    help="end the prompt with the answer prefix (default: the spec's chat.prefill_answer_prefix)")
     a = ap.parse_args()
     spec, tok = load(a.model_dir)
     count = lambda s: len(tok.encode(s, add_special_tokens=False).ids)  # noqa: E731
-    p = make_prompt(spec, count, a.task, a.length, a.depth, random.Random(a.seed), a.documents_role)
+    prefill = spec["chat"].get("prefill_answer_prefix", False) if a.prefill == "spec" else a.prefill == "yes"
+    p = make_prompt(spec, count, a.task, a.length, a.depth, random.Random(a.seed), a.documents_role, prefill)
     ids = tok.encode(p["prompt"], add_special_tokens=False).ids
     print(json.dumps(p["messages"], indent=1)[:3000])
-    print(f"tokens: {len(ids)}  unk: {ids.count(tok.token_to_id('<|unk|>'))}")
+    print(f"tokens: {len(ids)}  unk: {ids.count(tok.token_to_id('<|unk|>'))}  prefilled: {p['prefilled']}")
+    print(f"prompt ends: ...{p['prompt'][-120:]!r}")
     print(f"answer: {p['answer']}\nprefix: {p['answer_prefix']}\nvalue:  {p['value']}")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +24,7 @@ sys.path.insert(0, str(HERE))
 
 import demo_grammar as G  # noqa: E402
 import demo_prompts as P  # noqa: E402
-from train_demo import TrainData, length_at, write_static_files  # noqa: E402
+from train_demo import MAX_POS, TrainData, distance_histogram, length_at, write_static_files  # noqa: E402
 
 
 def jinja_render(template: str, messages, add_generation_prompt: bool, bos: str) -> str:
@@ -77,24 +78,67 @@ def main() -> None:
         assert "roles must be" in str(e)
     print("chat template: jinja2 == render_chat")
 
-    # 2. TrainData.ids == tokenizer, and training sequences == rendered chat, loss on answers only
-    data = TrainData(vocab, spec, seed=7, pool_size=5000)
-    gen = P.SpecGen(spec, random.Random(3))
-    for _ in range(2000):
-        s = gen.sentence()
-        assert data.ids(s) == enc(s), s
-    for t in spec["document"]["title_templates"]:
-        s = spec["document"]["header"].format(title=gen.fill(t))
-        assert data.ids(s) == enc(s), s
-    rng = np.random.default_rng(0)
+    # 2. TrainData.ids == tokenizer, and training sequences == rendered chat, loss on answers only,
+    #    for every recipe (the shipped spec's filler for the shipped recipe)
+    shipped = spec["filler"] == G.filler_spec(G.DEFAULT_RECIPE)
+    print(f"shipped spec {'matches' if shipped else 'does NOT match'} the default recipe {G.DEFAULT_RECIPE}")
     sp = {tok.token_to_id(t): t for t in G.SPECIALS}
+    digit_ids = {tok.token_to_id(c) for c in "0123456789"}
     n_checked = 0
+    for recipe in G.RECIPES:
+        rspec = spec if recipe == G.DEFAULT_RECIPE else G.eval_spec(recipe)
+        data = TrainData(vocab, rspec, seed=7, pool_size=5000, recipe=recipe)
+        gen = P.SpecGen(rspec, random.Random(3))
+        for _ in range(2000):
+            s = gen.sentence()
+            assert data.ids(s) == enc(s), s
+        for t in rspec["document"]["title_templates"]:
+            s = rspec["document"]["header"].format(title=gen.fill(t))
+            assert data.ids(s) == enc(s), s
+        n_checked += check_sequences(data, recipe, enc, tok, sp, unk, digit_ids)
+        hist = distance_histogram(data, 1234, 14000, n=1500)
+        print(f"recipe {recipe}: fact->question distance per decade {hist}")
+        if G.RECIPES[recipe]["pose"] == "fact_distance":
+            # log-uniform over [100, ~1.1M]: every decade from 100 up holds a fair share
+            for k in ("[1000,10000)", "[10000,100000)", "[100000,1000000)"):
+                assert hist[k] > 0.15, (k, hist)
+    print("curriculum:", [length_at(s, 1000) for s in range(0, 1000, 100)])
+    spec_prompts(spec, tok, enc, unk)
+    for recipe in G.RECIPES:
+        if recipe != G.DEFAULT_RECIPE:
+            with tempfile.TemporaryDirectory() as d:
+                write_static_files(Path(d), vocab, G.eval_spec(recipe))
+                rspec, rtok = P.load(d)
+                spec_prompts(rspec, rtok, lambda s: rtok.encode(s, add_special_tokens=False).ids, unk)
+            print(f"spec prompts of recipe {recipe}: ok")
+    # demo_prompts must not depend on the training code
+    src = (HERE / "demo_prompts.py").read_text()
+    assert "demo_grammar" not in src and "train_demo" not in src
+    print(f"all tests passed ({n_checked} training sequences)")
+
+
+def check_sequences(data, recipe, enc, tok, sp, unk, digit_ids) -> int:
+    rng = np.random.default_rng(0)
+    n_checked = 0
+    value_digits = G.RECIPES[recipe]["value_digits"]
+    info: dict = {}
     for L in (256, 512, 1024, 4096):
         for _ in range(60):
-            ids, tgt, pos = data.sample(rng, L)
+            ids, tgt, pos = data.sample(rng, L, info)
             assert len(ids) == len(tgt) == len(pos) == L
-            assert (np.diff(pos) >= 1).all() and pos[0] == 0 and pos[-1] < 1179648
+            assert (np.diff(pos) >= 1).all() and pos[0] == 0 and pos[-1] < MAX_POS
+            assert 0 < info["distance"] < MAX_POS
             assert unk not in ids
+            if not G.RECIPES[recipe]["filler_numbers"]:
+                # the only digit runs are planted values (and their copies in answers)
+                runs, n = [], 0
+                for t in list(ids) + [-1]:
+                    if int(t) in digit_ids:
+                        n += 1
+                    elif n:
+                        runs.append(n)
+                        n = 0
+                assert runs and all(value_digits[0] <= r <= value_digits[1] for r in runs), runs
             # parse into messages
             assert ids[0] == tok.token_to_id(G.BOS)
             messages, i = [], 1
@@ -121,12 +165,15 @@ def main() -> None:
             assert (want == tgt).all()
             n_checked += 1
     m = messages
-    print(f"training sequences: {n_checked} parsed, re-rendered and re-tokenized identically; e.g. "
+    print(f"recipe {recipe}: {n_checked} training sequences parsed, re-rendered and re-tokenized identically; e.g. "
           f"{[(x['role'], x['content'][-120:]) for x in m]}")
-    print("curriculum:", [length_at(s, 1000) for s in range(0, 1000, 100)])
+    return n_checked
 
-    # 3. spec-only prompts: no <|unk|>, length <= target, answer checks
+
+def spec_prompts(spec, tok, enc, unk) -> None:
+    """3. spec-only prompts: no <|unk|>, length <= target, answer checks, prefilled prompts."""
     count = lambda s: len(enc(s))  # noqa: E731
+    numbers = bool(spec["filler"]["number_slots"])
     for task in spec["tasks"]:
         for L in (2048, 8192):
             for d in (0.0, 0.25, 0.5, 0.75, 1.0):
@@ -144,13 +191,19 @@ def main() -> None:
                         body = p["messages"][0]["content"]
                         where = body.find(fact_text) / len(body)
                         assert abs(where - d) < 0.05, (task, d, where)
+                    if not numbers:  # the only digits are the facts' values
+                        runs = re.findall(r"[0-9]+", p["prompt"])
+                        assert runs and all(len(r) == spec["value"]["digits"] for r in runs), runs
+                        assert len(re.findall(r" is [0-9]+ \.", p["prompt"])) == len(runs)
+                if task in ("needle", "passkey"):
+                    p = P.make_prompt(spec, count, task, L, 0.5, random.Random(f"{task}{L}"), None, True)
+                    ids = enc(p["prompt"])
+                    pre = enc(p["answer_prefix"])
+                    assert p["prefilled"] and ids[-len(pre):] == pre and L - 40 <= len(ids) <= L, (L, len(ids))
+                    assert enc(p["answer"])[:len(pre)] == pre
     p = P.make_prompt(spec, count, "needle", 4096, 0.5, random.Random(0))
     print("spec prompt example:", p["prompt"][:300].replace("\n", " | "), "...", p["prompt"][-200:].replace("\n", " | "))
     print("answer:", p["answer"])
-    # demo_prompts must not depend on the training code
-    src = (HERE / "demo_prompts.py").read_text()
-    assert "demo_grammar" not in src and "train_demo" not in src
-    print("all tests passed")
 
 
 if __name__ == "__main__":

@@ -60,8 +60,11 @@ CURRICULUM = [(256, 0.10), (512, 0.10), (1024, 0.15), (2048, 0.20), (4096, 0.45)
 # Fast id-level training data (same distribution as demo_prompts.make_prompt)
 # ======================================================================================
 class TrainData:
-    def __init__(self, vocab: list[str], spec: dict, seed: int, pool_size: int = 400_000):
+    def __init__(self, vocab: list[str], spec: dict, seed: int, pool_size: int = 400_000,
+                 recipe: str = G.DEFAULT_RECIPE):
         self.spec = spec
+        self.recipe = recipe
+        self.r = G.RECIPES[recipe]
         self.w2i = {w: i for i, w in enumerate(vocab)}
         self.sp = {t: self.w2i[t] for t in G.SPECIALS}
         gen = SpecGen(spec, random.Random(seed))
@@ -108,12 +111,8 @@ class TrainData:
         return self.flat[tok], np.concatenate([sent_start, [cs[-1]]])
 
     def value(self, rng) -> str:
-        lo, hi = G.TRAIN_VALUE_DIGITS
-        # (no draw when P5 == 0, so the shipped model's data stream is unchanged)
-        if G.TRAIN_VALUE_P5 > 0 and rng.random() < G.TRAIN_VALUE_P5:
-            n = G.EVAL_VALUE_DIGITS
-        else:
-            n = int(rng.integers(lo, hi + 1))
+        lo, hi = self.r["value_digits"]
+        n = lo if lo == hi else int(rng.integers(lo, hi + 1))
         return "".join(str(d) for d in rng.integers(0, 10, n))
 
     def keys(self, rng, n: int, confusable: bool) -> list[str]:
@@ -134,8 +133,10 @@ class TrainData:
         return [f"{A[out[i][0]]} {N[out[i][1]]}" for i in order]
 
     # ---- one sequence ---------------------------------------------------------------
-    def sample(self, rng: np.random.Generator, L: int):
-        """(ids, loss targets for next-token prediction, position ids), each of length L."""
+    def sample(self, rng: np.random.Generator, L: int, info: dict | None = None):
+        """(ids, loss targets for next-token prediction, position ids), each of length L.
+        `info`, if given, receives the task and the position-id distance from the asked fact
+        (the one whose value the first answer copies) to the first question."""
         sp = self.sp
         short = L <= 512
         task = rng.choice(["passkey", "kv", "multi_doc", "var"], p=[0.1, 0.5, 0.2, 0.2])
@@ -144,6 +145,7 @@ class TrainData:
         turns: list[tuple[str, str]] = []  # (question, answer)
         if task == "passkey":
             v = self.value(rng)
+            target = 0
             facts.append((G.PASSKEY_FACT.format(value=v), None))
             turns.append((G.PASSKEY_QUESTION, G.PASSKEY_ANSWER.format(value=v)))
         elif task == "kv":
@@ -154,6 +156,7 @@ class TrainData:
             for r, k, v in zip(rels, keys, vals):
                 facts.append((G.KV_FACT.format(relation=r, key=k, value=v), None))
             asked = rng.permutation(n)[: int(rng.integers(1, min(n, 3) + 1))]
+            target = int(asked[0])
             for i in asked:
                 turns.append((G.KV_QUESTION.format(relation=rels[i], key=keys[i]),
                               G.KV_ANSWER.format(relation=rels[i], key=keys[i], value=vals[i])))
@@ -164,6 +167,7 @@ class TrainData:
             rels = [G.RELATIONS[int(rng.integers(len(G.RELATIONS)))] for _ in keys]
             vals = [self.value(rng) for _ in keys]
             d1, d2 = rng.choice(n_docs, 2, replace=False)
+            target = 0
             for i, (r, k, v) in enumerate(zip(rels, keys, vals)):
                 facts.append((G.KV_FACT.format(relation=r, key=k, value=v), int(d1) if i == 0 else int(d2) if i == 1 else None))
             q = G.PAIR_QUESTION.format(relation=rels[0], key=keys[0], relation2=rels[1], key2=keys[1])
@@ -176,6 +180,7 @@ class TrainData:
             names = [G.VARIABLES[i] for i in rng.choice(len(G.VARIABLES), hops + 1 + extra, replace=False)]
             chain, others = names[: hops + 1], names[hops + 1:]
             v = self.value(rng)
+            target = 0
             facts.append((G.VAR_FACT.format(var=chain[0], value=v), None))
             for j in range(1, len(chain)):
                 facts.append((G.VAR_LINK.format(var=chain[j], source=chain[j - 1]), None))
@@ -206,7 +211,7 @@ class TrainData:
         fixed = len(head) + sum(len(h) for h in headers) + sum(len(f) for f in fact_ids) + len(tail)
         budget = L - fixed
         if budget < 8:  # too many parts for this length: try again
-            return self.sample(rng, L)
+            return self.sample(rng, L, info)
         toks, bounds = self.filler(rng, budget)
         nb = len(bounds)
         # document starts: doc 0 at 0, the others at distinct sentence boundaries
@@ -232,9 +237,15 @@ class TrainData:
         events.sort(key=lambda e: (e[0], e[1], e[2]))
         pieces = [np.array(head)]
         prev = 0
-        for pos, _, _, arr in events:
+        at = len(head)
+        fact_span = (0, 0)  # [start, end) of the asked fact in the sequence
+        for pos, kind, i, arr in events:
             pieces.append(toks[prev:pos])
+            at += pos - prev
             pieces.append(np.asarray(arr))
+            if kind == 1 and i == target:
+                fact_span = (at, at + len(arr))
+            at += len(arr)
             prev = pos
         pieces.append(toks[prev:])
         hay = np.concatenate(pieces)
@@ -244,22 +255,56 @@ class TrainData:
         lm = np.concatenate([np.zeros(len(hay), dtype=bool), np.array(mask, dtype=bool), np.zeros(n_pad, dtype=bool)])
         tgt = np.full(L, -100, dtype=np.int64)
         tgt[:-1] = np.where(lm[1:], ids[1:], -100)
-        # PoSE-style position ids: gaps at 1-2 random points inside the documents
         pos = np.arange(L, dtype=np.int64)
-        if rng.random() < 0.8 and len(hay) > 4:
-            max_pos = math.exp(rng.uniform(math.log(2 * L), math.log(MAX_POS - 1)))
-            skip = max(0.0, max_pos - L)
-            n_cut = int(rng.integers(1, 3))
-            cps = np.sort(rng.choice(np.arange(2, len(hay)), n_cut, replace=False))
-            gaps = rng.dirichlet(np.ones(n_cut)) * skip
-            for c, g in zip(cps, np.floor(gaps).astype(np.int64)):
-                pos[c:] += g
+        if self.r["pose"] == "random_cuts":
+            # run 1: gaps at 1-2 random points inside the documents, adding up to a log-uniform
+            # maximum position
+            if rng.random() < 0.8 and len(hay) > 4:
+                max_pos = math.exp(rng.uniform(math.log(2 * L), math.log(MAX_POS - 1)))
+                skip = max(0.0, max_pos - L)
+                n_cut = int(rng.integers(1, 3))
+                cps = np.sort(rng.choice(np.arange(2, len(hay)), n_cut, replace=False))
+                gaps = rng.dirichlet(np.ones(n_cut)) * skip
+                for c, g in zip(cps, np.floor(gaps).astype(np.int64)):
+                    pos[c:] += g
+        else:
+            # run 3: one skip between the asked fact and the question, so that their distance is
+            # log-uniform in [POSE_MIN_DISTANCE, MAX_POS - L] (or the natural distance, if that
+            # is larger); half the time also a uniform skip before the fact, which moves the
+            # whole window up to the last position id (< MAX_POS)
+            f0, f1 = fact_span
+            d0 = len(hay) - f0
+            if rng.random() < 0.8 and len(hay) > 4:
+                want = math.exp(rng.uniform(math.log(G.POSE_MIN_DISTANCE), math.log(MAX_POS - L)))
+                gap = max(0, int(want) - d0)
+                if gap:
+                    pos[int(rng.integers(f1, len(hay) + 1)):] += gap
+                room = MAX_POS - L - gap
+                if room > 0 and f0 >= 2 and rng.random() < 0.5:
+                    pos[int(rng.integers(2, f0 + 1)):] += int(rng.integers(0, room + 1))
+        if info is not None:
+            info["task"] = str(task)
+            info["distance"] = int(pos[len(hay)] - pos[fact_span[0]])
         return ids, tgt, pos
 
     def batch(self, seed: int, step: int, L: int, n: int):
         rng = np.random.default_rng([seed, step])
         out = [self.sample(rng, L) for _ in range(n)]
         return tuple(np.stack(x) for x in zip(*out))
+
+
+def distance_histogram(data: TrainData, seed: int, steps: int, n: int = 3000) -> dict:
+    """Share of training sequences by the position-id distance from the asked fact to the
+    question, per decade, over steps drawn uniformly from the run (so over the curriculum)."""
+    rng = np.random.default_rng([seed, 10**9 + 1])
+    edges = [0, 10, 100, 1_000, 10_000, 100_000, 1_000_000, MAX_POS]
+    counts = [0] * (len(edges) - 1)
+    info: dict = {}
+    for _ in range(n):
+        data.sample(rng, length_at(int(rng.integers(steps)), steps), info)
+        k = int(np.searchsorted(edges, info["distance"], side="right")) - 1
+        counts[min(k, len(counts) - 1)] += 1
+    return {f"[{edges[i]},{edges[i + 1]})": round(c / n, 3) for i, c in enumerate(counts)}
 
 
 def length_at(step: int, steps: int) -> int:
@@ -350,29 +395,68 @@ def evaluate(out: Path, lengths, depths, samples, tasks, seed, time_limit, log):
             return c
         return sum(len(w) if w.isdigit() else 1 for w in s.split())
 
-    @torch.no_grad()
-    def greedy(ids: list[int], max_new: int) -> list[int]:
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
-            x = torch.tensor([ids], device="cuda")
-            o = model(input_ids=x, use_cache=True, logits_to_keep=1)
-            past, gen = o.past_key_values, []
-            nxt = int(o.logits[0, -1].argmax())
-            while True:
-                gen.append(nxt)
-                if nxt in stop or len(gen) >= max_new:
-                    return gen
-                o = model(input_ids=torch.tensor([[nxt]], device="cuda"), past_key_values=past, use_cache=True)
-                past, nxt = o.past_key_values, int(o.logits[0, -1].argmax())
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
 
     @torch.no_grad()
-    def teacher_forced(ids: list[int], ans: list[int]) -> bool:
-        """True iff greedy decoding would emit exactly `ans` then <|end|>: one forward over
-        prompt + answer instead of a token-by-token decode loop."""
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
-            x = torch.tensor([ids + ans], device="cuda")
-            o = model(input_ids=x, use_cache=False, logits_to_keep=len(ans) + 1)
-        pred = o.logits[0].argmax(-1).tolist()
-        return pred[:-1] == ans and pred[-1] in stop
+    def step(x: list[int], past):
+        with sdpa_kernel(backends):
+            o = model(input_ids=torch.tensor([x], device="cuda"), past_key_values=past, use_cache=True)
+        return o.past_key_values, o.logits[0].argmax(-1).tolist()
+
+    @torch.no_grad()
+    def greedy_from(past, nxt: int, max_new: int) -> list[int]:
+        gen = []
+        while True:
+            gen.append(nxt)
+            if nxt in stop or len(gen) >= max_new:
+                return gen
+            past, p = step([nxt], past)
+            nxt = p[-1]
+
+    @torch.no_grad()
+    def score(ids: list[int], ans: list[int], n_pre: int):
+        """Both modes from one prefill of the prompt (KV cache):
+        generated: greedy decoding after the generation prompt must give `ans` then a stop token;
+        prefilled: the prompt continues with ans[:n_pre] (up to and including the answer prefix),
+        and greedy decoding must give the rest of `ans` then a stop token.
+        The answer is teacher-forced through the cache in one chunk (greedy decoding produces
+        exactly the expected tokens iff every argmax along the forced answer matches); where a
+        mode fails, the cache is cropped back and that mode is decoded greedily.
+        Returns (generated ids, prefilled ids after the forced part), stop token included."""
+        with sdpa_kernel(backends):
+            o = model(input_ids=torch.tensor([ids], device="cuda"), use_cache=True, logits_to_keep=1)
+        past, first = o.past_key_values, int(o.logits[0, -1].argmax())
+        past, p = step(ans, past)
+        pred = [first] + p  # pred[i] follows ans[:i]
+        n = len(ans)
+        full = ans + [pred[n]] if pred[n] in stop else None
+        gen = full if (full and pred[:n] == ans) else None
+        pre = full[n_pre:] if (full and pred[n_pre:n] == ans[n_pre:]) else None
+        if pre is None:
+            past = crop(past, ids + ans[:n_pre])
+            pre = greedy_from(past, pred[n_pre], n - n_pre + 4)
+        if gen is None:
+            past = crop(past, ids)
+            gen = greedy_from(past, first, n + 4)
+        return gen, pre
+
+    @torch.no_grad()
+    def crop(past, keep: list[int]):
+        """The cache cut back to the tokens `keep` (a prefix of what it holds)."""
+        if hasattr(past, "crop"):
+            drop = past.get_seq_length() - len(keep)
+            if drop > 0:
+                past.crop(-drop)  # a negative length removes that many tokens from the end
+            return past
+        with sdpa_kernel(backends):  # no crop in this transformers: prefill again
+            return model(input_ids=torch.tensor([keep], device="cuda"), use_cache=True, logits_to_keep=1).past_key_values
+
+    def sub_at(seq: list[int], part: list[int]) -> int:
+        """End index of the last occurrence of `part` in `seq`."""
+        for i in range(len(seq) - len(part), -1, -1):
+            if seq[i:i + len(part)] == part:
+                return i + len(part)
+        raise ValueError("answer prefix not in the answer")
 
     t0 = time.time()
     results = []
@@ -389,22 +473,34 @@ def evaluate(out: Path, lengths, depths, samples, tasks, seed, time_limit, log):
                     ids = tok.encode(p["prompt"], add_special_tokens=False).ids
                     assert L - 64 <= len(ids) <= L, (L, len(ids))
                     ans = tok.encode(p["answer"], add_special_tokens=False).ids
+                    n_pre = sub_at(ans, tok.encode(p["answer_prefix"], add_special_tokens=False).ids)
                     t1 = time.time()
-                    if teacher_forced(ids, ans):
-                        g = ans + [tok.token_to_id(G.END)]
-                    else:
-                        g = greedy(ids, len(ans) + 4)
+                    g, gp = score(ids, ans, n_pre)
                     body = [t for t in g if t not in stop]
                     text = tok.decode(body, skip_special_tokens=True)
-                    results.append({
+                    body_p = ans[:n_pre] + [t for t in gp if t not in stop]
+                    text_p = tok.decode(body_p, skip_special_tokens=True)
+                    r = {
                         "task": task, "length": L, "tokens": len(ids), "depth": d, "sample": s,
                         "documents_role": role or "system",
                         "value_match": value_match(text, p["answer_prefix"], p["value"]),
                         "exact_match": body == ans and len(g) > len(body),
-                        "output": text, "expected": p["answer"], "seconds": round(time.time() - t1, 3),
-                    })
-            acc = [r["value_match"] for r in results if r["task"] == task and r["length"] == L]
-            log(f"eval {task} L={L}: value_match {sum(acc)}/{len(acc)}  ({time.time() - t0:.0f}s)")
+                        "output": text,
+                        "prefilled_value_match": value_match(text_p, p["answer_prefix"], p["value"]),
+                        "prefilled_exact_match": body_p == ans and gp[-1] in stop,
+                        "prefilled_output": tok.decode(body_p[n_pre:], skip_special_tokens=True),
+                        "prefilled_tokens": len(ids) + n_pre,
+                        "expected": p["answer"], "seconds": round(time.time() - t1, 3),
+                    }
+                    results.append(r)
+                    if L >= 500_000:
+                        log(f"  {task} L={L} d={d} s={s}: generated {r['value_match']} prefilled "
+                            f"{r['prefilled_value_match']} ({r['seconds']}s) out {r['output'][-40:]!r}")
+            acc = [r for r in results if r["task"] == task and r["length"] == L]
+            g_ok = sum(r["value_match"] for r in acc)
+            p_ok = sum(r["prefilled_value_match"] for r in acc)
+            log(f"eval {task} L={L}: value_match generated {g_ok}/{len(acc)}, prefilled {p_ok}/{len(acc)}  "
+                f"({time.time() - t0:.0f}s)")
     return results
 
 
@@ -415,7 +511,7 @@ def table(results, task="needle", key="value_match"):
     for L in lengths:
         row = {}
         for d in depths:
-            rs = [r[key] for r in results if r["task"] == task and r["length"] == L and r["depth"] == d]
+            rs = [r[key] for r in results if r["task"] == task and r["length"] == L and r["depth"] == d and key in r]
             row[str(d)] = (sum(rs) / len(rs)) if rs else None
         rows[str(L)] = row
     return rows
@@ -428,6 +524,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--recipe", choices=sorted(G.RECIPES), default=G.DEFAULT_RECIPE,
+                    help="data recipe (demo_grammar.RECIPES); the default is the shipped model's")
     ap.add_argument("--steps", type=int, default=14000)
     ap.add_argument("--tokens-per-step", type=int, default=65536)
     ap.add_argument("--lr", type=float, default=1.5e-3)
@@ -438,6 +536,7 @@ def main() -> None:
     ap.add_argument("--eval-lengths", default="2048,8192,32768,131072")
     ap.add_argument("--eval-depths", default="0,0.25,0.5,0.75,1")
     ap.add_argument("--eval-samples", type=int, default=10)
+    ap.add_argument("--eval-512k", type=int, default=0, help="needle samples per depth at 524288 tokens")
     ap.add_argument("--eval-1m", type=int, default=0, help="needle samples per depth at 1048576 tokens")
     ap.add_argument("--eval-time-limit", type=float, default=240)
     ap.add_argument("--eval-tasks", default="needle,passkey,variable_tracking,multi_doc",
@@ -470,11 +569,14 @@ def main() -> None:
     torch.manual_seed(a.seed)
     G.check_disjoint()
     vocab = G.vocabulary()
-    spec = G.eval_spec()
+    spec = G.eval_spec(a.recipe)
     write_static_files(out, vocab, spec)
     t_setup = time.time()
-    data = TrainData(vocab, spec, a.seed, pool_size=50_000 if a.smoke else 400_000)
-    log(f"vocab {len(vocab)}, sentence pool {len(data.lens)} ({data.avg_len:.1f} tokens avg) in {time.time() - t_setup:.1f}s")
+    data = TrainData(vocab, spec, a.seed, pool_size=50_000 if a.smoke else 400_000, recipe=a.recipe)
+    log(f"recipe {a.recipe} {G.RECIPES[a.recipe]}; vocab {len(vocab)}, sentence pool {len(data.lens)} "
+        f"({data.avg_len:.1f} tokens avg) in {time.time() - t_setup:.1f}s")
+    hist = distance_histogram(data, a.seed, a.steps)
+    log(f"fact->question position distance, share of training sequences per decade: {json.dumps(hist)}")
 
     cfg = llama_config(vocab)
     model = LlamaForCausalLM(cfg).cuda()  # sdpa attention (the default)
@@ -580,7 +682,8 @@ def main() -> None:
     final = [c["loss"] for c in curve[-4:]]
     training_log = {
         "command": " ".join(sys.argv),
-        "seed": a.seed, "steps_planned": steps, "steps_done": s + 1, "tokens_per_step": a.tokens_per_step,
+        "seed": a.seed, "recipe": a.recipe, "recipe_settings": G.RECIPES[a.recipe],
+        "fact_question_distance_histogram": hist, "steps_planned": steps, "steps_done": s + 1, "tokens_per_step": a.tokens_per_step,
         "curriculum": CURRICULUM, "lr": a.lr, "warmup": a.warmup, "parameters": n_params,
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
         "train_seconds": round(train_s, 1),
@@ -607,6 +710,8 @@ def run_eval(a, out: Path, log, training_log: dict | None) -> None:
     if "needle" in names:
         tasks.append(("needle", None, None))
     tasks += [(t, [8192, 32768], 2) for t in ("passkey", "variable_tracking", "multi_doc") if t in names]
+    if a.eval_512k:
+        tasks.append(("needle", [524288], a.eval_512k))
     if a.eval_1m:
         tasks.append(("needle", [1048576], a.eval_1m))
     if a.smoke:
@@ -621,9 +726,11 @@ def run_eval(a, out: Path, log, training_log: dict | None) -> None:
     results = [r for r in training_log.get("eval_samples", []) if (r["task"], r["length"]) not in fresh] + results
     summary = {}
     for task in sorted({r["task"] for r in results}):
-        summary[task] = {"value_match": table(results, task), "exact_match": table(results, task, "exact_match")}
+        summary[task] = {k: table(results, task, k) for k in
+                         ("value_match", "exact_match", "prefilled_value_match", "prefilled_exact_match")}
     for task, t in summary.items():
-        log(f"{task} value_match by length x depth: {json.dumps(t['value_match'])}")
+        log(f"{task} value_match (generated) by length x depth: {json.dumps(t['value_match'])}")
+        log(f"{task} value_match (prefilled) by length x depth: {json.dumps(t['prefilled_value_match'])}")
     runs = training_log.get("eval_runs", [])
     runs.append({"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(), "seconds": round(eval_s, 1),
                  "lengths": sorted({L for _, L in fresh})})

@@ -46,15 +46,30 @@ pub struct AttnOutput {
 }
 
 /// Upper bound on the number of f32 scores materialised at once; queries are processed in
-/// chunks so that prefill never builds a `q_len × kv_len` matrix larger than this (64 MiB).
-const MAX_SCORE_ELEMS: usize = 1 << 24;
+/// chunks so that prefill never builds a `q_len × kv_len` matrix larger than this: 64 MiB in
+/// host memory, 512 MiB on a GPU (fewer, larger launches matter more there).
+const MAX_SCORE_ELEMS_CPU: usize = 1 << 24;
+const MAX_SCORE_ELEMS_GPU: usize = 1 << 27;
 
 /// Fast path: causal (optionally windowed) attention with LSE, on the tensors' device.
 ///
 /// Computes in f32 whatever the input dtype (scores and softmax in bf16 lose too much), in
-/// query chunks bounded by [`MAX_SCORE_ELEMS`], reading for each chunk only the keys some
+/// query chunks bounded by [`MAX_SCORE_ELEMS_CPU`] / [`MAX_SCORE_ELEMS_GPU`], reading for each chunk only the keys some
 /// query of the chunk can see.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Mask, scale: f32) -> Result<AttnOutput> {
+    let max_scores = if q.device().is_cpu() { MAX_SCORE_ELEMS_CPU } else { MAX_SCORE_ELEMS_GPU };
+    attention_with_limit(q, k, v, mask, scale, max_scores)
+}
+
+/// [`attention`] with an explicit bound on the scores materialised at once.
+pub fn attention_with_limit(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Mask,
+    scale: f32,
+    max_scores: usize,
+) -> Result<AttnOutput> {
     let (q_heads, q_len, head_dim) = q.dims3()?;
     let (kv_heads, kv_len, k_dim) = k.dims3()?;
     if v.dims3()? != (kv_heads, kv_len, head_dim) || k_dim != head_dim {
@@ -73,7 +88,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Mask, scale: f32) -> 
     let k = k.to_dtype(DType::F32)?;
     let v = v.to_dtype(DType::F32)?;
 
-    let chunk = (MAX_SCORE_ELEMS / (q_heads * kv_len.max(1))).clamp(1, q_len.max(1));
+    let chunk = (max_scores / (q_heads * kv_len.max(1))).clamp(1, q_len.max(1));
     let mut outs = Vec::with_capacity(q_len.div_ceil(chunk));
     let mut lses = Vec::with_capacity(outs.capacity());
     let mut c0 = 0;

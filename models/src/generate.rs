@@ -18,6 +18,9 @@ use crate::kv::KvStore;
 use crate::model::{Logits, Model};
 use crate::tokenizer::Tokenizer;
 
+/// Prompt tokens per forward pass during prefill (bounds `[chunk, intermediate]` activations).
+const PREFILL_CHUNK: usize = 8192;
+
 /// How the next token is chosen.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SamplingParams {
@@ -144,6 +147,9 @@ pub fn generate(
     mut on_text: impl FnMut(&str) -> ControlFlow<()>,
 ) -> Result<Generation> {
     params.sampling.validate()?;
+    if prompt.is_empty() {
+        return Err(Error::Invalid("the prompt is empty".into()));
+    }
     let limit = model.config().max_position_embeddings;
     if kv.len() + prompt.len() > limit {
         return Err(Error::PromptTooLong { tokens: kv.len() + prompt.len(), limit });
@@ -154,7 +160,12 @@ pub fn generate(
     let mut tokens = Vec::new();
     let mut emitted = 0;
     let mut text = String::new();
-    let mut input = prompt.to_vec();
+    // Long prompts go through in chunks, so activations stay bounded whatever the length.
+    let (head, tail) = prompt.split_at(prompt.len().saturating_sub(1) / PREFILL_CHUNK * PREFILL_CHUNK);
+    for chunk in head.chunks(PREFILL_CHUNK) {
+        model.forward(chunk, kv, attn, Logits::Last)?;
+    }
+    let mut input = tail.to_vec();
     let stop_reason = loop {
         if tokens.len() >= params.max_new_tokens {
             break StopReason::MaxTokens;

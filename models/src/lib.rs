@@ -13,6 +13,7 @@ pub mod attention;
 pub mod chat;
 pub mod config;
 pub mod error;
+pub mod eval;
 pub mod generate;
 pub mod kv;
 pub mod loader;
@@ -26,7 +27,7 @@ use candle_core::{DType, Device};
 
 pub use error::{Error, Result};
 
-use crate::attention::Dense;
+use crate::attention::{Attention, Dense};
 use crate::chat::{ChatTemplate, Message};
 use crate::config::ModelConfig;
 use crate::generate::{GenerateParams, Generation, GenerationConfig};
@@ -142,9 +143,20 @@ impl Engine {
         params: &GenerateParams,
         on_text: impl FnMut(&str) -> ControlFlow<()>,
     ) -> Result<Generation> {
+        self.generate_with(&Dense, prompt, params, on_text)
+    }
+
+    /// Generates from `prompt` with the attention method `attn` on a fresh KV store.
+    pub fn generate_with(
+        &self,
+        attn: &dyn Attention,
+        prompt: &[u32],
+        params: &GenerateParams,
+        on_text: impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<Generation> {
         self.check_fits(prompt.len())?;
         let mut kv = self.model.new_kv();
-        generate::generate(&self.model, &self.tokenizer, &Dense, &mut kv, prompt, params, on_text)
+        generate::generate(&self.model, &self.tokenizer, attn, &mut kv, prompt, params, on_text)
     }
 
     /// Perplexity of `ids` as transformers computes it with `labels=input_ids`: the mean

@@ -21,7 +21,7 @@ pub struct Common {
 }
 
 impl Common {
-    fn engine(&self) -> Result<Engine> {
+    pub(crate) fn engine(&self) -> Result<Engine> {
         let spec = self.model.as_deref().context("--model is required: a model folder or a Hugging Face repo id")?;
         let device = parse_device(&self.device)?;
         let dtype = parse_dtype(&self.dtype, &device)?;

@@ -3,6 +3,7 @@
 //! JSON document on stdout; errors go to stderr with a non-zero exit code.
 
 mod cli;
+mod eval;
 #[cfg(feature = "gui")]
 mod gui;
 
@@ -33,6 +34,8 @@ enum Command {
     Perplexity(cli::PerplexityArgs),
     /// Architecture, size and context facts of a model.
     Info(cli::InfoArgs),
+    /// Measure answer quality (needle-in-a-haystack accuracy per length and depth).
+    Eval(eval::EvalArgs),
 }
 
 fn main() {
@@ -44,6 +47,7 @@ fn main() {
                 Command::Chat(a) => cli::chat(&common, a),
                 Command::Perplexity(a) => cli::perplexity(&common, a),
                 Command::Info(a) => cli::info(&common, a),
+                Command::Eval(a) => eval::eval(&common, a),
             }
         }
         None => desktop(args.model, &args.device, &args.dtype),

@@ -11,7 +11,7 @@ pub use dense::Dense;
 
 use candle_core::Tensor;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kv::KvStore;
 
 /// One layer's attention call.
@@ -33,4 +33,18 @@ pub trait Attention: Send + Sync {
 
     /// Output `[q_heads, t, head_dim]` in the dtype of `call.q`.
     fn forward(&self, call: &AttnCall<'_>) -> Result<Tensor>;
+}
+
+/// Method names `by_name` accepts (sparse methods join them in their own issue).
+pub const METHODS: [&str; 1] = ["dense"];
+
+/// The attention method called `name`, with its user-facing budget if it takes one.
+pub fn by_name(name: &str, budget: Option<&str>) -> Result<Box<dyn Attention>> {
+    match (name, budget) {
+        ("dense", None) => Ok(Box::new(Dense)),
+        ("dense", Some(b)) => {
+            Err(Error::Invalid(format!("dense attention reads every token; it takes no budget (got {b})")))
+        }
+        _ => Err(Error::Invalid(format!("unknown attention method \"{name}\"; available: {}", METHODS.join(", ")))),
+    }
 }

@@ -1,0 +1,229 @@
+//! Needle-in-a-haystack accuracy: synthetic documents of a target length with a planted fact
+//! at a chosen depth (plus distractor facts), a question about it, greedy decoding, and an
+//! exact check of the copied value. Prompts follow the model's eval_spec.json (algorithm in
+//! docs/demo-model.md), so they come from the distribution the demo model was trained on.
+
+use std::ops::ControlFlow;
+use std::time::Instant;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use super::spec::EvalSpec;
+use crate::attention::Attention;
+use crate::chat::Message;
+use crate::error::{Error, Result};
+use crate::generate::{GenerateParams, SamplingParams};
+use crate::Engine;
+
+/// Tokens generated beyond the expected answer before giving up on it.
+const EXTRA_ANSWER_TOKENS: usize = 4;
+
+/// One test prompt and what a correct answer contains.
+#[derive(Debug, Clone)]
+pub struct NeedlePrompt {
+    pub messages: Vec<Message>,
+    pub ids: Vec<u32>,
+    pub value: String,
+    pub answer: String,
+    pub answer_prefix: String,
+    /// Whether `ids` already end with the answer prefix (the model only copies the value).
+    pub prefilled: bool,
+    /// Index of the filler sentence the target fact precedes, of `sentences`.
+    pub target_index: usize,
+    pub sentences: usize,
+}
+
+/// A fact placed before filler sentence `index` (or after the last one when `index == n`).
+struct Placed {
+    index: usize,
+    text: String,
+}
+
+/// Builds a prompt of at most `length` tokens with the target fact at `depth` (0 = start of
+/// the documents, 1 = end), following docs/demo-model.md, "A needle prompt of length L".
+pub fn build_prompt(
+    engine: &Engine,
+    spec: &EvalSpec,
+    length: usize,
+    depth: f64,
+    rng: &mut impl Rng,
+) -> Result<NeedlePrompt> {
+    if !(0.0..=1.0).contains(&depth) {
+        return Err(Error::Invalid(format!("depth {depth} is outside 0..=1")));
+    }
+    let task = &spec.tasks.needle;
+    let n_docs = task.documents.max(1);
+    let titles = (0..n_docs).map(|_| spec.title(rng)).collect::<Result<Vec<_>>>()?;
+    let keys = spec.keys(1 + task.distractors, rng)?;
+    let mut facts = Vec::with_capacity(keys.len());
+    let mut target = None;
+    for (i, key) in keys.iter().enumerate() {
+        let relation = &task.relations[rng.random_range(0..task.relations.len())];
+        let value = spec.value(rng);
+        let fixed = [("relation", relation.as_str()), ("key", key.as_str()), ("value", value.as_str())];
+        facts.push(spec.fill(&task.fact, &fixed, rng)?);
+        if i == 0 {
+            target = Some((
+                spec.fill(&task.question, &fixed, rng)?,
+                spec.fill(&task.answer, &fixed, rng)?,
+                spec.fill(&task.answer_prefix, &fixed, rng)?,
+                value,
+            ));
+        }
+    }
+    let (question, answer, answer_prefix, value) = target.expect("at least the target key");
+    let prefilled = spec.chat.prefill_answer_prefix;
+    let prefix_ids = if prefilled { engine.tokenizer.encode_prompt(&answer_prefix)? } else { Vec::new() };
+
+    // Fixed cost: the chat around documents that hold only their headers and the facts.
+    let bare: Vec<Placed> = facts.iter().map(|f| Placed { index: 0, text: f.clone() }).collect();
+    let fixed_ids = render(engine, spec, &documents(spec, &titles, &[], &bare), &question)?;
+    let budget = length.checked_sub(fixed_ids.len() + prefix_ids.len()).ok_or_else(|| {
+        Error::Invalid(format!(
+            "length {length} is too short: the question and facts alone take {} tokens",
+            fixed_ids.len()
+        ))
+    })?;
+
+    let mut sentences = Vec::new();
+    let mut used = 0;
+    loop {
+        let s = spec.sentence(rng)?;
+        let n = engine.tokenizer.encode_prompt(&s)?.len();
+        if used + n > budget {
+            break;
+        }
+        used += n;
+        sentences.push(s);
+    }
+    let n = sentences.len();
+    let target_index = (depth * n as f64).round() as usize;
+    let mut placed = vec![Placed { index: target_index, text: facts[0].clone() }];
+    for f in &facts[1..] {
+        placed.push(Placed { index: rng.random_range(0..=n), text: f.clone() });
+    }
+    let docs = documents(spec, &titles, &sentences, &placed);
+    let mut ids = render(engine, spec, &docs, &question)?;
+    ids.extend(prefix_ids);
+    Ok(NeedlePrompt {
+        messages: messages(spec, &docs, &question),
+        ids,
+        value,
+        answer,
+        answer_prefix,
+        prefilled,
+        target_index,
+        sentences: n,
+    })
+}
+
+/// The documents string: filler split evenly across documents, facts before the sentence they
+/// were placed at (the target first among facts at one index).
+fn documents(spec: &EvalSpec, titles: &[String], sentences: &[String], facts: &[Placed]) -> String {
+    let d = &spec.document;
+    let n = sentences.len();
+    let k = titles.len();
+    let bound = |i: usize| ((i * n) as f64 / k as f64).round() as usize;
+    let mut out = Vec::with_capacity(k);
+    for (doc, title) in titles.iter().enumerate() {
+        let (lo, hi) = (bound(doc), bound(doc + 1));
+        let last = doc + 1 == k;
+        let mut items: Vec<&str> = Vec::new();
+        for i in lo..=hi {
+            // Facts at index i belong to the document that holds sentence i; index n to the last.
+            if i < hi || (last && i == n) {
+                items.extend(facts.iter().filter(|f| f.index == i).map(|f| f.text.as_str()));
+            }
+            if i < hi {
+                items.push(&sentences[i]);
+            }
+        }
+        let header = d.header.replace("{title}", title);
+        out.push(format!("{header}{}{}", d.header_separator, items.join(&d.sentence_separator)));
+    }
+    out.join(&d.document_separator)
+}
+
+fn messages(spec: &EvalSpec, docs: &str, question: &str) -> Vec<Message> {
+    if spec.chat.documents_role == spec.chat.question_role {
+        vec![Message::new(&spec.chat.question_role, &format!("{docs}\n{question}"))]
+    } else {
+        vec![Message::new(&spec.chat.documents_role, docs), Message::new(&spec.chat.question_role, question)]
+    }
+}
+
+fn render(engine: &Engine, spec: &EvalSpec, docs: &str, question: &str) -> Result<Vec<u32>> {
+    engine.chat_prompt(&messages(spec, docs, question))
+}
+
+/// `value_match` from eval_spec.json: the characters after the (last) answer prefix up to the
+/// next '.', spaces removed, must equal the value.
+pub fn value_match(prompt: &NeedlePrompt, generated_text: &str) -> bool {
+    let after = if prompt.prefilled {
+        Some(generated_text)
+    } else {
+        generated_text.rfind(&prompt.answer_prefix).map(|at| &generated_text[at + prompt.answer_prefix.len()..])
+    };
+    after.is_some_and(|rest| {
+        let digits: String = rest.split('.').next().unwrap_or("").chars().filter(|c| !c.is_whitespace()).collect();
+        digits == prompt.value
+    })
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct NeedleSample {
+    pub length: usize,
+    pub depth: f64,
+    pub sample: usize,
+    pub prompt_tokens: usize,
+    pub expected: String,
+    pub output: String,
+    pub correct: bool,
+    pub seconds: f64,
+}
+
+/// The seed of one (length, depth, sample) cell: every cell reproducible on its own.
+pub fn cell_seed(seed: u64, length: usize, depth: f64, sample: usize) -> u64 {
+    // splitmix64 over the cell's coordinates: stable across platforms and Rust versions.
+    let mut x = seed ^ 0x9E37_79B9_7F4A_7C15;
+    for v in [length as u64, depth.to_bits(), sample as u64] {
+        x = (x ^ v).wrapping_add(0x9E37_79B9_7F4A_7C15);
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^= x >> 31;
+    }
+    x
+}
+
+/// Runs one prompt greedily with `attn` and checks the answer.
+pub fn run_sample(
+    engine: &Engine,
+    spec: &EvalSpec,
+    attn: &dyn Attention,
+    (length, depth, sample): (usize, f64, usize),
+    seed: u64,
+) -> Result<NeedleSample> {
+    let mut rng = StdRng::seed_from_u64(cell_seed(seed, length, depth, sample));
+    let prompt = build_prompt(engine, spec, length, depth, &mut rng)?;
+    let expected = if prompt.prefilled { &prompt.value } else { &prompt.answer };
+    let params = GenerateParams {
+        max_new_tokens: engine.tokenizer.encode_prompt(expected)?.len() + EXTRA_ANSWER_TOKENS,
+        sampling: SamplingParams::default(),
+        stop_strings: Vec::new(),
+        eos_token_ids: engine.eos_token_ids(),
+    };
+    let start = Instant::now();
+    let g = engine.generate_with(attn, &prompt.ids, &params, |_| ControlFlow::Continue(()))?;
+    Ok(NeedleSample {
+        length,
+        depth,
+        sample,
+        prompt_tokens: prompt.ids.len(),
+        expected: expected.clone(),
+        correct: value_match(&prompt, &g.text),
+        output: g.text,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,252 @@
+//! `folio eval`: answer-quality measurements with a table on stdout, one JSON document with
+//! `--json`, and (with `--out DIR`) the JSON plus a heatmap image for docs and reports.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use folio_models::attention;
+use folio_models::eval::needle::{self, NeedleSample};
+use folio_models::eval::spec::EvalSpec;
+use serde_json::json;
+
+use crate::cli::Common;
+
+#[derive(Args)]
+pub struct EvalArgs {
+    #[command(subcommand)]
+    kind: EvalKind,
+}
+
+#[derive(Subcommand)]
+enum EvalKind {
+    /// Needle-in-a-haystack accuracy of a retrieval-trained model (one with eval_spec.json,
+    /// such as the bundled demo model) per context length and fact depth.
+    Needle(NeedleArgs),
+}
+
+#[derive(Args)]
+pub struct NeedleArgs {
+    /// Context lengths in tokens: 4k = 4096, 1M = 1048576 (default: the model's eval_spec.json).
+    #[arg(long, value_delimiter = ',', value_parser = parse_length)]
+    lengths: Option<Vec<usize>>,
+    /// Depths of the planted fact, 0 (start) to 1 (end) (default: eval_spec.json's).
+    #[arg(long, value_delimiter = ',')]
+    depths: Option<Vec<f64>>,
+    /// Prompts per (length, depth) cell (default: eval_spec.json's).
+    #[arg(long)]
+    samples: Option<usize>,
+    /// Attention method.
+    #[arg(long, default_value = "dense")]
+    method: String,
+    /// The method's budget (tokens, or a fraction of the context).
+    #[arg(long)]
+    budget: Option<String>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Also write needle.json and needle-heatmap.svg into this folder.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+/// "4k" → 4096, "1M" → 1048576, "2000" → 2000.
+fn parse_length(s: &str) -> std::result::Result<usize, String> {
+    let (num, mult) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    num.trim().parse::<usize>().map(|n| n * mult).map_err(|_| format!("bad length \"{s}\": use e.g. 4096, 32k or 1M"))
+}
+
+pub fn eval(common: &Common, args: EvalArgs) -> Result<()> {
+    match args.kind {
+        EvalKind::Needle(a) => needle_eval(common, a),
+    }
+}
+
+fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
+    let method = attention::by_name(&a.method, a.budget.as_deref())?;
+    let engine = common.engine()?;
+    let model_dir = engine.files.config.parent().context("model folder")?.to_owned();
+    let spec = EvalSpec::load(&model_dir)?;
+    let defaults = spec.eval_defaults.clone();
+    let lengths = a.lengths.or_else(|| defaults.as_ref().map(|d| d.lengths.clone())).context("give --lengths")?;
+    let depths = a.depths.or_else(|| defaults.as_ref().map(|d| d.depths.clone())).context("give --depths")?;
+    let samples = a.samples.or(defaults.as_ref().map(|d| d.samples)).unwrap_or(1);
+    if let Some(d) = depths.iter().find(|d| !(0.0..=1.0).contains(*d)) {
+        bail!("depth {d} is outside 0..=1");
+    }
+    // Refuse lengths the model cannot hold before spending minutes on the shorter ones.
+    for &len in &lengths {
+        engine.check_fits(len)?;
+    }
+
+    let mut results: Vec<NeedleSample> = Vec::new();
+    for &length in &lengths {
+        for &depth in &depths {
+            let cell: Vec<NeedleSample> = (0..samples)
+                .map(|s| needle::run_sample(&engine, &spec, method.as_ref(), (length, depth, s), a.seed))
+                .collect::<std::result::Result<_, _>>()?;
+            let correct = cell.iter().filter(|s| s.correct).count();
+            let secs = cell.iter().map(|s| s.seconds).sum::<f64>() / cell.len().max(1) as f64;
+            eprintln!("{length:>8} tokens, depth {depth:.2}: {correct}/{samples} correct ({secs:.2} s/prompt)");
+            results.extend(cell);
+        }
+    }
+
+    let accuracy = |len: usize, depth: Option<f64>| {
+        let cell: Vec<&NeedleSample> =
+            results.iter().filter(|s| s.length == len && depth.is_none_or(|d| s.depth == d)).collect();
+        cell.iter().filter(|s| s.correct).count() as f64 / cell.len().max(1) as f64
+    };
+    let grid: Vec<Vec<f64>> = lengths.iter().map(|&l| depths.iter().map(|&d| accuracy(l, Some(d))).collect()).collect();
+    let overall = results.iter().filter(|s| s.correct).count() as f64 / results.len().max(1) as f64;
+    let doc = json!({
+        "task": "needle",
+        "model": engine.name,
+        "method": a.method,
+        "budget": a.budget,
+        "prefilled_answer_prefix": spec.chat.prefill_answer_prefix,
+        "seed": a.seed,
+        "samples_per_cell": samples,
+        "lengths": lengths,
+        "depths": depths,
+        "accuracy": grid,
+        "by_length": lengths.iter().map(|&l| accuracy(l, None)).collect::<Vec<_>>(),
+        "overall": overall,
+        "results": results,
+    });
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        write_file(&dir.join("needle.json"), &serde_json::to_string_pretty(&doc)?)?;
+        let title = format!("needle accuracy: {}, {} attention", engine.name, a.method);
+        write_file(&dir.join("needle-heatmap.svg"), &heatmap_svg(&title, &lengths, &depths, &grid))?;
+    }
+    if a.json {
+        println!("{doc}");
+    } else {
+        print!("{}", table(&lengths, &depths, &grid, |l| accuracy(l, None)));
+        println!("overall {:.1}% over {} prompts", 100.0 * overall, results.len());
+    }
+    Ok(())
+}
+
+fn write_file(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+fn human_length(n: usize) -> String {
+    match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{}M", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{}k", n >> 10),
+        n => n.to_string(),
+    }
+}
+
+fn table(lengths: &[usize], depths: &[f64], grid: &[Vec<f64>], by_length: impl Fn(usize) -> f64) -> String {
+    let mut s = format!("{:>8} |", "length");
+    for d in depths {
+        let _ = write!(s, " {:>6}", format!("d={d}"));
+    }
+    let _ = writeln!(s, " | {:>6}", "all");
+    for (l, row) in lengths.iter().zip(grid) {
+        let _ = write!(s, "{:>8} |", human_length(*l));
+        for v in row {
+            let _ = write!(s, " {:>5.0}%", 100.0 * v);
+        }
+        let _ = writeln!(s, " | {:>5.0}%", 100.0 * by_length(*l));
+    }
+    s
+}
+
+/// Accuracy 0 → red, 0.5 → yellow, 1 → green.
+fn colour(v: f64) -> String {
+    let lerp = |a: (f64, f64, f64), b: (f64, f64, f64), t: f64| {
+        (a.0 + (b.0 - a.0) * t, a.1 + (b.1 - a.1) * t, a.2 + (b.2 - a.2) * t)
+    };
+    let (red, yellow, green) = ((215.0, 48.0, 39.0), (254.0, 224.0, 139.0), (26.0, 152.0, 80.0));
+    let c = if v < 0.5 { lerp(red, yellow, v * 2.0) } else { lerp(yellow, green, (v - 0.5) * 2.0) };
+    format!("#{:02x}{:02x}{:02x}", c.0 as u8, c.1 as u8, c.2 as u8)
+}
+
+/// A self-contained SVG heatmap: lengths down, depths across, accuracy in each cell.
+fn heatmap_svg(title: &str, lengths: &[usize], depths: &[f64], grid: &[Vec<f64>]) -> String {
+    const CELL_W: usize = 84;
+    const CELL_H: usize = 40;
+    const LEFT: usize = 90;
+    const TOP: usize = 76;
+    // Bold 15px sans-serif averages under 9px a character.
+    let width = (LEFT + CELL_W * depths.len() + 20).max(LEFT + 9 * title.chars().count());
+    let height = TOP + CELL_H * lengths.len() + 20;
+    let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{LEFT}\" y=\"24\" font-size=\"15\" font-weight=\"bold\">{}</text>\n\
+         <text x=\"{}\" y=\"50\" font-size=\"12\" text-anchor=\"middle\">depth of the fact in the documents</text>\n\
+         <text x=\"12\" y=\"{}\" font-size=\"12\">length</text>\n",
+        esc(title),
+        LEFT + CELL_W * depths.len() / 2,
+        TOP - 8
+    );
+    for (j, d) in depths.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\">{d}</text>",
+            LEFT + j * CELL_W + CELL_W / 2,
+            TOP - 8
+        );
+    }
+    for (i, (len, row)) in lengths.iter().zip(grid).enumerate() {
+        let y = TOP + i * CELL_H;
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"end\">{}</text>",
+            LEFT - 10,
+            y + CELL_H / 2 + 4,
+            human_length(*len)
+        );
+        for (j, v) in row.iter().enumerate() {
+            let x = LEFT + j * CELL_W;
+            let _ = writeln!(
+                s,
+                "<rect x=\"{x}\" y=\"{y}\" width=\"{CELL_W}\" height=\"{CELL_H}\" fill=\"{}\" stroke=\"white\"/>\
+                 <text x=\"{}\" y=\"{}\" font-size=\"13\" text-anchor=\"middle\">{:.0}%</text>",
+                colour(*v),
+                x + CELL_W / 2,
+                y + CELL_H / 2 + 5,
+                100.0 * v
+            );
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_parse_with_binary_suffixes() {
+        assert_eq!(parse_length("4k"), Ok(4096));
+        assert_eq!(parse_length("1M"), Ok(1 << 20));
+        assert_eq!(parse_length("2000"), Ok(2000));
+        assert!(parse_length("lots").unwrap_err().contains("bad length"));
+        assert_eq!(human_length(32768), "32k");
+        assert_eq!(human_length(3000), "3000");
+    }
+
+    #[test]
+    fn heatmap_has_a_cell_per_result() {
+        let svg = heatmap_svg("t <x>", &[1024, 2048], &[0.0, 0.5, 1.0], &[vec![1.0, 0.5, 0.0], vec![1.0; 3]]);
+        assert_eq!(svg.matches("<rect x=").count(), 6);
+        assert!(svg.contains("t &lt;x&gt;") && svg.contains("50%") && svg.contains("2k"));
+        assert_eq!(colour(1.0), "#1a9850");
+        assert_eq!(colour(0.0), "#d73027");
+    }
+}
