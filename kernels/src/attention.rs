@@ -128,6 +128,7 @@ pub fn attention_with_limit(
 
 /// Additive mask `[n, k_end - k_start]` (0 or -inf) for queries at `first..first + n`, or
 /// `None` when every key of the range is visible to every query (decode, the common case).
+/// Built on the device from position comparisons: no host loop, no host-to-device copy.
 fn mask_bias(
     mask: &Mask,
     first: usize,
@@ -137,20 +138,20 @@ fn mask_bias(
     device: &Device,
 ) -> Result<Option<Tensor>> {
     let last = first + n - 1;
-    let all_visible = mask.visible(first, k_end - 1) && mask.visible(last, k_start);
-    if all_visible {
+    if mask.visible(first, k_end - 1) && mask.visible(last, k_start) {
         return Ok(None);
     }
     let kl = k_end - k_start;
-    let mut bias = vec![0f32; n * kl];
-    for i in 0..n {
-        for j in 0..kl {
-            if !mask.visible(first + i, k_start + j) {
-                bias[i * kl + j] = f32::NEG_INFINITY;
-            }
-        }
+    let q = Tensor::arange(first as i64, (first + n) as i64, device)?.reshape((n, 1))?;
+    let k = Tensor::arange(k_start as i64, k_end as i64, device)?.reshape((1, kl))?;
+    let zeros = Tensor::zeros((n, kl), DType::F32, device)?;
+    let blocked = Tensor::full(f32::NEG_INFINITY, (n, kl), device)?;
+    let mut bias = k.broadcast_le(&q)?.where_cond(&zeros, &blocked)?;
+    if let Some(w) = mask.window {
+        // visible when pos - key < w, i.e. key + w > pos
+        bias = (k + w as f64)?.broadcast_gt(&q)?.where_cond(&bias, &blocked)?;
     }
-    Tensor::from_vec(bias, (n, kl), device).map(Some)
+    Ok(Some(bias))
 }
 
 /// The obviously-right version, over row-major `f32` slices with the shapes of [`attention`].
