@@ -207,13 +207,17 @@ NUM_WORDS = ["one", "many", "more", "no", "all", "both", "each", "first", "secon
 #                    so the fact-question distance in position ids is log-uniform in
 #                    [100, max_position_embeddings - L], plus a uniform skip before the fact
 #                    half of the time (run 3)
-#   prefill_answer_prefix: the eval mode eval_spec.json recommends (chat.prefill_answer_prefix)
+#   prefill_answer_prefix: the eval mode eval_spec.json recommends (chat.prefill_answer_prefix).
+#                    Measured on both runs: prefilling the answer prefix changed no needle answer
+#                    (run 1: 100/100 samples at 32k and 128k identical), so both say false.
+#                    (Run 3's own export said true; that was chosen before the measurement.)
+# Run 3 did not train (it copies a distractor's value: docs/demo-model.md); run 1 is shipped.
 # --------------------------------------------------------------------------------------
 RECIPES = {
     "run1": {"value_digits": (4, 6), "filler_numbers": True, "pose": "random_cuts",
              "prefill_answer_prefix": False},
     "run3": {"value_digits": (5, 5), "filler_numbers": False, "pose": "fact_distance",
-             "prefill_answer_prefix": True},
+             "prefill_answer_prefix": False},
 }
 DEFAULT_RECIPE = "run1"  # the shipped model (assets/models/demo)
 POSE_MIN_DISTANCE = 100

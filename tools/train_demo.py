@@ -11,6 +11,11 @@ Dense eval at 1M tokens of an exported folder (~20 s a prompt on an H200):
 
 Quick check of the whole pipeline (~1 minute): add `--smoke`.
 
+The defaults reproduce the shipped model (recipe run1). `--recipe run3` is the documented
+negative result (5-digit values only, no digits in the filler, fact-to-question PoSE skips):
+
+    python3 tools/train_demo.py --out /tmp/run3 --recipe run3 --seed 1234 --steps 14000 --eval-512k 2
+
 What it makes, in --out (Hugging Face format, loadable by transformers and by Folio's llama path):
     config.json, model.safetensors (bf16), generation_config.json, tokenizer.json,
     tokenizer_config.json, chat_template.jinja, eval_spec.json, training_log.json
@@ -28,10 +33,16 @@ How (see docs/demo-model.md for the full story and the measured figures):
   * Loss only on assistant answers (and their <|end|>).
   * Curriculum: sequence length 256 -> 512 -> 1k -> 2k -> 4k over the run, constant tokens/step.
   * PoSE-style position skips: 80% of sequences are cut into 2-3 chunks with random gaps in the
-    position ids so a 4k window spans positions up to 1.18M (log-uniform max position);
+    position ids so a 4k window spans positions up to 1.18M (log-uniform max position; recipe
+    run3 instead puts one log-uniform skip between the asked fact and the question);
     rope theta 2e6; max_position_embeddings 1179648 (= 2^20 + 2^17).
   * Seeded: data of step s comes from numpy's default_rng([seed, s]); torch.manual_seed(seed).
-  * Ends with a dense (sdpa) greedy eval of the exported folder at 2k..128k x depths 0..1.
+  * Recipes (demo_grammar.RECIPES) switch the value length, the {num} filler slot and the PoSE
+    scheme; the default is the shipped model's.
+  * Ends with a dense (sdpa) greedy eval of the exported folder at 2k..128k x depths 0..1, in
+    two modes from one prefill: "generated" (the model writes the whole answer) and "prefilled"
+    (the prompt continues with the answer prefix, "... <|assistant|> the secret code of amber
+    falcon is", and the model writes only the value).
 """
 
 from __future__ import annotations
