@@ -8,9 +8,10 @@ export FOLIO_ROOT
 # One cargo target dir outside the clone, so fresh clones (CI) reuse earlier builds.
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/folio-target}
 
-# Tauri (webkit2gtk 4.1) and the desktop test (Xvfb, ImageMagick for the screenshot).
+# Tauri (webkit2gtk 4.1), the desktop test (Xvfb, ImageMagick for the screenshot), xz for the
+# GPU bundle, and Python with pip for ../shared/tools/cuda-toolchain.sh (CUDA compiler wheels).
 FOLIO_APT_PACKAGES=(build-essential pkg-config curl file libssl-dev libwebkit2gtk-4.1-dev libxdo-dev
-  libayatana-appindicator3-dev librsvg2-dev xvfb xauth imagemagick)
+  libayatana-appindicator3-dev librsvg2-dev xvfb xauth imagemagick xz-utils python3 python3-pip)
 
 folio_missing_packages() {
   local p missing=()
@@ -36,18 +37,22 @@ if [ -n "$missing" ]; then
 fi
 
 command -v cargo >/dev/null || { echo "setup: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
-node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
-if [ "$node_major" -lt 20 ]; then
-  echo "setup: Node.js $(node --version 2>/dev/null || echo none) is too old: the UI build (Vite 7) needs Node.js 20.19+" >&2
+# Vite 7 needs Node.js 20.19+ or 22.12+.
+if ! node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 22 || (a === 22 && b >= 12) || (a === 20 && b >= 19) ? 0 : 1)' 2>/dev/null; then
+  echo "setup: Node.js $(node --version 2>/dev/null || echo none) is too old: the UI build (Vite 7) needs Node.js 20.19+ or 22.12+" >&2
   exit 1
 fi
-for component in rustfmt clippy; do
-  if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
-    rustup component add "$component" >&2
+for tool in fmt clippy; do
+  if ! cargo "$tool" --version >/dev/null 2>&1; then
+    command -v rustup >/dev/null || { echo "setup: cargo $tool is missing (install rustfmt/clippy for your Rust)" >&2; exit 1; }
+    rustup component add "${tool/fmt/rustfmt}" >&2
   fi
 done
 
-# UI dependencies, exactly as locked.
-if [ ! -d "$FOLIO_ROOT/ui/node_modules" ]; then
+# UI dependencies, exactly as locked; reinstalled when the lock file changes.
+lock_hash=$(sha256sum "$FOLIO_ROOT/ui/package-lock.json" | cut -d' ' -f1)
+stamp="$FOLIO_ROOT/ui/node_modules/.folio-lock-sha256"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$lock_hash" ]; then
   (cd "$FOLIO_ROOT/ui" && npm ci --no-audit --no-fund >&2)
+  echo "$lock_hash" > "$stamp"
 fi

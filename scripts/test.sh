@@ -7,6 +7,9 @@ cd "$FOLIO_ROOT"
 
 step() { echo; echo "== $* ($(date +%T))"; }
 
+step "UI type check (svelte-check)"
+(cd ui && npm run --silent check)
+
 step "cargo fmt --check"
 cargo fmt --all --check
 

@@ -29,9 +29,21 @@ fn free_display() -> u32 {
 }
 
 /// Number of distinct colours in a PNG (ImageMagick's `%k`).
-fn colours(png: &Path) -> Option<usize> {
-    let out = Command::new("convert").arg(png).args(["-format", "%k", "info:"]).output().ok()?;
-    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+fn colours(png: &Path) -> usize {
+    let out =
+        Command::new("convert").arg(png).args(["-format", "%k", "info:"]).output().expect("ImageMagick's convert");
+    assert!(out.status.success(), "convert failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("a colour count")
+}
+
+/// The grey level (0-255, mean of R, G, B) of one pixel.
+fn grey(png: &Path, x: u32, y: u32) -> f64 {
+    let out = Command::new("convert")
+        .arg(png)
+        .args(["-format", &format!("%[fx:int(255*(p{{{x},{y}}}.r+p{{{x},{y}}}.g+p{{{x},{y}}}.b)/3)]"), "info:"])
+        .output()
+        .expect("ImageMagick's convert");
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("a grey level")
 }
 
 #[test]
@@ -81,7 +93,7 @@ fn desktop_window_renders_the_ui() {
             .status()
             .is_ok_and(|s| s.success());
         if ok {
-            best = colours(&shot).unwrap_or(0);
+            best = colours(&shot);
             if best >= MIN_COLOURS {
                 break;
             }
@@ -92,5 +104,12 @@ fn desktop_window_renders_the_ui() {
         best >= MIN_COLOURS,
         "the window stayed blank ({best} colours after {WINDOW_TIMEOUT:?}); folio's log: {}",
         std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    // The app's layout, not an error page: a light-grey sidebar beside a white chat pane, and the
+    // screen's black background to the right of the 1200-pixel-wide window.
+    let (sidebar, pane, outside) = (grey(&shot, 130, 450), grey(&shot, 730, 600), grey(&shot, 1240, 450));
+    assert!(
+        sidebar > 200.0 && sidebar < 252.0 && pane >= 252.0 && outside < 10.0,
+        "unexpected layout: sidebar grey {sidebar}, chat pane {pane}, outside the window {outside}"
     );
 }

@@ -78,9 +78,16 @@ pub fn attention_with_limit(
     if kv_heads == 0 || q_heads % kv_heads != 0 {
         candle_core::bail!("attention: {q_heads} query heads are not a multiple of {kv_heads} KV heads");
     }
-    let (first_start, first_end) = mask.key_range(mask.q_offset, kv_len);
-    if q_len > 0 && first_start >= first_end {
-        candle_core::bail!("attention: query at position {} sees no key (kv_len {kv_len})", mask.q_offset);
+    // Every query sees at least its own key: the keys must reach the last query's position.
+    if mask.q_offset + q_len > kv_len {
+        candle_core::bail!(
+            "attention: queries at positions {}..{} need keys up to there, but kv_len is {kv_len}",
+            mask.q_offset,
+            mask.q_offset + q_len
+        );
+    }
+    if mask.window == Some(0) {
+        candle_core::bail!("attention: a sliding window of 0 tokens sees nothing");
     }
     let groups = q_heads / kv_heads;
     let device = q.device();

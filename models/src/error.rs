@@ -39,10 +39,10 @@ pub enum Error {
     PromptTooLong { tokens: usize, limit: usize },
 
     #[error(
-        "model {repo} is not in the Hugging Face cache ({cache}) and downloads are off \
-         (HF_HUB_OFFLINE); download it once with network access, or pass a local model folder"
+        "model {repo} is not in the Hugging Face cache ({cache}: {file} is missing) and downloads \
+         are off (HF_HUB_OFFLINE); download it once with network access, or pass a local model folder"
     )]
-    ModelNotCached { repo: String, cache: PathBuf },
+    ModelNotCached { repo: String, file: String, cache: PathBuf },
 
     #[error("{0} is neither a model folder nor a Hugging Face repo id (owner/name)")]
     BadModelSpec(String),

@@ -21,6 +21,9 @@ use crate::tokenizer::Tokenizer;
 /// Prompt tokens per forward pass during prefill (bounds `[chunk, intermediate]` activations).
 const PREFILL_CHUNK: usize = 8192;
 
+/// Answer tokens the KV store is sized for up front.
+const INITIAL_ANSWER_ROOM: usize = 4096;
+
 /// How the next token is chosen.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SamplingParams {
@@ -154,7 +157,10 @@ pub fn generate(
     if kv.len() + prompt.len() > limit {
         return Err(Error::PromptTooLong { tokens: kv.len() + prompt.len(), limit });
     }
-    kv.reserve((kv.len() + prompt.len() + params.max_new_tokens).min(limit))?;
+    // Room for the prompt and the start of the answer; a long answer grows the store by doubling
+    // rather than reserving the model's whole context for a large --max-tokens.
+    let answer_room = params.max_new_tokens.min(INITIAL_ANSWER_ROOM);
+    kv.reserve(kv.len().saturating_add(prompt.len()).saturating_add(answer_room).min(limit))?;
     let mut processor = LogitsProcessor::from_sampling(params.sampling.seed, params.sampling.sampling());
     let mut context: Vec<u32> = prompt.to_vec();
     let mut tokens = Vec::new();
@@ -192,17 +198,20 @@ pub fn generate(
             break StopReason::StopString;
         }
         let safe = safe_prefix_len(&text, &params.stop_strings);
-        if safe > emitted {
-            if on_text(&text[emitted..safe]).is_break() {
-                emitted = safe;
+        // Decoders only append for the tokenizers Folio supports; if one ever rewrote earlier
+        // text, the rewritten part is not re-sent (`get` instead of a panicking slice).
+        if let Some(piece) = text.get(emitted..safe).filter(|p| !p.is_empty()) {
+            emitted = safe;
+            if on_text(piece).is_break() {
                 break StopReason::Cancelled;
             }
-            emitted = safe;
         }
     };
-    if stop_reason != StopReason::Cancelled && text.len() > emitted {
+    if stop_reason != StopReason::Cancelled {
         // The held-back tail is final now (the loop ended without a stop string there).
-        let _ = on_text(&text[emitted..]);
+        if let Some(rest) = text.get(emitted..).filter(|r| !r.is_empty()) {
+            let _ = on_text(rest);
+        }
     }
     Ok(Generation { tokens, text, stop_reason })
 }

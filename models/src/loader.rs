@@ -119,8 +119,17 @@ impl ModelFiles {
             None => Repo::new(repo_id.to_owned(), RepoType::Model),
         };
         let cache = Cache::from_env();
-        let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| !v.is_empty() && v != "0");
-        let hub = Hub { cache: cache.clone(), repo: repo.clone(), repo_id, offline };
+        let cached = |f: &str| cache.repo(repo.clone()).get(f).is_some();
+        let hub = Hub {
+            // A repo whose config, tokenizer and weights list are cached was downloaded whole
+            // before: its optional files are whatever the cache holds, and the network is not asked.
+            complete: cached(CONFIG) && cached(TOKENIZER) && (cached(WEIGHTS_INDEX) || cached(WEIGHTS)),
+            cache,
+            repo,
+            repo_id,
+            offline: offline_from_env(),
+            listing: std::cell::OnceCell::new(),
+        };
         let config = hub.required(CONFIG)?;
         let tokenizer = hub.required(TOKENIZER)?;
         let weights = match hub.optional(WEIGHTS_INDEX)? {
@@ -138,11 +147,21 @@ impl ModelFiles {
     }
 }
 
+/// `HF_HUB_OFFLINE` as huggingface_hub reads it: 1, on, yes or true (any case) forbid downloads.
+fn offline_from_env() -> bool {
+    std::env::var("HF_HUB_OFFLINE")
+        .is_ok_and(|v| ["1", "on", "yes", "true"].contains(&v.trim().to_lowercase().as_str()))
+}
+
 struct Hub<'a> {
     cache: Cache,
     repo: Repo,
     repo_id: &'a str,
     offline: bool,
+    /// Whether the cache held the repo before this load started.
+    complete: bool,
+    /// The repo's file list, asked of the hub once, only when something must be downloaded.
+    listing: std::cell::OnceCell<Vec<String>>,
 }
 
 impl Hub<'_> {
@@ -155,29 +174,54 @@ impl Hub<'_> {
             return Ok(p);
         }
         if self.offline {
-            return Err(Error::ModelNotCached { repo: self.repo_id.to_owned(), cache: self.cache.path().clone() });
+            return Err(Error::ModelNotCached {
+                repo: self.repo_id.to_owned(),
+                file: file.to_owned(),
+                cache: self.cache.path().clone(),
+            });
         }
         self.download(file)
     }
 
-    /// An optional file: absent from a complete cache means absent (no network round trip
-    /// once the required files are cached), otherwise asked of the hub.
+    /// An optional file: from the cache; otherwise, unless the cache already held the repo or
+    /// downloads are off, from the hub if the repo's file list has it.
     fn optional(&self, file: &str) -> Result<Option<PathBuf>> {
         if let Some(p) = self.cached(file) {
             return Ok(Some(p));
         }
-        if self.offline || self.cached(CONFIG).is_some() {
+        if self.offline || self.complete {
             return Ok(None);
         }
-        Ok(self.download(file).ok())
+        if !self.files()?.iter().any(|f| f == file) {
+            return Ok(None);
+        }
+        self.download(file).map(Some)
+    }
+
+    fn files(&self) -> Result<&Vec<String>> {
+        if let Some(files) = self.listing.get() {
+            return Ok(files);
+        }
+        let info = self
+            .api("(file list)")?
+            .repo(self.repo.clone())
+            .info()
+            .map_err(|e| self.download_error("(file list)", e))?;
+        Ok(self.listing.get_or_init(|| info.siblings.into_iter().map(|s| s.rfilename).collect()))
+    }
+
+    /// The hub client as huggingface_hub configures it: `HF_HOME`, `HF_ENDPOINT`, and the
+    /// token from `HF_TOKEN` or the cache's token file.
+    fn api(&self, file: &str) -> Result<hf_hub::api::sync::Api> {
+        let mut builder = hf_hub::api::sync::ApiBuilder::from_env().with_progress(true);
+        if let Ok(token) = std::env::var("HF_TOKEN") {
+            builder = builder.with_token(Some(token));
+        }
+        builder.build().map_err(|e| self.download_error(file, e))
     }
 
     fn download(&self, file: &str) -> Result<PathBuf> {
-        let api = hf_hub::api::sync::ApiBuilder::from_cache(self.cache.clone())
-            .with_progress(true)
-            .build()
-            .map_err(|e| self.download_error(file, e))?;
-        api.repo(self.repo.clone()).get(file).map_err(|e| self.download_error(file, e))
+        self.api(file)?.repo(self.repo.clone()).get(file).map_err(|e| self.download_error(file, e))
     }
 
     fn download_error(&self, file: &str, e: impl std::fmt::Display) -> Error {
@@ -200,6 +244,9 @@ fn shard_names(index: &Path) -> Result<Vec<String>> {
     Ok(shards)
 }
 
+/// The safetensors format's own bound on the JSON header (100 MB): anything larger is corrupt.
+const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
+
 /// Tensor names and element counts from a safetensors header, after checking that the file
 /// holds every byte the header promises.
 pub fn check_safetensors(path: &Path) -> Result<BTreeMap<String, usize>> {
@@ -212,6 +259,11 @@ pub fn check_safetensors(path: &Path) -> Result<BTreeMap<String, usize>> {
     }
     file.read_exact(&mut len_bytes).map_err(|e| Error::io(path, e))?;
     let header_len = u64::from_le_bytes(len_bytes);
+    if header_len > MAX_SAFETENSORS_HEADER {
+        return Err(invalid(format!(
+            "header length {header_len} is beyond the format's {MAX_SAFETENSORS_HEADER}-byte limit"
+        )));
+    }
     if header_len > actual - 8 {
         return Err(Error::WeightsTruncated { path: path.to_owned(), expected: 8 + header_len, actual });
     }
@@ -230,9 +282,13 @@ pub fn check_safetensors(path: &Path) -> Result<BTreeMap<String, usize>> {
         let shape: Vec<usize> = serde_json::from_value(info["shape"].clone())
             .map_err(|e| invalid(format!("tensor {name} has a bad shape: {e}")))?;
         data_end = data_end.max(end);
-        elems.insert(name, shape.iter().product());
+        let count = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        elems.insert(
+            name.clone(),
+            count.ok_or_else(|| invalid(format!("tensor {name} has an impossible shape {shape:?}")))?,
+        );
     }
-    let expected = 8 + header_len + data_end;
+    let expected = (8 + header_len).checked_add(data_end).ok_or_else(|| invalid("tensor offsets overflow".into()))?;
     if actual < expected {
         return Err(Error::WeightsTruncated { path: path.to_owned(), expected, actual });
     }

@@ -24,18 +24,22 @@ fn demo() -> (Engine, EvalSpec) {
 fn prompts_follow_the_spec() {
     let (engine, spec) = demo();
     let unk = engine.tokenizer.token_id("<|unk|>").unwrap();
-    let mut rng = StdRng::seed_from_u64(rand::random());
+    let seed = rand::random();
+    let mut rng = StdRng::seed_from_u64(seed);
     for (length, depth) in [(512, 0.0), (1000, 0.25), (2048, 0.5), (3000, 0.75), (4096, 1.0)] {
         let p = build_prompt(&engine, &spec, length, depth, &mut rng).unwrap();
         // Filler stops at the first sentence that would overflow: at most one sentence short.
-        assert!(p.ids.len() <= length && p.ids.len() + 40 >= length, "{length}: {} tokens", p.ids.len());
-        assert!(!p.ids.contains(&unk), "prompt has out-of-vocabulary words");
+        assert!(p.ids.len() <= length && p.ids.len() + 40 >= length, "seed {seed}, {length}: {} tokens", p.ids.len());
+        assert!(!p.ids.contains(&unk), "seed {seed}: prompt has out-of-vocabulary words");
         assert_eq!(p.target_index, (depth * p.sentences as f64).round() as usize);
         assert_eq!(p.value.len(), spec.value.digits);
         let text = engine.tokenizer.decode(&p.ids, false).unwrap();
         let fact_at = text.find(&p.value.chars().map(|c| c.to_string()).collect::<Vec<_>>().join(" ")).unwrap();
         let rel = fact_at as f64 / text.len() as f64;
-        assert!((rel - depth).abs() < 0.15, "{length} tokens, depth {depth}: the fact sits at {rel:.2} of the text");
+        assert!(
+            (rel - depth).abs() < 0.15,
+            "seed {seed}, {length} tokens, depth {depth}: the fact sits at {rel:.2} of the text"
+        );
         // The checker accepts the answer as the model writes it and rejects another value.
         let spaced = |s: &str| s.chars().map(|c| c.to_string()).collect::<Vec<_>>().join(" ");
         let good = if p.prefilled {

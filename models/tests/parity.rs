@@ -154,6 +154,10 @@ fn parity(name: &str) {
         p.perplexity, r.perplexity.perplexity, p.mean_nll, r.perplexity.mean_nll
     );
     assert!(rel < PPL_REL_TOL, "{name}: perplexity off by {rel} relative");
+    // Scoring in chunks through the KV store equals one pass (the fixture text is one chunk).
+    let one_pass = engine.model.token_log_probs(&ppl_ids, ppl_ids.len(), &Dense).unwrap();
+    let chunked = engine.model.token_log_probs(&ppl_ids, 16, &Dense).unwrap();
+    assert!(max_abs_diff(&one_pass, &chunked) < 1e-4, "{name}: chunked scoring differs");
     let cut = engine.perplexity(&ppl_ids[..r.perplexity_max_tokens.max_tokens]).unwrap();
     let rel = (cut.perplexity - r.perplexity_max_tokens.perplexity).abs() / r.perplexity_max_tokens.perplexity;
     assert!(rel < PPL_REL_TOL, "{name}: cut perplexity off by {rel} relative");

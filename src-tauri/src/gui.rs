@@ -112,6 +112,13 @@ fn cancel_chat(state: State<'_, AppState>) {
     state.cancel.store(true, Ordering::SeqCst);
 }
 
+/// Forgets the conversation: the next question starts a new chat.
+#[tauri::command]
+fn new_chat(state: State<'_, AppState>) -> Result<(), String> {
+    state.history.lock().map_err(|e| e.to_string())?.clear();
+    Ok(())
+}
+
 pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<()> {
     let device = parse_device(device)?;
     let dtype = parse_dtype(dtype, &device)?;
@@ -127,7 +134,7 @@ pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<(
         AppState { engine, model_error, device: device_name(&device), history: Arc::default(), cancel: Arc::default() };
     tauri::Builder::default()
         .manage(state)
-        .invoke_handler(tauri::generate_handler![app_info, chat, cancel_chat])
+        .invoke_handler(tauri::generate_handler![app_info, chat, cancel_chat, new_chat])
         .run(tauri::generate_context!())?;
     Ok(())
 }

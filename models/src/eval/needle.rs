@@ -130,15 +130,15 @@ fn documents(spec: &EvalSpec, titles: &[String], sentences: &[String], facts: &[
     for (doc, title) in titles.iter().enumerate() {
         let (lo, hi) = (bound(doc), bound(doc + 1));
         let last = doc + 1 == k;
+        // Facts at index i belong to the document that holds sentence i; index n to the last.
+        let facts_at = |i: usize| facts.iter().filter(move |f| f.index == i).map(|f| f.text.as_str());
         let mut items: Vec<&str> = Vec::new();
-        for i in lo..=hi {
-            // Facts at index i belong to the document that holds sentence i; index n to the last.
-            if i < hi || (last && i == n) {
-                items.extend(facts.iter().filter(|f| f.index == i).map(|f| f.text.as_str()));
-            }
-            if i < hi {
-                items.push(&sentences[i]);
-            }
+        for (i, sentence) in sentences.iter().enumerate().take(hi).skip(lo) {
+            items.extend(facts_at(i));
+            items.push(sentence);
+        }
+        if last {
+            items.extend(facts_at(n));
         }
         let header = d.header.replace("{title}", title);
         out.push(format!("{header}{}{}", d.header_separator, items.join(&d.sentence_separator)));

@@ -117,3 +117,13 @@ export async function cancelChat(): Promise<void> {
     throw errorMessage(err);
   }
 }
+
+/** Start a new conversation: the backend forgets the earlier turns. */
+export async function newChat(): Promise<void> {
+  if (!inTauri()) return;
+  try {
+    await invoke<void>('new_chat');
+  } catch (err) {
+    throw errorMessage(err);
+  }
+}
