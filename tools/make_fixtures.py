@@ -663,6 +663,19 @@ def name_of(tokenizer):
     return getattr(tokenizer, "name_or_path", "?")
 
 
+def write_tokenizer_files(d: str, name: str):
+    """tokenizer.json, tokenizer_config.json and (llama, qwen3) chat_template.jinja into d."""
+    tok, ids = make_tokenizer(name)
+    tok.save(os.path.join(d, "tokenizer.json"))
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump(tokenizer_config(name, tok), f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    if name in ("llama", "qwen3"):
+        with open(os.path.join(d, "chat_template.jinja"), "w") as f:
+            f.write(LLAMA_TEMPLATE if name == "llama" else QWEN3_TEMPLATE)
+    return tok, ids
+
+
 def generate_fixture(name, out_dir, seed):
     import torch
     import transformers as tf
@@ -673,15 +686,8 @@ def generate_fixture(name, out_dir, seed):
         shutil.rmtree(d)
     os.makedirs(d)
 
-    tok, ids = make_tokenizer(name)
+    tok, ids = write_tokenizer_files(d, name)
     vocab = tok.get_vocab_size(with_added_tokens=True)
-    tok.save(os.path.join(d, "tokenizer.json"))
-    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
-        json.dump(tokenizer_config(name, tok), f, indent=2, ensure_ascii=False)
-        f.write("\n")
-    if name in ("llama", "qwen3"):
-        with open(os.path.join(d, "chat_template.jinja"), "w") as f:
-            f.write(LLAMA_TEMPLATE if name == "llama" else QWEN3_TEMPLATE)
     with open(os.path.join(d, "ppl.txt"), "w") as f:
         f.write(PPL_TEXT)
 
@@ -832,14 +838,7 @@ def main():
         for name in names:
             d = os.path.join(args.out, name)
             os.makedirs(d, exist_ok=True)
-            tok, ids = make_tokenizer(name)
-            tok.save(os.path.join(d, "tokenizer.json"))
-            with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
-                json.dump(tokenizer_config(name, tok), f, indent=2, ensure_ascii=False)
-                f.write("\n")
-            if name in ("llama", "qwen3"):
-                with open(os.path.join(d, "chat_template.jinja"), "w") as f:
-                    f.write(LLAMA_TEMPLATE if name == "llama" else QWEN3_TEMPLATE)
+            tok, ids = write_tokenizer_files(d, name)
             print(name, tok.get_vocab_size(), ids)
             try:
                 from transformers import AutoTokenizer
