@@ -8,10 +8,10 @@ export FOLIO_ROOT
 # One cargo target dir outside the clone, so fresh clones (CI) reuse earlier builds.
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/folio-target}
 
-# Tauri (webkit2gtk 4.1), the desktop test (Xvfb, ImageMagick for the screenshot), xz for the
+# Tauri (webkit2gtk 4.1), the desktop test (Xvfb, xdotool to type, ImageMagick for screenshots), xz for the
 # GPU bundle, and Python with pip for ../shared/tools/cuda-toolchain.sh (CUDA compiler wheels).
 FOLIO_APT_PACKAGES=(build-essential pkg-config curl file libssl-dev libwebkit2gtk-4.1-dev libxdo-dev
-  libayatana-appindicator3-dev librsvg2-dev xvfb xauth imagemagick xz-utils python3 python3-pip)
+  libayatana-appindicator3-dev librsvg2-dev xvfb xauth xdotool imagemagick xz-utils python3 python3-pip)
 
 folio_missing_packages() {
   local p missing=()

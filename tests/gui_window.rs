@@ -1,5 +1,6 @@
-//! The real desktop window: `folio` with no subcommand opens a Tauri window under Xvfb, and a
-//! screenshot of the screen shows the rendered UI rather than a blank (single-colour) screen.
+//! The real desktop window: `folio` with no subcommand opens a Tauri window under Xvfb on the
+//! bundled demo model; a screenshot shows the rendered UI rather than a blank screen or an error
+//! page, and a question typed into the composer (xdotool) gets a streamed answer bubble.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -7,6 +8,8 @@ use std::time::{Duration, Instant};
 
 /// How long the window may take to appear (a cold WebKit start under a software renderer).
 const WINDOW_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long the demo model may take to answer on the CPU (it streams ~300 tokens/s).
+const CHAT_TIMEOUT: Duration = Duration::from_secs(60);
 /// A blank screen has one colour; the rendered UI (text, borders, anti-aliasing) has hundreds.
 const MIN_COLOURS: usize = 64;
 
@@ -111,5 +114,34 @@ fn desktop_window_renders_the_ui() {
     assert!(
         sidebar > 200.0 && sidebar < 252.0 && pane >= 252.0 && outside < 10.0,
         "unexpected layout: sidebar grey {sidebar}, chat pane {pane}, outside the window {outside}"
+    );
+
+    // Chat through the real IPC: click the composer, type, Enter. The question's bubble appears
+    // top right and the answer's bubble below it on the left. That bubble starts empty (a few
+    // pixels wide) and only reaches x = 540 once the streamed answer ("the secret toad is 1 4 4
+    // 4 4 4 ." from the demo model, greedy, with no documents) has arrived over the channel.
+    let xdo = |args: &[&str]| {
+        let status = Command::new("xdotool").args(args).env("DISPLAY", &display).status();
+        assert!(status.expect("xdotool is needed (scripts/setup.sh installs it)").success(), "xdotool {args:?}");
+    };
+    xdo(&["mousemove", "700", "738", "click", "1"]);
+    xdo(&["type", "--delay", "10", "what is the secret code of amber falcon ?"]);
+    xdo(&["key", "Return"]);
+    let start = Instant::now();
+    let (mut question, mut answer) = (255.0, 255.0);
+    while start.elapsed() < CHAT_TIMEOUT {
+        std::thread::sleep(Duration::from_secs(1));
+        let ok = Command::new("import").args(["-display", &display, "-window", "root"]).arg(&shot).status();
+        if ok.is_ok_and(|s| s.success()) {
+            (question, answer) = (grey(&shot, 1090, 97), grey(&shot, 540, 175));
+            if question < 250.0 && answer < 250.0 {
+                break;
+            }
+        }
+    }
+    assert!(
+        question < 250.0 && answer < 250.0,
+        "no chat bubbles after {CHAT_TIMEOUT:?} (question {question}, answer {answer}); folio's log: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
     );
 }
