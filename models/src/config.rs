@@ -224,6 +224,14 @@ impl ModelConfig {
         })
     }
 
+    /// Refuses `tokens` that do not fit the model's context (never a silent cut).
+    pub fn check_fits(&self, tokens: usize) -> Result<()> {
+        if tokens > self.max_position_embeddings {
+            return Err(Error::PromptTooLong { tokens, limit: self.max_position_embeddings });
+        }
+        Ok(())
+    }
+
     /// Bytes of K and V one token occupies across all layers at `dtype_bytes` per element.
     pub fn kv_bytes_per_token(&self, dtype_bytes: usize) -> usize {
         2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes

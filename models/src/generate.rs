@@ -154,9 +154,7 @@ pub fn generate(
         return Err(Error::Invalid("the prompt is empty".into()));
     }
     let limit = model.config().max_position_embeddings;
-    if kv.len() + prompt.len() > limit {
-        return Err(Error::PromptTooLong { tokens: kv.len() + prompt.len(), limit });
-    }
+    model.config().check_fits(kv.len() + prompt.len())?;
     // Room for the prompt and the start of the answer; a long answer grows the store by doubling
     // rather than reserving the model's whole context for a large --max-tokens.
     let answer_room = params.max_new_tokens.min(INITIAL_ANSWER_ROOM);

@@ -127,15 +127,6 @@ impl Engine {
         self.tokenizer.encode_prompt(&template.render(messages, true)?)
     }
 
-    /// Fails before any compute if `tokens` do not fit the model's context.
-    pub fn check_fits(&self, tokens: usize) -> Result<()> {
-        let limit = self.config().max_position_embeddings;
-        if tokens > limit {
-            return Err(Error::PromptTooLong { tokens, limit });
-        }
-        Ok(())
-    }
-
     /// Generates from `prompt` with dense attention on a fresh KV store.
     pub fn generate(
         &self,
@@ -154,7 +145,6 @@ impl Engine {
         params: &GenerateParams,
         on_text: impl FnMut(&str) -> ControlFlow<()>,
     ) -> Result<Generation> {
-        self.check_fits(prompt.len())?;
         let mut kv = self.model.new_kv();
         generate::generate(&self.model, &self.tokenizer, attn, &mut kv, prompt, params, on_text)
     }
@@ -165,7 +155,6 @@ impl Engine {
         if ids.len() < 2 {
             return Err(Error::Invalid(format!("perplexity needs at least 2 tokens, the text has {}", ids.len())));
         }
-        self.check_fits(ids.len())?;
         let logp = self.model.token_log_probs(ids, PERPLEXITY_CHUNK, &Dense)?;
         let mean_nll = -logp.iter().map(|&x| x as f64).sum::<f64>() / logp.len() as f64;
         Ok(Perplexity { tokens: ids.len(), mean_nll, perplexity: mean_nll.exp() })

@@ -173,9 +173,7 @@ impl Model {
         if t == 0 {
             return Err(Error::Invalid("forward pass over zero tokens".into()));
         }
-        if pos + t > self.cfg.max_position_embeddings {
-            return Err(Error::PromptTooLong { tokens: pos + t, limit: self.cfg.max_position_embeddings });
-        }
+        self.cfg.check_fits(pos + t)?;
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.cfg.vocab_size) {
             return Err(Error::Invalid(format!("token id {bad} is outside the vocabulary ({})", self.cfg.vocab_size)));
         }
@@ -220,9 +218,7 @@ impl Model {
     /// Log-probability of each next token: `result[i] = log p(ids[i + 1] | ids[..=i])`, computed
     /// in chunks of `chunk` tokens so the `[n, vocab]` logits never exist for all `n` at once.
     pub fn token_log_probs(&self, ids: &[u32], chunk: usize, attn: &dyn Attention) -> Result<Vec<f32>> {
-        if ids.len() > self.cfg.max_position_embeddings {
-            return Err(Error::PromptTooLong { tokens: ids.len(), limit: self.cfg.max_position_embeddings });
-        }
+        self.cfg.check_fits(ids.len())?;
         let mut kv = self.new_kv();
         kv.reserve(ids.len())?;
         let mut out = Vec::with_capacity(ids.len().saturating_sub(1));

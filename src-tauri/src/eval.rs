@@ -82,7 +82,7 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
     }
     // Refuse lengths the model cannot hold before spending minutes on the shorter ones.
     for &len in &lengths {
-        engine.check_fits(len)?;
+        engine.config().check_fits(len)?;
     }
 
     let mut results: Vec<NeedleSample> = Vec::new();
