@@ -108,22 +108,18 @@ export async function chat(prompt: string, handlers: ChatHandlers): Promise<Chat
   }
 }
 
-/** Ask the backend to stop the running generation; `chat` then resolves. */
-export async function cancelChat(): Promise<void> {
+/** A command that takes nothing and returns nothing; a no-op outside the app. */
+async function command(name: string): Promise<void> {
   if (!inTauri()) return;
   try {
-    await invoke<void>('cancel_chat');
+    await invoke<void>(name);
   } catch (err) {
     throw errorMessage(err);
   }
 }
 
+/** Ask the backend to stop the running generation; `chat` then resolves. */
+export const cancelChat = (): Promise<void> => command('cancel_chat');
+
 /** Start a new conversation: the backend forgets the earlier turns. */
-export async function newChat(): Promise<void> {
-  if (!inTauri()) return;
-  try {
-    await invoke<void>('new_chat');
-  } catch (err) {
-    throw errorMessage(err);
-  }
-}
+export const newChat = (): Promise<void> => command('new_chat');
