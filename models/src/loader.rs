@@ -119,17 +119,18 @@ impl ModelFiles {
             None => Repo::new(repo_id.to_owned(), RepoType::Model),
         };
         let cache = Cache::from_env();
-        let cached = |f: &str| cache.repo(repo.clone()).get(f).is_some();
-        let hub = Hub {
-            // A repo whose config, tokenizer and weights list are cached was downloaded whole
-            // before: its optional files are whatever the cache holds, and the network is not asked.
-            complete: cached(CONFIG) && cached(TOKENIZER) && (cached(WEIGHTS_INDEX) || cached(WEIGHTS)),
+        let mut hub = Hub {
             cache,
             repo,
             repo_id,
             offline: offline_from_env(),
+            complete: false,
             listing: std::cell::OnceCell::new(),
         };
+        // A repo whose config, tokenizer and weights list are cached was downloaded whole before:
+        // its optional files are whatever the cache holds, and the network is not asked.
+        let cached = |f: &str| hub.cached(f).is_some();
+        hub.complete = cached(CONFIG) && cached(TOKENIZER) && (cached(WEIGHTS_INDEX) || cached(WEIGHTS));
         let config = hub.required(CONFIG)?;
         let tokenizer = hub.required(TOKENIZER)?;
         let weights = match hub.optional(WEIGHTS_INDEX)? {

@@ -23,7 +23,6 @@ const EXTRA_ANSWER_TOKENS: usize = 4;
 /// One test prompt and what a correct answer contains.
 #[derive(Debug, Clone)]
 pub struct NeedlePrompt {
-    pub messages: Vec<Message>,
     pub ids: Vec<u32>,
     pub value: String,
     pub answer: String,
@@ -107,16 +106,7 @@ pub fn build_prompt(
     let docs = documents(spec, &titles, &sentences, &placed);
     let mut ids = render(engine, spec, &docs, &question)?;
     ids.extend(prefix_ids);
-    Ok(NeedlePrompt {
-        messages: messages(spec, &docs, &question),
-        ids,
-        value,
-        answer,
-        answer_prefix,
-        prefilled,
-        target_index,
-        sentences: n,
-    })
+    Ok(NeedlePrompt { ids, value, answer, answer_prefix, prefilled, target_index, sentences: n })
 }
 
 /// The documents string: filler split evenly across documents, facts before the sentence they
