@@ -14,7 +14,10 @@ fn build_ui() {
     use std::path::Path;
     use std::process::Command;
 
-    let ui = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ui");
+    // Read at run time, not with env!(): a build script binary cached in a shared target dir
+    // is reused by clones at other paths, and a baked-in path would point at the old clone.
+    let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let ui = Path::new(&manifest_dir).join("../ui");
     for input in ["src", "index.html", "package.json", "package-lock.json", "vite.config.ts", "tsconfig.json"] {
         println!("cargo:rerun-if-changed={}", ui.join(input).display());
     }

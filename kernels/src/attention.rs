@@ -29,11 +29,9 @@ impl Mask {
         key <= pos && self.window.is_none_or(|w| pos - key < w)
     }
 
-    /// Half-open range of key positions that query position `pos` may see, clipped to `kv_len`.
-    fn key_range(&self, pos: usize, kv_len: usize) -> (usize, usize) {
-        let end = (pos + 1).min(kv_len);
-        let start = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        (start.min(end), end)
+    /// Half-open range of key positions that query position `pos` may see.
+    fn key_range(&self, pos: usize) -> (usize, usize) {
+        (self.window.map_or(0, |w| (pos + 1).saturating_sub(w)), pos + 1)
     }
 }
 
@@ -45,20 +43,24 @@ pub struct AttnOutput {
     pub lse: Tensor,
 }
 
-/// Upper bound on the number of f32 scores materialised at once; queries are processed in
-/// chunks so that prefill never builds a `q_len × kv_len` matrix larger than this: 64 MiB in
-/// host memory, 512 MiB on a GPU (fewer, larger launches matter more there).
+/// Upper bound on the number of f32 scores materialised at once. Queries are processed in
+/// chunks and keys in blocks (online softmax, merged by LSE) so that neither prefill nor decode
+/// ever builds a `q_len × kv_len` matrix larger than this: 64 MiB in host memory, 512 MiB on a
+/// GPU (fewer, larger launches matter more there).
 const MAX_SCORE_ELEMS_CPU: usize = 1 << 24;
 const MAX_SCORE_ELEMS_GPU: usize = 1 << 27;
 
-/// Fast path: causal (optionally windowed) attention with LSE, on the tensors' device.
+/// Smallest key block a query chunk is given before the chunk shrinks instead: long prefills
+/// keep a few thousand keys per block, so the per-block merge stays a small share of the work.
+const MIN_KEY_BLOCK: usize = 4096;
+
+/// Fast path: causal (optionally windowed) attention with LSE over a whole sequence, on the
+/// tensors' device. The keys must reach the last query (`q_offset + q_len <= kv_len`).
 ///
-/// Computes in f32 whatever the input dtype (scores and softmax in bf16 lose too much), in
-/// query chunks bounded by [`MAX_SCORE_ELEMS_CPU`] / [`MAX_SCORE_ELEMS_GPU`], reading for each chunk only the keys some
-/// query of the chunk can see.
+/// Computes in f32 whatever the input dtype (scores and softmax in bf16 lose too much), with
+/// the score matrix bounded by [`MAX_SCORE_ELEMS_CPU`] / [`MAX_SCORE_ELEMS_GPU`].
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Mask, scale: f32) -> Result<AttnOutput> {
-    let max_scores = if q.device().is_cpu() { MAX_SCORE_ELEMS_CPU } else { MAX_SCORE_ELEMS_GPU };
-    attention_with_limit(q, k, v, mask, scale, max_scores)
+    attention_with_limit(q, k, v, mask, scale, max_score_elems(q.device()))
 }
 
 /// [`attention`] with an explicit bound on the scores materialised at once.
@@ -66,6 +68,54 @@ pub fn attention_with_limit(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    mask: Mask,
+    scale: f32,
+    max_scores: usize,
+) -> Result<AttnOutput> {
+    let (_, q_len, _) = q.dims3()?;
+    let kv_len = k.dim(1)?;
+    // Every query sees at least its own key: the keys must reach the last query's position.
+    if mask.q_offset + q_len > kv_len {
+        candle_core::bail!(
+            "attention: queries at positions {}..{} need keys up to there, but kv_len is {kv_len}",
+            mask.q_offset,
+            mask.q_offset + q_len
+        );
+    }
+    attention_block_with_limit(q, k, v, 0, mask, scale, max_scores)
+}
+
+/// Partial attention over one block of keys that sit at absolute positions
+/// `k_start..k_start + kv_len` (a saved prefix, an in-memory tail, a sparse selection's run).
+/// Queries that see no key of the block get output 0 and LSE `-inf`, so that [`merge`] of the
+/// partials over disjoint blocks is exactly the attention over their union.
+pub fn attention_block(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    k_start: usize,
+    mask: Mask,
+    scale: f32,
+) -> Result<AttnOutput> {
+    attention_block_with_limit(q, k, v, k_start, mask, scale, max_score_elems(q.device()))
+}
+
+/// How many f32 scores the kernel materialises at most on `device` (callers budgeting memory
+/// count it).
+pub fn max_score_elems(device: &Device) -> usize {
+    if device.is_cpu() {
+        MAX_SCORE_ELEMS_CPU
+    } else {
+        MAX_SCORE_ELEMS_GPU
+    }
+}
+
+/// [`attention_block`] with an explicit bound on the scores materialised at once.
+pub fn attention_block_with_limit(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    k_start: usize,
     mask: Mask,
     scale: f32,
     max_scores: usize,
@@ -78,14 +128,6 @@ pub fn attention_with_limit(
     if kv_heads == 0 || q_heads % kv_heads != 0 {
         candle_core::bail!("attention: {q_heads} query heads are not a multiple of {kv_heads} KV heads");
     }
-    // Every query sees at least its own key: the keys must reach the last query's position.
-    if mask.q_offset + q_len > kv_len {
-        candle_core::bail!(
-            "attention: queries at positions {}..{} need keys up to there, but kv_len is {kv_len}",
-            mask.q_offset,
-            mask.q_offset + q_len
-        );
-    }
     if mask.window == Some(0) {
         candle_core::bail!("attention: a sliding window of 0 tokens sees nothing");
     }
@@ -94,8 +136,11 @@ pub fn attention_with_limit(
     let q = q.to_dtype(DType::F32)?;
     let k = k.to_dtype(DType::F32)?;
     let v = v.to_dtype(DType::F32)?;
+    let k_end_abs = k_start + kv_len;
 
-    let chunk = (max_scores / (q_heads * kv_len.max(1))).clamp(1, q_len.max(1));
+    // Query chunk: as many queries as fit MIN_KEY_BLOCK keys each; key block: what is left.
+    let chunk = (max_scores / (q_heads * MIN_KEY_BLOCK)).clamp(1, q_len.max(1));
+    let block = (max_scores / (q_heads * chunk)).max(1);
     let mut outs = Vec::with_capacity(q_len.div_ceil(chunk));
     let mut lses = Vec::with_capacity(outs.capacity());
     let mut c0 = 0;
@@ -103,25 +148,31 @@ pub fn attention_with_limit(
         let n = chunk.min(q_len - c0);
         let first = mask.q_offset + c0;
         let last = first + n - 1;
-        let k_start = mask.key_range(first, kv_len).0;
-        let k_end = mask.key_range(last, kv_len).1;
-        let kl = k_end - k_start;
+        // Keys of this block some query of the chunk may see, in absolute positions.
+        let lo = mask.key_range(first).0.max(k_start);
+        let hi = mask.key_range(last).1.min(k_end_abs);
         // [q_heads, n, d] -> [kv_heads, groups * n, d]: the heads of one group share K/V.
         let qc = q.narrow(1, c0, n)?.contiguous()?.reshape((kv_heads, groups * n, head_dim))?;
-        let kc = k.narrow(1, k_start, kl)?;
-        let vc = v.narrow(1, k_start, kl)?.contiguous()?;
-        let mut scores = (qc.matmul(&kc.t()?)? * scale as f64)?; // [kv_heads, groups*n, kl]
-        if let Some(bias) = mask_bias(&mask, first, n, k_start, k_end, device)? {
-            scores =
-                scores.reshape((kv_heads, groups, n, kl))?.broadcast_add(&bias)?.reshape((kv_heads, groups * n, kl))?;
+        let mut acc: Option<AttnOutput> = None;
+        let mut b0 = lo;
+        while b0 < hi {
+            let b1 = (b0 + block).min(hi);
+            let part = scores_block(&qc, &k, &v, k_start, b0, b1, &mask, first, n, scale, device)?;
+            acc = Some(match acc {
+                None => part,
+                Some(prev) => merge(&prev, &part)?,
+            });
+            b0 = b1;
         }
-        let max = scores.max_keepdim(D::Minus1)?;
-        let exp = scores.broadcast_sub(&max)?.exp()?;
-        let sum = exp.sum_keepdim(D::Minus1)?;
-        let lse = (max + sum.log()?)?; // [kv_heads, groups*n, 1]
-        let out = exp.broadcast_div(&sum)?.matmul(&vc)?; // [kv_heads, groups*n, d]
-        outs.push(out.reshape((q_heads, n, head_dim))?);
-        lses.push(lse.reshape((q_heads, n))?);
+        let part = match acc {
+            Some(p) => p,
+            None => AttnOutput {
+                out: Tensor::zeros((kv_heads, groups * n, head_dim), DType::F32, device)?,
+                lse: Tensor::full(f32::NEG_INFINITY, (kv_heads, groups * n, 1), device)?,
+            },
+        };
+        outs.push(part.out.reshape((q_heads, n, head_dim))?);
+        lses.push(part.lse.reshape((q_heads, n))?);
         c0 += n;
     }
     if outs.is_empty() {
@@ -131,6 +182,77 @@ pub fn attention_with_limit(
         });
     }
     Ok(AttnOutput { out: Tensor::cat(&outs, 1)?, lse: Tensor::cat(&lses, 1)? })
+}
+
+/// Softmax attention of one query chunk (`qc`: `[kv_heads, groups * n, d]`) over the keys at
+/// absolute positions `b0..b1`; output `[kv_heads, groups * n, d]`, LSE `[kv_heads, groups * n, 1]`.
+#[allow(clippy::too_many_arguments)]
+fn scores_block(
+    qc: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    k_start: usize,
+    b0: usize,
+    b1: usize,
+    mask: &Mask,
+    first: usize,
+    n: usize,
+    scale: f32,
+    device: &Device,
+) -> Result<AttnOutput> {
+    let (kv_heads, rows, _) = qc.dims3()?;
+    let groups = rows / n;
+    let kl = b1 - b0;
+    let kc = k.narrow(1, b0 - k_start, kl)?;
+    let vc = v.narrow(1, b0 - k_start, kl)?.contiguous()?;
+    let mut scores = (qc.matmul(&kc.t()?)? * scale as f64)?; // [kv_heads, groups*n, kl]
+    let bias = mask_bias(mask, first, n, b0, b1, device)?;
+    if let Some(bias) = &bias {
+        scores = scores.reshape((kv_heads, groups, n, kl))?.broadcast_add(bias)?.reshape((kv_heads, groups * n, kl))?;
+    }
+    let max = scores.max_keepdim(D::Minus1)?;
+    if bias.is_none() {
+        // Every query sees every key of the block: no empty rows, no guards needed.
+        let exp = scores.broadcast_sub(&max)?.exp()?;
+        let sum = exp.sum_keepdim(D::Minus1)?;
+        let lse = (max + sum.log()?)?;
+        let out = exp.broadcast_div(&sum)?.matmul(&vc)?;
+        return Ok(AttnOutput { out, lse });
+    }
+    // Rows that see nothing have max -inf: shift them by 0 instead, so exp gives 0 (not NaN),
+    // their sum is 0, their LSE -inf and their output 0.
+    let finite = max.ne(f64::NEG_INFINITY)?;
+    let max = finite.where_cond(&max, &max.zeros_like()?)?;
+    let exp = scores.broadcast_sub(&max)?.exp()?;
+    let sum = exp.sum_keepdim(D::Minus1)?;
+    let lse = (max + sum.log()?)?;
+    let safe_sum = finite.where_cond(&sum, &sum.ones_like()?)?;
+    let out = exp.broadcast_div(&safe_sum)?.matmul(&vc)?;
+    Ok(AttnOutput { out, lse })
+}
+
+/// Exact combination of two partial attentions of the same queries over disjoint key sets:
+/// each output is weighted by `exp(lse_part - lse_total)`. Shapes of `a` and `b` agree: output
+/// `[.., d]`, LSE the same shape with a trailing dimension of 1, or without it (`[q_heads, q_len]`).
+pub fn merge(a: &AttnOutput, b: &AttnOutput) -> Result<AttnOutput> {
+    let keep_dim = a.lse.rank() == a.out.rank();
+    let (la, lb) = if keep_dim {
+        (a.lse.clone(), b.lse.clone())
+    } else {
+        (a.lse.unsqueeze(D::Minus1)?, b.lse.unsqueeze(D::Minus1)?)
+    };
+    let m = la.maximum(&lb)?;
+    // Both empty: m is -inf; shift by 0 so that both weights are exp(-inf) = 0, not NaN.
+    let finite = m.ne(f64::NEG_INFINITY)?;
+    let m = finite.where_cond(&m, &m.zeros_like()?)?;
+    let wa = la.broadcast_sub(&m)?.exp()?;
+    let wb = lb.broadcast_sub(&m)?.exp()?;
+    let total = (&wa + &wb)?;
+    let lse = (m + total.log()?)?;
+    let safe_total = finite.where_cond(&total, &total.ones_like()?)?;
+    let out = (a.out.broadcast_mul(&wa)? + b.out.broadcast_mul(&wb)?)?.broadcast_div(&safe_total)?;
+    let lse = if keep_dim { lse } else { lse.squeeze(D::Minus1)? };
+    Ok(AttnOutput { out, lse })
 }
 
 /// Additive mask `[n, k_end - k_start]` (0 or -inf) for queries at `first..first + n`, or
@@ -161,11 +283,11 @@ fn mask_bias(
     Ok(Some(bias))
 }
 
-/// The obviously-right version, over row-major `f32` slices with the shapes of [`attention`].
+/// The obviously-right versions, over row-major `f32` slices with the shapes of the fast path.
 pub mod reference {
     use super::Mask;
 
-    /// Returns `(out [q_heads * q_len * head_dim], lse [q_heads * q_len])`.
+    /// Attention over a whole sequence: [`attention_block`] with the keys starting at position 0.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         q: &[f32],
@@ -177,17 +299,37 @@ pub mod reference {
         mask: Mask,
         scale: f32,
     ) -> (Vec<f32>, Vec<f32>) {
+        attention_block(q, k, v, 0, q_heads, kv_heads, head_dim, mask, scale)
+    }
+
+    /// Keys at positions `k_start..`; returns `(out [q_heads * q_len * head_dim], lse [q_heads * q_len])`,
+    /// with output 0 and LSE `-inf` for a query that sees none of the keys.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_block(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        k_start: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        mask: Mask,
+        scale: f32,
+    ) -> (Vec<f32>, Vec<f32>) {
         let q_len = q.len() / (q_heads * head_dim);
         let kv_len = k.len() / (kv_heads * head_dim);
         let groups = q_heads / kv_heads;
         let mut out = vec![0f32; q.len()];
-        let mut lse = vec![0f32; q_heads * q_len];
+        let mut lse = vec![f32::NEG_INFINITY; q_heads * q_len];
         for h in 0..q_heads {
             let kvh = h / groups;
             for i in 0..q_len {
                 let pos = mask.q_offset + i;
                 let qrow = &q[(h * q_len + i) * head_dim..][..head_dim];
-                let keys: Vec<usize> = (0..kv_len).filter(|&j| mask.visible(pos, j)).collect();
+                let keys: Vec<usize> = (0..kv_len).filter(|&j| mask.visible(pos, k_start + j)).collect();
+                if keys.is_empty() {
+                    continue;
+                }
                 let scores: Vec<f64> = keys
                     .iter()
                     .map(|&j| {

@@ -17,4 +17,4 @@
 
 pub mod attention;
 
-pub use attention::{attention, AttnOutput, Mask};
+pub use attention::{attention, attention_block, merge, AttnOutput, Mask};

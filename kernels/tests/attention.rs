@@ -124,3 +124,79 @@ fn bad_shapes_are_errors() -> Result<()> {
     assert!(err.to_string().contains("kv_len is 4"), "{err}");
     Ok(())
 }
+
+/// Keys split into blocks at random positions: each block's partial attention matches the
+/// reference for that block (empty rows included), and the LSE merge of the partials equals
+/// attention over all keys.
+fn blocks_merge_exactly(device: &Device) -> Result<()> {
+    let seed = rand::random();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for case in 0..20 {
+        let (kv_heads, groups, head_dim) = ([1, 2][case % 2], [1, 3][rng.random_range(0..2)], 16);
+        let q_heads = kv_heads * groups;
+        let kv_len = rng.random_range(2..300);
+        let q_len = rng.random_range(1..=kv_len.min(40));
+        let window = if case % 3 == 0 { Some(rng.random_range(1..=kv_len)) } else { None };
+        let mask = Mask { q_offset: kv_len - q_len, window };
+        let split = rng.random_range(1..kv_len);
+        let q = random(&mut rng, q_heads * q_len * head_dim, 2.0);
+        let k = random(&mut rng, kv_heads * kv_len * head_dim, 2.0);
+        let v = random(&mut rng, kv_heads * kv_len * head_dim, 1.0);
+        let qt = Tensor::from_slice(&q, (q_heads, q_len, head_dim), device)?;
+        let kt = Tensor::from_slice(&k, (kv_heads, kv_len, head_dim), device)?;
+        let vt = Tensor::from_slice(&v, (kv_heads, kv_len, head_dim), device)?;
+        let mut parts = Vec::new();
+        for (start, len) in [(0, split), (split, kv_len - split)] {
+            let (kb, vb) = (kt.narrow(1, start, len)?, vt.narrow(1, start, len)?);
+            // A tiny score limit forces several key blocks inside the partial too.
+            let got = attention::attention_block_with_limit(&qt, &kb, &vb, start, mask, 0.3, 1 << 8)?;
+            let rows = |x: &[f32], s: usize| -> Vec<f32> {
+                (0..kv_heads).flat_map(|h| x[(h * kv_len + s) * head_dim..][..len * head_dim].to_vec()).collect()
+            };
+            let (ro, rl) = reference::attention_block(
+                &q,
+                &rows(&k, start),
+                &rows(&v, start),
+                start,
+                q_heads,
+                kv_heads,
+                head_dim,
+                mask,
+                0.3,
+            );
+            let lse = got.lse.flatten_all()?.to_vec1::<f32>()?;
+            for (a, b) in lse.iter().zip(&rl) {
+                assert!(a == b || (a - b).abs() < tolerance(device) * 10.0, "seed {seed} case {case}: lse {a} vs {b}");
+            }
+            assert!(max_abs_diff(&got.out.flatten_all()?.to_vec1::<f32>()?, &ro) < tolerance(device), "seed {seed}");
+            parts.push(got);
+        }
+        let merged = attention::merge(&parts[0], &parts[1])?;
+        let (ro, rl) = reference::attention(&q, &k, &v, q_heads, kv_heads, head_dim, mask, 0.3);
+        assert!(max_abs_diff(&merged.out.flatten_all()?.to_vec1::<f32>()?, &ro) < tolerance(device), "seed {seed}");
+        assert!(
+            max_abs_diff(&merged.lse.flatten_all()?.to_vec1::<f32>()?, &rl) < tolerance(device) * 10.0,
+            "seed {seed}"
+        );
+    }
+    Ok(())
+}
+test_device!(blocks_merge_exactly, blocks_merge_exactly_cpu, blocks_merge_exactly_cuda);
+
+/// Keys all past the queries (or outside their window): output 0 and LSE -inf, never NaN; and
+/// merging an empty partial changes nothing.
+#[test]
+fn empty_blocks_are_neutral() -> Result<()> {
+    let d = Device::Cpu;
+    let q = Tensor::ones((2, 3, 4), candle_core::DType::F32, &d)?;
+    let k = Tensor::ones((1, 5, 4), candle_core::DType::F32, &d)?;
+    let empty = attention::attention_block(&q, &k, &k, 10, Mask::causal(0), 1.0)?;
+    assert!(empty.lse.flatten_all()?.to_vec1::<f32>()?.iter().all(|x| *x == f32::NEG_INFINITY));
+    assert!(empty.out.flatten_all()?.to_vec1::<f32>()?.iter().all(|x| *x == 0.0));
+    let full = attention::attention_block(&q, &k, &k, 0, Mask::causal(5), 1.0)?;
+    let merged = attention::merge(&full, &empty)?;
+    assert_eq!(merged.out.flatten_all()?.to_vec1::<f32>()?, full.out.flatten_all()?.to_vec1::<f32>()?);
+    let both = attention::merge(&empty, &empty)?;
+    assert!(both.out.flatten_all()?.to_vec1::<f32>()?.iter().all(|x| *x == 0.0));
+    Ok(())
+}

@@ -64,6 +64,40 @@ pub enum Error {
     #[error("{0}")]
     Invalid(String),
 
+    #[error("{path}: {msg}")]
+    Context { path: PathBuf, msg: String },
+
+    #[error(
+        "this context was made with model {made_by} but the loaded model is {loaded} (different: {}); \
+         chat with the model that made it (--model {made_by_source}) or prefill the documents again",
+        differences.join("; ")
+    )]
+    WrongModel { made_by: String, made_by_source: String, loaded: String, differences: Vec<String> },
+
+    #[error(
+        "the documents are {tokens} tokens but the model's context length is {limit} ({room} kept free for the \
+         question and answer): {}; nothing was prefilled: remove documents or use a model with a longer context",
+        documents.iter().map(|(p, n)| format!("{p} {n} tokens")).collect::<Vec<_>>().join(", ")
+    )]
+    CollectionTooLong { tokens: usize, limit: usize, room: usize, documents: Vec<(String, usize)> },
+
+    #[error(
+        "not enough disk space to write {}: {detail}; the prefill needs {} ({} for the context file, the rest \
+         scratch space until it finishes); free space or choose another location. Nothing was kept",
+        path.display(), human_bytes(*needed), human_bytes(*file)
+    )]
+    DiskFull { path: PathBuf, needed: u64, file: u64, detail: String },
+
+    #[error(
+        "a memory budget of {} is too small for {tokens} tokens: one layer's K/V and the smallest chunk need {}; \
+         raise --memory-budget",
+        human_bytes(*budget), human_bytes(*needed)
+    )]
+    MemoryBudget { budget: u64, needed: u64, tokens: usize },
+
+    #[error("{0}")]
+    Cancelled(String),
+
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
 
@@ -74,5 +108,21 @@ pub enum Error {
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Self::Io { path: path.into(), source }
+    }
+}
+
+/// `1.5 GiB`, `512 KiB`, `12 B`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = n as f64;
+    let mut unit = 0;
+    while x >= 1024.0 && unit + 1 < UNITS.len() {
+        x /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{x:.1} {}", UNITS[unit])
     }
 }

@@ -4,12 +4,25 @@
 //! Layout (DESIGN.md §2): per layer, `[kv_heads, capacity, head_dim]`, so one token's row for
 //! one head is contiguous and a sparse gather reads whole rows. Storage is preallocated and
 //! written in place (`slice_set`); it grows by doubling when a conversation outgrows it, never
-//! by concatenating per step. Later issues add tiered stores (GPU hot set, host RAM, the
-//! memory-mapped context file) behind the same trait.
+//! by concatenating per step. The tiered store over a saved context file
+//! ([`crate::context::ContextKv`]) implements the same trait.
+//!
+//! A store hands out its rows as *segments* (runs of consecutive positions that live in one
+//! place: a saved prefix, an in-memory tail) rather than one tensor: attention runs on each and
+//! merges the partials by log-sum-exp, so a million-token prefix is never copied to append a
+//! question to it.
 
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
+
+/// Rows of positions `start..start + len` of one layer: K and V `[kv_heads, len, head_dim]`.
+#[derive(Debug, Clone)]
+pub struct KvSegment {
+    pub start: usize,
+    pub k: Tensor,
+    pub v: Tensor,
+}
 
 /// Storage of the per-layer K/V rows of one sequence.
 pub trait KvStore: Send {
@@ -25,8 +38,8 @@ pub trait KvStore: Send {
     /// `pos < len` overwrites (a regenerated tail).
     fn write(&mut self, layer: usize, pos: usize, k: &Tensor, v: &Tensor) -> Result<()>;
 
-    /// K and V of `layer` for positions `0..end`, `[kv_heads, end, head_dim]` each.
-    fn read(&self, layer: usize, end: usize) -> Result<(Tensor, Tensor)>;
+    /// K and V of `layer` for positions `0..end`, as consecutive segments in position order.
+    fn segments(&self, layer: usize, end: usize) -> Result<Vec<KvSegment>>;
 
     /// Sets the stored length after a forward pass wrote every layer up to `len`.
     fn set_len(&mut self, len: usize) -> Result<()>;
@@ -131,11 +144,11 @@ impl KvStore for DenseKv {
         Ok(())
     }
 
-    fn read(&self, layer: usize, end: usize) -> Result<(Tensor, Tensor)> {
+    fn segments(&self, layer: usize, end: usize) -> Result<Vec<KvSegment>> {
         if layer >= self.k.len() || end > self.written[layer] {
             return Err(Error::Invalid(format!("kv read of {end} rows at layer {layer}: not written")));
         }
-        Ok((self.k[layer].narrow(1, 0, end)?, self.v[layer].narrow(1, 0, end)?))
+        Ok(vec![KvSegment { start: 0, k: self.k[layer].narrow(1, 0, end)?, v: self.v[layer].narrow(1, 0, end)? }])
     }
 
     fn set_len(&mut self, len: usize) -> Result<()> {
@@ -175,11 +188,12 @@ mod tests {
         }
         kv.set_len(big)?;
         assert!(kv.capacity() >= big);
-        let (k, v) = kv.read(1, big)?;
+        let seg = kv.segments(1, big)?.remove(0);
+        let (k, v) = (seg.k, seg.v);
         assert_eq!(k.dims(), &[2, big, 4]);
         assert_eq!(k.narrow(1, 0, 3)?.flatten_all()?.to_vec1::<f32>()?, rows(3, 0.0)?.flatten_all()?.to_vec1::<f32>()?);
         assert_eq!(v.narrow(1, 3, 1)?.flatten_all()?.to_vec1::<f32>()?[0], 2000.0);
-        assert!(kv.read(0, big + 1).is_err());
+        assert!(kv.segments(0, big + 1).is_err());
         assert!(kv.write(0, big + 2, &rows(1, 0.0)?, &rows(1, 0.0)?).is_err(), "gaps are refused");
         Ok(())
     }

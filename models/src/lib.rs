@@ -5,6 +5,8 @@
 //! * [`kv`], [`attention`]: the seam between the decoder and how K/V is stored and attended;
 //!   dense attention over a preallocated store here, sparse methods and tiers later.
 //! * [`tokenizer`], [`chat`], [`generate`]: text in, text out, with Hugging Face semantics.
+//! * [`prefill`], [`context`]: layer-major prefill of a document collection into a context
+//!   file, and conversations over a reopened one.
 //!
 //! [`Engine`] ties them together for the CLI and the desktop app; nothing here knows about
 //! either.
@@ -12,12 +14,14 @@
 pub mod attention;
 pub mod chat;
 pub mod config;
+pub mod context;
 pub mod error;
 pub mod eval;
 pub mod generate;
 pub mod kv;
 pub mod loader;
 pub mod model;
+pub mod prefill;
 pub mod rope;
 pub mod tokenizer;
 
@@ -30,6 +34,7 @@ pub use error::{Error, Result};
 use crate::attention::{Attention, Dense};
 use crate::chat::{ChatTemplate, Message};
 use crate::config::ModelConfig;
+use crate::context::{ContextFile, Fingerprint, ModelStamp};
 use crate::generate::{GenerateParams, Generation, GenerationConfig};
 use crate::loader::{ModelFiles, ModelSource};
 use crate::model::Model;
@@ -85,6 +90,8 @@ pub fn device_name(device: &Device) -> String {
 /// A loaded model with everything needed to chat with it.
 pub struct Engine {
     pub name: String,
+    /// The model as it was asked for (a folder or repo id), recorded in context files.
+    pub source: String,
     pub files: ModelFiles,
     pub model: Model,
     pub tokenizer: Tokenizer,
@@ -104,11 +111,68 @@ impl Engine {
             None => GenerationConfig::default(),
         };
         let model = Model::load(&cfg, &files.weights, device, dtype)?;
-        Ok(Self { name: source.display_name(), files, model, tokenizer, chat_template, generation_config })
+        Ok(Self {
+            name: source.display_name(),
+            source: spec.to_owned(),
+            files,
+            model,
+            tokenizer,
+            chat_template,
+            generation_config,
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
         self.model.config()
+    }
+
+    /// What identifies this model in a context file.
+    pub fn stamp(&self) -> Result<ModelStamp> {
+        let cfg = self.config();
+        let tokenizer = std::fs::read(&self.files.tokenizer).map_err(|e| Error::io(&self.files.tokenizer, e))?;
+        Ok(ModelStamp {
+            name: self.name.clone(),
+            source: self.source.clone(),
+            fingerprint: Fingerprint {
+                architecture: cfg.arch.name().to_owned(),
+                layers: cfg.num_layers,
+                hidden_size: cfg.hidden_size,
+                intermediate_size: cfg.intermediate_size,
+                heads: cfg.num_heads,
+                kv_heads: cfg.num_kv_heads,
+                head_dim: cfg.head_dim,
+                vocab_size: cfg.vocab_size,
+                rope_theta: cfg.rope_theta,
+                rope_scaling: serde_json::to_value(&cfg.rope_scaling).map_err(|e| Error::Invalid(e.to_string()))?,
+                sliding_window: cfg.sliding_window,
+                qkv_bias: cfg.qkv_bias,
+                qk_norm: cfg.qk_norm,
+                tokenizer: format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&tokenizer)),
+                weights: loader::weights_hash(&self.files.weights)?,
+            },
+        })
+    }
+
+    /// Opens a saved context for this model: refused when another model made it.
+    pub fn open_context(&self, path: &std::path::Path) -> Result<ContextFile> {
+        let file = ContextFile::open(path)?;
+        let made = &file.header().model;
+        let ours = self.stamp()?;
+        if made.fingerprint != ours.fingerprint {
+            return Err(Error::WrongModel {
+                made_by: made.name.clone(),
+                made_by_source: made.source.clone(),
+                loaded: ours.name,
+                differences: made.fingerprint.differences(&ours.fingerprint),
+            });
+        }
+        if let Some(&bad) = file.tokens().iter().find(|&&t| t as usize >= self.config().vocab_size) {
+            return Err(Error::Context {
+                path: path.to_owned(),
+                msg: format!("token id {bad} is outside the vocabulary"),
+            });
+        }
+        Ok(file)
     }
 
     /// End-of-sequence ids: generation_config.json's, else config.json's.

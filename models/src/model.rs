@@ -170,48 +170,82 @@ impl Model {
     pub fn forward(&self, ids: &[u32], kv: &mut dyn KvStore, attn: &dyn Attention, logits: Logits) -> Result<Tensor> {
         let t = ids.len();
         let pos = kv.len();
-        if t == 0 {
-            return Err(Error::Invalid("forward pass over zero tokens".into()));
-        }
         self.cfg.check_fits(pos + t)?;
-        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.cfg.vocab_size) {
-            return Err(Error::Invalid(format!("token id {bad} is outside the vocabulary ({})", self.cfg.vocab_size)));
-        }
-        let ids_t = Tensor::new(ids, &self.device)?;
-        let mut x = self.embed.index_select(&ids_t, 0)?; // [t, hidden]
-        let (cos, sin) = rope::cos_sin(&self.inv_freq, pos, t, self.dtype, &self.device)?;
-        let eps = self.cfg.rms_norm_eps as f32;
-        let hd = self.cfg.head_dim;
-        let scale = 1.0 / (hd as f32).sqrt();
-        for (i, layer) in self.layers.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &layer.input_norm, eps)?;
-            // [t, heads * hd] -> [heads, t, hd]
-            let heads = |y: Tensor, n: usize| y.reshape((t, n, hd))?.transpose(0, 1)?.contiguous();
-            let mut q = heads(layer.q.forward(&h)?, self.cfg.num_heads)?;
-            let mut k = heads(layer.k.forward(&h)?, self.cfg.num_kv_heads)?;
-            let v = heads(layer.v.forward(&h)?, self.cfg.num_kv_heads)?;
-            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                q = candle_nn::ops::rms_norm(&q, qn, eps)?;
-                k = candle_nn::ops::rms_norm(&k, kn, eps)?;
-            }
-            let q = candle_nn::rotary_emb::rope(&q.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
-            let k = candle_nn::rotary_emb::rope(&k.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
-            kv.write(i, pos, &k, &v)?;
-            let call = AttnCall { layer: i, q: &q, q_start: pos, kv: &*kv, scale, window: self.cfg.sliding_window };
-            let a = attn.forward(&call)?; // [heads, t, hd]
-            let a = a.transpose(0, 1)?.reshape((t, self.cfg.num_heads * hd))?;
-            x = (x + layer.o.forward(&a)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &layer.post_attn_norm, eps)?;
-            let mlp =
-                layer.down.forward(&(candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?)?;
-            x = (x + mlp)?;
+        let mut x = self.embed(ids)?;
+        let rope = self.rope(pos, t)?;
+        for i in 0..self.layers.len() {
+            x = self.layer_forward(i, &x, pos, &rope, kv, i, attn)?;
         }
         kv.set_len(pos + t)?;
         let x = match logits {
             Logits::Last => x.narrow(0, t - 1, 1)?,
             Logits::All => x,
         };
-        let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
+        self.head(&x)
+    }
+
+    /// Token embeddings `[t, hidden]` of `ids`, checked against the vocabulary.
+    pub fn embed(&self, ids: &[u32]) -> Result<Tensor> {
+        if ids.is_empty() {
+            return Err(Error::Invalid("forward pass over zero tokens".into()));
+        }
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.cfg.vocab_size) {
+            return Err(Error::Invalid(format!("token id {bad} is outside the vocabulary ({})", self.cfg.vocab_size)));
+        }
+        Ok(self.embed.index_select(&Tensor::new(ids, &self.device)?, 0)?)
+    }
+
+    /// RoPE cos/sin tables for positions `pos..pos + t`.
+    pub fn rope(&self, pos: usize, t: usize) -> Result<(Tensor, Tensor)> {
+        Ok(rope::cos_sin(&self.inv_freq, pos, t, self.dtype, &self.device)?)
+    }
+
+    /// Decoder layer `i` over hidden states `x` (`[t, hidden]`) at positions `pos..pos + t`
+    /// (`rope` from [`Model::rope`] for those positions): writes their K/V into `kv` as layer
+    /// `kv_layer`, attends with `attn`, and returns the layer's output hidden states.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_forward(
+        &self,
+        i: usize,
+        x: &Tensor,
+        pos: usize,
+        rope: &(Tensor, Tensor),
+        kv: &mut dyn KvStore,
+        kv_layer: usize,
+        attn: &dyn Attention,
+    ) -> Result<Tensor> {
+        let layer = &self.layers[i];
+        let t = x.dim(0)?;
+        let eps = self.cfg.rms_norm_eps as f32;
+        let hd = self.cfg.head_dim;
+        let (cos, sin) = rope;
+        let h = candle_nn::ops::rms_norm(x, &layer.input_norm, eps)?;
+        // [t, heads * hd] -> [heads, t, hd]
+        let heads = |y: Tensor, n: usize| y.reshape((t, n, hd))?.transpose(0, 1)?.contiguous();
+        let mut q = heads(layer.q.forward(&h)?, self.cfg.num_heads)?;
+        let mut k = heads(layer.k.forward(&h)?, self.cfg.num_kv_heads)?;
+        let v = heads(layer.v.forward(&h)?, self.cfg.num_kv_heads)?;
+        if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+            q = candle_nn::ops::rms_norm(&q, qn, eps)?;
+            k = candle_nn::ops::rms_norm(&k, kn, eps)?;
+        }
+        let q = candle_nn::rotary_emb::rope(&q.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
+        let k = candle_nn::rotary_emb::rope(&k.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
+        kv.write(kv_layer, pos, &k, &v)?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let call =
+            AttnCall { layer: i, kv_layer, q: &q, q_start: pos, kv: &*kv, scale, window: self.cfg.sliding_window };
+        let a = attn.forward(&call)?; // [heads, t, hd]
+        let a = a.transpose(0, 1)?.reshape((t, self.cfg.num_heads * hd))?;
+        let x = (x + layer.o.forward(&a)?)?;
+        let h = candle_nn::ops::rms_norm(&x, &layer.post_attn_norm, eps)?;
+        let mlp = layer.down.forward(&(candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?)?;
+        Ok((x + mlp)?)
+    }
+
+    /// Final norm and LM head over hidden rows `[n, hidden]`: f32 logits `[n, vocab]`.
+    pub fn head(&self, x: &Tensor) -> Result<Tensor> {
+        let x = candle_nn::ops::rms_norm(x, &self.norm, self.cfg.rms_norm_eps as f32)?;
         Ok(self.lm_head.forward(&x)?.to_dtype(DType::F32)?)
     }
 

@@ -12,6 +12,8 @@ use crate::error::{Error, Result};
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// The same tokenizer with special tokens matched as plain text (for document text).
+    plain: tokenizers::Tokenizer,
     bos: Option<u32>,
 }
 
@@ -23,7 +25,9 @@ impl Tokenizer {
     pub fn from_file(path: &Path, bos: Option<u32>) -> Result<Self> {
         let inner =
             tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
-        Ok(Self { inner, bos })
+        let mut plain = inner.clone();
+        plain.set_encode_special_tokens(true);
+        Ok(Self { inner, plain, bos })
     }
 
     /// Raw text, with the BOS rule applied.
@@ -40,6 +44,12 @@ impl Tokenizer {
     /// A rendered chat prompt: no special tokens added (the template wrote them).
     pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
         Ok(self.inner.encode(text, false).map_err(tok_err)?.get_ids().to_vec())
+    }
+
+    /// Document text: no special tokens added, and special-token strings in the text (a file
+    /// that contains `<|im_end|>`) encoded as the text they are, never as control tokens.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self.plain.encode(text, false).map_err(tok_err)?.get_ids().to_vec())
     }
 
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {

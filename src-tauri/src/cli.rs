@@ -33,13 +33,20 @@ impl Common {
 pub struct ChatArgs {
     /// The question (rendered with the model's chat template).
     #[arg(conflicts_with = "raw", required_unless_present = "raw")]
-    question: Option<String>,
+    pub(crate) question: Option<String>,
     /// Text given to the model as is: no chat template (BOS added per the model).
     #[arg(long)]
-    raw: Option<String>,
-    /// System message.
-    #[arg(long, conflicts_with = "raw")]
+    pub(crate) raw: Option<String>,
+    /// System message (with --context, the one given at prefill is used).
+    #[arg(long, conflicts_with_all = ["raw", "context"])]
     system: Option<String>,
+    /// Ask over a saved context file (from `folio prefill`); --model defaults to the model
+    /// that made it.
+    #[arg(long)]
+    context: Option<PathBuf>,
+    /// Keep a multi-turn conversation over the context in this JSON file (created if missing).
+    #[arg(long = "continue", value_name = "CHAT_JSON", requires = "context")]
+    pub(crate) continue_file: Option<PathBuf>,
     /// Most tokens to generate.
     #[arg(long, default_value_t = 512)]
     max_tokens: usize,
@@ -59,10 +66,33 @@ pub struct ChatArgs {
     stop: Vec<String>,
     /// Print one JSON document instead of streaming text.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
+}
+
+impl ChatArgs {
+    /// Generation settings: the flags, else the model's generation_config.json.
+    fn params(&self, engine: &Engine) -> GenerateParams {
+        let defaults = engine.generation_config.sampling_defaults();
+        let sampling = SamplingParams {
+            temperature: self.temperature.unwrap_or(defaults.temperature),
+            top_p: self.top_p.or(defaults.top_p),
+            top_k: self.top_k.or(defaults.top_k),
+            repetition_penalty: self.repetition_penalty.unwrap_or(defaults.repetition_penalty),
+            seed: self.seed,
+        };
+        GenerateParams {
+            max_new_tokens: self.max_tokens,
+            sampling,
+            stop_strings: self.stop.clone(),
+            eos_token_ids: engine.eos_token_ids(),
+        }
+    }
 }
 
 pub fn chat(common: &Common, a: ChatArgs) -> Result<()> {
+    if let Some(ctx) = &a.context {
+        return crate::context_cmd::chat(common, &a, ctx, |e| a.params(e));
+    }
     let engine = common.engine()?;
     let prompt = match (&a.raw, &a.question) {
         (Some(raw), _) => engine.tokenizer.encode_raw(raw)?,
@@ -76,20 +106,7 @@ pub fn chat(common: &Common, a: ChatArgs) -> Result<()> {
         }
         (None, None) => bail!("give a question, or --raw TEXT"),
     };
-    let defaults = engine.generation_config.sampling_defaults();
-    let sampling = SamplingParams {
-        temperature: a.temperature.unwrap_or(defaults.temperature),
-        top_p: a.top_p.or(defaults.top_p),
-        top_k: a.top_k.or(defaults.top_k),
-        repetition_penalty: a.repetition_penalty.unwrap_or(defaults.repetition_penalty),
-        seed: a.seed,
-    };
-    let params = GenerateParams {
-        max_new_tokens: a.max_tokens,
-        sampling,
-        stop_strings: a.stop,
-        eos_token_ids: engine.eos_token_ids(),
-    };
+    let params = a.params(&engine);
     let start = Instant::now();
     let mut stdout = std::io::stdout().lock();
     let generation = engine.generate(&prompt, &params, |piece| {

@@ -2,10 +2,13 @@
 //! for scripts and servers. Every headless command takes `--json` and then prints exactly one
 //! JSON document on stdout; errors go to stderr with a non-zero exit code.
 
+mod bench;
 mod cli;
+mod context_cmd;
 mod eval;
 #[cfg(feature = "gui")]
 mod gui;
+mod ingest;
 
 use clap::{Parser, Subcommand};
 
@@ -28,8 +31,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Ask the model a question (streams the answer).
+    /// Ask the model a question (streams the answer), optionally over a saved context.
     Chat(cli::ChatArgs),
+    /// Prefill documents into a context file (resumable; reopen it with `chat --context`).
+    Prefill(context_cmd::PrefillArgs),
+    /// Inspect context files.
+    #[command(subcommand)]
+    Context(context_cmd::ContextCommand),
+    /// Benchmarks that print figures (prefill speed, memory, reopen time).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     /// Perplexity of a text file under the model.
     Perplexity(cli::PerplexityArgs),
     /// Architecture, size and context facts of a model.
@@ -39,12 +50,16 @@ enum Command {
 }
 
 fn main() {
+    ignore_file_size_signal();
     let args = Cli::parse();
     let result = match args.command {
         Some(cmd) => {
             let common = cli::Common { model: args.model, device: args.device, dtype: args.dtype };
             match cmd {
                 Command::Chat(a) => cli::chat(&common, a),
+                Command::Prefill(a) => context_cmd::prefill(&common, a),
+                Command::Context(c) => context_cmd::context(c),
+                Command::Bench(b) => bench::bench(&common, b),
                 Command::Perplexity(a) => cli::perplexity(&common, a),
                 Command::Info(a) => cli::info(&common, a),
                 Command::Eval(a) => eval::eval(&common, a),
@@ -55,6 +70,16 @@ fn main() {
     if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+/// A write past a file-size limit (RLIMIT_FSIZE) kills a process with SIGXFSZ by default;
+/// ignored, the write fails with EFBIG instead, which Folio reports like a full disk and cleans
+/// up after (DESIGN.md §6: a failed save leaves nothing half-written).
+fn ignore_file_size_signal() {
+    // SAFETY: setting a signal's disposition to SIG_IGN at start-up, before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
 }
 

@@ -2,10 +2,10 @@
 //! against (DESIGN.md §4).
 
 use candle_core::Tensor;
-use folio_kernels::attention::{attention, Mask};
+use folio_kernels::attention::{attention_block, merge, Mask};
 
 use super::{Attention, AttnCall};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Dense;
@@ -17,9 +17,16 @@ impl Attention for Dense {
 
     fn forward(&self, call: &AttnCall<'_>) -> Result<Tensor> {
         let t = call.q.dim(1)?;
-        let (k, v) = call.kv.read(call.layer, call.q_start + t)?;
         let mask = Mask { q_offset: call.q_start, window: call.window };
-        let out = attention(call.q, &k, &v, mask, call.scale)?;
+        let mut acc = None;
+        for seg in call.kv.segments(call.kv_layer, call.q_start + t)? {
+            let part = attention_block(call.q, &seg.k, &seg.v, seg.start, mask, call.scale)?;
+            acc = Some(match acc {
+                None => part,
+                Some(prev) => merge(&prev, &part)?,
+            });
+        }
+        let out = acc.ok_or_else(|| Error::Invalid(format!("no keys stored for layer {}", call.layer)))?;
         Ok(out.out.to_dtype(call.q.dtype())?)
     }
 }

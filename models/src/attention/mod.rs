@@ -16,7 +16,11 @@ use crate::kv::KvStore;
 
 /// One layer's attention call.
 pub struct AttnCall<'a> {
+    /// The model layer.
     pub layer: usize,
+    /// Where that layer's rows are in `kv`: the same index, except in layer-major prefill,
+    /// whose store holds one layer at a time.
+    pub kv_layer: usize,
     /// Post-RoPE queries `[q_heads, t, head_dim]` for positions `q_start..q_start + t`.
     pub q: &'a Tensor,
     pub q_start: usize,

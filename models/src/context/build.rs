@@ -1,0 +1,411 @@
+//! Writing a context file: layer-major prefill into a page-aligned file, with a checkpoint
+//! after every layer and an atomic rename at the end.
+//!
+//! Everything in flight lives in `<out>.partial/` next to the output:
+//!
+//! * `context.tmp`: the future file, preallocated to its final size (so a full disk is found
+//!   before any work, not after an hour); token ids and spans written first, each layer's K
+//!   and V written when the layer finishes; the header last.
+//! * `hidden-0.bin`, `hidden-1.bin`: hidden states between layers (layer l reads one, writes
+//!   the other).
+//! * `checkpoint.json`: the job (the header with blank K/V checksums), the chunk size, and how
+//!   many layers are done with their checksums. Replaced atomically after each layer, after
+//!   the layer's bytes are fsynced.
+//! * `lock`: held while a prefill runs, so two processes never write one output.
+//!
+//! A killed prefill resumes from the last finished layer; the computation is deterministic and
+//! the chunking is pinned by the checkpoint, so the resumed file is byte-identical to an
+//! uninterrupted run. On any error except a cancel (which keeps the checkpoint to resume) the
+//! partial folder is removed: a failed prefill leaves no partial file, and an existing `out` is
+//! only ever replaced by a rename of a complete, fsynced file.
+
+use std::fs::{File, OpenOptions};
+use std::io::ErrorKind;
+use std::ops::ControlFlow;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::{DType, Device};
+use serde::{Deserialize, Serialize};
+
+use super::codec::KvDtype;
+use super::format::{checksum, Header, ModelStamp, SectionKind};
+use super::prompt::PrefixPlan;
+use crate::error::{human_bytes, Error, Result};
+use crate::model::Model;
+use crate::prefill::{plan_chunk, run_layer, FileHidden, Hidden};
+
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    pub kv_dtype: KvDtype,
+    /// Bytes the prefill's working set may use beyond the model weights (`None`: default chunk).
+    pub memory_budget: Option<u64>,
+    /// Discard an interrupted prefill of `out` that does not match this one.
+    pub restart: bool,
+}
+
+/// Where a prefill stands, after each chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct Progress {
+    pub layer: usize,
+    pub layers: usize,
+    /// Tokens of the current layer done.
+    pub layer_tokens: usize,
+    pub tokens: usize,
+    /// Share of the whole prefill done, 0..=1.
+    pub fraction: f64,
+    /// Token-layers per second in this run, divided by the layer count: prompt tokens per second.
+    pub tokens_per_s: f64,
+    pub eta_s: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BuildReport {
+    pub path: PathBuf,
+    pub tokens: usize,
+    pub layers: usize,
+    pub documents: usize,
+    pub kv_dtype: KvDtype,
+    pub file_bytes: u64,
+    pub seconds: f64,
+    /// Prompt tokens per second over the layers computed in this run.
+    pub tokens_per_s: f64,
+    /// Layers already done by an interrupted run this one resumed.
+    pub resumed_layers: usize,
+    pub chunk: usize,
+    pub working_set_bytes: u64,
+    /// Greedy next token after the documents (from the only LM-head call of the prefill).
+    pub next_token: u32,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Checkpoint {
+    format: String,
+    version: u32,
+    job: Header,
+    compute: String,
+    chunk: usize,
+    layers_done: usize,
+    /// Checksums of the sections written so far, in section-table order.
+    checksums: Vec<String>,
+}
+
+const CHECKPOINT_FORMAT: &str = "folio-prefill-checkpoint";
+const CHECKPOINT_VERSION: u32 = 1;
+
+/// The folder holding an interrupted or running prefill of `out`.
+pub fn partial_dir(out: &Path) -> PathBuf {
+    let mut name = out.file_name().unwrap_or_default().to_os_string();
+    name.push(".partial");
+    out.with_file_name(name)
+}
+
+/// The `date_string` of an interrupted prefill of `out`, so a resume renders the same prompt.
+pub fn pending_date(out: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(partial_dir(out).join("checkpoint.json")).ok()?;
+    Some(serde_json::from_str::<Checkpoint>(&text).ok()?.job.prompt.date)
+}
+
+/// Prefills `plan` with `model` into the context file `out`. See the module docs.
+pub fn build(
+    model: &Model,
+    stamp: ModelStamp,
+    plan: &PrefixPlan,
+    out: &Path,
+    opts: &BuildOptions,
+    on_progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
+) -> Result<BuildReport> {
+    let cfg = model.config();
+    cfg.check_fits(plan.tokens.len())?;
+    if plan.tokens.is_empty() {
+        return Err(Error::Invalid("nothing to prefill: the context has no tokens".into()));
+    }
+    let docs_json = serde_json::to_vec(&plan.documents).map_err(|e| Error::Invalid(e.to_string()))?;
+    let shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim);
+    let job = Header::new(stamp, opts.kv_dtype, plan.tokens.len(), docs_json.len() as u64, shape, plan.prompt.clone());
+    let kv_section = opts.kv_dtype.section_bytes(cfg.num_kv_heads * plan.tokens.len(), cfg.head_dim);
+    let chunk_plan = plan_chunk(model, plan.tokens.len(), kv_section, opts.memory_budget)?;
+    let dir = partial_dir(out);
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let lock_path = dir.join("lock");
+    let lock = File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
+    if <File as fs4::FileExt>::try_lock(&lock).is_err() {
+        return Err(Error::Invalid(format!("another folio prefill is writing {} right now", out.display())));
+    }
+    let mut job_run = Job { model, plan, out, dir: &dir, job, docs_json, chunk: chunk_plan.chunk, on_progress };
+    let result = job_run.run(opts, chunk_plan.working_set);
+    match &result {
+        Err(Error::Cancelled(_)) => {}
+        // Success removes the folder after the rename; failures leave nothing behind.
+        _ => {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+    drop(lock);
+    result
+}
+
+struct Job<'a> {
+    model: &'a Model,
+    plan: &'a PrefixPlan,
+    out: &'a Path,
+    dir: &'a Path,
+    job: Header,
+    docs_json: Vec<u8>,
+    chunk: usize,
+    on_progress: &'a mut dyn FnMut(&Progress) -> ControlFlow<()>,
+}
+
+impl Job<'_> {
+    fn compute(&self) -> String {
+        let dev = match self.model.device() {
+            Device::Cpu => "cpu",
+            _ => "gpu",
+        };
+        format!("{dev} {:?}", self.model.dtype()).to_lowercase()
+    }
+
+    fn hidden_bytes(&self) -> u64 {
+        (self.plan.tokens.len() * self.model.config().hidden_size * self.model.dtype().size_in_bytes()) as u64
+    }
+
+    fn run(&mut self, opts: &BuildOptions, working_set: u64) -> Result<BuildReport> {
+        let started = Instant::now();
+        let cp_path = self.dir.join("checkpoint.json");
+        let tmp = self.dir.join("context.tmp");
+        let hidden_paths = [self.dir.join("hidden-0.bin"), self.dir.join("hidden-1.bin")];
+        let layers = self.model.config().num_layers;
+        let mut checkpoint = match read_checkpoint(&cp_path)? {
+            Some(cp) if cp.job == self.job && cp.compute == self.compute() => cp,
+            Some(cp) if !opts.restart => return Err(self.mismatch(&cp)),
+            _ => self.start_fresh(&cp_path, &tmp, &hidden_paths)?,
+        };
+        self.chunk = checkpoint.chunk;
+        let resumed_layers = checkpoint.layers_done;
+        let file = OpenOptions::new().read(true).write(true).open(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        let open_hidden = |i: usize| -> Result<FileHidden> {
+            let p = &hidden_paths[i];
+            let f = OpenOptions::new().read(true).write(true).open(p).map_err(|e| Error::io(p, e))?;
+            let cfg = self.model.config();
+            Ok(FileHidden::new(f, p, cfg.hidden_size, self.model.dtype(), self.model.device()))
+        };
+        let mut hidden = [open_hidden(0)?, open_hidden(1)?];
+        let t = self.plan.tokens.len();
+        let run_start = Instant::now();
+        for layer in checkpoint.layers_done..layers {
+            let (done_before, on_progress) = ((layer - resumed_layers) * t, &mut self.on_progress);
+            let mut report = |n: usize| {
+                let secs = run_start.elapsed().as_secs_f64().max(1e-9);
+                let rate = (done_before + n) as f64 / secs;
+                let left = ((layers - layer) * t - n) as f64;
+                on_progress(&Progress {
+                    layer,
+                    layers,
+                    layer_tokens: n,
+                    tokens: t,
+                    fraction: (layer * t + n) as f64 / (layers * t) as f64,
+                    tokens_per_s: rate / layers as f64,
+                    eta_s: (rate > 0.0).then(|| left / rate),
+                })
+            };
+            let [h0, h1] = &mut hidden;
+            let (k, v) = if layer % 2 == 0 {
+                run_layer(self.model, layer, &self.plan.tokens, Some(&*h1 as &dyn Hidden), h0, self.chunk, &mut report)?
+            } else {
+                run_layer(self.model, layer, &self.plan.tokens, Some(&*h0 as &dyn Hidden), h1, self.chunk, &mut report)?
+            };
+            for (kind, x) in [(SectionKind::Keys, k), (SectionKind::Values, v)] {
+                let values = x.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+                let bytes = self.job.kv_dtype.encode(&values, self.model.config().head_dim)?;
+                let s = self.job.section(kind, Some(layer)).expect("every layer has K and V sections");
+                write_at(&file, &tmp, s.offset, &bytes)?;
+                checkpoint.checksums.push(checksum(&bytes));
+            }
+            sync(&file, &tmp)?;
+            let out_hidden = &hidden[layer % 2];
+            sync(out_hidden.file(), &hidden_paths[layer % 2])?;
+            checkpoint.layers_done = layer + 1;
+            write_checkpoint(&cp_path, &checkpoint)?;
+        }
+        let last = hidden[(layers - 1) % 2].read(t - 1, 1)?;
+        let next_token = self.model.head(&last)?.squeeze(0)?.argmax(0)?.to_scalar::<u32>()?;
+        let header = self.finished_header(&checkpoint)?;
+        write_at(&file, &tmp, 0, &header.encode())?;
+        sync(&file, &tmp)?;
+        drop(file);
+        std::fs::rename(&tmp, self.out).map_err(|e| Error::io(self.out, e))?;
+        sync_dir(self.out)?;
+        let computed = (layers - resumed_layers) * t;
+        let run_secs = run_start.elapsed().as_secs_f64();
+        Ok(BuildReport {
+            path: self.out.to_owned(),
+            tokens: t,
+            layers,
+            documents: self.plan.documents.len(),
+            kv_dtype: header.kv_dtype,
+            file_bytes: header.file_bytes,
+            seconds: started.elapsed().as_secs_f64(),
+            tokens_per_s: if run_secs > 0.0 { computed as f64 / layers as f64 / run_secs } else { 0.0 },
+            resumed_layers,
+            chunk: self.chunk,
+            working_set_bytes: working_set,
+            next_token,
+        })
+    }
+
+    /// A new partial folder: preallocated files, the small sections, checkpoint at layer 0.
+    fn start_fresh(&self, cp_path: &Path, tmp: &Path, hidden_paths: &[PathBuf; 2]) -> Result<Checkpoint> {
+        for p in [cp_path, tmp, &hidden_paths[0], &hidden_paths[1]] {
+            match std::fs::remove_file(p) {
+                Err(e) if e.kind() != ErrorKind::NotFound => return Err(Error::io(p, e)),
+                _ => {}
+            }
+        }
+        let needed = self.job.file_bytes + 2 * self.hidden_bytes();
+        if let Ok(free) = fs4::available_space(self.dir) {
+            if free < needed {
+                return Err(self.disk_full(format!("{} free", human_bytes(free))));
+            }
+        }
+        let file = self.create(tmp, self.job.file_bytes)?;
+        for p in hidden_paths {
+            self.create(p, self.hidden_bytes())?;
+        }
+        let tokens: Vec<u8> = self.plan.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        for (kind, bytes) in [(SectionKind::Tokens, &tokens), (SectionKind::Documents, &self.docs_json)] {
+            let s = self.job.section(kind, None).expect("the layout has the small sections");
+            write_at(&file, tmp, s.offset, bytes)?;
+        }
+        sync(&file, tmp)?;
+        let cp = Checkpoint {
+            format: CHECKPOINT_FORMAT.into(),
+            version: CHECKPOINT_VERSION,
+            job: self.job.clone(),
+            compute: self.compute(),
+            chunk: self.chunk,
+            layers_done: 0,
+            checksums: vec![checksum(&tokens), checksum(&self.docs_json)],
+        };
+        write_checkpoint(cp_path, &cp)?;
+        Ok(cp)
+    }
+
+    /// Creates `path` with `bytes` allocated on disk (not a sparse file): a disk too small for
+    /// the prefill fails here, before any compute.
+    fn create(&self, path: &Path, bytes: u64) -> Result<File> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|e| self.io(path, e))?;
+        if bytes > 0 {
+            <File as fs4::FileExt>::allocate(&f, bytes).map_err(|e| self.io(path, e))?;
+        }
+        Ok(f)
+    }
+
+    fn io(&self, path: &Path, e: std::io::Error) -> Error {
+        if is_disk_full(&e) {
+            self.disk_full(e.to_string())
+        } else {
+            Error::io(path, e)
+        }
+    }
+
+    fn disk_full(&self, detail: String) -> Error {
+        Error::DiskFull {
+            path: self.out.to_owned(),
+            needed: self.job.file_bytes + 2 * self.hidden_bytes(),
+            file: self.job.file_bytes,
+            detail,
+        }
+    }
+
+    fn mismatch(&self, cp: &Checkpoint) -> Error {
+        let what = if cp.compute != self.compute() {
+            format!("it ran on {} and this run is {}", cp.compute, self.compute())
+        } else if cp.job.model != self.job.model {
+            format!("it used model {}", cp.job.model.name)
+        } else if cp.job.kv_dtype != self.job.kv_dtype {
+            format!("it stores {} K/V", cp.job.kv_dtype.name())
+        } else {
+            format!("its documents or prompt differ ({} tokens then, {} now)", cp.job.tokens, self.job.tokens)
+        };
+        Error::Invalid(format!(
+            "an interrupted prefill of {} is waiting in {} but does not match this one: {what}; \
+             rerun the original command to resume it, or pass --restart to discard it",
+            self.out.display(),
+            self.dir.display()
+        ))
+    }
+
+    /// The job's header with every section's checksum filled in.
+    fn finished_header(&self, cp: &Checkpoint) -> Result<Header> {
+        let mut header = self.job.clone();
+        if cp.checksums.len() != header.sections.len() {
+            return Err(Error::Invalid(format!(
+                "the checkpoint in {} lists {} checksums for {} sections; pass --restart",
+                self.dir.display(),
+                cp.checksums.len(),
+                header.sections.len()
+            )));
+        }
+        for (s, sum) in header.sections.iter_mut().zip(&cp.checksums) {
+            s.xxh3 = sum.clone();
+        }
+        if header.to_json().len() != self.job.to_json().len() {
+            return Err(Error::Invalid("internal: the finished header changed length".into()));
+        }
+        Ok(header)
+    }
+}
+
+fn is_disk_full(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::StorageFull | ErrorKind::FileTooLarge | ErrorKind::QuotaExceeded)
+}
+
+fn write_at(file: &File, path: &Path, offset: u64, bytes: &[u8]) -> Result<()> {
+    file.write_all_at(bytes, offset).map_err(|e| {
+        if is_disk_full(&e) {
+            Error::DiskFull { path: path.to_owned(), needed: 0, file: 0, detail: e.to_string() }
+        } else {
+            Error::io(path, e)
+        }
+    })
+}
+
+fn sync(file: &File, path: &Path) -> Result<()> {
+    file.sync_all().map_err(|e| Error::io(path, e))
+}
+
+/// Makes a rename in `path`'s folder durable.
+fn sync_dir(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))
+}
+
+fn read_checkpoint(path: &Path) -> Result<Option<Checkpoint>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(serde_json::from_str::<Checkpoint>(&text)
+            .ok()
+            .filter(|cp| cp.format == CHECKPOINT_FORMAT && cp.version == CHECKPOINT_VERSION)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+/// Temp file, fsync, rename, fsync the folder: the checkpoint is always the old or the new one.
+fn write_checkpoint(path: &Path, cp: &Checkpoint) -> Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_vec_pretty(cp).map_err(|e| Error::Invalid(e.to_string()))?;
+    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
+    File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    sync_dir(path)
+}

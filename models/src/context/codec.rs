@@ -1,0 +1,195 @@
+//! Storage dtypes of the KV rows in a context file: f32 (exact, for tests), bf16 (the default:
+//! what the model computes in on a GPU, so storing it loses nothing there) and fp8 e4m3 with one
+//! f32 scale per row (one token of one head), which halves RAM and disk again.
+//!
+//! Why a per-row scale: K rows of different tokens differ in magnitude by orders (outlier
+//! channels, attention sinks), and e4m3 has only 4 exponent bits; scaling each row so its
+//! largest element maps to e4m3's largest finite value (448) keeps every row's relative error
+//! at the format's 2^-4 step instead of flushing small rows to zero. A row's scale sits in a
+//! separate array after the section's data, so the data stays one contiguous `[rows, head_dim]`
+//! block a GPU gather can read as bytes.
+
+use std::sync::OnceLock;
+
+use float8::F8E4M3;
+use half::bf16;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Largest finite e4m3 value: a row's largest magnitude is scaled to it.
+const FP8_E4M3_MAX: f32 = 448.0;
+
+/// Alignment of the scale array after fp8 data, so it can be read as `f32`s in place.
+const SCALE_ALIGN: u64 = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    F32,
+    Bf16,
+    Fp8,
+}
+
+impl KvDtype {
+    pub const NAMES: [&'static str; 3] = ["bf16", "fp8", "f32"];
+
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "bf16" => Ok(Self::Bf16),
+            "fp8" | "fp8-e4m3" => Ok(Self::Fp8),
+            _ => Err(Error::Invalid(format!(
+                "bad KV dtype \"{s}\": use bf16 (default), fp8 (e4m3 with a scale per row: half the size) or f32"
+            ))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::Fp8 => "fp8",
+        }
+    }
+
+    fn elem_bytes(self) -> u64 {
+        match self {
+            Self::F32 => 4,
+            Self::Bf16 => 2,
+            Self::Fp8 => 1,
+        }
+    }
+
+    /// Bytes of the row data of `rows` rows (the scales, if any, follow at this offset rounded up).
+    fn data_bytes(self, rows: usize, head_dim: usize) -> u64 {
+        rows as u64 * head_dim as u64 * self.elem_bytes()
+    }
+
+    /// Bytes of a section holding `rows` rows of `head_dim` values.
+    pub fn section_bytes(self, rows: usize, head_dim: usize) -> u64 {
+        match self {
+            Self::Fp8 => self.data_bytes(rows, head_dim).next_multiple_of(SCALE_ALIGN) + rows as u64 * 4,
+            _ => self.data_bytes(rows, head_dim),
+        }
+    }
+
+    /// Encodes row-major `values` (`rows × head_dim`) into a section's bytes.
+    pub fn encode(self, values: &[f32], head_dim: usize) -> Result<Vec<u8>> {
+        let rows = values.len() / head_dim;
+        let mut out = Vec::with_capacity(self.section_bytes(rows, head_dim) as usize);
+        match self {
+            Self::F32 => values.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Self::Bf16 => values.iter().for_each(|x| out.extend_from_slice(&bf16::from_f32(*x).to_le_bytes())),
+            Self::Fp8 => {
+                let mut scales = Vec::with_capacity(rows);
+                for row in values.chunks_exact(head_dim) {
+                    let amax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    if !amax.is_finite() {
+                        return Err(Error::Invalid(
+                            "the model produced non-finite keys or values; they cannot be stored as fp8".into(),
+                        ));
+                    }
+                    let scale = if amax > 0.0 { amax / FP8_E4M3_MAX } else { 1.0 };
+                    out.extend(row.iter().map(|x| F8E4M3::from_f32(x / scale).to_bits()));
+                    scales.push(scale);
+                }
+                out.resize(self.data_bytes(rows, head_dim).next_multiple_of(SCALE_ALIGN) as usize, 0);
+                scales.iter().for_each(|s| out.extend_from_slice(&s.to_le_bytes()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Decodes a section of `rows × head_dim` values.
+    pub fn decode(self, bytes: &[u8], rows: usize, head_dim: usize) -> Result<Vec<f32>> {
+        if bytes.len() as u64 != self.section_bytes(rows, head_dim) {
+            return Err(Error::Invalid(format!(
+                "KV section of {} bytes, expected {} for {rows} rows of {head_dim} {} values",
+                bytes.len(),
+                self.section_bytes(rows, head_dim),
+                self.name()
+            )));
+        }
+        Ok(match self {
+            Self::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            Self::Bf16 => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            Self::Fp8 => {
+                let lut = fp8_table();
+                let data = &bytes[..self.data_bytes(rows, head_dim) as usize];
+                let scales = &bytes[self.data_bytes(rows, head_dim).next_multiple_of(SCALE_ALIGN) as usize..];
+                let mut out = Vec::with_capacity(rows * head_dim);
+                for (row, s) in data.chunks_exact(head_dim).zip(scales.chunks_exact(4)) {
+                    let scale = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                    out.extend(row.iter().map(|&b| lut[b as usize] * scale));
+                }
+                out
+            }
+        })
+    }
+}
+
+/// The 256 e4m3 values, so decoding a row is a table lookup and a multiply.
+fn fp8_table() -> &'static [f32; 256] {
+    static TABLE: OnceLock<[f32; 256]> = OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|b| F8E4M3::from_bits(b as u8).to_f32()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    fn rows(seed: u64, n: usize, d: usize) -> Vec<f32> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        // Rows of very different magnitudes, as real keys have.
+        (0..n)
+            .flat_map(|r| (0..d).map(move |_| r))
+            .map(|r| rng.random_range(-1.0..1.0) * 10f32.powi(r as i32 % 5 - 2))
+            .collect()
+    }
+
+    #[test]
+    fn f32_is_exact_and_bf16_rounds() -> Result<()> {
+        let seed = rand::random();
+        let x = rows(seed, 37, 16);
+        assert_eq!(KvDtype::F32.decode(&KvDtype::F32.encode(&x, 16)?, 37, 16)?, x);
+        let y = KvDtype::Bf16.decode(&KvDtype::Bf16.encode(&x, 16)?, 37, 16)?;
+        for (a, b) in x.iter().zip(&y) {
+            assert!((a - b).abs() <= a.abs() * 2f32.powi(-8), "seed {seed}: {a} -> {b}");
+        }
+        Ok(())
+    }
+
+    /// fp8 against the definition: each value is within half an e4m3 step (2^-4 relative, plus
+    /// the subnormal floor) of the original, relative to its row's scale.
+    #[test]
+    fn fp8_per_row_scale_bounds_error() -> Result<()> {
+        let seed = rand::random();
+        let (n, d) = (41, 32);
+        let x = rows(seed, n, d);
+        let bytes = KvDtype::Fp8.encode(&x, d)?;
+        assert_eq!(bytes.len() as u64, KvDtype::Fp8.section_bytes(n, d));
+        let y = KvDtype::Fp8.decode(&bytes, n, d)?;
+        for (xr, yr) in x.chunks(d).zip(y.chunks(d)) {
+            let amax = xr.iter().fold(0f32, |m, v| m.max(v.abs()));
+            // The row's largest value maps to 448 exactly.
+            assert!(xr.iter().zip(yr).any(|(a, b)| a.abs() == amax && (a - b).abs() <= amax * 1e-6), "seed {seed}");
+            for (a, b) in xr.iter().zip(yr) {
+                let step = a.abs() * 2f32.powi(-4) + amax / FP8_E4M3_MAX * 2f32.powi(-9);
+                assert!((a - b).abs() <= step, "seed {seed}: {a} -> {b} (row max {amax})");
+            }
+        }
+        // Zero rows survive (scale 1, all zeros).
+        let z = vec![0f32; 8];
+        assert_eq!(KvDtype::Fp8.decode(&KvDtype::Fp8.encode(&z, 8)?, 1, 8)?, z);
+        Ok(())
+    }
+
+    #[test]
+    fn wrong_sizes_and_names_are_errors() {
+        assert!(KvDtype::Bf16.decode(&[0u8; 6], 2, 2).is_err());
+        assert!(KvDtype::parse("int4").unwrap_err().to_string().contains("bf16"));
+        assert!(KvDtype::Fp8.encode(&[f32::NAN, 1.0], 2).is_err());
+    }
+}

@@ -1,0 +1,194 @@
+//! Reading a context file: memory-mapped, checked before anything is trusted.
+//!
+//! Opening reads the preamble, the header and the two small sections (token ids, document
+//! spans), verifying their checksums; it does not read the K/V sections, so opening a
+//! million-token context costs milliseconds, not a pass over tens of gigabytes. A K/V section
+//! is verified when it is first read ([`ContextFile::layer_kv`]) and by [`ContextFile::verify`].
+//! Every failure is an [`Error::Context`] naming the file and the damaged part, never a panic.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use memmap2::Mmap;
+use serde::Serialize;
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::format::{
+    checksum, DocumentSpan, Header, Section, SectionKind, FORMAT_VERSION, MAGIC, PAGE, PREAMBLE_BYTES,
+};
+use crate::error::{Error, Result};
+
+pub struct ContextFile {
+    path: PathBuf,
+    map: Mmap,
+    header: Header,
+    tokens: Vec<u32>,
+    documents: Vec<DocumentSpan>,
+}
+
+/// Result of [`ContextFile::verify`].
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyReport {
+    pub sections: usize,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+impl ContextFile {
+    pub fn open(path: &Path) -> Result<Self> {
+        let bad = |msg: String| Error::Context { path: path.to_owned(), msg };
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        if len < PREAMBLE_BYTES {
+            return Err(bad(format!("not a Folio context file (only {len} bytes)")));
+        }
+        // SAFETY: mapped read-only. Folio never modifies a finished context file in place (saves
+        // are temp file + rename), so the mapping only changes if another program truncates or
+        // rewrites the file while it is open, which Folio cannot prevent for any mmap.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let word = |at: usize, n: usize| -> u64 {
+            let mut b = [0u8; 8];
+            b[..n].copy_from_slice(&map[at..at + n]);
+            u64::from_le_bytes(b)
+        };
+        if map[..8] != MAGIC {
+            return Err(bad("not a Folio context file (it does not start with FOLIOCTX)".into()));
+        }
+        let version = word(8, 4) as u32;
+        if version != FORMAT_VERSION {
+            return Err(bad(format!(
+                "context format version {version}; this Folio reads version {FORMAT_VERSION}{}",
+                if version > FORMAT_VERSION { " (the file was written by a newer Folio)" } else { "" }
+            )));
+        }
+        let header_len = word(16, 8);
+        if PREAMBLE_BYTES + header_len > len {
+            return Err(bad(format!(
+                "truncated: the header needs {} bytes but the file has {len}; prefill again or copy the file again",
+                PREAMBLE_BYTES + header_len
+            )));
+        }
+        let json = &map[PREAMBLE_BYTES as usize..(PREAMBLE_BYTES + header_len) as usize];
+        if xxh3_64(json) != word(24, 8) {
+            return Err(bad("the header is corrupted (checksum mismatch); prefill the documents again".into()));
+        }
+        let header: Header = serde_json::from_slice(json).map_err(|e| bad(format!("the header is unreadable: {e}")))?;
+        if len < header.file_bytes {
+            return Err(bad(format!(
+                "truncated: {len} of {} bytes (a copy or download did not finish); copy the file again or prefill again",
+                header.file_bytes
+            )));
+        }
+        check_layout(&header).map_err(bad)?;
+        let mut ctx = Self { path: path.to_owned(), map, header, tokens: Vec::new(), documents: Vec::new() };
+        let tokens = ctx.section_bytes(SectionKind::Tokens, None)?;
+        ctx.tokens = tokens.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let docs = ctx.section_bytes(SectionKind::Documents, None)?;
+        ctx.documents =
+            serde_json::from_slice(docs).map_err(|e| bad(format!("the document table is unreadable: {e}")))?;
+        Ok(ctx)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn documents(&self) -> &[DocumentSpan] {
+        &self.documents
+    }
+
+    /// The checksum of the token ids: identifies the saved prefix (what a conversation file
+    /// records to refuse being continued on another context).
+    pub fn context_id(&self) -> &str {
+        self.header.section(SectionKind::Tokens, None).map_or("", |s| s.xxh3.as_str())
+    }
+
+    /// A section's bytes, checksum verified.
+    fn section_bytes(&self, kind: SectionKind, layer: Option<usize>) -> Result<&[u8]> {
+        let s = self.header.section(kind, layer).ok_or_else(|| Error::Context {
+            path: self.path.clone(),
+            msg: format!(
+                "the header has no {kind:?} section{}",
+                layer.map_or(String::new(), |l| format!(" for layer {l}"))
+            ),
+        })?;
+        self.checked(s)
+    }
+
+    fn checked(&self, s: &Section) -> Result<&[u8]> {
+        let bytes = &self.map[s.offset as usize..(s.offset + s.bytes) as usize];
+        if checksum(bytes) != s.xxh3 {
+            return Err(Error::Context {
+                path: self.path.clone(),
+                msg: format!(
+                    "section \"{}\" is corrupted (checksum mismatch): the file was damaged after it was saved; \
+                     prefill the documents again",
+                    s.label()
+                ),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Keys and values of `layer` as f32, `[kv_heads, tokens, head_dim]` row-major each.
+    pub fn layer_kv(&self, layer: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        let h = &self.header;
+        let rows = h.kv_heads * h.tokens;
+        let k = h.kv_dtype.decode(self.section_bytes(SectionKind::Keys, Some(layer))?, rows, h.head_dim)?;
+        let v = h.kv_dtype.decode(self.section_bytes(SectionKind::Values, Some(layer))?, rows, h.head_dim)?;
+        Ok((k, v))
+    }
+
+    /// Checks every section's checksum.
+    pub fn verify(&self) -> Result<VerifyReport> {
+        let start = Instant::now();
+        let mut bytes = 0;
+        for s in &self.header.sections {
+            self.checked(s)?;
+            bytes += s.bytes;
+        }
+        Ok(VerifyReport { sections: self.header.sections.len(), bytes, seconds: start.elapsed().as_secs_f64() })
+    }
+}
+
+/// The section table must describe what the rest of the header says, inside the file, on page
+/// boundaries, without overlaps: a header that passed its checksum but was written by a buggy
+/// or hostile program must not make a reader index out of bounds.
+fn check_layout(h: &Header) -> std::result::Result<(), String> {
+    let kv_bytes = h.kv_dtype.section_bytes(h.kv_heads * h.tokens, h.head_dim);
+    let mut expected =
+        vec![(SectionKind::Tokens, None, Some(h.tokens as u64 * 4)), (SectionKind::Documents, None, None)];
+    for l in 0..h.layers {
+        expected.push((SectionKind::Keys, Some(l), Some(kv_bytes)));
+        expected.push((SectionKind::Values, Some(l), Some(kv_bytes)));
+    }
+    for (kind, layer, bytes) in expected {
+        let s = h.section(kind, layer).ok_or_else(|| format!("the header lacks the {kind:?} section {layer:?}"))?;
+        if bytes.is_some_and(|b| b != s.bytes) {
+            return Err(format!(
+                "section \"{}\" has {} bytes, its shape needs {}",
+                s.label(),
+                s.bytes,
+                bytes.unwrap_or(0)
+            ));
+        }
+    }
+    let mut end = PREAMBLE_BYTES;
+    let mut sorted: Vec<&Section> = h.sections.iter().collect();
+    sorted.sort_by_key(|s| s.offset);
+    for s in sorted {
+        if s.offset % PAGE != 0 || s.offset < end || s.offset.checked_add(s.bytes).is_none_or(|e| e > h.file_bytes) {
+            return Err(format!("section \"{}\" lies outside the file or overlaps another", s.label()));
+        }
+        end = s.offset + s.bytes;
+    }
+    Ok(())
+}

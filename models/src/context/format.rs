@@ -1,0 +1,249 @@
+//! The context file's bytes: a fixed preamble, a JSON header, and page-aligned sections.
+//! docs/context-file.md is the full specification; this module is its single implementation.
+//!
+//! ```text
+//! 0      magic "FOLIOCTX" | format version u32 | reserved u32 | header length u64 | header xxh3 u64
+//! 32     header (UTF-8 JSON): model fingerprint, KV shape and dtype, prompt, section table
+//! page   section 0 (token ids, u32 LE) | section 1 (document spans, JSON) | keys/values per layer | …
+//! ```
+//!
+//! Why JSON for the header: it is a few kilobytes read once per open, it stays readable with
+//! `head -c`, and serde gives versioned, validated parsing for free; everything large is a
+//! binary section addressed by the header. Every section carries its own xxh3-64 checksum so a
+//! damaged byte is reported as *which* section is damaged, and so a reader that only touches a
+//! few sections (opening a context reads the tokens and spans, not gigabytes of K/V) verifies
+//! just those.
+
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::codec::KvDtype;
+
+pub const MAGIC: [u8; 8] = *b"FOLIOCTX";
+pub const FORMAT_VERSION: u32 = 1;
+/// Bytes before the header: magic, version, reserved, header length, header checksum.
+pub const PREAMBLE_BYTES: u64 = 32;
+/// Section alignment: sections start on page boundaries so each can be memory-mapped and
+/// read without touching its neighbours.
+pub const PAGE: u64 = 4096;
+/// Width of a checksum in the header: fixed, so filling the checksums in at the end of a
+/// prefill never changes the header's length (and so the layout chosen at its start).
+const CHECKSUM_HEX: usize = 16;
+
+/// Section checksum as it appears in the header.
+pub fn checksum(bytes: &[u8]) -> String {
+    format!("{:0width$x}", xxh3_64(bytes), width = CHECKSUM_HEX)
+}
+
+/// What a model is, as far as the K/V it produces is concerned. Two models with equal
+/// fingerprints produce the same K/V for the same tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fingerprint {
+    pub architecture: String,
+    pub layers: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rope_theta: f64,
+    pub rope_scaling: serde_json::Value,
+    pub sliding_window: Option<usize>,
+    pub qkv_bias: bool,
+    pub qk_norm: bool,
+    /// xxh3-64 of tokenizer.json.
+    pub tokenizer: String,
+    /// xxh3-64 of the safetensors headers and sampled weight bytes (see `loader::weights_hash`).
+    pub weights: String,
+}
+
+impl Fingerprint {
+    /// Names and values of the fields where `self` and `other` differ.
+    pub fn differences(&self, other: &Self) -> Vec<String> {
+        let (a, b) = (serde_json::to_value(self).unwrap_or_default(), serde_json::to_value(other).unwrap_or_default());
+        let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return vec!["unreadable".into()] };
+        a.iter().filter(|(k, v)| b.get(*k) != Some(v)).map(|(k, v)| format!("{k} {v} vs {}", b[k])).collect()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelStamp {
+    /// Display name of the model that made the file (a folder name or repo id).
+    pub name: String,
+    /// How it was loaded (`--model` as given), so `folio chat --context` can find it again.
+    pub source: String,
+    pub fingerprint: Fingerprint,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PromptKind {
+    /// Documents inside the first user message of the model's chat template.
+    Chat,
+    /// No template: BOS (per the model) and the documents.
+    Raw,
+}
+
+/// How the saved tokens were laid out, so a question can be appended consistently.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromptStamp {
+    pub kind: PromptKind,
+    /// Rendered template text before the documents (chat), or "" (raw).
+    pub head: String,
+    pub system: Option<String>,
+    /// `date_string` the template was rendered with (templates that print today's date).
+    pub date: String,
+    /// Template each document was wrapped with (`{title}`, `{path}`, `{text}`).
+    pub document_template: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SectionKind {
+    /// Token ids, u32 little-endian.
+    Tokens,
+    /// Document span table, JSON.
+    Documents,
+    /// Post-RoPE keys of one layer: `[kv_heads, tokens, head_dim]` in the KV dtype.
+    Keys,
+    /// Values of one layer, same layout.
+    Values,
+    /// A method's index (later issues); readers skip names they do not know.
+    Index,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Section {
+    pub kind: SectionKind,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub layer: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub name: Option<String>,
+    pub offset: u64,
+    pub bytes: u64,
+    pub xxh3: String,
+}
+
+impl Section {
+    /// Human name used in messages: "tokens", "keys of layer 3".
+    pub fn label(&self) -> String {
+        match (self.kind, self.layer, &self.name) {
+            (SectionKind::Keys, Some(l), _) => format!("keys of layer {l}"),
+            (SectionKind::Values, Some(l), _) => format!("values of layer {l}"),
+            (SectionKind::Index, _, Some(n)) => format!("index {n}"),
+            (kind, _, _) => format!("{kind:?}").to_lowercase(),
+        }
+    }
+}
+
+/// One document's place in the context.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DocumentSpan {
+    pub title: String,
+    pub path: String,
+    /// Token range `start..end` of the wrapped document in the context.
+    pub start: usize,
+    pub end: usize,
+    /// Size and xxh3-64 of the source text, to tell later whether the file changed.
+    pub bytes: u64,
+    pub xxh3: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    pub model: ModelStamp,
+    pub kv_dtype: KvDtype,
+    pub tokens: usize,
+    pub layers: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub prompt: PromptStamp,
+    pub file_bytes: u64,
+    pub sections: Vec<Section>,
+}
+
+impl Header {
+    /// A header with its section table laid out: tokens, documents, then keys and values of
+    /// each layer, page-aligned after a header region large enough for the JSON. Checksums are
+    /// placeholders until the sections are written.
+    pub fn new(
+        model: ModelStamp,
+        kv_dtype: KvDtype,
+        tokens: usize,
+        documents_bytes: u64,
+        (layers, kv_heads, head_dim): (usize, usize, usize),
+        prompt: PromptStamp,
+    ) -> Self {
+        let blank = "0".repeat(CHECKSUM_HEX);
+        let mut sections = vec![
+            Section {
+                kind: SectionKind::Tokens,
+                layer: None,
+                name: None,
+                offset: 0,
+                bytes: tokens as u64 * 4,
+                xxh3: blank.clone(),
+            },
+            Section {
+                kind: SectionKind::Documents,
+                layer: None,
+                name: None,
+                offset: 0,
+                bytes: documents_bytes,
+                xxh3: blank.clone(),
+            },
+        ];
+        let kv_bytes = kv_dtype.section_bytes(kv_heads * tokens, head_dim);
+        for layer in 0..layers {
+            for kind in [SectionKind::Keys, SectionKind::Values] {
+                sections.push(Section {
+                    kind,
+                    layer: Some(layer),
+                    name: None,
+                    offset: 0,
+                    bytes: kv_bytes,
+                    xxh3: blank.clone(),
+                });
+            }
+        }
+        let mut header = Self { model, kv_dtype, tokens, layers, kv_heads, head_dim, prompt, file_bytes: 0, sections };
+        // Offsets change the header's length (their digits), which can move the data start:
+        // lay out until the header fits in front of the first section.
+        let mut data_start = PAGE;
+        loop {
+            let mut at = data_start;
+            for s in &mut header.sections {
+                s.offset = at;
+                at = (at + s.bytes).next_multiple_of(PAGE);
+            }
+            header.file_bytes = header.sections.last().map_or(at, |s| s.offset + s.bytes);
+            let need = (PREAMBLE_BYTES + header.to_json().len() as u64).next_multiple_of(PAGE);
+            if need <= data_start {
+                return header;
+            }
+            data_start = need;
+        }
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a header always serialises")
+    }
+
+    /// Preamble and header bytes, to be written at offset 0.
+    pub fn encode(&self) -> Vec<u8> {
+        let json = self.to_json();
+        let mut out = Vec::with_capacity(PREAMBLE_BYTES as usize + json.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+        out.extend_from_slice(&xxh3_64(&json).to_le_bytes());
+        out.extend_from_slice(&json);
+        out
+    }
+
+    pub fn section(&self, kind: SectionKind, layer: Option<usize>) -> Option<&Section> {
+        self.sections.iter().find(|s| s.kind == kind && s.layer == layer)
+    }
+}

@@ -1,0 +1,22 @@
+//! Context files: a document collection prefilled once, saved, reopened in seconds.
+//!
+//! * [`format`]: the bytes (docs/context-file.md is the specification).
+//! * [`codec`]: how K/V rows are stored (f32, bf16, fp8 e4m3 with a scale per row).
+//! * [`prompt`]: documents → tokens and spans; a question → the tokens appended to them.
+//! * [`build`]: layer-major prefill into a file, checkpointed per layer, saved atomically.
+//! * [`file`]: opening and verifying a saved file (memory-mapped).
+//! * [`kv`]: the KV store of a conversation over a saved context.
+
+pub mod build;
+pub mod codec;
+pub mod file;
+pub mod format;
+pub mod kv;
+pub mod prompt;
+
+pub use build::{build, partial_dir, pending_date, BuildOptions, BuildReport, Progress};
+pub use codec::KvDtype;
+pub use file::{ContextFile, VerifyReport};
+pub use format::{DocumentSpan, Fingerprint, Header, ModelStamp};
+pub use kv::ContextKv;
+pub use prompt::{DocumentText, PrefixPlan};

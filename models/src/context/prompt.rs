@@ -1,0 +1,166 @@
+//! How documents become the tokens of a context, and how a question is appended to them.
+//!
+//! Chat models see the documents at the start of the first user message: the chat template is
+//! rendered with a marker for the documents, the text before the marker (system prompt, role
+//! header) is the context's *head*, each document is wrapped by the document template and
+//! tokenized on its own (so its token range is exact for the span table), and at chat time the
+//! conversation is rendered again with the marker in front of the first question: the text
+//! after the marker is the tail appended to the saved tokens. The head is stored in the file
+//! and must render identically at chat time, so a changed template is an error, not a silent
+//! mismatch. `date_string` is pinned to the prefill's date for templates that print the date.
+//!
+//! Document text is tokenized with special tokens *disabled*: a document containing
+//! `<|im_end|>` or `<|eot_id|>` is text, not a control token (no prompt injection through files).
+//!
+//! Document template (docs/context-file.md): [`DEFAULT_DOCUMENT_TEMPLATE`], or the model's own
+//! when its folder ships an `eval_spec.json` describing how it was trained to read documents
+//! (the bundled demo model).
+
+use serde_json::{Map, Value};
+
+use super::format::{DocumentSpan, PromptKind, PromptStamp};
+use crate::chat::Message;
+use crate::error::{Error, Result};
+use crate::eval::spec::EvalSpec;
+use crate::Engine;
+
+/// Each document, wrapped with its title and path.
+pub const DEFAULT_DOCUMENT_TEMPLATE: &str = "<document title=\"{title}\" path=\"{path}\">\n{text}\n</document>\n\n";
+
+/// Stands for the documents while the chat template is rendered (private-use characters, which
+/// no template or question produces).
+const DOCUMENTS_MARKER: &str = "\u{F8FF}folio-documents\u{F8FF}";
+
+/// Tokens left free after the documents for the question and the answer: a collection that
+/// does not leave them is refused before prefill.
+pub const ANSWER_ROOM: usize = 512;
+
+/// One document's text with where it came from.
+#[derive(Debug, Clone)]
+pub struct DocumentText {
+    pub title: String,
+    pub path: String,
+    pub text: String,
+    pub bytes: u64,
+    pub xxh3: String,
+}
+
+/// What a prefill computes: the tokens, where each document is in them, and how they were laid out.
+#[derive(Debug, Clone)]
+pub struct PrefixPlan {
+    pub tokens: Vec<u32>,
+    pub documents: Vec<DocumentSpan>,
+    pub prompt: PromptStamp,
+}
+
+impl Engine {
+    /// The template documents are wrapped with for this model.
+    pub fn document_template(&self) -> String {
+        let dir = self.files.config.parent().unwrap_or(std::path::Path::new("."));
+        match dir.join("eval_spec.json").is_file().then(|| EvalSpec::load(dir)) {
+            Some(Ok(spec)) => {
+                let d = &spec.document;
+                format!("{}{}{{text}}{}", d.header, d.header_separator, d.document_separator)
+            }
+            _ => DEFAULT_DOCUMENT_TEMPLATE.to_owned(),
+        }
+    }
+
+    /// Tokens of `docs` laid out for this model (inside its chat template when it has one),
+    /// refused when they do not fit its context length with [`ANSWER_ROOM`] to spare.
+    pub fn plan_context(
+        &self,
+        docs: &[DocumentText],
+        system: Option<&str>,
+        date: Option<String>,
+    ) -> Result<PrefixPlan> {
+        if docs.is_empty() {
+            return Err(Error::Invalid("no documents to prefill".into()));
+        }
+        let date = date.unwrap_or_else(|| chrono::Local::now().format("%d %b %Y").to_string());
+        let document_template = self.document_template();
+        let (kind, head, mut tokens) = match &self.chat_template {
+            Some(_) => {
+                let head = self.render_split(system, &date, &[Message::new("user", "")])?.0;
+                let ids = self.tokenizer.encode_prompt(&head)?;
+                (PromptKind::Chat, head, ids)
+            }
+            None => (PromptKind::Raw, String::new(), self.config().bos_token_id.into_iter().collect()),
+        };
+        let mut documents = Vec::with_capacity(docs.len());
+        for d in docs {
+            let text =
+                document_template.replace("{title}", &d.title).replace("{path}", &d.path).replace("{text}", &d.text);
+            let start = tokens.len();
+            tokens.extend(self.tokenizer.encode_text(&text)?);
+            documents.push(DocumentSpan {
+                title: d.title.clone(),
+                path: d.path.clone(),
+                start,
+                end: tokens.len(),
+                bytes: d.bytes,
+                xxh3: d.xxh3.clone(),
+            });
+        }
+        let limit = self.config().max_position_embeddings;
+        if tokens.len() + ANSWER_ROOM > limit {
+            return Err(Error::CollectionTooLong {
+                tokens: tokens.len(),
+                limit,
+                room: ANSWER_ROOM,
+                documents: documents.iter().map(|d| (d.path.clone(), d.end - d.start)).collect(),
+            });
+        }
+        let prompt = PromptStamp { kind, head, system: system.map(str::to_owned), date, document_template };
+        Ok(PrefixPlan { tokens, documents, prompt })
+    }
+
+    /// Tokens to append to a context laid out as `prompt` for the conversation `turns` (user
+    /// and assistant messages, the first user message being the first question), ending with
+    /// the generation prompt.
+    pub fn context_tail(&self, prompt: &PromptStamp, turns: &[Message]) -> Result<Vec<u32>> {
+        match prompt.kind {
+            PromptKind::Raw => {
+                let text: Vec<&str> = turns.iter().map(|m| m.content.as_str()).collect();
+                self.tokenizer.encode_text(&text.join("\n"))
+            }
+            PromptKind::Chat => {
+                let (head, tail) = self.render_split(prompt.system.as_deref(), &prompt.date, turns)?;
+                if head != prompt.head {
+                    return Err(Error::Invalid(
+                        "the model's chat template renders the start of the conversation differently from when \
+                         this context was prefilled; prefill the documents again with this model"
+                            .into(),
+                    ));
+                }
+                self.tokenizer.encode_prompt(&tail)
+            }
+        }
+    }
+
+    /// Renders `turns` (with the documents marker in front of the first user message and the
+    /// generation prompt) and splits the text at the marker.
+    fn render_split(&self, system: Option<&str>, date: &str, turns: &[Message]) -> Result<(String, String)> {
+        let template = self.chat_template.as_ref().ok_or(Error::NoChatTemplate)?;
+        let mut messages: Vec<Message> = system.map(|s| Message::new("system", s)).into_iter().collect();
+        let mut first = true;
+        for m in turns {
+            let mut m = m.clone();
+            if first && m.role == "user" {
+                m.content = format!("{DOCUMENTS_MARKER}{}", m.content);
+                first = false;
+            }
+            messages.push(m);
+        }
+        let mut extra = Map::new();
+        extra.insert("date_string".into(), Value::String(date.to_owned()));
+        let text = template.render_with(&messages, true, &extra)?;
+        let mut parts = text.splitn(2, DOCUMENTS_MARKER);
+        match (parts.next(), parts.next()) {
+            (Some(head), Some(tail)) => Ok((head.to_owned(), tail.to_owned())),
+            _ => Err(Error::Template(
+                "the chat template dropped the first user message's text; it cannot hold documents".into(),
+            )),
+        }
+    }
+}

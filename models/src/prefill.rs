@@ -1,0 +1,216 @@
+//! Layer-major chunked prefill (DESIGN.md §2).
+//!
+//! Token-major prefill (every layer for chunk 1, then every layer for chunk 2, …) must keep
+//! every layer's K/V of the whole prompt resident at once; a million tokens of a 7B model is
+//! 56 GiB. Layer-major runs *all* tokens through layer 0 in chunks, then all through layer 1,
+//! and so on: only one layer's K/V is resident at a time (then it is encoded and written out),
+//! and the hidden states between layers live in a [`Hidden`] store (a scratch file for real
+//! prefills, so they do not count against RAM either). The attention of each chunk is exact
+//! causal attention over the layer's keys so far, through the same kernel as decode (query
+//! chunks × key blocks, merged by log-sum-exp: never a T×T matrix). Only the last position
+//! goes through the LM head.
+//!
+//! The chunk size is what the memory budget controls: [`plan_chunk`] turns a budget into the
+//! largest chunk whose working set (one layer's K/V, the chunk's activations, the attention
+//! score block, the encode buffer) fits, and refuses budgets below the minimum.
+
+use std::fs::File;
+use std::ops::ControlFlow;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use half::{bf16, f16};
+
+use crate::attention::Dense;
+use crate::error::{Error, Result};
+use crate::kv::{DenseKv, KvStore};
+use crate::model::Model;
+
+/// Chunk size without a memory budget: large enough that per-chunk overheads vanish, small
+/// enough that activations stay at a few hundred MB for 7B-class shapes.
+pub const DEFAULT_CHUNK: usize = 2048;
+/// Largest chunk a generous budget buys; beyond this, bigger chunks stop being faster.
+const MAX_CHUNK: usize = 8192;
+/// Below this many tokens per chunk, prefill would be dominated by per-chunk overhead: a
+/// budget that only allows fewer is refused.
+const MIN_CHUNK: usize = 16;
+
+/// Hidden states of every token between two layers (`[tokens, hidden]`), read and written
+/// one chunk at a time.
+pub trait Hidden {
+    fn read(&self, start: usize, n: usize) -> Result<Tensor>;
+    fn write(&mut self, start: usize, x: &Tensor) -> Result<()>;
+}
+
+/// Hidden states in one preallocated tensor (tests, short prompts).
+pub struct MemoryHidden(Tensor);
+
+impl MemoryHidden {
+    pub fn new(tokens: usize, hidden: usize, dtype: DType, device: &Device) -> Result<Self> {
+        Ok(Self(Tensor::zeros((tokens, hidden), dtype, device)?))
+    }
+}
+
+impl Hidden for MemoryHidden {
+    fn read(&self, start: usize, n: usize) -> Result<Tensor> {
+        Ok(self.0.narrow(0, start, n)?)
+    }
+
+    fn write(&mut self, start: usize, x: &Tensor) -> Result<()> {
+        Ok(self.0.slice_set(x, 0, start)?)
+    }
+}
+
+/// Hidden states in a scratch file, read and written with positioned I/O (not mmap, so they
+/// never count as the process's resident memory).
+pub struct FileHidden {
+    file: File,
+    path: PathBuf,
+    hidden: usize,
+    dtype: DType,
+    device: Device,
+}
+
+impl FileHidden {
+    pub fn new(file: File, path: &Path, hidden: usize, dtype: DType, device: &Device) -> Self {
+        Self { file, path: path.to_owned(), hidden, dtype, device: device.clone() }
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+}
+
+impl Hidden for FileHidden {
+    fn read(&self, start: usize, n: usize) -> Result<Tensor> {
+        let row = (self.hidden * self.dtype.size_in_bytes()) as u64;
+        let mut bytes = vec![0u8; n * row as usize];
+        self.file.read_exact_at(&mut bytes, start as u64 * row).map_err(|e| Error::io(&self.path, e))?;
+        Ok(Tensor::from_raw_buffer(&bytes, self.dtype, &[n, self.hidden], &self.device)?)
+    }
+
+    fn write(&mut self, start: usize, x: &Tensor) -> Result<()> {
+        let row = (self.hidden * self.dtype.size_in_bytes()) as u64;
+        self.file.write_all_at(&tensor_bytes(x)?, start as u64 * row).map_err(|e| Error::io(&self.path, e))
+    }
+}
+
+/// Raw little-endian bytes of a tensor in its own dtype.
+fn tensor_bytes(x: &Tensor) -> Result<Vec<u8>> {
+    let x = x.flatten_all()?.to_device(&Device::Cpu)?;
+    Ok(match x.dtype() {
+        DType::F32 => x.to_vec1::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::BF16 => x.to_vec1::<bf16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::F16 => x.to_vec1::<f16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        other => return Err(Error::Invalid(format!("hidden states in {other:?} are not supported"))),
+    })
+}
+
+/// How a prefill is chunked, and the working set that implies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ChunkPlan {
+    pub chunk: usize,
+    /// Upper bound of the prefill's memory beyond the model weights, in bytes.
+    pub working_set: u64,
+}
+
+/// The largest chunk whose working set fits `budget` (or [`DEFAULT_CHUNK`] without one) for a
+/// prefill of `tokens` tokens whose K/V sections are `section_bytes` each once encoded.
+pub fn plan_chunk(model: &Model, tokens: usize, section_bytes: u64, budget: Option<u64>) -> Result<ChunkPlan> {
+    let cfg = model.config();
+    let dsize = model.dtype().size_in_bytes() as u64;
+    let kv_values = (tokens * cfg.num_kv_heads * cfg.head_dim) as u64;
+    let (nq, nkv) = ((cfg.num_heads * cfg.head_dim) as u64, (cfg.num_kv_heads * cfg.head_dim) as u64);
+    // One layer's K and V; the kernel's f32 copy of them when computing in 16 bits; one
+    // section's f32 copy and its encoded bytes while it is written; the attention scores.
+    let mut fixed = 2 * kv_values * dsize + kv_values * 4 + section_bytes;
+    if dsize != 4 {
+        fixed += 2 * kv_values * 4;
+    }
+    fixed += 3 * 4 * folio_kernels::attention::max_score_elems(model.device()) as u64;
+    // Per token of a chunk: hidden in/out and norms, q/k/v (+ f32 q), MLP intermediates.
+    let per_token =
+        dsize * (6 * cfg.hidden_size as u64 + 3 * (nq + 2 * nkv) + 4 * cfg.intermediate_size as u64) + 4 * nq;
+    let most = tokens.clamp(1, MAX_CHUNK);
+    let chunk = match budget {
+        None => DEFAULT_CHUNK.min(most),
+        Some(b) => {
+            let fit = (b.saturating_sub(fixed) / per_token) as usize;
+            if fit < MIN_CHUNK.min(most) {
+                return Err(Error::MemoryBudget {
+                    budget: b,
+                    needed: fixed + MIN_CHUNK.min(most) as u64 * per_token,
+                    tokens,
+                });
+            }
+            fit.min(most)
+        }
+    };
+    Ok(ChunkPlan { chunk, working_set: fixed + chunk as u64 * per_token })
+}
+
+/// Runs every token through decoder layer `layer`, `chunk` tokens at a time: input from the
+/// token embeddings (layer 0) or `input`, output hidden states to `output`. Returns the
+/// layer's K and V, `[kv_heads, tokens, head_dim]`. `progress` gets the tokens done so far
+/// after each chunk and may cancel (between chunks).
+pub fn run_layer(
+    model: &Model,
+    layer: usize,
+    tokens: &[u32],
+    input: Option<&dyn Hidden>,
+    output: &mut dyn Hidden,
+    chunk: usize,
+    progress: &mut dyn FnMut(usize) -> ControlFlow<()>,
+) -> Result<(Tensor, Tensor)> {
+    let cfg = model.config();
+    let t = tokens.len();
+    let mut kv = DenseKv::new(1, cfg.num_kv_heads, cfg.head_dim, model.dtype(), model.device());
+    kv.reserve(t)?;
+    let mut start = 0;
+    while start < t {
+        let n = chunk.min(t - start);
+        let x = match (layer, input) {
+            (0, _) => model.embed(&tokens[start..start + n])?,
+            (_, Some(h)) => h.read(start, n)?,
+            (_, None) => {
+                return Err(Error::Invalid(format!("layer {layer} needs the hidden states of layer {}", layer - 1)))
+            }
+        };
+        let rope = model.rope(start, n)?;
+        let y = model.layer_forward(layer, &x, start, &rope, &mut kv, 0, &Dense)?;
+        kv.set_len(start + n)?;
+        output.write(start, &y)?;
+        start += n;
+        if progress(start).is_break() {
+            return Err(Error::Cancelled(format!("prefill cancelled in layer {layer}")));
+        }
+    }
+    let seg = kv.segments(0, t)?.remove(0);
+    Ok((seg.k, seg.v))
+}
+
+/// The whole layer-major prefill in memory: every layer's K/V and the last position's logits.
+/// What [`crate::context::build`] computes, without files: the "never saved" path tests hold
+/// the saved one to.
+#[allow(clippy::type_complexity)]
+pub fn prefill_in_memory(model: &Model, tokens: &[u32], chunk: usize) -> Result<(Vec<(Tensor, Tensor)>, Tensor)> {
+    let cfg = model.config();
+    model.config().check_fits(tokens.len())?;
+    let new = || MemoryHidden::new(tokens.len(), cfg.hidden_size, model.dtype(), model.device());
+    let (mut even, mut odd) = (new()?, new()?);
+    let mut layers = Vec::with_capacity(cfg.num_layers);
+    let mut go_on = |_| ControlFlow::Continue(());
+    for layer in 0..cfg.num_layers {
+        // Layer l reads what layer l - 1 wrote: the two buffers alternate.
+        let kv = if layer % 2 == 0 {
+            run_layer(model, layer, tokens, Some(&odd), &mut even, chunk, &mut go_on)?
+        } else {
+            run_layer(model, layer, tokens, Some(&even), &mut odd, chunk, &mut go_on)?
+        };
+        layers.push(kv);
+    }
+    let last = if (cfg.num_layers - 1) % 2 == 0 { &even } else { &odd };
+    let logits = model.head(&last.read(tokens.len() - 1, 1)?)?;
+    Ok((layers, logits))
+}

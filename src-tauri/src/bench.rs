@@ -1,0 +1,242 @@
+//! `folio bench`: commands that measure and print figures, each with its ratio to a limit
+//! (never timed tests).
+//!
+//! `bench prefill` prefills synthetic prompts (random token ids) of each requested length into
+//! a context file with the real builder, then reopens the file as a user would and produces the
+//! first token after a short question. It prints prefill tokens/s, the FLOP rate against a
+//! large matmul's on the same device (the compute limit in practice), peak RSS, file bytes, and
+//! reopen-to-first-token time with its ratio to the prefill time.
+
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Tensor};
+use clap::{Args, Subcommand};
+use folio_models::attention::Dense;
+use folio_models::context::format::{PromptKind, PromptStamp};
+use folio_models::context::{self, BuildOptions, ContextKv, DocumentSpan, KvDtype, PrefixPlan};
+use folio_models::error::human_bytes;
+use folio_models::model::Logits;
+use folio_models::{device_name, Engine};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::cli::Common;
+use crate::context_cmd::{parse_bytes, peak_rss};
+
+/// Tokens of the question asked after reopening.
+const QUESTION_TOKENS: usize = 16;
+/// Side of the square matmul whose FLOP rate stands for the device's compute limit.
+const MATMUL_SIDE: usize = 1024;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Prefill speed, memory, file size and reopen-to-first-token time.
+    Prefill(PrefillBenchArgs),
+}
+
+#[derive(Args)]
+pub struct PrefillBenchArgs {
+    /// Prompt lengths, comma-separated (e.g. 8192,32768).
+    #[arg(long, value_delimiter = ',', default_value = "8192,32768")]
+    tokens: Vec<usize>,
+    #[arg(long, default_value = "bf16")]
+    kv_dtype: String,
+    #[arg(long)]
+    memory_budget: Option<String>,
+    /// Folder for the context files (default: the system temp folder); each is deleted after use.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Row {
+    tokens: usize,
+    prefill_seconds: f64,
+    tokens_per_s: f64,
+    flops_per_s: f64,
+    /// Prefill FLOP rate ÷ the device's large-matmul FLOP rate.
+    flops_ratio_to_matmul: f64,
+    peak_rss_bytes: Option<u64>,
+    working_set_bytes: u64,
+    file_bytes: u64,
+    reopen_first_token_seconds: f64,
+    /// Reopen-to-first-token time ÷ prefill time.
+    reopen_ratio: f64,
+}
+
+pub fn bench(common: &Common, cmd: BenchCommand) -> Result<()> {
+    let BenchCommand::Prefill(a) = cmd;
+    let engine = common.engine()?;
+    let kv_dtype = KvDtype::parse(&a.kv_dtype)?;
+    let memory_budget = a.memory_budget.as_deref().map(parse_bytes).transpose()?;
+    let dir =
+        tempfile::Builder::new().prefix("folio-bench").tempdir_in(a.dir.clone().unwrap_or_else(std::env::temp_dir))?;
+    let matmul = matmul_flops(&engine)?;
+    let mut rows = Vec::new();
+    for &n in &a.tokens {
+        rows.push(one(&engine, n, kv_dtype, memory_budget, dir.path(), matmul)?);
+        if !a.json {
+            print_row(rows.last().expect("just pushed"), rows.len() == 1, &engine, matmul);
+        }
+    }
+    if a.json {
+        let doc = serde_json::json!({
+            "model": engine.name,
+            "device": device_name(engine.model.device()),
+            "dtype": format!("{:?}", engine.model.dtype()).to_lowercase(),
+            "kv_dtype": kv_dtype,
+            "threads": candle_core::utils::get_num_threads(),
+            "matmul_flops_per_s": matmul,
+            "rows": rows,
+        });
+        println!("{doc}");
+    }
+    Ok(())
+}
+
+fn one(
+    engine: &Engine,
+    n: usize,
+    kv_dtype: KvDtype,
+    memory_budget: Option<u64>,
+    dir: &std::path::Path,
+    matmul: f64,
+) -> Result<Row> {
+    let vocab = engine.config().vocab_size as u32;
+    let mut rng = StdRng::seed_from_u64(n as u64);
+    let tokens: Vec<u32> = (0..n).map(|_| rng.random_range(0..vocab)).collect();
+    let plan = PrefixPlan {
+        documents: vec![DocumentSpan {
+            title: "synthetic".into(),
+            path: String::new(),
+            start: 0,
+            end: n,
+            bytes: 0,
+            xxh3: String::new(),
+        }],
+        tokens,
+        prompt: PromptStamp {
+            kind: PromptKind::Raw,
+            head: String::new(),
+            system: None,
+            date: String::new(),
+            document_template: String::new(),
+        },
+    };
+    let out = dir.join(format!("bench-{n}.folio"));
+    // Peak RSS per length: Linux resets VmHWM when "5" is written to clear_refs.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let opts = BuildOptions { kv_dtype, memory_budget, restart: true };
+    let report =
+        context::build(&engine.model, engine.stamp()?, &plan, &out, &opts, &mut |_| ControlFlow::Continue(()))?;
+    let peak = peak_rss();
+    drop_page_cache(&out);
+    let start = Instant::now();
+    let file = Arc::new(engine.open_context(&out)?);
+    let mut kv = ContextKv::new(file, engine.model.dtype(), engine.model.device(), u64::MAX);
+    let question: Vec<u32> = (0..QUESTION_TOKENS).map(|_| rng.random_range(0..vocab)).collect();
+    let logits = engine.model.forward(&question, &mut kv, &Dense, Logits::Last)?;
+    logits.argmax(1)?.to_vec1::<u32>()?;
+    let reopen = start.elapsed().as_secs_f64();
+    std::fs::remove_file(&out).with_context(|| format!("removing {}", out.display()))?;
+    let flops = prefill_flops(engine, n) / report.seconds;
+    Ok(Row {
+        tokens: n,
+        prefill_seconds: report.seconds,
+        tokens_per_s: report.tokens_per_s,
+        flops_per_s: flops,
+        flops_ratio_to_matmul: flops / matmul,
+        peak_rss_bytes: peak,
+        working_set_bytes: report.working_set_bytes,
+        file_bytes: report.file_bytes,
+        reopen_first_token_seconds: reopen,
+        reopen_ratio: reopen / report.seconds,
+    })
+}
+
+fn print_row(r: &Row, first: bool, engine: &Engine, matmul: f64) {
+    if first {
+        println!(
+            "model {} on {} ({:?}, {} threads); large-matmul rate {:.1} GFLOP/s",
+            engine.name,
+            device_name(engine.model.device()),
+            engine.model.dtype(),
+            candle_core::utils::get_num_threads(),
+            matmul / 1e9
+        );
+        println!(
+            "{:>8} {:>10} {:>9} {:>8} {:>7} {:>10} {:>11} {:>10} {:>12} {:>8}",
+            "tokens",
+            "prefill s",
+            "tok/s",
+            "GFLOP/s",
+            "÷peak",
+            "peak RSS",
+            "working set",
+            "file",
+            "reopen→1st s",
+            "÷prefill"
+        );
+    }
+    println!(
+        "{:>8} {:>10.2} {:>9.0} {:>8.2} {:>6.1}% {:>10} {:>11} {:>10} {:>12.4} {:>7.3}%",
+        r.tokens,
+        r.prefill_seconds,
+        r.tokens_per_s,
+        r.flops_per_s / 1e9,
+        100.0 * r.flops_ratio_to_matmul,
+        r.peak_rss_bytes.map_or("?".into(), human_bytes),
+        human_bytes(r.working_set_bytes),
+        human_bytes(r.file_bytes),
+        r.reopen_first_token_seconds,
+        100.0 * r.reopen_ratio
+    );
+}
+
+/// Multiply-adds ×2 of a layer-major prefill of `n` tokens: projections and MLP per token and
+/// layer, causal attention (QKᵀ and PV over n²/2 pairs), one LM-head row.
+fn prefill_flops(engine: &Engine, n: usize) -> f64 {
+    let c = engine.config();
+    let (h, q, kv, i) = (
+        c.hidden_size as f64,
+        (c.num_heads * c.head_dim) as f64,
+        (c.num_kv_heads * c.head_dim) as f64,
+        c.intermediate_size as f64,
+    );
+    let per_token_layer = 2.0 * (h * (q + 2.0 * kv) + q * h + 3.0 * h * i);
+    let n = n as f64;
+    let attention = 2.0 * 2.0 * q * n * n / 2.0;
+    c.num_layers as f64 * (per_token_layer * n + attention) + 2.0 * h * c.vocab_size as f64
+}
+
+/// FLOP/s of a large square matmul in the model's dtype on its device: what the hardware
+/// delivers in practice for the dominant operation (best of five).
+fn matmul_flops(engine: &Engine) -> Result<f64> {
+    let (dev, dtype) = (engine.model.device(), engine.model.dtype());
+    let a = Tensor::randn(0f32, 1.0, (MATMUL_SIDE, MATMUL_SIDE), dev)?.to_dtype(dtype)?;
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let start = Instant::now();
+        let c = a.matmul(&a)?;
+        c.sum_all()?.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    Ok(2.0 * (MATMUL_SIDE as f64).powi(3) / best)
+}
+
+/// Evicts a fully written file from the page cache, so the reopen reads from disk as after a reboot.
+fn drop_page_cache(path: &std::path::Path) {
+    use std::os::fd::AsRawFd;
+    if let Ok(f) = std::fs::File::open(path) {
+        // SAFETY: advisory call on a valid, open file descriptor.
+        unsafe {
+            libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        }
+    }
+}

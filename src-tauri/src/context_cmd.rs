@@ -1,0 +1,371 @@
+//! `folio prefill`, `folio context info` and `folio chat --context`: the context-file flows.
+
+use std::io::{IsTerminal, Write};
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use folio_models::chat::Message;
+use folio_models::context::{self, BuildOptions, ContextFile, ContextKv, KvDtype, Progress};
+use folio_models::error::human_bytes;
+use folio_models::generate::GenerateParams;
+use folio_models::{parse_device, parse_dtype, Engine};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::cli::{ChatArgs, Common};
+use crate::ingest;
+
+/// Decoded context layers kept resident while chatting (the rest are decoded again on use).
+const RESIDENT_BUDGET: u64 = 8 << 30;
+
+#[derive(Args)]
+pub struct PrefillArgs {
+    /// Documents: files or folders (recursive), in order.
+    #[arg(long, num_args = 1.., required = true)]
+    docs: Vec<PathBuf>,
+    /// The context file to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// How K/V is stored: bf16, fp8 (e4m3 + per-row scale, half the size) or f32.
+    #[arg(long, default_value = "bf16")]
+    kv_dtype: String,
+    /// Memory the prefill may use beyond the model weights, e.g. 2GiB, 512MiB (default: a
+    /// chunk of 2048 tokens).
+    #[arg(long)]
+    memory_budget: Option<String>,
+    /// System message placed before the documents (chat models).
+    #[arg(long)]
+    system: Option<String>,
+    /// Discard an interrupted prefill of the same output instead of refusing.
+    #[arg(long)]
+    restart: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+/// Set by Ctrl-C: the prefill stops after its current chunk and keeps its checkpoint.
+fn interrupted() -> &'static Arc<AtomicBool> {
+    static FLAG: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+    FLAG.get_or_init(|| {
+        let flag = Arc::new(AtomicBool::new(false));
+        let f = flag.clone();
+        // Without a handler (another one installed) Ctrl-C simply kills the process, which
+        // the per-layer checkpoint also survives.
+        let _ = ctrlc::set_handler(move || f.store(true, Ordering::SeqCst));
+        flag
+    })
+}
+
+pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
+    let kv_dtype = KvDtype::parse(&a.kv_dtype)?;
+    let memory_budget = a.memory_budget.as_deref().map(parse_bytes).transpose()?;
+    let ingested = ingest::collect(&a.docs)?;
+    for (path, why) in &ingested.skipped {
+        eprintln!("skipped {}: {why}", path.display());
+    }
+    let engine = common.engine()?;
+    let plan = engine.plan_context(&ingested.documents, a.system.as_deref(), context::pending_date(&a.out))?;
+    let opts = BuildOptions { kv_dtype, memory_budget, restart: a.restart };
+    let stop = interrupted();
+    let bar = progress_bar(a.json);
+    let mut on_progress = |p: &Progress| {
+        if let Some(bar) = &bar {
+            bar.set_position((p.fraction * 1000.0) as u64);
+            let eta = p.eta_s.map_or(String::new(), |s| format!(", ETA {}", human_secs(s)));
+            bar.set_message(format!(
+                "layer {}/{} · {}/{} tokens · {:.0} tok/s{eta}",
+                p.layer + 1,
+                p.layers,
+                p.layer_tokens,
+                p.tokens,
+                p.tokens_per_s
+            ));
+        }
+        if stop.load(Ordering::SeqCst) {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    };
+    let report = match context::build(&engine.model, engine.stamp()?, &plan, &a.out, &opts, &mut on_progress) {
+        Err(folio_models::Error::Cancelled(msg)) => bail!(
+            "{msg}; the finished layers are kept in {}: run the same command again to resume",
+            context::partial_dir(&a.out).display()
+        ),
+        r => r?,
+    };
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let peak = peak_rss();
+    if a.json {
+        let skipped: Vec<_> = ingested.skipped.iter().map(|(p, r)| json!({"path": p, "reason": r})).collect();
+        println!(
+            "{}",
+            json!({ "report": report, "peak_rss_bytes": peak, "skipped": skipped, "documents": plan.documents })
+        );
+    } else {
+        println!(
+            "{}: {} documents, {} tokens, {} K/V, {}",
+            report.path.display(),
+            report.documents,
+            report.tokens,
+            report.kv_dtype.name(),
+            human_bytes(report.file_bytes)
+        );
+        let resumed = if report.resumed_layers > 0 {
+            format!(" (resumed after layer {})", report.resumed_layers)
+        } else {
+            String::new()
+        };
+        println!(
+            "prefill {:.1} s, {:.0} tokens/s{resumed}; working set <= {}, peak RSS {}",
+            report.seconds,
+            report.tokens_per_s,
+            human_bytes(report.working_set_bytes),
+            peak.map_or("unknown".into(), human_bytes)
+        );
+    }
+    Ok(())
+}
+
+fn progress_bar(json: bool) -> Option<indicatif::ProgressBar> {
+    if json || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(1000);
+    let style = indicatif::ProgressStyle::with_template("{bar:30} {percent:>3}% {msg}").ok()?;
+    bar.set_style(style);
+    Some(bar)
+}
+
+fn human_secs(s: f64) -> String {
+    match s as u64 {
+        s if s >= 3600 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        s if s >= 60 => format!("{}m{:02}s", s / 60, s % 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`).
+pub(crate) fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
+/// `4GiB`, `512MiB`, `2G`, `1.5GB`, `1000000`.
+pub(crate) fn parse_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 =
+        num.trim().parse().with_context(|| format!("bad size \"{s}\": use e.g. 4GiB, 512MiB or a byte count"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024f64.powi(2),
+        "g" | "gb" => 1e9,
+        "gib" => 1024f64.powi(3),
+        "t" | "tb" => 1e12,
+        "tib" => 1024f64.powi(4),
+        _ => bail!("bad size unit in \"{s}\": use B, KiB, MiB, GiB, TiB (or kB, MB, GB, TB)"),
+    };
+    if !(n > 0.0 && n.is_finite()) {
+        bail!("bad size \"{s}\": it must be positive");
+    }
+    Ok((n * mult) as u64)
+}
+
+#[derive(Subcommand)]
+pub enum ContextCommand {
+    /// Model, tokens, documents and section sizes of a context file.
+    Info(InfoArgs),
+}
+
+#[derive(Args)]
+pub struct InfoArgs {
+    file: PathBuf,
+    /// Check every section's checksum (reads the whole file).
+    #[arg(long)]
+    verify: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn context(cmd: ContextCommand) -> Result<()> {
+    let ContextCommand::Info(a) = cmd;
+    let file = ContextFile::open(&a.file)?;
+    let verified = if a.verify { Some(file.verify()?) } else { None };
+    let h = file.header();
+    let sum = |kind: &str| -> u64 {
+        h.sections.iter().filter(|s| format!("{:?}", s.kind).to_lowercase() == kind).map(|s| s.bytes).sum()
+    };
+    if a.json {
+        let doc = json!({
+            "path": a.file,
+            "model": h.model,
+            "kv_dtype": h.kv_dtype,
+            "tokens": h.tokens,
+            "layers": h.layers,
+            "file_bytes": h.file_bytes,
+            "prompt": h.prompt,
+            "documents": file.documents(),
+            "sections": h.sections,
+            "verified": verified,
+        });
+        println!("{doc}");
+        return Ok(());
+    }
+    println!("context      {}", a.file.display());
+    println!("model        {} ({}, {} layers)", h.model.name, h.model.fingerprint.architecture, h.layers);
+    println!("tokens       {}", h.tokens);
+    println!("K/V          {} ({} KV heads x {} dims)", h.kv_dtype.name(), h.kv_heads, h.head_dim);
+    println!("file         {}", human_bytes(h.file_bytes));
+    println!(
+        "sections     tokens {}, documents {}, keys {}, values {}",
+        human_bytes(sum("tokens")),
+        human_bytes(sum("documents")),
+        human_bytes(sum("keys")),
+        human_bytes(sum("values"))
+    );
+    println!("documents    {}", file.documents().len());
+    for d in file.documents() {
+        println!("  {:>9} tokens  {}", d.end - d.start, d.path);
+    }
+    if let Some(v) = verified {
+        println!(
+            "verified     {} sections, {} in {:.2} s: all checksums match",
+            v.sections,
+            human_bytes(v.bytes),
+            v.seconds
+        );
+    }
+    Ok(())
+}
+
+/// A multi-turn conversation over one context, kept in a small JSON file.
+#[derive(Serialize, Deserialize)]
+struct Conversation {
+    format: String,
+    version: u32,
+    /// Checksum of the context's token ids: a conversation continues only on its own context.
+    context_id: String,
+    context: PathBuf,
+    messages: Vec<Message>,
+}
+
+const CONVERSATION_FORMAT: &str = "folio-chat";
+
+impl Conversation {
+    fn load(path: &Path, file: &ContextFile) -> Result<Self> {
+        if !path.exists() {
+            return Ok(Self {
+                format: CONVERSATION_FORMAT.into(),
+                version: 1,
+                context_id: file.context_id().to_owned(),
+                context: file.path().to_owned(),
+                messages: Vec::new(),
+            });
+        }
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let conv: Self = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a Folio conversation file", path.display()))?;
+        if conv.format != CONVERSATION_FORMAT || conv.version != 1 {
+            bail!("{} is not a Folio conversation file (format {} v{})", path.display(), conv.format, conv.version);
+        }
+        if conv.context_id != file.context_id() {
+            bail!(
+                "{} continues the conversation over {}, not over {}; use a new conversation file",
+                path.display(),
+                conv.context.display(),
+                file.path().display()
+            );
+        }
+        Ok(conv)
+    }
+
+    /// Atomic: a crash while saving keeps the previous conversation.
+    fn save(&self, path: &Path) -> Result<()> {
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(self)?).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, path).with_context(|| format!("saving {}", path.display()))?;
+        Ok(())
+    }
+}
+
+/// `folio chat --context FILE [--continue CONV] QUESTION`.
+pub fn chat(
+    common: &Common,
+    a: &ChatArgs,
+    ctx_path: &Path,
+    params: impl FnOnce(&Engine) -> GenerateParams,
+) -> Result<()> {
+    let started = Instant::now();
+    let recorded = ContextFile::open(ctx_path)?.header().model.source.clone();
+    let spec = common.model.clone().unwrap_or(recorded);
+    let device = parse_device(&common.device)?;
+    let dtype = parse_dtype(&common.dtype, &device)?;
+    let engine = Engine::load(&spec, &device, dtype)?;
+    let loaded = started.elapsed().as_secs_f64();
+    let opened_at = Instant::now();
+    let file = Arc::new(engine.open_context(ctx_path)?);
+    let question = match (&a.raw, &a.question) {
+        (Some(raw), _) => raw.clone(),
+        (None, Some(q)) => q.clone(),
+        (None, None) => bail!("give a question"),
+    };
+    let mut conv = match &a.continue_file {
+        Some(p) => Some(Conversation::load(p, &file)?),
+        None => None,
+    };
+    let mut turns = conv.as_ref().map(|c| c.messages.clone()).unwrap_or_default();
+    turns.push(Message::new("user", &question));
+    let tail = engine.context_tail(&file.header().prompt, &turns)?;
+    let mut kv = ContextKv::new(file.clone(), engine.model.dtype(), engine.model.device(), RESIDENT_BUDGET);
+    let params = params(&engine);
+    let mut first_text = None;
+    let mut stdout = std::io::stdout().lock();
+    let attn = folio_models::attention::Dense;
+    let generation =
+        folio_models::generate::generate(&engine.model, &engine.tokenizer, &attn, &mut kv, &tail, &params, |piece| {
+            first_text.get_or_insert_with(|| opened_at.elapsed().as_secs_f64());
+            if !a.json {
+                let _ = write!(stdout, "{piece}");
+                let _ = stdout.flush();
+            }
+            ControlFlow::Continue(())
+        })?;
+    if let (Some(c), Some(p)) = (conv.as_mut(), &a.continue_file) {
+        turns.push(Message::new("assistant", &generation.text));
+        c.messages = turns;
+        c.save(p)?;
+    }
+    if a.json {
+        let doc = json!({
+            "model": engine.name,
+            "context": {"path": ctx_path, "tokens": file.header().tokens, "documents": file.documents().len()},
+            "attention": {"method": "dense"},
+            "tail_tokens": tail,
+            "tokens": generation.tokens,
+            "text": generation.text,
+            "stop_reason": generation.stop_reason,
+            "sampling": params.sampling,
+            "model_load_seconds": loaded,
+            "first_text_seconds": first_text,
+            "seconds": opened_at.elapsed().as_secs_f64(),
+        });
+        writeln!(stdout, "{doc}")?;
+    } else {
+        writeln!(stdout)?;
+    }
+    Ok(())
+}
