@@ -296,27 +296,6 @@ pub fn check_safetensors(path: &Path) -> Result<BTreeMap<String, usize>> {
     Ok(elems)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn model_specs() {
-        assert_eq!(
-            ModelSource::parse("Qwen/Qwen2.5-7B-Instruct-1M").unwrap(),
-            ModelSource::Hub { repo: "Qwen/Qwen2.5-7B-Instruct-1M".into(), revision: None }
-        );
-        assert_eq!(
-            ModelSource::parse("meta-llama/Llama-3.1-8B@main").unwrap(),
-            ModelSource::Hub { repo: "meta-llama/Llama-3.1-8B".into(), revision: Some("main".into()) }
-        );
-        for bad in ["/no/such/dir", "just-a-name", "a/b/c", "./x/y"] {
-            let err = ModelSource::parse(bad).unwrap_err().to_string();
-            assert!(err.contains("neither a model folder nor"), "{bad}: {err}");
-        }
-    }
-}
-
 /// Blocks sampled from each weights file for [`weights_hash`].
 const WEIGHT_SAMPLES: u64 = 64;
 const WEIGHT_SAMPLE_BYTES: usize = 4096;
@@ -350,4 +329,25 @@ pub fn weights_hash(files: &[PathBuf]) -> Result<String> {
         }
     }
     Ok(format!("{:016x}", h.digest()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_specs() {
+        assert_eq!(
+            ModelSource::parse("Qwen/Qwen2.5-7B-Instruct-1M").unwrap(),
+            ModelSource::Hub { repo: "Qwen/Qwen2.5-7B-Instruct-1M".into(), revision: None }
+        );
+        assert_eq!(
+            ModelSource::parse("meta-llama/Llama-3.1-8B@main").unwrap(),
+            ModelSource::Hub { repo: "meta-llama/Llama-3.1-8B".into(), revision: Some("main".into()) }
+        );
+        for bad in ["/no/such/dir", "just-a-name", "a/b/c", "./x/y"] {
+            let err = ModelSource::parse(bad).unwrap_err().to_string();
+            assert!(err.contains("neither a model folder nor"), "{bad}: {err}");
+        }
+    }
 }

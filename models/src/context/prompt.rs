@@ -9,8 +9,9 @@
 //! and must render identically at chat time, so a changed template is an error, not a silent
 //! mismatch. `date_string` is pinned to the prefill's date for templates that print the date.
 //!
-//! Document text is tokenized with special tokens *disabled*: a document containing
-//! `<|im_end|>` or `<|eot_id|>` is text, not a control token (no prompt injection through files).
+//! Document text (and its title and path) is tokenized with special tokens *disabled*: a
+//! document containing `<|im_end|>` or `<|eot_id|>` is text, not a control token (no prompt
+//! injection through files). The document template's own text is trusted and keeps them.
 //!
 //! Document template (docs/context-file.md): [`DEFAULT_DOCUMENT_TEMPLATE`], or the model's own
 //! when its folder ships an `eval_spec.json` describing how it was trained to read documents
@@ -89,10 +90,8 @@ impl Engine {
         };
         let mut documents = Vec::with_capacity(docs.len());
         for d in docs {
-            let text =
-                document_template.replace("{title}", &d.title).replace("{path}", &d.path).replace("{text}", &d.text);
             let start = tokens.len();
-            tokens.extend(self.tokenizer.encode_text(&text)?);
+            tokens.extend(self.encode_document(&document_template, d)?);
             documents.push(DocumentSpan {
                 title: d.title.clone(),
                 path: d.path.clone(),
@@ -113,6 +112,35 @@ impl Engine {
         }
         let prompt = PromptStamp { kind, head, system: system.map(str::to_owned), date, document_template };
         Ok(PrefixPlan { tokens, documents, prompt })
+    }
+
+    /// One document wrapped by `template`: the template's own text is tokenized with special
+    /// tokens (a model's `<|doc|>` marker stays one token), the title, path and text without.
+    fn encode_document(&self, template: &str, d: &DocumentText) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        let mut rest = template;
+        while !rest.is_empty() {
+            let next = ["{title}", "{path}", "{text}"].iter().filter_map(|p| rest.find(p).map(|at| (at, *p))).min();
+            let (literal, value, after) = match next {
+                Some((at, p)) => {
+                    let value = match p {
+                        "{title}" => d.title.as_str(),
+                        "{path}" => d.path.as_str(),
+                        _ => d.text.as_str(),
+                    };
+                    (&rest[..at], value, &rest[at + p.len()..])
+                }
+                None => (rest, "", ""),
+            };
+            if !literal.is_empty() {
+                ids.extend(self.tokenizer.encode_prompt(literal)?);
+            }
+            if !value.is_empty() {
+                ids.extend(self.tokenizer.encode_text(value)?);
+            }
+            rest = after;
+        }
+        Ok(ids)
     }
 
     /// Tokens to append to a context laid out as `prompt` for the conversation `turns` (user

@@ -1,0 +1,302 @@
+//! Context files end to end through the `folio` binary: prefill → info → chat → follow-ups,
+//! kill -9 and resume (byte-identical), corruption of each section type, the wrong model, a
+//! full disk, and an over-long collection. Real files, real processes, no mocks.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn demo() -> String {
+    root().join("assets/models/demo").display().to_string()
+}
+
+fn folio_cmd(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_folio"));
+    cmd.args(args).args(["--device", "cpu"]);
+    cmd
+}
+
+fn folio(args: &[&str]) -> Output {
+    folio_cmd(args).output().expect("run folio")
+}
+
+fn ok_json(out: Output) -> Value {
+    assert!(out.status.success(), "folio failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The error of a failed run: exit code 1 (an error, not a panic's 101) and its message.
+fn err_text(out: Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "expected a clean error, got {:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+/// The sample documents (demo-model prose), `copies` times over, in a fresh folder, plus a
+/// hidden file and a binary file that prefill must skip.
+fn docs(copies: usize) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let samples = root().join("assets/samples");
+    for name in ["field_notes.txt", "market_records.txt", "the_diary_of_greta.txt"] {
+        let text = std::fs::read_to_string(samples.join(name)).unwrap();
+        std::fs::write(dir.path().join(name), text.repeat(copies)).unwrap();
+    }
+    std::fs::write(dir.path().join(".notes.txt"), "hidden").unwrap();
+    std::fs::write(dir.path().join("photo.jpg"), [0xff, 0xd8, 0xff, 0, 0x10]).unwrap();
+    dir
+}
+
+fn prefill(docs: &Path, out: &Path, extra: &[&str]) -> Output {
+    let (d, o, m) = (docs.display().to_string(), out.display().to_string(), demo());
+    let mut args = vec!["prefill", "--model", &m, "--docs", &d, "--out", &o, "--json"];
+    args.extend_from_slice(extra);
+    folio(&args)
+}
+
+/// Prefill, inspect, ask: the answer over the reopened context is the answer to the same
+/// prompt asked in one go (same prompt tokens, same greedy tokens); follow-ups go to a
+/// conversation file that refuses other contexts.
+#[test]
+fn prefill_info_chat_and_follow_ups() {
+    let d = docs(1);
+    let work = tempfile::tempdir().unwrap();
+    let ctx = work.path().join("s.folio");
+    let out = prefill(d.path(), &ctx, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let report = ok_json(out);
+    assert!(stderr.contains(".notes.txt: hidden") && stderr.contains("photo.jpg: binary"), "{stderr}");
+    assert_eq!(report["report"]["documents"], 3);
+    let skipped: Vec<&str> =
+        report["skipped"].as_array().unwrap().iter().map(|s| s["reason"].as_str().unwrap()).collect();
+    assert_eq!(skipped.len(), 2, "{skipped:?}");
+
+    let info = ok_json(folio(&["context", "info", ctx.to_str().unwrap(), "--verify", "--json"]));
+    assert_eq!(info["documents"].as_array().unwrap().len(), 3);
+    assert_eq!(info["model"]["name"], "demo");
+    assert_eq!(info["verified"]["sections"], 2 + 2 * 4);
+    let tokens = info["tokens"].as_u64().unwrap() as usize;
+    let spans = info["documents"].as_array().unwrap();
+    assert_eq!(spans.last().unwrap()["end"].as_u64().unwrap() as usize, tokens, "spans cover the documents");
+
+    let question = "what is the secret code of amber falcon ?";
+    let c = ctx.to_str().unwrap();
+    let answer =
+        ok_json(folio(&["chat", "--context", c, question, "--json", "--temperature", "0", "--max-tokens", "16"]));
+    // The same conversation in one prompt: the documents inline in the user message.
+    let mut inline = String::new();
+    for name in ["field_notes.txt", "market_records.txt", "the_diary_of_greta.txt"] {
+        let text = std::fs::read_to_string(d.path().join(name)).unwrap();
+        inline.push_str(&format!("<|doc|> title : {name} .\n{text}\n"));
+    }
+    inline.push_str(question);
+    let plain =
+        ok_json(folio(&["chat", "--model", &demo(), &inline, "--json", "--temperature", "0", "--max-tokens", "16"]));
+    let mut ctx_prompt: Vec<Value> = Vec::new();
+    let file_tokens = ok_json(folio(&["context", "info", c, "--json"]));
+    assert_eq!(file_tokens["tokens"].as_u64().unwrap() as usize, tokens);
+    ctx_prompt.extend(answer["tail_tokens"].as_array().unwrap().iter().cloned());
+    let plain_prompt = plain["prompt_tokens"].as_array().unwrap();
+    assert_eq!(plain_prompt.len(), tokens + ctx_prompt.len(), "prompt lengths");
+    assert_eq!(&plain_prompt[tokens..], ctx_prompt.as_slice(), "the question's tokens");
+    assert_eq!(answer["tokens"], plain["tokens"], "greedy answers: {} vs {}", answer["text"], plain["text"]);
+
+    // Follow-ups in a conversation file.
+    let conv = work.path().join("chat.json");
+    let cv = conv.to_str().unwrap();
+    let t1 = ok_json(folio(&["chat", "--context", c, "--continue", cv, question, "--json", "--max-tokens", "8"]));
+    let t2 = ok_json(folio(&[
+        "chat",
+        "--context",
+        c,
+        "--continue",
+        cv,
+        "and of cobalt heron ?",
+        "--json",
+        "--max-tokens",
+        "8",
+    ]));
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&conv).unwrap()).unwrap();
+    let roles: Vec<&str> = saved["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "assistant", "user", "assistant"]);
+    assert!(t2["tail_tokens"].as_array().unwrap().len() > t1["tail_tokens"].as_array().unwrap().len());
+    // The same conversation file on another context is refused.
+    let other = work.path().join("other.folio");
+    ok_json(prefill(&d.path().join("field_notes.txt"), &other, &[]));
+    let err = err_text(folio(&["chat", "--context", other.to_str().unwrap(), "--continue", cv, "hi"]));
+    assert!(err.contains("continues the conversation over"), "{err}");
+}
+
+enum KillAt {
+    /// As soon as the first layer is under way (no checkpoint of a finished layer yet).
+    FirstLayer,
+    /// Once this many layers are checkpointed.
+    LayersDone(u64),
+}
+
+/// Waits for the kill point, then SIGKILLs the child. Returns whether it was killed mid-way
+/// (false when it finished first).
+fn kill_at(mut child: Child, partial: &Path, at: KillAt) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return false;
+        }
+        let done = std::fs::read_to_string(partial.join("checkpoint.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| v["layers_done"].as_u64());
+        let reached = match at {
+            KillAt::FirstLayer => done == Some(0),
+            KillAt::LayersDone(n) => done.is_some_and(|d| d >= n),
+        };
+        if reached || Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// kill -9 at several points of a prefill, rerun each time: the rerun resumes, and the final
+/// file is byte-identical to an uninterrupted prefill's.
+#[test]
+fn killed_prefill_resumes_to_an_identical_file() {
+    let d = docs(10);
+    let work = tempfile::tempdir().unwrap();
+    let whole = work.path().join("whole.folio");
+    let started = Instant::now();
+    let report = ok_json(prefill(d.path(), &whole, &[]));
+    println!("uninterrupted: {} tokens in {:.1?}", report["report"]["tokens"], started.elapsed());
+
+    let out = work.path().join("killed.folio");
+    let partial = PathBuf::from(format!("{}.partial", out.display()));
+    let (dp, op) = (d.path().display().to_string(), out.display().to_string());
+    let args = ["prefill", "--model", &demo(), "--docs", &dp, "--out", &op, "--json"];
+    let mut landed = 0;
+    for at in [KillAt::FirstLayer, KillAt::LayersDone(1), KillAt::LayersDone(2), KillAt::LayersDone(3)] {
+        let child = folio_cmd(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        if kill_at(child, &partial, at) {
+            landed += 1;
+            assert!(!out.exists(), "a killed prefill never leaves a finished-looking file");
+        }
+    }
+    assert!(landed >= 3, "only {landed} of 4 kills landed before the prefill finished");
+    let resumed = ok_json(folio(&args));
+    assert_eq!(resumed["report"]["resumed_layers"], 3, "the last kill was in layer 3: {resumed}");
+    assert!(!partial.exists(), "the partial folder is removed after success");
+    assert!(
+        std::fs::read(&whole).unwrap() == std::fs::read(&out).unwrap(),
+        "resumed file differs from the uninterrupted one"
+    );
+}
+
+/// Flip one byte in each section type, truncate, or hand over a non-context: each gives its
+/// own clear error from `context info --verify` (and from `chat`, which reads every layer).
+#[test]
+fn corruption_is_reported_by_section() {
+    let d = docs(1);
+    let work = tempfile::tempdir().unwrap();
+    let ctx = work.path().join("c.folio");
+    ok_json(prefill(d.path(), &ctx, &[]));
+    let info = ok_json(folio(&["context", "info", ctx.to_str().unwrap(), "--json"]));
+    let sections = info["sections"].as_array().unwrap();
+    let offset = |kind: &str, layer: Option<u64>| -> usize {
+        let s = sections.iter().find(|s| s["kind"] == kind && s["layer"].as_u64() == layer).unwrap();
+        (s["offset"].as_u64().unwrap() + s["bytes"].as_u64().unwrap() / 2) as usize
+    };
+    let good = std::fs::read(&ctx).unwrap();
+    let flip = |at: usize| {
+        let mut b = good.clone();
+        b[at] ^= 0x5a;
+        b
+    };
+    let cases: Vec<(&str, Vec<u8>, &str, bool)> = vec![
+        ("tiny", good[..20].to_vec(), "not a Folio context file (only 20 bytes)", true),
+        ("half", good[..good.len() / 2].to_vec(), "truncated", true),
+        ("magic", flip(0), "not a Folio context file", true),
+        ("header", flip(40), "the header is corrupted", true),
+        ("tokens", flip(offset("tokens", None)), "section \"tokens\" is corrupted", true),
+        ("documents", flip(offset("documents", None)), "section \"documents\" is corrupted", true),
+        ("keys", flip(offset("keys", Some(0))), "section \"keys of layer 0\" is corrupted", false),
+        ("values", flip(offset("values", Some(3))), "section \"values of layer 3\" is corrupted", false),
+        ("text", b"just some notes, not a context\n".to_vec(), "not a Folio context file", true),
+    ];
+    for (name, bytes, expected, at_open) in cases {
+        let path = work.path().join(format!("{name}.folio"));
+        std::fs::write(&path, bytes).unwrap();
+        let p = path.to_str().unwrap();
+        let err = err_text(folio(&["context", "info", p, "--verify"]));
+        assert!(err.contains(expected) && err.contains(p), "{name}: {err}");
+        let plain = folio(&["context", "info", p]);
+        assert_eq!(plain.status.success(), !at_open, "{name}: open-time checks cover the small sections only");
+        let err = err_text(folio(&["chat", "--context", p, "--model", &demo(), "hello"]));
+        assert!(err.contains(expected), "{name} (chat): {err}");
+    }
+}
+
+#[test]
+fn another_model_is_refused_by_name() {
+    let d = docs(1);
+    let work = tempfile::tempdir().unwrap();
+    let ctx = work.path().join("c.folio");
+    ok_json(prefill(d.path(), &ctx, &[]));
+    let llama = root().join("tests/fixtures/models/llama").display().to_string();
+    let err = err_text(folio(&["chat", "--context", ctx.to_str().unwrap(), "--model", &llama, "hi"]));
+    assert!(err.contains("made with model demo") && err.contains("--model"), "{err}");
+}
+
+/// A file-size limit (RLIMIT_FSIZE, what a full disk looks like to one process) below the
+/// context's size: a clear error, no partial file, and the previous file at `--out` intact.
+#[test]
+fn full_disk_leaves_nothing_behind() {
+    let d = docs(1);
+    let work = tempfile::tempdir().unwrap();
+    let out = work.path().join("c.folio");
+    std::fs::write(&out, b"the previous context").unwrap();
+    let (dp, op) = (d.path().display().to_string(), out.display().to_string());
+    let mut cmd = folio_cmd(&["prefill", "--model", &demo(), "--docs", &dp, "--out", &op]);
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit { rlim_cur: 256 << 10, rlim_max: 256 << 10 };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let err = err_text(cmd.output().unwrap());
+    assert!(err.contains("not enough disk space") && err.contains("Nothing was kept"), "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), b"the previous context");
+    let names: Vec<_> = std::fs::read_dir(work.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["c.folio"], "nothing else is left");
+}
+
+/// More tokens than the model's context: refused before any prefill work, with the count of
+/// each document and the limit.
+#[test]
+fn over_long_collection_is_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("short.txt"), "a short note").unwrap();
+    std::fs::write(dir.path().join("long.txt"), "many words here ".repeat(400)).unwrap();
+    let out = dir.path().join("c.folio");
+    let llama = root().join("tests/fixtures/models/llama").display().to_string();
+    let (dp, op) = (dir.path().display().to_string(), out.display().to_string());
+    let started = Instant::now();
+    let err = err_text(folio(&["prefill", "--model", &llama, "--docs", &dp, "--out", &op]));
+    for needle in ["long.txt", "short.txt", "tokens", "512", "nothing was prefilled"] {
+        assert!(err.contains(needle), "missing {needle}: {err}");
+    }
+    assert!(!out.exists() && !PathBuf::from(format!("{op}.partial")).exists());
+    println!("refused in {:.2?}", started.elapsed());
+}
