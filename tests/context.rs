@@ -100,13 +100,17 @@ fn prefill_info_chat_and_follow_ups() {
     inline.push_str(question);
     let plain =
         ok_json(folio(&["chat", "--model", &demo(), &inline, "--json", "--temperature", "0", "--max-tokens", "16"]));
-    let mut ctx_prompt: Vec<Value> = Vec::new();
-    let file_tokens = ok_json(folio(&["context", "info", c, "--json"]));
-    assert_eq!(file_tokens["tokens"].as_u64().unwrap() as usize, tokens);
-    ctx_prompt.extend(answer["tail_tokens"].as_array().unwrap().iter().cloned());
-    let plain_prompt = plain["prompt_tokens"].as_array().unwrap();
-    assert_eq!(plain_prompt.len(), tokens + ctx_prompt.len(), "prompt lengths");
-    assert_eq!(&plain_prompt[tokens..], ctx_prompt.as_slice(), "the question's tokens");
+    // The saved tokens, read from the file's tokens section, then the question's tail.
+    let sections = info["sections"].as_array().unwrap();
+    let t = sections.iter().find(|s| s["kind"] == "tokens").unwrap();
+    let bytes = std::fs::read(&ctx).unwrap();
+    let at = t["offset"].as_u64().unwrap() as usize;
+    let mut ctx_prompt: Vec<u64> =
+        bytes[at..at + 4 * tokens].chunks(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64).collect();
+    ctx_prompt.extend(answer["tail_tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()));
+    let plain_prompt: Vec<u64> =
+        plain["prompt_tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(plain_prompt, ctx_prompt, "prompt tokens: saved context + question vs the one-go prompt");
     assert_eq!(answer["tokens"], plain["tokens"], "greedy answers: {} vs {}", answer["text"], plain["text"]);
 
     // Follow-ups in a conversation file.
@@ -191,6 +195,12 @@ fn killed_prefill_resumes_to_an_identical_file() {
         }
     }
     assert!(landed >= 3, "only {landed} of 4 kills landed before the prefill finished");
+    // A rerun that does not match (another K/V dtype) is refused and leaves the progress alone.
+    let mut other = args.to_vec();
+    other.extend(["--kv-dtype", "fp8"]);
+    let err = err_text(folio(&other));
+    assert!(err.contains("does not match") && err.contains("--restart"), "{err}");
+    assert!(partial.join("checkpoint.json").exists(), "a refused resume keeps the interrupted prefill");
     let resumed = ok_json(folio(&args));
     assert_eq!(resumed["report"]["resumed_layers"], 3, "the last kill was in layer 3: {resumed}");
     assert!(!partial.exists(), "the partial folder is removed after success");

@@ -31,9 +31,13 @@ fn random(rng: &mut StdRng, n: usize, spread: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-spread..spread)).collect()
 }
 
+/// Largest |a - b|, and infinity when either side has a NaN (f32::max would skip it).
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| if x.is_nan() || y.is_nan() { f32::INFINITY } else { (x - y).abs() })
+        .fold(0.0, f32::max)
 }
 
 /// Random shapes: prefill chunks (q_len > 1), decode (q_len = 1), GQA/MQA/MHA, windows.

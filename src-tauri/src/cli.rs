@@ -35,7 +35,7 @@ pub struct ChatArgs {
     #[arg(conflicts_with = "raw", required_unless_present = "raw")]
     pub(crate) question: Option<String>,
     /// Text given to the model as is: no chat template (BOS added per the model).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "context")]
     pub(crate) raw: Option<String>,
     /// System message (with --context, the one given at prefill is used).
     #[arg(long, conflicts_with_all = ["raw", "context"])]

@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use folio_models::chat::Message;
+use folio_models::context::format::SectionKind;
 use folio_models::context::{self, BuildOptions, ContextFile, ContextKv, KvDtype, Progress};
 use folio_models::error::human_bytes;
 use folio_models::generate::GenerateParams;
@@ -69,7 +70,8 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
         eprintln!("skipped {}: {why}", path.display());
     }
     let engine = common.engine()?;
-    let plan = engine.plan_context(&ingested.documents, a.system.as_deref(), context::pending_date(&a.out))?;
+    let date = if a.restart { None } else { context::pending_date(&a.out) };
+    let plan = engine.plan_context(&ingested.documents, a.system.as_deref(), date)?;
     let opts = BuildOptions { kv_dtype, memory_budget, restart: a.restart };
     let stop = interrupted();
     let bar = progress_bar(a.json);
@@ -95,6 +97,10 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     let report = match context::build(&engine.model, engine.stamp()?, &plan, &a.out, &opts, &mut on_progress) {
         Err(folio_models::Error::Cancelled(msg)) => bail!(
             "{msg}; the finished layers are kept in {}: run the same command again to resume",
+            context::partial_dir(&a.out).display()
+        ),
+        Err(e) if context::partial_dir(&a.out).join("checkpoint.json").exists() => bail!(
+            "{e}; the finished layers are kept in {}: run the same command again to resume",
             context::partial_dir(&a.out).display()
         ),
         r => r?,
@@ -205,9 +211,7 @@ pub fn context(cmd: ContextCommand) -> Result<()> {
     let file = ContextFile::open(&a.file)?;
     let verified = if a.verify { Some(file.verify()?) } else { None };
     let h = file.header();
-    let sum = |kind: &str| -> u64 {
-        h.sections.iter().filter(|s| format!("{:?}", s.kind).to_lowercase() == kind).map(|s| s.bytes).sum()
-    };
+    let sum = |kind: SectionKind| -> u64 { h.sections.iter().filter(|s| s.kind == kind).map(|s| s.bytes).sum() };
     if a.json {
         let doc = json!({
             "path": a.file,
@@ -231,10 +235,10 @@ pub fn context(cmd: ContextCommand) -> Result<()> {
     println!("file         {}", human_bytes(h.file_bytes));
     println!(
         "sections     tokens {}, documents {}, keys {}, values {}",
-        human_bytes(sum("tokens")),
-        human_bytes(sum("documents")),
-        human_bytes(sum("keys")),
-        human_bytes(sum("values"))
+        human_bytes(sum(SectionKind::Tokens)),
+        human_bytes(sum(SectionKind::Documents)),
+        human_bytes(sum(SectionKind::Keys)),
+        human_bytes(sum(SectionKind::Values))
     );
     println!("documents    {}", file.documents().len());
     for d in file.documents() {
@@ -298,6 +302,8 @@ impl Conversation {
         std::fs::write(&tmp, serde_json::to_vec_pretty(self)?).with_context(|| format!("writing {}", tmp.display()))?;
         std::fs::File::open(&tmp)?.sync_all()?;
         std::fs::rename(&tmp, path).with_context(|| format!("saving {}", path.display()))?;
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::File::open(dir)?.sync_all()?;
         Ok(())
     }
 }
@@ -318,11 +324,7 @@ pub fn chat(
     let loaded = started.elapsed().as_secs_f64();
     let opened_at = Instant::now();
     let file = Arc::new(engine.open_context(ctx_path)?);
-    let question = match (&a.raw, &a.question) {
-        (Some(raw), _) => raw.clone(),
-        (None, Some(q)) => q.clone(),
-        (None, None) => bail!("give a question"),
-    };
+    let question = a.question.clone().context("give a question")?;
     let mut conv = match &a.continue_file {
         Some(p) => Some(Conversation::load(p, &file)?),
         None => None,

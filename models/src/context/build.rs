@@ -133,12 +133,25 @@ pub fn build(
     if <File as fs4::FileExt>::try_lock(&lock).is_err() {
         return Err(Error::Invalid(format!("another folio prefill is writing {} right now", out.display())));
     }
-    let mut job_run = Job { model, plan, out, dir: &dir, job, docs_json, chunk: chunk_plan.chunk, on_progress };
+    let mut job_run =
+        Job { model, plan, out, dir: &dir, job, docs_json, chunk: chunk_plan.chunk, on_progress, owns_dir: false };
     let result = job_run.run(opts, chunk_plan.working_set);
-    match &result {
-        Err(Error::Cancelled(_)) => {}
-        // Success removes the folder after the rename; failures leave nothing behind.
-        _ => {
+    // Success removes the folder (the file is renamed out of it). A failure removes it when it
+    // is this job's and holds nothing worth resuming, or when the disk is full (the scratch
+    // space is what filled it); a cancel, or a failure after finished layers, keeps it for a
+    // rerun; another job's folder (a refused resume) is never touched.
+    if result.is_ok() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    if let Err(e) = &result {
+        let checkpointed = read_checkpoint(&dir.join("checkpoint.json")).ok().flatten().map_or(0, |cp| cp.layers_done);
+        let remove = job_run.owns_dir
+            && match e {
+                Error::Cancelled(_) => false,
+                Error::DiskFull { .. } => true,
+                _ => checkpointed == 0,
+            };
+        if remove {
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
@@ -155,6 +168,8 @@ struct Job<'a> {
     docs_json: Vec<u8>,
     chunk: usize,
     on_progress: &'a mut dyn FnMut(&Progress) -> ControlFlow<()>,
+    /// The partial folder holds this job (started fresh, or a matching checkpoint resumed).
+    owns_dir: bool,
 }
 
 impl Job<'_> {
@@ -177,9 +192,15 @@ impl Job<'_> {
         let hidden_paths = [self.dir.join("hidden-0.bin"), self.dir.join("hidden-1.bin")];
         let layers = self.model.config().num_layers;
         let mut checkpoint = match read_checkpoint(&cp_path)? {
-            Some(cp) if cp.job == self.job && cp.compute == self.compute() => cp,
+            Some(cp) if cp.job == self.job && cp.compute == self.compute() => {
+                self.owns_dir = true;
+                cp
+            }
             Some(cp) if !opts.restart => return Err(self.mismatch(&cp)),
-            _ => self.start_fresh(&cp_path, &tmp, &hidden_paths)?,
+            _ => {
+                self.owns_dir = true;
+                self.start_fresh(&cp_path, &tmp, &hidden_paths)?
+            }
         };
         self.chunk = checkpoint.chunk;
         let resumed_layers = checkpoint.layers_done;
@@ -219,7 +240,7 @@ impl Job<'_> {
                 let values = x.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
                 let bytes = self.job.kv_dtype.encode(&values, self.model.config().head_dim)?;
                 let s = self.job.section(kind, Some(layer)).expect("every layer has K and V sections");
-                write_at(&file, &tmp, s.offset, &bytes)?;
+                self.write_at(&file, &tmp, s.offset, &bytes)?;
                 checkpoint.checksums.push(checksum(&bytes));
             }
             sync(&file, &tmp)?;
@@ -231,9 +252,13 @@ impl Job<'_> {
         let last = hidden[(layers - 1) % 2].read(t - 1, 1)?;
         let next_token = self.model.head(&last)?.squeeze(0)?.argmax(0)?.to_scalar::<u32>()?;
         let header = self.finished_header(&checkpoint)?;
-        write_at(&file, &tmp, 0, &header.encode())?;
+        self.write_at(&file, &tmp, 0, &header.encode())?;
         sync(&file, &tmp)?;
         drop(file);
+        // The checkpoint goes first: a crash between the two leaves a folder that starts over,
+        // never a checkpoint whose context.tmp has already been renamed away.
+        std::fs::remove_file(&cp_path).map_err(|e| Error::io(&cp_path, e))?;
+        sync_dir(&cp_path)?;
         std::fs::rename(&tmp, self.out).map_err(|e| Error::io(self.out, e))?;
         sync_dir(self.out)?;
         let computed = (layers - resumed_layers) * t;
@@ -275,7 +300,7 @@ impl Job<'_> {
         let tokens: Vec<u8> = self.plan.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
         for (kind, bytes) in [(SectionKind::Tokens, &tokens), (SectionKind::Documents, &self.docs_json)] {
             let s = self.job.section(kind, None).expect("the layout has the small sections");
-            write_at(&file, tmp, s.offset, bytes)?;
+            self.write_at(&file, tmp, s.offset, bytes)?;
         }
         sync(&file, tmp)?;
         let cp = Checkpoint {
@@ -305,6 +330,10 @@ impl Job<'_> {
             <File as fs4::FileExt>::allocate(&f, bytes).map_err(|e| self.io(path, e))?;
         }
         Ok(f)
+    }
+
+    fn write_at(&self, file: &File, path: &Path, offset: u64, bytes: &[u8]) -> Result<()> {
+        file.write_all_at(bytes, offset).map_err(|e| self.io(path, e))
     }
 
     fn io(&self, path: &Path, e: std::io::Error) -> Error {
@@ -365,16 +394,6 @@ impl Job<'_> {
 
 fn is_disk_full(e: &std::io::Error) -> bool {
     matches!(e.kind(), ErrorKind::StorageFull | ErrorKind::FileTooLarge | ErrorKind::QuotaExceeded)
-}
-
-fn write_at(file: &File, path: &Path, offset: u64, bytes: &[u8]) -> Result<()> {
-    file.write_all_at(bytes, offset).map_err(|e| {
-        if is_disk_full(&e) {
-            Error::DiskFull { path: path.to_owned(), needed: 0, file: 0, detail: e.to_string() }
-        } else {
-            Error::io(path, e)
-        }
-    })
 }
 
 fn sync(file: &File, path: &Path) -> Result<()> {

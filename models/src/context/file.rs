@@ -62,13 +62,13 @@ impl ContextFile {
             )));
         }
         let header_len = word(16, 8);
-        if PREAMBLE_BYTES + header_len > len {
-            return Err(bad(format!(
-                "truncated: the header needs {} bytes but the file has {len}; prefill again or copy the file again",
-                PREAMBLE_BYTES + header_len
-            )));
-        }
-        let json = &map[PREAMBLE_BYTES as usize..(PREAMBLE_BYTES + header_len) as usize];
+        let header_end = PREAMBLE_BYTES.checked_add(header_len).filter(|&e| e <= len).ok_or_else(|| {
+            bad(format!(
+                "truncated or corrupted: the header claims {header_len} bytes but the file has {len}; \
+                 prefill again or copy the file again"
+            ))
+        })?;
+        let json = &map[PREAMBLE_BYTES as usize..header_end as usize];
         if xxh3_64(json) != word(24, 8) {
             return Err(bad("the header is corrupted (checksum mismatch); prefill the documents again".into()));
         }
