@@ -16,11 +16,12 @@ case "${1:-}" in
     newest() { ls -t "$target"/deps/"$1"-* | grep -v '\.d$' | head -1; }
     cp "$(newest attention)" .gpu/kernels-attention
     cp "$(newest parity)" .gpu/models-parity
+    cp "$(newest context)" .gpu/models-context
     cp "$target/folio" .gpu/folio
     strip .gpu/*
     # The binaries embed candle's PTX (text): xz shrinks them ~6x, under the device tool's 64 MiB.
-    tar -C .gpu -cf - folio kernels-attention models-parity | xz -T2 -6 > .gpu/bundle.tar.xz
-    rm .gpu/folio .gpu/kernels-attention .gpu/models-parity
+    tar -C .gpu -cf - folio kernels-attention models-parity models-context | xz -T2 -6 > .gpu/bundle.tar.xz
+    rm .gpu/folio .gpu/kernels-attention .gpu/models-parity .gpu/models-context
     du -sh .gpu/bundle.tar.xz
     ;;
   run)
@@ -38,6 +39,14 @@ case "${1:-}" in
       .gpu/folio chat --model tests/fixtures/models/llama --device cuda --json --temperature 0 --max-tokens 16 \
         --system "You are a helpful assistant." "What is the capital of France?"
       .gpu/folio info --model tests/fixtures/models/qwen3 --device cuda
+      echo "== context files on CUDA: prefill on the GPU vs the CPU, a GPU-made file on the CPU"
+      .gpu/models-context --test-threads 1 --nocapture cuda_prefill_matches_cpu
+      ctx=$(mktemp -d)/samples.folio
+      .gpu/folio prefill --model assets/models/demo --device cuda --docs assets/samples --out "$ctx"
+      .gpu/folio context info "$ctx" --verify
+      .gpu/folio chat --context "$ctx" --device cuda --temperature 0 --max-tokens 16 "what is the secret code of amber falcon ?"
+      echo "== folio bench prefill on CUDA (bf16 compute, bf16 K/V)"
+      .gpu/folio bench prefill --model assets/models/demo --device cuda --tokens ${BENCH_TOKENS:-8192,32768}
     } 2>&1 | tee "$log"
     ;;
   *) echo "usage: $0 pack|run" >&2; exit 2 ;;
