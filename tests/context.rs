@@ -146,9 +146,9 @@ enum KillAt {
     LayersDone(u64),
 }
 
-/// Waits for the kill point, then SIGKILLs the child. Returns whether it was killed mid-way
-/// (false when it finished first).
-fn kill_at(mut child: Child, partial: &Path, at: KillAt) -> bool {
+/// Waits for the kill point, then sends `signal` (SIGKILL, or SIGINT: Ctrl-C) to the child.
+/// Returns whether it was stopped mid-way (false when it finished first).
+fn kill_at(mut child: Child, partial: &Path, at: KillAt, signal: i32) -> bool {
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         if child.try_wait().unwrap().is_some() {
@@ -163,16 +163,22 @@ fn kill_at(mut child: Child, partial: &Path, at: KillAt) -> bool {
             KillAt::LayersDone(n) => done.is_some_and(|d| d >= n),
         };
         if reached || Instant::now() > deadline {
-            child.kill().unwrap();
-            child.wait().unwrap();
+            // SAFETY: signalling our own child, which has not been waited for (its pid is live).
+            unsafe { libc::kill(child.id() as i32, signal) };
+            let out = child.wait_with_output().unwrap();
+            if signal == libc::SIGINT {
+                // Ctrl-C: a clean stop after the current chunk, checkpoint kept, told how to resume.
+                let stderr = err_text(out);
+                assert!(stderr.contains("cancelled") && stderr.contains("run the same command again"), "{stderr}");
+            }
             return true;
         }
         std::thread::sleep(Duration::from_millis(1));
     }
 }
 
-/// kill -9 at several points of a prefill, rerun each time: the rerun resumes, and the final
-/// file is byte-identical to an uninterrupted prefill's.
+/// kill -9 (and one Ctrl-C) at several points of a prefill, rerun each time: the rerun
+/// resumes, and the final file is byte-identical to an uninterrupted prefill's.
 #[test]
 fn killed_prefill_resumes_to_an_identical_file() {
     let d = docs(10);
@@ -187,9 +193,15 @@ fn killed_prefill_resumes_to_an_identical_file() {
     let (dp, op) = (d.path().display().to_string(), out.display().to_string());
     let args = ["prefill", "--model", &demo(), "--docs", &dp, "--out", &op, "--json"];
     let mut landed = 0;
-    for at in [KillAt::FirstLayer, KillAt::LayersDone(1), KillAt::LayersDone(2), KillAt::LayersDone(3)] {
-        let child = folio_cmd(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-        if kill_at(child, &partial, at) {
+    let points = [
+        (KillAt::FirstLayer, libc::SIGKILL),
+        (KillAt::LayersDone(1), libc::SIGKILL),
+        (KillAt::LayersDone(2), libc::SIGINT),
+        (KillAt::LayersDone(3), libc::SIGKILL),
+    ];
+    for (at, signal) in points {
+        let child = folio_cmd(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        if kill_at(child, &partial, at, signal) {
             landed += 1;
             assert!(!out.exists(), "a killed prefill never leaves a finished-looking file");
         }

@@ -8,8 +8,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use folio_models::attention::Dense;
-use folio_models::context::format::{PromptKind, PromptStamp};
-use folio_models::context::{self, BuildOptions, ContextKv, DocumentSpan, KvDtype, PrefixPlan};
+use folio_models::context::{self, BuildOptions, ContextKv, KvDtype, PrefixPlan};
 use folio_models::kv::KvStore;
 use folio_models::model::Logits;
 use folio_models::prefill::{plan_chunk, prefill_in_memory};
@@ -29,25 +28,7 @@ fn engine(name: &str) -> Engine {
 }
 
 fn plan(tokens: Vec<u32>) -> PrefixPlan {
-    let n = tokens.len();
-    PrefixPlan {
-        tokens,
-        documents: vec![DocumentSpan {
-            title: "t".into(),
-            path: "t".into(),
-            start: 0,
-            end: n,
-            bytes: 0,
-            xxh3: "0".into(),
-        }],
-        prompt: PromptStamp {
-            kind: PromptKind::Raw,
-            head: String::new(),
-            system: None,
-            date: String::new(),
-            document_template: String::new(),
-        },
-    }
+    PrefixPlan::raw_tokens(tokens)
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f32 {

@@ -16,8 +16,7 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Tensor};
 use clap::{Args, Subcommand};
 use folio_models::attention::Dense;
-use folio_models::context::format::{PromptKind, PromptStamp};
-use folio_models::context::{self, BuildOptions, ContextKv, DocumentSpan, KvDtype, PrefixPlan};
+use folio_models::context::{self, BuildOptions, ContextKv, KvDtype, PrefixPlan};
 use folio_models::error::human_bytes;
 use folio_models::model::Logits;
 use folio_models::{device_name, Engine};
@@ -111,24 +110,7 @@ fn one(
     let vocab = engine.config().vocab_size as u32;
     let mut rng = StdRng::seed_from_u64(n as u64);
     let tokens: Vec<u32> = (0..n).map(|_| rng.random_range(0..vocab)).collect();
-    let plan = PrefixPlan {
-        documents: vec![DocumentSpan {
-            title: "synthetic".into(),
-            path: String::new(),
-            start: 0,
-            end: n,
-            bytes: 0,
-            xxh3: String::new(),
-        }],
-        tokens,
-        prompt: PromptStamp {
-            kind: PromptKind::Raw,
-            head: String::new(),
-            system: None,
-            date: String::new(),
-            document_template: String::new(),
-        },
-    };
+    let plan = PrefixPlan::raw_tokens(tokens);
     let out = dir.join(format!("bench-{n}.folio"));
     // Peak RSS per length: Linux resets VmHWM when "5" is written to clear_refs.
     let _ = std::fs::write("/proc/self/clear_refs", "5");

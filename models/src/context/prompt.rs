@@ -54,6 +54,29 @@ pub struct PrefixPlan {
     pub prompt: PromptStamp,
 }
 
+impl PrefixPlan {
+    /// Token ids as they are, one untitled span over all of them, no template (benchmarks and
+    /// tests that prefill synthetic tokens).
+    pub fn raw_tokens(tokens: Vec<u32>) -> Self {
+        let span = DocumentSpan {
+            title: "tokens".into(),
+            path: String::new(),
+            start: 0,
+            end: tokens.len(),
+            bytes: 0,
+            xxh3: String::new(),
+        };
+        let prompt = PromptStamp {
+            kind: PromptKind::Raw,
+            head: String::new(),
+            system: None,
+            date: String::new(),
+            document_template: String::new(),
+        };
+        Self { tokens, documents: vec![span], prompt }
+    }
+}
+
 impl Engine {
     /// The template documents are wrapped with for this model.
     pub fn document_template(&self) -> String {
