@@ -113,6 +113,23 @@ fn prefill_info_chat_and_follow_ups() {
     assert_eq!(plain_prompt, ctx_prompt, "prompt tokens: saved context + question vs the one-go prompt");
     assert_eq!(answer["tokens"], plain["tokens"], "greedy answers: {} vs {}", answer["text"], plain["text"]);
 
+    // Other attention methods on the same file, no new prefill; each records its settings.
+    let ask = |extra: &[&str]| {
+        let mut args = vec!["chat", "--context", c, question, "--json", "--temperature", "0", "--max-tokens", "16"];
+        args.extend_from_slice(extra);
+        ok_json(folio(&args))
+    };
+    let full = ask(&["--method", "topk", "--budget", "100%", "--param", "window=0"]);
+    assert_eq!(full["tokens"], answer["tokens"], "top-k over every key answers as dense does");
+    assert_eq!(full["attention"]["method"], "topk");
+    assert_eq!(full["attention"]["params"]["window"], 0.0);
+    let streaming = ask(&["--method", "streaming", "--budget", "64"]);
+    assert_eq!(streaming["attention"]["budget"]["tokens"], 64);
+    assert!(!streaming["tokens"].as_array().unwrap().is_empty());
+    let err =
+        err_text(folio(&["chat", "--context", c, question, "--method", "topk", "--budget", "5%", "--param", "k=3"]));
+    assert!(err.contains("unknown parameter \"k\"") && err.contains("window"), "{err}");
+
     // Follow-ups in a conversation file.
     let conv = work.path().join("chat.json");
     let cv = conv.to_str().unwrap();

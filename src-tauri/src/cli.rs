@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use folio_models::attention::{self, Attention};
 use folio_models::chat::Message;
 use folio_models::generate::{GenerateParams, SamplingParams};
 use folio_models::{device_name, parse_device, parse_dtype, Engine};
@@ -64,12 +65,26 @@ pub struct ChatArgs {
     /// Stop when this string appears (not included in the answer). Repeatable.
     #[arg(long)]
     stop: Vec<String>,
+    /// Attention method: dense, streaming, topk.
+    #[arg(long, default_value = "dense")]
+    method: String,
+    /// The method's budget: tokens (2048) or a share of the context (2%, 0.02).
+    #[arg(long)]
+    budget: Option<String>,
+    /// A method knob, key=value (repeatable); an invalid one lists the valid names and ranges.
+    #[arg(long = "param")]
+    params: Vec<String>,
     /// Print one JSON document instead of streaming text.
     #[arg(long)]
     pub(crate) json: bool,
 }
 
 impl ChatArgs {
+    /// The attention method the flags ask for.
+    pub(crate) fn attention(&self) -> Result<Box<dyn Attention>> {
+        Ok(attention::by_name(&self.method, self.budget.as_deref(), &attention::parse_params(&self.params)?)?)
+    }
+
     /// Generation settings: the flags, else the model's generation_config.json.
     fn params(&self, engine: &Engine) -> GenerateParams {
         let defaults = engine.generation_config.sampling_defaults();
@@ -90,8 +105,9 @@ impl ChatArgs {
 }
 
 pub fn chat(common: &Common, a: ChatArgs) -> Result<()> {
+    let attn = a.attention()?;
     if let Some(ctx) = &a.context {
-        return crate::context_cmd::chat(common, &a, ctx, |e| a.params(e));
+        return crate::context_cmd::chat(common, &a, ctx, attn.as_ref(), |e| a.params(e));
     }
     let engine = common.engine()?;
     let prompt = match (&a.raw, &a.question) {
@@ -109,7 +125,7 @@ pub fn chat(common: &Common, a: ChatArgs) -> Result<()> {
     let params = a.params(&engine);
     let start = Instant::now();
     let mut stdout = std::io::stdout().lock();
-    let generation = engine.generate(&prompt, &params, |piece| {
+    let generation = engine.generate_with(attn.as_ref(), &prompt, &params, |piece| {
         if !a.json {
             let _ = write!(stdout, "{piece}");
             let _ = stdout.flush();
@@ -125,6 +141,7 @@ pub fn chat(common: &Common, a: ChatArgs) -> Result<()> {
             "text": generation.text,
             "stop_reason": generation.stop_reason,
             "sampling": params.sampling,
+            "attention": attn.settings(),
             "seconds": secs,
         });
         writeln!(stdout, "{doc}")?;

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use folio_models::attention::Attention;
 use folio_models::chat::Message;
 use folio_models::context::format::SectionKind;
 use folio_models::context::{self, BuildOptions, ContextFile, ContextKv, KvDtype, Progress};
@@ -313,6 +314,7 @@ pub fn chat(
     common: &Common,
     a: &ChatArgs,
     ctx_path: &Path,
+    attn: &dyn Attention,
     params: impl FnOnce(&Engine) -> GenerateParams,
 ) -> Result<()> {
     let started = Instant::now();
@@ -336,9 +338,8 @@ pub fn chat(
     let params = params(&engine);
     let mut first_text = None;
     let mut stdout = std::io::stdout().lock();
-    let attn = folio_models::attention::Dense;
     let generation =
-        folio_models::generate::generate(&engine.model, &engine.tokenizer, &attn, &mut kv, &tail, &params, |piece| {
+        folio_models::generate::generate(&engine.model, &engine.tokenizer, attn, &mut kv, &tail, &params, |piece| {
             first_text.get_or_insert_with(|| opened_at.elapsed().as_secs_f64());
             if !a.json {
                 let _ = write!(stdout, "{piece}");
@@ -355,7 +356,7 @@ pub fn chat(
         let doc = json!({
             "model": engine.name,
             "context": {"path": ctx_path, "tokens": file.header().tokens, "documents": file.documents().len()},
-            "attention": {"method": "dense"},
+            "attention": attn.settings(),
             "tail_tokens": tail,
             "tokens": generation.tokens,
             "text": generation.text,

@@ -43,6 +43,9 @@ pub struct NeedleArgs {
     /// The method's budget (tokens, or a fraction of the context).
     #[arg(long)]
     budget: Option<String>,
+    /// A method knob, key=value (repeatable).
+    #[arg(long = "param")]
+    params: Vec<String>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Also write needle.json and needle-heatmap.svg into this folder.
@@ -69,7 +72,7 @@ pub fn eval(common: &Common, args: EvalArgs) -> Result<()> {
 }
 
 fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
-    let method = attention::by_name(&a.method, a.budget.as_deref())?;
+    let method = attention::by_name(&a.method, a.budget.as_deref(), &attention::parse_params(&a.params)?)?;
     let engine = common.engine()?;
     let model_dir = engine.files.config.parent().context("model folder")?.to_owned();
     let spec = EvalSpec::load(&model_dir)?;
@@ -110,6 +113,7 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
         "model": engine.name,
         "method": a.method,
         "budget": a.budget,
+        "attention": method.settings(),
         "prefilled_answer_prefix": spec.chat.prefill_answer_prefix,
         "seed": a.seed,
         "samples_per_cell": samples,

@@ -1,0 +1,59 @@
+//! StreamingLLM's baseline: the first `sinks` tokens (attention sinks) and the most recent
+//! tokens, the rest never read. Budget = sinks + window. Same set for every head (the paper's
+//! choice: no scoring at all), so GQA needs no decision.
+
+use candle_core::Tensor;
+
+use super::select::{attend_selected, visible_range, LayerRows};
+use super::{Attention, AttnCall, Budget, Dense, ParamSpec, Params};
+use crate::error::Result;
+
+pub(super) const PARAMS: [ParamSpec; 1] = [ParamSpec {
+    name: "sinks",
+    default: 4.0,
+    min: 0.0,
+    max: 1024.0,
+    integer: true,
+    doc: "first tokens always attended (the rest of the budget is the recent window)",
+}];
+
+pub struct Streaming {
+    budget: Budget,
+    params: Params,
+}
+
+impl Streaming {
+    pub fn new(budget: Budget, params: Params) -> Self {
+        Self { budget, params }
+    }
+
+    /// The positions a query at `pos` reads, among the visible `lo..hi`.
+    pub fn selection(&self, lo: usize, hi: usize) -> Vec<usize> {
+        let n = self.budget.tokens(hi - lo);
+        let sinks = self.params.usize("sinks").min(n);
+        let recent = n - sinks;
+        let head_end = (lo + sinks).min(hi);
+        let tail_start = hi.saturating_sub(recent).max(head_end);
+        (lo..head_end).chain(tail_start..hi).collect()
+    }
+}
+
+impl Attention for Streaming {
+    fn name(&self) -> &'static str {
+        "streaming"
+    }
+
+    fn settings(&self) -> serde_json::Value {
+        serde_json::json!({ "method": "streaming", "budget": self.budget, "params": self.params })
+    }
+
+    fn forward(&self, call: &AttnCall<'_>) -> Result<Tensor> {
+        if call.q.dim(1)? != 1 {
+            return Dense.forward(call);
+        }
+        let (lo, hi) = visible_range(call, call.q_start);
+        let rows = LayerRows::read(call, hi)?;
+        let sel = self.selection(lo, hi);
+        attend_selected(call, &rows, &vec![sel; call.q.dim(0)?])
+    }
+}

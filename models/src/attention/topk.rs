@@ -1,0 +1,83 @@
+//! Exact top-k attention (research/seeds/004-topk.md): at each decode step, every query head
+//! reads the `k` keys with the largest q·k among the context, plus the most recent `window`
+//! tokens (the question and the answer so far, which the paper keeps on the GPU and attends
+//! densely), and softmax runs over exactly those.
+//!
+//! GQA: one selection per *query* head against its KV head's keys (`h / G`, as HF's
+//! `repeat_kv`), as the authors' code does: heads of a group attend to different tokens, and a
+//! shared selection would spend the budget on the group's average. Scores are the raw dot
+//! products (the scale does not change the order). This is the obviously-right reference: a
+//! full scan of every key; the approximate index and the GPU path are held to it.
+
+use candle_core::Tensor;
+
+use super::select::{attend_selected, query_rows, visible_range, LayerRows};
+use super::{Attention, AttnCall, Budget, Dense, ParamSpec, Params};
+use crate::error::Result;
+
+pub(super) const PARAMS: [ParamSpec; 1] = [ParamSpec {
+    name: "window",
+    default: 64.0,
+    min: 0.0,
+    max: 1_048_576.0,
+    integer: true,
+    doc: "most recent tokens always attended, outside the top-k budget",
+}];
+
+pub struct TopK {
+    budget: Budget,
+    params: Params,
+}
+
+impl TopK {
+    pub fn new(budget: Budget, params: Params) -> Self {
+        Self { budget, params }
+    }
+
+    /// The sorted positions of the `k` largest `scores` (index = position - `lo`) plus the
+    /// window `hi - window..hi`. Ties keep the earlier position.
+    pub fn selection(&self, scores: &[f32], lo: usize, hi: usize) -> Vec<usize> {
+        let window = self.params.usize("window").min(hi - lo);
+        let cut = hi - window;
+        let k = self.budget.tokens(hi - lo).min(cut - lo);
+        let mut order: Vec<usize> = (lo..cut).collect();
+        if k < order.len() {
+            let by_score = |a: &usize, b: &usize| scores[*b - lo].total_cmp(&scores[*a - lo]).then(a.cmp(b));
+            order.select_nth_unstable_by(k, by_score);
+            order.truncate(k);
+        }
+        order.sort_unstable();
+        order.extend(cut..hi);
+        order
+    }
+}
+
+impl Attention for TopK {
+    fn name(&self) -> &'static str {
+        "topk"
+    }
+
+    fn settings(&self) -> serde_json::Value {
+        serde_json::json!({ "method": "topk", "budget": self.budget, "params": self.params })
+    }
+
+    fn forward(&self, call: &AttnCall<'_>) -> Result<Tensor> {
+        if call.q.dim(1)? != 1 {
+            return Dense.forward(call);
+        }
+        let (lo, hi) = visible_range(call, call.q_start);
+        let rows = LayerRows::read(call, hi)?;
+        let queries = query_rows(call)?;
+        let groups = queries.len() / rows.kv_heads;
+        let selected: Vec<Vec<usize>> = queries
+            .iter()
+            .enumerate()
+            .map(|(h, q)| {
+                let scores: Vec<f32> =
+                    (lo..hi).map(|p| rows.key(h / groups, p).iter().zip(q).map(|(a, b)| a * b).sum()).collect();
+                self.selection(&scores, lo, hi)
+            })
+            .collect();
+        attend_selected(call, &rows, &selected)
+    }
+}
