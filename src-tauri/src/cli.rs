@@ -65,26 +65,35 @@ pub struct ChatArgs {
     /// Stop when this string appears (not included in the answer). Repeatable.
     #[arg(long)]
     stop: Vec<String>,
-    /// Attention method: dense, streaming, topk.
-    #[arg(long, default_value = "dense")]
-    method: String,
-    /// The method's budget: tokens (2048) or a share of the context (2%, 0.02).
-    #[arg(long)]
-    budget: Option<String>,
-    /// A method knob, key=value (repeatable); an invalid one lists the valid names and ranges.
-    #[arg(long = "param")]
-    params: Vec<String>,
+    #[command(flatten)]
+    attention: MethodArgs,
     /// Print one JSON document instead of streaming text.
     #[arg(long)]
     pub(crate) json: bool,
 }
 
-impl ChatArgs {
+/// The attention method flags, shared by every command that runs the model.
+#[derive(Args)]
+pub struct MethodArgs {
+    /// Attention method: dense, streaming, topk.
+    #[arg(long, default_value = "dense")]
+    pub(crate) method: String,
+    /// The method's budget: tokens (2048) or a share of the context (2%, 0.02).
+    #[arg(long)]
+    pub(crate) budget: Option<String>,
+    /// A method knob, key=value (repeatable); an invalid one lists the valid names and ranges.
+    #[arg(long = "param")]
+    params: Vec<String>,
+}
+
+impl MethodArgs {
     /// The attention method the flags ask for.
-    pub(crate) fn attention(&self) -> Result<Box<dyn Attention>> {
+    pub(crate) fn build(&self) -> Result<Box<dyn Attention>> {
         Ok(attention::by_name(&self.method, self.budget.as_deref(), &attention::parse_params(&self.params)?)?)
     }
+}
 
+impl ChatArgs {
     /// Generation settings: the flags, else the model's generation_config.json.
     fn params(&self, engine: &Engine) -> GenerateParams {
         let defaults = engine.generation_config.sampling_defaults();
@@ -105,7 +114,7 @@ impl ChatArgs {
 }
 
 pub fn chat(common: &Common, a: ChatArgs) -> Result<()> {
-    let attn = a.attention()?;
+    let attn = a.attention.build()?;
     if let Some(ctx) = &a.context {
         return crate::context_cmd::chat(common, &a, ctx, attn.as_ref(), |e| a.params(e));
     }

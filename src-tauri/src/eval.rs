@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use folio_models::attention;
+
 use folio_models::eval::needle::{self, NeedleSample};
 use folio_models::eval::spec::EvalSpec;
 use serde_json::json;
 
-use crate::cli::Common;
+use crate::cli::{Common, MethodArgs};
 
 #[derive(Args)]
 pub struct EvalArgs {
@@ -37,15 +37,8 @@ pub struct NeedleArgs {
     /// Prompts per (length, depth) cell (default: eval_spec.json's).
     #[arg(long)]
     samples: Option<usize>,
-    /// Attention method.
-    #[arg(long, default_value = "dense")]
-    method: String,
-    /// The method's budget (tokens, or a fraction of the context).
-    #[arg(long)]
-    budget: Option<String>,
-    /// A method knob, key=value (repeatable).
-    #[arg(long = "param")]
-    params: Vec<String>,
+    #[command(flatten)]
+    attention: MethodArgs,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Also write needle.json and needle-heatmap.svg into this folder.
@@ -72,7 +65,7 @@ pub fn eval(common: &Common, args: EvalArgs) -> Result<()> {
 }
 
 fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
-    let method = attention::by_name(&a.method, a.budget.as_deref(), &attention::parse_params(&a.params)?)?;
+    let method = a.attention.build()?;
     let engine = common.engine()?;
     let model_dir = engine.files.config.parent().context("model folder")?.to_owned();
     let spec = EvalSpec::load(&model_dir)?;
@@ -111,8 +104,8 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
     let doc = json!({
         "task": "needle",
         "model": engine.name,
-        "method": a.method,
-        "budget": a.budget,
+        "method": a.attention.method,
+        "budget": a.attention.budget,
         "attention": method.settings(),
         "prefilled_answer_prefix": spec.chat.prefill_answer_prefix,
         "seed": a.seed,
@@ -127,7 +120,7 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
     if let Some(dir) = &a.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         write_file(&dir.join("needle.json"), &serde_json::to_string_pretty(&doc)?)?;
-        let title = format!("needle accuracy: {}, {} attention", engine.name, a.method);
+        let title = format!("needle accuracy: {}, {} attention", engine.name, a.attention.method);
         write_file(&dir.join("needle-heatmap.svg"), &heatmap_svg(&title, &lengths, &depths, &grid))?;
     }
     if a.json {
