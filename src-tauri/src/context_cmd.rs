@@ -299,13 +299,7 @@ impl Conversation {
 
     /// Atomic: a crash while saving keeps the previous conversation.
     fn save(&self, path: &Path) -> Result<()> {
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(self)?).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::File::open(&tmp)?.sync_all()?;
-        std::fs::rename(&tmp, path).with_context(|| format!("saving {}", path.display()))?;
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        std::fs::File::open(dir)?.sync_all()?;
-        Ok(())
+        Ok(context::write_atomic(path, &serde_json::to_vec_pretty(self)?)?)
     }
 }
 

@@ -174,11 +174,7 @@ struct Job<'a> {
 
 impl Job<'_> {
     fn compute(&self) -> String {
-        let dev = match self.model.device() {
-            Device::Cpu => "cpu",
-            _ => "gpu",
-        };
-        format!("{dev} {:?}", self.model.dtype()).to_lowercase()
+        format!("{} {:?}", crate::device_name(self.model.device()), self.model.dtype()).to_lowercase()
     }
 
     fn hidden_bytes(&self) -> u64 {
@@ -419,11 +415,17 @@ fn read_checkpoint(path: &Path) -> Result<Option<Checkpoint>> {
     }
 }
 
-/// Temp file, fsync, rename, fsync the folder: the checkpoint is always the old or the new one.
 fn write_checkpoint(path: &Path, cp: &Checkpoint) -> Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    let text = serde_json::to_vec_pretty(cp).map_err(|e| Error::Invalid(e.to_string()))?;
-    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
+    write_atomic(path, &serde_json::to_vec_pretty(cp).map_err(|e| Error::Invalid(e.to_string()))?)
+}
+
+/// Replaces `path` with `bytes` so that a crash leaves the old or the new content, never a mix:
+/// temp file beside it, fsync, rename, fsync the folder.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    let tmp = path.with_file_name(name);
+    std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
     File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
     sync_dir(path)
