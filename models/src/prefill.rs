@@ -150,16 +150,16 @@ pub fn plan_chunk(model: &Model, tokens: usize, section_bytes: u64, budget: Opti
     Ok(ChunkPlan { chunk, working_set: fixed + chunk as u64 * per_token })
 }
 
-/// Runs every token through decoder layer `layer`, `chunk` tokens at a time: input from the
-/// token embeddings (layer 0) or `input`, output hidden states to `output`. Returns the
+/// Runs every token through decoder layer `layer`, `chunk` tokens at a time. The two hidden
+/// stores alternate: layer `l` reads the token embeddings (layer 0) or `hidden[(l + 1) % 2]`
+/// (what layer `l - 1` wrote) and writes `hidden[l % 2]` ([`layer_output`]). Returns the
 /// layer's K and V, `[kv_heads, tokens, head_dim]`. `progress` gets the tokens done so far
 /// after each chunk and may cancel (between chunks).
-pub fn run_layer(
+pub fn run_layer<H: Hidden>(
     model: &Model,
     layer: usize,
     tokens: &[u32],
-    input: Option<&dyn Hidden>,
-    output: &mut dyn Hidden,
+    hidden: &mut [H; 2],
     chunk: usize,
     progress: &mut dyn FnMut(usize) -> ControlFlow<()>,
 ) -> Result<(Tensor, Tensor)> {
@@ -167,16 +167,12 @@ pub fn run_layer(
     let t = tokens.len();
     let mut kv = DenseKv::new(1, cfg.num_kv_heads, cfg.head_dim, model.dtype(), model.device());
     kv.reserve(t)?;
+    let [even, odd] = hidden;
+    let (input, output) = if layer % 2 == 0 { (&*odd, even) } else { (&*even, odd) };
     let mut start = 0;
     while start < t {
         let n = chunk.min(t - start);
-        let x = match (layer, input) {
-            (0, _) => model.embed(&tokens[start..start + n])?,
-            (_, Some(h)) => h.read(start, n)?,
-            (_, None) => {
-                return Err(Error::Invalid(format!("layer {layer} needs the hidden states of layer {}", layer - 1)))
-            }
-        };
+        let x = if layer == 0 { model.embed(&tokens[start..start + n])? } else { input.read(start, n)? };
         let rope = model.rope(start, n)?;
         let y = model.layer_forward(layer, &x, start, &rope, &mut kv, 0, &Dense)?;
         kv.set_len(start + n)?;
@@ -190,6 +186,11 @@ pub fn run_layer(
     Ok((seg.k, seg.v))
 }
 
+/// The store [`run_layer`] wrote layer `layer`'s output to.
+pub fn layer_output<H>(hidden: &[H; 2], layer: usize) -> &H {
+    &hidden[layer % 2]
+}
+
 /// The whole layer-major prefill in memory: every layer's K/V and the last position's logits.
 /// What [`crate::context::build`] computes, without files: the "never saved" path tests hold
 /// the saved one to.
@@ -198,19 +199,11 @@ pub fn prefill_in_memory(model: &Model, tokens: &[u32], chunk: usize) -> Result<
     let cfg = model.config();
     model.config().check_fits(tokens.len())?;
     let new = || MemoryHidden::new(tokens.len(), cfg.hidden_size, model.dtype(), model.device());
-    let (mut even, mut odd) = (new()?, new()?);
-    let mut layers = Vec::with_capacity(cfg.num_layers);
-    let mut go_on = |_| ControlFlow::Continue(());
-    for layer in 0..cfg.num_layers {
-        // Layer l reads what layer l - 1 wrote: the two buffers alternate.
-        let kv = if layer % 2 == 0 {
-            run_layer(model, layer, tokens, Some(&odd), &mut even, chunk, &mut go_on)?
-        } else {
-            run_layer(model, layer, tokens, Some(&even), &mut odd, chunk, &mut go_on)?
-        };
-        layers.push(kv);
-    }
-    let last = if (cfg.num_layers - 1) % 2 == 0 { &even } else { &odd };
-    let logits = model.head(&last.read(tokens.len() - 1, 1)?)?;
+    let mut hidden = [new()?, new()?];
+    let layers = (0..cfg.num_layers)
+        .map(|layer| run_layer(model, layer, tokens, &mut hidden, chunk, &mut |_| ControlFlow::Continue(())))
+        .collect::<Result<Vec<_>>>()?;
+    let last = layer_output(&hidden, cfg.num_layers - 1).read(tokens.len() - 1, 1)?;
+    let logits = model.head(&last)?;
     Ok((layers, logits))
 }

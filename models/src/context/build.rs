@@ -34,7 +34,7 @@ use super::format::{checksum, Header, ModelStamp, SectionKind};
 use super::prompt::PrefixPlan;
 use crate::error::{human_bytes, Error, Result};
 use crate::model::Model;
-use crate::prefill::{plan_chunk, run_layer, FileHidden, Hidden};
+use crate::prefill::{layer_output, plan_chunk, run_layer, FileHidden, Hidden};
 
 #[derive(Debug, Clone)]
 pub struct BuildOptions {
@@ -226,12 +226,7 @@ impl Job<'_> {
                     eta_s: (rate > 0.0).then(|| left / rate),
                 })
             };
-            let [h0, h1] = &mut hidden;
-            let (k, v) = if layer % 2 == 0 {
-                run_layer(self.model, layer, &self.plan.tokens, Some(&*h1 as &dyn Hidden), h0, self.chunk, &mut report)?
-            } else {
-                run_layer(self.model, layer, &self.plan.tokens, Some(&*h0 as &dyn Hidden), h1, self.chunk, &mut report)?
-            };
+            let (k, v) = run_layer(self.model, layer, &self.plan.tokens, &mut hidden, self.chunk, &mut report)?;
             for (kind, x) in [(SectionKind::Keys, k), (SectionKind::Values, v)] {
                 let values = x.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
                 let bytes = self.job.kv_dtype.encode(&values, self.model.config().head_dim)?;
@@ -240,12 +235,11 @@ impl Job<'_> {
                 checkpoint.checksums.push(checksum(&bytes));
             }
             sync(&file, &tmp)?;
-            let out_hidden = &hidden[layer % 2];
-            sync(out_hidden.file(), &hidden_paths[layer % 2])?;
+            sync(layer_output(&hidden, layer).file(), layer_output::<PathBuf>(&hidden_paths, layer))?;
             checkpoint.layers_done = layer + 1;
             write_checkpoint(&cp_path, &checkpoint)?;
         }
-        let last = hidden[(layers - 1) % 2].read(t - 1, 1)?;
+        let last = layer_output(&hidden, layers - 1).read(t - 1, 1)?;
         let next_token = self.model.head(&last)?.squeeze(0)?.argmax(0)?.to_scalar::<u32>()?;
         let header = self.finished_header(&checkpoint)?;
         self.write_at(&file, &tmp, 0, &header.encode())?;
