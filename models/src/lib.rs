@@ -92,6 +92,8 @@ pub struct Engine {
     pub name: String,
     /// The model as it was asked for (a folder or repo id), recorded in context files.
     pub source: String,
+    /// [`Engine::stamp`], computed on first use (it hashes the tokenizer and samples the weights).
+    stamp: std::sync::OnceLock<ModelStamp>,
     pub files: ModelFiles,
     pub model: Model,
     pub tokenizer: Tokenizer,
@@ -114,6 +116,7 @@ impl Engine {
         Ok(Self {
             name: source.display_name(),
             source: spec.to_owned(),
+            stamp: std::sync::OnceLock::new(),
             files,
             model,
             tokenizer,
@@ -127,10 +130,13 @@ impl Engine {
     }
 
     /// What identifies this model in a context file.
-    pub fn stamp(&self) -> Result<ModelStamp> {
+    pub fn stamp(&self) -> Result<&ModelStamp> {
+        if let Some(stamp) = self.stamp.get() {
+            return Ok(stamp);
+        }
         let cfg = self.config();
         let tokenizer = std::fs::read(&self.files.tokenizer).map_err(|e| Error::io(&self.files.tokenizer, e))?;
-        Ok(ModelStamp {
+        let stamp = ModelStamp {
             name: self.name.clone(),
             source: self.source.clone(),
             fingerprint: Fingerprint {
@@ -150,29 +156,36 @@ impl Engine {
                 tokenizer: format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&tokenizer)),
                 weights: loader::weights_hash(&self.files.weights)?,
             },
-        })
+        };
+        Ok(self.stamp.get_or_init(|| stamp))
     }
 
     /// Opens a saved context for this model: refused when another model made it.
     pub fn open_context(&self, path: &std::path::Path) -> Result<ContextFile> {
         let file = ContextFile::open(path)?;
+        self.check_context(&file)?;
+        Ok(file)
+    }
+
+    /// Refuses a context another model made, or whose tokens this model cannot embed.
+    pub fn check_context(&self, file: &ContextFile) -> Result<()> {
         let made = &file.header().model;
         let ours = self.stamp()?;
         if made.fingerprint != ours.fingerprint {
             return Err(Error::WrongModel {
                 made_by: made.name.clone(),
                 made_by_source: made.source.clone(),
-                loaded: ours.name,
+                loaded: ours.name.clone(),
                 differences: made.fingerprint.differences(&ours.fingerprint),
             });
         }
         if let Some(&bad) = file.tokens().iter().find(|&&t| t as usize >= self.config().vocab_size) {
             return Err(Error::Context {
-                path: path.to_owned(),
+                path: file.path().to_owned(),
                 msg: format!("token id {bad} is outside the vocabulary"),
             });
         }
-        Ok(file)
+        Ok(())
     }
 
     /// End-of-sequence ids: generation_config.json's, else config.json's.

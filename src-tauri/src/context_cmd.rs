@@ -311,15 +311,20 @@ pub fn chat(
     attn: &dyn Attention,
     params: impl FnOnce(&Engine) -> GenerateParams,
 ) -> Result<()> {
+    let opening = Instant::now();
+    let file = ContextFile::open(ctx_path)?;
+    let open_time = opening.elapsed();
+    // The model that made the file, unless --model names another (then checked to match).
+    let spec = common.model.clone().unwrap_or_else(|| file.header().model.source.clone());
     let started = Instant::now();
-    let recorded = ContextFile::open(ctx_path)?.header().model.source.clone();
-    let spec = common.model.clone().unwrap_or(recorded);
     let device = parse_device(&common.device)?;
     let dtype = parse_dtype(&common.dtype, &device)?;
     let engine = Engine::load(&spec, &device, dtype)?;
     let loaded = started.elapsed().as_secs_f64();
-    let opened_at = Instant::now();
-    let file = Arc::new(engine.open_context(ctx_path)?);
+    // Timings below count from opening the file, model loading excluded.
+    let opened_at = Instant::now().checked_sub(open_time).unwrap_or_else(Instant::now);
+    engine.check_context(&file)?;
+    let file = Arc::new(file);
     let question = a.question.clone().context("give a question")?;
     let mut conv = match &a.continue_file {
         Some(p) => Some(Conversation::load(p, &file)?),

@@ -110,7 +110,7 @@ pub fn pending_date(out: &Path) -> Option<String> {
 /// Prefills `plan` with `model` into the context file `out`. See the module docs.
 pub fn build(
     model: &Model,
-    stamp: ModelStamp,
+    stamp: &ModelStamp,
     plan: &PrefixPlan,
     out: &Path,
     opts: &BuildOptions,
@@ -123,7 +123,14 @@ pub fn build(
     }
     let docs_json = serde_json::to_vec(&plan.documents).map_err(|e| Error::Invalid(e.to_string()))?;
     let shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim);
-    let job = Header::new(stamp, opts.kv_dtype, plan.tokens.len(), docs_json.len() as u64, shape, plan.prompt.clone());
+    let job = Header::new(
+        stamp.clone(),
+        opts.kv_dtype,
+        plan.tokens.len(),
+        docs_json.len() as u64,
+        shape,
+        plan.prompt.clone(),
+    );
     let kv_section = opts.kv_dtype.section_bytes(cfg.num_kv_heads * plan.tokens.len(), cfg.head_dim);
     let chunk_plan = plan_chunk(model, plan.tokens.len(), kv_section, opts.memory_budget)?;
     let dir = partial_dir(out);
