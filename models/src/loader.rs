@@ -248,10 +248,9 @@ fn shard_names(index: &Path) -> Result<Vec<String>> {
 /// The safetensors format's own bound on the JSON header (100 MB): anything larger is corrupt.
 const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
 
-/// Tensor names and element counts from a safetensors header, after checking that the file
-/// holds every byte the header promises.
-pub fn check_safetensors(path: &Path) -> Result<BTreeMap<String, usize>> {
-    let invalid = |msg: String| Error::InvalidWeights { path: path.to_owned(), msg };
+/// The open file, its size and the JSON header bytes of a safetensors file, the header's length
+/// checked against the format's bound and the file's size.
+fn read_safetensors_header(path: &Path) -> Result<(std::fs::File, u64, Vec<u8>)> {
     let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let actual = file.metadata().map_err(|e| Error::io(path, e))?.len();
     let mut len_bytes = [0u8; 8];
@@ -261,15 +260,25 @@ pub fn check_safetensors(path: &Path) -> Result<BTreeMap<String, usize>> {
     file.read_exact(&mut len_bytes).map_err(|e| Error::io(path, e))?;
     let header_len = u64::from_le_bytes(len_bytes);
     if header_len > MAX_SAFETENSORS_HEADER {
-        return Err(invalid(format!(
-            "header length {header_len} is beyond the format's {MAX_SAFETENSORS_HEADER}-byte limit"
-        )));
+        return Err(Error::InvalidWeights {
+            path: path.to_owned(),
+            msg: format!("header length {header_len} is beyond the format's {MAX_SAFETENSORS_HEADER}-byte limit"),
+        });
     }
     if header_len > actual - 8 {
         return Err(Error::WeightsTruncated { path: path.to_owned(), expected: 8 + header_len, actual });
     }
     let mut header = vec![0u8; header_len as usize];
     file.read_exact(&mut header).map_err(|e| Error::io(path, e))?;
+    Ok((file, actual, header))
+}
+
+/// Tensor names and element counts from a safetensors header, after checking that the file
+/// holds every byte the header promises.
+pub fn check_safetensors(path: &Path) -> Result<BTreeMap<String, usize>> {
+    let invalid = |msg: String| Error::InvalidWeights { path: path.to_owned(), msg };
+    let (_, actual, header) = read_safetensors_header(path)?;
+    let header_len = header.len() as u64;
     let header: BTreeMap<String, serde_json::Value> =
         serde_json::from_slice(&header).map_err(|e| invalid(format!("header is not valid JSON: {e}")))?;
     let mut data_end = 0u64;
@@ -309,16 +318,10 @@ pub fn weights_hash(files: &[PathBuf]) -> Result<String> {
     use std::os::unix::fs::FileExt;
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     for path in files {
-        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        let (file, len, header) = read_safetensors_header(path)?;
         h.update(&len.to_le_bytes());
-        let mut n = [0u8; 8];
-        file.read_exact_at(&mut n, 0).map_err(|e| Error::io(path, e))?;
-        let header_len = u64::from_le_bytes(n).min(MAX_SAFETENSORS_HEADER).min(len.saturating_sub(8));
-        let mut header = vec![0u8; header_len as usize];
-        file.read_exact_at(&mut header, 8).map_err(|e| Error::io(path, e))?;
         h.update(&header);
-        let data = 8 + header_len;
+        let data = 8 + header.len() as u64;
         let span = len - data;
         let mut block = vec![0u8; WEIGHT_SAMPLE_BYTES];
         for i in 0..WEIGHT_SAMPLES {
