@@ -5,7 +5,7 @@
 use candle_core::{DType, Device, Tensor};
 use folio_kernels::attention::{attention_block, Mask};
 
-use super::AttnCall;
+use super::{Attention, AttnCall, Dense};
 use crate::error::{Error, Result};
 
 /// The layer's keys and values for positions `0..end` as f32 on the CPU, `[kv_heads, end, d]`
@@ -53,7 +53,7 @@ pub(super) fn query_rows(call: &AttnCall<'_>) -> Result<Vec<Vec<f32>>> {
 /// Exact attention of each query head `h` over the key positions `selected[h]` (sorted,
 /// distinct, all visible to the query), through the same kernel as dense attention.
 /// Output `[q_heads, 1, d]` on the query's device and dtype.
-pub(super) fn attend_selected(call: &AttnCall<'_>, rows: &LayerRows, selected: &[Vec<usize>]) -> Result<Tensor> {
+fn attend_selected(call: &AttnCall<'_>, rows: &LayerRows, selected: &[Vec<usize>]) -> Result<Tensor> {
     let q_heads = call.q.dim(0)?;
     let groups = q_heads / rows.kv_heads;
     let d = rows.head_dim;
@@ -70,8 +70,19 @@ pub(super) fn attend_selected(call: &AttnCall<'_>, rows: &LayerRows, selected: &
     Ok(Tensor::cat(&outs, 0)?.to_dtype(call.q.dtype())?.to_device(call.q.device())?)
 }
 
-/// Positions a query at `pos` may see under the call's sliding window (all of `0..=pos` without one).
-pub(super) fn visible_range(call: &AttnCall<'_>, pos: usize) -> (usize, usize) {
-    let start = call.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-    (start, pos + 1)
+/// The common frame of every sparse method: a multi-token call runs dense; a decode step reads
+/// the layer's rows, asks `select` for each query head's key positions among the visible
+/// `lo..hi` (the call's sliding window applied), and attends exactly over them.
+pub(super) fn sparse_decode(
+    call: &AttnCall<'_>,
+    select: impl FnOnce(&LayerRows, usize, usize) -> Result<Vec<Vec<usize>>>,
+) -> Result<Tensor> {
+    if call.q.dim(1)? != 1 {
+        return Dense.forward(call);
+    }
+    let hi = call.q_start + 1;
+    let lo = call.window.map_or(0, |w| hi.saturating_sub(w));
+    let rows = LayerRows::read(call, hi)?;
+    let selected = select(&rows, lo, hi)?;
+    attend_selected(call, &rows, &selected)
 }

@@ -4,8 +4,8 @@
 
 use candle_core::Tensor;
 
-use super::select::{attend_selected, visible_range, LayerRows};
-use super::{Attention, AttnCall, Budget, Dense, ParamSpec, Params};
+use super::select::sparse_decode;
+use super::{Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::Result;
 
 pub(super) const PARAMS: [ParamSpec; 1] = [ParamSpec {
@@ -48,12 +48,7 @@ impl Attention for Streaming {
     }
 
     fn forward(&self, call: &AttnCall<'_>) -> Result<Tensor> {
-        if call.q.dim(1)? != 1 {
-            return Dense.forward(call);
-        }
-        let (lo, hi) = visible_range(call, call.q_start);
-        let rows = LayerRows::read(call, hi)?;
-        let sel = self.selection(lo, hi);
-        attend_selected(call, &rows, &vec![sel; call.q.dim(0)?])
+        let heads = call.q.dim(0)?;
+        sparse_decode(call, |_, lo, hi| Ok(vec![self.selection(lo, hi); heads]))
     }
 }

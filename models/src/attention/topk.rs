@@ -11,8 +11,8 @@
 
 use candle_core::Tensor;
 
-use super::select::{attend_selected, query_rows, visible_range, LayerRows};
-use super::{Attention, AttnCall, Budget, Dense, ParamSpec, Params};
+use super::select::{query_rows, sparse_decode};
+use super::{Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::Result;
 
 pub(super) const PARAMS: [ParamSpec; 1] = [ParamSpec {
@@ -62,22 +62,18 @@ impl Attention for TopK {
     }
 
     fn forward(&self, call: &AttnCall<'_>) -> Result<Tensor> {
-        if call.q.dim(1)? != 1 {
-            return Dense.forward(call);
-        }
-        let (lo, hi) = visible_range(call, call.q_start);
-        let rows = LayerRows::read(call, hi)?;
-        let queries = query_rows(call)?;
-        let groups = queries.len() / rows.kv_heads;
-        let selected: Vec<Vec<usize>> = queries
-            .iter()
-            .enumerate()
-            .map(|(h, q)| {
-                let scores: Vec<f32> =
-                    (lo..hi).map(|p| rows.key(h / groups, p).iter().zip(q).map(|(a, b)| a * b).sum()).collect();
-                self.selection(&scores, lo, hi)
-            })
-            .collect();
-        attend_selected(call, &rows, &selected)
+        sparse_decode(call, |rows, lo, hi| {
+            let queries = query_rows(call)?;
+            let groups = queries.len() / rows.kv_heads;
+            Ok(queries
+                .iter()
+                .enumerate()
+                .map(|(h, q)| {
+                    let scores: Vec<f32> =
+                        (lo..hi).map(|p| rows.key(h / groups, p).iter().zip(q).map(|(a, b)| a * b).sum()).collect();
+                    self.selection(&scores, lo, hi)
+                })
+                .collect())
+        })
     }
 }
