@@ -98,6 +98,9 @@ pub enum Error {
     #[error("{0}")]
     Cancelled(String),
 
+    #[error("{error}; the finished layers are kept in {}: run the same command again to resume", dir.display())]
+    Resumable { error: Box<Error>, dir: PathBuf },
+
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
 

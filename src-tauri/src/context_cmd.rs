@@ -95,17 +95,7 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
             ControlFlow::Continue(())
         }
     };
-    let report = match context::build(&engine.model, engine.stamp()?, &plan, &a.out, &opts, &mut on_progress) {
-        Err(folio_models::Error::Cancelled(msg)) => bail!(
-            "{msg}; the finished layers are kept in {}: run the same command again to resume",
-            context::partial_dir(&a.out).display()
-        ),
-        Err(e) if context::partial_dir(&a.out).join("checkpoint.json").exists() => bail!(
-            "{e}; the finished layers are kept in {}: run the same command again to resume",
-            context::partial_dir(&a.out).display()
-        ),
-        r => r?,
-    };
+    let report = context::build(&engine.model, engine.stamp()?, &plan, &a.out, &opts, &mut on_progress)?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }

@@ -146,22 +146,29 @@ pub fn build(
     // Success removes the folder (the file is renamed out of it). A failure removes it when it
     // is this job's and holds nothing worth resuming, or when the disk is full (the scratch
     // space is what filled it); a cancel, or a failure after finished layers, keeps it for a
-    // rerun; another job's folder (a refused resume) is never touched.
-    if result.is_ok() {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    if let Err(e) = &result {
-        let checkpointed = read_checkpoint(&dir.join("checkpoint.json")).ok().flatten().map_or(0, |cp| cp.layers_done);
-        let remove = job_run.owns_dir
-            && match e {
-                Error::Cancelled(_) => false,
-                Error::DiskFull { .. } => true,
-                _ => checkpointed == 0,
-            };
-        if remove {
+    // rerun and says so; another job's folder (a refused resume) is never touched.
+    let result = match result {
+        Ok(report) => {
             let _ = std::fs::remove_dir_all(&dir);
+            Ok(report)
         }
-    }
+        Err(e) if !job_run.owns_dir => Err(e),
+        Err(e) => {
+            let checkpointed =
+                read_checkpoint(&dir.join("checkpoint.json")).ok().flatten().map_or(0, |cp| cp.layers_done);
+            let keep = match e {
+                Error::Cancelled(_) => true,
+                Error::DiskFull { .. } => false,
+                _ => checkpointed > 0,
+            };
+            if keep {
+                Err(Error::Resumable { error: Box::new(e), dir: dir.clone() })
+            } else {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e)
+            }
+        }
+    };
     drop(lock);
     result
 }
