@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -50,17 +50,14 @@ pub struct PrefillArgs {
     json: bool,
 }
 
-/// Set by Ctrl-C: the prefill stops after its current chunk and keeps its checkpoint.
-fn interrupted() -> &'static Arc<AtomicBool> {
-    static FLAG: OnceLock<Arc<AtomicBool>> = OnceLock::new();
-    FLAG.get_or_init(|| {
-        let flag = Arc::new(AtomicBool::new(false));
-        let f = flag.clone();
-        // Without a handler (another one installed) Ctrl-C simply kills the process, which
-        // the per-layer checkpoint also survives.
-        let _ = ctrlc::set_handler(move || f.store(true, Ordering::SeqCst));
-        flag
-    })
+/// A flag Ctrl-C sets: the prefill stops after its current chunk and keeps its checkpoint.
+/// Without the handler (one already installed) Ctrl-C simply kills the process, which the
+/// per-layer checkpoint also survives.
+fn ctrl_c_flag() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let f = flag.clone();
+    let _ = ctrlc::set_handler(move || f.store(true, Ordering::SeqCst));
+    flag
 }
 
 pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
@@ -74,7 +71,7 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     let date = if a.restart { None } else { context::pending_date(&a.out) };
     let plan = engine.plan_context(&ingested.documents, a.system.as_deref(), date)?;
     let opts = BuildOptions { kv_dtype, memory_budget, restart: a.restart };
-    let stop = interrupted();
+    let stop = ctrl_c_flag();
     let bar = progress_bar(a.json);
     let mut on_progress = |p: &Progress| {
         if let Some(bar) = &bar {
