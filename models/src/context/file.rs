@@ -7,6 +7,7 @@
 //! Every failure is an [`Error::Context`] naming the file and the damaged part, never a panic.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use memmap2::Mmap;
@@ -24,6 +25,9 @@ pub struct ContextFile {
     header: Header,
     tokens: Vec<u32>,
     documents: Vec<DocumentSpan>,
+    /// Per section: its checksum matched once, so a layer decoded again (after the resident
+    /// tier dropped it) is not hashed again.
+    verified: Vec<AtomicBool>,
 }
 
 /// Result of [`ContextFile::verify`].
@@ -80,7 +84,8 @@ impl ContextFile {
             )));
         }
         check_layout(&header).map_err(bad)?;
-        let mut ctx = Self { path: path.to_owned(), map, header, tokens: Vec::new(), documents: Vec::new() };
+        let verified = header.sections.iter().map(|_| AtomicBool::new(false)).collect();
+        let mut ctx = Self { path: path.to_owned(), map, header, tokens: Vec::new(), documents: Vec::new(), verified };
         let tokens = ctx.section_bytes(SectionKind::Tokens, None)?;
         ctx.tokens = tokens.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
         let docs = ctx.section_bytes(SectionKind::Documents, None)?;
@@ -111,20 +116,28 @@ impl ContextFile {
         self.header.section(SectionKind::Tokens, None).map_or("", |s| s.xxh3.as_str())
     }
 
-    /// A section's bytes, checksum verified.
+    /// A section's bytes, checksum verified (once).
     fn section_bytes(&self, kind: SectionKind, layer: Option<usize>) -> Result<&[u8]> {
-        let s = self.header.section(kind, layer).ok_or_else(|| Error::Context {
-            path: self.path.clone(),
-            msg: format!(
-                "the header has no {kind:?} section{}",
-                layer.map_or(String::new(), |l| format!(" for layer {l}"))
-            ),
+        let i = self.header.sections.iter().position(|s| s.kind == kind && s.layer == layer).ok_or_else(|| {
+            Error::Context {
+                path: self.path.clone(),
+                msg: format!(
+                    "the header has no {kind:?} section{}",
+                    layer.map_or(String::new(), |l| format!(" for layer {l}"))
+                ),
+            }
         })?;
-        self.checked(s)
+        self.checked(i, false)
     }
 
-    fn checked(&self, s: &Section) -> Result<&[u8]> {
+    /// Section `i`'s bytes after comparing their checksum with the header's, unless that was
+    /// done before and `again` is false.
+    fn checked(&self, i: usize, again: bool) -> Result<&[u8]> {
+        let s = &self.header.sections[i];
         let bytes = &self.map[s.offset as usize..(s.offset + s.bytes) as usize];
+        if !again && self.verified[i].load(Ordering::Relaxed) {
+            return Ok(bytes);
+        }
         if checksum(bytes) != s.xxh3 {
             return Err(Error::Context {
                 path: self.path.clone(),
@@ -135,6 +148,7 @@ impl ContextFile {
                 ),
             });
         }
+        self.verified[i].store(true, Ordering::Relaxed);
         Ok(bytes)
     }
 
@@ -151,8 +165,8 @@ impl ContextFile {
     pub fn verify(&self) -> Result<VerifyReport> {
         let start = Instant::now();
         let mut bytes = 0;
-        for s in &self.header.sections {
-            self.checked(s)?;
+        for (i, s) in self.header.sections.iter().enumerate() {
+            self.checked(i, true)?;
             bytes += s.bytes;
         }
         Ok(VerifyReport { sections: self.header.sections.len(), bytes, seconds: start.elapsed().as_secs_f64() })
