@@ -126,6 +126,30 @@ fn prefill_info_chat_and_follow_ups() {
     let streaming = ask(&["--method", "streaming", "--budget", "64"]);
     assert_eq!(streaming["attention"]["budget"]["tokens"], 64);
     assert!(!streaming["tokens"].as_array().unwrap().is_empty());
+    // Every other method on the same reopened file (Double Sparsity through a calibration made
+    // on a copy of the model): at 100% each answers exactly as dense; at 5% each gives its own
+    // answer with its settings recorded; the context file is never rewritten.
+    let model_copy = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(demo()).unwrap() {
+        let e = entry.unwrap();
+        std::fs::copy(e.path(), model_copy.path().join(e.file_name())).unwrap();
+    }
+    let mc = model_copy.path().to_str().unwrap();
+    let cal = ok_json(folio(&["calibrate", "--model", mc, "--docs", d.path().to_str().unwrap(), "--json"]));
+    assert!(cal["tokens"].as_u64().unwrap() > 1000, "{cal}");
+    assert!(model_copy.path().join("folio-channels.json").exists());
+    let stamp = std::fs::metadata(&ctx).unwrap().modified().unwrap();
+    for m in ["topk-ivf", "magicpig", "hip", "double-sparsity", "buzz"] {
+        let full = ask(&["--model", mc, "--method", m, "--budget", "100%"]);
+        assert_eq!(full["tokens"], answer["tokens"], "{m} at 100% answers as dense does");
+        let small = ask(&["--model", mc, "--method", m, "--budget", "5%"]);
+        assert_eq!(small["attention"]["method"], m);
+        assert_eq!(small["attention"]["budget"]["fraction"], 0.05);
+        assert!(!small["tokens"].as_array().unwrap().is_empty(), "{m}: {small}");
+    }
+    assert_eq!(std::fs::metadata(&ctx).unwrap().modified().unwrap(), stamp, "no new prefill");
+    let err = err_text(folio(&["chat", "--context", c, question, "--method", "double-sparsity", "--budget", "5%"]));
+    assert!(err.contains("folio calibrate"), "{err}");
     let err =
         err_text(folio(&["chat", "--context", c, question, "--method", "topk", "--budget", "5%", "--param", "k=3"]));
     assert!(err.contains("unknown parameter \"k\"") && err.contains("window"), "{err}");

@@ -155,6 +155,8 @@ pub fn generate(
     }
     let limit = model.config().max_position_embeddings;
     model.config().check_fits(kv.len() + prompt.len())?;
+    // A new generation: indexes and conversation state of an earlier one do not apply.
+    attn.reset();
     // Room for the prompt and the start of the answer; a long answer grows the store by doubling
     // rather than reserving the model's whole context for a large --max-tokens.
     let answer_room = params.max_new_tokens.min(INITIAL_ANSWER_ROOM);

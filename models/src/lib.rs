@@ -12,6 +12,7 @@
 //! either.
 
 pub mod attention;
+pub mod calibrate;
 pub mod chat;
 pub mod config;
 pub mod context;
@@ -130,6 +131,11 @@ impl Engine {
     }
 
     /// What identifies this model in a context file.
+    /// The folder holding the model's config.json (and Folio's files about it).
+    pub fn model_dir(&self) -> &std::path::Path {
+        self.files.config.parent().unwrap_or(std::path::Path::new("."))
+    }
+
     pub fn stamp(&self) -> Result<&ModelStamp> {
         if let Some(stamp) = self.stamp.get() {
             return Ok(stamp);

@@ -233,8 +233,16 @@ impl Model {
         let k = candle_nn::rotary_emb::rope(&k.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
         kv.write(kv_layer, pos, &k, &v)?;
         let scale = 1.0 / (hd as f32).sqrt();
-        let call =
-            AttnCall { layer: i, kv_layer, q: &q, q_start: pos, kv: &*kv, scale, window: self.cfg.sliding_window };
+        let call = AttnCall {
+            layer: i,
+            layers: self.cfg.num_layers,
+            kv_layer,
+            q: &q,
+            q_start: pos,
+            kv: &*kv,
+            scale,
+            window: self.cfg.sliding_window,
+        };
         let a = attn.forward(&call)?; // [heads, t, hd]
         let a = a.transpose(0, 1)?.reshape((t, self.cfg.num_heads * hd))?;
         let x = (x + layer.o.forward(&a)?)?;

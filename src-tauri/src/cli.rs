@@ -28,6 +28,13 @@ impl Common {
         let dtype = parse_dtype(&self.dtype, &device)?;
         Ok(Engine::load(spec, &device, dtype)?)
     }
+
+    /// `--model` if given, else `source` (the model a context file names).
+    pub(crate) fn engine_or(&self, source: &str) -> Result<Engine> {
+        let device = parse_device(&self.device)?;
+        let dtype = parse_dtype(&self.dtype, &device)?;
+        Ok(Engine::load(self.model.as_deref().unwrap_or(source), &device, dtype)?)
+    }
 }
 
 #[derive(Args)]
@@ -66,7 +73,7 @@ pub struct ChatArgs {
     #[arg(long)]
     stop: Vec<String>,
     #[command(flatten)]
-    attention: MethodArgs,
+    pub(crate) attention: MethodArgs,
     /// Print one JSON document instead of streaming text.
     #[arg(long)]
     pub(crate) json: bool,
@@ -75,7 +82,7 @@ pub struct ChatArgs {
 /// The attention method flags, shared by every command that runs the model.
 #[derive(Args)]
 pub struct MethodArgs {
-    /// Attention method: dense, streaming, topk.
+    /// Attention method: dense, streaming, topk, topk-ivf, magicpig, hip, double-sparsity, buzz.
     #[arg(long, default_value = "dense")]
     pub(crate) method: String,
     /// The method's budget: tokens (2048) or a share of the context (2%, 0.02).
@@ -87,9 +94,16 @@ pub struct MethodArgs {
 }
 
 impl MethodArgs {
-    /// The attention method the flags ask for.
-    pub(crate) fn build(&self) -> Result<Box<dyn Attention>> {
-        Ok(attention::by_name(&self.method, self.budget.as_deref(), &attention::parse_params(&self.params)?)?)
+    /// The attention method the flags ask for, on `engine`'s model (Double Sparsity reads the
+    /// model's channel calibration).
+    pub(crate) fn build(&self, engine: &Engine) -> Result<Box<dyn Attention>> {
+        let params = attention::parse_params(&self.params)?;
+        let mut resources = attention::Resources::default();
+        if self.method == "double-sparsity" {
+            let calibration = folio_models::calibrate::Calibration::load(engine.model_dir(), engine.stamp()?)?;
+            resources.channels = Some(std::sync::Arc::new(calibration.channels));
+        }
+        Ok(attention::by_name(&self.method, self.budget.as_deref(), &params, &resources)?)
     }
 }
 
@@ -114,11 +128,11 @@ impl ChatArgs {
 }
 
 pub fn chat(common: &Common, a: ChatArgs) -> Result<()> {
-    let attn = a.attention.build()?;
     if let Some(ctx) = &a.context {
-        return crate::context_cmd::chat(common, &a, ctx, attn.as_ref(), |e| a.params(e));
+        return crate::context_cmd::chat(common, &a, ctx, |e| a.params(e));
     }
     let engine = common.engine()?;
+    let attn = a.attention.build(&engine)?;
     let prompt = match (&a.raw, &a.question) {
         (Some(raw), _) => engine.tokenizer.encode_raw(raw)?,
         (None, Some(q)) => {

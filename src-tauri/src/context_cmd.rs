@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use folio_models::attention::Attention;
 use folio_models::chat::Message;
 use folio_models::context::format::SectionKind;
 use folio_models::context::{self, BuildOptions, ContextFile, ContextKv, KvDtype, Progress};
@@ -295,7 +294,6 @@ pub fn chat(
     common: &Common,
     a: &ChatArgs,
     ctx_path: &Path,
-    attn: &dyn Attention,
     params: impl FnOnce(&Engine) -> GenerateParams,
 ) -> Result<()> {
     let opening = Instant::now();
@@ -311,6 +309,8 @@ pub fn chat(
     // Timings below count from opening the file, model loading excluded.
     let opened_at = Instant::now().checked_sub(open_time).unwrap_or_else(Instant::now);
     engine.check_context(&file)?;
+    let attn = a.attention.build(&engine)?;
+    let attn = attn.as_ref();
     let file = Arc::new(file);
     let question = a.question.clone().context("give a question")?;
     let mut conv = match &a.continue_file {

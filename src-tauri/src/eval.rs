@@ -24,6 +24,10 @@ enum EvalKind {
     /// Needle-in-a-haystack accuracy of a retrieval-trained model (one with eval_spec.json,
     /// such as the bundled demo model) per context length and fact depth.
     Needle(NeedleArgs),
+    /// Every attention method at every budget against dense attention: relative error per
+    /// layer, recall of the true top keys, KV rows read, KL of the next-token distribution;
+    /// on synthetic workloads and on a saved context.
+    Attention(crate::eval_attention::AttentionArgs),
 }
 
 #[derive(Args)]
@@ -61,12 +65,13 @@ fn parse_length(s: &str) -> std::result::Result<usize, String> {
 pub fn eval(common: &Common, args: EvalArgs) -> Result<()> {
     match args.kind {
         EvalKind::Needle(a) => needle_eval(common, a),
+        EvalKind::Attention(a) => crate::eval_attention::eval_attention(common, a),
     }
 }
 
 fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
-    let method = a.attention.build()?;
     let engine = common.engine()?;
+    let method = a.attention.build(&engine)?;
     let model_dir = engine.files.config.parent().context("model folder")?.to_owned();
     let spec = EvalSpec::load(&model_dir)?;
     let defaults = spec.eval_defaults.clone();

@@ -3,9 +3,11 @@
 //! JSON document on stdout; errors go to stderr with a non-zero exit code.
 
 mod bench;
+mod calibrate_cmd;
 mod cli;
 mod context_cmd;
 mod eval;
+mod eval_attention;
 #[cfg(feature = "gui")]
 mod gui;
 mod ingest;
@@ -47,6 +49,9 @@ enum Command {
     Info(cli::InfoArgs),
     /// Measure answer quality (needle-in-a-haystack accuracy per length and depth).
     Eval(eval::EvalArgs),
+    /// Measure which channels of q·k carry the scores (for --method double-sparsity); writes
+    /// folio-channels.json next to the model.
+    Calibrate(calibrate_cmd::CalibrateArgs),
 }
 
 fn main() {
@@ -63,6 +68,7 @@ fn main() {
                 Command::Perplexity(a) => cli::perplexity(&common, a),
                 Command::Info(a) => cli::info(&common, a),
                 Command::Eval(a) => eval::eval(&common, a),
+                Command::Calibrate(a) => calibrate_cmd::calibrate(&common, a),
             }
         }
         None => desktop(args.model, &args.device, &args.dtype),

@@ -1,10 +1,9 @@
 //! Dense attention: every visible key, exactly. The oracle every sparse method is measured
 //! against (DESIGN.md §4).
 
-use candle_core::Tensor;
 use folio_kernels::attention::{attention_block, merge, Mask};
 
-use super::{Attention, AttnCall};
+use super::{Attended, Attention, AttnCall};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -15,7 +14,7 @@ impl Attention for Dense {
         "dense"
     }
 
-    fn forward(&self, call: &AttnCall<'_>) -> Result<Tensor> {
+    fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
         let t = call.q.dim(1)?;
         let mask = Mask { q_offset: call.q_start, window: call.window };
         let mut acc = None;
@@ -27,6 +26,6 @@ impl Attention for Dense {
             });
         }
         let out = acc.ok_or_else(|| Error::Invalid(format!("no keys stored for layer {}", call.layer)))?;
-        Ok(out.out.to_dtype(call.q.dtype())?)
+        Ok(Attended::dense(out.out.to_dtype(call.q.dtype())?))
     }
 }

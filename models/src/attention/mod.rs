@@ -9,18 +9,41 @@
 //! the valid ones listed.
 //!
 //! Sparse methods act on decode steps (one query token); a multi-token call (the question
-//! appended to a context) is dense, as the papers prefill their prompts densely.
+//! appended to a context) is dense, as the papers prefill their prompts densely — except
+//! BUZZ, whose cache is what it kept, for every later call of the conversation.
+//!
+//! A method reports what it read ([`Attended`]): the quality harness turns that into recall of
+//! the true top keys and the fraction of the KV cache touched, so cost is measured, never
+//! assumed from the budget.
+//!
+//! Indexes (MagicPIG's hash tables, Double Sparsity's label cache, the IVF lists) are built
+//! from the stored keys the first time a layer decodes and kept until [`Attention::reset`];
+//! keys after the indexed prefix (the question and the answer so far) are attended densely,
+//! as every paper keeps its generated tokens dense.
 
+mod buzz;
 mod dense;
+mod double_sparsity;
+mod hip;
+mod ivf;
+mod magicpig;
+pub mod probe;
 mod select;
 mod streaming;
 mod topk;
+pub mod workload;
 
+pub use buzz::Buzz;
 pub use dense::Dense;
+pub use double_sparsity::{Channels, DoubleSparsity};
+pub use hip::Hip;
+pub use ivf::TopKIvf;
+pub use magicpig::MagicPig;
 pub use streaming::Streaming;
 pub use topk::TopK;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use candle_core::Tensor;
 
@@ -29,8 +52,9 @@ use crate::kv::KvStore;
 
 /// One layer's attention call.
 pub struct AttnCall<'a> {
-    /// The model layer.
+    /// The model layer, of `layers`.
     pub layer: usize,
+    pub layers: usize,
     /// Where that layer's rows are in `kv`: the same index, except in layer-major prefill,
     /// whose store holds one layer at a time.
     pub kv_layer: usize,
@@ -44,6 +68,24 @@ pub struct AttnCall<'a> {
     pub window: Option<usize>,
 }
 
+/// What one call computed and what it read.
+pub struct Attended {
+    /// `[q_heads, t, head_dim]` in the dtype of the call's queries.
+    pub out: Tensor,
+    /// Per query head, the sorted key positions whose K and V rows the attention read;
+    /// `None` when it read every visible key (dense).
+    pub read: Option<Vec<Vec<usize>>>,
+    /// Key rows the search touched per query head to make that choice (bucket walks, label
+    /// scans, representative scores), in units of one full key row.
+    pub searched: f64,
+}
+
+impl Attended {
+    pub fn dense(out: Tensor) -> Self {
+        Self { out, read: None, searched: 0.0 }
+    }
+}
+
 /// An attention method.
 pub trait Attention: Send + Sync {
     fn name(&self) -> &'static str;
@@ -53,12 +95,27 @@ pub trait Attention: Send + Sync {
         serde_json::json!({ "method": self.name() })
     }
 
+    /// The attention output of one layer's call and what it read.
+    fn attend(&self, call: &AttnCall<'_>) -> Result<Attended>;
+
     /// Output `[q_heads, t, head_dim]` in the dtype of `call.q`.
-    fn forward(&self, call: &AttnCall<'_>) -> Result<Tensor>;
+    fn forward(&self, call: &AttnCall<'_>) -> Result<Tensor> {
+        Ok(self.attend(call)?.out)
+    }
+
+    /// Forgets indexes and conversation state; called before each new generation, whose
+    /// store may hold different keys at the same positions.
+    fn reset(&self) {}
 }
 
 /// Method names [`by_name`] accepts.
-pub const METHODS: [&str; 3] = ["dense", "streaming", "topk"];
+pub const METHODS: [&str; 8] = ["dense", "streaming", "topk", "topk-ivf", "magicpig", "hip", "double-sparsity", "buzz"];
+
+/// What some methods need besides their knobs: Double Sparsity's calibrated channels.
+#[derive(Default, Clone)]
+pub struct Resources {
+    pub channels: Option<Arc<Channels>>,
+}
 
 /// How many tokens a sparse method may read per step and head.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -178,7 +235,12 @@ pub fn parse_params(items: &[String]) -> Result<Vec<(String, String)>> {
 }
 
 /// The attention method called `name`, with its budget and knobs.
-pub fn by_name(name: &str, budget: Option<&str>, params: &[(String, String)]) -> Result<Box<dyn Attention>> {
+pub fn by_name(
+    name: &str,
+    budget: Option<&str>,
+    params: &[(String, String)],
+    resources: &Resources,
+) -> Result<Box<dyn Attention>> {
     let budget = budget.map(Budget::parse).transpose()?;
     let need_budget = || {
         budget.ok_or_else(|| {
@@ -197,6 +259,20 @@ pub fn by_name(name: &str, budget: Option<&str>, params: &[(String, String)]) ->
         }
         "streaming" => Ok(Box::new(Streaming::new(need_budget()?, Params::parse(name, &streaming::PARAMS, params)?))),
         "topk" => Ok(Box::new(TopK::new(need_budget()?, Params::parse(name, &topk::PARAMS, params)?))),
+        "topk-ivf" => Ok(Box::new(TopKIvf::new(need_budget()?, Params::parse(name, &ivf::PARAMS, params)?))),
+        "magicpig" => Ok(Box::new(MagicPig::new(need_budget()?, Params::parse(name, &magicpig::PARAMS, params)?))),
+        "hip" => Ok(Box::new(Hip::new(need_budget()?, Params::parse(name, &hip::PARAMS, params)?))),
+        "buzz" => Ok(Box::new(Buzz::new(need_budget()?, Params::parse(name, &buzz::PARAMS, params)?))),
+        "double-sparsity" => {
+            let params = Params::parse(name, &double_sparsity::PARAMS, params)?;
+            let channels = resources.channels.clone().ok_or_else(|| {
+                Error::Invalid(
+                    "double-sparsity needs the model's outlier channels: run `folio calibrate --model <model> --docs <files>` once"
+                        .into(),
+                )
+            })?;
+            Ok(Box::new(DoubleSparsity::new(need_budget()?, params, channels)))
+        }
         _ => Err(Error::Invalid(format!("unknown attention method \"{name}\"; available: {}", METHODS.join(", ")))),
     }
 }
@@ -216,13 +292,21 @@ mod tests {
         assert_eq!(Budget::Fraction(0.1).tokens(1000), 100);
         assert_eq!(Budget::Tokens(5000).tokens(1000), 1000);
         let p = |s: &str| parse_params(&[s.to_owned()]).unwrap();
-        let err = by_name("topk", Some("64"), &p("bogus=1")).err().unwrap().to_string();
+        let r = Resources::default();
+        let err = by_name("topk", Some("64"), &p("bogus=1"), &r).err().unwrap().to_string();
         assert!(err.contains("unknown parameter") && err.contains("window"), "{err}");
-        let err = by_name("streaming", Some("64"), &p("sinks=-1")).err().unwrap().to_string();
+        let err = by_name("streaming", Some("64"), &p("sinks=-1"), &r).err().unwrap().to_string();
         assert!(err.contains("out of range") && err.contains("sinks"), "{err}");
-        assert!(by_name("topk", None, &[]).err().unwrap().to_string().contains("needs a budget"));
-        assert!(by_name("magic", None, &[]).err().unwrap().to_string().contains("available: dense, streaming, topk"));
-        assert!(by_name("dense", Some("10"), &[]).is_err());
+        assert!(by_name("topk", None, &[], &r).err().unwrap().to_string().contains("needs a budget"));
+        let err = by_name("magic", None, &[], &r).err().unwrap().to_string();
+        assert!(err.contains("available: dense, streaming, topk, topk-ivf, magicpig, hip, double-sparsity, buzz"));
+        assert!(by_name("dense", Some("10"), &[], &r).is_err());
+        let err = by_name("double-sparsity", Some("5%"), &[], &r).err().unwrap().to_string();
+        assert!(err.contains("folio calibrate"), "{err}");
+        for name in METHODS.iter().skip(1) {
+            let err = by_name(name, Some("5%"), &p("nonsense=1"), &r).err().unwrap().to_string();
+            assert!(err.contains("unknown parameter") || err.contains("folio calibrate"), "{name}: {err}");
+        }
         assert!(parse_params(&["novalue".into()]).is_err());
     }
 }

@@ -1,11 +1,10 @@
 //! The shared half of sparse decode: read a layer's keys, attend exactly over a per-head
 //! selection of them. This is the CPU reference every method's fast path will be held to:
-//! all keys are gathered and scored with plain loops where that is clearer than tensor ops.
+//! keys are gathered and scored with plain loops, softmax accumulates in f64.
 
 use candle_core::{DType, Device, Tensor};
-use folio_kernels::attention::{attention_block, Mask};
 
-use super::{Attention, AttnCall, Dense};
+use super::{Attended, Attention, AttnCall, Dense};
 use crate::error::{Error, Result};
 
 /// The layer's keys and values for positions `0..end` as f32 on the CPU, `[kv_heads, end, d]`
@@ -36,53 +35,117 @@ impl LayerRows {
         &self.k[(head * self.len + pos) * self.head_dim..][..self.head_dim]
     }
 
-    fn rows(&self, data: &[f32], head: usize, positions: &[usize]) -> Vec<f32> {
-        positions
-            .iter()
-            .flat_map(|&p| data[(head * self.len + p) * self.head_dim..][..self.head_dim].iter().copied())
-            .collect()
+    pub fn value(&self, head: usize, pos: usize) -> &[f32] {
+        &self.v[(head * self.len + pos) * self.head_dim..][..self.head_dim]
     }
 }
 
-/// Query rows of a one-token call as f32, `[q_heads][d]`.
-pub(super) fn query_rows(call: &AttnCall<'_>) -> Result<Vec<Vec<f32>>> {
-    let q = call.q.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.squeeze(1)?;
-    Ok(q.to_vec2()?)
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-/// Exact attention of each query head `h` over the key positions `selected[h]` (sorted,
-/// distinct, all visible to the query), through the same kernel as dense attention.
-/// Output `[q_heads, 1, d]` on the query's device and dtype.
-fn attend_selected(call: &AttnCall<'_>, rows: &LayerRows, selected: &[Vec<usize>]) -> Result<Tensor> {
-    let q_heads = call.q.dim(0)?;
-    let groups = q_heads / rows.kv_heads;
-    let d = rows.head_dim;
-    let q = call.q.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
-    let mut outs = Vec::with_capacity(q_heads);
-    for (h, sel) in selected.iter().enumerate() {
-        let kvh = h / groups;
-        let k = Tensor::from_vec(rows.rows(&rows.k, kvh, sel), (1, sel.len(), d), &Device::Cpu)?;
-        let v = Tensor::from_vec(rows.rows(&rows.v, kvh, sel), (1, sel.len(), d), &Device::Cpu)?;
-        // The selected keys are all visible: a causal mask at a position past them is a no-op.
-        let mask = Mask { q_offset: rows.len, window: None };
-        outs.push(attention_block(&q.narrow(0, h, 1)?, &k, &v, 0, mask, call.scale)?.out);
+/// Query rows of a call as f32, `[q_heads][t][d]`.
+pub(super) fn query_rows(call: &AttnCall<'_>) -> Result<Vec<Vec<Vec<f32>>>> {
+    Ok(call.q.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.to_vec3()?)
+}
+
+/// One query head's choice: key positions (distinct, visible) and, optionally, an additive
+/// logit bias per position (MagicPIG's `-log u_i`); empty `bias` means none.
+#[derive(Debug, Clone, Default)]
+pub(super) struct HeadPick {
+    pub pos: Vec<usize>,
+    pub bias: Vec<f32>,
+}
+
+impl HeadPick {
+    pub fn plain(pos: Vec<usize>) -> Self {
+        Self { pos, bias: Vec::new() }
     }
-    Ok(Tensor::cat(&outs, 0)?.to_dtype(call.q.dtype())?.to_device(call.q.device())?)
+}
+
+/// Softmax attention of one query row over `keys` (position, logit bias) of KV head `kvh`:
+/// `Σ softmax(q·k·scale + bias) v`, in f64. An empty set gives zeros.
+pub(super) fn attend_row(
+    q: &[f32],
+    rows: &LayerRows,
+    kvh: usize,
+    keys: impl Iterator<Item = (usize, f32)> + Clone,
+    scale: f32,
+) -> Vec<f32> {
+    let logits: Vec<(usize, f64)> =
+        keys.map(|(p, b)| (p, (dot(q, rows.key(kvh, p)) * scale) as f64 + b as f64)).collect();
+    let max = logits.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
+    let mut acc = vec![0f64; rows.head_dim];
+    let mut total = 0f64;
+    for &(p, z) in &logits {
+        let w = (z - max).exp();
+        total += w;
+        for (a, v) in acc.iter_mut().zip(rows.value(kvh, p)) {
+            *a += w * *v as f64;
+        }
+    }
+    acc.iter().map(|a| if total > 0.0 { (a / total) as f32 } else { 0.0 }).collect()
+}
+
+/// A decode step's output `[q_heads, 1, d]` from per-head picks, on the query's device.
+fn attend_picks(call: &AttnCall<'_>, rows: &LayerRows, picks: &[HeadPick]) -> Result<Tensor> {
+    let queries = query_rows(call)?;
+    let groups = queries.len() / rows.kv_heads;
+    let mut out = Vec::with_capacity(queries.len() * rows.head_dim);
+    for (h, pick) in picks.iter().enumerate() {
+        let bias = |i: usize| pick.bias.get(i).copied().unwrap_or(0.0);
+        let keys = pick.pos.iter().enumerate().map(|(i, &p)| (p, bias(i)));
+        out.extend(attend_row(&queries[h][0], rows, h / groups, keys, call.scale));
+    }
+    Ok(Tensor::from_vec(out, (picks.len(), 1, rows.head_dim), &Device::Cpu)?
+        .to_dtype(call.q.dtype())?
+        .to_device(call.q.device())?)
+}
+
+/// The visible key range `lo..hi` of a one-token call (the sliding window applied).
+pub(super) fn visible(call: &AttnCall<'_>) -> (usize, usize) {
+    let hi = call.q_start + 1;
+    (call.window.map_or(0, |w| hi.saturating_sub(w)), hi)
 }
 
 /// The common frame of every sparse method: a multi-token call runs dense; a decode step reads
-/// the layer's rows, asks `select` for each query head's key positions among the visible
-/// `lo..hi` (the call's sliding window applied), and attends exactly over them.
+/// the layer's rows, asks `select` for each query head's pick among the visible `lo..hi` and
+/// the key rows its search touched, and attends exactly over the picks.
 pub(super) fn sparse_decode(
     call: &AttnCall<'_>,
-    select: impl FnOnce(&LayerRows, usize, usize) -> Result<Vec<Vec<usize>>>,
-) -> Result<Tensor> {
+    select: impl FnOnce(&LayerRows, usize, usize) -> Result<(Vec<HeadPick>, f64)>,
+) -> Result<Attended> {
     if call.q.dim(1)? != 1 {
-        return Dense.forward(call);
+        return Dense.attend(call);
     }
-    let hi = call.q_start + 1;
-    let lo = call.window.map_or(0, |w| hi.saturating_sub(w));
+    let (lo, hi) = visible(call);
     let rows = LayerRows::read(call, hi)?;
-    let selected = select(&rows, lo, hi)?;
-    attend_selected(call, &rows, &selected)
+    let (mut picks, searched) = select(&rows, lo, hi)?;
+    for p in &mut picks {
+        if !p.pos.windows(2).all(|w| w[0] < w[1]) {
+            // Sort (bias along) so `read` is a sorted set, as the harness expects.
+            let mut both: Vec<(usize, f32)> =
+                p.pos.iter().enumerate().map(|(i, &x)| (x, p.bias.get(i).copied().unwrap_or(0.0))).collect();
+            both.sort_by_key(|x| x.0);
+            both.dedup_by_key(|x| x.0);
+            let had_bias = !p.bias.is_empty();
+            p.pos = both.iter().map(|x| x.0).collect();
+            p.bias = if had_bias { both.iter().map(|x| x.1).collect() } else { Vec::new() };
+        }
+        debug_assert!(p.pos.iter().all(|&x| x >= lo && x < hi), "pick outside the visible range");
+    }
+    let out = attend_picks(call, &rows, &picks)?;
+    Ok(Attended { out, read: Some(picks.into_iter().map(|p| p.pos).collect()), searched })
+}
+
+/// The `k` candidates with the largest scores (ties to the earlier position), ascending.
+pub(super) fn top_positions(candidates: Vec<usize>, k: usize, score: impl Fn(usize) -> f32) -> Vec<usize> {
+    let mut scored: Vec<(usize, f32)> = candidates.into_iter().map(|p| (p, score(p))).collect();
+    if k < scored.len() {
+        scored.select_nth_unstable_by(k, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        scored.truncate(k);
+    }
+    let mut out: Vec<usize> = scored.into_iter().map(|x| x.0).collect();
+    out.sort_unstable();
+    out
 }

@@ -2,10 +2,8 @@
 //! tokens, the rest never read. Budget = sinks + window. Same set for every head (the paper's
 //! choice: no scoring at all), so GQA needs no decision.
 
-use candle_core::Tensor;
-
-use super::select::sparse_decode;
-use super::{Attention, AttnCall, Budget, ParamSpec, Params};
+use super::select::{sparse_decode, HeadPick};
+use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::Result;
 
 pub(super) const PARAMS: [ParamSpec; 1] = [ParamSpec {
@@ -47,8 +45,8 @@ impl Attention for Streaming {
         serde_json::json!({ "method": "streaming", "budget": self.budget, "params": self.params })
     }
 
-    fn forward(&self, call: &AttnCall<'_>) -> Result<Tensor> {
+    fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
         let heads = call.q.dim(0)?;
-        sparse_decode(call, |_, lo, hi| Ok(vec![self.selection(lo, hi); heads]))
+        sparse_decode(call, |_, lo, hi| Ok((vec![HeadPick::plain(self.selection(lo, hi)); heads], 0.0)))
     }
 }

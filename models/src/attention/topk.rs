@@ -9,10 +9,8 @@
 //! products (the scale does not change the order). This is the obviously-right reference: a
 //! full scan of every key; the approximate index and the GPU path are held to it.
 
-use candle_core::Tensor;
-
-use super::select::{query_rows, sparse_decode};
-use super::{Attention, AttnCall, Budget, ParamSpec, Params};
+use super::select::{dot, query_rows, sparse_decode, top_positions, HeadPick};
+use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::Result;
 
 pub(super) const PARAMS: [ParamSpec; 1] = [ParamSpec {
@@ -39,16 +37,9 @@ impl TopK {
     pub fn selection(&self, scores: &[f32], lo: usize, hi: usize) -> Vec<usize> {
         let window = self.params.usize("window").min(hi - lo);
         let cut = hi - window;
-        let k = self.budget.tokens(hi - lo).min(cut - lo);
-        let mut order: Vec<usize> = (lo..cut).collect();
-        if k < order.len() {
-            let by_score = |a: &usize, b: &usize| scores[*b - lo].total_cmp(&scores[*a - lo]).then(a.cmp(b));
-            order.select_nth_unstable_by(k, by_score);
-            order.truncate(k);
-        }
-        order.sort_unstable();
-        order.extend(cut..hi);
-        order
+        let mut out = top_positions((lo..cut).collect(), self.budget.tokens(hi - lo), |p| scores[p - lo]);
+        out.extend(cut..hi);
+        out
     }
 }
 
@@ -61,19 +52,21 @@ impl Attention for TopK {
         serde_json::json!({ "method": "topk", "budget": self.budget, "params": self.params })
     }
 
-    fn forward(&self, call: &AttnCall<'_>) -> Result<Tensor> {
+    fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
         sparse_decode(call, |rows, lo, hi| {
             let queries = query_rows(call)?;
             let groups = queries.len() / rows.kv_heads;
-            Ok(queries
+            let picks = queries
                 .iter()
                 .enumerate()
                 .map(|(h, q)| {
-                    let scores: Vec<f32> =
-                        (lo..hi).map(|p| rows.key(h / groups, p).iter().zip(q).map(|(a, b)| a * b).sum()).collect();
-                    self.selection(&scores, lo, hi)
+                    let scores: Vec<f32> = (lo..hi).map(|p| dot(&q[0], rows.key(h / groups, p))).collect();
+                    HeadPick::plain(self.selection(&scores, lo, hi))
                 })
-                .collect())
+                .collect();
+            // The exact scan scores every visible key outside the window.
+            let window = self.params.usize("window").min(hi - lo);
+            Ok((picks, (hi - lo - window) as f64))
         })
     }
 }

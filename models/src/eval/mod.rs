@@ -2,5 +2,6 @@
 //! model (assets/models/demo) for facts planted in long synthetic documents, the yardstick of
 //! whether an attention method keeps what matters (DESIGN.md §4).
 
+pub mod attention;
 pub mod needle;
 pub mod spec;

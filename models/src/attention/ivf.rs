@@ -1,0 +1,184 @@
+//! Approximate top-k through an inverted-file index (research/seeds/004-topk.md §2.2, the
+//! authors' `IndexIVFFlat`): per layer and KV head, the context's keys are clustered by
+//! k-means (L2, trained on at most `TRAIN_KEYS` of them) into `nlist` lists; a query scores
+//! the centroids, scans the keys of the `nprobe` best lists exactly and keeps the top `k` by
+//! q·k, plus the recent window. Search reads `nlist + Σ|probed lists|` key rows instead of
+//! all `T`: about `nprobe/nlist` of the context. Inner-product search over L2 clusters is
+//! not exact (queries are not distributed like keys), so the harness reports the recall
+//! against the exact scan; with `nprobe = nlist` it *is* the exact scan.
+//!
+//! GQA as exact top-k: one index per KV head, one search per query head.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use rand::rngs::StdRng;
+use rand::seq::index::sample;
+use rand::SeedableRng;
+
+use super::select::{dot, query_rows, sparse_decode, top_positions, HeadPick, LayerRows};
+use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
+use crate::error::Result;
+
+pub(super) const PARAMS: [ParamSpec; 4] = [
+    ParamSpec { name: "nprobe", default: 8.0, min: 1.0, max: 65536.0, integer: true, doc: "lists scanned per query" },
+    ParamSpec {
+        name: "nlist",
+        default: 0.0,
+        min: 0.0,
+        max: 65536.0,
+        integer: true,
+        doc: "lists per layer and KV head (0: ceil(T/1000), sqrt(T) past 900k, as the authors' code)",
+    },
+    ParamSpec {
+        name: "window",
+        default: 64.0,
+        min: 0.0,
+        max: 1_048_576.0,
+        integer: true,
+        doc: "most recent tokens always attended, outside the top-k budget",
+    },
+    ParamSpec { name: "seed", default: 0.0, min: 0.0, max: 4_294_967_295.0, integer: true, doc: "k-means seed" },
+];
+
+/// k-means training: at most this many keys, this many Lloyd rounds.
+const TRAIN_KEYS: usize = 100_000;
+const KMEANS_ROUNDS: usize = 10;
+
+/// The authors' list count for `n` keys.
+pub fn default_lists(n: usize) -> usize {
+    if n > 900_000 { (n as f64).sqrt().ceil() as usize } else { n.div_ceil(1000) }.max(1)
+}
+
+fn l2(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum()
+}
+
+fn nearest(x: &[f32], centroids: &[Vec<f32>]) -> usize {
+    (0..centroids.len()).min_by(|&a, &b| l2(x, &centroids[a]).total_cmp(&l2(x, &centroids[b]))).unwrap_or(0)
+}
+
+/// One KV head's clusters over keys `0..end`.
+struct HeadIvf {
+    centroids: Vec<Vec<f32>>,
+    lists: Vec<Vec<usize>>,
+}
+
+impl HeadIvf {
+    fn build(rows: &LayerRows, head: usize, end: usize, nlist: usize, seed: u64) -> Self {
+        if end == 0 {
+            return Self { centroids: Vec::new(), lists: Vec::new() };
+        }
+        let mut rng = StdRng::seed_from_u64(seed ^ head as u64);
+        let nlist = nlist.min(end).max(1);
+        let train: Vec<usize> =
+            if end > TRAIN_KEYS { (0..TRAIN_KEYS).map(|i| i * end / TRAIN_KEYS).collect() } else { (0..end).collect() };
+        let mut centroids: Vec<Vec<f32>> =
+            sample(&mut rng, train.len(), nlist).into_iter().map(|i| rows.key(head, train[i]).to_vec()).collect();
+        for _ in 0..KMEANS_ROUNDS {
+            let mut sums = vec![vec![0f64; rows.head_dim]; nlist];
+            let mut counts = vec![0usize; nlist];
+            for &p in &train {
+                let c = nearest(rows.key(head, p), &centroids);
+                counts[c] += 1;
+                for (s, x) in sums[c].iter_mut().zip(rows.key(head, p)) {
+                    *s += *x as f64;
+                }
+            }
+            for ((c, s), n) in centroids.iter_mut().zip(&sums).zip(&counts) {
+                // An empty cluster keeps its centroid.
+                if *n > 0 {
+                    *c = s.iter().map(|x| (x / *n as f64) as f32).collect();
+                }
+            }
+        }
+        let mut lists = vec![Vec::new(); nlist];
+        for p in 0..end {
+            lists[nearest(rows.key(head, p), &centroids)].push(p);
+        }
+        Self { centroids, lists }
+    }
+}
+
+struct LayerIvf {
+    end: usize,
+    heads: Vec<HeadIvf>,
+}
+
+pub struct TopKIvf {
+    budget: Budget,
+    params: Params,
+    index: Mutex<HashMap<usize, Arc<LayerIvf>>>,
+}
+
+impl TopKIvf {
+    pub fn new(budget: Budget, params: Params) -> Self {
+        Self { budget, params, index: Mutex::new(HashMap::new()) }
+    }
+
+    fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Arc<LayerIvf> {
+        let mut cache = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ix) = cache.get(&call.layer).filter(|ix| ix.end <= hi) {
+            return ix.clone();
+        }
+        let end = hi.saturating_sub(self.params.usize("window"));
+        let nlist = match self.params.usize("nlist") {
+            0 => default_lists(end),
+            n => n,
+        };
+        let seed = self.params.get("seed") as u64;
+        let heads = (0..rows.kv_heads).map(|h| HeadIvf::build(rows, h, end, nlist, seed)).collect();
+        let ix = Arc::new(LayerIvf { end, heads });
+        cache.insert(call.layer, ix.clone());
+        ix
+    }
+}
+
+impl Attention for TopKIvf {
+    fn name(&self) -> &'static str {
+        "topk-ivf"
+    }
+
+    fn settings(&self) -> serde_json::Value {
+        serde_json::json!({ "method": "topk-ivf", "budget": self.budget, "params": self.params })
+    }
+
+    fn reset(&self) {
+        self.index.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
+        sparse_decode(call, |rows, lo, hi| {
+            let ix = self.layer_index(call, rows, hi);
+            let queries = query_rows(call)?;
+            let groups = queries.len() / rows.kv_heads;
+            let cut = hi.saturating_sub(self.params.usize("window")).max(lo);
+            let mut searched = 0;
+            let picks = queries
+                .iter()
+                .enumerate()
+                .map(|(h, q)| {
+                    let (q, g) = (&q[0], h / groups);
+                    let head = &ix.heads[g];
+                    let nprobe = self.params.usize("nprobe").min(head.centroids.len());
+                    let lists =
+                        top_positions((0..head.centroids.len()).collect(), nprobe, |c| dot(q, &head.centroids[c]));
+                    let k = self.budget.tokens(hi - lo);
+                    // Probed lists, then the unindexed keys before the window (the question); a
+                    // budget covering the whole context skips the search.
+                    let mut cand: Vec<usize> = if k >= cut - lo {
+                        (lo..ix.end.max(lo)).collect()
+                    } else {
+                        lists.iter().flat_map(|&c| head.lists[c].iter().copied()).filter(|&p| p >= lo).collect()
+                    };
+                    cand.extend(ix.end.max(lo)..cut);
+                    searched += head.centroids.len() + cand.len();
+                    let mut pos = top_positions(cand, k, |p| dot(q, rows.key(g, p)));
+                    pos.extend(cut..hi);
+                    HeadPick::plain(pos)
+                })
+                .collect();
+            Ok((picks, searched as f64 / queries.len() as f64))
+        })
+    }
+}

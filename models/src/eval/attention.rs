@@ -1,0 +1,181 @@
+//! The attention quality harness (`folio eval attention`): every method at every budget,
+//! measured against dense attention on the same keys, on real decode steps of a saved context
+//! and on synthetic workloads ([`crate::attention::workload`]).
+//!
+//! Context runs first decode `steps` tokens densely (greedy) after a question, keeping the
+//! dense next-token distributions; each method then replays the same tokens (teacher forcing),
+//! so its per-layer errors are measured on its own queries against dense attention over the
+//! same KV, and the KL divergence of its next-token distribution from dense's is the
+//! end-to-end cost of its errors.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::attention::probe::{LayerTally, Probe};
+use crate::attention::workload::Case;
+use crate::attention::{Attention, AttnCall, Dense};
+use crate::context::{ContextFile, ContextKv};
+use crate::error::Result;
+use crate::kv::{DenseKv, KvStore};
+use crate::model::Logits;
+use crate::Engine;
+
+/// Synthetic calls are one layer deep in a 32-layer model, past every method's dense
+/// leading layers (HiP's 3, MagicPIG's {0, 16}).
+pub const SYNTHETIC_LAYER: usize = 20;
+pub const SYNTHETIC_LAYERS: usize = 32;
+
+/// One method at one budget, ready to measure.
+pub struct Candidate {
+    pub method: String,
+    pub budget: String,
+    pub attention: Box<dyn Attention>,
+}
+
+/// Figures of one (method, budget), overall and per layer.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Summary {
+    pub rel_error: f64,
+    pub recall: f64,
+    pub mass: f64,
+    pub read: f64,
+    pub searched: f64,
+}
+
+impl From<&LayerTally> for Summary {
+    fn from(t: &LayerTally) -> Self {
+        Self {
+            rel_error: t.rel_error(),
+            recall: t.mean_recall(),
+            mass: t.mean_mass(),
+            read: t.read_fraction(),
+            searched: t.search_fraction(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Row {
+    pub workload: String,
+    pub method: String,
+    pub budget: String,
+    pub settings: serde_json::Value,
+    pub overall: Summary,
+    /// Per layer; a method's dense layers show error 0 and read 1.
+    pub layers: BTreeMap<usize, Summary>,
+    /// Mean KL(dense ‖ method) of the next-token distribution, nats (context runs only).
+    pub kl: Option<f64>,
+}
+
+fn summarize(workload: &str, c: &Candidate, tallies: &BTreeMap<usize, LayerTally>, kl: Option<f64>) -> Row {
+    let mut all = LayerTally::default();
+    tallies.values().for_each(|t| all.add(t));
+    Row {
+        workload: workload.to_owned(),
+        method: c.method.clone(),
+        budget: c.budget.clone(),
+        settings: c.attention.settings(),
+        overall: Summary::from(&all),
+        layers: tallies.iter().map(|(l, t)| (*l, Summary::from(t))).collect(),
+        kl,
+    }
+}
+
+/// Each candidate over every decode step of `case`.
+pub fn synthetic(case: &Case, candidates: &[Candidate]) -> Result<Vec<Row>> {
+    let spec = &case.spec;
+    let mut kv = DenseKv::new(1, spec.kv_heads, spec.head_dim, DType::F32, &Device::Cpu);
+    kv.write(0, 0, &case.k, &case.v)?;
+    kv.set_len(spec.len())?;
+    let scale = 1.0 / (spec.head_dim as f32).sqrt();
+    candidates
+        .iter()
+        .map(|c| {
+            c.attention.reset();
+            let probe = Probe::new(c.attention.as_ref());
+            for (s, q) in case.queries.iter().enumerate() {
+                let call = AttnCall {
+                    layer: SYNTHETIC_LAYER,
+                    layers: SYNTHETIC_LAYERS,
+                    kv_layer: 0,
+                    q,
+                    q_start: spec.context + s,
+                    kv: &kv,
+                    scale,
+                    window: None,
+                };
+                probe.attend(&call)?;
+            }
+            Ok(summarize(spec.name, c, &probe.tallies(), None))
+        })
+        .collect()
+}
+
+/// Natural-log softmax of a logits row.
+fn log_softmax(x: &[f32]) -> Vec<f64> {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max + x.iter().map(|v| (*v as f64 - max).exp()).sum::<f64>().ln();
+    x.iter().map(|v| *v as f64 - lse).collect()
+}
+
+/// KL(p ‖ q) of two logits rows, nats.
+pub fn kl_divergence(p_logits: &[f32], q_logits: &[f32]) -> f64 {
+    let (lp, lq) = (log_softmax(p_logits), log_softmax(q_logits));
+    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum::<f64>().max(0.0)
+}
+
+fn row(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?)
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    x.iter().enumerate().fold(0, |b, (i, v)| if *v > x[b] { i } else { b }) as u32
+}
+
+/// What a context run measured besides the rows: the dense answer it replayed.
+pub struct ContextRun {
+    pub rows: Vec<Row>,
+    pub answer: Vec<u32>,
+}
+
+/// Every candidate on `steps` decode steps after `tail` (the question, templated) on `file`.
+pub fn on_context(
+    engine: &Engine,
+    file: &Arc<ContextFile>,
+    tail: &[u32],
+    steps: usize,
+    resident_budget: u64,
+    candidates: &[Candidate],
+    mut progress: impl FnMut(&Candidate),
+) -> Result<ContextRun> {
+    let model = &engine.model;
+    let fresh = || ContextKv::new(file.clone(), model.dtype(), model.device(), resident_budget);
+    // The dense reference: its greedy tokens and next-token distributions.
+    let mut kv = fresh();
+    let mut logits = row(&model.forward(tail, &mut kv, &Dense, Logits::Last)?)?;
+    let (mut answer, mut dense) = (Vec::with_capacity(steps), Vec::with_capacity(steps));
+    for _ in 0..steps {
+        let next = argmax(&logits);
+        answer.push(next);
+        logits = row(&model.forward(&[next], &mut kv, &Dense, Logits::Last)?)?;
+        dense.push(logits.clone());
+    }
+    let workload = format!("context ({} tokens)", file.header().tokens);
+    let mut rows = Vec::with_capacity(candidates.len());
+    for c in candidates {
+        progress(c);
+        c.attention.reset();
+        let probe = Probe::new(c.attention.as_ref());
+        let mut kv = fresh();
+        model.forward(tail, &mut kv, &probe, Logits::Last)?;
+        let mut kl = 0.0;
+        for (tok, reference) in answer.iter().zip(&dense) {
+            let got = row(&model.forward(&[*tok], &mut kv, &probe, Logits::Last)?)?;
+            kl += kl_divergence(reference, &got);
+        }
+        rows.push(summarize(&workload, c, &probe.tallies(), Some(kl / steps.max(1) as f64)));
+    }
+    Ok(ContextRun { rows, answer })
+}
