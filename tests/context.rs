@@ -136,7 +136,7 @@ fn prefill_info_chat_and_follow_ups() {
     }
     let mc = model_copy.path().to_str().unwrap();
     let cal = ok_json(folio(&["calibrate", "--model", mc, "--docs", d.path().to_str().unwrap(), "--json"]));
-    assert!(cal["tokens"].as_u64().unwrap() > 1000, "{cal}");
+    assert!(cal["tokens"].as_u64().unwrap() > 100, "{cal}");
     assert!(model_copy.path().join("folio-channels.json").exists());
     let stamp = std::fs::metadata(&ctx).unwrap().modified().unwrap();
     for m in ["topk-ivf", "magicpig", "hip", "double-sparsity", "buzz"] {
