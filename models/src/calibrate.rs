@@ -4,8 +4,8 @@
 //! few documents and reused for every context of that model.
 //!
 //! Statistic: the paper's qk outlier, `mean_t |q[t,h,i] · k[t,h/G,i]|` over post-RoPE queries
-//! and keys of the same token, accumulated over every 512-token block (the authors' script
-//! overwrote it per block; we sum), and summed over the query heads of each KV group: one
+//! and keys of the same token, over every token of every 512-token block (the authors' script
+//! overwrote it per block; we accumulate), and summed over the query heads of each KV group: one
 //! channel set per KV head (the spec's policy B), so the label cache stays at its paper size
 //! instead of G times it, while each query head still ranks tokens with its own query.
 //!
@@ -157,7 +157,7 @@ impl Attention for QkStatistic {
                 let kvh = h / groups;
                 for (qt, kt) in qh.iter().zip(&k[kvh]) {
                     for i in 0..d {
-                        layer[kvh][i] += (qt[i] * kt[i]).abs() as f64 / t as f64;
+                        layer[kvh][i] += (qt[i] * kt[i]).abs() as f64;
                     }
                 }
             }
@@ -175,8 +175,10 @@ pub fn calibrate(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<Calibration> {
     let cfg = engine.config();
-    let blocks: Vec<&[u32]> =
-        documents.iter().flat_map(|(_, ids)| ids.chunks(BLOCK)).filter(|b| b.len() > 1).take(max_blocks).collect();
+    // The documents back to back, cut into blocks (the authors' recipe); a short last block
+    // still counts, per token (the statistic is Σ|q_i k_i| over every token, divided once).
+    let all: Vec<u32> = documents.iter().flat_map(|(_, ids)| ids.iter().copied()).collect();
+    let blocks: Vec<&[u32]> = all.chunks(BLOCK).filter(|b| b.len() > 1).take(max_blocks).collect();
     if blocks.is_empty() {
         return Err(Error::Invalid("calibration needs at least one document with 2 or more tokens".into()));
     }

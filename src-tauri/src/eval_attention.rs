@@ -98,7 +98,8 @@ pub fn eval_attention(common: &Common, a: AttentionArgs) -> Result<()> {
     let mut rows: Vec<Row> = Vec::new();
     let mut answer = None;
     if a.synthetic || a.context.is_none() {
-        for spec in Spec::presets(a.length) {
+        for mut spec in Spec::presets(a.length) {
+            spec.steps = a.steps;
             let case = Case::generate(&spec, a.seed)?;
             // Channels calibrated on another case of the same workload (held-out data).
             let held_out = Case::generate(&spec, a.seed + CALIBRATION_SEED_OFFSET)?;
@@ -160,22 +161,25 @@ fn table(rows: &[Row]) -> String {
             let _ = writeln!(s, "\n{workload}");
             let _ = writeln!(
                 s,
-                "{:<16} {:>7} | {:>9} {:>7} {:>7} {:>7} {:>8} | {:>9} | per-layer error",
-                "method", "budget", "rel.err", "recall", "mass", "read", "searched", "KL nats"
+                "{:<16} {:>7} | {:>9} {:>7} {:>7} | {:>7} {:>7} {:>8} | {:>9} | per-layer error",
+                "method", "budget", "rel.err", "recall", "mass", "read", "kv read", "searched", "KL nats"
             );
         }
+        // Error, recall and mass where the method acts; cost over every layer.
+        let e = r.sparse_layers.as_ref().unwrap_or(&r.overall);
         let o = &r.overall;
         let kl = r.kl.map_or("-".to_owned(), |k| format!("{k:.2e}"));
         let layers: Vec<String> = r.layers.iter().map(|(l, x)| format!("{l}:{:.3}", x.rel_error)).collect();
         let _ = writeln!(
             s,
-            "{:<16} {:>7} | {:>9.4} {:>6.1}% {:>6.1}% {:>6.1}% {:>7.1}% | {:>9} | {}",
+            "{:<16} {:>7} | {:>9.4} {:>6.1}% {:>6.1}% | {:>6.1}% {:>6.1}% {:>7.1}% | {:>9} | {}",
             r.method,
             r.budget,
-            o.rel_error,
-            100.0 * o.recall,
-            100.0 * o.mass,
+            e.rel_error,
+            100.0 * e.recall,
+            100.0 * e.mass,
             100.0 * o.read,
+            100.0 * o.kv_read,
             100.0 * o.searched,
             kl,
             layers.join(" ")
@@ -187,8 +191,8 @@ fn table(rows: &[Row]) -> String {
 /// Smallest error the log axis shows (dense-equal runs sit on it).
 const ERROR_FLOOR: f64 = 1e-4;
 
-/// Relative error against the fraction of KV rows read, one line per method, one panel per
-/// workload.
+/// Relative error in the layers a method runs sparse against the fraction of KV rows it read
+/// over all layers, one line per method, one panel per workload.
 fn chart(path: &Path, rows: &[Row]) -> Result<()> {
     let mut workloads: Vec<&str> = Vec::new();
     for r in rows {
@@ -219,7 +223,7 @@ fn chart(path: &Path, rows: &[Row]) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("chart: {e}"))?;
         c.configure_mesh()
             .x_desc("fraction of KV rows read")
-            .y_desc("relative error vs dense")
+            .y_desc("relative error (sparse layers)")
             .draw()
             .map_err(|e| anyhow::anyhow!("chart: {e}"))?;
         for (i, m) in methods.iter().enumerate() {
@@ -227,7 +231,10 @@ fn chart(path: &Path, rows: &[Row]) -> Result<()> {
             let mut pts: Vec<(f64, f64)> = mine
                 .iter()
                 .filter(|r| r.method == *m)
-                .map(|r| (r.overall.read.max(x_min), r.overall.rel_error.max(ERROR_FLOOR)))
+                .map(|r| {
+                    let err = r.sparse_layers.as_ref().unwrap_or(&r.overall).rel_error;
+                    (r.overall.read.max(x_min), err.max(ERROR_FLOOR))
+                })
                 .collect();
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             c.draw_series(LineSeries::new(pts.clone(), colour.stroke_width(2)))

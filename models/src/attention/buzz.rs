@@ -19,14 +19,12 @@
 //! question's rows, attended densely over the whole context, then evicted down to the bound
 //! at once — the spec's "Remark 2" mode); keys keep their absolute positions (the file holds
 //! post-RoPE keys), not the authors' slot-index re-rotation. Evicted tokens are gone for the
-//! rest of that conversation (until [`Attention::reset`]); the context file keeps them.
-
-use std::collections::HashMap;
-use std::sync::Mutex;
+//! rest of that conversation; the context file keeps them. Eviction runs until the bound holds
+//! (Remark 2), not once per forward as the authors' code; a long question is evicted at once.
 
 use candle_core::{Device, Tensor};
 
-use super::select::{dot, query_rows, LayerRows};
+use super::select::{budgeted_settings, dot, query_rows, LayerRows, PerLayer};
 use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::{Error, Result};
 
@@ -79,12 +77,12 @@ struct LayerCache {
 pub struct Buzz {
     budget: Budget,
     params: Params,
-    caches: Mutex<HashMap<usize, LayerCache>>,
+    caches: PerLayer<LayerCache>,
 }
 
 impl Buzz {
     pub fn new(budget: Budget, params: Params) -> Self {
-        Self { budget, params, caches: Mutex::new(HashMap::new()) }
+        Self { budget, params, caches: PerLayer::new() }
     }
 
     /// (window, threshold) for a peak of `peak` tokens.
@@ -147,19 +145,20 @@ impl Attention for Buzz {
     }
 
     fn settings(&self) -> serde_json::Value {
-        serde_json::json!({ "method": "buzz", "budget": self.budget, "params": self.params })
+        budgeted_settings(self.name(), &self.budget, &self.params)
     }
 
-    fn reset(&self) {
-        self.caches.lock().unwrap_or_else(|e| e.into_inner()).clear();
-    }
+    /// Keeps a conversation's cache: the next turn continues its positions and sees only the
+    /// compressed history (the paper's setting); a call that does not continue them (a new
+    /// conversation, a reopened context) starts afresh in [`Attention::attend`].
+    fn reset(&self) {}
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
         let (q_heads, t, d) = call.q.dims3()?;
         let end = call.q_start + t;
         let rows = LayerRows::read(call, end)?;
         let groups = q_heads / rows.kv_heads;
-        let mut caches = self.caches.lock().unwrap_or_else(|e| e.into_inner());
+        let mut caches = self.caches.lock();
         if caches.get(&call.layer).is_none_or(|c| c.end != call.q_start) {
             // A new conversation (or positions that do not continue the last call's): the
             // whole stored context is live, unscored.
@@ -179,6 +178,7 @@ impl Attention for Buzz {
         (cache.window, cache.threshold) = self.sizes(self.budget.tokens(end));
         let queries = query_rows(call)?;
         let mut out = Vec::with_capacity(q_heads * t * d);
+        let mut read = vec![Vec::new(); q_heads];
         for (h, q) in queries.iter().enumerate() {
             let kvh = h / groups;
             let head = &mut cache.heads[kvh];
@@ -202,10 +202,11 @@ impl Attention for Buzz {
                     }
                 }
                 out.extend(acc.iter().map(|a| *a as f32));
+                // What the head read: the positions its last row attended (for a decode step,
+                // the live set inside the model's window, before this call's eviction).
+                read[h] = slots.iter().map(|&j| head.live[j]).collect();
             }
         }
-        // What each query head read: its KV head's live set before this call's eviction.
-        let read = (0..q_heads).map(|h| cache.heads[h / groups].live.clone()).collect();
         self.evict(cache);
         let out = Tensor::from_vec(out, (q_heads, t, d), &Device::Cpu)?
             .to_dtype(call.q.dtype())?
@@ -240,7 +241,7 @@ mod tests {
             let call = AttnCall { layer: 5, layers: 8, kv_layer: 0, q, q_start, kv: &kv, scale: 0.17, window: None };
             let got = buzz.attend(&call).unwrap();
             let read = got.read.unwrap();
-            let caches = buzz.caches.lock().unwrap();
+            let caches = buzz.caches.lock();
             for (h, head) in caches[&5].heads.iter().enumerate() {
                 assert!(head.live.len() <= 120, "seed {seed}, step {s}: {} live", head.live.len());
                 assert!(head.live.windows(2).all(|x| x[0] < x[1]));
@@ -259,7 +260,8 @@ mod tests {
         let r: Vec<f64> = (3..=9).map(threshold_ratio).collect();
         let want = [2.5, 3.0, 13.0 / 3.0, 5.0, 6.25, 7.0, 8.2];
         assert!(r.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-9), "{r:?}");
-        // The spec's example: B = 512, k = 4, s = 5 → w = 95, T = 412 (rounding down w).
+        // The spec's example: B = 512, k = 4, s = 5 → w = 95 (rounding down), and T fills the
+        // peak: 413 (the spec's 412 is r·w rounded, one token under the peak).
         let b = Buzz::new(Budget::Tokens(512), Params::parse("buzz", &PARAMS, &[]).unwrap());
         assert_eq!(b.sizes(512), (95, 413));
         assert_eq!(b.bound(512), 512);

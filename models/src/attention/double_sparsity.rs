@@ -14,10 +14,9 @@
 
 pub use crate::calibrate::Channels;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use super::select::{query_rows, sparse_decode, top_positions, HeadPick, LayerRows};
+use super::select::{budgeted_settings, query_rows, sparse_decode, top_positions, HeadPick, LayerRows, PerLayer};
 use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::{Error, Result};
 
@@ -58,7 +57,8 @@ fn label(key: &[f32], channels: &[usize], bits: usize) -> Vec<f32> {
 }
 
 /// A layer's label cache over positions `0..end`, per KV head, dequantized for the reference
-/// scan (the stored form is `bits` per value plus an f16 scale and offset per row).
+/// scan (a compact form is `bits` per value plus a scale and offset per row; the reference
+/// keeps both in f32, so a port storing them in f16 may rank near-ties differently).
 struct Labels {
     end: usize,
     channels: Vec<Vec<usize>>,
@@ -69,12 +69,12 @@ pub struct DoubleSparsity {
     budget: Budget,
     params: Params,
     calibration: Arc<Channels>,
-    labels: Mutex<HashMap<usize, Arc<Labels>>>,
+    labels: PerLayer<Arc<Labels>>,
 }
 
 impl DoubleSparsity {
     pub fn new(budget: Budget, params: Params, calibration: Arc<Channels>) -> Self {
-        Self { budget, params, calibration, labels: Mutex::new(HashMap::new()) }
+        Self { budget, params, calibration, labels: PerLayer::new() }
     }
 
     fn channel_count(&self, head_dim: usize) -> usize {
@@ -85,7 +85,7 @@ impl DoubleSparsity {
     }
 
     fn layer_labels(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Result<Arc<Labels>> {
-        let mut cache = self.labels.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.labels.lock();
         if let Some(l) = cache.get(&call.layer).filter(|l| l.end <= hi) {
             return Ok(l.clone());
         }
@@ -119,11 +119,11 @@ impl Attention for DoubleSparsity {
     }
 
     fn settings(&self) -> serde_json::Value {
-        serde_json::json!({ "method": "double-sparsity", "budget": self.budget, "params": self.params })
+        budgeted_settings(self.name(), &self.budget, &self.params)
     }
 
     fn reset(&self) {
-        self.labels.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.labels.clear();
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {

@@ -17,9 +17,8 @@
 //! the window the other methods here use.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
-use super::select::{dot, query_rows, sparse_decode, HeadPick, LayerRows};
+use super::select::{budgeted_settings, dot, query_rows, sparse_decode, HeadPick, LayerRows, PerLayer};
 use super::{Attended, Attention, AttnCall, Budget, Dense, ParamSpec, Params};
 use crate::error::Result;
 
@@ -36,10 +35,10 @@ pub(super) const PARAMS: [ParamSpec; 5] = [
     ParamSpec {
         name: "window",
         default: 64.0,
-        min: 0.0,
+        min: 1.0,
         max: 1_048_576.0,
         integer: true,
-        doc: "most recent tokens always attended, outside the budget",
+        doc: "most recent tokens always attended (the query's own at least), outside the budget",
     },
     ParamSpec {
         name: "dense_layers",
@@ -71,7 +70,7 @@ struct Mask {
 pub struct Hip {
     budget: Budget,
     params: Params,
-    masks: Mutex<HashMap<usize, Vec<Mask>>>,
+    masks: PerLayer<Vec<Mask>>,
 }
 
 /// The hierarchical search over blocks `0..blocks` for `n` survivors; `score(b)` scores block
@@ -112,29 +111,31 @@ pub fn search_blocks(blocks: usize, n: usize, mut score: impl FnMut(usize) -> f3
 
 impl Hip {
     pub fn new(budget: Budget, params: Params) -> Self {
-        Self { budget, params, masks: Mutex::new(HashMap::new()) }
+        Self { budget, params, masks: PerLayer::new() }
     }
 
-    /// A fresh mask for one query head over `first..window_start`.
+    /// A fresh mask for one query head keeping `k` keys of `first..window_start`, and how
+    /// many keys the search scored.
     fn build(
         &self,
         q: &[f32],
         rows: &LayerRows,
         kvh: usize,
-        first: usize,
-        window_start: usize,
+        region: (usize, usize),
+        k: usize,
         hi: usize,
     ) -> (Mask, usize) {
+        let (first, window_start) = region;
         let b = self.params.usize("block");
-        let region = window_start.saturating_sub(first);
-        let blocks = region.div_ceil(b);
-        let n = self.budget.tokens(region.max(1)).div_ceil(b).max(1);
+        let blocks = window_start.saturating_sub(first).div_ceil(b);
         let block_keys = |blk: usize| first + blk * b..(first + (blk + 1) * b).min(window_start);
-        let (chosen, scored) = search_blocks(blocks, n, |blk| {
+        let mut scored = 0;
+        let (chosen, _) = search_blocks(blocks, k.div_ceil(b).max(1), |blk| {
+            scored += block_keys(blk).len();
             block_keys(blk).map(|p| dot(q, rows.key(kvh, p))).fold(f32::NEG_INFINITY, f32::max)
         });
         let keys = chosen.into_iter().flat_map(block_keys).collect();
-        (Mask { keys, window_start, built_hi: hi }, scored * b)
+        (Mask { keys, window_start, built_hi: hi }, scored)
     }
 }
 
@@ -144,11 +145,11 @@ impl Attention for Hip {
     }
 
     fn settings(&self) -> serde_json::Value {
-        serde_json::json!({ "method": "hip", "budget": self.budget, "params": self.params })
+        budgeted_settings(self.name(), &self.budget, &self.params)
     }
 
     fn reset(&self) {
-        self.masks.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.masks.clear();
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
@@ -158,14 +159,12 @@ impl Attention for Hip {
         sparse_decode(call, |rows, lo, hi| {
             let queries = query_rows(call)?;
             let groups = queries.len() / rows.kv_heads;
-            let first = (lo + self.params.usize("sinks")).min(hi);
+            // Sinks are the sequence's first tokens (those still visible).
+            let first = self.params.usize("sinks").clamp(lo, hi);
             let window_start = hi.saturating_sub(self.params.usize("window")).max(first);
-            let mut cache = self.masks.lock().unwrap_or_else(|e| e.into_inner());
+            let mut cache = self.masks.lock();
             let stale = |m: &Vec<Mask>| {
-                m.len() != queries.len()
-                    || m[0].built_hi > hi
-                    || hi - m[0].built_hi >= self.params.usize("refresh")
-                    || m[0].keys.first().is_some_and(|&p| p < lo)
+                m.len() != queries.len() || m[0].built_hi > hi || hi - m[0].built_hi >= self.params.usize("refresh")
             };
             let mut searched = 0;
             if cache.get(&call.layer).is_none_or(stale) {
@@ -173,7 +172,8 @@ impl Attention for Hip {
                     .iter()
                     .enumerate()
                     .map(|(h, q)| {
-                        let (m, s) = self.build(&q[0], rows, h / groups, first, window_start, hi);
+                        let k = self.budget.tokens(hi - lo);
+                        let (m, s) = self.build(&q[0], rows, h / groups, (first, window_start), k, hi);
                         searched += s;
                         m
                     })
@@ -184,7 +184,9 @@ impl Attention for Hip {
             let picks = masks
                 .iter()
                 .map(|m| {
-                    let pos = (lo..first).chain(m.keys.iter().copied()).chain(m.window_start.max(first)..hi).collect();
+                    // A sliding model window may have moved past keys chosen at the last refresh.
+                    let chosen = m.keys.iter().copied().filter(|&p| p >= first);
+                    let pos = (lo..first).chain(chosen).chain(m.window_start.max(first)..hi).collect();
                     HeadPick::plain(pos)
                 })
                 .collect();

@@ -20,35 +20,41 @@
 //! (Table 8), which the harness reports as achieved cost. A budget covering every key makes
 //! every token static: exact dense attention, the paper's own limit.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::select::{dot, query_rows, sparse_decode, HeadPick, LayerRows};
+use super::select::{budgeted_settings, dot, query_rows, sparse_decode, HeadPick, LayerRows, PerLayer};
 use super::workload::normal;
 use super::{Attended, Attention, AttnCall, Budget, Dense, ParamSpec, Params};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 pub(super) const PARAMS: [ParamSpec; 6] = [
-    ParamSpec { name: "bits", default: 10.0, min: 1.0, max: 16.0, integer: true, doc: "K, hash bits per table" },
+    ParamSpec {
+        name: "bits",
+        default: 10.0,
+        min: 1.0,
+        max: 12.0,
+        integer: true,
+        doc: "K, hash bits per table (each table keeps 2^K bucket offsets per KV head)",
+    },
     ParamSpec {
         name: "tables",
         default: 0.0,
         min: 0.0,
         max: 1024.0,
         integer: true,
-        doc: "L, hash tables (0: the fewest that reach the budget, Eq. 21)",
+        doc: "L, hash tables, 2 or more (0: the fewest that reach the budget, Eq. 21)",
     },
     ParamSpec { name: "sinks", default: 4.0, min: 0.0, max: 1024.0, integer: true, doc: "first tokens kept exact" },
     ParamSpec {
         name: "window",
         default: 64.0,
-        min: 0.0,
+        min: 1.0,
         max: 1_048_576.0,
         integer: true,
-        doc: "most recent tokens kept exact (with everything after the indexed context)",
+        doc: "most recent tokens kept exact, the query's own at least (with everything after the indexed context)",
     },
     ParamSpec {
         name: "dense_layers",
@@ -66,8 +72,9 @@ const MAX_TABLES: usize = 1024;
 /// The authors' floor under `u` before the log: caps an importance weight at 1e4.
 const U_FLOOR: f64 = 1e-4;
 
-/// `u = P[Binomial(L, p^K) ≥ 2]` for a single-hyperplane collision probability `p`, without
-/// the catastrophic cancellation of `1 - (1-P)^L - L P (1-P)^(L-1)` when `L·P ≪ 1`.
+/// `u = P[Binomial(L, p^K) ≥ 2]` for a single-hyperplane collision probability `p`, via
+/// `(1-P)^L + L P (1-P)^(L-1) = (1-P)^(L-1) (1 + (L-1) P)` in logs, which avoids the naive
+/// form's cancellation down to `L·P ≈ 1e-6`; below that the leading term `C(L,2) P²`.
 pub fn sampling_probability(p: f64, bits: usize, tables: usize) -> f64 {
     if p <= 0.0 || tables < 2 {
         return 0.0;
@@ -77,6 +84,9 @@ pub fn sampling_probability(p: f64, bits: usize, tables: usize) -> f64 {
         return 1.0;
     }
     let l1 = (tables - 1) as f64;
+    if tables as f64 * big_p < 1e-6 {
+        return tables as f64 * l1 / 2.0 * big_p * big_p;
+    }
     let a = l1 * (-big_p).ln_1p() + (l1 * big_p).ln_1p();
     -a.exp_m1()
 }
@@ -209,12 +219,18 @@ impl LayerIndex {
 pub struct MagicPig {
     budget: Budget,
     params: Params,
-    index: Mutex<HashMap<usize, Arc<LayerIndex>>>,
+    index: PerLayer<Arc<LayerIndex>>,
 }
 
 impl MagicPig {
-    pub fn new(budget: Budget, params: Params) -> Self {
-        Self { budget, params, index: Mutex::new(HashMap::new()) }
+    pub fn new(budget: Budget, params: Params) -> Result<Self> {
+        if params.usize("tables") == 1 {
+            return Err(Error::Invalid(
+                "magicpig samples keys that collide in at least 2 tables: give tables=0 (from the budget) or 2..=1024"
+                    .into(),
+            ));
+        }
+        Ok(Self { budget, params, index: PerLayer::new() })
     }
 
     fn dense_layer(&self, layer: usize, layers: usize) -> bool {
@@ -224,7 +240,7 @@ impl MagicPig {
     /// The layer's index, built on first use over `sinks..hi - window`; `None` when that
     /// range is empty or the budget covers every visible key.
     fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, lo: usize, hi: usize) -> Option<Arc<LayerIndex>> {
-        let mut cache = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.index.lock();
         if let Some(ix) = cache.get(&call.layer) {
             if ix.end <= hi {
                 return Some(ix.clone());
@@ -233,10 +249,13 @@ impl MagicPig {
         let first = self.params.usize("sinks").min(hi);
         let end = hi.saturating_sub(self.params.usize("window")).max(first);
         let sparse = end.saturating_sub(first.max(lo));
-        if sparse == 0 || self.budget.tokens(hi - lo) >= hi - lo {
+        // The budget is a share of the visible keys, as for every method; one that covers the
+        // whole sampled range makes every token static.
+        let want = self.budget.tokens(hi - lo);
+        if sparse == 0 || want >= sparse {
             return None;
         }
-        let fraction = self.budget.tokens(sparse) as f64 / sparse as f64;
+        let fraction = want as f64 / sparse as f64;
         let (bits, tables) = match self.params.usize("tables") {
             0 => tables_for(fraction, self.params.usize("bits")),
             l => (self.params.usize("bits"), l),
@@ -253,11 +272,11 @@ impl Attention for MagicPig {
     }
 
     fn settings(&self) -> serde_json::Value {
-        serde_json::json!({ "method": "magicpig", "budget": self.budget, "params": self.params })
+        budgeted_settings(self.name(), &self.budget, &self.params)
     }
 
     fn reset(&self) {
-        self.index.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.index.clear();
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
@@ -281,7 +300,6 @@ impl Attention for MagicPig {
                     let (sampled, walked) = ix.retrieve(kvh, q);
                     walked_total += walked;
                     let q_norm = dot(q, q).sqrt().max(f32::MIN_POSITIVE);
-                    let q_mean = dot(q, &t.mean);
                     // Static part: sinks and everything after the index, weight 1.
                     let mut pick = HeadPick::default();
                     for p in (lo..ix.first.max(lo)).chain(ix.end.max(lo)..hi) {
@@ -293,9 +311,9 @@ impl Attention for MagicPig {
                         if p < lo {
                             continue;
                         }
-                        // q·(k - mean) = q·k - q·mean: the cosine the hash saw.
-                        let s = dot(q, rows.key(kvh, p));
-                        let cos = (s - q_mean) as f64 / (q_norm as f64 * t.norms[i].max(f32::MIN_POSITIVE) as f64);
+                        // The cosine with the centred key, the vector the hash saw.
+                        let centred: Vec<f32> = rows.key(kvh, p).iter().zip(&t.mean).map(|(a, b)| a - b).collect();
+                        let cos = dot(q, &centred) as f64 / (q_norm as f64 * t.norms[i].max(f32::MIN_POSITIVE) as f64);
                         let u = sampling_probability(collision_probability(cos), ix.bits, ix.tables);
                         pick.pos.push(p);
                         pick.bias.push(-((u + U_FLOOR).ln()) as f32);

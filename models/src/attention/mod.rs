@@ -17,9 +17,10 @@
 //! assumed from the budget.
 //!
 //! Indexes (MagicPIG's hash tables, Double Sparsity's label cache, the IVF lists) are built
-//! from the stored keys the first time a layer decodes and kept until [`Attention::reset`];
-//! keys after the indexed prefix (the question and the answer so far) are attended densely,
-//! as every paper keeps its generated tokens dense.
+//! from the stored keys the first time a layer decodes and kept until [`Attention::reset`].
+//! Keys after the indexed prefix (the question and the answer so far) are attended densely by
+//! MagicPIG and HiP, as their papers keep generated tokens dense; top-k, IVF and Double
+//! Sparsity score them exactly and let them compete for the budget.
 
 mod buzz;
 mod dense;
@@ -260,7 +261,7 @@ pub fn by_name(
         "streaming" => Ok(Box::new(Streaming::new(need_budget()?, Params::parse(name, &streaming::PARAMS, params)?))),
         "topk" => Ok(Box::new(TopK::new(need_budget()?, Params::parse(name, &topk::PARAMS, params)?))),
         "topk-ivf" => Ok(Box::new(TopKIvf::new(need_budget()?, Params::parse(name, &ivf::PARAMS, params)?))),
-        "magicpig" => Ok(Box::new(MagicPig::new(need_budget()?, Params::parse(name, &magicpig::PARAMS, params)?))),
+        "magicpig" => Ok(Box::new(MagicPig::new(need_budget()?, Params::parse(name, &magicpig::PARAMS, params)?)?)),
         "hip" => Ok(Box::new(Hip::new(need_budget()?, Params::parse(name, &hip::PARAMS, params)?))),
         "buzz" => Ok(Box::new(Buzz::new(need_budget()?, Params::parse(name, &buzz::PARAMS, params)?))),
         "double-sparsity" => {

@@ -24,6 +24,14 @@ pub struct LayerTally {
     pub read: f64,
     pub searched: f64,
     pub samples: usize,
+    /// Σ over KV heads and steps of the rows the whole group read (the union of its query
+    /// heads' picks) / visible: the KV traffic, when query heads pick differently; and how
+    /// many (KV head, step) pairs were added.
+    pub kv_read: f64,
+    pub kv_samples: usize,
+    /// Steps at which the method read every visible key (its dense layers).
+    pub dense_steps: usize,
+    pub steps: usize,
 }
 
 impl LayerTally {
@@ -35,6 +43,15 @@ impl LayerTally {
         self.read += other.read;
         self.searched += other.searched;
         self.samples += other.samples;
+        self.kv_read += other.kv_read;
+        self.kv_samples += other.kv_samples;
+        self.dense_steps += other.dense_steps;
+        self.steps += other.steps;
+    }
+
+    /// Whether every measured step of this layer was dense.
+    pub fn is_dense(&self) -> bool {
+        self.steps > 0 && self.dense_steps == self.steps
     }
 
     /// ‖o − o_dense‖ / ‖o_dense‖ over everything added.
@@ -71,6 +88,15 @@ impl LayerTally {
     pub fn search_fraction(&self) -> f64 {
         self.mean(self.searched)
     }
+
+    /// Fraction of the visible K and V rows each KV head's group read together.
+    pub fn kv_read_fraction(&self) -> f64 {
+        if self.kv_samples > 0 {
+            self.kv_read / self.kv_samples as f64
+        } else {
+            0.0
+        }
+    }
 }
 
 /// Compares one decode call's output and read set with dense attention on the same rows.
@@ -92,7 +118,23 @@ pub fn measure(call: &AttnCall<'_>, got: &Attended, dense: &Attended) -> Result<
         .flatten_all()?
         .to_vec1::<f32>()?;
     let d = rows.head_dim;
-    let mut t = LayerTally::default();
+    let n = hi - lo;
+    // Only visible positions count (a method must not read others; the probe does not trust it).
+    let sets: Option<Vec<Vec<usize>>> = got
+        .read
+        .as_ref()
+        .map(|sets| sets.iter().map(|s| s.iter().copied().filter(|p| (lo..hi).contains(p)).collect()).collect());
+    let mut t = LayerTally { steps: 1, dense_steps: usize::from(sets.is_none()), ..Default::default() };
+    for g in 0..rows.kv_heads {
+        let union = match &sets {
+            None => n,
+            Some(sets) => {
+                sets[g * groups..(g + 1) * groups].iter().flatten().collect::<std::collections::HashSet<_>>().len()
+            }
+        };
+        t.kv_read += union as f64 / n as f64;
+        t.kv_samples += 1;
+    }
     for (h, q) in queries.iter().enumerate() {
         let (oa, ob) = (&a[h * d..][..d], &b[h * d..][..d]);
         t.err_sq += oa.iter().zip(ob).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>();
@@ -103,8 +145,7 @@ pub fn measure(call: &AttnCall<'_>, got: &Attended, dense: &Attended) -> Result<
         let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let w: Vec<f64> = logits.iter().map(|z| (z - max).exp()).collect();
         let total: f64 = w.iter().sum();
-        let n = hi - lo;
-        let (read_n, mass, recall) = match &got.read {
+        let (read_n, mass, recall) = match &sets {
             None => (n, 1.0, 1.0),
             Some(sets) => {
                 let set = &sets[h];

@@ -4,7 +4,10 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::{Attended, Attention, AttnCall, Dense};
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+use super::{Attended, Attention, AttnCall, Budget, Dense, Params};
 use crate::error::{Error, Result};
 
 /// The layer's keys and values for positions `0..end` as f32 on the CPU, `[kv_heads, end, d]`
@@ -148,4 +151,28 @@ pub(super) fn top_positions(candidates: Vec<usize>, k: usize, score: impl Fn(usi
     let mut out: Vec<usize> = scored.into_iter().map(|x| x.0).collect();
     out.sort_unstable();
     out
+}
+
+/// Per-layer state a method keeps between decode steps (an index, cached masks, an evicting
+/// cache), dropped by [`super::Attention::reset`]. A poisoned lock (a panic mid-update in
+/// another thread) still hands out the map: every entry is replaced whole, never half-written.
+pub(super) struct PerLayer<T>(Mutex<HashMap<usize, T>>);
+
+impl<T> PerLayer<T> {
+    pub fn new() -> Self {
+        Self(Mutex::new(HashMap::new()))
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, HashMap<usize, T>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+}
+
+/// `settings()` of a method with a budget and knobs.
+pub(super) fn budgeted_settings(method: &str, budget: &Budget, params: &Params) -> serde_json::Value {
+    serde_json::json!({ "method": method, "budget": budget, "params": params })
 }

@@ -2,7 +2,7 @@
 //! tokens, the rest never read. Budget = sinks + window. Same set for every head (the paper's
 //! choice: no scoring at all), so GQA needs no decision.
 
-use super::select::{sparse_decode, HeadPick};
+use super::select::{budgeted_settings, sparse_decode, HeadPick};
 use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::Result;
 
@@ -42,7 +42,7 @@ impl Attention for Streaming {
     }
 
     fn settings(&self) -> serde_json::Value {
-        serde_json::json!({ "method": "streaming", "budget": self.budget, "params": self.params })
+        budgeted_settings(self.name(), &self.budget, &self.params)
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {

@@ -9,7 +9,7 @@
 //! products (the scale does not change the order). This is the obviously-right reference: a
 //! full scan of every key; the approximate index and the GPU path are held to it.
 
-use super::select::{dot, query_rows, sparse_decode, top_positions, HeadPick};
+use super::select::{budgeted_settings, dot, query_rows, sparse_decode, top_positions, HeadPick};
 use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::Result;
 
@@ -49,7 +49,7 @@ impl Attention for TopK {
     }
 
     fn settings(&self) -> serde_json::Value {
-        serde_json::json!({ "method": "topk", "budget": self.budget, "params": self.params })
+        budgeted_settings(self.name(), &self.budget, &self.params)
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {

@@ -40,7 +40,9 @@ pub struct Summary {
     pub rel_error: f64,
     pub recall: f64,
     pub mass: f64,
+    /// Rows read per query head, and per KV head group (the union), / visible.
     pub read: f64,
+    pub kv_read: f64,
     pub searched: f64,
 }
 
@@ -51,6 +53,7 @@ impl From<&LayerTally> for Summary {
             recall: t.mean_recall(),
             mass: t.mean_mass(),
             read: t.read_fraction(),
+            kv_read: t.kv_read_fraction(),
             searched: t.search_fraction(),
         }
     }
@@ -62,7 +65,11 @@ pub struct Row {
     pub method: String,
     pub budget: String,
     pub settings: serde_json::Value,
+    /// Every layer pooled: the cost (a dense layer reads everything).
     pub overall: Summary,
+    /// The layers the method ran sparse, pooled: its error, recall and mass where it acts
+    /// (equal to `overall` when no layer is dense; `None` when every layer was).
+    pub sparse_layers: Option<Summary>,
     /// Per layer; a method's dense layers show error 0 and read 1.
     pub layers: BTreeMap<usize, Summary>,
     /// Mean KL(dense ‖ method) of the next-token distribution, nats (context runs only).
@@ -70,14 +77,20 @@ pub struct Row {
 }
 
 fn summarize(workload: &str, c: &Candidate, tallies: &BTreeMap<usize, LayerTally>, kl: Option<f64>) -> Row {
-    let mut all = LayerTally::default();
-    tallies.values().for_each(|t| all.add(t));
+    let (mut all, mut sparse) = (LayerTally::default(), LayerTally::default());
+    for t in tallies.values() {
+        all.add(t);
+        if !t.is_dense() {
+            sparse.add(t);
+        }
+    }
     Row {
         workload: workload.to_owned(),
         method: c.method.clone(),
         budget: c.budget.clone(),
         settings: c.attention.settings(),
         overall: Summary::from(&all),
+        sparse_layers: (sparse.steps > 0).then(|| Summary::from(&sparse)),
         layers: tallies.iter().map(|(l, t)| (*l, Summary::from(t))).collect(),
         kl,
     }
