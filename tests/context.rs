@@ -148,6 +148,40 @@ fn prefill_info_chat_and_follow_ups() {
         assert!(!small["tokens"].as_array().unwrap().is_empty(), "{m}: {small}");
     }
     assert_eq!(std::fs::metadata(&ctx).unwrap().modified().unwrap(), stamp, "no new prefill");
+
+    // Indexes stored in the file: a chat with the same settings loads them (and answers as
+    // with the built ones); other settings still build theirs; a damaged index is named.
+    let indexed = work.path().join("indexed.folio");
+    std::fs::copy(&ctx, &indexed).unwrap();
+    let ix = indexed.to_str().unwrap();
+    let ask_on = |file: &str, extra: &[&str]| {
+        let mut args = vec!["chat", "--context", file, question, "--json", "--temperature", "0", "--max-tokens", "16"];
+        args.extend_from_slice(extra);
+        ok_json(folio(&args))
+    };
+    for m in ["magicpig", "double-sparsity", "topk-ivf"] {
+        let settings = ["--model", mc, "--method", m, "--budget", "5%"];
+        let built = ask_on(c, &settings);
+        assert!(built["index"].as_object().unwrap().values().all(|s| s == "built"), "{m}: {}", built["index"]);
+        let report = ok_json(folio(&[&["context", "index", ix][..], &settings, &["--json"]].concat()));
+        assert!(report["sections"].as_u64().unwrap() >= 1, "{report}");
+        let loaded = ask_on(ix, &settings);
+        let sources = loaded["index"].as_object().unwrap();
+        assert!(!sources.is_empty() && sources.values().all(|s| s == "file"), "{m}: {}", loaded["index"]);
+        assert_eq!(loaded["tokens"], built["tokens"], "{m}: stored index answers as the built one");
+    }
+    let other = ask_on(ix, &["--method", "magicpig", "--budget", "10%"]);
+    assert!(other["index"].as_object().unwrap().values().all(|s| s == "built"), "{}", other["index"]);
+    let info = ok_json(folio(&["context", "info", ix, "--verify", "--json"]));
+    let sections = info["sections"].as_array().unwrap();
+    let pig =
+        sections.iter().find(|s| s["kind"] == "index" && s["name"].as_str().unwrap().starts_with("magicpig")).unwrap();
+    let mut bytes = std::fs::read(&indexed).unwrap();
+    bytes[pig["offset"].as_u64().unwrap() as usize + 100] ^= 0xff;
+    std::fs::write(&indexed, bytes).unwrap();
+    let err = err_text(folio(&["chat", "--context", ix, question, "--method", "magicpig", "--budget", "5%"]));
+    assert!(err.contains("index magicpig") && err.contains("corrupted"), "{err}");
+    assert!(err_text(folio(&["context", "index", c, "--method", "topk", "--budget", "5%"])).contains("keeps no index"));
     let err = err_text(folio(&["chat", "--context", c, question, "--method", "double-sparsity", "--budget", "5%"]));
     assert!(err.contains("folio calibrate"), "{err}");
     let err =

@@ -47,6 +47,18 @@ pub trait KvStore: Send {
     /// Makes room for `total` tokens at once, so a known-length prefill or generation does not
     /// grow the store step by step.
     fn reserve(&mut self, total: usize) -> Result<()>;
+
+    /// Positions `0..saved_len()` are a saved, read-only prefix (a context file): attention
+    /// indexes cover exactly it, so they can be stored with it. 0 when nothing is saved.
+    fn saved_len(&self) -> usize {
+        0
+    }
+
+    /// A stored index section of the saved prefix (`name` says which method and settings),
+    /// checksum-verified; `None` when the store has none of that name.
+    fn saved_index(&self, _name: &str, _layer: usize) -> Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
 }
 
 /// Dense store on one device: every row of every layer resident.

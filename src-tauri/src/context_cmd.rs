@@ -181,6 +181,19 @@ pub(crate) fn parse_bytes(s: &str) -> Result<u64> {
 pub enum ContextCommand {
     /// Model, tokens, documents and section sizes of a context file.
     Info(InfoArgs),
+    /// Build an attention method's index (MagicPIG tables, Double Sparsity labels, IVF lists)
+    /// for every layer and store it in the context file, so chats with those settings load it
+    /// instead of building it on each open. Rewrites the file atomically.
+    Index(IndexArgs),
+}
+
+#[derive(Args)]
+pub struct IndexArgs {
+    file: PathBuf,
+    #[command(flatten)]
+    attention: crate::cli::MethodArgs,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -193,8 +206,60 @@ pub struct InfoArgs {
     json: bool,
 }
 
-pub fn context(cmd: ContextCommand) -> Result<()> {
-    let ContextCommand::Info(a) = cmd;
+pub fn context(common: &Common, cmd: ContextCommand) -> Result<()> {
+    match cmd {
+        ContextCommand::Info(a) => info(a),
+        ContextCommand::Index(a) => index(common, a),
+    }
+}
+
+fn index(common: &Common, a: IndexArgs) -> Result<()> {
+    let started = Instant::now();
+    let file = ContextFile::open(&a.file)?;
+    let engine = common.engine_or(&file.header().model.source)?;
+    engine.check_context(&file)?;
+    let attn = a.attention.build(&engine)?;
+    let file = Arc::new(file);
+    let kv = ContextKv::new(file.clone(), engine.model.dtype(), engine.model.device(), RESIDENT_BUDGET);
+    let layers = file.header().layers;
+    let mut sections = Vec::new();
+    for layer in 0..layers {
+        if let Some((name, bytes)) = attn.index_section(&kv, layer, layers)? {
+            if !a.json {
+                eprintln!("layer {layer}: {name} ({})", human_bytes(bytes.len() as u64));
+            }
+            sections.push((name, layer, bytes));
+        }
+    }
+    if sections.is_empty() {
+        bail!(
+            "{} keeps no index at these settings (dense, streaming, top-k, HiP and BUZZ search the keys directly; \
+             a budget covering the context needs none)",
+            a.attention.method
+        );
+    }
+    let added: u64 = sections.iter().map(|s| s.2.len() as u64).sum();
+    let count = sections.len();
+    let header = file.write_with_indexes(&a.file, sections)?;
+    let seconds = started.elapsed().as_secs_f64();
+    if a.json {
+        println!(
+            "{}",
+            json!({ "file": a.file, "attention": attn.settings(), "sections": count, "index_bytes": added,
+                    "file_bytes": header.file_bytes, "seconds": seconds })
+        );
+    } else {
+        println!(
+            "stored {count} index sections ({}) in {}; the file is now {} ({seconds:.2} s)",
+            human_bytes(added),
+            a.file.display(),
+            human_bytes(header.file_bytes)
+        );
+    }
+    Ok(())
+}
+
+fn info(a: InfoArgs) -> Result<()> {
     let file = ContextFile::open(&a.file)?;
     let verified = if a.verify { Some(file.verify()?) } else { None };
     let h = file.header();
@@ -230,6 +295,17 @@ pub fn context(cmd: ContextCommand) -> Result<()> {
     println!("documents    {}", file.documents().len());
     for d in file.documents() {
         println!("  {:>9} tokens  {}", d.end - d.start, d.path);
+    }
+    let mut indexes: Vec<(&str, u64, usize)> = Vec::new();
+    for s in h.sections.iter().filter(|s| s.kind == SectionKind::Index) {
+        let name = s.name.as_deref().unwrap_or("?");
+        match indexes.iter_mut().find(|i| i.0 == name) {
+            Some(i) => (i.1, i.2) = (i.1 + s.bytes, i.2 + 1),
+            None => indexes.push((name, s.bytes, 1)),
+        }
+    }
+    for (name, bytes, layers) in indexes {
+        println!("index        {name}: {layers} layers, {}", human_bytes(bytes));
     }
     if let Some(v) = verified {
         println!(
@@ -343,6 +419,7 @@ pub fn chat(
             "model": engine.name,
             "context": {"path": ctx_path, "tokens": file.header().tokens, "documents": file.documents().len()},
             "attention": attn.settings(),
+            "index": attn.index_sources(),
             "tail_tokens": tail,
             "tokens": generation.tokens,
             "text": generation.text,

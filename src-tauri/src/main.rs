@@ -63,7 +63,7 @@ fn main() {
             match cmd {
                 Command::Chat(a) => cli::chat(&common, a),
                 Command::Prefill(a) => context_cmd::prefill(&common, a),
-                Command::Context(c) => context_cmd::context(c),
+                Command::Context(c) => context_cmd::context(&common, c),
                 Command::Bench(b) => bench::bench(&common, b),
                 Command::Perplexity(a) => cli::perplexity(&common, a),
                 Command::Info(a) => cli::info(&common, a),

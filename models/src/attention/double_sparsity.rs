@@ -14,11 +14,18 @@
 
 pub use crate::calibrate::Channels;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::select::{budgeted_settings, query_rows, sparse_decode, top_positions, HeadPick, LayerRows, PerLayer};
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::select::{
+    budgeted_settings, index_base, query_rows, sparse_decode, top_positions, HeadPick, IndexSource, LayerRows,
+    PerLayer, SectionReader, SectionWriter,
+};
 use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::{Error, Result};
+use crate::kv::KvStore;
 
 pub(super) const PARAMS: [ParamSpec; 3] = [
     ParamSpec {
@@ -40,25 +47,38 @@ pub(super) const PARAMS: [ParamSpec; 3] = [
     },
 ];
 
-/// Label bits at which labels are kept as they are.
+/// Label bits at which labels are kept as they are; quantized codes take one byte at most.
 const FULL_BITS: usize = 16;
+const MAX_CODE_BITS: usize = 8;
 
-/// One token's label: the key at the chosen channels, min–max quantized.
+/// Asymmetric min–max quantization of one token's label values: (offset, range, codes).
+fn quantize(x: &[f32], bits: usize) -> (f32, f32, Vec<u8>) {
+    let max_q = ((1u32 << bits) - 1) as f32;
+    let lo = x.iter().copied().fold(f32::INFINITY, f32::min);
+    let hi = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let range = if hi > lo { hi - lo } else { 1.0 };
+    (lo, range, x.iter().map(|v| ((v - lo) * max_q / range).round().clamp(0.0, max_q) as u8).collect())
+}
+
+fn dequantize(lo: f32, range: f32, codes: &[u8], bits: usize) -> Vec<f32> {
+    let max_q = ((1u32 << bits) - 1) as f32;
+    codes.iter().map(|&c| c as f32 * range / max_q + lo).collect()
+}
+
+/// One token's label: the key at the chosen channels, min–max quantized (as the label cache
+/// gives it back).
 fn label(key: &[f32], channels: &[usize], bits: usize) -> Vec<f32> {
     let x: Vec<f32> = channels.iter().map(|&c| key[c]).collect();
     if bits >= FULL_BITS {
         return x;
     }
-    let max_q = ((1u32 << bits) - 1) as f32;
-    let lo = x.iter().copied().fold(f32::INFINITY, f32::min);
-    let hi = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let range = if hi > lo { hi - lo } else { 1.0 };
-    x.iter().map(|v| ((v - lo) * max_q / range).round().clamp(0.0, max_q) * range / max_q + lo).collect()
+    let (lo, range, codes) = quantize(&x, bits);
+    dequantize(lo, range, &codes, bits)
 }
 
 /// A layer's label cache over positions `0..end`, per KV head, dequantized for the reference
-/// scan (a compact form is `bits` per value plus a scale and offset per row; the reference
-/// keeps both in f32, so a port storing them in f16 may rank near-ties differently).
+/// scan. Stored in a context file as one byte per code plus an f32 offset and range per row
+/// (`bits` ≤ 8; the paper's 4-bit packing would halve the codes), or f32 values at 16 bits.
 struct Labels {
     end: usize,
     channels: Vec<Vec<usize>>,
@@ -69,12 +89,18 @@ pub struct DoubleSparsity {
     budget: Budget,
     params: Params,
     calibration: Arc<Channels>,
-    labels: PerLayer<Arc<Labels>>,
+    labels: PerLayer<(Arc<Labels>, IndexSource)>,
 }
 
 impl DoubleSparsity {
-    pub fn new(budget: Budget, params: Params, calibration: Arc<Channels>) -> Self {
-        Self { budget, params, calibration, labels: PerLayer::new() }
+    pub fn new(budget: Budget, params: Params, calibration: Arc<Channels>) -> Result<Self> {
+        let bits = params.usize("bits");
+        if bits > MAX_CODE_BITS && bits != FULL_BITS {
+            return Err(Error::Invalid(format!(
+                "double-sparsity labels take bits=1..={MAX_CODE_BITS} (quantized) or bits={FULL_BITS} (unquantized), not {bits}"
+            )));
+        }
+        Ok(Self { budget, params, calibration, labels: PerLayer::new() })
     }
 
     fn channel_count(&self, head_dim: usize) -> usize {
@@ -84,32 +110,94 @@ impl DoubleSparsity {
         }
     }
 
-    fn layer_labels(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Result<Arc<Labels>> {
-        let mut cache = self.labels.lock();
-        if let Some(l) = cache.get(&call.layer).filter(|l| l.end <= hi) {
-            return Ok(l.clone());
-        }
+    /// The layer's channels per KV head, checked against the calibration's shape.
+    fn channels(&self, layer: usize, kv_heads: usize, head_dim: usize) -> Result<Vec<Vec<usize>>> {
         let order = &self.calibration.order;
-        if call.layer >= order.len() || order[call.layer].len() != rows.kv_heads {
+        if layer >= order.len() || order[layer].len() != kv_heads {
             return Err(Error::Invalid(format!(
-                "the channel calibration has {} layers x {} KV heads; this model has layer {} with {} KV heads",
+                "the channel calibration has {} layers x {} KV heads; this model has layer {layer} with {kv_heads} KV heads",
                 order.len(),
                 order.first().map_or(0, |l| l.len()),
-                call.layer,
-                rows.kv_heads
             )));
         }
-        let r = self.channel_count(rows.head_dim);
+        let r = self.channel_count(head_dim);
+        Ok((0..kv_heads).map(|g| self.calibration.top(layer, g, r)).collect())
+    }
+
+    /// The section name of labels over `0..end` at these settings; the hash of the whole
+    /// calibration tells labels of another calibration apart.
+    fn section_name(&self, head_dim: usize, end: usize) -> String {
+        let flat: Vec<u8> = self.calibration.order.iter().flatten().flatten().flat_map(|c| c.to_le_bytes()).collect();
+        format!(
+            "double-sparsity channels={}:{:016x} bits={} keys=0..{end}",
+            self.channel_count(head_dim),
+            xxh3_64(&flat),
+            self.params.usize("bits")
+        )
+    }
+
+    fn encode(rows: &LayerRows, channels: &[Vec<usize>], end: usize, bits: usize) -> Vec<u8> {
+        let mut w = SectionWriter::default();
+        for (g, ch) in channels.iter().enumerate() {
+            for p in 0..end {
+                let x: Vec<f32> = ch.iter().map(|&c| rows.key(g, p)[c]).collect();
+                if bits >= FULL_BITS {
+                    w.f32s(&x);
+                } else {
+                    let (lo, range, codes) = quantize(&x, bits);
+                    w.f32s(&[lo, range]);
+                    w.u8s(&codes);
+                }
+            }
+        }
+        w.0
+    }
+
+    fn decode(bytes: &[u8], name: &str, channels: Vec<Vec<usize>>, end: usize, bits: usize) -> Result<Labels> {
+        let mut r = SectionReader::new(bytes, name);
+        let mut rows = Vec::with_capacity(channels.len());
+        for ch in &channels {
+            let head = (0..end)
+                .map(|_| {
+                    if bits >= FULL_BITS {
+                        r.f32s(ch.len())
+                    } else {
+                        let lr = r.f32s(2)?;
+                        Ok(dequantize(lr[0], lr[1], r.u8s(ch.len())?, bits))
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            rows.push(head);
+        }
+        r.finish()?;
+        Ok(Labels { end, channels, rows })
+    }
+
+    /// The layer's labels over the context (`base`: the saved prefix, else what is visible at
+    /// the first decode): cached, else read from the context file, else computed.
+    fn layer_labels(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Result<Arc<Labels>> {
+        let mut cache = self.labels.lock();
+        if let Some((l, _)) = cache.get(&call.layer).filter(|(l, _)| l.end <= hi) {
+            return Ok(l.clone());
+        }
+        let channels = self.channels(call.layer, rows.kv_heads, rows.head_dim)?;
         let bits = self.params.usize("bits");
-        let channels: Vec<Vec<usize>> = (0..rows.kv_heads).map(|g| self.calibration.top(call.layer, g, r)).collect();
-        let label_rows = channels
-            .iter()
-            .enumerate()
-            .map(|(g, c)| (0..hi).map(|p| label(rows.key(g, p), c, bits)).collect())
-            .collect();
-        let l = Arc::new(Labels { end: hi, channels, rows: label_rows });
-        cache.insert(call.layer, l.clone());
-        Ok(l)
+        let end = index_base(call.kv, hi);
+        let name = self.section_name(rows.head_dim, end);
+        let (labels, source) = match call.kv.saved_index(&name, call.kv_layer)? {
+            Some(bytes) => (Self::decode(&bytes, &name, channels, end, bits)?, IndexSource::File),
+            None => {
+                let label_rows = channels
+                    .iter()
+                    .enumerate()
+                    .map(|(g, c)| (0..end).map(|p| label(rows.key(g, p), c, bits)).collect())
+                    .collect();
+                (Labels { end, channels, rows: label_rows }, IndexSource::Built)
+            }
+        };
+        let labels = Arc::new(labels);
+        cache.insert(call.layer, (labels.clone(), source));
+        Ok(labels)
     }
 }
 
@@ -124,6 +212,21 @@ impl Attention for DoubleSparsity {
 
     fn reset(&self) {
         self.labels.clear();
+    }
+
+    fn index_section(&self, kv: &dyn KvStore, layer: usize, _layers: usize) -> Result<Option<(String, Vec<u8>)>> {
+        let end = kv.saved_len();
+        if end == 0 {
+            return Ok(None);
+        }
+        let rows = LayerRows::read_store(kv, layer, end)?;
+        let channels = self.channels(layer, rows.kv_heads, rows.head_dim)?;
+        let bytes = Self::encode(&rows, &channels, end, self.params.usize("bits"));
+        Ok(Some((self.section_name(rows.head_dim, end), bytes)))
+    }
+
+    fn index_sources(&self) -> BTreeMap<usize, IndexSource> {
+        self.labels.lock().iter().map(|(l, (_, s))| (*l, *s)).collect()
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {

@@ -13,15 +13,20 @@
 //!
 //! GQA as exact top-k: one index per KV head, one search per query head.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::seq::index::sample;
 use rand::SeedableRng;
 
-use super::select::{budgeted_settings, dot, query_rows, sparse_decode, top_positions, HeadPick, LayerRows, PerLayer};
+use super::select::{
+    budgeted_settings, dot, index_base, query_rows, sparse_decode, top_positions, HeadPick, IndexSource, LayerRows,
+    PerLayer, SectionReader, SectionWriter,
+};
 use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::kv::KvStore;
 
 pub(super) const PARAMS: [ParamSpec; 4] = [
     ParamSpec { name: "nprobe", default: 8.0, min: 1.0, max: 65536.0, integer: true, doc: "lists scanned per query" },
@@ -125,10 +130,51 @@ struct LayerIvf {
     heads: Vec<HeadIvf>,
 }
 
+impl LayerIvf {
+    /// Per KV head: list count, centroids, list lengths, then every list's positions.
+    fn encode(&self) -> Vec<u8> {
+        let mut w = SectionWriter::default();
+        for h in &self.heads {
+            w.u32s([h.centroids.len() as u32]);
+            h.centroids.iter().for_each(|c| w.f32s(c));
+            w.u32s(h.lists.iter().map(|l| l.len() as u32));
+            h.lists.iter().for_each(|l| w.u32s(l.iter().map(|&p| p as u32)));
+        }
+        w.0
+    }
+
+    fn decode(bytes: &[u8], name: &str, end: usize, kv_heads: usize, d: usize) -> Result<Self> {
+        let mut r = SectionReader::new(bytes, name);
+        let bad = || Error::Invalid(format!("index section \"{name}\" does not hold lists of its keys"));
+        let mut heads = Vec::with_capacity(kv_heads);
+        for _ in 0..kv_heads {
+            let nlist = r.u32s(1)?[0] as usize;
+            if nlist > end.max(1) {
+                return Err(bad());
+            }
+            let centroids = (0..nlist).map(|_| r.f32s(d)).collect::<Result<Vec<_>>>()?;
+            let sizes = r.u32s(nlist)?;
+            if sizes.iter().map(|&n| n as usize).sum::<usize>() != end {
+                return Err(bad());
+            }
+            let lists = sizes
+                .iter()
+                .map(|&n| Ok(r.u32s(n as usize)?.into_iter().map(|p| p as usize).collect::<Vec<_>>()))
+                .collect::<Result<Vec<_>>>()?;
+            if lists.iter().flatten().any(|&p| p >= end) {
+                return Err(bad());
+            }
+            heads.push(HeadIvf { centroids, lists });
+        }
+        r.finish()?;
+        Ok(Self { end, heads })
+    }
+}
+
 pub struct TopKIvf {
     budget: Budget,
     params: Params,
-    index: PerLayer<Arc<LayerIvf>>,
+    index: PerLayer<(Arc<LayerIvf>, IndexSource)>,
 }
 
 impl TopKIvf {
@@ -136,21 +182,37 @@ impl TopKIvf {
         Self { budget, params, index: PerLayer::new() }
     }
 
-    fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Arc<LayerIvf> {
-        let mut cache = self.index.lock();
-        if let Some(ix) = cache.get(&call.layer).filter(|ix| ix.end <= hi) {
-            return ix.clone();
-        }
-        let end = hi.saturating_sub(self.params.usize("window"));
+    /// The lists cover the context before the window (`base`: the saved prefix, else what is
+    /// visible at the first decode): their end, list count and section name.
+    fn plan(&self, kv: &dyn KvStore, hi: usize) -> (usize, usize, String) {
+        let end = index_base(kv, hi).saturating_sub(self.params.usize("window"));
         let nlist = match self.params.usize("nlist") {
             0 => default_lists(end),
             n => n,
         };
+        let name = format!("topk-ivf nlist={nlist} keys=0..{end} seed={}", self.params.usize("seed"));
+        (end, nlist, name)
+    }
+
+    fn build(&self, rows: &LayerRows, end: usize, nlist: usize) -> LayerIvf {
         let seed = self.params.get("seed") as u64;
-        let heads = (0..rows.kv_heads).map(|h| HeadIvf::build(rows, h, end, nlist, seed)).collect();
-        let ix = Arc::new(LayerIvf { end, heads });
-        cache.insert(call.layer, ix.clone());
-        ix
+        LayerIvf { end, heads: (0..rows.kv_heads).map(|h| HeadIvf::build(rows, h, end, nlist, seed)).collect() }
+    }
+
+    /// The layer's lists: cached, else read from the context file, else built.
+    fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Result<Arc<LayerIvf>> {
+        let mut cache = self.index.lock();
+        if let Some((ix, _)) = cache.get(&call.layer).filter(|(ix, _)| ix.end <= hi) {
+            return Ok(ix.clone());
+        }
+        let (end, nlist, name) = self.plan(call.kv, hi);
+        let (ix, source) = match call.kv.saved_index(&name, call.kv_layer)? {
+            Some(bytes) => (LayerIvf::decode(&bytes, &name, end, rows.kv_heads, rows.head_dim)?, IndexSource::File),
+            None => (self.build(rows, end, nlist), IndexSource::Built),
+        };
+        let ix = Arc::new(ix);
+        cache.insert(call.layer, (ix.clone(), source));
+        Ok(ix)
     }
 }
 
@@ -167,9 +229,23 @@ impl Attention for TopKIvf {
         self.index.clear();
     }
 
+    fn index_section(&self, kv: &dyn KvStore, layer: usize, _layers: usize) -> Result<Option<(String, Vec<u8>)>> {
+        let saved = kv.saved_len();
+        if saved == 0 {
+            return Ok(None);
+        }
+        let (end, nlist, name) = self.plan(kv, saved);
+        let rows = LayerRows::read_store(kv, layer, end)?;
+        Ok(Some((name, self.build(&rows, end, nlist).encode())))
+    }
+
+    fn index_sources(&self) -> BTreeMap<usize, IndexSource> {
+        self.index.lock().iter().map(|(l, (_, s))| (*l, *s)).collect()
+    }
+
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
         sparse_decode(call, |rows, lo, hi| {
-            let ix = self.layer_index(call, rows, hi);
+            let ix = self.layer_index(call, rows, hi)?;
             let queries = query_rows(call)?;
             let groups = queries.len() / rows.kv_heads;
             let cut = hi.saturating_sub(self.params.usize("window")).max(lo);

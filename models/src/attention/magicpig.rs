@@ -20,15 +20,20 @@
 //! (Table 8), which the harness reports as achieved cost. A budget covering every key makes
 //! every token static: exact dense attention, the paper's own limit.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::select::{budgeted_settings, dot, query_rows, sparse_decode, HeadPick, LayerRows, PerLayer};
+use super::select::{
+    budgeted_settings, dot, index_base, query_rows, sparse_decode, HeadPick, IndexSource, LayerRows, PerLayer,
+    SectionReader, SectionWriter,
+};
 use super::workload::normal;
 use super::{Attended, Attention, AttnCall, Budget, Dense, ParamSpec, Params};
 use crate::error::{Error, Result};
+use crate::kv::KvStore;
 
 pub(super) const PARAMS: [ParamSpec; 6] = [
     ParamSpec {
@@ -216,10 +221,76 @@ impl LayerIndex {
     }
 }
 
+/// What a layer's index covers and how it hashes: a function of the store's saved prefix and
+/// the settings alone, so it names a context-file section.
+struct Plan {
+    first: usize,
+    end: usize,
+    bits: usize,
+    tables: usize,
+    seed: u64,
+}
+
+impl Plan {
+    fn name(&self) -> String {
+        format!(
+            "magicpig bits={} tables={} keys={}..{} seed={}",
+            self.bits, self.tables, self.first, self.end, self.seed
+        )
+    }
+}
+
+impl LayerIndex {
+    fn encode(&self) -> Vec<u8> {
+        let mut w = SectionWriter::default();
+        for h in &self.heads {
+            w.f32s(&h.mean);
+            w.f32s(&h.norms);
+            for (start, order) in h.start.iter().zip(&h.order) {
+                w.u32s(start.iter().copied());
+                w.u32s(order.iter().copied());
+            }
+        }
+        w.0
+    }
+
+    fn decode(bytes: &[u8], name: &str, plan: &Plan, kv_heads: usize, d: usize) -> Result<Self> {
+        let mut r = SectionReader::new(bytes, name);
+        let n = plan.end - plan.first;
+        let mut heads = Vec::with_capacity(kv_heads);
+        for _ in 0..kv_heads {
+            let (mean, norms) = (r.f32s(d)?, r.f32s(n)?);
+            let (mut start, mut order) = (Vec::new(), Vec::new());
+            for _ in 0..plan.tables {
+                let s = r.u32s((1 << plan.bits) + 1)?;
+                let o = r.u32s(n)?;
+                if s.windows(2).any(|w| w[0] > w[1])
+                    || s.last() != Some(&(n as u32))
+                    || o.iter().any(|&i| i as usize >= n)
+                {
+                    return Err(Error::Invalid(format!("index section \"{name}\" has bucket lists out of range")));
+                }
+                start.push(s);
+                order.push(o);
+            }
+            heads.push(HeadTables { mean, norms, order, start });
+        }
+        r.finish()?;
+        Ok(Self {
+            first: plan.first,
+            end: plan.end,
+            bits: plan.bits,
+            tables: plan.tables,
+            w: projection(d, plan.bits * plan.tables, plan.seed),
+            heads,
+        })
+    }
+}
+
 pub struct MagicPig {
     budget: Budget,
     params: Params,
-    index: PerLayer<Arc<LayerIndex>>,
+    index: PerLayer<(Arc<LayerIndex>, IndexSource)>,
 }
 
 impl MagicPig {
@@ -237,32 +308,44 @@ impl MagicPig {
         self.params.usize("dense_layers") == 1 && (layer == 0 || layer == layers / 2)
     }
 
-    /// The layer's index, built on first use over `sinks..hi - window`; `None` when that
-    /// range is empty or the budget covers every visible key.
-    fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, lo: usize, hi: usize) -> Option<Arc<LayerIndex>> {
-        let mut cache = self.index.lock();
-        if let Some(ix) = cache.get(&call.layer) {
-            if ix.end <= hi {
-                return Some(ix.clone());
-            }
-        }
-        let first = self.params.usize("sinks").min(hi);
-        let end = hi.saturating_sub(self.params.usize("window")).max(first);
-        let sparse = end.saturating_sub(first.max(lo));
-        // The budget is a share of the visible keys, as for every method; one that covers the
-        // whole sampled range makes every token static.
-        let want = self.budget.tokens(hi - lo);
+    /// The index over `sinks..base - window` of the context (`base`: the saved prefix, else
+    /// what is visible at the first decode); `None` when that range is empty or the budget, a
+    /// share of the context, covers it: every token static.
+    fn plan(&self, kv: &dyn KvStore, hi: usize) -> Option<Plan> {
+        let base = index_base(kv, hi);
+        let first = self.params.usize("sinks").min(base);
+        let end = base.saturating_sub(self.params.usize("window")).max(first);
+        let sparse = end - first;
+        let want = self.budget.tokens(base);
         if sparse == 0 || want >= sparse {
             return None;
         }
-        let fraction = want as f64 / sparse as f64;
         let (bits, tables) = match self.params.usize("tables") {
-            0 => tables_for(fraction, self.params.usize("bits")),
+            0 => tables_for(want as f64 / sparse as f64, self.params.usize("bits")),
             l => (self.params.usize("bits"), l),
         };
-        let ix = Arc::new(LayerIndex::build(rows, first, end, bits, tables, self.params.get("seed") as u64));
-        cache.insert(call.layer, ix.clone());
-        Some(ix)
+        Some(Plan { first, end, bits, tables, seed: self.params.get("seed") as u64 })
+    }
+
+    /// The layer's index: cached, else read from the context file, else built.
+    fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Result<Option<Arc<LayerIndex>>> {
+        let mut cache = self.index.lock();
+        if let Some((ix, _)) = cache.get(&call.layer).filter(|(ix, _)| ix.end <= hi) {
+            return Ok(Some(ix.clone()));
+        }
+        let Some(plan) = self.plan(call.kv, hi) else {
+            return Ok(None);
+        };
+        let name = plan.name();
+        let (ix, source) = match call.kv.saved_index(&name, call.kv_layer)? {
+            Some(bytes) => (LayerIndex::decode(&bytes, &name, &plan, rows.kv_heads, rows.head_dim)?, IndexSource::File),
+            None => {
+                (LayerIndex::build(rows, plan.first, plan.end, plan.bits, plan.tables, plan.seed), IndexSource::Built)
+            }
+        };
+        let ix = Arc::new(ix);
+        cache.insert(call.layer, (ix.clone(), source));
+        Ok(Some(ix))
     }
 }
 
@@ -279,12 +362,29 @@ impl Attention for MagicPig {
         self.index.clear();
     }
 
+    fn index_section(&self, kv: &dyn KvStore, layer: usize, layers: usize) -> Result<Option<(String, Vec<u8>)>> {
+        let saved = kv.saved_len();
+        if saved == 0 || self.dense_layer(layer, layers) {
+            return Ok(None);
+        }
+        let Some(plan) = self.plan(kv, saved) else {
+            return Ok(None);
+        };
+        let rows = LayerRows::read_store(kv, layer, plan.end)?;
+        let ix = LayerIndex::build(&rows, plan.first, plan.end, plan.bits, plan.tables, plan.seed);
+        Ok(Some((plan.name(), ix.encode())))
+    }
+
+    fn index_sources(&self) -> BTreeMap<usize, IndexSource> {
+        self.index.lock().iter().map(|(l, (_, s))| (*l, *s)).collect()
+    }
+
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
         if self.dense_layer(call.layer, call.layers) {
             return Dense.attend(call);
         }
         sparse_decode(call, |rows, lo, hi| {
-            let Some(ix) = self.layer_index(call, rows, lo, hi) else {
+            let Some(ix) = self.layer_index(call, rows, hi)? else {
                 return Ok((vec![HeadPick::plain((lo..hi).collect()); call.q.dim(0)?], 0.0));
             };
             let queries = query_rows(call)?;

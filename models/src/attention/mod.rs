@@ -40,6 +40,7 @@ pub use double_sparsity::{Channels, DoubleSparsity};
 pub use hip::Hip;
 pub use ivf::TopKIvf;
 pub use magicpig::MagicPig;
+pub use select::IndexSource;
 pub use streaming::Streaming;
 pub use topk::TopK;
 
@@ -107,6 +108,17 @@ pub trait Attention: Send + Sync {
     /// Forgets indexes and conversation state; called before each new generation, whose
     /// store may hold different keys at the same positions.
     fn reset(&self) {}
+
+    /// This method's index of `layer` over `kv`'s saved prefix as a context-file section
+    /// (name, bytes), for `folio context index`; `None` for methods (or layers) without one.
+    fn index_section(&self, _kv: &dyn KvStore, _layer: usize, _layers: usize) -> Result<Option<(String, Vec<u8>)>> {
+        Ok(None)
+    }
+
+    /// Where each layer's index came from since the last reset.
+    fn index_sources(&self) -> BTreeMap<usize, IndexSource> {
+        BTreeMap::new()
+    }
 }
 
 /// Method names [`by_name`] accepts.
@@ -272,7 +284,7 @@ pub fn by_name(
                         .into(),
                 )
             })?;
-            Ok(Box::new(DoubleSparsity::new(need_budget()?, params, channels)))
+            Ok(Box::new(DoubleSparsity::new(need_budget()?, params, channels)?))
         }
         _ => Err(Error::Invalid(format!("unknown attention method \"{name}\"; available: {}", METHODS.join(", ")))),
     }

@@ -9,6 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::{Attended, Attention, AttnCall, Budget, Dense, Params};
 use crate::error::{Error, Result};
+use crate::kv::KvStore;
 
 /// The layer's keys and values for positions `0..end` as f32 on the CPU, `[kv_heads, end, d]`
 /// flattened row-major, with their shape.
@@ -22,14 +23,18 @@ pub(super) struct LayerRows {
 
 impl LayerRows {
     pub fn read(call: &AttnCall<'_>, end: usize) -> Result<Self> {
-        let segs = call.kv.segments(call.kv_layer, end)?;
+        Self::read_store(call.kv, call.kv_layer, end)
+    }
+
+    pub fn read_store(kv: &dyn KvStore, layer: usize, end: usize) -> Result<Self> {
+        let segs = kv.segments(layer, end)?;
         let flat = |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?) };
         let ks: Vec<Tensor> = segs.iter().map(|s| flat(&s.k)).collect::<Result<_>>()?;
         let vs: Vec<Tensor> = segs.iter().map(|s| flat(&s.v)).collect::<Result<_>>()?;
         let (k, v) = (Tensor::cat(&ks, 1)?, Tensor::cat(&vs, 1)?);
         let (kv_heads, len, head_dim) = k.dims3()?;
         if len != end {
-            return Err(Error::Invalid(format!("layer {} has {len} rows, expected {end}", call.layer)));
+            return Err(Error::Invalid(format!("layer {layer} has {len} rows, expected {end}")));
         }
         Ok(Self { k: k.flatten_all()?.to_vec1()?, v: v.flatten_all()?.to_vec1()?, kv_heads, len, head_dim })
     }
@@ -175,4 +180,79 @@ impl<T> PerLayer<T> {
 /// `settings()` of a method with a budget and knobs.
 pub(super) fn budgeted_settings(method: &str, budget: &Budget, params: &Params) -> serde_json::Value {
     serde_json::json!({ "method": method, "budget": budget, "params": params })
+}
+
+/// Where a layer's index came from: a context-file section, or built from the keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IndexSource {
+    File,
+    Built,
+}
+
+/// The end of the keys an index covers: the saved prefix when the store has one (so the
+/// index is a function of the context file alone and can be stored in it), else everything
+/// visible at the first decode step.
+pub(super) fn index_base(kv: &dyn KvStore, hi: usize) -> usize {
+    match kv.saved_len() {
+        0 => hi,
+        saved => saved.min(hi),
+    }
+}
+
+/// Little-endian arrays, the body of index sections.
+#[derive(Default)]
+pub(super) struct SectionWriter(pub Vec<u8>);
+
+impl SectionWriter {
+    pub fn u32s(&mut self, xs: impl IntoIterator<Item = u32>) {
+        xs.into_iter().for_each(|x| self.0.extend_from_slice(&x.to_le_bytes()));
+    }
+
+    pub fn f32s(&mut self, xs: &[f32]) {
+        xs.iter().for_each(|x| self.0.extend_from_slice(&x.to_le_bytes()));
+    }
+
+    pub fn u8s(&mut self, xs: &[u8]) {
+        self.0.extend_from_slice(xs);
+    }
+}
+
+/// Reads back what [`SectionWriter`] wrote, refusing short or overlong sections.
+pub(super) struct SectionReader<'a> {
+    bytes: &'a [u8],
+    name: &'a str,
+}
+
+impl<'a> SectionReader<'a> {
+    pub fn new(bytes: &'a [u8], name: &'a str) -> Self {
+        Self { bytes, name }
+    }
+
+    /// The next `n` bytes.
+    pub fn u8s(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.bytes.len() < n {
+            return Err(Error::Invalid(format!("index section \"{}\" is shorter than its settings say", self.name)));
+        }
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Ok(head)
+    }
+
+    pub fn u32s(&mut self, n: usize) -> Result<Vec<u32>> {
+        Ok(self.u8s(n * 4)?.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    }
+
+    pub fn f32s(&mut self, n: usize) -> Result<Vec<f32>> {
+        Ok(self.u8s(n * 4)?.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    }
+
+    /// Every byte was read.
+    pub fn finish(self) -> Result<()> {
+        if self.bytes.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Invalid(format!("index section \"{}\" is longer than its settings say", self.name)))
+        }
+    }
 }

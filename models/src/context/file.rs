@@ -152,6 +152,66 @@ impl ContextFile {
         Ok(bytes)
     }
 
+    /// The index section `name` of `layer`, checksum verified; `None` if the file has none.
+    pub fn index(&self, name: &str, layer: usize) -> Result<Option<&[u8]>> {
+        let found =
+            self.header.sections.iter().position(|s| {
+                s.kind == SectionKind::Index && s.layer == Some(layer) && s.name.as_deref() == Some(name)
+            });
+        found.map(|i| self.checked(i, false)).transpose()
+    }
+
+    /// Writes this context with `indexes` (name, layer, bytes) added — replacing sections of
+    /// the same name and layer — to `out`, atomically (a temporary file renamed over `out`,
+    /// which may be this file's own path). Every copied section is verified on the way.
+    pub fn write_with_indexes(&self, out: &Path, indexes: Vec<(String, usize, Vec<u8>)>) -> Result<Header> {
+        let replaced = |s: &Section| {
+            s.kind == SectionKind::Index
+                && indexes.iter().any(|(n, l, _)| s.layer == Some(*l) && s.name.as_deref() == Some(n))
+        };
+        let kept: Vec<usize> =
+            (0..self.header.sections.len()).filter(|&i| !replaced(&self.header.sections[i])).collect();
+        let mut header = self.header.clone();
+        header.sections = kept.iter().map(|&i| self.header.sections[i].clone()).collect();
+        for (name, layer, bytes) in &indexes {
+            header.sections.push(Section {
+                kind: SectionKind::Index,
+                layer: Some(*layer),
+                name: Some(name.clone()),
+                offset: 0,
+                bytes: bytes.len() as u64,
+                xxh3: checksum(bytes),
+            });
+        }
+        header.lay_out();
+        let mut tmp_name = out.file_name().unwrap_or_default().to_os_string();
+        tmp_name.push(".indexing");
+        let tmp = out.with_file_name(tmp_name);
+        let write = || -> Result<()> {
+            use std::io::{Seek, SeekFrom, Write};
+            let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+            let io = |e| Error::io(&tmp, e);
+            f.write_all(&header.encode()).map_err(io)?;
+            let mut put = |offset: u64, bytes: &[u8]| -> Result<()> {
+                f.seek(SeekFrom::Start(offset)).map_err(io)?;
+                f.write_all(bytes).map_err(io)
+            };
+            for (new, &old) in kept.iter().enumerate() {
+                put(header.sections[new].offset, self.checked(old, false)?)?;
+            }
+            for (i, (_, _, bytes)) in indexes.iter().enumerate() {
+                put(header.sections[kept.len() + i].offset, bytes)?;
+            }
+            f.set_len(header.file_bytes).map_err(io)?;
+            f.sync_all().map_err(io)?;
+            std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))
+        };
+        write().inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
+        Ok(header)
+    }
+
     /// Keys and values of `layer` as f32, `[kv_heads, tokens, head_dim]` row-major each.
     pub fn layer_kv(&self, layer: usize) -> Result<(Vec<f32>, Vec<f32>)> {
         let h = &self.header;

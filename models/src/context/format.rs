@@ -208,19 +208,25 @@ impl Header {
             }
         }
         let mut header = Self { model, kv_dtype, tokens, layers, kv_heads, head_dim, prompt, file_bytes: 0, sections };
-        // Offsets change the header's length (their digits), which can move the data start:
-        // lay out until the header fits in front of the first section.
+        header.lay_out();
+        header
+    }
+
+    /// Places the sections, in table order, page-aligned after the header. Offsets change the
+    /// header's length (their digits), which can move the data start: lay out until the header
+    /// fits in front of the first section.
+    pub fn lay_out(&mut self) {
         let mut data_start = PAGE;
         loop {
             let mut at = data_start;
-            for s in &mut header.sections {
+            for s in &mut self.sections {
                 s.offset = at;
                 at = (at + s.bytes).next_multiple_of(PAGE);
             }
-            header.file_bytes = header.sections.last().map_or(at, |s| s.offset + s.bytes);
-            let need = (PREAMBLE_BYTES + header.to_json().len() as u64).next_multiple_of(PAGE);
+            self.file_bytes = self.sections.last().map_or(at, |s| s.offset + s.bytes);
+            let need = (PREAMBLE_BYTES + self.to_json().len() as u64).next_multiple_of(PAGE);
             if need <= data_start {
-                return header;
+                return;
             }
             data_start = need;
         }

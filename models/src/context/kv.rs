@@ -137,6 +137,17 @@ impl KvStore for ContextKv {
         self.prefix_len + self.tail.len()
     }
 
+    fn saved_len(&self) -> usize {
+        self.prefix_len
+    }
+
+    fn saved_index(&self, name: &str, layer: usize) -> Result<Option<Vec<u8>>> {
+        match &self.prefix {
+            Prefix::File(file) => Ok(file.index(name, layer)?.map(<[u8]>::to_vec)),
+            Prefix::Memory(_) => Ok(None),
+        }
+    }
+
     fn write(&mut self, layer: usize, pos: usize, k: &Tensor, v: &Tensor) -> Result<()> {
         if pos < self.prefix_len {
             return Err(Error::Invalid(format!(
