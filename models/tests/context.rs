@@ -176,3 +176,61 @@ fn cuda_prefill_matches_cpu() -> Result<()> {
     assert!(d_last < 1e-4 && d_ask < 1e-4 && d_file < 1e-4);
     Ok(())
 }
+
+/// Indexes stored as context-file sections load back to the index that was built: decoding
+/// with the stored one gives the built one's logits bit for bit, for every method that keeps
+/// an index, and each run reports where its index came from.
+#[test]
+fn stored_indexes_decode_exactly_as_built_ones() -> Result<()> {
+    use folio_models::attention::{by_name, parse_params, Channels, IndexSource, Resources};
+    let e = engine("llama");
+    let cfg = e.config().clone();
+    let seed = rand::random();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let (plain, indexed) = (dir.path().join("plain.folio"), dir.path().join("indexed.folio"));
+    build(&e, &plan((0..400).map(|_| rng.random_range(5..500)).collect()), &plain, KvDtype::F32, None);
+    let stat: Vec<Vec<Vec<f64>>> = (0..cfg.num_layers)
+        .map(|_| (0..cfg.num_kv_heads).map(|_| (0..cfg.head_dim).map(|_| rng.random()).collect()).collect())
+        .collect();
+    let resources = Resources { channels: Some(Arc::new(Channels::from_statistic(&stat))) };
+    let question: Vec<u32> = (0..6).map(|_| rng.random_range(5..500)).collect();
+    for (name, params) in [
+        ("magicpig", vec!["dense_layers=0", "window=8"]),
+        ("double-sparsity", vec![]),
+        ("topk-ivf", vec!["nlist=8", "nprobe=2", "window=8"]),
+    ] {
+        let params = parse_params(&params.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
+        let method = by_name(name, Some("10%"), &params, &resources)?;
+        let file = Arc::new(e.open_context(&plain)?);
+        let kv = ContextKv::new(file.clone(), DType::F32, &Device::Cpu, 1 << 30);
+        let sections: Vec<(String, usize, Vec<u8>)> = (0..cfg.num_layers)
+            .filter_map(|l| method.index_section(&kv, l, cfg.num_layers).transpose())
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .enumerate()
+            .map(|(l, (n, b))| (n, l, b))
+            .collect();
+        assert_eq!(sections.len(), cfg.num_layers, "{name}: one section per layer");
+        file.write_with_indexes(&indexed, sections)?;
+        let reopened = Arc::new(e.open_context(&indexed)?);
+        reopened.verify()?;
+        let decode = |file: Arc<context::ContextFile>, expect: IndexSource| -> Result<Vec<Tensor>> {
+            method.reset();
+            let mut kv = ContextKv::new(file, DType::F32, &Device::Cpu, 1 << 30);
+            let mut out = vec![e.model.forward(&question, &mut kv, method.as_ref(), Logits::Last)?];
+            for t in [7u32, 9, 11] {
+                out.push(e.model.forward(&[t], &mut kv, method.as_ref(), Logits::Last)?);
+            }
+            let sources = method.index_sources();
+            assert!(sources.len() == cfg.num_layers && sources.values().all(|s| *s == expect), "{name}: {sources:?}");
+            Ok(out)
+        };
+        let built = decode(file, IndexSource::Built)?;
+        let loaded = decode(reopened, IndexSource::File)?;
+        for (a, b) in built.iter().zip(&loaded) {
+            assert_eq!(max_diff(a, b), 0.0, "seed {seed}: {name}: stored index decodes differently");
+        }
+    }
+    Ok(())
+}
