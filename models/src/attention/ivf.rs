@@ -38,14 +38,7 @@ pub(super) const PARAMS: [ParamSpec; 4] = [
         integer: true,
         doc: "lists per layer and KV head (0: ceil(T/1000), sqrt(T) past 900k, as the authors' code)",
     },
-    ParamSpec {
-        name: "window",
-        default: 64.0,
-        min: 0.0,
-        max: 1_048_576.0,
-        integer: true,
-        doc: "most recent tokens always attended, outside the top-k budget",
-    },
+    super::topk::WINDOW,
     ParamSpec { name: "seed", default: 0.0, min: 0.0, max: 4_294_967_295.0, integer: true, doc: "k-means seed" },
 ];
 

@@ -13,14 +13,17 @@ use super::select::{budgeted_settings, dot, query_rows, sparse_decode, top_posit
 use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::Result;
 
-pub(super) const PARAMS: [ParamSpec; 1] = [ParamSpec {
+/// The recent window of the top-k family (exact and IVF).
+pub(super) const WINDOW: ParamSpec = ParamSpec {
     name: "window",
     default: 64.0,
     min: 0.0,
     max: 1_048_576.0,
     integer: true,
     doc: "most recent tokens always attended, outside the top-k budget",
-}];
+};
+
+pub(super) const PARAMS: [ParamSpec; 1] = [WINDOW];
 
 pub struct TopK {
     budget: Budget,
