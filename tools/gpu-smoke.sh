@@ -7,6 +7,8 @@
 #                              # sourced), copy the binaries into .gpu/ (ignored by git), stripped
 #   tools/gpu-smoke.sh run     # there (device tool, carry [".gpu"]): kernels vs CPU reference,
 #                              # every fixture's logits on CUDA vs CPU, and a CUDA chat; log to $OUT
+#   tools/gpu-smoke.sh kernels # there: only the hand-written kernels vs their references, and
+#                              # `folio bench kernels` (ratio to the limits measured in the run)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 case "${1:-}" in
@@ -15,13 +17,14 @@ case "${1:-}" in
     rm -rf .gpu && mkdir -p .gpu
     newest() { ls -t "$target"/deps/"$1"-* | grep -v '\.d$' | head -1; }
     cp "$(newest attention)" .gpu/kernels-attention
+    cp "$(newest sparse)" .gpu/kernels-sparse
     cp "$(newest parity)" .gpu/models-parity
     cp "$(newest context)" .gpu/models-context
     cp "$target/folio" .gpu/folio
     strip .gpu/*
     # The binaries embed candle's PTX (text): xz shrinks them ~6x, under the device tool's 64 MiB.
-    tar -C .gpu -cf - folio kernels-attention models-parity models-context | xz -T2 -6 > .gpu/bundle.tar.xz
-    rm .gpu/folio .gpu/kernels-attention .gpu/models-parity .gpu/models-context
+    tar -C .gpu -cf - folio kernels-attention kernels-sparse models-parity models-context | xz -T2 -6 > .gpu/bundle.tar.xz
+    rm .gpu/folio .gpu/kernels-attention .gpu/kernels-sparse .gpu/models-parity .gpu/models-context
     du -sh .gpu/bundle.tar.xz
     ;;
   run)
@@ -49,5 +52,16 @@ case "${1:-}" in
       .gpu/folio bench prefill --model assets/models/demo --device cuda --tokens ${BENCH_TOKENS:-8192,32768}
     } 2>&1 | tee "$log"
     ;;
-  *) echo "usage: $0 pack|run" >&2; exit 2 ;;
+  kernels)
+    tar -C .gpu -xJf .gpu/bundle.tar.xz
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    {
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+      echo "== sparse-decode kernels vs their CPU references"
+      .gpu/kernels-sparse --test-threads 1 --nocapture
+      echo "== folio bench kernels (Qwen2.5-7B attention shape, 1M-row K/V)"
+      .gpu/folio bench kernels --device cuda
+    } 2>&1 | tee "${OUT:-/tmp}/gpu-kernels.log"
+    ;;
+  *) echo "usage: $0 pack|run|kernels" >&2; exit 2 ;;
 esac

@@ -35,6 +35,21 @@ const MATMUL_SIDE: usize = 1024;
 pub enum BenchCommand {
     /// Prefill speed, memory, file size and reopen-to-first-token time.
     Prefill(PrefillBenchArgs),
+    /// The sparse-decode kernels (selected-row attention, SimHash codes) against the device's
+    /// copy bandwidth and f32 GEMM rate measured in the same run.
+    Kernels(KernelBenchArgs),
+}
+
+#[derive(Args)]
+pub struct KernelBenchArgs {
+    /// Rows per KV head of the synthetic K/V (the context length).
+    #[arg(long, default_value_t = 1 << 20)]
+    context: usize,
+    /// Selected rows per query head, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384,65536")]
+    select: Vec<usize>,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -70,7 +85,128 @@ struct Row {
 }
 
 pub fn bench(common: &Common, cmd: BenchCommand) -> Result<()> {
-    let BenchCommand::Prefill(a) = cmd;
+    match cmd {
+        BenchCommand::Prefill(a) => bench_prefill(common, a),
+        BenchCommand::Kernels(a) => bench_kernels(common, a),
+    }
+}
+
+/// Qwen2.5-7B's attention shape: query heads, KV heads, head dim.
+const KERNEL_SHAPE: (usize, usize, usize) = (28, 4, 128);
+/// SimHash benchmark: rows hashed and the paper's (K, L) = (10, 150).
+const HASH_ROWS: usize = 65_536;
+const HASH_BITS_TABLES: (usize, usize) = (10, 150);
+/// Calls timed per figure after one warm-up (on the CPU the reference is slow: fewer), and
+/// bytes copied for the bandwidth figure.
+const KERNEL_REPS: usize = 50;
+const CPU_REPS: usize = 2;
+const COPY_BYTES: usize = 1 << 30;
+/// Side of the square f32 GEMM that measures the arithmetic limit (large enough to saturate a GPU).
+const GEMM_SIDE: usize = 4096;
+
+/// Seconds per call of `f`, averaged over [`KERNEL_REPS`] calls after a warm-up, synchronised.
+fn time_calls(device: &candle_core::Device, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let reps = if device.is_cpu() { CPU_REPS } else { KERNEL_REPS };
+    f()?;
+    device.synchronize()?;
+    let start = Instant::now();
+    for _ in 0..reps {
+        f()?;
+    }
+    device.synchronize()?;
+    Ok(start.elapsed().as_secs_f64() / reps as f64)
+}
+
+#[derive(Serialize)]
+struct KernelRow {
+    kernel: String,
+    seconds: f64,
+    bytes: f64,
+    flops: f64,
+    /// Achieved bytes/s or FLOP/s over the limit measured in the same run.
+    of_limit: f64,
+    limit: &'static str,
+}
+
+fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
+    use folio_kernels::sparse;
+    let device = folio_models::parse_device(&common.device)?;
+    let (heads, kv_heads, d) = KERNEL_SHAPE;
+    let dtype = if device.is_cpu() { DType::F32 } else { DType::BF16 };
+    // The limits, measured here and now.
+    let block = Tensor::zeros(COPY_BYTES / 2, DType::BF16, &device)?;
+    let copy = time_calls(&device, || Ok(drop(block.copy()?)))?;
+    let bandwidth = 2.0 * COPY_BYTES as f64 / copy;
+    drop(block);
+    let side = if device.is_cpu() { MATMUL_SIDE } else { GEMM_SIDE };
+    let m = Tensor::randn(0f32, 1.0, (side, side), &device)?;
+    let gemm = 2.0 * (side as f64).powi(3) / time_calls(&device, || Ok(drop(m.matmul(&m)?)))?;
+    drop(m);
+    let mut rng = StdRng::seed_from_u64(0);
+    let k = Tensor::randn(0f32, 1.0, (kv_heads, a.context, d), &device)?.to_dtype(dtype)?;
+    let v = Tensor::randn(0f32, 1.0, (kv_heads, a.context, d), &device)?.to_dtype(dtype)?;
+    let q = Tensor::randn(0f32, 1.0, (heads, d), &device)?;
+    let elem = dtype.size_in_bytes() as f64;
+    let mut rows = Vec::new();
+    for &sel in &a.select {
+        // Random positions, sorted per head as the methods' picks are.
+        let mut idx: Vec<u32> = (0..heads * sel).map(|_| rng.random_range(0..a.context as u32)).collect();
+        idx.chunks_mut(sel.max(1)).for_each(|head| head.sort_unstable());
+        let idx = Tensor::from_vec(idx, (heads, sel), &device)?;
+        let secs = time_calls(&device, || Ok(drop(sparse::decode_attention(&q, &k, &v, &idx, None, 0.088)?)))?;
+        let bytes = (heads * sel) as f64 * (2.0 * d as f64 * elem + 4.0) + (heads * d * 8) as f64;
+        rows.push(KernelRow {
+            kernel: format!("decode_attention {heads}x{sel} rows of {} (d {d}, {dtype:?})", a.context),
+            seconds: secs,
+            bytes,
+            flops: 4.0 * (heads * sel * d) as f64,
+            of_limit: bytes / secs / bandwidth,
+            limit: "copy bandwidth",
+        });
+    }
+    drop((k, v));
+    let (bits, tables) = HASH_BITS_TABLES;
+    let hash_rows = if device.is_cpu() { HASH_ROWS / 64 } else { HASH_ROWS };
+    let x = Tensor::randn(0f32, 1.0, (hash_rows, d), &device)?;
+    let w = Tensor::randn(0f32, 1.0, (d, bits * tables), &device)?;
+    let secs = time_calls(&device, || Ok(drop(sparse::simhash_codes(&x, &w, bits, tables)?)))?;
+    let flops = 2.0 * (hash_rows * d * bits * tables) as f64;
+    rows.push(KernelRow {
+        kernel: format!("simhash_codes {hash_rows} rows, d {d}, (K,L) = ({bits},{tables})"),
+        seconds: secs,
+        bytes: ((hash_rows * d + d * bits * tables + hash_rows * tables) * 4) as f64,
+        flops,
+        of_limit: flops / secs / gemm,
+        limit: "f32 GEMM rate",
+    });
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({ "device": device_name(&device), "copy_bandwidth": bandwidth, "f32_gemm_flops": gemm, "kernels": rows })
+        );
+        return Ok(());
+    }
+    println!(
+        "device {}: copy bandwidth {:.0} GB/s, f32 GEMM {:.2} TFLOP/s (measured now)",
+        device_name(&device),
+        bandwidth / 1e9,
+        gemm / 1e12
+    );
+    println!("{:<62} {:>10} {:>10} {:>10} {:>9}", "kernel", "µs/call", "GB/s", "GFLOP/s", "÷ limit");
+    for r in &rows {
+        println!(
+            "{:<62} {:>10.1} {:>10.1} {:>10.1} {:>8.1}%",
+            r.kernel,
+            r.seconds * 1e6,
+            r.bytes / r.seconds / 1e9,
+            r.flops / r.seconds / 1e9,
+            100.0 * r.of_limit
+        );
+    }
+    Ok(())
+}
+
+fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> {
     let engine = common.engine()?;
     let kv_dtype = KvDtype::parse(&a.kv_dtype)?;
     let memory_budget = a.memory_budget.as_deref().map(parse_bytes).transpose()?;

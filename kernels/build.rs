@@ -1,0 +1,38 @@
+//! Compiles kernels/cuda/*.cu to PTX with nvcc when the `cuda` feature is on; the PTX is
+//! embedded in the crate and loaded by candle's CUDA device at first use. CPU builds need no
+//! CUDA toolkit. The target is `compute_$CUDA_COMPUTE_CAP` (default 90, Hopper), JIT-compiled by
+//! the driver for the exact GPU.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+const DEFAULT_COMPUTE_CAP: &str = "90";
+
+fn main() {
+    println!("cargo:rerun-if-changed=cuda");
+    println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    println!("cargo:rerun-if-env-changed=CUDA_HOME");
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        return;
+    }
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| DEFAULT_COMPUTE_CAP.into());
+    let nvcc = std::env::var_os("CUDA_HOME")
+        .map(|h| PathBuf::from(h).join("bin/nvcc"))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("nvcc"));
+    for entry in std::fs::read_dir("cuda").expect("kernels/cuda exists") {
+        let src = entry.expect("readable kernels/cuda").path();
+        if src.extension().and_then(|e| e.to_str()) != Some("cu") {
+            continue;
+        }
+        let ptx = out.join(src.with_extension("ptx").file_name().expect("a file name"));
+        let status = Command::new(&nvcc)
+            .args(["--ptx", "-O3", "-std=c++17", &format!("-arch=compute_{cap}"), "-o"])
+            .arg(&ptx)
+            .arg(&src)
+            .status()
+            .unwrap_or_else(|e| panic!("running {}: {e} (source ../shared/tools/cuda-toolchain.sh)", nvcc.display()));
+        assert!(status.success(), "nvcc failed on {}", src.display());
+    }
+}

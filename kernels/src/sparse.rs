@@ -1,0 +1,344 @@
+//! Sparse-decode primitives: attention over selected key rows, and SimHash codes.
+//!
+//! Each has a [`reference`] over plain slices (f64 sums, straight from the definition) and a
+//! fast path over candle tensors: the reference itself on the CPU (the sparse methods' CPU
+//! work is already per-row loops), hand-written kernels (kernels/cuda/sparse.cu, compiled to
+//! PTX by build.rs) on CUDA. The attention kernel gathers the selected rows itself, so a decode
+//! step reads only the K and V rows it attends; it splits each head's selection over blocks
+//! (64 rows each) and merges their partials by LSE in a second kernel. SimHash projects with
+//! the BLAS (a GEMM) and packs the signs in a kernel.
+//!
+//! Costs, for the benchmarks' ratio to the hardware limit (per call; `h` query heads, `s`
+//! selected rows per head, `d` head dim, `b` bytes per K/V element):
+//! * decode attention: 4·h·s·d FLOPs, h·s·(2·d·b + 4 + 4) bytes read — bandwidth-bound
+//!   (≈ 0.5 FLOP/byte at bf16), so its limit is memory bandwidth;
+//! * SimHash codes: 2·r·d·K·L FLOPs, r·d·4 + d·K·L·4 + r·L·4 bytes (plus the r·K·L·4-byte
+//!   projection written and read once) — compute-bound for the paper's K·L = 1500.
+
+use candle_core::{DType, Device, Result, Tensor};
+
+/// The plain-slice definitions the fast paths are held to.
+pub mod reference {
+    /// Attention of each query head `h` over the rows `idx[h]` of its KV head `h / (heads /
+    /// kv_heads)`, logits `q·k·scale + bias`. Returns `out [heads, d]` and `lse [heads]`
+    /// (`-inf` and zeros for an empty selection).
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_attention(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        idx: &[u32],
+        bias: Option<&[f32]>,
+        (heads, kv_heads, n, d): (usize, usize, usize, usize),
+        scale: f32,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let sel = if heads == 0 { 0 } else { idx.len() / heads };
+        let group = heads / kv_heads;
+        let (mut out, mut lse) = (vec![0f32; heads * d], vec![f32::NEG_INFINITY; heads]);
+        for h in 0..heads {
+            let base = (h / group) * n * d;
+            let logits: Vec<f64> = (0..sel)
+                .map(|j| {
+                    let row = base + idx[h * sel + j] as usize * d;
+                    let dot: f64 = (0..d).map(|i| q[h * d + i] as f64 * k[row + i] as f64).sum();
+                    dot * scale as f64 + bias.map_or(0.0, |b| b[h * sel + j] as f64)
+                })
+                .collect();
+            if logits.is_empty() {
+                continue;
+            }
+            let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = logits.iter().map(|z| (z - max).exp()).sum();
+            for (j, z) in logits.iter().enumerate() {
+                let p = (z - max).exp() / total;
+                let row = base + idx[h * sel + j] as usize * d;
+                for i in 0..d {
+                    out[h * d + i] += (p * v[row + i] as f64) as f32;
+                }
+            }
+            lse[h] = (max + total.ln()) as f32;
+        }
+        (out, lse)
+    }
+
+    /// Code of each row of `x [rows, d]` in each of `tables` tables: bit `b` of table `l` is
+    /// `x · w[:, l·bits + b] > 0`, `w [d, bits·tables]`.
+    pub fn simhash_codes(x: &[f32], w: &[f32], d: usize, bits: usize, tables: usize) -> Vec<u32> {
+        let planes = bits * tables;
+        let rows = x.len() / d.max(1);
+        let mut codes = Vec::with_capacity(rows * tables);
+        for r in 0..rows {
+            for l in 0..tables {
+                let mut code = 0u32;
+                for b in 0..bits {
+                    let p: f64 = (0..d).map(|i| x[r * d + i] as f64 * w[i * planes + l * bits + b] as f64).sum();
+                    code |= u32::from(p > 0.0) << b;
+                }
+                codes.push(code);
+            }
+        }
+        codes
+    }
+}
+
+fn f32s(t: &Tensor) -> Result<Vec<f32>> {
+    t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()
+}
+
+/// Attention of each query head over its selected rows: `q [heads, d]`, `k`, `v`
+/// `[kv_heads, n, d]` (f32 or bf16), `idx [heads, sel]` u32 positions, `bias [heads, sel]`
+/// f32 or none. Returns `(out [heads, d] f32, lse [heads] f32)` on `q`'s device.
+pub fn decode_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    idx: &Tensor,
+    bias: Option<&Tensor>,
+    scale: f32,
+) -> Result<(Tensor, Tensor)> {
+    let (heads, d) = q.dims2()?;
+    let (kv_heads, n, kd) = k.dims3()?;
+    let ih = idx.dim(0)?;
+    if idx.rank() != 2 || kd != d || v.dims() != k.dims() || ih != heads || kv_heads == 0 || heads % kv_heads != 0 {
+        candle_core::bail!(
+            "decode_attention: shapes q {:?} k {:?} v {:?} idx {:?}",
+            q.dims(),
+            k.dims(),
+            v.dims(),
+            idx.dims()
+        );
+    }
+    if let Some(b) = bias {
+        if b.dims() != idx.dims() {
+            candle_core::bail!("decode_attention: bias {:?} does not match idx {:?}", b.dims(), idx.dims());
+        }
+    }
+    match q.device() {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => cuda::decode_attention(q, k, v, idx, bias, (heads, kv_heads, n, d, idx.dim(1)?), scale),
+        device => {
+            let idx_v: Vec<u32> = idx.flatten_all()?.to_vec1()?;
+            if let Some(&bad) = idx_v.iter().find(|&&p| p as usize >= n) {
+                candle_core::bail!("decode_attention: position {bad} is past the {n} stored rows");
+            }
+            let bias_v = bias.map(f32s).transpose()?;
+            let (out, lse) = reference::decode_attention(
+                &f32s(q)?,
+                &f32s(k)?,
+                &f32s(v)?,
+                &idx_v,
+                bias_v.as_deref(),
+                (heads, kv_heads, n, d),
+                scale,
+            );
+            Ok((Tensor::from_vec(out, (heads, d), device)?, Tensor::from_vec(lse, heads, device)?))
+        }
+    }
+}
+
+/// SimHash codes `[rows, tables]` u32 of `x [rows, d]` against `w [d, bits·tables]` (f32).
+pub fn simhash_codes(x: &Tensor, w: &Tensor, bits: usize, tables: usize) -> Result<Tensor> {
+    let (rows, d) = x.dims2()?;
+    if w.dims() != [d, bits * tables] || bits == 0 || bits > 32 {
+        candle_core::bail!("simhash_codes: x {:?}, w {:?}, {bits} bits x {tables} tables", x.dims(), w.dims());
+    }
+    match x.device() {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => cuda::simhash_codes(x, w, (rows, d, bits, tables)),
+        device => {
+            Tensor::from_vec(reference::simhash_codes(&f32s(x)?, &f32s(w)?, d, bits, tables), (rows, tables), device)
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    //! Launching the kernels of kernels/cuda/sparse.cu through candle's CUDA device: each is a
+    //! `CustomOp` whose extra inputs ride in the op, so the output is an ordinary tensor.
+
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda::WrapErr;
+    use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
+
+    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sparse.ptx"));
+    const MODULE: &str = "folio_sparse";
+    /// Threads per block of the decode kernels (WARPS in the kernel) and of simhash_pack.
+    const DECODE_THREADS: u32 = 128;
+    const HASH_THREADS: u32 = 256;
+    /// Decode blocks aimed for (a few per SM of a large GPU, so the row loads in flight cover
+    /// the memory latency), and the fewest selected rows a block takes.
+    const TARGET_BLOCKS: usize = 1024;
+    const MIN_ROWS_PER_BLOCK: usize = 64;
+    /// Largest head dim decode_attention holds in registers (MAX_D in the kernel).
+    const MAX_D: usize = 256;
+
+    fn cuda_storage<'a>(s: &'a Storage, what: &str) -> Result<&'a CudaStorage> {
+        match s {
+            Storage::Cuda(c) => Ok(c),
+            _ => candle_core::bail!("{what} must be on the CUDA device"),
+        }
+    }
+
+    struct DecodeAttention {
+        idx: Tensor,
+        bias: Tensor,
+        dims: (usize, usize, usize, usize, usize),
+        scale: f32,
+    }
+
+    impl CustomOp3 for DecodeAttention {
+        fn name(&self) -> &'static str {
+            "folio-decode-attention"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<(CpuStorage, Shape)> {
+            candle_core::bail!("decode_attention runs the reference on the CPU, not this op")
+        }
+
+        fn cuda_fwd(
+            &self,
+            q: &CudaStorage,
+            ql: &Layout,
+            k: &CudaStorage,
+            kl: &Layout,
+            v: &CudaStorage,
+            vl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            let (heads, kv_heads, n, d, sel) = self.dims;
+            let chunks = sel.div_ceil(MIN_ROWS_PER_BLOCK).min(TARGET_BLOCKS.div_ceil(heads)).max(1);
+            let rows_per_block = sel.div_ceil(chunks).max(1);
+            let dev = q.device().clone();
+            let (idx_s, il) = self.idx.storage_and_layout();
+            let (bias_s, bl) = self.bias.storage_and_layout();
+            let idx = cuda_storage(&idx_s, "idx")?.as_cuda_slice::<u32>()?.slice(il.start_offset()..);
+            let bias = cuda_storage(&bias_s, "bias")?.as_cuda_slice::<f32>()?.slice(bl.start_offset()..);
+            let qs = q.as_cuda_slice::<f32>()?.slice(ql.start_offset()..);
+            // SAFETY: every block writes its chunk's partial (an empty chunk writes m = -inf).
+            let part = unsafe { dev.alloc::<f32>(heads * chunks * (d + 2))? };
+            let cfg = LaunchConfig {
+                grid_dim: (heads as u32, chunks as u32, 1),
+                block_dim: (DECODE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let ints = [heads as i32, kv_heads as i32, n as i32, d as i32, sel as i32, rows_per_block as i32];
+            macro_rules! launch {
+                ($t:ty, $name:literal) => {{
+                    let ks = k.as_cuda_slice::<$t>()?.slice(kl.start_offset()..);
+                    let vs = v.as_cuda_slice::<$t>()?.slice(vl.start_offset()..);
+                    let func = dev.get_or_load_custom_func($name, MODULE, PTX)?;
+                    let mut b = func.builder();
+                    b.arg(&qs).arg(&ks).arg(&vs).arg(&idx).arg(&bias).arg(&part);
+                    for x in &ints {
+                        b.arg(x);
+                    }
+                    b.arg(&self.scale);
+                    // SAFETY: shapes checked by the caller; positions are < n (checked there).
+                    unsafe { b.launch(cfg) }.w()?;
+                }};
+            }
+            match k.dtype() {
+                DType::F32 => launch!(f32, "decode_attention_partial_f32"),
+                DType::BF16 => launch!(half::bf16, "decode_attention_partial_bf16"),
+                other => candle_core::bail!("decode_attention: K/V must be f32 or bf16, not {other:?}"),
+            }
+            // SAFETY: the merge writes every output row and LSE.
+            let out = unsafe { dev.alloc::<f32>(heads * d + heads)? };
+            {
+                let (out_o, out_l) = (out.slice(..heads * d), out.slice(heads * d..));
+                let func = dev.get_or_load_custom_func("decode_attention_merge", MODULE, PTX)?;
+                let mut b = func.builder();
+                let (chunks, d) = (chunks as i32, d as i32);
+                b.arg(&part).arg(&out_o).arg(&out_l).arg(&chunks).arg(&d);
+                let cfg = LaunchConfig {
+                    grid_dim: (heads as u32, 1, 1),
+                    block_dim: (DECODE_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: part holds heads × chunks partials of d + 2 floats.
+                unsafe { b.launch(cfg) }.w()?;
+            }
+            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(heads * d + heads)))
+        }
+    }
+
+    pub fn decode_attention(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        idx: &Tensor,
+        bias: Option<&Tensor>,
+        dims: (usize, usize, usize, usize, usize),
+        scale: f32,
+    ) -> Result<(Tensor, Tensor)> {
+        let (heads, _, n, d, sel) = dims;
+        if d > MAX_D {
+            candle_core::bail!("decode_attention: head dim {d} > {MAX_D}");
+        }
+        // The kernel never reads past K/V (it clamps); checked builds also refuse the bad input
+        // (a reduction and a device sync, which release decode steps do not pay).
+        if cfg!(debug_assertions) && sel > 0 && idx.max_all()?.to_scalar::<u32>()? as usize >= n {
+            candle_core::bail!("decode_attention: a position is past the {n} stored rows");
+        }
+        let bias = match bias {
+            Some(b) => b.to_dtype(DType::F32)?.contiguous()?,
+            None => Tensor::zeros(idx.dims(), DType::F32, idx.device())?,
+        };
+        let op = DecodeAttention { idx: idx.contiguous()?, bias, dims, scale };
+        let both = q.to_dtype(DType::F32)?.contiguous()?.apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &op)?;
+        Ok((both.narrow(0, 0, heads * d)?.reshape((heads, d))?, both.narrow(0, heads * d, heads)?))
+    }
+
+    /// Packs `proj [rows, bits·tables]` (x · W from the BLAS) into codes.
+    struct SimHashPack {
+        dims: (usize, usize, usize),
+    }
+
+    impl candle_core::CustomOp1 for SimHashPack {
+        fn name(&self) -> &'static str {
+            "folio-simhash-pack"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            candle_core::bail!("simhash_codes runs the reference on the CPU, not this op")
+        }
+
+        fn cuda_fwd(&self, proj: &CudaStorage, pl: &Layout) -> Result<(CudaStorage, Shape)> {
+            let (rows, bits, tables) = self.dims;
+            let dev = proj.device().clone();
+            let ps = proj.as_cuda_slice::<f32>()?.slice(pl.start_offset()..);
+            // SAFETY: one thread writes each code.
+            let codes = unsafe { dev.alloc::<u32>(rows * tables)? };
+            let total = (rows * tables) as u32;
+            let cfg = LaunchConfig {
+                grid_dim: (total.div_ceil(HASH_THREADS).max(1), 1, 1),
+                block_dim: (HASH_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let func = dev.get_or_load_custom_func("simhash_pack", MODULE, PTX)?;
+            let mut b = func.builder();
+            let ints = [rows as i32, bits as i32, tables as i32];
+            b.arg(&ps).arg(&codes);
+            for i in &ints {
+                b.arg(i);
+            }
+            // SAFETY: sizes from the checked shapes.
+            unsafe { b.launch(cfg) }.w()?;
+            Ok((CudaStorage::wrap_cuda_slice(codes, dev), Shape::from((rows, tables))))
+        }
+    }
+
+    pub fn simhash_codes(x: &Tensor, w: &Tensor, dims: (usize, usize, usize, usize)) -> Result<Tensor> {
+        let (rows, _, bits, tables) = dims;
+        let proj = x.to_dtype(DType::F32)?.matmul(&w.to_dtype(DType::F32)?)?.contiguous()?;
+        proj.apply_op1_no_bwd(&SimHashPack { dims: (rows, bits, tables) })
+    }
+}

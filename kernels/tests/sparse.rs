@@ -1,0 +1,126 @@
+//! The sparse-decode primitives' fast paths (the CUDA kernels of kernels/cuda/sparse.cu) against
+//! their references, on fresh random inputs, with one test body for every device.
+
+use candle_core::{DType, Device, Result, Tensor};
+use folio_kernels::sparse::{self, reference};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+macro_rules! test_device {
+    ($body:ident, $cpu:ident, $cuda:ident) => {
+        #[test]
+        fn $cpu() -> Result<()> {
+            $body(&Device::Cpu)
+        }
+        #[cfg(feature = "cuda")]
+        #[test]
+        fn $cuda() -> Result<()> {
+            $body(&Device::new_cuda(0)?)
+        }
+    };
+}
+
+fn random(rng: &mut StdRng, n: usize, spread: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-spread..spread)).collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| if x.is_nan() || y.is_nan() { f32::INFINITY } else { (x - y).abs() })
+        .fold(0.0, f32::max)
+}
+
+/// Selected-row attention for GQA groups, head dims that are and are not multiples of the
+/// warp, f32 and bf16 K/V, with and without logit bias, repeated and empty selections.
+fn decode_attention_matches_reference(device: &Device) -> Result<()> {
+    let seed = rand::random();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for (heads, kv_heads, n, d, sel, dtype, biased) in [
+        (4, 2, 300, 32, 17, DType::F32, false),
+        (8, 2, 1000, 128, 257, DType::BF16, true),
+        (6, 3, 50, 80, 50, DType::F32, true),
+        (2, 1, 10, 64, 0, DType::F32, false),
+        (28, 4, 4096, 128, 1024, DType::BF16, false),
+    ] {
+        let q = random(&mut rng, heads * d, 1.0);
+        // Logits up to ~±30: the online softmax must not overflow.
+        let k = random(&mut rng, kv_heads * n * d, 0.5);
+        let v = random(&mut rng, kv_heads * n * d, 1.0);
+        let idx: Vec<u32> = (0..heads * sel).map(|_| rng.random_range(0..n as u32)).collect();
+        let bias: Vec<f32> = random(&mut rng, heads * sel, 5.0);
+        let kt = Tensor::from_vec(k, (kv_heads, n, d), device)?.to_dtype(dtype)?;
+        let vt = Tensor::from_vec(v, (kv_heads, n, d), device)?.to_dtype(dtype)?;
+        // The reference sees the stored (rounded) values.
+        let as_f32 = |t: &Tensor| -> Result<Vec<f32>> { t.to_dtype(DType::F32)?.flatten_all()?.to_vec1() };
+        let (k_ref, v_ref) = (as_f32(&kt)?, as_f32(&vt)?);
+        let scale = 1.0 / (d as f32).sqrt();
+        let (want_o, want_l) = reference::decode_attention(
+            &q,
+            &k_ref,
+            &v_ref,
+            &idx,
+            biased.then_some(&bias[..]),
+            (heads, kv_heads, n, d),
+            scale,
+        );
+        let qt = Tensor::from_vec(q, (heads, d), device)?;
+        let it = Tensor::from_vec(idx, (heads, sel), device)?;
+        let bt = Tensor::from_vec(bias, (heads, sel), device)?;
+        let (o, l) = sparse::decode_attention(&qt, &kt, &vt, &it, biased.then_some(&bt), scale)?;
+        let (o, l): (Vec<f32>, Vec<f32>) = (o.flatten_all()?.to_vec1()?, l.to_vec1()?);
+        let tol = if device.is_cpu() { 1e-6 } else { 1e-4 };
+        let diff = max_abs_diff(&o, &want_o);
+        println!("{device:?} heads {heads} d {d} sel {sel} {dtype:?}: max |out - ref| = {diff:.2e}");
+        assert!(diff < tol, "seed {seed}: {diff}");
+        for (a, b) in l.iter().zip(&want_l) {
+            assert!(a == b || (a - b).abs() < tol * b.abs().max(1.0), "seed {seed}: lse {a} vs {b}");
+        }
+    }
+    // A position past the stored rows is refused, never read.
+    let q = Tensor::zeros((2, 32), DType::F32, device)?;
+    let k = Tensor::zeros((1, 10, 32), DType::F32, device)?;
+    let idx = Tensor::from_vec(vec![3u32, 10], (2, 1), device)?;
+    assert!(sparse::decode_attention(&q, &k, &k, &idx, None, 1.0).is_err());
+    Ok(())
+}
+
+test_device!(decode_attention_matches_reference, decode_attention_cpu, decode_attention_cuda);
+
+/// SimHash codes equal the reference's, except where a projection is within rounding of 0
+/// (f32 sums in another order may flip that one bit).
+fn simhash_matches_reference(device: &Device) -> Result<()> {
+    let seed = rand::random();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for (rows, d, bits, tables) in [(500, 32, 10, 150), (64, 128, 8, 75), (3, 16, 1, 2)] {
+        let x = random(&mut rng, rows * d, 1.0);
+        let w = random(&mut rng, d * bits * tables, 1.0);
+        let want = reference::simhash_codes(&x, &w, d, bits, tables);
+        let got: Vec<u32> = sparse::simhash_codes(
+            &Tensor::from_vec(x.clone(), (rows, d), device)?,
+            &Tensor::from_vec(w.clone(), (d, bits * tables), device)?,
+            bits,
+            tables,
+        )?
+        .flatten_all()?
+        .to_vec1()?;
+        let mut flips = 0;
+        for (t, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(*a < 1 << bits, "code {a} has more than {bits} bits");
+            for bit in 0..bits {
+                if (a >> bit) & 1 != (b >> bit) & 1 {
+                    // Only a near-zero projection may differ.
+                    let (r, l) = (t / tables, t % tables);
+                    let col = l * bits + bit;
+                    let p: f64 = (0..d).map(|i| x[r * d + i] as f64 * w[i * bits * tables + col] as f64).sum();
+                    assert!(p.abs() < 1e-4, "seed {seed}: bit flipped at projection {p}");
+                    flips += 1;
+                }
+            }
+        }
+        println!("{device:?} {rows}x{d}, ({bits},{tables}): {flips} near-zero bit flips");
+    }
+    Ok(())
+}
+
+test_device!(simhash_matches_reference, simhash_cpu, simhash_cuda);
