@@ -1,12 +1,13 @@
 //! Compiles kernels/cuda/*.cu to PTX with nvcc when the `cuda` feature is on; the PTX is
 //! embedded in the crate and loaded by candle's CUDA device at first use. CPU builds need no
-//! CUDA toolkit. The target is `compute_$CUDA_COMPUTE_CAP` (default 90, Hopper), JIT-compiled by
-//! the driver for the exact GPU.
+//! CUDA toolkit. The target is `compute_$CUDA_COMPUTE_CAP`, default 80: PTX for a virtual
+//! architecture is JIT-compiled by the driver on that architecture and newer ones (Ampere,
+//! Ada, Hopper), never older; ../shared/tools/cuda-toolchain.sh sets 90 for the H100/H200.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-const DEFAULT_COMPUTE_CAP: &str = "90";
+const DEFAULT_COMPUTE_CAP: &str = "80";
 
 fn main() {
     println!("cargo:rerun-if-changed=cuda");

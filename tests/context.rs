@@ -179,8 +179,14 @@ fn prefill_info_chat_and_follow_ups() {
     let mut bytes = std::fs::read(&indexed).unwrap();
     bytes[pig["offset"].as_u64().unwrap() as usize + 100] ^= 0xff;
     std::fs::write(&indexed, bytes).unwrap();
-    let err = err_text(folio(&["chat", "--context", ix, question, "--method", "magicpig", "--budget", "5%"]));
-    assert!(err.contains("index magicpig") && err.contains("corrupted"), "{err}");
+    // A damaged stored index is only a lost cache: rebuilt for the answer, with a warning.
+    let out = folio(&["chat", "--context", ix, question, "--method", "magicpig", "--budget", "5%", "--json"]);
+    let warning = String::from_utf8_lossy(&out.stderr).into_owned();
+    let rebuilt = ok_json(out);
+    assert!(warning.contains("damaged") && warning.contains("folio context index"), "{warning}");
+    assert!(rebuilt["index"].as_object().unwrap().values().any(|s| s == "rebuilt"), "{}", rebuilt["index"]);
+    let err = err_text(folio(&["context", "info", ix, "--verify"]));
+    assert!(err.contains("index magicpig") && err.contains("of layer") && err.contains("corrupted"), "{err}");
     assert!(err_text(folio(&["context", "index", c, "--method", "topk", "--budget", "5%"])).contains("keeps no index"));
     let err = err_text(folio(&["chat", "--context", c, question, "--method", "double-sparsity", "--budget", "5%"]));
     assert!(err.contains("folio calibrate"), "{err}");

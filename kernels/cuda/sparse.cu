@@ -20,9 +20,10 @@ __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 // Loads `per_lane` consecutive elements as floats: one 8-byte load for 4 bf16, one 16-byte load
-// for 4 f32 (rows are 16-byte aligned when d is a multiple of 8), element by element otherwise.
-__device__ __forceinline__ void load_row(const __nv_bfloat16* p, int per_lane, int valid, float* out) {
-    if (per_lane == 4 && valid == 4) {
+// for 4 f32 when `wide` (d == 128: every lane's first element is a multiple of 4 from an aligned
+// row), element by element otherwise.
+__device__ __forceinline__ void load_row(const __nv_bfloat16* p, int per_lane, int valid, bool wide, float* out) {
+    if (wide) {
         const uint2 raw = *reinterpret_cast<const uint2*>(p);
         const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
         const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
@@ -32,8 +33,8 @@ __device__ __forceinline__ void load_row(const __nv_bfloat16* p, int per_lane, i
     for (int c = 0; c < per_lane; ++c) out[c] = c < valid ? __bfloat162float(p[c]) : 0.f;
 }
 
-__device__ __forceinline__ void load_row(const float* p, int per_lane, int valid, float* out) {
-    if (per_lane == 4 && valid == 4) {
+__device__ __forceinline__ void load_row(const float* p, int per_lane, int valid, bool wide, float* out) {
+    if (wide) {
         const float4 raw = *reinterpret_cast<const float4*>(p);
         out[0] = raw.x; out[1] = raw.y; out[2] = raw.z; out[3] = raw.w;
         return;
@@ -65,8 +66,8 @@ __device__ void decode_attention_partial(const float* q, const T* k, const T* v,
     const T* kh = k + (size_t)(h / group) * n * d;
     const T* vh = v + (size_t)(h / group) * n * d;
     const float* qh = q + (size_t)h * d;
-    // Lane `lane` owns the contiguous channels [lane * per_lane, (lane + 1) * per_lane), so a
-    // row is one wide load per lane when d is a multiple of 32 (d = 128: 8 bytes of bf16).
+    // Lane `lane` owns the contiguous channels [lane * per_lane, (lane + 1) * per_lane); at
+    // d = 128 a row is one wide load per lane (8 bytes of bf16, 16 of f32).
     const int per_lane = (d + 31) / 32;
     float qr[MAX_D / 32], acc[MAX_D / 32], kr[MAX_D / 32], vr[MAX_D / 32];
     for (int c = 0; c < per_lane; ++c) {
@@ -78,20 +79,21 @@ __device__ void decode_attention_partial(const float* q, const T* k, const T* v,
     const int end = min(sel, (chunk + 1) * rows_per_block);
     const int first = lane * per_lane;
     const int valid = max(0, min(per_lane, d - first));
+    const bool wide = d == 4 * 32;
     // Two rows per iteration: twice the bytes in flight per warp.
     for (int j = chunk * rows_per_block + warp; j < end; j += 2 * WARPS) {
-        // Positions past the stored rows are never read (the launcher refuses them in checked
-        // builds); here they would count as row 0.
+        // Positions past the stored rows are never read (the launcher refuses them before the
+        // launch; the clamp keeps a bad one from reading out of bounds).
         const uint32_t p0 = idx[(size_t)h * sel + j];
         const bool two = j + WARPS < end;
         const uint32_t p1 = two ? idx[(size_t)h * sel + j + WARPS] : p0;
         const size_t row0 = (size_t)(p0 < (uint32_t)n ? p0 : 0) * d + first;
         const size_t row1 = (size_t)(p1 < (uint32_t)n ? p1 : 0) * d + first;
         float kr1[MAX_D / 32], vr1[MAX_D / 32];
-        load_row(kh + row0, per_lane, valid, kr);
-        load_row(vh + row0, per_lane, valid, vr);
-        load_row(kh + row1, per_lane, valid, kr1);
-        load_row(vh + row1, per_lane, valid, vr1);
+        load_row(kh + row0, per_lane, valid, wide, kr);
+        load_row(vh + row0, per_lane, valid, wide, vr);
+        load_row(kh + row1, per_lane, valid, wide, kr1);
+        load_row(vh + row1, per_lane, valid, wide, vr1);
         float dot0 = 0.f, dot1 = 0.f;
         for (int c = 0; c < per_lane; ++c) {
             dot0 += qr[c] * kr[c];

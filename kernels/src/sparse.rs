@@ -4,13 +4,13 @@
 //! fast path over candle tensors: the reference itself on the CPU (the sparse methods' CPU
 //! work is already per-row loops), hand-written kernels (kernels/cuda/sparse.cu, compiled to
 //! PTX by build.rs) on CUDA. The attention kernel gathers the selected rows itself, so a decode
-//! step reads only the K and V rows it attends; it splits each head's selection over blocks
-//! (64 rows each) and merges their partials by LSE in a second kernel. SimHash projects with
+//! step reads only the K and V rows it attends; it splits each head's selection over about a
+//! thousand blocks (at least 64 rows each) and merges their partials by LSE in a second kernel. SimHash projects with
 //! the BLAS (a GEMM) and packs the signs in a kernel.
 //!
 //! Costs, for the benchmarks' ratio to the hardware limit (per call; `h` query heads, `s`
 //! selected rows per head, `d` head dim, `b` bytes per K/V element):
-//! * decode attention: 4·h·s·d FLOPs, h·s·(2·d·b + 4 + 4) bytes read — bandwidth-bound
+//! * decode attention: 4·h·s·d FLOPs, h·s·(2·d·b + 4) bytes read (+4 with a bias) — bandwidth-bound
 //!   (≈ 0.5 FLOP/byte at bf16), so its limit is memory bandwidth;
 //! * SimHash codes: 2·r·d·K·L FLOPs, r·d·4 + d·K·L·4 + r·L·4 bytes (plus the r·K·L·4-byte
 //!   projection written and read once) — compute-bound for the paper's K·L = 1500.
@@ -32,7 +32,7 @@ pub mod reference {
         (heads, kv_heads, n, d): (usize, usize, usize, usize),
         scale: f32,
     ) -> (Vec<f32>, Vec<f32>) {
-        let sel = if heads == 0 { 0 } else { idx.len() / heads };
+        let sel = idx.len().checked_div(heads).unwrap_or(0);
         let group = heads / kv_heads;
         let (mut out, mut lse) = (vec![0f32; heads * d], vec![f32::NEG_INFINITY; heads]);
         for h in 0..heads {
@@ -182,7 +182,7 @@ mod cuda {
 
     struct DecodeAttention {
         idx: Tensor,
-        bias: Tensor,
+        bias: Option<Tensor>,
         dims: (usize, usize, usize, usize, usize),
         scale: f32,
     }
@@ -218,9 +218,14 @@ mod cuda {
             let rows_per_block = sel.div_ceil(chunks).max(1);
             let dev = q.device().clone();
             let (idx_s, il) = self.idx.storage_and_layout();
-            let (bias_s, bl) = self.bias.storage_and_layout();
             let idx = cuda_storage(&idx_s, "idx")?.as_cuda_slice::<u32>()?.slice(il.start_offset()..);
-            let bias = cuda_storage(&bias_s, "bias")?.as_cuda_slice::<f32>()?.slice(bl.start_offset()..);
+            // Without a bias the kernel gets a null pointer and reads none.
+            let bias_guard = self.bias.as_ref().map(|b| b.storage_and_layout());
+            let bias = match &bias_guard {
+                Some((s, l)) => Some(cuda_storage(s, "bias")?.as_cuda_slice::<f32>()?.slice(l.start_offset()..)),
+                None => None,
+            };
+            let null: u64 = 0;
             let qs = q.as_cuda_slice::<f32>()?.slice(ql.start_offset()..);
             // SAFETY: every block writes its chunk's partial (an empty chunk writes m = -inf).
             let part = unsafe { dev.alloc::<f32>(heads * chunks * (d + 2))? };
@@ -236,7 +241,12 @@ mod cuda {
                     let vs = v.as_cuda_slice::<$t>()?.slice(vl.start_offset()..);
                     let func = dev.get_or_load_custom_func($name, MODULE, PTX)?;
                     let mut b = func.builder();
-                    b.arg(&qs).arg(&ks).arg(&vs).arg(&idx).arg(&bias).arg(&part);
+                    b.arg(&qs).arg(&ks).arg(&vs).arg(&idx);
+                    match &bias {
+                        Some(bias) => b.arg(bias),
+                        None => b.arg(&null),
+                    };
+                    b.arg(&part);
                     for x in &ints {
                         b.arg(x);
                     }
@@ -283,15 +293,12 @@ mod cuda {
         if d > MAX_D {
             candle_core::bail!("decode_attention: head dim {d} > {MAX_D}");
         }
-        // The kernel never reads past K/V (it clamps); checked builds also refuse the bad input
-        // (a reduction and a device sync, which release decode steps do not pay).
-        if cfg!(debug_assertions) && sel > 0 && idx.max_all()?.to_scalar::<u32>()? as usize >= n {
+        // A position past the stored rows is refused, never silently replaced (the kernel also
+        // clamps, so it cannot read out of bounds); the check is a reduction and a device sync.
+        if sel > 0 && (n == 0 || idx.max_all()?.to_scalar::<u32>()? as usize >= n) {
             candle_core::bail!("decode_attention: a position is past the {n} stored rows");
         }
-        let bias = match bias {
-            Some(b) => b.to_dtype(DType::F32)?.contiguous()?,
-            None => Tensor::zeros(idx.dims(), DType::F32, idx.device())?,
-        };
+        let bias = bias.map(|b| b.to_dtype(DType::F32)?.contiguous()).transpose()?;
         let op = DecodeAttention { idx: idx.contiguous()?, bias, dims, scale };
         let both = q.to_dtype(DType::F32)?.contiguous()?.apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &op)?;
         Ok((both.narrow(0, 0, heads * d)?.reshape((heads, d))?, both.narrow(0, heads * d, heads)?))
@@ -317,7 +324,9 @@ mod cuda {
             let ps = proj.as_cuda_slice::<f32>()?.slice(pl.start_offset()..);
             // SAFETY: one thread writes each code.
             let codes = unsafe { dev.alloc::<u32>(rows * tables)? };
-            let total = (rows * tables) as u32;
+            let Ok(total) = u32::try_from(rows * tables) else {
+                candle_core::bail!("simhash_codes: {rows} rows x {tables} tables is more than one launch holds");
+            };
             let cfg = LaunchConfig {
                 grid_dim: (total.div_ceil(HASH_THREADS).max(1), 1, 1),
                 block_dim: (HASH_THREADS, 1, 1),

@@ -41,6 +41,8 @@ fn decode_attention_matches_reference(device: &Device) -> Result<()> {
         (8, 2, 1000, 128, 257, DType::BF16, true),
         (6, 3, 50, 80, 50, DType::F32, true),
         (2, 1, 10, 64, 0, DType::F32, false),
+        (4, 4, 77, 98, 33, DType::BF16, true),
+        (2, 2, 64, 256, 40, DType::F32, false),
         (28, 4, 4096, 128, 1024, DType::BF16, false),
     ] {
         let q = random(&mut rng, heads * d, 1.0);

@@ -105,7 +105,7 @@ const COPY_BYTES: usize = 1 << 30;
 const GEMM_SIDE: usize = 4096;
 
 /// Seconds per call of `f`, averaged over [`KERNEL_REPS`] calls after a warm-up, synchronised.
-fn time_calls(device: &candle_core::Device, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+fn time_calls<T>(device: &candle_core::Device, mut f: impl FnMut() -> candle_core::Result<T>) -> Result<f64> {
     let reps = if device.is_cpu() { CPU_REPS } else { KERNEL_REPS };
     f()?;
     device.synchronize()?;
@@ -130,17 +130,20 @@ struct KernelRow {
 
 fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
     use folio_kernels::sparse;
+    if a.context == 0 || a.context > u32::MAX as usize || a.select.contains(&0) {
+        anyhow::bail!("--context must be 1..=4294967295 rows and every --select at least 1");
+    }
     let device = folio_models::parse_device(&common.device)?;
     let (heads, kv_heads, d) = KERNEL_SHAPE;
     let dtype = if device.is_cpu() { DType::F32 } else { DType::BF16 };
     // The limits, measured here and now.
     let block = Tensor::zeros(COPY_BYTES / 2, DType::BF16, &device)?;
-    let copy = time_calls(&device, || Ok(drop(block.copy()?)))?;
+    let copy = time_calls(&device, || block.copy())?;
     let bandwidth = 2.0 * COPY_BYTES as f64 / copy;
     drop(block);
     let side = if device.is_cpu() { MATMUL_SIDE } else { GEMM_SIDE };
     let m = Tensor::randn(0f32, 1.0, (side, side), &device)?;
-    let gemm = 2.0 * (side as f64).powi(3) / time_calls(&device, || Ok(drop(m.matmul(&m)?)))?;
+    let gemm = 2.0 * (side as f64).powi(3) / time_calls(&device, || m.matmul(&m))?;
     drop(m);
     let mut rng = StdRng::seed_from_u64(0);
     let k = Tensor::randn(0f32, 1.0, (kv_heads, a.context, d), &device)?.to_dtype(dtype)?;
@@ -153,7 +156,7 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
         let mut idx: Vec<u32> = (0..heads * sel).map(|_| rng.random_range(0..a.context as u32)).collect();
         idx.chunks_mut(sel.max(1)).for_each(|head| head.sort_unstable());
         let idx = Tensor::from_vec(idx, (heads, sel), &device)?;
-        let secs = time_calls(&device, || Ok(drop(sparse::decode_attention(&q, &k, &v, &idx, None, 0.088)?)))?;
+        let secs = time_calls(&device, || sparse::decode_attention(&q, &k, &v, &idx, None, 0.088))?;
         let bytes = (heads * sel) as f64 * (2.0 * d as f64 * elem + 4.0) + (heads * d * 8) as f64;
         rows.push(KernelRow {
             kernel: format!("decode_attention {heads}x{sel} rows of {} (d {d}, {dtype:?})", a.context),
@@ -169,7 +172,7 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
     let hash_rows = if device.is_cpu() { HASH_ROWS / 64 } else { HASH_ROWS };
     let x = Tensor::randn(0f32, 1.0, (hash_rows, d), &device)?;
     let w = Tensor::randn(0f32, 1.0, (d, bits * tables), &device)?;
-    let secs = time_calls(&device, || Ok(drop(sparse::simhash_codes(&x, &w, bits, tables)?)))?;
+    let secs = time_calls(&device, || sparse::simhash_codes(&x, &w, bits, tables))?;
     let flops = 2.0 * (hash_rows * d * bits * tables) as f64;
     rows.push(KernelRow {
         kernel: format!("simhash_codes {hash_rows} rows, d {d}, (K,L) = ({bits},{tables})"),

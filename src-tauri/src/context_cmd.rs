@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use folio_models::attention::IndexSource;
 use folio_models::chat::Message;
 use folio_models::context::format::SectionKind;
 use folio_models::context::{self, BuildOptions, ContextFile, ContextKv, KvDtype, Progress};
@@ -409,6 +410,15 @@ pub fn chat(
             }
             ControlFlow::Continue(())
         })?;
+    let sources = attn.index_sources();
+    if sources.values().any(|s| *s == IndexSource::Rebuilt) {
+        eprintln!(
+            "warning: a stored {} index in {} is damaged; it was rebuilt for this answer \
+             (run `folio context index` again to store a good one)",
+            attn.name(),
+            ctx_path.display()
+        );
+    }
     if let (Some(c), Some(p)) = (conv.as_mut(), &a.continue_file) {
         turns.push(Message::new("assistant", &generation.text));
         c.messages = turns;
@@ -419,7 +429,7 @@ pub fn chat(
             "model": engine.name,
             "context": {"path": ctx_path, "tokens": file.header().tokens, "documents": file.documents().len()},
             "attention": attn.settings(),
-            "index": attn.index_sources(),
+            "index": sources,
             "tail_tokens": tail,
             "tokens": generation.tokens,
             "text": generation.text,

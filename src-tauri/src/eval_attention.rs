@@ -102,7 +102,7 @@ pub fn eval_attention(common: &Common, a: AttentionArgs) -> Result<()> {
             spec.steps = a.steps;
             let case = Case::generate(&spec, a.seed)?;
             // Channels calibrated on another case of the same workload (held-out data).
-            let held_out = Case::generate(&spec, a.seed + CALIBRATION_SEED_OFFSET)?;
+            let held_out = Case::generate(&spec, a.seed.wrapping_add(CALIBRATION_SEED_OFFSET))?;
             let stat = held_out.qk_statistic()?;
             let layers = vec![stat; folio_models::eval::attention::SYNTHETIC_LAYERS];
             let resources = Resources { channels: Some(Arc::new(Channels::from_statistic(&layers))) };

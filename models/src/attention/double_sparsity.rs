@@ -20,8 +20,8 @@ use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::select::{
-    budgeted_settings, index_base, query_rows, sparse_decode, top_positions, HeadPick, IndexSource, LayerRows,
-    PerLayer, SectionReader, SectionWriter,
+    budgeted_settings, index_base, query_rows, sparse_decode, stored_index, top_positions, HeadPick, IndexSource,
+    LayerRows, PerLayer, SectionReader, SectionWriter,
 };
 use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::{Error, Result};
@@ -129,7 +129,7 @@ impl DoubleSparsity {
     fn section_name(&self, head_dim: usize, end: usize) -> String {
         let flat: Vec<u8> = self.calibration.order.iter().flatten().flatten().flat_map(|c| c.to_le_bytes()).collect();
         format!(
-            "double-sparsity channels={}:{:016x} bits={} keys=0..{end}",
+            "double-sparsity v1 channels={}:{:016x} bits={} keys=0..{end}",
             self.channel_count(head_dim),
             xxh3_64(&flat),
             self.params.usize("bits")
@@ -184,15 +184,16 @@ impl DoubleSparsity {
         let bits = self.params.usize("bits");
         let end = index_base(call.kv, hi);
         let name = self.section_name(rows.head_dim, end);
-        let (labels, source) = match call.kv.saved_index(&name, call.kv_layer)? {
-            Some(bytes) => (Self::decode(&bytes, &name, channels, end, bits)?, IndexSource::File),
+        let (stored, source) = stored_index(call, &name, |b| Self::decode(b, &name, channels.clone(), end, bits));
+        let labels = match stored {
+            Some(labels) => labels,
             None => {
                 let label_rows = channels
                     .iter()
                     .enumerate()
                     .map(|(g, c)| (0..end).map(|p| label(rows.key(g, p), c, bits)).collect())
                     .collect();
-                (Labels { end, channels, rows: label_rows }, IndexSource::Built)
+                Labels { end, channels, rows: label_rows }
             }
         };
         let labels = Arc::new(labels);
@@ -260,6 +261,7 @@ impl Attention for DoubleSparsity {
                 })
                 .collect();
             let r = labels.channels[0].len();
+            // The scan's cost model: 16-bit labels in the KV dtype (the reference file keeps f32).
             let row_bytes = if bits >= FULL_BITS { 2.0 * r as f64 } else { (r * bits) as f64 / 8.0 + 4.0 };
             Ok((picks, (cut - lo) as f64 * row_bytes / (2 * rows.head_dim) as f64))
         })

@@ -21,8 +21,8 @@ use rand::seq::index::sample;
 use rand::SeedableRng;
 
 use super::select::{
-    budgeted_settings, dot, index_base, query_rows, sparse_decode, top_positions, HeadPick, IndexSource, LayerRows,
-    PerLayer, SectionReader, SectionWriter,
+    budgeted_settings, dot, index_base, query_rows, sparse_decode, stored_index, top_positions, HeadPick, IndexSource,
+    LayerRows, PerLayer, SectionReader, SectionWriter,
 };
 use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::{Error, Result};
@@ -154,7 +154,9 @@ impl LayerIvf {
                 .iter()
                 .map(|&n| Ok(r.u32s(n as usize)?.into_iter().map(|p| p as usize).collect::<Vec<_>>()))
                 .collect::<Result<Vec<_>>>()?;
-            if lists.iter().flatten().any(|&p| p >= end) {
+            // Every key in exactly one list.
+            let mut seen = vec![false; end];
+            if !lists.iter().flatten().all(|&p| p < end && !std::mem::replace(&mut seen[p], true)) {
                 return Err(bad());
             }
             heads.push(HeadIvf { centroids, lists });
@@ -183,7 +185,7 @@ impl TopKIvf {
             0 => default_lists(end),
             n => n,
         };
-        let name = format!("topk-ivf nlist={nlist} keys=0..{end} seed={}", self.params.usize("seed"));
+        let name = format!("topk-ivf v1 nlist={nlist} keys=0..{end} seed={}", self.params.usize("seed"));
         (end, nlist, name)
     }
 
@@ -199,10 +201,9 @@ impl TopKIvf {
             return Ok(ix.clone());
         }
         let (end, nlist, name) = self.plan(call.kv, hi);
-        let (ix, source) = match call.kv.saved_index(&name, call.kv_layer)? {
-            Some(bytes) => (LayerIvf::decode(&bytes, &name, end, rows.kv_heads, rows.head_dim)?, IndexSource::File),
-            None => (self.build(rows, end, nlist), IndexSource::Built),
-        };
+        let (stored, source) =
+            stored_index(call, &name, |b| LayerIvf::decode(b, &name, end, rows.kv_heads, rows.head_dim));
+        let ix = stored.unwrap_or_else(|| self.build(rows, end, nlist));
         let ix = Arc::new(ix);
         cache.insert(call.layer, (ix.clone(), source));
         Ok(ix)
@@ -228,6 +229,9 @@ impl Attention for TopKIvf {
             return Ok(None);
         }
         let (end, nlist, name) = self.plan(kv, saved);
+        if end == 0 {
+            return Ok(None);
+        }
         let rows = LayerRows::read_store(kv, layer, end)?;
         Ok(Some((name, self.build(&rows, end, nlist).encode())))
     }

@@ -27,8 +27,8 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::select::{
-    budgeted_settings, dot, index_base, query_rows, sparse_decode, HeadPick, IndexSource, LayerRows, PerLayer,
-    SectionReader, SectionWriter,
+    budgeted_settings, dot, index_base, query_rows, sparse_decode, stored_index, HeadPick, IndexSource, LayerRows,
+    PerLayer, SectionReader, SectionWriter,
 };
 use super::workload::normal;
 use super::{Attended, Attention, AttnCall, Budget, Dense, ParamSpec, Params};
@@ -234,15 +234,18 @@ struct Plan {
 impl Plan {
     fn name(&self) -> String {
         format!(
-            "magicpig bits={} tables={} keys={}..{} seed={}",
+            "magicpig v1 bits={} tables={} keys={}..{} seed={}",
             self.bits, self.tables, self.first, self.end, self.seed
         )
     }
 }
 
 impl LayerIndex {
+    /// The hyperplanes first (stored, not regenerated: the file must not depend on a random
+    /// generator's version), then per KV head the mean, norms and bucket lists.
     fn encode(&self) -> Vec<u8> {
         let mut w = SectionWriter::default();
+        w.f32s(&self.w);
         for h in &self.heads {
             w.f32s(&h.mean);
             w.f32s(&h.norms);
@@ -257,6 +260,7 @@ impl LayerIndex {
     fn decode(bytes: &[u8], name: &str, plan: &Plan, kv_heads: usize, d: usize) -> Result<Self> {
         let mut r = SectionReader::new(bytes, name);
         let n = plan.end - plan.first;
+        let planes = r.f32s(d * plan.bits * plan.tables)?;
         let mut heads = Vec::with_capacity(kv_heads);
         for _ in 0..kv_heads {
             let (mean, norms) = (r.f32s(d)?, r.f32s(n)?);
@@ -276,14 +280,7 @@ impl LayerIndex {
             heads.push(HeadTables { mean, norms, order, start });
         }
         r.finish()?;
-        Ok(Self {
-            first: plan.first,
-            end: plan.end,
-            bits: plan.bits,
-            tables: plan.tables,
-            w: projection(d, plan.bits * plan.tables, plan.seed),
-            heads,
-        })
+        Ok(Self { first: plan.first, end: plan.end, bits: plan.bits, tables: plan.tables, w: planes, heads })
     }
 }
 
@@ -337,12 +334,10 @@ impl MagicPig {
             return Ok(None);
         };
         let name = plan.name();
-        let (ix, source) = match call.kv.saved_index(&name, call.kv_layer)? {
-            Some(bytes) => (LayerIndex::decode(&bytes, &name, &plan, rows.kv_heads, rows.head_dim)?, IndexSource::File),
-            None => {
-                (LayerIndex::build(rows, plan.first, plan.end, plan.bits, plan.tables, plan.seed), IndexSource::Built)
-            }
-        };
+        let (stored, source) =
+            stored_index(call, &name, |b| LayerIndex::decode(b, &name, &plan, rows.kv_heads, rows.head_dim));
+        let ix =
+            stored.unwrap_or_else(|| LayerIndex::build(rows, plan.first, plan.end, plan.bits, plan.tables, plan.seed));
         let ix = Arc::new(ix);
         cache.insert(call.layer, (ix.clone(), source));
         Ok(Some(ix))

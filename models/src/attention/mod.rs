@@ -16,8 +16,10 @@
 //! the true top keys and the fraction of the KV cache touched, so cost is measured, never
 //! assumed from the budget.
 //!
-//! Indexes (MagicPIG's hash tables, Double Sparsity's label cache, the IVF lists) are built
-//! from the stored keys the first time a layer decodes and kept until [`Attention::reset`].
+//! Indexes (MagicPIG's hash tables, Double Sparsity's label cache, the IVF lists) cover the
+//! saved context; the first time a layer decodes they are loaded from the context file's index
+//! sections (`folio context index`) or built from the stored keys, and kept until
+//! [`Attention::reset`].
 //! Keys after the indexed prefix (the question and the answer so far) are attended densely by
 //! MagicPIG and HiP, as their papers keep generated tokens dense; top-k, IVF and Double
 //! Sparsity score them exactly and let them compete for the budget.

@@ -182,12 +182,29 @@ pub(super) fn budgeted_settings(method: &str, budget: &Budget, params: &Params) 
     serde_json::json!({ "method": method, "budget": budget, "params": params })
 }
 
-/// Where a layer's index came from: a context-file section, or built from the keys.
+/// Where a layer's index came from: a context-file section, built from the keys, or rebuilt
+/// because the stored section was damaged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum IndexSource {
     File,
     Built,
+    Rebuilt,
+}
+
+/// The store's section `name` for this call's layer, decoded; `None` with `Built` when there is
+/// none, `None` with `Rebuilt` when it is damaged (a failed checksum or a malformed body): an
+/// index is a cache of the keys, so the caller builds it again rather than failing the answer.
+pub(super) fn stored_index<T>(
+    call: &AttnCall<'_>,
+    name: &str,
+    decode: impl FnOnce(&[u8]) -> Result<T>,
+) -> (Option<T>, IndexSource) {
+    match call.kv.saved_index(name, call.kv_layer).and_then(|b| b.map(|b| decode(&b)).transpose()) {
+        Ok(Some(x)) => (Some(x), IndexSource::File),
+        Ok(None) => (None, IndexSource::Built),
+        Err(_) => (None, IndexSource::Rebuilt),
+    }
 }
 
 /// The end of the keys an index covers: the saved prefix when the store has one (so the

@@ -184,8 +184,9 @@ impl ContextFile {
             });
         }
         header.lay_out();
+        // A name of this process's own, so two runs never write into one temporary file.
         let mut tmp_name = out.file_name().unwrap_or_default().to_os_string();
-        tmp_name.push(".indexing");
+        tmp_name.push(format!(".indexing-{}", std::process::id()));
         let tmp = out.with_file_name(tmp_name);
         let write = || -> Result<()> {
             use std::io::{Seek, SeekFrom, Write};
@@ -204,7 +205,12 @@ impl ContextFile {
             }
             f.set_len(header.file_bytes).map_err(io)?;
             f.sync_all().map_err(io)?;
-            std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))
+            std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
+            // The rename itself survives a crash once the folder is synced.
+            if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))?;
+            }
+            Ok(())
         };
         write().inspect_err(|_| {
             let _ = std::fs::remove_file(&tmp);

@@ -109,7 +109,8 @@ pub enum SectionKind {
     Keys,
     /// Values of one layer, same layout.
     Values,
-    /// A method's index (later issues); readers skip names they do not know.
+    /// An attention method's index of one layer (`folio context index`); readers skip names
+    /// they do not know.
     Index,
 }
 
@@ -131,7 +132,8 @@ impl Section {
         match (self.kind, self.layer, &self.name) {
             (SectionKind::Keys, Some(l), _) => format!("keys of layer {l}"),
             (SectionKind::Values, Some(l), _) => format!("values of layer {l}"),
-            (SectionKind::Index, _, Some(n)) => format!("index {n}"),
+            (SectionKind::Index, Some(l), Some(n)) => format!("index {n} of layer {l}"),
+            (SectionKind::Index, None, Some(n)) => format!("index {n}"),
             (kind, _, _) => format!("{kind:?}").to_lowercase(),
         }
     }
