@@ -24,16 +24,18 @@ pub struct Common {
 impl Common {
     pub(crate) fn engine(&self) -> Result<Engine> {
         let spec = self.model.as_deref().context("--model is required: a model folder or a Hugging Face repo id")?;
-        let device = parse_device(&self.device)?;
-        let dtype = parse_dtype(&self.dtype, &device)?;
-        Ok(Engine::load(spec, &device, dtype)?)
+        self.load(spec)
     }
 
     /// `--model` if given, else `source` (the model a context file names).
     pub(crate) fn engine_or(&self, source: &str) -> Result<Engine> {
+        self.load(self.model.as_deref().unwrap_or(source))
+    }
+
+    fn load(&self, spec: &str) -> Result<Engine> {
         let device = parse_device(&self.device)?;
         let dtype = parse_dtype(&self.dtype, &device)?;
-        Ok(Engine::load(self.model.as_deref().unwrap_or(source), &device, dtype)?)
+        Ok(Engine::load(spec, &device, dtype)?)
     }
 }
 
@@ -98,13 +100,20 @@ impl MethodArgs {
     /// model's channel calibration).
     pub(crate) fn build(&self, engine: &Engine) -> Result<Box<dyn Attention>> {
         let params = attention::parse_params(&self.params)?;
-        let mut resources = attention::Resources::default();
-        if self.method == "double-sparsity" {
-            let calibration = folio_models::calibrate::Calibration::load(engine.model_dir(), engine.stamp()?)?;
-            resources.channels = Some(std::sync::Arc::new(calibration.channels));
-        }
+        let resources = resources_for(&[self.method.as_str()], engine)?;
         Ok(attention::by_name(&self.method, self.budget.as_deref(), &params, &resources)?)
     }
+}
+
+/// What `methods` need from `engine`'s model folder: the channel calibration, only when
+/// double-sparsity is among them (its absence is then an error naming `folio calibrate`).
+pub(crate) fn resources_for(methods: &[&str], engine: &Engine) -> Result<attention::Resources> {
+    let mut resources = attention::Resources::default();
+    if methods.contains(&"double-sparsity") {
+        let calibration = folio_models::calibrate::Calibration::load(engine.model_dir(), engine.stamp()?)?;
+        resources.channels = Some(std::sync::Arc::new(calibration.channels));
+    }
+    Ok(resources)
 }
 
 impl ChatArgs {

@@ -114,11 +114,8 @@ pub fn eval_attention(common: &Common, a: AttentionArgs) -> Result<()> {
         let file = Arc::new(ContextFile::open(path)?);
         let engine = common.engine_or(&file.header().model.source)?;
         engine.check_context(&file)?;
-        let mut resources = Resources::default();
-        if a.methods.iter().any(|m| m == "double-sparsity") {
-            let calibration = folio_models::calibrate::Calibration::load(engine.model_dir(), engine.stamp()?)?;
-            resources.channels = Some(Arc::new(calibration.channels));
-        }
+        let methods: Vec<&str> = a.methods.iter().map(String::as_str).collect();
+        let resources = crate::cli::resources_for(&methods, &engine)?;
         let tail = engine.context_tail(&file.header().prompt, &[Message::new("user", &a.question)])?;
         let run = on_context(&engine, &file, &tail, a.steps, RESIDENT_BUDGET, &candidates(&a, &resources)?, |c| {
             eprintln!("context: {} at {}", c.method, c.budget)
