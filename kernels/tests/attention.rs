@@ -4,20 +4,8 @@ use candle_core::{Device, Result, Tensor};
 use folio_kernels::attention::{self, reference, Mask};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-/// One test body for every device (candle's `test_device!` habit).
-macro_rules! test_device {
-    ($body:ident, $cpu:ident, $cuda:ident) => {
-        #[test]
-        fn $cpu() -> Result<()> {
-            $body(&Device::Cpu)
-        }
-        #[cfg(feature = "cuda")]
-        #[test]
-        fn $cuda() -> Result<()> {
-            $body(&Device::new_cuda(0)?)
-        }
-    };
-}
+mod common;
+use common::{max_abs_diff, random};
 
 fn tolerance(device: &Device) -> f32 {
     if device.is_cpu() {
@@ -25,19 +13,6 @@ fn tolerance(device: &Device) -> f32 {
     } else {
         1e-4
     }
-}
-
-fn random(rng: &mut StdRng, n: usize, spread: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-spread..spread)).collect()
-}
-
-/// Largest |a - b|, and infinity when either side has a NaN (f32::max would skip it).
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| if x.is_nan() || y.is_nan() { f32::INFINITY } else { (x - y).abs() })
-        .fold(0.0, f32::max)
 }
 
 /// Random shapes: prefill chunks (q_len > 1), decode (q_len = 1), GQA/MQA/MHA, windows.

@@ -5,31 +5,8 @@ use candle_core::{DType, Device, Result, Tensor};
 use folio_kernels::sparse::{self, reference};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-macro_rules! test_device {
-    ($body:ident, $cpu:ident, $cuda:ident) => {
-        #[test]
-        fn $cpu() -> Result<()> {
-            $body(&Device::Cpu)
-        }
-        #[cfg(feature = "cuda")]
-        #[test]
-        fn $cuda() -> Result<()> {
-            $body(&Device::new_cuda(0)?)
-        }
-    };
-}
-
-fn random(rng: &mut StdRng, n: usize, spread: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-spread..spread)).collect()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| if x.is_nan() || y.is_nan() { f32::INFINITY } else { (x - y).abs() })
-        .fold(0.0, f32::max)
-}
+mod common;
+use common::{max_abs_diff, random};
 
 /// Selected-row attention for GQA groups, head dims that are and are not multiples of the
 /// warp, f32 and bf16 K/V, with and without logit bias, repeated and empty selections.
