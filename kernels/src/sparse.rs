@@ -61,6 +61,59 @@ pub mod reference {
         (out, lse)
     }
 
+    /// Label score of every token for each query head: `ql [heads, r]` against the dequantized
+    /// labels `code · range / (2^bits − 1) + offset` of its KV head, `codes [kv_heads, n, r]`,
+    /// `scale [kv_heads, n, 2]` (offset, range). Returns `[heads, n]`.
+    pub fn label_scores(
+        ql: &[f32],
+        codes: &[u8],
+        scale: &[f32],
+        (heads, kv_heads, n, r): (usize, usize, usize, usize),
+        bits: usize,
+    ) -> Vec<f32> {
+        let max_q = ((1u32 << bits) - 1) as f64;
+        let group = heads / kv_heads;
+        let mut out = Vec::with_capacity(heads * n);
+        for h in 0..heads {
+            let g = h / group;
+            for p in 0..n {
+                let (lo, range) = (scale[(g * n + p) * 2] as f64, scale[(g * n + p) * 2 + 1] as f64);
+                let score: f64 = (0..r)
+                    .map(|i| ql[h * r + i] as f64 * (codes[(g * n + p) * r + i] as f64 * range / max_q + lo))
+                    .sum();
+                out.push(score as f32);
+            }
+        }
+        out
+    }
+
+    /// HiP's block scores: for each query head and block start, the largest q·k over the keys
+    /// `start..min(start + block, end)` of its KV head (`-inf` when empty). `starts [heads, m]`.
+    pub fn block_scores(
+        q: &[f32],
+        k: &[f32],
+        starts: &[u32],
+        (heads, kv_heads, n, d): (usize, usize, usize, usize),
+        block: usize,
+        end: usize,
+    ) -> Vec<f32> {
+        let m = starts.len().checked_div(heads).unwrap_or(0);
+        let group = heads / kv_heads;
+        let mut out = Vec::with_capacity(heads * m);
+        for h in 0..heads {
+            let base = (h / group) * n * d;
+            for &start in &starts[h * m..(h + 1) * m] {
+                let first = start as usize;
+                let last = (first + block).min(end.min(n));
+                let best = (first..last)
+                    .map(|p| (0..d).map(|i| q[h * d + i] as f64 * k[base + p * d + i] as f64).sum::<f64>())
+                    .fold(f64::NEG_INFINITY, f64::max);
+                out.push(best as f32);
+            }
+        }
+        out
+    }
+
     /// Code of each row of `x [rows, d]` in each of `tables` tables: bit `b` of table `l` is
     /// `x · w[:, l·bits + b] > 0`, `w [d, bits·tables]`.
     pub fn simhash_codes(x: &[f32], w: &[f32], d: usize, bits: usize, tables: usize) -> Vec<u32> {
@@ -132,6 +185,56 @@ pub fn decode_attention(
                 scale,
             );
             Ok((Tensor::from_vec(out, (heads, d), device)?, Tensor::from_vec(lse, heads, device)?))
+        }
+    }
+}
+
+/// Label scores `[heads, n]` (see [`reference::label_scores`]): `ql [heads, r]` f32, `codes
+/// [kv_heads, n, r]` u8, `scale [kv_heads, n, 2]` f32.
+pub fn label_scores(ql: &Tensor, codes: &Tensor, scale: &Tensor, bits: usize) -> Result<Tensor> {
+    let (heads, r) = ql.dims2()?;
+    let (kv_heads, n, cr) = codes.dims3()?;
+    if cr != r || scale.dims() != [kv_heads, n, 2] || kv_heads == 0 || heads % kv_heads != 0 || !(1..=8).contains(&bits)
+    {
+        candle_core::bail!(
+            "label_scores: ql {:?}, codes {:?}, scale {:?}, {bits} bits",
+            ql.dims(),
+            codes.dims(),
+            scale.dims()
+        );
+    }
+    match ql.device() {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => cuda::label_scores(ql, codes, scale, (heads, kv_heads, n, r), bits),
+        device => {
+            let codes_v: Vec<u8> = codes.flatten_all()?.to_vec1()?;
+            let out = reference::label_scores(&f32s(ql)?, &codes_v, &f32s(scale)?, (heads, kv_heads, n, r), bits);
+            Tensor::from_vec(out, (heads, n), device)
+        }
+    }
+}
+
+/// HiP block scores `[heads, m]` (see [`reference::block_scores`]): `q [heads, d]`, `k
+/// [kv_heads, n, d]` (f32 or bf16), `starts [heads, m]` u32.
+pub fn block_scores(q: &Tensor, k: &Tensor, starts: &Tensor, block: usize, end: usize) -> Result<Tensor> {
+    let (heads, d) = q.dims2()?;
+    let (kv_heads, n, kd) = k.dims3()?;
+    let (sh, m) = starts.dims2()?;
+    if kd != d || sh != heads || kv_heads == 0 || heads % kv_heads != 0 || block == 0 {
+        candle_core::bail!(
+            "block_scores: q {:?}, k {:?}, starts {:?}, block {block}",
+            q.dims(),
+            k.dims(),
+            starts.dims()
+        );
+    }
+    match q.device() {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => cuda::block_scores(q, k, starts, (heads, kv_heads, n, d, m), block, end),
+        device => {
+            let starts_v: Vec<u32> = starts.flatten_all()?.to_vec1()?;
+            let out = reference::block_scores(&f32s(q)?, &f32s(k)?, &starts_v, (heads, kv_heads, n, d), block, end);
+            Tensor::from_vec(out, (heads, m), device)
         }
     }
 }
@@ -324,14 +427,7 @@ mod cuda {
             let ps = proj.as_cuda_slice::<f32>()?.slice(pl.start_offset()..);
             // SAFETY: one thread writes each code.
             let codes = unsafe { dev.alloc::<u32>(rows * tables)? };
-            let Ok(total) = u32::try_from(rows * tables) else {
-                candle_core::bail!("simhash_codes: {rows} rows x {tables} tables is more than one launch holds");
-            };
-            let cfg = LaunchConfig {
-                grid_dim: (total.div_ceil(HASH_THREADS).max(1), 1, 1),
-                block_dim: (HASH_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = grid_for(rows * tables, "simhash_codes")?;
             let func = dev.get_or_load_custom_func("simhash_pack", MODULE, PTX)?;
             let mut b = func.builder();
             let ints = [rows as i32, bits as i32, tables as i32];
@@ -349,5 +445,148 @@ mod cuda {
         let (rows, _, bits, tables) = dims;
         let proj = x.to_dtype(DType::F32)?.matmul(&w.to_dtype(DType::F32)?)?.contiguous()?;
         proj.apply_op1_no_bwd(&SimHashPack { dims: (rows, bits, tables) })
+    }
+
+    /// One thread per (query head, token) or one warp per (query head, block): the launch size.
+    fn grid_for(threads: usize, what: &str) -> Result<LaunchConfig> {
+        let Ok(total) = u32::try_from(threads) else {
+            candle_core::bail!("{what}: {threads} threads are more than one launch holds");
+        };
+        Ok(LaunchConfig {
+            grid_dim: (total.div_ceil(HASH_THREADS).max(1), 1, 1),
+            block_dim: (HASH_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+
+    struct LabelScores {
+        dims: (usize, usize, usize, usize),
+        bits: usize,
+    }
+
+    impl CustomOp3 for LabelScores {
+        fn name(&self) -> &'static str {
+            "folio-label-scores"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<(CpuStorage, Shape)> {
+            candle_core::bail!("label_scores runs the reference on the CPU, not this op")
+        }
+
+        fn cuda_fwd(
+            &self,
+            ql: &CudaStorage,
+            qll: &Layout,
+            codes: &CudaStorage,
+            cl: &Layout,
+            scale: &CudaStorage,
+            sl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            let (heads, kv_heads, n, r) = self.dims;
+            let dev = ql.device().clone();
+            let qs = ql.as_cuda_slice::<f32>()?.slice(qll.start_offset()..);
+            let cs = codes.as_cuda_slice::<u8>()?.slice(cl.start_offset()..);
+            let ss = scale.as_cuda_slice::<f32>()?.slice(sl.start_offset()..);
+            // SAFETY: one thread writes each score.
+            let out = unsafe { dev.alloc::<f32>(heads * n)? };
+            let cfg = grid_for(heads * n, "label_scores")?;
+            let func = dev.get_or_load_custom_func("label_scores", MODULE, PTX)?;
+            let mut b = func.builder();
+            let ints = [heads as i32, kv_heads as i32, n as i32, r as i32];
+            let max_q = ((1u32 << self.bits) - 1) as f32;
+            b.arg(&qs).arg(&cs).arg(&ss).arg(&out);
+            for i in &ints {
+                b.arg(i);
+            }
+            b.arg(&max_q);
+            // SAFETY: sizes from the checked shapes.
+            unsafe { b.launch(cfg) }.w()?;
+            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((heads, n))))
+        }
+    }
+
+    pub fn label_scores(
+        ql: &Tensor,
+        codes: &Tensor,
+        scale: &Tensor,
+        dims: (usize, usize, usize, usize),
+        bits: usize,
+    ) -> Result<Tensor> {
+        let ql = ql.to_dtype(DType::F32)?.contiguous()?;
+        let scale = scale.to_dtype(DType::F32)?.contiguous()?;
+        ql.apply_op3_no_bwd(&codes.contiguous()?, &scale, &LabelScores { dims, bits })
+    }
+
+    struct BlockScores {
+        starts: Tensor,
+        dims: (usize, usize, usize, usize, usize),
+        block: usize,
+        end: usize,
+    }
+
+    impl candle_core::CustomOp2 for BlockScores {
+        fn name(&self) -> &'static str {
+            "folio-block-scores"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            candle_core::bail!("block_scores runs the reference on the CPU, not this op")
+        }
+
+        fn cuda_fwd(&self, q: &CudaStorage, ql: &Layout, k: &CudaStorage, kl: &Layout) -> Result<(CudaStorage, Shape)> {
+            let (heads, kv_heads, n, d, m) = self.dims;
+            let dev = q.device().clone();
+            let (st, stl) = self.starts.storage_and_layout();
+            let starts = cuda_storage(&st, "starts")?.as_cuda_slice::<u32>()?.slice(stl.start_offset()..);
+            let qs = q.as_cuda_slice::<f32>()?.slice(ql.start_offset()..);
+            // SAFETY: one warp writes each block's score.
+            let out = unsafe { dev.alloc::<f32>(heads * m)? };
+            let cfg = grid_for(heads * m * 32, "block_scores")?;
+            let ints =
+                [heads as i32, kv_heads as i32, n as i32, d as i32, m as i32, self.block as i32, self.end as i32];
+            macro_rules! launch {
+                ($t:ty, $name:literal) => {{
+                    let ks = k.as_cuda_slice::<$t>()?.slice(kl.start_offset()..);
+                    let func = dev.get_or_load_custom_func($name, MODULE, PTX)?;
+                    let mut b = func.builder();
+                    b.arg(&qs).arg(&ks).arg(&starts).arg(&out);
+                    for x in &ints {
+                        b.arg(x);
+                    }
+                    // SAFETY: starts are checked against n by the caller; reads stop at min(end, n).
+                    unsafe { b.launch(cfg) }.w()?;
+                }};
+            }
+            match k.dtype() {
+                DType::F32 => launch!(f32, "block_scores_f32"),
+                DType::BF16 => launch!(half::bf16, "block_scores_bf16"),
+                other => candle_core::bail!("block_scores: K must be f32 or bf16, not {other:?}"),
+            }
+            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((heads, m))))
+        }
+    }
+
+    pub fn block_scores(
+        q: &Tensor,
+        k: &Tensor,
+        starts: &Tensor,
+        dims: (usize, usize, usize, usize, usize),
+        block: usize,
+        end: usize,
+    ) -> Result<Tensor> {
+        let (n, m) = (dims.2, dims.4);
+        if m > 0 && starts.max_all()?.to_scalar::<u32>()? as usize >= n.max(1) {
+            candle_core::bail!("block_scores: a block starts past the {n} stored rows");
+        }
+        let op = BlockScores { starts: starts.contiguous()?, dims, block, end: end.min(i32::MAX as usize) };
+        q.to_dtype(DType::F32)?.contiguous()?.apply_op2_no_bwd(&k.contiguous()?, &op)
     }
 }

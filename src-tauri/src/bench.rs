@@ -96,6 +96,11 @@ const KERNEL_SHAPE: (usize, usize, usize) = (28, 4, 128);
 /// SimHash benchmark: rows hashed and the paper's (K, L) = (10, 150).
 const HASH_ROWS: usize = 65_536;
 const HASH_BITS_TABLES: (usize, usize) = (10, 150);
+/// HiP benchmark: blocks scored per head in one refresh (k = 2048 at b_k = 2 keeps 1024 blocks,
+/// each round scores twice that) and keys per block; label bits of Double Sparsity.
+const HIP_BLOCKS: usize = 2048;
+const HIP_BLOCK: usize = 2;
+const LABEL_BITS: usize = 4;
 /// Calls timed per figure after one warm-up (on the CPU the reference is slow: fewer), and
 /// bytes copied for the bandwidth figure.
 const KERNEL_REPS: usize = 50;
@@ -167,7 +172,39 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
             limit: "copy bandwidth",
         });
     }
+    // HiP's block scoring: one refresh's worth of representative blocks per head.
+    let blocks_per_head = HIP_BLOCKS.min(a.context);
+    let starts: Vec<u32> = (0..heads * blocks_per_head)
+        .map(|_| rng.random_range(0..(a.context - HIP_BLOCK.min(a.context) + 1) as u32))
+        .collect();
+    let starts = Tensor::from_vec(starts, (heads, blocks_per_head), &device)?;
+    let secs = time_calls(&device, || sparse::block_scores(&q, &k, &starts, HIP_BLOCK, a.context))?;
+    let bytes = (heads * blocks_per_head * HIP_BLOCK * d) as f64 * elem + (heads * blocks_per_head * 8) as f64;
+    rows.push(KernelRow {
+        kernel: format!("block_scores {heads}x{blocks_per_head} blocks of {HIP_BLOCK} keys (d {d}, {dtype:?})"),
+        seconds: secs,
+        bytes,
+        flops: 2.0 * (heads * blocks_per_head * HIP_BLOCK * d) as f64,
+        of_limit: bytes / secs / bandwidth,
+        limit: "copy bandwidth",
+    });
     drop((k, v));
+    // Double Sparsity's label scan over the whole context: r = d/4 one-byte codes per token.
+    let r = d / 4;
+    let codes = Tensor::zeros((kv_heads, a.context, r), DType::U8, &device)?;
+    let scale = Tensor::ones((kv_heads, a.context, 2), DType::F32, &device)?;
+    let ql = Tensor::randn(0f32, 1.0, (heads, r), &device)?;
+    let secs = time_calls(&device, || sparse::label_scores(&ql, &codes, &scale, LABEL_BITS))?;
+    let bytes = (kv_heads * a.context * (r + 8) + heads * a.context * 4) as f64;
+    rows.push(KernelRow {
+        kernel: format!("label_scores {heads}x{} tokens, r {r}", a.context),
+        seconds: secs,
+        bytes,
+        flops: 2.0 * (heads * a.context * r) as f64,
+        of_limit: bytes / secs / bandwidth,
+        limit: "copy bandwidth (labels once per KV head)",
+    });
+    drop((codes, scale));
     let (bits, tables) = HASH_BITS_TABLES;
     let hash_rows = if device.is_cpu() { HASH_ROWS / 64 } else { HASH_ROWS };
     let x = Tensor::randn(0f32, 1.0, (hash_rows, d), &device)?;
