@@ -13,34 +13,10 @@
 #include <stdint.h>
 #include <math.h>
 
-#define WARPS 4
 #define MAX_D 256
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-// Loads `per_lane` consecutive elements as floats: one 8-byte load for 4 bf16, one 16-byte load
-// for 4 f32 when `wide` (d == 128: every lane's first element is a multiple of 4 from an aligned
-// row), element by element otherwise.
-__device__ __forceinline__ void load_row(const __nv_bfloat16* p, int per_lane, int valid, bool wide, float* out) {
-    if (wide) {
-        const uint2 raw = *reinterpret_cast<const uint2*>(p);
-        const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
-        const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
-        out[0] = __low2float(a); out[1] = __high2float(a); out[2] = __low2float(b); out[3] = __high2float(b);
-        return;
-    }
-    for (int c = 0; c < per_lane; ++c) out[c] = c < valid ? __bfloat162float(p[c]) : 0.f;
-}
-
-__device__ __forceinline__ void load_row(const float* p, int per_lane, int valid, bool wide, float* out) {
-    if (wide) {
-        const float4 raw = *reinterpret_cast<const float4*>(p);
-        out[0] = raw.x; out[1] = raw.y; out[2] = raw.z; out[3] = raw.w;
-        return;
-    }
-    for (int c = 0; c < per_lane; ++c) out[c] = c < valid ? p[c] : 0.f;
-}
 
 __device__ __forceinline__ float warp_sum(float x) {
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
@@ -48,88 +24,113 @@ __device__ __forceinline__ float warp_sum(float x) {
 }
 
 // Split over the selection: block (h, c) takes rows [c*rows_per_block, (c+1)*rows_per_block) of
-// head h's selection (the launcher sizes chunks so the grid fills the GPU a few times over); warp w of it takes rows w, w+WARPS, ... of that chunk and keeps an online
-// softmax (max m, sum l, accumulator over its lanes' channels); the block's warps merge in
-// shared memory and write one partial (m, l, acc[d]) per chunk; decode_attention_merge then
-// merges a head's chunks. Thousands of blocks keep enough row loads in flight to approach the
-// memory bandwidth, which a block per head (28 blocks for 132 SMs) cannot.
+// head h's selection (the launcher sizes chunks so the grid fills the GPU a few times over) in
+// tiles of TILE rows, flash-decoding's layout: first each thread scores one row (its whole K
+// row, so a tile has TILE row loads in flight and no per-row reductions), then a block-wide
+// max and sum update the online softmax, then each thread accumulates its own channels over
+// the tile's V rows (coalesced across threads). The block writes one partial (acc[d], m, l);
+// decode_attention_merge merges a head's chunks.
 //   q    [heads, d] f32           k, v [kv_heads, n, d] T
 //   idx  [heads, sel] u32 (positions < n)    bias [heads, sel] f32 or null
 //   part [heads, chunks, d + 2] f32: acc[d], m, l
+#define TILE 128
+
+__device__ __forceinline__ float block_reduce(float x, bool is_max, float* scratch) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float y = __shfl_xor_sync(0xffffffff, x, o);
+        x = is_max ? fmaxf(x, y) : x + y;
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();  // scratch is free
+    if (lane == 0) scratch[warp] = x;
+    __syncthreads();
+    float r = scratch[0];
+    for (int w = 1; w < TILE / 32; ++w) r = is_max ? fmaxf(r, scratch[w]) : r + scratch[w];
+    return r;
+}
+
+// q . row over d channels: 16-byte loads when the row allows them.
+__device__ __forceinline__ float row_dot(const float* sq, const __nv_bfloat16* row, int d) {
+    float dot = 0.f;
+    if (d % 8 == 0) {
+        for (int i = 0; i < d; i += 8) {
+            const uint4 raw = *reinterpret_cast<const uint4*>(row + i);
+            const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+            for (int j = 0; j < 4; ++j) {
+                dot += sq[i + 2 * j] * __low2float(h2[j]) + sq[i + 2 * j + 1] * __high2float(h2[j]);
+            }
+        }
+        return dot;
+    }
+    for (int i = 0; i < d; ++i) dot += sq[i] * __bfloat162float(row[i]);
+    return dot;
+}
+
+__device__ __forceinline__ float row_dot(const float* sq, const float* row, int d) {
+    float dot = 0.f;
+    if (d % 4 == 0) {
+        for (int i = 0; i < d; i += 4) {
+            const float4 r = *reinterpret_cast<const float4*>(row + i);
+            dot += sq[i] * r.x + sq[i + 1] * r.y + sq[i + 2] * r.z + sq[i + 3] * r.w;
+        }
+        return dot;
+    }
+    for (int i = 0; i < d; ++i) dot += sq[i] * row[i];
+    return dot;
+}
+
 template <typename T>
 __device__ void decode_attention_partial(const float* q, const T* k, const T* v, const uint32_t* idx,
                                          const float* bias, float* part, int heads, int kv_heads,
                                          int n, int d, int sel, int rows_per_block, float scale) {
     const int h = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int t = threadIdx.x;
     const int group = heads / kv_heads;
     const T* kh = k + (size_t)(h / group) * n * d;
     const T* vh = v + (size_t)(h / group) * n * d;
-    const float* qh = q + (size_t)h * d;
-    // Lane `lane` owns the contiguous channels [lane * per_lane, (lane + 1) * per_lane); at
-    // d = 128 a row is one wide load per lane (8 bytes of bf16, 16 of f32).
-    const int per_lane = (d + 31) / 32;
-    float qr[MAX_D / 32], acc[MAX_D / 32], kr[MAX_D / 32], vr[MAX_D / 32];
-    for (int c = 0; c < per_lane; ++c) {
-        int ch = lane * per_lane + c;
-        qr[c] = ch < d ? qh[ch] : 0.f;
-        acc[c] = 0.f;
-    }
-    float m = -INFINITY, l = 0.f;
-    const int end = min(sel, (chunk + 1) * rows_per_block);
-    const int first = lane * per_lane;
-    const int valid = max(0, min(per_lane, d - first));
-    const bool wide = d == 4 * 32;
-    // Two rows per iteration: twice the bytes in flight per warp.
-    for (int j = chunk * rows_per_block + warp; j < end; j += 2 * WARPS) {
-        // Positions past the stored rows are never read (the launcher refuses them before the
-        // launch; the clamp keeps a bad one from reading out of bounds).
-        const uint32_t p0 = idx[(size_t)h * sel + j];
-        const bool two = j + WARPS < end;
-        const uint32_t p1 = two ? idx[(size_t)h * sel + j + WARPS] : p0;
-        const size_t row0 = (size_t)(p0 < (uint32_t)n ? p0 : 0) * d + first;
-        const size_t row1 = (size_t)(p1 < (uint32_t)n ? p1 : 0) * d + first;
-        float kr1[MAX_D / 32], vr1[MAX_D / 32];
-        load_row(kh + row0, per_lane, valid, wide, kr);
-        load_row(vh + row0, per_lane, valid, wide, vr);
-        load_row(kh + row1, per_lane, valid, wide, kr1);
-        load_row(vh + row1, per_lane, valid, wide, vr1);
-        float dot0 = 0.f, dot1 = 0.f;
-        for (int c = 0; c < per_lane; ++c) {
-            dot0 += qr[c] * kr[c];
-            dot1 += qr[c] * kr1[c];
-        }
-        dot0 = warp_sum(dot0);
-        dot1 = warp_sum(dot1);
-        const float s0 = dot0 * scale + (bias ? bias[(size_t)h * sel + j] : 0.f);
-        const float s1 = two ? dot1 * scale + (bias ? bias[(size_t)h * sel + j + WARPS] : 0.f) : -INFINITY;
-        const float m_new = fmaxf(m, fmaxf(s0, s1));
-        const float keep = __expf(m - m_new), w0 = __expf(s0 - m_new), w1 = two ? __expf(s1 - m_new) : 0.f;
-        l = l * keep + w0 + w1;
-        for (int c = 0; c < per_lane; ++c) acc[c] = acc[c] * keep + w0 * vr[c] + w1 * vr1[c];
-        m = m_new;
-    }
-    __shared__ float s_m[WARPS], s_l[WARPS], s_acc[WARPS][MAX_D];
-    if (lane == 0) { s_m[warp] = m; s_l[warp] = l; }
-    for (int c = 0; c < per_lane; ++c) {
-        int ch = lane * per_lane + c;
-        if (ch < d) s_acc[warp][ch] = acc[c];
-    }
+    __shared__ float s_q[MAX_D], s_p[TILE], s_red[TILE / 32];
+    __shared__ uint32_t s_pos[TILE];
+    for (int ch = t; ch < d; ch += TILE) s_q[ch] = q[(size_t)h * d + ch];
     __syncthreads();
-    float mm = -INFINITY;
-    for (int w = 0; w < WARPS; ++w) mm = fmaxf(mm, s_m[w]);
-    float* out = part + ((size_t)h * chunks + chunk) * (d + 2);
-    for (int ch = threadIdx.x; ch < d; ch += blockDim.x) {
-        float o = 0.f;
-        for (int w = 0; w < WARPS; ++w)
-            if (s_m[w] != -INFINITY) o += s_acc[w][ch] * __expf(s_m[w] - mm);
-        out[ch] = o;
+    float acc[MAX_D / TILE] = {0.f, 0.f};  // channels t and t + TILE
+    float m = -INFINITY, l = 0.f;
+    const int begin = chunk * rows_per_block;
+    const int end = min(sel, begin + rows_per_block);
+    for (int base = begin; base < end; base += TILE) {
+        const int j = base + t;
+        float s = -INFINITY;
+        if (j < end) {
+            // Positions past the stored rows are never read (the launcher refuses them before
+            // the launch; the clamp keeps a bad one from reading out of bounds).
+            uint32_t p = idx[(size_t)h * sel + j];
+            p = p < (uint32_t)n ? p : 0;
+            s_pos[t] = p;
+            s = row_dot(s_q, kh + (size_t)p * d, d) * scale + (bias ? bias[(size_t)h * sel + j] : 0.f);
+        }
+        const float m_new = fmaxf(m, block_reduce(s, true, s_red));
+        const float e = j < end ? __expf(s - m_new) : 0.f;
+        s_p[t] = e;
+        const float keep = m == -INFINITY ? 0.f : __expf(m - m_new);
+        l = l * keep + block_reduce(e, false, s_red);  // its syncs also publish s_p and s_pos
+        const int rows = min(TILE, end - base);
+        for (int c = 0; c < MAX_D / TILE; ++c) {
+            const int ch = t + c * TILE;
+            if (ch >= d) break;
+            float a = acc[c] * keep;
+            for (int r = 0; r < rows; ++r) a += s_p[r] * to_f32(vh[(size_t)s_pos[r] * d + ch]);
+            acc[c] = a;
+        }
+        m = m_new;
+        __syncthreads();  // the next tile overwrites s_p and s_pos
     }
-    if (threadIdx.x == 0) {
-        float ll = 0.f;
-        for (int w = 0; w < WARPS; ++w) ll += s_m[w] == -INFINITY ? 0.f : s_l[w] * __expf(s_m[w] - mm);
-        out[d] = mm;
-        out[d + 1] = ll;
+    float* out = part + ((size_t)h * chunks + chunk) * (d + 2);
+    for (int c = 0; c < MAX_D / TILE; ++c) {
+        const int ch = t + c * TILE;
+        if (ch < d) out[ch] = acc[c];
+    }
+    if (t == 0) {
+        out[d] = m;
+        out[d + 1] = l;
     }
 }
 

@@ -5,7 +5,8 @@
 //! work is already per-row loops), hand-written kernels (kernels/cuda/sparse.cu, compiled to
 //! PTX by build.rs) on CUDA. The attention kernel gathers the selected rows itself, so a decode
 //! step reads only the K and V rows it attends; it splits each head's selection over about a
-//! thousand blocks (at least 64 rows each) and merges their partials by LSE in a second kernel. SimHash projects with
+//! thousand blocks (at least 128 rows each, in tiles of 128 rows scored one per thread) and
+//! merges their partials by LSE in a second kernel. SimHash projects with
 //! the BLAS (a GEMM) and packs the signs in a kernel.
 //!
 //! Costs, for the benchmarks' ratio to the hardware limit (per call; `h` query heads, `s`
@@ -270,9 +271,10 @@ mod cuda {
     const DECODE_THREADS: u32 = 128;
     const HASH_THREADS: u32 = 256;
     /// Decode blocks aimed for (a few per SM of a large GPU, so the row loads in flight cover
-    /// the memory latency), and the fewest selected rows a block takes.
+    /// the memory latency), and the fewest selected rows a block takes (one tile: TILE in the
+    /// kernel, a row per thread).
     const TARGET_BLOCKS: usize = 1024;
-    const MIN_ROWS_PER_BLOCK: usize = 64;
+    const MIN_ROWS_PER_BLOCK: usize = 128;
     /// Largest head dim decode_attention holds in registers (MAX_D in the kernel).
     const MAX_D: usize = 256;
 
@@ -403,7 +405,9 @@ mod cuda {
         }
         let bias = bias.map(|b| b.to_dtype(DType::F32)?.contiguous()).transpose()?;
         let op = DecodeAttention { idx: idx.contiguous()?, bias, dims, scale };
-        let both = q.to_dtype(DType::F32)?.contiguous()?.apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &op)?;
+        // The kernel reads rows with 16-byte loads: a view starting mid-vector is copied first.
+        let aligned = |t: &Tensor| if t.layout().start_offset() % 8 == 0 { t.contiguous() } else { t.copy() };
+        let both = q.to_dtype(DType::F32)?.contiguous()?.apply_op3_no_bwd(&aligned(k)?, &aligned(v)?, &op)?;
         Ok((both.narrow(0, 0, heads * d)?.reshape((heads, d))?, both.narrow(0, heads * d, heads)?))
     }
 
