@@ -200,9 +200,21 @@ extern "C" __global__ void label_scores(const float* ql, const uint8_t* codes, c
     const float* q = ql + (size_t)h * r;
     const uint8_t* c = codes + ((size_t)g * n + p) * r;
     float dot = 0.f, qsum = 0.f;
-    for (int i = 0; i < r; ++i) {
-        dot += q[i] * (float)c[i];
-        qsum += q[i];
+    if (r % 16 == 0) {
+        // 16 codes per load (a token's codes start 16-byte aligned when r is a multiple of 16).
+        for (int i = 0; i < r; i += 16) {
+            const uint4 raw = *reinterpret_cast<const uint4*>(c + i);
+            const uint8_t* b = reinterpret_cast<const uint8_t*>(&raw);
+            for (int j = 0; j < 16; ++j) {
+                dot += q[i + j] * (float)b[j];
+                qsum += q[i + j];
+            }
+        }
+    } else {
+        for (int i = 0; i < r; ++i) {
+            dot += q[i] * (float)c[i];
+            qsum += q[i];
+        }
     }
     const float* s = scale + ((size_t)g * n + p) * 2;
     scores[t] = s[1] / max_q * dot + s[0] * qsum;

@@ -526,7 +526,9 @@ mod cuda {
     ) -> Result<Tensor> {
         let ql = ql.to_dtype(DType::F32)?.contiguous()?;
         let scale = scale.to_dtype(DType::F32)?.contiguous()?;
-        ql.apply_op3_no_bwd(&codes.contiguous()?, &scale, &LabelScores { dims, bits })
+        // The kernel reads codes 16 at a time: a view starting mid-vector is copied first.
+        let codes = if codes.layout().start_offset() % 16 == 0 { codes.contiguous()? } else { codes.copy()? };
+        ql.apply_op3_no_bwd(&codes, &scale, &LabelScores { dims, bits })
     }
 
     struct BlockScores {

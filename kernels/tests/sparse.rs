@@ -109,7 +109,9 @@ test_device!(simhash_matches_reference, simhash_cpu, simhash_cuda);
 fn label_scores_match_reference(device: &Device) -> Result<()> {
     let seed = rand::random();
     let mut rng = StdRng::seed_from_u64(seed);
-    for (heads, kv_heads, n, r, bits) in [(4, 2, 500, 8, 4), (28, 4, 3000, 32, 4), (2, 2, 7, 5, 8), (3, 1, 64, 16, 1)] {
+    for (heads, kv_heads, n, r, bits) in
+        [(4, 2, 500, 8, 4), (28, 4, 3000, 32, 4), (2, 2, 7, 5, 8), (3, 1, 64, 16, 1), (2, 1, 33, 48, 3)]
+    {
         let ql = random(&mut rng, heads * r, 2.0);
         let codes: Vec<u8> = (0..kv_heads * n * r).map(|_| rng.random_range(0..(1u32 << bits)) as u8).collect();
         let scale: Vec<f32> =
