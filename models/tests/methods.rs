@@ -177,22 +177,10 @@ fn every_method(budget: &str, channels: &Arc<Channels>) -> Vec<Box<dyn Attention
 /// see the conversation progress), and the mean share of rows read.
 fn case_error(m: &dyn Attention, case: &Case) -> (f32, f32) {
     m.reset();
-    let spec = &case.spec;
-    let mut kv = DenseKv::new(1, spec.kv_heads, spec.head_dim, DType::F32, &Device::Cpu);
-    kv.write(0, 0, &case.k, &case.v).unwrap();
-    kv.set_len(spec.len()).unwrap();
+    let kv = case.store().unwrap();
     let (mut err, mut read) = (0.0, 0.0);
-    for (s, q) in case.queries.iter().enumerate() {
-        let call = AttnCall {
-            layer: LAYER,
-            layers: LAYERS,
-            kv_layer: 0,
-            q,
-            q_start: spec.context + s,
-            kv: &kv,
-            scale: 1.0 / (spec.head_dim as f32).sqrt(),
-            window: None,
-        };
+    for s in 0..case.queries.len() {
+        let call = case.call(s, &kv, (LAYER, LAYERS));
         let got = m.attend(&call).unwrap();
         err += rel_error(&got.out, &Dense.forward(&call).unwrap());
         read += got

@@ -15,7 +15,7 @@ use folio_models::context::format::SectionKind;
 use folio_models::context::{self, BuildOptions, ContextFile, ContextKv, KvDtype, Progress};
 use folio_models::error::human_bytes;
 use folio_models::generate::GenerateParams;
-use folio_models::{parse_device, parse_dtype, Engine};
+use folio_models::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -377,11 +377,8 @@ pub fn chat(
     let file = ContextFile::open(ctx_path)?;
     let open_time = opening.elapsed();
     // The model that made the file, unless --model names another (then checked to match).
-    let spec = common.model.clone().unwrap_or_else(|| file.header().model.source.clone());
     let started = Instant::now();
-    let device = parse_device(&common.device)?;
-    let dtype = parse_dtype(&common.dtype, &device)?;
-    let engine = Engine::load(&spec, &device, dtype)?;
+    let engine = common.engine_or(&file.header().model.source)?;
     let loaded = started.elapsed().as_secs_f64();
     // Timings below count from opening the file, model loading excluded.
     let opened_at = Instant::now().checked_sub(open_time).unwrap_or_else(Instant::now);

@@ -101,11 +101,14 @@ pub fn eval_attention(common: &Common, a: AttentionArgs) -> Result<()> {
         for mut spec in Spec::presets(a.length) {
             spec.steps = a.steps;
             let case = Case::generate(&spec, a.seed)?;
-            // Channels calibrated on another case of the same workload (held-out data).
-            let held_out = Case::generate(&spec, a.seed.wrapping_add(CALIBRATION_SEED_OFFSET))?;
-            let stat = held_out.qk_statistic()?;
-            let layers = vec![stat; folio_models::eval::attention::SYNTHETIC_LAYERS];
-            let resources = Resources { channels: Some(Arc::new(Channels::from_statistic(&layers))) };
+            let mut resources = Resources::default();
+            if a.methods.iter().any(|m| m == "double-sparsity") {
+                // Channels calibrated on another case of the same workload (held-out data).
+                let held_out = Case::generate(&spec, a.seed.wrapping_add(CALIBRATION_SEED_OFFSET))?;
+                let stat = held_out.qk_statistic()?;
+                let layers = vec![stat; folio_models::eval::attention::SYNTHETIC_LAYERS];
+                resources.channels = Some(Arc::new(Channels::from_statistic(&layers)));
+            }
             eprintln!("synthetic workload {}: {} keys, {} decode steps", spec.name, spec.context, spec.steps);
             rows.extend(synthetic(&case, &candidates(&a, &resources)?)?);
         }

@@ -219,8 +219,6 @@ impl Attention for Buzz {
 mod tests {
     use super::*;
     use crate::attention::workload::{Case, Spec};
-    use crate::kv::{DenseKv, KvStore};
-    use candle_core::DType;
 
     /// Over a long conversation the cache never exceeds its bound between calls, always holds
     /// the sinks and the window, and reads only what it holds.
@@ -230,15 +228,13 @@ mod tests {
         let mut spec = Spec::mixed(700);
         spec.steps = 300;
         let case = Case::generate(&spec, seed).unwrap();
-        let mut kv = DenseKv::new(1, spec.kv_heads, spec.head_dim, DType::F32, &Device::Cpu);
-        kv.write(0, 0, &case.k, &case.v).unwrap();
-        kv.set_len(spec.len()).unwrap();
+        let kv = case.store().unwrap();
         let buzz = Buzz::new(Budget::Tokens(120), Params::parse("buzz", &PARAMS, &[]).unwrap());
         let (w, t) = buzz.sizes(120);
         assert_eq!(4 + w + t, 120);
-        for (s, q) in case.queries.iter().enumerate() {
-            let q_start = spec.context + s;
-            let call = AttnCall { layer: 5, layers: 8, kv_layer: 0, q, q_start, kv: &kv, scale: 0.17, window: None };
+        for s in 0..case.queries.len() {
+            let call = case.call(s, &kv, (5, 8));
+            let q_start = call.q_start;
             let got = buzz.attend(&call).unwrap();
             let read = got.read.unwrap();
             let caches = buzz.caches.lock();

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::select::{
-    budgeted_settings, index_base, query_rows, sparse_decode, stored_index, top_positions, HeadPick, IndexSource,
-    LayerRows, PerLayer, SectionReader, SectionWriter,
+    budgeted_settings, index_base, query_rows, sparse_decode, top_positions, HeadPick, IndexSource, Indexes, LayerRows,
+    SectionReader, SectionWriter,
 };
 use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::{Error, Result};
@@ -89,7 +89,7 @@ pub struct DoubleSparsity {
     budget: Budget,
     params: Params,
     calibration: Arc<Channels>,
-    labels: PerLayer<(Arc<Labels>, IndexSource)>,
+    labels: Indexes<Labels>,
 }
 
 impl DoubleSparsity {
@@ -100,7 +100,7 @@ impl DoubleSparsity {
                 "double-sparsity labels take bits=1..={MAX_CODE_BITS} (quantized) or bits={FULL_BITS} (unquantized), not {bits}"
             )));
         }
-        Ok(Self { budget, params, calibration, labels: PerLayer::new() })
+        Ok(Self { budget, params, calibration, labels: Indexes::new() })
     }
 
     fn channel_count(&self, head_dim: usize) -> usize {
@@ -176,29 +176,26 @@ impl DoubleSparsity {
     /// The layer's labels over the context (`base`: the saved prefix, else what is visible at
     /// the first decode): cached, else read from the context file, else computed.
     fn layer_labels(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Result<Arc<Labels>> {
-        let mut cache = self.labels.lock();
-        if let Some((l, _)) = cache.get(&call.layer).filter(|(l, _)| l.end <= hi) {
-            return Ok(l.clone());
+        if let Some(labels) = self.labels.cached(call.layer, |l| l.end <= hi) {
+            return Ok(labels);
         }
         let channels = self.channels(call.layer, rows.kv_heads, rows.head_dim)?;
         let bits = self.params.usize("bits");
         let end = index_base(call.kv, hi);
         let name = self.section_name(rows.head_dim, end);
-        let (stored, source) = stored_index(call, &name, |b| Self::decode(b, &name, channels.clone(), end, bits));
-        let labels = match stored {
-            Some(labels) => labels,
-            None => {
+        Ok(self.labels.load(
+            call,
+            &name,
+            |b| Self::decode(b, &name, channels.clone(), end, bits),
+            || {
                 let label_rows = channels
                     .iter()
                     .enumerate()
                     .map(|(g, c)| (0..end).map(|p| label(rows.key(g, p), c, bits)).collect())
                     .collect();
-                Labels { end, channels, rows: label_rows }
-            }
-        };
-        let labels = Arc::new(labels);
-        cache.insert(call.layer, (labels.clone(), source));
-        Ok(labels)
+                Labels { end, channels: channels.clone(), rows: label_rows }
+            },
+        ))
     }
 }
 
@@ -227,7 +224,7 @@ impl Attention for DoubleSparsity {
     }
 
     fn index_sources(&self) -> BTreeMap<usize, IndexSource> {
-        self.labels.lock().iter().map(|(l, (_, s))| (*l, *s)).collect()
+        self.labels.sources()
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {

@@ -21,8 +21,8 @@ use rand::seq::index::sample;
 use rand::SeedableRng;
 
 use super::select::{
-    budgeted_settings, dot, index_base, query_rows, sparse_decode, stored_index, top_positions, HeadPick, IndexSource,
-    LayerRows, PerLayer, SectionReader, SectionWriter,
+    budgeted_settings, dot, index_base, query_rows, sparse_decode, top_positions, HeadPick, IndexSource, Indexes,
+    LayerRows, SectionReader, SectionWriter,
 };
 use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::{Error, Result};
@@ -169,12 +169,12 @@ impl LayerIvf {
 pub struct TopKIvf {
     budget: Budget,
     params: Params,
-    index: PerLayer<(Arc<LayerIvf>, IndexSource)>,
+    index: Indexes<LayerIvf>,
 }
 
 impl TopKIvf {
     pub fn new(budget: Budget, params: Params) -> Self {
-        Self { budget, params, index: PerLayer::new() }
+        Self { budget, params, index: Indexes::new() }
     }
 
     /// The lists cover the context before the window (`base`: the saved prefix, else what is
@@ -195,18 +195,17 @@ impl TopKIvf {
     }
 
     /// The layer's lists: cached, else read from the context file, else built.
-    fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Result<Arc<LayerIvf>> {
-        let mut cache = self.index.lock();
-        if let Some((ix, _)) = cache.get(&call.layer).filter(|(ix, _)| ix.end <= hi) {
-            return Ok(ix.clone());
+    fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Arc<LayerIvf> {
+        if let Some(ix) = self.index.cached(call.layer, |ix| ix.end <= hi) {
+            return ix;
         }
         let (end, nlist, name) = self.plan(call.kv, hi);
-        let (stored, source) =
-            stored_index(call, &name, |b| LayerIvf::decode(b, &name, end, rows.kv_heads, rows.head_dim));
-        let ix = stored.unwrap_or_else(|| self.build(rows, end, nlist));
-        let ix = Arc::new(ix);
-        cache.insert(call.layer, (ix.clone(), source));
-        Ok(ix)
+        self.index.load(
+            call,
+            &name,
+            |b| LayerIvf::decode(b, &name, end, rows.kv_heads, rows.head_dim),
+            || self.build(rows, end, nlist),
+        )
     }
 }
 
@@ -237,12 +236,12 @@ impl Attention for TopKIvf {
     }
 
     fn index_sources(&self) -> BTreeMap<usize, IndexSource> {
-        self.index.lock().iter().map(|(l, (_, s))| (*l, *s)).collect()
+        self.index.sources()
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
         sparse_decode(call, |rows, lo, hi| {
-            let ix = self.layer_index(call, rows, hi)?;
+            let ix = self.layer_index(call, rows, hi);
             let queries = query_rows(call)?;
             let groups = queries.len() / rows.kv_heads;
             let cut = hi.saturating_sub(self.params.usize("window")).max(lo);

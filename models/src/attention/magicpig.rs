@@ -27,8 +27,8 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::select::{
-    budgeted_settings, dot, index_base, query_rows, sparse_decode, stored_index, HeadPick, IndexSource, LayerRows,
-    PerLayer, SectionReader, SectionWriter,
+    budgeted_settings, dot, index_base, query_rows, sparse_decode, HeadPick, IndexSource, Indexes, LayerRows,
+    SectionReader, SectionWriter,
 };
 use super::workload::normal;
 use super::{Attended, Attention, AttnCall, Budget, Dense, ParamSpec, Params};
@@ -287,7 +287,7 @@ impl LayerIndex {
 pub struct MagicPig {
     budget: Budget,
     params: Params,
-    index: PerLayer<(Arc<LayerIndex>, IndexSource)>,
+    index: Indexes<LayerIndex>,
 }
 
 impl MagicPig {
@@ -298,7 +298,7 @@ impl MagicPig {
                     .into(),
             ));
         }
-        Ok(Self { budget, params, index: PerLayer::new() })
+        Ok(Self { budget, params, index: Indexes::new() })
     }
 
     fn dense_layer(&self, layer: usize, layers: usize) -> bool {
@@ -325,22 +325,18 @@ impl MagicPig {
     }
 
     /// The layer's index: cached, else read from the context file, else built.
-    fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Result<Option<Arc<LayerIndex>>> {
-        let mut cache = self.index.lock();
-        if let Some((ix, _)) = cache.get(&call.layer).filter(|(ix, _)| ix.end <= hi) {
-            return Ok(Some(ix.clone()));
+    fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Option<Arc<LayerIndex>> {
+        if let Some(ix) = self.index.cached(call.layer, |ix| ix.end <= hi) {
+            return Some(ix);
         }
-        let Some(plan) = self.plan(call.kv, hi) else {
-            return Ok(None);
-        };
+        let plan = self.plan(call.kv, hi)?;
         let name = plan.name();
-        let (stored, source) =
-            stored_index(call, &name, |b| LayerIndex::decode(b, &name, &plan, rows.kv_heads, rows.head_dim));
-        let ix =
-            stored.unwrap_or_else(|| LayerIndex::build(rows, plan.first, plan.end, plan.bits, plan.tables, plan.seed));
-        let ix = Arc::new(ix);
-        cache.insert(call.layer, (ix.clone(), source));
-        Ok(Some(ix))
+        Some(self.index.load(
+            call,
+            &name,
+            |b| LayerIndex::decode(b, &name, &plan, rows.kv_heads, rows.head_dim),
+            || LayerIndex::build(rows, plan.first, plan.end, plan.bits, plan.tables, plan.seed),
+        ))
     }
 }
 
@@ -371,7 +367,7 @@ impl Attention for MagicPig {
     }
 
     fn index_sources(&self) -> BTreeMap<usize, IndexSource> {
-        self.index.lock().iter().map(|(l, (_, s))| (*l, *s)).collect()
+        self.index.sources()
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
@@ -379,7 +375,7 @@ impl Attention for MagicPig {
             return Dense.attend(call);
         }
         sparse_decode(call, |rows, lo, hi| {
-            let Some(ix) = self.layer_index(call, rows, hi)? else {
+            let Some(ix) = self.layer_index(call, rows, hi) else {
                 return Ok((vec![HeadPick::plain((lo..hi).collect()); call.q.dim(0)?], 0.0));
             };
             let queries = query_rows(call)?;

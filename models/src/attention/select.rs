@@ -4,8 +4,8 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Attended, Attention, AttnCall, Budget, Dense, Params};
 use crate::error::{Error, Result};
@@ -192,18 +192,48 @@ pub enum IndexSource {
     Rebuilt,
 }
 
-/// The store's section `name` for this call's layer, decoded; `None` with `Built` when there is
-/// none, `None` with `Rebuilt` when it is damaged (a failed checksum or a malformed body): an
-/// index is a cache of the keys, so the caller builds it again rather than failing the answer.
-pub(super) fn stored_index<T>(
-    call: &AttnCall<'_>,
-    name: &str,
-    decode: impl FnOnce(&[u8]) -> Result<T>,
-) -> (Option<T>, IndexSource) {
-    match call.kv.saved_index(name, call.kv_layer).and_then(|b| b.map(|b| decode(&b)).transpose()) {
-        Ok(Some(x)) => (Some(x), IndexSource::File),
-        Ok(None) => (None, IndexSource::Built),
-        Err(_) => (None, IndexSource::Rebuilt),
+/// Per-layer indexes of the saved context (MagicPIG's tables, Double Sparsity's labels, IVF
+/// lists), each with where it came from: cached here, else the store's section, else built.
+pub(super) struct Indexes<T>(PerLayer<(Arc<T>, IndexSource)>);
+
+impl<T> Indexes<T> {
+    pub fn new() -> Self {
+        Self(PerLayer::new())
+    }
+
+    pub fn clear(&self) {
+        self.0.clear();
+    }
+
+    pub fn sources(&self) -> BTreeMap<usize, IndexSource> {
+        self.0.lock().iter().map(|(l, (_, s))| (*l, *s)).collect()
+    }
+
+    /// The layer's cached index, if `covers` says it still applies.
+    pub fn cached(&self, layer: usize, covers: impl Fn(&T) -> bool) -> Option<Arc<T>> {
+        self.0.lock().get(&layer).filter(|(ix, _)| covers(ix)).map(|(ix, _)| ix.clone())
+    }
+
+    /// The store's section `name` for this call's layer, decoded, else `build()`; kept for
+    /// later steps. A damaged section (a failed checksum or a malformed body) is recorded as
+    /// `Rebuilt`: an index is a cache of the keys, so it is built again rather than failing
+    /// the answer.
+    pub fn load(
+        &self,
+        call: &AttnCall<'_>,
+        name: &str,
+        decode: impl FnOnce(&[u8]) -> Result<T>,
+        build: impl FnOnce() -> T,
+    ) -> Arc<T> {
+        let stored = call.kv.saved_index(name, call.kv_layer).and_then(|b| b.map(|b| decode(&b)).transpose());
+        let (ix, source) = match stored {
+            Ok(Some(ix)) => (ix, IndexSource::File),
+            Ok(None) => (build(), IndexSource::Built),
+            Err(_) => (build(), IndexSource::Rebuilt),
+        };
+        let ix = Arc::new(ix);
+        self.0.lock().insert(call.layer, (ix.clone(), source));
+        ix
     }
 }
 

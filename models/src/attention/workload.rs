@@ -16,11 +16,13 @@
 //! A case is a sequence of decode steps: step `s` queries at position `context + s` over keys
 //! `0..=context + s`, so stateful methods (mask refresh, eviction) see a real progression.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::AttnCall;
 use crate::error::Result;
+use crate::kv::{DenseKv, KvStore};
 
 /// Shape and structure of a synthetic workload.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -256,6 +258,29 @@ impl Case {
 }
 
 impl Case {
+    /// The case's keys and values as a one-layer store holding every position.
+    pub fn store(&self) -> Result<DenseKv> {
+        let spec = &self.spec;
+        let mut kv = DenseKv::new(1, spec.kv_heads, spec.head_dim, DType::F32, &Device::Cpu);
+        kv.write(0, 0, &self.k, &self.v)?;
+        kv.set_len(spec.len())?;
+        Ok(kv)
+    }
+
+    /// Decode step `step` over `kv` (this case's [`Case::store`]) as layer `layer` of `layers`.
+    pub fn call<'a>(&'a self, step: usize, kv: &'a dyn KvStore, (layer, layers): (usize, usize)) -> AttnCall<'a> {
+        AttnCall {
+            layer,
+            layers,
+            kv_layer: 0,
+            q: &self.queries[step],
+            q_start: self.spec.context + step,
+            kv,
+            scale: 1.0 / (self.spec.head_dim as f32).sqrt(),
+            window: None,
+        }
+    }
+
     /// Double Sparsity's qk statistic over this case's decode steps, `[kv_head][channel]`:
     /// mean |q_i k_i| of each step's query and the key at its position, summed over the query
     /// heads of each KV group (what `folio calibrate` measures on a model).

@@ -11,14 +11,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 
 use crate::attention::probe::{LayerTally, Probe};
 use crate::attention::workload::Case;
-use crate::attention::{Attention, AttnCall, Dense};
+use crate::attention::{Attention, Dense};
 use crate::context::{ContextFile, ContextKv};
 use crate::error::Result;
-use crate::kv::{DenseKv, KvStore};
 use crate::model::Logits;
 use crate::Engine;
 
@@ -99,27 +98,14 @@ fn summarize(workload: &str, c: &Candidate, tallies: &BTreeMap<usize, LayerTally
 /// Each candidate over every decode step of `case`.
 pub fn synthetic(case: &Case, candidates: &[Candidate]) -> Result<Vec<Row>> {
     let spec = &case.spec;
-    let mut kv = DenseKv::new(1, spec.kv_heads, spec.head_dim, DType::F32, &Device::Cpu);
-    kv.write(0, 0, &case.k, &case.v)?;
-    kv.set_len(spec.len())?;
-    let scale = 1.0 / (spec.head_dim as f32).sqrt();
+    let kv = case.store()?;
     candidates
         .iter()
         .map(|c| {
             c.attention.reset();
             let probe = Probe::new(c.attention.as_ref());
-            for (s, q) in case.queries.iter().enumerate() {
-                let call = AttnCall {
-                    layer: SYNTHETIC_LAYER,
-                    layers: SYNTHETIC_LAYERS,
-                    kv_layer: 0,
-                    q,
-                    q_start: spec.context + s,
-                    kv: &kv,
-                    scale,
-                    window: None,
-                };
-                probe.attend(&call)?;
+            for s in 0..case.queries.len() {
+                probe.attend(&case.call(s, &kv, (SYNTHETIC_LAYER, SYNTHETIC_LAYERS)))?;
             }
             Ok(summarize(spec.name, c, &probe.tallies(), None))
         })
