@@ -18,13 +18,14 @@ case "${1:-}" in
     newest() { ls -t "$target"/deps/"$1"-* | grep -v '\.d$' | head -1; }
     cp "$(newest attention)" .gpu/kernels-attention
     cp "$(newest sparse)" .gpu/kernels-sparse
+    cp "$(newest select)" .gpu/kernels-select
     cp "$(newest parity)" .gpu/models-parity
     cp "$(newest context)" .gpu/models-context
     cp "$target/folio" .gpu/folio
     strip .gpu/*
     # The binaries embed candle's PTX (text): xz shrinks them ~6x, under the device tool's 64 MiB.
-    tar -C .gpu -cf - folio kernels-attention kernels-sparse models-parity models-context | xz -T2 -6 > .gpu/bundle.tar.xz
-    rm .gpu/folio .gpu/kernels-attention .gpu/kernels-sparse .gpu/models-parity .gpu/models-context
+    tar -C .gpu -cf - folio kernels-attention kernels-sparse kernels-select models-parity models-context | xz -T2 -6 > .gpu/bundle.tar.xz
+    rm .gpu/folio .gpu/kernels-attention .gpu/kernels-sparse .gpu/kernels-select .gpu/models-parity .gpu/models-context
     du -sh .gpu/bundle.tar.xz
     ;;
   run)
@@ -59,6 +60,7 @@ case "${1:-}" in
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
       echo "== sparse-decode kernels vs their CPU references"
       .gpu/kernels-sparse --test-threads 1 --nocapture
+      .gpu/kernels-select --test-threads 1 --nocapture
       echo "== folio bench kernels (Qwen2.5-7B attention shape, 1M-row K/V)"
       .gpu/folio bench kernels --device cuda
     } 2>&1 | tee "${OUT:-/tmp}/gpu-kernels.log"

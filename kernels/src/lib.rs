@@ -16,6 +16,7 @@
 //! exactly by LSE, so the primitive has to expose it from day one.
 
 pub mod attention;
+pub mod select;
 pub mod sparse;
 
 pub use attention::{attention, attention_block, merge, AttnOutput, Mask};

@@ -59,6 +59,12 @@ pub trait KvStore: Send {
     fn saved_index(&self, _name: &str, _layer: usize) -> Result<Option<Vec<u8>>> {
         Ok(None)
     }
+
+    /// The offloaded store (saved rows in host memory, read by gathering what a method picks),
+    /// when this is one: the methods' fast paths run there.
+    fn offloaded(&self) -> Option<&crate::offload::OffloadKv> {
+        None
+    }
 }
 
 /// Dense store on one device: every row of every layer resident.

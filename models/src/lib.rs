@@ -22,6 +22,7 @@ pub mod generate;
 pub mod kv;
 pub mod loader;
 pub mod model;
+pub mod offload;
 pub mod prefill;
 pub mod rope;
 pub mod tokenizer;

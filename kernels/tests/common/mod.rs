@@ -23,6 +23,7 @@ pub fn random(rng: &mut StdRng, n: usize, spread: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-spread..spread)).collect()
 }
 
+#[allow(dead_code)] // not every test file compares floats
 /// Largest |a - b|, and infinity when either side has a NaN (f32::max would skip it).
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());

@@ -15,6 +15,9 @@ impl Attention for Dense {
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
+        if let Some(kv) = call.kv.offloaded() {
+            return Ok(Attended::dense(crate::offload::dense(call, kv)?));
+        }
         let t = call.q.dim(1)?;
         let mask = Mask { q_offset: call.q_start, window: call.window };
         let mut acc = None;

@@ -19,13 +19,17 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_64;
 
+use candle_core::{DType, Tensor};
+use folio_kernels::sparse;
+
 use super::select::{
-    budgeted_settings, index_base, query_rows, sparse_decode, top_positions, HeadPick, IndexSource, Indexes, LayerRows,
-    SectionReader, SectionWriter,
+    budgeted_settings, index_base, query_rows, sparse_decode, top_positions, visible, HeadPick, IndexSource, Indexes,
+    LayerRows, SectionReader, SectionWriter,
 };
 use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::{Error, Result};
 use crate::kv::KvStore;
+use crate::offload::{self, OffloadKv};
 
 pub(super) const PARAMS: [ParamSpec; 3] = [
     ParamSpec {
@@ -85,11 +89,41 @@ struct Labels {
     rows: Vec<Vec<Vec<f32>>>,
 }
 
+/// The label cache on the compute device, for the offloaded path: codes `[kv_heads, end, r]`
+/// u8 and (offset, range) `[kv_heads, end, 2]` f32, scanned by the label-score kernel, and the
+/// channels `[kv_heads, r]` u32 that pick a query's (and a fresh key's) label values.
+struct DeviceLabels {
+    end: usize,
+    codes: Tensor,
+    scale: Tensor,
+    channels: Tensor,
+}
+
+/// Min–max quantization of `x [kv_heads, t, r]` f32 per row, as [`quantize`] does one row:
+/// (codes as f32, offset `[kv_heads, t, 1]`, range `[kv_heads, t, 1]`).
+fn quantize_rows(x: &Tensor, bits: usize) -> Result<(Tensor, Tensor, Tensor)> {
+    let max_q = ((1u32 << bits) - 1) as f64;
+    let lo = x.min_keepdim(2)?;
+    let hi = x.max_keepdim(2)?;
+    let range = hi.gt(&lo)?.where_cond(&(&hi - &lo)?, &lo.ones_like()?)?;
+    let codes = x.broadcast_sub(&lo)?.affine(max_q, 0.0)?.broadcast_div(&range)?.round()?.clamp(0.0, max_q)?;
+    Ok((codes, lo, range))
+}
+
+/// The label values `[kv_heads, t, r]` of keys `k [kv_heads, t, d]` at `channels [kv_heads, r]`.
+fn label_values(k: &Tensor, channels: &Tensor) -> Result<Tensor> {
+    let (kv, t, _) = k.dims3()?;
+    let r = channels.dim(1)?;
+    let idx = channels.unsqueeze(1)?.broadcast_as((kv, t, r))?.contiguous()?;
+    Ok(k.to_dtype(DType::F32)?.contiguous()?.gather(&idx, 2)?)
+}
+
 pub struct DoubleSparsity {
     budget: Budget,
     params: Params,
     calibration: Arc<Channels>,
     labels: Indexes<Labels>,
+    device_labels: Indexes<DeviceLabels>,
 }
 
 impl DoubleSparsity {
@@ -100,7 +134,7 @@ impl DoubleSparsity {
                 "double-sparsity labels take bits=1..={MAX_CODE_BITS} (quantized) or bits={FULL_BITS} (unquantized), not {bits}"
             )));
         }
-        Ok(Self { budget, params, calibration, labels: Indexes::new() })
+        Ok(Self { budget, params, calibration, labels: Indexes::new(), device_labels: Indexes::new() })
     }
 
     fn channel_count(&self, head_dim: usize) -> usize {
@@ -154,23 +188,32 @@ impl DoubleSparsity {
     }
 
     fn decode(bytes: &[u8], name: &str, channels: Vec<Vec<usize>>, end: usize, bits: usize) -> Result<Labels> {
-        let mut r = SectionReader::new(bytes, name);
-        let mut rows = Vec::with_capacity(channels.len());
-        for ch in &channels {
-            let head = (0..end)
-                .map(|_| {
-                    if bits >= FULL_BITS {
-                        r.f32s(ch.len())
-                    } else {
-                        let lr = r.f32s(2)?;
-                        Ok(dequantize(lr[0], lr[1], r.u8s(ch.len())?, bits))
-                    }
-                })
+        let r = channels.first().map_or(0, |c| c.len());
+        let rows = if bits >= FULL_BITS {
+            let mut reader = SectionReader::new(bytes, name);
+            let rows = (0..channels.len())
+                .map(|_| (0..end).map(|_| reader.f32s(r)).collect::<Result<Vec<_>>>())
                 .collect::<Result<Vec<_>>>()?;
-            rows.push(head);
-        }
-        r.finish()?;
+            reader.finish()?;
+            rows
+        } else {
+            let (codes, scale) = Self::decode_codes(bytes, name, channels.len(), end, r)?;
+            let mut rows = codes.chunks(r.max(1)).zip(scale.chunks(2)).map(|(c, s)| dequantize(s[0], s[1], c, bits));
+            (0..channels.len()).map(|_| rows.by_ref().take(end).collect()).collect()
+        };
         Ok(Labels { end, channels, rows })
+    }
+
+    /// A quantized section's codes `[kv_heads][end][r]` and (offset, range) per row, as stored.
+    fn decode_codes(bytes: &[u8], name: &str, kv_heads: usize, end: usize, r: usize) -> Result<(Vec<u8>, Vec<f32>)> {
+        let mut reader = SectionReader::new(bytes, name);
+        let (mut codes, mut scale) = (Vec::with_capacity(kv_heads * end * r), Vec::with_capacity(kv_heads * end * 2));
+        for _ in 0..kv_heads * end {
+            scale.extend(reader.f32s(2)?);
+            codes.extend_from_slice(reader.u8s(r)?);
+        }
+        reader.finish()?;
+        Ok((codes, scale))
     }
 
     /// The layer's labels over the context (`base`: the saved prefix, else what is visible at
@@ -183,7 +226,7 @@ impl DoubleSparsity {
         let bits = self.params.usize("bits");
         let end = index_base(call.kv, hi);
         let name = self.section_name(rows.head_dim, end);
-        Ok(self.labels.load(
+        self.labels.load(
             call,
             &name,
             |b| Self::decode(b, &name, channels.clone(), end, bits),
@@ -193,9 +236,98 @@ impl DoubleSparsity {
                     .enumerate()
                     .map(|(g, c)| (0..end).map(|p| label(rows.key(g, p), c, bits)).collect())
                     .collect();
-                Labels { end, channels: channels.clone(), rows: label_rows }
+                Ok(Labels { end, channels: channels.clone(), rows: label_rows })
             },
-        ))
+        )
+    }
+}
+
+impl DoubleSparsity {
+    /// The layer's label cache on the device: cached, else the context file's section, else
+    /// built from the saved keys in chunks on the device.
+    fn device_labels(&self, call: &AttnCall<'_>, kv: &OffloadKv, bits: usize) -> Result<Arc<DeviceLabels>> {
+        if let Some(labels) = self.device_labels.cached(call.layer, |_| true) {
+            return Ok(labels);
+        }
+        let (kv_heads, d, end) = (kv.kv_heads(), kv.head_dim(), kv.saved());
+        let channels = self.channels(call.layer, kv_heads, d)?;
+        let r = channels[0].len();
+        let flat: Vec<u32> = channels.iter().flatten().map(|&c| c as u32).collect();
+        let dev = kv.device();
+        let ch = Tensor::from_vec(flat, (kv_heads, r), dev)?;
+        let name = self.section_name(d, end);
+        self.device_labels.load(
+            call,
+            &name,
+            |b| {
+                let (codes, scale) = Self::decode_codes(b, &name, kv_heads, end, r)?;
+                Ok(DeviceLabels {
+                    end,
+                    codes: Tensor::from_vec(codes, (kv_heads, end, r), dev)?,
+                    scale: Tensor::from_vec(scale, (kv_heads, end, 2), dev)?,
+                    channels: ch.clone(),
+                })
+            },
+            || {
+                let (mut codes, mut scale) = (Vec::new(), Vec::new());
+                kv.for_each_key_chunk(call.kv_layer, |_, k| {
+                    let (c, lo, range) = quantize_rows(&label_values(k, &ch)?, bits)?;
+                    codes.push(c.to_dtype(DType::U8)?);
+                    scale.push(Tensor::cat(&[lo, range], 2)?);
+                    Ok(())
+                })?;
+                Ok(DeviceLabels {
+                    end,
+                    codes: Tensor::cat(&codes, 1)?,
+                    scale: Tensor::cat(&scale, 1)?,
+                    channels: ch.clone(),
+                })
+            },
+        )
+    }
+
+    /// The fast path over an offloaded store: label scores of the saved keys by the kernel,
+    /// fresh labels for the tail's, the top-k kernel, then attention over the gathered rows.
+    fn attend_offloaded(&self, call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Attended> {
+        let bits = self.params.usize("bits");
+        if bits > MAX_CODE_BITS {
+            return Err(Error::Invalid(format!(
+                "double-sparsity bits={bits} (unquantized labels) is the reference's setting; the offloaded path takes 1..={MAX_CODE_BITS}"
+            )));
+        }
+        let labels = self.device_labels(call, kv, bits)?;
+        let (lo, hi) = visible(call);
+        let cut = hi - self.params.usize("window").min(hi - lo);
+        let q = call.q.squeeze(1)?.to_dtype(DType::F32)?;
+        let (heads, _) = q.dims2()?;
+        let (kv_heads, r) = labels.channels.dims2()?;
+        let group = heads / kv_heads;
+        let q_channels = labels.channels.unsqueeze(1)?.broadcast_as((kv_heads, group, r))?.reshape((heads, r))?;
+        let ql = q.gather(&q_channels.contiguous()?, 1)?;
+        let mut parts = Vec::with_capacity(2);
+        if labels.end > 0 {
+            parts.push(sparse::label_scores(&ql, &labels.codes, &labels.scale, bits)?);
+        }
+        if cut > labels.end {
+            // Keys past the label cache (the question, the answer so far): labelled as they come.
+            let (k, _) = kv.tail_rows(call.kv_layer, cut)?.ok_or_else(|| Error::Invalid("tail rows missing".into()))?;
+            let k = k.narrow(1, labels.end - kv.saved(), cut - labels.end)?;
+            let (codes, lo_, range) = quantize_rows(&label_values(&k, &labels.channels)?, bits)?;
+            let max_q = Tensor::new(((1u32 << bits) - 1) as f32, q.device())?;
+            let values = codes.broadcast_mul(&range)?.broadcast_div(&max_q)?.broadcast_add(&lo_)?;
+            let t = cut - labels.end;
+            let values = values.unsqueeze(1)?.broadcast_as((kv_heads, group, t, r))?.reshape((heads, t, r))?;
+            parts.push(values.matmul(&ql.unsqueeze(2)?)?.squeeze(2)?);
+        }
+        let scores = match cut > lo {
+            true => Some(Tensor::cat(&parts, 1)?.narrow(1, lo, cut - lo)?),
+            false => None,
+        };
+        let idx =
+            offload::top_and_window(scores.as_ref(), self.budget.tokens(hi - lo), heads, lo, (cut, hi), q.device())?;
+        let out = offload::attend_selected(call, kv, &idx)?;
+        let row_bytes = (r * bits) as f64 / 8.0 + 4.0;
+        Ok(Attended { out, read: None, searched: (cut - lo) as f64 * row_bytes / (2 * kv.head_dim()) as f64 })
     }
 }
 
@@ -210,6 +342,7 @@ impl Attention for DoubleSparsity {
 
     fn reset(&self) {
         self.labels.clear();
+        self.device_labels.clear();
     }
 
     fn index_section(&self, kv: &dyn KvStore, layer: usize, _layers: usize) -> Result<Option<(String, Vec<u8>)>> {
@@ -224,10 +357,15 @@ impl Attention for DoubleSparsity {
     }
 
     fn index_sources(&self) -> BTreeMap<usize, IndexSource> {
-        self.labels.sources()
+        let mut sources = self.labels.sources();
+        sources.extend(self.device_labels.sources());
+        sources
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
+        if let (Some(kv), 1) = (call.kv.offloaded(), call.q.dim(1)?) {
+            return self.attend_offloaded(call, kv);
+        }
         sparse_decode(call, |rows, lo, hi| {
             let labels = self.layer_labels(call, rows, hi)?;
             let bits = self.params.usize("bits");

@@ -195,16 +195,16 @@ impl TopKIvf {
     }
 
     /// The layer's lists: cached, else read from the context file, else built.
-    fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Arc<LayerIvf> {
+    fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Result<Arc<LayerIvf>> {
         if let Some(ix) = self.index.cached(call.layer, |ix| ix.end <= hi) {
-            return ix;
+            return Ok(ix);
         }
         let (end, nlist, name) = self.plan(call.kv, hi);
         self.index.load(
             call,
             &name,
             |b| LayerIvf::decode(b, &name, end, rows.kv_heads, rows.head_dim),
-            || self.build(rows, end, nlist),
+            || Ok(self.build(rows, end, nlist)),
         )
     }
 }
@@ -241,7 +241,7 @@ impl Attention for TopKIvf {
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
         sparse_decode(call, |rows, lo, hi| {
-            let ix = self.layer_index(call, rows, hi);
+            let ix = self.layer_index(call, rows, hi)?;
             let queries = query_rows(call)?;
             let groups = queries.len() / rows.kv_heads;
             let cut = hi.saturating_sub(self.params.usize("window")).max(lo);

@@ -325,18 +325,18 @@ impl MagicPig {
     }
 
     /// The layer's index: cached, else read from the context file, else built.
-    fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Option<Arc<LayerIndex>> {
+    fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Result<Option<Arc<LayerIndex>>> {
         if let Some(ix) = self.index.cached(call.layer, |ix| ix.end <= hi) {
-            return Some(ix);
+            return Ok(Some(ix));
         }
-        let plan = self.plan(call.kv, hi)?;
+        let Some(plan) = self.plan(call.kv, hi) else { return Ok(None) };
         let name = plan.name();
-        Some(self.index.load(
+        Ok(Some(self.index.load(
             call,
             &name,
             |b| LayerIndex::decode(b, &name, &plan, rows.kv_heads, rows.head_dim),
-            || LayerIndex::build(rows, plan.first, plan.end, plan.bits, plan.tables, plan.seed),
-        ))
+            || Ok(LayerIndex::build(rows, plan.first, plan.end, plan.bits, plan.tables, plan.seed)),
+        )?))
     }
 }
 
@@ -375,7 +375,7 @@ impl Attention for MagicPig {
             return Dense.attend(call);
         }
         sparse_decode(call, |rows, lo, hi| {
-            let Some(ix) = self.layer_index(call, rows, hi) else {
+            let Some(ix) = self.layer_index(call, rows, hi)? else {
                 return Ok((vec![HeadPick::plain((lo..hi).collect()); call.q.dim(0)?], 0.0));
             };
             let queries = query_rows(call)?;

@@ -215,7 +215,7 @@ impl<T> Indexes<T> {
     }
 
     /// The store's section `name` for this call's layer, decoded, else `build()`; kept for
-    /// later steps. A damaged section (a failed checksum or a malformed body) is recorded as
+    /// later steps (a failed build is the call's error). A damaged section (a failed checksum or a malformed body) is recorded as
     /// `Rebuilt`: an index is a cache of the keys, so it is built again rather than failing
     /// the answer.
     pub fn load(
@@ -223,17 +223,17 @@ impl<T> Indexes<T> {
         call: &AttnCall<'_>,
         name: &str,
         decode: impl FnOnce(&[u8]) -> Result<T>,
-        build: impl FnOnce() -> T,
-    ) -> Arc<T> {
+        build: impl FnOnce() -> Result<T>,
+    ) -> Result<Arc<T>> {
         let stored = call.kv.saved_index(name, call.kv_layer).and_then(|b| b.map(|b| decode(&b)).transpose());
         let (ix, source) = match stored {
             Ok(Some(ix)) => (ix, IndexSource::File),
-            Ok(None) => (build(), IndexSource::Built),
-            Err(_) => (build(), IndexSource::Rebuilt),
+            Ok(None) => (build()?, IndexSource::Built),
+            Err(_) => (build()?, IndexSource::Rebuilt),
         };
         let ix = Arc::new(ix);
         self.0.lock().insert(call.layer, (ix.clone(), source));
-        ix
+        Ok(ix)
     }
 }
 

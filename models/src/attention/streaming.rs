@@ -2,7 +2,9 @@
 //! tokens, the rest never read. Budget = sinks + window. Same set for every head (the paper's
 //! choice: no scoring at all), so GQA needs no decision.
 
-use super::select::{budgeted_settings, sparse_decode, HeadPick};
+use candle_core::Tensor;
+
+use super::select::{budgeted_settings, sparse_decode, visible, HeadPick};
 use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::Result;
 
@@ -47,6 +49,14 @@ impl Attention for Streaming {
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
         let heads = call.q.dim(0)?;
+        if let (Some(kv), 1) = (call.kv.offloaded(), call.q.dim(1)?) {
+            let (lo, hi) = visible(call);
+            let pick = self.selection(lo, hi);
+            let pos: Vec<u32> = pick.iter().map(|&p| p as u32).collect();
+            let idx = Tensor::from_vec(pos, (1, pick.len()), call.q.device())?.repeat((heads, 1))?;
+            let out = crate::offload::attend_selected(call, kv, &idx)?;
+            return Ok(Attended { out, read: Some(vec![pick; heads]), searched: 0.0 });
+        }
         sparse_decode(call, |_, lo, hi| Ok((vec![HeadPick::plain(self.selection(lo, hi)); heads], 0.0)))
     }
 }

@@ -9,9 +9,10 @@
 //! products (the scale does not change the order). This is the obviously-right reference: a
 //! full scan of every key; the approximate index and the GPU path are held to it.
 
-use super::select::{budgeted_settings, dot, query_rows, sparse_decode, top_positions, HeadPick};
+use super::select::{budgeted_settings, dot, query_rows, sparse_decode, top_positions, visible, HeadPick};
 use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::Result;
+use crate::offload;
 
 /// The recent window of the top-k family (exact and IVF).
 pub(super) const WINDOW: ParamSpec = ParamSpec {
@@ -56,6 +57,28 @@ impl Attention for TopK {
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
+        if let (Some(kv), 1) = (call.kv.offloaded(), call.q.dim(1)?) {
+            // The fast path: the exact scan reads every key of the context in chunks, the top-k
+            // kernel picks, the gather brings only the picked rows' values.
+            let (lo, hi) = visible(call);
+            let cut = hi - self.params.usize("window").min(hi - lo);
+            let q = call.q.squeeze(1)?;
+            let scores = match cut > lo {
+                true => Some(kv.scores(call.kv_layer, &q, cut)?.narrow(1, lo, cut - lo)?),
+                false => None,
+            };
+            let heads = q.dim(0)?;
+            let idx = offload::top_and_window(
+                scores.as_ref(),
+                self.budget.tokens(hi - lo),
+                heads,
+                lo,
+                (cut, hi),
+                q.device(),
+            )?;
+            let out = offload::attend_selected(call, kv, &idx)?;
+            return Ok(Attended { out, read: None, searched: (cut - lo) as f64 });
+        }
         sparse_decode(call, |rows, lo, hi| {
             let queries = query_rows(call)?;
             let groups = queries.len() / rows.kv_heads;

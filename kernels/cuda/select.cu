@@ -1,0 +1,127 @@
+// Selection kernels: top-k of each row of scores, and the gather of selected K/V rows into a
+// compact device buffer. CPU references in kernels/src/select.rs; kernels/tests/select.rs holds
+// them to those on fresh random inputs.
+//
+// topk: radix select, three digit levels (11, 11, 10 bits) of an order-preserving u32 key of
+// each f32 score. Each level histograms the row's keys that share the prefix fixed so far
+// (many blocks per row, a shared-memory histogram each, summed with global atomics); one block
+// per row then picks the digit where the k-th largest falls. After three levels the k-th key is
+// known exactly; the collect pass writes every position above it and as many equal to it as k
+// still needs. Four reads of the scores, no sort. Positions come out in arrival order.
+//
+// gather_rows: out[h, j, :] = src[h / group, idx[h, j], :] with 16-byte loads (positions past
+// src's rows continue in a device tail: an offloaded context's question and answer). `src` may be
+// host memory mapped into the device's address space (cuMemHostAlloc with DEVICEMAP): then
+// this kernel is the copy over the host link, reading only the selected rows (no CPU gather
+// pass, no staging buffer).
+
+#include <stdint.h>
+
+#define RADIX_BITS 11
+#define BINS (1 << RADIX_BITS)
+#define SELECT_THREADS 256
+
+// Larger float -> larger key; -0 and +0 differ, NaN sorts above +inf (scores have none).
+__device__ __forceinline__ uint32_t order_key(float x) {
+    const uint32_t u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Per-row state, [rows, 4] u32: prefix fixed so far, its mask, how many of the k are still
+// needed from inside that prefix, and the count above the final key (set by the last pick).
+#define ST_PREFIX 0
+#define ST_MASK 1
+#define ST_NEED 2
+#define ST_ABOVE 3
+
+extern "C" __global__ void topk_init(uint32_t* state, uint32_t* hist, int rows, int k) {
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    if (threadIdx.x == 0) {
+        state[r * 4 + ST_PREFIX] = 0;
+        state[r * 4 + ST_MASK] = 0;
+        state[r * 4 + ST_NEED] = k;
+        state[r * 4 + ST_ABOVE] = 0;
+    }
+    for (int b = threadIdx.x; b < BINS; b += blockDim.x) hist[r * BINS + b] = 0;
+}
+
+// grid (blocks per row, rows). Histogram of the digit_bits-wide digit at `shift` over keys whose
+// bits under `state.mask` equal the prefix.
+extern "C" __global__ void topk_hist(const float* scores, const uint32_t* state, uint32_t* hist, int n, int shift,
+                                     int digit_bits) {
+    __shared__ uint32_t local[BINS];
+    const int r = blockIdx.y;
+    for (int b = threadIdx.x; b < BINS; b += blockDim.x) local[b] = 0;
+    __syncthreads();
+    const uint32_t prefix = state[r * 4 + ST_PREFIX], mask = state[r * 4 + ST_MASK];
+    const float* row = scores + (size_t)r * n;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const uint32_t key = order_key(row[i]);
+        if ((key & mask) == prefix) atomicAdd(&local[(key >> shift) & ((1u << digit_bits) - 1)], 1u);
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < BINS; b += blockDim.x)
+        if (local[b]) atomicAdd(&hist[r * BINS + b], local[b]);
+}
+
+// One block per row: the digit holding the `need`-th largest key of the prefix; fixes it into
+// the prefix, subtracts the keys above it from `need`, and clears the histogram for the next level.
+extern "C" __global__ void topk_pick(uint32_t* state, uint32_t* hist, int shift, int digit_bits) {
+    __shared__ uint32_t counts[BINS];
+    const int r = blockIdx.x;
+    uint32_t* h = hist + (size_t)r * BINS;
+    for (int b = threadIdx.x; b < BINS; b += blockDim.x) {
+        counts[b] = h[b];
+        h[b] = 0;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const uint32_t need = state[r * 4 + ST_NEED];
+        const int top = (1 << digit_bits) - 1;
+        uint32_t above = 0;
+        int b = top;
+        // need >= 1 always (k >= 1 and k <= keys in the prefix), so some digit reaches it.
+        for (; b > 0; --b) {
+            if (above + counts[b] >= need) break;
+            above += counts[b];
+        }
+        state[r * 4 + ST_PREFIX] |= (uint32_t)b << shift;
+        state[r * 4 + ST_MASK] |= (uint32_t)top << shift;
+        state[r * 4 + ST_NEED] = need - above;
+        state[r * 4 + ST_ABOVE] += above;
+    }
+}
+
+// grid (blocks per row, rows). Writes positions with key > threshold to out[r, 0..above) and the
+// first `need` positions equal to it after them. counters [rows, 2] start at zero.
+extern "C" __global__ void topk_collect(const float* scores, const uint32_t* state, uint32_t* counters,
+                                        uint32_t* out, int n, int k) {
+    const int r = blockIdx.y;
+    const uint32_t thr = state[r * 4 + ST_PREFIX], need = state[r * 4 + ST_NEED];
+    const uint32_t above = state[r * 4 + ST_ABOVE];
+    const float* row = scores + (size_t)r * n;
+    uint32_t* o = out + (size_t)r * k;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const uint32_t key = order_key(row[i]);
+        if (key > thr) {
+            o[atomicAdd(&counters[r * 2], 1u)] = i;
+        } else if (key == thr) {
+            const uint32_t slot = atomicAdd(&counters[r * 2 + 1], 1u);
+            if (slot < need) o[above + slot] = i;
+        }
+    }
+}
+
+// One thread per 16-byte vector of an output row: vecs = row bytes / 16. Positions below `n`
+// come from `src` (n rows per source head), the rest from `tail` (tail_n rows per head).
+extern "C" __global__ void gather_rows(const uint4* src, const uint4* tail, const uint32_t* idx, uint4* out,
+                                       long long total, int sel, int group, int n, int tail_n, int vecs) {
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= total) return;
+    const long long row = t / vecs;
+    const int v = (int)(t % vecs);
+    const int g = (int)(row / sel) / group;
+    const uint32_t p = idx[row];
+    out[t] = p < (uint32_t)n ? src[((size_t)g * n + p) * vecs + v] : tail[((size_t)g * tail_n + (p - n)) * vecs + v];
+}

@@ -1,0 +1,101 @@
+//! Top-k and the row gather (kernels/cuda/select.cu) against their references, on fresh random
+//! inputs, with one test body for every device.
+
+use candle_core::{DType, Device, Result, Tensor};
+use folio_kernels::select::{self, reference, HostRows};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+mod common;
+use common::random;
+
+/// The selected scores are the k largest of each row (ties at the k-th may pick other
+/// positions of the same score), positions are distinct and in range; rows with heavy ties,
+/// -inf, k of 1, k = n - 1 and k ≥ n.
+fn topk_matches_reference(device: &Device) -> Result<()> {
+    let seed = rand::random();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for (rows, n, k, ties) in [
+        (3, 1000, 10, false),
+        (28, 70_000, 2048, false),
+        (4, 5000, 4999, false),
+        (2, 300, 1, false),
+        (5, 20_000, 777, true),
+        (2, 10, 50, false),
+    ] {
+        let mut scores = random(&mut rng, rows * n, 30.0);
+        if ties {
+            // Few distinct values: the k-th score is shared by hundreds of positions.
+            scores.iter_mut().for_each(|s| *s = s.round() / 4.0);
+        }
+        scores[0] = f32::NEG_INFINITY;
+        scores[n - 1] = -0.0;
+        let want = reference::topk(&scores, n, k);
+        let got = select::topk(&Tensor::from_vec(scores.clone(), (rows, n), device)?, k)?;
+        let kk = k.min(n);
+        assert_eq!(got.dims(), [rows, kk], "seed {seed}");
+        let got: Vec<u32> = got.flatten_all()?.to_vec1()?;
+        for r in 0..rows {
+            let row = &scores[r * n..(r + 1) * n];
+            let mut g: Vec<u32> = got[r * kk..(r + 1) * kk].to_vec();
+            g.sort_unstable();
+            g.dedup();
+            assert_eq!(g.len(), kk, "seed {seed}: repeated positions in row {r}");
+            assert!(g.iter().all(|&p| (p as usize) < n), "seed {seed}");
+            let values = |ps: &[u32]| {
+                let mut v: Vec<f32> = ps.iter().map(|&p| row[p as usize]).collect();
+                v.sort_by(f32::total_cmp);
+                v
+            };
+            assert_eq!(values(&g), values(&want[r * kk..(r + 1) * kk]), "seed {seed}: rows {rows} n {n} k {k} row {r}");
+        }
+        println!("{device:?} topk rows {rows} n {n} k {k} ties {ties}: selected scores equal the reference's");
+    }
+    Ok(())
+}
+
+test_device!(topk_matches_reference, topk_cpu, topk_cuda);
+
+/// Rows gathered from the host tier (and its device tail) equal the reference's, for
+/// per-query-head (group > 1) and per-KV-head selections, f32 and bf16; a position past the
+/// stored rows is refused; writes land where they were asked.
+fn gather_matches_reference(device: &Device) -> Result<()> {
+    let seed = rand::random();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for (heads, n, tail_n, d, group, sel, dtype) in [
+        (4, 1000, 20, 128, 7, 300, DType::BF16),
+        (2, 77, 0, 32, 1, 77, DType::F32),
+        (1, 5, 3, 64, 2, 0, DType::BF16),
+        (2, 64, 64, 8, 2, 100, DType::BF16),
+    ] {
+        let all = random(&mut rng, heads * (n + tail_n) * d, 1.0);
+        let data = Tensor::from_vec(all, (heads, n + tail_n, d), device)?.to_dtype(dtype)?;
+        let mut host = HostRows::new(device, dtype, heads, n, d)?;
+        // Written in two pieces, as a prefill writes chunks; the rest is the device tail.
+        let cut = n / 3;
+        host.write(0, &data.narrow(1, 0, cut)?)?;
+        host.write(cut, &data.narrow(1, cut, n - cut)?)?;
+        let tail = data.narrow(1, n, tail_n)?.contiguous()?;
+        let idx: Vec<u32> = (0..heads * group * sel).map(|_| rng.random_range(0..(n + tail_n) as u32)).collect();
+        let it = Tensor::from_vec(idx.clone(), (heads * group, sel), device)?;
+        let flat = |t: &Tensor| -> Result<Vec<f32>> { t.to_dtype(DType::F32)?.flatten_all()?.to_vec1() };
+        let all = flat(&data)?;
+        let want: Vec<f32> = (0..heads * group * sel)
+            .flat_map(|i| {
+                let row = ((i / sel / group) * (n + tail_n) + idx[i] as usize) * d;
+                all[row..row + d].to_vec()
+            })
+            .collect();
+        let got = host.gather(&it, group, (tail_n > 0).then_some(&tail))?;
+        assert_eq!(got.dims(), [heads * group, sel, d]);
+        assert_eq!(flat(&got)?, want, "seed {seed}: heads {heads} n {n} tail {tail_n} group {group}");
+        println!("{device:?} gather heads {heads} n {n} tail {tail_n} d {d} group {group} sel {sel} {dtype:?}: equal");
+    }
+    let host = HostRows::new(device, DType::BF16, 1, 10, 64)?;
+    let past = Tensor::from_vec(vec![3u32, 10], (1, 2), device)?;
+    assert!(host.gather(&past, 1, None).is_err());
+    let tail = Tensor::zeros((1, 2, 64), DType::BF16, device)?;
+    assert!(host.gather(&Tensor::from_vec(vec![11u32, 12], (1, 2), device)?, 1, Some(&tail)).is_err());
+    Ok(())
+}
+
+test_device!(gather_matches_reference, gather_cpu, gather_cuda);

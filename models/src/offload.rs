@@ -1,0 +1,279 @@
+//! The offloaded KV tier: a saved context's rows in host memory, the conversation's on the
+//! device, and the decode-step primitives the attention methods build their fast paths from.
+//!
+//! Why this shape: at a million tokens a 7B model's K/V is ~57 GB, twice a consumer GPU, while a
+//! decode step of a sparse method reads a few thousand rows per head. So the saved prefix lives
+//! in host memory ([`HostRows`]: page-locked and mapped into the GPU's address space) and a
+//! step moves only what the method picked: the GPU scores with its index, selects with the
+//! top-k kernel, and the gather kernel pulls the chosen rows over the host link straight into
+//! the buffer the attention kernel reads. The question and answer tokens (the *tail*) are
+//! written on the device, as the methods' papers keep generated tokens there.
+//!
+//! On the CPU device the same code runs over plain host buffers with the kernels' references,
+//! which is how CI checks the offloaded paths against the methods' CPU references.
+
+use candle_core::{DType, Device, Tensor};
+use folio_kernels::attention::{attention_block, merge, AttnOutput, Mask};
+use folio_kernels::select::HostRows;
+use folio_kernels::sparse;
+
+use crate::attention::AttnCall;
+use crate::error::{Error, Result};
+use crate::kv::{DenseKv, KvSegment, KvStore};
+
+/// Rows per host chunk when a step must read everything (dense attention, the exact top-k
+/// scan, building an index): 64 Ki rows per KV head keeps a chunk's K+V at 64 MiB for a
+/// 4-KV-head, 128-dim bf16 layer.
+const SCAN_CHUNK: usize = 1 << 16;
+
+/// A saved prefix in host memory plus a device tail.
+pub struct OffloadKv {
+    host: Vec<(HostRows, HostRows)>,
+    saved: usize,
+    tail: DenseKv,
+    len: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    dtype: DType,
+    device: Device,
+}
+
+impl OffloadKv {
+    /// Room for a `saved`-token prefix per layer on the host (zeros until [`Self::fill`]),
+    /// and an empty tail on `device`.
+    pub fn new(
+        layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        saved: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let host = (0..layers)
+            .map(|_| {
+                Ok((
+                    HostRows::new(device, dtype, kv_heads, saved, head_dim)?,
+                    HostRows::new(device, dtype, kv_heads, saved, head_dim)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            host,
+            saved,
+            tail: DenseKv::new(layers, kv_heads, head_dim, dtype, device),
+            len: saved,
+            kv_heads,
+            head_dim,
+            dtype,
+            device: device.clone(),
+        })
+    }
+
+    /// Writes saved rows `k`, `v` (`[kv_heads, t, head_dim]`) of `layer` at `pos..pos + t`.
+    pub fn fill(&mut self, layer: usize, pos: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        let (hk, hv) =
+            self.host.get_mut(layer).ok_or_else(|| Error::Invalid(format!("offloaded store: no layer {layer}")))?;
+        hk.write(pos, &k.to_dtype(self.dtype)?)?;
+        hv.write(pos, &v.to_dtype(self.dtype)?)?;
+        Ok(())
+    }
+
+    pub fn saved(&self) -> usize {
+        self.saved
+    }
+
+    pub fn kv_heads(&self) -> usize {
+        self.kv_heads
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Host bytes held for the saved prefix (K and V of every layer).
+    pub fn host_bytes(&self) -> u64 {
+        self.host.iter().map(|(k, v)| (k.bytes() + v.bytes()) as u64).sum()
+    }
+
+    fn layer(&self, layer: usize) -> Result<&(HostRows, HostRows)> {
+        self.host.get(layer).ok_or_else(|| Error::Invalid(format!("offloaded store: no layer {layer}")))
+    }
+
+    /// The tail's rows of `layer` up to absolute position `end` (`None` when there are none).
+    pub fn tail_rows(&self, layer: usize, end: usize) -> Result<Option<(Tensor, Tensor)>> {
+        if end <= self.saved {
+            return Ok(None);
+        }
+        let seg = self.tail.segments(layer, end - self.saved)?.remove(0);
+        Ok(Some((seg.k.contiguous()?, seg.v.contiguous()?)))
+    }
+
+    /// Rows `[kv_heads, end - start, d]` of positions `start..end` (all below the saved length).
+    fn host_chunk(&self, layer: usize, start: usize, end: usize) -> Result<(Tensor, Tensor)> {
+        let (k, v) = self.layer(layer)?;
+        let idx = Tensor::arange(start as u32, end as u32, &self.device)?.unsqueeze(0)?.repeat((self.kv_heads, 1))?;
+        Ok((k.gather(&idx, 1, None)?, v.gather(&idx, 1, None)?))
+    }
+
+    /// K and V rows `[q_heads, s, d]` of the positions `idx [q_heads, s]` (u32, `< end`) of
+    /// each query head's KV head: from the host below the saved length, the tail above.
+    pub fn gather(&self, layer: usize, idx: &Tensor, end: usize) -> Result<(Tensor, Tensor)> {
+        let (k, v) = self.layer(layer)?;
+        let group = idx.dim(0)? / self.kv_heads;
+        let tail = self.tail_rows(layer, end)?;
+        Ok((k.gather(idx, group, tail.as_ref().map(|t| &t.0))?, v.gather(idx, group, tail.as_ref().map(|t| &t.1))?))
+    }
+
+    /// Exact q·k `[q_heads, end]` (f32) of one query `q [q_heads, d]` against every key below
+    /// `end`, read in chunks: the exact top-k scan.
+    pub fn scores(&self, layer: usize, q: &Tensor, end: usize) -> Result<Tensor> {
+        let heads = q.dim(0)?;
+        let group = heads / self.kv_heads;
+        // [kv, group, d] @ [kv, d, c] -> [kv, group, c] -> [heads, c]
+        let qg = q.to_dtype(DType::F32)?.reshape((self.kv_heads, group, self.head_dim))?;
+        let score = |k: &Tensor| -> Result<Tensor> {
+            let c = k.dim(1)?;
+            Ok(qg.matmul(&k.to_dtype(DType::F32)?.transpose(1, 2)?)?.reshape((heads, c))?)
+        };
+        let mut parts = Vec::new();
+        for start in (0..end.min(self.saved)).step_by(SCAN_CHUNK) {
+            let (k, _) = self.host_chunk(layer, start, (start + SCAN_CHUNK).min(end.min(self.saved)))?;
+            parts.push(score(&k)?);
+        }
+        if let Some((k, _)) = self.tail_rows(layer, end)? {
+            parts.push(score(&k)?);
+        }
+        Ok(Tensor::cat(&parts, 1)?)
+    }
+
+    /// Every saved key of `layer` in chunks `(start, k [kv_heads, c, d])`, for index builds.
+    pub fn for_each_key_chunk(&self, layer: usize, mut f: impl FnMut(usize, &Tensor) -> Result<()>) -> Result<()> {
+        for start in (0..self.saved).step_by(SCAN_CHUNK) {
+            let (k, _) = self.host_chunk(layer, start, (start + SCAN_CHUNK).min(self.saved))?;
+            f(start, &k)?;
+        }
+        Ok(())
+    }
+}
+
+impl KvStore for OffloadKv {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn write(&mut self, layer: usize, pos: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        if pos < self.saved {
+            return Err(Error::Invalid(format!(
+                "kv write at position {pos}: positions below {} are the saved context, read-only",
+                self.saved
+            )));
+        }
+        self.tail.write(layer, pos - self.saved, k, v)
+    }
+
+    /// Materialises the saved rows on the device: for the CPU references and small contexts;
+    /// the offloaded paths read only what they pick.
+    fn segments(&self, layer: usize, end: usize) -> Result<Vec<KvSegment>> {
+        let mut segs = Vec::new();
+        if end > 0 && self.saved > 0 {
+            let (k, v) = self.host_chunk(layer, 0, end.min(self.saved))?;
+            segs.push(KvSegment { start: 0, k, v });
+        }
+        if end > self.saved {
+            for mut seg in self.tail.segments(layer, end - self.saved)? {
+                seg.start += self.saved;
+                segs.push(seg);
+            }
+        }
+        Ok(segs)
+    }
+
+    fn set_len(&mut self, len: usize) -> Result<()> {
+        if len < self.saved {
+            return Err(Error::Invalid(format!("kv length {len} is shorter than the saved context ({})", self.saved)));
+        }
+        self.tail.set_len(len - self.saved)?;
+        self.len = len;
+        Ok(())
+    }
+
+    fn reserve(&mut self, total: usize) -> Result<()> {
+        self.tail.reserve(total.saturating_sub(self.saved))
+    }
+
+    fn saved_len(&self) -> usize {
+        self.saved
+    }
+
+    fn offloaded(&self) -> Option<&OffloadKv> {
+        Some(self)
+    }
+}
+
+/// Exact attention of a call over an offloaded store, reading the saved rows in chunks (each
+/// chunk's partial merged by LSE): dense decode, and the question's tokens for every method.
+pub fn dense(call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Tensor> {
+    let t = call.q.dim(1)?;
+    let end = call.q_start + t;
+    let mask = Mask { q_offset: call.q_start, window: call.window };
+    let first = call.window.map_or(0, |w| (call.q_start + 1).saturating_sub(w));
+    let mut acc: Option<AttnOutput> = None;
+    let mut add = |part: AttnOutput| -> Result<()> {
+        acc = Some(match acc.take() {
+            None => part,
+            Some(prev) => merge(&prev, &part)?,
+        });
+        Ok(())
+    };
+    let saved_end = end.min(kv.saved);
+    let mut start = first / SCAN_CHUNK * SCAN_CHUNK;
+    while start < saved_end {
+        let stop = (start + SCAN_CHUNK).min(saved_end);
+        let (k, v) = kv.host_chunk(call.kv_layer, start, stop)?;
+        add(attention_block(call.q, &k, &v, start, mask, call.scale)?)?;
+        start = stop;
+    }
+    if let Some((k, v)) = kv.tail_rows(call.kv_layer, end)? {
+        add(attention_block(call.q, &k, &v, kv.saved, mask, call.scale)?)?;
+    }
+    let out = acc.ok_or_else(|| Error::Invalid(format!("no keys stored for layer {}", call.layer)))?;
+    Ok(out.out.to_dtype(call.q.dtype())?)
+}
+
+/// One decode step's attention over the positions `idx [q_heads, s]` (u32, visible, distinct
+/// per head): gathers their rows and runs the selected-row attention kernel. Output
+/// `[q_heads, 1, d]` in the query's dtype.
+pub fn attend_selected(call: &AttnCall<'_>, kv: &OffloadKv, idx: &Tensor) -> Result<Tensor> {
+    let (heads, s) = idx.dims2()?;
+    let (k, v) = kv.gather(call.kv_layer, idx, call.q_start + 1)?;
+    // The gathered rows are per query head: the kernel sees `heads` KV heads of `s` rows each.
+    let own = Tensor::arange(0u32, s as u32, idx.device())?.unsqueeze(0)?.repeat((heads, 1))?;
+    let q = call.q.squeeze(1)?;
+    let (out, _lse) = sparse::decode_attention(&q, &k, &v, &own, None, call.scale)?;
+    Ok(out.unsqueeze(1)?.to_dtype(call.q.dtype())?)
+}
+
+/// The positions a top-k method reads in one decode step: the `k` best of `scores` (over the
+/// candidates `lo..cut`, index = position − `lo`) and the window `cut..hi`, `[q_heads, s]` u32.
+pub fn top_and_window(
+    scores: Option<&Tensor>,
+    k: usize,
+    heads: usize,
+    lo: usize,
+    (cut, hi): (usize, usize),
+    device: &Device,
+) -> Result<Tensor> {
+    let mut parts = Vec::with_capacity(2);
+    if let Some(scores) = scores.filter(|_| cut > lo) {
+        let top = folio_kernels::select::topk(scores, k)?;
+        parts.push(top.broadcast_add(&Tensor::new(lo as u32, device)?)?);
+    }
+    if hi > cut {
+        parts.push(Tensor::arange(cut as u32, hi as u32, device)?.unsqueeze(0)?.repeat((heads, 1))?);
+    }
+    Ok(Tensor::cat(&parts, 1)?)
+}
