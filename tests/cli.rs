@@ -346,3 +346,53 @@ fn needle_eval_writes_table_json_and_heatmap() {
     let err = err_text(folio(&["eval", "needle", "--model", demo.to_str().unwrap(), "--budget", "2048"], &[]));
     assert!(err.contains("takes no budget"), "{err}");
 }
+
+/// `folio bench --shape` on the CPU with a tiny shape: every offloaded method decodes over the
+/// same synthetic context and reports its time, its floor and their ratio (JSON lines); a
+/// method without an offloaded path, and a plan over the memory budget, are refused up front.
+#[test]
+fn shape_bench_reports_decode_against_its_floor() {
+    let shape = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/shapes/tiny.json");
+    let shape = shape.to_str().unwrap();
+    let methods = "dense,streaming,topk,double-sparsity,buzz";
+    let args = [
+        "bench",
+        "--device",
+        "cpu",
+        "--shape",
+        shape,
+        "--context",
+        "2000",
+        "--method",
+        methods,
+        "--budget",
+        "5%",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--json",
+    ];
+    let out = folio(&args, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let names: Vec<&str> = rows.iter().map(|r| r["method"].as_str().unwrap()).collect();
+    assert_eq!(names, methods.split(',').collect::<Vec<_>>());
+    for r in &rows {
+        let (ms, floor) = (r["decode_ms_median"].as_f64().unwrap(), r["floor_ms"].as_f64().unwrap());
+        assert!(ms > 0.0 && floor > 0.0, "{r}");
+        assert!((r["measured_over_floor"].as_f64().unwrap() - ms / floor).abs() < 1e-9 * ms / floor);
+        // Two layers × two KV heads × 2000 tokens × 32 channels × K and V, f32 on the CPU.
+        assert_eq!(r["host_kv_bytes"].as_u64().unwrap(), 2 * 2 * 2000 * 32 * 2 * 4);
+        assert_eq!(r["parameters"].as_u64().unwrap(), 361_600);
+    }
+    // Dense moves every row over the link; streaming 5% of them, once per KV head.
+    assert!(rows[0]["link_bytes_per_step"].as_f64().unwrap() > 10.0 * rows[1]["link_bytes_per_step"].as_f64().unwrap());
+    let mut bad = args.to_vec();
+    bad[8] = "hip";
+    assert!(err_text(folio(&bad, &[])).contains("has no offloaded fast path yet"));
+    let mut tight = args.to_vec();
+    tight.extend(["--vram-budget", "1MiB"]);
+    assert!(err_text(folio(&tight, &[])).contains("more than the 1.0 MiB budget"));
+}

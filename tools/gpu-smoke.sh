@@ -9,6 +9,7 @@
 #                              # every fixture's logits on CUDA vs CPU, and a CUDA chat; log to $OUT
 #   tools/gpu-smoke.sh kernels # there: only the hand-written kernels vs their references, and
 #                              # `folio bench kernels` (ratio to the limits measured in the run)
+#   tools/gpu-smoke.sh shape N M [B] # there: `folio bench --shape` at context N, methods M, budget B
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 case "${1:-}" in
@@ -21,11 +22,12 @@ case "${1:-}" in
     cp "$(newest select)" .gpu/kernels-select
     cp "$(newest parity)" .gpu/models-parity
     cp "$(newest context)" .gpu/models-context
+    cp "$(newest offload)" .gpu/models-offload
     cp "$target/folio" .gpu/folio
     strip .gpu/*
     # The binaries embed candle's PTX (text): xz shrinks them ~6x, under the device tool's 64 MiB.
-    tar -C .gpu -cf - folio kernels-attention kernels-sparse kernels-select models-parity models-context | xz -T2 -6 > .gpu/bundle.tar.xz
-    rm .gpu/folio .gpu/kernels-attention .gpu/kernels-sparse .gpu/kernels-select .gpu/models-parity .gpu/models-context
+    tar -C .gpu -cf - folio kernels-attention kernels-sparse kernels-select models-parity models-context models-offload | xz -T2 -6 > .gpu/bundle.tar.xz
+    rm .gpu/folio .gpu/kernels-attention .gpu/kernels-sparse .gpu/kernels-select .gpu/models-parity .gpu/models-context .gpu/models-offload
     du -sh .gpu/bundle.tar.xz
     ;;
   run)
@@ -61,9 +63,23 @@ case "${1:-}" in
       echo "== sparse-decode kernels vs their CPU references"
       .gpu/kernels-sparse --test-threads 1 --nocapture
       .gpu/kernels-select --test-threads 1 --nocapture
+      echo "== the offloaded KV tier's fast paths vs the methods' CPU references"
+      .gpu/models-offload --test-threads 1 --nocapture
       echo "== folio bench kernels (Qwen2.5-7B attention shape, 1M-row K/V)"
       .gpu/folio bench kernels --device cuda
     } 2>&1 | tee "${OUT:-/tmp}/gpu-kernels.log"
     ;;
-  *) echo "usage: $0 pack|run|kernels" >&2; exit 2 ;;
+  shape)
+    # folio bench --shape over one context length: `tools/gpu-smoke.sh shape <context> <methods>
+    # [budget]`, Qwen2.5-7B-Instruct-1M's shape, capped to a 24 GiB card; JSON lines to $OUT.
+    tar -C .gpu -xJf .gpu/bundle.tar.xz folio
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    shape=${SHAPE:-assets/shapes/qwen2.5-7b-instruct-1m.json}
+    {
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+      .gpu/folio bench --device cuda --shape "$shape" --context "$2" --method "$3" --budget "${4:-2048}" \
+        --vram-budget 24GiB --steps "${STEPS:-32}" --warmup 4
+    } 2>&1 | tee -a "${OUT:-/tmp}/gpu-shape.log"
+    ;;
+  *) echo "usage: $0 pack|run|kernels|shape" >&2; exit 2 ;;
 esac

@@ -122,6 +122,7 @@ extern "C" __global__ void gather_rows(const uint4* src, const uint4* tail, cons
     const long long row = t / vecs;
     const int v = (int)(t % vecs);
     const int g = (int)(row / sel) / group;
-    const uint32_t p = idx[row];
+    // Clamped: a position past the rows (a caller's bug) reads the last row, never past it.
+    const uint32_t p = min(idx[row], (uint32_t)(n + tail_n - 1));
     out[t] = p < (uint32_t)n ? src[((size_t)g * n + p) * vecs + v] : tail[((size_t)g * tail_n + (p - n)) * vecs + v];
 }

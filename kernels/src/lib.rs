@@ -16,7 +16,20 @@
 //! exactly by LSE, so the primitive has to expose it from day one.
 
 pub mod attention;
+pub mod device;
 pub mod select;
 pub mod sparse;
 
 pub use attention::{attention, attention_block, merge, AttnOutput, Mask};
+
+/// Whether a gathering kernel checks its positions against the stored rows before it runs.
+/// On a GPU the check is a reduction and a device synchronisation per call, which a decode
+/// step cannot afford a hundred times over; positions the caller's own selection produced
+/// (top-k over a score row, a window, an arange) are `Trusted`. The kernels clamp every
+/// position either way, so a wrong one reads a wrong row, never memory outside the buffer.
+/// On the CPU the check is free and always made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Positions {
+    Check,
+    Trusted,
+}

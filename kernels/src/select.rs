@@ -17,6 +17,8 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
+use crate::Positions;
+
 /// The plain-slice definitions the fast paths are held to.
 pub mod reference {
     /// Positions of the `min(k, n)` largest scores of each row of `scores [rows, n]`, ascending
@@ -160,6 +162,11 @@ impl HostRows {
             );
         }
         let (n, rb) = (self.n, self.row_bytes());
+        #[cfg(feature = "cuda")]
+        if let (HostMem::Mapped(m), Device::Cuda(_)) = (&mut self.mem, rows.device()) {
+            // Straight from device memory into the page-locked rows, one copy per head.
+            return m.write_rows(&rows.contiguous()?, (h, t, n, pos), rb);
+        }
         let bytes = tensor_bytes(&rows.to_device(&Device::Cpu)?.contiguous()?)?;
         let host = self.host_mut()?;
         for (head, src) in bytes.chunks(t * rb).enumerate() {
@@ -172,8 +179,9 @@ impl HostRows {
     /// `out [heads', sel, d]` on this store's device: `out[h, j] = rows[h / group][idx[h, j]]`,
     /// for `idx [heads', sel]` u32 positions (`heads' = heads · group`). Positions from the
     /// stored `n` on continue in `tail [heads, tail_n, d]` (same dtype, this device): the rows
-    /// written after the host tier was filled. A position past both is refused.
-    pub fn gather(&self, idx: &Tensor, group: usize, tail: Option<&Tensor>) -> Result<Tensor> {
+    /// written after the host tier was filled. A position past both is refused when `positions`
+    /// asks for the check (always on the CPU), clamped by the kernel otherwise.
+    pub fn gather(&self, idx: &Tensor, group: usize, tail: Option<&Tensor>, positions: Positions) -> Result<Tensor> {
         let (ih, sel) = idx.dims2()?;
         if group == 0 || ih != self.heads * group {
             candle_core::bail!("host rows: gathering {:?} with group {group} from {} heads", idx.dims(), self.heads);
@@ -200,7 +208,8 @@ impl HostRows {
             return empty_rows(ih, self.d, self.dtype, &self.device);
         }
         let end = self.n + tail_n;
-        if idx.max_all()?.to_scalar::<u32>()? as usize >= end {
+        let check = positions == Positions::Check || self.device.is_cpu();
+        if check && idx.max_all()?.to_scalar::<u32>()? as usize >= end {
             candle_core::bail!("host rows: a position is past the {end} stored rows");
         }
         match &self.mem {
@@ -295,6 +304,42 @@ mod cuda {
 
         pub fn as_slice(&self) -> Result<&[u8]> {
             self.buf.as_slice().w()
+        }
+
+        /// Copies `rows [heads, t, d]` (contiguous, on the device) to rows `pos..pos + t` of
+        /// each head of an `[heads, n, d]` layout with `row_bytes` per row.
+        pub fn write_rows(
+            &mut self,
+            rows: &Tensor,
+            (heads, t, n, pos): (usize, usize, usize, usize),
+            row_bytes: usize,
+        ) -> Result<()> {
+            let (storage, layout) = rows.storage_and_layout();
+            let candle_core::Storage::Cuda(cs) = &*storage else { candle_core::bail!("rows must be on the GPU") };
+            let stream = cs.device().cuda_stream();
+            let host = self.buf.as_mut_slice().w()?;
+            let run = t * row_bytes;
+            macro_rules! copy {
+                ($t:ty) => {{
+                    let size = std::mem::size_of::<$t>();
+                    let src = cs.as_cuda_slice::<$t>()?.slice(layout.start_offset()..);
+                    for head in 0..heads {
+                        let at = (head * n + pos) * row_bytes;
+                        let dst = &mut host[at..at + run];
+                        // SAFETY: the pinned buffer is page-aligned and `at` a multiple of the
+                        // element size, so the bytes are a valid, aligned [$t] of run / size.
+                        let dst: &mut [$t] =
+                            unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut $t, run / size) };
+                        stream.memcpy_dtoh(&src.slice(head * run / size..(head + 1) * run / size), dst).w()?;
+                    }
+                }};
+            }
+            match rows.dtype() {
+                DType::F32 => copy!(f32),
+                DType::BF16 => copy!(half::bf16),
+                other => candle_core::bail!("host rows hold f32 or bf16, not {other:?}"),
+            }
+            Ok(())
         }
 
         pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {

@@ -18,6 +18,8 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
+use crate::Positions;
+
 /// The plain-slice definitions the fast paths are held to.
 pub mod reference {
     /// Attention of each query head `h` over the rows `idx[h]` of its KV head `h / (heads /
@@ -149,6 +151,7 @@ pub fn decode_attention(
     idx: &Tensor,
     bias: Option<&Tensor>,
     scale: f32,
+    positions: Positions,
 ) -> Result<(Tensor, Tensor)> {
     let (heads, d) = q.dims2()?;
     let (kv_heads, n, kd) = k.dims3()?;
@@ -169,8 +172,11 @@ pub fn decode_attention(
     }
     match q.device() {
         #[cfg(feature = "cuda")]
-        Device::Cuda(_) => cuda::decode_attention(q, k, v, idx, bias, (heads, kv_heads, n, d, idx.dim(1)?), scale),
+        Device::Cuda(_) => {
+            cuda::decode_attention(q, k, v, idx, bias, (heads, kv_heads, n, d, idx.dim(1)?), scale, positions)
+        }
         device => {
+            let _ = positions; // the CPU checks every position: it costs nothing there
             let idx_v: Vec<u32> = idx.flatten_all()?.to_vec1()?;
             if let Some(&bad) = idx_v.iter().find(|&&p| p as usize >= n) {
                 candle_core::bail!("decode_attention: position {bad} is past the {n} stored rows");
@@ -264,6 +270,8 @@ mod cuda {
     use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::cuda::WrapErr;
     use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
+
+    use crate::Positions;
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sparse.ptx"));
     const MODULE: &str = "folio_sparse";
@@ -393,6 +401,7 @@ mod cuda {
         bias: Option<&Tensor>,
         dims: (usize, usize, usize, usize, usize),
         scale: f32,
+        positions: Positions,
     ) -> Result<(Tensor, Tensor)> {
         let (heads, _, n, d, sel) = dims;
         if d > MAX_D {
@@ -400,7 +409,7 @@ mod cuda {
         }
         // A position past the stored rows is refused, never silently replaced (the kernel also
         // clamps, so it cannot read out of bounds); the check is a reduction and a device sync.
-        if sel > 0 && (n == 0 || idx.max_all()?.to_scalar::<u32>()? as usize >= n) {
+        if sel > 0 && (n == 0 || (positions == Positions::Check && idx.max_all()?.to_scalar::<u32>()? as usize >= n)) {
             candle_core::bail!("decode_attention: a position is past the {n} stored rows");
         }
         let bias = bias.map(|b| b.to_dtype(DType::F32)?.contiguous()).transpose()?;

@@ -3,6 +3,7 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 use folio_kernels::sparse::{self, reference};
+use folio_kernels::Positions;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 mod common;
@@ -46,7 +47,7 @@ fn decode_attention_matches_reference(device: &Device) -> Result<()> {
         let qt = Tensor::from_vec(q, (heads, d), device)?;
         let it = Tensor::from_vec(idx, (heads, sel), device)?;
         let bt = Tensor::from_vec(bias, (heads, sel), device)?;
-        let (o, l) = sparse::decode_attention(&qt, &kt, &vt, &it, biased.then_some(&bt), scale)?;
+        let (o, l) = sparse::decode_attention(&qt, &kt, &vt, &it, biased.then_some(&bt), scale, Positions::Check)?;
         let (o, l): (Vec<f32>, Vec<f32>) = (o.flatten_all()?.to_vec1()?, l.to_vec1()?);
         let tol = if device.is_cpu() { 1e-6 } else { 1e-4 };
         let diff = max_abs_diff(&o, &want_o);
@@ -60,7 +61,7 @@ fn decode_attention_matches_reference(device: &Device) -> Result<()> {
     let q = Tensor::zeros((2, 32), DType::F32, device)?;
     let k = Tensor::zeros((1, 10, 32), DType::F32, device)?;
     let idx = Tensor::from_vec(vec![3u32, 10], (2, 1), device)?;
-    assert!(sparse::decode_attention(&q, &k, &k, &idx, None, 1.0).is_err());
+    assert!(sparse::decode_attention(&q, &k, &k, &idx, None, 1.0, Positions::Check).is_err());
     Ok(())
 }
 

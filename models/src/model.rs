@@ -80,12 +80,6 @@ impl Weights {
         }
         Ok(t)
     }
-
-    fn linear(&self, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
-        let w = self.get_shaped(&format!("{prefix}.weight"), &[out, inp])?;
-        let b = if bias { Some(self.get_shaped(&format!("{prefix}.bias"), &[out])?) } else { None };
-        Ok(Linear::new(w, b))
-    }
 }
 
 impl Model {
@@ -103,32 +97,77 @@ impl Model {
         // not write model files while they are mapped.
         let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(files)? };
         let w = Weights { st, names, device: device.clone(), dtype };
+        Self::build(cfg, device, dtype, params, &|name, shape| w.get_shaped(name, shape))
+    }
+
+    /// A model of `cfg`'s shape with random weights (normal, std `init_std`; norms at 1), made
+    /// on `device`: what `folio bench --shape` runs, since speed and memory depend on shapes
+    /// only. Seeded per tensor name, so two runs build the same model.
+    pub fn random(cfg: &ModelConfig, device: &Device, dtype: DType, init_std: f64) -> Result<Self> {
+        let params = std::cell::Cell::new(0usize);
+        let make = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            params.set(params.get() + shape.iter().product::<usize>());
+            if name.ends_with("norm.weight") {
+                return Ok(Tensor::ones(shape, dtype, device)?);
+            }
+            let seed = xxhash_rust::xxh3::xxh3_64(name.as_bytes());
+            let t = if device.is_cpu() {
+                // candle's CPU generator cannot be seeded: draw from a seeded one here.
+                let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed);
+                let n = shape.iter().product();
+                let x: Vec<f32> =
+                    (0..n).map(|_| crate::attention::workload::normal(&mut rng) * init_std as f32).collect();
+                Tensor::from_vec(x, shape, device)?
+            } else {
+                device.set_seed(seed)?;
+                Tensor::randn(0f32, init_std as f32, shape, device)?
+            };
+            Ok(t.to_dtype(dtype)?)
+        };
+        let mut model = Self::build(cfg, device, dtype, 0, &make)?;
+        model.params = params.get();
+        Ok(model)
+    }
+
+    /// The decoder from a source of named weights of the shapes `cfg` implies.
+    fn build(
+        cfg: &ModelConfig,
+        device: &Device,
+        dtype: DType,
+        params: usize,
+        get: &dyn Fn(&str, &[usize]) -> Result<Tensor>,
+    ) -> Result<Self> {
         let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
         let (nq, nkv) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
-        let embed = w.get_shaped("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+        let linear = |prefix: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
+            let w = get(&format!("{prefix}.weight"), &[out, inp])?;
+            let b = if bias { Some(get(&format!("{prefix}.bias"), &[out])?) } else { None };
+            Ok(Linear::new(w, b))
+        };
+        let embed = get("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let p = format!("model.layers.{i}");
-            let norm = |n: &str, size: usize| w.get_shaped(&format!("{p}.{n}.weight"), &[size]);
+            let norm = |n: &str, size: usize| get(&format!("{p}.{n}.weight"), &[size]);
             layers.push(Layer {
                 input_norm: norm("input_layernorm", h)?,
                 post_attn_norm: norm("post_attention_layernorm", h)?,
-                q: w.linear(&format!("{p}.self_attn.q_proj"), nq, h, cfg.qkv_bias)?,
-                k: w.linear(&format!("{p}.self_attn.k_proj"), nkv, h, cfg.qkv_bias)?,
-                v: w.linear(&format!("{p}.self_attn.v_proj"), nkv, h, cfg.qkv_bias)?,
-                o: w.linear(&format!("{p}.self_attn.o_proj"), h, nq, false)?,
+                q: linear(&format!("{p}.self_attn.q_proj"), nq, h, cfg.qkv_bias)?,
+                k: linear(&format!("{p}.self_attn.k_proj"), nkv, h, cfg.qkv_bias)?,
+                v: linear(&format!("{p}.self_attn.v_proj"), nkv, h, cfg.qkv_bias)?,
+                o: linear(&format!("{p}.self_attn.o_proj"), h, nq, false)?,
                 q_norm: if cfg.qk_norm { Some(norm("self_attn.q_norm", hd)?) } else { None },
                 k_norm: if cfg.qk_norm { Some(norm("self_attn.k_norm", hd)?) } else { None },
-                gate: w.linear(&format!("{p}.mlp.gate_proj"), inter, h, false)?,
-                up: w.linear(&format!("{p}.mlp.up_proj"), inter, h, false)?,
-                down: w.linear(&format!("{p}.mlp.down_proj"), h, inter, false)?,
+                gate: linear(&format!("{p}.mlp.gate_proj"), inter, h, false)?,
+                up: linear(&format!("{p}.mlp.up_proj"), inter, h, false)?,
+                down: linear(&format!("{p}.mlp.down_proj"), h, inter, false)?,
             });
         }
-        let norm = w.get_shaped("model.norm.weight", &[h])?;
+        let norm = get("model.norm.weight", &[h])?;
         let lm_head = if cfg.tie_word_embeddings {
             Linear::new(embed.clone(), None)
         } else {
-            Linear::new(w.get_shaped("lm_head.weight", &[cfg.vocab_size, h])?, None)
+            Linear::new(get("lm_head.weight", &[cfg.vocab_size, h])?, None)
         };
         Ok(Self {
             inv_freq: rope::inv_freq(hd, cfg.rope_theta, &cfg.rope_scaling),

@@ -16,6 +16,7 @@ use candle_core::{DType, Device, Tensor};
 use folio_kernels::attention::{attention_block, merge, AttnOutput, Mask};
 use folio_kernels::select::HostRows;
 use folio_kernels::sparse;
+use folio_kernels::Positions;
 
 use crate::attention::AttnCall;
 use crate::error::{Error, Result};
@@ -116,16 +117,18 @@ impl OffloadKv {
     fn host_chunk(&self, layer: usize, start: usize, end: usize) -> Result<(Tensor, Tensor)> {
         let (k, v) = self.layer(layer)?;
         let idx = Tensor::arange(start as u32, end as u32, &self.device)?.unsqueeze(0)?.repeat((self.kv_heads, 1))?;
-        Ok((k.gather(&idx, 1, None)?, v.gather(&idx, 1, None)?))
+        Ok((k.gather(&idx, 1, None, Positions::Trusted)?, v.gather(&idx, 1, None, Positions::Trusted)?))
     }
 
-    /// K and V rows `[q_heads, s, d]` of the positions `idx [q_heads, s]` (u32, `< end`) of
-    /// each query head's KV head: from the host below the saved length, the tail above.
+    /// K and V rows `[rows, s, d]` of the positions `idx [rows, s]` (u32, `< end`, produced by
+    /// the caller's selection) of each row's KV head (`rows` is the query heads, or the KV
+    /// heads for a pick shared by a group): from the host below the saved length, the tail above.
     pub fn gather(&self, layer: usize, idx: &Tensor, end: usize) -> Result<(Tensor, Tensor)> {
         let (k, v) = self.layer(layer)?;
         let group = idx.dim(0)? / self.kv_heads;
         let tail = self.tail_rows(layer, end)?;
-        Ok((k.gather(idx, group, tail.as_ref().map(|t| &t.0))?, v.gather(idx, group, tail.as_ref().map(|t| &t.1))?))
+        let (tk, tv) = (tail.as_ref().map(|t| &t.0), tail.as_ref().map(|t| &t.1));
+        Ok((k.gather(idx, group, tk, Positions::Trusted)?, v.gather(idx, group, tv, Positions::Trusted)?))
     }
 
     /// Exact q·k `[q_heads, end]` (f32) of one query `q [q_heads, d]` against every key below
@@ -244,16 +247,17 @@ pub fn dense(call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Tensor> {
     Ok(out.out.to_dtype(call.q.dtype())?)
 }
 
-/// One decode step's attention over the positions `idx [q_heads, s]` (u32, visible, distinct
-/// per head): gathers their rows and runs the selected-row attention kernel. Output
-/// `[q_heads, 1, d]` in the query's dtype.
+/// One decode step's attention over the positions `idx [rows, s]` (u32, visible, distinct per
+/// row): one row per query head, or one per KV head when a group shares its pick (then each
+/// row is read once for the whole group). Gathers the rows and runs the selected-row attention
+/// kernel. Output `[q_heads, 1, d]` in the query's dtype.
 pub fn attend_selected(call: &AttnCall<'_>, kv: &OffloadKv, idx: &Tensor) -> Result<Tensor> {
-    let (heads, s) = idx.dims2()?;
+    let s = idx.dim(1)?;
     let (k, v) = kv.gather(call.kv_layer, idx, call.q_start + 1)?;
-    // The gathered rows are per query head: the kernel sees `heads` KV heads of `s` rows each.
-    let own = Tensor::arange(0u32, s as u32, idx.device())?.unsqueeze(0)?.repeat((heads, 1))?;
+    // The gathered rows are the kernel's K/V: `rows` heads of `s` rows each, read in order.
     let q = call.q.squeeze(1)?;
-    let (out, _lse) = sparse::decode_attention(&q, &k, &v, &own, None, call.scale)?;
+    let own = Tensor::arange(0u32, s as u32, idx.device())?.unsqueeze(0)?.repeat((q.dim(0)?, 1))?;
+    let (out, _lse) = sparse::decode_attention(&q, &k, &v, &own, None, call.scale, Positions::Trusted)?;
     Ok(out.unsqueeze(1)?.to_dtype(call.q.dtype())?)
 }
 
@@ -276,4 +280,81 @@ pub fn top_and_window(
         parts.push(Tensor::arange(cut as u32, hi as u32, device)?.unsqueeze(0)?.repeat((heads, 1))?);
     }
     Ok(Tensor::cat(&parts, 1)?)
+}
+
+/// Masked logits stand at this value rather than −∞, so a chunk with no visible key merges
+/// without NaNs (every row sees at least its own token somewhere).
+const MASKED: f64 = -1e30;
+
+/// Exact attention of a call's rows over the positions `idx [kv_heads, s]` (u32; one set per KV
+/// head, shared by its query heads; each row sees the positions at or before its own, inside the
+/// model's window), and the attention probability each position received summed over the
+/// group's query heads and the call's rows, `[kv_heads · s]` on the host: what a method that
+/// scores its cache by accumulated attention (BUZZ) needs. Two passes over the positions in
+/// chunks (the log-sum-exp, then the probabilities), one when they fit in one chunk.
+pub fn attend_scored(call: &AttnCall<'_>, kv: &OffloadKv, idx: &Tensor) -> Result<(Tensor, Vec<f32>)> {
+    let (heads, t, d) = call.q.dims3()?;
+    let (kvh, s) = idx.dims2()?;
+    let rows = heads / kvh * t;
+    let dev = call.q.device();
+    let end = call.q_start + t;
+    // [kv, group, t, d] -> [kv, group·t, d]: row i of a KV head is query head i / t, position i % t.
+    let q = call.q.to_dtype(DType::F32)?.reshape((kvh, rows, d))?;
+    let row_pos: Vec<f32> = (0..rows).map(|i| (call.q_start + i % t) as f32).collect();
+    let row_lo: Vec<f32> =
+        row_pos.iter().map(|&p| call.window.map_or(0.0, |w| (p as usize + 1).saturating_sub(w) as f32)).collect();
+    let row_pos = Tensor::from_vec(row_pos, (1, rows, 1), dev)?;
+    let row_lo = Tensor::from_vec(row_lo, (1, rows, 1), dev)?;
+    let masked = Tensor::new(MASKED as f32, dev)?;
+    let chunks: Vec<(usize, usize)> = (0..s).step_by(SCAN_CHUNK).map(|c| (c, SCAN_CHUNK.min(s - c))).collect();
+    // Scaled, masked logits `[kv, rows, len]` of a chunk, and its values.
+    let logits = |(c, len): (usize, usize)| -> Result<(Tensor, Tensor)> {
+        let ic = idx.narrow(1, c, len)?;
+        let (k, v) = kv.gather(call.kv_layer, &ic, end)?;
+        let z = (q.matmul(&k.to_dtype(DType::F32)?.transpose(1, 2)?)? * call.scale as f64)?;
+        let key_pos = ic.to_dtype(DType::F32)?.unsqueeze(1)?;
+        let visible = (key_pos.broadcast_le(&row_pos)? * key_pos.broadcast_ge(&row_lo)?)?;
+        Ok((visible.where_cond(&z, &masked.broadcast_as(z.shape())?)?, v))
+    };
+    let mut first = None;
+    let (mut m, mut l) = (None::<Tensor>, None::<Tensor>);
+    for &chunk in &chunks {
+        let (z, v) = logits(chunk)?;
+        let mc = z.max_keepdim(2)?;
+        let lc = z.broadcast_sub(&mc)?.exp()?.sum_keepdim(2)?;
+        (m, l) = match (m, l) {
+            (Some(m0), Some(l0)) => {
+                let mn = m0.maximum(&mc)?;
+                let l = ((l0 * (m0 - &mn)?.exp()?)? + (lc * (mc - &mn)?.exp()?)?)?;
+                (Some(mn), Some(l))
+            }
+            _ => (Some(mc), Some(lc)),
+        };
+        if chunks.len() == 1 {
+            first = Some((z, v));
+        }
+    }
+    let (Some(m), Some(l)) = (m, l) else {
+        return Err(Error::Invalid(format!("no positions to attend in layer {}", call.layer)));
+    };
+    let lse = (m + l.log()?)?;
+    let mut out = Tensor::zeros((kvh, rows, d), DType::F32, dev)?;
+    let mut scores = Vec::with_capacity(kvh * s);
+    let mut per_chunk = Vec::with_capacity(chunks.len());
+    for &chunk in &chunks {
+        let (z, v) = match first.take() {
+            Some(both) => both,
+            None => logits(chunk)?,
+        };
+        let p = z.broadcast_sub(&lse)?.exp()?;
+        out = (out + p.matmul(&v.to_dtype(DType::F32)?)?)?;
+        per_chunk.push(p.sum(1)?.to_device(&Device::Cpu)?.to_vec2::<f32>()?);
+    }
+    for g in 0..kvh {
+        for c in &per_chunk {
+            scores.extend_from_slice(&c[g]);
+        }
+    }
+    let out = out.reshape((heads, t, d))?.to_dtype(call.q.dtype())?;
+    Ok((out, scores))
 }

@@ -52,9 +52,13 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
 
     let channels = Arc::new(Channels::from_statistic(&[case.qk_statistic()?]));
     let resources = Resources { channels: Some(channels) };
-    for (name, budget) in
-        [("dense", None), ("streaming", Some("5%")), ("topk", Some("2%")), ("double-sparsity", Some("5%"))]
-    {
+    for (name, budget) in [
+        ("dense", None),
+        ("streaming", Some("5%")),
+        ("topk", Some("2%")),
+        ("double-sparsity", Some("5%")),
+        ("buzz", Some("10%")),
+    ] {
         let reference = by_name(name, budget, &[], &resources)?;
         let fast = by_name(name, budget, &[], &resources)?;
         let mut worst = 0f32;
@@ -79,7 +83,7 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
     let dense = by_name("dense", None, &[], &resources)?;
     let want = dense.attend(&call(&q, &reference_kv))?.out;
     let qd = q.to_device(device)?;
-    for name in ["dense", "topk", "double-sparsity"] {
+    for name in ["dense", "topk", "double-sparsity", "buzz"] {
         let method = by_name(name, (name != "dense").then_some("2%"), &[], &resources)?;
         let diff = max_diff(&method.attend(&call(&qd, &kv))?.out, &want)?;
         println!("{device:?} {name}, 5-token call: max |offloaded - dense| = {diff:.2e}");

@@ -23,6 +23,7 @@ use folio_models::{device_name, Engine};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::bench_shape::{bench_shape, ShapeBenchArgs};
 use crate::cli::Common;
 use crate::context_cmd::{parse_bytes, peak_rss};
 
@@ -30,6 +31,17 @@ use crate::context_cmd::{parse_bytes, peak_rss};
 const QUESTION_TOKENS: usize = 16;
 /// Side of the square matmul whose FLOP rate stands for the device's compute limit.
 const MATMUL_SIDE: usize = 1024;
+
+/// `folio bench --shape ...` (decode over an offloaded context with a model of a real shape), or
+/// one of the subcommands.
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: Option<BenchCommand>,
+    #[command(flatten)]
+    shape: ShapeBenchArgs,
+}
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -84,10 +96,11 @@ struct Row {
     reopen_ratio: f64,
 }
 
-pub fn bench(common: &Common, cmd: BenchCommand) -> Result<()> {
-    match cmd {
-        BenchCommand::Prefill(a) => bench_prefill(common, a),
-        BenchCommand::Kernels(a) => bench_kernels(common, a),
+pub fn bench(common: &Common, args: BenchArgs) -> Result<()> {
+    match args.command {
+        Some(BenchCommand::Prefill(a)) => bench_prefill(common, a),
+        Some(BenchCommand::Kernels(a)) => bench_kernels(common, a),
+        None => bench_shape(common, args.shape),
     }
 }
 
@@ -134,7 +147,7 @@ struct KernelRow {
 }
 
 fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
-    use folio_kernels::sparse;
+    use folio_kernels::{sparse, Positions};
     if a.context == 0 || a.context > u32::MAX as usize || a.select.contains(&0) {
         anyhow::bail!("--context must be 1..=4294967295 rows and every --select at least 1");
     }
@@ -161,7 +174,7 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
         let mut idx: Vec<u32> = (0..heads * sel).map(|_| rng.random_range(0..a.context as u32)).collect();
         idx.chunks_mut(sel.max(1)).for_each(|head| head.sort_unstable());
         let idx = Tensor::from_vec(idx, (heads, sel), &device)?;
-        let secs = time_calls(&device, || sparse::decode_attention(&q, &k, &v, &idx, None, 0.088))?;
+        let secs = time_calls(&device, || sparse::decode_attention(&q, &k, &v, &idx, None, 0.088, Positions::Trusted))?;
         let bytes = (heads * sel) as f64 * (2.0 * d as f64 * elem + 4.0) + (heads * d * 8) as f64;
         rows.push(KernelRow {
             kernel: format!("decode_attention {heads}x{sel} rows of {} (d {d}, {dtype:?})", a.context),

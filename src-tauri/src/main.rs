@@ -3,6 +3,7 @@
 //! JSON document on stdout; errors go to stderr with a non-zero exit code.
 
 mod bench;
+mod bench_shape;
 mod calibrate_cmd;
 mod cli;
 mod context_cmd;
@@ -40,9 +41,9 @@ enum Command {
     /// Inspect context files.
     #[command(subcommand)]
     Context(context_cmd::ContextCommand),
-    /// Benchmarks that print figures (prefill speed, memory, reopen time).
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
+    /// Benchmarks that print figures with their ratio to the hardware limit: `--shape` (decode
+    /// over an offloaded context with a real model's shape), `prefill`, `kernels`.
+    Bench(bench::BenchArgs),
     /// Perplexity of a text file under the model.
     Perplexity(cli::PerplexityArgs),
     /// Architecture, size and context facts of a model.

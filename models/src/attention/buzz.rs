@@ -24,9 +24,12 @@
 
 use candle_core::{Device, Tensor};
 
+use std::collections::HashMap;
+
 use super::select::{budgeted_settings, dot, query_rows, LayerRows, PerLayer};
 use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
 use crate::error::{Error, Result};
+use crate::offload::{self, OffloadKv};
 
 pub(super) const PARAMS: [ParamSpec; 2] = [
     ParamSpec {
@@ -139,6 +142,64 @@ impl Buzz {
     }
 }
 
+impl Buzz {
+    /// The layer's cache with this call's positions entered (a fresh one when the call does
+    /// not continue the last: a new conversation or a reopened context, whose whole stored
+    /// context is then live, unscored), sized for the conversation so far.
+    fn enter<'a>(
+        &self,
+        caches: &'a mut HashMap<usize, LayerCache>,
+        call: &AttnCall<'_>,
+        kv_heads: usize,
+    ) -> Result<&'a mut LayerCache> {
+        let end = call.q_start + call.q.dim(1)?;
+        if caches.get(&call.layer).is_none_or(|c| c.end != call.q_start) {
+            let head = HeadCache { live: (0..call.q_start).collect(), score: vec![0.0; call.q_start] };
+            caches.insert(
+                call.layer,
+                LayerCache { end: call.q_start, n_old: 0, window: 0, threshold: 0, heads: vec![head; kv_heads] },
+            );
+        }
+        let cache = caches.get_mut(&call.layer).ok_or_else(|| Error::Invalid("buzz cache missing".into()))?;
+        for h in cache.heads.iter_mut() {
+            h.live.extend(call.q_start..end);
+            h.score.resize(h.live.len(), 0.0);
+        }
+        cache.end = end;
+        // A share of the context grows with the conversation (100% never evicts).
+        (cache.window, cache.threshold) = self.sizes(self.budget.tokens(end));
+        Ok(cache)
+    }
+
+    /// The fast path over an offloaded store: the live rows are gathered once per KV head
+    /// (every head of a layer holds as many), attended exactly on the device, and each row's
+    /// accumulated probability comes back for the eviction, which stays on the host.
+    fn attend_offloaded(&self, call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Attended> {
+        let q_heads = call.q.dim(0)?;
+        let kv_heads = kv.kv_heads();
+        let mut caches = self.caches.lock();
+        let cache = self.enter(&mut caches, call, kv_heads)?;
+        let s = cache.heads[0].live.len();
+        if cache.heads.iter().any(|h| h.live.len() != s) {
+            return Err(Error::Invalid("buzz: KV heads of a layer hold different cache sizes".into()));
+        }
+        let pos: Vec<u32> = cache.heads.iter().flat_map(|h| h.live.iter().map(|&p| p as u32)).collect();
+        let idx = Tensor::from_vec(pos, (kv_heads, s), call.q.device())?;
+        let (out, probs) = offload::attend_scored(call, kv, &idx)?;
+        for (h, p) in cache.heads.iter_mut().zip(probs.chunks(s)) {
+            h.score.iter_mut().zip(p).for_each(|(a, b)| *a += b);
+        }
+        // What each query head read: its KV head's live set visible to the call's last row.
+        let (last, groups) = (cache.end - 1, q_heads / kv_heads);
+        let lo = call.window.map_or(0, |w| (last + 1).saturating_sub(w));
+        let read = (0..q_heads)
+            .map(|h| cache.heads[h / groups].live.iter().copied().filter(|&p| p <= last && p >= lo).collect())
+            .collect();
+        self.evict(cache);
+        Ok(Attended { out, read: Some(read), searched: 0.0 })
+    }
+}
+
 impl Attention for Buzz {
     fn name(&self) -> &'static str {
         "buzz"
@@ -156,26 +217,13 @@ impl Attention for Buzz {
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
         let (q_heads, t, d) = call.q.dims3()?;
         let end = call.q_start + t;
+        if let Some(kv) = call.kv.offloaded() {
+            return self.attend_offloaded(call, kv);
+        }
         let rows = LayerRows::read(call, end)?;
         let groups = q_heads / rows.kv_heads;
         let mut caches = self.caches.lock();
-        if caches.get(&call.layer).is_none_or(|c| c.end != call.q_start) {
-            // A new conversation (or positions that do not continue the last call's): the
-            // whole stored context is live, unscored.
-            let head = HeadCache { live: (0..call.q_start).collect(), score: vec![0.0; call.q_start] };
-            caches.insert(
-                call.layer,
-                LayerCache { end: call.q_start, n_old: 0, window: 0, threshold: 0, heads: vec![head; rows.kv_heads] },
-            );
-        }
-        let cache = caches.get_mut(&call.layer).ok_or_else(|| Error::Invalid("buzz cache missing".into()))?;
-        for h in cache.heads.iter_mut() {
-            h.live.extend(call.q_start..end);
-            h.score.resize(h.live.len(), 0.0);
-        }
-        cache.end = end;
-        // A share of the context grows with the conversation (100% never evicts).
-        (cache.window, cache.threshold) = self.sizes(self.budget.tokens(end));
+        let cache = self.enter(&mut caches, call, rows.kv_heads)?;
         let queries = query_rows(call)?;
         let mut out = Vec::with_capacity(q_heads * t * d);
         let mut read = vec![Vec::new(); q_heads];

@@ -53,7 +53,8 @@ impl Attention for Streaming {
             let (lo, hi) = visible(call);
             let pick = self.selection(lo, hi);
             let pos: Vec<u32> = pick.iter().map(|&p| p as u32).collect();
-            let idx = Tensor::from_vec(pos, (1, pick.len()), call.q.device())?.repeat((heads, 1))?;
+            // One pick for every head: each KV head's rows are read once for its group.
+            let idx = Tensor::from_vec(pos, (1, pick.len()), call.q.device())?.repeat((kv.kv_heads(), 1))?;
             let out = crate::offload::attend_selected(call, kv, &idx)?;
             return Ok(Attended { out, read: Some(vec![pick; heads]), searched: 0.0 });
         }

@@ -1,0 +1,382 @@
+//! `folio bench --shape`: decode over a long offloaded context with a model of a real shape.
+//!
+//! Speed and memory depend on shapes, not weight values, so the model is built from the shape
+//! facts of a real config (assets/shapes/*.json) with random weights on the device, and the
+//! context's K/V rows are random rows written straight into the offloaded host tier (no
+//! prefill: at a million tokens of a 7B shape that alone is many minutes; prefill has its own
+//! bench). Every figure comes with its limit, measured in the same run:
+//!
+//! * decode ms/token, median over `--steps` after `--warmup`, beside the *floor*: the bytes a
+//!   step must move (the weights and the method's index on the device; the picked rows, or all
+//!   rows for dense and the exact top-k scan, over the host link) ÷ the device's copy
+//!   bandwidth and the link's page-locked copy rate; the floor is the larger of the two times,
+//!   as the two paths can overlap;
+//! * peak device memory as the driver reports it (total − free, sampled every 0.5 ms), checked
+//!   against `--vram-budget`; host RSS; host bytes of the offloaded K/V.
+//!
+//! The memory a run will need is planned before anything is allocated and refused, with the
+//! breakdown, when it exceeds the budget; the measured peak is then checked too.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor};
+use clap::Args;
+use folio_kernels::device::{host_to_device_rate, keep_pool, MemorySampler};
+use folio_models::attention::{by_name, parse_params, Budget, Channels, Resources};
+use folio_models::config::ModelConfig;
+use folio_models::error::human_bytes;
+use folio_models::kv::KvStore;
+use folio_models::model::{Logits, Model};
+use folio_models::offload::OffloadKv;
+use folio_models::{device_name, parse_device};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::cli::Common;
+use crate::context_cmd::{parse_bytes, peak_rss};
+
+/// Standard deviation of the random weights (transformers' `initializer_range` default).
+const INIT_STD: f64 = 0.02;
+/// Rows per KV head written into the host tier at once while filling it.
+const FILL_CHUNK: usize = 1 << 16;
+/// Bytes copied to measure the device's and the host link's bandwidth, and device copies timed.
+const BANDWIDTH_BYTES: usize = 1 << 30;
+const COPIES: usize = 20;
+/// Device memory for a step's transients beyond what the plan counts per token (cuBLAS
+/// workspace, logits, activations, the scan chunks of dense and exact top-k).
+const WORKSPACE_BYTES: u64 = 1 << 30;
+/// The methods that run offloaded (the rest decode on the CPU references, not benchmarked here).
+const OFFLOADED: [&str; 5] = ["dense", "streaming", "topk", "double-sparsity", "buzz"];
+
+#[derive(Args)]
+pub struct ShapeBenchArgs {
+    /// A model shape: a real model's config.json facts (assets/shapes/*.json); weights are random.
+    #[arg(long)]
+    pub(crate) shape: Option<PathBuf>,
+    /// Tokens of context in the offloaded K/V before decoding.
+    #[arg(long, default_value_t = 32_768)]
+    context: usize,
+    /// Methods, comma-separated: each decodes over the same model and context in turn.
+    #[arg(long = "method", value_delimiter = ',', default_value = "dense")]
+    methods: Vec<String>,
+    /// Tokens (2048) or a share of the context (2%) each sparse method's step reads.
+    #[arg(long)]
+    budget: Option<String>,
+    /// Method knobs, key=value (repeatable).
+    #[arg(long = "param")]
+    params: Vec<String>,
+    /// Device memory this run may use, e.g. 24GiB (a consumer card); default: the whole device.
+    #[arg(long)]
+    vram_budget: Option<String>,
+    /// Decode steps timed (the median is reported), after the warm-up steps.
+    #[arg(long, default_value_t = 32)]
+    steps: usize,
+    #[arg(long, default_value_t = 4)]
+    warmup: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    shape: String,
+    device: String,
+    context: usize,
+    method: String,
+    settings: serde_json::Value,
+    parameters: usize,
+    decode_ms_median: f64,
+    decode_ms_p10: f64,
+    decode_ms_p90: f64,
+    /// The first decode step, which builds the method's index over the context.
+    first_step_s: f64,
+    fill_s: f64,
+    floor_ms: f64,
+    measured_over_floor: f64,
+    /// The floor's two terms: device bytes ÷ copy bandwidth, host-link bytes ÷ link rate.
+    floor_device_ms: f64,
+    floor_link_ms: f64,
+    device_bytes_per_step: f64,
+    link_bytes_per_step: f64,
+    copy_bandwidth: f64,
+    link_bandwidth: f64,
+    planned_device_bytes: u64,
+    peak_device_bytes: Option<u64>,
+    vram_budget: Option<u64>,
+    host_kv_bytes: u64,
+    peak_rss_bytes: Option<u64>,
+}
+
+/// Parameters of a decoder of this shape (what the weights take), and those a decode step reads
+/// (all but the embedding table, of which it reads one row, unless the LM head shares it).
+fn parameters(cfg: &ModelConfig) -> (usize, usize) {
+    let (h, hd, inter, v) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size);
+    let (nq, nkv) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
+    let bias = if cfg.qkv_bias { nq + 2 * nkv } else { 0 };
+    let norms = if cfg.qk_norm { 2 * hd } else { 0 };
+    let layer = 2 * h + h * nq + 2 * h * nkv + bias + nq * h + 3 * h * inter + norms;
+    let head = if cfg.tie_word_embeddings { 0 } else { v * h };
+    let total = v * h + cfg.num_layers * layer + h + head;
+    let read = total - if cfg.tie_word_embeddings { 0 } else { v * h };
+    (total, read)
+}
+
+/// What one decode step of `method` moves per layer beyond the weights: bytes read on the
+/// device (its index) and bytes over the host link (picked rows; every row for dense; every
+/// key for the exact scan). `picked`: rows per query head (top-k, Double Sparsity) or per KV
+/// head (streaming, BUZZ).
+fn traffic(
+    method: &str,
+    cfg: &ModelConfig,
+    context: usize,
+    picked: usize,
+    label_row: usize,
+    elem: usize,
+) -> (f64, f64) {
+    let (kv, heads, d) = (cfg.num_kv_heads, cfg.num_heads, cfg.head_dim);
+    let layers = cfg.num_layers as f64;
+    let row = (d * elem) as f64;
+    let rows = |n: usize, per: usize| (n * per) as f64 * 2.0 * row;
+    let (device, link) = match method {
+        "dense" => (0.0, rows(context, kv)),
+        "topk" => (0.0, (context * kv) as f64 * row + rows(picked, heads)),
+        "double-sparsity" => ((context * kv * label_row) as f64, rows(picked, heads)),
+        // One pick per KV head, read once for its group.
+        _ => (0.0, rows(picked, kv)),
+    };
+    (layers * device, layers * link)
+}
+
+/// Device-to-device copies of `bytes` (after a warm-up, [`COPIES`] back to back), as bytes/s
+/// read + written.
+fn copy_bandwidth(device: &Device, bytes: usize) -> Result<f64> {
+    let block = Tensor::zeros(bytes / 2, DType::BF16, device)?;
+    block.copy()?;
+    device.synchronize()?;
+    let start = Instant::now();
+    for _ in 0..COPIES {
+        block.copy()?;
+    }
+    device.synchronize()?;
+    Ok(2.0 * (bytes * COPIES) as f64 / start.elapsed().as_secs_f64())
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Double Sparsity's channels for a model of random weights: a random order per layer and KV
+/// head (no calibration text means anything here; the cost is the same).
+fn random_channels(cfg: &ModelConfig, rng: &mut StdRng) -> Resources {
+    let stat: Vec<Vec<Vec<f64>>> = (0..cfg.num_layers)
+        .map(|_| (0..cfg.num_kv_heads).map(|_| (0..cfg.head_dim).map(|_| rng.random()).collect()).collect())
+        .collect();
+    Resources { channels: Some(std::sync::Arc::new(Channels::from_statistic(&stat))) }
+}
+
+/// Rows a method's step reads per query head, and the bytes of one label row (Double Sparsity).
+fn picked_rows(
+    method: &str,
+    settings: &serde_json::Value,
+    cfg: &ModelConfig,
+    budget: Option<&str>,
+    context: usize,
+) -> Result<(usize, usize)> {
+    let picked = budget.map(Budget::parse).transpose()?.map_or(0, |b| b.tokens(context));
+    let param = |name: &str| settings["params"][name].as_f64().map_or(0, |x| x as usize);
+    let picked = match method {
+        "topk" | "double-sparsity" => picked + param("window"),
+        _ => picked,
+    };
+    let r = match param("channels") {
+        0 => (cfg.head_dim / 4).max(1),
+        r => r.min(cfg.head_dim),
+    };
+    Ok((picked, r + 8))
+}
+
+pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
+    let shape = a
+        .shape
+        .as_ref()
+        .context("--shape is required: a model shape such as assets/shapes/qwen2.5-7b-instruct-1m.json")?;
+    if let Some(m) = a.methods.iter().find(|m| !OFFLOADED.contains(&m.as_str())) {
+        anyhow::bail!("--method {m} has no offloaded fast path yet; the benchmark runs {}", OFFLOADED.join(", "));
+    }
+    if a.context == 0 || a.context > u32::MAX as usize || a.steps == 0 {
+        anyhow::bail!("--context must be 1..=4294967295 tokens and --steps at least 1");
+    }
+    let mut cfg = ModelConfig::from_file(shape)?;
+    // Shapes are facts about cost: a context past the model's trained length is still measured.
+    let longest = a.context + a.warmup + a.steps;
+    cfg.max_position_embeddings = cfg.max_position_embeddings.max(longest);
+    let device = parse_device(&common.device)?;
+    let dtype = if device.is_cpu() { DType::F32 } else { DType::BF16 };
+    let elem = dtype.size_in_bytes();
+    let params = parse_params(&a.params)?;
+    let mut rng = StdRng::seed_from_u64(0);
+    let resources = random_channels(&cfg, &mut rng);
+    let methods = a
+        .methods
+        .iter()
+        .map(|m| {
+            let budget = if m == "dense" { None } else { a.budget.as_deref() };
+            let params = if m == "dense" { &[][..] } else { &params[..] };
+            let method = by_name(m, budget, params, &resources)?;
+            let (picked, label_row) = picked_rows(m, &method.settings(), &cfg, budget, a.context)?;
+            Ok((m.clone(), method, picked, label_row))
+        })
+        .collect::<Result<Vec<_>>>()?;
+
+    // The plan, before any allocation.
+    let sampler = MemorySampler::start(&device)?;
+    let (baseline, total_device) = match sampler.now()? {
+        Some((used, total)) => (used, Some(total)),
+        None => (0, None),
+    };
+    let (param_count, read_params) = parameters(&cfg);
+    let weights = (param_count * elem) as u64;
+    let index = methods
+        .iter()
+        .filter(|m| m.0 == "double-sparsity")
+        .map(|m| (cfg.num_layers * cfg.num_kv_heads * a.context * m.3) as u64)
+        .max()
+        .unwrap_or(0);
+    let tail = cfg.kv_bytes_per_token(elem) as u64 * (a.warmup + a.steps) as u64;
+    let scores = (cfg.num_heads * a.context * 4 * 2) as u64;
+    let planned = baseline + weights + index + tail + scores + WORKSPACE_BYTES;
+    let budget = a.vram_budget.as_deref().map(parse_bytes).transpose()?.or(total_device);
+    if let Some(b) = budget.filter(|&b| planned > b) {
+        anyhow::bail!(
+            "this run needs about {} of device memory, more than the {} budget: weights {}, index {}, \
+             conversation K/V {}, scores {}, workspace {}, already in use {}",
+            human_bytes(planned),
+            human_bytes(b),
+            human_bytes(weights),
+            human_bytes(index),
+            human_bytes(tail),
+            human_bytes(scores),
+            human_bytes(WORKSPACE_BYTES),
+            human_bytes(baseline)
+        );
+    }
+
+    if let Some(b) = budget {
+        keep_pool(&device, b)?;
+    }
+    let bandwidth_bytes = if device.is_cpu() { BANDWIDTH_BYTES / 16 } else { BANDWIDTH_BYTES };
+    let copy_bw = copy_bandwidth(&device, bandwidth_bytes)?;
+    let link_bw = host_to_device_rate(&device, bandwidth_bytes)?;
+    // Peak RSS from here on (Linux resets VmHWM when "5" is written to clear_refs): the
+    // bandwidth buffers above are not the run's memory.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let model = Model::random(&cfg, &device, dtype, INIT_STD)?;
+    let fill_start = Instant::now();
+    let mut kv = OffloadKv::new(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, a.context, dtype, &device)?;
+    for layer in 0..cfg.num_layers {
+        for start in (0..a.context).step_by(FILL_CHUNK) {
+            let t = FILL_CHUNK.min(a.context - start);
+            let shape = (cfg.num_kv_heads, t, cfg.head_dim);
+            let k = Tensor::randn(0f32, 1.0, shape, &device)?.to_dtype(dtype)?;
+            let v = Tensor::randn(0f32, 1.0, shape, &device)?.to_dtype(dtype)?;
+            kv.fill(layer, start, &k, &v)?;
+        }
+    }
+    device.synchronize()?;
+    let fill_s = fill_start.elapsed().as_secs_f64();
+    kv.reserve(longest)?;
+
+    for (name, method, picked, label_row) in &methods {
+        kv.set_len(a.context)?;
+        method.reset();
+        let mut token = rng.random_range(0..cfg.vocab_size as u32);
+        let mut times = Vec::with_capacity(a.steps);
+        let mut first_step_s = 0.0;
+        for step in 0..a.warmup + a.steps {
+            let start = Instant::now();
+            let logits = model.forward(&[token], &mut kv, method.as_ref(), Logits::Last)?;
+            token = logits.argmax(candle_core::D::Minus1)?.flatten_all()?.to_vec1::<u32>()?[0];
+            let secs = start.elapsed().as_secs_f64();
+            if step == 0 {
+                first_step_s = secs;
+            }
+            if step >= a.warmup {
+                times.push(secs * 1e3);
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        let median = percentile(&times, 0.5);
+        let (index_bytes, link_bytes) = traffic(name, &cfg, a.context, *picked, *label_row, elem);
+        let device_bytes = (read_params * elem) as f64 + index_bytes;
+        let (floor_device, floor_link) = (device_bytes / copy_bw * 1e3, link_bytes / link_bw * 1e3);
+        let floor = floor_device.max(floor_link);
+        let peak = sampler.peak();
+        let report = Report {
+            shape: shape.display().to_string(),
+            device: device_name(&device),
+            context: a.context,
+            method: name.clone(),
+            settings: method.settings(),
+            parameters: param_count,
+            decode_ms_median: median,
+            decode_ms_p10: percentile(&times, 0.1),
+            decode_ms_p90: percentile(&times, 0.9),
+            first_step_s,
+            fill_s,
+            floor_ms: floor,
+            measured_over_floor: median / floor,
+            floor_device_ms: floor_device,
+            floor_link_ms: floor_link,
+            device_bytes_per_step: device_bytes,
+            link_bytes_per_step: link_bytes,
+            copy_bandwidth: copy_bw,
+            link_bandwidth: link_bw,
+            planned_device_bytes: planned,
+            peak_device_bytes: peak,
+            vram_budget: budget,
+            host_kv_bytes: kv.host_bytes(),
+            peak_rss_bytes: peak_rss(),
+        };
+        print_report(&report, a.json, a.steps)?;
+        if let (Some(p), Some(b)) = (peak, budget) {
+            if p > b {
+                anyhow::bail!("peak device memory {} exceeded the {} budget", human_bytes(p), human_bytes(b));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_report(r: &Report, json: bool, steps: usize) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(r)?);
+        return Ok(());
+    }
+    let opt = |b: Option<u64>| b.map_or("n/a".into(), human_bytes);
+    println!(
+        "{} on {}: {} parameters, context {} tokens, {} ({})",
+        r.shape, r.device, r.parameters, r.context, r.method, r.settings
+    );
+    println!(
+        "  copy bandwidth {:.0} GB/s, host link {:.1} GB/s (measured now); K/V fill {:.1} s; first step {:.2} s",
+        r.copy_bandwidth / 1e9,
+        r.link_bandwidth / 1e9,
+        r.fill_s,
+        r.first_step_s
+    );
+    println!(
+        "  decode {:.2} ms/token (p10 {:.2}, p90 {:.2}, {steps} steps); floor {:.2} ms (device {:.2}, link {:.2}): {:.1}x the floor",
+        r.decode_ms_median, r.decode_ms_p10, r.decode_ms_p90, r.floor_ms, r.floor_device_ms, r.floor_link_ms, r.measured_over_floor
+    );
+    println!(
+        "  peak device memory {} (budget {}, planned {}); host K/V {}; peak RSS {}",
+        opt(r.peak_device_bytes),
+        opt(r.vram_budget),
+        human_bytes(r.planned_device_bytes),
+        human_bytes(r.host_kv_bytes),
+        opt(r.peak_rss_bytes)
+    );
+    Ok(())
+}
