@@ -233,10 +233,16 @@ fn empty_rows(heads: usize, d: usize, dtype: DType, device: &Device) -> Result<T
     from_bytes(&[], dtype, (heads, 0, d), device)
 }
 
+/// A tensor's elements as the bytes host memory holds them (native byte order: the device
+/// reads the rows as they lie).
 fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    fn raw<T>(v: &[T]) -> Vec<u8> {
+        // SAFETY: f32 and bf16 are plain data without padding; the bytes are copied out.
+        unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }.to_vec()
+    }
     Ok(match t.dtype() {
-        DType::F32 => t.flatten_all()?.to_vec1::<f32>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        DType::BF16 => t.flatten_all()?.to_vec1::<half::bf16>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::F32 => raw(&t.flatten_all()?.to_vec1::<f32>()?),
+        DType::BF16 => raw(&t.flatten_all()?.to_vec1::<half::bf16>()?),
         other => candle_core::bail!("host rows hold f32 or bf16, not {other:?}"),
     })
 }
@@ -244,11 +250,11 @@ fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
 fn from_bytes(bytes: &[u8], dtype: DType, shape: (usize, usize, usize), device: &Device) -> Result<Tensor> {
     match dtype {
         DType::F32 => {
-            let v: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let v: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect();
             Tensor::from_vec(v, shape, device)
         }
         DType::BF16 => {
-            let v: Vec<half::bf16> = bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]])).collect();
+            let v: Vec<half::bf16> = bytes.chunks_exact(2).map(|c| half::bf16::from_ne_bytes([c[0], c[1]])).collect();
             Tensor::from_vec(v, shape, device)
         }
         other => candle_core::bail!("host rows hold f32 or bf16, not {other:?}"),

@@ -393,6 +393,7 @@ mod cuda {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn decode_attention(
         q: &Tensor,
         k: &Tensor,

@@ -18,9 +18,16 @@ use folio_kernels::select::HostRows;
 use folio_kernels::sparse;
 use folio_kernels::Positions;
 
+use std::sync::Arc;
+
 use crate::attention::AttnCall;
+use crate::context::ContextFile;
 use crate::error::{Error, Result};
 use crate::kv::{DenseKv, KvSegment, KvStore};
+
+/// The attention methods with a fast path over this store (the others read whole layers
+/// through the resident store).
+pub const METHODS: [&str; 5] = ["dense", "streaming", "topk", "double-sparsity", "buzz"];
 
 /// Rows per host chunk when a step must read everything (dense attention, the exact top-k
 /// scan, building an index): 64 Ki rows per KV head keeps a chunk's K+V at 64 MiB for a
@@ -30,6 +37,8 @@ const SCAN_CHUNK: usize = 1 << 16;
 /// A saved prefix in host memory plus a device tail.
 pub struct OffloadKv {
     host: Vec<(HostRows, HostRows)>,
+    /// The context file the prefix came from: its stored index sections serve the methods.
+    file: Option<Arc<ContextFile>>,
     saved: usize,
     tail: DenseKv,
     len: usize,
@@ -60,6 +69,7 @@ impl OffloadKv {
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             host,
+            file: None,
             saved,
             tail: DenseKv::new(layers, kv_heads, head_dim, dtype, device),
             len: saved,
@@ -68,6 +78,21 @@ impl OffloadKv {
             dtype,
             device: device.clone(),
         })
+    }
+
+    /// A saved context's rows, decoded from the file (checksums verified) into host memory for
+    /// a model computing in `dtype` on `device`.
+    pub fn from_context(file: Arc<ContextFile>, dtype: DType, device: &Device) -> Result<Self> {
+        let h = file.header();
+        let (layers, kv_heads, tokens, head_dim) = (h.layers, h.kv_heads, h.tokens, h.head_dim);
+        let mut kv = Self::new(layers, kv_heads, head_dim, tokens, dtype, device)?;
+        for layer in 0..layers {
+            let (k, v) = file.layer_kv(layer)?;
+            let rows = |x: Vec<f32>| Tensor::from_vec(x, (kv_heads, tokens, head_dim), &Device::Cpu);
+            kv.fill(layer, 0, &rows(k)?, &rows(v)?)?;
+        }
+        kv.file = Some(file);
+        Ok(kv)
     }
 
     /// Writes saved rows `k`, `v` (`[kv_heads, t, head_dim]`) of `layer` at `pos..pos + t`.
@@ -210,6 +235,13 @@ impl KvStore for OffloadKv {
 
     fn saved_len(&self) -> usize {
         self.saved
+    }
+
+    fn saved_index(&self, name: &str, layer: usize) -> Result<Option<Vec<u8>>> {
+        match &self.file {
+            Some(file) => Ok(file.index(name, layer)?.map(<[u8]>::to_vec)),
+            None => Ok(None),
+        }
     }
 
     fn offloaded(&self) -> Option<&OffloadKv> {

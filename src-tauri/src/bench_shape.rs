@@ -29,7 +29,7 @@ use folio_models::config::ModelConfig;
 use folio_models::error::human_bytes;
 use folio_models::kv::KvStore;
 use folio_models::model::{Logits, Model};
-use folio_models::offload::OffloadKv;
+use folio_models::offload::{OffloadKv, METHODS as OFFLOADED};
 use folio_models::{device_name, parse_device};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
@@ -47,8 +47,6 @@ const COPIES: usize = 20;
 /// Device memory for a step's transients beyond what the plan counts per token (cuBLAS
 /// workspace, logits, activations, the scan chunks of dense and exact top-k).
 const WORKSPACE_BYTES: u64 = 1 << 30;
-/// The methods that run offloaded (the rest decode on the CPU references, not benchmarked here).
-const OFFLOADED: [&str; 5] = ["dense", "streaming", "topk", "double-sparsity", "buzz"];
 
 #[derive(Args)]
 pub struct ShapeBenchArgs {

@@ -15,6 +15,8 @@ use folio_models::context::format::SectionKind;
 use folio_models::context::{self, BuildOptions, ContextFile, ContextKv, KvDtype, Progress};
 use folio_models::error::human_bytes;
 use folio_models::generate::GenerateParams;
+use folio_models::kv::KvStore;
+use folio_models::offload::{OffloadKv, METHODS as OFFLOADED};
 use folio_models::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -394,19 +396,38 @@ pub fn chat(
     let mut turns = conv.as_ref().map(|c| c.messages.clone()).unwrap_or_default();
     turns.push(Message::new("user", &question));
     let tail = engine.context_tail(&file.header().prompt, &turns)?;
-    let mut kv = ContextKv::new(file.clone(), engine.model.dtype(), engine.model.device(), RESIDENT_BUDGET);
+    let (dtype, device) = (engine.model.dtype(), engine.model.device());
+    let mut kv: Box<dyn KvStore> = if a.offload {
+        if !OFFLOADED.contains(&attn.name()) {
+            bail!(
+                "--offload runs {}; {} reads the context through the resident store (drop --offload)",
+                OFFLOADED.join(", "),
+                attn.name()
+            );
+        }
+        Box::new(OffloadKv::from_context(file.clone(), dtype, device)?)
+    } else {
+        Box::new(ContextKv::new(file.clone(), dtype, device, RESIDENT_BUDGET))
+    };
     let params = params(&engine);
     let mut first_text = None;
     let mut stdout = std::io::stdout().lock();
-    let generation =
-        folio_models::generate::generate(&engine.model, &engine.tokenizer, attn, &mut kv, &tail, &params, |piece| {
+    let generation = folio_models::generate::generate(
+        &engine.model,
+        &engine.tokenizer,
+        attn,
+        kv.as_mut(),
+        &tail,
+        &params,
+        |piece| {
             first_text.get_or_insert_with(|| opened_at.elapsed().as_secs_f64());
             if !a.json {
                 let _ = write!(stdout, "{piece}");
                 let _ = stdout.flush();
             }
             ControlFlow::Continue(())
-        })?;
+        },
+    )?;
     let sources = attn.index_sources();
     if sources.values().any(|s| *s == IndexSource::Rebuilt) {
         eprintln!(
