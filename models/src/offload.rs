@@ -18,7 +18,8 @@ use folio_kernels::select::HostRows;
 use folio_kernels::sparse;
 use folio_kernels::Positions;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use crate::attention::AttnCall;
 use crate::context::ContextFile;
@@ -27,7 +28,7 @@ use crate::kv::{DenseKv, KvSegment, KvStore};
 
 /// The attention methods with a fast path over this store (the others read whole layers
 /// through the resident store).
-pub const METHODS: [&str; 5] = ["dense", "streaming", "topk", "double-sparsity", "buzz"];
+pub const METHODS: [&str; 6] = ["dense", "streaming", "topk", "double-sparsity", "buzz", "hip"];
 
 /// Rows per host chunk when a step must read everything (dense attention, the exact top-k
 /// scan, building an index): 64 Ki rows per KV head keeps a chunk's K+V at 64 MiB for a
@@ -39,6 +40,9 @@ pub struct OffloadKv {
     host: Vec<(HostRows, HostRows)>,
     /// The context file the prefix came from: its stored index sections serve the methods.
     file: Option<Arc<ContextFile>>,
+    /// Saved layers copied to the device because a method reads all of their rows every step
+    /// (HiP's dense leading layers): `(k, v)` `[kv_heads, saved, d]`.
+    resident: Mutex<HashMap<usize, (Tensor, Tensor)>>,
     saved: usize,
     tail: DenseKv,
     len: usize,
@@ -70,6 +74,7 @@ impl OffloadKv {
         Ok(Self {
             host,
             file: None,
+            resident: Mutex::new(HashMap::new()),
             saved,
             tail: DenseKv::new(layers, kv_heads, head_dim, dtype, device),
             len: saved,
@@ -129,6 +134,35 @@ impl OffloadKv {
         self.host.get(layer).ok_or_else(|| Error::Invalid(format!("offloaded store: no layer {layer}")))
     }
 
+    /// Copies `layer`'s saved rows to the device (once) for a method that reads every one of
+    /// them each step; dense attention over the layer then reads device memory, not the link.
+    pub fn keep_resident(&self, layer: usize) -> Result<()> {
+        let mut resident = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        if let std::collections::hash_map::Entry::Vacant(slot) = resident.entry(layer) {
+            // Filled in place, a chunk at a time: no second copy of the layer on the device.
+            let shape = (self.kv_heads, self.saved, self.head_dim);
+            let (k, v) =
+                (Tensor::zeros(shape, self.dtype, &self.device)?, Tensor::zeros(shape, self.dtype, &self.device)?);
+            for start in (0..self.saved).step_by(SCAN_CHUNK) {
+                let (kc, vc) = self.host_chunk(layer, start, (start + SCAN_CHUNK).min(self.saved))?;
+                k.slice_set(&kc, 1, start)?;
+                v.slice_set(&vc, 1, start)?;
+            }
+            slot.insert((k, v));
+        }
+        Ok(())
+    }
+
+    /// Device bytes of the layers kept resident.
+    pub fn resident_bytes(&self) -> u64 {
+        let resident = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        resident.values().map(|(k, v)| ((k.elem_count() + v.elem_count()) * self.dtype.size_in_bytes()) as u64).sum()
+    }
+
+    fn resident_rows(&self, layer: usize) -> Option<(Tensor, Tensor)> {
+        self.resident.lock().unwrap_or_else(|e| e.into_inner()).get(&layer).cloned()
+    }
+
     /// The tail's rows of `layer` up to absolute position `end` (`None` when there are none).
     pub fn tail_rows(&self, layer: usize, end: usize) -> Result<Option<(Tensor, Tensor)>> {
         if end <= self.saved {
@@ -154,6 +188,14 @@ impl OffloadKv {
         let tail = self.tail_rows(layer, end)?;
         let (tk, tv) = (tail.as_ref().map(|t| &t.0), tail.as_ref().map(|t| &t.1));
         Ok((k.gather(idx, group, tk, Positions::Trusted)?, v.gather(idx, group, tv, Positions::Trusted)?))
+    }
+
+    /// K rows only, as [`Self::gather`] (a search scoring keys needs no values).
+    pub fn gather_keys(&self, layer: usize, idx: &Tensor, end: usize) -> Result<Tensor> {
+        let (k, _) = self.layer(layer)?;
+        let group = idx.dim(0)? / self.kv_heads;
+        let tail = self.tail_rows(layer, end)?;
+        Ok(k.gather(idx, group, tail.as_ref().map(|t| &t.0), Positions::Trusted)?)
     }
 
     /// Exact q·k `[q_heads, end]` (f32) of one query `q [q_heads, d]` against every key below
@@ -266,6 +308,10 @@ pub fn dense(call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Tensor> {
     };
     let saved_end = end.min(kv.saved);
     let mut start = first / SCAN_CHUNK * SCAN_CHUNK;
+    if let Some((k, v)) = kv.resident_rows(call.kv_layer) {
+        add(attention_block(call.q, &k.narrow(1, 0, saved_end)?, &v.narrow(1, 0, saved_end)?, 0, mask, call.scale)?)?;
+        start = saved_end;
+    }
     while start < saved_end {
         let stop = (start + SCAN_CHUNK).min(saved_end);
         let (k, v) = kv.host_chunk(call.kv_layer, start, stop)?;
@@ -281,15 +327,16 @@ pub fn dense(call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Tensor> {
 
 /// One decode step's attention over the positions `idx [rows, s]` (u32, visible, distinct per
 /// row): one row per query head, or one per KV head when a group shares its pick (then each
-/// row is read once for the whole group). Gathers the rows and runs the selected-row attention
-/// kernel. Output `[q_heads, 1, d]` in the query's dtype.
-pub fn attend_selected(call: &AttnCall<'_>, kv: &OffloadKv, idx: &Tensor) -> Result<Tensor> {
+/// row is read once for the whole group). `bias [q_heads, s]` is added to the logits (−∞ pads a
+/// head's shorter pick). Gathers the rows and runs the selected-row attention kernel. Output
+/// `[q_heads, 1, d]` in the query's dtype.
+pub fn attend_selected(call: &AttnCall<'_>, kv: &OffloadKv, idx: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let s = idx.dim(1)?;
     let (k, v) = kv.gather(call.kv_layer, idx, call.q_start + 1)?;
     // The gathered rows are the kernel's K/V: `rows` heads of `s` rows each, read in order.
     let q = call.q.squeeze(1)?;
     let own = Tensor::arange(0u32, s as u32, idx.device())?.unsqueeze(0)?.repeat((q.dim(0)?, 1))?;
-    let (out, _lse) = sparse::decode_attention(&q, &k, &v, &own, None, call.scale, Positions::Trusted)?;
+    let (out, _lse) = sparse::decode_attention(&q, &k, &v, &own, bias, call.scale, Positions::Trusted)?;
     Ok(out.unsqueeze(1)?.to_dtype(call.q.dtype())?)
 }
 

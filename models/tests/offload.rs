@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use folio_models::attention::workload::{Case, Spec};
-use folio_models::attention::{by_name, AttnCall, Channels, Resources};
+use folio_models::attention::{by_name, parse_params, AttnCall, Channels, Resources};
 use folio_models::kv::KvStore;
 use folio_models::offload::OffloadKv;
 use folio_models::Result;
@@ -58,9 +58,12 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
         ("topk", Some("2%")),
         ("double-sparsity", Some("5%")),
         ("buzz", Some("10%")),
+        ("hip", Some("5%")),
     ] {
-        let reference = by_name(name, budget, &[], &resources)?;
-        let fast = by_name(name, budget, &[], &resources)?;
+        // One layer here: HiP's leading dense layers would cover it.
+        let params = if name == "hip" { parse_params(&["dense_layers=0".into(), "refresh=3".into()])? } else { vec![] };
+        let reference = by_name(name, budget, &params, &resources)?;
+        let fast = by_name(name, budget, &params, &resources)?;
         let mut worst = 0f32;
         for step in 0..spec.steps {
             let want = reference.attend(&case.call(step, &reference_kv, (0, 1)))?.out;

@@ -121,30 +121,81 @@ fn parameters(cfg: &ModelConfig) -> (usize, usize) {
     (total, read)
 }
 
-/// What one decode step of `method` moves per layer beyond the weights: bytes read on the
-/// device (its index) and bytes over the host link (picked rows; every row for dense; every
-/// key for the exact scan). `picked`: rows per query head (top-k, Double Sparsity) or per KV
-/// head (streaming, BUZZ).
-fn traffic(
-    method: &str,
-    cfg: &ModelConfig,
-    context: usize,
+/// What a method's step reads, from its settings: rows per query head (top-k, Double Sparsity,
+/// HiP) or per KV head (streaming, BUZZ); Double Sparsity's label row bytes; HiP's dense
+/// leading layers, block and refresh period.
+struct Cost {
     picked: usize,
     label_row: usize,
-    elem: usize,
-) -> (f64, f64) {
-    let (kv, heads, d) = (cfg.num_kv_heads, cfg.num_heads, cfg.head_dim);
-    let layers = cfg.num_layers as f64;
-    let row = (d * elem) as f64;
-    let rows = |n: usize, per: usize| (n * per) as f64 * 2.0 * row;
-    let (device, link) = match method {
-        "dense" => (0.0, rows(context, kv)),
-        "topk" => (0.0, (context * kv) as f64 * row + rows(picked, heads)),
-        "double-sparsity" => ((context * kv * label_row) as f64, rows(picked, heads)),
-        // One pick per KV head, read once for its group.
-        _ => (0.0, rows(picked, kv)),
-    };
-    (layers * device, layers * link)
+    dense_layers: usize,
+    block: usize,
+    refresh: usize,
+}
+
+impl Cost {
+    fn new(
+        method: &str,
+        settings: &serde_json::Value,
+        cfg: &ModelConfig,
+        budget: Option<&str>,
+        context: usize,
+    ) -> Result<Self> {
+        let tokens = budget.map(Budget::parse).transpose()?.map_or(0, |b| b.tokens(context));
+        let param = |name: &str| settings["params"][name].as_f64().map_or(0, |x| x as usize);
+        let picked = match method {
+            "topk" | "double-sparsity" => tokens + param("window"),
+            "hip" => tokens + param("sinks") + param("window"),
+            _ => tokens,
+        };
+        let r = match param("channels") {
+            0 => (cfg.head_dim / 4).max(1),
+            r => r.min(cfg.head_dim),
+        };
+        let dense_layers = if method == "hip" { param("dense_layers").min(cfg.num_layers) } else { 0 };
+        Ok(Self {
+            picked,
+            label_row: r + 8,
+            dense_layers,
+            block: param("block").max(1),
+            refresh: param("refresh").max(1),
+        })
+    }
+
+    /// Device memory the method keeps beyond the weights: Double Sparsity's labels, HiP's
+    /// resident dense layers.
+    fn device_bytes(&self, method: &str, cfg: &ModelConfig, context: usize, elem: usize) -> u64 {
+        let per_layer = |row: usize| (cfg.num_kv_heads * context * row) as u64;
+        match method {
+            "double-sparsity" => cfg.num_layers as u64 * per_layer(self.label_row),
+            "hip" => self.dense_layers as u64 * per_layer(2 * cfg.head_dim * elem),
+            _ => 0,
+        }
+    }
+
+    /// Bytes one decode step moves beyond the weights: read on the device (an index, resident
+    /// layers) and over the host link (picked rows; every row for dense; every key for the
+    /// exact scan; HiP's search, amortised over its refresh period).
+    fn traffic(&self, method: &str, cfg: &ModelConfig, context: usize, elem: usize) -> (f64, f64) {
+        let (kv, heads, d) = (cfg.num_kv_heads, cfg.num_heads, cfg.head_dim);
+        let layers = cfg.num_layers as f64;
+        let row = (d * elem) as f64;
+        let rows = |n: usize, per: usize| (n * per) as f64 * 2.0 * row;
+        match method {
+            "dense" => (0.0, layers * rows(context, kv)),
+            "topk" => (0.0, layers * ((context * kv) as f64 * row + rows(self.picked, heads))),
+            "double-sparsity" => (layers * (context * kv * self.label_row) as f64, layers * rows(self.picked, heads)),
+            "hip" => {
+                let sparse = (cfg.num_layers - self.dense_layers) as f64;
+                let n = self.picked.div_ceil(self.block).max(1);
+                let blocks = context.div_ceil(self.block).max(1);
+                let rounds = (blocks as f64 / n as f64).log2().ceil().max(0.0);
+                let search = rounds * (2 * n * self.block * heads) as f64 * row / self.refresh as f64;
+                (self.dense_layers as f64 * rows(context, kv), sparse * (rows(self.picked, heads) + search))
+            }
+            // One pick per KV head, read once for its group.
+            _ => (0.0, layers * rows(self.picked, kv)),
+        }
+    }
 }
 
 /// Device-to-device copies of `bytes` (after a warm-up, [`COPIES`] back to back), as bytes/s
@@ -172,27 +223,6 @@ fn random_channels(cfg: &ModelConfig, rng: &mut StdRng) -> Resources {
         .map(|_| (0..cfg.num_kv_heads).map(|_| (0..cfg.head_dim).map(|_| rng.random()).collect()).collect())
         .collect();
     Resources { channels: Some(std::sync::Arc::new(Channels::from_statistic(&stat))) }
-}
-
-/// Rows a method's step reads per query head, and the bytes of one label row (Double Sparsity).
-fn picked_rows(
-    method: &str,
-    settings: &serde_json::Value,
-    cfg: &ModelConfig,
-    budget: Option<&str>,
-    context: usize,
-) -> Result<(usize, usize)> {
-    let picked = budget.map(Budget::parse).transpose()?.map_or(0, |b| b.tokens(context));
-    let param = |name: &str| settings["params"][name].as_f64().map_or(0, |x| x as usize);
-    let picked = match method {
-        "topk" | "double-sparsity" => picked + param("window"),
-        _ => picked,
-    };
-    let r = match param("channels") {
-        0 => (cfg.head_dim / 4).max(1),
-        r => r.min(cfg.head_dim),
-    };
-    Ok((picked, r + 8))
 }
 
 pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
@@ -223,8 +253,8 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
             let budget = if m == "dense" { None } else { a.budget.as_deref() };
             let params = if m == "dense" { &[][..] } else { &params[..] };
             let method = by_name(m, budget, params, &resources)?;
-            let (picked, label_row) = picked_rows(m, &method.settings(), &cfg, budget, a.context)?;
-            Ok((m.clone(), method, picked, label_row))
+            let cost = Cost::new(m, &method.settings(), &cfg, budget, a.context)?;
+            Ok((m.clone(), method, cost))
         })
         .collect::<Result<Vec<_>>>()?;
 
@@ -236,12 +266,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
     };
     let (param_count, read_params) = parameters(&cfg);
     let weights = (param_count * elem) as u64;
-    let index = methods
-        .iter()
-        .filter(|m| m.0 == "double-sparsity")
-        .map(|m| (cfg.num_layers * cfg.num_kv_heads * a.context * m.3) as u64)
-        .max()
-        .unwrap_or(0);
+    let index = methods.iter().map(|m| m.2.device_bytes(&m.0, &cfg, a.context, elem)).max().unwrap_or(0);
     let tail = cfg.kv_bytes_per_token(elem) as u64 * (a.warmup + a.steps) as u64;
     let scores = (cfg.num_heads * a.context * 4 * 2) as u64;
     let planned = baseline + weights + index + tail + scores + WORKSPACE_BYTES;
@@ -286,7 +311,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
     let fill_s = fill_start.elapsed().as_secs_f64();
     kv.reserve(longest)?;
 
-    for (name, method, picked, label_row) in &methods {
+    for (name, method, cost) in &methods {
         kv.set_len(a.context)?;
         method.reset();
         let mut token = rng.random_range(0..cfg.vocab_size as u32);
@@ -306,7 +331,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
         }
         times.sort_by(f64::total_cmp);
         let median = percentile(&times, 0.5);
-        let (index_bytes, link_bytes) = traffic(name, &cfg, a.context, *picked, *label_row, elem);
+        let (index_bytes, link_bytes) = cost.traffic(name, &cfg, a.context, elem);
         let device_bytes = (read_params * elem) as f64 + index_bytes;
         let (floor_device, floor_link) = (device_bytes / copy_bw * 1e3, link_bytes / link_bw * 1e3);
         let floor = floor_device.max(floor_link);

@@ -325,7 +325,7 @@ impl DoubleSparsity {
         };
         let idx =
             offload::top_and_window(scores.as_ref(), self.budget.tokens(hi - lo), heads, lo, (cut, hi), q.device())?;
-        let out = offload::attend_selected(call, kv, &idx)?;
+        let out = offload::attend_selected(call, kv, &idx, None)?;
         let row_bytes = (r * bits) as f64 / 8.0 + 4.0;
         Ok(Attended { out, read: None, searched: (cut - lo) as f64 * row_bytes / (2 * kv.head_dim()) as f64 })
     }

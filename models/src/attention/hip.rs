@@ -18,9 +18,12 @@
 
 use std::collections::HashMap;
 
-use super::select::{budgeted_settings, dot, query_rows, sparse_decode, HeadPick, LayerRows, PerLayer};
+use candle_core::{DType, Device, Tensor};
+
+use super::select::{budgeted_settings, dot, query_rows, sparse_decode, visible, HeadPick, LayerRows, PerLayer};
 use super::{Attended, Attention, AttnCall, Budget, Dense, ParamSpec, Params};
 use crate::error::Result;
+use crate::offload::{self, OffloadKv};
 
 pub(super) const PARAMS: [ParamSpec; 5] = [
     ParamSpec { name: "block", default: 2.0, min: 1.0, max: 256.0, integer: true, doc: "b_k, keys per block" },
@@ -76,37 +79,68 @@ pub struct Hip {
 /// The hierarchical search over blocks `0..blocks` for `n` survivors; `score(b)` scores block
 /// `b` (by its keys). Returns the chosen blocks ascending and how many blocks were scored.
 pub fn search_blocks(blocks: usize, n: usize, mut score: impl FnMut(usize) -> f32) -> (Vec<usize>, usize) {
+    let found = search_blocks_batched(1, blocks, n, |wanted| Ok(vec![wanted[0].iter().map(|&b| score(b)).collect()]));
+    let mut found = found.expect("scoring here cannot fail");
+    found.pop().expect("one head")
+}
+
+/// [`search_blocks`] for `heads` searches at once: each round, `score(wanted)` gets the blocks
+/// every head still needs scored (`wanted[h]`) and returns their scores, so a GPU scores a
+/// whole round of every head in one gather. Per head: the chosen blocks ascending and how many
+/// blocks were scored.
+pub fn search_blocks_batched(
+    heads: usize,
+    blocks: usize,
+    n: usize,
+    mut score: impl FnMut(&[Vec<usize>]) -> Result<Vec<Vec<f32>>>,
+) -> Result<Vec<(Vec<usize>, usize)>> {
     if blocks <= n {
-        return ((0..blocks).collect(), 0);
+        return Ok(vec![((0..blocks).collect(), 0); heads]);
     }
     let round = |j: usize| ((j * blocks) as f64 / n as f64).round() as usize;
-    let mut nodes: Vec<(usize, usize)> = (0..n).map(|j| (round(j), round(j + 1))).filter(|(f, l)| l > f).collect();
-    let mut scored = 0;
-    let mut memo: HashMap<usize, f32> = HashMap::new();
-    let mut score_of = |b: usize, scored: &mut usize| {
-        *memo.entry(b).or_insert_with(|| {
-            *scored += 1;
-            score(b)
-        })
-    };
-    while nodes.iter().any(|(f, l)| l - f > 1) {
-        let mut cand: Vec<((usize, usize), f32)> = Vec::with_capacity(2 * nodes.len());
-        for &(f, l) in &nodes {
-            if l - f == 1 {
-                cand.push(((f, l), score_of(f, &mut scored)));
-            } else {
-                let m = f + (l - f) / 2;
-                cand.push(((f, m), score_of(f + (m - f) / 2, &mut scored)));
-                cand.push(((m, l), score_of(m + (l - m) / 2, &mut scored)));
-            }
+    let start: Vec<(usize, usize)> = (0..n).map(|j| (round(j), round(j + 1))).filter(|(f, l)| l > f).collect();
+    let mut nodes = vec![start; heads];
+    let mut memo: Vec<HashMap<usize, f32>> = vec![HashMap::new(); heads];
+    // A node's candidates: (range, block whose keys stand for it).
+    let split = |&(f, l): &(usize, usize)| -> Vec<((usize, usize), usize)> {
+        if l - f == 1 {
+            vec![((f, l), f)]
+        } else {
+            let m = f + (l - f) / 2;
+            vec![((f, m), f + (m - f) / 2), ((m, l), m + (l - m) / 2)]
         }
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0 .0.cmp(&b.0 .0)));
-        cand.truncate(n);
-        nodes = cand.into_iter().map(|c| c.0).collect();
+    };
+    while nodes.iter().any(|ns| ns.iter().any(|(f, l)| l - f > 1)) {
+        let wanted: Vec<Vec<usize>> = nodes
+            .iter()
+            .zip(&memo)
+            .map(|(ns, seen)| {
+                let mut w: Vec<usize> =
+                    ns.iter().flat_map(split).map(|c| c.1).filter(|b| !seen.contains_key(b)).collect();
+                w.sort_unstable();
+                w.dedup();
+                w
+            })
+            .collect();
+        for ((seen, w), sc) in memo.iter_mut().zip(&wanted).zip(score(&wanted)?) {
+            seen.extend(w.iter().copied().zip(sc));
+        }
+        for (ns, seen) in nodes.iter_mut().zip(&memo) {
+            let mut cand: Vec<((usize, usize), f32)> = ns.iter().flat_map(split).map(|(r, b)| (r, seen[&b])).collect();
+            cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0 .0.cmp(&b.0 .0)));
+            cand.truncate(n);
+            *ns = cand.into_iter().map(|c| c.0).collect();
+        }
     }
-    let mut chosen: Vec<usize> = nodes.into_iter().map(|(f, _)| f).collect();
-    chosen.sort_unstable();
-    (chosen, scored)
+    Ok(nodes
+        .into_iter()
+        .zip(memo)
+        .map(|(ns, seen)| {
+            let mut chosen: Vec<usize> = ns.into_iter().map(|(f, _)| f).collect();
+            chosen.sort_unstable();
+            (chosen, seen.len())
+        })
+        .collect())
 }
 
 impl Hip {
@@ -139,6 +173,87 @@ impl Hip {
     }
 }
 
+impl Hip {
+    /// The fast path over an offloaded store: each refresh searches every query head's blocks
+    /// at once, one gather of the round's representative keys per round; each step gathers
+    /// the heads' picks (sinks, chosen blocks, window) and runs the selected-row kernel.
+    fn attend_offloaded(&self, call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Attended> {
+        let (lo, hi) = visible(call);
+        let q = call.q.squeeze(1)?;
+        let heads = q.dim(0)?;
+        let dev = q.device().clone();
+        let first = self.params.usize("sinks").clamp(lo, hi);
+        let window_start = hi.saturating_sub(self.params.usize("window")).max(first);
+        let b = self.params.usize("block");
+        let mut cache = self.masks.lock();
+        let stale = |m: &Vec<Mask>| {
+            m.len() != heads || m[0].built_hi > hi || hi - m[0].built_hi >= self.params.usize("refresh")
+        };
+        let mut searched = 0;
+        if cache.get(&call.layer).is_none_or(stale) {
+            let blocks = window_start.saturating_sub(first).div_ceil(b);
+            let n = self.budget.tokens(hi - lo).div_ceil(b).max(1);
+            let qf = q.to_dtype(DType::F32)?.unsqueeze(1)?;
+            // A round's scores: every wanted block's keys gathered per head (short lists and the
+            // last, shorter block padded by repeating a key: a max is unchanged by repeats).
+            let score = |wanted: &[Vec<usize>]| -> Result<Vec<Vec<f32>>> {
+                let m = wanted.iter().map(Vec::len).max().unwrap_or(0);
+                if m == 0 {
+                    return Ok(vec![Vec::new(); heads]);
+                }
+                let pos: Vec<u32> = wanted
+                    .iter()
+                    .flat_map(|w| {
+                        (0..m).flat_map(move |i| {
+                            let blk = w.get(i).or(w.last()).copied().unwrap_or(0);
+                            let last = ((blk + 1) * b).min(window_start - first) - 1;
+                            (0..b).map(move |j| (first + (blk * b + j).min(last)) as u32)
+                        })
+                    })
+                    .collect();
+                let idx = Tensor::from_vec(pos, (heads, m * b), &dev)?;
+                let keys = kv.gather_keys(call.kv_layer, &idx, hi)?.to_dtype(DType::F32)?;
+                let z = qf.matmul(&keys.transpose(1, 2)?)?.reshape((heads, m, b))?.max(2)?;
+                let z: Vec<Vec<f32>> = z.to_device(&Device::Cpu)?.to_vec2()?;
+                Ok(z.into_iter().zip(wanted).map(|(row, w)| row[..w.len()].to_vec()).collect())
+            };
+            let found = search_blocks_batched(heads, blocks, n, score)?;
+            let masks = found
+                .into_iter()
+                .map(|(chosen, scored)| {
+                    searched += scored * b;
+                    let keys =
+                        chosen.into_iter().flat_map(|blk| first + blk * b..(first + (blk + 1) * b).min(window_start));
+                    Mask { keys: keys.collect(), window_start, built_hi: hi }
+                })
+                .collect();
+            cache.insert(call.layer, masks);
+        }
+        let picks: Vec<Vec<usize>> = cache[&call.layer]
+            .iter()
+            .map(|m| {
+                let chosen = m.keys.iter().copied().filter(|&p| p >= first);
+                (lo..first).chain(chosen).chain(m.window_start.max(first)..hi).collect()
+            })
+            .collect();
+        // Heads may pick a few keys fewer (a shorter last block): pad with a key at −∞.
+        let s = picks.iter().map(Vec::len).max().unwrap_or(0);
+        let mut pos = Vec::with_capacity(heads * s);
+        let mut bias = Vec::with_capacity(heads * s);
+        for p in &picks {
+            pos.extend(p.iter().map(|&x| x as u32));
+            bias.extend(std::iter::repeat_n(0f32, p.len()));
+            pos.extend(std::iter::repeat_n(p[0] as u32, s - p.len()));
+            bias.extend(std::iter::repeat_n(f32::NEG_INFINITY, s - p.len()));
+        }
+        let idx = Tensor::from_vec(pos, (heads, s), &dev)?;
+        let padded = picks.iter().any(|p| p.len() < s);
+        let bias = if padded { Some(Tensor::from_vec(bias, (heads, s), &dev)?) } else { None };
+        let out = offload::attend_selected(call, kv, &idx, bias.as_ref())?;
+        Ok(Attended { out, read: Some(picks), searched: searched as f64 / heads as f64 })
+    }
+}
+
 impl Attention for Hip {
     fn name(&self) -> &'static str {
         "hip"
@@ -153,8 +268,16 @@ impl Attention for Hip {
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
+        let offloaded = call.kv.offloaded();
         if call.layer < self.params.usize("dense_layers") {
+            if let Some(kv) = offloaded {
+                // Read every step: keep the layer on the device rather than cross the link.
+                kv.keep_resident(call.kv_layer)?;
+            }
             return Dense.attend(call);
+        }
+        if let (Some(kv), 1) = (offloaded, call.q.dim(1)?) {
+            return self.attend_offloaded(call, kv);
         }
         sparse_decode(call, |rows, lo, hi| {
             let queries = query_rows(call)?;

@@ -55,7 +55,7 @@ impl Attention for Streaming {
             let pos: Vec<u32> = pick.iter().map(|&p| p as u32).collect();
             // One pick for every head: each KV head's rows are read once for its group.
             let idx = Tensor::from_vec(pos, (1, pick.len()), call.q.device())?.repeat((kv.kv_heads(), 1))?;
-            let out = crate::offload::attend_selected(call, kv, &idx)?;
+            let out = crate::offload::attend_selected(call, kv, &idx, None)?;
             return Ok(Attended { out, read: Some(vec![pick; heads]), searched: 0.0 });
         }
         sparse_decode(call, |_, lo, hi| Ok((vec![HeadPick::plain(self.selection(lo, hi)); heads], 0.0)))

@@ -76,7 +76,7 @@ impl Attention for TopK {
                 (cut, hi),
                 q.device(),
             )?;
-            let out = offload::attend_selected(call, kv, &idx)?;
+            let out = offload::attend_selected(call, kv, &idx, None)?;
             return Ok(Attended { out, read: None, searched: (cut - lo) as f64 });
         }
         sparse_decode(call, |rows, lo, hi| {
