@@ -308,13 +308,15 @@ pub fn dense(call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Tensor> {
     };
     let saved_end = end.min(kv.saved);
     let mut start = first / SCAN_CHUNK * SCAN_CHUNK;
-    if let Some((k, v)) = kv.resident_rows(call.kv_layer) {
-        add(attention_block(call.q, &k.narrow(1, 0, saved_end)?, &v.narrow(1, 0, saved_end)?, 0, mask, call.scale)?)?;
-        start = saved_end;
-    }
+    let resident = kv.resident_rows(call.kv_layer);
     while start < saved_end {
+        // Chunks of the device copy when the layer is resident (so the f32 working copies stay
+        // one chunk large), else gathered from the host.
         let stop = (start + SCAN_CHUNK).min(saved_end);
-        let (k, v) = kv.host_chunk(call.kv_layer, start, stop)?;
+        let (k, v) = match &resident {
+            Some((k, v)) => (k.narrow(1, start, stop - start)?, v.narrow(1, start, stop - start)?),
+            None => kv.host_chunk(call.kv_layer, start, stop)?,
+        };
         add(attention_block(call.q, &k, &v, start, mask, call.scale)?)?;
         start = stop;
     }

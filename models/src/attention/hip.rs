@@ -16,8 +16,6 @@
 //! Sinks and window sizes are not stated in the paper; 4 and 64 are StreamingLLM's sinks and
 //! the window the other methods here use.
 
-use std::collections::HashMap;
-
 use candle_core::{DType, Device, Tensor};
 
 use super::select::{budgeted_settings, dot, query_rows, sparse_decode, visible, HeadPick, LayerRows, PerLayer};
@@ -85,9 +83,11 @@ pub fn search_blocks(blocks: usize, n: usize, mut score: impl FnMut(usize) -> f3
 }
 
 /// [`search_blocks`] for `heads` searches at once: each round, `score(wanted)` gets the blocks
-/// every head still needs scored (`wanted[h]`) and returns their scores, so a GPU scores a
-/// whole round of every head in one gather. Per head: the chosen blocks ascending and how many
-/// blocks were scored.
+/// every head needs scored (`wanted[h]`, distinct) and returns their scores in that order, so
+/// a GPU scores a whole round of every head in one gather. Per head: the chosen blocks
+/// ascending and how many blocks were scored. A half whose representative block is its
+/// parent's reuses the parent's score; a block that comes back as a representative further
+/// down is scored again (the same score: it is a function of the block).
 pub fn search_blocks_batched(
     heads: usize,
     blocks: usize,
@@ -98,47 +98,62 @@ pub fn search_blocks_batched(
         return Ok(vec![((0..blocks).collect(), 0); heads]);
     }
     let round = |j: usize| ((j * blocks) as f64 / n as f64).round() as usize;
-    let start: Vec<(usize, usize)> = (0..n).map(|j| (round(j), round(j + 1))).filter(|(f, l)| l > f).collect();
+    // A node: its range of blocks and, once scored, its representative block and score (a
+    // half whose representative is its parent's reuses the parent's score).
+    #[derive(Clone, Copy)]
+    struct Node {
+        range: (usize, usize),
+        rep: usize,
+        score: f32,
+    }
+    let unscored = |range| Node { range, rep: usize::MAX, score: f32::NAN };
+    let start: Vec<Node> = (0..n).map(|j| (round(j), round(j + 1))).filter(|(f, l)| l > f).map(unscored).collect();
     let mut nodes = vec![start; heads];
-    let mut memo: Vec<HashMap<usize, f32>> = vec![HashMap::new(); heads];
-    // A node's candidates: (range, block whose keys stand for it).
-    let split = |&(f, l): &(usize, usize)| -> Vec<((usize, usize), usize)> {
+    let mut scored = vec![0; heads];
+    // A node's candidates: itself when one block wide, else its two halves, each with the
+    // block that stands for it and the score when already known.
+    let split = |node: &Node| -> [Option<Node>; 2] {
+        let (f, l) = node.range;
+        let half = |range: (usize, usize), rep: usize| {
+            let known = rep == node.rep;
+            Node { range, rep, score: if known { node.score } else { f32::NAN } }
+        };
         if l - f == 1 {
-            vec![((f, l), f)]
+            [Some(half((f, l), f)), None]
         } else {
             let m = f + (l - f) / 2;
-            vec![((f, m), f + (m - f) / 2), ((m, l), m + (l - m) / 2)]
+            [Some(half((f, m), f + (m - f) / 2)), Some(half((m, l), m + (l - m) / 2))]
         }
     };
-    while nodes.iter().any(|ns| ns.iter().any(|(f, l)| l - f > 1)) {
-        let wanted: Vec<Vec<usize>> = nodes
-            .iter()
-            .zip(&memo)
-            .map(|(ns, seen)| {
-                let mut w: Vec<usize> =
-                    ns.iter().flat_map(split).map(|c| c.1).filter(|b| !seen.contains_key(b)).collect();
-                w.sort_unstable();
-                w.dedup();
-                w
-            })
-            .collect();
-        for ((seen, w), sc) in memo.iter_mut().zip(&wanted).zip(score(&wanted)?) {
-            seen.extend(w.iter().copied().zip(sc));
+    let order = |a: &Node, b: &Node| b.score.total_cmp(&a.score).then(a.range.0.cmp(&b.range.0));
+    while nodes.iter().any(|ns| ns.iter().any(|x| x.range.1 - x.range.0 > 1)) {
+        let mut cands: Vec<Vec<Node>> = nodes.iter().map(|ns| ns.iter().flat_map(split).flatten().collect()).collect();
+        let wanted: Vec<Vec<usize>> =
+            cands.iter().map(|cs| cs.iter().filter(|c| c.score.is_nan()).map(|c| c.rep).collect()).collect();
+        for ((cs, count), sc) in cands.iter_mut().zip(scored.iter_mut()).zip(score(&wanted)?) {
+            *count += sc.len();
+            let mut fresh = sc.into_iter();
+            for c in cs.iter_mut().filter(|c| c.score.is_nan()) {
+                c.score =
+                    fresh.next().ok_or_else(|| crate::error::Error::Invalid("hip: a block was not scored".into()))?;
+            }
         }
-        for (ns, seen) in nodes.iter_mut().zip(&memo) {
-            let mut cand: Vec<((usize, usize), f32)> = ns.iter().flat_map(split).map(|(r, b)| (r, seen[&b])).collect();
-            cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0 .0.cmp(&b.0 .0)));
-            cand.truncate(n);
-            *ns = cand.into_iter().map(|c| c.0).collect();
+        for (ns, mut cs) in nodes.iter_mut().zip(cands) {
+            // The n best (ties to the earlier block); their order does not matter until the end.
+            if cs.len() > n {
+                cs.select_nth_unstable_by(n - 1, order);
+                cs.truncate(n);
+            }
+            *ns = cs;
         }
     }
     Ok(nodes
         .into_iter()
-        .zip(memo)
-        .map(|(ns, seen)| {
-            let mut chosen: Vec<usize> = ns.into_iter().map(|(f, _)| f).collect();
+        .zip(scored)
+        .map(|(ns, count)| {
+            let mut chosen: Vec<usize> = ns.into_iter().map(|x| x.range.0).collect();
             chosen.sort_unstable();
-            (chosen, seen.len())
+            (chosen, count)
         })
         .collect())
 }
@@ -173,10 +188,73 @@ impl Hip {
     }
 }
 
+/// [`search_blocks`] for every query head at once, on the device: nodes are `[heads, n]`
+/// tensors of block ranges; each round every node's halves (a one-block node is its own right
+/// half; its empty left half scores −∞) are scored by their representative block's keys, one
+/// gather for all heads, and the top-k kernel keeps `n` per head. No host round trip until the
+/// chosen blocks come back. Differences from the host search: ties at the n-th score are broken
+/// arbitrarily, and every round scores every half (`2·n` blocks per head) instead of reusing
+/// earlier scores. Returns each head's chosen blocks and the key rows scored per head.
+fn search_on_device(
+    q: &Tensor,
+    kv: &OffloadKv,
+    call: &AttnCall<'_>,
+    (first, window_start, b): (usize, usize, usize),
+    blocks: usize,
+    n: usize,
+) -> Result<(Vec<Vec<usize>>, usize)> {
+    let heads = q.dim(0)?;
+    let dev = q.device();
+    if blocks <= n {
+        return Ok((vec![(0..blocks).collect(); heads], 0));
+    }
+    let round = |j: usize| ((j * blocks) as f64 / n as f64).round() as f32;
+    let node = |shift: usize| -> Result<Tensor> {
+        let starts: Vec<f32> = (0..n).map(|j| round(j + shift)).collect();
+        Ok(Tensor::from_vec(starts, (1, n), dev)?.repeat((heads, 1))?)
+    };
+    let (mut f, mut l) = (node(0)?, node(1)?);
+    let widest = (0..n).map(|j| round(j + 1) - round(j)).fold(1f32, f32::max) as usize;
+    let rounds = usize::BITS as usize - (widest - 1).leading_zeros() as usize;
+    let qf = q.to_dtype(DType::F32)?.unsqueeze(1)?;
+    let keys_end = (window_start - first) as f64;
+    let offsets = Tensor::arange(0f32, b as f32, dev)?.reshape((1, 1, b))?;
+    for _ in 0..rounds {
+        let m = (&f + ((&l - &f)? / 2.0)?.floor()?)?;
+        let rep_left = (&f + ((&m - &f)? / 2.0)?.floor()?)?;
+        let rep_right = (&m + ((&l - &m)? / 2.0)?.floor()?)?;
+        let cand_f = Tensor::cat(&[&f, &m], 1)?;
+        let cand_l = Tensor::cat(&[&m, &l], 1)?;
+        let rep = Tensor::cat(&[&rep_left, &rep_right], 1)?;
+        // Key positions of each representative block: b of them, the last block's clamped.
+        let start = (rep.unsqueeze(2)? * b as f64)?;
+        let last = ((&start + b as f64)?.minimum(keys_end)? - 1.0)?;
+        let pos = (start.broadcast_add(&offsets)?.broadcast_minimum(&last)? + first as f64)?;
+        let idx = pos.to_dtype(DType::U32)?.reshape((heads, 2 * n * b))?;
+        let keys = kv.gather_keys(call.kv_layer, &idx, call.q_start + 1)?.to_dtype(DType::F32)?;
+        let z = qf.matmul(&keys.transpose(1, 2)?)?.reshape((heads, 2 * n, b))?.max(2)?;
+        let valid = cand_l.gt(&cand_f)?;
+        let z = valid.where_cond(&z, &Tensor::new(f32::NEG_INFINITY, dev)?.broadcast_as(z.shape())?)?;
+        let keep = folio_kernels::select::topk(&z, n)?;
+        f = cand_f.gather(&keep, 1)?;
+        l = cand_l.gather(&keep, 1)?;
+    }
+    let chosen: Vec<Vec<f32>> = f.to_device(&Device::Cpu)?.to_vec2()?;
+    let chosen = chosen
+        .into_iter()
+        .map(|row| {
+            let mut blks: Vec<usize> = row.into_iter().map(|x| x as usize).collect();
+            blks.sort_unstable();
+            blks
+        })
+        .collect();
+    Ok((chosen, rounds * 2 * n * b))
+}
+
 impl Hip {
     /// The fast path over an offloaded store: each refresh searches every query head's blocks
-    /// at once, one gather of the round's representative keys per round; each step gathers
-    /// the heads' picks (sinks, chosen blocks, window) and runs the selected-row kernel.
+    /// at once on the device ([`search_on_device`]); each step gathers the heads' picks (sinks,
+    /// chosen blocks, window) and runs the selected-row kernel.
     fn attend_offloaded(&self, call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Attended> {
         let (lo, hi) = visible(call);
         let q = call.q.squeeze(1)?;
@@ -193,37 +271,14 @@ impl Hip {
         if cache.get(&call.layer).is_none_or(stale) {
             let blocks = window_start.saturating_sub(first).div_ceil(b);
             let n = self.budget.tokens(hi - lo).div_ceil(b).max(1);
-            let qf = q.to_dtype(DType::F32)?.unsqueeze(1)?;
-            // A round's scores: every wanted block's keys gathered per head (short lists and the
-            // last, shorter block padded by repeating a key: a max is unchanged by repeats).
-            let score = |wanted: &[Vec<usize>]| -> Result<Vec<Vec<f32>>> {
-                let m = wanted.iter().map(Vec::len).max().unwrap_or(0);
-                if m == 0 {
-                    return Ok(vec![Vec::new(); heads]);
-                }
-                let pos: Vec<u32> = wanted
-                    .iter()
-                    .flat_map(|w| {
-                        (0..m).flat_map(move |i| {
-                            let blk = w.get(i).or(w.last()).copied().unwrap_or(0);
-                            let last = ((blk + 1) * b).min(window_start - first) - 1;
-                            (0..b).map(move |j| (first + (blk * b + j).min(last)) as u32)
-                        })
-                    })
-                    .collect();
-                let idx = Tensor::from_vec(pos, (heads, m * b), &dev)?;
-                let keys = kv.gather_keys(call.kv_layer, &idx, hi)?.to_dtype(DType::F32)?;
-                let z = qf.matmul(&keys.transpose(1, 2)?)?.reshape((heads, m, b))?.max(2)?;
-                let z: Vec<Vec<f32>> = z.to_device(&Device::Cpu)?.to_vec2()?;
-                Ok(z.into_iter().zip(wanted).map(|(row, w)| row[..w.len()].to_vec()).collect())
-            };
-            let found = search_blocks_batched(heads, blocks, n, score)?;
-            let masks = found
+            let chosen = search_on_device(&q, kv, call, (first, window_start, b), blocks, n)?;
+            searched = chosen.1;
+            let masks = chosen
+                .0
                 .into_iter()
-                .map(|(chosen, scored)| {
-                    searched += scored * b;
+                .map(|blks| {
                     let keys =
-                        chosen.into_iter().flat_map(|blk| first + blk * b..(first + (blk + 1) * b).min(window_start));
+                        blks.into_iter().flat_map(|blk| first + blk * b..(first + (blk + 1) * b).min(window_start));
                     Mask { keys: keys.collect(), window_start, built_hi: hi }
                 })
                 .collect();
