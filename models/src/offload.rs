@@ -153,10 +153,9 @@ impl OffloadKv {
         Ok(())
     }
 
-    /// Device bytes of the layers kept resident.
-    pub fn resident_bytes(&self) -> u64 {
-        let resident = self.resident.lock().unwrap_or_else(|e| e.into_inner());
-        resident.values().map(|(k, v)| ((k.elem_count() + v.elem_count()) * self.dtype.size_in_bytes()) as u64).sum()
+    /// Frees the layers kept resident (a method that wanted them is done).
+    pub fn drop_resident(&self) {
+        self.resident.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
     fn resident_rows(&self, layer: usize) -> Option<(Tensor, Tensor)> {
