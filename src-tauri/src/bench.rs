@@ -47,8 +47,9 @@ pub struct BenchArgs {
 pub enum BenchCommand {
     /// Prefill speed, memory, file size and reopen-to-first-token time.
     Prefill(PrefillBenchArgs),
-    /// The sparse-decode kernels (selected-row attention, SimHash codes) against the device's
-    /// copy bandwidth and f32 GEMM rate measured in the same run.
+    /// The sparse-decode kernels (selected-row attention, label and block scores, top-k, the
+    /// host gather, SimHash codes) against the device's copy bandwidth, host link and f32 GEMM
+    /// rate measured in the same run.
     Kernels(KernelBenchArgs),
 }
 
@@ -114,6 +115,8 @@ const HASH_BITS_TABLES: (usize, usize) = (10, 150);
 const HIP_BLOCKS: usize = 2048;
 const HIP_BLOCK: usize = 2;
 const LABEL_BITS: usize = 4;
+/// Top-k benchmark: rows kept per query head (the decode benchmarks' budget).
+const TOPK_K: usize = 2048;
 /// Calls timed per figure after one warm-up (on the CPU the reference is slow: fewer), and
 /// bytes copied for the bandwidth figure.
 const KERNEL_REPS: usize = 50;
@@ -218,6 +221,42 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
         limit: "copy bandwidth (labels once per KV head)",
     });
     drop((codes, scale));
+    // Top-k over one layer's scores (a query head's row of the whole context), k = the
+    // budget the decode benchmarks use: four reads of the scores.
+    let scores = Tensor::randn(0f32, 1.0, (heads, a.context), &device)?;
+    let secs = time_calls(&device, || folio_kernels::select::topk(&scores, TOPK_K))?;
+    let bytes = 4.0 * (heads * a.context * 4) as f64;
+    rows.push(KernelRow {
+        kernel: format!("topk {heads}x{} scores, k {TOPK_K}", a.context),
+        seconds: secs,
+        bytes,
+        flops: 0.0,
+        of_limit: bytes / secs / bandwidth,
+        limit: "copy bandwidth",
+    });
+    drop(scores);
+    // The gather of picked rows from the host tier (K of one layer) into device memory.
+    let link = folio_kernels::device::host_to_device_rate(&device, COPY_BYTES)?;
+    let mut host = folio_kernels::select::HostRows::new(&device, dtype, kv_heads, a.context, d)?;
+    for start in (0..a.context).step_by(1 << 16) {
+        let t = (1usize << 16).min(a.context - start);
+        host.write(start, &Tensor::randn(0f32, 1.0, (kv_heads, t, d), &device)?.to_dtype(dtype)?)?;
+    }
+    for &sel in &a.select {
+        let idx: Vec<u32> = (0..heads * sel).map(|_| rng.random_range(0..a.context as u32)).collect();
+        let idx = Tensor::from_vec(idx, (heads, sel), &device)?;
+        let secs = time_calls(&device, || host.gather(&idx, heads / kv_heads, None, Positions::Trusted))?;
+        let bytes = (heads * sel * d) as f64 * elem;
+        rows.push(KernelRow {
+            kernel: format!("gather {heads}x{sel} rows from host memory (d {d}, {dtype:?})"),
+            seconds: secs,
+            bytes,
+            flops: 0.0,
+            of_limit: bytes / secs / link,
+            limit: "host link (page-locked copy)",
+        });
+    }
+    drop(host);
     let (bits, tables) = HASH_BITS_TABLES;
     let hash_rows = if device.is_cpu() { HASH_ROWS / 64 } else { HASH_ROWS };
     let x = Tensor::randn(0f32, 1.0, (hash_rows, d), &device)?;
@@ -235,14 +274,16 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
     if a.json {
         println!(
             "{}",
-            serde_json::json!({ "device": device_name(&device), "copy_bandwidth": bandwidth, "f32_gemm_flops": gemm, "kernels": rows })
+            serde_json::json!({ "device": device_name(&device), "copy_bandwidth": bandwidth, "host_link": link,
+                                "f32_gemm_flops": gemm, "kernels": rows })
         );
         return Ok(());
     }
     println!(
-        "device {}: copy bandwidth {:.0} GB/s, f32 GEMM {:.2} TFLOP/s (measured now)",
+        "device {}: copy bandwidth {:.0} GB/s, host link {:.1} GB/s, f32 GEMM {:.2} TFLOP/s (measured now)",
         device_name(&device),
         bandwidth / 1e9,
+        link / 1e9,
         gemm / 1e12
     );
     println!("{:<62} {:>10} {:>10} {:>10} {:>9}", "kernel", "µs/call", "GB/s", "GFLOP/s", "÷ limit");
