@@ -43,6 +43,9 @@ pub struct OffloadKv {
     /// Saved layers copied to the device because a method reads all of their rows every step
     /// (HiP's dense leading layers): `(k, v)` `[kv_heads, saved, d]`.
     resident: Mutex<HashMap<usize, (Tensor, Tensor)>>,
+    /// `[q_heads, saved]` u32 positions `0..saved` per query head: a resident layer's decode
+    /// step attends all of them through the selected-row kernel (made once, shared by layers).
+    every_position: Mutex<Option<Tensor>>,
     saved: usize,
     tail: DenseKv,
     len: usize,
@@ -75,6 +78,7 @@ impl OffloadKv {
             host,
             file: None,
             resident: Mutex::new(HashMap::new()),
+            every_position: Mutex::new(None),
             saved,
             tail: DenseKv::new(layers, kv_heads, head_dim, dtype, device),
             len: saved,
@@ -156,6 +160,19 @@ impl OffloadKv {
     /// Frees the layers kept resident (a method that wanted them is done).
     pub fn drop_resident(&self) {
         self.resident.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        *self.every_position.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    fn every_position(&self, heads: usize) -> Result<Tensor> {
+        let mut slot = self.every_position.lock().unwrap_or_else(|e| e.into_inner());
+        match &*slot {
+            Some(t) if t.dim(0)? == heads => Ok(t.clone()),
+            _ => {
+                let t = Tensor::arange(0u32, self.saved as u32, &self.device)?.unsqueeze(0)?.repeat((heads, 1))?;
+                *slot = Some(t.clone());
+                Ok(t)
+            }
+        }
     }
 
     fn resident_rows(&self, layer: usize) -> Option<(Tensor, Tensor)> {
@@ -308,6 +325,15 @@ pub fn dense(call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Tensor> {
     let saved_end = end.min(kv.saved);
     let mut start = first / SCAN_CHUNK * SCAN_CHUNK;
     let resident = kv.resident_rows(call.kv_layer);
+    if let (Some((k, v)), 1, None, true) = (&resident, t, call.window, saved_end == kv.saved) {
+        // A decode step over a resident layer: every saved row through the selected-row
+        // kernel, which reads the bf16 rows as they are (no f32 working copies).
+        let q = call.q.squeeze(1)?;
+        let idx = kv.every_position(q.dim(0)?)?;
+        let (out, lse) = sparse::decode_attention(&q, k, v, &idx, None, call.scale, Positions::Trusted)?;
+        add(AttnOutput { out: out.unsqueeze(1)?, lse: lse.unsqueeze(1)? })?;
+        start = saved_end;
+    }
     while start < saved_end {
         // Chunks of the device copy when the layer is resident (so the f32 working copies stay
         // one chunk large), else gathered from the host.
