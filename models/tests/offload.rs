@@ -11,26 +11,16 @@ use folio_models::kv::KvStore;
 use folio_models::offload::OffloadKv;
 use folio_models::Result;
 
-macro_rules! test_device {
-    ($body:ident, $cpu:ident, $cuda:ident) => {
-        #[test]
-        fn $cpu() -> Result<()> {
-            $body(&Device::Cpu)
-        }
-        #[cfg(feature = "cuda")]
-        #[test]
-        fn $cuda() -> Result<()> {
-            $body(&Device::new_cuda(0)?)
-        }
-    };
-}
+// The kernels' one-body-per-device macro (and helpers), shared rather than written twice.
+#[path = "../../kernels/tests/common/mod.rs"]
+mod common;
 
 /// Largest |a - b| over two tensors' elements.
 fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
     let flat = |t: &Tensor| -> Result<Vec<f32>> {
         Ok(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?)
     };
-    Ok(flat(a)?.iter().zip(flat(b)?).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max))
+    Ok(common::max_abs_diff(&flat(a)?, &flat(b)?))
 }
 
 /// Every method with an offloaded path gives its reference's output on each decode step of a

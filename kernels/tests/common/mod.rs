@@ -19,6 +19,7 @@ macro_rules! test_device {
     };
 }
 
+#[allow(dead_code)] // not every test file draws its inputs here
 pub fn random(rng: &mut StdRng, n: usize, spread: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-spread..spread)).collect()
 }
