@@ -161,6 +161,9 @@ impl HostRows {
                 self.dtype
             );
         }
+        if t == 0 {
+            return Ok(());
+        }
         let (n, rb) = (self.n, self.row_bytes());
         #[cfg(feature = "cuda")]
         if let (HostMem::Mapped(m), Device::Cuda(_)) = (&mut self.mem, rows.device()) {
@@ -208,6 +211,9 @@ impl HostRows {
             return empty_rows(ih, self.d, self.dtype, &self.device);
         }
         let end = self.n + tail_n;
+        if end == 0 {
+            candle_core::bail!("host rows: gathering {sel} rows from none");
+        }
         let check = positions == Positions::Check || self.device.is_cpu();
         if check && idx.max_all()?.to_scalar::<u32>()? as usize >= end {
             candle_core::bail!("host rows: a position is past the {end} stored rows");

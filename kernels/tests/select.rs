@@ -94,7 +94,11 @@ fn gather_matches_reference(device: &Device) -> Result<()> {
         assert_eq!(flat(&got)?, want, "seed {seed}: heads {heads} n {n} tail {tail_n} group {group}");
         println!("{device:?} gather heads {heads} n {n} tail {tail_n} d {d} group {group} sel {sel} {dtype:?}: equal");
     }
-    let host = HostRows::new(device, DType::BF16, 1, 10, 64)?;
+    let mut host = HostRows::new(device, DType::BF16, 1, 10, 64)?;
+    // An empty write is a no-op; a gather from a store with no rows at all is refused.
+    host.write(3, &Tensor::from_vec(Vec::<half::bf16>::new(), (1, 0, 64), device)?)?;
+    let empty = HostRows::new(device, DType::BF16, 1, 0, 64)?;
+    assert!(empty.gather(&Tensor::from_vec(vec![0u32], (1, 1), device)?, 1, None, Positions::Trusted).is_err());
     let past = Tensor::from_vec(vec![3u32, 10], (1, 2), device)?;
     assert!(host.gather(&past, 1, None, Positions::Check).is_err());
     let tail = Tensor::zeros((1, 2, 64), DType::BF16, device)?;

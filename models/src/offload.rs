@@ -388,6 +388,11 @@ pub fn top_and_window(
     Ok(Tensor::cat(&parts, 1)?)
 }
 
+/// Logits per KV head in one chunk of [`attend_scored`] (rows × positions), and the fewest
+/// positions a chunk takes.
+const SCAN_ELEMS: usize = 8 * SCAN_CHUNK;
+const MIN_SCORED_CHUNK: usize = 4096;
+
 /// Masked logits stand at this value rather than −∞, so a chunk with no visible key merges
 /// without NaNs (every row sees at least its own token somewhere).
 const MASKED: f64 = -1e30;
@@ -412,7 +417,9 @@ pub fn attend_scored(call: &AttnCall<'_>, kv: &OffloadKv, idx: &Tensor) -> Resul
     let row_pos = Tensor::from_vec(row_pos, (1, rows, 1), dev)?;
     let row_lo = Tensor::from_vec(row_lo, (1, rows, 1), dev)?;
     let masked = Tensor::new(MASKED as f32, dev)?;
-    let chunks: Vec<(usize, usize)> = (0..s).step_by(SCAN_CHUNK).map(|c| (c, SCAN_CHUNK.min(s - c))).collect();
+    // Chunks hold `[kv, rows, len]` logits: a long question (many rows) gets shorter ones.
+    let chunk = (SCAN_ELEMS / rows.max(1)).clamp(MIN_SCORED_CHUNK, SCAN_CHUNK);
+    let chunks: Vec<(usize, usize)> = (0..s).step_by(chunk).map(|c| (c, chunk.min(s - c))).collect();
     // Scaled, masked logits `[kv, rows, len]` of a chunk, and its values.
     let logits = |(c, len): (usize, usize)| -> Result<(Tensor, Tensor)> {
         let ic = idx.narrow(1, c, len)?;
