@@ -113,14 +113,6 @@ impl HostRows {
         Ok(Self { heads, n, d, dtype, device: device.clone(), mem })
     }
 
-    pub fn dims(&self) -> (usize, usize, usize) {
-        (self.heads, self.n, self.d)
-    }
-
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
     /// Bytes of host memory held.
     pub fn bytes(&self) -> usize {
         self.heads * self.n * self.row_bytes()
@@ -135,15 +127,6 @@ impl HostRows {
             HostMem::Plain(v) => Ok(v),
             #[cfg(feature = "cuda")]
             HostMem::Mapped(m) => m.as_mut_slice(),
-        }
-    }
-
-    /// The stored bytes (for checks and for writing them elsewhere).
-    pub fn host(&self) -> Result<&[u8]> {
-        match &self.mem {
-            HostMem::Plain(v) => Ok(v),
-            #[cfg(feature = "cuda")]
-            HostMem::Mapped(m) => m.as_slice(),
         }
     }
 
@@ -312,10 +295,6 @@ mod cuda {
 
         pub fn device_ptr(&self) -> u64 {
             self.ptr
-        }
-
-        pub fn as_slice(&self) -> Result<&[u8]> {
-            self.buf.as_slice().w()
         }
 
         /// Copies `rows [heads, t, d]` (contiguous, on the device) to rows `pos..pos + t` of

@@ -183,6 +183,55 @@ impl KvStore for DenseKv {
     }
 }
 
+/// What follows a saved, read-only prefix of `saved` tokens (the question, the answer,
+/// follow-up turns): positions `saved..` in a device [`DenseKv`]. The stores over a saved
+/// context (resident or offloaded) keep theirs here and differ only in where the prefix lives.
+pub(crate) struct SavedTail {
+    saved: usize,
+    rows: DenseKv,
+}
+
+impl SavedTail {
+    pub fn new(saved: usize, layers: usize, kv_heads: usize, head_dim: usize, dtype: DType, device: &Device) -> Self {
+        Self { saved, rows: DenseKv::new(layers, kv_heads, head_dim, dtype, device) }
+    }
+
+    /// Tokens stored, prefix included.
+    pub fn len(&self) -> usize {
+        self.saved + self.rows.len()
+    }
+
+    pub fn write(&mut self, layer: usize, pos: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        if pos < self.saved {
+            return Err(Error::Invalid(format!(
+                "position {pos} is inside the saved context ({} tokens), which is read-only",
+                self.saved
+            )));
+        }
+        self.rows.write(layer, pos - self.saved, k, v)
+    }
+
+    /// The tail's segments of `layer` up to absolute position `end`, at their absolute
+    /// positions (none when `end` is inside the prefix).
+    pub fn segments(&self, layer: usize, end: usize) -> Result<Vec<KvSegment>> {
+        if end <= self.saved {
+            return Ok(Vec::new());
+        }
+        let segs = self.rows.segments(layer, end - self.saved)?;
+        Ok(segs.into_iter().map(|s| KvSegment { start: s.start + self.saved, ..s }).collect())
+    }
+
+    pub fn set_len(&mut self, len: usize) -> Result<()> {
+        self.rows.set_len(len.checked_sub(self.saved).ok_or_else(|| {
+            Error::Invalid(format!("length {len} is shorter than the saved context ({})", self.saved))
+        })?)
+    }
+
+    pub fn reserve(&mut self, total: usize) -> Result<()> {
+        self.rows.reserve(total.saturating_sub(self.saved))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use crate::attention::AttnCall;
 use crate::context::ContextFile;
 use crate::error::{Error, Result};
-use crate::kv::{DenseKv, KvSegment, KvStore};
+use crate::kv::{KvSegment, KvStore, SavedTail};
 
 /// The attention methods with a fast path over this store (the others read whole layers
 /// through the resident store).
@@ -47,8 +47,7 @@ pub struct OffloadKv {
     /// step attends all of them through the selected-row kernel (made once, shared by layers).
     every_position: Mutex<Option<Tensor>>,
     saved: usize,
-    tail: DenseKv,
-    len: usize,
+    tail: SavedTail,
     kv_heads: usize,
     head_dim: usize,
     dtype: DType,
@@ -80,8 +79,7 @@ impl OffloadKv {
             resident: Mutex::new(HashMap::new()),
             every_position: Mutex::new(None),
             saved,
-            tail: DenseKv::new(layers, kv_heads, head_dim, dtype, device),
-            len: saved,
+            tail: SavedTail::new(saved, layers, kv_heads, head_dim, dtype, device),
             kv_heads,
             head_dim,
             dtype,
@@ -181,18 +179,28 @@ impl OffloadKv {
 
     /// The tail's rows of `layer` up to absolute position `end` (`None` when there are none).
     pub fn tail_rows(&self, layer: usize, end: usize) -> Result<Option<(Tensor, Tensor)>> {
-        if end <= self.saved {
-            return Ok(None);
+        match self.tail.segments(layer, end)?.pop() {
+            Some(seg) => Ok(Some((seg.k.contiguous()?, seg.v.contiguous()?))),
+            None => Ok(None),
         }
-        let seg = self.tail.segments(layer, end - self.saved)?.remove(0);
-        Ok(Some((seg.k.contiguous()?, seg.v.contiguous()?)))
     }
 
     /// Rows `[kv_heads, end - start, d]` of positions `start..end` (all below the saved length).
     fn host_chunk(&self, layer: usize, start: usize, end: usize) -> Result<(Tensor, Tensor)> {
         let (k, v) = self.layer(layer)?;
-        let idx = Tensor::arange(start as u32, end as u32, &self.device)?.unsqueeze(0)?.repeat((self.kv_heads, 1))?;
+        let idx = self.chunk_positions(start, end)?;
         Ok((k.gather(&idx, 1, None, Positions::Trusted)?, v.gather(&idx, 1, None, Positions::Trusted)?))
+    }
+
+    /// Keys only of [`Self::host_chunk`]: a scan or an index build needs no values.
+    fn host_keys(&self, layer: usize, start: usize, end: usize) -> Result<Tensor> {
+        let (k, _) = self.layer(layer)?;
+        Ok(k.gather(&self.chunk_positions(start, end)?, 1, None, Positions::Trusted)?)
+    }
+
+    /// `[kv_heads, end - start]` u32: positions `start..end` for every KV head.
+    fn chunk_positions(&self, start: usize, end: usize) -> Result<Tensor> {
+        Ok(Tensor::arange(start as u32, end as u32, &self.device)?.unsqueeze(0)?.repeat((self.kv_heads, 1))?)
     }
 
     /// K and V rows `[rows, s, d]` of the positions `idx [rows, s]` (u32, `< end`, produced by
@@ -227,7 +235,7 @@ impl OffloadKv {
         };
         let mut parts = Vec::new();
         for start in (0..end.min(self.saved)).step_by(SCAN_CHUNK) {
-            let (k, _) = self.host_chunk(layer, start, (start + SCAN_CHUNK).min(end.min(self.saved)))?;
+            let k = self.host_keys(layer, start, (start + SCAN_CHUNK).min(end.min(self.saved)))?;
             parts.push(score(&k)?);
         }
         if let Some((k, _)) = self.tail_rows(layer, end)? {
@@ -236,11 +244,10 @@ impl OffloadKv {
         Ok(Tensor::cat(&parts, 1)?)
     }
 
-    /// Every saved key of `layer` in chunks `(start, k [kv_heads, c, d])`, for index builds.
-    pub fn for_each_key_chunk(&self, layer: usize, mut f: impl FnMut(usize, &Tensor) -> Result<()>) -> Result<()> {
+    /// Every saved key of `layer` in position order, in chunks `k [kv_heads, c, d]`, for index builds.
+    pub fn for_each_key_chunk(&self, layer: usize, mut f: impl FnMut(&Tensor) -> Result<()>) -> Result<()> {
         for start in (0..self.saved).step_by(SCAN_CHUNK) {
-            let (k, _) = self.host_chunk(layer, start, (start + SCAN_CHUNK).min(self.saved))?;
-            f(start, &k)?;
+            f(&self.host_keys(layer, start, (start + SCAN_CHUNK).min(self.saved))?)?;
         }
         Ok(())
     }
@@ -248,17 +255,11 @@ impl OffloadKv {
 
 impl KvStore for OffloadKv {
     fn len(&self) -> usize {
-        self.len
+        self.tail.len()
     }
 
     fn write(&mut self, layer: usize, pos: usize, k: &Tensor, v: &Tensor) -> Result<()> {
-        if pos < self.saved {
-            return Err(Error::Invalid(format!(
-                "kv write at position {pos}: positions below {} are the saved context, read-only",
-                self.saved
-            )));
-        }
-        self.tail.write(layer, pos - self.saved, k, v)
+        self.tail.write(layer, pos, k, v)
     }
 
     /// Materialises the saved rows on the device: for the CPU references and small contexts;
@@ -269,26 +270,16 @@ impl KvStore for OffloadKv {
             let (k, v) = self.host_chunk(layer, 0, end.min(self.saved))?;
             segs.push(KvSegment { start: 0, k, v });
         }
-        if end > self.saved {
-            for mut seg in self.tail.segments(layer, end - self.saved)? {
-                seg.start += self.saved;
-                segs.push(seg);
-            }
-        }
+        segs.extend(self.tail.segments(layer, end)?);
         Ok(segs)
     }
 
     fn set_len(&mut self, len: usize) -> Result<()> {
-        if len < self.saved {
-            return Err(Error::Invalid(format!("kv length {len} is shorter than the saved context ({})", self.saved)));
-        }
-        self.tail.set_len(len - self.saved)?;
-        self.len = len;
-        Ok(())
+        self.tail.set_len(len)
     }
 
     fn reserve(&mut self, total: usize) -> Result<()> {
-        self.tail.reserve(total.saturating_sub(self.saved))
+        self.tail.reserve(total)
     }
 
     fn saved_len(&self) -> usize {

@@ -270,7 +270,7 @@ impl DoubleSparsity {
             },
             || {
                 let (mut codes, mut scale) = (Vec::new(), Vec::new());
-                kv.for_each_key_chunk(call.kv_layer, |_, k| {
+                kv.for_each_key_chunk(call.kv_layer, |k| {
                     let (c, lo, range) = quantize_rows(&label_values(k, &ch)?, bits)?;
                     codes.push(c.to_dtype(DType::U8)?);
                     scale.push(Tensor::cat(&[lo, range], 2)?);

@@ -15,7 +15,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::file::ContextFile;
 use crate::error::{Error, Result};
-use crate::kv::{DenseKv, KvSegment, KvStore};
+use crate::kv::{KvSegment, KvStore, SavedTail};
 
 /// Where the prefix rows come from.
 enum Prefix {
@@ -34,7 +34,7 @@ struct Resident {
 pub struct ContextKv {
     prefix: Prefix,
     prefix_len: usize,
-    tail: DenseKv,
+    tail: SavedTail,
     resident: Mutex<Resident>,
     budget: u64,
     layer_bytes: u64,
@@ -75,7 +75,7 @@ impl ContextKv {
         Self {
             prefix,
             prefix_len,
-            tail: DenseKv::new(layers, kv_heads, head_dim, dtype, device),
+            tail: SavedTail::new(prefix_len, layers, kv_heads, head_dim, dtype, device),
             resident: Mutex::new(Resident { layers: vec![None; layers], order: VecDeque::new(), bytes: 0 }),
             budget,
             layer_bytes: (2 * kv_heads * prefix_len * head_dim * dtype.size_in_bytes()) as u64,
@@ -134,7 +134,7 @@ impl ContextKv {
 
 impl KvStore for ContextKv {
     fn len(&self) -> usize {
-        self.prefix_len + self.tail.len()
+        self.tail.len()
     }
 
     fn saved_len(&self) -> usize {
@@ -149,13 +149,7 @@ impl KvStore for ContextKv {
     }
 
     fn write(&mut self, layer: usize, pos: usize, k: &Tensor, v: &Tensor) -> Result<()> {
-        if pos < self.prefix_len {
-            return Err(Error::Invalid(format!(
-                "position {pos} is inside the saved context ({} tokens), which is read-only",
-                self.prefix_len
-            )));
-        }
-        self.tail.write(layer, pos - self.prefix_len, k, v)
+        self.tail.write(layer, pos, k, v)
     }
 
     fn segments(&self, layer: usize, end: usize) -> Result<Vec<KvSegment>> {
@@ -164,19 +158,15 @@ impl KvStore for ContextKv {
             return Ok(vec![KvSegment { start: 0, k: k.narrow(1, 0, end)?, v: v.narrow(1, 0, end)? }]);
         }
         let mut segs = vec![KvSegment { start: 0, k, v }];
-        for s in self.tail.segments(layer, end - self.prefix_len)? {
-            segs.push(KvSegment { start: s.start + self.prefix_len, ..s });
-        }
+        segs.extend(self.tail.segments(layer, end)?);
         Ok(segs)
     }
 
     fn set_len(&mut self, len: usize) -> Result<()> {
-        self.tail.set_len(len.checked_sub(self.prefix_len).ok_or_else(|| {
-            Error::Invalid(format!("length {len} is shorter than the saved context ({})", self.prefix_len))
-        })?)
+        self.tail.set_len(len)
     }
 
     fn reserve(&mut self, total: usize) -> Result<()> {
-        self.tail.reserve(total.saturating_sub(self.prefix_len))
+        self.tail.reserve(total)
     }
 }
