@@ -176,9 +176,15 @@ fn every_method(budget: &str, channels: &Arc<Channels>) -> Vec<Box<dyn Attention
 /// Mean relative error of `m` over every decode step of `case`, in order (stateful methods
 /// see the conversation progress), and the mean share of rows read.
 fn case_error(m: &dyn Attention, case: &Case) -> (f32, f32) {
+    let (err, read, _) = case_outcome(m, case);
+    (err, read)
+}
+
+/// [`case_error`] and the fraction of the visible keys the search touched per query head.
+fn case_outcome(m: &dyn Attention, case: &Case) -> (f32, f32, f64) {
     m.reset();
     let kv = case.store().unwrap();
-    let (mut err, mut read) = (0.0, 0.0);
+    let (mut err, mut read, mut searched) = (0.0, 0.0, 0.0);
     for s in 0..case.queries.len() {
         let call = case.call(s, &kv, (LAYER, LAYERS));
         let got = m.attend(&call).unwrap();
@@ -186,9 +192,10 @@ fn case_error(m: &dyn Attention, case: &Case) -> (f32, f32) {
         read += got
             .read
             .map_or(1.0, |r| r.iter().map(|h| h.len() as f32).sum::<f32>() / (r.len() * (call.q_start + 1)) as f32);
+        searched += got.searched / (call.q_start + 1) as f64;
     }
-    let n = case.queries.len() as f32;
-    (err / n, read / n)
+    let n = case.queries.len();
+    (err / n as f32, read / n as f32, searched / n as f64)
 }
 
 /// More budget, less error, down to dense at 100%, for every method on the mixed workload
@@ -236,9 +243,13 @@ fn double_sparsity_with_all_channels_is_topk() {
     // Fewer channels and 4-bit labels still find most of the mass here (outlier channels).
     let ds = by_name("double-sparsity", Some("5%"), &[], &r).unwrap();
     let topk = by_name("topk", Some("5%"), &p(&["window=0"]), &r).unwrap();
+    let window = by_name("streaming", Some("5%"), &[], &r).unwrap();
     let (e_ds, e_topk) = (case_error(ds.as_ref(), &case).0, case_error(topk.as_ref(), &case).0);
-    println!("5%: double-sparsity {e_ds:.4}, exact top-k {e_topk:.4}");
-    assert!(e_ds < 0.5, "seed {seed}: {e_ds}");
+    let e_window = case_error(window.as_ref(), &case).0;
+    println!("5%: double-sparsity {e_ds:.4}, exact top-k {e_topk:.4}, streaming {e_window:.4}");
+    // Relative to the window of the same budget, not an absolute bound: the absolute error
+    // spans 0.05 to 0.55 over draws, the ratio stayed under 0.32 in 40 draws.
+    assert!(e_ds < 0.5 * e_window, "seed {seed}: double sparsity {e_ds}, streaming {e_window}");
 }
 
 /// The IVF index scanning every list is the exact scan; probing few lists reads few keys.
@@ -252,9 +263,16 @@ fn ivf_with_every_list_probed_is_exact_topk() {
     let exact = by_name("topk", Some("2%"), &[], &r).unwrap();
     assert_eq!(case_error(all.as_ref(), &case), case_error(exact.as_ref(), &case), "seed {seed}");
     let few = by_name("topk-ivf", Some("2%"), &p(&["nlist=16", "nprobe=2"]), &r).unwrap();
-    let (e_few, e_exact) = (case_error(few.as_ref(), &case).0, case_error(exact.as_ref(), &case).0);
-    println!("2%: ivf nprobe 2/16 {e_few:.4}, exact {e_exact:.4}");
-    assert!(e_few >= e_exact - 1e-6 && e_few < 1.0, "seed {seed}: {e_few} vs {e_exact}");
+    let ((e_few, _, s_few), (e_exact, _, s_exact)) =
+        (case_outcome(few.as_ref(), &case), case_outcome(exact.as_ref(), &case));
+    println!(
+        "2%: ivf nprobe 2/16 error {e_few:.4} scoring {s_few:.3} of the keys, exact {e_exact:.4} scoring {s_exact:.3}"
+    );
+    // The exact scan keeps the most attention mass a budget can; two lists of sixteen score
+    // about an eighth of the keys (lists are uneven, hence the margin). How much error that
+    // costs depends on the draw (0.1 to 1.9 over seeds), so it is printed, not bounded.
+    assert!(e_few >= e_exact - 1e-6, "seed {seed}: {e_few} vs {e_exact}");
+    assert!(s_few < 0.4 * s_exact, "seed {seed}: probing 2 of 16 lists scored {s_few} of the keys, the scan {s_exact}");
 }
 
 /// HiP with k covering the searched region, and MagicPIG with every token static (a window
