@@ -33,3 +33,14 @@ pub enum Positions {
     Check,
     Trusted,
 }
+
+/// `t` contiguous and starting on a 16-byte boundary of its buffer (for 2- and 4-byte dtypes):
+/// the kernels read rows with 16-byte loads, so a view starting mid-vector is copied first.
+#[cfg(feature = "cuda")]
+pub(crate) fn vector_aligned(t: &candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
+    if t.layout().start_offset() % 8 == 0 {
+        t.contiguous()
+    } else {
+        t.copy()
+    }
+}

@@ -415,9 +415,11 @@ mod cuda {
         }
         let bias = bias.map(|b| b.to_dtype(DType::F32)?.contiguous()).transpose()?;
         let op = DecodeAttention { idx: idx.contiguous()?, bias, dims, scale };
-        // The kernel reads rows with 16-byte loads: a view starting mid-vector is copied first.
-        let aligned = |t: &Tensor| if t.layout().start_offset() % 8 == 0 { t.contiguous() } else { t.copy() };
-        let both = q.to_dtype(DType::F32)?.contiguous()?.apply_op3_no_bwd(&aligned(k)?, &aligned(v)?, &op)?;
+        let both = q.to_dtype(DType::F32)?.contiguous()?.apply_op3_no_bwd(
+            &crate::vector_aligned(k)?,
+            &crate::vector_aligned(v)?,
+            &op,
+        )?;
         Ok((both.narrow(0, 0, heads * d)?.reshape((heads, d))?, both.narrow(0, heads * d, heads)?))
     }
 

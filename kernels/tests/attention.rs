@@ -1,6 +1,6 @@
 //! The fast attention path against the reference, on fresh random inputs, for every device.
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 use folio_kernels::attention::{self, reference, Mask};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -161,6 +161,65 @@ fn blocks_merge_exactly(device: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(blocks_merge_exactly, blocks_merge_exactly_cpu, blocks_merge_exactly_cuda);
+
+/// bf16 inputs (the engine's GPU dtype): on CUDA with head dims 32/64/128 the tensor-core
+/// prefill kernel, elsewhere the f32 path. Shapes span several 64-row query tiles and 64-key
+/// tiles, ragged edges, GQA, windows, and key blocks that start late (queries that see none of
+/// them) or end early; the reference gets the same bf16-rounded inputs.
+fn bf16_matches_reference(device: &Device) -> Result<()> {
+    let seed = rand::random();
+    println!("seed {seed}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    // The kernel rounds the softmax probabilities to bf16 (8 bits of mantissa) for P·V.
+    let (tol_out, tol_lse) = if device.is_cuda() { (1e-2, 1e-3) } else { (1e-5, 1e-4) };
+    let (mut worst_out, mut worst_lse) = (0f32, 0f32);
+    for case in 0..24 {
+        let kv_heads = [1, 2, 4][rng.random_range(0..3)];
+        let q_heads = kv_heads * [1, 2, 7][rng.random_range(0..3)];
+        let head_dim = [32, 64, 128][case % 3];
+        let q_len = rng.random_range(1..260);
+        let kv_len = q_len + rng.random_range(0..400);
+        // Keys of this block sit at k_start..k_start + len: a later block, or an earlier one.
+        let (k_start, len) = match case % 4 {
+            0 => (0, kv_len),
+            1 => (rng.random_range(0..kv_len), kv_len - rng.random_range(0..kv_len / 2)),
+            2 => (0, rng.random_range(1..=kv_len)),
+            _ => (kv_len + 5, 70), // past every query: nothing visible
+        };
+        let window = if case % 5 == 1 { Some(rng.random_range(1..=kv_len)) } else { None };
+        let mask = Mask { q_offset: kv_len - q_len, window };
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let spread = if case % 2 == 0 { 3.0 } else { 0.7 };
+        let round = |x: Vec<f32>| -> Vec<f32> { x.into_iter().map(|v| half::bf16::from_f32(v).to_f32()).collect() };
+        let q = round(random(&mut rng, q_heads * q_len * head_dim, spread));
+        let k = round(random(&mut rng, kv_heads * len * head_dim, spread));
+        let v = round(random(&mut rng, kv_heads * len * head_dim, 1.0));
+        let (ro, rl) = reference::attention_block(&q, &k, &v, k_start, q_heads, kv_heads, head_dim, mask, scale);
+        let t = |x: &[f32], shape: (usize, usize, usize)| Tensor::from_slice(x, shape, device)?.to_dtype(DType::BF16);
+        let got = attention::attention_block(
+            &t(&q, (q_heads, q_len, head_dim))?,
+            &t(&k, (kv_heads, len, head_dim))?,
+            &t(&v, (kv_heads, len, head_dim))?,
+            k_start,
+            mask,
+            scale,
+        )?;
+        let out = got.out.flatten_all()?.to_vec1::<f32>()?;
+        let lse = got.lse.flatten_all()?.to_vec1::<f32>()?;
+        let d_out = max_abs_diff(&out, &ro);
+        // -inf (no visible key) must be exactly -inf on both sides.
+        let d_lse = lse.iter().zip(&rl).map(|(a, b)| if a == b { 0.0 } else { (a - b).abs() }).fold(0f32, f32::max);
+        (worst_out, worst_lse) = (worst_out.max(d_out), worst_lse.max(d_lse));
+        assert!(
+            d_out < tol_out && d_lse < tol_lse,
+            "seed {seed}, case {case}: q_heads {q_heads} kv_heads {kv_heads} d {head_dim} q_len {q_len} \
+             keys {k_start}+{len} of {kv_len} window {window:?}: max |out diff| {d_out}, max |lse diff| {d_lse}"
+        );
+    }
+    println!("bf16 on {device:?}: max |out diff| {worst_out:.2e}, max |lse diff| {worst_lse:.2e}");
+    Ok(())
+}
+test_device!(bf16_matches_reference, bf16_matches_reference_cpu, bf16_matches_reference_cuda);
 
 /// Keys all past the queries (or outside their window): output 0 and LSE -inf, never NaN; and
 /// merging an empty partial changes nothing.

@@ -1,0 +1,249 @@
+// Causal (optionally windowed) attention over a block of keys on tensor cores, for prefill:
+// bf16 Q, K, V in, f32 output and log-sum-exp out, online softmax, no score matrix in memory.
+// CPU reference: attention::reference::attention_block; kernels/tests/attention.rs holds this
+// kernel to it on fresh random inputs.
+//
+// Work split (FlashAttention-2's): a block owns 128 query rows of one query head, eight warps
+// own 16 rows each and walk the key range in tiles of 64. Per tile a warp computes its 16×64
+// scores with mma.sync m16n8k16 (bf16 in, f32 accumulate), keeps a running max and sum per
+// row in registers, rescales its 16×D output accumulator, and multiplies P (the score
+// fragment re-packed to bf16 in registers: the C layout of one 16×16 slice is the A layout of
+// the next product) by the V tile. K and V tiles pass through shared memory, double-buffered:
+// the next tile's cp.async copies are in flight while the tensor cores work on this one. Q
+// stays in registers. Only tiles that cross the causal diagonal or the window's edge are masked.
+//
+// Cost per (query row, visible key): 4·D FLOPs; bytes: Q, K, V read once per block (K/V once
+// per 128-row query tile), output written once in f32.
+//
+// Positions: query i is at q_offset + i, key j at k_start + j; key visible when its position
+// is <= the query's and, with window w > 0, within w of it. A query that sees no key gets
+// output 0 and LSE -inf (the LSE merge of partials over disjoint key blocks stays exact).
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#define WARPS 8          // each warp owns 16 query rows
+#define ROWS (16 * WARPS) // query rows per block
+#define KEYS 64          // keys per tile
+#define PAD 8            // bf16 of padding per shared-memory row: fragment loads hit 32 banks
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Starts the copy of KEYS rows of D bf16 (row stride D in global memory) into shared memory
+// with row stride D + PAD; rows past `valid` are zero-filled (cp.async reads 0 bytes of them).
+template <int D>
+__device__ __forceinline__ void load_tile_async(__nv_bfloat16* dst, const __nv_bfloat16* src, int valid) {
+    constexpr int VECS = D / 8;  // 16-byte pieces per row
+    for (int i = threadIdx.x; i < KEYS * VECS; i += blockDim.x) {
+        const int r = i / VECS, c = (i % VECS) * 8;
+        const uint32_t to = (uint32_t)__cvta_generic_to_shared(dst + r * (D + PAD) + c);
+        const __nv_bfloat16* from = r < valid ? src + (size_t)r * D + c : src;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(r < valid ? 16 : 0));
+    }
+}
+
+// grid (ceil(q_len / ROWS), q_heads), block 32 * WARPS. out [q_heads, q_len, D] f32,
+// lse [q_heads, q_len] f32; q [q_heads, q_len, D], k/v [kv_heads, kv_len, D] bf16.
+template <int D>
+__device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                              const __nv_bfloat16* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
+                              int q_len, int kv_len, int groups, long long q_offset, long long k_start, long long window,
+                              float scale) {
+    constexpr int STRIDE = D + PAD;
+    constexpr int DK = D / 16;  // k-chunks of the QK product
+    constexpr int DN = D / 8;   // n-tiles of the PV product
+    constexpr int TILE = KEYS * STRIDE;  // bf16 of one K or V tile; two stages of each
+    extern __shared__ __align__(16) unsigned char smem[];
+    __nv_bfloat16* const kbuf = reinterpret_cast<__nv_bfloat16*>(smem);
+    __nv_bfloat16* const vbuf = kbuf + 2 * TILE;
+
+    // Heaviest (latest) query tiles first: causal work grows with the tile index.
+    const int tile = gridDim.x - 1 - blockIdx.x;
+    const int h = blockIdx.y, kvh = h / groups;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
+    const int i0 = tile * ROWS;
+    const int rows = min(ROWS, q_len - i0);
+    const __nv_bfloat16* kh = k + (size_t)kvh * kv_len * D;
+    const __nv_bfloat16* vh = v + (size_t)kvh * kv_len * D;
+
+    // Key range (local indices) some row of this tile may see.
+    const long long p_first = q_offset + i0, p_last = q_offset + i0 + rows - 1;
+    long long lo_pos = window > 0 ? p_first - window + 1 : 0;
+    if (lo_pos < k_start) lo_pos = k_start;
+    long long hi_pos = p_last + 1;
+    if (hi_pos > k_start + kv_len) hi_pos = k_start + kv_len;
+    const int j_lo = (int)(lo_pos - k_start), j_hi = (int)(hi_pos - k_start);
+
+    // Q fragments straight from global memory into registers, once per block; rows past the
+    // queries read as zero (their results are never written).
+    uint32_t qa[DK][4];
+    const int r0 = warp * 16 + g;
+    const uint32_t* q0 = reinterpret_cast<const uint32_t*>(q + ((size_t)h * q_len + i0 + r0) * D);
+    const uint32_t* q1 = q0 + 8 * D / 2;
+    const bool has0 = r0 < rows, has1 = r0 + 8 < rows;
+#pragma unroll
+    for (int c = 0; c < DK; c++) {
+        const int w = (c * 16 + t * 2) / 2;  // 32-bit word of the column pair
+        qa[c][0] = has0 ? q0[w] : 0u;
+        qa[c][1] = has1 ? q1[w] : 0u;
+        qa[c][2] = has0 ? q0[w + 4] : 0u;
+        qa[c][3] = has1 ? q1[w + 4] : 0u;
+    }
+
+    // This thread's two rows: r0 and r0 + 8 of the tile.
+    const long long pos0 = q_offset + i0 + r0, pos1 = pos0 + 8;
+    const float sl2 = scale * LOG2E;  // scores in log2 units: exp2 is one instruction
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float o[DN][4];
+#pragma unroll
+    for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+
+    if (j_lo < j_hi) {
+        load_tile_async<D>(kbuf, kh + (size_t)j_lo * D, min(KEYS, j_hi - j_lo));
+        load_tile_async<D>(vbuf, vh + (size_t)j_lo * D, min(KEYS, j_hi - j_lo));
+    }
+    asm volatile("cp.async.commit_group;\n");
+    for (int j0 = j_lo, stage = 0; j0 < j_hi; j0 += KEYS, stage ^= 1) {
+        const int valid = min(KEYS, j_hi - j0);
+        // Next tile into the other stage (its readers finished at the end of the last
+        // iteration), then wait for this one's copies only.
+        if (j0 + KEYS < j_hi) {
+            const int next = min(KEYS, j_hi - j0 - KEYS);
+            load_tile_async<D>(kbuf + (stage ^ 1) * TILE, kh + (size_t)(j0 + KEYS) * D, next);
+            load_tile_async<D>(vbuf + (stage ^ 1) * TILE, vh + (size_t)(j0 + KEYS) * D, next);
+        }
+        asm volatile("cp.async.commit_group;\n");
+        asm volatile("cp.async.wait_group 1;\n");
+        __syncthreads();
+        const __nv_bfloat16* ks = kbuf + stage * TILE;
+        const __nv_bfloat16* vs = vbuf + stage * TILE;
+
+        float s[KEYS / 8][4];
+#pragma unroll
+        for (int n = 0; n < KEYS / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+        for (int c = 0; c < DK; c++) {
+#pragma unroll
+            for (int n = 0; n < KEYS / 8; n++) {
+                const __nv_bfloat16* kr = ks + (n * 8 + g) * STRIDE + c * 16 + t * 2;
+                mma_bf16(s[n], qa[c], *reinterpret_cast<const uint32_t*>(kr),
+                         *reinterpret_cast<const uint32_t*>(kr + 8));
+            }
+        }
+
+        // Mask when the tile reaches past the diagonal, below the window, or past the keys.
+        const long long key_first = k_start + j0, key_last = k_start + j0 + KEYS - 1;
+        const bool masked = valid < KEYS || key_last > p_first || (window > 0 && key_first <= p_last - window);
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int n = 0; n < KEYS / 8; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = s[n][e] * sl2;
+                if (masked) {
+                    const int jj = n * 8 + t * 2 + (e & 1);
+                    const long long kp = k_start + j0 + jj, p = e < 2 ? pos0 : pos1;
+                    if (jj >= valid || kp > p || (window > 0 && p - kp >= window)) x = -INFINITY;
+                }
+                s[n][e] = x;
+                mx[e / 2] = fmaxf(mx[e / 2], x);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+        }
+        // A row that has seen nothing yet shifts by 0: exp2(-inf - 0) = 0, never NaN.
+        float shift[2], alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            shift[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+            alpha[r] = exp2f(m[r] - shift[r]);
+            m[r] = mx[r];
+            l[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int n = 0; n < DN; n++) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
+        uint32_t pa[KEYS / 16][4];
+#pragma unroll
+        for (int n = 0; n < KEYS / 8; n++) {
+            const float p0 = exp2f(s[n][0] - shift[0]), p1 = exp2f(s[n][1] - shift[0]);
+            const float p2 = exp2f(s[n][2] - shift[1]), p3 = exp2f(s[n][3] - shift[1]);
+            l[0] += p0 + p1;
+            l[1] += p2 + p3;
+            // Score tile n is columns 8n..8n+7: the low (n even) or high (n odd) half of
+            // the A fragment of k-chunk n / 2.
+            pa[n / 2][(n & 1) * 2] = pack_bf16(p0, p1);
+            pa[n / 2][(n & 1) * 2 + 1] = pack_bf16(p2, p3);
+        }
+#pragma unroll
+        for (int c = 0; c < KEYS / 16; c++) {
+            // ldmatrix.trans hands each lane V[c*16 + 2t (+1)][8n + g] (and 8 rows on): the
+            // B fragment of the PV product, two n-tiles per instruction. Lane L addresses row
+            // L % 16 of the chunk at column 8 * (n + L / 16).
+            const uint32_t row_addr =
+                (uint32_t)__cvta_generic_to_shared(vs + (c * 16 + lane % 16) * STRIDE + (lane / 16) * 8);
+#pragma unroll
+            for (int n = 0; n < DN; n += 2) {
+                uint32_t b0, b1, b2, b3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                             : "r"(row_addr + n * 8 * 2));
+                mma_bf16(o[n], pa[c], b0, b1);
+                mma_bf16(o[n + 1], pa[c], b2, b3);
+            }
+        }
+        __syncthreads();  // every warp is done with this stage before it is refilled
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = r0 + r * 8;
+        if (row >= rows) continue;
+        const size_t at = (size_t)h * q_len + i0 + row;
+        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+        float* orow = out + at * D;
+#pragma unroll
+        for (int n = 0; n < DN; n++) {
+            *reinterpret_cast<float2*>(orow + n * 8 + t * 2) = make_float2(o[n][r * 2] * inv, o[n][r * 2 + 1] * inv);
+        }
+        if (t == 0) lse[at] = l[r] > 0.f ? (m[r] + log2f(l[r])) * LN2 : -INFINITY;
+    }
+}
+
+#define FLASH(D)                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS)                                                          \
+        flash_prefill_##D(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, float* out,         \
+                          float* lse, int q_len, int kv_len, int groups, long long q_offset, long long k_start,        \
+                          long long window, float scale) {                                                            \
+        flash_prefill<D>(q, k, v, out, lse, q_len, kv_len, groups, q_offset, k_start, window, scale);                 \
+    }
+
+FLASH(32)
+FLASH(64)
+FLASH(128)
