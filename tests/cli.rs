@@ -396,3 +396,44 @@ fn shape_bench_reports_decode_against_its_floor() {
     tight.extend(["--vram-budget", "1MiB"]);
     assert!(err_text(folio(&tight, &[])).contains("more than the 1.0 MiB budget"));
 }
+
+/// `bench prefill --shape`: random weights of a shape, prefilled through the real builder
+/// (every layer computed, a file written, no reopen for random weights); resumable into a
+/// kept folder; a model and a shape at once are refused.
+#[test]
+fn prefill_bench_runs_a_shape() {
+    let shape = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/shapes/tiny.json");
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "bench",
+        "prefill",
+        "--device",
+        "cpu",
+        "--shape",
+        shape.to_str().unwrap(),
+        "--tokens",
+        "300,700",
+        "--kv-dtype",
+        "fp8",
+        "--dir",
+        dir.path().to_str().unwrap(),
+        "--resume",
+        "--json",
+    ];
+    let out = folio(&args, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["model"], "tiny (random weights)");
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.iter().map(|r| r["tokens"].as_u64().unwrap()).collect::<Vec<_>>(), [300, 700]);
+    for r in rows {
+        assert_eq!(r["layers_computed"], 2, "{r}");
+        assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0 && r["file_bytes"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["reopen_first_token_seconds"].is_null(), "{r}");
+    }
+    // The kept folder holds nothing once the runs finished (files are removed after use).
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    let mut both = args.to_vec();
+    both.extend(["--model", "assets/models/demo"]);
+    assert!(err_text(folio(&both, &[])).contains("--shape and --model are two different models"));
+}

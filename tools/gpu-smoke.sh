@@ -10,6 +10,7 @@
 #   tools/gpu-smoke.sh kernels # there: only the hand-written kernels vs their references, and
 #                              # `folio bench kernels` (ratio to the limits measured in the run)
 #   tools/gpu-smoke.sh shape N M [B] # there: `folio bench --shape` at context N, methods M, budget B
+#   tools/gpu-smoke.sh prefill S T [KV] # there: `folio bench prefill` of model/shape S, T tokens, 24 GiB cap
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 case "${1:-}" in
@@ -60,6 +61,8 @@ case "${1:-}" in
     export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     {
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+      echo "== attention kernels (tensor-core prefill included) vs their CPU references"
+      .gpu/kernels-attention --test-threads 1 --nocapture
       echo "== sparse-decode kernels vs their CPU references"
       .gpu/kernels-sparse --test-threads 1 --nocapture
       .gpu/kernels-select --test-threads 1 --nocapture
@@ -81,5 +84,20 @@ case "${1:-}" in
         --vram-budget 24GiB --steps "${STEPS:-32}" --warmup 4
     } 2>&1 | tee -a "${OUT:-/tmp}/gpu-shape.log"
     ;;
-  *) echo "usage: $0 pack|run|kernels|shape" >&2; exit 2 ;;
+  prefill)
+    # folio bench prefill on the GPU under a 24 GiB cap: `tools/gpu-smoke.sh prefill <model
+    # folder or shape .json> <tokens,...> [kv dtype]`; RESUME_DIR=<folder> keeps an interrupted
+    # file there and resumes it (a prefill longer than one command's time limit).
+    tar -C .gpu -xJf .gpu/bundle.tar.xz folio
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    case "$2" in *.json) subject=(--shape "$2") ;; *) subject=(--model "$2") ;; esac
+    resume=()
+    if [ -n "${RESUME_DIR:-}" ]; then mkdir -p "$RESUME_DIR"; resume=(--dir "$RESUME_DIR" --resume); fi
+    {
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+      .gpu/folio bench prefill --device cuda "${subject[@]}" --tokens "$3" --kv-dtype "${4:-bf16}" \
+        --vram-budget 24GiB "${resume[@]}"
+    } 2>&1 | tee -a "${OUT:-/tmp}/gpu-prefill.log"
+    ;;
+  *) echo "usage: $0 pack|run|kernels|shape|prefill" >&2; exit 2 ;;
 esac

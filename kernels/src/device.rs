@@ -32,6 +32,14 @@ impl MemorySampler {
         None
     }
 
+    /// Starts a new peak from the memory in use now (one benchmark row after another).
+    pub fn reset(&self) {
+        #[cfg(feature = "cuda")]
+        if let Some(s) = &self.inner {
+            s.reset();
+        }
+    }
+
     /// Device memory in use now, and the device's total (`None` off the GPU).
     pub fn now(&self) -> Result<Option<(u64, u64)>> {
         #[cfg(feature = "cuda")]
@@ -135,6 +143,11 @@ mod cuda {
 
         pub fn now(&self) -> Result<(u64, u64)> {
             used(&self.ctx)
+        }
+
+        pub fn reset(&self) {
+            let now = used(&self.ctx).map_or(0, |u| u.0);
+            self.peak.store(now, Ordering::Relaxed);
         }
     }
 

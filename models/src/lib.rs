@@ -146,23 +146,11 @@ impl Engine {
         let stamp = ModelStamp {
             name: self.name.clone(),
             source: self.source.clone(),
-            fingerprint: Fingerprint {
-                architecture: cfg.arch.name().to_owned(),
-                layers: cfg.num_layers,
-                hidden_size: cfg.hidden_size,
-                intermediate_size: cfg.intermediate_size,
-                heads: cfg.num_heads,
-                kv_heads: cfg.num_kv_heads,
-                head_dim: cfg.head_dim,
-                vocab_size: cfg.vocab_size,
-                rope_theta: cfg.rope_theta,
-                rope_scaling: serde_json::to_value(&cfg.rope_scaling).map_err(|e| Error::Invalid(e.to_string()))?,
-                sliding_window: cfg.sliding_window,
-                qkv_bias: cfg.qkv_bias,
-                qk_norm: cfg.qk_norm,
-                tokenizer: format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&tokenizer)),
-                weights: loader::weights_hash(&self.files.weights)?,
-            },
+            fingerprint: Fingerprint::of(
+                cfg,
+                format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&tokenizer)),
+                loader::weights_hash(&self.files.weights)?,
+            )?,
         };
         Ok(self.stamp.get_or_init(|| stamp))
     }

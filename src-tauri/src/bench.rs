@@ -15,8 +15,10 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor};
 use clap::{Args, Subcommand};
+use folio_kernels::device::MemorySampler;
 use folio_models::attention::Dense;
-use folio_models::context::{self, BuildOptions, ContextKv, KvDtype, PrefixPlan};
+use folio_models::config::ModelConfig;
+use folio_models::context::{self, BuildOptions, ContextKv, Fingerprint, KvDtype, ModelStamp, PrefixPlan};
 use folio_models::error::human_bytes;
 use folio_models::model::Logits;
 use folio_models::{device_name, Engine};
@@ -29,8 +31,12 @@ use crate::context_cmd::{parse_bytes, peak_rss};
 
 /// Tokens of the question asked after reopening.
 const QUESTION_TOKENS: usize = 16;
-/// Side of the square matmul whose FLOP rate stands for the device's compute limit.
+/// Side of the square matmul whose FLOP rate stands for the CPU's compute limit (a GPU's is
+/// [`GEMM_SIDE`]).
 const MATMUL_SIDE: usize = 1024;
+/// Device memory a prefill under `--vram-budget` leaves outside its chunk plan: cuBLAS
+/// workspaces, the allocator's rounding, the LM head's logits.
+const VRAM_MARGIN: u64 = 1 << 30;
 
 /// `folio bench --shape ...` (decode over an offloaded context with a model of a real shape), or
 /// one of the subcommands.
@@ -72,11 +78,24 @@ pub struct PrefillBenchArgs {
     tokens: Vec<usize>,
     #[arg(long, default_value = "bf16")]
     kv_dtype: String,
+    /// Bytes the prefill's working set may use beyond the weights (the chunk plan's budget).
     #[arg(long)]
     memory_budget: Option<String>,
+    /// Device memory the whole run may use (e.g. 24GiB): what is left after the weights becomes
+    /// the chunk plan's budget, the peak is sampled from the driver, and a peak over it fails.
+    #[arg(long)]
+    vram_budget: Option<String>,
+    /// A model shape (assets/shapes/*.json) with random weights instead of `--model`; no
+    /// reopen is timed then (its first token would mean nothing).
+    #[arg(long)]
+    shape: Option<PathBuf>,
     /// Folder for the context files (default: the system temp folder); each is deleted after use.
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Keep the file of an interrupted run in `--dir` and resume it (per-layer checkpoints): a
+    /// prefill longer than one sitting finishes over several runs, each reporting its own layers.
+    #[arg(long, requires = "dir")]
+    resume: bool,
     #[arg(long)]
     json: bool,
 }
@@ -84,17 +103,23 @@ pub struct PrefillBenchArgs {
 #[derive(Serialize)]
 struct Row {
     tokens: usize,
+    /// Layers this run computed (fewer than the model's when it resumed an interrupted one).
+    layers_computed: usize,
     prefill_seconds: f64,
     tokens_per_s: f64,
     flops_per_s: f64,
     /// Prefill FLOP rate ÷ the device's large-matmul FLOP rate.
     flops_ratio_to_matmul: f64,
     peak_rss_bytes: Option<u64>,
+    /// Device memory in use at the peak (driver's total − free), off the CPU.
+    peak_vram_bytes: Option<u64>,
+    chunk: usize,
     working_set_bytes: u64,
     file_bytes: u64,
-    reopen_first_token_seconds: f64,
+    /// Reopen-to-first-token time (none for random weights).
+    reopen_first_token_seconds: Option<f64>,
     /// Reopen-to-first-token time ÷ prefill time.
-    reopen_ratio: f64,
+    reopen_ratio: Option<f64>,
 }
 
 pub fn bench(common: &Common, args: BenchArgs) -> Result<()> {
@@ -122,8 +147,13 @@ const TOPK_K: usize = 2048;
 const KERNEL_REPS: usize = 50;
 const CPU_REPS: usize = 2;
 const COPY_BYTES: usize = 1 << 30;
-/// Side of the square f32 GEMM that measures the arithmetic limit (large enough to saturate a GPU).
+/// Side of the square GEMMs (f32, and bf16 on a GPU) that measure the arithmetic limits (large
+/// enough to saturate a GPU).
 const GEMM_SIDE: usize = 4096;
+/// Tokens of the causal prefill attention timed (one layer's query chunk over its keys); the
+/// CPU runs the f32 path, far slower.
+const PREFILL_TOKENS: usize = 32_768;
+const PREFILL_TOKENS_CPU: usize = 512;
 
 /// Seconds per call of `f`, averaged over [`KERNEL_REPS`] calls after a warm-up, synchronised.
 fn time_calls<T>(device: &candle_core::Device, mut f: impl FnMut() -> candle_core::Result<T>) -> Result<f64> {
@@ -165,13 +195,16 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
     let side = if device.is_cpu() { MATMUL_SIDE } else { GEMM_SIDE };
     let m = Tensor::randn(0f32, 1.0, (side, side), &device)?;
     let gemm = 2.0 * (side as f64).powi(3) / time_calls(&device, || m.matmul(&m))?;
-    drop(m);
+    // The tensor-core limit: a bf16 GEMM (the f32 path's limit on the CPU).
+    let m16 = m.to_dtype(dtype)?;
+    let gemm16 = 2.0 * (side as f64).powi(3) / time_calls(&device, || m16.matmul(&m16))?;
+    drop((m, m16));
+    let mut rows = vec![prefill_row(&device, dtype, gemm16)?];
     let mut rng = StdRng::seed_from_u64(0);
     let k = Tensor::randn(0f32, 1.0, (kv_heads, a.context, d), &device)?.to_dtype(dtype)?;
     let v = Tensor::randn(0f32, 1.0, (kv_heads, a.context, d), &device)?.to_dtype(dtype)?;
     let q = Tensor::randn(0f32, 1.0, (heads, d), &device)?;
     let elem = dtype.size_in_bytes() as f64;
-    let mut rows = Vec::new();
     for &sel in &a.select {
         // Random positions, sorted per head as the methods' picks are.
         let mut idx: Vec<u32> = (0..heads * sel).map(|_| rng.random_range(0..a.context as u32)).collect();
@@ -275,16 +308,19 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
         println!(
             "{}",
             serde_json::json!({ "device": device_name(&device), "copy_bandwidth": bandwidth, "host_link": link,
-                                "f32_gemm_flops": gemm, "kernels": rows })
+                                "f32_gemm_flops": gemm, "gemm_flops": gemm16, "gemm_dtype": format!("{dtype:?}"),
+                                "kernels": rows })
         );
         return Ok(());
     }
     println!(
-        "device {}: copy bandwidth {:.0} GB/s, host link {:.1} GB/s, f32 GEMM {:.2} TFLOP/s (measured now)",
+        "device {}: copy bandwidth {:.0} GB/s, host link {:.1} GB/s, f32 GEMM {:.2} TFLOP/s, {dtype:?} GEMM {:.2} \
+         TFLOP/s (measured now)",
         device_name(&device),
         bandwidth / 1e9,
         link / 1e9,
-        gemm / 1e12
+        gemm / 1e12,
+        gemm16 / 1e12
     );
     println!("{:<62} {:>10} {:>10} {:>10} {:>9}", "kernel", "µs/call", "GB/s", "GFLOP/s", "÷ limit");
     for r in &rows {
@@ -300,121 +336,253 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// Causal attention of a prefill (Qwen2.5-7B's heads, every query over its keys so far): on a
+/// GPU in bf16 the tensor-core kernel, held to the bf16 GEMM rate `gemm` (same FLOPs per byte
+/// class: both are tensor-core bound at this size).
+fn prefill_row(device: &candle_core::Device, dtype: DType, gemm: f64) -> Result<KernelRow> {
+    let (heads, kv_heads, d) = KERNEL_SHAPE;
+    let n = if device.is_cpu() { PREFILL_TOKENS_CPU } else { PREFILL_TOKENS };
+    let q = Tensor::randn(0f32, 1.0, (heads, n, d), device)?.to_dtype(dtype)?;
+    let k = Tensor::randn(0f32, 1.0, (kv_heads, n, d), device)?.to_dtype(dtype)?;
+    let v = Tensor::randn(0f32, 1.0, (kv_heads, n, d), device)?.to_dtype(dtype)?;
+    let scale = 1.0 / (d as f32).sqrt();
+    let mask = folio_kernels::Mask::causal(0);
+    let secs = time_calls(device, || folio_kernels::attention(&q, &k, &v, mask, scale))?;
+    // QKᵀ and PV over the n(n+1)/2 visible pairs; Q, K, V read once, f32 output and LSE written.
+    let flops = 4.0 * (d * heads) as f64 * (n * (n + 1) / 2) as f64;
+    let elem = dtype.size_in_bytes();
+    let bytes = ((heads + 2 * kv_heads) * n * d * elem + heads * n * (d + 1) * 4) as f64;
+    Ok(KernelRow {
+        kernel: format!("prefill attention {heads}/{kv_heads} heads x {n} tokens causal (d {d}, {dtype:?})"),
+        seconds: secs,
+        bytes,
+        flops,
+        of_limit: flops / secs / gemm,
+        limit: "GEMM rate, same dtype",
+    })
+}
+
+/// What `bench prefill` prefills with: a loaded model (reopens are timed), or random weights of
+/// a real shape.
+struct Subject {
+    name: String,
+    stamp: ModelStamp,
+    made: Made,
+}
+
+enum Made {
+    Loaded(Box<Engine>),
+    Random(Box<folio_models::model::Model>),
+}
+
+impl Subject {
+    fn new(common: &Common, a: &PrefillBenchArgs) -> Result<Self> {
+        let Some(shape) = &a.shape else {
+            let engine = common.engine()?;
+            let stamp = engine.stamp()?.clone();
+            return Ok(Self { name: engine.name.clone(), stamp, made: Made::Loaded(Box::new(engine)) });
+        };
+        if common.model.is_some() {
+            anyhow::bail!("--shape and --model are two different models: give one");
+        }
+        let mut cfg = ModelConfig::from_file(shape)?;
+        // A shape is a fact about cost: prompts past its trained length are still measured.
+        cfg.max_position_embeddings = cfg.max_position_embeddings.max(a.tokens.iter().copied().max().unwrap_or(0));
+        let device = folio_models::parse_device(&common.device)?;
+        let dtype = folio_models::parse_dtype(&common.dtype, &device)?;
+        let model = folio_models::model::Model::random(&cfg, &device, dtype, crate::bench_shape::INIT_STD)?;
+        let name = shape.file_stem().map_or("shape".into(), |s| s.to_string_lossy().into_owned());
+        let fingerprint = Fingerprint::of(&cfg, "none".into(), "random".into())?;
+        let stamp = ModelStamp { name: name.clone(), source: shape.display().to_string(), fingerprint };
+        Ok(Self { name: format!("{name} (random weights)"), stamp, made: Made::Random(Box::new(model)) })
+    }
+
+    fn model(&self) -> &folio_models::model::Model {
+        match &self.made {
+            Made::Loaded(e) => &e.model,
+            Made::Random(m) => m,
+        }
+    }
+}
+
 fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> {
-    let engine = common.engine()?;
     let kv_dtype = KvDtype::parse(&a.kv_dtype)?;
-    let memory_budget = a.memory_budget.as_deref().map(parse_bytes).transpose()?;
-    let dir =
-        tempfile::Builder::new().prefix("folio-bench").tempdir_in(a.dir.clone().unwrap_or_else(std::env::temp_dir))?;
-    let matmul = matmul_flops(&engine)?;
+    let device = folio_models::parse_device(&common.device)?;
+    let sampler = MemorySampler::start(&device)?;
+    let subject = Subject::new(common, &a)?;
+    let model = subject.model();
+    let vram_budget = a.vram_budget.as_deref().map(parse_bytes).transpose()?;
+    // The chunk plan gets what the VRAM budget leaves after what is in use now (the weights,
+    // the runtime) and a margin for cuBLAS and the allocator.
+    let mut memory_budget = a.memory_budget.as_deref().map(parse_bytes).transpose()?;
+    if let (Some(b), Some((used, _))) = (vram_budget, sampler.now()?) {
+        let left = b.checked_sub(used + VRAM_MARGIN).with_context(|| {
+            format!(
+                "--vram-budget {} is below what is already in use ({}: weights and runtime) plus a {} margin",
+                human_bytes(b),
+                human_bytes(used),
+                human_bytes(VRAM_MARGIN)
+            )
+        })?;
+        memory_budget = Some(memory_budget.map_or(left, |m| m.min(left)));
+    }
+    let dir = match &a.dir {
+        Some(d) if a.resume => Scratch::Kept(d.clone()),
+        d => Scratch::Temp(
+            tempfile::Builder::new().prefix("folio-bench").tempdir_in(d.clone().unwrap_or_else(std::env::temp_dir))?,
+        ),
+    };
+    let matmul = matmul_flops(model)?;
     let mut rows = Vec::new();
     for &n in &a.tokens {
-        rows.push(one(&engine, n, kv_dtype, memory_budget, dir.path(), matmul)?);
+        let opts = BuildOptions { kv_dtype, memory_budget, restart: !a.resume };
+        rows.push(one(&subject, n, &opts, dir.path(), matmul, &sampler)?);
         if !a.json {
-            print_row(rows.last().expect("just pushed"), rows.len() == 1, &engine, matmul);
+            print_row(rows.last().expect("just pushed"), rows.len() == 1, &subject, matmul);
         }
     }
     if a.json {
         let doc = serde_json::json!({
-            "model": engine.name,
-            "device": device_name(engine.model.device()),
-            "dtype": format!("{:?}", engine.model.dtype()).to_lowercase(),
+            "model": subject.name,
+            "device": device_name(model.device()),
+            "dtype": format!("{:?}", model.dtype()).to_lowercase(),
             "kv_dtype": kv_dtype,
             "threads": candle_core::utils::get_num_threads(),
             "matmul_flops_per_s": matmul,
+            "vram_budget_bytes": vram_budget,
             "rows": rows,
         });
         println!("{doc}");
     }
+    if let Some(b) = vram_budget {
+        if let Some(r) = rows.iter().find(|r| r.peak_vram_bytes.is_some_and(|p| p > b)) {
+            anyhow::bail!(
+                "the prefill of {} tokens peaked at {} of device memory, over the {} budget",
+                r.tokens,
+                human_bytes(r.peak_vram_bytes.unwrap_or(0)),
+                human_bytes(b)
+            );
+        }
+    }
     Ok(())
 }
 
+/// Where the bench's context files go: a temporary folder, or `--dir` kept for `--resume`.
+enum Scratch {
+    Temp(tempfile::TempDir),
+    Kept(PathBuf),
+}
+
+impl Scratch {
+    fn path(&self) -> &std::path::Path {
+        match self {
+            Self::Temp(t) => t.path(),
+            Self::Kept(p) => p,
+        }
+    }
+}
+
 fn one(
-    engine: &Engine,
+    subject: &Subject,
     n: usize,
-    kv_dtype: KvDtype,
-    memory_budget: Option<u64>,
+    opts: &BuildOptions,
     dir: &std::path::Path,
     matmul: f64,
+    sampler: &MemorySampler,
 ) -> Result<Row> {
-    let vocab = engine.config().vocab_size as u32;
+    let model = subject.model();
+    let vocab = model.config().vocab_size as u32;
     let mut rng = StdRng::seed_from_u64(n as u64);
     let tokens: Vec<u32> = (0..n).map(|_| rng.random_range(0..vocab)).collect();
     let plan = PrefixPlan::raw_tokens(tokens);
     let out = dir.join(format!("bench-{n}.folio"));
     // Peak RSS per length: Linux resets VmHWM when "5" is written to clear_refs.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
-    let opts = BuildOptions { kv_dtype, memory_budget, restart: true };
-    let report =
-        context::build(&engine.model, engine.stamp()?, &plan, &out, &opts, &mut |_| ControlFlow::Continue(()))?;
-    let peak = peak_rss();
-    drop_page_cache(&out);
-    let start = Instant::now();
-    let file = Arc::new(engine.open_context(&out)?);
-    let mut kv = ContextKv::new(file, engine.model.dtype(), engine.model.device(), u64::MAX);
-    let question: Vec<u32> = (0..QUESTION_TOKENS).map(|_| rng.random_range(0..vocab)).collect();
-    let logits = engine.model.forward(&question, &mut kv, &Dense, Logits::Last)?;
-    logits.argmax(1)?.to_vec1::<u32>()?;
-    let reopen = start.elapsed().as_secs_f64();
+    sampler.reset();
+    let report = context::build(model, &subject.stamp, &plan, &out, opts, &mut |_| ControlFlow::Continue(()))?;
+    let (peak, peak_vram) = (peak_rss(), sampler.peak());
+    let reopen = match &subject.made {
+        Made::Loaded(engine) => {
+            drop_page_cache(&out);
+            let start = Instant::now();
+            let file = Arc::new(engine.open_context(&out)?);
+            let mut kv = ContextKv::new(file, model.dtype(), model.device(), u64::MAX);
+            let question: Vec<u32> = (0..QUESTION_TOKENS).map(|_| rng.random_range(0..vocab)).collect();
+            let logits = model.forward(&question, &mut kv, &Dense, Logits::Last)?;
+            logits.argmax(1)?.to_vec1::<u32>()?;
+            Some(start.elapsed().as_secs_f64())
+        }
+        Made::Random(_) => None,
+    };
     std::fs::remove_file(&out).with_context(|| format!("removing {}", out.display()))?;
-    let flops = prefill_flops(engine, n) / report.seconds;
+    let computed = report.layers - report.resumed_layers;
+    let flops = prefill_flops(model.config(), n) * computed as f64 / report.layers as f64 / report.seconds;
     Ok(Row {
         tokens: n,
+        layers_computed: computed,
         prefill_seconds: report.seconds,
         tokens_per_s: report.tokens_per_s,
         flops_per_s: flops,
         flops_ratio_to_matmul: flops / matmul,
         peak_rss_bytes: peak,
+        peak_vram_bytes: peak_vram,
+        chunk: report.chunk,
         working_set_bytes: report.working_set_bytes,
         file_bytes: report.file_bytes,
         reopen_first_token_seconds: reopen,
-        reopen_ratio: reopen / report.seconds,
+        reopen_ratio: reopen.map(|r| r / report.seconds),
     })
 }
 
-fn print_row(r: &Row, first: bool, engine: &Engine, matmul: f64) {
+fn print_row(r: &Row, first: bool, subject: &Subject, matmul: f64) {
     if first {
         println!(
             "model {} on {} ({:?}, {} threads); large-matmul rate {:.1} GFLOP/s",
-            engine.name,
-            device_name(engine.model.device()),
-            engine.model.dtype(),
+            subject.name,
+            device_name(subject.model().device()),
+            subject.model().dtype(),
             candle_core::utils::get_num_threads(),
             matmul / 1e9
         );
         println!(
-            "{:>8} {:>10} {:>9} {:>8} {:>7} {:>10} {:>11} {:>10} {:>12} {:>8}",
+            "{:>8} {:>7} {:>10} {:>9} {:>8} {:>7} {:>6} {:>10} {:>10} {:>11} {:>10} {:>12} {:>8}",
             "tokens",
+            "layers",
             "prefill s",
             "tok/s",
             "GFLOP/s",
             "÷peak",
+            "chunk",
             "peak RSS",
+            "peak VRAM",
             "working set",
             "file",
             "reopen→1st s",
             "÷prefill"
         );
     }
+    let opt = |x: Option<u64>| x.map_or("-".into(), human_bytes);
     println!(
-        "{:>8} {:>10.2} {:>9.0} {:>8.2} {:>6.1}% {:>10} {:>11} {:>10} {:>12.4} {:>7.3}%",
+        "{:>8} {:>7} {:>10.2} {:>9.0} {:>8.2} {:>6.1}% {:>6} {:>10} {:>10} {:>11} {:>10} {:>12} {:>8}",
         r.tokens,
+        r.layers_computed,
         r.prefill_seconds,
         r.tokens_per_s,
         r.flops_per_s / 1e9,
         100.0 * r.flops_ratio_to_matmul,
-        r.peak_rss_bytes.map_or("?".into(), human_bytes),
+        r.chunk,
+        opt(r.peak_rss_bytes),
+        opt(r.peak_vram_bytes),
         human_bytes(r.working_set_bytes),
         human_bytes(r.file_bytes),
-        r.reopen_first_token_seconds,
-        100.0 * r.reopen_ratio
+        r.reopen_first_token_seconds.map_or("-".into(), |x| format!("{x:.4}")),
+        r.reopen_ratio.map_or("-".into(), |x| format!("{:.3}%", 100.0 * x)),
     );
 }
 
 /// Multiply-adds ×2 of a layer-major prefill of `n` tokens: projections and MLP per token and
 /// layer, causal attention (QKᵀ and PV over n²/2 pairs), one LM-head row.
-fn prefill_flops(engine: &Engine, n: usize) -> f64 {
-    let c = engine.config();
+fn prefill_flops(c: &ModelConfig, n: usize) -> f64 {
     let (h, q, kv, i) = (
         c.hidden_size as f64,
         (c.num_heads * c.head_dim) as f64,
@@ -428,18 +596,12 @@ fn prefill_flops(engine: &Engine, n: usize) -> f64 {
 }
 
 /// FLOP/s of a large square matmul in the model's dtype on its device: what the hardware
-/// delivers in practice for the dominant operation (best of five).
-fn matmul_flops(engine: &Engine) -> Result<f64> {
-    let (dev, dtype) = (engine.model.device(), engine.model.dtype());
-    let a = Tensor::randn(0f32, 1.0, (MATMUL_SIDE, MATMUL_SIDE), dev)?.to_dtype(dtype)?;
-    let mut best = f64::MAX;
-    for _ in 0..5 {
-        let start = Instant::now();
-        let c = a.matmul(&a)?;
-        c.sum_all()?.to_dtype(DType::F32)?.to_scalar::<f32>()?;
-        best = best.min(start.elapsed().as_secs_f64());
-    }
-    Ok(2.0 * (MATMUL_SIDE as f64).powi(3) / best)
+/// delivers in practice for the dominant operation.
+fn matmul_flops(model: &folio_models::model::Model) -> Result<f64> {
+    let (dev, dtype) = (model.device(), model.dtype());
+    let side = if dev.is_cpu() { MATMUL_SIDE } else { GEMM_SIDE };
+    let a = Tensor::randn(0f32, 1.0, (side, side), dev)?.to_dtype(dtype)?;
+    Ok(2.0 * (side as f64).powi(3) / time_calls(dev, || a.matmul(&a))?)
 }
 
 /// Evicts a fully written file from the page cache, so the reopen reads from disk as after a reboot.

@@ -38,7 +38,7 @@ use crate::cli::Common;
 use crate::context_cmd::{parse_bytes, peak_rss};
 
 /// Standard deviation of the random weights (transformers' `initializer_range` default).
-const INIT_STD: f64 = 0.02;
+pub(crate) const INIT_STD: f64 = 0.02;
 /// Rows per KV head written into the host tier at once while filling it.
 const FILL_CHUNK: usize = 1 << 16;
 /// Bytes copied to measure the device's and the host link's bandwidth, and device copies timed.

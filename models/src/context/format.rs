@@ -32,7 +32,12 @@ const CHECKSUM_HEX: usize = 16;
 
 /// Section checksum as it appears in the header.
 pub fn checksum(bytes: &[u8]) -> String {
-    format!("{:0width$x}", xxh3_64(bytes), width = CHECKSUM_HEX)
+    checksum_hex(xxh3_64(bytes))
+}
+
+/// [`checksum`]'s text of an xxh3-64 digest (of bytes hashed in pieces).
+pub fn checksum_hex(digest: u64) -> String {
+    format!("{digest:0width$x}", width = CHECKSUM_HEX)
 }
 
 /// What a model is, as far as the K/V it produces is concerned. Two models with equal
@@ -59,6 +64,29 @@ pub struct Fingerprint {
 }
 
 impl Fingerprint {
+    /// The fingerprint of a model of configuration `cfg` with the given tokenizer and weight
+    /// hashes.
+    pub fn of(cfg: &crate::config::ModelConfig, tokenizer: String, weights: String) -> crate::error::Result<Self> {
+        Ok(Self {
+            architecture: cfg.arch.name().to_owned(),
+            layers: cfg.num_layers,
+            hidden_size: cfg.hidden_size,
+            intermediate_size: cfg.intermediate_size,
+            heads: cfg.num_heads,
+            kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            vocab_size: cfg.vocab_size,
+            rope_theta: cfg.rope_theta,
+            rope_scaling: serde_json::to_value(&cfg.rope_scaling)
+                .map_err(|e| crate::error::Error::Invalid(e.to_string()))?,
+            sliding_window: cfg.sliding_window,
+            qkv_bias: cfg.qkv_bias,
+            qk_norm: cfg.qk_norm,
+            tokenizer,
+            weights,
+        })
+    }
+
     /// Names and values of the fields where `self` and `other` differ.
     pub fn differences(&self, other: &Self) -> Vec<String> {
         let (a, b) = (serde_json::to_value(self).unwrap_or_default(), serde_json::to_value(other).unwrap_or_default());
