@@ -303,6 +303,35 @@ fn killed_prefill_resumes_to_an_identical_file() {
     );
 }
 
+/// Checkpoints do not wait for the disk, so they name checksums instead: bytes a checkpoint
+/// vouches for that did not survive (here, one flipped in the hidden states the next layer
+/// reads, as a power cut could leave them) make the rerun start over, and the file it makes is
+/// still the uninterrupted one.
+#[test]
+fn lost_checkpoint_bytes_restart_the_prefill() {
+    let d = docs(4);
+    let work = tempfile::tempdir().unwrap();
+    let whole = work.path().join("whole.folio");
+    ok_json(prefill(d.path(), &whole, &[]));
+    let out = work.path().join("lost.folio");
+    let partial = PathBuf::from(format!("{}.partial", out.display()));
+    let (dp, op) = (d.path().display().to_string(), out.display().to_string());
+    let args = ["prefill", "--model", &demo(), "--docs", &dp, "--out", &op, "--json"];
+    let child = folio_cmd(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    assert!(kill_at(child, &partial, KillAt::LayersDone(2), libc::SIGKILL), "the prefill finished before the kill");
+    let cp: Value = serde_json::from_str(&std::fs::read_to_string(partial.join("checkpoint.json")).unwrap()).unwrap();
+    let done = cp["layers_done"].as_u64().unwrap();
+    assert!(done >= 2, "{cp}");
+    // Layer `done - 1` wrote hidden-{(done - 1) % 2}.bin, which the next layer reads.
+    let hidden = partial.join(format!("hidden-{}.bin", (done - 1) % 2));
+    let mut bytes = std::fs::read(&hidden).unwrap();
+    bytes[17] ^= 0x40;
+    std::fs::write(&hidden, &bytes).unwrap();
+    let rerun = ok_json(folio(&args));
+    assert_eq!(rerun["report"]["resumed_layers"], 0, "resumed from damaged hidden states: {rerun}");
+    assert!(std::fs::read(&whole).unwrap() == std::fs::read(&out).unwrap(), "the restarted file differs");
+}
+
 /// Flip one byte in each section type, truncate, or hand over a non-context: each gives its
 /// own clear error from `context info --verify` (and from `chat`, which reads every layer).
 #[test]

@@ -63,24 +63,49 @@ impl Hidden for MemoryHidden {
 }
 
 /// Hidden states in a scratch file, read and written with positioned I/O (not mmap, so they
-/// never count as the process's resident memory).
+/// never count as the process's resident memory). Writes from position 0 onwards in order
+/// (what [`run_layer`] does) are hashed as they go: a checkpoint records the hash instead of
+/// waiting for the disk (see `context::build`).
 pub struct FileHidden {
     file: File,
     path: PathBuf,
     hidden: usize,
     dtype: DType,
     device: Device,
+    /// xxh3 of rows `0..next` as written; `None` after an out-of-order write.
+    digest: Option<(xxhash_rust::xxh3::Xxh3, usize)>,
 }
 
 impl FileHidden {
     pub fn new(file: File, path: &Path, hidden: usize, dtype: DType, device: &Device) -> Self {
-        Self { file, path: path.to_owned(), hidden, dtype, device: device.clone() }
+        Self { file, path: path.to_owned(), hidden, dtype, device: device.clone(), digest: None }
     }
 
-    pub fn file(&self) -> &File {
-        &self.file
+    /// xxh3 of the first `rows` rows, when they were written in order since the last write
+    /// at row 0 (the format of `context::format::checksum`).
+    pub fn written_checksum(&self, rows: usize) -> Option<String> {
+        let (h, next) = self.digest.as_ref()?;
+        (*next == rows).then(|| crate::context::format::checksum_hex(h.digest()))
+    }
+
+    /// xxh3 of the first `rows` rows as the file holds them now.
+    pub fn stored_checksum(&self, rows: usize) -> Result<String> {
+        let row = self.hidden * self.dtype.size_in_bytes();
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        let mut buf = vec![0u8; (HASH_BLOCK_BYTES / row).max(1) * row];
+        let mut at = 0;
+        while at < rows * row {
+            let n = buf.len().min(rows * row - at);
+            self.file.read_exact_at(&mut buf[..n], at as u64).map_err(|e| Error::io(&self.path, e))?;
+            h.update(&buf[..n]);
+            at += n;
+        }
+        Ok(crate::context::format::checksum_hex(h.digest()))
     }
 }
+
+/// Bytes read at a time when hashing a stored hidden-state file.
+const HASH_BLOCK_BYTES: usize = 64 << 20;
 
 impl Hidden for FileHidden {
     fn read(&self, start: usize, n: usize) -> Result<Tensor> {
@@ -92,7 +117,16 @@ impl Hidden for FileHidden {
 
     fn write(&mut self, start: usize, x: &Tensor) -> Result<()> {
         let row = (self.hidden * self.dtype.size_in_bytes()) as u64;
-        self.file.write_all_at(&tensor_bytes(x)?, start as u64 * row).map_err(|e| Error::io(&self.path, e))
+        let bytes = tensor_bytes(x)?;
+        self.file.write_all_at(&bytes, start as u64 * row).map_err(|e| Error::io(&self.path, e))?;
+        if start == 0 {
+            self.digest = Some((xxhash_rust::xxh3::Xxh3::new(), 0));
+        }
+        self.digest = self.digest.take().filter(|(_, next)| *next == start).map(|(mut h, _)| {
+            h.update(&bytes);
+            (h, start + bytes.len() / row as usize)
+        });
+        Ok(())
     }
 }
 
@@ -122,13 +156,16 @@ pub fn plan_chunk(model: &Model, tokens: usize, section_bytes: u64, budget: Opti
     let dsize = model.dtype().size_in_bytes() as u64;
     let kv_values = (tokens * cfg.num_kv_heads * cfg.head_dim) as u64;
     let (nq, nkv) = ((cfg.num_heads * cfg.head_dim) as u64, (cfg.num_kv_heads * cfg.head_dim) as u64);
-    // One layer's K and V; the kernel's f32 copy of them when computing in 16 bits; one
-    // section's f32 copy and its encoded bytes while it is written; the attention scores.
+    // One layer's K and V; one section's f32 copy and its encoded bytes while it is written;
+    // unless the fused kernel runs: the f32 copy of K and V when computing in 16 bits, and
+    // the attention scores.
     let mut fixed = 2 * kv_values * dsize + kv_values * 4 + section_bytes;
-    if dsize != 4 {
-        fixed += 2 * kv_values * 4;
+    if !folio_kernels::attention::fused(model.device(), model.dtype(), cfg.head_dim) {
+        if dsize != 4 {
+            fixed += 2 * kv_values * 4;
+        }
+        fixed += 3 * 4 * folio_kernels::attention::max_score_elems(model.device()) as u64;
     }
-    fixed += 3 * 4 * folio_kernels::attention::max_score_elems(model.device()) as u64;
     // Per token of a chunk: hidden in/out and norms, q/k/v (+ f32 q), MLP intermediates.
     let per_token =
         dsize * (6 * cfg.hidden_size as u64 + 3 * (nq + 2 * nkv) + 4 * cfg.intermediate_size as u64) + 4 * nq;
