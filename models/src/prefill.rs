@@ -74,11 +74,26 @@ pub struct FileHidden {
     device: Device,
     /// xxh3 of rows `0..next` as written; `None` after an out-of-order write.
     digest: Option<(xxhash_rust::xxh3::Xxh3, usize)>,
+    /// Time spent in file I/O and hashing (not in moving tensors to and from the device).
+    io: std::cell::Cell<std::time::Duration>,
 }
 
 impl FileHidden {
     pub fn new(file: File, path: &Path, hidden: usize, dtype: DType, device: &Device) -> Self {
-        Self { file, path: path.to_owned(), hidden, dtype, device: device.clone(), digest: None }
+        Self {
+            file,
+            path: path.to_owned(),
+            hidden,
+            dtype,
+            device: device.clone(),
+            digest: None,
+            io: Default::default(),
+        }
+    }
+
+    /// Time spent in this store's file I/O and hashing so far.
+    pub fn io_time(&self) -> std::time::Duration {
+        self.io.get()
     }
 
     /// xxh3 of the first `rows` rows, when they were written in order since the last write
@@ -110,14 +125,17 @@ const HASH_BLOCK_BYTES: usize = 64 << 20;
 impl Hidden for FileHidden {
     fn read(&self, start: usize, n: usize) -> Result<Tensor> {
         let row = (self.hidden * self.dtype.size_in_bytes()) as u64;
+        let started = std::time::Instant::now();
         let mut bytes = vec![0u8; n * row as usize];
         self.file.read_exact_at(&mut bytes, start as u64 * row).map_err(|e| Error::io(&self.path, e))?;
+        self.io.set(self.io.get() + started.elapsed());
         Ok(Tensor::from_raw_buffer(&bytes, self.dtype, &[n, self.hidden], &self.device)?)
     }
 
     fn write(&mut self, start: usize, x: &Tensor) -> Result<()> {
         let row = (self.hidden * self.dtype.size_in_bytes()) as u64;
         let bytes = tensor_bytes(x)?;
+        let started = std::time::Instant::now();
         self.file.write_all_at(&bytes, start as u64 * row).map_err(|e| Error::io(&self.path, e))?;
         if start == 0 {
             self.digest = Some((xxhash_rust::xxh3::Xxh3::new(), 0));
@@ -126,6 +144,7 @@ impl Hidden for FileHidden {
             h.update(&bytes);
             (h, start + bytes.len() / row as usize)
         });
+        self.io.set(self.io.get() + started.elapsed());
         Ok(())
     }
 }

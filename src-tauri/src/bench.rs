@@ -18,7 +18,9 @@ use clap::{Args, Subcommand};
 use folio_kernels::device::MemorySampler;
 use folio_models::attention::Dense;
 use folio_models::config::ModelConfig;
-use folio_models::context::{self, BuildOptions, ContextKv, Fingerprint, KvDtype, ModelStamp, PrefixPlan};
+use folio_models::context::{
+    self, BuildOptions, ContextKv, Fingerprint, KvDtype, ModelStamp, PrefixPlan, StageSeconds,
+};
 use folio_models::error::human_bytes;
 use folio_models::model::Logits;
 use folio_models::{device_name, Engine};
@@ -114,6 +116,8 @@ struct Row {
     /// Device memory in use at the peak (driver's total − free), off the CPU.
     peak_vram_bytes: Option<u64>,
     chunk: usize,
+    /// Where the prefill's time went.
+    stages: StageSeconds,
     working_set_bytes: u64,
     file_bytes: u64,
     /// Reopen-to-first-token time (none for random weights).
@@ -527,6 +531,7 @@ fn one(
         peak_rss_bytes: peak,
         peak_vram_bytes: peak_vram,
         chunk: report.chunk,
+        stages: report.stages.clone(),
         working_set_bytes: report.working_set_bytes,
         file_bytes: report.file_bytes,
         reopen_first_token_seconds: reopen,
@@ -577,6 +582,11 @@ fn print_row(r: &Row, first: bool, subject: &Subject, matmul: f64) {
         human_bytes(r.file_bytes),
         r.reopen_first_token_seconds.map_or("-".into(), |x| format!("{x:.4}")),
         r.reopen_ratio.map_or("-".into(), |x| format!("{:.3}%", 100.0 * x)),
+    );
+    let st = &r.stages;
+    println!(
+        "{:>8} seconds in: compute {:.2}, hidden-state files {:.2}, K/V encode {:.2}, store {:.2}",
+        "", st.compute, st.hidden_io, st.encode, st.store
     );
 }
 

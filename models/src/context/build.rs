@@ -67,6 +67,19 @@ pub struct Progress {
     pub eta_s: Option<f64>,
 }
 
+/// Where a prefill's time went, in seconds of this run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StageSeconds {
+    /// The layers' forward passes, with the hidden states' trips to and from the device.
+    pub compute: f64,
+    /// Reading, writing and hashing the hidden-state files.
+    pub hidden_io: f64,
+    /// K/V from the device, encoded to the file's dtype.
+    pub encode: f64,
+    /// Sections written and checksummed, checkpoints, the final fsyncs and rename.
+    pub store: f64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct BuildReport {
     pub path: PathBuf,
@@ -84,6 +97,7 @@ pub struct BuildReport {
     pub working_set_bytes: u64,
     /// Greedy next token after the documents (from the only LM-head call of the prefill).
     pub next_token: u32,
+    pub stages: StageSeconds,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -267,6 +281,7 @@ impl Job<'_> {
         let mut hidden = [open_hidden(0)?, open_hidden(1)?];
         let t = self.plan.tokens.len();
         let run_start = Instant::now();
+        let mut stages = StageSeconds::default();
         for layer in checkpoint.layers_done..layers {
             let (done_before, on_progress) = ((layer - resumed_layers) * t, &mut self.on_progress);
             let mut report = |n: usize| {
@@ -283,14 +298,21 @@ impl Job<'_> {
                     eta_s: (rate > 0.0).then(|| left / rate),
                 })
             };
+            let at = Instant::now();
             let (k, v) = run_layer(self.model, layer, &self.plan.tokens, &mut hidden, self.chunk, &mut report)?;
+            stages.compute += at.elapsed().as_secs_f64();
             for (kind, x) in [(SectionKind::Keys, k), (SectionKind::Values, v)] {
+                let at = Instant::now();
                 let values = x.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
                 let bytes = self.job.kv_dtype.encode(&values, self.model.config().head_dim)?;
+                let stored = Instant::now();
+                stages.encode += (stored - at).as_secs_f64();
                 let s = self.job.section(kind, Some(layer)).expect("every layer has K and V sections");
                 self.write_at(&file, &tmp, s.offset, &bytes)?;
                 checkpoint.checksums.push(checksum(&bytes));
+                stages.store += stored.elapsed().as_secs_f64();
             }
+            let at = Instant::now();
             // No fsync here: the checkpoint names the checksums of what the resume will read,
             // and a resume checks them (see `intact`).
             checkpoint.hidden = layer_output(&hidden, layer)
@@ -298,7 +320,9 @@ impl Job<'_> {
                 .ok_or_else(|| Error::Invalid(format!("layer {layer} wrote its hidden states out of order")))?;
             checkpoint.layers_done = layer + 1;
             write_checkpoint(&cp_path, &checkpoint)?;
+            stages.store += at.elapsed().as_secs_f64();
         }
+        let at = Instant::now();
         let last = layer_output(&hidden, layers - 1).read(t - 1, 1)?;
         let next_token = self.model.head(&last)?.squeeze(0)?.argmax(0)?.to_scalar::<u32>()?;
         let header = self.finished_header(&checkpoint)?;
@@ -313,6 +337,9 @@ impl Job<'_> {
         sync_dir(self.out)?;
         let computed = (layers - resumed_layers) * t;
         let run_secs = run_start.elapsed().as_secs_f64();
+        stages.store += at.elapsed().as_secs_f64();
+        stages.hidden_io = hidden.iter().map(|h| h.io_time().as_secs_f64()).sum();
+        stages.compute -= stages.hidden_io;
         Ok(BuildReport {
             path: self.out.to_owned(),
             tokens: t,
@@ -326,6 +353,7 @@ impl Job<'_> {
             chunk: self.chunk,
             working_set_bytes: working_set,
             next_token,
+            stages,
         })
     }
 

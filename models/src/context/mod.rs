@@ -14,7 +14,7 @@ pub mod format;
 pub mod kv;
 pub mod prompt;
 
-pub use build::{build, partial_dir, pending_date, write_atomic, BuildOptions, BuildReport, Progress};
+pub use build::{build, partial_dir, pending_date, write_atomic, BuildOptions, BuildReport, Progress, StageSeconds};
 pub use codec::KvDtype;
 pub use file::{ContextFile, VerifyReport};
 pub use format::{DocumentSpan, Fingerprint, Header, ModelStamp};
