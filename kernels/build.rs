@@ -3,6 +3,7 @@
 //! CUDA toolkit. The target is `compute_$CUDA_COMPUTE_CAP`, default 80: PTX for a virtual
 //! architecture is JIT-compiled by the driver on that architecture and newer ones (Ampere,
 //! Ada, Hopper), never older; ../shared/tools/cuda-toolchain.sh sets 90 for the H100/H200.
+//! 80 is also the floor: the prefill kernel (flash.cu) needs bf16 `mma.sync` and `cp.async`.
 
 use std::path::PathBuf;
 use std::process::Command;

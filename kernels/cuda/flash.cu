@@ -51,7 +51,8 @@ __device__ __forceinline__ void load_tile_async(__nv_bfloat16* dst, const __nv_b
         const int r = i / VECS, c = (i % VECS) * 8;
         const uint32_t to = (uint32_t)__cvta_generic_to_shared(dst + r * (D + PAD) + c);
         const __nv_bfloat16* from = r < valid ? src + (size_t)r * D + c : src;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(r < valid ? 16 : 0));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(r < valid ? 16 : 0)
+                     : "memory");
     }
 }
 
@@ -116,7 +117,7 @@ __device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bf
         load_tile_async<D>(kbuf, kh + (size_t)j_lo * D, min(KEYS, j_hi - j_lo));
         load_tile_async<D>(vbuf, vh + (size_t)j_lo * D, min(KEYS, j_hi - j_lo));
     }
-    asm volatile("cp.async.commit_group;\n");
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
     for (int j0 = j_lo, stage = 0; j0 < j_hi; j0 += KEYS, stage ^= 1) {
         const int valid = min(KEYS, j_hi - j0);
         // Next tile into the other stage (its readers finished at the end of the last
@@ -126,8 +127,8 @@ __device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bf
             load_tile_async<D>(kbuf + (stage ^ 1) * TILE, kh + (size_t)(j0 + KEYS) * D, next);
             load_tile_async<D>(vbuf + (stage ^ 1) * TILE, vh + (size_t)(j0 + KEYS) * D, next);
         }
-        asm volatile("cp.async.commit_group;\n");
-        asm volatile("cp.async.wait_group 1;\n");
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
         __syncthreads();
         const __nv_bfloat16* ks = kbuf + stage * TILE;
         const __nv_bfloat16* vs = vbuf + stage * TILE;

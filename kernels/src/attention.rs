@@ -105,7 +105,7 @@ pub fn attention_block(
 
 /// Whether attention over `dtype` inputs with this head dim on `device` runs the fused
 /// tensor-core kernel, which makes no f32 copy of K/V and no score block (callers budgeting
-/// memory count neither then).
+/// memory count neither then; it does copy K/V given as a strided view, in their dtype).
 pub fn fused(device: &Device, dtype: DType, head_dim: usize) -> bool {
     #[cfg(feature = "cuda")]
     return cuda::takes(device, dtype, head_dim);
@@ -418,7 +418,10 @@ mod cuda {
     ) -> Result<AttnOutput> {
         let (q_heads, q_len, d) = q.dims3()?;
         let (kv_heads, kv_len, _) = k.dims3()?;
-        if q_len == 0 || kv_len == 0 {
+        if q_len.max(kv_len) > i32::MAX as usize {
+            candle_core::bail!("attention: {q_len} queries over {kv_len} keys is past the kernel's i32 positions");
+        }
+        if q_heads == 0 || q_len == 0 || kv_len == 0 {
             return Ok(AttnOutput {
                 out: Tensor::zeros((q_heads, q_len, d), DType::F32, q.device())?,
                 lse: Tensor::full(f32::NEG_INFINITY, (q_heads, q_len), q.device())?,
@@ -431,6 +434,8 @@ mod cuda {
             window: mask.window.map_or(0, |w| w as i64),
             scale,
         };
+        // A prefill's keys so far are a narrowed view of the layer's cache: copied here (the
+        // chunk plan counts the copy); reading them in place with a head stride is next.
         let both =
             crate::vector_aligned(q)?.apply_op3_no_bwd(&crate::vector_aligned(k)?, &crate::vector_aligned(v)?, &op)?;
         let rows = q_heads * q_len;

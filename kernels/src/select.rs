@@ -211,7 +211,7 @@ impl HostRows {
             #[cfg(feature = "cuda")]
             HostMem::Mapped(m) => {
                 let tail = tail.map(|t| t.contiguous()).transpose()?;
-                cuda::gather(m.device_ptr(), tail.as_ref(), idx, (ih, sel, group, self.n, tail_n, self.d), self.dtype)
+                cuda::gather(m, tail.as_ref(), idx, (ih, sel, group, self.n, tail_n, self.d), self.dtype)
             }
         }
     }
@@ -255,7 +255,7 @@ mod cuda {
     //! The kernels of kernels/cuda/select.cu, and the mapped host allocation.
 
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda::cudarc::driver::{sys, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg};
+    use candle_core::cuda::cudarc::driver::{sys, DevicePtr, HostSlice, LaunchConfig, PinnedHostSlice, PushKernelArg};
     use candle_core::cuda::{CudaDevice, WrapErr};
     use candle_core::{CpuStorage, CudaStorage, DType, Layout, Result, Shape, Tensor};
 
@@ -291,10 +291,6 @@ mod cuda {
             // SAFETY: buf is a live DEVICEMAP allocation of this context.
             unsafe { sys::cuMemHostGetDevicePointer_v2(&mut ptr, buf.as_mut_ptr().w()? as *mut _, 0) }.result().w()?;
             Ok(Self { buf, ptr })
-        }
-
-        pub fn device_ptr(&self) -> u64 {
-            self.ptr
         }
 
         /// Copies `rows [heads, t, d]` (contiguous, on the device) to rows `pos..pos + t` of
@@ -496,17 +492,28 @@ mod cuda {
     }
 
     pub fn gather(
-        src: u64,
+        src: &Mapped,
         tail: Option<&Tensor>,
         idx: &Tensor,
         dims: (usize, usize, usize, usize, usize, usize),
         dtype: DType,
     ) -> Result<Tensor> {
-        let op = Gather { src, dims, dtype };
+        let candle_core::Device::Cuda(dev) = idx.device() else { candle_core::bail!("gather: idx must be on the GPU") };
+        let stream = dev.cuda_stream();
+        let op = Gather { src: src.ptr, dims, dtype };
         let idx = idx.contiguous()?;
-        match tail {
+        // The kernel reads the rows through their device address, which cudarc does not see.
+        // This guard makes the stream wait for the rows' last recorded use and records their
+        // event after the launch, so a later host write (`as_mut_slice`) or free of the rows
+        // waits for this read to finish.
+        // SAFETY: the host view it returns is not touched; only the ordering is used, on
+        // `stream`, candle's stream, where the launch below goes.
+        let (_, ordered) = unsafe { src.buf.stream_synced_slice(&stream) };
+        let out = match tail {
             Some(t) => idx.apply_op2_no_bwd(t, &op),
             None => idx.apply_op1_no_bwd(&op),
-        }
+        };
+        drop(ordered);
+        out
     }
 }

@@ -163,9 +163,11 @@ fn blocks_merge_exactly(device: &Device) -> Result<()> {
 test_device!(blocks_merge_exactly, blocks_merge_exactly_cpu, blocks_merge_exactly_cuda);
 
 /// bf16 inputs (the engine's GPU dtype): on CUDA with head dims 32/64/128 the tensor-core
-/// prefill kernel, elsewhere the f32 path. Shapes span several 64-row query tiles and 64-key
+/// prefill kernel, elsewhere the f32 path. Shapes span several 128-row query tiles and 64-key
 /// tiles, ragged edges, GQA, windows, and key blocks that start late (queries that see none of
-/// them) or end early; the reference gets the same bf16-rounded inputs.
+/// them) or end early; K/V are sometimes a narrowed view of a longer cache whose unused rows
+/// are NaN (as a prefill's keys so far are: read in place, never past the view). The reference
+/// gets the same bf16-rounded inputs.
 fn bf16_matches_reference(device: &Device) -> Result<()> {
     let seed = rand::random();
     println!("seed {seed}");
@@ -196,14 +198,21 @@ fn bf16_matches_reference(device: &Device) -> Result<()> {
         let v = round(random(&mut rng, kv_heads * len * head_dim, 1.0));
         let (ro, rl) = reference::attention_block(&q, &k, &v, k_start, q_heads, kv_heads, head_dim, mask, scale);
         let t = |x: &[f32], shape: (usize, usize, usize)| Tensor::from_slice(x, shape, device)?.to_dtype(DType::BF16);
-        let got = attention::attention_block(
-            &t(&q, (q_heads, q_len, head_dim))?,
-            &t(&k, (kv_heads, len, head_dim))?,
-            &t(&v, (kv_heads, len, head_dim))?,
-            k_start,
-            mask,
-            scale,
-        )?;
+        // A view of the first `len` rows of a cache with room for more (NaN past the view).
+        let view = |x: &[f32]| -> Result<Tensor> {
+            let room = len + 1 + case;
+            let mut buf = vec![f32::NAN; kv_heads * room * head_dim];
+            for (h, rows) in x.chunks(len * head_dim).enumerate() {
+                buf[h * room * head_dim..][..rows.len()].copy_from_slice(rows);
+            }
+            t(&buf, (kv_heads, room, head_dim))?.narrow(1, 0, len)
+        };
+        let (kt, vt) = if case % 2 == 1 {
+            (view(&k)?, view(&v)?)
+        } else {
+            (t(&k, (kv_heads, len, head_dim))?, t(&v, (kv_heads, len, head_dim))?)
+        };
+        let got = attention::attention_block(&t(&q, (q_heads, q_len, head_dim))?, &kt, &vt, k_start, mask, scale)?;
         let out = got.out.flatten_all()?.to_vec1::<f32>()?;
         let lse = got.lse.flatten_all()?.to_vec1::<f32>()?;
         let d_out = max_abs_diff(&out, &ro);

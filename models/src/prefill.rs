@@ -105,22 +105,10 @@ impl FileHidden {
 
     /// xxh3 of the first `rows` rows as the file holds them now.
     pub fn stored_checksum(&self, rows: usize) -> Result<String> {
-        let row = self.hidden * self.dtype.size_in_bytes();
-        let mut h = xxhash_rust::xxh3::Xxh3::new();
-        let mut buf = vec![0u8; (HASH_BLOCK_BYTES / row).max(1) * row];
-        let mut at = 0;
-        while at < rows * row {
-            let n = buf.len().min(rows * row - at);
-            self.file.read_exact_at(&mut buf[..n], at as u64).map_err(|e| Error::io(&self.path, e))?;
-            h.update(&buf[..n]);
-            at += n;
-        }
-        Ok(crate::context::format::checksum_hex(h.digest()))
+        let bytes = (rows * self.hidden * self.dtype.size_in_bytes()) as u64;
+        crate::context::format::file_checksum(&self.file, 0, bytes).map_err(|e| Error::io(&self.path, e))
     }
 }
-
-/// Bytes read at a time when hashing a stored hidden-state file.
-const HASH_BLOCK_BYTES: usize = 64 << 20;
 
 impl Hidden for FileHidden {
     fn read(&self, start: usize, n: usize) -> Result<Tensor> {
@@ -176,10 +164,13 @@ pub fn plan_chunk(model: &Model, tokens: usize, section_bytes: u64, budget: Opti
     let kv_values = (tokens * cfg.num_kv_heads * cfg.head_dim) as u64;
     let (nq, nkv) = ((cfg.num_heads * cfg.head_dim) as u64, (cfg.num_kv_heads * cfg.head_dim) as u64);
     // One layer's K and V; one section's f32 copy and its encoded bytes while it is written;
-    // unless the fused kernel runs: the f32 copy of K and V when computing in 16 bits, and
-    // the attention scores.
+    // with the fused kernel, the contiguous copy it makes of the keys so far (a view of the
+    // layer's cache); without it, the f32 copy of K and V when computing in 16 bits, and the
+    // attention scores.
     let mut fixed = 2 * kv_values * dsize + kv_values * 4 + section_bytes;
-    if !folio_kernels::attention::fused(model.device(), model.dtype(), cfg.head_dim) {
+    if folio_kernels::attention::fused(model.device(), model.dtype(), cfg.head_dim) {
+        fixed += 2 * kv_values * dsize;
+    } else {
         if dsize != 4 {
             fixed += 2 * kv_values * 4;
         }

@@ -35,6 +35,25 @@ pub fn checksum(bytes: &[u8]) -> String {
     checksum_hex(xxh3_64(bytes))
 }
 
+/// [`checksum`] of `len` bytes of `file` at `offset`, read a block at a time (a 7B model's layer
+/// section is a GiB at 1M tokens).
+pub fn file_checksum(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<String> {
+    use std::os::unix::fs::FileExt;
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = vec![0u8; HASH_BLOCK_BYTES.min(len as usize)];
+    let mut at = 0;
+    while at < len {
+        let n = buf.len().min((len - at) as usize);
+        file.read_exact_at(&mut buf[..n], offset + at)?;
+        h.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(checksum_hex(h.digest()))
+}
+
+/// Bytes read at a time by [`file_checksum`].
+const HASH_BLOCK_BYTES: usize = 64 << 20;
+
 /// [`checksum`]'s text of an xxh3-64 digest (of bytes hashed in pieces).
 pub fn checksum_hex(digest: u64) -> String {
     format!("{digest:0width$x}", width = CHECKSUM_HEX)
