@@ -11,14 +11,14 @@
 //! * `checkpoint.json`: the job (the header with blank K/V checksums), the chunk size, how
 //!   many layers are done with their checksums, and the checksum of the hidden states the next
 //!   layer reads. Replaced atomically after each layer.
-//!
-//! The layer's bytes are not fsynced before its checkpoint: on a disk slower than the GPU
-//! (a cloud volume at ~130 MB/s; a 7B model's hidden states are 7 GiB a layer at 1M tokens)
-//! that wait was most of the prefill. A killed process loses nothing (its writes are in the
-//! page cache); an OS crash or power cut may lose pages the checkpoint vouches for, so a
-//! resume first checks every checksum the checkpoint names and starts over on a mismatch. The
-//! finished file is fsynced before its rename, as before.
 //! * `lock`: held while a prefill runs, so two processes never write one output.
+//!
+//! A layer's bytes are not fsynced before its checkpoint: a 7B model writes 7 GiB of hidden
+//! states a layer at 1M tokens, and a cloud volume at ~130 MB/s (the GPU machine's) would hold
+//! every checkpoint for close to a minute of flushing. A killed process loses nothing (its
+//! writes are in the page cache); an OS crash or power cut may lose pages the checkpoint vouches
+//! for, so a resume first checks every checksum the checkpoint names and starts over on a
+//! mismatch. The finished file is fsynced before its rename.
 //!
 //! A killed prefill resumes from the last finished layer; the computation is deterministic and
 //! the chunking is pinned by the checkpoint, so the resumed file is byte-identical to an
@@ -257,8 +257,8 @@ impl Job<'_> {
                 if self.intact(&cp, &tmp, &hidden_paths)? {
                     cp
                 } else {
-                    // What the checkpoint names did not all reach the disk (a power cut after
-                    // a kill-free run): start over rather than resume from wrong bytes.
+                    // What the checkpoint names did not all reach the disk (an OS crash or a
+                    // power cut): start over rather than resume from wrong bytes.
                     self.start_fresh(&cp_path, &tmp, &hidden_paths)?
                 }
             }
