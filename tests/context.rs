@@ -303,16 +303,17 @@ fn killed_prefill_resumes_to_an_identical_file() {
     );
 }
 
-/// Checkpoints do not wait for the disk, so they name checksums instead: bytes a checkpoint
-/// vouches for that did not survive (here, one flipped in the hidden states the next layer
-/// reads, as a power cut could leave them) make the rerun start over, and the file it makes is
-/// still the uninterrupted one.
+/// A resume under a budget its pinned chunk no longer fits is refused. Checkpoints do not
+/// wait for the disk, so they name checksums instead: bytes a checkpoint vouches for that did
+/// not survive (here, one flipped in the hidden states the next layer reads, as a power cut
+/// could leave them) make the rerun start over, and the file it makes is still the
+/// uninterrupted one.
 #[test]
 fn lost_checkpoint_bytes_restart_the_prefill() {
     let d = docs(4);
     let work = tempfile::tempdir().unwrap();
     let whole = work.path().join("whole.folio");
-    ok_json(prefill(d.path(), &whole, &[]));
+    let report = ok_json(prefill(d.path(), &whole, &[]));
     let out = work.path().join("lost.folio");
     let partial = PathBuf::from(format!("{}.partial", out.display()));
     let (dp, op) = (d.path().display().to_string(), out.display().to_string());
@@ -322,6 +323,14 @@ fn lost_checkpoint_bytes_restart_the_prefill() {
     let cp: Value = serde_json::from_str(&std::fs::read_to_string(partial.join("checkpoint.json")).unwrap()).unwrap();
     let done = cp["layers_done"].as_u64().unwrap();
     assert!(done >= 2, "{cp}");
+    // A resume keeps the chunk it started with: a budget that chunk no longer fits is refused
+    // up front, and the interrupted prefill stays.
+    let tight = (report["report"]["working_set_bytes"].as_u64().unwrap() - 1024).to_string();
+    let mut squeezed = args.to_vec();
+    squeezed.extend(["--memory-budget", &tight]);
+    let err = err_text(folio(&squeezed));
+    assert!(err.contains("resumes in chunks of") && err.contains("--restart"), "{err}");
+    assert!(partial.join("checkpoint.json").exists(), "a refused resume keeps the interrupted prefill");
     // Layer `done - 1` wrote hidden-{(done - 1) % 2}.bin, which the next layer reads.
     let hidden = partial.join(format!("hidden-{}.bin", (done - 1) % 2));
     let mut bytes = std::fs::read(&hidden).unwrap();

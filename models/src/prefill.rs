@@ -159,6 +159,34 @@ pub struct ChunkPlan {
 /// The largest chunk whose working set fits `budget` (or [`DEFAULT_CHUNK`] without one) for a
 /// prefill of `tokens` tokens whose K/V sections are `section_bytes` each once encoded.
 pub fn plan_chunk(model: &Model, tokens: usize, section_bytes: u64, budget: Option<u64>) -> Result<ChunkPlan> {
+    let (fixed, per_token) = working_set_terms(model, tokens, section_bytes);
+    let most = tokens.clamp(1, MAX_CHUNK);
+    let chunk = match budget {
+        None => DEFAULT_CHUNK.min(most),
+        Some(b) => {
+            let fit = (b.saturating_sub(fixed) / per_token) as usize;
+            if fit < MIN_CHUNK.min(most) {
+                return Err(Error::MemoryBudget {
+                    budget: b,
+                    needed: fixed + MIN_CHUNK.min(most) as u64 * per_token,
+                    tokens,
+                });
+            }
+            fit.min(most)
+        }
+    };
+    Ok(ChunkPlan { chunk, working_set: fixed + chunk as u64 * per_token })
+}
+
+/// The working set of a prefill that runs in chunks of `chunk` tokens (a resumed one keeps
+/// the chunk it started with).
+pub fn chunk_working_set(model: &Model, tokens: usize, section_bytes: u64, chunk: usize) -> u64 {
+    let (fixed, per_token) = working_set_terms(model, tokens, section_bytes);
+    fixed + chunk as u64 * per_token
+}
+
+/// The working set's bytes independent of the chunk, and its bytes per token of a chunk.
+fn working_set_terms(model: &Model, tokens: usize, section_bytes: u64) -> (u64, u64) {
     let cfg = model.config();
     let dsize = model.dtype().size_in_bytes() as u64;
     let kv_values = (tokens * cfg.num_kv_heads * cfg.head_dim) as u64;
@@ -179,22 +207,7 @@ pub fn plan_chunk(model: &Model, tokens: usize, section_bytes: u64, budget: Opti
     // Per token of a chunk: hidden in/out and norms, q/k/v (+ f32 q), MLP intermediates.
     let per_token =
         dsize * (6 * cfg.hidden_size as u64 + 3 * (nq + 2 * nkv) + 4 * cfg.intermediate_size as u64) + 4 * nq;
-    let most = tokens.clamp(1, MAX_CHUNK);
-    let chunk = match budget {
-        None => DEFAULT_CHUNK.min(most),
-        Some(b) => {
-            let fit = (b.saturating_sub(fixed) / per_token) as usize;
-            if fit < MIN_CHUNK.min(most) {
-                return Err(Error::MemoryBudget {
-                    budget: b,
-                    needed: fixed + MIN_CHUNK.min(most) as u64 * per_token,
-                    tokens,
-                });
-            }
-            fit.min(most)
-        }
-    };
-    Ok(ChunkPlan { chunk, working_set: fixed + chunk as u64 * per_token })
+    (fixed, per_token)
 }
 
 /// Runs every token through decoder layer `layer`, `chunk` tokens at a time. The two hidden

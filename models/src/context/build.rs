@@ -165,7 +165,7 @@ pub fn build(
     }
     let mut job_run =
         Job { model, plan, out, dir: &dir, job, docs_json, chunk: chunk_plan.chunk, on_progress, owns_dir: false };
-    let result = job_run.run(opts, chunk_plan.working_set);
+    let result = job_run.run(opts);
     // Success removes the folder (the file is renamed out of it). A failure removes it when it
     // is this job's and holds nothing worth resuming, or when the disk is full (the scratch
     // space is what filled it); a cancel, or a failure after finished layers, keeps it for a
@@ -245,7 +245,7 @@ impl Job<'_> {
         Ok(stored.stored_checksum(self.plan.tokens.len()).ok().as_ref() == Some(&cp.hidden))
     }
 
-    fn run(&mut self, opts: &BuildOptions, working_set: u64) -> Result<BuildReport> {
+    fn run(&mut self, opts: &BuildOptions) -> Result<BuildReport> {
         let started = Instant::now();
         let cp_path = self.dir.join("checkpoint.json");
         let tmp = self.dir.join("context.tmp");
@@ -268,17 +268,30 @@ impl Job<'_> {
                 self.start_fresh(&cp_path, &tmp, &hidden_paths)?
             }
         };
+        // A resume computes with the chunk it started with (the bytes depend on it): its working
+        // set, not today's plan, is what runs, and it must fit today's budget.
         self.chunk = checkpoint.chunk;
+        let cfg = self.model.config();
+        let t = self.plan.tokens.len();
+        let section = self.job.kv_dtype.section_bytes(cfg.num_kv_heads * t, cfg.head_dim);
+        let working_set = crate::prefill::chunk_working_set(self.model, t, section, self.chunk);
+        if let Some(b) = opts.memory_budget.filter(|&b| working_set > b) {
+            return Err(Error::Invalid(format!(
+                "this prefill resumes in chunks of {} tokens, as it started, which need {} of working memory; \
+                 the budget is {}: give a budget of at least that, or --restart to plan it anew",
+                self.chunk,
+                human_bytes(working_set),
+                human_bytes(b)
+            )));
+        }
         let resumed_layers = checkpoint.layers_done;
         let file = OpenOptions::new().read(true).write(true).open(&tmp).map_err(|e| Error::io(&tmp, e))?;
         let open_hidden = |i: usize| -> Result<FileHidden> {
             let p = &hidden_paths[i];
             let f = OpenOptions::new().read(true).write(true).open(p).map_err(|e| Error::io(p, e))?;
-            let cfg = self.model.config();
             Ok(FileHidden::new(f, p, cfg.hidden_size, self.model.dtype(), self.model.device()))
         };
         let mut hidden = [open_hidden(0)?, open_hidden(1)?];
-        let t = self.plan.tokens.len();
         let run_start = Instant::now();
         let mut stages = StageSeconds::default();
         for layer in checkpoint.layers_done..layers {
