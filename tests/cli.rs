@@ -354,7 +354,7 @@ fn needle_eval_writes_table_json_and_heatmap() {
 fn shape_bench_reports_decode_against_its_floor() {
     let shape = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/shapes/tiny.json");
     let shape = shape.to_str().unwrap();
-    let methods = "dense,streaming,topk,double-sparsity,buzz,hip";
+    let methods = "dense,streaming,topk,double-sparsity,buzz,hip,magicpig";
     let args = [
         "bench",
         "--device",
@@ -390,7 +390,7 @@ fn shape_bench_reports_decode_against_its_floor() {
     // Dense moves every row over the link; streaming 5% of them, once per KV head.
     assert!(rows[0]["link_bytes_per_step"].as_f64().unwrap() > 10.0 * rows[1]["link_bytes_per_step"].as_f64().unwrap());
     let mut bad = args.to_vec();
-    bad[8] = "magicpig";
+    bad[8] = "topk-ivf";
     assert!(err_text(folio(&bad, &[])).contains("has no offloaded fast path yet"));
     let mut tight = args.to_vec();
     tight.extend(["--vram-budget", "1MiB"]);

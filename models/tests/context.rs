@@ -266,6 +266,7 @@ fn offloaded_decode_matches_resident(device: &Device) -> Result<()> {
         ("double-sparsity", Some("10%")),
         ("buzz", Some("30%")),
         ("hip", Some("10%")),
+        ("magicpig", Some("10%")),
     ] {
         let (reference, method) = (by_name(name, budget, &[], &resources)?, by_name(name, budget, &[], &resources)?);
         let mut want_kv = ContextKv::new(file.clone(), DType::F32, &Device::Cpu, u64::MAX);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 use folio_models::attention::workload::{Case, Spec};
 use folio_models::attention::{by_name, parse_params, AttnCall, Channels, Resources};
-use folio_models::kv::KvStore;
+use folio_models::kv::{DenseKv, KvSegment, KvStore};
 use folio_models::offload::OffloadKv;
 use folio_models::Result;
 
@@ -23,6 +23,39 @@ fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
     Ok(common::max_abs_diff(&flat(a)?, &flat(b)?))
 }
 
+/// The reference's store: the same rows, resident, reporting the offloaded store's saved
+/// length (indexes cover the saved prefix, so both paths must see the same one).
+struct SavedDense {
+    rows: DenseKv,
+    saved: usize,
+}
+
+impl KvStore for SavedDense {
+    fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    fn write(&mut self, layer: usize, pos: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        self.rows.write(layer, pos, k, v)
+    }
+
+    fn segments(&self, layer: usize, end: usize) -> Result<Vec<KvSegment>> {
+        self.rows.segments(layer, end)
+    }
+
+    fn set_len(&mut self, len: usize) -> Result<()> {
+        self.rows.set_len(len)
+    }
+
+    fn reserve(&mut self, total: usize) -> Result<()> {
+        self.rows.reserve(total)
+    }
+
+    fn saved_len(&self) -> usize {
+        self.saved
+    }
+}
+
 /// Every method with an offloaded path gives its reference's output on each decode step of a
 /// mixed workload (a saved prefix on the host, a tail of question tokens on the device), and a
 /// multi-token call (the question) is exact dense attention.
@@ -30,9 +63,9 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
     let seed = rand::random();
     let spec = Spec { q_heads: 8, kv_heads: 2, head_dim: 64, ..Spec::mixed(3000) };
     let case = Case::generate(&spec, seed)?;
-    let reference_kv = case.store()?;
     // The saved prefix ends 40 tokens before the first decode step: those are the tail.
     let (len, saved) = (spec.len(), spec.context - 40);
+    let reference_kv = SavedDense { rows: case.store()?, saved };
     let mut kv = OffloadKv::new(1, spec.kv_heads, spec.head_dim, saved, DType::F32, device)?;
     kv.fill(0, 0, &case.k.narrow(1, 0, saved)?, &case.v.narrow(1, 0, saved)?)?;
     let on = |t: Tensor| t.to_device(device);
@@ -49,9 +82,14 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
         ("double-sparsity", Some("5%")),
         ("buzz", Some("10%")),
         ("hip", Some("5%")),
+        ("magicpig", Some("5%")),
     ] {
-        // One layer here: HiP's leading dense layers would cover it.
-        let params = if name == "hip" { parse_params(&["dense_layers=0".into(), "refresh=3".into()])? } else { vec![] };
+        // One layer here: HiP's and MagicPIG's dense layers would cover it.
+        let params = match name {
+            "hip" => parse_params(&["dense_layers=0".into(), "refresh=3".into()])?,
+            "magicpig" => parse_params(&["dense_layers=0".into()])?,
+            _ => vec![],
+        };
         let reference = by_name(name, budget, &params, &resources)?;
         let fast = by_name(name, budget, &params, &resources)?;
         let mut worst = 0f32;

@@ -124,8 +124,8 @@ fn parameters(cfg: &ModelConfig) -> (usize, usize) {
 }
 
 /// What a method's step reads, from its settings: rows per query head (top-k, Double Sparsity,
-/// HiP) or per KV head (streaming, BUZZ); Double Sparsity's label row bytes; HiP's dense
-/// leading layers, block and refresh period.
+/// HiP, MagicPIG) or per KV head (streaming, BUZZ); Double Sparsity's label row bytes; HiP's
+/// and MagicPIG's dense layers, HiP's block and refresh period.
 struct Cost {
     picked: usize,
     label_row: usize,
@@ -146,14 +146,19 @@ impl Cost {
         let param = |name: &str| settings["params"][name].as_f64().map_or(0, |x| x as usize);
         let picked = match method {
             "topk" | "double-sparsity" => tokens + param("window"),
-            "hip" => tokens + param("sinks") + param("window"),
+            "hip" | "magicpig" => tokens + param("sinks") + param("window"),
             _ => tokens,
         };
         let r = match param("channels") {
             0 => (cfg.head_dim / 4).max(1),
             r => r.min(cfg.head_dim),
         };
-        let dense_layers = if method == "hip" { param("dense_layers").min(cfg.num_layers) } else { 0 };
+        let dense_layers = match method {
+            "hip" => param("dense_layers").min(cfg.num_layers),
+            // MagicPIG's `dense_layers=1` keeps layers 0 and L/2 dense.
+            "magicpig" if param("dense_layers") == 1 => 2.min(cfg.num_layers),
+            _ => 0,
+        };
         Ok(Self {
             picked,
             label_row: r + 8,
@@ -193,6 +198,14 @@ impl Cost {
                 let rounds = (blocks as f64 / n as f64).log2().ceil().max(0.0);
                 let search = rounds * (2 * n * self.block * heads) as f64 * row / self.refresh as f64;
                 (self.dense_layers as f64 * rows(context, kv), sparse * (rows(self.picked, heads) + search))
+            }
+            // Dense layers read every row; the others gather the sample's keys (for their
+            // weights) and then its K and V, per query head (the sample size is the budget's
+            // expectation; the tables are walked in host memory).
+            "magicpig" => {
+                let sparse = (cfg.num_layers - self.dense_layers) as f64;
+                let sample = (self.picked * heads) as f64 * row;
+                (0.0, self.dense_layers as f64 * rows(context, kv) + sparse * (rows(self.picked, heads) + sample))
             }
             // One pick per KV head, read once for its group.
             _ => (0.0, layers * rows(self.picked, kv)),

@@ -26,14 +26,17 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use candle_core::{DType, Device, Tensor};
+
 use super::select::{
-    budgeted_settings, dot, index_base, query_rows, sparse_decode, HeadPick, IndexSource, Indexes, LayerRows,
+    budgeted_settings, dot, index_base, query_rows, sparse_decode, visible, HeadPick, IndexSource, Indexes, LayerRows,
     SectionReader, SectionWriter,
 };
 use super::workload::normal;
 use super::{Attended, Attention, AttnCall, Budget, Dense, ParamSpec, Params};
 use crate::error::{Error, Result};
 use crate::kv::KvStore;
+use crate::offload::{self, OffloadKv};
 
 pub(super) const PARAMS: [ParamSpec; 6] = [
     ParamSpec {
@@ -340,6 +343,88 @@ impl MagicPig {
     }
 }
 
+impl MagicPig {
+    /// A decode step over the offloaded tier: the tables are walked on the host as on the
+    /// resident path, but only the sampled keys are read (gathered, for their cosines and so
+    /// their weights), and the selected-row kernel attends over the sample and the static part
+    /// with those weights as logit biases; a head's shorter pick is padded with −∞ biases.
+    /// (The paper attends on the CPU so the sample never crosses the link; docs/engine.md.)
+    fn attend_offloaded(&self, call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Attended> {
+        let (lo, hi) = visible(call);
+        let ix = match self.index.cached(call.layer, |ix| ix.end <= hi) {
+            Some(ix) => Some(ix),
+            // Stored tables, else built once from the layer's rows.
+            None => self.layer_index(call, &LayerRows::read(call, hi)?, hi)?,
+        };
+        let Some(ix) = ix else {
+            // Every token static: exact attention over the visible keys.
+            return Dense.attend(call);
+        };
+        let queries = query_rows(call)?;
+        let heads = queries.len();
+        let groups = heads / kv.kv_heads();
+        // Per query head: (offset into the index, position) of each sampled key.
+        let mut walked_total = 0;
+        let sampled: Vec<Vec<(usize, usize)>> = queries
+            .iter()
+            .enumerate()
+            .map(|(h, q)| {
+                let (found, walked) = ix.retrieve(h / groups, &q[0]);
+                walked_total += walked;
+                found.into_iter().map(|i| (i, ix.first + i)).filter(|&(_, p)| p >= lo).collect()
+            })
+            .collect();
+        let most = sampled.iter().map(Vec::len).max().unwrap_or(0);
+        // The sampled keys `[heads, most, d]`, padded with the current token's (never used).
+        let keys: Vec<Vec<Vec<f32>>> = match most {
+            0 => Vec::new(),
+            _ => {
+                let idx: Vec<u32> = sampled
+                    .iter()
+                    .flat_map(|s| s.iter().map(|&(_, p)| p as u32).chain(std::iter::repeat((hi - 1) as u32)).take(most))
+                    .collect();
+                let idx = Tensor::from_vec(idx, (heads, most), call.q.device())?;
+                kv.gather_keys(call.kv_layer, &idx, hi)?.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.to_vec3()?
+            }
+        };
+        let statics: Vec<usize> = (lo..ix.first.max(lo)).chain(ix.end.max(lo)..hi).collect();
+        let mut picks: Vec<(Vec<u32>, Vec<f32>)> = Vec::with_capacity(heads);
+        for (h, (q, found)) in queries.iter().zip(&sampled).enumerate() {
+            let (q, t) = (&q[0], &ix.heads[h / groups]);
+            let q_norm = dot(q, q).sqrt().max(f32::MIN_POSITIVE);
+            let mut pos: Vec<u32> = statics.iter().map(|&p| p as u32).collect();
+            let mut bias = vec![0f32; pos.len()];
+            for (j, &(i, p)) in found.iter().enumerate() {
+                // The cosine with the centred key, the vector the hash saw.
+                let centred: Vec<f32> = keys[h][j].iter().zip(&t.mean).map(|(a, b)| a - b).collect();
+                let cos = dot(q, &centred) as f64 / (q_norm as f64 * t.norms[i].max(f32::MIN_POSITIVE) as f64);
+                let u = sampling_probability(collision_probability(cos), ix.bits, ix.tables);
+                pos.push(p as u32);
+                bias.push(-((u + U_FLOOR).ln()) as f32);
+            }
+            picks.push((pos, bias));
+        }
+        let width = picks.iter().map(|p| p.0.len()).max().unwrap_or(0);
+        let mut read = Vec::with_capacity(heads);
+        let (mut idx, mut bias) = (Vec::with_capacity(heads * width), Vec::with_capacity(heads * width));
+        for (pos, b) in picks {
+            let mut sorted: Vec<usize> = pos.iter().map(|&p| p as usize).collect();
+            sorted.sort_unstable();
+            read.push(sorted);
+            let pad = width - pos.len();
+            idx.extend(pos.iter().copied().chain(std::iter::repeat_n((hi - 1) as u32, pad)));
+            bias.extend(b.iter().copied().chain(std::iter::repeat_n(f32::NEG_INFINITY, pad)));
+        }
+        let dev = call.q.device();
+        let idx = Tensor::from_vec(idx, (heads, width), dev)?;
+        let bias = Tensor::from_vec(bias, (heads, width), dev)?;
+        let out = offload::attend_selected(call, kv, &idx, Some(&bias))?;
+        // Index entries are 4 bytes; a bf16 key row is 2·d.
+        let searched = walked_total as f64 * 4.0 / (2 * kv.head_dim()) as f64 / heads as f64;
+        Ok(Attended { out, read: Some(read), searched })
+    }
+}
+
 impl Attention for MagicPig {
     fn name(&self) -> &'static str {
         "magicpig"
@@ -373,6 +458,9 @@ impl Attention for MagicPig {
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
         if self.dense_layer(call.layer, call.layers) {
             return Dense.attend(call);
+        }
+        if let (Some(kv), 1) = (call.kv.offloaded(), call.q.dim(1)?) {
+            return self.attend_offloaded(call, kv);
         }
         sparse_decode(call, |rows, lo, hi| {
             let Some(ix) = self.layer_index(call, rows, hi)? else {
