@@ -202,6 +202,15 @@ impl LayerIndex {
         Self { first, end, bits, tables, w, heads }
     }
 
+    /// The logit bias `−log(u + 1e-4)` of indexed key `i` (row `key`) sampled for query `q`
+    /// (norm `q_norm`): `u` from the cosine with the centred key, the vector the hash saw.
+    fn logit_bias(&self, t: &HeadTables, q: &[f32], q_norm: f32, i: usize, key: &[f32]) -> f32 {
+        let centred: Vec<f32> = key.iter().zip(&t.mean).map(|(a, b)| a - b).collect();
+        let cos = dot(q, &centred) as f64 / (q_norm as f64 * t.norms[i].max(f32::MIN_POSITIVE) as f64);
+        let u = sampling_probability(collision_probability(cos), self.bits, self.tables);
+        -((u + U_FLOOR).ln()) as f32
+    }
+
     /// Offsets (from `first`) of the keys whose code equals `q`'s in at least two tables, in
     /// the order they reach the second collision, and the index entries walked.
     fn retrieve(&self, head: usize, q: &[f32]) -> (Vec<usize>, usize) {
@@ -395,12 +404,8 @@ impl MagicPig {
             let mut pos: Vec<u32> = statics.iter().map(|&p| p as u32).collect();
             let mut bias = vec![0f32; pos.len()];
             for (j, &(i, p)) in found.iter().enumerate() {
-                // The cosine with the centred key, the vector the hash saw.
-                let centred: Vec<f32> = keys[h][j].iter().zip(&t.mean).map(|(a, b)| a - b).collect();
-                let cos = dot(q, &centred) as f64 / (q_norm as f64 * t.norms[i].max(f32::MIN_POSITIVE) as f64);
-                let u = sampling_probability(collision_probability(cos), ix.bits, ix.tables);
                 pos.push(p as u32);
-                bias.push(-((u + U_FLOOR).ln()) as f32);
+                bias.push(ix.logit_bias(t, q, q_norm, i, &keys[h][j]));
             }
             picks.push((pos, bias));
         }
@@ -490,12 +495,8 @@ impl Attention for MagicPig {
                         if p < lo {
                             continue;
                         }
-                        // The cosine with the centred key, the vector the hash saw.
-                        let centred: Vec<f32> = rows.key(kvh, p).iter().zip(&t.mean).map(|(a, b)| a - b).collect();
-                        let cos = dot(q, &centred) as f64 / (q_norm as f64 * t.norms[i].max(f32::MIN_POSITIVE) as f64);
-                        let u = sampling_probability(collision_probability(cos), ix.bits, ix.tables);
                         pick.pos.push(p);
-                        pick.bias.push(-((u + U_FLOOR).ln()) as f32);
+                        pick.bias.push(ix.logit_bias(t, q, q_norm, i, rows.key(kvh, p)));
                     }
                     pick
                 })
