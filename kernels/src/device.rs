@@ -85,8 +85,8 @@ pub fn host_to_device_rate(device: &Device, bytes: usize) -> Result<f64> {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
     use std::thread::JoinHandle;
     use std::time::{Duration, Instant};
 
@@ -102,9 +102,39 @@ mod cuda {
 
     pub struct Sampler {
         ctx: Arc<CudaContext>,
-        peak: Arc<AtomicU64>,
+        peak: Arc<Peak>,
         stop: Arc<AtomicBool>,
         thread: Option<JoinHandle<()>>,
+    }
+
+    /// The largest sample since the last reset. A sample records only into the generation it
+    /// was taken in, so one read before a reset never lands after it (the lock makes the
+    /// check and the update one step).
+    #[derive(Default)]
+    struct Peak(Mutex<(u64, u64)>); // (generation, bytes)
+
+    impl Peak {
+        fn generation(&self) -> u64 {
+            self.0.lock().map_or(0, |g| g.0)
+        }
+
+        fn record(&self, generation: u64, bytes: u64) {
+            if let Ok(mut g) = self.0.lock() {
+                if g.0 == generation {
+                    g.1 = g.1.max(bytes);
+                }
+            }
+        }
+
+        fn get(&self) -> u64 {
+            self.0.lock().map_or(0, |g| g.1)
+        }
+
+        fn restart(&self, bytes: u64) {
+            if let Ok(mut g) = self.0.lock() {
+                *g = (g.0 + 1, bytes);
+            }
+        }
     }
 
     fn used(ctx: &CudaContext) -> Result<(u64, u64)> {
@@ -115,7 +145,8 @@ mod cuda {
     impl Sampler {
         pub fn start(dev: &CudaDevice) -> Result<Self> {
             let ctx = dev.cuda_stream().context().clone();
-            let peak = Arc::new(AtomicU64::new(used(&ctx)?.0));
+            let peak = Arc::new(Peak::default());
+            peak.restart(used(&ctx)?.0);
             let stop = Arc::new(AtomicBool::new(false));
             let thread = {
                 let (ctx, peak, stop) = (ctx.clone(), peak.clone(), stop.clone());
@@ -124,8 +155,9 @@ mod cuda {
                         return;
                     }
                     while !stop.load(Ordering::Relaxed) {
+                        let generation = peak.generation();
                         if let Ok((u, _)) = used(&ctx) {
-                            peak.fetch_max(u, Ordering::Relaxed);
+                            peak.record(generation, u);
                         }
                         std::thread::sleep(SAMPLE_EVERY);
                     }
@@ -135,10 +167,11 @@ mod cuda {
         }
 
         pub fn peak(&self) -> u64 {
+            let generation = self.peak.generation();
             if let Ok((u, _)) = used(&self.ctx) {
-                self.peak.fetch_max(u, Ordering::Relaxed);
+                self.peak.record(generation, u);
             }
-            self.peak.load(Ordering::Relaxed)
+            self.peak.get()
         }
 
         pub fn now(&self) -> Result<(u64, u64)> {
@@ -146,8 +179,7 @@ mod cuda {
         }
 
         pub fn reset(&self) {
-            let now = used(&self.ctx).map_or(0, |u| u.0);
-            self.peak.store(now, Ordering::Relaxed);
+            self.peak.restart(used(&self.ctx).map_or(0, |u| u.0));
         }
     }
 
