@@ -155,26 +155,61 @@ struct LayerIndex {
 }
 
 impl LayerIndex {
-    fn build(rows: &LayerRows, first: usize, end: usize, bits: usize, tables: usize, seed: u64) -> Self {
-        let d = rows.head_dim;
+    fn build(rows: &LayerRows, first: usize, end: usize, bits: usize, tables: usize, seed: u64) -> Result<Self> {
+        let whole = |f: &mut dyn FnMut(usize, &[f32], usize)| -> Result<()> {
+            f(0, &rows.k, rows.len);
+            Ok(())
+        };
+        Self::build_chunked((rows.kv_heads, rows.head_dim), first, end, (bits, tables, seed), &whole)
+    }
+
+    /// [`Self::build`] from keys delivered in position order by `chunks`, which is called twice
+    /// (the mean, then the codes) and hands `f(start, keys [kv_heads, c, d] f32, c)` for each
+    /// chunk of `c` positions from `start`: an offloaded layer is read a chunk at a time, never
+    /// whole. The sums run in position order either way, so both builds are the same index.
+    #[allow(clippy::type_complexity)]
+    fn build_chunked(
+        (kv_heads, d): (usize, usize),
+        first: usize,
+        end: usize,
+        (bits, tables, seed): (usize, usize, u64),
+        chunks: &dyn Fn(&mut dyn FnMut(usize, &[f32], usize)) -> Result<()>,
+    ) -> Result<Self> {
         let n = end - first;
         let w = projection(d, bits * tables, seed);
-        let heads = (0..rows.kv_heads)
-            .map(|h| {
-                let mut mean = vec![0f64; d];
-                for p in first..end {
-                    for (m, x) in mean.iter_mut().zip(rows.key(h, p)) {
+        // The chunk's rows inside first..end.
+        let span =
+            |start: usize, c: usize| first.max(start).min(start + c) - start..end.min(start + c).max(start) - start;
+        let mut sums = vec![vec![0f64; d]; kv_heads];
+        chunks(&mut |start, keys, c| {
+            for (h, sum) in sums.iter_mut().enumerate() {
+                for j in span(start, c) {
+                    for (m, x) in sum.iter_mut().zip(&keys[(h * c + j) * d..][..d]) {
                         *m += *x as f64;
                     }
                 }
-                let mean: Vec<f32> = mean.iter().map(|m| (m / n as f64) as f32).collect();
-                let mut norms = Vec::with_capacity(n);
-                let mut all_codes = Vec::with_capacity(n);
-                for p in first..end {
-                    let c: Vec<f32> = rows.key(h, p).iter().zip(&mean).map(|(a, b)| a - b).collect();
-                    norms.push(dot(&c, &c).sqrt());
-                    all_codes.push(codes(&c, &w, bits, tables));
+            }
+        })?;
+        let means: Vec<Vec<f32>> = sums.iter().map(|s| s.iter().map(|m| (m / n as f64) as f32).collect()).collect();
+        let mut norms = vec![Vec::with_capacity(n); kv_heads];
+        let mut all_codes = vec![Vec::with_capacity(n); kv_heads];
+        chunks(&mut |start, keys, c| {
+            for (h, mean) in means.iter().enumerate() {
+                for j in span(start, c) {
+                    let c: Vec<f32> = keys[(h * c + j) * d..][..d].iter().zip(mean).map(|(a, b)| a - b).collect();
+                    norms[h].push(dot(&c, &c).sqrt());
+                    all_codes[h].push(codes(&c, &w, bits, tables));
                 }
+            }
+        })?;
+        if all_codes.iter().any(|c| c.len() != n) {
+            return Err(Error::Invalid(format!("magicpig: the keys {first}..{end} were not all delivered")));
+        }
+        let heads = means
+            .into_iter()
+            .zip(norms)
+            .zip(all_codes)
+            .map(|((mean, norms), all_codes)| {
                 // Counting sort per table.
                 let buckets = 1usize << bits;
                 let (mut order, mut start) = (Vec::with_capacity(tables), Vec::with_capacity(tables));
@@ -199,7 +234,7 @@ impl LayerIndex {
                 HeadTables { mean, norms, order, start }
             })
             .collect();
-        Self { first, end, bits, tables, w, heads }
+        Ok(Self { first, end, bits, tables, w, heads })
     }
 
     /// The logit bias `−log(u + 1e-4)` of indexed key `i` (row `key`) sampled for query `q`
@@ -338,17 +373,25 @@ impl MagicPig {
 
     /// The layer's index: cached, else read from the context file, else built.
     fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Result<Option<Arc<LayerIndex>>> {
+        self.layer_index_with(call, hi, (rows.kv_heads, rows.head_dim), |plan| {
+            LayerIndex::build(rows, plan.first, plan.end, plan.bits, plan.tables, plan.seed)
+        })
+    }
+
+    /// [`Self::layer_index`] with the build left to the caller (`shape`: KV heads, head dim).
+    fn layer_index_with(
+        &self,
+        call: &AttnCall<'_>,
+        hi: usize,
+        (kv_heads, d): (usize, usize),
+        build: impl FnOnce(&Plan) -> Result<LayerIndex>,
+    ) -> Result<Option<Arc<LayerIndex>>> {
         if let Some(ix) = self.index.cached(call.layer, |ix| ix.end <= hi) {
             return Ok(Some(ix));
         }
         let Some(plan) = self.plan(call.kv, hi) else { return Ok(None) };
         let name = plan.name();
-        Ok(Some(self.index.load(
-            call,
-            &name,
-            |b| LayerIndex::decode(b, &name, &plan, rows.kv_heads, rows.head_dim),
-            || Ok(LayerIndex::build(rows, plan.first, plan.end, plan.bits, plan.tables, plan.seed)),
-        )?))
+        Ok(Some(self.index.load(call, &name, |b| LayerIndex::decode(b, &name, &plan, kv_heads, d), || build(&plan))?))
     }
 }
 
@@ -360,11 +403,25 @@ impl MagicPig {
     /// (The paper attends on the CPU so the sample never crosses the link; docs/engine.md.)
     fn attend_offloaded(&self, call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Attended> {
         let (lo, hi) = visible(call);
-        let ix = match self.index.cached(call.layer, |ix| ix.end <= hi) {
-            Some(ix) => Some(ix),
-            // Stored tables, else built once from the layer's rows.
-            None => self.layer_index(call, &LayerRows::read(call, hi)?, hi)?,
-        };
+        // Stored tables, else built once from the layer's saved keys, a chunk at a time.
+        let ix = self.layer_index_with(call, hi, (kv.kv_heads(), kv.head_dim()), |plan| {
+            let chunks = |f: &mut dyn FnMut(usize, &[f32], usize)| -> Result<()> {
+                let mut start = 0;
+                kv.for_each_key_chunk(call.kv_layer, |k| {
+                    let c = k.dim(1)?;
+                    f(start, &k.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?, c);
+                    start += c;
+                    Ok(())
+                })
+            };
+            LayerIndex::build_chunked(
+                (kv.kv_heads(), kv.head_dim()),
+                plan.first,
+                plan.end,
+                (plan.bits, plan.tables, plan.seed),
+                &chunks,
+            )
+        })?;
         let Some(ix) = ix else {
             // Every token static: exact attention over the visible keys.
             return Dense.attend(call);
@@ -452,7 +509,7 @@ impl Attention for MagicPig {
             return Ok(None);
         };
         let rows = LayerRows::read_store(kv, layer, plan.end)?;
-        let ix = LayerIndex::build(&rows, plan.first, plan.end, plan.bits, plan.tables, plan.seed);
+        let ix = LayerIndex::build(&rows, plan.first, plan.end, plan.bits, plan.tables, plan.seed)?;
         Ok(Some((plan.name(), ix.encode())))
     }
 
@@ -538,6 +595,40 @@ mod tests {
         assert!(tables_for(0.6, 10).0 < 10);
     }
 
+    /// Built from chunks of any size (as an offloaded layer is read, boundaries inside and
+    /// outside the indexed range), the index is the one built from the whole layer.
+    #[test]
+    fn chunked_build_equals_whole() {
+        let seed = rand::random();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let (kv_heads, len, d, first, end) = (2, 500, 16, 7, 431);
+        let k: Vec<f32> = (0..kv_heads * len * d).map(|_| normal(&mut rng)).collect();
+        let rows = LayerRows { k: k.clone(), v: vec![0.0; k.len()], kv_heads, len, head_dim: d };
+        let whole = LayerIndex::build(&rows, first, end, 4, 6, seed).unwrap();
+        let cuts = [0, 3, 100, 101, 257, 431, 499, 500];
+        let chunks = |f: &mut dyn FnMut(usize, &[f32], usize)| -> Result<()> {
+            for w in cuts.windows(2) {
+                let (a, b) = (w[0], w[1]);
+                let part: Vec<f32> =
+                    (0..kv_heads).flat_map(|h| k[(h * len + a) * d..(h * len + b) * d].to_vec()).collect();
+                f(a, &part, b - a);
+            }
+            Ok(())
+        };
+        let parts = LayerIndex::build_chunked((kv_heads, d), first, end, (4, 6, seed), &chunks).unwrap();
+        assert_eq!((parts.first, parts.end, &parts.w), (whole.first, whole.end, &whole.w));
+        for (a, b) in parts.heads.iter().zip(&whole.heads) {
+            assert!(a.mean == b.mean && a.norms == b.norms, "seed {seed}");
+            assert!(a.order == b.order && a.start == b.start, "seed {seed}");
+        }
+        // Chunks that miss some of the range are an error, not a short index.
+        let short = |f: &mut dyn FnMut(usize, &[f32], usize)| -> Result<()> {
+            f(0, &k[..kv_heads * 100 * d], 100);
+            Ok(())
+        };
+        assert!(LayerIndex::build_chunked((kv_heads, d), first, end, (4, 6, seed), &short).is_err());
+    }
+
     /// Retrieval returns exactly the keys whose codes match the query's in ≥ 2 tables, each
     /// once, and the bucket lists are permutations with every member in its bucket.
     #[test]
@@ -548,7 +639,7 @@ mod tests {
         let k: Vec<f32> = (0..heads * n * d).map(|_| normal(&mut rng) + 0.8).collect();
         let rows = LayerRows { k: k.clone(), v: k, kv_heads: heads, len: n, head_dim: d };
         let (first, end, bits, tables) = (3, n - 20, 4, 12);
-        let ix = LayerIndex::build(&rows, first, end, bits, tables, seed);
+        let ix = LayerIndex::build(&rows, first, end, bits, tables, seed).unwrap();
         for h in 0..heads {
             let t = &ix.heads[h];
             for l in 0..tables {
