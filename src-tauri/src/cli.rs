@@ -58,8 +58,8 @@ pub struct ChatArgs {
     #[arg(long = "continue", value_name = "CHAT_JSON", requires = "context")]
     pub(crate) continue_file: Option<PathBuf>,
     /// Keep the saved context in host memory and move only the rows the method picks to the
-    /// device (the offloaded engine: dense, streaming, topk, double-sparsity, buzz); without
-    /// it, whole layers are decoded into device memory as they are used.
+    /// device (the offloaded engine: dense, streaming, topk, double-sparsity, buzz, hip,
+    /// magicpig); without it, whole layers are decoded into device memory as they are used.
     #[arg(long, requires = "context")]
     pub(crate) offload: bool,
     /// Most tokens to generate.
