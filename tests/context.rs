@@ -339,6 +339,14 @@ fn lost_checkpoint_bytes_restart_the_prefill() {
     let rerun = ok_json(folio(&args));
     assert_eq!(rerun["report"]["resumed_layers"], 0, "resumed from damaged hidden states: {rerun}");
     assert!(std::fs::read(&whole).unwrap() == std::fs::read(&out).unwrap(), "the restarted file differs");
+    // With --restart the tight budget plans the prefill anew (smaller chunks) and finishes.
+    std::fs::remove_file(&out).unwrap();
+    let child = folio_cmd(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    assert!(kill_at(child, &partial, KillAt::LayersDone(1), libc::SIGKILL), "the prefill finished before the kill");
+    squeezed.push("--restart");
+    let replanned = ok_json(folio(&squeezed));
+    assert_eq!(replanned["report"]["resumed_layers"], 0, "{replanned}");
+    assert!(replanned["report"]["chunk"].as_u64() < report["report"]["chunk"].as_u64(), "{replanned}");
 }
 
 /// Flip one byte in each section type, truncate, or hand over a non-context: each gives its

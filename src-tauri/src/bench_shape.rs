@@ -128,6 +128,9 @@ fn parameters(cfg: &ModelConfig) -> (usize, usize) {
 /// and MagicPIG's dense layers, HiP's block and refresh period.
 struct Cost {
     picked: usize,
+    /// MagicPIG: the sample's expected size per query head (the budget), whose keys are
+    /// gathered once more for their weights.
+    sampled: usize,
     label_row: usize,
     dense_layers: usize,
     block: usize,
@@ -161,6 +164,7 @@ impl Cost {
         };
         Ok(Self {
             picked,
+            sampled: if method == "magicpig" { tokens } else { 0 },
             label_row: r + 8,
             dense_layers,
             block: param("block").max(1),
@@ -204,7 +208,7 @@ impl Cost {
             // expectation; the tables are walked in host memory).
             "magicpig" => {
                 let sparse = (cfg.num_layers - self.dense_layers) as f64;
-                let sample = (self.picked * heads) as f64 * row;
+                let sample = (self.sampled * heads) as f64 * row;
                 (0.0, self.dense_layers as f64 * rows(context, kv) + sparse * (rows(self.picked, heads) + sample))
             }
             // One pick per KV head, read once for its group.
@@ -329,6 +333,10 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
     for (name, method, cost) in &methods {
         kv.set_len(a.context)?;
         method.reset();
+        // Peaks per method, from what is in use now (which includes what the memory pool kept
+        // from an earlier method: an upper bound, never less than the method's own).
+        sampler.reset();
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
         let mut token = rng.random_range(0..cfg.vocab_size as u32);
         let mut times = Vec::with_capacity(a.steps);
         let mut first_step_s = 0.0;

@@ -181,7 +181,13 @@ impl LayerIndex {
         let span =
             |start: usize, c: usize| first.max(start).min(start + c) - start..end.min(start + c).max(start) - start;
         let mut sums = vec![vec![0f64; d]; kv_heads];
+        // Chunks must tile the positions in order: a gap and an overlap of the same size would
+        // pass the count check below and give a wrong index.
+        let mut next = 0;
+        let mut in_order = true;
         chunks(&mut |start, keys, c| {
+            in_order &= start == next;
+            next = start + c;
             for (h, sum) in sums.iter_mut().enumerate() {
                 for j in span(start, c) {
                     for (m, x) in sum.iter_mut().zip(&keys[(h * c + j) * d..][..d]) {
@@ -190,9 +196,12 @@ impl LayerIndex {
                 }
             }
         })?;
+        if !in_order {
+            return Err(Error::Invalid("magicpig: key chunks must follow each other in position order".into()));
+        }
         let means: Vec<Vec<f32>> = sums.iter().map(|s| s.iter().map(|m| (m / n as f64) as f32).collect()).collect();
-        let mut norms = vec![Vec::with_capacity(n); kv_heads];
-        let mut all_codes = vec![Vec::with_capacity(n); kv_heads];
+        let mut norms: Vec<Vec<f32>> = (0..kv_heads).map(|_| Vec::with_capacity(n)).collect();
+        let mut all_codes: Vec<Vec<Vec<u32>>> = (0..kv_heads).map(|_| Vec::with_capacity(n)).collect();
         chunks(&mut |start, keys, c| {
             for (h, mean) in means.iter().enumerate() {
                 for j in span(start, c) {
@@ -627,6 +636,16 @@ mod tests {
             Ok(())
         };
         assert!(LayerIndex::build_chunked((kv_heads, d), first, end, (4, 6, seed), &short).is_err());
+        // As many keys as needed, but not in order: an error too.
+        let shuffled = |f: &mut dyn FnMut(usize, &[f32], usize)| -> Result<()> {
+            let part = |a: usize, b: usize| -> Vec<f32> {
+                (0..kv_heads).flat_map(|h| k[(h * len + a) * d..(h * len + b) * d].to_vec()).collect()
+            };
+            f(250, &part(250, 500), 250);
+            f(0, &part(0, 250), 250);
+            Ok(())
+        };
+        assert!(LayerIndex::build_chunked((kv_heads, d), first, end, (4, 6, seed), &shuffled).is_err());
     }
 
     /// Retrieval returns exactly the keys whose codes match the query's in ≥ 2 tables, each

@@ -22,9 +22,10 @@
 //!
 //! A killed prefill resumes from the last finished layer; the computation is deterministic and
 //! the chunking is pinned by the checkpoint, so the resumed file is byte-identical to an
-//! uninterrupted run. On any error except a cancel (which keeps the checkpoint to resume) the
-//! partial folder is removed: a failed prefill leaves no partial file, and an existing `out` is
-//! only ever replaced by a rename of a complete, fsynced file.
+//! uninterrupted run. A failure removes the partial folder when nothing in it is worth resuming
+//! (no finished layer) or the disk is full; a cancel, or a failure after finished layers, keeps
+//! it and says to rerun; another job's folder, or one whose resume this run refuses, is left
+//! alone. An existing `out` is only ever replaced by a rename of a complete, fsynced file.
 
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
@@ -251,7 +252,31 @@ impl Job<'_> {
         let tmp = self.dir.join("context.tmp");
         let hidden_paths = [self.dir.join("hidden-0.bin"), self.dir.join("hidden-1.bin")];
         let layers = self.model.config().num_layers;
+        let cfg = self.model.config();
+        let t = self.plan.tokens.len();
+        let section = self.job.kv_dtype.section_bytes(cfg.num_kv_heads * t, cfg.head_dim);
+        // A resume computes with the chunk it started with (the bytes depend on it): that
+        // chunk's working set is what runs, and it must fit today's budget; `--restart` plans
+        // anew, otherwise the interrupted prefill is left as it is.
+        let over_budget = |cp: &Checkpoint| {
+            let need = crate::prefill::chunk_working_set(self.model, t, section, cp.chunk);
+            opts.memory_budget.filter(|&b| need > b && cp.layers_done < layers).map(|b| (need, b))
+        };
         let mut checkpoint = match read_checkpoint(&cp_path)? {
+            Some(cp) if cp.job == self.job && cp.compute == self.compute() && over_budget(&cp).is_some() => {
+                let (need, b) = over_budget(&cp).expect("checked by the guard");
+                if !opts.restart {
+                    return Err(Error::Invalid(format!(
+                        "this prefill resumes in chunks of {} tokens, as it started, which need {} of working \
+                         memory; the budget is {}: give a budget of at least that, or --restart to plan it anew",
+                        cp.chunk,
+                        human_bytes(need),
+                        human_bytes(b)
+                    )));
+                }
+                self.owns_dir = true;
+                self.start_fresh(&cp_path, &tmp, &hidden_paths)?
+            }
             Some(cp) if cp.job == self.job && cp.compute == self.compute() => {
                 self.owns_dir = true;
                 if self.intact(&cp, &tmp, &hidden_paths)? {
@@ -268,22 +293,8 @@ impl Job<'_> {
                 self.start_fresh(&cp_path, &tmp, &hidden_paths)?
             }
         };
-        // A resume computes with the chunk it started with (the bytes depend on it): its working
-        // set, not today's plan, is what runs, and it must fit today's budget.
         self.chunk = checkpoint.chunk;
-        let cfg = self.model.config();
-        let t = self.plan.tokens.len();
-        let section = self.job.kv_dtype.section_bytes(cfg.num_kv_heads * t, cfg.head_dim);
         let working_set = crate::prefill::chunk_working_set(self.model, t, section, self.chunk);
-        if let Some(b) = opts.memory_budget.filter(|&b| working_set > b) {
-            return Err(Error::Invalid(format!(
-                "this prefill resumes in chunks of {} tokens, as it started, which need {} of working memory; \
-                 the budget is {}: give a budget of at least that, or --restart to plan it anew",
-                self.chunk,
-                human_bytes(working_set),
-                human_bytes(b)
-            )));
-        }
         let resumed_layers = checkpoint.layers_done;
         let file = OpenOptions::new().read(true).write(true).open(&tmp).map_err(|e| Error::io(&tmp, e))?;
         let open_hidden = |i: usize| -> Result<FileHidden> {
