@@ -258,22 +258,36 @@ impl LayerIndex {
     /// Offsets (from `first`) of the keys whose code equals `q`'s in at least two tables, in
     /// the order they reach the second collision, and the index entries walked.
     fn retrieve(&self, head: usize, q: &[f32]) -> (Vec<usize>, usize) {
+        thread_local! {
+            /// Collision counts per indexed key, all zero between calls: clearing only the
+            /// entries a walk touched costs the walk, not the context (28 MB a layer at 1M).
+            static COUNT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
         let t = &self.heads[head];
         let qc = codes(q, &self.w, self.bits, self.tables);
-        let mut count = vec![0u8; self.end - self.first];
-        let (mut out, mut walked) = (Vec::new(), 0);
-        for (l, c) in qc.iter().enumerate() {
-            let (a, b) = (t.start[l][*c as usize] as usize, t.start[l][*c as usize + 1] as usize);
-            walked += b - a;
-            for &i in &t.order[l][a..b] {
-                let n = &mut count[i as usize];
-                *n = n.saturating_add(1);
-                if *n == 2 {
-                    out.push(i as usize);
+        let buckets =
+            |l: usize, c: u32| &t.order[l][t.start[l][c as usize] as usize..t.start[l][c as usize + 1] as usize];
+        COUNT.with_borrow_mut(|count| {
+            if count.len() < self.end - self.first {
+                count.resize(self.end - self.first, 0);
+            }
+            let (mut out, mut walked) = (Vec::new(), 0);
+            for (l, &c) in qc.iter().enumerate() {
+                let bucket = buckets(l, c);
+                walked += bucket.len();
+                for &i in bucket {
+                    let n = &mut count[i as usize];
+                    *n = n.saturating_add(1);
+                    if *n == 2 {
+                        out.push(i as usize);
+                    }
                 }
             }
-        }
-        (out, walked)
+            for (l, &c) in qc.iter().enumerate() {
+                buckets(l, c).iter().for_each(|&i| count[i as usize] = 0);
+            }
+            (out, walked)
+        })
     }
 }
 
