@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use rayon::prelude::*;
 
 use candle_core::{DType, Device, Tensor};
 
@@ -204,10 +205,17 @@ impl LayerIndex {
         let mut all_codes: Vec<Vec<Vec<u32>>> = (0..kv_heads).map(|_| Vec::with_capacity(n)).collect();
         chunks(&mut |start, keys, c| {
             for (h, mean) in means.iter().enumerate() {
-                for j in span(start, c) {
-                    let c: Vec<f32> = keys[(h * c + j) * d..][..d].iter().zip(mean).map(|(a, b)| a - b).collect();
-                    norms[h].push(dot(&c, &c).sqrt());
-                    all_codes[h].push(codes(&c, &w, bits, tables));
+                // d·K·L multiply-adds a key: over the cores (rayon keeps the order).
+                let coded: Vec<(f32, Vec<u32>)> = span(start, c)
+                    .into_par_iter()
+                    .map(|j| {
+                        let x: Vec<f32> = keys[(h * c + j) * d..][..d].iter().zip(mean).map(|(a, b)| a - b).collect();
+                        (dot(&x, &x).sqrt(), codes(&x, &w, bits, tables))
+                    })
+                    .collect();
+                for (norm, code) in coded {
+                    norms[h].push(norm);
+                    all_codes[h].push(code);
                 }
             }
         })?;
