@@ -172,13 +172,17 @@ impl Cost {
         })
     }
 
-    /// Device memory the method keeps beyond the weights: Double Sparsity's labels, HiP's
-    /// resident dense layers.
+    /// Device memory the method needs beyond the weights: Double Sparsity's labels, HiP's
+    /// resident dense layers; MagicPIG's per-layer gathers (the sample's keys, and their f32
+    /// copy, for the weights; then the picks' K and V per query head), which grow with the
+    /// budget unlike the other methods' few-MiB transients.
     fn device_bytes(&self, method: &str, cfg: &ModelConfig, context: usize, elem: usize) -> u64 {
         let per_layer = |row: usize| (cfg.num_kv_heads * context * row) as u64;
+        let d = cfg.head_dim;
         match method {
             "double-sparsity" => cfg.num_layers as u64 * per_layer(self.label_row),
-            "hip" => self.dense_layers as u64 * per_layer(2 * cfg.head_dim * elem),
+            "hip" => self.dense_layers as u64 * per_layer(2 * d * elem),
+            "magicpig" => (cfg.num_heads * d * (self.sampled * (elem + 4) + self.picked * 2 * elem)) as u64,
             _ => 0,
         }
     }
