@@ -222,11 +222,7 @@ impl Job<'_> {
     /// Whether the bytes a checkpoint vouches for are on disk as it says: every section written
     /// so far and the hidden states the next layer reads, by checksum.
     fn intact(&self, cp: &Checkpoint, tmp: &Path, hidden_paths: &[PathBuf; 2]) -> Result<bool> {
-        let file = match File::open(tmp) {
-            Ok(f) => f,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(Error::io(tmp, e)),
-        };
+        let Some(file) = open_if_present(tmp)? else { return Ok(false) };
         for (s, want) in self.job.sections.iter().zip(&cp.checksums) {
             if file_checksum(&file, s.offset, s.bytes).ok().as_ref() != Some(want) {
                 return Ok(false);
@@ -236,11 +232,7 @@ impl Job<'_> {
             return Ok(true);
         }
         let p = layer_output(hidden_paths, cp.layers_done - 1);
-        let f = match File::open(p) {
-            Ok(f) => f,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(Error::io(p, e)),
-        };
+        let Some(f) = open_if_present(p)? else { return Ok(false) };
         let cfg = self.model.config();
         let stored = FileHidden::new(f, p, cfg.hidden_size, self.model.dtype(), self.model.device());
         Ok(stored.stored_checksum(self.plan.tokens.len()).ok().as_ref() == Some(&cp.hidden))
@@ -251,40 +243,40 @@ impl Job<'_> {
         let cp_path = self.dir.join("checkpoint.json");
         let tmp = self.dir.join("context.tmp");
         let hidden_paths = [self.dir.join("hidden-0.bin"), self.dir.join("hidden-1.bin")];
-        let layers = self.model.config().num_layers;
         let cfg = self.model.config();
-        let t = self.plan.tokens.len();
+        let (layers, t) = (cfg.num_layers, self.plan.tokens.len());
         let section = self.job.kv_dtype.section_bytes(cfg.num_kv_heads * t, cfg.head_dim);
-        // A resume computes with the chunk it started with (the bytes depend on it): that
-        // chunk's working set is what runs, and it must fit today's budget; `--restart` plans
-        // anew, otherwise the interrupted prefill is left as it is.
-        let over_budget = |cp: &Checkpoint| {
-            let need = crate::prefill::chunk_working_set(self.model, t, section, cp.chunk);
-            opts.memory_budget.filter(|&b| need > b && cp.layers_done < layers).map(|b| (need, b))
-        };
         let mut checkpoint = match read_checkpoint(&cp_path)? {
-            Some(cp) if cp.job == self.job && cp.compute == self.compute() && over_budget(&cp).is_some() => {
-                let (need, b) = over_budget(&cp).expect("checked by the guard");
-                if !opts.restart {
-                    return Err(Error::Invalid(format!(
-                        "this prefill resumes in chunks of {} tokens, as it started, which need {} of working \
-                         memory; the budget is {}: give a budget of at least that, or --restart to plan it anew",
-                        cp.chunk,
-                        human_bytes(need),
-                        human_bytes(b)
-                    )));
-                }
-                self.owns_dir = true;
-                self.start_fresh(&cp_path, &tmp, &hidden_paths)?
-            }
             Some(cp) if cp.job == self.job && cp.compute == self.compute() => {
-                self.owns_dir = true;
-                if self.intact(&cp, &tmp, &hidden_paths)? {
-                    cp
-                } else {
-                    // What the checkpoint names did not all reach the disk (an OS crash or a
-                    // power cut): start over rather than resume from wrong bytes.
-                    self.start_fresh(&cp_path, &tmp, &hidden_paths)?
+                // A resume computes with the chunk it started with (the bytes depend on it):
+                // that chunk's working set is what runs, and it must fit today's budget;
+                // `--restart` plans anew, otherwise the interrupted prefill is left as it is.
+                let need = crate::prefill::chunk_working_set(self.model, t, section, cp.chunk);
+                match opts.memory_budget.filter(|&b| need > b && cp.layers_done < layers) {
+                    Some(b) if !opts.restart => {
+                        return Err(Error::Invalid(format!(
+                            "this prefill resumes in chunks of {} tokens, as it started, which need {} of \
+                             working memory; the budget is {}: give a budget of at least that, or --restart \
+                             to plan it anew",
+                            cp.chunk,
+                            human_bytes(need),
+                            human_bytes(b)
+                        )));
+                    }
+                    Some(_) => {
+                        self.owns_dir = true;
+                        self.start_fresh(&cp_path, &tmp, &hidden_paths)?
+                    }
+                    None => {
+                        self.owns_dir = true;
+                        if self.intact(&cp, &tmp, &hidden_paths)? {
+                            cp
+                        } else {
+                            // What the checkpoint names did not all reach the disk (an OS crash
+                            // or a power cut): start over rather than resume from wrong bytes.
+                            self.start_fresh(&cp_path, &tmp, &hidden_paths)?
+                        }
+                    }
                 }
             }
             Some(cp) if !opts.restart => return Err(self.mismatch(&cp)),
@@ -492,6 +484,15 @@ impl Job<'_> {
             return Err(Error::Invalid("internal: the finished header changed length".into()));
         }
         Ok(header)
+    }
+}
+
+/// `path` opened for reading, or `None` when it does not exist.
+fn open_if_present(path: &Path) -> Result<Option<File>> {
+    match File::open(path) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(path, e)),
     }
 }
 

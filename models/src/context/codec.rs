@@ -83,11 +83,9 @@ impl KvDtype {
     pub fn encode(self, values: &[f32], head_dim: usize) -> Result<Vec<u8>> {
         let rows = values.len() / head_dim;
         let mut out = vec![0u8; self.section_bytes(rows, head_dim) as usize];
-        let data_end = self.data_bytes(rows, head_dim) as usize;
-        let scales_at = (data_end as u64).next_multiple_of(SCALE_ALIGN) as usize;
-        let (data, rest) = out.split_at_mut(data_end);
+        let (data, scales) = self.section_parts(&mut out, rows, head_dim);
         // Without fp8 there are no scales: an empty slice splits into nothing per task.
-        let scales = if self == Self::Fp8 { &mut rest[scales_at - data_end..] } else { &mut rest[..0] };
+        let scales = scales.unwrap_or_default();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let per_task = rows.div_ceil(threads).max(MIN_ROWS_PER_TASK);
         let elem = self.elem_bytes() as usize;
@@ -102,6 +100,14 @@ impl KvDtype {
             tasks.into_iter().try_for_each(|t| t.join().expect("an encode task panicked"))
         })?;
         Ok(out)
+    }
+
+    /// A section's bytes split into its row data and (fp8) its scales, past the padding.
+    fn section_parts(self, section: &mut [u8], rows: usize, head_dim: usize) -> (&mut [u8], Option<&mut [u8]>) {
+        let data_end = self.data_bytes(rows, head_dim) as usize;
+        let (data, rest) = section.split_at_mut(data_end);
+        let scales_at = (data_end as u64).next_multiple_of(SCALE_ALIGN) as usize - data_end;
+        (data, (self == Self::Fp8).then(|| &mut rest[scales_at..]))
     }
 
     /// [`Self::encode`] of whole rows into their data bytes and (fp8) their scales' bytes.
@@ -227,10 +233,7 @@ mod tests {
         let mut x = rows(seed, n, d);
         for dtype in [KvDtype::F32, KvDtype::Bf16, KvDtype::Fp8] {
             let mut whole = vec![0u8; dtype.section_bytes(n, d) as usize];
-            let data_end = dtype.data_bytes(n, d) as usize;
-            let scales_at = (data_end as u64).next_multiple_of(SCALE_ALIGN) as usize;
-            let (data, rest) = whole.split_at_mut(data_end);
-            let scales = (dtype == KvDtype::Fp8).then(|| &mut rest[scales_at - data_end..]);
+            let (data, scales) = dtype.section_parts(&mut whole, n, d);
             dtype.encode_rows(&x, d, data, scales)?;
             assert!(dtype.encode(&x, d)? == whole, "seed {seed}: {dtype:?}");
         }
