@@ -211,14 +211,34 @@ NUM_WORDS = ["one", "many", "more", "no", "all", "both", "each", "first", "secon
 #                    Measured on both runs: prefilling the answer prefix changed no needle answer
 #                    (run 1: 100/100 samples at 32k and 128k identical), so both say false.
 #                    (Run 3's own export said true; that was chosen before the measurement.)
+#   decoys:          training-only hard negatives aimed at run 1's failure at 512k-1M (the value's
+#                    digits drift once a long filler holds many digit runs that share a few digits
+#                    with it): other facts' values and extra filler records whose numbers share a
+#                    run of >= 2 digits with a planted value, so that continuing a copy from the last
+#                    digits alone is wrong already at 4k tokens. The prompt distribution (and so
+#                    eval_spec.json) is unchanged.
 # Run 3 did not train (it copies a distractor's value: docs/demo-model.md); run 1 is shipped.
 # --------------------------------------------------------------------------------------
 RECIPES = {
     "run1": {"value_digits": (4, 6), "filler_numbers": True, "pose": "random_cuts",
-             "prefill_answer_prefix": False},
+             "prefill_answer_prefix": False, "decoys": False},
     "run3": {"value_digits": (5, 5), "filler_numbers": False, "pose": "fact_distance",
-             "prefill_answer_prefix": False},
+             "prefill_answer_prefix": False, "decoys": False},
+    "run4": {"value_digits": (4, 6), "filler_numbers": True, "pose": "random_cuts",
+             "prefill_answer_prefix": False, "decoys": True},
+    "run5": {"value_digits": (5, 5), "filler_numbers": True, "pose": "random_cuts",
+             "prefill_answer_prefix": False, "decoys": True},
 }
+# decoys: share of sequences with decoy records, and at most one per DECOY_TOKENS_PER tokens
+DECOY_SEQUENCE_SHARE = 0.6
+DECOY_TOKENS_PER = 256
+
+
+def max_decoys(length: int) -> int:
+    """Most decoy records in a training sequence of `length` tokens (uniform in 1 ..)."""
+    return max(2, length // DECOY_TOKENS_PER)
+# share of multi-fact sequences whose other values share a digit run with the asked one
+DECOY_VALUE_SHARE = 0.5
 DEFAULT_RECIPE = "run1"  # the shipped model (assets/models/demo)
 POSE_MIN_DISTANCE = 100
 

@@ -122,6 +122,7 @@ def check_sequences(data, recipe, enc, tok, sp, unk, digit_ids) -> int:
     n_checked = 0
     value_digits = G.RECIPES[recipe]["value_digits"]
     info: dict = {}
+    n_decoyed = 0
     for L in (256, 512, 1024, 4096):
         for _ in range(60):
             ids, tgt, pos = data.sample(rng, L, info)
@@ -139,6 +140,15 @@ def check_sequences(data, recipe, enc, tok, sp, unk, digit_ids) -> int:
                         runs.append(n)
                         n = 0
                 assert runs and all(value_digits[0] <= r <= value_digits[1] for r in runs), runs
+            if G.RECIPES[recipe]["decoys"]:
+                n_decoyed += info["decoys"] > 0
+                # every decoy record is a digit run that shares >= 2 digits with an answered value
+                # and is not one (filler runs may also share some by chance: hence >=)
+                digits = "".join(tok.id_to_token(int(t)) if int(t) in digit_ids else " " for t in ids).split()
+                pairs = {v[j:j + 2] for v in info["answered"] for j in range(len(v) - 1)}
+                near = [r for r in digits if r not in info["answered"] and any(r[j:j + 2] in pairs for j in range(len(r) - 1))]
+                assert len(near) >= info["decoys"], (near, info)
+                assert info["decoys"] <= G.max_decoys(L)
             # parse into messages
             assert ids[0] == tok.token_to_id(G.BOS)
             messages, i = [], 1
@@ -164,6 +174,10 @@ def check_sequences(data, recipe, enc, tok, sp, unk, digit_ids) -> int:
                 k += n + 2
             assert (want == tgt).all()
             n_checked += 1
+    if G.RECIPES[recipe]["decoys"]:
+        share = n_decoyed / n_checked
+        assert abs(share - G.DECOY_SEQUENCE_SHARE) < 0.12, share
+        print(f"recipe {recipe}: {share:.0%} of sequences hold decoy records")
     m = messages
     print(f"recipe {recipe}: {n_checked} training sequences parsed, re-rendered and re-tokenized identically; e.g. "
           f"{[(x['role'], x['content'][-120:]) for x in m]}")

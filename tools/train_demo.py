@@ -86,6 +86,14 @@ class TrainData:
         self.avg_len = float(self.lens.mean())
         self.titles = [self.ids(G.DOC_HEADER.format(title=gen.title())) for _ in range(4096)]
         self._cache: dict[str, list[int]] = {}
+        # decoy records: filler sentences with a number slot, split around their first number
+        # (drawn after the pool and titles, so recipes without decoys keep run 1's data stream)
+        self.shells: list[tuple[list[int], list[int]]] = []
+        if self.r["decoys"]:
+            numbered = [t for t in spec["filler"]["templates"] if "{num}" in t]
+            for _ in range(4096):
+                b, a = gen.fill(gen.rng.choice(numbered).replace("{num}", "@", 1)).split("@")
+                self.shells.append((self.ids(b), self.ids(a)))
 
     def ids(self, text: str) -> list[int]:
         """Word-level ids, identical to tokenizer.json on this vocabulary (tests check it)."""
@@ -126,6 +134,29 @@ class TrainData:
         n = lo if lo == hi else int(rng.integers(lo, hi + 1))
         return "".join(str(d) for d in rng.integers(0, 10, n))
 
+    def similar_value(self, rng, v: str) -> str:
+        """A value that starts with a run of >= 2 digits taken from anywhere in `v`, and is not `v`
+        (it may be `v` cut short: then only the stop tells them apart)."""
+        w = list(self.value(rng))
+        s = int(rng.integers(0, len(v) - 1))
+        p = int(rng.integers(2, min(len(v) - s, len(w)) + 1))
+        w[:p] = v[s:s + p]
+        if "".join(w) == v:
+            w[-1] = str((int(w[-1]) + 1) % 10)
+        return "".join(w)
+
+    def decoy(self, rng, v: str) -> list[int]:
+        """A filler record whose number shares a run of >= 2 digits with `v` and then goes on
+        differently: another digit where `v` goes on, 1-2 more digits where `v` stops."""
+        s = int(rng.integers(0, len(v) - 1))
+        p = int(rng.integers(2, len(v) - s + 1))
+        num = v[s:s + p]
+        if s + p < len(v):
+            num += str((int(v[s + p]) + int(rng.integers(1, 10))) % 10)
+        num += "".join(str(d) for d in rng.integers(0, 10, int(rng.integers(0 if s + p < len(v) else 1, 3))))
+        b, a = self.shells[int(rng.integers(len(self.shells)))]
+        return b + self.ids(num) + a
+
     def keys(self, rng, n: int, confusable: bool) -> list[str]:
         A, N = G.KEY_ADJS, G.KEY_NOUNS
         a0, n0 = int(rng.integers(len(A))), int(rng.integers(len(N)))
@@ -159,24 +190,30 @@ class TrainData:
             target = 0
             facts.append((G.PASSKEY_FACT.format(value=v), None))
             turns.append((G.PASSKEY_QUESTION, G.PASSKEY_ANSWER.format(value=v)))
+            answered = [v]
         elif task == "kv":
             n = int(rng.integers(1, (3 if L <= 256 else 5 if short else 9)))
             keys = self.keys(rng, n, confusable=rng.random() < 0.5)
             rels = [G.RELATIONS[int(rng.integers(len(G.RELATIONS)))] for _ in keys]
             vals = [self.value(rng) for _ in keys]
-            for r, k, v in zip(rels, keys, vals):
-                facts.append((G.KV_FACT.format(relation=r, key=k, value=v), None))
             asked = rng.permutation(n)[: int(rng.integers(1, min(n, 3) + 1))]
             target = int(asked[0])
+            if self.r["decoys"] and rng.random() < G.DECOY_VALUE_SHARE:
+                vals = [v if i == target else self.similar_value(rng, vals[target]) for i, v in enumerate(vals)]
+            for r, k, v in zip(rels, keys, vals):
+                facts.append((G.KV_FACT.format(relation=r, key=k, value=v), None))
             for i in asked:
                 turns.append((G.KV_QUESTION.format(relation=rels[i], key=keys[i]),
                               G.KV_ANSWER.format(relation=rels[i], key=keys[i], value=vals[i])))
+            answered = [vals[i] for i in asked]
         elif task == "multi_doc":
             n_docs = max(n_docs, 2)
             n = 2 + int(rng.integers(0, 2 if short else 4))
             keys = self.keys(rng, n, confusable=rng.random() < 0.3)
             rels = [G.RELATIONS[int(rng.integers(len(G.RELATIONS)))] for _ in keys]
             vals = [self.value(rng) for _ in keys]
+            if self.r["decoys"] and rng.random() < G.DECOY_VALUE_SHARE:
+                vals = [vals[0]] + [self.similar_value(rng, vals[0]) for _ in vals[1:]]
             d1, d2 = rng.choice(n_docs, 2, replace=False)
             target = 0
             for i, (r, k, v) in enumerate(zip(rels, keys, vals)):
@@ -185,6 +222,7 @@ class TrainData:
             a = G.KV_ANSWER.format(relation=rels[0], key=keys[0], value=vals[0]) + " " + G.KV_ANSWER.format(
                 relation=rels[1], key=keys[1], value=vals[1])
             turns.append((q, a))
+            answered = vals[:2]
         else:  # variable tracking
             hops = int(rng.integers(0, 3))
             extra = int(rng.integers(0, 2 if short else 3))
@@ -195,15 +233,22 @@ class TrainData:
             facts.append((G.VAR_FACT.format(var=chain[0], value=v), None))
             for j in range(1, len(chain)):
                 facts.append((G.VAR_LINK.format(var=chain[j], source=chain[j - 1]), None))
+            similar = self.r["decoys"] and rng.random() < G.DECOY_VALUE_SHARE
             for o in others:
-                facts.append((G.VAR_FACT.format(var=o, value=self.value(rng)), None))
+                facts.append((G.VAR_FACT.format(var=o, value=self.similar_value(rng, v) if similar else self.value(rng)), None))
             parts = [G.VAR_LINK.format(var=chain[j], source=chain[j - 1]) for j in range(hops, 0, -1)]
             parts.append(G.VAR_FACT.format(var=chain[0], value=v))
             turns.append((G.VAR_QUESTION.format(var=chain[-1]), " ".join(parts)))
+            answered = [v]
+        decoys: list[list[int]] = []
+        if self.r["decoys"] and rng.random() < G.DECOY_SEQUENCE_SHARE:
+            for _ in range(int(rng.integers(1, G.max_decoys(L) + 1))):
+                decoys.append(self.decoy(rng, answered[int(rng.integers(len(answered)))]))
 
         docs_in_user = rng.random() < 0.3
         headers = [self.titles[int(rng.integers(len(self.titles)))] for _ in range(n_docs)]
-        fact_ids = [self.cids(f) for f, _ in facts]
+        fact_ids = [self.cids(f) for f, _ in facts] + decoys
+        facts += [("", None)] * len(decoys)
         # tail: questions and answers, with the loss mask
         tail: list[int] = []
         mask: list[int] = []
@@ -295,6 +340,8 @@ class TrainData:
                     pos[int(rng.integers(2, f0 + 1)):] += int(rng.integers(0, room + 1))
         if info is not None:
             info["task"] = str(task)
+            info["answered"] = answered
+            info["decoys"] = len(decoys)
             info["distance"] = int(pos[len(hay)] - pos[fact_span[0]])
         return ids, tgt, pos
 
