@@ -351,7 +351,7 @@ class TrainData:
         return tuple(np.stack(x) for x in zip(*out))
 
 
-def distance_histogram(data: TrainData, seed: int, steps: int, n: int = 3000) -> dict:
+def distance_histogram(data: TrainData, seed: int, steps: int, n: int = 3000, curriculum=CURRICULUM) -> dict:
     """Share of training sequences by the position-id distance from the asked fact to the
     question, per decade, over steps drawn uniformly from the run (so over the curriculum)."""
     rng = np.random.default_rng([seed, 10**9 + 1])
@@ -359,19 +359,27 @@ def distance_histogram(data: TrainData, seed: int, steps: int, n: int = 3000) ->
     counts = [0] * (len(edges) - 1)
     info: dict = {}
     for _ in range(n):
-        data.sample(rng, length_at(int(rng.integers(steps)), steps), info)
+        data.sample(rng, length_at(int(rng.integers(steps)), steps, curriculum), info)
         k = int(np.searchsorted(edges, info["distance"], side="right")) - 1
         counts[min(k, len(counts) - 1)] += 1
     return {f"[{edges[i]},{edges[i + 1]})": round(c / n, 3) for i, c in enumerate(counts)}
 
 
-def length_at(step: int, steps: int) -> int:
+def length_at(step: int, steps: int, curriculum=CURRICULUM) -> int:
     acc = 0.0
-    for L, frac in CURRICULUM:
+    for L, frac in curriculum:
         acc += frac
         if step < acc * steps:
             return L
-    return CURRICULUM[-1][0]
+    return curriculum[-1][0]
+
+
+def parse_curriculum(text: str) -> list[tuple[int, float]]:
+    """"256:0.1,4096:0.9" -> [(256, 0.1), (4096, 0.9)]; the shares must add up to 1."""
+    out = [(int(L), float(f)) for L, f in (part.split(":") for part in text.split(","))]
+    if abs(sum(f for _, f in out) - 1.0) > 1e-6 or any(L < 64 or f <= 0 for L, f in out):
+        raise SystemExit(f"--curriculum {text!r}: lengths >= 64 with positive shares adding up to 1")
+    return out
 
 
 # ======================================================================================
@@ -585,6 +593,10 @@ def main() -> None:
     ap.add_argument("--recipe", choices=sorted(G.RECIPES), default=G.DEFAULT_RECIPE,
                     help="data recipe (demo_grammar.RECIPES); the default is the shipped model's")
     ap.add_argument("--steps", type=int, default=14000)
+    ap.add_argument("--curriculum", type=parse_curriculum, default=CURRICULUM,
+                    help="sequence length:share of the steps, e.g. 4096:1 (default: the run-1 curriculum)")
+    ap.add_argument("--init", help="start from the weights of this exported model folder (fine-tuning); "
+                    "its vocabulary and shape must be this tool's")
     ap.add_argument("--tokens-per-step", type=int, default=65536)
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--warmup", type=int, default=200)
@@ -633,11 +645,16 @@ def main() -> None:
     data = TrainData(vocab, spec, a.seed, pool_size=50_000 if a.smoke else 400_000, recipe=a.recipe)
     log(f"recipe {a.recipe} {G.RECIPES[a.recipe]}; vocab {len(vocab)}, sentence pool {len(data.lens)} "
         f"({data.avg_len:.1f} tokens avg) in {time.time() - t_setup:.1f}s")
-    hist = distance_histogram(data, a.seed, a.steps)
+    hist = distance_histogram(data, a.seed, a.steps, curriculum=a.curriculum)
     log(f"fact->question position distance, share of training sequences per decade: {json.dumps(hist)}")
 
     cfg = llama_config(vocab)
     model = LlamaForCausalLM(cfg).cuda()  # sdpa attention (the default)
+    if a.init:
+        init = LlamaForCausalLM.from_pretrained(a.init, dtype=torch.float32)
+        missing = model.load_state_dict(init.state_dict(), strict=True)
+        log(f"weights from {a.init} ({missing})")
+        del init
     cfg = model.config
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters; torch {torch.__version__}, transformers {transformers.__version__}, "
@@ -670,7 +687,7 @@ def main() -> None:
             wi = torch.utils.data.get_worker_info()
             w, nw = (wi.id, wi.num_workers) if wi else (0, 1)
             for s in range(w, steps, nw):
-                L = length_at(s, steps)
+                L = length_at(s, steps, a.curriculum)
                 yield tuple(torch.from_numpy(x) for x in data.batch(a.seed, s, L, max(1, a.tokens_per_step // L)))
 
     loader = torch.utils.data.DataLoader(Batches(), batch_size=None, num_workers=a.workers, pin_memory=True,
@@ -742,7 +759,7 @@ def main() -> None:
         "command": " ".join(sys.argv),
         "seed": a.seed, "recipe": a.recipe, "recipe_settings": G.RECIPES[a.recipe],
         "fact_question_distance_histogram": hist, "steps_planned": steps, "steps_done": s + 1, "tokens_per_step": a.tokens_per_step,
-        "curriculum": CURRICULUM, "lr": a.lr, "warmup": a.warmup, "parameters": n_params,
+        "curriculum": a.curriculum, "init": a.init, "lr": a.lr, "warmup": a.warmup, "parameters": n_params,
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
         "train_seconds": round(train_s, 1),
         "final_loss": sum(final) / max(1, len(final)), "export_parity_max_abs_logit_diff": parity,
