@@ -333,6 +333,8 @@ fn needle_eval_writes_table_json_and_heatmap() {
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(out.path().join("needle.json")).unwrap()).unwrap();
     assert_eq!(doc["lengths"][0], 1024);
     assert_eq!(doc["results"].as_array().unwrap().len(), 4);
+    assert_eq!(doc["complete"], true, "the report is rewritten after each cell, then marked complete");
+    assert!(!out.path().join("needle.tmp").exists(), "the atomic write leaves no temporary file");
     assert!(doc["overall"].as_f64().unwrap() >= 0.75, "{}", doc["overall"]);
     let svg = std::fs::read_to_string(out.path().join("needle-heatmap.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.matches("<rect x=").count() == 2);

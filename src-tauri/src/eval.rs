@@ -87,6 +87,42 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
     }
 
     let mut results: Vec<NeedleSample> = Vec::new();
+    let report = |results: &[NeedleSample], complete: bool| {
+        let accuracy = |len: usize, depth: Option<f64>| {
+            let cell: Vec<&NeedleSample> =
+                results.iter().filter(|s| s.length == len && depth.is_none_or(|d| s.depth == d)).collect();
+            (!cell.is_empty()).then(|| cell.iter().filter(|s| s.correct).count() as f64 / cell.len() as f64)
+        };
+        let grid: Vec<Vec<Option<f64>>> =
+            lengths.iter().map(|&l| depths.iter().map(|&d| accuracy(l, Some(d))).collect()).collect();
+        let by_length: Vec<Option<f64>> = lengths.iter().map(|&l| accuracy(l, None)).collect();
+        let overall = results.iter().filter(|s| s.correct).count() as f64 / results.len().max(1) as f64;
+        let doc = json!({
+            "task": "needle",
+            "model": engine.name,
+            "method": a.attention.method,
+            "budget": a.attention.budget,
+            "attention": method.settings(),
+            "prefilled_answer_prefix": spec.chat.prefill_answer_prefix,
+            "seed": a.seed,
+            "samples_per_cell": samples,
+            "lengths": lengths,
+            "depths": depths,
+            "complete": complete,
+            "accuracy": grid,
+            "by_length": by_length,
+            "overall": overall,
+            "results": results,
+        });
+        (doc, grid, by_length, overall)
+    };
+    let save = |doc: &serde_json::Value, grid: &[Vec<Option<f64>>]| -> Result<()> {
+        let Some(dir) = &a.out else { return Ok(()) };
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        write_file(&dir.join("needle.json"), &serde_json::to_string_pretty(doc)?)?;
+        let title = format!("needle accuracy: {}, {} attention", engine.name, a.attention.method);
+        write_file(&dir.join("needle-heatmap.svg"), &heatmap_svg(&title, &lengths, &depths, grid))
+    };
     for &length in &lengths {
         for &depth in &depths {
             let cell: Vec<NeedleSample> = (0..samples)
@@ -95,50 +131,38 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
             let correct = cell.iter().filter(|s| s.correct).count();
             let secs = cell.iter().map(|s| s.seconds).sum::<f64>() / cell.len().max(1) as f64;
             eprintln!("{length:>8} tokens, depth {depth:.2}: {correct}/{samples} correct ({secs:.2} s/prompt)");
+            for miss in cell.iter().filter(|s| !s.correct) {
+                eprintln!("    sample {}: expected {:?}, got {:?}", miss.sample, miss.expected, miss.output);
+            }
             results.extend(cell);
+            // A long run (minutes per 1M-token prompt) keeps what it measured if it is cut short.
+            let (doc, grid, ..) = report(&results, false);
+            save(&doc, &grid)?;
         }
     }
 
-    let accuracy = |len: usize, depth: Option<f64>| {
-        let cell: Vec<&NeedleSample> =
-            results.iter().filter(|s| s.length == len && depth.is_none_or(|d| s.depth == d)).collect();
-        cell.iter().filter(|s| s.correct).count() as f64 / cell.len().max(1) as f64
-    };
-    let grid: Vec<Vec<f64>> = lengths.iter().map(|&l| depths.iter().map(|&d| accuracy(l, Some(d))).collect()).collect();
-    let overall = results.iter().filter(|s| s.correct).count() as f64 / results.len().max(1) as f64;
-    let doc = json!({
-        "task": "needle",
-        "model": engine.name,
-        "method": a.attention.method,
-        "budget": a.attention.budget,
-        "attention": method.settings(),
-        "prefilled_answer_prefix": spec.chat.prefill_answer_prefix,
-        "seed": a.seed,
-        "samples_per_cell": samples,
-        "lengths": lengths,
-        "depths": depths,
-        "accuracy": grid,
-        "by_length": lengths.iter().map(|&l| accuracy(l, None)).collect::<Vec<_>>(),
-        "overall": overall,
-        "results": results,
-    });
-    if let Some(dir) = &a.out {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        write_file(&dir.join("needle.json"), &serde_json::to_string_pretty(&doc)?)?;
-        let title = format!("needle accuracy: {}, {} attention", engine.name, a.attention.method);
-        write_file(&dir.join("needle-heatmap.svg"), &heatmap_svg(&title, &lengths, &depths, &grid))?;
-    }
+    let (doc, grid, by_length, overall) = report(&results, true);
+    save(&doc, &grid)?;
     if a.json {
         println!("{doc}");
     } else {
-        print!("{}", table(&lengths, &depths, &grid, |l| accuracy(l, None)));
+        print!("{}", table(&lengths, &depths, &grid, &by_length));
         println!("overall {:.1}% over {} prompts", 100.0 * overall, results.len());
     }
     Ok(())
 }
 
+/// Writes `text` through a temporary file and a rename, so a reader (or a run killed mid-write)
+/// never sees half a report.
 fn write_file(path: &Path, text: &str) -> Result<()> {
-    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+}
+
+/// "97%", or "–" for a cell not measured (a run cut short).
+fn percent(v: Option<f64>) -> String {
+    v.map_or("–".to_owned(), |v| format!("{:.0}%", 100.0 * v))
 }
 
 fn human_length(n: usize) -> String {
@@ -149,24 +173,25 @@ fn human_length(n: usize) -> String {
     }
 }
 
-fn table(lengths: &[usize], depths: &[f64], grid: &[Vec<f64>], by_length: impl Fn(usize) -> f64) -> String {
+fn table(lengths: &[usize], depths: &[f64], grid: &[Vec<Option<f64>>], by_length: &[Option<f64>]) -> String {
     let mut s = format!("{:>8} |", "length");
     for d in depths {
         let _ = write!(s, " {:>6}", format!("d={d}"));
     }
     let _ = writeln!(s, " | {:>6}", "all");
-    for (l, row) in lengths.iter().zip(grid) {
+    for ((l, row), all) in lengths.iter().zip(grid).zip(by_length) {
         let _ = write!(s, "{:>8} |", human_length(*l));
         for v in row {
-            let _ = write!(s, " {:>5.0}%", 100.0 * v);
+            let _ = write!(s, " {:>6}", percent(*v));
         }
-        let _ = writeln!(s, " | {:>5.0}%", 100.0 * by_length(*l));
+        let _ = writeln!(s, " | {:>6}", percent(*all));
     }
     s
 }
 
-/// Accuracy 0 → red, 0.5 → yellow, 1 → green.
-fn colour(v: f64) -> String {
+/// Accuracy 0 → red, 0.5 → yellow, 1 → green; grey where not measured.
+fn colour(v: Option<f64>) -> String {
+    let Some(v) = v else { return UNMEASURED.to_owned() };
     let lerp = |a: (f64, f64, f64), b: (f64, f64, f64), t: f64| {
         (a.0 + (b.0 - a.0) * t, a.1 + (b.1 - a.1) * t, a.2 + (b.2 - a.2) * t)
     };
@@ -175,8 +200,10 @@ fn colour(v: f64) -> String {
     format!("#{:02x}{:02x}{:02x}", c.0 as u8, c.1 as u8, c.2 as u8)
 }
 
+const UNMEASURED: &str = "#dddddd";
+
 /// A self-contained SVG heatmap: lengths down, depths across, accuracy in each cell.
-fn heatmap_svg(title: &str, lengths: &[usize], depths: &[f64], grid: &[Vec<f64>]) -> String {
+fn heatmap_svg(title: &str, lengths: &[usize], depths: &[f64], grid: &[Vec<Option<f64>>]) -> String {
     const CELL_W: usize = 84;
     const CELL_H: usize = 40;
     const LEFT: usize = 90;
@@ -217,11 +244,11 @@ fn heatmap_svg(title: &str, lengths: &[usize], depths: &[f64], grid: &[Vec<f64>]
             let _ = writeln!(
                 s,
                 "<rect x=\"{x}\" y=\"{y}\" width=\"{CELL_W}\" height=\"{CELL_H}\" fill=\"{}\" stroke=\"white\"/>\
-                 <text x=\"{}\" y=\"{}\" font-size=\"13\" text-anchor=\"middle\">{:.0}%</text>",
+                 <text x=\"{}\" y=\"{}\" font-size=\"13\" text-anchor=\"middle\">{}</text>",
                 colour(*v),
                 x + CELL_W / 2,
                 y + CELL_H / 2 + 5,
-                100.0 * v
+                percent(*v)
             );
         }
     }
@@ -245,10 +272,14 @@ mod tests {
 
     #[test]
     fn heatmap_has_a_cell_per_result() {
-        let svg = heatmap_svg("t <x>", &[1024, 2048], &[0.0, 0.5, 1.0], &[vec![1.0, 0.5, 0.0], vec![1.0; 3]]);
+        let grid = [vec![Some(1.0), Some(0.5), Some(0.0)], vec![Some(1.0), None, None]];
+        let svg = heatmap_svg("t <x>", &[1024, 2048], &[0.0, 0.5, 1.0], &grid);
         assert_eq!(svg.matches("<rect x=").count(), 6);
         assert!(svg.contains("t &lt;x&gt;") && svg.contains("50%") && svg.contains("2k"));
-        assert_eq!(colour(1.0), "#1a9850");
-        assert_eq!(colour(0.0), "#d73027");
+        assert_eq!(svg.matches(UNMEASURED).count(), 2, "cells a cut-short run did not reach are grey");
+        assert_eq!(colour(Some(1.0)), "#1a9850");
+        assert_eq!(colour(Some(0.0)), "#d73027");
+        let t = table(&[1024, 2048], &[0.0, 0.5, 1.0], &grid, &[Some(0.5), Some(1.0)]);
+        assert!(t.contains("    50%") && t.contains("     –"), "{t}");
     }
 }
