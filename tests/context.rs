@@ -449,3 +449,42 @@ fn over_long_collection_is_refused_up_front() {
     assert!(!out.exists() && !PathBuf::from(format!("{op}.partial")).exists());
     println!("refused in {:.2?}", started.elapsed());
 }
+
+/// assets/SAMPLES.md's table is what a new user tries first (the README's commands): every
+/// question gets its documented answer, word for word, from a context file of the sample folder
+/// (or of the one file a row says to load alone).
+#[test]
+fn sample_questions_get_the_documented_answers() {
+    let table = std::fs::read_to_string(root().join("assets/SAMPLES.md")).unwrap();
+    let samples = root().join("assets/samples");
+    let dir = tempfile::tempdir().unwrap();
+    let context_of = |docs: &Path, name: &str| {
+        let out = dir.path().join(name);
+        ok_json(prefill(docs, &out, &[]));
+        out.display().to_string()
+    };
+    let all = context_of(&samples, "all.folio");
+    let mut asked = 0;
+    for row in table.lines().filter(|l| l.starts_with("| what")) {
+        let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
+        let [question, expected, files] = cells[..] else { panic!("SAMPLES.md row with {} cells: {row}", cells.len()) };
+        let context = match files.split_once(", loaded alone") {
+            Some((file, _)) => context_of(&samples.join(file), &format!("{file}.folio")),
+            None => all.clone(),
+        };
+        let answer = ok_json(folio(&[
+            "chat",
+            "--context",
+            &context,
+            question,
+            "--json",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "40",
+        ]));
+        assert_eq!(answer["text"].as_str().unwrap().trim(), expected, "{question}");
+        asked += 1;
+    }
+    assert_eq!(asked, 9, "SAMPLES.md's table has nine questions");
+}
