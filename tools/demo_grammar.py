@@ -217,7 +217,8 @@ NUM_WORDS = ["one", "many", "more", "no", "all", "both", "each", "first", "secon
 #                    run of >= 2 digits with a planted value, so that continuing a copy from the last
 #                    digits alone is wrong already at 4k tokens. The prompt distribution (and so
 #                    eval_spec.json) is unchanged.
-# Run 3 did not train (it copies a distractor's value: docs/demo-model.md); run 1 is shipped.
+# Runs 3, 4 and 5 from scratch did not train (they copy a distractor's value: docs/demo-model.md);
+# the shipped model is run 1 fine-tuned on longer sequences, then on run 5's data.
 # --------------------------------------------------------------------------------------
 RECIPES = {
     "run1": {"value_digits": (4, 6), "filler_numbers": True, "pose": "random_cuts",
@@ -227,7 +228,7 @@ RECIPES = {
     "run4": {"value_digits": (4, 6), "filler_numbers": True, "pose": "random_cuts",
              "prefill_answer_prefix": False, "decoys": True},
     "run5": {"value_digits": (5, 5), "filler_numbers": True, "pose": "random_cuts",
-             "prefill_answer_prefix": False, "decoys": True},
+             "prefill_answer_prefix": True, "decoys": True},
 }
 # decoys: share of sequences with decoy records, and at most one per DECOY_TOKENS_PER tokens
 DECOY_SEQUENCE_SHARE = 0.6
@@ -239,7 +240,10 @@ def max_decoys(length: int) -> int:
     return max(2, length // DECOY_TOKENS_PER)
 # share of multi-fact sequences whose other values share a digit run with the asked one
 DECOY_VALUE_SHARE = 0.5
-DEFAULT_RECIPE = "run1"  # the shipped model (assets/models/demo)
+DEFAULT_RECIPE = "run1"  # train_demo.py's default: the first stage of the shipped model
+# The shipped model's last stage (tools/train_demo_shipped.sh); assets/models/demo/eval_spec.json
+# is eval_spec(SHIPPED_RECIPE).
+SHIPPED_RECIPE = "run5"
 POSE_MIN_DISTANCE = 100
 
 # Extra words used only by the fixed parts above (questions, headers, facts) and samples.

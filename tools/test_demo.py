@@ -46,7 +46,7 @@ def main() -> None:
         model_dir = Path(sys.argv[1])
     else:
         model_dir = Path(tempfile.mkdtemp())
-        write_static_files(model_dir, G.vocabulary(), G.eval_spec())
+        write_static_files(model_dir, G.vocabulary(), G.eval_spec(G.SHIPPED_RECIPE))
     spec, tok = P.load(model_dir)
     template = (model_dir / "chat_template.jinja").read_text()
     tcfg = json.loads((model_dir / "tokenizer_config.json").read_text())
@@ -80,13 +80,13 @@ def main() -> None:
 
     # 2. TrainData.ids == tokenizer, and training sequences == rendered chat, loss on answers only,
     #    for every recipe (the shipped spec's filler for the shipped recipe)
-    shipped = spec["filler"] == G.filler_spec(G.DEFAULT_RECIPE)
-    print(f"shipped spec {'matches' if shipped else 'does NOT match'} the default recipe {G.DEFAULT_RECIPE}")
+    assert spec == G.eval_spec(G.SHIPPED_RECIPE), f"the shipped eval_spec.json is not recipe {G.SHIPPED_RECIPE}'s"
+    print(f"shipped spec == eval_spec({G.SHIPPED_RECIPE!r})")
     sp = {tok.token_to_id(t): t for t in G.SPECIALS}
     digit_ids = {tok.token_to_id(c) for c in "0123456789"}
     n_checked = 0
     for recipe in G.RECIPES:
-        rspec = spec if recipe == G.DEFAULT_RECIPE else G.eval_spec(recipe)
+        rspec = G.eval_spec(recipe)
         data = TrainData(vocab, rspec, seed=7, pool_size=5000, recipe=recipe)
         gen = P.SpecGen(rspec, random.Random(3))
         for _ in range(2000):
@@ -105,7 +105,7 @@ def main() -> None:
     print("curriculum:", [length_at(s, 1000) for s in range(0, 1000, 100)])
     spec_prompts(spec, tok, enc, unk)
     for recipe in G.RECIPES:
-        if recipe != G.DEFAULT_RECIPE:
+        if recipe != G.SHIPPED_RECIPE:
             with tempfile.TemporaryDirectory() as d:
                 write_static_files(Path(d), vocab, G.eval_spec(recipe))
                 rspec, rtok = P.load(d)

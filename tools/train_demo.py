@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Train Folio's demo model: a 3.5M-parameter Llama that retrieves facts from long documents.
 
-Command (on the GPU machine, repo root; 6.3 minutes of training on one H200, plus ~1 of eval):
+Stage 1 (on the GPU machine, repo root; 6.3 minutes of training on one H200, plus ~1 of eval):
 
     python3 tools/train_demo.py --out /tmp/demo --seed 1234 --steps 14000
 
@@ -11,8 +11,10 @@ Dense eval at 1M tokens of an exported folder (~20 s a prompt on an H200):
 
 Quick check of the whole pipeline (~1 minute): add `--smoke`.
 
-The defaults reproduce the shipped model (recipe run1). `--recipe run3` is the documented
-negative result (5-digit values only, no digits in the filler, fact-to-question PoSE skips):
+The defaults are the first of the shipped model's three stages (recipe run1); the other two
+fine-tune it (`--init`) on longer sequences (`--curriculum`) and on recipe run5's data:
+tools/train_demo_shipped.sh runs all three. `--recipe run3` is a documented negative result
+(5-digit values only, no digits in the filler, fact-to-question PoSE skips):
 
     python3 tools/train_demo.py --out /tmp/run3 --recipe run3 --seed 1234 --steps 14000 --eval-512k 2
 
