@@ -334,10 +334,43 @@ fn needle_eval_writes_table_json_and_heatmap() {
     assert_eq!(doc["lengths"][0], 1024);
     assert_eq!(doc["results"].as_array().unwrap().len(), 4);
     assert_eq!(doc["complete"], true, "the report is rewritten after each cell, then marked complete");
-    assert!(!out.path().join("needle.tmp").exists(), "the atomic write leaves no temporary file");
+    assert!(!out.path().join("needle.json.tmp").exists(), "the atomic write leaves no temporary file");
     assert!(doc["overall"].as_f64().unwrap() >= 0.75, "{}", doc["overall"]);
     let svg = std::fs::read_to_string(out.path().join("needle-heatmap.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.matches("<rect x=").count() == 2);
+
+    // A miss keeps its prompt's token ids for another engine: streaming over 16 tokens cannot
+    // see a fact at the start of a 1k-token prompt.
+    let missed = tempfile::tempdir().unwrap();
+    let run = folio(
+        &[
+            "eval",
+            "needle",
+            "--model",
+            demo.to_str().unwrap(),
+            "--lengths",
+            "1k",
+            "--depths",
+            "0",
+            "--samples",
+            "1",
+            "--method",
+            "streaming",
+            "--budget",
+            "16",
+            "--out",
+            missed.path().to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("0/1 correct") && stderr.contains("sample 0: expected"), "{stderr}");
+    let sample: Value =
+        serde_json::from_str(&std::fs::read_to_string(missed.path().join("misses/1024-0-0.json")).unwrap()).unwrap();
+    let ids = std::fs::read(missed.path().join("misses/1024-0-0.u32")).unwrap();
+    assert_eq!(ids.len(), 4 * sample["prompt_tokens"].as_u64().unwrap() as usize);
+    assert_eq!(u32::from_le_bytes(ids[..4].try_into().unwrap()), 0, "the prompt starts with <|bos|>");
 
     // A model without eval_spec.json, an unknown method and a dense budget are clear errors.
     let err =

@@ -119,9 +119,9 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
     let save = |doc: &serde_json::Value, grid: &[Vec<Option<f64>>]| -> Result<()> {
         let Some(dir) = &a.out else { return Ok(()) };
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        write_file(&dir.join("needle.json"), &serde_json::to_string_pretty(doc)?)?;
+        write_file(&dir.join("needle.json"), serde_json::to_string_pretty(doc)?)?;
         let title = format!("needle accuracy: {}, {} attention", engine.name, a.attention.method);
-        write_file(&dir.join("needle-heatmap.svg"), &heatmap_svg(&title, &lengths, &depths, grid))
+        write_file(&dir.join("needle-heatmap.svg"), heatmap_svg(&title, &lengths, &depths, grid))
     };
     for &length in &lengths {
         for &depth in &depths {
@@ -133,6 +133,9 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
             eprintln!("{length:>8} tokens, depth {depth:.2}: {correct}/{samples} correct ({secs:.2} s/prompt)");
             for miss in cell.iter().filter(|s| !s.correct) {
                 eprintln!("    sample {}: expected {:?}, got {:?}", miss.sample, miss.expected, miss.output);
+                if let Some(dir) = &a.out {
+                    save_miss(&dir.join(MISSES_DIR), &engine, &spec, miss, a.seed)?;
+                }
             }
             results.extend(cell);
             // A long run (minutes per 1M-token prompt) keeps what it measured if it is cut short.
@@ -152,11 +155,27 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
     Ok(())
 }
 
+/// Where `--out` keeps the prompts a run got wrong, for tools/demo_check_ids.py.
+const MISSES_DIR: &str = "misses";
+
+/// A missed prompt's token ids (little-endian u32) and what was expected and generated, so that
+/// another engine (transformers) can be run on exactly these tokens.
+fn save_miss(dir: &Path, engine: &folio_models::Engine, spec: &EvalSpec, miss: &NeedleSample, seed: u64) -> Result<()> {
+    let prompt = needle::cell_prompt(engine, spec, (miss.length, miss.depth, miss.sample), seed)?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let name = format!("{}-{}-{}", miss.length, miss.depth, miss.sample);
+    let ids: Vec<u8> = prompt.ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+    write_file(&dir.join(format!("{name}.u32")), ids)?;
+    write_file(&dir.join(format!("{name}.json")), serde_json::to_string_pretty(miss)?)
+}
+
 /// Writes `text` through a temporary file and a rename, so a reader (or a run killed mid-write)
 /// never sees half a report.
-fn write_file(path: &Path, text: &str) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+pub(crate) fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, contents).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 

@@ -137,7 +137,7 @@ pub fn eval_attention(common: &Common, a: AttentionArgs) -> Result<()> {
     });
     if let Some(dir) = &a.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        write_file(&dir.join("attention.json"), &serde_json::to_string_pretty(&doc)?)?;
+        crate::eval::write_file(&dir.join("attention.json"), serde_json::to_string_pretty(&doc)?)?;
         chart(&dir.join("attention-error.svg"), &rows)?;
     }
     if a.json {
@@ -146,10 +146,6 @@ pub fn eval_attention(common: &Common, a: AttentionArgs) -> Result<()> {
         print!("{}", table(&rows));
     }
     Ok(())
-}
-
-fn write_file(path: &Path, text: &str) -> Result<()> {
-    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 fn table(rows: &[Row]) -> String {

@@ -187,6 +187,16 @@ pub fn cell_seed(seed: u64, length: usize, depth: f64, sample: usize) -> u64 {
     x
 }
 
+/// The prompt of one (length, depth, sample) cell: the same tokens on every run and machine.
+pub fn cell_prompt(
+    engine: &Engine,
+    spec: &EvalSpec,
+    (length, depth, sample): (usize, f64, usize),
+    seed: u64,
+) -> Result<NeedlePrompt> {
+    build_prompt(engine, spec, length, depth, &mut StdRng::seed_from_u64(cell_seed(seed, length, depth, sample)))
+}
+
 /// Runs one prompt greedily with `attn` and checks the answer.
 pub fn run_sample(
     engine: &Engine,
@@ -195,8 +205,7 @@ pub fn run_sample(
     (length, depth, sample): (usize, f64, usize),
     seed: u64,
 ) -> Result<NeedleSample> {
-    let mut rng = StdRng::seed_from_u64(cell_seed(seed, length, depth, sample));
-    let prompt = build_prompt(engine, spec, length, depth, &mut rng)?;
+    let prompt = cell_prompt(engine, spec, (length, depth, sample), seed)?;
     let expected = if prompt.prefilled { &prompt.value } else { &prompt.answer };
     let params = GenerateParams {
         max_new_tokens: engine.tokenizer.encode_prompt(expected)?.len() + EXTRA_ANSWER_TOKENS,
