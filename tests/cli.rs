@@ -309,24 +309,15 @@ fn stop_strings_end_the_answer_and_are_not_shown() {
 #[test]
 fn needle_eval_writes_table_json_and_heatmap() {
     let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/models/demo");
+    // `folio eval needle` on the demo model at 1k tokens, its report into `out`.
+    let needle = |out: &Path, extra: &[&str]| {
+        let mut args = vec!["eval", "needle", "--model", demo.to_str().unwrap(), "--lengths", "1k"];
+        args.extend_from_slice(extra);
+        args.extend(["--out", out.to_str().unwrap()]);
+        folio(&args, &[])
+    };
     let out = tempfile::tempdir().unwrap();
-    let run = folio(
-        &[
-            "eval",
-            "needle",
-            "--model",
-            demo.to_str().unwrap(),
-            "--lengths",
-            "1k",
-            "--depths",
-            "0,1",
-            "--samples",
-            "2",
-            "--out",
-            out.path().to_str().unwrap(),
-        ],
-        &[],
-    );
+    let run = needle(out.path(), &["--depths", "0,1", "--samples", "2"]);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let table = String::from_utf8_lossy(&run.stdout);
     assert!(table.contains("1k |") && table.contains("overall"), "{table}");
@@ -342,27 +333,7 @@ fn needle_eval_writes_table_json_and_heatmap() {
     // A miss keeps its prompt's token ids for another engine: streaming over 16 tokens cannot
     // see a fact at the start of a 1k-token prompt.
     let missed = tempfile::tempdir().unwrap();
-    let run = folio(
-        &[
-            "eval",
-            "needle",
-            "--model",
-            demo.to_str().unwrap(),
-            "--lengths",
-            "1k",
-            "--depths",
-            "0",
-            "--samples",
-            "1",
-            "--method",
-            "streaming",
-            "--budget",
-            "16",
-            "--out",
-            missed.path().to_str().unwrap(),
-        ],
-        &[],
-    );
+    let run = needle(missed.path(), &["--depths", "0", "--samples", "1", "--method", "streaming", "--budget", "16"]);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(stderr.contains("0/1 correct") && stderr.contains("sample 0: expected"), "{stderr}");
