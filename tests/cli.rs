@@ -333,6 +333,8 @@ fn needle_eval_writes_table_json_and_heatmap() {
     // A miss keeps its prompt's token ids for another engine: streaming over 16 tokens cannot
     // see a fact at the start of a 1k-token prompt.
     let missed = tempfile::tempdir().unwrap();
+    std::fs::create_dir(missed.path().join("misses")).unwrap();
+    std::fs::write(missed.path().join("misses/4096-0.5-0.u32"), [0u8; 4]).unwrap();
     let run = needle(missed.path(), &["--depths", "0", "--samples", "1", "--method", "streaming", "--budget", "16"]);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let stderr = String::from_utf8_lossy(&run.stderr);
@@ -342,6 +344,7 @@ fn needle_eval_writes_table_json_and_heatmap() {
     let ids = std::fs::read(missed.path().join("misses/1024-0-0.u32")).unwrap();
     assert_eq!(ids.len(), 4 * sample["prompt_tokens"].as_u64().unwrap() as usize);
     assert_eq!(u32::from_le_bytes(ids[..4].try_into().unwrap()), 0, "the prompt starts with <|bos|>");
+    assert!(!missed.path().join("misses/4096-0.5-0.u32").exists(), "an earlier run's misses are cleared");
 
     // A model without eval_spec.json, an unknown method and a dense budget are clear errors.
     let err =

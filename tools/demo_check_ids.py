@@ -27,7 +27,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dir")
     ap.add_argument("misses", help="folder of <name>.u32 prompts with <name>.json beside each")
-    ap.add_argument("--max-new", type=int, default=16)
     a = ap.parse_args()
 
     import torch
@@ -37,28 +36,38 @@ def main() -> None:
 
     md = Path(a.model_dir)
     tok = Tokenizer.from_file(str(md / "tokenizer.json"))
-    stop = set(json.loads((md / "generation_config.json").read_text())["eos_token_id"])
+    eos = json.loads((md / "generation_config.json").read_text())["eos_token_id"]
+    stop = set(eos if isinstance(eos, list) else [eos])
     model = LlamaForCausalLM.from_pretrained(md, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
     files = sorted(Path(a.misses).glob("*.u32"))
     if not files:
         sys.exit(f"no .u32 prompts in {a.misses}")
-    same = 0
+    same = right = 0
     for f in files:
         ids = np.fromfile(f, dtype="<u4").astype(np.int64).tolist()
         meta = json.loads(f.with_suffix(".json").read_text())
+        # Folio's cap: the expected answer's tokens and EXTRA_ANSWER_TOKENS (4) more
+        max_new = len(tok.encode(meta["expected"], add_special_tokens=False).ids) + 4
         out: list[int] = []
         with torch.no_grad(), sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
             o = model(input_ids=torch.tensor([ids], device="cuda"), use_cache=True, logits_to_keep=1)
             past, nxt = o.past_key_values, int(o.logits[0, -1].argmax())
-            while nxt not in stop and len(out) < a.max_new:
+            while nxt not in stop and len(out) < max_new:
                 out.append(nxt)
                 o = model(input_ids=torch.tensor([[nxt]], device="cuda"), past_key_values=past, use_cache=True)
                 past, nxt = o.past_key_values, int(o.logits[0, -1].argmax())
         text = tok.decode(out)
         same += text.strip() == meta["output"].strip()
+        ok = answer_key(text) == answer_key(meta["expected"])
+        right += ok
         print(f"{f.name}: {len(ids)} tokens; expected {meta['expected']!r}; folio {meta['output']!r}; "
-              f"transformers {text!r}")
-    print(f"{same}/{len(files)} prompts: transformers answers as Folio did")
+              f"transformers {text!r} ({'right' if ok else 'wrong'})")
+    print(f"{len(files)} prompts Folio missed: transformers answers {same} as Folio did, {right} right")
+
+
+def answer_key(text: str) -> str:
+    """The answer up to its first '.', spaces removed: "8 5 1 7 5 ." and "85175" agree."""
+    return text.split(".")[0].replace(" ", "")
 
 
 if __name__ == "__main__":

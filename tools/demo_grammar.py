@@ -208,15 +208,17 @@ NUM_WORDS = ["one", "many", "more", "no", "all", "both", "each", "first", "secon
 #                    [100, max_position_embeddings - L], plus a uniform skip before the fact
 #                    half of the time (run 3)
 #   prefill_answer_prefix: the eval mode eval_spec.json recommends (chat.prefill_answer_prefix).
-#                    Measured on both runs: prefilling the answer prefix changed no needle answer
-#                    (run 1: 100/100 samples at 32k and 128k identical), so both say false.
-#                    (Run 3's own export said true; that was chosen before the measurement.)
+#                    Runs 1 and 3: prefilling changed no needle answer (run 1: 100/100 samples
+#                    at 32k and 128k identical), so they say false. Run 5 (the shipped model's
+#                    last stage) says true: at 1M it scored 9/10 prefilled, 7/10 generated.
+#                    Training data does not depend on it (run 5's stage log, written before
+#                    the measurement, still says false).
 #   decoys:          training-only hard negatives aimed at run 1's failure at 512k-1M (the value's
 #                    digits drift once a long filler holds many digit runs that share a few digits
 #                    with it): other facts' values and extra filler records whose numbers share a
 #                    run of >= 2 digits with a planted value, so that continuing a copy from the last
-#                    digits alone is wrong already at 4k tokens. The prompt distribution (and so
-#                    eval_spec.json) is unchanged.
+#                    digits alone is wrong already at 4k tokens. The prompt distribution is
+#                    unchanged (eval_spec.json differs only by the recipe's other settings).
 # Runs 3, 4 and 5 from scratch did not train (they copy a distractor's value: docs/demo-model.md);
 # the shipped model is run 1 fine-tuned on longer sequences, then on run 5's data.
 # --------------------------------------------------------------------------------------
@@ -230,7 +232,7 @@ RECIPES = {
     "run5": {"value_digits": (5, 5), "filler_numbers": True, "pose": "random_cuts",
              "prefill_answer_prefix": True, "decoys": True},
 }
-# decoys: share of sequences with decoy records, and at most one per DECOY_TOKENS_PER tokens
+# decoys: share of sequences with decoy records, and their count (max_decoys)
 DECOY_SEQUENCE_SHARE = 0.6
 DECOY_TOKENS_PER = 256
 

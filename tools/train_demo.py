@@ -40,7 +40,7 @@ How (see docs/demo-model.md for the full story and the measured figures):
     rope theta 2e6; max_position_embeddings 1179648 (= 2^20 + 2^17).
   * Seeded: data of step s comes from numpy's default_rng([seed, s]); torch.manual_seed(seed).
   * Recipes (demo_grammar.RECIPES) switch the value length, the {num} filler slot and the PoSE
-    scheme; the default is the shipped model's.
+    scheme; the default, run1, is the shipped model's first stage.
   * Ends with a dense (sdpa) greedy eval of the exported folder at 2k..128k x depths 0..1, in
     two modes from one prefill: "generated" (the model writes the whole answer) and "prefilled"
     (the prompt continues with the answer prefix, "... <|assistant|> the secret code of amber
@@ -593,7 +593,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--recipe", choices=sorted(G.RECIPES), default=G.DEFAULT_RECIPE,
-                    help="data recipe (demo_grammar.RECIPES); the default is the shipped model's")
+                    help="data recipe (demo_grammar.RECIPES); the default is the shipped model's first stage")
     ap.add_argument("--steps", type=int, default=14000)
     ap.add_argument("--curriculum", type=parse_curriculum, default=CURRICULUM,
                     help="sequence length:share of the steps, e.g. 4096:1 (default: the run-1 curriculum)")

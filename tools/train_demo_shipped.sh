@@ -15,4 +15,5 @@ python3 train_demo.py --out "$out/run1" --seed 1234 --steps 14000 --eval-tasks n
 python3 train_demo.py --out "$out/ftB" --init "$out/run1" --recipe run1 --curriculum 4096:0.4,8192:0.6 \
   --steps 5000 --seed 4321 --lr 5e-4 --warmup 100 --eval-tasks none
 python3 train_demo.py --out "$out/ftD" --init "$out/ftB" --recipe run5 --curriculum 8192:0.5,16384:0.5 \
-  --steps 4000 --seed 5678 --lr 4e-4 --warmup 100 --eval-lengths 2048,8192,32768,131072 --eval-1m 2
+  --steps 4000 --seed 5678 --lr 4e-4 --warmup 100 \
+  --eval-lengths 32768,131072 --eval-samples 4 --eval-tasks needle --eval-1m 2 --eval-time-limit 200

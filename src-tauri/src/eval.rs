@@ -123,6 +123,10 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
         let title = format!("needle accuracy: {}, {} attention", engine.name, a.attention.method);
         write_file(&dir.join("needle-heatmap.svg"), heatmap_svg(&title, &lengths, &depths, grid))
     };
+    if let Some(misses) = a.out.as_ref().map(|dir| dir.join(MISSES_DIR)).filter(|m| m.is_dir()) {
+        // Misses of an earlier run into the same folder would be checked again as this run's.
+        std::fs::remove_dir_all(&misses).with_context(|| format!("clearing {}", misses.display()))?;
+    }
     for &length in &lengths {
         for &depth in &depths {
             let cell: Vec<NeedleSample> = (0..samples)
@@ -131,16 +135,20 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
             let correct = cell.iter().filter(|s| s.correct).count();
             let secs = cell.iter().map(|s| s.seconds).sum::<f64>() / cell.len().max(1) as f64;
             eprintln!("{length:>8} tokens, depth {depth:.2}: {correct}/{samples} correct ({secs:.2} s/prompt)");
-            for miss in cell.iter().filter(|s| !s.correct) {
-                eprintln!("    sample {}: expected {:?}, got {:?}", miss.sample, miss.expected, miss.output);
-                if let Some(dir) = &a.out {
-                    save_miss(&dir.join(MISSES_DIR), &engine, &spec, miss, a.seed)?;
-                }
-            }
+            let misses: Vec<NeedleSample> = cell.iter().filter(|s| !s.correct).cloned().collect();
             results.extend(cell);
             // A long run (minutes per 1M-token prompt) keeps what it measured if it is cut short.
             let (doc, grid, ..) = report(&results, false);
             save(&doc, &grid)?;
+            for miss in &misses {
+                eprintln!("    sample {}: expected {:?}, got {:?}", miss.sample, miss.expected, miss.output);
+                if let Some(dir) = &a.out {
+                    // The measurement is saved; a prompt that cannot be kept is worth a warning only.
+                    if let Err(e) = save_miss(&dir.join(MISSES_DIR), &engine, &spec, miss, a.seed) {
+                        eprintln!("    warning: the missed prompt was not saved: {e:#}");
+                    }
+                }
+            }
         }
     }
 
@@ -165,8 +173,9 @@ fn save_miss(dir: &Path, engine: &folio_models::Engine, spec: &EvalSpec, miss: &
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let name = format!("{}-{}-{}", miss.length, miss.depth, miss.sample);
     let ids: Vec<u8> = prompt.ids.iter().flat_map(|id| id.to_le_bytes()).collect();
-    write_file(&dir.join(format!("{name}.u32")), ids)?;
-    write_file(&dir.join(format!("{name}.json")), serde_json::to_string_pretty(miss)?)
+    // The .json first: a reader takes the .u32 files, each with its .json beside it.
+    write_file(&dir.join(format!("{name}.json")), serde_json::to_string_pretty(miss)?)?;
+    write_file(&dir.join(format!("{name}.u32")), ids)
 }
 
 /// Writes `text` through a temporary file and a rename, so a reader (or a run killed mid-write)
