@@ -10,6 +10,16 @@ step() { echo; echo "== $* ($(date +%T))"; }
 step "UI type check (svelte-check)"
 (cd ui && npm run --silent check)
 
+step "demo model data, tokenizer, template and eval spec (tools/test_demo.py)"
+# numpy, tokenizers and jinja2: from the system when present, else pip-installed into a cache
+# folder (the way ../shared/tools/cuda-toolchain.sh installs its wheels).
+if ! python3 -c "import numpy, tokenizers, jinja2" 2>/dev/null; then
+  py_deps="$HOME/.cache/folio-py"
+  python3 -m pip install -q --disable-pip-version-check --target "$py_deps" numpy tokenizers jinja2 >&2
+  export PYTHONPATH="$py_deps${PYTHONPATH:+:$PYTHONPATH}"
+fi
+python3 tools/test_demo.py assets/models/demo | tail -n 3
+
 step "cargo fmt --check"
 cargo fmt --all --check
 
