@@ -219,6 +219,7 @@ NUM_WORDS = ["one", "many", "more", "no", "all", "both", "each", "first", "secon
 #                    run of >= 2 digits with a planted value, so that continuing a copy from the last
 #                    digits alone is wrong already at 4k tokens. The prompt distribution is
 #                    unchanged (eval_spec.json differs only by the recipe's other settings).
+#   passkey_among_facts: pass-key sequences also hold 0-7 key-value facts (training only).
 # Runs 3, 4 and 5 from scratch did not train (they copy a distractor's value: docs/demo-model.md);
 # the shipped model is run 1 fine-tuned on longer sequences, then on run 5's data.
 # --------------------------------------------------------------------------------------
@@ -231,7 +232,13 @@ RECIPES = {
              "prefill_answer_prefix": False, "decoys": True},
     "run5": {"value_digits": (5, 5), "filler_numbers": True, "pose": "random_cuts",
              "prefill_answer_prefix": True, "decoys": True},
+    # not trained yet: run 5 with other facts beside the pass key (the shipped model misses the
+    # pass key of assets/samples, whose files hold seven other facts)
+    "run6": {"value_digits": (5, 5), "filler_numbers": True, "pose": "random_cuts",
+             "prefill_answer_prefix": True, "decoys": True, "passkey_among_facts": True},
 }
+for _r in RECIPES.values():
+    _r.setdefault("passkey_among_facts", False)
 # decoys: share of sequences with decoy records, and their count (max_decoys)
 DECOY_SEQUENCE_SHARE = 0.6
 DECOY_TOKENS_PER = 256

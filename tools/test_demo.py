@@ -123,6 +123,7 @@ def check_sequences(data, recipe, enc, tok, sp, unk, digit_ids) -> int:
     value_digits = G.RECIPES[recipe]["value_digits"]
     info: dict = {}
     n_decoyed = 0
+    passkey_facts: list[int] = []  # key-value facts in each pass-key sequence
     for L in (256, 512, 1024, 4096):
         for _ in range(60):
             ids, tgt, pos = data.sample(rng, L, info)
@@ -140,6 +141,10 @@ def check_sequences(data, recipe, enc, tok, sp, unk, digit_ids) -> int:
                         runs.append(n)
                         n = 0
                 assert runs and all(value_digits[0] <= r <= value_digits[1] for r in runs), runs
+            if info["task"] == "passkey":
+                text = tok.decode([int(t) for t in ids], skip_special_tokens=False)
+                kv_facts = len(re.findall(r"the (?:%s) of [a-z]+ [a-z]+ is \d" % "|".join(G.RELATIONS), text))
+                passkey_facts.append(kv_facts)
             if G.RECIPES[recipe]["decoys"]:
                 n_decoyed += info["decoys"] > 0
                 # every decoy record is a digit run that shares >= 2 digits with an answered value
@@ -173,6 +178,11 @@ def check_sequences(data, recipe, enc, tok, sp, unk, digit_ids) -> int:
                 k += n + 2
             assert (want == tgt).all()
             n_checked += 1
+    if G.RECIPES[recipe]["passkey_among_facts"]:
+        assert passkey_facts and np.mean(passkey_facts) > 1.0 and max(passkey_facts) >= 4, passkey_facts
+        print(f"recipe {recipe}: pass-key sequences hold {np.mean(passkey_facts):.1f} other facts on average")
+    else:
+        assert not any(passkey_facts), passkey_facts
     if G.RECIPES[recipe]["decoys"]:
         share = n_decoyed / n_checked
         assert abs(share - G.DECOY_SEQUENCE_SHARE) < 0.12, share

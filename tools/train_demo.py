@@ -193,6 +193,12 @@ class TrainData:
             facts.append((G.PASSKEY_FACT.format(value=v), None))
             turns.append((G.PASSKEY_QUESTION, G.PASSKEY_ANSWER.format(value=v)))
             answered = [v]
+            if self.r["passkey_among_facts"]:
+                # other facts beside the pass key, as in a user's documents (assets/samples)
+                n = int(rng.integers(0, 3 if short else 8))
+                for k in self.keys(rng, n, confusable=False) if n else []:
+                    rel = G.RELATIONS[int(rng.integers(len(G.RELATIONS)))]
+                    facts.append((G.KV_FACT.format(relation=rel, key=k, value=self.value(rng)), None))
         elif task == "kv":
             n = int(rng.integers(1, (3 if L <= 256 else 5 if short else 9)))
             keys = self.keys(rng, n, confusable=rng.random() < 0.5)
