@@ -178,7 +178,7 @@ fn save_miss(dir: &Path, engine: &folio_models::Engine, spec: &EvalSpec, miss: &
     write_file(&dir.join(format!("{name}.u32")), ids)
 }
 
-/// Writes `text` through a temporary file and a rename, so a reader (or a run killed mid-write)
+/// Writes `contents` through a temporary file and a rename, so a reader (or a run killed mid-write)
 /// never sees half a report.
 pub(crate) fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
     let mut tmp = path.as_os_str().to_owned();
