@@ -69,10 +69,15 @@ impl KvDtype {
         rows as u64 * head_dim as u64 * self.elem_bytes()
     }
 
+    /// Where an fp8 section's scales start: after the row data, aligned.
+    fn scales_offset(self, rows: usize, head_dim: usize) -> u64 {
+        self.data_bytes(rows, head_dim).next_multiple_of(SCALE_ALIGN)
+    }
+
     /// Bytes of a section holding `rows` rows of `head_dim` values.
     pub fn section_bytes(self, rows: usize, head_dim: usize) -> u64 {
         match self {
-            Self::Fp8 => self.data_bytes(rows, head_dim).next_multiple_of(SCALE_ALIGN) + rows as u64 * 4,
+            Self::Fp8 => self.scales_offset(rows, head_dim) + rows as u64 * 4,
             _ => self.data_bytes(rows, head_dim),
         }
     }
@@ -106,7 +111,7 @@ impl KvDtype {
     fn section_parts(self, section: &mut [u8], rows: usize, head_dim: usize) -> (&mut [u8], Option<&mut [u8]>) {
         let data_end = self.data_bytes(rows, head_dim) as usize;
         let (data, rest) = section.split_at_mut(data_end);
-        let scales_at = (data_end as u64).next_multiple_of(SCALE_ALIGN) as usize - data_end;
+        let scales_at = self.scales_offset(rows, head_dim) as usize - data_end;
         (data, (self == Self::Fp8).then(|| &mut rest[scales_at..]))
     }
 
@@ -154,7 +159,7 @@ impl KvDtype {
             Self::Fp8 => {
                 let lut = fp8_table();
                 let data = &bytes[..self.data_bytes(rows, head_dim) as usize];
-                let scales = &bytes[self.data_bytes(rows, head_dim).next_multiple_of(SCALE_ALIGN) as usize..];
+                let scales = &bytes[self.scales_offset(rows, head_dim) as usize..];
                 let mut out = Vec::with_capacity(rows * head_dim);
                 for (row, s) in data.chunks_exact(head_dim).zip(scales.chunks_exact(4)) {
                     let scale = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
