@@ -148,7 +148,7 @@ impl Engine {
             source: self.source.clone(),
             fingerprint: Fingerprint::of(
                 cfg,
-                format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&tokenizer)),
+                crate::context::format::checksum(&tokenizer),
                 loader::weights_hash(&self.files.weights)?,
             )?,
         };

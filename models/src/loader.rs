@@ -331,7 +331,7 @@ pub fn weights_hash(files: &[PathBuf]) -> Result<String> {
             h.update(&block[..n]);
         }
     }
-    Ok(format!("{:016x}", h.digest()))
+    Ok(crate::context::format::checksum_hex(h.digest()))
 }
 
 #[cfg(test)]

@@ -99,7 +99,7 @@ fn add_file(path: &Path, seen: &mut BTreeSet<PathBuf>, out: &mut Ingested) -> Re
         title: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         path: path.display().to_string(),
         bytes: text.len() as u64,
-        xxh3: format!("{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes())),
+        xxh3: folio_models::context::format::checksum(text.as_bytes()),
         text,
     });
     Ok(())
