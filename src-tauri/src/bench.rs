@@ -196,13 +196,9 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
     let copy = time_calls(&device, || block.copy())?;
     let bandwidth = 2.0 * COPY_BYTES as f64 / copy;
     drop(block);
-    let side = if device.is_cpu() { MATMUL_SIDE } else { GEMM_SIDE };
-    let m = Tensor::randn(0f32, 1.0, (side, side), &device)?;
-    let gemm = 2.0 * (side as f64).powi(3) / time_calls(&device, || m.matmul(&m))?;
+    let gemm = matmul_flops(&device, DType::F32)?;
     // The tensor-core limit: a bf16 GEMM (the f32 path's limit on the CPU).
-    let m16 = m.to_dtype(dtype)?;
-    let gemm16 = 2.0 * (side as f64).powi(3) / time_calls(&device, || m16.matmul(&m16))?;
-    drop((m, m16));
+    let gemm16 = matmul_flops(&device, dtype)?;
     let mut rows = vec![prefill_row(&device, dtype, gemm16)?];
     let mut rng = StdRng::seed_from_u64(0);
     let k = Tensor::randn(0f32, 1.0, (kv_heads, a.context, d), &device)?.to_dtype(dtype)?;
@@ -436,7 +432,7 @@ fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> {
             tempfile::Builder::new().prefix("folio-bench").tempdir_in(d.clone().unwrap_or_else(std::env::temp_dir))?,
         ),
     };
-    let matmul = matmul_flops(model)?;
+    let matmul = matmul_flops(model.device(), model.dtype())?;
     let mut rows = Vec::new();
     for &n in &a.tokens {
         let opts = BuildOptions { kv_dtype, memory_budget, restart: !a.resume };
@@ -605,10 +601,9 @@ fn prefill_flops(c: &ModelConfig, n: usize) -> f64 {
     c.num_layers as f64 * (per_token_layer * n + attention) + 2.0 * h * c.vocab_size as f64
 }
 
-/// FLOP/s of a large square matmul in the model's dtype on its device: what the hardware
-/// delivers in practice for the dominant operation.
-fn matmul_flops(model: &folio_models::model::Model) -> Result<f64> {
-    let (dev, dtype) = (model.device(), model.dtype());
+/// FLOP/s of a large square matmul in `dtype` on `dev`: what the hardware delivers in practice
+/// for the dominant operation.
+fn matmul_flops(dev: &candle_core::Device, dtype: DType) -> Result<f64> {
     let side = if dev.is_cpu() { MATMUL_SIDE } else { GEMM_SIDE };
     let a = Tensor::randn(0f32, 1.0, (side, side), dev)?.to_dtype(dtype)?;
     Ok(2.0 * (side as f64).powi(3) / time_calls(dev, || a.matmul(&a))?)
