@@ -7,6 +7,14 @@ FOLIO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export FOLIO_ROOT
 # One cargo target dir outside the clone, so fresh clones (CI) reuse earlier builds.
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/folio-target}
+# Cargo reuses a test binary built from a clone at another path, with that path baked in: its
+# dep-info does not track env!("CARGO_MANIFEST_DIR") (docs/ci.md). When the last clone to use this
+# target dir was another, mark the files that read it as changed so that they are rebuilt.
+mkdir -p "$CARGO_TARGET_DIR"
+if [ "$(cat "$CARGO_TARGET_DIR/.folio-clone" 2>/dev/null)" != "$FOLIO_ROOT" ]; then
+  (cd "$FOLIO_ROOT" && grep -rl --include='*.rs' CARGO_MANIFEST_DIR kernels models src-tauri tests | xargs -r touch)
+  echo "$FOLIO_ROOT" >"$CARGO_TARGET_DIR/.folio-clone"
+fi
 
 # Tauri (webkit2gtk 4.1), the desktop test (Xvfb, xdotool to type, ImageMagick for screenshots), xz for the
 # GPU bundle, and Python with pip for ../shared/tools/cuda-toolchain.sh (CUDA compiler wheels).
