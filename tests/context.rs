@@ -451,31 +451,23 @@ fn over_long_collection_is_refused_up_front() {
 }
 
 /// assets/SAMPLES.md's table is what a new user tries first (the README's commands): every
-/// question gets its documented answer, word for word, from a context file of the sample folder
-/// (or of the one file a row says to load alone).
+/// question gets its documented answer, word for word, from one context file of the whole sample
+/// folder.
 #[test]
 fn sample_questions_get_the_documented_answers() {
     let table = std::fs::read_to_string(root().join("assets/SAMPLES.md")).unwrap();
-    let samples = root().join("assets/samples");
     let dir = tempfile::tempdir().unwrap();
-    let context_of = |docs: &Path, name: &str| {
-        let out = dir.path().join(name);
-        ok_json(prefill(docs, &out, &[]));
-        out.display().to_string()
-    };
-    let all = context_of(&samples, "all.folio");
+    let all = dir.path().join("all.folio");
+    ok_json(prefill(&root().join("assets/samples"), &all, &[]));
+    let all = all.display().to_string();
     let mut asked = 0;
     for row in table.lines().filter(|l| l.starts_with("| what")) {
         let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
-        let [question, expected, files] = cells[..] else { panic!("SAMPLES.md row with {} cells: {row}", cells.len()) };
-        let context = match files.split_once(", loaded alone") {
-            Some((file, _)) => context_of(&samples.join(file), &format!("{file}.folio")),
-            None => all.clone(),
-        };
+        let [question, expected, _file] = cells[..] else { panic!("SAMPLES.md row with {} cells: {row}", cells.len()) };
         let answer = ok_json(folio(&[
             "chat",
             "--context",
-            &context,
+            &all,
             question,
             "--json",
             "--temperature",
