@@ -354,6 +354,21 @@ fn needle_eval_writes_table_json_and_heatmap() {
     assert!(err.contains("unknown attention method \"magic\"; available: dense"), "{err}");
     let err = err_text(folio(&["eval", "needle", "--model", demo.to_str().unwrap(), "--budget", "2048"], &[]));
     assert!(err.contains("takes no budget"), "{err}");
+
+    // --offload: the same report from the offloaded tier; a method without a fast path there is
+    // refused before any prompt is built.
+    let offloaded = tempfile::tempdir().unwrap();
+    let run = needle(offloaded.path(), &["--depths", "1", "--samples", "1", "--offload"]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let doc: Value =
+        serde_json::from_str(&std::fs::read_to_string(offloaded.path().join("needle.json")).unwrap()).unwrap();
+    assert_eq!(doc["offload"], true);
+    assert_eq!(doc["results"].as_array().unwrap().len(), 1);
+    let err = err_text(needle(offloaded.path(), &["--offload", "--method", "topk-ivf", "--budget", "2%"]));
+    assert!(
+        err.contains("--offload runs dense, streaming, topk") && err.contains("topk-ivf reads the context"),
+        "{err}"
+    );
 }
 
 /// `folio bench --shape` on the CPU with a tiny shape: every offloaded method decodes over the

@@ -19,7 +19,7 @@ use crate::model::{Logits, Model};
 use crate::tokenizer::Tokenizer;
 
 /// Prompt tokens per forward pass during prefill (bounds `[chunk, intermediate]` activations).
-const PREFILL_CHUNK: usize = 8192;
+pub const PREFILL_CHUNK: usize = 8192;
 
 /// Answer tokens the KV store is sized for up front.
 const INITIAL_ANSWER_ROOM: usize = 4096;

@@ -25,6 +25,8 @@ use crate::attention::AttnCall;
 use crate::context::ContextFile;
 use crate::error::{Error, Result};
 use crate::kv::{KvSegment, KvStore, SavedTail};
+use crate::model::Model;
+use crate::prefill::prefill_layers;
 
 /// The attention methods with a fast path over this store (the others read whole layers
 /// through the resident store).
@@ -99,6 +101,17 @@ impl OffloadKv {
             kv.fill(layer, 0, &rows(k)?, &rows(v)?)?;
         }
         kv.file = Some(file);
+        Ok(kv)
+    }
+
+    /// `tokens` prefilled layer-major on the model's device as the saved prefix, each layer's
+    /// rows moved to host memory as soon as it is done: a context file's store without the file
+    /// (the needle eval's offloaded tier). The device holds one layer's K/V at a time.
+    pub fn prefill(model: &Model, tokens: &[u32], chunk: usize) -> Result<Self> {
+        let cfg = model.config();
+        let mut kv =
+            Self::new(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, tokens.len(), model.dtype(), model.device())?;
+        prefill_layers(model, tokens, chunk, |layer, k, v| kv.fill(layer, 0, &k, &v))?;
         Ok(kv)
     }
 

@@ -256,14 +256,31 @@ pub fn layer_output<H>(hidden: &[H; 2], layer: usize) -> &H {
 /// the saved one to.
 #[allow(clippy::type_complexity)]
 pub fn prefill_in_memory(model: &Model, tokens: &[u32], chunk: usize) -> Result<(Vec<(Tensor, Tensor)>, Tensor)> {
+    let mut layers = Vec::with_capacity(model.config().num_layers);
+    let logits = prefill_layers(model, tokens, chunk, |_, k, v| {
+        layers.push((k, v));
+        Ok(())
+    })?;
+    Ok((layers, logits))
+}
+
+/// The layer-major prefill with hidden states in memory, handing each layer's K and V
+/// (`[kv_heads, tokens, head_dim]`) to `on_layer` as soon as it is done, so the caller decides
+/// whether the layers pile up on the device; returns the last position's logits.
+pub fn prefill_layers(
+    model: &Model,
+    tokens: &[u32],
+    chunk: usize,
+    mut on_layer: impl FnMut(usize, Tensor, Tensor) -> Result<()>,
+) -> Result<Tensor> {
     let cfg = model.config();
-    model.config().check_fits(tokens.len())?;
+    cfg.check_fits(tokens.len())?;
     let new = || MemoryHidden::new(tokens.len(), cfg.hidden_size, model.dtype(), model.device());
     let mut hidden = [new()?, new()?];
-    let layers = (0..cfg.num_layers)
-        .map(|layer| run_layer(model, layer, tokens, &mut hidden, chunk, &mut |_| ControlFlow::Continue(())))
-        .collect::<Result<Vec<_>>>()?;
+    for layer in 0..cfg.num_layers {
+        let (k, v) = run_layer(model, layer, tokens, &mut hidden, chunk, &mut |_| ControlFlow::Continue(()))?;
+        on_layer(layer, k, v)?;
+    }
     let last = layer_output(&hidden, cfg.num_layers - 1).read(tokens.len() - 1, 1)?;
-    let logits = model.head(&last)?;
-    Ok((layers, logits))
+    model.head(&last)
 }

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
-use folio_models::attention::Dense;
-use folio_models::eval::needle::{self, build_prompt, value_match};
+use folio_models::attention::{self, Dense, Resources};
+use folio_models::eval::needle::{self, build_prompt, value_match, Tier};
 use folio_models::eval::spec::EvalSpec;
 use folio_models::Engine;
 use rand::rngs::StdRng;
@@ -51,6 +51,19 @@ fn prompts_follow_the_spec() {
         let wrong: String = p.value.chars().rev().collect::<String>() + "1";
         let bad = if p.prefilled { spaced(&wrong) } else { format!("{} {} .", p.answer_prefix, spaced(&wrong)) };
         assert!(!value_match(&p, &bad));
+        // The split a context file would make: the documents before it, the question after.
+        let (head, tail) = p.ids.split_at(p.documents_end);
+        let (head, tail) =
+            (engine.tokenizer.decode(head, false).unwrap(), engine.tokenizer.decode(tail, false).unwrap());
+        assert!(
+            head.trim_end().ends_with('.') && head.contains(&spaced(&p.value)),
+            "seed {seed}: {:?}",
+            &head[head.len() - 80..]
+        );
+        assert!(tail.len() < 400 && !tail.contains(&spaced(&p.value)), "seed {seed}: {tail:?}");
+        if p.prefilled {
+            assert!(tail.trim_end().ends_with(&p.answer_prefix), "seed {seed}: {tail:?}");
+        }
     }
 }
 
@@ -72,7 +85,7 @@ fn demo_model_finds_needles_with_dense_attention() {
     for length in [1024, 2048] {
         for depth in [0.0, 0.5, 1.0] {
             for sample in 0..2 {
-                let s = needle::run_sample(&engine, &spec, &Dense, (length, depth, sample), 7).unwrap();
+                let s = needle::run_sample(&engine, &spec, &Dense, Tier::Resident, (length, depth, sample), 7).unwrap();
                 correct += s.correct as usize;
                 total += 1;
                 if !s.correct {
@@ -83,4 +96,33 @@ fn demo_model_finds_needles_with_dense_attention() {
     }
     println!("dense needle accuracy on CPU: {correct}/{total}");
     assert!(correct * 10 >= total * 9, "dense accuracy {correct}/{total} is below 90%");
+}
+
+/// `folio eval needle --offload`: the documents go to host memory and the methods' fast paths
+/// decode (on the CPU, over the kernels' references). The exact methods must answer as on the
+/// resident tier token for token; the approximate ones are run through the same plumbing.
+#[test]
+fn offloaded_tier_answers_as_the_resident_one() {
+    let (engine, spec) = demo();
+    let none = Resources { channels: None };
+    for (method, budget, exact) in [
+        ("dense", None, true),
+        ("topk", Some("128"), true),
+        ("streaming", Some("256"), true),
+        ("hip", Some("256"), false),
+        ("magicpig", Some("10%"), false),
+        ("buzz", Some("50%"), false),
+    ] {
+        let attn = attention::by_name(method, budget, &[], &none).unwrap();
+        for (length, depth, sample) in [(1024, 0.25, 0), (2048, 0.75, 1)] {
+            let cell = (length, depth, sample);
+            let resident = needle::run_sample(&engine, &spec, attn.as_ref(), Tier::Resident, cell, 3).unwrap();
+            let offloaded = needle::run_sample(&engine, &spec, attn.as_ref(), Tier::Offloaded, cell, 3).unwrap();
+            println!("{method} {cell:?}: resident {:?}, offloaded {:?}", resident.output, offloaded.output);
+            assert_eq!(resident.prompt_tokens, offloaded.prompt_tokens);
+            if exact {
+                assert_eq!(resident.output, offloaded.output, "{method} at {cell:?}");
+            }
+        }
+    }
 }

@@ -16,7 +16,7 @@ use folio_models::context::{self, BuildOptions, ContextFile, ContextKv, KvDtype,
 use folio_models::error::human_bytes;
 use folio_models::generate::GenerateParams;
 use folio_models::kv::KvStore;
-use folio_models::offload::{OffloadKv, METHODS as OFFLOADED};
+use folio_models::offload::OffloadKv;
 use folio_models::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -398,13 +398,7 @@ pub fn chat(
     let tail = engine.context_tail(&file.header().prompt, &turns)?;
     let (dtype, device) = (engine.model.dtype(), engine.model.device());
     let mut kv: Box<dyn KvStore> = if a.offload {
-        if !OFFLOADED.contains(&attn.name()) {
-            bail!(
-                "--offload runs {}; {} reads the context through the resident store (drop --offload)",
-                OFFLOADED.join(", "),
-                attn.name()
-            );
-        }
+        a.attention.check_offloaded()?;
         Box::new(OffloadKv::from_context(file.clone(), dtype, device)?)
     } else {
         Box::new(ContextKv::new(file.clone(), dtype, device, RESIDENT_BUDGET))

@@ -43,6 +43,12 @@ pub struct NeedleArgs {
     samples: Option<usize>,
     #[command(flatten)]
     attention: MethodArgs,
+    /// Decode over the offloaded store, as `folio chat --context --offload` does: each prompt's
+    /// documents are prefilled into host memory and the method's fast path picks rows from
+    /// there (dense, streaming, topk, double-sparsity, buzz, hip, magicpig). Without it every row
+    /// stays in device memory and sparse methods decode through their CPU references.
+    #[arg(long)]
+    offload: bool,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Also write needle.json and needle-heatmap.svg into this folder.
@@ -72,6 +78,12 @@ pub fn eval(common: &Common, args: EvalArgs) -> Result<()> {
 fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
     let engine = common.engine()?;
     let method = a.attention.build(&engine)?;
+    let tier = if a.offload {
+        a.attention.check_offloaded()?;
+        needle::Tier::Offloaded
+    } else {
+        needle::Tier::Resident
+    };
     let model_dir = engine.files.config.parent().context("model folder")?.to_owned();
     let spec = EvalSpec::load(&model_dir)?;
     let defaults = spec.eval_defaults.clone();
@@ -103,6 +115,7 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
             "method": a.attention.method,
             "budget": a.attention.budget,
             "attention": method.settings(),
+            "offload": a.offload,
             "prefilled_answer_prefix": spec.chat.prefill_answer_prefix,
             "seed": a.seed,
             "samples_per_cell": samples,
@@ -130,7 +143,7 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
     for &length in &lengths {
         for &depth in &depths {
             let cell: Vec<NeedleSample> = (0..samples)
-                .map(|s| needle::run_sample(&engine, &spec, method.as_ref(), (length, depth, s), a.seed))
+                .map(|s| needle::run_sample(&engine, &spec, method.as_ref(), tier, (length, depth, s), a.seed))
                 .collect::<std::result::Result<_, _>>()?;
             let correct = cell.iter().filter(|s| s.correct).count();
             let secs = cell.iter().map(|s| s.seconds).sum::<f64>() / cell.len().max(1) as f64;

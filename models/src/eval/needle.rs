@@ -14,7 +14,8 @@ use super::spec::EvalSpec;
 use crate::attention::Attention;
 use crate::chat::Message;
 use crate::error::{Error, Result};
-use crate::generate::{GenerateParams, SamplingParams};
+use crate::generate::{self, GenerateParams, SamplingParams, PREFILL_CHUNK};
+use crate::offload::OffloadKv;
 use crate::Engine;
 
 /// Tokens generated beyond the expected answer before giving up on it.
@@ -29,6 +30,9 @@ pub struct NeedlePrompt {
     pub answer_prefix: String,
     /// Whether `ids` already end with the answer prefix (the model only copies the value).
     pub prefilled: bool,
+    /// `ids[..documents_end]` is the chat up to the end of the documents: what a context file
+    /// would hold; the rest (the question, the answer prefix) is what a conversation appends.
+    pub documents_end: usize,
     /// Index of the filler sentence the target fact precedes, of `sentences`.
     pub target_index: usize,
     pub sentences: usize,
@@ -78,7 +82,7 @@ pub fn build_prompt(
 
     // Fixed cost: the chat around documents that hold only their headers and the facts.
     let bare: Vec<Placed> = facts.iter().map(|f| Placed { index: 0, text: f.clone() }).collect();
-    let fixed_ids = render(engine, spec, &documents(spec, &titles, &[], &bare), &question)?;
+    let (fixed_ids, _) = render(engine, spec, &documents(spec, &titles, &[], &bare), &question)?;
     let budget = length.checked_sub(fixed_ids.len() + prefix_ids.len()).ok_or_else(|| {
         Error::Invalid(format!(
             "length {length} is too short: the question and facts alone take {} tokens",
@@ -104,9 +108,9 @@ pub fn build_prompt(
         placed.push(Placed { index: rng.random_range(0..=n), text: f.clone() });
     }
     let docs = documents(spec, &titles, &sentences, &placed);
-    let mut ids = render(engine, spec, &docs, &question)?;
+    let (mut ids, documents_end) = render(engine, spec, &docs, &question)?;
     ids.extend(prefix_ids);
-    Ok(NeedlePrompt { ids, value, answer, answer_prefix, prefilled, target_index, sentences: n })
+    Ok(NeedlePrompt { ids, value, answer, answer_prefix, prefilled, documents_end, target_index, sentences: n })
 }
 
 /// The documents string: filler split evenly across documents, facts before the sentence they
@@ -144,8 +148,25 @@ fn messages(spec: &EvalSpec, docs: &str, question: &str) -> Vec<Message> {
     }
 }
 
-fn render(engine: &Engine, spec: &EvalSpec, docs: &str, question: &str) -> Result<Vec<u32>> {
-    engine.chat_prompt(&messages(spec, docs, question))
+/// The chat prompt's tokens and how many of them come up to the end of `docs` (the template's
+/// text after the documents, tokenized alone, is the rest: a split point that leaves the tokens
+/// as they are).
+fn render(engine: &Engine, spec: &EvalSpec, docs: &str, question: &str) -> Result<(Vec<u32>, usize)> {
+    let template = engine.chat_template.as_ref().ok_or(Error::NoChatTemplate)?;
+    let text = template.render(&messages(spec, docs, question), true)?;
+    let ids = engine.tokenizer.encode_prompt(&text)?;
+    let after = text
+        .rfind(docs)
+        .map(|at| &text[at + docs.len()..])
+        .ok_or_else(|| Error::Invalid("the chat template does not copy the documents verbatim".into()))?;
+    let tail = engine.tokenizer.encode_prompt(after)?.len();
+    match ids.len().checked_sub(tail) {
+        Some(end) if end > 0 => Ok((ids, end)),
+        _ => Err(Error::Invalid(format!(
+            "the chat's text after the documents takes {tail} tokens of a {}-token prompt",
+            ids.len()
+        ))),
+    }
 }
 
 /// `value_match` from eval_spec.json: the characters after the (last) answer prefix up to the
@@ -197,11 +218,24 @@ pub fn cell_prompt(
     build_prompt(engine, spec, length, depth, &mut StdRng::seed_from_u64(cell_seed(seed, length, depth, sample)))
 }
 
+/// Where a sample's K/V lives while the method decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// Every row in the model's store on its device; sparse methods decode through their CPU
+    /// references (which read whole layers: minutes per step at a million tokens).
+    Resident,
+    /// The documents in host memory ([`OffloadKv`]), prefilled layer-major, and the question and
+    /// answer on the device: the methods' fast paths decode, as `folio chat --context
+    /// --offload` does over a context file.
+    Offloaded,
+}
+
 /// Runs one prompt greedily with `attn` and checks the answer.
 pub fn run_sample(
     engine: &Engine,
     spec: &EvalSpec,
     attn: &dyn Attention,
+    tier: Tier,
     (length, depth, sample): (usize, f64, usize),
     seed: u64,
 ) -> Result<NeedleSample> {
@@ -214,7 +248,16 @@ pub fn run_sample(
         eos_token_ids: engine.eos_token_ids(),
     };
     let start = Instant::now();
-    let g = engine.generate_with(attn, &prompt.ids, &params, |_| ControlFlow::Continue(()))?;
+    let g = match tier {
+        Tier::Resident => engine.generate_with(attn, &prompt.ids, &params, |_| ControlFlow::Continue(()))?,
+        Tier::Offloaded => {
+            let (documents, question) = prompt.ids.split_at(prompt.documents_end);
+            let mut kv = OffloadKv::prefill(&engine.model, documents, PREFILL_CHUNK)?;
+            generate::generate(&engine.model, &engine.tokenizer, attn, &mut kv, question, &params, |_| {
+                ControlFlow::Continue(())
+            })?
+        }
+    };
     Ok(NeedleSample {
         length,
         depth,
