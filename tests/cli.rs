@@ -355,20 +355,33 @@ fn needle_eval_writes_table_json_and_heatmap() {
     let err = err_text(folio(&["eval", "needle", "--model", demo.to_str().unwrap(), "--budget", "2048"], &[]));
     assert!(err.contains("takes no budget"), "{err}");
 
-    // --offload: the same report from the offloaded tier; a method without a fast path there is
-    // refused before any prompt is built.
-    let offloaded = tempfile::tempdir().unwrap();
-    let run = needle(offloaded.path(), &["--depths", "1", "--samples", "1", "--offload"]);
+    // --offload with --methods: one prefill per prompt, a report folder per method; a method
+    // without a fast path there is refused before any prompt is built.
+    let several = tempfile::tempdir().unwrap();
+    let run =
+        needle(several.path(), &["--depths", "0", "--samples", "1", "--offload", "--methods", "dense,streaming:16"]);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let doc: Value =
-        serde_json::from_str(&std::fs::read_to_string(offloaded.path().join("needle.json")).unwrap()).unwrap();
-    assert_eq!(doc["offload"], true);
-    assert_eq!(doc["results"].as_array().unwrap().len(), 1);
-    let err = err_text(needle(offloaded.path(), &["--offload", "--method", "topk-ivf", "--budget", "2%"]));
+    let report = |folder: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(several.path().join(folder).join("needle.json")).unwrap())
+            .unwrap()
+    };
+    let (dense, streaming) = (report("dense"), report("streaming-16"));
+    assert_eq!((dense["offload"].clone(), dense["method"].clone()), (Value::Bool(true), Value::from("dense")));
+    assert_eq!(
+        (streaming["method"].clone(), streaming["budget"].clone()),
+        (Value::from("streaming"), Value::from("16"))
+    );
+    assert_eq!(dense["overall"], 1.0, "{dense}");
+    assert_eq!(streaming["overall"], 0.0, "streaming over 16 tokens cannot see a fact at depth 0: {streaming}");
+    assert_eq!(dense["results"][0]["prefill_seconds"], streaming["results"][0]["prefill_seconds"], "one prefill");
+    assert!(several.path().join("streaming-16/misses/1024-0-0.u32").exists());
+    let err = err_text(needle(several.path(), &["--offload", "--method", "topk-ivf", "--budget", "2%"]));
     assert!(
         err.contains("--offload runs dense, streaming, topk") && err.contains("topk-ivf reads the context"),
         "{err}"
     );
+    let err = err_text(needle(several.path(), &["--methods", "dense", "--method", "hip"]));
+    assert!(err.contains("cannot be used with"), "{err}");
 }
 
 /// `folio bench --shape` on the CPU with a tiny shape: every offloaded method decodes over the

@@ -108,18 +108,17 @@ impl MethodArgs {
         let resources = resources_for(&[self.method.as_str()], engine)?;
         Ok(attention::by_name(&self.method, self.budget.as_deref(), &params, &resources)?)
     }
+}
 
-    /// Refuses `--offload` with a method that has no fast path over the offloaded store.
-    pub(crate) fn check_offloaded(&self) -> Result<()> {
-        if !folio_models::offload::METHODS.contains(&self.method.as_str()) {
-            bail!(
-                "--offload runs {}; {} reads the context through the resident store (drop --offload)",
-                folio_models::offload::METHODS.join(", "),
-                self.method
-            );
-        }
-        Ok(())
+/// Refuses `--offload` with a method that has no fast path over the offloaded store.
+pub(crate) fn check_offloaded(method: &str) -> Result<()> {
+    if !folio_models::offload::METHODS.contains(&method) {
+        bail!(
+            "--offload runs {}; {method} reads the context through the resident store (drop --offload)",
+            folio_models::offload::METHODS.join(", ")
+        );
     }
+    Ok(())
 }
 
 /// What `methods` need from `engine`'s model folder: the channel calibration, only when

@@ -398,7 +398,7 @@ pub fn chat(
     let tail = engine.context_tail(&file.header().prompt, &turns)?;
     let (dtype, device) = (engine.model.dtype(), engine.model.device());
     let mut kv: Box<dyn KvStore> = if a.offload {
-        a.attention.check_offloaded()?;
+        crate::cli::check_offloaded(attn.name())?;
         Box::new(OffloadKv::from_context(file.clone(), dtype, device)?)
     } else {
         Box::new(ContextKv::new(file.clone(), dtype, device, RESIDENT_BUDGET))

@@ -12,6 +12,7 @@ use folio_models::eval::spec::EvalSpec;
 use serde_json::json;
 
 use crate::cli::{Common, MethodArgs};
+use folio_models::attention::{self, Attention};
 
 #[derive(Args)]
 pub struct EvalArgs {
@@ -43,6 +44,12 @@ pub struct NeedleArgs {
     samples: Option<usize>,
     #[command(flatten)]
     attention: MethodArgs,
+    /// Several methods on the same prompts instead of --method: METHOD[:BUDGET], comma-separated
+    /// (dense,topk:1%,hip:2048), each at its default knobs; a table per method and, with --out,
+    /// a folder per method (OUT/topk-1pct). With --offload each prompt's documents are
+    /// prefilled once for all of them.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["method", "budget", "params"])]
+    methods: Vec<String>,
     /// Decode over the offloaded store, as `folio chat --context --offload` does: each prompt's
     /// documents are prefilled into host memory and the method's fast path picks rows from
     /// there (dense, streaming, topk, double-sparsity, buzz, hip, magicpig). Without it every row
@@ -75,15 +82,86 @@ pub fn eval(common: &Common, args: EvalArgs) -> Result<()> {
     }
 }
 
+/// One method's measurement in a needle run: its samples and where its report goes.
+struct MethodRun {
+    method: String,
+    budget: Option<String>,
+    attn: Box<dyn Attention>,
+    out: Option<PathBuf>,
+    results: Vec<NeedleSample>,
+}
+
+/// A run's accuracy so far: per (length, depth) cell and per length (`None`: not measured
+/// yet), and over every prompt.
+struct Accuracy {
+    grid: Vec<Vec<Option<f64>>>,
+    by_length: Vec<Option<f64>>,
+    overall: f64,
+}
+
+impl MethodRun {
+    fn accuracy(&self, lengths: &[usize], depths: &[f64]) -> Accuracy {
+        let accuracy = |len: usize, depth: Option<f64>| {
+            let cell: Vec<&NeedleSample> =
+                self.results.iter().filter(|s| s.length == len && depth.is_none_or(|d| s.depth == d)).collect();
+            (!cell.is_empty()).then(|| cell.iter().filter(|s| s.correct).count() as f64 / cell.len() as f64)
+        };
+        let grid = lengths.iter().map(|&l| depths.iter().map(|&d| accuracy(l, Some(d))).collect()).collect();
+        let by_length = lengths.iter().map(|&l| accuracy(l, None)).collect();
+        let overall = self.results.iter().filter(|s| s.correct).count() as f64 / self.results.len().max(1) as f64;
+        Accuracy { grid, by_length, overall }
+    }
+
+    fn title(&self) -> String {
+        match &self.budget {
+            Some(b) => format!("{} attention, budget {b}", self.method),
+            None => format!("{} attention", self.method),
+        }
+    }
+}
+
+/// The runs `--method` or `--methods` asks for, each with its report folder.
+fn method_runs(a: &NeedleArgs, engine: &folio_models::Engine) -> Result<Vec<MethodRun>> {
+    let run = |method: &str, budget: Option<&str>, attn: Box<dyn Attention>, out: Option<PathBuf>| {
+        if a.offload {
+            crate::cli::check_offloaded(method)?;
+        }
+        Ok(MethodRun { method: method.to_owned(), budget: budget.map(str::to_owned), attn, out, results: Vec::new() })
+    };
+    if a.methods.is_empty() {
+        let attn = a.attention.build(engine)?;
+        return Ok(vec![run(&a.attention.method, a.attention.budget.as_deref(), attn, a.out.clone())?]);
+    }
+    let specs: Vec<(&str, Option<&str>)> = a
+        .methods
+        .iter()
+        .map(|m| match m.split_once(':') {
+            Some((name, budget)) => (name.trim(), Some(budget.trim())),
+            None => (m.trim(), None),
+        })
+        .collect();
+    if let Some(twice) = a.methods.iter().enumerate().find(|(i, m)| a.methods[..*i].contains(m)) {
+        bail!("--methods names {} twice", twice.1);
+    }
+    let names: Vec<&str> = specs.iter().map(|(name, _)| *name).collect();
+    let resources = crate::cli::resources_for(&names, engine)?;
+    specs
+        .iter()
+        .map(|&(name, budget)| {
+            let attn = attention::by_name(name, budget, &[], &resources)?;
+            let folder = match budget {
+                Some(b) => format!("{name}-{}", b.replace('%', "pct")),
+                None => name.to_owned(),
+            };
+            run(name, budget, attn, a.out.as_ref().map(|o| o.join(folder)))
+        })
+        .collect()
+}
+
 fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
     let engine = common.engine()?;
-    let method = a.attention.build(&engine)?;
-    let tier = if a.offload {
-        a.attention.check_offloaded()?;
-        needle::Tier::Offloaded
-    } else {
-        needle::Tier::Resident
-    };
+    let mut runs = method_runs(&a, &engine)?;
+    let tier = if a.offload { needle::Tier::Offloaded } else { needle::Tier::Resident };
     let model_dir = engine.files.config.parent().context("model folder")?.to_owned();
     let spec = EvalSpec::load(&model_dir)?;
     let defaults = spec.eval_defaults.clone();
@@ -98,23 +176,14 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
         engine.config().check_fits(len)?;
     }
 
-    let mut results: Vec<NeedleSample> = Vec::new();
-    let report = |results: &[NeedleSample], complete: bool| {
-        let accuracy = |len: usize, depth: Option<f64>| {
-            let cell: Vec<&NeedleSample> =
-                results.iter().filter(|s| s.length == len && depth.is_none_or(|d| s.depth == d)).collect();
-            (!cell.is_empty()).then(|| cell.iter().filter(|s| s.correct).count() as f64 / cell.len() as f64)
-        };
-        let grid: Vec<Vec<Option<f64>>> =
-            lengths.iter().map(|&l| depths.iter().map(|&d| accuracy(l, Some(d))).collect()).collect();
-        let by_length: Vec<Option<f64>> = lengths.iter().map(|&l| accuracy(l, None)).collect();
-        let overall = results.iter().filter(|s| s.correct).count() as f64 / results.len().max(1) as f64;
-        let doc = json!({
+    let report = |run: &MethodRun, complete: bool| {
+        let Accuracy { grid, by_length, overall } = run.accuracy(&lengths, &depths);
+        json!({
             "task": "needle",
             "model": engine.name,
-            "method": a.attention.method,
-            "budget": a.attention.budget,
-            "attention": method.settings(),
+            "method": run.method,
+            "budget": run.budget,
+            "attention": run.attn.settings(),
             "offload": a.offload,
             "prefilled_answer_prefix": spec.chat.prefill_answer_prefix,
             "seed": a.seed,
@@ -125,53 +194,73 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
             "accuracy": grid,
             "by_length": by_length,
             "overall": overall,
-            "results": results,
-        });
-        (doc, grid, by_length, overall)
+            "results": run.results,
+        })
     };
-    let save = |doc: &serde_json::Value, grid: &[Vec<Option<f64>>]| -> Result<()> {
-        let Some(dir) = &a.out else { return Ok(()) };
+    let save = |run: &MethodRun, complete: bool| -> Result<()> {
+        let Some(dir) = &run.out else { return Ok(()) };
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        write_file(&dir.join("needle.json"), serde_json::to_string_pretty(doc)?)?;
-        let title = format!("needle accuracy: {}, {} attention", engine.name, a.attention.method);
-        write_file(&dir.join("needle-heatmap.svg"), heatmap_svg(&title, &lengths, &depths, grid))
+        write_file(&dir.join("needle.json"), serde_json::to_string_pretty(&report(run, complete))?)?;
+        let title = format!("needle accuracy: {}, {}", engine.name, run.title());
+        write_file(
+            &dir.join("needle-heatmap.svg"),
+            heatmap_svg(&title, &lengths, &depths, &run.accuracy(&lengths, &depths).grid),
+        )
     };
-    if let Some(misses) = a.out.as_ref().map(|dir| dir.join(MISSES_DIR)).filter(|m| m.is_dir()) {
+    for misses in runs.iter().filter_map(|r| r.out.as_ref()).map(|dir| dir.join(MISSES_DIR)).filter(|m| m.is_dir()) {
         // Misses of an earlier run into the same folder would be checked again as this run's.
         std::fs::remove_dir_all(&misses).with_context(|| format!("clearing {}", misses.display()))?;
     }
+    let several = runs.len() > 1;
     for &length in &lengths {
         for &depth in &depths {
-            let cell: Vec<NeedleSample> = (0..samples)
-                .map(|s| needle::run_sample(&engine, &spec, method.as_ref(), tier, (length, depth, s), a.seed))
+            let attns: Vec<&dyn Attention> = runs.iter().map(|r| r.attn.as_ref()).collect();
+            // cell[s][m]: sample s of method m
+            let cell: Vec<Vec<NeedleSample>> = (0..samples)
+                .map(|s| needle::run_sample(&engine, &spec, &attns, tier, (length, depth, s), a.seed))
                 .collect::<std::result::Result<_, _>>()?;
-            let correct = cell.iter().filter(|s| s.correct).count();
-            let secs = cell.iter().map(|s| s.seconds).sum::<f64>() / cell.len().max(1) as f64;
-            eprintln!("{length:>8} tokens, depth {depth:.2}: {correct}/{samples} correct ({secs:.2} s/prompt)");
-            let misses: Vec<NeedleSample> = cell.iter().filter(|s| !s.correct).cloned().collect();
-            results.extend(cell);
-            // A long run (minutes per 1M-token prompt) keeps what it measured if it is cut short.
-            let (doc, grid, ..) = report(&results, false);
-            save(&doc, &grid)?;
-            for miss in &misses {
-                eprintln!("    sample {}: expected {:?}, got {:?}", miss.sample, miss.expected, miss.output);
-                if let Some(dir) = &a.out {
-                    // The measurement is saved; a prompt that cannot be kept is worth a warning only.
-                    if let Err(e) = save_miss(&dir.join(MISSES_DIR), &engine, &spec, miss, a.seed) {
-                        eprintln!("    warning: the missed prompt was not saved: {e:#}");
+            for (m, run) in runs.iter_mut().enumerate() {
+                let mine: Vec<NeedleSample> = cell.iter().map(|per_method| per_method[m].clone()).collect();
+                let correct = mine.iter().filter(|s| s.correct).count();
+                let mean = |f: fn(&NeedleSample) -> f64| mine.iter().map(f).sum::<f64>() / mine.len().max(1) as f64;
+                let (secs, prefill) = (mean(|s| s.prefill_seconds + s.seconds), mean(|s| s.prefill_seconds));
+                let who = if several { format!("{:<32}", format!("{}:", run.title())) } else { String::new() };
+                let shared =
+                    if a.offload { format!(", {prefill:.2} s of it the documents' prefill") } else { String::new() };
+                eprintln!("{who}{length:>8} tokens, depth {depth:.2}: {correct}/{samples} correct ({secs:.2} s/prompt{shared})");
+                run.results.extend(mine.iter().cloned());
+                // A long run (minutes per 1M-token prompt) keeps what it measured if it is cut short.
+                save(run, false)?;
+                for miss in mine.iter().filter(|s| !s.correct) {
+                    eprintln!("    sample {}: expected {:?}, got {:?}", miss.sample, miss.expected, miss.output);
+                    if let Some(dir) = &run.out {
+                        // The measurement is saved; a prompt that cannot be kept is worth a warning only.
+                        if let Err(e) = save_miss(&dir.join(MISSES_DIR), &engine, &spec, miss, a.seed) {
+                            eprintln!("    warning: the missed prompt was not saved: {e:#}");
+                        }
                     }
                 }
             }
         }
     }
 
-    let (doc, grid, by_length, overall) = report(&results, true);
-    save(&doc, &grid)?;
+    let mut docs = Vec::new();
+    for run in &runs {
+        save(run, true)?;
+        let Accuracy { grid, by_length, overall } = run.accuracy(&lengths, &depths);
+        if !a.json {
+            if several {
+                println!("{}:", run.title());
+            }
+            print!("{}", table(&lengths, &depths, &grid, &by_length));
+            println!("overall {:.1}% over {} prompts", 100.0 * overall, run.results.len());
+        }
+        docs.push(report(run, true));
+    }
     if a.json {
+        // One document for one method, as before --methods; an array for several.
+        let doc = if several { serde_json::Value::Array(docs) } else { docs.remove(0) };
         println!("{doc}");
-    } else {
-        print!("{}", table(&lengths, &depths, &grid, &by_length));
-        println!("overall {:.1}% over {} prompts", 100.0 * overall, results.len());
     }
     Ok(())
 }

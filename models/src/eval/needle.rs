@@ -15,6 +15,7 @@ use crate::attention::Attention;
 use crate::chat::Message;
 use crate::error::{Error, Result};
 use crate::generate::{self, GenerateParams, SamplingParams, PREFILL_CHUNK};
+use crate::kv::KvStore;
 use crate::offload::OffloadKv;
 use crate::Engine;
 
@@ -192,7 +193,12 @@ pub struct NeedleSample {
     pub expected: String,
     pub output: String,
     pub correct: bool,
+    /// This method's generation: the whole prompt on the resident tier, the question and the
+    /// answer on the offloaded one.
     pub seconds: f64,
+    /// The documents' prefill before it on the offloaded tier, shared by the methods run on the
+    /// prompt (0 on the resident tier).
+    pub prefill_seconds: f64,
 }
 
 /// The seed of one (length, depth, sample) cell: every cell reproducible on its own.
@@ -230,15 +236,17 @@ pub enum Tier {
     Offloaded,
 }
 
-/// Runs one prompt greedily with `attn` and checks the answer.
+/// Runs one prompt greedily with each of `attns` and checks the answers (a sample per method,
+/// in order). The prompt is built once; on the offloaded tier its documents are also prefilled
+/// once, and each method's question and answer overwrite the previous method's.
 pub fn run_sample(
     engine: &Engine,
     spec: &EvalSpec,
-    attn: &dyn Attention,
+    attns: &[&dyn Attention],
     tier: Tier,
     (length, depth, sample): (usize, f64, usize),
     seed: u64,
-) -> Result<NeedleSample> {
+) -> Result<Vec<NeedleSample>> {
     let prompt = cell_prompt(engine, spec, (length, depth, sample), seed)?;
     let expected = if prompt.prefilled { &prompt.value } else { &prompt.answer };
     let params = GenerateParams {
@@ -247,25 +255,44 @@ pub fn run_sample(
         stop_strings: Vec::new(),
         eos_token_ids: engine.eos_token_ids(),
     };
-    let start = Instant::now();
-    let g = match tier {
-        Tier::Resident => engine.generate_with(attn, &prompt.ids, &params, |_| ControlFlow::Continue(()))?,
-        Tier::Offloaded => {
-            let (documents, question) = prompt.ids.split_at(prompt.documents_end);
-            let mut kv = OffloadKv::prefill(&engine.model, documents, PREFILL_CHUNK)?;
-            generate::generate(&engine.model, &engine.tokenizer, attn, &mut kv, question, &params, |_| {
-                ControlFlow::Continue(())
-            })?
-        }
-    };
-    Ok(NeedleSample {
+    let sample = |text: String, prefill_seconds: f64, start: Instant| NeedleSample {
         length,
         depth,
         sample,
         prompt_tokens: prompt.ids.len(),
         expected: expected.clone(),
-        correct: value_match(&prompt, &g.text),
-        output: g.text,
+        correct: value_match(&prompt, &text),
+        output: text,
         seconds: start.elapsed().as_secs_f64(),
-    })
+        prefill_seconds,
+    };
+    let quiet = |_: &str| ControlFlow::Continue(());
+    match tier {
+        Tier::Resident => attns
+            .iter()
+            .map(|attn| {
+                let start = Instant::now();
+                let g = engine.generate_with(*attn, &prompt.ids, &params, quiet)?;
+                Ok(sample(g.text, 0.0, start))
+            })
+            .collect(),
+        Tier::Offloaded => {
+            let start = Instant::now();
+            let (documents, question) = prompt.ids.split_at(prompt.documents_end);
+            let mut kv = OffloadKv::prefill(&engine.model, documents, PREFILL_CHUNK)?;
+            let prefill_seconds = start.elapsed().as_secs_f64();
+            attns
+                .iter()
+                .map(|attn| {
+                    let start = Instant::now();
+                    // The documents only: the previous method's tail and resident layers go.
+                    kv.set_len(documents.len())?;
+                    kv.drop_resident();
+                    let g =
+                        generate::generate(&engine.model, &engine.tokenizer, *attn, &mut kv, question, &params, quiet)?;
+                    Ok(sample(g.text, prefill_seconds, start))
+                })
+                .collect()
+        }
+    }
 }
