@@ -291,19 +291,10 @@ impl Hip {
                 (lo..first).chain(chosen).chain(m.window_start.max(first)..hi).collect()
             })
             .collect();
-        // Heads may pick a few keys fewer (a shorter last block): pad with a key at −∞.
-        let s = picks.iter().map(Vec::len).max().unwrap_or(0);
-        let mut pos = Vec::with_capacity(heads * s);
-        let mut bias = Vec::with_capacity(heads * s);
-        for p in &picks {
-            pos.extend(p.iter().map(|&x| x as u32));
-            bias.extend(std::iter::repeat_n(0f32, p.len()));
-            pos.extend(std::iter::repeat_n(p[0] as u32, s - p.len()));
-            bias.extend(std::iter::repeat_n(f32::NEG_INFINITY, s - p.len()));
-        }
-        let idx = Tensor::from_vec(pos, (heads, s), &dev)?;
-        let padded = picks.iter().any(|p| p.len() < s);
-        let bias = if padded { Some(Tensor::from_vec(bias, (heads, s), &dev)?) } else { None };
+        // Heads may pick a few keys fewer (a shorter last block): padded with the current token at −∞.
+        let rows: Vec<(Vec<u32>, Vec<f32>)> =
+            picks.iter().map(|p| (p.iter().map(|&x| x as u32).collect(), Vec::new())).collect();
+        let (idx, bias) = offload::pad_picks(&rows, (hi - 1) as u32, &dev)?;
         let out = offload::attend_selected(call, kv, &idx, bias.as_ref())?;
         Ok(Attended { out, read: Some(picks), searched: searched as f64 / heads as f64 })
     }

@@ -497,21 +497,16 @@ impl MagicPig {
             }
             picks.push((pos, bias));
         }
-        let width = picks.iter().map(|p| p.0.len()).max().unwrap_or(0);
-        let mut read = Vec::with_capacity(heads);
-        let (mut idx, mut bias) = (Vec::with_capacity(heads * width), Vec::with_capacity(heads * width));
-        for (pos, b) in picks {
-            let mut sorted: Vec<usize> = pos.iter().map(|&p| p as usize).collect();
-            sorted.sort_unstable();
-            read.push(sorted);
-            let pad = width - pos.len();
-            idx.extend(pos.iter().copied().chain(std::iter::repeat_n((hi - 1) as u32, pad)));
-            bias.extend(b.iter().copied().chain(std::iter::repeat_n(f32::NEG_INFINITY, pad)));
-        }
-        let dev = call.q.device();
-        let idx = Tensor::from_vec(idx, (heads, width), dev)?;
-        let bias = Tensor::from_vec(bias, (heads, width), dev)?;
-        let out = offload::attend_selected(call, kv, &idx, Some(&bias))?;
+        let read = picks
+            .iter()
+            .map(|(pos, _)| {
+                let mut sorted: Vec<usize> = pos.iter().map(|&p| p as usize).collect();
+                sorted.sort_unstable();
+                sorted
+            })
+            .collect();
+        let (idx, bias) = offload::pad_picks(&picks, (hi - 1) as u32, call.q.device())?;
+        let out = offload::attend_selected(call, kv, &idx, bias.as_ref())?;
         // Index entries are 4 bytes; a bf16 key row is 2·d.
         let searched = walked_total as f64 * 4.0 / (2 * kv.head_dim()) as f64 / heads as f64;
         Ok(Attended { out, read: Some(read), searched })
