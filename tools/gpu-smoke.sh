@@ -11,6 +11,8 @@
 #                              # `folio bench kernels` (ratio to the limits measured in the run)
 #   tools/gpu-smoke.sh shape N M [B] # there: `folio bench --shape` at context N, methods M, budget B
 #   tools/gpu-smoke.sh prefill S T [KV] # there: `folio bench prefill` of model/shape S, T tokens, 24 GiB cap
+#   tools/gpu-smoke.sh needle [L] [N]   # there: the demo model's needle eval, every offloaded method,
+#                              # one tar of reports and transformers' checks of the misses
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 case "${1:-}" in
@@ -99,5 +101,36 @@ case "${1:-}" in
         --vram-budget 24GiB "${resume[@]}"
     } 2>&1 | tee -a "${OUT:-/tmp}/gpu-prefill.log"
     ;;
-  *) echo "usage: $0 pack|run|kernels|shape|prefill" >&2; exit 2 ;;
+  needle)
+    # The demo model's needle eval over every offloaded method on the same prompts:
+    # `tools/gpu-smoke.sh needle [lengths] [samples]` (default 1M, 2 per depth). Each prompt's
+    # documents are prefilled once for all methods (--offload --methods); the prompts dense
+    # missed go through transformers (tools/demo_check_ids.py: the model's miss or the engine's).
+    # Everything lands in ONE tar under $OUT: the device tool returns a limited number of files
+    # per command. FOLIO=<binary> DEVICE=cpu runs it here (a dry run at small lengths).
+    folio=${FOLIO:-.gpu/folio}
+    [ -n "${FOLIO:-}" ] || tar -C .gpu -xJf .gpu/bundle.tar.xz folio
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    res=$(mktemp -d)/needle
+    mkdir -p "$res"
+    model=$(mktemp -d)/demo   # calibration is written next to the model: a copy, not assets/
+    cp -r assets/models/demo "$model"
+    methods=${METHODS:-dense,hip:2048,hip:2%,topk:1%,magicpig:2%,double-sparsity:5%,buzz:50%,streaming:5%}
+    {
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+      "$folio" calibrate --model "$model" --docs assets/samples || echo "calibrate exit status $?"
+      # Cut short (device time), the reports hold every cell reached; the tar still follows.
+      timeout "${EVAL_SECONDS:-480}" "$folio" eval needle --model "$model" --device "${DEVICE:-cuda}" \
+        --lengths "${2:-1M}" --depths 0,0.25,0.5,0.75,1 --samples "${3:-2}" --offload --methods "$methods" \
+        --out "$res" || echo "eval exit status $?"
+      if [ -d "$res/dense/misses" ]; then
+        echo "== transformers on the prompts dense missed"
+        timeout "${CHECK_SECONDS:-120}" python3 tools/demo_check_ids.py "$model" "$res/dense/misses" 2>&1 \
+          | grep -v Warning || true
+      fi
+      find "$res" -name '*.u32' -delete   # 4 MiB per 1M-token prompt
+    } 2>&1 | tee "$res/needle.log" || true
+    tar -C "$(dirname "$res")" -czf "${OUT:-/tmp}/needle.tar.gz" needle
+    ;;
+  *) echo "usage: $0 pack|run|kernels|shape|prefill|needle" >&2; exit 2 ;;
 esac

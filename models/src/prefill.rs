@@ -274,6 +274,9 @@ pub fn prefill_layers(
     mut on_layer: impl FnMut(usize, Tensor, Tensor) -> Result<()>,
 ) -> Result<Tensor> {
     let cfg = model.config();
+    if tokens.is_empty() {
+        return Err(Error::Invalid("nothing to prefill: no tokens".into()));
+    }
     cfg.check_fits(tokens.len())?;
     let new = || MemoryHidden::new(tokens.len(), cfg.hidden_size, model.dtype(), model.device());
     let mut hidden = [new()?, new()?];

@@ -125,8 +125,6 @@ fn offloaded_tier_answers_as_the_resident_one() {
         let offloaded = needle::run_sample(&engine, &spec, &attns, Tier::Offloaded, cell, 3).unwrap();
         for (((method, _, exact), r), o) in methods.iter().zip(&resident).zip(&offloaded) {
             println!("{method} {cell:?}: resident {:?}, offloaded {:?}", r.output, o.output);
-            assert_eq!(r.prompt_tokens, o.prompt_tokens);
-            assert!(r.prefill_seconds == 0.0 && o.prefill_seconds > 0.0);
             if *exact {
                 assert_eq!(r.output, o.output, "{method} at {cell:?}");
             }

@@ -124,7 +124,7 @@ impl MethodRun {
 fn method_runs(a: &NeedleArgs, engine: &folio_models::Engine) -> Result<Vec<MethodRun>> {
     let run = |method: &str, budget: Option<&str>, attn: Box<dyn Attention>, out: Option<PathBuf>| {
         if a.offload {
-            crate::cli::check_offloaded(method)?;
+            crate::cli::check_offloaded(attn.name())?;
         }
         Ok(MethodRun { method: method.to_owned(), budget: budget.map(str::to_owned), attn, out, results: Vec::new() })
     };
@@ -140,11 +140,9 @@ fn method_runs(a: &NeedleArgs, engine: &folio_models::Engine) -> Result<Vec<Meth
             None => (m.trim(), None),
         })
         .collect();
-    if let Some(twice) = a.methods.iter().enumerate().find(|(i, m)| a.methods[..*i].contains(m)) {
-        bail!("--methods names {} twice", twice.1);
-    }
     let names: Vec<&str> = specs.iter().map(|(name, _)| *name).collect();
     let resources = crate::cli::resources_for(&names, engine)?;
+    let mut folders: Vec<String> = Vec::new();
     specs
         .iter()
         .map(|&(name, budget)| {
@@ -153,6 +151,10 @@ fn method_runs(a: &NeedleArgs, engine: &folio_models::Engine) -> Result<Vec<Meth
                 Some(b) => format!("{name}-{}", b.replace('%', "pct")),
                 None => name.to_owned(),
             };
+            if folders.contains(&folder) {
+                bail!("--methods names {folder} twice");
+            }
+            folders.push(folder.clone());
             run(name, budget, attn, a.out.as_ref().map(|o| o.join(folder)))
         })
         .collect()
@@ -212,6 +214,7 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
         std::fs::remove_dir_all(&misses).with_context(|| format!("clearing {}", misses.display()))?;
     }
     let several = runs.len() > 1;
+    let title_width = runs.iter().map(|r| r.title().len() + 2).max().unwrap_or(0);
     for &length in &lengths {
         for &depth in &depths {
             let attns: Vec<&dyn Attention> = runs.iter().map(|r| r.attn.as_ref()).collect();
@@ -224,7 +227,8 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
                 let correct = mine.iter().filter(|s| s.correct).count();
                 let mean = |f: fn(&NeedleSample) -> f64| mine.iter().map(f).sum::<f64>() / mine.len().max(1) as f64;
                 let (secs, prefill) = (mean(|s| s.prefill_seconds + s.seconds), mean(|s| s.prefill_seconds));
-                let who = if several { format!("{:<32}", format!("{}:", run.title())) } else { String::new() };
+                let who =
+                    if several { format!("{:<title_width$}", format!("{}:", run.title())) } else { String::new() };
                 let shared =
                     if a.offload { format!(", {prefill:.2} s of it the documents' prefill") } else { String::new() };
                 eprintln!("{who}{length:>8} tokens, depth {depth:.2}: {correct}/{samples} correct ({secs:.2} s/prompt{shared})");

@@ -214,6 +214,10 @@ impl Attention for Buzz {
     /// conversation, a reopened context) starts afresh in [`Attention::attend`].
     fn reset(&self) {}
 
+    fn end_conversation(&self) {
+        self.caches.clear();
+    }
+
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
         let (q_heads, t, d) = call.q.dims3()?;
         let end = call.q_start + t;
@@ -297,6 +301,25 @@ mod tests {
                 assert!(read[h * 2].len() <= cap && read[h * 2].len() >= head.live.len());
             }
         }
+    }
+
+    /// A call that continues the last one's positions continues its conversation, even one that
+    /// is really a new prompt; `end_conversation` is what tells them apart (`reset` keeps it).
+    #[test]
+    fn a_conversation_ends_only_when_told() {
+        let case = Case::generate(&Spec::mixed(300), rand::random()).unwrap();
+        let kv = case.store().unwrap();
+        let buzz = Buzz::new(Budget::Tokens(64), Params::parse("buzz", &PARAMS, &[]).unwrap());
+        let (first, second) = (case.call(0, &kv, (5, 8)), case.call(1, &kv, (5, 8)));
+        assert_eq!(second.q_start, first.q_start + 1, "consecutive decode steps");
+        buzz.attend(&first).unwrap();
+        buzz.reset();
+        let read = buzz.attend(&second).unwrap().read.unwrap();
+        assert!(read[0].len() <= 65, "continued: {} keys read, the evicted stay evicted", read[0].len());
+        buzz.end_conversation();
+        assert!(buzz.caches.lock().is_empty());
+        let read = buzz.attend(&second).unwrap().read.unwrap();
+        assert_eq!(read[0].len(), second.q_start + 1, "a new conversation reads every key first");
     }
 
     #[test]

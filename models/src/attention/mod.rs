@@ -111,6 +111,13 @@ pub trait Attention: Send + Sync {
     /// store may hold different keys at the same positions.
     fn reset(&self) {}
 
+    /// Forgets the conversation too: what [`Attention::reset`] keeps across its turns (BUZZ's
+    /// cache), with the indexes. For a caller that runs unrelated prompts through one method
+    /// (the needle eval), whose next prompt could start at the position where the last ended.
+    fn end_conversation(&self) {
+        self.reset()
+    }
+
     /// This method's index of `layer` over `kv`'s saved prefix as a context-file section
     /// (name, bytes), for `folio context index`; `None` for methods (or layers) without one.
     fn index_section(&self, _kv: &dyn KvStore, _layer: usize, _layers: usize) -> Result<Option<(String, Vec<u8>)>> {

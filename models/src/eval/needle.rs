@@ -149,9 +149,10 @@ fn messages(spec: &EvalSpec, docs: &str, question: &str) -> Vec<Message> {
     }
 }
 
-/// The chat prompt's tokens and how many of them come up to the end of `docs` (the template's
-/// text after the documents, tokenized alone, is the rest: a split point that leaves the tokens
-/// as they are).
+/// The chat prompt's tokens and how many of them come up to the end of `docs`: the template's
+/// text after the documents, tokenized alone, counts the rest. The tokens stay as the whole
+/// text gives them; only the split point could be a token off with a tokenizer that merges
+/// across the boundary (BPE), which moves one token between documents and question.
 fn render(engine: &Engine, spec: &EvalSpec, docs: &str, question: &str) -> Result<(Vec<u32>, usize)> {
     let template = engine.chat_template.as_ref().ok_or(Error::NoChatTemplate)?;
     let text = template.render(&messages(spec, docs, question), true)?;
@@ -228,7 +229,8 @@ pub fn cell_prompt(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tier {
     /// Every row in the model's store on its device; sparse methods decode through their CPU
-    /// references (which read whole layers: minutes per step at a million tokens).
+    /// references, which copy whole layers to the host each step (seconds per step at a
+    /// million tokens).
     Resident,
     /// The documents in host memory ([`OffloadKv`]), prefilled layer-major, and the question and
     /// answer on the device: the methods' fast paths decode, as `folio chat --context
@@ -255,7 +257,7 @@ pub fn run_sample(
         stop_strings: Vec::new(),
         eos_token_ids: engine.eos_token_ids(),
     };
-    let sample = |text: String, prefill_seconds: f64, start: Instant| NeedleSample {
+    let scored = |text: String, prefill_seconds: f64, start: Instant| NeedleSample {
         length,
         depth,
         sample,
@@ -272,8 +274,10 @@ pub fn run_sample(
             .iter()
             .map(|attn| {
                 let start = Instant::now();
-                let g = engine.generate_with(*attn, &prompt.ids, &params, quiet)?;
-                Ok(sample(g.text, 0.0, start))
+                let g = engine.generate_with(*attn, &prompt.ids, &params, quiet);
+                // The next prompt is another conversation; the method's device memory goes now.
+                attn.end_conversation();
+                Ok(scored(g?.text, 0.0, start))
             })
             .collect(),
         Tier::Offloaded => {
@@ -289,8 +293,9 @@ pub fn run_sample(
                     kv.set_len(documents.len())?;
                     kv.drop_resident();
                     let g =
-                        generate::generate(&engine.model, &engine.tokenizer, *attn, &mut kv, question, &params, quiet)?;
-                    Ok(sample(g.text, prefill_seconds, start))
+                        generate::generate(&engine.model, &engine.tokenizer, *attn, &mut kv, question, &params, quiet);
+                    attn.end_conversation();
+                    Ok(scored(g?.text, prefill_seconds, start))
                 })
                 .collect()
         }
