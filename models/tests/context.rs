@@ -115,13 +115,15 @@ fn lossy_kv_dtypes_stay_within_tolerance() -> Result<()> {
     let question = e.tokenizer.encode_text("the secret code of amber falcon is")?;
     let dir = tempfile::tempdir().unwrap();
     let mut logits = Vec::new();
+    let mut files = Vec::new();
     for dtype in [KvDtype::F32, KvDtype::Bf16, KvDtype::Fp8] {
         let out = dir.path().join(format!("{}.folio", dtype.name()));
         let r = build(&e, &plan(tokens.clone()), &out, dtype, None);
         let file = Arc::new(e.open_context(&out)?);
-        let mut kv = ContextKv::new(file, DType::F32, &Device::Cpu, u64::MAX);
+        let mut kv = ContextKv::new(file.clone(), DType::F32, &Device::Cpu, u64::MAX);
         logits.push((dtype, r.file_bytes, ask(&e, &mut kv, &question)?));
         assert_eq!(kv.len(), tokens.len() + question.len());
+        files.push(file);
     }
     let (_, f32_bytes, exact) = &logits[0];
     let range = exact.max_all()?.to_scalar::<f32>()? - exact.min_all()?.to_scalar::<f32>()?;
@@ -143,6 +145,21 @@ fn lossy_kv_dtypes_stay_within_tolerance() -> Result<()> {
         assert!(answer_same && rel_answer < ANSWER_TOLERANCE, "{}: answer logit error {rel_answer}", dtype.name());
         let tolerance = if *dtype == KvDtype::Bf16 { BF16_TOLERANCE } else { FP8_TOLERANCE };
         assert!(rel < tolerance, "{}: logit error {rel} of the range", dtype.name());
+    }
+    // Where fp8's error enters: keys from one file and values from the other (bf16 and fp8).
+    let (bf16, fp8) = (&files[1], &files[2]);
+    for (name, keys, values) in [("keys fp8, values bf16", fp8, bf16), ("keys bf16, values fp8", bf16, fp8)] {
+        let shape = (e.config().num_kv_heads, tokens.len(), e.config().head_dim);
+        let layers = (0..e.config().num_layers)
+            .map(|l| -> Result<(Tensor, Tensor)> {
+                let (k, v) = (keys.layer_kv(l)?.0, values.layer_kv(l)?.1);
+                Ok((Tensor::from_vec(k, shape, &Device::Cpu)?, Tensor::from_vec(v, shape, &Device::Cpu)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let l = ask(&e, &mut ContextKv::from_layers(layers, DType::F32, &Device::Cpu)?, &question)?;
+        let rel = max_diff(exact, &l) / range;
+        println!("{name}: max |logit diff| / range {rel:.4}");
+        assert!(rel < FP8_TOLERANCE, "{name}: logit error {rel} of the range");
     }
     Ok(())
 }
