@@ -222,6 +222,8 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
             let cell: Vec<Vec<NeedleSample>> = (0..samples)
                 .map(|s| needle::run_sample(&engine, &spec, &attns, tier, (length, depth, s), a.seed))
                 .collect::<std::result::Result<_, _>>()?;
+            // A missed prompt's ids, rebuilt once however many methods missed it (1M tokens each).
+            let mut missed_ids: Vec<Option<Vec<u32>>> = vec![None; samples];
             for (m, run) in runs.iter_mut().enumerate() {
                 let mine: Vec<NeedleSample> = cell.iter().map(|per_method| per_method[m].clone()).collect();
                 let correct = mine.iter().filter(|s| s.correct).count();
@@ -239,7 +241,13 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
                     eprintln!("    sample {}: expected {:?}, got {:?}", miss.sample, miss.expected, miss.output);
                     if let Some(dir) = &run.out {
                         // The measurement is saved; a prompt that cannot be kept is worth a warning only.
-                        if let Err(e) = save_miss(&dir.join(MISSES_DIR), &engine, &spec, miss, a.seed) {
+                        let saved = match &mut missed_ids[miss.sample] {
+                            Some(ids) => save_miss(&dir.join(MISSES_DIR), ids, miss),
+                            slot => needle::cell_prompt(&engine, &spec, (length, depth, miss.sample), a.seed)
+                                .map_err(anyhow::Error::from)
+                                .and_then(|p| save_miss(&dir.join(MISSES_DIR), slot.insert(p.ids), miss)),
+                        };
+                        if let Err(e) = saved {
                             eprintln!("    warning: the missed prompt was not saved: {e:#}");
                         }
                     }
@@ -274,11 +282,10 @@ const MISSES_DIR: &str = "misses";
 
 /// A missed prompt's token ids (little-endian u32) and what was expected and generated, so that
 /// another engine (transformers) can be run on exactly these tokens.
-fn save_miss(dir: &Path, engine: &folio_models::Engine, spec: &EvalSpec, miss: &NeedleSample, seed: u64) -> Result<()> {
-    let prompt = needle::cell_prompt(engine, spec, (miss.length, miss.depth, miss.sample), seed)?;
+fn save_miss(dir: &Path, prompt_ids: &[u32], miss: &NeedleSample) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let name = format!("{}-{}-{}", miss.length, miss.depth, miss.sample);
-    let ids: Vec<u8> = prompt.ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+    let ids: Vec<u8> = prompt_ids.iter().flat_map(|id| id.to_le_bytes()).collect();
     // The .json first: a reader takes the .u32 files, each with its .json beside it.
     write_file(&dir.join(format!("{name}.json")), serde_json::to_string_pretty(miss)?)?;
     write_file(&dir.join(format!("{name}.u32")), ids)
