@@ -480,3 +480,29 @@ fn sample_questions_get_the_documented_answers() {
     }
     assert_eq!(asked, 9, "SAMPLES.md's table has nine questions");
 }
+
+/// `--kv-dtype bf16-fp8` (bf16 keys, fp8 values) end to end: the file says so, verifies, is
+/// smaller than bf16's, and answers a sample question as documented, resident and offloaded.
+#[test]
+fn mixed_kv_dtype_prefills_verifies_and_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let samples = root().join("assets/samples");
+    let (mixed, bf16) = (dir.path().join("mixed.folio"), dir.path().join("bf16.folio"));
+    ok_json(prefill(&samples, &mixed, &["--kv-dtype", "bf16-fp8"]));
+    ok_json(prefill(&samples, &bf16, &[]));
+    let info = ok_json(folio(&["context", "info", mixed.to_str().unwrap(), "--verify", "--json"]));
+    assert_eq!(info["kv_dtype"], "bf16-fp8", "{info}");
+    let (m, b) = (std::fs::metadata(&mixed).unwrap().len(), std::fs::metadata(&bf16).unwrap().len());
+    assert!(m < b, "bf16-fp8 file {m} B, bf16 {b} B");
+    let question = "what is the secret code of amber falcon ?";
+    for extra in [&[][..], &["--offload"][..]] {
+        let mut args = vec!["chat", "--context", mixed.to_str().unwrap(), question, "--json", "--temperature", "0"];
+        args.extend_from_slice(extra);
+        let answer = ok_json(folio(&args));
+        assert_eq!(
+            answer["text"].as_str().unwrap().trim(),
+            "the secret code of amber falcon is 4 8 1 5 2 .",
+            "{extra:?}"
+        );
+    }
+}

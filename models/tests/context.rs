@@ -42,7 +42,7 @@ fn ask(e: &Engine, kv: &mut ContextKv, question: &[u32]) -> Result<Tensor> {
 
 /// The budget that buys the smallest chunk: prefill goes through many chunks even on tiny prompts.
 fn smallest_budget(e: &Engine, tokens: usize, kv_dtype: KvDtype) -> u64 {
-    let section = kv_dtype.section_bytes(e.config().num_kv_heads * tokens, e.config().head_dim);
+    let section = kv_dtype.max_section_bytes(e.config().num_kv_heads * tokens, e.config().head_dim);
     match plan_chunk(&e.model, tokens, section, Some(1)) {
         Err(Error::MemoryBudget { needed, .. }) => needed,
         other => panic!("a 1-byte budget must be refused, got {other:?}"),
@@ -102,10 +102,13 @@ fn reopened_context_gives_the_never_saved_logits_exactly() -> Result<()> {
 /// 2.8%; the fine-tuned model: 13.7%, at the word after the key, docs/context-file.md).
 const BF16_TOLERANCE: f32 = 0.01;
 const FP8_TOLERANCE: f32 = 0.2;
+/// bf16 keys with fp8 values: the values' rounding is averaged by the attention (0.83% measured
+/// when it was introduced, 2026-11-22), so it stays near bf16.
+const BF16_FP8_TOLERANCE: f32 = 0.02;
 /// Where the value starts, both lossy dtypes must stay within this and pick the same digit.
 const ANSWER_TOLERANCE: f32 = 0.05;
 
-/// bf16 and fp8 storage against f32 on the demo model's real K/V: logit error as a share of
+/// bf16, bf16-fp8 and fp8 storage against f32 on the demo model's real K/V: logit error as a share of
 /// the logit range (docs/context-file.md records the figures).
 #[test]
 fn lossy_kv_dtypes_stay_within_tolerance() -> Result<()> {
@@ -115,15 +118,13 @@ fn lossy_kv_dtypes_stay_within_tolerance() -> Result<()> {
     let question = e.tokenizer.encode_text("the secret code of amber falcon is")?;
     let dir = tempfile::tempdir().unwrap();
     let mut logits = Vec::new();
-    let mut files = Vec::new();
-    for dtype in [KvDtype::F32, KvDtype::Bf16, KvDtype::Fp8] {
+    for dtype in [KvDtype::F32, KvDtype::Bf16, KvDtype::Bf16Fp8, KvDtype::Fp8] {
         let out = dir.path().join(format!("{}.folio", dtype.name()));
         let r = build(&e, &plan(tokens.clone()), &out, dtype, None);
         let file = Arc::new(e.open_context(&out)?);
-        let mut kv = ContextKv::new(file.clone(), DType::F32, &Device::Cpu, u64::MAX);
+        let mut kv = ContextKv::new(file, DType::F32, &Device::Cpu, u64::MAX);
         logits.push((dtype, r.file_bytes, ask(&e, &mut kv, &question)?));
         assert_eq!(kv.len(), tokens.len() + question.len());
-        files.push(file);
     }
     let (_, f32_bytes, exact) = &logits[0];
     let range = exact.max_all()?.to_scalar::<f32>()? - exact.min_all()?.to_scalar::<f32>()?;
@@ -143,23 +144,12 @@ fn lossy_kv_dtypes_stay_within_tolerance() -> Result<()> {
         );
         // What a reader gets: the value's first digit, predicted after "... is", as from f32.
         assert!(answer_same && rel_answer < ANSWER_TOLERANCE, "{}: answer logit error {rel_answer}", dtype.name());
-        let tolerance = if *dtype == KvDtype::Bf16 { BF16_TOLERANCE } else { FP8_TOLERANCE };
+        let tolerance = match dtype {
+            KvDtype::Bf16 => BF16_TOLERANCE,
+            KvDtype::Bf16Fp8 => BF16_FP8_TOLERANCE,
+            _ => FP8_TOLERANCE,
+        };
         assert!(rel < tolerance, "{}: logit error {rel} of the range", dtype.name());
-    }
-    // Where fp8's error enters: keys from one file and values from the other (bf16 and fp8).
-    let (bf16, fp8) = (&files[1], &files[2]);
-    for (name, keys, values) in [("keys fp8, values bf16", fp8, bf16), ("keys bf16, values fp8", bf16, fp8)] {
-        let shape = (e.config().num_kv_heads, tokens.len(), e.config().head_dim);
-        let layers = (0..e.config().num_layers)
-            .map(|l| -> Result<(Tensor, Tensor)> {
-                let (k, v) = (keys.layer_kv(l)?.0, values.layer_kv(l)?.1);
-                Ok((Tensor::from_vec(k, shape, &Device::Cpu)?, Tensor::from_vec(v, shape, &Device::Cpu)?))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let l = ask(&e, &mut ContextKv::from_layers(layers, DType::F32, &Device::Cpu)?, &question)?;
-        let rel = max_diff(exact, &l) / range;
-        println!("{name}: max |logit diff| / range {rel:.4}");
-        assert!(rel < FP8_TOLERANCE, "{name}: logit error {rel} of the range");
     }
     Ok(())
 }

@@ -78,6 +78,7 @@ pub struct PrefillBenchArgs {
     /// Prompt lengths, comma-separated (e.g. 8192,32768).
     #[arg(long, value_delimiter = ',', default_value = "8192,32768")]
     tokens: Vec<usize>,
+    /// K/V storage: bf16, bf16-fp8, fp8 or f32 (as `folio prefill --kv-dtype`).
     #[arg(long, default_value = "bf16")]
     kv_dtype: String,
     /// Bytes the prefill's working set may use beyond the weights (the chunk plan's budget).

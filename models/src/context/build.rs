@@ -155,7 +155,7 @@ pub fn build(
         shape,
         plan.prompt.clone(),
     );
-    let kv_section = opts.kv_dtype.section_bytes(cfg.num_kv_heads * plan.tokens.len(), cfg.head_dim);
+    let kv_section = opts.kv_dtype.max_section_bytes(cfg.num_kv_heads * plan.tokens.len(), cfg.head_dim);
     let chunk_plan = plan_chunk(model, plan.tokens.len(), kv_section, opts.memory_budget)?;
     let dir = partial_dir(out);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
@@ -245,7 +245,7 @@ impl Job<'_> {
         let hidden_paths = [self.dir.join("hidden-0.bin"), self.dir.join("hidden-1.bin")];
         let cfg = self.model.config();
         let (layers, t) = (cfg.num_layers, self.plan.tokens.len());
-        let section = self.job.kv_dtype.section_bytes(cfg.num_kv_heads * t, cfg.head_dim);
+        let section = self.job.kv_dtype.max_section_bytes(cfg.num_kv_heads * t, cfg.head_dim);
         let mut checkpoint = match read_checkpoint(&cp_path)? {
             Some(cp) if cp.job == self.job && cp.compute == self.compute() => {
                 // A resume computes with the chunk it started with (the bytes depend on it):
@@ -319,7 +319,7 @@ impl Job<'_> {
             for (kind, x) in [(SectionKind::Keys, k), (SectionKind::Values, v)] {
                 let at = Instant::now();
                 let values = x.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
-                let bytes = self.job.kv_dtype.encode(&values, self.model.config().head_dim)?;
+                let bytes = self.job.kv_dtype.codec(kind).encode(&values, self.model.config().head_dim)?;
                 let stored = Instant::now();
                 stages.encode += (stored - at).as_secs_f64();
                 let s = self.job.section(kind, Some(layer)).expect("every layer has K and V sections");

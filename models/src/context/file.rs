@@ -222,8 +222,8 @@ impl ContextFile {
     pub fn layer_kv(&self, layer: usize) -> Result<(Vec<f32>, Vec<f32>)> {
         let h = &self.header;
         let rows = h.kv_heads * h.tokens;
-        let k = h.kv_dtype.decode(self.section_bytes(SectionKind::Keys, Some(layer))?, rows, h.head_dim)?;
-        let v = h.kv_dtype.decode(self.section_bytes(SectionKind::Values, Some(layer))?, rows, h.head_dim)?;
+        let half = |kind| h.kv_dtype.codec(kind).decode(self.section_bytes(kind, Some(layer))?, rows, h.head_dim);
+        let (k, v) = (half(SectionKind::Keys)?, half(SectionKind::Values)?);
         Ok((k, v))
     }
 
@@ -243,12 +243,12 @@ impl ContextFile {
 /// boundaries, without overlaps: a header that passed its checksum but was written by a buggy
 /// or hostile program must not make a reader index out of bounds.
 fn check_layout(h: &Header) -> std::result::Result<(), String> {
-    let kv_bytes = h.kv_dtype.section_bytes(h.kv_heads * h.tokens, h.head_dim);
+    let kv_bytes = |kind| Some(h.kv_dtype.section_bytes(kind, h.kv_heads * h.tokens, h.head_dim));
     let mut expected =
         vec![(SectionKind::Tokens, None, Some(h.tokens as u64 * 4)), (SectionKind::Documents, None, None)];
     for l in 0..h.layers {
-        expected.push((SectionKind::Keys, Some(l), Some(kv_bytes)));
-        expected.push((SectionKind::Values, Some(l), Some(kv_bytes)));
+        expected.push((SectionKind::Keys, Some(l), kv_bytes(SectionKind::Keys)));
+        expected.push((SectionKind::Values, Some(l), kv_bytes(SectionKind::Values)));
     }
     for (kind, layer, bytes) in expected {
         let s = h.section(kind, layer).ok_or_else(|| format!("the header lacks the {kind:?} section {layer:?}"))?;

@@ -243,7 +243,6 @@ impl Header {
                 xxh3: blank.clone(),
             },
         ];
-        let kv_bytes = kv_dtype.section_bytes(kv_heads * tokens, head_dim);
         for layer in 0..layers {
             for kind in [SectionKind::Keys, SectionKind::Values] {
                 sections.push(Section {
@@ -251,7 +250,7 @@ impl Header {
                     layer: Some(layer),
                     name: None,
                     offset: 0,
-                    bytes: kv_bytes,
+                    bytes: kv_dtype.section_bytes(kind, kv_heads * tokens, head_dim),
                     xxh3: blank.clone(),
                 });
             }
