@@ -481,22 +481,42 @@ fn sample_questions_get_the_documented_answers() {
     assert_eq!(asked, 9, "SAMPLES.md's table has nine questions");
 }
 
-/// `--kv-dtype bf16-fp8` (bf16 keys, fp8 values) end to end: the file says so, verifies, is
-/// smaller than bf16's, and answers a sample question as documented, resident and offloaded.
+/// `--kv-dtype bf16-fp8` (bf16 keys, fp8 values) end to end: the file says so, sizes its K
+/// sections as bf16 and its V sections as fp8, verifies, and answers a sample question as
+/// documented, resident and offloaded.
 #[test]
 fn mixed_kv_dtype_prefills_verifies_and_answers() {
     let dir = tempfile::tempdir().unwrap();
-    let samples = root().join("assets/samples");
-    let (mixed, bf16) = (dir.path().join("mixed.folio"), dir.path().join("bf16.folio"));
-    ok_json(prefill(&samples, &mixed, &["--kv-dtype", "bf16-fp8"]));
-    ok_json(prefill(&samples, &bf16, &[]));
+    let mixed = dir.path().join("mixed.folio");
+    ok_json(prefill(&root().join("assets/samples"), &mixed, &["--kv-dtype", "bf16-fp8"]));
     let info = ok_json(folio(&["context", "info", mixed.to_str().unwrap(), "--verify", "--json"]));
     assert_eq!(info["kv_dtype"], "bf16-fp8", "{info}");
-    let (m, b) = (std::fs::metadata(&mixed).unwrap().len(), std::fs::metadata(&bf16).unwrap().len());
-    assert!(m < b, "bf16-fp8 file {m} B, bf16 {b} B");
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("assets/models/demo/config.json")).unwrap()).unwrap();
+    let rows = config["num_key_value_heads"].as_u64().unwrap() * info["tokens"].as_u64().unwrap();
+    let d = config["head_dim"].as_u64().unwrap();
+    let bytes_of = |kind: &str| -> Vec<u64> {
+        let sections = info["sections"].as_array().unwrap();
+        sections.iter().filter(|s| s["kind"] == kind).map(|s| s["bytes"].as_u64().unwrap()).collect()
+    };
+    let fp8 = (rows * d).next_multiple_of(8) + rows * 4;
+    let layers = config["num_hidden_layers"].as_u64().unwrap() as usize;
+    assert_eq!((bytes_of("keys").len(), bytes_of("values").len()), (layers, layers));
+    assert!(bytes_of("keys").iter().all(|&b| b == rows * d * 2), "{:?}", bytes_of("keys"));
+    assert!(bytes_of("values").iter().all(|&b| b == fp8), "{:?}", bytes_of("values"));
     let question = "what is the secret code of amber falcon ?";
     for extra in [&[][..], &["--offload"][..]] {
-        let mut args = vec!["chat", "--context", mixed.to_str().unwrap(), question, "--json", "--temperature", "0"];
+        let mut args = vec![
+            "chat",
+            "--context",
+            mixed.to_str().unwrap(),
+            question,
+            "--json",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "16",
+        ];
         args.extend_from_slice(extra);
         let answer = ok_json(folio(&args));
         assert_eq!(

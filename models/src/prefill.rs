@@ -157,7 +157,8 @@ pub struct ChunkPlan {
 }
 
 /// The largest chunk whose working set fits `budget` (or [`DEFAULT_CHUNK`] without one) for a
-/// prefill of `tokens` tokens whose K/V sections are `section_bytes` each once encoded.
+/// prefill of `tokens` tokens whose larger K/V section is `section_bytes` once encoded (one
+/// section's bytes are held at a time while it is written).
 pub fn plan_chunk(model: &Model, tokens: usize, section_bytes: u64, budget: Option<u64>) -> Result<ChunkPlan> {
     let (fixed, per_token) = working_set_terms(model, tokens, section_bytes);
     let most = tokens.clamp(1, MAX_CHUNK);

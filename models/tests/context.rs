@@ -1,6 +1,6 @@
 //! Context files at the library level: a saved and reopened context gives exactly the logits
 //! of the never-saved path (CPU f32), the layer-major prefill agrees with the token-major
-//! forward, and bf16 / fp8 storage errors are measured against f32.
+//! forward, and bf16, bf16-fp8 and fp8 storage errors are measured against f32.
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -105,7 +105,7 @@ const FP8_TOLERANCE: f32 = 0.2;
 /// bf16 keys with fp8 values: the values' rounding is averaged by the attention (0.83% measured
 /// when it was introduced, 2026-11-22), so it stays near bf16.
 const BF16_FP8_TOLERANCE: f32 = 0.02;
-/// Where the value starts, both lossy dtypes must stay within this and pick the same digit.
+/// Where the value starts, every lossy dtype must stay within this and pick the same digit.
 const ANSWER_TOLERANCE: f32 = 0.05;
 
 /// bf16, bf16-fp8 and fp8 storage against f32 on the demo model's real K/V: logit error as a share of

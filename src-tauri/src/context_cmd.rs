@@ -35,8 +35,8 @@ pub struct PrefillArgs {
     /// The context file to write.
     #[arg(long)]
     out: PathBuf,
-    /// How K/V is stored: bf16, bf16-fp8 (bf16 keys, fp8 values: 0.78x the size, nearly bf16's
-    /// accuracy), fp8 (e4m3 + per-row scale, half the size) or f32.
+    /// How K/V is stored: bf16, bf16-fp8 (bf16 keys, fp8 values: about 3/4 the size, nearly
+    /// bf16's accuracy), fp8 (e4m3 + per-row scale, half the size) or f32.
     #[arg(long, default_value = "bf16")]
     kv_dtype: String,
     /// Memory the prefill may use beyond the model weights, e.g. 2GiB, 512MiB (default: a

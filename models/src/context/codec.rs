@@ -4,9 +4,10 @@
 //! with fp8 values. A [`KvDtype`] names a [`Codec`] for each half.
 //!
 //! Why the mixed one: fp8's error enters through the keys (they set the logits; values are
-//! averaged). On the demo model fp8 keys move the logits 6.0% of their range, fp8 values 0.83%
-//! (`tests/context.rs`, `lossy_kv_dtypes_stay_within_tolerance`), so bf16 keys with fp8 values
-//! keep nearly bf16's accuracy at 0.78× its bytes.
+//! averaged). On the demo model, keys and values swapped between a bf16 and an fp8 file (a
+//! one-off measurement, docs/context-file.md) gave 6.0% of the logit range for fp8 keys and
+//! 0.83% for fp8 values; `models/tests/context.rs` (`lossy_kv_dtypes_stay_within_tolerance`)
+//! holds bf16-fp8 to that. A row takes `3·d + 4` bytes against bf16's `4·d`: about 3/4.
 //!
 //! Why a per-row scale: K rows of different tokens differ in magnitude by orders (outlier
 //! channels, attention sinks), and e4m3 has only 4 exponent bits; scaling each row so its
@@ -58,8 +59,8 @@ impl KvDtype {
             "fp8" | "fp8-e4m3" => Ok(Self::Fp8),
             "bf16-fp8" => Ok(Self::Bf16Fp8),
             _ => Err(Error::Invalid(format!(
-                "bad KV dtype \"{s}\": use bf16 (default), bf16-fp8 (bf16 keys, fp8 values: 0.78x the size, \
-                 nearly bf16's accuracy), fp8 (e4m3 with a scale per row: half the size) or f32"
+                "bad KV dtype \"{s}\": use bf16 (default), bf16-fp8 (bf16 keys, fp8 values: about 3/4 the \
+                 size, nearly bf16's accuracy), fp8 (e4m3 with a scale per row: half the size) or f32"
             ))),
         }
     }
@@ -73,8 +74,9 @@ impl KvDtype {
         }
     }
 
-    /// The codec of a `Keys` section, or of a `Values` one (any other kind).
+    /// The codec of a `Keys` or a `Values` section (the only kinds that hold K/V rows).
     pub fn codec(self, kind: SectionKind) -> Codec {
+        debug_assert!(matches!(kind, SectionKind::Keys | SectionKind::Values), "{kind:?} holds no K/V rows");
         match (self, kind) {
             (Self::F32, _) => Codec::F32,
             (Self::Bf16, _) | (Self::Bf16Fp8, SectionKind::Keys) => Codec::Bf16,

@@ -1,7 +1,8 @@
 //! Context files: a document collection prefilled once, saved, reopened in seconds.
 //!
 //! * [`format`]: the bytes (docs/context-file.md is the specification).
-//! * [`codec`]: how K/V rows are stored (f32, bf16, fp8 e4m3 with a scale per row).
+//! * [`codec`]: how K/V rows are stored (f32, bf16, fp8 e4m3 with a scale per row, bf16 keys
+//!   with fp8 values).
 //! * [`prompt`]: documents → tokens and spans; a question → the tokens appended to them.
 //! * [`build`]: layer-major prefill into a file, checkpointed per layer, saved atomically.
 //! * [`file`]: opening and verifying a saved file (memory-mapped).
