@@ -85,9 +85,9 @@ fn demo_model_finds_needles_with_dense_attention() {
     for length in [1024, 2048] {
         for depth in [0.0, 0.5, 1.0] {
             for sample in 0..2 {
-                let s = needle::run_sample(&engine, &spec, &[&Dense], Tier::Resident, (length, depth, sample), 7)
-                    .unwrap()
-                    .remove(0);
+                let cell = (length, depth, sample);
+                let prompt = needle::cell_prompt(&engine, &spec, cell, 7).unwrap();
+                let s = needle::run_sample(&engine, &prompt, &[&Dense], Tier::Resident, cell).unwrap().remove(0);
                 correct += s.correct as usize;
                 total += 1;
                 if !s.correct {
@@ -121,8 +121,9 @@ fn offloaded_tier_answers_as_the_resident_one() {
     let attns: Vec<&dyn Attention> = attns.iter().map(|a| a.as_ref()).collect();
     for (length, depth, sample) in [(1024, 0.25, 0), (2048, 0.75, 1)] {
         let cell = (length, depth, sample);
-        let resident = needle::run_sample(&engine, &spec, &attns, Tier::Resident, cell, 3).unwrap();
-        let offloaded = needle::run_sample(&engine, &spec, &attns, Tier::Offloaded, cell, 3).unwrap();
+        let prompt = needle::cell_prompt(&engine, &spec, cell, 3).unwrap();
+        let resident = needle::run_sample(&engine, &prompt, &attns, Tier::Resident, cell).unwrap();
+        let offloaded = needle::run_sample(&engine, &prompt, &attns, Tier::Offloaded, cell).unwrap();
         for (((method, _, exact), r), o) in methods.iter().zip(&resident).zip(&offloaded) {
             println!("{method} {cell:?}: resident {:?}, offloaded {:?}", r.output, o.output);
             if *exact {

@@ -218,12 +218,16 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
     for &length in &lengths {
         for &depth in &depths {
             let attns: Vec<&dyn Attention> = runs.iter().map(|r| r.attn.as_ref()).collect();
-            // cell[s][m]: sample s of method m
-            let cell: Vec<Vec<NeedleSample>> = (0..samples)
-                .map(|s| needle::run_sample(&engine, &spec, &attns, tier, (length, depth, s), a.seed))
+            // Kept for the misses' token ids (built once: 1M-token prompts take seconds).
+            let prompts: Vec<needle::NeedlePrompt> = (0..samples)
+                .map(|s| needle::cell_prompt(&engine, &spec, (length, depth, s), a.seed))
                 .collect::<std::result::Result<_, _>>()?;
-            // A missed prompt's ids, rebuilt once however many methods missed it (1M tokens each).
-            let mut missed_ids: Vec<Option<Vec<u32>>> = vec![None; samples];
+            // cell[s][m]: sample s of method m
+            let cell: Vec<Vec<NeedleSample>> = prompts
+                .iter()
+                .enumerate()
+                .map(|(s, prompt)| needle::run_sample(&engine, prompt, &attns, tier, (length, depth, s)))
+                .collect::<std::result::Result<_, _>>()?;
             for (m, run) in runs.iter_mut().enumerate() {
                 let mine: Vec<NeedleSample> = cell.iter().map(|per_method| per_method[m].clone()).collect();
                 let correct = mine.iter().filter(|s| s.correct).count();
@@ -241,13 +245,7 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
                     eprintln!("    sample {}: expected {:?}, got {:?}", miss.sample, miss.expected, miss.output);
                     if let Some(dir) = &run.out {
                         // The measurement is saved; a prompt that cannot be kept is worth a warning only.
-                        let saved = match &mut missed_ids[miss.sample] {
-                            Some(ids) => save_miss(&dir.join(MISSES_DIR), ids, miss),
-                            slot => needle::cell_prompt(&engine, &spec, (length, depth, miss.sample), a.seed)
-                                .map_err(anyhow::Error::from)
-                                .and_then(|p| save_miss(&dir.join(MISSES_DIR), slot.insert(p.ids), miss)),
-                        };
-                        if let Err(e) = saved {
+                        if let Err(e) = save_miss(&dir.join(MISSES_DIR), &prompts[miss.sample].ids, miss) {
                             eprintln!("    warning: the missed prompt was not saved: {e:#}");
                         }
                     }

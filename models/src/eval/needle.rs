@@ -238,18 +238,17 @@ pub enum Tier {
     Offloaded,
 }
 
-/// Runs one prompt greedily with each of `attns` and checks the answers (a sample per method,
-/// in order). The prompt is built once; on the offloaded tier its documents are also prefilled
-/// once, and each method's question and answer overwrite the previous method's.
+/// Runs `prompt` (cell `(length, depth, sample)`, from [`cell_prompt`]) greedily with each of
+/// `attns` and checks the answers (a sample per method, in order). On the offloaded tier its
+/// documents are prefilled once, and each method's question and answer overwrite the previous
+/// method's.
 pub fn run_sample(
     engine: &Engine,
-    spec: &EvalSpec,
+    prompt: &NeedlePrompt,
     attns: &[&dyn Attention],
     tier: Tier,
     (length, depth, sample): (usize, f64, usize),
-    seed: u64,
 ) -> Result<Vec<NeedleSample>> {
-    let prompt = cell_prompt(engine, spec, (length, depth, sample), seed)?;
     let expected = if prompt.prefilled { &prompt.value } else { &prompt.answer };
     let params = GenerateParams {
         max_new_tokens: engine.tokenizer.encode_prompt(expected)?.len() + EXTRA_ANSWER_TOKENS,
@@ -263,7 +262,7 @@ pub fn run_sample(
         sample,
         prompt_tokens: prompt.ids.len(),
         expected: expected.clone(),
-        correct: value_match(&prompt, &text),
+        correct: value_match(prompt, &text),
         output: text,
         seconds: start.elapsed().as_secs_f64(),
         prefill_seconds,
