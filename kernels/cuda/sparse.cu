@@ -6,8 +6,7 @@
 // row (MagicPIG's -log u). Output: the normalised attention output and its log-sum-exp, so
 // partial attentions over disjoint key sets merge exactly (`merge`).
 //
-// simhash_pack: MagicPIG's K-bit SimHash code of each row in each of L tables, from the
-// projections (a GEMM, run by the BLAS).
+// simhash_codes: MagicPIG's K-bit SimHash code of each row in each of L tables.
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -176,14 +175,39 @@ extern "C" __global__ void decode_attention_merge(const float* part, float* out,
 // Packs SimHash codes from projections computed by a GEMM (x · W on the BLAS): one thread per
 // (row, table), bit b = (proj[row, l*K + b] > 0).
 //   proj [rows, K*L] f32   codes [rows, L] u32
-extern "C" __global__ void simhash_pack(const float* proj, uint32_t* codes, int rows, int bits, int tables) {
-    const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= (size_t)rows * tables) return;
-    const int row = t / tables, l = t % tables;
-    const float* p = proj + (size_t)row * bits * tables + (size_t)l * bits;
+// SimHash codes, bit for bit the CPU's (kernels/src/sparse.rs, reference::simhash_codes): each
+// projection is summed over the d channels in order with one rounded multiply and one rounded
+// add per channel (__fmul_rn/__fadd_rn: nvcc would otherwise fuse them into FMAs, whose single
+// rounding flips the sign of near-zero projections against the CPU). Block: SH_ROWS rows x
+// SH_TABLES tables, thread (row, table) computes that table's `bits` projections; a warp is 32
+// rows of one table, so each plane's weight is one broadcast load, and the block's rows sit in
+// shared memory (padded by one float: lanes read the same channel of different rows).
+//   x [rows, d] f32   w [d, bits * tables] f32   codes [rows, tables] u32
+#define SH_ROWS 32
+#define SH_TABLES 8
+
+extern "C" __global__ void simhash_codes(const float* x, const float* w, uint32_t* codes, int rows, int d, int bits,
+                                         int tables) {
+    extern __shared__ float xs[];  // [SH_ROWS][d + 1]
+    const int r0 = blockIdx.x * SH_ROWS;
+    const int tid = threadIdx.y * SH_ROWS + threadIdx.x;
+    for (int e = tid; e < SH_ROWS * d; e += SH_ROWS * SH_TABLES) {
+        const int r = e / d, i = e % d;
+        xs[r * (d + 1) + i] = r0 + r < rows ? x[(size_t)(r0 + r) * d + i] : 0.f;
+    }
+    __syncthreads();
+    const int row = r0 + threadIdx.x, l = blockIdx.y * SH_TABLES + threadIdx.y;
+    if (row >= rows || l >= tables) return;
+    const int planes = bits * tables;
+    const float* xr = xs + threadIdx.x * (d + 1);
     uint32_t code = 0;
-    for (int b = 0; b < bits; ++b) code |= (uint32_t)(p[b] > 0.f) << b;
-    codes[t] = code;
+    for (int b = 0; b < bits; ++b) {
+        const float* wp = w + (size_t)l * bits + b;
+        float p = 0.f;
+        for (int i = 0; i < d; ++i) p = __fadd_rn(p, __fmul_rn(xr[i], __ldg(wp + (size_t)i * planes)));
+        code |= (uint32_t)(p > 0.f) << b;
+    }
+    codes[(size_t)row * tables + l] = code;
 }
 
 // Double Sparsity's label scores: one thread per (query head, token); the token's label is r

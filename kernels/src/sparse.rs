@@ -6,19 +6,26 @@
 //! PTX by build.rs) on CUDA. The attention kernel gathers the selected rows itself, so a decode
 //! step reads only the K and V rows it attends; it splits each head's selection over about a
 //! thousand blocks (at least 128 rows each, in tiles of 128 rows scored one per thread) and
-//! merges their partials by LSE in a second kernel. SimHash projects with
-//! the BLAS (a GEMM) and packs the signs in a kernel.
+//! merges their partials by LSE in a second kernel. SimHash sums each projection in
+//! f32 in channel order, as its reference does, so codes agree bit for bit across devices (a
+//! GEMM would round differently and flip the sign of near-zero projections: an index built on
+//! the GPU would sample other keys than the CPU's).
 //!
 //! Costs, for the benchmarks' ratio to the hardware limit (per call; `h` query heads, `s`
 //! selected rows per head, `d` head dim, `b` bytes per K/V element):
 //! * decode attention: 4·h·s·d FLOPs, h·s·(2·d·b + 4) bytes read (+4 with a bias) — bandwidth-bound
 //!   (≈ 0.5 FLOP/byte at bf16), so its limit is memory bandwidth;
-//! * SimHash codes: 2·r·d·K·L FLOPs, r·d·4 + d·K·L·4 + r·L·4 bytes (plus the r·K·L·4-byte
-//!   projection written and read once) — compute-bound for the paper's K·L = 1500.
+//! * SimHash codes: 2·r·d·K·L FLOPs, r·d·4 + d·K·L·4 + r·L·4 bytes — compute-bound for the
+//!   paper's K·L = 1500.
 
 use candle_core::{DType, Device, Result, Tensor};
 
+use rayon::prelude::*;
+
 use crate::Positions;
+
+/// Most hash bits per table the codes hold (MAX_BITS in the kernel; MagicPIG's K is ≤ 12).
+pub const MAX_SIMHASH_BITS: usize = 16;
 
 /// The plain-slice definitions the fast paths are held to.
 pub mod reference {
@@ -118,20 +125,27 @@ pub mod reference {
     }
 
     /// Code of each row of `x [rows, d]` in each of `tables` tables: bit `b` of table `l` is
-    /// `x · w[:, l·bits + b] > 0`, `w [d, bits·tables]`.
+    /// `x · w[:, l·bits + b] > 0`, `w [d, bits·tables]`. Each projection is an f32 sum over the
+    /// channels in order, one rounded multiply and one rounded add per channel: the definition
+    /// every device computes bit for bit (no f64 here, unlike the other references), so a key
+    /// hashed on the GPU lands in the bucket the CPU would give it and an index built on either
+    /// samples the same keys. The loop runs over all planes per channel, which vectorizes
+    /// without changing any plane's order of additions.
     pub fn simhash_codes(x: &[f32], w: &[f32], d: usize, bits: usize, tables: usize) -> Vec<u32> {
         let planes = bits * tables;
         let rows = x.len() / d.max(1);
         let mut codes = Vec::with_capacity(rows * tables);
+        let mut proj = vec![0f32; planes];
         for r in 0..rows {
-            for l in 0..tables {
-                let mut code = 0u32;
-                for b in 0..bits {
-                    let p: f64 = (0..d).map(|i| x[r * d + i] as f64 * w[i * planes + l * bits + b] as f64).sum();
-                    code |= u32::from(p > 0.0) << b;
+            proj.fill(0.0);
+            for (i, &xi) in x[r * d..(r + 1) * d].iter().enumerate() {
+                for (p, &wv) in proj.iter_mut().zip(&w[i * planes..(i + 1) * planes]) {
+                    *p += xi * wv;
                 }
-                codes.push(code);
             }
+            codes.extend(
+                proj.chunks(bits).map(|t| t.iter().enumerate().fold(0u32, |c, (b, &p)| c | (u32::from(p > 0.0) << b))),
+            );
         }
         codes
     }
@@ -246,17 +260,28 @@ pub fn block_scores(q: &Tensor, k: &Tensor, starts: &Tensor, block: usize, end: 
     }
 }
 
-/// SimHash codes `[rows, tables]` u32 of `x [rows, d]` against `w [d, bits·tables]` (f32).
+/// Rows per task of the CPU SimHash: enough to amortise the task, few enough to spread an
+/// index build's chunk over every core.
+const SIMHASH_ROWS_PER_TASK: usize = 256;
+
+/// SimHash codes `[rows, tables]` u32 of `x [rows, d]` against `w [d, bits·tables]` (f32), bit
+/// for bit [`reference::simhash_codes`] on every device: on the CPU the reference over the
+/// cores, on CUDA a kernel summing in the same order without fused multiply-adds.
 pub fn simhash_codes(x: &Tensor, w: &Tensor, bits: usize, tables: usize) -> Result<Tensor> {
     let (rows, d) = x.dims2()?;
-    if w.dims() != [d, bits * tables] || bits == 0 || bits > 32 {
+    if w.dims() != [d, bits * tables] || bits == 0 || bits > MAX_SIMHASH_BITS || tables == 0 {
         candle_core::bail!("simhash_codes: x {:?}, w {:?}, {bits} bits x {tables} tables", x.dims(), w.dims());
     }
     match x.device() {
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => cuda::simhash_codes(x, w, (rows, d, bits, tables)),
         device => {
-            Tensor::from_vec(reference::simhash_codes(&f32s(x)?, &f32s(w)?, d, bits, tables), (rows, tables), device)
+            let (x, w) = (f32s(x)?, f32s(w)?);
+            let codes: Vec<u32> = x
+                .par_chunks(SIMHASH_ROWS_PER_TASK * d.max(1))
+                .flat_map_iter(|rows| reference::simhash_codes(rows, &w, d, bits, tables))
+                .collect();
+            Tensor::from_vec(codes, (rows, tables), device)
         }
     }
 }
@@ -423,44 +448,58 @@ mod cuda {
         Ok((both.narrow(0, 0, heads * d)?.reshape((heads, d))?, both.narrow(0, heads * d, heads)?))
     }
 
-    /// Packs `proj [rows, bits·tables]` (x · W from the BLAS) into codes.
-    struct SimHashPack {
-        dims: (usize, usize, usize),
+    /// Threads of a SimHash block: rows × tables (SH_ROWS and SH_TABLES in the kernel).
+    const SH_ROWS: usize = 32;
+    const SH_TABLES: usize = 8;
+
+    struct SimHash {
+        dims: (usize, usize, usize, usize),
     }
 
-    impl candle_core::CustomOp1 for SimHashPack {
+    impl candle_core::CustomOp2 for SimHash {
         fn name(&self) -> &'static str {
-            "folio-simhash-pack"
+            "folio-simhash"
         }
 
-        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
             candle_core::bail!("simhash_codes runs the reference on the CPU, not this op")
         }
 
-        fn cuda_fwd(&self, proj: &CudaStorage, pl: &Layout) -> Result<(CudaStorage, Shape)> {
-            let (rows, bits, tables) = self.dims;
-            let dev = proj.device().clone();
-            let ps = proj.as_cuda_slice::<f32>()?.slice(pl.start_offset()..);
+        fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, w: &CudaStorage, wl: &Layout) -> Result<(CudaStorage, Shape)> {
+            let (rows, d, bits, tables) = self.dims;
+            let dev = x.device().clone();
+            let xs = x.as_cuda_slice::<f32>()?.slice(xl.start_offset()..);
+            let ws = w.as_cuda_slice::<f32>()?.slice(wl.start_offset()..);
             // SAFETY: one thread writes each code.
             let codes = unsafe { dev.alloc::<u32>(rows * tables)? };
-            let cfg = grid_for(rows * tables, "simhash_codes")?;
-            let func = dev.get_or_load_custom_func("simhash_pack", MODULE, PTX)?;
+            let (Ok(gx), Ok(gy)) = (u32::try_from(rows.div_ceil(SH_ROWS)), u32::try_from(tables.div_ceil(SH_TABLES)))
+            else {
+                candle_core::bail!("simhash_codes: {rows} rows are more than one launch holds");
+            };
+            let cfg = LaunchConfig {
+                grid_dim: (gx, gy, 1),
+                block_dim: (SH_ROWS as u32, SH_TABLES as u32, 1),
+                shared_mem_bytes: (SH_ROWS * (d + 1) * 4) as u32,
+            };
+            let func = dev.get_or_load_custom_func("simhash_codes", MODULE, PTX)?;
             let mut b = func.builder();
-            let ints = [rows as i32, bits as i32, tables as i32];
-            b.arg(&ps).arg(&codes);
+            let ints = [rows as i32, d as i32, bits as i32, tables as i32];
+            b.arg(&xs).arg(&ws).arg(&codes);
             for i in &ints {
                 b.arg(i);
             }
-            // SAFETY: sizes from the checked shapes.
+            // SAFETY: sizes from the checked shapes; the shared rows fit (d ≤ MAX_D).
             unsafe { b.launch(cfg) }.w()?;
             Ok((CudaStorage::wrap_cuda_slice(codes, dev), Shape::from((rows, tables))))
         }
     }
 
     pub fn simhash_codes(x: &Tensor, w: &Tensor, dims: (usize, usize, usize, usize)) -> Result<Tensor> {
-        let (rows, _, bits, tables) = dims;
-        let proj = x.to_dtype(DType::F32)?.matmul(&w.to_dtype(DType::F32)?)?.contiguous()?;
-        proj.apply_op1_no_bwd(&SimHashPack { dims: (rows, bits, tables) })
+        if dims.1 > MAX_D {
+            candle_core::bail!("simhash_codes: head dim {} > {MAX_D}", dims.1);
+        }
+        let (x, w) = (x.to_dtype(DType::F32)?.contiguous()?, w.to_dtype(DType::F32)?.contiguous()?);
+        x.apply_op2_no_bwd(&w, &SimHash { dims })
     }
 
     /// One thread per (query head, token) or one warp per (query head, block): the launch size.

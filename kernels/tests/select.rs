@@ -109,3 +109,74 @@ fn gather_matches_reference(device: &Device) -> Result<()> {
 }
 
 test_device!(gather_matches_reference, gather_cpu, gather_cuda);
+
+/// Attention computed by the CPU over picked host rows (MagicPIG's side of a step) equals the
+/// definition's: per-query-head picks of different lengths (empty, one row, several tasks'
+/// worth), GQA, f32 and bf16 rows, a logit bias that depends on q·k; a position past the
+/// stored rows is refused.
+fn host_attention_matches_reference(device: &Device) -> Result<()> {
+    let seed = rand::random();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for (kv_heads, group, n, d, dtype) in
+        [(2, 4, 9000, 32, DType::BF16), (1, 3, 500, 128, DType::F32), (4, 1, 50, 80, DType::BF16)]
+    {
+        let heads = kv_heads * group;
+        let round = |x: Vec<f32>| -> Result<Vec<f32>> {
+            Tensor::from_vec(x, kv_heads * n * d, &Device::Cpu)?.to_dtype(dtype)?.to_dtype(DType::F32)?.to_vec1()
+        };
+        let (k, v) = (round(random(&mut rng, kv_heads * n * d, 1.0))?, round(random(&mut rng, kv_heads * n * d, 1.0))?);
+        let rows = |x: &[f32]| -> Result<HostRows> {
+            let mut host = HostRows::new(device, dtype, kv_heads, n, d)?;
+            host.write(0, &Tensor::from_slice(x, (kv_heads, n, d), device)?.to_dtype(dtype)?)?;
+            Ok(host)
+        };
+        let (hk, hv) = (rows(&k)?, rows(&v)?);
+        let q = random(&mut rng, heads * d, 1.0);
+        // Pick lengths: empty, one row, and up to the whole context (several tasks).
+        let picks: Vec<Vec<u32>> = (0..heads)
+            .map(|h| {
+                let len = match h % 3 {
+                    0 if h > 0 => 0,
+                    1 => 1,
+                    _ => rng.random_range(1..=n),
+                };
+                let mut p: Vec<u32> = (0..n as u32).collect();
+                for i in 0..len {
+                    p.swap(i, rng.random_range(i..n));
+                }
+                p.truncate(len);
+                p
+            })
+            .collect();
+        let bias = |h: usize, j: usize, key: &[f32]| {
+            let qk: f32 = q[h * d..(h + 1) * d].iter().zip(key).map(|(a, b)| a * b).sum();
+            0.5 * qk.tanh() - 0.001 * ((h + j) % 7) as f32
+        };
+        let scale = 1.0 / (d as f32).sqrt();
+        let (out, lse) = select::host_attention(&q, (&hk, &hv), &picks, scale, &bias)?;
+        for (h, pick) in picks.iter().enumerate() {
+            // The reference for this head alone: its pick as a one-head selection.
+            let g = h / group;
+            let kg = &k[g * n * d..(g + 1) * n * d];
+            let vg = &v[g * n * d..(g + 1) * n * d];
+            let qh = &q[h * d..(h + 1) * d];
+            let b: Vec<f32> =
+                pick.iter().enumerate().map(|(j, &p)| bias(h, j, &kg[p as usize * d..(p as usize + 1) * d])).collect();
+            let (want, want_lse) =
+                folio_kernels::sparse::reference::decode_attention(qh, kg, vg, pick, Some(&b), (1, 1, n, d), scale);
+            let diff = common::max_abs_diff(&out[h * d..(h + 1) * d], &want);
+            assert!(diff < 1e-4, "seed {seed}: head {h} ({} rows) differs by {diff}", pick.len());
+            if pick.is_empty() {
+                assert_eq!(lse[h], f32::NEG_INFINITY, "seed {seed}");
+            } else {
+                assert!((lse[h] - want_lse[0]).abs() < 1e-3, "seed {seed}: lse {} vs {}", lse[h], want_lse[0]);
+            }
+        }
+        println!("{device:?} host attention {heads}/{kv_heads} heads, n {n}, d {d}, {dtype:?}: within 1e-4");
+        let past = vec![vec![n as u32]; heads];
+        assert!(select::host_attention(&q, (&hk, &hv), &past, scale, &bias).is_err());
+    }
+    Ok(())
+}
+
+test_device!(host_attention_matches_reference, host_attention_cpu, host_attention_cuda);

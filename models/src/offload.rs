@@ -205,6 +205,22 @@ impl OffloadKv {
         Ok((k.gather(&idx, 1, None, Positions::Trusted)?, v.gather(&idx, 1, None, Positions::Trusted)?))
     }
 
+    /// A layer's saved K and V rows in host memory, for work the CPU does on them itself
+    /// (MagicPIG's sampled attention).
+    pub fn host_rows(&self, layer: usize) -> Result<(&HostRows, &HostRows)> {
+        let (k, v) = self.layer(layer)?;
+        Ok((k, v))
+    }
+
+    /// Saved keys `[kv_heads, end - start, d]` of positions `start..end` (below the saved
+    /// length) on the device: an index build hashes them there.
+    pub fn saved_keys(&self, layer: usize, start: usize, end: usize) -> Result<Tensor> {
+        if start > end || end > self.saved {
+            return Err(Error::Invalid(format!("saved keys {start}..{end} of {} rows", self.saved)));
+        }
+        self.host_keys(layer, start, end)
+    }
+
     /// Keys only of [`Self::host_chunk`]: a scan or an index build needs no values.
     fn host_keys(&self, layer: usize, start: usize, end: usize) -> Result<Tensor> {
         let (k, _) = self.layer(layer)?;
@@ -362,13 +378,24 @@ pub fn dense(call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Tensor> {
 /// head's shorter pick). Gathers the rows and runs the selected-row attention kernel. Output
 /// `[q_heads, 1, d]` in the query's dtype.
 pub fn attend_selected(call: &AttnCall<'_>, kv: &OffloadKv, idx: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (out, _lse) = selected_partial(call, kv, idx, bias)?;
+    Ok(out.unsqueeze(1)?.to_dtype(call.q.dtype())?)
+}
+
+/// [`attend_selected`] as a partial attention: `out [q_heads, d]` f32 and its LSE `[q_heads]`,
+/// to merge with attention over other positions.
+pub fn selected_partial(
+    call: &AttnCall<'_>,
+    kv: &OffloadKv,
+    idx: &Tensor,
+    bias: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
     let s = idx.dim(1)?;
     let (k, v) = kv.gather(call.kv_layer, idx, call.q_start + 1)?;
     // The gathered rows are the kernel's K/V: `rows` heads of `s` rows each, read in order.
     let q = call.q.squeeze(1)?;
     let own = Tensor::arange(0u32, s as u32, idx.device())?.unsqueeze(0)?.repeat((q.dim(0)?, 1))?;
-    let (out, _lse) = sparse::decode_attention(&q, &k, &v, &own, bias, call.scale, Positions::Trusted)?;
-    Ok(out.unsqueeze(1)?.to_dtype(call.q.dtype())?)
+    Ok(sparse::decode_attention(&q, &k, &v, &own, bias, call.scale, Positions::Trusted)?)
 }
 
 /// Per-head picks of different lengths (positions, and logit biases or none) as the `[heads, s]`

@@ -21,13 +21,15 @@
 //! every token static: exact dense attention, the paper's own limit.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rayon::prelude::*;
 
 use candle_core::{DType, Device, Tensor};
+use folio_kernels::attention::{merge, AttnOutput};
+use folio_kernels::{select, sparse};
 
 use super::select::{
     budgeted_settings, dot, index_base, query_rows, sparse_decode, visible, HeadPick, IndexSource, Indexes, LayerRows,
@@ -80,6 +82,9 @@ pub(super) const PARAMS: [ParamSpec; 6] = [
 const MAX_TABLES: usize = 1024;
 /// The authors' floor under `u` before the log: caps an importance weight at 1e4.
 const U_FLOOR: f64 = 1e-4;
+/// Keys hashed per chunk of an index build: 64 Ki rows per KV head (what the offloaded tier
+/// reads at a time).
+const INDEX_CHUNK: usize = 1 << 16;
 
 /// `u = P[Binomial(L, p^K) ≥ 2]` for a single-hyperplane collision probability `p`, via
 /// `(1-P)^L + L P (1-P)^(L-1) = (1-P)^(L-1) (1 + (L-1) P)` in logs, which avoids the naive
@@ -121,18 +126,6 @@ fn projection(d: usize, planes: usize, seed: u64) -> Vec<f32> {
     (0..d * planes).map(|_| normal(&mut rng)).collect()
 }
 
-/// Codes of `x` in every table: bit `b` of table `l` is `x · W[:, l·K + b] > 0`.
-fn codes(x: &[f32], w: &[f32], bits: usize, tables: usize) -> Vec<u32> {
-    let planes = bits * tables;
-    let mut proj = vec![0f32; planes];
-    for (i, xi) in x.iter().enumerate() {
-        for (p, wv) in proj.iter_mut().zip(&w[i * planes..][..planes]) {
-            *p += xi * wv;
-        }
-    }
-    (0..tables).map(|l| (0..bits).fold(0u32, |c, b| c | (u32::from(proj[l * bits + b] > 0.0) << b))).collect()
-}
-
 /// One KV head's tables over keys `first..first + n`.
 struct HeadTables {
     mean: Vec<f32>,
@@ -156,98 +149,128 @@ struct LayerIndex {
 }
 
 impl LayerIndex {
-    fn build(rows: &LayerRows, first: usize, end: usize, bits: usize, tables: usize, seed: u64) -> Result<Self> {
-        let whole = |f: &mut dyn FnMut(usize, &[f32], usize)| -> Result<()> {
-            f(0, &rows.k, rows.len);
-            Ok(())
+    fn build(rows: &LayerRows, plan: &Plan) -> Result<Self> {
+        let (kv_heads, d) = (rows.kv_heads, rows.head_dim);
+        let key = |h: usize, p: usize, out: &mut [f32]| out.copy_from_slice(rows.key(h, p));
+        let chunk = |a: usize, b: usize| -> Result<Tensor> {
+            let heads: Vec<Tensor> = (0..kv_heads)
+                .map(|h| {
+                    Tensor::from_slice(
+                        &rows.k[(h * rows.len + a) * d..(h * rows.len + b) * d],
+                        (1, b - a, d),
+                        &Device::Cpu,
+                    )
+                })
+                .collect::<candle_core::Result<_>>()?;
+            Ok(Tensor::cat(&heads, 0)?)
         };
-        Self::build_chunked((rows.kv_heads, rows.head_dim), first, end, (bits, tables, seed), &whole)
+        Self::build_with((kv_heads, d), plan, &key, &chunk, INDEX_CHUNK)
     }
 
-    /// [`Self::build`] from keys delivered in position order by `chunks`, which is called twice
-    /// (the mean, then the codes) and hands `f(start, keys [kv_heads, c, d] f32, c)` for each
-    /// chunk of `c` positions from `start`: an offloaded layer is read a chunk at a time, never
-    /// whole. The sums run in position order either way, so both builds are the same index.
-    #[allow(clippy::type_complexity)]
-    fn build_chunked(
+    /// The index over `plan`'s keys from two views of them: `key(h, p, out)` writes key `p` of KV
+    /// head `h` as f32 (host memory: the means and norms, summed in position order), and
+    /// `chunk(a, b)` gives keys `a..b` as `[kv_heads, b - a, d]` on the device that hashes them
+    /// (the GPU for an offloaded layer), `chunk_rows` at a time. SimHash codes are the same bits
+    /// on every device, so the resident reference and the offloaded tier build the same tables
+    /// from the same keys, whatever the chunking.
+    fn build_with(
         (kv_heads, d): (usize, usize),
-        first: usize,
-        end: usize,
-        (bits, tables, seed): (usize, usize, u64),
-        chunks: &dyn Fn(&mut dyn FnMut(usize, &[f32], usize)) -> Result<()>,
+        plan: &Plan,
+        key: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
+        chunk: &dyn Fn(usize, usize) -> Result<Tensor>,
+        chunk_rows: usize,
     ) -> Result<Self> {
+        let Plan { first, end, bits, tables, seed } = *plan;
         let n = end - first;
         let w = projection(d, bits * tables, seed);
-        // The chunk's rows inside first..end.
-        let span =
-            |start: usize, c: usize| first.max(start).min(start + c) - start..end.min(start + c).max(start) - start;
-        let mut sums = vec![vec![0f64; d]; kv_heads];
-        // Chunks must tile the positions in order: a gap and an overlap of the same size would
-        // pass the count check below and give a wrong index.
-        let mut next = 0;
-        let mut in_order = true;
-        chunks(&mut |start, keys, c| {
-            in_order &= start == next;
-            next = start + c;
-            for (h, sum) in sums.iter_mut().enumerate() {
-                for j in span(start, c) {
-                    for (m, x) in sum.iter_mut().zip(&keys[(h * c + j) * d..][..d]) {
-                        *m += *x as f64;
-                    }
+        // Per head: the mean (f64 sums in position order), then each key's centred norm.
+        let centre: Vec<(Vec<f32>, Vec<f32>)> = (0..kv_heads)
+            .into_par_iter()
+            .map(|h| {
+                let (mut sum, mut row) = (vec![0f64; d], vec![0f32; d]);
+                for p in first..end {
+                    key(h, p, &mut row);
+                    sum.iter_mut().zip(&row).for_each(|(m, x)| *m += *x as f64);
                 }
-            }
-        })?;
-        if !in_order {
-            return Err(Error::Invalid("magicpig: key chunks must follow each other in position order".into()));
-        }
-        let means: Vec<Vec<f32>> = sums.iter().map(|s| s.iter().map(|m| (m / n as f64) as f32).collect()).collect();
-        let mut norms: Vec<Vec<f32>> = (0..kv_heads).map(|_| Vec::with_capacity(n)).collect();
-        let mut all_codes: Vec<Vec<Vec<u32>>> = (0..kv_heads).map(|_| Vec::with_capacity(n)).collect();
-        chunks(&mut |start, keys, c| {
-            for (h, mean) in means.iter().enumerate() {
-                // d·K·L multiply-adds a key: over the cores (rayon keeps the order).
-                let coded: Vec<(f32, Vec<u32>)> = span(start, c)
+                let mean: Vec<f32> = sum.iter().map(|m| (m / n as f64) as f32).collect();
+                let norms = (first..end)
                     .into_par_iter()
-                    .map(|j| {
-                        let x: Vec<f32> = keys[(h * c + j) * d..][..d].iter().zip(mean).map(|(a, b)| a - b).collect();
-                        (dot(&x, &x).sqrt(), codes(&x, &w, bits, tables))
-                    })
+                    .map_init(
+                        || vec![0f32; d],
+                        |row, p| {
+                            key(h, p, row);
+                            row.iter_mut().zip(&mean).for_each(|(x, m)| *x -= m);
+                            dot(row, row).sqrt()
+                        },
+                    )
                     .collect();
-                for (norm, code) in coded {
-                    norms[h].push(norm);
-                    all_codes[h].push(code);
+                (mean, norms)
+            })
+            .collect();
+        // Codes, table-major per head (`[tables][n]`), hashed a chunk at a time on its device.
+        let mut codes = vec![vec![0u32; tables * n]; kv_heads];
+        let mut w_on: Option<Tensor> = None;
+        let mut means_on: Option<Tensor> = None;
+        for a in (first..end).step_by(chunk_rows.max(1)) {
+            let b = (a + chunk_rows.max(1)).min(end);
+            let keys = chunk(a, b)?.to_dtype(DType::F32)?;
+            if keys.dims() != [kv_heads, b - a, d] {
+                return Err(Error::Invalid(format!(
+                    "magicpig: keys {a}..{b} came as {:?}, not [{kv_heads}, {}, {d}]",
+                    keys.dims(),
+                    b - a
+                )));
+            }
+            let dev = keys.device().clone();
+            let w_dev = match &w_on {
+                Some(t) => t.clone(),
+                None => w_on.insert(Tensor::from_slice(&w, (d, bits * tables), &dev)?).clone(),
+            };
+            let means = match &means_on {
+                Some(t) => t.clone(),
+                None => {
+                    let flat: Vec<f32> = centre.iter().flat_map(|c| c.0.iter().copied()).collect();
+                    means_on.insert(Tensor::from_vec(flat, (kv_heads, 1, d), &dev)?).clone()
+                }
+            };
+            let centred = keys.broadcast_sub(&means)?;
+            for (h, head_codes) in codes.iter_mut().enumerate() {
+                let c: Vec<u32> =
+                    sparse::simhash_codes(&centred.get(h)?, &w_dev, bits, tables)?.flatten_all()?.to_vec1()?;
+                for (j, row) in c.chunks_exact(tables).enumerate() {
+                    for (l, &code) in row.iter().enumerate() {
+                        head_codes[l * n + a - first + j] = code;
+                    }
                 }
             }
-        })?;
-        if all_codes.iter().any(|c| c.len() != n) {
-            return Err(Error::Invalid(format!("magicpig: the keys {first}..{end} were not all delivered")));
         }
-        let heads = means
+        let heads = centre
             .into_iter()
-            .zip(norms)
-            .zip(all_codes)
-            .map(|((mean, norms), all_codes)| {
-                // Counting sort per table.
+            .zip(codes)
+            .map(|((mean, norms), codes)| {
+                // A counting sort per table, the tables over the cores.
                 let buckets = 1usize << bits;
-                let (mut order, mut start) = (Vec::with_capacity(tables), Vec::with_capacity(tables));
-                for l in 0..tables {
-                    let mut count = vec![0u32; buckets + 1];
-                    for c in &all_codes {
-                        count[c[l] as usize + 1] += 1;
-                    }
-                    for b in 0..buckets {
-                        count[b + 1] += count[b];
-                    }
-                    let mut next = count.clone();
-                    let mut ord = vec![0u32; n];
-                    for (i, c) in all_codes.iter().enumerate() {
-                        let slot = &mut next[c[l] as usize];
-                        ord[*slot as usize] = i as u32;
-                        *slot += 1;
-                    }
-                    order.push(ord);
-                    start.push(count);
-                }
+                let (order, start): (Vec<Vec<u32>>, Vec<Vec<u32>>) = codes
+                    .par_chunks(n.max(1))
+                    .take(tables)
+                    .map(|table| {
+                        let mut count = vec![0u32; buckets + 1];
+                        for &c in table {
+                            count[c as usize + 1] += 1;
+                        }
+                        for b in 0..buckets {
+                            count[b + 1] += count[b];
+                        }
+                        let mut next = count.clone();
+                        let mut ord = vec![0u32; n];
+                        for (i, &c) in table.iter().enumerate() {
+                            let slot = &mut next[c as usize];
+                            ord[*slot as usize] = i as u32;
+                            *slot += 1;
+                        }
+                        (ord, count)
+                    })
+                    .unzip();
                 HeadTables { mean, norms, order, start }
             })
             .collect();
@@ -257,10 +280,16 @@ impl LayerIndex {
     /// The logit bias `−log(u + 1e-4)` of indexed key `i` (row `key`) sampled for query `q`
     /// (norm `q_norm`): `u` from the cosine with the centred key, the vector the hash saw.
     fn logit_bias(&self, t: &HeadTables, q: &[f32], q_norm: f32, i: usize, key: &[f32]) -> f32 {
-        let centred: Vec<f32> = key.iter().zip(&t.mean).map(|(a, b)| a - b).collect();
-        let cos = dot(q, &centred) as f64 / (q_norm as f64 * t.norms[i].max(f32::MIN_POSITIVE) as f64);
+        // q · (key − mean), the products summed in channel order as `dot` sums them.
+        let q_centred: f32 = q.iter().zip(key.iter().zip(&t.mean)).map(|(x, (a, b))| x * (a - b)).sum();
+        let cos = q_centred as f64 / (q_norm as f64 * t.norms[i].max(f32::MIN_POSITIVE) as f64);
         let u = sampling_probability(collision_probability(cos), self.bits, self.tables);
         -((u + U_FLOOR).ln()) as f32
+    }
+
+    /// The query's code in every table.
+    fn query_codes(&self, q: &[f32]) -> Vec<u32> {
+        sparse::reference::simhash_codes(q, &self.w, q.len(), self.bits, self.tables)
     }
 
     /// Offsets (from `first`) of the keys whose code equals `q`'s in at least two tables, in
@@ -272,7 +301,7 @@ impl LayerIndex {
             static COUNT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
         let t = &self.heads[head];
-        let qc = codes(q, &self.w, self.bits, self.tables);
+        let qc = self.query_codes(q);
         let buckets =
             |l: usize, c: u32| &t.order[l][t.start[l][c as usize] as usize..t.start[l][c as usize + 1] as usize];
         COUNT.with_borrow_mut(|count| {
@@ -301,6 +330,7 @@ impl LayerIndex {
 
 /// What a layer's index covers and how it hashes: a function of the store's saved prefix and
 /// the settings alone, so it names a context-file section.
+#[derive(Clone, Copy)]
 struct Plan {
     first: usize,
     end: usize,
@@ -404,9 +434,7 @@ impl MagicPig {
 
     /// The layer's index: cached, else read from the context file, else built.
     fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Result<Option<Arc<LayerIndex>>> {
-        self.layer_index_with(call, hi, (rows.kv_heads, rows.head_dim), |plan| {
-            LayerIndex::build(rows, plan.first, plan.end, plan.bits, plan.tables, plan.seed)
-        })
+        self.layer_index_with(call, hi, (rows.kv_heads, rows.head_dim), |plan| LayerIndex::build(rows, plan))
     }
 
     /// [`Self::layer_index`] with the build left to the caller (`shape`: KV heads, head dim).
@@ -427,89 +455,95 @@ impl MagicPig {
 }
 
 impl MagicPig {
-    /// A decode step over the offloaded tier: the tables are walked on the host as on the
-    /// resident path, but only the sampled keys are read (gathered, for their cosines and so
-    /// their weights), and the selected-row kernel attends over the sample and the static part
-    /// with those weights as logit biases; a head's shorter pick is padded with −∞ biases.
-    /// (The paper attends on the CPU so the sample never crosses the link; docs/engine.md.)
+    /// A decode step over the offloaded tier, split as the paper splits it: the CPU walks the
+    /// tables and attends the sampled keys straight from host memory, on a pool of one thread
+    /// per physical core (so the sample, ~2% of a million rows per query head, never crosses
+    /// the host link), while the GPU attends the static part (sinks, window, the tokens after
+    /// the saved prefix); the two partials merge by LSE.
     fn attend_offloaded(&self, call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Attended> {
         let (lo, hi) = visible(call);
-        // Stored tables, else built once from the layer's saved keys, a chunk at a time.
+        let (keys, values) = kv.host_rows(call.kv_layer)?;
+        // Stored tables, else built once from the layer's saved keys: means and norms from host
+        // memory, codes on the device a chunk at a time.
         let ix = self.layer_index_with(call, hi, (kv.kv_heads(), kv.head_dim()), |plan| {
-            let chunks = |f: &mut dyn FnMut(usize, &[f32], usize)| -> Result<()> {
-                let mut start = 0;
-                kv.for_each_key_chunk(call.kv_layer, |k| {
-                    let c = k.dim(1)?;
-                    f(start, &k.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?, c);
-                    start += c;
-                    Ok(())
-                })
-            };
-            LayerIndex::build_chunked(
-                (kv.kv_heads(), kv.head_dim()),
-                plan.first,
-                plan.end,
-                (plan.bits, plan.tables, plan.seed),
-                &chunks,
-            )
+            let view = keys.host()?;
+            let key = |h: usize, p: usize, out: &mut [f32]| view.row(h, p, out);
+            let chunk = |a: usize, b: usize| kv.saved_keys(call.kv_layer, a, b);
+            LayerIndex::build_with((kv.kv_heads(), kv.head_dim()), plan, &key, &chunk, INDEX_CHUNK)
         })?;
         let Some(ix) = ix else {
             // Every token static: exact attention over the visible keys.
             return Dense.attend(call);
         };
         let queries = query_rows(call)?;
-        let heads = queries.len();
+        let (heads, d) = (queries.len(), kv.head_dim());
         let groups = heads / kv.kv_heads();
-        // Per query head: (offset into the index, position) of each sampled key.
-        let mut walked_total = 0;
-        let sampled: Vec<Vec<(usize, usize)>> = queries
-            .iter()
-            .enumerate()
-            .map(|(h, q)| {
-                let (found, walked) = ix.retrieve(h / groups, &q[0]);
-                walked_total += walked;
-                found.into_iter().map(|i| (i, ix.first + i)).filter(|&(_, p)| p >= lo).collect()
-            })
-            .collect();
-        let most = sampled.iter().map(Vec::len).max().unwrap_or(0);
-        // The sampled keys `[heads, most, d]`, padded with the current token's (never used).
-        let keys: Vec<Vec<Vec<f32>>> = match most {
-            0 => Vec::new(),
-            _ => {
-                let idx: Vec<u32> = sampled
-                    .iter()
-                    .flat_map(|s| s.iter().map(|&(_, p)| p as u32).chain(std::iter::repeat((hi - 1) as u32)).take(most))
-                    .collect();
-                let idx = Tensor::from_vec(idx, (heads, most), call.q.device())?;
-                kv.gather_keys(call.kv_layer, &idx, hi)?.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.to_vec3()?
-            }
+        let q_flat: Vec<f32> = queries.iter().flat_map(|q| q[0].iter().copied()).collect();
+        let scale = call.scale;
+        let (sampled, out_s, lse_s, walked) = on_cpu_pool(|| -> Result<_> {
+            // Per query head: index offsets of the sampled keys, visible ones only.
+            let found: Vec<(Vec<usize>, usize)> = (0..heads)
+                .into_par_iter()
+                .map(|h| {
+                    let (f, walked) = ix.retrieve(h / groups, &q_flat[h * d..(h + 1) * d]);
+                    (f.into_iter().filter(|&i| ix.first + i >= lo).collect(), walked)
+                })
+                .collect();
+            let walked: usize = found.iter().map(|f| f.1).sum();
+            let sampled: Vec<Vec<usize>> = found.into_iter().map(|f| f.0).collect();
+            let picks: Vec<Vec<u32>> =
+                sampled.iter().map(|s| s.iter().map(|&i| (ix.first + i) as u32).collect()).collect();
+            let q_norms: Vec<f32> = (0..heads)
+                .map(|h| dot(&q_flat[h * d..(h + 1) * d], &q_flat[h * d..(h + 1) * d]).sqrt().max(f32::MIN_POSITIVE))
+                .collect();
+            let bias = |h: usize, j: usize, key: &[f32]| {
+                ix.logit_bias(&ix.heads[h / groups], &q_flat[h * d..(h + 1) * d], q_norms[h], sampled[h][j], key)
+            };
+            let (out, lse) = select::host_attention(&q_flat, (keys, values), &picks, scale, &bias)?;
+            Ok((picks, out, lse, walked))
+        })?;
+        // The static part on the device, every head the same positions.
+        let statics: Vec<u32> = (lo..ix.first.max(lo)).chain(ix.end.max(lo)..hi).map(|p| p as u32).collect();
+        let s = statics.len();
+        let idx = Tensor::from_vec(statics.repeat(heads), (heads, s), call.q.device())?;
+        let (out_g, lse_g) = offload::selected_partial(call, kv, &idx, None)?;
+        let dev = call.q.device();
+        let sampled_part = AttnOutput {
+            out: Tensor::from_vec(out_s, (heads, 1, d), dev)?,
+            lse: Tensor::from_vec(lse_s, (heads, 1), dev)?,
         };
-        let statics: Vec<usize> = (lo..ix.first.max(lo)).chain(ix.end.max(lo)..hi).collect();
-        let mut picks: Vec<(Vec<u32>, Vec<f32>)> = Vec::with_capacity(heads);
-        for (h, (q, found)) in queries.iter().zip(&sampled).enumerate() {
-            let (q, t) = (&q[0], &ix.heads[h / groups]);
-            let q_norm = dot(q, q).sqrt().max(f32::MIN_POSITIVE);
-            let mut pos: Vec<u32> = statics.iter().map(|&p| p as u32).collect();
-            let mut bias = vec![0f32; pos.len()];
-            for (j, &(i, p)) in found.iter().enumerate() {
-                pos.push(p as u32);
-                bias.push(ix.logit_bias(t, q, q_norm, i, &keys[h][j]));
-            }
-            picks.push((pos, bias));
-        }
-        let read = picks
-            .iter()
-            .map(|(pos, _)| {
-                let mut sorted: Vec<usize> = pos.iter().map(|&p| p as usize).collect();
+        let static_part = AttnOutput { out: out_g.unsqueeze(1)?, lse: lse_g.unsqueeze(1)? };
+        let out = merge(&static_part, &sampled_part)?.out.to_dtype(call.q.dtype())?;
+        let read = sampled
+            .into_iter()
+            .map(|mut pick| {
+                pick.extend_from_slice(&statics);
+                let mut sorted: Vec<usize> = pick.into_iter().map(|p| p as usize).collect();
                 sorted.sort_unstable();
                 sorted
             })
             .collect();
-        let (idx, bias) = offload::pad_picks(&picks, (hi - 1) as u32, call.q.device())?;
-        let out = offload::attend_selected(call, kv, &idx, bias.as_ref())?;
         // Index entries are 4 bytes; a bf16 key row is 2·d.
-        let searched = walked_total as f64 * 4.0 / (2 * kv.head_dim()) as f64 / heads as f64;
+        let searched = walked as f64 * 4.0 / (2 * d) as f64 / heads as f64;
         Ok(Attended { out, read: Some(read), searched })
+    }
+}
+
+/// Runs `f` on MagicPIG's CPU pool: one thread per physical core (the paper's CPU side: its
+/// work is bound by memory bandwidth and FP units, which hyperthreads share), apart from the
+/// global pool the rest of the engine uses. Should the pool fail to start, the global one runs it.
+fn on_cpu_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    let pool = POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(num_cpus::get_physical().max(1))
+            .thread_name(|i| format!("folio-magicpig-{i}"))
+            .build()
+            .ok()
+    });
+    match pool {
+        Some(pool) => pool.install(f),
+        None => f(),
     }
 }
 
@@ -535,7 +569,7 @@ impl Attention for MagicPig {
             return Ok(None);
         };
         let rows = LayerRows::read_store(kv, layer, plan.end)?;
-        let ix = LayerIndex::build(&rows, plan.first, plan.end, plan.bits, plan.tables, plan.seed)?;
+        let ix = LayerIndex::build(&rows, &plan)?;
         Ok(Some((plan.name(), ix.encode())))
     }
 
@@ -621,48 +655,38 @@ mod tests {
         assert!(tables_for(0.6, 10).0 < 10);
     }
 
-    /// Built from chunks of any size (as an offloaded layer is read, boundaries inside and
-    /// outside the indexed range), the index is the one built from the whole layer.
+    /// Codes of one row, as the index computes them.
+    fn codes(x: &[f32], w: &[f32], bits: usize, tables: usize) -> Vec<u32> {
+        sparse::reference::simhash_codes(x, w, x.len(), bits, tables)
+    }
+
+    /// Hashed in chunks of any size (as an offloaded layer is read; boundaries inside and
+    /// outside the indexed range), the index is the one built from the whole layer; a chunk of
+    /// the wrong shape is an error, not a wrong index.
     #[test]
     fn chunked_build_equals_whole() {
         let seed = rand::random();
         let mut rng = StdRng::seed_from_u64(seed);
-        let (kv_heads, len, d, first, end) = (2, 500, 16, 7, 431);
+        let (kv_heads, len, d) = (2, 500, 16);
+        let plan = Plan { first: 7, end: 431, bits: 4, tables: 6, seed };
         let k: Vec<f32> = (0..kv_heads * len * d).map(|_| normal(&mut rng)).collect();
         let rows = LayerRows { k: k.clone(), v: vec![0.0; k.len()], kv_heads, len, head_dim: d };
-        let whole = LayerIndex::build(&rows, first, end, 4, 6, seed).unwrap();
-        let cuts = [0, 3, 100, 101, 257, 431, 499, 500];
-        let chunks = |f: &mut dyn FnMut(usize, &[f32], usize)| -> Result<()> {
-            for w in cuts.windows(2) {
-                let (a, b) = (w[0], w[1]);
-                let part: Vec<f32> =
-                    (0..kv_heads).flat_map(|h| k[(h * len + a) * d..(h * len + b) * d].to_vec()).collect();
-                f(a, &part, b - a);
+        let whole = LayerIndex::build(&rows, &plan).unwrap();
+        let key = |h: usize, p: usize, out: &mut [f32]| out.copy_from_slice(rows.key(h, p));
+        let chunk = |a: usize, b: usize| -> Result<Tensor> {
+            let part: Vec<f32> = (0..kv_heads).flat_map(|h| k[(h * len + a) * d..(h * len + b) * d].to_vec()).collect();
+            Ok(Tensor::from_vec(part, (kv_heads, b - a, d), &Device::Cpu)?)
+        };
+        for chunk_rows in [1, 37, 100, 424, 1000] {
+            let parts = LayerIndex::build_with((kv_heads, d), &plan, &key, &chunk, chunk_rows).unwrap();
+            assert_eq!((parts.first, parts.end, &parts.w), (whole.first, whole.end, &whole.w));
+            for (a, b) in parts.heads.iter().zip(&whole.heads) {
+                assert!(a.mean == b.mean && a.norms == b.norms, "seed {seed}");
+                assert!(a.order == b.order && a.start == b.start, "seed {seed}: chunks of {chunk_rows}");
             }
-            Ok(())
-        };
-        let parts = LayerIndex::build_chunked((kv_heads, d), first, end, (4, 6, seed), &chunks).unwrap();
-        assert_eq!((parts.first, parts.end, &parts.w), (whole.first, whole.end, &whole.w));
-        for (a, b) in parts.heads.iter().zip(&whole.heads) {
-            assert!(a.mean == b.mean && a.norms == b.norms, "seed {seed}");
-            assert!(a.order == b.order && a.start == b.start, "seed {seed}");
         }
-        // Chunks that miss some of the range are an error, not a short index.
-        let short = |f: &mut dyn FnMut(usize, &[f32], usize)| -> Result<()> {
-            f(0, &k[..kv_heads * 100 * d], 100);
-            Ok(())
-        };
-        assert!(LayerIndex::build_chunked((kv_heads, d), first, end, (4, 6, seed), &short).is_err());
-        // As many keys as needed, but not in order: an error too.
-        let shuffled = |f: &mut dyn FnMut(usize, &[f32], usize)| -> Result<()> {
-            let part = |a: usize, b: usize| -> Vec<f32> {
-                (0..kv_heads).flat_map(|h| k[(h * len + a) * d..(h * len + b) * d].to_vec()).collect()
-            };
-            f(250, &part(250, 500), 250);
-            f(0, &part(0, 250), 250);
-            Ok(())
-        };
-        assert!(LayerIndex::build_chunked((kv_heads, d), first, end, (4, 6, seed), &shuffled).is_err());
+        let short = |a: usize, b: usize| -> Result<Tensor> { chunk(a, b - 1) };
+        assert!(LayerIndex::build_with((kv_heads, d), &plan, &key, &short, 100).is_err());
     }
 
     /// Retrieval returns exactly the keys whose codes match the query's in ≥ 2 tables, each
@@ -675,7 +699,7 @@ mod tests {
         let k: Vec<f32> = (0..heads * n * d).map(|_| normal(&mut rng) + 0.8).collect();
         let rows = LayerRows { k: k.clone(), v: k, kv_heads: heads, len: n, head_dim: d };
         let (first, end, bits, tables) = (3, n - 20, 4, 12);
-        let ix = LayerIndex::build(&rows, first, end, bits, tables, seed).unwrap();
+        let ix = LayerIndex::build(&rows, &Plan { first, end, bits, tables, seed }).unwrap();
         for h in 0..heads {
             let t = &ix.heads[h];
             for l in 0..tables {
