@@ -172,9 +172,6 @@ extern "C" __global__ void decode_attention_merge(const float* part, float* out,
     if (threadIdx.x == 0) lse[h] = ll > 0.f ? mm + logf(ll) : -INFINITY;
 }
 
-// Packs SimHash codes from projections computed by a GEMM (x · W on the BLAS): one thread per
-// (row, table), bit b = (proj[row, l*K + b] > 0).
-//   proj [rows, K*L] f32   codes [rows, L] u32
 // SimHash codes, bit for bit the CPU's (kernels/src/sparse.rs, reference::simhash_codes): each
 // projection is summed over the d channels in order with one rounded multiply and one rounded
 // add per channel (__fmul_rn/__fadd_rn: nvcc would otherwise fuse them into FMAs, whose single

@@ -226,8 +226,8 @@ impl HostRows {
 }
 
 impl HostRows {
-    /// The rows as the CPU reads them, from host memory (no device work; on a GPU this waits
-    /// for the copies still writing into them).
+    /// The rows as the CPU reads them, from host memory (no device work: writes have landed
+    /// when [`HostRows::write`] returns, and the saved rows are not written again).
     pub fn host(&self) -> Result<HostView<'_>> {
         let bytes: Result<&[u8]> = match &self.mem {
             HostMem::Plain(v) => Ok(v.as_slice()),
@@ -463,6 +463,9 @@ mod cuda {
                 DType::BF16 => copy!(half::bf16),
                 other => candle_core::bail!("host rows hold f32 or bf16, not {other:?}"),
             }
+            // Copies into page-locked memory are asynchronous: the rows are not written until
+            // the stream gets there, and the CPU reads them directly (`HostRows::host`).
+            stream.synchronize().w()?;
             Ok(())
         }
 

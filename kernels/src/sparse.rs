@@ -24,7 +24,8 @@ use rayon::prelude::*;
 
 use crate::Positions;
 
-/// Most hash bits per table the codes hold (MAX_BITS in the kernel; MagicPIG's K is ≤ 12).
+/// Most hash bits per table a code may hold (a cap of this API, well above MagicPIG's K ≤ 12;
+/// a u32 code holds 32).
 pub const MAX_SIMHASH_BITS: usize = 16;
 
 /// The plain-slice definitions the fast paths are held to.
@@ -272,6 +273,9 @@ pub fn simhash_codes(x: &Tensor, w: &Tensor, bits: usize, tables: usize) -> Resu
     if w.dims() != [d, bits * tables] || bits == 0 || bits > MAX_SIMHASH_BITS || tables == 0 {
         candle_core::bail!("simhash_codes: x {:?}, w {:?}, {bits} bits x {tables} tables", x.dims(), w.dims());
     }
+    if rows == 0 {
+        return Tensor::zeros((0, tables), DType::U32, x.device());
+    }
     match x.device() {
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => cuda::simhash_codes(x, w, (rows, d, bits, tables)),
@@ -300,7 +304,8 @@ mod cuda {
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sparse.ptx"));
     const MODULE: &str = "folio_sparse";
-    /// Threads per block of the decode kernels (WARPS in the kernel) and of simhash_pack.
+    /// Threads per block of the decode kernels (WARPS in the kernel) and of the kernels with a
+    /// thread per item (`grid_for`).
     const DECODE_THREADS: u32 = 128;
     const HASH_THREADS: u32 = 256;
     /// Decode blocks aimed for (a few per SM of a large GPU, so the row loads in flight cover

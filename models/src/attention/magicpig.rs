@@ -235,12 +235,14 @@ impl LayerIndex {
             };
             let centred = keys.broadcast_sub(&means)?;
             for (h, head_codes) in codes.iter_mut().enumerate() {
-                let c: Vec<u32> =
-                    sparse::simhash_codes(&centred.get(h)?, &w_dev, bits, tables)?.flatten_all()?.to_vec1()?;
-                for (j, row) in c.chunks_exact(tables).enumerate() {
-                    for (l, &code) in row.iter().enumerate() {
-                        head_codes[l * n + a - first + j] = code;
-                    }
+                // Transposed where they were made: a table's codes land as one run.
+                let c: Vec<u32> = sparse::simhash_codes(&centred.get(h)?, &w_dev, bits, tables)?
+                    .t()?
+                    .contiguous()?
+                    .flatten_all()?
+                    .to_vec1()?;
+                for (l, run) in c.chunks_exact(b - a).enumerate() {
+                    head_codes[l * n + a - first..][..b - a].copy_from_slice(run);
                 }
             }
         }
@@ -480,7 +482,12 @@ impl MagicPig {
         let groups = heads / kv.kv_heads();
         let q_flat: Vec<f32> = queries.iter().flat_map(|q| q[0].iter().copied()).collect();
         let scale = call.scale;
-        let (sampled, out_s, lse_s, walked) = on_cpu_pool(|| -> Result<_> {
+        // The static part on the device, every head the same positions: queued first, so the
+        // GPU attends it while the CPU works on the sample.
+        let statics: Vec<u32> = (lo..ix.first.max(lo)).chain(ix.end.max(lo)..hi).map(|p| p as u32).collect();
+        let idx = Tensor::from_vec(statics.repeat(heads), (heads, statics.len()), call.q.device())?;
+        let (out_g, lse_g) = offload::selected_partial(call, kv, &idx, None)?;
+        let (read, out_s, lse_s, walked) = on_cpu_pool(|| -> Result<_> {
             // Per query head: index offsets of the sampled keys, visible ones only.
             let found: Vec<(Vec<usize>, usize)> = (0..heads)
                 .into_par_iter()
@@ -500,13 +507,17 @@ impl MagicPig {
                 ix.logit_bias(&ix.heads[h / groups], &q_flat[h * d..(h + 1) * d], q_norms[h], sampled[h][j], key)
             };
             let (out, lse) = select::host_attention(&q_flat, (keys, values), &picks, scale, &bias)?;
-            Ok((picks, out, lse, walked))
+            // What each head read, as a sorted set (the harness's report).
+            let read: Vec<Vec<usize>> = picks
+                .par_iter()
+                .map(|pick| {
+                    let mut sorted: Vec<usize> = pick.iter().chain(&statics).map(|&p| p as usize).collect();
+                    sorted.sort_unstable();
+                    sorted
+                })
+                .collect();
+            Ok((read, out, lse, walked))
         })?;
-        // The static part on the device, every head the same positions.
-        let statics: Vec<u32> = (lo..ix.first.max(lo)).chain(ix.end.max(lo)..hi).map(|p| p as u32).collect();
-        let s = statics.len();
-        let idx = Tensor::from_vec(statics.repeat(heads), (heads, s), call.q.device())?;
-        let (out_g, lse_g) = offload::selected_partial(call, kv, &idx, None)?;
         let dev = call.q.device();
         let sampled_part = AttnOutput {
             out: Tensor::from_vec(out_s, (heads, 1, d), dev)?,
@@ -514,15 +525,6 @@ impl MagicPig {
         };
         let static_part = AttnOutput { out: out_g.unsqueeze(1)?, lse: lse_g.unsqueeze(1)? };
         let out = merge(&static_part, &sampled_part)?.out.to_dtype(call.q.dtype())?;
-        let read = sampled
-            .into_iter()
-            .map(|mut pick| {
-                pick.extend_from_slice(&statics);
-                let mut sorted: Vec<usize> = pick.into_iter().map(|p| p as usize).collect();
-                sorted.sort_unstable();
-                sorted
-            })
-            .collect();
         // Index entries are 4 bytes; a bf16 key row is 2·d.
         let searched = walked as f64 * 4.0 / (2 * d) as f64 / heads as f64;
         Ok(Attended { out, read: Some(read), searched })
@@ -535,8 +537,9 @@ impl MagicPig {
 fn on_cpu_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
     let pool = POOL.get_or_init(|| {
+        // Physical cores, within the CPUs this process may use (a container's quota).
         rayon::ThreadPoolBuilder::new()
-            .num_threads(num_cpus::get_physical().max(1))
+            .num_threads(num_cpus::get_physical().min(num_cpus::get()).max(1))
             .thread_name(|i| format!("folio-magicpig-{i}"))
             .build()
             .ok()
