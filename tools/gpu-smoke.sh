@@ -4,7 +4,9 @@
 #
 #   tools/gpu-smoke.sh pack    # here: after `cargo build --workspace --no-default-features
 #                              # --features cuda --tests` (with ../shared/tools/cuda-toolchain.sh
-#                              # sourced), copy the binaries into .gpu/ (ignored by git), stripped
+#                              # sourced), copy the binaries into .gpu/ (ignored by git), stripped;
+#                              # FOLIO_PROFILE=release takes `folio` from a `cargo build --release
+#                              # -p folio --no-default-features --features cuda` instead
 #   tools/gpu-smoke.sh run     # there (device tool, carry [".gpu"]): kernels vs CPU reference,
 #                              # every fixture's logits on CUDA vs CPU, and a CUDA chat; log to $OUT
 #   tools/gpu-smoke.sh kernels # there: only the hand-written kernels vs their references, and
@@ -26,7 +28,7 @@ case "${1:-}" in
     cp "$(newest parity)" .gpu/models-parity
     cp "$(newest context)" .gpu/models-context
     cp "$(newest offload)" .gpu/models-offload
-    cp "$target/folio" .gpu/folio
+    cp "$target/../${FOLIO_PROFILE:-debug}/folio" .gpu/folio
     strip .gpu/*
     # The binaries embed candle's PTX (text): xz shrinks them ~6x, under the device tool's 64 MiB.
     tar -C .gpu -cf - folio kernels-attention kernels-sparse kernels-select models-parity models-context models-offload | xz -T2 -6 > .gpu/bundle.tar.xz

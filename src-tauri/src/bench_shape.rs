@@ -8,9 +8,10 @@
 //!
 //! * decode ms/token, median over `--steps` after `--warmup`, beside the *floor*: the bytes a
 //!   step must move (the weights and the method's index on the device; the picked rows, or all
-//!   rows for dense and the exact top-k scan, over the host link) ÷ the device's copy
-//!   bandwidth and the link's page-locked copy rate; the floor is the larger of the two times,
-//!   as the two paths can overlap;
+//!   rows for dense and the exact top-k scan, over the host link; MagicPIG's sample, read by
+//!   the CPU in host memory) ÷ the device's copy bandwidth, the link's page-locked copy rate
+//!   and the host's read bandwidth (every core summing a buffer); the floor is the largest of
+//!   the three times, as the paths can overlap;
 //! * peak device memory as the driver reports it (total − free, sampled every 0.5 ms), checked
 //!   against `--vram-budget`; host RSS; host bytes of the offloaded K/V.
 //!
@@ -95,13 +96,17 @@ struct Report {
     fill_s: f64,
     floor_ms: f64,
     measured_over_floor: f64,
-    /// The floor's two terms: device bytes ÷ copy bandwidth, host-link bytes ÷ link rate.
+    /// The floor's terms: device bytes ÷ copy bandwidth, host-link bytes ÷ link rate, bytes the
+    /// CPU reads in host memory ÷ its read bandwidth.
     floor_device_ms: f64,
     floor_link_ms: f64,
+    floor_host_ms: f64,
     device_bytes_per_step: f64,
     link_bytes_per_step: f64,
+    host_bytes_per_step: f64,
     copy_bandwidth: f64,
     link_bandwidth: f64,
+    host_read_bandwidth: f64,
     planned_device_bytes: u64,
     peak_device_bytes: Option<u64>,
     vram_budget: Option<u64>,
@@ -128,8 +133,8 @@ fn parameters(cfg: &ModelConfig) -> (usize, usize) {
 /// and MagicPIG's dense layers, HiP's block and refresh period.
 struct Cost {
     picked: usize,
-    /// MagicPIG: the sample's expected size per query head (the budget), whose keys are
-    /// gathered once more for their weights.
+    /// MagicPIG: the sample's expected size per query head (the budget), read by the CPU in
+    /// host memory.
     sampled: usize,
     label_row: usize,
     dense_layers: usize,
@@ -149,7 +154,9 @@ impl Cost {
         let param = |name: &str| settings["params"][name].as_f64().map_or(0, |x| x as usize);
         let picked = match method {
             "topk" | "double-sparsity" => tokens + param("window"),
-            "hip" | "magicpig" => tokens + param("sinks") + param("window"),
+            "hip" => tokens + param("sinks") + param("window"),
+            // The GPU's share of a MagicPIG step; the sample is the CPU's.
+            "magicpig" => param("sinks") + param("window"),
             _ => tokens,
         };
         let r = match param("channels") {
@@ -173,29 +180,29 @@ impl Cost {
     }
 
     /// Device memory the method needs beyond the weights: Double Sparsity's labels, HiP's
-    /// resident dense layers; MagicPIG's per-layer gathers (the sample's keys, and their f32
-    /// copy, for the weights; then the picks' K and V per query head), which grow with the
-    /// budget unlike the other methods' few-MiB transients.
+    /// resident dense layers; MagicPIG's per-layer gather of its static part's K and V per
+    /// query head (its sample stays in host memory).
     fn device_bytes(&self, method: &str, cfg: &ModelConfig, context: usize, elem: usize) -> u64 {
         let per_layer = |row: usize| (cfg.num_kv_heads * context * row) as u64;
         let d = cfg.head_dim;
         match method {
             "double-sparsity" => cfg.num_layers as u64 * per_layer(self.label_row),
             "hip" => self.dense_layers as u64 * per_layer(2 * d * elem),
-            "magicpig" => (cfg.num_heads * d * (self.sampled * (elem + 4) + self.picked * 2 * elem)) as u64,
+            "magicpig" => (cfg.num_heads * d * self.picked * 2 * elem) as u64,
             _ => 0,
         }
     }
 
     /// Bytes one decode step moves beyond the weights: read on the device (an index, resident
-    /// layers) and over the host link (picked rows; every row for dense; every key for the
-    /// exact scan; HiP's search, amortised over its refresh period).
-    fn traffic(&self, method: &str, cfg: &ModelConfig, context: usize, elem: usize) -> (f64, f64) {
+    /// layers), over the host link (picked rows; every row for dense; every key for the exact
+    /// scan; HiP's search, amortised over its refresh period), and by the CPU in host memory
+    /// (MagicPIG's sample).
+    fn traffic(&self, method: &str, cfg: &ModelConfig, context: usize, elem: usize) -> (f64, f64, f64) {
         let (kv, heads, d) = (cfg.num_kv_heads, cfg.num_heads, cfg.head_dim);
         let layers = cfg.num_layers as f64;
         let row = (d * elem) as f64;
         let rows = |n: usize, per: usize| (n * per) as f64 * 2.0 * row;
-        match method {
+        let (device, link) = match method {
             "dense" => (0.0, layers * rows(context, kv)),
             "topk" => (0.0, layers * ((context * kv) as f64 * row + rows(self.picked, heads))),
             "double-sparsity" => (layers * (context * kv * self.label_row) as f64, layers * rows(self.picked, heads)),
@@ -207,18 +214,45 @@ impl Cost {
                 let search = rounds * (2 * n * self.block * heads) as f64 * row / self.refresh as f64;
                 (self.dense_layers as f64 * rows(context, kv), sparse * (rows(self.picked, heads) + search))
             }
-            // Dense layers read every row; the others gather the sample's keys (for their
-            // weights) and then its K and V, per query head (the sample size is the budget's
-            // expectation; the tables are walked in host memory).
+            // Dense layers read every row over the link; the others gather the static part
+            // (sinks and window) per query head.
             "magicpig" => {
                 let sparse = (cfg.num_layers - self.dense_layers) as f64;
-                let sample = (self.sampled * heads) as f64 * row;
-                (0.0, self.dense_layers as f64 * rows(context, kv) + sparse * (rows(self.picked, heads) + sample))
+                (0.0, self.dense_layers as f64 * rows(context, kv) + sparse * rows(self.picked, heads))
             }
             // One pick per KV head, read once for its group.
             _ => (0.0, layers * rows(self.picked, kv)),
-        }
+        };
+        // MagicPIG's sample (the budget's expectation per query head): K and V read by the CPU;
+        // the tables are walked in host memory too (not counted: a few entries per sampled key).
+        let host = match method {
+            "magicpig" => (cfg.num_layers - self.dense_layers) as f64 * rows(self.sampled, heads),
+            _ => 0.0,
+        };
+        (device, link, host)
     }
+}
+
+/// Host memory read by every core at once (threads summing their share of a `bytes` buffer),
+/// bytes/s: the limit of work the CPU does over host rows (MagicPIG's sample).
+fn host_read_bandwidth(bytes: usize) -> f64 {
+    let words = vec![1u64; bytes / 8];
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let sum = || -> u64 {
+        std::thread::scope(|s| {
+            let parts: Vec<_> = words
+                .chunks(words.len().div_ceil(threads).max(1))
+                .map(|c| s.spawn(move || c.iter().fold(0u64, |a, &x| a.wrapping_add(x))))
+                .collect();
+            parts.into_iter().map(|p| p.join().unwrap_or(0)).fold(0, u64::wrapping_add)
+        })
+    };
+    std::hint::black_box(sum());
+    let start = Instant::now();
+    for _ in 0..COPIES {
+        std::hint::black_box(sum());
+    }
+    (bytes * COPIES) as f64 / start.elapsed().as_secs_f64()
 }
 
 /// Device-to-device copies of `bytes` (after a warm-up, [`COPIES`] back to back), as bytes/s
@@ -315,6 +349,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
     let bandwidth_bytes = if device.is_cpu() { BANDWIDTH_BYTES / 16 } else { BANDWIDTH_BYTES };
     let copy_bw = copy_bandwidth(&device, bandwidth_bytes)?;
     let link_bw = host_to_device_rate(&device, bandwidth_bytes)?;
+    let host_bw = host_read_bandwidth(bandwidth_bytes);
     // Peak RSS from here on (Linux resets VmHWM when "5" is written to clear_refs): the
     // bandwidth buffers above are not the run's memory.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
@@ -358,10 +393,11 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
         }
         times.sort_by(f64::total_cmp);
         let median = percentile(&times, 0.5);
-        let (index_bytes, link_bytes) = cost.traffic(name, &cfg, a.context, elem);
+        let (index_bytes, link_bytes, host_bytes) = cost.traffic(name, &cfg, a.context, elem);
         let device_bytes = (read_params * elem) as f64 + index_bytes;
-        let (floor_device, floor_link) = (device_bytes / copy_bw * 1e3, link_bytes / link_bw * 1e3);
-        let floor = floor_device.max(floor_link);
+        let (floor_device, floor_link, floor_host) =
+            (device_bytes / copy_bw * 1e3, link_bytes / link_bw * 1e3, host_bytes / host_bw * 1e3);
+        let floor = floor_device.max(floor_link).max(floor_host);
         let peak = sampler.peak();
         let report = Report {
             shape: shape.display().to_string(),
@@ -380,10 +416,13 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
             measured_over_floor: median / floor,
             floor_device_ms: floor_device,
             floor_link_ms: floor_link,
+            floor_host_ms: floor_host,
             device_bytes_per_step: device_bytes,
             link_bytes_per_step: link_bytes,
+            host_bytes_per_step: host_bytes,
             copy_bandwidth: copy_bw,
             link_bandwidth: link_bw,
+            host_read_bandwidth: host_bw,
             planned_device_bytes: planned,
             peak_device_bytes: peak,
             vram_budget: budget,
@@ -415,14 +454,15 @@ fn print_report(r: &Report, json: bool, steps: usize) -> Result<()> {
         r.shape, r.device, r.parameters, r.context, r.method, r.settings
     );
     println!(
-        "  copy bandwidth {:.0} GB/s, host link {:.1} GB/s (measured now); K/V fill {:.1} s; first step {:.2} s",
+        "  copy bandwidth {:.0} GB/s, host link {:.1} GB/s, host read {:.1} GB/s (measured now); K/V fill {:.1} s; first step {:.2} s",
         r.copy_bandwidth / 1e9,
         r.link_bandwidth / 1e9,
+        r.host_read_bandwidth / 1e9,
         r.fill_s,
         r.first_step_s
     );
     println!(
-        "  decode {:.2} ms/token (mean {:.2}, p10 {:.2}, p90 {:.2}, {steps} steps); floor {:.2} ms (device {:.2}, link {:.2}): {:.1}x the floor",
+        "  decode {:.2} ms/token (mean {:.2}, p10 {:.2}, p90 {:.2}, {steps} steps); floor {:.2} ms (device {:.2}, link {:.2}, host {:.2}): {:.1}x the floor",
         r.decode_ms_median,
         r.decode_ms_mean,
         r.decode_ms_p10,
@@ -430,6 +470,7 @@ fn print_report(r: &Report, json: bool, steps: usize) -> Result<()> {
         r.floor_ms,
         r.floor_device_ms,
         r.floor_link_ms,
+        r.floor_host_ms,
         r.measured_over_floor
     );
     println!(
