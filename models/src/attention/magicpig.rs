@@ -37,7 +37,7 @@ use super::select::{
 };
 use super::workload::normal;
 use super::{Attended, Attention, AttnCall, Budget, Dense, ParamSpec, Params};
-use crate::error::{Error, Result};
+use crate::error::{human_bytes, Error, Result};
 use crate::kv::KvStore;
 use crate::offload::{self, OffloadKv};
 
@@ -182,6 +182,7 @@ impl LayerIndex {
     ) -> Result<Self> {
         let Plan { first, end, bits, tables, seed } = *plan;
         let n = end - first;
+        check_host_memory(build_bytes(kv_heads, n, bits, tables), available_host_memory(), plan)?;
         let w = projection(d, bits * tables, seed);
         // Per head: the mean (f64 sums in position order), then each key's centred norm.
         let centre: Vec<(Vec<f32>, Vec<f32>)> = (0..kv_heads)
@@ -327,6 +328,40 @@ impl LayerIndex {
             }
             (out, walked)
         })
+    }
+}
+
+/// Host bytes a layer's build holds at its peak: per KV head and table, the codes and the bucket
+/// list (4 bytes a key each) and the bucket starts; per key its norm.
+fn build_bytes(kv_heads: usize, n: usize, bits: usize, tables: usize) -> u64 {
+    let per_head = tables as u64 * (8 * n as u64 + 4 * ((1u64 << bits) + 1)) + 4 * n as u64;
+    kv_heads as u64 * per_head
+}
+
+/// `MemAvailable` of /proc/meminfo in bytes, where there is one.
+fn available_host_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
+/// Refuses a build that needs more host memory than is available now, saying what to change:
+/// at a million tokens a layer's tables are GiBs (4·L bytes per key and KV head, L growing with
+/// the budget) and, layer after layer, would run the machine out of memory, where the OS kills
+/// the process instead of failing an allocation.
+fn check_host_memory(needed: u64, available: Option<u64>, plan: &Plan) -> Result<()> {
+    match available {
+        Some(free) if needed > free => Err(Error::Invalid(format!(
+            "magicpig: the hash tables of keys {}..{} ({} tables of {} bits) need {} of host memory, {} is \
+             available; lower the budget, or set tables= or bits= (each table costs 4 bytes per key and KV head)",
+            plan.first,
+            plan.end,
+            plan.tables,
+            plan.bits,
+            human_bytes(needed),
+            human_bytes(free)
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -690,6 +725,20 @@ mod tests {
         }
         let short = |a: usize, b: usize| -> Result<Tensor> { chunk(a, b - 1) };
         assert!(LayerIndex::build_with((kv_heads, d), &plan, &key, &short, 100).is_err());
+    }
+
+    /// A build that would not fit in the host memory available is refused with what to change;
+    /// one that fits, or where the available memory is unknown, goes ahead.
+    #[test]
+    fn builds_beyond_host_memory_are_refused() {
+        let plan = Plan { first: 4, end: 1 << 20, bits: 10, tables: 150, seed: 0 };
+        let needed = build_bytes(4, plan.end - plan.first, plan.bits, plan.tables);
+        // 150 tables × 8 bytes per key (codes and bucket list) × 4 KV heads ≈ 4.7 GiB.
+        assert!(needed > 4_800_000_000 && needed < 5_100_000_000, "{needed}");
+        let err = check_host_memory(needed, Some(needed - 1), &plan).unwrap_err().to_string();
+        assert!(err.contains("150 tables of 10 bits") && err.contains("tables="), "{err}");
+        assert!(check_host_memory(needed, Some(needed), &plan).is_ok());
+        assert!(check_host_memory(needed, None, &plan).is_ok());
     }
 
     /// Retrieval returns exactly the keys whose codes match the query's in ≥ 2 tables, each
