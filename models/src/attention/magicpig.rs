@@ -152,33 +152,23 @@ impl LayerIndex {
     fn build(rows: &LayerRows, plan: &Plan) -> Result<Self> {
         let (kv_heads, d) = (rows.kv_heads, rows.head_dim);
         let key = |h: usize, p: usize, out: &mut [f32]| out.copy_from_slice(rows.key(h, p));
-        let chunk = |a: usize, b: usize| -> Result<Tensor> {
-            let heads: Vec<Tensor> = (0..kv_heads)
-                .map(|h| {
-                    Tensor::from_slice(
-                        &rows.k[(h * rows.len + a) * d..(h * rows.len + b) * d],
-                        (1, b - a, d),
-                        &Device::Cpu,
-                    )
-                })
-                .collect::<candle_core::Result<_>>()?;
-            Ok(Tensor::cat(&heads, 0)?)
-        };
-        Self::build_with((kv_heads, d), plan, &key, &chunk, INDEX_CHUNK)
+        let all = Tensor::from_slice(&rows.k, (kv_heads, rows.len, d), &Device::Cpu)?;
+        let chunk = |a: usize, b: usize| Ok(all.narrow(1, a, b - a)?);
+        Self::build_with((kv_heads, d), plan, &key, &chunk, (INDEX_CHUNK, &Device::Cpu))
     }
 
     /// The index over `plan`'s keys from two views of them: `key(h, p, out)` writes key `p` of KV
     /// head `h` as f32 (host memory: the means and norms, summed in position order), and
     /// `chunk(a, b)` gives keys `a..b` as `[kv_heads, b - a, d]` on the device that hashes them
-    /// (the GPU for an offloaded layer), `chunk_rows` at a time. SimHash codes are the same bits
-    /// on every device, so the resident reference and the offloaded tier build the same tables
-    /// from the same keys, whatever the chunking.
+    /// (`device`: the GPU for an offloaded layer), `chunk_rows` at a time. SimHash codes are the
+    /// same bits on every device, so the resident reference and the offloaded tier build the
+    /// same tables from the same keys, whatever the chunking.
     fn build_with(
         (kv_heads, d): (usize, usize),
         plan: &Plan,
         key: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
         chunk: &dyn Fn(usize, usize) -> Result<Tensor>,
-        chunk_rows: usize,
+        (chunk_rows, device): (usize, &Device),
     ) -> Result<Self> {
         let Plan { first, end, bits, tables, seed } = *plan;
         let n = end - first;
@@ -208,32 +198,22 @@ impl LayerIndex {
                 (mean, norms)
             })
             .collect();
-        // Codes, table-major per head (`[tables][n]`), hashed a chunk at a time on its device.
+        // Codes, table-major per head (`[tables][n]`), hashed a chunk at a time on the device.
+        let w_dev = Tensor::from_slice(&w, (d, bits * tables), device)?;
+        let means: Vec<f32> = centre.iter().flat_map(|c| c.0.iter().copied()).collect();
+        let means = Tensor::from_vec(means, (kv_heads, 1, d), device)?;
         let mut codes = vec![vec![0u32; tables * n]; kv_heads];
-        let mut w_on: Option<Tensor> = None;
-        let mut means_on: Option<Tensor> = None;
         for a in (first..end).step_by(chunk_rows.max(1)) {
             let b = (a + chunk_rows.max(1)).min(end);
             let keys = chunk(a, b)?.to_dtype(DType::F32)?;
-            if keys.dims() != [kv_heads, b - a, d] {
+            if keys.dims() != [kv_heads, b - a, d] || !keys.device().same_device(device) {
                 return Err(Error::Invalid(format!(
-                    "magicpig: keys {a}..{b} came as {:?}, not [{kv_heads}, {}, {d}]",
+                    "magicpig: keys {a}..{b} came as {:?} on {:?}, not [{kv_heads}, {}, {d}] on {device:?}",
                     keys.dims(),
+                    keys.device(),
                     b - a
                 )));
             }
-            let dev = keys.device().clone();
-            let w_dev = match &w_on {
-                Some(t) => t.clone(),
-                None => w_on.insert(Tensor::from_slice(&w, (d, bits * tables), &dev)?).clone(),
-            };
-            let means = match &means_on {
-                Some(t) => t.clone(),
-                None => {
-                    let flat: Vec<f32> = centre.iter().flat_map(|c| c.0.iter().copied()).collect();
-                    means_on.insert(Tensor::from_vec(flat, (kv_heads, 1, d), &dev)?).clone()
-                }
-            };
             let centred = keys.broadcast_sub(&means)?;
             for (h, head_codes) in codes.iter_mut().enumerate() {
                 // Transposed where they were made: a table's codes land as one run.
@@ -506,7 +486,7 @@ impl MagicPig {
             let view = keys.host()?;
             let key = |h: usize, p: usize, out: &mut [f32]| view.row(h, p, out);
             let chunk = |a: usize, b: usize| kv.saved_keys(call.kv_layer, a, b);
-            LayerIndex::build_with((kv.kv_heads(), kv.head_dim()), plan, &key, &chunk, INDEX_CHUNK)
+            LayerIndex::build_with((kv.kv_heads(), kv.head_dim()), plan, &key, &chunk, (INDEX_CHUNK, kv.device()))
         })?;
         let Some(ix) = ix else {
             // Every token static: exact attention over the visible keys.
@@ -524,22 +504,21 @@ impl MagicPig {
         let (out_g, lse_g) = offload::selected_partial(call, kv, &idx, None)?;
         let (read, out_s, lse_s, walked) = on_cpu_pool(|| -> Result<_> {
             // Per query head: index offsets of the sampled keys, visible ones only.
-            let found: Vec<(Vec<usize>, usize)> = (0..heads)
+            let (picks, walked): (Vec<Vec<u32>>, Vec<usize>) = (0..heads)
                 .into_par_iter()
                 .map(|h| {
-                    let (f, walked) = ix.retrieve(h / groups, &q_flat[h * d..(h + 1) * d]);
-                    (f.into_iter().filter(|&i| ix.first + i >= lo).collect(), walked)
+                    let (found, walked) = ix.retrieve(h / groups, &q_flat[h * d..(h + 1) * d]);
+                    let visible = found.into_iter().map(|i| ix.first + i).filter(|&p| p >= lo);
+                    (visible.map(|p| p as u32).collect(), walked)
                 })
-                .collect();
-            let walked: usize = found.iter().map(|f| f.1).sum();
-            let sampled: Vec<Vec<usize>> = found.into_iter().map(|f| f.0).collect();
-            let picks: Vec<Vec<u32>> =
-                sampled.iter().map(|s| s.iter().map(|&i| (ix.first + i) as u32).collect()).collect();
+                .unzip();
+            let walked: usize = walked.iter().sum();
             let q_norms: Vec<f32> = (0..heads)
                 .map(|h| dot(&q_flat[h * d..(h + 1) * d], &q_flat[h * d..(h + 1) * d]).sqrt().max(f32::MIN_POSITIVE))
                 .collect();
             let bias = |h: usize, j: usize, key: &[f32]| {
-                ix.logit_bias(&ix.heads[h / groups], &q_flat[h * d..(h + 1) * d], q_norms[h], sampled[h][j], key)
+                let i = picks[h][j] as usize - ix.first;
+                ix.logit_bias(&ix.heads[h / groups], &q_flat[h * d..(h + 1) * d], q_norms[h], i, key)
             };
             let (out, lse) = select::host_attention(&q_flat, (keys, values), &picks, scale, &bias)?;
             // What each head read, as a sorted set (the harness's report).
@@ -716,7 +695,7 @@ mod tests {
             Ok(Tensor::from_vec(part, (kv_heads, b - a, d), &Device::Cpu)?)
         };
         for chunk_rows in [1, 37, 100, 424, 1000] {
-            let parts = LayerIndex::build_with((kv_heads, d), &plan, &key, &chunk, chunk_rows).unwrap();
+            let parts = LayerIndex::build_with((kv_heads, d), &plan, &key, &chunk, (chunk_rows, &Device::Cpu)).unwrap();
             assert_eq!((parts.first, parts.end, &parts.w), (whole.first, whole.end, &whole.w));
             for (a, b) in parts.heads.iter().zip(&whole.heads) {
                 assert!(a.mean == b.mean && a.norms == b.norms, "seed {seed}");
@@ -724,7 +703,7 @@ mod tests {
             }
         }
         let short = |a: usize, b: usize| -> Result<Tensor> { chunk(a, b - 1) };
-        assert!(LayerIndex::build_with((kv_heads, d), &plan, &key, &short, 100).is_err());
+        assert!(LayerIndex::build_with((kv_heads, d), &plan, &key, &short, (100, &Device::Cpu)).is_err());
     }
 
     /// A build that would not fit in the host memory available is refused with what to change;
