@@ -335,7 +335,7 @@ fn needle_eval_writes_table_json_and_heatmap() {
     let missed = tempfile::tempdir().unwrap();
     std::fs::create_dir(missed.path().join("misses")).unwrap();
     std::fs::write(missed.path().join("misses/4096-0.5-0.u32"), [0u8; 4]).unwrap();
-    let run = needle(missed.path(), &["--depths", "0", "--samples", "1", "--method", "streaming", "--budget", "16"]);
+    let run = needle(missed.path(), &["--depths", "0", "--samples", "1", "--method", "streaming:16"]);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(stderr.contains("0/1 correct") && stderr.contains("sample 0: expected"), "{stderr}");
@@ -352,7 +352,7 @@ fn needle_eval_writes_table_json_and_heatmap() {
     assert!(err.contains("eval_spec.json"), "{err}");
     let err = err_text(folio(&["eval", "needle", "--model", demo.to_str().unwrap(), "--method", "magic"], &[]));
     assert!(err.contains("unknown attention method \"magic\"; available: dense"), "{err}");
-    let err = err_text(folio(&["eval", "needle", "--model", demo.to_str().unwrap(), "--budget", "2048"], &[]));
+    let err = err_text(folio(&["eval", "needle", "--model", demo.to_str().unwrap(), "--method", "dense:2048"], &[]));
     assert!(err.contains("takes no budget"), "{err}");
 
     // --offload with --methods: one prefill per prompt, a report folder per method; a method
@@ -375,11 +375,8 @@ fn needle_eval_writes_table_json_and_heatmap() {
     assert_eq!(streaming["overall"], 0.0, "streaming over 16 tokens cannot see a fact at depth 0: {streaming}");
     assert_eq!(dense["results"][0]["prefill_seconds"], streaming["results"][0]["prefill_seconds"], "one prefill");
     assert!(several.path().join("streaming-16/misses/1024-0-0.u32").exists());
-    let err = err_text(needle(several.path(), &["--offload", "--method", "topk-ivf", "--budget", "2%"]));
-    assert!(
-        err.contains("--offload runs dense, streaming, topk") && err.contains("topk-ivf reads the context"),
-        "{err}"
-    );
+    let err = err_text(needle(several.path(), &["--offload", "--method", "topk-ivf:2%"]));
+    assert!(err.contains("topk-ivf on the offloaded tier: no offloaded fast path"), "{err}");
     let err = err_text(needle(several.path(), &["--methods", "dense", "--method", "hip"]));
     assert!(err.contains("cannot be used with"), "{err}");
 }
@@ -391,7 +388,7 @@ fn needle_eval_writes_table_json_and_heatmap() {
 fn shape_bench_reports_decode_against_its_floor() {
     let shape = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/shapes/tiny.json");
     let shape = shape.to_str().unwrap();
-    let methods = "dense,streaming,topk,double-sparsity,buzz,hip,magicpig";
+    let methods = "dense,streaming:5%,topk:5%,double-sparsity:5%,buzz:5%,hip:5%,magicpig:5%";
     let args = [
         "bench",
         "--device",
@@ -402,8 +399,6 @@ fn shape_bench_reports_decode_against_its_floor() {
         "2000",
         "--method",
         methods,
-        "--budget",
-        "5%",
         "--steps",
         "3",
         "--warmup",
@@ -428,7 +423,7 @@ fn shape_bench_reports_decode_against_its_floor() {
     assert!(rows[0]["link_bytes_per_step"].as_f64().unwrap() > 10.0 * rows[1]["link_bytes_per_step"].as_f64().unwrap());
     let mut bad = args.to_vec();
     bad[8] = "topk-ivf";
-    assert!(err_text(folio(&bad, &[])).contains("has no offloaded fast path yet"));
+    assert!(err_text(folio(&bad, &[])).contains("topk-ivf on the offloaded tier: no offloaded fast path"));
     let mut tight = args.to_vec();
     tight.extend(["--vram-budget", "1MiB"]);
     assert!(err_text(folio(&tight, &[])).contains("more than the 1.0 MiB budget"));

@@ -11,7 +11,7 @@
 #                              # every fixture's logits on CUDA vs CPU, and a CUDA chat; log to $OUT
 #   tools/gpu-smoke.sh kernels # there: only the hand-written kernels vs their references, and
 #                              # `folio bench kernels` (ratio to the limits measured in the run)
-#   tools/gpu-smoke.sh shape N M [B] # there: `folio bench --shape` at context N, methods M, budget B
+#   tools/gpu-smoke.sh shape N M     # there: `folio bench --shape` at context N, methods M (hip:2048,…)
 #   tools/gpu-smoke.sh prefill S T [KV] # there: `folio bench prefill` of model/shape S, T tokens, 24 GiB cap
 #   tools/gpu-smoke.sh needle [L] [N]   # there: the demo model's needle eval, every offloaded method,
 #                              # one tar of reports and transformers' checks of the misses
@@ -77,14 +77,15 @@ case "${1:-}" in
     } 2>&1 | tee "${OUT:-/tmp}/gpu-kernels.log"
     ;;
   shape)
-    # folio bench --shape over one context length: `tools/gpu-smoke.sh shape <context> <methods>
-    # [budget]`, Qwen2.5-7B-Instruct-1M's shape, capped to a 24 GiB card; JSON lines to $OUT.
+    # folio bench --shape over one context length: `tools/gpu-smoke.sh shape <context> <methods>`,
+    # methods as --method writes them (hip,buzz:2048,magicpig:2%:bits=9; without a budget, the
+    # method's default), Qwen2.5-7B-Instruct-1M's shape, capped to a 24 GiB card; JSON lines to $OUT.
     tar -C .gpu -xJf .gpu/bundle.tar.xz folio
     export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     shape=${SHAPE:-assets/shapes/qwen2.5-7b-instruct-1m.json}
     {
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-      .gpu/folio bench --device cuda --shape "$shape" --context "$2" --method "$3" --budget "${4:-2048}" \
+      .gpu/folio bench --device cuda --shape "$shape" --context "$2" --method "$3" \
         --vram-budget 24GiB --steps "${STEPS:-32}" --warmup 4
     } 2>&1 | tee -a "${OUT:-/tmp}/gpu-shape.log"
     ;;

@@ -241,36 +241,3 @@ extern "C" __global__ void label_scores(const float* ql, const uint8_t* codes, c
     scores[t] = s[1] / max_q * dot + s[0] * qsum;
 }
 
-// HiP's block scores: one warp per (query head, block); the score of a block is the largest
-// q.k over its keys [start, min(start + block, end)), -inf for an empty block.
-//   q [heads, d] f32   k [kv_heads, n, d] T   starts [heads, blocks] u32   scores [heads, blocks] f32
-template <typename T>
-__device__ void block_scores(const float* q, const T* k, const uint32_t* starts, float* scores, int heads,
-                             int kv_heads, int n, int d, int blocks, int block, int end) {
-    const size_t wid = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    if (wid >= (size_t)heads * blocks) return;
-    const int h = wid / blocks;
-    const T* kh = k + (size_t)(h / (heads / kv_heads)) * n * d;
-    const float* qh = q + (size_t)h * d;
-    const uint32_t first = starts[wid];
-    const uint32_t last = min((uint32_t)min(end, n), first + (uint32_t)block);
-    float best = -INFINITY;
-    for (uint32_t p = first; p < last; ++p) {
-        float dot = 0.f;
-        for (int ch = lane; ch < d; ch += 32) dot += qh[ch] * to_f32(kh[(size_t)p * d + ch]);
-        best = fmaxf(best, warp_sum(dot));
-    }
-    if (lane == 0) scores[wid] = best;
-}
-
-extern "C" __global__ void block_scores_f32(const float* q, const float* k, const uint32_t* starts, float* scores,
-                                            int heads, int kv_heads, int n, int d, int blocks, int block, int end) {
-    block_scores<float>(q, k, starts, scores, heads, kv_heads, n, d, blocks, block, end);
-}
-
-extern "C" __global__ void block_scores_bf16(const float* q, const __nv_bfloat16* k, const uint32_t* starts,
-                                             float* scores, int heads, int kv_heads, int n, int d, int blocks,
-                                             int block, int end) {
-    block_scores<__nv_bfloat16>(q, k, starts, scores, heads, kv_heads, n, d, blocks, block, end);
-}

@@ -1,5 +1,13 @@
 //! Attention math for Folio, with no knowledge of models.
 //!
+//! Rules of this crate (docs/architecture.md):
+//!
+//! * it depends on candle (tensors, devices) and nothing of Folio's: no model config, no
+//!   tokens, no files, no attention *method* — only the primitives methods are built from;
+//! * every primitive has a reference beside its fast path, and a test compares them on fresh
+//!   random inputs with one body for every device;
+//! * a fast path never reads outside its buffers, whatever positions it is given.
+//!
 //! Every primitive exists twice, side by side:
 //!
 //! * a **reference** over plain `f32` slices, written as directly from the definition as
@@ -16,6 +24,8 @@
 //! exactly by LSE, so the primitive has to expose it from day one.
 
 pub mod attention;
+#[cfg(feature = "cuda")]
+mod cuda_op;
 pub mod device;
 pub mod select;
 pub mod sparse;

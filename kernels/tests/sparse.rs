@@ -136,37 +136,3 @@ fn label_scores_match_reference(device: &Device) -> Result<()> {
 }
 
 test_device!(label_scores_match_reference, label_scores_cpu, label_scores_cuda);
-
-/// Block scores are the largest q·k over each block's keys, blocks cut short by the region's
-/// end, empty blocks -inf.
-fn block_scores_match_reference(device: &Device) -> Result<()> {
-    let seed = rand::random();
-    let mut rng = StdRng::seed_from_u64(seed);
-    for (heads, kv_heads, n, d, m, block, end, dtype) in [
-        (4, 2, 400, 32, 20, 2, 390, DType::F32),
-        (28, 4, 4096, 128, 64, 8, 4000, DType::BF16),
-        (2, 1, 50, 80, 6, 16, 45, DType::F32),
-    ] {
-        let q = random(&mut rng, heads * d, 1.0);
-        let k = Tensor::from_vec(random(&mut rng, kv_heads * n * d, 1.0), (kv_heads, n, d), device)?.to_dtype(dtype)?;
-        let k_ref: Vec<f32> = k.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-        let starts: Vec<u32> = (0..heads * m).map(|_| rng.random_range(0..n as u32)).collect();
-        let want = reference::block_scores(&q, &k_ref, &starts, (heads, kv_heads, n, d), block, end);
-        let got: Vec<f32> = sparse::block_scores(
-            &Tensor::from_vec(q, (heads, d), device)?,
-            &k,
-            &Tensor::from_vec(starts, (heads, m), device)?,
-            block,
-            end,
-        )?
-        .flatten_all()?
-        .to_vec1()?;
-        for (a, b) in got.iter().zip(&want) {
-            assert!(a == b || (a - b).abs() < 1e-4 * b.abs().max(1.0), "seed {seed}: {a} vs {b}");
-        }
-        println!("{device:?} block scores {heads}x{m}, block {block}, d {d}: ok");
-    }
-    Ok(())
-}
-
-test_device!(block_scores_match_reference, block_scores_cpu, block_scores_cuda);

@@ -1,4 +1,4 @@
-//! Double Sparsity's offline calibration (research/seeds/003-double-sparsity.md §3.1): which
+//! Double Sparsity's offline calibration (the paper's outlier channels): which
 //! channels of q·k carry the scores, per layer and KV head. Channel sparsity is static — the
 //! same few "outlier" channels dominate q·k whatever the input — so it is measured once over a
 //! few documents and reused for every context of that model.
@@ -17,7 +17,7 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use crate::attention::{Attended, Attention, AttnCall, Dense};
+use crate::attention::{Attended, Attention, AttnCall, Dense, Knobs};
 use crate::context::{write_atomic, ModelStamp};
 use crate::error::{Error, Result};
 use crate::model::Logits;
@@ -133,8 +133,8 @@ struct QkStatistic {
 }
 
 impl Attention for QkStatistic {
-    fn name(&self) -> &'static str {
-        "dense"
+    fn knobs(&self) -> Knobs<'_> {
+        Dense::KNOBS
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {

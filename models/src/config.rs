@@ -1,6 +1,6 @@
 //! `config.json` → one [`ModelConfig`] for the generic decoder.
 //!
-//! The four supported families differ only in flags (DESIGN.md §2), so this module is where
+//! The four supported families differ only in flags (docs/architecture.md), so this module is where
 //! their differences live: QKV bias (Qwen2 always, Llama/Mistral when `attention_bias`), q/k
 //! RMSNorm (Qwen3), an explicit `head_dim` (Qwen3, newer Llama/Mistral), tied embeddings, a
 //! sliding window (Mistral), and the RoPE frequency rule. Both config dialects are read: the

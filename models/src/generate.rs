@@ -135,6 +135,10 @@ pub struct Generation {
     pub tokens: Vec<u32>,
     pub text: String,
     pub stop_reason: StopReason,
+    /// Seconds from the call to the first sampled token (the prompt's pass included); `None`
+    /// when none was sampled.
+    pub first_token_s: Option<f64>,
+    pub seconds: f64,
 }
 
 /// Runs the prompt through `model` (appending to `kv`) and generates up to `max_new_tokens`,
@@ -149,6 +153,7 @@ pub fn generate(
     params: &GenerateParams,
     mut on_text: impl FnMut(&str) -> ControlFlow<()>,
 ) -> Result<Generation> {
+    let started = std::time::Instant::now();
     params.sampling.validate()?;
     if prompt.is_empty() {
         return Err(Error::Invalid("the prompt is empty".into()));
@@ -166,6 +171,7 @@ pub fn generate(
     let mut tokens = Vec::new();
     let mut emitted = 0;
     let mut text = String::new();
+    let mut first_token_s = None;
     // Long prompts go through in chunks, so activations stay bounded whatever the length.
     let (head, tail) = prompt.split_at(prompt.len().saturating_sub(1) / PREFILL_CHUNK * PREFILL_CHUNK);
     for chunk in head.chunks(PREFILL_CHUNK) {
@@ -186,6 +192,7 @@ pub fn generate(
             logits
         };
         let next = processor.sample(&logits)?;
+        first_token_s.get_or_insert_with(|| started.elapsed().as_secs_f64());
         tokens.push(next);
         context.push(next);
         input = vec![next];
@@ -213,7 +220,7 @@ pub fn generate(
             let _ = on_text(rest);
         }
     }
-    Ok(Generation { tokens, text, stop_reason })
+    Ok(Generation { tokens, text, stop_reason, first_token_s, seconds: started.elapsed().as_secs_f64() })
 }
 
 /// Length of the prefix of `text` that can be shown: without a trailing partial character

@@ -1,7 +1,7 @@
 //! The KV store seam: where the decoder writes post-RoPE keys and values and where attention
 //! methods read them.
 //!
-//! Layout (DESIGN.md §2): per layer, `[kv_heads, capacity, head_dim]`, so one token's row for
+//! Layout (docs/architecture.md): per layer, `[kv_heads, capacity, head_dim]`, so one token's row for
 //! one head is contiguous and a sparse gather reads whole rows. Storage is preallocated and
 //! written in place (`slice_set`); it grows by doubling when a conversation outgrows it, never
 //! by concatenating per step. The tiered store over a saved context file

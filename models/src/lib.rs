@@ -8,14 +8,24 @@
 //! * [`prefill`], [`context`]: layer-major prefill of a document collection into a context
 //!   file, and conversations over a reopened one.
 //!
-//! [`Engine`] ties them together for the CLI and the desktop app; nothing here knows about
-//! either.
+//! * [`session`], [`conversation`]: the API the CLI and the desktop app both call — open a
+//!   context on a tier, ask with a method, get an [`session::Answer`].
+//!
+//! Rules of this crate (docs/architecture.md):
+//!
+//! * it depends on folio-kernels and the model stack (candle, tokenizers, minijinja, hf-hub),
+//!   never on Tauri, SQLite, clap or a terminal: the product layer (src-tauri) renders;
+//! * it never prints: long work reports through callbacks, failures are typed [`Error`]s that
+//!   say what is wrong and what to do;
+//! * an attention method is named in its own module and the registry
+//!   ([`attention::REGISTRY`]) only; every consumer reads the registry.
 
 pub mod attention;
 pub mod calibrate;
 pub mod chat;
 pub mod config;
 pub mod context;
+pub mod conversation;
 pub mod error;
 pub mod eval;
 pub mod generate;
@@ -25,6 +35,7 @@ pub mod model;
 pub mod offload;
 pub mod prefill;
 pub mod rope;
+pub mod session;
 pub mod tokenizer;
 
 use std::ops::ControlFlow;
@@ -181,6 +192,17 @@ impl Engine {
             });
         }
         Ok(())
+    }
+
+    /// What `methods` need from this model's folder: the channel calibration, loaded only
+    /// when one of them needs it (its absence is then an error naming `folio calibrate`).
+    pub fn resources(&self, methods: &[attention::MethodChoice]) -> Result<attention::Resources> {
+        let mut resources = attention::Resources::default();
+        if methods.iter().map(|m| m.spec()).collect::<Result<Vec<_>>>()?.iter().any(|s| s.needs.calibration) {
+            let calibration = calibrate::Calibration::load(self.model_dir(), self.stamp()?)?;
+            resources.channels = Some(std::sync::Arc::new(calibration.channels));
+        }
+        Ok(resources)
     }
 
     /// End-of-sequence ids: generation_config.json's, else config.json's.

@@ -28,10 +28,6 @@ use crate::kv::{KvSegment, KvStore, SavedTail};
 use crate::model::Model;
 use crate::prefill::prefill_layers;
 
-/// The attention methods with a fast path over this store (the others read whole layers
-/// through the resident store).
-pub const METHODS: [&str; 7] = ["dense", "streaming", "topk", "double-sparsity", "buzz", "hip", "magicpig"];
-
 /// Rows per host chunk when a step must read everything (dense attention, the exact top-k
 /// scan, building an index): 64 Ki rows per KV head keeps a chunk's K+V at 64 MiB for a
 /// 4-KV-head, 128-dim bf16 layer.

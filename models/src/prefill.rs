@@ -1,4 +1,4 @@
-//! Layer-major chunked prefill (DESIGN.md §2).
+//! Layer-major chunked prefill (docs/architecture.md).
 //!
 //! Token-major prefill (every layer for chunk 1, then every layer for chunk 2, …) must keep
 //! every layer's K/V of the whole prompt resident at once; a million tokens of a 7B model is

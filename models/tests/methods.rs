@@ -191,6 +191,8 @@ fn case_outcome(m: &dyn Attention, case: &Case) -> (f32, f32, f64) {
         err += rel_error(&got.out, &Dense.forward(&call).unwrap());
         read += got
             .read
+            .rows()
+            .unwrap()
             .map_or(1.0, |r| r.iter().map(|h| h.len() as f32).sum::<f32>() / (r.len() * (call.q_start + 1)) as f32);
         searched += got.searched / (call.q_start + 1) as f64;
     }

@@ -93,18 +93,34 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
         let reference = by_name(name, budget, &params, &resources)?;
         let fast = by_name(name, budget, &params, &resources)?;
         let mut worst = 0f32;
+        // Rows the reference read that the fast path read too, and rows the reference read.
+        let (mut shared, mut wanted) = (0usize, 0usize);
         for step in 0..spec.steps {
-            let want = reference.attend(&case.call(step, &reference_kv, (0, 1)))?.out;
+            let want = reference.attend(&case.call(step, &reference_kv, (0, 1)))?;
             let q = case.queries[step].to_device(device)?;
             let call = AttnCall { q: &q, kv: &kv, ..case.call(step, &reference_kv, (0, 1)) };
-            let got = fast.attend(&call)?.out;
-            assert_eq!(got.dims(), want.dims());
-            worst = worst.max(max_diff(&got, &want)?);
+            let got = fast.attend(&call)?;
+            assert_eq!(got.out.dims(), want.out.dims());
+            worst = worst.max(max_diff(&got.out, &want.out)?);
+            match (got.read.rows()?, want.read.rows()?) {
+                (None, None) => {}
+                (Some(g), Some(w)) => {
+                    for (g, w) in g.iter().zip(&w) {
+                        shared += w.iter().filter(|p| g.binary_search(p).is_ok()).count();
+                        wanted += w.len();
+                    }
+                }
+                (g, w) => panic!("{name}: the fast path read {:?} rows, the reference {:?}", g.is_some(), w.is_some()),
+            }
         }
+        let overlap = if wanted == 0 { 1.0 } else { shared as f64 / wanted as f64 };
         println!(
-            "{device:?} {name}: max |offloaded - reference| over {} steps = {worst:.2e} (seed {seed})",
-            spec.steps
+            "{device:?} {name}: max |offloaded - reference| over {} steps = {worst:.2e}, reads shared {:.4} (seed {seed})",
+            spec.steps, overlap
         );
+        // Every fast path reports what it read, and reads what the reference reads (a key tied at
+        // the k-th place may swap).
+        assert!(overlap > 0.98, "seed {seed}: {name} read other rows than the reference ({overlap})");
         // Methods ranking keys by scores summed in another order (f64 vs f32, a kernel's order)
         // may swap a key tied at the k-th place to rounding: a shift of a few 1e-3 at most.
         let tol = if ["topk", "double-sparsity", "hip"].contains(&name) { 2e-2 } else { 1e-4 };

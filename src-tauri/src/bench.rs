@@ -140,10 +140,6 @@ const KERNEL_SHAPE: (usize, usize, usize) = (28, 4, 128);
 /// SimHash benchmark: rows hashed and the paper's (K, L) = (10, 150).
 const HASH_ROWS: usize = 65_536;
 const HASH_BITS_TABLES: (usize, usize) = (10, 150);
-/// HiP benchmark: blocks scored per head in one refresh (k = 2048 at b_k = 2 keeps 1024 blocks,
-/// each round scores twice that) and keys per block; label bits of Double Sparsity.
-const HIP_BLOCKS: usize = 2048;
-const HIP_BLOCK: usize = 2;
 const LABEL_BITS: usize = 4;
 /// Top-k benchmark: rows kept per query head (the decode benchmarks' budget).
 const TOPK_K: usize = 2048;
@@ -222,22 +218,6 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
             limit: "copy bandwidth",
         });
     }
-    // HiP's block scoring: one refresh's worth of representative blocks per head.
-    let blocks_per_head = HIP_BLOCKS.min(a.context);
-    let starts: Vec<u32> = (0..heads * blocks_per_head)
-        .map(|_| rng.random_range(0..(a.context - HIP_BLOCK.min(a.context) + 1) as u32))
-        .collect();
-    let starts = Tensor::from_vec(starts, (heads, blocks_per_head), &device)?;
-    let secs = time_calls(&device, || sparse::block_scores(&q, &k, &starts, HIP_BLOCK, a.context))?;
-    let bytes = (heads * blocks_per_head * HIP_BLOCK * d) as f64 * elem + (heads * blocks_per_head * 8) as f64;
-    rows.push(KernelRow {
-        kernel: format!("block_scores {heads}x{blocks_per_head} blocks of {HIP_BLOCK} keys (d {d}, {dtype:?})"),
-        seconds: secs,
-        bytes,
-        flops: 2.0 * (heads * blocks_per_head * HIP_BLOCK * d) as f64,
-        of_limit: bytes / secs / bandwidth,
-        limit: "copy bandwidth",
-    });
     drop((k, v));
     // Double Sparsity's label scan over the whole context: r = d/4 one-byte codes per token.
     let r = d / 4;

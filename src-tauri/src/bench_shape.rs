@@ -25,12 +25,13 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
 use folio_kernels::device::{host_to_device_rate, keep_pool, MemorySampler};
-use folio_models::attention::{by_name, parse_params, Budget, Channels, Resources};
+use folio_models::attention::cost::{CostInput, Shape};
+use folio_models::attention::{Channels, MethodChoice, Resources, Tier};
 use folio_models::config::ModelConfig;
 use folio_models::error::human_bytes;
 use folio_models::kv::KvStore;
 use folio_models::model::{Logits, Model};
-use folio_models::offload::{OffloadKv, METHODS as OFFLOADED};
+use folio_models::offload::OffloadKv;
 use folio_models::{device_name, parse_device};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
@@ -57,15 +58,10 @@ pub struct ShapeBenchArgs {
     /// Tokens of context in the offloaded K/V before decoding.
     #[arg(long, default_value_t = 32_768)]
     context: usize,
-    /// Methods, comma-separated: each decodes over the same model and context in turn.
-    #[arg(long = "method", value_delimiter = ',', default_value = "dense")]
-    methods: Vec<String>,
-    /// Tokens (2048) or a share of the context (2%) each sparse method's step reads.
-    #[arg(long)]
-    budget: Option<String>,
-    /// Method knobs, key=value (repeatable).
-    #[arg(long = "param")]
-    params: Vec<String>,
+    /// Methods, comma-separated, each as --method writes it (hip, hip:2048:refresh=16; without
+    /// a budget, the method's default): each decodes over the same model and context in turn.
+    #[arg(long = "method", value_delimiter = ',', value_parser = crate::cli::parse_method, default_value = "dense")]
+    methods: Vec<MethodChoice>,
     /// Device memory this run may use, e.g. 24GiB (a consumer card); default: the whole device.
     #[arg(long)]
     vram_budget: Option<String>,
@@ -128,111 +124,6 @@ fn parameters(cfg: &ModelConfig) -> (usize, usize) {
     (total, read)
 }
 
-/// What a method's step reads, from its settings: rows per query head (top-k, Double Sparsity,
-/// HiP, MagicPIG) or per KV head (streaming, BUZZ); Double Sparsity's label row bytes; HiP's
-/// and MagicPIG's dense layers, HiP's block and refresh period.
-struct Cost {
-    picked: usize,
-    /// MagicPIG: the sample's expected size per query head (the budget), read by the CPU in
-    /// host memory.
-    sampled: usize,
-    label_row: usize,
-    dense_layers: usize,
-    block: usize,
-    refresh: usize,
-}
-
-impl Cost {
-    fn new(
-        method: &str,
-        settings: &serde_json::Value,
-        cfg: &ModelConfig,
-        budget: Option<&str>,
-        context: usize,
-    ) -> Result<Self> {
-        let tokens = budget.map(Budget::parse).transpose()?.map_or(0, |b| b.tokens(context));
-        let param = |name: &str| settings["params"][name].as_f64().map_or(0, |x| x as usize);
-        let picked = match method {
-            "topk" | "double-sparsity" => tokens + param("window"),
-            "hip" => tokens + param("sinks") + param("window"),
-            // The GPU's share of a MagicPIG step; the sample is the CPU's.
-            "magicpig" => param("sinks") + param("window"),
-            _ => tokens,
-        };
-        let r = match param("channels") {
-            0 => (cfg.head_dim / 4).max(1),
-            r => r.min(cfg.head_dim),
-        };
-        let dense_layers = match method {
-            "hip" => param("dense_layers").min(cfg.num_layers),
-            // MagicPIG's `dense_layers=1` keeps layers 0 and L/2 dense.
-            "magicpig" if param("dense_layers") == 1 => 2.min(cfg.num_layers),
-            _ => 0,
-        };
-        Ok(Self {
-            picked,
-            sampled: if method == "magicpig" { tokens } else { 0 },
-            label_row: r + 8,
-            dense_layers,
-            block: param("block").max(1),
-            refresh: param("refresh").max(1),
-        })
-    }
-
-    /// Device memory the method needs beyond the weights: Double Sparsity's labels, HiP's
-    /// resident dense layers; MagicPIG's per-layer gather of its static part's K and V per
-    /// query head (its sample stays in host memory).
-    fn device_bytes(&self, method: &str, cfg: &ModelConfig, context: usize, elem: usize) -> u64 {
-        let per_layer = |row: usize| (cfg.num_kv_heads * context * row) as u64;
-        let d = cfg.head_dim;
-        match method {
-            "double-sparsity" => cfg.num_layers as u64 * per_layer(self.label_row),
-            "hip" => self.dense_layers as u64 * per_layer(2 * d * elem),
-            "magicpig" => (cfg.num_heads * d * self.picked * 2 * elem) as u64,
-            _ => 0,
-        }
-    }
-
-    /// Bytes one decode step moves beyond the weights: read on the device (an index, resident
-    /// layers), over the host link (picked rows; every row for dense; every key for the exact
-    /// scan; HiP's search, amortised over its refresh period), and by the CPU in host memory
-    /// (MagicPIG's sample).
-    fn traffic(&self, method: &str, cfg: &ModelConfig, context: usize, elem: usize) -> (f64, f64, f64) {
-        let (kv, heads, d) = (cfg.num_kv_heads, cfg.num_heads, cfg.head_dim);
-        let layers = cfg.num_layers as f64;
-        let row = (d * elem) as f64;
-        let rows = |n: usize, per: usize| (n * per) as f64 * 2.0 * row;
-        let (device, link) = match method {
-            "dense" => (0.0, layers * rows(context, kv)),
-            "topk" => (0.0, layers * ((context * kv) as f64 * row + rows(self.picked, heads))),
-            "double-sparsity" => (layers * (context * kv * self.label_row) as f64, layers * rows(self.picked, heads)),
-            "hip" => {
-                let sparse = (cfg.num_layers - self.dense_layers) as f64;
-                let n = self.picked.div_ceil(self.block).max(1);
-                let blocks = context.div_ceil(self.block).max(1);
-                let rounds = (blocks as f64 / n as f64).log2().ceil().max(0.0);
-                let search = rounds * (2 * n * self.block * heads) as f64 * row / self.refresh as f64;
-                (self.dense_layers as f64 * rows(context, kv), sparse * (rows(self.picked, heads) + search))
-            }
-            // Dense layers read every row over the link; the others gather the static part
-            // (sinks and window) per query head.
-            "magicpig" => {
-                let sparse = (cfg.num_layers - self.dense_layers) as f64;
-                (0.0, self.dense_layers as f64 * rows(context, kv) + sparse * rows(self.picked, heads))
-            }
-            // One pick per KV head, read once for its group.
-            _ => (0.0, layers * rows(self.picked, kv)),
-        };
-        // MagicPIG's sample (the budget's expectation per query head): K and V read by the CPU;
-        // the tables are walked in host memory too (not counted: a few entries per sampled key).
-        let host = match method {
-            "magicpig" => (cfg.num_layers - self.dense_layers) as f64 * rows(self.sampled, heads),
-            _ => 0.0,
-        };
-        (device, link, host)
-    }
-}
-
 /// Host memory read by every core at once (threads summing their share of a `bytes` buffer),
 /// bytes/s: the limit of work the CPU does over host rows (MagicPIG's sample).
 fn host_read_bandwidth(bytes: usize) -> f64 {
@@ -287,8 +178,8 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
         .shape
         .as_ref()
         .context("--shape is required: a model shape such as assets/shapes/qwen2.5-7b-instruct-1m.json")?;
-    if let Some(m) = a.methods.iter().find(|m| !OFFLOADED.contains(&m.as_str())) {
-        anyhow::bail!("--method {m} has no offloaded fast path yet; the benchmark runs {}", OFFLOADED.join(", "));
+    for m in &a.methods {
+        m.spec()?.check_tier(Tier::Offloaded)?;
     }
     if a.context == 0 || a.context > u32::MAX as usize || a.steps == 0 {
         anyhow::bail!("--context must be 1..=4294967295 tokens and --steps at least 1");
@@ -300,18 +191,17 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
     let device = parse_device(&common.device)?;
     let dtype = if device.is_cpu() { DType::F32 } else { DType::BF16 };
     let elem = dtype.size_in_bytes();
-    let params = parse_params(&a.params)?;
     let mut rng = StdRng::seed_from_u64(0);
     let resources = random_channels(&cfg, &mut rng);
     let methods = a
         .methods
         .iter()
         .map(|m| {
-            let budget = if m == "dense" { None } else { a.budget.as_deref() };
-            let params = if m == "dense" { &[][..] } else { &params[..] };
-            let method = by_name(m, budget, params, &resources)?;
-            let cost = Cost::new(m, &method.settings(), &cfg, budget, a.context)?;
-            Ok((m.clone(), method, cost))
+            let method = m.build(&resources)?;
+            let params = m.params()?;
+            let budget = m.budget()?.map_or(0, |b| b.tokens(a.context));
+            let input = CostInput { shape: Shape::of(&cfg), context: a.context, elem, budget, params: &params };
+            Ok((m.clone(), method, (m.spec()?.cost)(&input)))
         })
         .collect::<Result<Vec<_>>>()?;
 
@@ -323,7 +213,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
     };
     let (param_count, read_params) = parameters(&cfg);
     let weights = (param_count * elem) as u64;
-    let index = methods.iter().map(|m| m.2.device_bytes(&m.0, &cfg, a.context, elem)).max().unwrap_or(0);
+    let index = methods.iter().map(|m| m.2.resident_bytes).max().unwrap_or(0);
     let tail = cfg.kv_bytes_per_token(elem) as u64 * (a.warmup + a.steps) as u64;
     let scores = (cfg.num_heads * a.context * 4 * 2) as u64;
     let planned = baseline + weights + index + tail + scores + WORKSPACE_BYTES;
@@ -393,8 +283,8 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
         }
         times.sort_by(f64::total_cmp);
         let median = percentile(&times, 0.5);
-        let (index_bytes, link_bytes, host_bytes) = cost.traffic(name, &cfg, a.context, elem);
-        let device_bytes = (read_params * elem) as f64 + index_bytes;
+        let (link_bytes, host_bytes) = (cost.link_bytes, cost.host_bytes);
+        let device_bytes = (read_params * elem) as f64 + cost.device_bytes;
         let (floor_device, floor_link, floor_host) =
             (device_bytes / copy_bw * 1e3, link_bytes / link_bw * 1e3, host_bytes / host_bw * 1e3);
         let floor = floor_device.max(floor_link).max(floor_host);
@@ -403,7 +293,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
             shape: shape.display().to_string(),
             device: device_name(&device),
             context: a.context,
-            method: name.clone(),
+            method: name.to_string(),
             settings: method.settings(),
             parameters: param_count,
             decode_ms_median: median,

@@ -4,13 +4,15 @@
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
-use folio_models::attention::{self, Attention};
-use folio_models::chat::Message;
-use folio_models::generate::{GenerateParams, SamplingParams};
+use folio_models::attention::{Attention, IndexSource, MethodChoice, Path, Tier};
+use folio_models::context::ContextFile;
+use folio_models::conversation::Conversation;
+use folio_models::session::{self, GenerationSettings, Session};
 use folio_models::{device_name, parse_device, parse_dtype, Engine};
 use serde_json::json;
 
@@ -54,16 +56,16 @@ pub struct ChatArgs {
     /// that made it.
     #[arg(long)]
     context: Option<PathBuf>,
-    /// Keep a multi-turn conversation over the context in this JSON file (created if missing).
-    #[arg(long = "continue", value_name = "CHAT_JSON", requires = "context")]
+    /// Keep a multi-turn conversation in this JSON file (created if missing).
+    #[arg(long = "continue", value_name = "CHAT_JSON", conflicts_with = "raw")]
     pub(crate) continue_file: Option<PathBuf>,
     /// Keep the saved context in host memory and move only the rows the method picks to the
-    /// device (the offloaded engine: dense, streaming, topk, double-sparsity, buzz, hip,
-    /// magicpig); without it, whole layers are decoded into device memory as they are used.
+    /// device (the offloaded tier; `folio methods` lists which methods run there); without it,
+    /// whole layers are decoded into device memory as they are used.
     #[arg(long, requires = "context")]
     pub(crate) offload: bool,
     /// Most tokens to generate.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = session::DEFAULT_MAX_TOKENS)]
     max_tokens: usize,
     /// Sampling temperature; 0 is greedy. Default: the model's generation_config.json.
     #[arg(long)]
@@ -86,92 +88,135 @@ pub struct ChatArgs {
     pub(crate) json: bool,
 }
 
-/// The attention method flags, shared by every command that runs the model.
+/// The attention method flag, shared by every command that runs the model.
 #[derive(Args)]
 pub struct MethodArgs {
-    /// Attention method: dense, streaming, topk, topk-ivf, magicpig, hip, double-sparsity, buzz.
-    #[arg(long, default_value = "dense")]
-    pub(crate) method: String,
-    /// The method's budget: tokens (2048) or a share of the context (2%, 0.02).
-    #[arg(long)]
-    pub(crate) budget: Option<String>,
-    /// A method knob, key=value (repeatable); an invalid one lists the valid names and ranges.
-    #[arg(long = "param")]
-    params: Vec<String>,
+    /// Attention method, its budget and knobs: METHOD[:BUDGET][:KEY=VALUE]..., e.g. hip,
+    /// hip:2048, magicpig:2%:bits=9. Without a budget, the method's paper default. `folio methods`
+    /// lists every method with its budget and knobs.
+    #[arg(long, default_value = "dense", value_parser = parse_method)]
+    pub(crate) method: MethodChoice,
+}
+
+/// clap's reader of one [`MethodChoice`].
+pub(crate) fn parse_method(text: &str) -> std::result::Result<MethodChoice, String> {
+    MethodChoice::parse(text).map_err(|e| e.to_string())
 }
 
 impl MethodArgs {
-    /// The attention method the flags ask for, on `engine`'s model (Double Sparsity reads the
+    /// The attention method the flag asks for, on `engine`'s model (Double Sparsity reads the
     /// model's channel calibration).
     pub(crate) fn build(&self, engine: &Engine) -> Result<Box<dyn Attention>> {
-        let params = attention::parse_params(&self.params)?;
-        let resources = resources_for(&[self.method.as_str()], engine)?;
-        Ok(attention::by_name(&self.method, self.budget.as_deref(), &params, &resources)?)
+        let resources = engine.resources(std::slice::from_ref(&self.method))?;
+        Ok(self.method.build(&resources)?)
     }
 }
 
-/// Refuses `--offload` with a method that has no fast path over the offloaded store.
-pub(crate) fn check_offloaded(method: &str) -> Result<()> {
-    if !folio_models::offload::METHODS.contains(&method) {
-        bail!(
-            "--offload runs {}; {method} reads the context through the resident store (drop --offload)",
-            folio_models::offload::METHODS.join(", ")
+impl ChatArgs {
+    fn settings(&self) -> GenerationSettings {
+        GenerationSettings {
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed,
+            stop: self.stop.clone(),
+        }
+    }
+}
+
+/// `folio chat`: a question to the bare model or over a saved context, through the session
+/// API (the window's path too); `--raw` text goes to the model without a template.
+pub fn chat(common: &Common, a: ChatArgs) -> Result<()> {
+    let method = &a.attention.method;
+    let tier = if a.offload { Tier::Offloaded } else { Tier::Resident };
+    if a.context.is_some() {
+        // Before minutes of loading: a method this tier cannot run.
+        method.spec()?.check_tier(tier)?;
+    }
+    let opening = Instant::now();
+    let file = a.context.as_deref().map(ContextFile::open).transpose()?;
+    let engine = Arc::new(match &file {
+        Some(f) => common.engine_or(&f.header().model.source)?,
+        None => common.engine()?,
+    });
+    let loaded = opening.elapsed().as_secs_f64();
+    if let Some(raw) = &a.raw {
+        return chat_raw(&engine, &a, raw);
+    }
+    let question = a.question.as_deref().context("give a question, or --raw TEXT")?;
+    let mut session = match file {
+        Some(f) => {
+            engine.check_context(&f)?;
+            Session::over(engine.clone(), Arc::new(f), tier)?
+        }
+        None => Session::bare(engine.clone()),
+    };
+    let open_seconds = opening.elapsed().as_secs_f64() - loaded;
+    let mut conv = match (&a.continue_file, session.context()) {
+        (Some(p), Some(file)) => Conversation::load_or_new(p, file)?,
+        (Some(p), None) if p.exists() => Conversation::load(p)?,
+        (_, Some(_)) => session.new_conversation(),
+        (_, None) => Conversation::bare(a.system.clone()),
+    };
+    let mut stdout = std::io::stdout().lock();
+    let answer = session.ask(&mut conv, question, method, &a.settings(), |piece| {
+        if !a.json {
+            let _ = write!(stdout, "{piece}");
+            let _ = stdout.flush();
+        }
+        ControlFlow::Continue(())
+    })?;
+    if answer.index.values().any(|s| *s == IndexSource::Rebuilt) {
+        eprintln!(
+            "warning: a stored {} index in {} is damaged; it was rebuilt for this answer \
+             (run `folio context index` again to store a good one)",
+            method.method,
+            a.context.as_deref().map_or(String::new(), |p| p.display().to_string())
         );
+    }
+    if let Some(p) = &a.continue_file {
+        conv.save(p)?;
+    }
+    if a.json {
+        let context = session.context().map(
+            |f| json!({"path": f.path(), "tokens": f.header().tokens, "documents": f.documents().len(), "tier": tier}),
+        );
+        // Over a context the turn's tokens follow the saved ones; with the bare model they are
+        // the whole prompt.
+        let prompt_key = if context.is_some() { "tail_tokens" } else { "prompt_tokens" };
+        let mut doc = json!({
+            "model": engine.name,
+            "context": context,
+            "method": answer.method.to_string(),
+            "attention": answer.settings,
+            "index": answer.index,
+            "reused_tokens": answer.reused_tokens,
+            "tokens": answer.tokens,
+            "text": answer.text,
+            "stop_reason": answer.stop_reason,
+            "sampling": a.settings().params(&engine).sampling,
+            "sources": answer.sources,
+            "model_load_seconds": loaded,
+            "open_seconds": open_seconds,
+            "first_token_seconds": answer.timings.first_token_s,
+            "decode_tokens_per_second": answer.timings.decode_tokens_per_s,
+            "seconds": answer.timings.seconds,
+        });
+        doc[prompt_key] = json!(answer.tail_tokens);
+        writeln!(stdout, "{doc}")?;
+    } else {
+        writeln!(stdout)?;
     }
     Ok(())
 }
 
-/// What `methods` need from `engine`'s model folder: the channel calibration, only when
-/// double-sparsity is among them (its absence is then an error naming `folio calibrate`).
-pub(crate) fn resources_for(methods: &[&str], engine: &Engine) -> Result<attention::Resources> {
-    let mut resources = attention::Resources::default();
-    if methods.contains(&"double-sparsity") {
-        let calibration = folio_models::calibrate::Calibration::load(engine.model_dir(), engine.stamp()?)?;
-        resources.channels = Some(std::sync::Arc::new(calibration.channels));
-    }
-    Ok(resources)
-}
-
-impl ChatArgs {
-    /// Generation settings: the flags, else the model's generation_config.json.
-    fn params(&self, engine: &Engine) -> GenerateParams {
-        let defaults = engine.generation_config.sampling_defaults();
-        let sampling = SamplingParams {
-            temperature: self.temperature.unwrap_or(defaults.temperature),
-            top_p: self.top_p.or(defaults.top_p),
-            top_k: self.top_k.or(defaults.top_k),
-            repetition_penalty: self.repetition_penalty.unwrap_or(defaults.repetition_penalty),
-            seed: self.seed,
-        };
-        GenerateParams {
-            max_new_tokens: self.max_tokens,
-            sampling,
-            stop_strings: self.stop.clone(),
-            eos_token_ids: engine.eos_token_ids(),
-        }
-    }
-}
-
-pub fn chat(common: &Common, a: ChatArgs) -> Result<()> {
-    if let Some(ctx) = &a.context {
-        return crate::context_cmd::chat(common, &a, ctx, |e| a.params(e));
-    }
-    let engine = common.engine()?;
-    let attn = a.attention.build(&engine)?;
-    let prompt = match (&a.raw, &a.question) {
-        (Some(raw), _) => engine.tokenizer.encode_raw(raw)?,
-        (None, Some(q)) => {
-            let mut messages = Vec::new();
-            if let Some(s) = &a.system {
-                messages.push(Message::new("system", s));
-            }
-            messages.push(Message::new("user", q));
-            engine.chat_prompt(&messages)?
-        }
-        (None, None) => bail!("give a question, or --raw TEXT"),
-    };
-    let params = a.params(&engine);
-    let start = Instant::now();
+/// `folio chat --raw TEXT`: the text as is, no template, no conversation.
+fn chat_raw(engine: &Engine, a: &ChatArgs, raw: &str) -> Result<()> {
+    let attn = a.attention.build(engine)?;
+    let prompt = engine.tokenizer.encode_raw(raw)?;
+    let params = a.settings().params(engine);
     let mut stdout = std::io::stdout().lock();
     let generation = engine.generate_with(attn.as_ref(), &prompt, &params, |piece| {
         if !a.json {
@@ -180,7 +225,6 @@ pub fn chat(common: &Common, a: ChatArgs) -> Result<()> {
         }
         ControlFlow::Continue(())
     })?;
-    let secs = start.elapsed().as_secs_f64();
     if a.json {
         let doc = json!({
             "model": engine.name,
@@ -190,7 +234,7 @@ pub fn chat(common: &Common, a: ChatArgs) -> Result<()> {
             "stop_reason": generation.stop_reason,
             "sampling": params.sampling,
             "attention": attn.settings(),
-            "seconds": secs,
+            "seconds": generation.seconds,
         });
         writeln!(stdout, "{doc}")?;
     } else {
@@ -233,7 +277,7 @@ pub struct InfoArgs {
     json: bool,
 }
 
-/// Bytes per element of the KV cache as Folio stores it by default (bf16; DESIGN.md §2).
+/// Bytes per element of the KV cache as Folio stores it by default (bf16; docs/architecture.md).
 const KV_STORAGE_BYTES: usize = 2;
 
 pub fn info(common: &Common, a: InfoArgs) -> Result<()> {
@@ -280,4 +324,48 @@ fn human_count(n: usize) -> String {
         n if n >= 1_000 => format!("{:.1}K", n as f64 / 1e3),
         n => n.to_string(),
     }
+}
+
+#[derive(Args)]
+pub struct MethodsArgs {
+    #[arg(long)]
+    json: bool,
+}
+
+/// `folio methods`: the registry — every attention method with its paper, default budget,
+/// knobs, needs and tiers.
+pub fn methods(a: MethodsArgs) -> Result<()> {
+    if a.json {
+        println!("{}", serde_json::to_string(&folio_models::attention::REGISTRY)?);
+        return Ok(());
+    }
+    for m in folio_models::attention::REGISTRY {
+        println!("{}: {}", m.name, m.summary);
+        println!("  paper      {}", m.paper);
+        match &m.default_budget {
+            Some(d) => println!("  budget     {} by default ({})", d.budget, d.source),
+            None => println!("  budget     none: reads every key"),
+        }
+        for p in m.params {
+            let kind = if p.integer { "integer" } else { "number" };
+            println!("  {:<10} {kind} {}..={}, default {}: {}", p.name, p.min, p.max, p.default, p.doc);
+        }
+        if m.needs.calibration {
+            println!("  needs      the model's channel calibration (`folio calibrate`)");
+        }
+        if let Some(index) = m.needs.index {
+            println!("  index      {index} (stored with `folio context index`)");
+        }
+        for tier in [Tier::Resident, Tier::Offloaded] {
+            let path = match m.path(tier) {
+                Path::Fast => "fast path".to_owned(),
+                Path::Reference(why) => format!("CPU reference: {why}"),
+                Path::None(why) => format!("not run: {why}"),
+            };
+            println!("  {:<10} {path}", tier.name());
+        }
+        println!();
+    }
+    println!("Name one as METHOD[:BUDGET][:KEY=VALUE]..., e.g. --method hip:2048:refresh=16");
+    Ok(())
 }

@@ -1,31 +1,23 @@
-//! `folio prefill`, `folio context info` and `folio chat --context`: the context-file flows.
+//! `folio prefill`, `folio context info` and `folio context index`: the context-file flows
+//! (`folio chat --context` is the session API's, in cli.rs).
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use folio_models::attention::IndexSource;
-use folio_models::chat::Message;
 use folio_models::context::format::SectionKind;
 use folio_models::context::{self, BuildOptions, ContextFile, ContextKv, KvDtype, Progress};
 use folio_models::error::human_bytes;
-use folio_models::generate::GenerateParams;
-use folio_models::kv::KvStore;
-use folio_models::offload::OffloadKv;
-use folio_models::Engine;
-use serde::{Deserialize, Serialize};
+use folio_models::session::RESIDENT_BUDGET;
 use serde_json::json;
 
-use crate::cli::{ChatArgs, Common};
+use crate::cli::Common;
 use crate::ingest;
-
-/// Decoded context layers kept resident while chatting (the rest are decoded again on use).
-const RESIDENT_BUDGET: u64 = 8 << 30;
 
 #[derive(Args)]
 pub struct PrefillArgs {
@@ -318,143 +310,6 @@ fn info(a: InfoArgs) -> Result<()> {
             human_bytes(v.bytes),
             v.seconds
         );
-    }
-    Ok(())
-}
-
-/// A multi-turn conversation over one context, kept in a small JSON file.
-#[derive(Serialize, Deserialize)]
-struct Conversation {
-    format: String,
-    version: u32,
-    /// Checksum of the context's token ids: a conversation continues only on its own context.
-    context_id: String,
-    context: PathBuf,
-    messages: Vec<Message>,
-}
-
-const CONVERSATION_FORMAT: &str = "folio-chat";
-
-impl Conversation {
-    fn load(path: &Path, file: &ContextFile) -> Result<Self> {
-        if !path.exists() {
-            return Ok(Self {
-                format: CONVERSATION_FORMAT.into(),
-                version: 1,
-                context_id: file.context_id().to_owned(),
-                context: file.path().to_owned(),
-                messages: Vec::new(),
-            });
-        }
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let conv: Self = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not a Folio conversation file", path.display()))?;
-        if conv.format != CONVERSATION_FORMAT || conv.version != 1 {
-            bail!("{} is not a Folio conversation file (format {} v{})", path.display(), conv.format, conv.version);
-        }
-        if conv.context_id != file.context_id() {
-            bail!(
-                "{} continues the conversation over {}, not over {}; use a new conversation file",
-                path.display(),
-                conv.context.display(),
-                file.path().display()
-            );
-        }
-        Ok(conv)
-    }
-
-    /// Atomic: a crash while saving keeps the previous conversation.
-    fn save(&self, path: &Path) -> Result<()> {
-        Ok(context::write_atomic(path, &serde_json::to_vec_pretty(self)?)?)
-    }
-}
-
-/// `folio chat --context FILE [--continue CONV] QUESTION`.
-pub fn chat(
-    common: &Common,
-    a: &ChatArgs,
-    ctx_path: &Path,
-    params: impl FnOnce(&Engine) -> GenerateParams,
-) -> Result<()> {
-    let opening = Instant::now();
-    let file = ContextFile::open(ctx_path)?;
-    let open_time = opening.elapsed();
-    // The model that made the file, unless --model names another (then checked to match).
-    let started = Instant::now();
-    let engine = common.engine_or(&file.header().model.source)?;
-    let loaded = started.elapsed().as_secs_f64();
-    // Timings below count from opening the file, model loading excluded.
-    let opened_at = Instant::now().checked_sub(open_time).unwrap_or_else(Instant::now);
-    engine.check_context(&file)?;
-    let attn = a.attention.build(&engine)?;
-    let attn = attn.as_ref();
-    let file = Arc::new(file);
-    let question = a.question.clone().context("give a question")?;
-    let mut conv = match &a.continue_file {
-        Some(p) => Some(Conversation::load(p, &file)?),
-        None => None,
-    };
-    let mut turns = conv.as_ref().map(|c| c.messages.clone()).unwrap_or_default();
-    turns.push(Message::new("user", &question));
-    let tail = engine.context_tail(&file.header().prompt, &turns)?;
-    let (dtype, device) = (engine.model.dtype(), engine.model.device());
-    let mut kv: Box<dyn KvStore> = if a.offload {
-        crate::cli::check_offloaded(attn.name())?;
-        Box::new(OffloadKv::from_context(file.clone(), dtype, device)?)
-    } else {
-        Box::new(ContextKv::new(file.clone(), dtype, device, RESIDENT_BUDGET))
-    };
-    let params = params(&engine);
-    let mut first_text = None;
-    let mut stdout = std::io::stdout().lock();
-    let generation = folio_models::generate::generate(
-        &engine.model,
-        &engine.tokenizer,
-        attn,
-        kv.as_mut(),
-        &tail,
-        &params,
-        |piece| {
-            first_text.get_or_insert_with(|| opened_at.elapsed().as_secs_f64());
-            if !a.json {
-                let _ = write!(stdout, "{piece}");
-                let _ = stdout.flush();
-            }
-            ControlFlow::Continue(())
-        },
-    )?;
-    let sources = attn.index_sources();
-    if sources.values().any(|s| *s == IndexSource::Rebuilt) {
-        eprintln!(
-            "warning: a stored {} index in {} is damaged; it was rebuilt for this answer \
-             (run `folio context index` again to store a good one)",
-            attn.name(),
-            ctx_path.display()
-        );
-    }
-    if let (Some(c), Some(p)) = (conv.as_mut(), &a.continue_file) {
-        turns.push(Message::new("assistant", &generation.text));
-        c.messages = turns;
-        c.save(p)?;
-    }
-    if a.json {
-        let doc = json!({
-            "model": engine.name,
-            "context": {"path": ctx_path, "tokens": file.header().tokens, "documents": file.documents().len()},
-            "attention": attn.settings(),
-            "index": sources,
-            "tail_tokens": tail,
-            "tokens": generation.tokens,
-            "text": generation.text,
-            "stop_reason": generation.stop_reason,
-            "sampling": params.sampling,
-            "model_load_seconds": loaded,
-            "first_text_seconds": first_text,
-            "seconds": opened_at.elapsed().as_secs_f64(),
-        });
-        writeln!(stdout, "{doc}")?;
-    } else {
-        writeln!(stdout)?;
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ use folio_models::eval::spec::EvalSpec;
 use serde_json::json;
 
 use crate::cli::{Common, MethodArgs};
-use folio_models::attention::{self, Attention};
+use folio_models::attention::{Attention, MethodChoice, Tier};
 
 #[derive(Args)]
 pub struct EvalArgs {
@@ -44,12 +44,12 @@ pub struct NeedleArgs {
     samples: Option<usize>,
     #[command(flatten)]
     attention: MethodArgs,
-    /// Several methods on the same prompts instead of --method: METHOD[:BUDGET], comma-separated
-    /// (dense,topk:1%,hip:2048), each at its default knobs; a table per method and, with --out,
-    /// a folder per method (OUT/topk-1pct). With --offload each prompt's documents are
+    /// Several methods on the same prompts instead of --method, comma-separated, each as
+    /// --method writes it (dense,topk:1%,hip:2048:refresh=4); a table per method and, with
+    /// --out, a folder per method (OUT/topk-1pct). With --offload each prompt's documents are
     /// prefilled once for all of them.
-    #[arg(long, value_delimiter = ',', conflicts_with_all = ["method", "budget", "params"])]
-    methods: Vec<String>,
+    #[arg(long, value_delimiter = ',', value_parser = crate::cli::parse_method, conflicts_with = "method")]
+    methods: Vec<MethodChoice>,
     /// Decode over the offloaded store, as `folio chat --context --offload` does: each prompt's
     /// documents are prefilled into host memory and the method's fast path picks rows from
     /// there (dense, streaming, topk, double-sparsity, buzz, hip, magicpig). Without it every row
@@ -84,7 +84,8 @@ pub fn eval(common: &Common, args: EvalArgs) -> Result<()> {
 
 /// One method's measurement in a needle run: its samples and where its report goes.
 struct MethodRun {
-    method: String,
+    method: MethodChoice,
+    /// The budget in effect (the method's default when the choice names none).
     budget: Option<String>,
     attn: Box<dyn Attention>,
     out: Option<PathBuf>,
@@ -114,48 +115,32 @@ impl MethodRun {
 
     fn title(&self) -> String {
         match &self.budget {
-            Some(b) => format!("{} attention, budget {b}", self.method),
-            None => format!("{} attention", self.method),
+            Some(b) => format!("{} attention, budget {b}", self.method.method),
+            None => format!("{} attention", self.method.method),
         }
     }
 }
 
 /// The runs `--method` or `--methods` asks for, each with its report folder.
 fn method_runs(a: &NeedleArgs, engine: &folio_models::Engine) -> Result<Vec<MethodRun>> {
-    let run = |method: &str, budget: Option<&str>, attn: Box<dyn Attention>, out: Option<PathBuf>| {
-        if a.offload {
-            crate::cli::check_offloaded(attn.name())?;
-        }
-        Ok(MethodRun { method: method.to_owned(), budget: budget.map(str::to_owned), attn, out, results: Vec::new() })
-    };
-    if a.methods.is_empty() {
-        let attn = a.attention.build(engine)?;
-        return Ok(vec![run(&a.attention.method, a.attention.budget.as_deref(), attn, a.out.clone())?]);
-    }
-    let specs: Vec<(&str, Option<&str>)> = a
-        .methods
-        .iter()
-        .map(|m| match m.split_once(':') {
-            Some((name, budget)) => (name.trim(), Some(budget.trim())),
-            None => (m.trim(), None),
-        })
-        .collect();
-    let names: Vec<&str> = specs.iter().map(|(name, _)| *name).collect();
-    let resources = crate::cli::resources_for(&names, engine)?;
+    let tier = if a.offload { Tier::Offloaded } else { Tier::Resident };
+    let several = !a.methods.is_empty();
+    let choices = if several { a.methods.clone() } else { vec![a.attention.method.clone()] };
+    let resources = engine.resources(&choices)?;
     let mut folders: Vec<String> = Vec::new();
-    specs
-        .iter()
-        .map(|&(name, budget)| {
-            let attn = attention::by_name(name, budget, &[], &resources)?;
-            let folder = match budget {
-                Some(b) => format!("{name}-{}", b.replace('%', "pct")),
-                None => name.to_owned(),
-            };
+    choices
+        .into_iter()
+        .map(|choice| {
+            choice.spec()?.check_tier(tier)?;
+            let attn = choice.build(&resources)?;
+            let folder = choice.slug();
             if folders.contains(&folder) {
-                bail!("--methods names {folder} twice");
+                bail!("--methods names {choice} twice");
             }
             folders.push(folder.clone());
-            run(name, budget, attn, a.out.as_ref().map(|o| o.join(folder)))
+            let out = if several { a.out.as_ref().map(|o| o.join(&folder)) } else { a.out.clone() };
+            let budget = choice.budget()?.map(|b| b.text());
+            Ok(MethodRun { method: choice, budget, attn, out, results: Vec::new() })
         })
         .collect()
 }
@@ -163,7 +148,7 @@ fn method_runs(a: &NeedleArgs, engine: &folio_models::Engine) -> Result<Vec<Meth
 fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
     let engine = common.engine()?;
     let mut runs = method_runs(&a, &engine)?;
-    let tier = if a.offload { needle::Tier::Offloaded } else { needle::Tier::Resident };
+    let tier = if a.offload { Tier::Offloaded } else { Tier::Resident };
     let model_dir = engine.files.config.parent().context("model folder")?.to_owned();
     let spec = EvalSpec::load(&model_dir)?;
     let defaults = spec.eval_defaults.clone();
@@ -183,7 +168,7 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
         json!({
             "task": "needle",
             "model": engine.name,
-            "method": run.method,
+            "method": run.method.method,
             "budget": run.budget,
             "attention": run.attn.settings(),
             "offload": a.offload,

@@ -12,20 +12,16 @@ use plotters::prelude::*;
 use serde_json::json;
 
 use folio_models::attention::workload::{Case, Spec};
-use folio_models::attention::{self, Channels, Resources};
+use folio_models::attention::{Channels, MethodChoice, Resources, REGISTRY};
 use folio_models::chat::Message;
 use folio_models::context::ContextFile;
 use folio_models::eval::attention::{on_context, synthetic, Candidate, Row};
 
 use crate::cli::Common;
 
-/// Methods measured when `--methods` is not given: every sparse one.
-const DEFAULT_METHODS: &str = "streaming,topk,topk-ivf,magicpig,hip,double-sparsity,buzz";
 /// The synthetic workloads' channel calibration is measured on a case of this seed offset,
 /// never on the case it is then used on.
 const CALIBRATION_SEED_OFFSET: u64 = 1_000_003;
-/// Resident KV tier while measuring (the whole demo context fits).
-const RESIDENT_BUDGET: u64 = 8 << 30;
 
 #[derive(Args)]
 pub struct AttentionArgs {
@@ -36,15 +32,13 @@ pub struct AttentionArgs {
     /// default when no --context is given.
     #[arg(long)]
     synthetic: bool,
-    /// Methods to compare, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = DEFAULT_METHODS)]
-    methods: Vec<String>,
-    /// Budgets, comma-separated: tokens (256) or shares (2%, 0.02).
+    /// Methods to compare, comma-separated, as --method writes them (magicpig:bits=8); default:
+    /// every sparse method in the registry. One that names a budget runs at it alone.
+    #[arg(long, value_delimiter = ',', value_parser = crate::cli::parse_method)]
+    methods: Vec<MethodChoice>,
+    /// Budgets each method without one runs at, comma-separated: tokens (256) or shares (2%, 0.02).
     #[arg(long, value_delimiter = ',', default_value = "1%,2%,5%,10%,25%,50%,100%")]
     budgets: Vec<String>,
-    /// A method knob for every run, method.key=value (e.g. magicpig.bits=8); repeatable.
-    #[arg(long = "param")]
-    params: Vec<String>,
     /// The question asked over --context before decoding.
     #[arg(long, default_value = "Summarise the documents.")]
     question: String,
@@ -63,29 +57,27 @@ pub struct AttentionArgs {
     json: bool,
 }
 
-/// `method.key=value` items that apply to `method`, as (key, value).
-fn params_for(method: &str, items: &[String]) -> Result<Vec<(String, String)>> {
-    let mut out = Vec::new();
-    for (k, v) in attention::parse_params(items)? {
-        let Some((m, key)) = k.split_once('.') else {
-            bail!("bad --param {k}={v}: write method.key=value (e.g. magicpig.bits=8)");
-        };
-        if !attention::METHODS.contains(&m) {
-            bail!("--param {k}: unknown method \"{m}\"; available: {}", attention::METHODS.join(", "));
-        }
-        if m == method {
-            out.push((key.to_owned(), v));
-        }
+/// The methods asked for, else every sparse one in the registry.
+fn methods(a: &AttentionArgs) -> Vec<MethodChoice> {
+    if !a.methods.is_empty() {
+        return a.methods.clone();
     }
-    Ok(out)
+    let sparse = REGISTRY.iter().filter(|m| m.default_budget.is_some());
+    sparse.map(|m| MethodChoice { method: m.name.to_owned(), ..MethodChoice::default() }).collect()
 }
 
+/// Every method at every budget (or at its own), each labelled by its knobs.
 fn candidates(a: &AttentionArgs, resources: &Resources) -> Result<Vec<Candidate>> {
     let mut out = Vec::new();
-    for m in &a.methods {
-        for b in &a.budgets {
-            let attention = attention::by_name(m, Some(b), &params_for(m, &a.params)?, resources)?;
-            out.push(Candidate { method: m.clone(), budget: b.clone(), attention });
+    for choice in methods(a) {
+        let label = MethodChoice { budget: None, ..choice.clone() }.to_string();
+        let budgets = match &choice.budget {
+            Some(b) => vec![b.clone()],
+            None => a.budgets.clone(),
+        };
+        for budget in budgets {
+            let run = MethodChoice { budget: Some(budget.clone()), ..choice.clone() };
+            out.push(Candidate { method: label.clone(), budget, attention: run.build(resources)? });
         }
     }
     Ok(out)
@@ -102,7 +94,8 @@ pub fn eval_attention(common: &Common, a: AttentionArgs) -> Result<()> {
             spec.steps = a.steps;
             let case = Case::generate(&spec, a.seed)?;
             let mut resources = Resources::default();
-            if a.methods.iter().any(|m| m == "double-sparsity") {
+            if methods(&a).iter().map(|m| m.spec()).collect::<Result<Vec<_>, _>>()?.iter().any(|m| m.needs.calibration)
+            {
                 // Channels calibrated on another case of the same workload (held-out data).
                 let held_out = Case::generate(&spec, a.seed.wrapping_add(CALIBRATION_SEED_OFFSET))?;
                 let stat = held_out.qk_statistic()?;
@@ -117,12 +110,17 @@ pub fn eval_attention(common: &Common, a: AttentionArgs) -> Result<()> {
         let file = Arc::new(ContextFile::open(path)?);
         let engine = common.engine_or(&file.header().model.source)?;
         engine.check_context(&file)?;
-        let methods: Vec<&str> = a.methods.iter().map(String::as_str).collect();
-        let resources = crate::cli::resources_for(&methods, &engine)?;
+        let resources = engine.resources(&methods(&a))?;
         let tail = engine.context_tail(&file.header().prompt, &[Message::new("user", &a.question)])?;
-        let run = on_context(&engine, &file, &tail, a.steps, RESIDENT_BUDGET, &candidates(&a, &resources)?, |c| {
-            eprintln!("context: {} at {}", c.method, c.budget)
-        })?;
+        let run = on_context(
+            &engine,
+            &file,
+            &tail,
+            a.steps,
+            folio_models::session::RESIDENT_BUDGET,
+            &candidates(&a, &resources)?,
+            |c| eprintln!("context: {} at {}", c.method, c.budget),
+        )?;
         answer = Some(engine.tokenizer.decode(&run.answer, false)?);
         rows.extend(run.rows);
     }

@@ -1,17 +1,18 @@
 //! The desktop window: a Tauri 2 shell around the Svelte UI in ui/.
 //!
-//! The UI talks to the engine only through the commands below; answers stream token by token
-//! over an `ipc::Channel` (ordered and fast, unlike global events). Generation runs on a
-//! blocking thread so the window stays responsive, and Stop flips an atomic flag that the
-//! token callback checks.
+//! The UI talks to the engine only through the commands below, which call the engine's session
+//! API (`folio_models::session`) as the CLI does; answers stream token by token over an
+//! `ipc::Channel` (ordered and fast, unlike global events). Generation runs on a blocking
+//! thread so the window stays responsive, and Stop flips an atomic flag that the token callback
+//! checks.
 
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
-use folio_models::chat::Message;
-use folio_models::generate::GenerateParams;
+use folio_models::attention::MethodChoice;
+use folio_models::conversation::Conversation;
+use folio_models::session::{GenerationSettings, Session};
 use folio_models::{device_name, parse_device, parse_dtype, Engine};
 use serde::Serialize;
 use tauri::ipc::Channel;
@@ -24,8 +25,8 @@ struct AppState {
     engine: Option<Arc<Engine>>,
     model_error: Option<String>,
     device: String,
-    /// The conversation so far (user and assistant turns).
-    history: Arc<Mutex<Vec<Message>>>,
+    /// The bare model's session and the conversation so far (user and assistant turns).
+    chat: Option<Arc<Mutex<(Session, Conversation)>>>,
     cancel: Arc<AtomicBool>,
 }
 
@@ -62,25 +63,17 @@ struct ChatDone {
 
 #[tauri::command]
 async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<ChatEvent>) -> Result<ChatDone, String> {
-    let engine = state.engine.clone().ok_or_else(|| {
+    let chat = state.chat.clone().ok_or_else(|| {
         state.model_error.clone().unwrap_or_else(|| "No model loaded: start Folio with --model <folder|repo>".into())
     })?;
-    let history = state.history.clone();
     let cancel = state.cancel.clone();
     cancel.store(false, Ordering::SeqCst);
     tauri::async_runtime::spawn_blocking(move || {
-        let mut messages = history.lock().map_err(|e| e.to_string())?.clone();
-        messages.push(Message::new("user", &prompt));
-        let ids = engine.chat_prompt(&messages).map_err(|e| e.to_string())?;
-        let params = GenerateParams {
-            max_new_tokens: MAX_ANSWER_TOKENS,
-            sampling: engine.generation_config.sampling_defaults(),
-            stop_strings: Vec::new(),
-            eos_token_ids: engine.eos_token_ids(),
-        };
-        let start = Instant::now();
-        let generation = engine
-            .generate(&ids, &params, |piece| {
+        let mut guard = chat.lock().map_err(|e| e.to_string())?;
+        let (session, conversation) = &mut *guard;
+        let settings = GenerationSettings { max_tokens: MAX_ANSWER_TOKENS, ..GenerationSettings::default() };
+        let answer = session
+            .ask(conversation, &prompt, &MethodChoice::default(), &settings, |piece| {
                 let _ = on_event.send(ChatEvent::Token { text: piece.to_owned() });
                 if cancel.load(Ordering::SeqCst) {
                     ControlFlow::Break(())
@@ -89,18 +82,16 @@ async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<Chat
                 }
             })
             .map_err(|e| e.to_string())?;
-        let stop_reason = serde_json::to_value(generation.stop_reason)
+        let stop_reason = serde_json::to_value(answer.stop_reason)
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
-        let tokens = generation.tokens.len();
+        let tokens = answer.tokens.len();
         let _ = on_event.send(ChatEvent::Done {
             stop_reason: stop_reason.clone(),
             tokens,
-            tokens_per_second: tokens as f64 / start.elapsed().as_secs_f64().max(1e-9),
+            tokens_per_second: answer.timings.decode_tokens_per_s.unwrap_or(0.0),
         });
-        messages.push(Message::new("assistant", &generation.text));
-        *history.lock().map_err(|e| e.to_string())? = messages;
         Ok(ChatDone { stop_reason, tokens })
     })
     .await
@@ -115,7 +106,9 @@ fn cancel_chat(state: State<'_, AppState>) {
 /// Forgets the conversation: the next question starts a new chat.
 #[tauri::command]
 fn new_chat(state: State<'_, AppState>) -> Result<(), String> {
-    state.history.lock().map_err(|e| e.to_string())?.clear();
+    if let Some(chat) = &state.chat {
+        chat.lock().map_err(|e| e.to_string())?.1 = Conversation::bare(None);
+    }
     Ok(())
 }
 
@@ -130,8 +123,8 @@ pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<(
             Err(e) => (None, Some(e.to_string())),
         },
     };
-    let state =
-        AppState { engine, model_error, device: device_name(&device), history: Arc::default(), cancel: Arc::default() };
+    let bare = engine.clone().map(|e| Arc::new(Mutex::new((Session::bare(e), Conversation::bare(None)))));
+    let state = AppState { engine, model_error, device: device_name(&device), chat: bare, cancel: Arc::default() };
     tauri::Builder::default()
         .manage(state)
         .invoke_handler(tauri::generate_handler![app_info, chat, cancel_chat, new_chat])

@@ -1,6 +1,11 @@
 //! `folio`: with no subcommand, the desktop window (feature `gui`); with one, headless work
 //! for scripts and servers. Every headless command takes `--json` and then prints exactly one
 //! JSON document on stdout; errors go to stderr with a non-zero exit code.
+//!
+//! Rules of this crate (docs/architecture.md): it is the product layer — argument parsing,
+//! progress bars, JSON, the window, reading documents from disk — over the engine's API
+//! (`folio_models`); it holds no decode logic and names no attention method (both read
+//! `folio_models::attention::REGISTRY` and call `folio_models::session`).
 
 mod bench;
 mod bench_shape;
@@ -48,6 +53,8 @@ enum Command {
     Perplexity(cli::PerplexityArgs),
     /// Architecture, size and context facts of a model.
     Info(cli::InfoArgs),
+    /// The attention methods: paper, default budget, knobs, and which tiers run them.
+    Methods(cli::MethodsArgs),
     /// Measure answer quality (needle-in-a-haystack accuracy per length and depth).
     Eval(eval::EvalArgs),
     /// Measure which channels of q·k carry the scores (for --method double-sparsity); writes
@@ -68,6 +75,7 @@ fn main() {
                 Command::Bench(b) => bench::bench(&common, b),
                 Command::Perplexity(a) => cli::perplexity(&common, a),
                 Command::Info(a) => cli::info(&common, a),
+                Command::Methods(a) => cli::methods(a),
                 Command::Eval(a) => eval::eval(&common, a),
                 Command::Calibrate(a) => calibrate_cmd::calibrate(&common, a),
             }
@@ -82,7 +90,7 @@ fn main() {
 
 /// A write past a file-size limit (RLIMIT_FSIZE) kills a process with SIGXFSZ by default;
 /// ignored, the write fails with EFBIG instead, which Folio reports like a full disk and cleans
-/// up after (DESIGN.md §6: a failed save leaves nothing half-written).
+/// up after (docs/architecture.md: a failed save leaves nothing half-written).
 fn ignore_file_size_signal() {
     // SAFETY: setting a signal's disposition to SIG_IGN at start-up, before any thread exists.
     unsafe {

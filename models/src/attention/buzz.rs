@@ -1,4 +1,4 @@
-//! BUZZ (research/seeds/002-buzz.md): a KV cache that keeps attention sinks, a recent window,
+//! BUZZ (the paper is named in [`SPEC`]): a KV cache that keeps attention sinks, a recent window,
 //! and a "beehive" body in between: history cut into segments of `stride` tokens, each
 //! keeping its local heavy hitter (the highest accumulated attention), so every region of the
 //! past stays represented. Eviction is batched: nothing goes until the body exceeds the
@@ -26,12 +26,36 @@ use candle_core::{Device, Tensor};
 
 use std::collections::HashMap;
 
-use super::select::{budgeted_settings, dot, query_rows, LayerRows, PerLayer};
-use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
+use super::cost::{per_kv_head, CostInput, StepCost};
+use super::select::{dot, query_rows, LayerRows, PerLayer};
+use super::{
+    Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Path, Read,
+};
 use crate::error::{Error, Result};
 use crate::offload::{self, OffloadKv};
 
-pub(super) const PARAMS: [ParamSpec; 2] = [
+pub(super) const SPEC: MethodSpec = MethodSpec {
+    name: "buzz",
+    summary: "an evicting cache: sinks, a recent window, and one heavy hitter per segment of older history",
+    paper: "Zhao et al., BUZZ: Beehive-structured Sparse KV Cache with Segmented Heavy Hitters (2024)",
+    default_budget: Some(DefaultBudget {
+        budget: "10%",
+        source: "the smallest cache the paper studies (10–60% of the full cache, Table 2)",
+    }),
+    params: &PARAMS,
+    needs: Needs { calibration: false, index: None },
+    resident: Path::Reference("the resident tier attends the live cache on the CPU"),
+    offloaded: Path::Fast,
+    cost,
+    build: |budget, params, _| Ok(Box::new(Buzz::new(super::params::required(budget)?, params))),
+};
+
+/// The live cache (at most the budget) per KV head, read once for its group.
+fn cost(input: &CostInput<'_>) -> StepCost {
+    per_kv_head(input, input.budget)
+}
+
+const PARAMS: [ParamSpec; 2] = [
     ParamSpec {
         name: "sinks",
         default: 4.0,
@@ -196,17 +220,13 @@ impl Buzz {
             .map(|h| cache.heads[h / groups].live.iter().copied().filter(|&p| p <= last && p >= lo).collect())
             .collect();
         self.evict(cache);
-        Ok(Attended { out, read: Some(read), searched: 0.0 })
+        Ok(Attended { out, read: Read::Rows(read), searched: 0.0 })
     }
 }
 
 impl Attention for Buzz {
-    fn name(&self) -> &'static str {
-        "buzz"
-    }
-
-    fn settings(&self) -> serde_json::Value {
-        budgeted_settings(self.name(), &self.budget, &self.params)
+    fn knobs(&self) -> Knobs<'_> {
+        Knobs::of(&SPEC, &self.budget, &self.params)
     }
 
     /// Keeps a conversation's cache: the next turn continues its positions and sees only the
@@ -263,7 +283,7 @@ impl Attention for Buzz {
         let out = Tensor::from_vec(out, (q_heads, t, d), &Device::Cpu)?
             .to_dtype(call.q.dtype())?
             .to_device(call.q.device())?;
-        Ok(Attended { out, read: Some(read), searched: 0.0 })
+        Ok(Attended { out, read: Read::Rows(read), searched: 0.0 })
     }
 }
 
@@ -288,7 +308,7 @@ mod tests {
             let call = case.call(s, &kv, (5, 8));
             let q_start = call.q_start;
             let got = buzz.attend(&call).unwrap();
-            let read = got.read.unwrap();
+            let read = got.read.rows().unwrap().unwrap();
             let caches = buzz.caches.lock();
             for (h, head) in caches[&5].heads.iter().enumerate() {
                 assert!(head.live.len() <= 120, "seed {seed}, step {s}: {} live", head.live.len());
@@ -314,11 +334,11 @@ mod tests {
         assert_eq!(second.q_start, first.q_start + 1, "consecutive decode steps");
         buzz.attend(&first).unwrap();
         buzz.reset();
-        let read = buzz.attend(&second).unwrap().read.unwrap();
+        let read = buzz.attend(&second).unwrap().read.rows().unwrap().unwrap();
         assert!(read[0].len() <= 65, "continued: {} keys read, the evicted stay evicted", read[0].len());
         buzz.end_conversation();
         assert!(buzz.caches.lock().is_empty());
-        let read = buzz.attend(&second).unwrap().read.unwrap();
+        let read = buzz.attend(&second).unwrap().read.rows().unwrap().unwrap();
         assert_eq!(read[0].len(), second.q_start + 1, "a new conversation reads every key first");
     }
 

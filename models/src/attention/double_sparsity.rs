@@ -1,4 +1,4 @@
-//! Double Sparsity (research/seeds/003-double-sparsity.md): token sparsity chosen through
+//! Double Sparsity (the paper is named in [`SPEC`]): token sparsity chosen through
 //! channel sparsity. A few calibrated "outlier" channels of q·k ([`Channels`], from
 //! `folio calibrate`) rank tokens almost as well as the full product; their key values form a
 //! compact label cache (4-bit, asymmetric min–max per token and head, §3.2), scanned each step
@@ -22,16 +22,64 @@ use xxhash_rust::xxh3::xxh3_64;
 use candle_core::{DType, Tensor};
 use folio_kernels::sparse;
 
+use super::cost::{CostInput, StepCost};
 use super::select::{
-    budgeted_settings, index_base, query_rows, sparse_decode, top_positions, visible, HeadPick, IndexSource, Indexes,
-    LayerRows, SectionReader, SectionWriter,
+    index_base, query_rows, sparse_decode, top_positions, visible, HeadPick, IndexSource, Indexes, LayerRows,
+    SectionReader, SectionWriter,
 };
-use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
+use super::{
+    Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Path, Read,
+};
 use crate::error::{Error, Result};
 use crate::kv::KvStore;
 use crate::offload::{self, OffloadKv};
 
-pub(super) const PARAMS: [ParamSpec; 3] = [
+pub(super) const SPEC: MethodSpec = MethodSpec {
+    name: "double-sparsity",
+    summary: "calibrated outlier channels give cheap approximate scores (a label cache); top-k by label",
+    paper: "Yang et al., Post-Training Sparse Attention with Double Sparsity (2024)",
+    default_budget: Some(DefaultBudget {
+        budget: "6.25%",
+        source: "the paper's token sparsity 1/16 (§6.1; perplexity rises sharply past it, Table 2)",
+    }),
+    params: &PARAMS,
+    needs: Needs {
+        calibration: true,
+        index: Some("a label cache: the context's keys at the outlier channels, quantized"),
+    },
+    resident: Path::Reference("the resident tier scores the labels and attends on the CPU"),
+    offloaded: Path::Fast,
+    cost,
+    build: |budget, params, resources| {
+        let channels = resources.channels.clone().ok_or_else(|| {
+            Error::Invalid(
+                "double-sparsity needs the model's outlier channels: run `folio calibrate --model <model> --docs <files>` once"
+                    .into(),
+            )
+        })?;
+        Ok(Box::new(DoubleSparsity::new(super::params::required(budget)?, params, channels)?))
+    },
+};
+
+/// The label cache lives on the device (r one-byte codes and an f32 offset and range per key)
+/// and is scanned whole each step; the picks bring their K and V per query head.
+fn cost(input: &CostInput<'_>) -> StepCost {
+    let d = input.shape.head_dim;
+    let r = match input.params.usize("channels") {
+        0 => (d / 4).max(1),
+        r => r.min(d),
+    };
+    let labels = (input.shape.layers * input.shape.kv_heads * input.context * (r + 8)) as f64;
+    let picked = input.budget + input.params.usize("window");
+    StepCost {
+        device_bytes: labels,
+        link_bytes: input.layers() * input.rows(picked, input.shape.heads),
+        host_bytes: 0.0,
+        resident_bytes: labels as u64,
+    }
+}
+
+const PARAMS: [ParamSpec; 3] = [
     ParamSpec {
         name: "channels",
         default: 0.0,
@@ -327,17 +375,17 @@ impl DoubleSparsity {
             offload::top_and_window(scores.as_ref(), self.budget.tokens(hi - lo), heads, lo, (cut, hi), q.device())?;
         let out = offload::attend_selected(call, kv, &idx, None)?;
         let row_bytes = (r * bits) as f64 / 8.0 + 4.0;
-        Ok(Attended { out, read: None, searched: (cut - lo) as f64 * row_bytes / (2 * kv.head_dim()) as f64 })
+        Ok(Attended {
+            out,
+            read: Read::Picked(idx),
+            searched: (cut - lo) as f64 * row_bytes / (2 * kv.head_dim()) as f64,
+        })
     }
 }
 
 impl Attention for DoubleSparsity {
-    fn name(&self) -> &'static str {
-        "double-sparsity"
-    }
-
-    fn settings(&self) -> serde_json::Value {
-        budgeted_settings(self.name(), &self.budget, &self.params)
+    fn knobs(&self) -> Knobs<'_> {
+        Knobs::of(&SPEC, &self.budget, &self.params)
     }
 
     fn reset(&self) {

@@ -1,4 +1,4 @@
-//! HiP (research/seeds/001-hip.md): hierarchically pruned attention. Keys close in position
+//! HiP (the paper is named in [`SPEC`]): hierarchically pruned attention. Keys close in position
 //! score alike ("attention locality"), so a branch's representative block stands for it and a
 //! greedy tree search finds each query's top blocks in O(k log T) instead of scoring every key.
 //!
@@ -18,12 +18,53 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::select::{budgeted_settings, dot, query_rows, sparse_decode, visible, HeadPick, LayerRows, PerLayer};
-use super::{Attended, Attention, AttnCall, Budget, Dense, ParamSpec, Params};
+use super::cost::{CostInput, StepCost};
+use super::select::{dot, query_rows, sparse_decode, visible, HeadPick, LayerRows, PerLayer};
+use super::{
+    Attended, Attention, AttnCall, Budget, DefaultBudget, Dense, Knobs, MethodSpec, Needs, ParamSpec, Params, Path,
+    Read,
+};
 use crate::error::Result;
 use crate::offload::{self, OffloadKv};
 
-pub(super) const PARAMS: [ParamSpec; 5] = [
+pub(super) const SPEC: MethodSpec = MethodSpec {
+    name: "hip",
+    summary: "hierarchical top-k block search: keys near in position score alike, a tree finds the top blocks",
+    paper: "Lee et al., A Training-free Sub-quadratic Cost Transformer Model Serving Framework with \
+            Hierarchically Pruned Attention (ICLR 2025)",
+    default_budget: Some(DefaultBudget {
+        budget: "512",
+        source: "the paper's k = 512 (its default experiment settings: b_k = 2, k = 512, l_d = 3, r_m = 8)",
+    }),
+    params: &PARAMS,
+    needs: Needs { calibration: false, index: None },
+    resident: Path::Reference("the resident tier searches the blocks on the CPU over the decoded layer"),
+    offloaded: Path::Fast,
+    cost,
+    build: |budget, params, _| Ok(Box::new(Hip::new(super::params::required(budget)?, params))),
+};
+
+/// The dense leading layers are kept on the device and read whole; the others gather their
+/// picks per query head and, once per refresh period, the search's representative blocks.
+fn cost(input: &CostInput<'_>) -> StepCost {
+    let (layers, heads, kv) = (input.shape.layers, input.shape.heads, input.shape.kv_heads);
+    let dense = input.params.usize("dense_layers").min(layers);
+    let sparse = (layers - dense) as f64;
+    let block = input.params.usize("block").max(1);
+    let picked = input.budget + input.params.usize("sinks") + input.params.usize("window");
+    let n = picked.div_ceil(block).max(1);
+    let blocks = input.context.div_ceil(block).max(1);
+    let rounds = (blocks as f64 / n as f64).log2().ceil().max(0.0);
+    let search = rounds * input.rows(2 * n * block, heads) / input.params.usize("refresh").max(1) as f64;
+    StepCost {
+        device_bytes: dense as f64 * input.rows(input.context, kv),
+        link_bytes: sparse * (input.rows(picked, heads) + search),
+        host_bytes: 0.0,
+        resident_bytes: (dense as f64 * input.rows(input.context, kv)) as u64,
+    }
+}
+
+const PARAMS: [ParamSpec; 5] = [
     ParamSpec { name: "block", default: 2.0, min: 1.0, max: 256.0, integer: true, doc: "b_k, keys per block" },
     ParamSpec {
         name: "sinks",
@@ -296,17 +337,13 @@ impl Hip {
             picks.iter().map(|p| (p.iter().map(|&x| x as u32).collect(), Vec::new())).collect();
         let (idx, bias) = offload::pad_picks(&rows, (hi - 1) as u32, &dev)?;
         let out = offload::attend_selected(call, kv, &idx, bias.as_ref())?;
-        Ok(Attended { out, read: Some(picks), searched: searched as f64 / heads as f64 })
+        Ok(Attended { out, read: Read::Rows(picks), searched: searched as f64 / heads as f64 })
     }
 }
 
 impl Attention for Hip {
-    fn name(&self) -> &'static str {
-        "hip"
-    }
-
-    fn settings(&self) -> serde_json::Value {
-        budgeted_settings(self.name(), &self.budget, &self.params)
+    fn knobs(&self) -> Knobs<'_> {
+        Knobs::of(&SPEC, &self.budget, &self.params)
     }
 
     fn reset(&self) {

@@ -1,4 +1,4 @@
-//! Approximate top-k through an inverted-file index (research/seeds/004-topk.md §2.2, the
+//! Approximate top-k through an inverted-file index (the paper is named in [`SPEC`]; the
 //! authors' `IndexIVFFlat` with inner product): per layer and KV head, the context's keys are
 //! clustered by spherical k-means with inner-product assignment (unit centroids, so a long
 //! one cannot swallow every key; trained on at most `TRAIN_KEYS` keys
@@ -20,15 +20,46 @@ use rand::rngs::StdRng;
 use rand::seq::index::sample;
 use rand::SeedableRng;
 
+use super::cost::{CostInput, StepCost};
 use super::select::{
-    budgeted_settings, dot, index_base, query_rows, sparse_decode, top_positions, HeadPick, IndexSource, Indexes,
-    LayerRows, SectionReader, SectionWriter,
+    dot, index_base, query_rows, sparse_decode, top_positions, HeadPick, IndexSource, Indexes, LayerRows,
+    SectionReader, SectionWriter,
 };
-use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
+use super::{Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Path};
 use crate::error::{Error, Result};
 use crate::kv::KvStore;
 
-pub(super) const PARAMS: [ParamSpec; 4] = [
+pub(super) const SPEC: MethodSpec = MethodSpec {
+    name: "topk-ivf",
+    summary: "approximate top-k: keys clustered into lists, a query scans only its nearest lists",
+    paper: "Hoover, Synk et al., Exploiting Sparsity for Long Context Inference (arXiv 2502.06766), its Faiss \
+            IndexIVFFlat search",
+    default_budget: Some(DefaultBudget { budget: "1%", source: "exact top-k's default (the same paper, Table 1)" }),
+    params: &PARAMS,
+    needs: Needs { calibration: false, index: Some("inverted lists of the context's keys (k-means per KV head)") },
+    resident: Path::Reference("the lists are searched on the CPU over the resident layer"),
+    offloaded: Path::None(
+        "no offloaded fast path yet: the probed lists are scattered rows of every layer, which the \
+         offloaded tier would gather per step; use topk (exact scan) or resident",
+    ),
+    cost,
+    build: |budget, params, _| Ok(Box::new(TopKIvf::new(super::params::required(budget)?, params))),
+};
+
+/// What a fast path would move: the centroids and the probed lists' keys, then the picks'
+/// K and V per query head.
+fn cost(input: &CostInput<'_>) -> StepCost {
+    let lists = match input.params.usize("nlist") {
+        0 => default_lists(input.context),
+        n => n,
+    };
+    let probed = (input.params.usize("nprobe").min(lists) * input.context).div_ceil(lists);
+    let picked = input.budget + input.params.usize("window");
+    let per_layer = input.keys(lists + probed) + input.rows(picked, input.shape.heads);
+    StepCost { link_bytes: input.layers() * per_layer, ..StepCost::default() }
+}
+
+const PARAMS: [ParamSpec; 4] = [
     ParamSpec { name: "nprobe", default: 8.0, min: 1.0, max: 65536.0, integer: true, doc: "lists scanned per query" },
     ParamSpec {
         name: "nlist",
@@ -210,12 +241,8 @@ impl TopKIvf {
 }
 
 impl Attention for TopKIvf {
-    fn name(&self) -> &'static str {
-        "topk-ivf"
-    }
-
-    fn settings(&self) -> serde_json::Value {
-        budgeted_settings(self.name(), &self.budget, &self.params)
+    fn knobs(&self) -> Knobs<'_> {
+        Knobs::of(&SPEC, &self.budget, &self.params)
     }
 
     fn reset(&self) {

@@ -3,10 +3,10 @@
 //!
 //! The decoder knows nothing about which rows a method reads; sparse methods and offloaded
 //! tiers plug in here without touching the model code (mistral.rs's pluggable attention is the
-//! model). A method is built by [`by_name`] from a name, a user-facing *budget* (tokens, or a
-//! fraction of the context) and `key=value` knobs, each validated against the method's
-//! [`ParamSpec`] table (the papers' defaults and ranges), so every bad value is refused with
-//! the valid ones listed.
+//! model). Every method is declared once, by its [`MethodSpec`] in the [`REGISTRY`], and built
+//! from a [`MethodChoice`] — a name, a user-facing *budget* (tokens, or a fraction of the
+//! context; the paper's default when none is given) and `key=value` knobs, each validated
+//! against the method's [`ParamSpec`] table, so every bad value is refused with the valid ones.
 //!
 //! Sparse methods act on decode steps (one query token); a multi-token call (the question
 //! appended to a context) is dense, as the papers prefill their prompts densely — except
@@ -25,12 +25,16 @@
 //! Sparsity score them exactly and let them compete for the budget.
 
 mod buzz;
+pub mod cost;
 mod dense;
 mod double_sparsity;
 mod hip;
 mod ivf;
 mod magicpig;
+mod params;
 pub mod probe;
+pub mod reads;
+mod registry;
 mod select;
 mod streaming;
 mod topk;
@@ -42,6 +46,8 @@ pub use double_sparsity::{Channels, DoubleSparsity};
 pub use hip::Hip;
 pub use ivf::TopKIvf;
 pub use magicpig::MagicPig;
+pub use params::{parse_params, Budget, ParamSpec, Params};
+pub use registry::{by_name, names, spec, DefaultBudget, MethodChoice, MethodSpec, Needs, Path, Tier, REGISTRY};
 pub use select::IndexSource;
 pub use streaming::Streaming;
 pub use topk::TopK;
@@ -51,7 +57,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kv::KvStore;
 
 /// One layer's attention call.
@@ -76,9 +82,8 @@ pub struct AttnCall<'a> {
 pub struct Attended {
     /// `[q_heads, t, head_dim]` in the dtype of the call's queries.
     pub out: Tensor,
-    /// Per query head, the sorted key positions whose K and V rows the attention read;
-    /// `None` when it read every visible key (dense).
-    pub read: Option<Vec<Vec<usize>>>,
+    /// The key positions the attention read (for the last query row of the call).
+    pub read: Read,
     /// Key rows the search touched per query head to make that choice (bucket walks, label
     /// scans, representative scores), in units of one full key row.
     pub searched: f64,
@@ -86,17 +91,60 @@ pub struct Attended {
 
 impl Attended {
     pub fn dense(out: Tensor) -> Self {
-        Self { out, read: None, searched: 0.0 }
+        Self { out, read: Read::All, searched: 0.0 }
+    }
+}
+
+/// The key positions a call read.
+pub enum Read {
+    /// Every visible key.
+    All,
+    /// Per query head, the sorted key positions read.
+    Rows(Vec<Vec<usize>>),
+    /// Per query head, the positions a fast path picked on its device, `[q_heads, s]` u32
+    /// (distinct per row, in any order): copied to the host only when [`Read::rows`] asks, so a
+    /// decode step that nobody measures does not pay for it.
+    Picked(Tensor),
+}
+
+impl Read {
+    /// Per query head, the sorted positions read; `None` when every visible key was.
+    pub fn rows(&self) -> Result<Option<Vec<Vec<usize>>>> {
+        Ok(match self {
+            Self::All => None,
+            Self::Rows(rows) => Some(rows.clone()),
+            Self::Picked(idx) => {
+                let picked = idx.to_device(&candle_core::Device::Cpu)?.to_vec2::<u32>()?;
+                let sorted = picked.into_iter().map(|row| {
+                    let mut row: Vec<usize> = row.into_iter().map(|p| p as usize).collect();
+                    row.sort_unstable();
+                    row
+                });
+                Some(sorted.collect())
+            }
+        })
     }
 }
 
 /// An attention method.
 pub trait Attention: Send + Sync {
-    fn name(&self) -> &'static str;
+    /// The method's registry entry, budget and knobs (a wrapper forwards its method's).
+    fn knobs(&self) -> Knobs<'_>;
 
-    /// The method's settings as recorded with each answer (`--json`).
+    fn name(&self) -> &'static str {
+        self.knobs().spec.name
+    }
+
+    /// The method's settings as recorded with each answer (`--json`): its name, and its
+    /// budget and every knob when it has them.
     fn settings(&self) -> serde_json::Value {
-        serde_json::json!({ "method": self.name() })
+        let k = self.knobs();
+        match (k.budget, k.params) {
+            (Some(budget), Some(params)) => {
+                serde_json::json!({ "method": k.spec.name, "budget": budget, "params": params })
+            }
+            _ => serde_json::json!({ "method": k.spec.name }),
+        }
     }
 
     /// The attention output of one layer's call and what it read.
@@ -130,205 +178,23 @@ pub trait Attention: Send + Sync {
     }
 }
 
-/// Method names [`by_name`] accepts.
-pub const METHODS: [&str; 8] = ["dense", "streaming", "topk", "topk-ivf", "magicpig", "hip", "double-sparsity", "buzz"];
+/// What a method is and how it is set: see [`Attention::knobs`].
+pub struct Knobs<'a> {
+    pub spec: &'static MethodSpec,
+    /// `None` for a method without a budget (dense).
+    pub budget: Option<&'a Budget>,
+    pub params: Option<&'a Params>,
+}
+
+impl<'a> Knobs<'a> {
+    /// A budgeted method's knobs.
+    pub fn of(spec: &'static MethodSpec, budget: &'a Budget, params: &'a Params) -> Self {
+        Self { spec, budget: Some(budget), params: Some(params) }
+    }
+}
 
 /// What some methods need besides their knobs: Double Sparsity's calibrated channels.
 #[derive(Default, Clone)]
 pub struct Resources {
     pub channels: Option<Arc<Channels>>,
-}
-
-/// How many tokens a sparse method may read per step and head.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Budget {
-    Tokens(usize),
-    /// A share of the keys visible at the step, in (0, 1].
-    Fraction(f64),
-}
-
-impl Budget {
-    /// `2048` (tokens), `2%` or `0.02` (a fraction of the context).
-    pub fn parse(s: &str) -> Result<Self> {
-        let bad = || {
-            Error::Invalid(format!(
-                "bad budget \"{s}\": give a token count (e.g. 2048) or a share of the context (e.g. 2% or 0.02, up to 100%)"
-            ))
-        };
-        let t = s.trim();
-        if let Some(p) = t.strip_suffix('%') {
-            let p: f64 = p.trim().parse().map_err(|_| bad())?;
-            return if p > 0.0 && p <= 100.0 { Ok(Self::Fraction(p / 100.0)) } else { Err(bad()) };
-        }
-        if let Ok(n) = t.parse::<usize>() {
-            return if n > 0 { Ok(Self::Tokens(n)) } else { Err(bad()) };
-        }
-        match t.parse::<f64>() {
-            Ok(f) if f > 0.0 && f <= 1.0 => Ok(Self::Fraction(f)),
-            _ => Err(bad()),
-        }
-    }
-
-    /// Tokens this budget buys over `visible` keys (at least 1, at most `visible`).
-    pub fn tokens(&self, visible: usize) -> usize {
-        let n = match *self {
-            Self::Tokens(n) => n,
-            Self::Fraction(f) => (f * visible as f64).ceil() as usize,
-        };
-        n.clamp(1, visible.max(1))
-    }
-}
-
-/// One knob of a method: name, the paper's default, the valid range, what it does.
-pub struct ParamSpec {
-    pub name: &'static str,
-    pub default: f64,
-    pub min: f64,
-    pub max: f64,
-    pub integer: bool,
-    pub doc: &'static str,
-}
-
-/// Validated knobs of one method: every spec'd name, given or defaulted.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Params(BTreeMap<String, f64>);
-
-impl Params {
-    pub fn parse(method: &str, specs: &[ParamSpec], given: &[(String, String)]) -> Result<Self> {
-        let list = || {
-            if specs.is_empty() {
-                format!("{method} takes no parameters")
-            } else {
-                let items: Vec<String> = specs
-                    .iter()
-                    .map(|p| {
-                        format!(
-                            "{} ({}, {}..={}, default {}): {}",
-                            p.name,
-                            if p.integer { "integer" } else { "number" },
-                            p.min,
-                            p.max,
-                            p.default,
-                            p.doc
-                        )
-                    })
-                    .collect();
-                format!("{method} takes: {}", items.join("; "))
-            }
-        };
-        let mut values: BTreeMap<String, f64> = specs.iter().map(|p| (p.name.to_owned(), p.default)).collect();
-        for (k, v) in given {
-            let spec = specs
-                .iter()
-                .find(|p| p.name == k)
-                .ok_or_else(|| Error::Invalid(format!("unknown parameter \"{k}\" for {method}; {}", list())))?;
-            let x: f64 = v
-                .trim()
-                .parse()
-                .map_err(|_| Error::Invalid(format!("parameter {k}={v} is not a number; {}", list())))?;
-            if !(x >= spec.min && x <= spec.max) || (spec.integer && x.fract() != 0.0) {
-                return Err(Error::Invalid(format!("parameter {k}={v} is out of range; {}", list())));
-            }
-            values.insert(k.clone(), x);
-        }
-        Ok(Self(values))
-    }
-
-    pub fn get(&self, name: &str) -> f64 {
-        self.0.get(name).copied().unwrap_or_default()
-    }
-
-    pub fn usize(&self, name: &str) -> usize {
-        self.get(name) as usize
-    }
-}
-
-/// Parses `key=value` items (`--param k=v`).
-pub fn parse_params(items: &[String]) -> Result<Vec<(String, String)>> {
-    items
-        .iter()
-        .map(|s| {
-            s.split_once('=')
-                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-                .ok_or_else(|| Error::Invalid(format!("bad parameter \"{s}\": write key=value")))
-        })
-        .collect()
-}
-
-/// The attention method called `name`, with its budget and knobs.
-pub fn by_name(
-    name: &str,
-    budget: Option<&str>,
-    params: &[(String, String)],
-    resources: &Resources,
-) -> Result<Box<dyn Attention>> {
-    let budget = budget.map(Budget::parse).transpose()?;
-    let need_budget = || {
-        budget.ok_or_else(|| {
-            Error::Invalid(format!("{name} needs a budget (--budget): a token count (e.g. 2048) or a share (e.g. 2%)"))
-        })
-    };
-    match name {
-        "dense" => {
-            if let Some(b) = budget {
-                return Err(Error::Invalid(format!(
-                    "dense attention reads every token; it takes no budget (got {b:?})"
-                )));
-            }
-            Params::parse(name, &[], params)?;
-            Ok(Box::new(Dense))
-        }
-        "streaming" => Ok(Box::new(Streaming::new(need_budget()?, Params::parse(name, &streaming::PARAMS, params)?))),
-        "topk" => Ok(Box::new(TopK::new(need_budget()?, Params::parse(name, &topk::PARAMS, params)?))),
-        "topk-ivf" => Ok(Box::new(TopKIvf::new(need_budget()?, Params::parse(name, &ivf::PARAMS, params)?))),
-        "magicpig" => Ok(Box::new(MagicPig::new(need_budget()?, Params::parse(name, &magicpig::PARAMS, params)?)?)),
-        "hip" => Ok(Box::new(Hip::new(need_budget()?, Params::parse(name, &hip::PARAMS, params)?))),
-        "buzz" => Ok(Box::new(Buzz::new(need_budget()?, Params::parse(name, &buzz::PARAMS, params)?))),
-        "double-sparsity" => {
-            let params = Params::parse(name, &double_sparsity::PARAMS, params)?;
-            let channels = resources.channels.clone().ok_or_else(|| {
-                Error::Invalid(
-                    "double-sparsity needs the model's outlier channels: run `folio calibrate --model <model> --docs <files>` once"
-                        .into(),
-                )
-            })?;
-            Ok(Box::new(DoubleSparsity::new(need_budget()?, params, channels)?))
-        }
-        _ => Err(Error::Invalid(format!("unknown attention method \"{name}\"; available: {}", METHODS.join(", ")))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn budgets_and_params_are_validated() {
-        assert_eq!(Budget::parse("2048").unwrap(), Budget::Tokens(2048));
-        assert_eq!(Budget::parse("2%").unwrap(), Budget::Fraction(0.02));
-        assert_eq!(Budget::parse("0.5").unwrap(), Budget::Fraction(0.5));
-        for bad in ["0", "-3", "150%", "1.5", "lots"] {
-            assert!(Budget::parse(bad).unwrap_err().to_string().contains("token count"), "{bad}");
-        }
-        assert_eq!(Budget::Fraction(0.1).tokens(1000), 100);
-        assert_eq!(Budget::Tokens(5000).tokens(1000), 1000);
-        let p = |s: &str| parse_params(&[s.to_owned()]).unwrap();
-        let r = Resources::default();
-        let err = by_name("topk", Some("64"), &p("bogus=1"), &r).err().unwrap().to_string();
-        assert!(err.contains("unknown parameter") && err.contains("window"), "{err}");
-        let err = by_name("streaming", Some("64"), &p("sinks=-1"), &r).err().unwrap().to_string();
-        assert!(err.contains("out of range") && err.contains("sinks"), "{err}");
-        assert!(by_name("topk", None, &[], &r).err().unwrap().to_string().contains("needs a budget"));
-        let err = by_name("magic", None, &[], &r).err().unwrap().to_string();
-        assert!(err.contains("available: dense, streaming, topk, topk-ivf, magicpig, hip, double-sparsity, buzz"));
-        assert!(by_name("dense", Some("10"), &[], &r).is_err());
-        let err = by_name("double-sparsity", Some("5%"), &[], &r).err().unwrap().to_string();
-        assert!(err.contains("folio calibrate"), "{err}");
-        for name in METHODS.iter().skip(1) {
-            let err = by_name(name, Some("5%"), &p("nonsense=1"), &r).err().unwrap().to_string();
-            assert!(err.contains("unknown parameter") || err.contains("folio calibrate"), "{name}: {err}");
-        }
-        assert!(parse_params(&["novalue".into()]).is_err());
-    }
 }

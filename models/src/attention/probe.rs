@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use super::select::{dot, query_rows, visible, LayerRows};
-use super::{Attended, Attention, AttnCall, Dense};
+use super::{Attended, Attention, AttnCall, Dense, Knobs};
 use crate::error::Result;
 
 /// Sums over the decode steps of one layer.
@@ -122,7 +122,7 @@ pub fn measure(call: &AttnCall<'_>, got: &Attended, dense: &Attended) -> Result<
     // Only visible positions count (a method must not read others; the probe does not trust it).
     let sets: Option<Vec<Vec<usize>>> = got
         .read
-        .as_ref()
+        .rows()?
         .map(|sets| sets.iter().map(|s| s.iter().copied().filter(|p| (lo..hi).contains(p)).collect()).collect());
     let mut t = LayerTally { steps: 1, dense_steps: usize::from(sets.is_none()), ..Default::default() };
     for g in 0..rows.kv_heads {
@@ -185,12 +185,8 @@ impl<'a> Probe<'a> {
 }
 
 impl Attention for Probe<'_> {
-    fn name(&self) -> &'static str {
-        self.method.name()
-    }
-
-    fn settings(&self) -> serde_json::Value {
-        self.method.settings()
+    fn knobs(&self) -> Knobs<'_> {
+        self.method.knobs()
     }
 
     fn reset(&self) {

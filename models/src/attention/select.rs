@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Attended, Attention, AttnCall, Budget, Dense, Params};
+use super::{Attended, Attention, AttnCall, Dense, Read};
 use crate::error::{Error, Result};
 use crate::kv::KvStore;
 
@@ -143,7 +143,7 @@ pub(super) fn sparse_decode(
         debug_assert!(p.pos.iter().all(|&x| x >= lo && x < hi), "pick outside the visible range");
     }
     let out = attend_picks(call, &rows, &picks)?;
-    Ok(Attended { out, read: Some(picks.into_iter().map(|p| p.pos).collect()), searched })
+    Ok(Attended { out, read: Read::Rows(picks.into_iter().map(|p| p.pos).collect()), searched })
 }
 
 /// The `k` candidates with the largest scores (ties to the earlier position), ascending.
@@ -175,11 +175,6 @@ impl<T> PerLayer<T> {
     pub fn clear(&self) {
         self.lock().clear();
     }
-}
-
-/// `settings()` of a method with a budget and knobs.
-pub(super) fn budgeted_settings(method: &str, budget: &Budget, params: &Params) -> serde_json::Value {
-    serde_json::json!({ "method": method, "budget": budget, "params": params })
 }
 
 /// Where a layer's index came from: a context-file section, built from the keys, or rebuilt

@@ -4,11 +4,36 @@
 
 use candle_core::Tensor;
 
-use super::select::{budgeted_settings, sparse_decode, visible, HeadPick};
-use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
+use super::cost::{per_kv_head, CostInput, StepCost};
+use super::select::{sparse_decode, visible, HeadPick};
+use super::{
+    Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Path, Read,
+};
 use crate::error::Result;
 
-pub(super) const PARAMS: [ParamSpec; 1] = [ParamSpec {
+pub(super) const SPEC: MethodSpec = MethodSpec {
+    name: "streaming",
+    summary: "attention sinks plus the most recent tokens; the rest is never read (a baseline)",
+    paper: "Xiao et al., Efficient Streaming Language Models with Attention Sinks (ICLR 2024)",
+    default_budget: Some(DefaultBudget {
+        budget: "2048",
+        source: "Folio's: the paper sets no budget for long inputs; 4 sinks + 2044 recent tokens, the budget of \
+                 Folio's 1M-token benchmarks",
+    }),
+    params: &PARAMS,
+    needs: Needs { calibration: false, index: None },
+    resident: Path::Reference("the resident tier reads the layer and picks on the CPU"),
+    offloaded: Path::Fast,
+    cost,
+    build: |budget, params, _| Ok(Box::new(Streaming::new(super::params::required(budget)?, params))),
+};
+
+/// The same sinks and window for every head of a KV group.
+fn cost(input: &CostInput<'_>) -> StepCost {
+    per_kv_head(input, input.budget)
+}
+
+const PARAMS: [ParamSpec; 1] = [ParamSpec {
     name: "sinks",
     default: 4.0,
     min: 0.0,
@@ -39,12 +64,8 @@ impl Streaming {
 }
 
 impl Attention for Streaming {
-    fn name(&self) -> &'static str {
-        "streaming"
-    }
-
-    fn settings(&self) -> serde_json::Value {
-        budgeted_settings(self.name(), &self.budget, &self.params)
+    fn knobs(&self) -> Knobs<'_> {
+        Knobs::of(&SPEC, &self.budget, &self.params)
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
@@ -56,7 +77,7 @@ impl Attention for Streaming {
             // One pick for every head: each KV head's rows are read once for its group.
             let idx = Tensor::from_vec(pos, (1, pick.len()), call.q.device())?.repeat((kv.kv_heads(), 1))?;
             let out = crate::offload::attend_selected(call, kv, &idx, None)?;
-            return Ok(Attended { out, read: Some(vec![pick; heads]), searched: 0.0 });
+            return Ok(Attended { out, read: Read::Rows(vec![pick; heads]), searched: 0.0 });
         }
         sparse_decode(call, |_, lo, hi| Ok((vec![HeadPick::plain(self.selection(lo, hi)); heads], 0.0)))
     }

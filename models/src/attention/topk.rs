@@ -1,4 +1,4 @@
-//! Exact top-k attention (research/seeds/004-topk.md): at each decode step, every query head
+//! Exact top-k attention (the paper is named in [`SPEC`]): at each decode step, every query head
 //! reads the `k` keys with the largest q·k among the context, plus the most recent `window`
 //! tokens (the question and the answer so far, which the paper keeps on the GPU and attends
 //! densely), and softmax runs over exactly those.
@@ -9,10 +9,37 @@
 //! products (the scale does not change the order). This is the obviously-right reference: a
 //! full scan of every key; the approximate index and the GPU path are held to it.
 
-use super::select::{budgeted_settings, dot, query_rows, sparse_decode, top_positions, visible, HeadPick};
-use super::{Attended, Attention, AttnCall, Budget, ParamSpec, Params};
+use super::cost::{CostInput, StepCost};
+use super::select::{dot, query_rows, sparse_decode, top_positions, visible, HeadPick};
+use super::{
+    Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Path, Read,
+};
 use crate::error::Result;
 use crate::offload;
+
+pub(super) const SPEC: MethodSpec = MethodSpec {
+    name: "topk",
+    summary: "the exact top-k keys by q·k for each query head, plus the recent window",
+    paper: "Hoover, Synk et al., Exploiting Sparsity for Long Context Inference: Million Token Contexts on \
+            Commodity GPUs (arXiv 2502.06766)",
+    default_budget: Some(DefaultBudget {
+        budget: "1%",
+        source: "the paper: k ≈ 1% of the context keeps ≥ 95% of full attention's scores (§4, Table 1)",
+    }),
+    params: &PARAMS,
+    needs: Needs { calibration: false, index: None },
+    resident: Path::Reference("the resident tier reads the layer and scans it on the CPU"),
+    offloaded: Path::Fast,
+    cost,
+    build: |budget, params, _| Ok(Box::new(TopK::new(super::params::required(budget)?, params))),
+};
+
+/// The exact scan reads every key over the link; the picks bring their K and V per query head.
+fn cost(input: &CostInput<'_>) -> StepCost {
+    let picked = input.budget + input.params.usize("window");
+    let per_layer = input.keys(input.context) + input.rows(picked, input.shape.heads);
+    StepCost { link_bytes: input.layers() * per_layer, ..StepCost::default() }
+}
 
 /// The recent window of the top-k family (exact and IVF).
 pub(super) const WINDOW: ParamSpec = ParamSpec {
@@ -24,7 +51,7 @@ pub(super) const WINDOW: ParamSpec = ParamSpec {
     doc: "most recent tokens always attended, outside the top-k budget",
 };
 
-pub(super) const PARAMS: [ParamSpec; 1] = [WINDOW];
+const PARAMS: [ParamSpec; 1] = [WINDOW];
 
 pub struct TopK {
     budget: Budget,
@@ -48,12 +75,8 @@ impl TopK {
 }
 
 impl Attention for TopK {
-    fn name(&self) -> &'static str {
-        "topk"
-    }
-
-    fn settings(&self) -> serde_json::Value {
-        budgeted_settings(self.name(), &self.budget, &self.params)
+    fn knobs(&self) -> Knobs<'_> {
+        Knobs::of(&SPEC, &self.budget, &self.params)
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
@@ -77,7 +100,7 @@ impl Attention for TopK {
                 q.device(),
             )?;
             let out = offload::attend_selected(call, kv, &idx, None)?;
-            return Ok(Attended { out, read: None, searched: (cut - lo) as f64 });
+            return Ok(Attended { out, read: Read::Picked(idx), searched: (cut - lo) as f64 });
         }
         sparse_decode(call, |rows, lo, hi| {
             let queries = query_rows(call)?;

@@ -1,7 +1,7 @@
 //! The KV store of a conversation over a saved context: the context's rows (read-only) and an
 //! in-memory tail for everything after them (the question, the answer, follow-up turns).
 //!
-//! Tiers (DESIGN.md §2): the context file, memory-mapped, is the disk tier; a layer's rows are
+//! Tiers (docs/architecture.md): the context file, memory-mapped, is the disk tier; a layer's rows are
 //! decoded from it into the compute dtype on the model's device the first time attention asks
 //! for them, and kept *resident* up to a byte budget (least recently used layers are dropped
 //! first and decoded again when needed). On a GPU the resident layers are the hot set; the

@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use super::spec::EvalSpec;
-use crate::attention::Attention;
+use crate::attention::{Attention, Tier};
 use crate::chat::Message;
 use crate::error::{Error, Result};
 use crate::generate::{self, GenerateParams, SamplingParams, PREFILL_CHUNK};
@@ -223,19 +223,6 @@ pub fn cell_prompt(
     seed: u64,
 ) -> Result<NeedlePrompt> {
     build_prompt(engine, spec, length, depth, &mut StdRng::seed_from_u64(cell_seed(seed, length, depth, sample)))
-}
-
-/// Where a sample's K/V lives while the method decodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tier {
-    /// Every row in the model's store on its device; sparse methods decode through their CPU
-    /// references, which copy whole layers to the host each step (seconds per step at a
-    /// million tokens).
-    Resident,
-    /// The documents in host memory ([`OffloadKv`]), prefilled layer-major, and the question and
-    /// answer on the device: the methods' fast paths decode, as `folio chat --context
-    /// --offload` does over a context file.
-    Offloaded,
 }
 
 /// Runs `prompt` (cell `(length, depth, sample)`, from [`cell_prompt`]) greedily with each of

@@ -1,4 +1,4 @@
-//! MagicPIG (research/seeds/000-magicpig.md): attention as an expectation, estimated by
+//! MagicPIG (the paper is named in [`SPEC`]): attention as an expectation, estimated by
 //! sampling keys through locality-sensitive hashing and correcting by importance weights.
 //!
 //! Index, per layer and KV head, over the context before the recent window: keys centred on
@@ -23,25 +23,61 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
-use rand::rngs::StdRng;
-use rand::SeedableRng;
+use candle_core::Tensor;
+use folio_kernels::attention::{merge, AttnOutput};
+use folio_kernels::select;
 use rayon::prelude::*;
 
-use candle_core::{DType, Device, Tensor};
-use folio_kernels::attention::{merge, AttnOutput};
-use folio_kernels::{select, sparse};
-
-use super::select::{
-    budgeted_settings, dot, index_base, query_rows, sparse_decode, visible, HeadPick, IndexSource, Indexes, LayerRows,
-    SectionReader, SectionWriter,
+use super::cost::{CostInput, StepCost};
+use super::select::{dot, index_base, query_rows, sparse_decode, visible, HeadPick, IndexSource, Indexes, LayerRows};
+use super::{
+    Attended, Attention, AttnCall, Budget, DefaultBudget, Dense, Knobs, MethodSpec, Needs, ParamSpec, Params, Path,
+    Read,
 };
-use super::workload::normal;
-use super::{Attended, Attention, AttnCall, Budget, Dense, ParamSpec, Params};
-use crate::error::{human_bytes, Error, Result};
+use crate::error::{Error, Result};
 use crate::kv::KvStore;
 use crate::offload::{self, OffloadKv};
+use index::{LayerIndex, Plan, INDEX_CHUNK};
 
-pub(super) const PARAMS: [ParamSpec; 6] = [
+mod index;
+
+pub(super) const SPEC: MethodSpec = MethodSpec {
+    name: "magicpig",
+    summary: "LSH sampling: SimHash tables pick keys, importance-weighted attention over the sample, on the CPU",
+    paper: "Chen et al., MagicPIG: LSH Sampling for Efficient LLM Generation (ICLR 2025)",
+    default_budget: Some(DefaultBudget {
+        budget: "2%",
+        source: "the paper's main setting (K = 10, L = 150) sampled 2% of the context (Table 8)",
+    }),
+    params: &PARAMS,
+    needs: Needs {
+        calibration: false,
+        index: Some("SimHash tables of the context's keys (L tables of 2^K buckets per KV head)"),
+    },
+    resident: Path::Reference("the resident tier samples and attends on the CPU over the decoded layer"),
+    offloaded: Path::Fast,
+    cost,
+    build: |budget, params, _| Ok(Box::new(MagicPig::new(super::params::required(budget)?, params)?)),
+};
+
+/// The dense layers read every row over the link; the others gather their static part (sinks
+/// and window) per query head on the device, while the CPU reads the sample in host memory.
+fn cost(input: &CostInput<'_>) -> StepCost {
+    let layers = input.shape.layers;
+    // `dense_layers=1` keeps layers 0 and L/2 dense.
+    let dense = if input.params.usize("dense_layers") == 1 { 2.min(layers) } else { 0 };
+    let sparse = (layers - dense) as f64;
+    let picked = input.params.usize("sinks") + input.params.usize("window");
+    let heads = input.shape.heads;
+    StepCost {
+        device_bytes: 0.0,
+        link_bytes: dense as f64 * input.rows(input.context, input.shape.kv_heads) + sparse * input.rows(picked, heads),
+        host_bytes: sparse * input.rows(input.budget, heads),
+        resident_bytes: input.rows(picked, heads) as u64,
+    }
+}
+
+const PARAMS: [ParamSpec; 6] = [
     ParamSpec {
         name: "bits",
         default: 10.0,
@@ -82,9 +118,6 @@ pub(super) const PARAMS: [ParamSpec; 6] = [
 const MAX_TABLES: usize = 1024;
 /// The authors' floor under `u` before the log: caps an importance weight at 1e4.
 const U_FLOOR: f64 = 1e-4;
-/// Keys hashed per chunk of an index build: 64 Ki rows per KV head (what the offloaded tier
-/// reads at a time).
-const INDEX_CHUNK: usize = 1 << 16;
 
 /// `u = P[Binomial(L, p^K) ≥ 2]` for a single-hyperplane collision probability `p`, via
 /// `(1-P)^L + L P (1-P)^(L-1) = (1-P)^(L-1) (1 + (L-1) P)` in logs, which avoids the naive
@@ -118,295 +151,6 @@ pub fn tables_for(fraction: f64, max_bits: usize) -> (usize, usize) {
         }
     }
     (1, MAX_TABLES)
-}
-
-/// The `K·L` hyperplanes, `[d][K·L]` row-major, i.i.d. N(0, 1) from `seed`.
-fn projection(d: usize, planes: usize, seed: u64) -> Vec<f32> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..d * planes).map(|_| normal(&mut rng)).collect()
-}
-
-/// One KV head's tables over keys `first..first + n`.
-struct HeadTables {
-    mean: Vec<f32>,
-    /// |k_i - mean| for each indexed key.
-    norms: Vec<f32>,
-    /// Per table: the indexed keys (offsets from `first`) sorted by code, and bucket starts
-    /// (`2^K + 1` offsets into it).
-    order: Vec<Vec<u32>>,
-    start: Vec<Vec<u32>>,
-}
-
-/// One layer's index.
-struct LayerIndex {
-    /// Indexed keys: `first..end`; the rest of the context is static.
-    first: usize,
-    end: usize,
-    bits: usize,
-    tables: usize,
-    w: Vec<f32>,
-    heads: Vec<HeadTables>,
-}
-
-impl LayerIndex {
-    fn build(rows: &LayerRows, plan: &Plan) -> Result<Self> {
-        let (kv_heads, d) = (rows.kv_heads, rows.head_dim);
-        let key = |h: usize, p: usize, out: &mut [f32]| out.copy_from_slice(rows.key(h, p));
-        let all = Tensor::from_slice(&rows.k, (kv_heads, rows.len, d), &Device::Cpu)?;
-        let chunk = |a: usize, b: usize| Ok(all.narrow(1, a, b - a)?);
-        Self::build_with((kv_heads, d), plan, &key, &chunk, (INDEX_CHUNK, &Device::Cpu))
-    }
-
-    /// The index over `plan`'s keys from two views of them: `key(h, p, out)` writes key `p` of KV
-    /// head `h` as f32 (host memory: the means and norms, summed in position order), and
-    /// `chunk(a, b)` gives keys `a..b` as `[kv_heads, b - a, d]` on the device that hashes them
-    /// (`device`: the GPU for an offloaded layer), `chunk_rows` at a time. SimHash codes are the
-    /// same bits on every device, so the resident reference and the offloaded tier build the
-    /// same tables from the same keys, whatever the chunking.
-    fn build_with(
-        (kv_heads, d): (usize, usize),
-        plan: &Plan,
-        key: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
-        chunk: &dyn Fn(usize, usize) -> Result<Tensor>,
-        (chunk_rows, device): (usize, &Device),
-    ) -> Result<Self> {
-        let Plan { first, end, bits, tables, seed } = *plan;
-        let n = end - first;
-        check_host_memory(build_bytes(kv_heads, n, bits, tables), available_host_memory(), plan)?;
-        let w = projection(d, bits * tables, seed);
-        // Per head: the mean (f64 sums in position order), then each key's centred norm.
-        let centre: Vec<(Vec<f32>, Vec<f32>)> = (0..kv_heads)
-            .into_par_iter()
-            .map(|h| {
-                let (mut sum, mut row) = (vec![0f64; d], vec![0f32; d]);
-                for p in first..end {
-                    key(h, p, &mut row);
-                    sum.iter_mut().zip(&row).for_each(|(m, x)| *m += *x as f64);
-                }
-                let mean: Vec<f32> = sum.iter().map(|m| (m / n as f64) as f32).collect();
-                let norms = (first..end)
-                    .into_par_iter()
-                    .map_init(
-                        || vec![0f32; d],
-                        |row, p| {
-                            key(h, p, row);
-                            row.iter_mut().zip(&mean).for_each(|(x, m)| *x -= m);
-                            dot(row, row).sqrt()
-                        },
-                    )
-                    .collect();
-                (mean, norms)
-            })
-            .collect();
-        // Codes, table-major per head (`[tables][n]`), hashed a chunk at a time on the device.
-        let w_dev = Tensor::from_slice(&w, (d, bits * tables), device)?;
-        let means: Vec<f32> = centre.iter().flat_map(|c| c.0.iter().copied()).collect();
-        let means = Tensor::from_vec(means, (kv_heads, 1, d), device)?;
-        let mut codes = vec![vec![0u32; tables * n]; kv_heads];
-        for a in (first..end).step_by(chunk_rows.max(1)) {
-            let b = (a + chunk_rows.max(1)).min(end);
-            let keys = chunk(a, b)?.to_dtype(DType::F32)?;
-            if keys.dims() != [kv_heads, b - a, d] || !keys.device().same_device(device) {
-                return Err(Error::Invalid(format!(
-                    "magicpig: keys {a}..{b} came as {:?} on {:?}, not [{kv_heads}, {}, {d}] on {device:?}",
-                    keys.dims(),
-                    keys.device(),
-                    b - a
-                )));
-            }
-            let centred = keys.broadcast_sub(&means)?;
-            for (h, head_codes) in codes.iter_mut().enumerate() {
-                // Transposed where they were made: a table's codes land as one run.
-                let c: Vec<u32> = sparse::simhash_codes(&centred.get(h)?, &w_dev, bits, tables)?
-                    .t()?
-                    .contiguous()?
-                    .flatten_all()?
-                    .to_vec1()?;
-                for (l, run) in c.chunks_exact(b - a).enumerate() {
-                    head_codes[l * n + a - first..][..b - a].copy_from_slice(run);
-                }
-            }
-        }
-        let heads = centre
-            .into_iter()
-            .zip(codes)
-            .map(|((mean, norms), codes)| {
-                // A counting sort per table, the tables over the cores.
-                let buckets = 1usize << bits;
-                let (order, start): (Vec<Vec<u32>>, Vec<Vec<u32>>) = codes
-                    .par_chunks(n.max(1))
-                    .take(tables)
-                    .map(|table| {
-                        let mut count = vec![0u32; buckets + 1];
-                        for &c in table {
-                            count[c as usize + 1] += 1;
-                        }
-                        for b in 0..buckets {
-                            count[b + 1] += count[b];
-                        }
-                        let mut next = count.clone();
-                        let mut ord = vec![0u32; n];
-                        for (i, &c) in table.iter().enumerate() {
-                            let slot = &mut next[c as usize];
-                            ord[*slot as usize] = i as u32;
-                            *slot += 1;
-                        }
-                        (ord, count)
-                    })
-                    .unzip();
-                HeadTables { mean, norms, order, start }
-            })
-            .collect();
-        Ok(Self { first, end, bits, tables, w, heads })
-    }
-
-    /// The logit bias `−log(u + 1e-4)` of indexed key `i` (row `key`) sampled for query `q`
-    /// (norm `q_norm`): `u` from the cosine with the centred key, the vector the hash saw.
-    fn logit_bias(&self, t: &HeadTables, q: &[f32], q_norm: f32, i: usize, key: &[f32]) -> f32 {
-        // q · (key − mean), the products summed in channel order as `dot` sums them.
-        let q_centred: f32 = q.iter().zip(key.iter().zip(&t.mean)).map(|(x, (a, b))| x * (a - b)).sum();
-        let cos = q_centred as f64 / (q_norm as f64 * t.norms[i].max(f32::MIN_POSITIVE) as f64);
-        let u = sampling_probability(collision_probability(cos), self.bits, self.tables);
-        -((u + U_FLOOR).ln()) as f32
-    }
-
-    /// The query's code in every table.
-    fn query_codes(&self, q: &[f32]) -> Vec<u32> {
-        sparse::reference::simhash_codes(q, &self.w, q.len(), self.bits, self.tables)
-    }
-
-    /// Offsets (from `first`) of the keys whose code equals `q`'s in at least two tables, in
-    /// the order they reach the second collision, and the index entries walked.
-    fn retrieve(&self, head: usize, q: &[f32]) -> (Vec<usize>, usize) {
-        thread_local! {
-            /// Collision counts per indexed key, all zero between calls: clearing only the
-            /// entries a walk touched costs the walk, not the context (28 MB a layer at 1M).
-            static COUNT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
-        let t = &self.heads[head];
-        let qc = self.query_codes(q);
-        let buckets =
-            |l: usize, c: u32| &t.order[l][t.start[l][c as usize] as usize..t.start[l][c as usize + 1] as usize];
-        COUNT.with_borrow_mut(|count| {
-            if count.len() < self.end - self.first {
-                count.resize(self.end - self.first, 0);
-            }
-            let (mut out, mut walked) = (Vec::new(), 0);
-            for (l, &c) in qc.iter().enumerate() {
-                let bucket = buckets(l, c);
-                walked += bucket.len();
-                for &i in bucket {
-                    let n = &mut count[i as usize];
-                    *n = n.saturating_add(1);
-                    if *n == 2 {
-                        out.push(i as usize);
-                    }
-                }
-            }
-            for (l, &c) in qc.iter().enumerate() {
-                buckets(l, c).iter().for_each(|&i| count[i as usize] = 0);
-            }
-            (out, walked)
-        })
-    }
-}
-
-/// Host bytes a layer's build holds at its peak: per KV head and table, the codes and the bucket
-/// list (4 bytes a key each) and the bucket starts; per key its norm.
-fn build_bytes(kv_heads: usize, n: usize, bits: usize, tables: usize) -> u64 {
-    let per_head = tables as u64 * (8 * n as u64 + 4 * ((1u64 << bits) + 1)) + 4 * n as u64;
-    kv_heads as u64 * per_head
-}
-
-/// `MemAvailable` of /proc/meminfo in bytes, where there is one.
-fn available_host_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
-}
-
-/// Refuses a build that needs more host memory than is available now, saying what to change:
-/// at a million tokens a layer's tables are GiBs (4·L bytes per key and KV head, L growing with
-/// the budget) and, layer after layer, would run the machine out of memory, where the OS kills
-/// the process instead of failing an allocation.
-fn check_host_memory(needed: u64, available: Option<u64>, plan: &Plan) -> Result<()> {
-    match available {
-        Some(free) if needed > free => Err(Error::Invalid(format!(
-            "magicpig: the hash tables of keys {}..{} ({} tables of {} bits) need {} of host memory, {} is \
-             available; lower the budget, or set tables= or bits= (each table costs 4 bytes per key and KV head)",
-            plan.first,
-            plan.end,
-            plan.tables,
-            plan.bits,
-            human_bytes(needed),
-            human_bytes(free)
-        ))),
-        _ => Ok(()),
-    }
-}
-
-/// What a layer's index covers and how it hashes: a function of the store's saved prefix and
-/// the settings alone, so it names a context-file section.
-#[derive(Clone, Copy)]
-struct Plan {
-    first: usize,
-    end: usize,
-    bits: usize,
-    tables: usize,
-    seed: u64,
-}
-
-impl Plan {
-    fn name(&self) -> String {
-        format!(
-            "magicpig v1 bits={} tables={} keys={}..{} seed={}",
-            self.bits, self.tables, self.first, self.end, self.seed
-        )
-    }
-}
-
-impl LayerIndex {
-    /// The hyperplanes first (stored, not regenerated: the file must not depend on a random
-    /// generator's version), then per KV head the mean, norms and bucket lists.
-    fn encode(&self) -> Vec<u8> {
-        let mut w = SectionWriter::default();
-        w.f32s(&self.w);
-        for h in &self.heads {
-            w.f32s(&h.mean);
-            w.f32s(&h.norms);
-            for (start, order) in h.start.iter().zip(&h.order) {
-                w.u32s(start.iter().copied());
-                w.u32s(order.iter().copied());
-            }
-        }
-        w.0
-    }
-
-    fn decode(bytes: &[u8], name: &str, plan: &Plan, kv_heads: usize, d: usize) -> Result<Self> {
-        let mut r = SectionReader::new(bytes, name);
-        let n = plan.end - plan.first;
-        let planes = r.f32s(d * plan.bits * plan.tables)?;
-        let mut heads = Vec::with_capacity(kv_heads);
-        for _ in 0..kv_heads {
-            let (mean, norms) = (r.f32s(d)?, r.f32s(n)?);
-            let (mut start, mut order) = (Vec::new(), Vec::new());
-            for _ in 0..plan.tables {
-                let s = r.u32s((1 << plan.bits) + 1)?;
-                let o = r.u32s(n)?;
-                if s.windows(2).any(|w| w[0] > w[1])
-                    || s.last() != Some(&(n as u32))
-                    || o.iter().any(|&i| i as usize >= n)
-                {
-                    return Err(Error::Invalid(format!("index section \"{name}\" has bucket lists out of range")));
-                }
-                start.push(s);
-                order.push(o);
-            }
-            heads.push(HeadTables { mean, norms, order, start });
-        }
-        r.finish()?;
-        Ok(Self { first: plan.first, end: plan.end, bits: plan.bits, tables: plan.tables, w: planes, heads })
-    }
 }
 
 pub struct MagicPig {
@@ -541,7 +285,7 @@ impl MagicPig {
         let out = merge(&static_part, &sampled_part)?.out.to_dtype(call.q.dtype())?;
         // Index entries are 4 bytes; a bf16 key row is 2·d.
         let searched = walked as f64 * 4.0 / (2 * d) as f64 / heads as f64;
-        Ok(Attended { out, read: Some(read), searched })
+        Ok(Attended { out, read: Read::Rows(read), searched })
     }
 }
 
@@ -565,12 +309,8 @@ fn on_cpu_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 }
 
 impl Attention for MagicPig {
-    fn name(&self) -> &'static str {
-        "magicpig"
-    }
-
-    fn settings(&self) -> serde_json::Value {
-        budgeted_settings(self.name(), &self.budget, &self.params)
+    fn knobs(&self) -> Knobs<'_> {
+        Knobs::of(&SPEC, &self.budget, &self.params)
     }
 
     fn reset(&self) {
@@ -644,8 +384,13 @@ impl Attention for MagicPig {
 
 #[cfg(test)]
 mod tests {
+    use super::index::{build_bytes, check_host_memory, projection};
     use super::*;
-    use rand::Rng;
+    use crate::attention::workload::normal;
+    use candle_core::Device;
+    use folio_kernels::sparse;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
 
     fn rand_vec(rng: &mut StdRng, d: usize) -> Vec<f32> {
         (0..d).map(|_| normal(rng)).collect()

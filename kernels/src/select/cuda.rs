@@ -1,0 +1,255 @@
+//! The kernels of kernels/cuda/select.cu, and the mapped host allocation.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda::cudarc::driver::{sys, DevicePtr, HostSlice, LaunchConfig, PinnedHostSlice, PushKernelArg};
+use candle_core::cuda::{CudaDevice, WrapErr};
+use candle_core::{CudaStorage, DType, Layout, Result, Shape, Tensor};
+
+use crate::cuda_op::{CudaOnly, CudaOp1, CudaOp2};
+
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/select.ptx"));
+const MODULE: &str = "folio_select";
+/// BINS and SELECT_THREADS in the kernel; RADIX levels as (shift, digit bits), top digit first.
+const BINS: usize = 1 << 11;
+const THREADS: u32 = 256;
+const LEVELS: [(i32, i32); 3] = [(21, 11), (10, 11), (0, 10)];
+/// Blocks per row of the histogram and collect passes: enough to fill a large GPU when a
+/// layer has a few dozen rows, each block taking at least this many scores.
+const TARGET_BLOCKS: usize = 1024;
+const MIN_SCORES_PER_BLOCK: usize = 4096;
+
+pub struct Mapped {
+    buf: PinnedHostSlice<u8>,
+    ptr: u64,
+}
+
+impl Mapped {
+    pub fn new(dev: &CudaDevice, bytes: usize) -> Result<Self> {
+        let ctx = dev.cuda_stream().context().clone();
+        // SAFETY: the memory is zeroed below before anything reads it.
+        let mut buf = unsafe {
+            ctx.alloc_pinned_with_flags::<u8>(
+                bytes.max(1),
+                sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
+            )
+        }
+        .map_err(|e| candle_core::Error::Msg(format!("page-locking {bytes} bytes of host memory: {e}")))?;
+        buf.as_mut_slice().w()?.fill(0);
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: buf is a live DEVICEMAP allocation of this context.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut ptr, buf.as_mut_ptr().w()? as *mut _, 0) }.result().w()?;
+        Ok(Self { buf, ptr })
+    }
+
+    /// Copies `rows [heads, t, d]` (contiguous, on the device) to rows `pos..pos + t` of
+    /// each head of an `[heads, n, d]` layout with `row_bytes` per row.
+    pub fn write_rows(
+        &mut self,
+        rows: &Tensor,
+        (heads, t, n, pos): (usize, usize, usize, usize),
+        row_bytes: usize,
+    ) -> Result<()> {
+        let (storage, layout) = rows.storage_and_layout();
+        let candle_core::Storage::Cuda(cs) = &*storage else { candle_core::bail!("rows must be on the GPU") };
+        let stream = cs.device().cuda_stream();
+        let host = self.buf.as_mut_slice().w()?;
+        let run = t * row_bytes;
+        macro_rules! copy {
+            ($t:ty) => {{
+                let size = std::mem::size_of::<$t>();
+                let src = cs.as_cuda_slice::<$t>()?.slice(layout.start_offset()..);
+                for head in 0..heads {
+                    let at = (head * n + pos) * row_bytes;
+                    let dst = &mut host[at..at + run];
+                    // SAFETY: the pinned buffer is page-aligned and `at` a multiple of the
+                    // element size, so the bytes are a valid, aligned [$t] of run / size.
+                    let dst: &mut [$t] =
+                        unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut $t, run / size) };
+                    stream.memcpy_dtoh(&src.slice(head * run / size..(head + 1) * run / size), dst).w()?;
+                }
+            }};
+        }
+        match rows.dtype() {
+            DType::F32 => copy!(f32),
+            DType::BF16 => copy!(half::bf16),
+            other => candle_core::bail!("host rows hold f32 or bf16, not {other:?}"),
+        }
+        // Copies into page-locked memory are asynchronous: the rows are not written until
+        // the stream gets there, and the CPU reads them directly (`HostRows::host`).
+        stream.synchronize().w()?;
+        Ok(())
+    }
+
+    pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
+        self.buf.as_mut_slice().w()
+    }
+
+    pub fn as_slice(&self) -> Result<&[u8]> {
+        self.buf.as_slice().w()
+    }
+}
+
+fn blocks_per_row(rows: usize, n: usize) -> u32 {
+    n.div_ceil(MIN_SCORES_PER_BLOCK).min(TARGET_BLOCKS.div_ceil(rows)).max(1) as u32
+}
+
+pub fn topk(scores: &Tensor, rows: usize, n: usize, k: usize) -> Result<Tensor> {
+    scores.apply_op1_no_bwd(&CudaOnly(TopK { rows, n, k }))
+}
+
+struct TopK {
+    rows: usize,
+    n: usize,
+    k: usize,
+}
+
+impl CudaOp1 for TopK {
+    const NAME: &'static str = "folio-topk";
+
+    fn cuda_fwd(&self, scores: &CudaStorage, sl: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (rows, n, k) = (self.rows, self.n, self.k);
+        let dev = scores.device().clone();
+        let scores_s = scores.as_cuda_slice::<f32>()?.slice(sl.start_offset()..);
+        // SAFETY: topk_init writes state and clears hist before any read.
+        let state = unsafe { dev.alloc::<u32>(rows * 4)? };
+        let hist = unsafe { dev.alloc::<u32>(rows * BINS)? };
+        let counters = dev.alloc_zeros::<u32>(rows * 2)?;
+        // SAFETY: the collect pass writes all k positions of every row (1 <= k < n).
+        let out = unsafe { dev.alloc::<u32>(rows * k)? };
+        let (n_i, k_i, rows_i) = (n as i32, k as i32, rows as i32);
+        let one_per_row =
+            LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let per_row = LaunchConfig {
+            grid_dim: (blocks_per_row(rows, n), rows as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = dev.get_or_load_custom_func("topk_init", MODULE, PTX)?;
+        let mut b = f.builder();
+        b.arg(&state).arg(&hist).arg(&rows_i).arg(&k_i);
+        // SAFETY: state and hist are sized for `rows`.
+        unsafe { b.launch(one_per_row) }.w()?;
+        for (shift, bits) in LEVELS {
+            let f = dev.get_or_load_custom_func("topk_hist", MODULE, PTX)?;
+            let mut b = f.builder();
+            b.arg(&scores_s).arg(&state).arg(&hist).arg(&n_i).arg(&shift).arg(&bits);
+            // SAFETY: scores hold rows × n f32.
+            unsafe { b.launch(per_row) }.w()?;
+            let f = dev.get_or_load_custom_func("topk_pick", MODULE, PTX)?;
+            let mut b = f.builder();
+            b.arg(&state).arg(&hist).arg(&shift).arg(&bits);
+            // SAFETY: as above.
+            unsafe { b.launch(one_per_row) }.w()?;
+        }
+        let f = dev.get_or_load_custom_func("topk_collect", MODULE, PTX)?;
+        let mut b = f.builder();
+        b.arg(&scores_s).arg(&state).arg(&counters).arg(&out).arg(&n_i).arg(&k_i);
+        // SAFETY: out holds rows × k; the kernel writes exactly k per row.
+        unsafe { b.launch(per_row) }.w()?;
+        Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((rows, k))))
+    }
+}
+
+/// Gathers rows from host memory mapped at device address `src`, positions past its rows
+/// from the tail tensor (the op's second input, when there is one).
+struct Gather {
+    src: u64,
+    dims: (usize, usize, usize, usize, usize, usize),
+    dtype: DType,
+}
+
+impl Gather {
+    fn launch(&self, idx: &CudaStorage, il: &Layout, tail: u64) -> Result<(CudaStorage, Shape)> {
+        let (heads, sel, group, n, tail_n, d) = self.dims;
+        let dev = idx.device();
+        let idx_s = idx.as_cuda_slice::<u32>()?.slice(il.start_offset()..);
+        let row_bytes = d * self.dtype.size_in_bytes();
+        if row_bytes % 16 != 0 || self.src % 16 != 0 || tail % 16 != 0 {
+            candle_core::bail!("gather: rows of {row_bytes} bytes cannot be copied 16 bytes at a time");
+        }
+        let vecs = row_bytes / 16;
+        let total = heads * sel * vecs;
+        macro_rules! run {
+            ($t:ty) => {{
+                // SAFETY: one thread per 16-byte vector writes every byte of the output.
+                let out = unsafe { dev.alloc::<$t>(heads * sel * d)? };
+                let f = dev.get_or_load_custom_func("gather_rows", MODULE, PTX)?;
+                let mut b = f.builder();
+                let (total_i, sel_i, group_i, n_i, tail_i, vecs_i) =
+                    (total as i64, sel as i32, group as i32, n as i32, tail_n as i32, vecs as i32);
+                b.arg(&self.src).arg(&tail).arg(&idx_s).arg(&out);
+                b.arg(&total_i).arg(&sel_i).arg(&group_i).arg(&n_i).arg(&tail_i).arg(&vecs_i);
+                let cfg = LaunchConfig {
+                    grid_dim: (total.div_ceil(THREADS as usize) as u32, 1, 1),
+                    block_dim: (THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: positions are < n + tail_n (checked by the caller); src holds
+                // heads/group × n rows, tail heads/group × tail_n.
+                unsafe { b.launch(cfg) }.w()?;
+                CudaStorage::wrap_cuda_slice(out, dev.clone())
+            }};
+        }
+        let storage = match self.dtype {
+            DType::F32 => run!(f32),
+            DType::BF16 => run!(half::bf16),
+            other => candle_core::bail!("gather: rows must be f32 or bf16, not {other:?}"),
+        };
+        Ok((storage, Shape::from((heads, sel, d))))
+    }
+}
+
+impl CudaOp1 for Gather {
+    const NAME: &'static str = "folio-gather";
+
+    fn cuda_fwd(&self, idx: &CudaStorage, il: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.launch(idx, il, 0)
+    }
+}
+
+impl CudaOp2 for Gather {
+    const NAME: &'static str = "folio-gather-tail";
+
+    fn cuda_fwd(
+        &self,
+        idx: &CudaStorage,
+        il: &Layout,
+        tail: &CudaStorage,
+        tl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let stream = idx.device().cuda_stream();
+        let offset = tl.start_offset();
+        let ptr = match tail.dtype() {
+            DType::F32 => tail.as_cuda_slice::<f32>()?.slice(offset..).device_ptr(&stream).0,
+            DType::BF16 => tail.as_cuda_slice::<half::bf16>()?.slice(offset..).device_ptr(&stream).0,
+            other => candle_core::bail!("gather: rows must be f32 or bf16, not {other:?}"),
+        };
+        self.launch(idx, il, ptr)
+    }
+}
+
+pub fn gather(
+    src: &Mapped,
+    tail: Option<&Tensor>,
+    idx: &Tensor,
+    dims: (usize, usize, usize, usize, usize, usize),
+    dtype: DType,
+) -> Result<Tensor> {
+    let candle_core::Device::Cuda(dev) = idx.device() else { candle_core::bail!("gather: idx must be on the GPU") };
+    let stream = dev.cuda_stream();
+    let op = Gather { src: src.ptr, dims, dtype };
+    let idx = idx.contiguous()?;
+    // The kernel reads the rows through their device address, which cudarc does not see.
+    // This guard makes the stream wait for the rows' last recorded use and records their
+    // event after the launch, so a later host write (`as_mut_slice`) or free of the rows
+    // waits for this read to finish.
+    // SAFETY: the host view it returns is not touched; only the ordering is used, on
+    // `stream`, candle's stream, where the launch below goes.
+    let (_, ordered) = unsafe { src.buf.stream_synced_slice(&stream) };
+    let out = match tail {
+        Some(t) => idx.apply_op2_no_bwd(t, &CudaOnly(op)),
+        None => idx.apply_op1_no_bwd(&CudaOnly(op)),
+    };
+    drop(ordered);
+    out
+}

@@ -1,0 +1,37 @@
+/// Positions of the `min(k, n)` largest scores of each row of `scores [rows, n]`, ascending
+/// by position; among equal scores the lower position wins.
+pub fn topk(scores: &[f32], n: usize, k: usize) -> Vec<u32> {
+    let k = k.min(n);
+    let mut out = Vec::with_capacity(scores.len().checked_div(n).unwrap_or(0) * k);
+    for row in scores.chunks(n.max(1)).filter(|_| n > 0) {
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+        let mut picked = order[..k].to_vec();
+        picked.sort_unstable();
+        out.extend(picked);
+    }
+    out
+}
+
+/// `out[h, j] = src[h / group][idx[h, j]]`, rows of `row_bytes` bytes, `src` holding `n`
+/// rows per source head, positions from `n` on reading `tail` (`tail_n` rows per head);
+/// `idx [heads, sel]`.
+#[allow(clippy::too_many_arguments)]
+pub fn gather_rows(
+    src: &[u8],
+    n: usize,
+    tail: &[u8],
+    tail_n: usize,
+    idx: &[u32],
+    sel: usize,
+    group: usize,
+    row_bytes: usize,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(idx.len() * row_bytes);
+    for (i, &p) in idx.iter().enumerate() {
+        let (g, p) = (i / sel / group, p as usize);
+        let (from, at) = if p < n { (src, g * n + p) } else { (tail, g * tail_n + p - n) };
+        out.extend_from_slice(&from[at * row_bytes..(at + 1) * row_bytes]);
+    }
+    out
+}

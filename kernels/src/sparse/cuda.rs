@@ -1,0 +1,246 @@
+//! Launching the kernels of kernels/cuda/sparse.cu through candle's CUDA device: each is a
+//! `CustomOp` whose extra inputs ride in the op, so the output is an ordinary tensor.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::cuda::WrapErr;
+use candle_core::{CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
+
+use crate::cuda_op::{CudaOnly, CudaOp2, CudaOp3};
+
+use crate::Positions;
+
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sparse.ptx"));
+const MODULE: &str = "folio_sparse";
+/// Threads per block of the decode kernels (WARPS in the kernel) and of the kernels with a
+/// thread per item (`grid_for`).
+const DECODE_THREADS: u32 = 128;
+const HASH_THREADS: u32 = 256;
+/// Decode blocks aimed for (a few per SM of a large GPU, so the row loads in flight cover
+/// the memory latency), and the fewest selected rows a block takes (one tile: TILE in the
+/// kernel, a row per thread).
+const TARGET_BLOCKS: usize = 1024;
+const MIN_ROWS_PER_BLOCK: usize = 128;
+/// Largest head dim decode_attention holds in registers (MAX_D in the kernel).
+const MAX_D: usize = 256;
+
+fn cuda_storage<'a>(s: &'a Storage, what: &str) -> Result<&'a CudaStorage> {
+    match s {
+        Storage::Cuda(c) => Ok(c),
+        _ => candle_core::bail!("{what} must be on the CUDA device"),
+    }
+}
+
+struct DecodeAttention {
+    idx: Tensor,
+    bias: Option<Tensor>,
+    dims: (usize, usize, usize, usize, usize),
+    scale: f32,
+}
+
+impl CudaOp3 for DecodeAttention {
+    const NAME: &'static str = "folio-decode-attention";
+
+    fn cuda_fwd(&self, [(q, ql), (k, kl), (v, vl)]: [(&CudaStorage, &Layout); 3]) -> Result<(CudaStorage, Shape)> {
+        let (heads, kv_heads, n, d, sel) = self.dims;
+        let chunks = sel.div_ceil(MIN_ROWS_PER_BLOCK).min(TARGET_BLOCKS.div_ceil(heads)).max(1);
+        let rows_per_block = sel.div_ceil(chunks).max(1);
+        let dev = q.device().clone();
+        let (idx_s, il) = self.idx.storage_and_layout();
+        let idx = cuda_storage(&idx_s, "idx")?.as_cuda_slice::<u32>()?.slice(il.start_offset()..);
+        // Without a bias the kernel gets a null pointer and reads none.
+        let bias_guard = self.bias.as_ref().map(|b| b.storage_and_layout());
+        let bias = match &bias_guard {
+            Some((s, l)) => Some(cuda_storage(s, "bias")?.as_cuda_slice::<f32>()?.slice(l.start_offset()..)),
+            None => None,
+        };
+        let null: u64 = 0;
+        let qs = q.as_cuda_slice::<f32>()?.slice(ql.start_offset()..);
+        // SAFETY: every block writes its chunk's partial (an empty chunk writes m = -inf).
+        let part = unsafe { dev.alloc::<f32>(heads * chunks * (d + 2))? };
+        let cfg = LaunchConfig {
+            grid_dim: (heads as u32, chunks as u32, 1),
+            block_dim: (DECODE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ints = [heads as i32, kv_heads as i32, n as i32, d as i32, sel as i32, rows_per_block as i32];
+        macro_rules! launch {
+            ($t:ty, $name:literal) => {{
+                let ks = k.as_cuda_slice::<$t>()?.slice(kl.start_offset()..);
+                let vs = v.as_cuda_slice::<$t>()?.slice(vl.start_offset()..);
+                let func = dev.get_or_load_custom_func($name, MODULE, PTX)?;
+                let mut b = func.builder();
+                b.arg(&qs).arg(&ks).arg(&vs).arg(&idx);
+                match &bias {
+                    Some(bias) => b.arg(bias),
+                    None => b.arg(&null),
+                };
+                b.arg(&part);
+                for x in &ints {
+                    b.arg(x);
+                }
+                b.arg(&self.scale);
+                // SAFETY: shapes checked by the caller; positions are < n (checked there).
+                unsafe { b.launch(cfg) }.w()?;
+            }};
+        }
+        match k.dtype() {
+            DType::F32 => launch!(f32, "decode_attention_partial_f32"),
+            DType::BF16 => launch!(half::bf16, "decode_attention_partial_bf16"),
+            other => candle_core::bail!("decode_attention: K/V must be f32 or bf16, not {other:?}"),
+        }
+        // SAFETY: the merge writes every output row and LSE.
+        let out = unsafe { dev.alloc::<f32>(heads * d + heads)? };
+        {
+            let (out_o, out_l) = (out.slice(..heads * d), out.slice(heads * d..));
+            let func = dev.get_or_load_custom_func("decode_attention_merge", MODULE, PTX)?;
+            let mut b = func.builder();
+            let (chunks, d) = (chunks as i32, d as i32);
+            b.arg(&part).arg(&out_o).arg(&out_l).arg(&chunks).arg(&d);
+            let cfg =
+                LaunchConfig { grid_dim: (heads as u32, 1, 1), block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: part holds heads × chunks partials of d + 2 floats.
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(heads * d + heads)))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn decode_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    idx: &Tensor,
+    bias: Option<&Tensor>,
+    dims: (usize, usize, usize, usize, usize),
+    scale: f32,
+    positions: Positions,
+) -> Result<(Tensor, Tensor)> {
+    let (heads, _, n, d, sel) = dims;
+    if d > MAX_D {
+        candle_core::bail!("decode_attention: head dim {d} > {MAX_D}");
+    }
+    // A position past the stored rows is refused, never silently replaced (the kernel also
+    // clamps, so it cannot read out of bounds); the check is a reduction and a device sync.
+    if sel > 0 && (n == 0 || (positions == Positions::Check && idx.max_all()?.to_scalar::<u32>()? as usize >= n)) {
+        candle_core::bail!("decode_attention: a position is past the {n} stored rows");
+    }
+    let bias = bias.map(|b| b.to_dtype(DType::F32)?.contiguous()).transpose()?;
+    let op = DecodeAttention { idx: idx.contiguous()?, bias, dims, scale };
+    let both = q.to_dtype(DType::F32)?.contiguous()?.apply_op3_no_bwd(
+        &crate::vector_aligned(k)?,
+        &crate::vector_aligned(v)?,
+        &CudaOnly(op),
+    )?;
+    Ok((both.narrow(0, 0, heads * d)?.reshape((heads, d))?, both.narrow(0, heads * d, heads)?))
+}
+
+/// Threads of a SimHash block: rows × tables (SH_ROWS and SH_TABLES in the kernel).
+const SH_ROWS: usize = 32;
+const SH_TABLES: usize = 8;
+
+struct SimHash {
+    dims: (usize, usize, usize, usize),
+}
+
+impl CudaOp2 for SimHash {
+    const NAME: &'static str = "folio-simhash";
+
+    fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, w: &CudaStorage, wl: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (rows, d, bits, tables) = self.dims;
+        let dev = x.device().clone();
+        let xs = x.as_cuda_slice::<f32>()?.slice(xl.start_offset()..);
+        let ws = w.as_cuda_slice::<f32>()?.slice(wl.start_offset()..);
+        // SAFETY: one thread writes each code.
+        let codes = unsafe { dev.alloc::<u32>(rows * tables)? };
+        let (Ok(gx), Ok(gy)) = (u32::try_from(rows.div_ceil(SH_ROWS)), u32::try_from(tables.div_ceil(SH_TABLES)))
+        else {
+            candle_core::bail!("simhash_codes: {rows} rows are more than one launch holds");
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (gx, gy, 1),
+            block_dim: (SH_ROWS as u32, SH_TABLES as u32, 1),
+            shared_mem_bytes: (SH_ROWS * (d + 1) * 4) as u32,
+        };
+        let func = dev.get_or_load_custom_func("simhash_codes", MODULE, PTX)?;
+        let mut b = func.builder();
+        let ints = [rows as i32, d as i32, bits as i32, tables as i32];
+        b.arg(&xs).arg(&ws).arg(&codes);
+        for i in &ints {
+            b.arg(i);
+        }
+        // SAFETY: sizes from the checked shapes; the shared rows fit (d ≤ MAX_D).
+        unsafe { b.launch(cfg) }.w()?;
+        Ok((CudaStorage::wrap_cuda_slice(codes, dev), Shape::from((rows, tables))))
+    }
+}
+
+pub fn simhash_codes(x: &Tensor, w: &Tensor, dims: (usize, usize, usize, usize)) -> Result<Tensor> {
+    if dims.1 > MAX_D {
+        candle_core::bail!("simhash_codes: head dim {} > {MAX_D}", dims.1);
+    }
+    let (x, w) = (x.to_dtype(DType::F32)?.contiguous()?, w.to_dtype(DType::F32)?.contiguous()?);
+    x.apply_op2_no_bwd(&w, &CudaOnly(SimHash { dims }))
+}
+
+/// One thread per (query head, token) or one warp per (query head, block): the launch size.
+fn grid_for(threads: usize, what: &str) -> Result<LaunchConfig> {
+    let Ok(total) = u32::try_from(threads) else {
+        candle_core::bail!("{what}: {threads} threads are more than one launch holds");
+    };
+    Ok(LaunchConfig {
+        grid_dim: (total.div_ceil(HASH_THREADS).max(1), 1, 1),
+        block_dim: (HASH_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+struct LabelScores {
+    dims: (usize, usize, usize, usize),
+    bits: usize,
+}
+
+impl CudaOp3 for LabelScores {
+    const NAME: &'static str = "folio-label-scores";
+
+    fn cuda_fwd(
+        &self,
+        [(ql, qll), (codes, cl), (scale, sl)]: [(&CudaStorage, &Layout); 3],
+    ) -> Result<(CudaStorage, Shape)> {
+        let (heads, kv_heads, n, r) = self.dims;
+        let dev = ql.device().clone();
+        let qs = ql.as_cuda_slice::<f32>()?.slice(qll.start_offset()..);
+        let cs = codes.as_cuda_slice::<u8>()?.slice(cl.start_offset()..);
+        let ss = scale.as_cuda_slice::<f32>()?.slice(sl.start_offset()..);
+        // SAFETY: one thread writes each score.
+        let out = unsafe { dev.alloc::<f32>(heads * n)? };
+        let cfg = grid_for(heads * n, "label_scores")?;
+        let func = dev.get_or_load_custom_func("label_scores", MODULE, PTX)?;
+        let mut b = func.builder();
+        let ints = [heads as i32, kv_heads as i32, n as i32, r as i32];
+        let max_q = ((1u32 << self.bits) - 1) as f32;
+        b.arg(&qs).arg(&cs).arg(&ss).arg(&out);
+        for i in &ints {
+            b.arg(i);
+        }
+        b.arg(&max_q);
+        // SAFETY: sizes from the checked shapes.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((heads, n))))
+    }
+}
+
+pub fn label_scores(
+    ql: &Tensor,
+    codes: &Tensor,
+    scale: &Tensor,
+    dims: (usize, usize, usize, usize),
+    bits: usize,
+) -> Result<Tensor> {
+    let ql = ql.to_dtype(DType::F32)?.contiguous()?;
+    let scale = scale.to_dtype(DType::F32)?.contiguous()?;
+    // The kernel reads codes 16 at a time: a view starting mid-vector is copied first.
+    let codes = if codes.layout().start_offset() % 16 == 0 { codes.contiguous()? } else { codes.copy()? };
+    ql.apply_op3_no_bwd(&codes, &scale, &CudaOnly(LabelScores { dims, bits }))
+}

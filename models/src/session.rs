@@ -1,0 +1,349 @@
+//! Sessions: the one API the CLI's `chat` and the desktop window call to ask questions.
+//!
+//! A [`Session`] is a model plus what it has read: a saved context opened on a tier
+//! ([`Tier::Resident`]: whole layers decoded into device memory on use; [`Tier::Offloaded`]: the
+//! rows in host memory, each step moving only what the method picks), or nothing (the bare
+//! model). [`Session::ask`] takes a [`Conversation`] (data: the turns so far), a question, a
+//! [`MethodChoice`] and [`GenerationSettings`], streams the answer's text, appends both turns to
+//! the conversation, and returns an [`Answer`]: text, tokens, the method's full settings, time
+//! to first token and tokens/s, and what the attention read in each document.
+//!
+//! Why a session holds K/V between questions: a follow-up's tokens start with everything the
+//! last answer left in the store (the question, the answer), so only the new turn is computed —
+//! the common prefix of what is held and what the conversation renders to is kept, the rest
+//! recomputed. That makes forks and reopened conversations work the same way: they render to
+//! another prefix and the store is cut back to where they agree. The held tokens were computed
+//! by one method's settings; another method recomputes the conversation's turns (never the
+//! documents), so an answer depends only on the context, the conversation and its own method.
+//! The method object is kept across questions with the same settings, so a method's
+//! conversation state (BUZZ's cache) follows the conversation as its paper intends.
+//!
+//! Rejected: rebuilding every turn from the messages (what the CLI did): each follow-up would
+//! re-run the whole conversation through the model, which grows with the chat.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::attention::reads::{ReadSummary, ReadTally};
+use crate::attention::{Attention, IndexSource, MethodChoice, Resources, Tier};
+use crate::chat::Message;
+use crate::context::{ContextFile, ContextKv};
+use crate::conversation::Conversation;
+use crate::error::{Error, Result};
+use crate::generate::{generate, GenerateParams, SamplingParams, StopReason};
+use crate::kv::KvStore;
+use crate::offload::OffloadKv;
+use crate::Engine;
+
+/// Decoded context layers the resident tier keeps in device memory (the rest are decoded
+/// again on use).
+pub const RESIDENT_BUDGET: u64 = 8 << 30;
+
+/// Answer tokens when the settings do not say.
+pub const DEFAULT_MAX_TOKENS: usize = 512;
+
+/// How an answer is sampled: what the user sets; unset values come from the model's
+/// generation_config.json.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerationSettings {
+    pub max_tokens: usize,
+    /// 0 is greedy.
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<usize>,
+    pub repetition_penalty: Option<f32>,
+    pub seed: u64,
+    /// Strings that end the answer (not part of it).
+    pub stop: Vec<String>,
+}
+
+impl Default for GenerationSettings {
+    fn default() -> Self {
+        Self {
+            max_tokens: DEFAULT_MAX_TOKENS,
+            temperature: None,
+            top_p: None,
+            top_k: None,
+            repetition_penalty: None,
+            seed: 0,
+            stop: Vec::new(),
+        }
+    }
+}
+
+impl GenerationSettings {
+    /// The decode loop's parameters for `engine`'s model.
+    pub fn params(&self, engine: &Engine) -> GenerateParams {
+        let defaults = engine.generation_config.sampling_defaults();
+        let sampling = SamplingParams {
+            temperature: self.temperature.unwrap_or(defaults.temperature),
+            top_p: self.top_p.or(defaults.top_p),
+            top_k: self.top_k.or(defaults.top_k),
+            repetition_penalty: self.repetition_penalty.unwrap_or(defaults.repetition_penalty),
+            seed: self.seed,
+        };
+        GenerateParams {
+            max_new_tokens: self.max_tokens,
+            sampling,
+            stop_strings: self.stop.clone(),
+            eos_token_ids: engine.eos_token_ids(),
+        }
+    }
+}
+
+/// Seconds and rates of one answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct Timings {
+    /// From the question to the first answer token (the new turn's tokens computed first).
+    pub first_token_s: Option<f64>,
+    pub seconds: f64,
+    /// Answer tokens after the first, per second of decoding.
+    pub decode_tokens_per_s: Option<f64>,
+}
+
+/// What the attention read in one document while answering.
+#[derive(Debug, Clone, Serialize)]
+pub struct DocumentRead {
+    pub document: usize,
+    pub title: String,
+    pub path: String,
+    pub rows: f64,
+    /// Of every row read (documents, question and answer).
+    pub share: f64,
+}
+
+/// One answer and how it was made.
+#[derive(Debug, Clone, Serialize)]
+pub struct Answer {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub stop_reason: StopReason,
+    /// The method as asked for, and its full settings (budget resolved, every knob).
+    pub method: MethodChoice,
+    pub settings: serde_json::Value,
+    /// Where each layer's index came from (methods with one).
+    pub index: std::collections::BTreeMap<usize, IndexSource>,
+    /// The conversation's tokens after the saved context, up to the answer.
+    pub tail_tokens: Vec<u32>,
+    /// Of those, how many the session already held (computed for an earlier answer).
+    pub reused_tokens: usize,
+    pub timings: Timings,
+    /// Documents read, most first (empty for the bare model).
+    pub sources: Vec<DocumentRead>,
+    pub reads: ReadSummary,
+}
+
+/// The saved context a session reads, and where its rows live.
+struct Saved {
+    file: Arc<ContextFile>,
+    tier: Tier,
+}
+
+/// A model and what it has read; see the module docs.
+pub struct Session {
+    engine: Arc<Engine>,
+    saved: Option<Saved>,
+    kv: Box<dyn KvStore>,
+    /// Tokens after the saved context whose K/V the store holds, computed by `method`.
+    held: Vec<u32>,
+    method: Option<Box<dyn Attention>>,
+    resources: Resources,
+}
+
+impl Session {
+    /// A session over the context file at `path` with its rows on `tier`; refused when
+    /// another model made it.
+    pub fn open(engine: Arc<Engine>, path: &Path, tier: Tier) -> Result<Self> {
+        let file = Arc::new(ContextFile::open(path)?);
+        engine.check_context(&file)?;
+        Self::over(engine, file, tier)
+    }
+
+    /// A session over an opened context file (already checked against `engine`).
+    pub fn over(engine: Arc<Engine>, file: Arc<ContextFile>, tier: Tier) -> Result<Self> {
+        let (dtype, device) = (engine.model.dtype(), engine.model.device().clone());
+        let kv: Box<dyn KvStore> = match tier {
+            Tier::Resident => Box::new(ContextKv::new(file.clone(), dtype, &device, RESIDENT_BUDGET)),
+            Tier::Offloaded => Box::new(OffloadKv::from_context(file.clone(), dtype, &device)?),
+        };
+        Ok(Self {
+            engine,
+            saved: Some(Saved { file, tier }),
+            kv,
+            held: Vec::new(),
+            method: None,
+            resources: Resources::default(),
+        })
+    }
+
+    /// A session with the bare model (no documents).
+    pub fn bare(engine: Arc<Engine>) -> Self {
+        let kv = Box::new(engine.model.new_kv());
+        Self { engine, saved: None, kv, held: Vec::new(), method: None, resources: Resources::default() }
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// The context file, when the session has one.
+    pub fn context(&self) -> Option<&ContextFile> {
+        self.saved.as_ref().map(|s| s.file.as_ref())
+    }
+
+    pub fn tier(&self) -> Option<Tier> {
+        self.saved.as_ref().map(|s| s.tier)
+    }
+
+    /// A new, empty conversation for this session.
+    pub fn new_conversation(&self) -> Conversation {
+        match self.context() {
+            Some(file) => Conversation::over(file),
+            None => Conversation::bare(None),
+        }
+    }
+
+    /// Refuses `choice` when this session's tier cannot run it, with the registry's reason.
+    pub fn check_method(&self, choice: &MethodChoice) -> Result<()> {
+        choice.check()?;
+        match self.tier() {
+            Some(tier) => choice.spec()?.check_tier(tier),
+            None => Ok(()),
+        }
+    }
+
+    /// Asks `question` as the next turn of `conv` with `method`, streaming the answer's text
+    /// to `on_text` (return `Break` to stop). On success both turns are appended to `conv`
+    /// (a stopped answer with the text it had).
+    pub fn ask(
+        &mut self,
+        conv: &mut Conversation,
+        question: &str,
+        method: &MethodChoice,
+        settings: &GenerationSettings,
+        on_text: impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<Answer> {
+        let started = Instant::now();
+        conv.check_context(self.context())?;
+        if question.trim().is_empty() {
+            return Err(Error::Invalid("the question is empty".into()));
+        }
+        self.check_method(method)?;
+        let mut turns = conv.messages.clone();
+        turns.push(Message::new("user", question));
+        let tail = self.render(conv, &turns)?;
+        let params = settings.params(&self.engine);
+        self.use_method(method)?;
+        let saved = self.kv.saved_len();
+        // Keep what the store holds up to where it and this conversation part; one token at
+        // least is run again, for the logits of the answer's first token.
+        let reused = common_prefix(&self.held, &tail).min(tail.len() - 1);
+        self.kv.set_len(saved + reused)?;
+        self.held.truncate(reused);
+        let spans: Vec<(usize, usize)> =
+            self.context().map(|f| f.documents().iter().map(|d| (d.start, d.end)).collect()).unwrap_or_default();
+        let attn = self.method.as_deref().ok_or_else(|| Error::Invalid("no attention method".into()))?;
+        let tally = ReadTally::new(attn, spans);
+        let engine = &self.engine;
+        let before = started.elapsed().as_secs_f64();
+        let result =
+            generate(&engine.model, &engine.tokenizer, &tally, self.kv.as_mut(), &tail[reused..], &params, on_text);
+        let generation = match result {
+            Ok(g) => g,
+            Err(e) => {
+                // Layers may hold rows past the stored length: forget the turn.
+                self.held.clear();
+                self.kv.set_len(saved)?;
+                return Err(e);
+            }
+        };
+        // The store now holds the tail and every answer token but the last (never run).
+        let stored = self.kv.len() - saved;
+        self.held = tail.iter().chain(&generation.tokens).copied().take(stored).collect();
+        let reads = tally.summary();
+        let sources = match self.context() {
+            Some(file) => reads
+                .documents
+                .iter()
+                .map(|r| {
+                    let d = &file.documents()[r.document];
+                    DocumentRead {
+                        document: r.document,
+                        title: d.title.clone(),
+                        path: d.path.clone(),
+                        rows: r.rows,
+                        share: r.share,
+                    }
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let seconds = started.elapsed().as_secs_f64();
+        let first_token_s = generation.first_token_s.map(|t| before + t);
+        let decode_tokens_per_s = match (generation.first_token_s, generation.tokens.len()) {
+            (Some(first), n) if n > 1 && generation.seconds > first => {
+                Some((n - 1) as f64 / (generation.seconds - first))
+            }
+            _ => None,
+        };
+        turns.push(Message::new("assistant", &generation.text));
+        conv.messages = turns;
+        Ok(Answer {
+            text: generation.text,
+            tokens: generation.tokens,
+            stop_reason: generation.stop_reason,
+            method: method.clone(),
+            settings: tally.settings(),
+            index: tally.index_sources(),
+            tail_tokens: tail,
+            reused_tokens: reused,
+            timings: Timings { first_token_s, seconds, decode_tokens_per_s },
+            sources,
+            reads,
+        })
+    }
+
+    /// The conversation's tokens after the saved context (all of them for the bare model),
+    /// ending with the generation prompt.
+    fn render(&self, conv: &Conversation, turns: &[Message]) -> Result<Vec<u32>> {
+        let tokens = match self.context() {
+            Some(file) => self.engine.context_tail(&file.header().prompt, turns)?,
+            None => {
+                let system = conv.system.iter().map(|s| Message::new("system", s));
+                let messages: Vec<Message> = system.chain(turns.iter().cloned()).collect();
+                self.engine.chat_prompt(&messages)?
+            }
+        };
+        if tokens.is_empty() {
+            return Err(Error::Invalid("the conversation renders to no tokens".into()));
+        }
+        Ok(tokens)
+    }
+
+    /// Makes `choice` the session's method: the one it has when the settings are the same
+    /// (its conversation state kept), else a new one, and then the held turns are dropped
+    /// (another method computed them).
+    fn use_method(&mut self, choice: &MethodChoice) -> Result<()> {
+        if choice.spec()?.needs.calibration && self.resources.channels.is_none() {
+            self.resources = self.engine.resources(std::slice::from_ref(choice))?;
+        }
+        let fresh = choice.build(&self.resources)?;
+        let same = self.method.as_ref().is_some_and(|m| m.settings() == fresh.settings());
+        if !same {
+            if let Some(old) = self.method.take() {
+                old.end_conversation();
+            }
+            self.method = Some(fresh);
+            self.held.clear();
+        }
+        Ok(())
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}

@@ -1,0 +1,151 @@
+//! The session API under the CLI: the same questions asked through `folio chat --context` (a
+//! real process) and through `folio_models::session` in this process give identical tokens and
+//! settings for every method of the registry, on every tier that runs it, each named without a
+//! budget (its paper default); follow-ups reuse the turns the session holds; the method syntax
+//! refuses a misspelt knob with the valid names.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use candle_core::{DType, Device};
+use folio_models::attention::{MethodChoice, Path as MethodPath, Tier, REGISTRY};
+use folio_models::session::{GenerationSettings, Session};
+use folio_models::Engine;
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn folio(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_folio")).args(args).args(["--device", "cpu"]).output().expect("run folio")
+}
+
+fn ok_json(out: Output) -> Value {
+    assert!(out.status.success(), "folio failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+const MAX_TOKENS: usize = 12;
+
+fn go_on(_: &str) -> ControlFlow<()> {
+    ControlFlow::Continue(())
+}
+
+fn settings() -> GenerationSettings {
+    GenerationSettings { max_tokens: MAX_TOKENS, temperature: Some(0.0), ..GenerationSettings::default() }
+}
+
+#[test]
+fn cli_and_session_api_answer_alike_for_every_method() {
+    let work = tempfile::tempdir().unwrap();
+    // A copy of the demo model, calibrated for Double Sparsity.
+    let model = work.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    for entry in std::fs::read_dir(root().join("assets/models/demo")).unwrap() {
+        let e = entry.unwrap();
+        std::fs::copy(e.path(), model.join(e.file_name())).unwrap();
+    }
+    let (m, samples) = (model.to_str().unwrap(), root().join("assets/samples"));
+    let s = samples.to_str().unwrap();
+    ok_json(folio(&["calibrate", "--model", m, "--docs", s, "--json"]));
+    let ctx = work.path().join("samples.folio");
+    let c = ctx.to_str().unwrap();
+    ok_json(folio(&["prefill", "--model", m, "--docs", s, "--out", c, "--json"]));
+
+    let engine = Arc::new(Engine::load(m, &Device::Cpu, DType::F32).unwrap());
+    let question = "what is the secret code of amber falcon ?";
+    let max = MAX_TOKENS.to_string();
+    for spec in REGISTRY {
+        for tier in [Tier::Resident, Tier::Offloaded] {
+            if matches!(spec.path(tier), MethodPath::None(_)) {
+                continue;
+            }
+            let mut args = vec!["chat", "--model", m, "--context", c, question, "--method", spec.name, "--json"];
+            args.extend(["--temperature", "0", "--max-tokens", &max]);
+            if tier == Tier::Offloaded {
+                args.push("--offload");
+            }
+            let cli = ok_json(folio(&args));
+            let mut session = Session::open(engine.clone(), &ctx, tier).unwrap();
+            let mut conv = session.new_conversation();
+            let choice = MethodChoice::parse(spec.name).unwrap();
+            let answer = session.ask(&mut conv, question, &choice, &settings(), go_on).unwrap();
+            let what = format!("{} on the {} tier", spec.name, tier.name());
+            assert_eq!(cli["tokens"], serde_json::json!(answer.tokens), "{what}");
+            assert_eq!(cli["attention"], answer.settings, "{what}");
+            let default = spec.default_budget.as_ref().map(|d| d.budget);
+            assert_eq!(choice.budget().unwrap().map(|b| b.text()).as_deref(), default, "{what}");
+            assert_eq!(conv.messages.len(), 2, "{what}");
+            assert!(answer.timings.first_token_s.is_some(), "{what}");
+            // Every decode step read something, and only the sample documents or the question.
+            assert_eq!(answer.reads.steps, answer.tokens.len() - 1, "{what}");
+            assert!(answer.sources.iter().all(|d| d.path.ends_with(".txt")), "{what}");
+        }
+    }
+}
+
+/// A follow-up in one session reuses the turns it holds and answers as a new process given
+/// the conversation file does (which rebuilds them); another method recomputes them.
+#[test]
+fn follow_ups_reuse_the_held_turns() {
+    let work = tempfile::tempdir().unwrap();
+    let demo = root().join("assets/models/demo");
+    let (m, samples) = (demo.to_str().unwrap(), root().join("assets/samples"));
+    let ctx = work.path().join("samples.folio");
+    let c = ctx.to_str().unwrap();
+    ok_json(folio(&["prefill", "--model", m, "--docs", samples.to_str().unwrap(), "--out", c, "--json"]));
+    let conv_file = work.path().join("chat.json");
+    let cv = conv_file.to_str().unwrap();
+    let questions = ["what is the secret code of amber falcon ?", "and the access code of cobalt heron ?"];
+    let max = MAX_TOKENS.to_string();
+    let cli: Vec<Value> = questions
+        .iter()
+        .map(|q| {
+            let args = ["chat", "--context", c, "--continue", cv, q, "--json", "--temperature", "0", "--max-tokens"];
+            ok_json(folio(&[&args[..], &[max.as_str()]].concat()))
+        })
+        .collect();
+
+    let engine = Arc::new(Engine::load(m, &Device::Cpu, DType::F32).unwrap());
+    let mut session = Session::open(engine, &ctx, Tier::Resident).unwrap();
+    let mut conv = session.new_conversation();
+    let dense = MethodChoice::default();
+    let mut answers = Vec::new();
+    for q in questions {
+        answers.push(session.ask(&mut conv, q, &dense, &settings(), go_on).unwrap());
+    }
+    for (a, c) in answers.iter().zip(&cli) {
+        assert_eq!(c["tokens"], serde_json::json!(a.tokens), "{} vs {}", c["text"], a.text);
+    }
+    assert_eq!(answers[0].reused_tokens, 0);
+    let first_turn = answers[0].tail_tokens.len() + answers[0].tokens.len() - 1;
+    assert!(answers[1].reused_tokens >= first_turn - 4, "{} of {first_turn}", answers[1].reused_tokens);
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&conv_file).unwrap()).unwrap();
+    assert_eq!(saved["messages"], serde_json::to_value(&conv.messages).unwrap());
+
+    // Another method recomputes the turns; a fork renders to a prefix of what is held.
+    let hip = MethodChoice::parse("hip:64").unwrap();
+    let other = session.ask(&mut conv.clone(), "and of amber falcon ?", &hip, &settings(), go_on);
+    assert_eq!(other.unwrap().reused_tokens, 0);
+    let mut fork = conv.fork(2).unwrap();
+    let again = session.ask(&mut fork, questions[1], &hip, &settings(), go_on).unwrap();
+    assert!(again.reused_tokens > answers[0].tail_tokens.len(), "{}", again.reused_tokens);
+}
+
+/// One syntax names a method everywhere: a misspelt knob is refused with the valid names,
+/// and `folio methods` lists the registry.
+#[test]
+fn method_syntax_refuses_typos_and_methods_lists_the_registry() {
+    let demo = root().join("assets/models/demo");
+    let out = folio(&["chat", "--model", demo.to_str().unwrap(), "hi", "--method", "hip:refesh=4"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("unknown parameter \"refesh\" for hip") && err.contains("refresh ("), "{err}");
+    let listed = ok_json(folio(&["methods", "--json"]));
+    let names: Vec<&str> = listed.as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    assert_eq!(names, REGISTRY.iter().map(|m| m.name).collect::<Vec<_>>());
+    assert!(listed.as_array().unwrap().iter().skip(1).all(|m| m["default_budget"]["budget"].is_string()));
+}
