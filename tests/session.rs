@@ -88,7 +88,8 @@ fn cli_and_session_api_answer_alike_for_every_method() {
 }
 
 /// A follow-up in one session reuses the turns it holds and answers as a new process given
-/// the conversation file does (which rebuilds them); another method recomputes them.
+/// the conversation file does (which rebuilds them), for dense and a sparse method; another
+/// method recomputes them; a fork reuses the turns it shares.
 #[test]
 fn follow_ups_reuse_the_held_turns() {
     let work = tempfile::tempdir().unwrap();
@@ -97,41 +98,48 @@ fn follow_ups_reuse_the_held_turns() {
     let ctx = work.path().join("samples.folio");
     let c = ctx.to_str().unwrap();
     ok_json(folio(&["prefill", "--model", m, "--docs", samples.to_str().unwrap(), "--out", c, "--json"]));
-    let conv_file = work.path().join("chat.json");
-    let cv = conv_file.to_str().unwrap();
     let questions = ["what is the secret code of amber falcon ?", "and the access code of cobalt heron ?"];
     let max = MAX_TOKENS.to_string();
-    let cli: Vec<Value> = questions
-        .iter()
-        .map(|q| {
-            let args = ["chat", "--context", c, "--continue", cv, q, "--json", "--temperature", "0", "--max-tokens"];
-            ok_json(folio(&[&args[..], &[max.as_str()]].concat()))
-        })
-        .collect();
-
     let engine = Arc::new(Engine::load(m, &Device::Cpu, DType::F32).unwrap());
     let mut session = Session::open(engine, &ctx, Tier::Resident).unwrap();
+    // Dense keeps the answers' rows, a sparse method recomputes them with the next turn: either
+    // way one session answers as the CLI does, a process and a rebuilt conversation per question.
     let mut conv = session.new_conversation();
-    let dense = MethodChoice::default();
     let mut answers = Vec::new();
-    for q in questions {
-        answers.push(session.ask(&mut conv, q, &dense, &settings(), go_on).unwrap());
-    }
-    for (a, c) in answers.iter().zip(&cli) {
-        assert_eq!(c["tokens"], serde_json::json!(a.tokens), "{} vs {}", c["text"], a.text);
+    for (method, file) in [("dense", "dense.json"), ("hip:64", "hip.json")] {
+        let conv_file = work.path().join(file);
+        let cv = conv_file.to_str().unwrap();
+        let cli: Vec<Value> = questions
+            .iter()
+            .map(|q| {
+                let args = ["chat", "--context", c, "--continue", cv, q, "--json", "--method", method];
+                ok_json(folio(&[&args[..], &["--temperature", "0", "--max-tokens", max.as_str()]].concat()))
+            })
+            .collect();
+        let choice = MethodChoice::parse(method).unwrap();
+        let mut this = session.new_conversation();
+        let mine: Vec<_> =
+            questions.iter().map(|q| session.ask(&mut this, q, &choice, &settings(), go_on).unwrap()).collect();
+        for (a, c) in mine.iter().zip(&cli) {
+            assert_eq!(c["tokens"], serde_json::json!(a.tokens), "{method}: {} vs {}", c["text"], a.text);
+        }
+        let saved: Value = serde_json::from_str(&std::fs::read_to_string(&conv_file).unwrap()).unwrap();
+        assert_eq!(saved["messages"], serde_json::to_value(&this.messages).unwrap());
+        if method == "dense" {
+            (conv, answers) = (this, mine);
+        }
     }
     assert_eq!(answers[0].reused_tokens, 0);
     let first_turn = answers[0].tail_tokens.len() + answers[0].tokens.len() - 1;
     assert!(answers[1].reused_tokens >= first_turn - 4, "{} of {first_turn}", answers[1].reused_tokens);
-    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&conv_file).unwrap()).unwrap();
-    assert_eq!(saved["messages"], serde_json::to_value(&conv.messages).unwrap());
 
-    // Another method recomputes the turns; a fork renders to a prefix of what is held.
-    let hip = MethodChoice::parse("hip:64").unwrap();
-    let other = session.ask(&mut conv.clone(), "and of amber falcon ?", &hip, &settings(), go_on);
+    // Another method (the session last ran hip) recomputes the turns; a fork renders to a prefix
+    // of what is held.
+    let streaming = MethodChoice::parse("streaming:64").unwrap();
+    let other = session.ask(&mut conv.clone(), "and of amber falcon ?", &streaming, &settings(), go_on);
     assert_eq!(other.unwrap().reused_tokens, 0);
     let mut fork = conv.fork(2).unwrap();
-    let again = session.ask(&mut fork, questions[1], &hip, &settings(), go_on).unwrap();
+    let again = session.ask(&mut fork, questions[1], &streaming, &settings(), go_on).unwrap();
     assert!(again.reused_tokens > answers[0].tail_tokens.len(), "{}", again.reused_tokens);
 }
 

@@ -30,7 +30,8 @@ pub struct Conversation {
     /// Checksum of the context's token ids: a conversation continues only on its own context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_id: Option<String>,
-    /// Where the context was when the conversation was last saved (for messages only).
+    /// Where the context file was when the conversation began (for messages; the context is
+    /// matched by `context_id`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<PathBuf>,
     /// A bare-model conversation's system message (a context's is fixed at prefill).
@@ -114,12 +115,13 @@ impl Conversation {
         crate::context::write_atomic(path, &bytes)
     }
 
-    /// A new conversation with the first `messages` of this one (a fork before a question, to
-    /// ask it differently, or after an answer, to branch from there).
+    /// A new conversation with the first `messages` of this one: a fork after an answer (to ask
+    /// something else from there, or the same question differently). The count is even — whole
+    /// turns — so the next question follows an answer, as chat templates require.
     pub fn fork(&self, messages: usize) -> Result<Self> {
-        if messages > self.messages.len() {
+        if messages > self.messages.len() || messages % 2 == 1 {
             return Err(Error::Invalid(format!(
-                "cannot fork at message {messages}: the conversation has {}",
+                "cannot fork at message {messages}: a fork keeps whole turns (an even count up to {})",
                 self.messages.len()
             )));
         }
@@ -142,9 +144,10 @@ mod tests {
         let back = Conversation::load(&path).unwrap();
         assert_eq!(back, conv);
         assert!(back.check_context(None).is_ok());
-        let fork = back.fork(1).unwrap();
-        assert_eq!(fork.messages, vec![Message::new("user", "hi")]);
-        assert!(back.fork(3).unwrap_err().to_string().contains("has 2"));
+        assert_eq!(back.fork(2).unwrap().messages, back.messages);
+        assert!(back.fork(0).unwrap().messages.is_empty());
+        assert!(back.fork(1).unwrap_err().to_string().contains("whole turns"));
+        assert!(back.fork(4).unwrap_err().to_string().contains("up to 2"));
         std::fs::write(&path, br#"{"format": "other", "version": 1, "messages": []}"#).unwrap();
         assert!(Conversation::load(&path).unwrap_err().to_string().contains("not a Folio conversation file"));
     }

@@ -172,8 +172,11 @@ pub fn generate(
     let mut emitted = 0;
     let mut text = String::new();
     let mut first_token_s = None;
-    // Long prompts go through in chunks, so activations stay bounded whatever the length.
-    let (head, tail) = prompt.split_at(prompt.len().saturating_sub(1) / PREFILL_CHUNK * PREFILL_CHUNK);
+    // Long prompts go through in chunks, so activations stay bounded whatever the length. The
+    // last chunk, whose pass gives the first logits, has two tokens at least (one more than a
+    // chunk at most): a one-token call is a decode step to a sparse method, and a prompt's
+    // tokens are attended densely whatever its length.
+    let (head, tail) = prompt.split_at(prompt.len().saturating_sub(2) / PREFILL_CHUNK * PREFILL_CHUNK);
     for chunk in head.chunks(PREFILL_CHUNK) {
         model.forward(chunk, kv, attn, Logits::Last)?;
     }

@@ -1,7 +1,7 @@
 //! The KV store seam: where the decoder writes post-RoPE keys and values and where attention
 //! methods read them.
 //!
-//! Layout (docs/architecture.md): per layer, `[kv_heads, capacity, head_dim]`, so one token's row for
+//! Layout: per layer, `[kv_heads, capacity, head_dim]`, so one token's row for
 //! one head is contiguous and a sparse gather reads whole rows. Storage is preallocated and
 //! written in place (`slice_set`); it grows by doubling when a conversation outgrows it, never
 //! by concatenating per step. The tiered store over a saved context file
@@ -15,6 +15,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
+use crate::tier::{Resident, TierRef};
 
 /// Rows of positions `start..start + len` of one layer: K and V `[kv_heads, len, head_dim]`.
 #[derive(Debug, Clone)]
@@ -60,10 +61,44 @@ pub trait KvStore: Send {
         Ok(None)
     }
 
-    /// The offloaded store (saved rows in host memory, read by gathering what a method picks),
-    /// when this is one: the methods' fast paths run there.
-    fn offloaded(&self) -> Option<&crate::offload::OffloadKv> {
+    /// The decode tier the methods' fast paths run on ([`crate::tier`]); `None` runs their CPU
+    /// references.
+    fn tier(&self) -> Option<TierRef<'_>> {
         None
+    }
+}
+
+/// A store whose methods run their CPU references: `store` with its tier hidden. The
+/// references are what the fast paths are held to in the tests.
+pub struct Reference<S>(pub S);
+
+impl<S: KvStore> KvStore for Reference<S> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn write(&mut self, layer: usize, pos: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        self.0.write(layer, pos, k, v)
+    }
+
+    fn segments(&self, layer: usize, end: usize) -> Result<Vec<KvSegment>> {
+        self.0.segments(layer, end)
+    }
+
+    fn set_len(&mut self, len: usize) -> Result<()> {
+        self.0.set_len(len)
+    }
+
+    fn reserve(&mut self, total: usize) -> Result<()> {
+        self.0.reserve(total)
+    }
+
+    fn saved_len(&self) -> usize {
+        self.0.saved_len()
+    }
+
+    fn saved_index(&self, name: &str, layer: usize) -> Result<Option<Vec<u8>>> {
+        self.0.saved_index(name, layer)
     }
 }
 
@@ -180,6 +215,10 @@ impl KvStore for DenseKv {
 
     fn reserve(&mut self, total: usize) -> Result<()> {
         self.grow(total)
+    }
+
+    fn tier(&self) -> Option<TierRef<'_>> {
+        Some(Resident::of(self, self.kv_heads, self.head_dim, &self.device))
     }
 }
 

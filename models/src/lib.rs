@@ -36,6 +36,7 @@ pub mod offload;
 pub mod prefill;
 pub mod rope;
 pub mod session;
+pub mod tier;
 pub mod tokenizer;
 
 use std::ops::ControlFlow;

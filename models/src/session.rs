@@ -8,15 +8,17 @@
 //! the conversation, and returns an [`Answer`]: text, tokens, the method's full settings, time
 //! to first token and tokens/s, and what the attention read in each document.
 //!
-//! Why a session holds K/V between questions: a follow-up's tokens start with everything the
-//! last answer left in the store (the question, the answer), so only the new turn is computed —
-//! the common prefix of what is held and what the conversation renders to is kept, the rest
-//! recomputed. That makes forks and reopened conversations work the same way: they render to
-//! another prefix and the store is cut back to where they agree. The held tokens were computed
-//! by one method's settings; another method recomputes the conversation's turns (never the
-//! documents), so an answer depends only on the context, the conversation and its own method.
-//! The method object is kept across questions with the same settings, so a method's
-//! conversation state (BUZZ's cache) follows the conversation as its paper intends.
+//! Why a session holds K/V between questions: a follow-up's tokens start with what the last
+//! turn left in the store, so only the new turn is computed — the common prefix of what is held
+//! and what the conversation renders to is kept, the rest recomputed. That makes forks and
+//! reopened conversations work the same way: they render to another prefix and the store is cut
+//! back to where they agree. What is held is what the turn's prompt pass computed (densely, as
+//! every method runs a multi-token call), plus, for dense attention, the answer's rows; a sparse
+//! method's answer rows came from its sparse steps, and a rebuilt conversation (a reopened file,
+//! the CLI's `--continue`) would compute them densely, so they are recomputed with the next turn
+//! instead. Another method recomputes the conversation's turns (never the documents). So an
+//! answer depends only on the context, the conversation and its own method: the window and the
+//! CLI give the same follow-up.
 //!
 //! Rejected: rebuilding every turn from the messages (what the CLI did): each follow-up would
 //! re-run the whole conversation through the model, which grows with the chat.
@@ -29,7 +31,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::attention::reads::{ReadSummary, ReadTally};
-use crate::attention::{Attention, IndexSource, MethodChoice, Resources, Tier};
+use crate::attention::{Attention, Dense, IndexSource, MethodChoice, Resources, Tier};
 use crate::chat::Message;
 use crate::context::{ContextFile, ContextKv};
 use crate::conversation::Conversation;
@@ -42,6 +44,10 @@ use crate::Engine;
 /// Decoded context layers the resident tier keeps in device memory (the rest are decoded
 /// again on use).
 pub const RESIDENT_BUDGET: u64 = 8 << 30;
+
+/// Tokens of a turn that are always run again, however much of it the store holds (see
+/// [`Session::ask`]).
+const MIN_RERUN: usize = 2;
 
 /// Answer tokens when the settings do not say.
 pub const DEFAULT_MAX_TOKENS: usize = 512;
@@ -239,9 +245,10 @@ impl Session {
         let params = settings.params(&self.engine);
         self.use_method(method)?;
         let saved = self.kv.saved_len();
-        // Keep what the store holds up to where it and this conversation part; one token at
-        // least is run again, for the logits of the answer's first token.
-        let reused = common_prefix(&self.held, &tail).min(tail.len() - 1);
+        // Keep what the store holds up to where it and this conversation part. Two tokens at
+        // least run again: the logits of the answer's first token, from a multi-token (prompt)
+        // pass as in a rebuilt conversation, not a decode step.
+        let reused = common_prefix(&self.held, &tail).min(tail.len().saturating_sub(MIN_RERUN));
         self.kv.set_len(saved + reused)?;
         self.held.truncate(reused);
         let spans: Vec<(usize, usize)> =
@@ -255,15 +262,18 @@ impl Session {
         let generation = match result {
             Ok(g) => g,
             Err(e) => {
-                // Layers may hold rows past the stored length: forget the turn.
+                // Layers may hold rows past the stored length: forget the turn (the error to
+                // report is the generation's; a store that cannot be cut back fails the next ask).
                 self.held.clear();
-                self.kv.set_len(saved)?;
+                let _ = self.kv.set_len(saved);
                 return Err(e);
             }
         };
-        // The store now holds the tail and every answer token but the last (never run).
+        // The store now holds the tail and every answer token but the last (never run); a
+        // sparse method's answer rows are not kept (see the module docs).
         let stored = self.kv.len() - saved;
-        self.held = tail.iter().chain(&generation.tokens).copied().take(stored).collect();
+        let keep = if tally.name() == Dense::KNOBS.spec.name { stored } else { tail.len().min(stored) };
+        self.held = tail.iter().chain(&generation.tokens).copied().take(keep).collect();
         let reads = tally.summary();
         let sources = match self.context() {
             Some(file) => reads

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 use folio_models::attention::Dense;
 use folio_models::context::{self, BuildOptions, ContextKv, KvDtype, PrefixPlan};
-use folio_models::kv::KvStore;
+use folio_models::kv::{KvStore, Reference};
 use folio_models::model::Logits;
 use folio_models::prefill::{plan_chunk, prefill_in_memory};
 use folio_models::{Engine, Error, Result};
@@ -258,9 +258,10 @@ fn stored_indexes_decode_exactly_as_built_ones() -> Result<()> {
     Ok(())
 }
 
-/// Decoding over a saved context through the offloaded tier (rows in host memory, read by what
-/// each method picks; on a GPU, the kernels) gives the resident CPU path's logits at every step
-/// of its greedy answer, teacher-forced, for each method with an offloaded path; the greedy
+/// Decoding over a saved context through each tier's fast paths — offloaded (rows in host
+/// memory, read by what each method picks) and resident (rows on the device); on a GPU, the
+/// kernels — gives the CPU references' logits at every step of their greedy answer,
+/// teacher-forced, for each method with a fast path; the greedy
 /// tokens agree wherever the reference's top two logits are apart by more than rounding.
 /// HiP's device search breaks exact score ties arbitrarily; with continuous scores there are none.
 fn offloaded_decode_matches_resident(device: &Device) -> Result<()> {
@@ -291,36 +292,43 @@ fn offloaded_decode_matches_resident(device: &Device) -> Result<()> {
         ("hip", Some("10%")),
         ("magicpig", Some("10%")),
     ] {
-        let (reference, method) = (by_name(name, budget, &[], &resources)?, by_name(name, budget, &[], &resources)?);
-        let mut want_kv = ContextKv::new(file.clone(), DType::F32, &Device::Cpu, u64::MAX);
-        let mut got_kv = OffloadKv::from_context(file.clone(), DType::F32, device)?;
-        let (mut ids, mut worst, mut flips) = (question.clone(), 0f32, 0);
-        for _ in 0..STEPS {
-            let want = cpu.model.forward(&ids, &mut want_kv, reference.as_ref(), Logits::Last)?;
-            let got = fast.model.forward(&ids, &mut got_kv, method.as_ref(), Logits::Last)?.to_device(&Device::Cpu)?;
-            worst = worst.max(max_diff(&want, &got));
-            let (w, g): (Vec<f32>, Vec<f32>) = (want.flatten_all()?.to_vec1()?, got.flatten_all()?.to_vec1()?);
-            let argmax = |x: &[f32]| (0..x.len()).max_by(|&a, &b| x[a].total_cmp(&x[b])).unwrap();
-            let top = argmax(&w);
-            let margin =
-                w[top] - w.iter().enumerate().filter(|(i, _)| *i != top).map(|x| *x.1).fold(f32::MIN, f32::max);
-            if argmax(&g) != top {
-                assert!(margin < 1e-3, "seed {seed}: {name} picks another token over a margin of {margin}");
-                flips += 1;
+        let offloaded: Box<dyn KvStore> = Box::new(OffloadKv::from_context(file.clone(), DType::F32, device)?);
+        let resident: Box<dyn KvStore> = Box::new(ContextKv::new(file.clone(), DType::F32, device, u64::MAX));
+        for (tier, mut got_kv) in [("offloaded", offloaded), ("resident", resident)] {
+            let (reference, method) =
+                (by_name(name, budget, &[], &resources)?, by_name(name, budget, &[], &resources)?);
+            let mut want_kv = Reference(ContextKv::new(file.clone(), DType::F32, &Device::Cpu, u64::MAX));
+            let (mut ids, mut worst, mut flips) = (question.clone(), 0f32, 0);
+            for _ in 0..STEPS {
+                let want = cpu.model.forward(&ids, &mut want_kv, reference.as_ref(), Logits::Last)?;
+                let got = fast
+                    .model
+                    .forward(&ids, got_kv.as_mut(), method.as_ref(), Logits::Last)?
+                    .to_device(&Device::Cpu)?;
+                worst = worst.max(max_diff(&want, &got));
+                let (w, g): (Vec<f32>, Vec<f32>) = (want.flatten_all()?.to_vec1()?, got.flatten_all()?.to_vec1()?);
+                let argmax = |x: &[f32]| (0..x.len()).max_by(|&a, &b| x[a].total_cmp(&x[b])).unwrap();
+                let top = argmax(&w);
+                let margin =
+                    w[top] - w.iter().enumerate().filter(|(i, _)| *i != top).map(|x| *x.1).fold(f32::MIN, f32::max);
+                if argmax(&g) != top {
+                    assert!(margin < 1e-3, "seed {seed}: {name} picks another token over a margin of {margin}");
+                    flips += 1;
+                }
+                ids = vec![top as u32];
             }
-            ids = vec![top as u32];
+            println!("{device:?} {name}, {tier}: max |logit - CPU reference| over {STEPS} steps = {worst:.2e}, {flips} near-tie flips (seed {seed})");
+            // Methods that rank keys by a score summed in another order may swap a key tied to
+            // rounding at the k-th place: one key of dozens, a logit shift of ~1e-3. MagicPIG's
+            // SimHash codes flip with a query computed on another device (a near-zero projection),
+            // adding or dropping a sampled key of weight up to 1e4: on the GPU it gets more room.
+            let tol = match name {
+                "topk" | "double-sparsity" | "hip" => 1e-2,
+                "magicpig" if !device.is_cpu() => 5e-2,
+                _ => 1e-3,
+            };
+            assert!(worst < tol, "seed {seed}: {name} on the {tier} tier: logits differ by {worst}");
         }
-        println!("{device:?} {name}: max |logit - resident CPU| over {STEPS} steps = {worst:.2e}, {flips} near-tie flips (seed {seed})");
-        // Methods that rank keys by a score summed in another order may swap a key tied to
-        // rounding at the k-th place: one key of dozens, a logit shift of ~1e-3. MagicPIG's
-        // SimHash codes flip with a query computed on another device (a near-zero projection),
-        // adding or dropping a sampled key of weight up to 1e4: on the GPU it gets more room.
-        let tol = match name {
-            "topk" | "double-sparsity" | "hip" => 1e-2,
-            "magicpig" if !device.is_cpu() => 5e-2,
-            _ => 1e-3,
-        };
-        assert!(worst < tol, "seed {seed}: {name} logits differ by {worst}");
     }
     Ok(())
 }

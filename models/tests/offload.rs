@@ -1,14 +1,16 @@
-//! The offloaded KV tier's fast paths (saved rows in host memory, gathered by what a method
-//! picks) against the methods' CPU references over a dense store holding the same rows, on
-//! fresh random workloads, with one test body for every device.
+//! The methods' fast paths on both decode tiers — offloaded (saved rows in host memory, gathered
+//! by what a method picks) and resident (rows on the device) — against their CPU references
+//! over a store holding the same rows, on fresh random workloads, with one test body for every
+//! device.
 
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use folio_models::attention::workload::{Case, Spec};
 use folio_models::attention::{by_name, parse_params, AttnCall, Channels, Resources};
-use folio_models::kv::{DenseKv, KvSegment, KvStore};
+use folio_models::kv::{DenseKv, KvSegment, KvStore, Reference};
 use folio_models::offload::OffloadKv;
+use folio_models::tier::{Resident, TierRef};
 use folio_models::Result;
 
 // The kernels' one-body-per-device macro (and helpers), shared rather than written twice.
@@ -23,11 +25,14 @@ fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
     Ok(common::max_abs_diff(&flat(a)?, &flat(b)?))
 }
 
-/// The reference's store: the same rows, resident, reporting the offloaded store's saved
-/// length (indexes cover the saved prefix, so both paths must see the same one).
+/// The same rows, resident, reporting the offloaded store's saved length (indexes cover the
+/// saved prefix, so every path must see the same one): the resident tier, and under
+/// [`Reference`] the references' store.
 struct SavedDense {
     rows: DenseKv,
     saved: usize,
+    shape: (usize, usize),
+    device: Device,
 }
 
 impl KvStore for SavedDense {
@@ -54,6 +59,10 @@ impl KvStore for SavedDense {
     fn saved_len(&self) -> usize {
         self.saved
     }
+
+    fn tier(&self) -> Option<TierRef<'_>> {
+        Some(Resident::of(self, self.shape.0, self.shape.1, &self.device))
+    }
 }
 
 /// Every method with an offloaded path gives its reference's output on each decode step of a
@@ -65,10 +74,15 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
     let case = Case::generate(&spec, seed)?;
     // The saved prefix ends 40 tokens before the first decode step: those are the tail.
     let (len, saved) = (spec.len(), spec.context - 40);
-    let reference_kv = SavedDense { rows: case.store()?, saved };
+    let shape = (spec.kv_heads, spec.head_dim);
+    let reference_kv = Reference(SavedDense { rows: case.store()?, saved, shape, device: Device::Cpu });
+    let on = |t: Tensor| t.to_device(device);
+    let mut resident = DenseKv::new(1, spec.kv_heads, spec.head_dim, DType::F32, device);
+    resident.write(0, 0, &on(case.k.narrow(1, 0, len)?)?, &on(case.v.narrow(1, 0, len)?)?)?;
+    resident.set_len(len)?;
+    let resident_kv = SavedDense { rows: resident, saved, shape, device: device.clone() };
     let mut kv = OffloadKv::new(1, spec.kv_heads, spec.head_dim, saved, DType::F32, device)?;
     kv.fill(0, 0, &case.k.narrow(1, 0, saved)?, &case.v.narrow(1, 0, saved)?)?;
-    let on = |t: Tensor| t.to_device(device);
     kv.write(0, saved, &on(case.k.narrow(1, saved, len - saved)?)?, &on(case.v.narrow(1, saved, len - saved)?)?)?;
     kv.set_len(len)?;
     assert!(kv.write(0, saved - 1, &on(case.k.narrow(1, 0, 1)?)?, &on(case.v.narrow(1, 0, 1)?)?).is_err());
@@ -91,40 +105,47 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
             _ => vec![],
         };
         let reference = by_name(name, budget, &params, &resources)?;
-        let fast = by_name(name, budget, &params, &resources)?;
-        let mut worst = 0f32;
-        // Rows the reference read that the fast path read too, and rows the reference read.
-        let (mut shared, mut wanted) = (0usize, 0usize);
-        for step in 0..spec.steps {
-            let want = reference.attend(&case.call(step, &reference_kv, (0, 1)))?;
-            let q = case.queries[step].to_device(device)?;
-            let call = AttnCall { q: &q, kv: &kv, ..case.call(step, &reference_kv, (0, 1)) };
-            let got = fast.attend(&call)?;
-            assert_eq!(got.out.dims(), want.out.dims());
-            worst = worst.max(max_diff(&got.out, &want.out)?);
-            match (got.read.rows()?, want.read.rows()?) {
-                (None, None) => {}
-                (Some(g), Some(w)) => {
-                    for (g, w) in g.iter().zip(&w) {
-                        shared += w.iter().filter(|p| g.binary_search(p).is_ok()).count();
-                        wanted += w.len();
+        for (tier, fast_kv) in [("offloaded", &kv as &dyn KvStore), ("resident", &resident_kv)] {
+            let fast = by_name(name, budget, &params, &resources)?;
+            let mut worst = 0f32;
+            // Rows the reference read that the fast path read too, and rows the reference read.
+            let (mut shared, mut wanted) = (0usize, 0usize);
+            for step in 0..spec.steps {
+                let want = reference.attend(&case.call(step, &reference_kv, (0, 1)))?;
+                let q = case.queries[step].to_device(device)?;
+                let call = AttnCall { q: &q, kv: fast_kv, ..case.call(step, &reference_kv, (0, 1)) };
+                let got = fast.attend(&call)?;
+                assert_eq!(got.out.dims(), want.out.dims());
+                worst = worst.max(max_diff(&got.out, &want.out)?);
+                match (got.read.rows()?, want.read.rows()?) {
+                    (None, None) => {}
+                    (Some(g), Some(w)) => {
+                        for (g, w) in g.iter().zip(w.iter()) {
+                            shared += w.iter().filter(|p| g.binary_search(p).is_ok()).count();
+                            wanted += w.len();
+                        }
+                    }
+                    (g, w) => {
+                        panic!("{name}: the fast path read {:?} rows, the reference {:?}", g.is_some(), w.is_some())
                     }
                 }
-                (g, w) => panic!("{name}: the fast path read {:?} rows, the reference {:?}", g.is_some(), w.is_some()),
             }
-        }
-        let overlap = if wanted == 0 { 1.0 } else { shared as f64 / wanted as f64 };
-        println!(
-            "{device:?} {name}: max |offloaded - reference| over {} steps = {worst:.2e}, reads shared {:.4} (seed {seed})",
+            let overlap = if wanted == 0 { 1.0 } else { shared as f64 / wanted as f64 };
+            println!(
+            "{device:?} {name}, {tier}: max |fast - reference| over {} steps = {worst:.2e}, reads shared {:.4} (seed {seed})",
             spec.steps, overlap
         );
-        // Every fast path reports what it read, and reads what the reference reads (a key tied at
-        // the k-th place may swap).
-        assert!(overlap > 0.98, "seed {seed}: {name} read other rows than the reference ({overlap})");
-        // Methods ranking keys by scores summed in another order (f64 vs f32, a kernel's order)
-        // may swap a key tied at the k-th place to rounding: a shift of a few 1e-3 at most.
-        let tol = if ["topk", "double-sparsity", "hip"].contains(&name) { 2e-2 } else { 1e-4 };
-        assert!(worst < tol, "seed {seed}: {name} differs by {worst}");
+            // Every fast path reports what it read, and reads what the reference reads (a key tied at
+            // the k-th place may swap).
+            assert!(
+                overlap > 0.98,
+                "seed {seed}: {name} on the {tier} tier read other rows than the reference ({overlap})"
+            );
+            // Methods ranking keys by scores summed in another order (f64 vs f32, a kernel's order)
+            // may swap a key tied at the k-th place to rounding: a shift of a few 1e-3 at most.
+            let tol = if ["topk", "double-sparsity", "hip"].contains(&name) { 2e-2 } else { 1e-4 };
+            assert!(worst < tol, "seed {seed}: {name} on the {tier} tier differs by {worst}");
+        }
     }
 
     // The question: five tokens at once, crossing from the saved prefix's end into the tail.
@@ -134,10 +155,12 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
     let want = dense.attend(&call(&q, &reference_kv))?.out;
     let qd = q.to_device(device)?;
     for name in ["dense", "topk", "double-sparsity", "buzz"] {
-        let method = by_name(name, (name != "dense").then_some("2%"), &[], &resources)?;
-        let diff = max_diff(&method.attend(&call(&qd, &kv))?.out, &want)?;
-        println!("{device:?} {name}, 5-token call: max |offloaded - dense| = {diff:.2e}");
-        assert!(diff < 1e-4, "seed {seed}: {name} question differs by {diff}");
+        for (tier, fast_kv) in [("offloaded", &kv as &dyn KvStore), ("resident", &resident_kv)] {
+            let method = by_name(name, (name != "dense").then_some("2%"), &[], &resources)?;
+            let diff = max_diff(&method.attend(&call(&qd, fast_kv))?.out, &want)?;
+            println!("{device:?} {name}, {tier}, 5-token call: max |fast - dense| = {diff:.2e}");
+            assert!(diff < 1e-4, "seed {seed}: {name} question on the {tier} tier differs by {diff}");
+        }
     }
     Ok(())
 }

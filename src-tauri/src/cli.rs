@@ -277,7 +277,7 @@ pub struct InfoArgs {
     json: bool,
 }
 
-/// Bytes per element of the KV cache as Folio stores it by default (bf16; docs/architecture.md).
+/// Bytes per element of the KV cache as Folio stores it by default (bf16).
 const KV_STORAGE_BYTES: usize = 2;
 
 pub fn info(common: &Common, a: InfoArgs) -> Result<()> {

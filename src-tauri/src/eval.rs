@@ -50,10 +50,10 @@ pub struct NeedleArgs {
     /// prefilled once for all of them.
     #[arg(long, value_delimiter = ',', value_parser = crate::cli::parse_method, conflicts_with = "method")]
     methods: Vec<MethodChoice>,
-    /// Decode over the offloaded store, as `folio chat --context --offload` does: each prompt's
+    /// Decode over the offloaded tier, as `folio chat --context --offload` does: each prompt's
     /// documents are prefilled into host memory and the method's fast path picks rows from
-    /// there (dense, streaming, topk, double-sparsity, buzz, hip, magicpig). Without it every row
-    /// stays in device memory and sparse methods decode through their CPU references.
+    /// there (`folio methods` says which tier runs what). Without it every row stays in device
+    /// memory (the resident tier).
     #[arg(long)]
     offload: bool,
     #[arg(long, default_value_t = 0)]

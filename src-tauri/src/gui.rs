@@ -67,9 +67,12 @@ async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<Chat
         state.model_error.clone().unwrap_or_else(|| "No model loaded: start Folio with --model <folder|repo>".into())
     })?;
     let cancel = state.cancel.clone();
-    cancel.store(false, Ordering::SeqCst);
     tauri::async_runtime::spawn_blocking(move || {
-        let mut guard = chat.lock().map_err(|e| e.to_string())?;
+        // One answer at a time: a question sent while one runs waits here, and clears a Stop
+        // only once the answer it was meant for is over. A panic in an earlier answer leaves
+        // the session usable (every ask cuts the store back to what it holds).
+        let mut guard = chat.lock().unwrap_or_else(|e| e.into_inner());
+        cancel.store(false, Ordering::SeqCst);
         let (session, conversation) = &mut *guard;
         let settings = GenerationSettings { max_tokens: MAX_ANSWER_TOKENS, ..GenerationSettings::default() };
         let answer = session
@@ -107,7 +110,7 @@ fn cancel_chat(state: State<'_, AppState>) {
 #[tauri::command]
 fn new_chat(state: State<'_, AppState>) -> Result<(), String> {
     if let Some(chat) = &state.chat {
-        chat.lock().map_err(|e| e.to_string())?.1 = Conversation::bare(None);
+        chat.lock().unwrap_or_else(|e| e.into_inner()).1 = Conversation::bare(None);
     }
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! Causal attention over one sequence, returning the output and the per-query log-sum-exp.
 //!
-//! Layout (docs/architecture.md): queries `[q_heads, q_len, head_dim]`, keys and values
+//! Layout: queries `[q_heads, q_len, head_dim]`, keys and values
 //! `[kv_heads, kv_len, head_dim]`, one token's row contiguous. Grouped-query attention maps
 //! query head `h` to KV head `h / (q_heads / kv_heads)`, as Hugging Face's `repeat_kv` does.
 //!

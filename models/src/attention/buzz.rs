@@ -27,12 +27,13 @@ use candle_core::{Device, Tensor};
 use std::collections::HashMap;
 
 use super::cost::{per_kv_head, CostInput, StepCost};
+use super::fast;
 use super::select::{dot, query_rows, LayerRows, PerLayer};
 use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Path, Read,
 };
 use crate::error::{Error, Result};
-use crate::offload::{self, OffloadKv};
+use crate::tier::DecodeTier;
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
     name: "buzz",
@@ -40,11 +41,12 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
     paper: "Zhao et al., BUZZ: Beehive-structured Sparse KV Cache with Segmented Heavy Hitters (2024)",
     default_budget: Some(DefaultBudget {
         budget: "10%",
-        source: "the smallest cache the paper studies (10–60% of the full cache, Table 2)",
+        source: "the smallest cache the paper studies (10–60% of the full cache, Table 2); the paper's share is \
+                 of the mean cache size, Folio's of the peak (sinks + window + threshold)",
     }),
     params: &PARAMS,
     needs: Needs { calibration: false, index: None },
-    resident: Path::Reference("the resident tier attends the live cache on the CPU"),
+    resident: Path::Fast,
     offloaded: Path::Fast,
     cost,
     build: |budget, params, _| Ok(Box::new(Buzz::new(super::params::required(budget)?, params))),
@@ -198,7 +200,7 @@ impl Buzz {
     /// The fast path over an offloaded store: the live rows are gathered once per KV head
     /// (every head of a layer holds as many), attended exactly on the device, and each row's
     /// accumulated probability comes back for the eviction, which stays on the host.
-    fn attend_offloaded(&self, call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Attended> {
+    fn attend_fast(&self, call: &AttnCall<'_>, kv: &dyn DecodeTier) -> Result<Attended> {
         let q_heads = call.q.dim(0)?;
         let kv_heads = kv.kv_heads();
         let mut caches = self.caches.lock();
@@ -209,7 +211,7 @@ impl Buzz {
         }
         let pos: Vec<u32> = cache.heads.iter().flat_map(|h| h.live.iter().map(|&p| p as u32)).collect();
         let idx = Tensor::from_vec(pos, (kv_heads, s), call.q.device())?;
-        let (out, probs) = offload::attend_scored(call, kv, &idx)?;
+        let (out, probs) = fast::attend_scored(call, kv, &idx)?;
         for (h, p) in cache.heads.iter_mut().zip(probs.chunks(s)) {
             h.score.iter_mut().zip(p).for_each(|(a, b)| *a += b);
         }
@@ -241,8 +243,8 @@ impl Attention for Buzz {
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
         let (q_heads, t, d) = call.q.dims3()?;
         let end = call.q_start + t;
-        if let Some(kv) = call.kv.offloaded() {
-            return self.attend_offloaded(call, kv);
+        if let Some(kv) = call.kv.tier() {
+            return self.attend_fast(call, &*kv);
         }
         let rows = LayerRows::read(call, end)?;
         let groups = q_heads / rows.kv_heads;
@@ -334,11 +336,11 @@ mod tests {
         assert_eq!(second.q_start, first.q_start + 1, "consecutive decode steps");
         buzz.attend(&first).unwrap();
         buzz.reset();
-        let read = buzz.attend(&second).unwrap().read.rows().unwrap().unwrap();
+        let read = buzz.attend(&second).unwrap().read.rows().unwrap().unwrap().into_owned();
         assert!(read[0].len() <= 65, "continued: {} keys read, the evicted stay evicted", read[0].len());
         buzz.end_conversation();
         assert!(buzz.caches.lock().is_empty());
-        let read = buzz.attend(&second).unwrap().read.rows().unwrap().unwrap();
+        let read = buzz.attend(&second).unwrap().read.rows().unwrap().unwrap().into_owned();
         assert_eq!(read[0].len(), second.q_start + 1, "a new conversation reads every key first");
     }
 

@@ -1,5 +1,5 @@
 //! What one decode step of a method moves, from its settings and a model's shape: the input of
-//! `folio bench --shape`'s floor, the app's memory planner and the registry's listing.
+//! `folio bench --shape`'s floor.
 //!
 //! Each method states its own cost ([`super::MethodSpec::cost`]) in its module, next to the
 //! code that does the moving; this module holds the shared vocabulary. Figures are bytes per
@@ -40,9 +40,10 @@ impl CostInput<'_> {
         (n * per * 2 * self.shape.head_dim * self.elem) as f64
     }
 
-    /// Bytes of one layer's keys alone, every position (an exact scan).
-    pub fn keys(&self, n: usize) -> f64 {
-        (n * self.shape.kv_heads * self.shape.head_dim * self.elem) as f64
+    /// Bytes of the keys alone of `n` positions for each of `per` heads in one layer (a scan, a
+    /// search).
+    pub fn keys(&self, n: usize, per: usize) -> f64 {
+        (n * per * self.shape.head_dim * self.elem) as f64
     }
 
     pub fn layers(&self) -> f64 {
@@ -66,4 +67,57 @@ pub struct StepCost {
 /// Streaming and BUZZ: one set of `picked` positions per KV head, read once for its group.
 pub fn per_kv_head(input: &CostInput<'_>, picked: usize) -> StepCost {
     StepCost { link_bytes: input.layers() * input.rows(picked, input.shape.kv_heads), ..StepCost::default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::REGISTRY;
+
+    /// Each method's cost at the Qwen2.5-7B shape, 1M tokens, budget 2048, bf16, written out
+    /// from the formulas `bench --shape` used before the costs moved into the methods.
+    #[test]
+    fn costs_match_their_formulas() {
+        let shape = Shape { layers: 28, heads: 28, kv_heads: 4, head_dim: 128 };
+        let (context, elem, budget) = (1 << 20, 2, 2048);
+        let (l, h, kv, d) = (28.0, 28.0, 4.0, 128.0);
+        let row = d * elem as f64;
+        let rows = |n: f64, per: f64| n * per * 2.0 * row;
+        let n = context as f64;
+        for spec in REGISTRY {
+            let params = spec.params(&[]).unwrap();
+            let p = |k: &str| params.get(k);
+            let got = (spec.cost)(&CostInput { shape, context, elem, budget, params: &params });
+            let b = budget as f64;
+            let (device, link, host) = match spec.name {
+                "dense" => (0.0, l * rows(n, kv), 0.0),
+                "streaming" | "buzz" => (0.0, l * rows(b, kv), 0.0),
+                "topk" => (0.0, l * (n * kv * row + rows(b + p("window"), h)), 0.0),
+                "topk-ivf" => {
+                    let lists = if n > 900_000.0 { n.sqrt().ceil() } else { (n / 1000.0).ceil() };
+                    let probed = (p("nprobe") * n / lists).ceil();
+                    (0.0, l * ((lists + probed) * h * row + rows(b + p("window"), h)), 0.0)
+                }
+                "double-sparsity" => (l * kv * n * (d / 4.0 + 8.0), l * rows(b + p("window"), h), 0.0),
+                "hip" => {
+                    let dense = p("dense_layers");
+                    let picked = b + p("sinks") + p("window");
+                    let blocks_n = (picked / p("block")).ceil();
+                    let rounds = ((n / p("block")).ceil() / blocks_n).log2().ceil();
+                    let search = rounds * 2.0 * blocks_n * p("block") * h * row / p("refresh");
+                    (dense * rows(n, kv), (l - dense) * (rows(picked, h) + search), 0.0)
+                }
+                "magicpig" => {
+                    let dense = 2.0 * p("dense_layers");
+                    let picked = p("sinks") + p("window");
+                    (0.0, dense * rows(n, kv) + (l - dense) * rows(picked, h), (l - dense) * rows(b, h))
+                }
+                other => panic!("no formula for {other}"),
+            };
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
+            assert!(close(got.device_bytes, device), "{}: device {} vs {device}", spec.name, got.device_bytes);
+            assert!(close(got.link_bytes, link), "{}: link {} vs {link}", spec.name, got.link_bytes);
+            assert!(close(got.host_bytes, host), "{}: host {} vs {host}", spec.name, got.host_bytes);
+        }
+    }
 }

@@ -1,11 +1,10 @@
 //! Dense attention: every visible key, exactly. The oracle every sparse method is measured
 //! against (docs/architecture.md).
 
-use folio_kernels::attention::{attention_block, merge, Mask};
-
 use super::cost::{CostInput, StepCost};
 use super::{Attended, Attention, AttnCall, Knobs, MethodSpec, Needs, Path};
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::tier::dense_over_segments;
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
     name: "dense",
@@ -38,21 +37,13 @@ impl Attention for Dense {
         Self::KNOBS
     }
 
+    /// On a tier, its exact attention (the offloaded one reads the saved rows in chunks over
+    /// the link); without one, the attention kernel over the store's segments, merged by LSE.
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
-        if let Some(kv) = call.kv.offloaded() {
-            return Ok(Attended::dense(crate::offload::dense(call, kv)?));
-        }
-        let t = call.q.dim(1)?;
-        let mask = Mask { q_offset: call.q_start, window: call.window };
-        let mut acc = None;
-        for seg in call.kv.segments(call.kv_layer, call.q_start + t)? {
-            let part = attention_block(call.q, &seg.k, &seg.v, seg.start, mask, call.scale)?;
-            acc = Some(match acc {
-                None => part,
-                Some(prev) => merge(&prev, &part)?,
-            });
-        }
-        let out = acc.ok_or_else(|| Error::Invalid(format!("no keys stored for layer {}", call.layer)))?;
-        Ok(Attended::dense(out.out.to_dtype(call.q.dtype())?))
+        let out = match call.kv.tier() {
+            Some(tier) => tier.dense(call)?,
+            None => dense_over_segments(call)?,
+        };
+        Ok(Attended::dense(out))
     }
 }

@@ -23,6 +23,7 @@ use candle_core::{DType, Tensor};
 use folio_kernels::sparse;
 
 use super::cost::{CostInput, StepCost};
+use super::fast;
 use super::select::{
     index_base, query_rows, sparse_decode, top_positions, visible, HeadPick, IndexSource, Indexes, LayerRows,
     SectionReader, SectionWriter,
@@ -32,7 +33,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::kv::KvStore;
-use crate::offload::{self, OffloadKv};
+use crate::tier::DecodeTier;
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
     name: "double-sparsity",
@@ -47,7 +48,7 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
         calibration: true,
         index: Some("a label cache: the context's keys at the outlier channels, quantized"),
     },
-    resident: Path::Reference("the resident tier scores the labels and attends on the CPU"),
+    resident: Path::Fast,
     offloaded: Path::Fast,
     cost,
     build: |budget, params, resources| {
@@ -88,7 +89,14 @@ const PARAMS: [ParamSpec; 3] = [
         integer: true,
         doc: "r, outlier channels per KV head (0: head_dim/4, the paper's 1/16 label cache at 4 bits)",
     },
-    ParamSpec { name: "bits", default: 4.0, min: 1.0, max: 16.0, integer: true, doc: "label bits (16: unquantized)" },
+    ParamSpec {
+        name: "bits",
+        default: 4.0,
+        min: 1.0,
+        max: 16.0,
+        integer: true,
+        doc: "label bits (16: unquantized, the CPU reference)",
+    },
     ParamSpec {
         name: "window",
         default: 0.0,
@@ -291,13 +299,20 @@ impl DoubleSparsity {
 }
 
 impl DoubleSparsity {
-    /// The layer's label cache on the device: cached, else the context file's section, else
-    /// built from the saved keys in chunks on the device.
-    fn device_labels(&self, call: &AttnCall<'_>, kv: &OffloadKv, bits: usize) -> Result<Arc<DeviceLabels>> {
-        if let Some(labels) = self.device_labels.cached(call.layer, |_| true) {
+    /// The layer's label cache on the device over the keys [`index_base`] names (the saved
+    /// prefix, else what is visible at the first decode step `hi`): cached, else the context
+    /// file's section, else built from the keys in chunks on the device.
+    fn device_labels(
+        &self,
+        call: &AttnCall<'_>,
+        kv: &dyn DecodeTier,
+        bits: usize,
+        hi: usize,
+    ) -> Result<Arc<DeviceLabels>> {
+        if let Some(labels) = self.device_labels.cached(call.layer, |l| l.end <= hi) {
             return Ok(labels);
         }
-        let (kv_heads, d, end) = (kv.kv_heads(), kv.head_dim(), kv.saved());
+        let (kv_heads, d, end) = (kv.kv_heads(), kv.head_dim(), index_base(call.kv, hi));
         let channels = self.channels(call.layer, kv_heads, d)?;
         let r = channels[0].len();
         let flat: Vec<u32> = channels.iter().flatten().map(|&c| c as u32).collect();
@@ -318,7 +333,7 @@ impl DoubleSparsity {
             },
             || {
                 let (mut codes, mut scale) = (Vec::new(), Vec::new());
-                kv.for_each_key_chunk(call.kv_layer, |k| {
+                kv.for_each_key_chunk(call.kv_layer, end, &mut |k| {
                     let (c, lo, range) = quantize_rows(&label_values(k, &ch)?, bits)?;
                     codes.push(c.to_dtype(DType::U8)?);
                     scale.push(Tensor::cat(&[lo, range], 2)?);
@@ -334,17 +349,12 @@ impl DoubleSparsity {
         )
     }
 
-    /// The fast path over an offloaded store: label scores of the saved keys by the kernel,
-    /// fresh labels for the tail's, the top-k kernel, then attention over the gathered rows.
-    fn attend_offloaded(&self, call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Attended> {
+    /// The fast path over a decode tier: label scores of the indexed keys by the kernel, fresh
+    /// labels for the later ones, the top-k kernel, then attention over the gathered rows.
+    fn attend_fast(&self, call: &AttnCall<'_>, kv: &dyn DecodeTier) -> Result<Attended> {
         let bits = self.params.usize("bits");
-        if bits > MAX_CODE_BITS {
-            return Err(Error::Invalid(format!(
-                "double-sparsity bits={bits} (unquantized labels) is the reference's setting; the offloaded path takes 1..={MAX_CODE_BITS}"
-            )));
-        }
-        let labels = self.device_labels(call, kv, bits)?;
         let (lo, hi) = visible(call);
+        let labels = self.device_labels(call, kv, bits, hi)?;
         let cut = hi - self.params.usize("window").min(hi - lo);
         let q = call.q.squeeze(1)?.to_dtype(DType::F32)?;
         let (heads, _) = q.dims2()?;
@@ -358,8 +368,7 @@ impl DoubleSparsity {
         }
         if cut > labels.end {
             // Keys past the label cache (the question, the answer so far): labelled as they come.
-            let (k, _) = kv.tail_rows(call.kv_layer, cut)?.ok_or_else(|| Error::Invalid("tail rows missing".into()))?;
-            let k = k.narrow(1, labels.end - kv.saved(), cut - labels.end)?;
+            let k = kv.keys(call.kv_layer, labels.end, cut)?;
             let (codes, lo_, range) = quantize_rows(&label_values(&k, &labels.channels)?, bits)?;
             let max_q = Tensor::new(((1u32 << bits) - 1) as f32, q.device())?;
             let values = codes.broadcast_mul(&range)?.broadcast_div(&max_q)?.broadcast_add(&lo_)?;
@@ -371,9 +380,8 @@ impl DoubleSparsity {
             true => Some(Tensor::cat(&parts, 1)?.narrow(1, lo, cut - lo)?),
             false => None,
         };
-        let idx =
-            offload::top_and_window(scores.as_ref(), self.budget.tokens(hi - lo), heads, lo, (cut, hi), q.device())?;
-        let out = offload::attend_selected(call, kv, &idx, None)?;
+        let idx = fast::top_and_window(scores.as_ref(), self.budget.tokens(hi - lo), heads, lo, (cut, hi), q.device())?;
+        let out = fast::attend_selected(call, kv, &idx, None)?;
         let row_bytes = (r * bits) as f64 / 8.0 + 4.0;
         Ok(Attended {
             out,
@@ -411,8 +419,9 @@ impl Attention for DoubleSparsity {
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
-        if let (Some(kv), 1) = (call.kv.offloaded(), call.q.dim(1)?) {
-            return self.attend_offloaded(call, kv);
+        // Unquantized labels (bits=16) are the reference's: the label kernel reads codes.
+        if let (Some(kv), 1, true) = (call.kv.tier(), call.q.dim(1)?, self.params.usize("bits") <= MAX_CODE_BITS) {
+            return self.attend_fast(call, &*kv);
         }
         sparse_decode(call, |rows, lo, hi| {
             let labels = self.layer_labels(call, rows, hi)?;

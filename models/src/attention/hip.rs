@@ -19,13 +19,14 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::cost::{CostInput, StepCost};
+use super::fast;
 use super::select::{dot, query_rows, sparse_decode, visible, HeadPick, LayerRows, PerLayer};
 use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Dense, Knobs, MethodSpec, Needs, ParamSpec, Params, Path,
     Read,
 };
 use crate::error::Result;
-use crate::offload::{self, OffloadKv};
+use crate::tier::DecodeTier;
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
     name: "hip",
@@ -38,7 +39,7 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
     }),
     params: &PARAMS,
     needs: Needs { calibration: false, index: None },
-    resident: Path::Reference("the resident tier searches the blocks on the CPU over the decoded layer"),
+    resident: Path::Fast,
     offloaded: Path::Fast,
     cost,
     build: |budget, params, _| Ok(Box::new(Hip::new(super::params::required(budget)?, params))),
@@ -55,7 +56,8 @@ fn cost(input: &CostInput<'_>) -> StepCost {
     let n = picked.div_ceil(block).max(1);
     let blocks = input.context.div_ceil(block).max(1);
     let rounds = (blocks as f64 / n as f64).log2().ceil().max(0.0);
-    let search = rounds * input.rows(2 * n * block, heads) / input.params.usize("refresh").max(1) as f64;
+    // The search reads keys only: the representative blocks of both halves of every branch.
+    let search = rounds * input.keys(2 * n * block, heads) / input.params.usize("refresh").max(1) as f64;
     StepCost {
         device_bytes: dense as f64 * input.rows(input.context, kv),
         link_bytes: sparse * (input.rows(picked, heads) + search),
@@ -238,7 +240,7 @@ impl Hip {
 /// earlier scores. Returns each head's chosen blocks and the key rows scored per head.
 fn search_on_device(
     q: &Tensor,
-    kv: &OffloadKv,
+    kv: &dyn DecodeTier,
     call: &AttnCall<'_>,
     (first, window_start, b): (usize, usize, usize),
     blocks: usize,
@@ -296,7 +298,7 @@ impl Hip {
     /// The fast path over an offloaded store: each refresh searches every query head's blocks
     /// at once on the device ([`search_on_device`]); each step gathers the heads' picks (sinks,
     /// chosen blocks, window) and runs the selected-row kernel.
-    fn attend_offloaded(&self, call: &AttnCall<'_>, kv: &OffloadKv) -> Result<Attended> {
+    fn attend_fast(&self, call: &AttnCall<'_>, kv: &dyn DecodeTier) -> Result<Attended> {
         let (lo, hi) = visible(call);
         let q = call.q.squeeze(1)?;
         let heads = q.dim(0)?;
@@ -335,8 +337,8 @@ impl Hip {
         // Heads may pick a few keys fewer (a shorter last block): padded with the current token at −∞.
         let rows: Vec<(Vec<u32>, Vec<f32>)> =
             picks.iter().map(|p| (p.iter().map(|&x| x as u32).collect(), Vec::new())).collect();
-        let (idx, bias) = offload::pad_picks(&rows, (hi - 1) as u32, &dev)?;
-        let out = offload::attend_selected(call, kv, &idx, bias.as_ref())?;
+        let (idx, bias) = fast::pad_picks(&rows, (hi - 1) as u32, &dev)?;
+        let out = fast::attend_selected(call, kv, &idx, bias.as_ref())?;
         Ok(Attended { out, read: Read::Rows(picks), searched: searched as f64 / heads as f64 })
     }
 }
@@ -351,16 +353,16 @@ impl Attention for Hip {
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
-        let offloaded = call.kv.offloaded();
+        let tier = call.kv.tier();
         if call.layer < self.params.usize("dense_layers") {
-            if let Some(kv) = offloaded {
+            if let Some(kv) = &tier {
                 // Read every step: keep the layer on the device rather than cross the link.
                 kv.keep_resident(call.kv_layer)?;
             }
             return Dense.attend(call);
         }
-        if let (Some(kv), 1) = (offloaded, call.q.dim(1)?) {
-            return self.attend_offloaded(call, kv);
+        if let (Some(kv), 1) = (&tier, call.q.dim(1)?) {
+            return self.attend_fast(call, &**kv);
         }
         sparse_decode(call, |rows, lo, hi| {
             let queries = query_rows(call)?;

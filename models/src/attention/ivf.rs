@@ -46,8 +46,8 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
     build: |budget, params, _| Ok(Box::new(TopKIvf::new(super::params::required(budget)?, params))),
 };
 
-/// What a fast path would move: the centroids and the probed lists' keys, then the picks'
-/// K and V per query head.
+/// What a fast path would move: the centroids and the probed lists' keys (searched per query
+/// head), then the picks' K and V per query head.
 fn cost(input: &CostInput<'_>) -> StepCost {
     let lists = match input.params.usize("nlist") {
         0 => default_lists(input.context),
@@ -55,7 +55,8 @@ fn cost(input: &CostInput<'_>) -> StepCost {
     };
     let probed = (input.params.usize("nprobe").min(lists) * input.context).div_ceil(lists);
     let picked = input.budget + input.params.usize("window");
-    let per_layer = input.keys(lists + probed) + input.rows(picked, input.shape.heads);
+    let heads = input.shape.heads;
+    let per_layer = input.keys(lists + probed, heads) + input.rows(picked, heads);
     StepCost { link_bytes: input.layers() * per_layer, ..StepCost::default() }
 }
 

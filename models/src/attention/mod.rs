@@ -28,6 +28,7 @@ mod buzz;
 pub mod cost;
 mod dense;
 mod double_sparsity;
+mod fast;
 mod hip;
 mod ivf;
 mod magicpig;
@@ -109,10 +110,10 @@ pub enum Read {
 
 impl Read {
     /// Per query head, the sorted positions read; `None` when every visible key was.
-    pub fn rows(&self) -> Result<Option<Vec<Vec<usize>>>> {
+    pub fn rows(&self) -> Result<Option<std::borrow::Cow<'_, [Vec<usize>]>>> {
         Ok(match self {
             Self::All => None,
-            Self::Rows(rows) => Some(rows.clone()),
+            Self::Rows(rows) => Some(std::borrow::Cow::Borrowed(rows)),
             Self::Picked(idx) => {
                 let picked = idx.to_device(&candle_core::Device::Cpu)?.to_vec2::<u32>()?;
                 let sorted = picked.into_iter().map(|row| {
@@ -120,7 +121,7 @@ impl Read {
                     row.sort_unstable();
                     row
                 });
-                Some(sorted.collect())
+                Some(std::borrow::Cow::Owned(sorted.collect()))
             }
         })
     }

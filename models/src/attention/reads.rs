@@ -52,12 +52,6 @@ impl<'a> ReadTally<'a> {
         Self { method, spans, tally: Mutex::new((vec![0.0; n], 0.0, 0)) }
     }
 
-    /// The span holding `pos`, if any.
-    fn span_of(&self, pos: usize) -> Option<usize> {
-        let i = self.spans.partition_point(|&(_, end)| end <= pos);
-        self.spans.get(i).filter(|&&(start, _)| start <= pos).map(|_| i)
-    }
-
     fn add(&self, call: &AttnCall<'_>, got: &Attended) -> Result<()> {
         let (lo, hi) = visible(call);
         let heads = call.q.dim(0)?;
@@ -77,11 +71,15 @@ impl<'a> ReadTally<'a> {
                 *other += ((hi - lo - inside) * heads) as f64;
             }
             Some(sets) => {
-                for pos in sets.iter().flatten() {
-                    match self.span_of(*pos) {
-                        Some(i) => per_span[i] += 1.0,
-                        None => *other += 1.0,
+                // Each head's positions are sorted: a span's count is two binary searches.
+                for set in sets.iter() {
+                    let mut inside = 0;
+                    for (i, &(start, end)) in self.spans.iter().enumerate() {
+                        let n = set.partition_point(|&p| p < end) - set.partition_point(|&p| p < start);
+                        per_span[i] += n as f64;
+                        inside += n;
                     }
+                    *other += (set.len() - inside) as f64;
                 }
             }
         }

@@ -1,5 +1,5 @@
-//! The method registry: the one table every consumer reads — the CLI's `--method`, the eval
-//! and bench commands, the app's settings panel, the offload checks. A method is declared once,
+//! The method registry: the one table every consumer reads — the CLI's `--method` and
+//! `folio methods`, the eval and bench commands, the sessions' tier checks. A method is declared once,
 //! by the [`MethodSpec`] in its own module (name, paper, default budget, knobs, what it needs,
 //! which tiers run its fast path, its cost), and listed in [`REGISTRY`]; nothing else names it.
 //!
@@ -22,7 +22,8 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Tier {
-    /// Whole layers decoded into device memory as attention asks for them.
+    /// Whole layers decoded into device memory as attention asks for them; picks are gathered
+    /// there.
     Resident,
     /// The saved rows in host memory; a step moves only the rows the method picks.
     Offloaded,
@@ -37,7 +38,8 @@ impl Tier {
     }
 }
 
-/// How a tier runs a method: its fast path, or its CPU reference (with why) — or not at all.
+/// How a tier runs a method: its fast path (`crate::tier::DecodeTier`), or its CPU reference
+/// (with why) — or not at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "path", content = "why", rename_all = "lowercase")]
 pub enum Path {

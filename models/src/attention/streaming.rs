@@ -5,6 +5,7 @@
 use candle_core::Tensor;
 
 use super::cost::{per_kv_head, CostInput, StepCost};
+use super::fast;
 use super::select::{sparse_decode, visible, HeadPick};
 use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Path, Read,
@@ -22,7 +23,7 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
     }),
     params: &PARAMS,
     needs: Needs { calibration: false, index: None },
-    resident: Path::Reference("the resident tier reads the layer and picks on the CPU"),
+    resident: Path::Fast,
     offloaded: Path::Fast,
     cost,
     build: |budget, params, _| Ok(Box::new(Streaming::new(super::params::required(budget)?, params))),
@@ -70,13 +71,13 @@ impl Attention for Streaming {
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
         let heads = call.q.dim(0)?;
-        if let (Some(kv), 1) = (call.kv.offloaded(), call.q.dim(1)?) {
+        if let (Some(kv), 1) = (call.kv.tier(), call.q.dim(1)?) {
             let (lo, hi) = visible(call);
             let pick = self.selection(lo, hi);
             let pos: Vec<u32> = pick.iter().map(|&p| p as u32).collect();
             // One pick for every head: each KV head's rows are read once for its group.
             let idx = Tensor::from_vec(pos, (1, pick.len()), call.q.device())?.repeat((kv.kv_heads(), 1))?;
-            let out = crate::offload::attend_selected(call, kv, &idx, None)?;
+            let out = fast::attend_selected(call, &*kv, &idx, None)?;
             return Ok(Attended { out, read: Read::Rows(vec![pick; heads]), searched: 0.0 });
         }
         sparse_decode(call, |_, lo, hi| Ok((vec![HeadPick::plain(self.selection(lo, hi)); heads], 0.0)))

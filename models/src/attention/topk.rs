@@ -10,12 +10,12 @@
 //! full scan of every key; the approximate index and the GPU path are held to it.
 
 use super::cost::{CostInput, StepCost};
+use super::fast;
 use super::select::{dot, query_rows, sparse_decode, top_positions, visible, HeadPick};
 use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Path, Read,
 };
 use crate::error::Result;
-use crate::offload;
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
     name: "topk",
@@ -24,11 +24,11 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
             Commodity GPUs (arXiv 2502.06766)",
     default_budget: Some(DefaultBudget {
         budget: "1%",
-        source: "the paper: k ≈ 1% of the context keeps ≥ 95% of full attention's scores (§4, Table 1)",
+        source: "the paper: k ≈ 1% of the context reaches ≥ 95% of full attention's task performance (§4)",
     }),
     params: &PARAMS,
     needs: Needs { calibration: false, index: None },
-    resident: Path::Reference("the resident tier reads the layer and scans it on the CPU"),
+    resident: Path::Fast,
     offloaded: Path::Fast,
     cost,
     build: |budget, params, _| Ok(Box::new(TopK::new(super::params::required(budget)?, params))),
@@ -37,7 +37,7 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
 /// The exact scan reads every key over the link; the picks bring their K and V per query head.
 fn cost(input: &CostInput<'_>) -> StepCost {
     let picked = input.budget + input.params.usize("window");
-    let per_layer = input.keys(input.context) + input.rows(picked, input.shape.heads);
+    let per_layer = input.keys(input.context, input.shape.kv_heads) + input.rows(picked, input.shape.heads);
     StepCost { link_bytes: input.layers() * per_layer, ..StepCost::default() }
 }
 
@@ -80,7 +80,7 @@ impl Attention for TopK {
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
-        if let (Some(kv), 1) = (call.kv.offloaded(), call.q.dim(1)?) {
+        if let (Some(kv), 1) = (call.kv.tier(), call.q.dim(1)?) {
             // The fast path: the exact scan reads every key of the context in chunks, the top-k
             // kernel picks, the gather brings only the picked rows' values.
             let (lo, hi) = visible(call);
@@ -91,15 +91,9 @@ impl Attention for TopK {
                 false => None,
             };
             let heads = q.dim(0)?;
-            let idx = offload::top_and_window(
-                scores.as_ref(),
-                self.budget.tokens(hi - lo),
-                heads,
-                lo,
-                (cut, hi),
-                q.device(),
-            )?;
-            let out = offload::attend_selected(call, kv, &idx, None)?;
+            let idx =
+                fast::top_and_window(scores.as_ref(), self.budget.tokens(hi - lo), heads, lo, (cut, hi), q.device())?;
+            let out = fast::attend_selected(call, &*kv, &idx, None)?;
             return Ok(Attended { out, read: Read::Picked(idx), searched: (cut - lo) as f64 });
         }
         sparse_decode(call, |rows, lo, hi| {

@@ -16,6 +16,7 @@ use candle_core::{DType, Device, Tensor};
 use super::file::ContextFile;
 use crate::error::{Error, Result};
 use crate::kv::{KvSegment, KvStore, SavedTail};
+use crate::tier::{self, TierRef};
 
 /// Where the prefix rows come from.
 enum Prefix {
@@ -168,5 +169,9 @@ impl KvStore for ContextKv {
 
     fn reserve(&mut self, total: usize) -> Result<()> {
         self.tail.reserve(total)
+    }
+
+    fn tier(&self) -> Option<TierRef<'_>> {
+        Some(tier::Resident::of(self, self.kv_heads, self.head_dim, &self.device))
     }
 }

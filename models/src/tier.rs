@@ -1,0 +1,217 @@
+//! Decode tiers: what the attention methods' fast paths ask of the store they decode over —
+//! score keys, gather the rows they pick, attend exactly — behind one trait, so a method never
+//! looks for a concrete store and every store with rows on the compute path runs the fast paths.
+//!
+//! Two implementations: the offloaded tier ([`crate::offload::OffloadKv`]: saved rows in host
+//! memory, a pick gathered over the host link by the gather kernel) and the resident one here,
+//! over any store's segments on the model's device ([`crate::kv::DenseKv`], a context's
+//! [`crate::context::ContextKv`]): picks are gathered from device memory with `index_select`,
+//! scores are one batched matmul per segment. A store offers its tier through
+//! [`KvStore::tier`]; one without (the [`crate::kv::Reference`] wrapper) runs each method's CPU
+//! reference, which is how the tests hold the fast paths to them.
+//!
+//! Positions are absolute; a store's rows `0..saved()` are the saved prefix its indexes cover
+//! (0 for a store with nothing saved, whose indexes then cover what is visible at the first
+//! decode step).
+
+use candle_core::{DType, Device, Tensor};
+use folio_kernels::attention::{attention_block, merge, Mask};
+use folio_kernels::select::HostRows;
+
+use crate::attention::AttnCall;
+use crate::error::{Error, Result};
+use crate::kv::{KvSegment, KvStore};
+
+/// A store's tier as [`KvStore::tier`] hands it out: the store itself, or a resident view of
+/// its segments made for the call.
+pub enum TierRef<'a> {
+    Store(&'a dyn DecodeTier),
+    Resident(Resident<'a>),
+}
+
+impl<'a> std::ops::Deref for TierRef<'a> {
+    type Target = dyn DecodeTier + 'a;
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Self::Store(tier) => *tier,
+            Self::Resident(view) => view,
+        }
+    }
+}
+
+/// See the module docs.
+pub trait DecodeTier {
+    fn kv_heads(&self) -> usize;
+    fn head_dim(&self) -> usize;
+    /// The compute device the tier hands its rows to.
+    fn device(&self) -> &Device;
+    /// Rows `0..saved()` are the saved prefix (what an index stored with it covers).
+    fn saved(&self) -> usize;
+    /// K and V rows `[rows, s, d]` of the positions `idx [rows, s]` (u32, `< end`) of each row's
+    /// KV head (`rows` is the query heads, or the KV heads for a pick shared by a group).
+    fn gather(&self, layer: usize, idx: &Tensor, end: usize) -> Result<(Tensor, Tensor)>;
+    /// K rows only, as [`DecodeTier::gather`] (a search scoring keys needs no values).
+    fn gather_keys(&self, layer: usize, idx: &Tensor, end: usize) -> Result<Tensor>;
+    /// Exact q·k `[q_heads, end]` (f32) of one query `q [q_heads, d]` against every key below
+    /// `end`: the exact top-k scan.
+    fn scores(&self, layer: usize, q: &Tensor, end: usize) -> Result<Tensor>;
+    /// Keys `[kv_heads, end - start, d]` of positions `start..end` on the device.
+    fn keys(&self, layer: usize, start: usize, end: usize) -> Result<Tensor>;
+    /// Keys of positions `0..end` in position order, in chunks `[kv_heads, c, d]`, for an index
+    /// build.
+    fn for_each_key_chunk(&self, layer: usize, end: usize, f: &mut dyn FnMut(&Tensor) -> Result<()>) -> Result<()>;
+    /// Exact attention of a call over every key it sees, in the query's dtype.
+    fn dense(&self, call: &AttnCall<'_>) -> Result<Tensor>;
+    /// A method reads every row of `layer` at each step (HiP's dense layers): keep them on the
+    /// compute device. Nothing to do where they already are.
+    fn keep_resident(&self, _layer: usize) -> Result<()> {
+        Ok(())
+    }
+    /// The saved rows in host memory, where the tier keeps them there: for a method whose paper
+    /// attends on the CPU (MagicPIG's sample).
+    fn host_rows(&self, _layer: usize) -> Option<(&HostRows, &HostRows)> {
+        None
+    }
+}
+
+/// Rows per chunk of a resident index build (bounds the f32 copies a build makes of them).
+const KEY_CHUNK: usize = 1 << 16;
+
+/// The resident tier of `store`: its segments on the compute device.
+pub struct Resident<'a> {
+    store: &'a dyn KvStore,
+    kv_heads: usize,
+    head_dim: usize,
+    device: &'a Device,
+}
+
+impl<'a> Resident<'a> {
+    /// The view a store of `kv_heads` × `head_dim` rows on `device` offers as its tier.
+    pub fn of(store: &'a dyn KvStore, kv_heads: usize, head_dim: usize, device: &'a Device) -> TierRef<'a> {
+        TierRef::Resident(Self { store, kv_heads, head_dim, device })
+    }
+}
+
+impl Resident<'_> {
+    fn segments(&self, layer: usize, end: usize) -> Result<Vec<KvSegment>> {
+        self.store.segments(layer, end)
+    }
+
+    /// Rows of one half (`k` or `v`) at `idx [rows, s]`: each segment's rows are gathered with
+    /// positions clamped into it and kept where the position falls in it.
+    fn pick(&self, layer: usize, idx: &Tensor, end: usize, values: bool) -> Result<Tensor> {
+        let (rows, s) = idx.dims2()?;
+        let group = rows / self.kv_heads;
+        let d = self.head_dim;
+        // The KV head of each row, as an offset into a segment's flattened [kv_heads · len] rows.
+        let heads: Vec<u32> = (0..rows).map(|r| (r / group) as u32).collect();
+        let head = Tensor::from_vec(heads, (rows, 1), idx.device())?;
+        let pos = idx.to_dtype(DType::F32)?;
+        let mut out: Option<Tensor> = None;
+        for seg in self.segments(layer, end)? {
+            let part = if values { &seg.v } else { &seg.k };
+            let len = part.dim(1)?;
+            if len == 0 {
+                continue;
+            }
+            let local = (&pos - seg.start as f64)?.clamp(0.0, (len - 1) as f64)?.to_dtype(DType::U32)?;
+            let flat = head.broadcast_mul(&Tensor::new(len as u32, idx.device())?)?.broadcast_add(&local)?;
+            let picked = part.reshape((self.kv_heads * len, d))?.index_select(&flat.flatten_all()?, 0)?;
+            let picked = picked.reshape((rows, s, d))?;
+            out = Some(match out {
+                None => picked,
+                Some(acc) => {
+                    let inside = pos.ge(seg.start as f64)?.unsqueeze(2)?.broadcast_as((rows, s, d))?;
+                    inside.where_cond(&picked, &acc)?
+                }
+            });
+        }
+        out.ok_or_else(|| Error::Invalid(format!("no rows stored for layer {layer}")))
+    }
+}
+
+impl DecodeTier for Resident<'_> {
+    fn kv_heads(&self) -> usize {
+        self.kv_heads
+    }
+
+    fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    fn device(&self) -> &Device {
+        self.device
+    }
+
+    fn saved(&self) -> usize {
+        self.store.saved_len()
+    }
+
+    fn gather(&self, layer: usize, idx: &Tensor, end: usize) -> Result<(Tensor, Tensor)> {
+        Ok((self.pick(layer, idx, end, false)?, self.pick(layer, idx, end, true)?))
+    }
+
+    fn gather_keys(&self, layer: usize, idx: &Tensor, end: usize) -> Result<Tensor> {
+        self.pick(layer, idx, end, false)
+    }
+
+    fn scores(&self, layer: usize, q: &Tensor, end: usize) -> Result<Tensor> {
+        let heads = q.dim(0)?;
+        let group = heads / self.kv_heads;
+        // [kv, group, d] @ [kv, d, len] -> [kv, group, len] -> [heads, len], per segment.
+        let qg = q.to_dtype(DType::F32)?.reshape((self.kv_heads, group, self.head_dim))?;
+        let parts = self
+            .segments(layer, end)?
+            .iter()
+            .map(|seg| {
+                let len = seg.k.dim(1)?;
+                Ok(qg.matmul(&seg.k.to_dtype(DType::F32)?.transpose(1, 2)?)?.reshape((heads, len))?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&parts, 1)?)
+    }
+
+    fn keys(&self, layer: usize, start: usize, end: usize) -> Result<Tensor> {
+        let parts = self
+            .segments(layer, end)?
+            .into_iter()
+            .filter_map(|seg| {
+                let len = seg.k.dim(1).ok()?;
+                let (a, b) = (start.max(seg.start), end.min(seg.start + len));
+                (b > a).then(|| seg.k.narrow(1, a - seg.start, b - a))
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        if parts.is_empty() {
+            return Err(Error::Invalid(format!("no keys {start}..{end} stored for layer {layer}")));
+        }
+        Ok(Tensor::cat(&parts, 1)?)
+    }
+
+    fn for_each_key_chunk(&self, layer: usize, end: usize, f: &mut dyn FnMut(&Tensor) -> Result<()>) -> Result<()> {
+        for start in (0..end).step_by(KEY_CHUNK) {
+            f(&self.keys(layer, start, (start + KEY_CHUNK).min(end))?)?;
+        }
+        Ok(())
+    }
+
+    fn dense(&self, call: &AttnCall<'_>) -> Result<Tensor> {
+        dense_over_segments(call)
+    }
+}
+
+/// Exact attention of a call over its store's segments, each segment's partial merged by LSE.
+pub(crate) fn dense_over_segments(call: &AttnCall<'_>) -> Result<Tensor> {
+    let t = call.q.dim(1)?;
+    let mask = Mask { q_offset: call.q_start, window: call.window };
+    let mut acc = None;
+    for seg in call.kv.segments(call.kv_layer, call.q_start + t)? {
+        let part = attention_block(call.q, &seg.k, &seg.v, seg.start, mask, call.scale)?;
+        acc = Some(match acc {
+            None => part,
+            Some(prev) => merge(&prev, &part)?,
+        });
+    }
+    let out = acc.ok_or_else(|| Error::Invalid(format!("no keys stored for layer {}", call.layer)))?;
+    Ok(out.out.to_dtype(call.q.dtype())?)
+}
