@@ -11,6 +11,8 @@
 #                              # every fixture's logits on CUDA vs CPU, and a CUDA chat; log to $OUT
 #   tools/gpu-smoke.sh kernels # there: only the hand-written kernels vs their references, and
 #                              # `folio bench kernels` (ratio to the limits measured in the run)
+#   tools/gpu-smoke.sh tiers   # there: both decode tiers' fast paths vs the CPU references on
+#                              # CUDA, then a chat per method on each tier over the samples
 #   tools/gpu-smoke.sh shape N M     # there: `folio bench --shape` at context N, methods M (hip:2048,…)
 #   tools/gpu-smoke.sh prefill S T [KV] # there: `folio bench prefill` of model/shape S, T tokens, 24 GiB cap
 #   tools/gpu-smoke.sh needle [L] [N]   # there: the demo model's needle eval, every offloaded method,
@@ -75,6 +77,39 @@ case "${1:-}" in
       echo "== folio bench kernels (Qwen2.5-7B attention shape, 1M-row K/V)"
       .gpu/folio bench kernels --device cuda
     } 2>&1 | tee "${OUT:-/tmp}/gpu-kernels.log"
+    ;;
+  tiers)
+    # The decode tiers (issue #15): every method's fast path, resident and offloaded, against its
+    # CPU reference on the GPU (the kernels first), then the samples context asked through the
+    # CLI with every method at its default budget, on each tier that runs it.
+    tar -C .gpu -xJf .gpu/bundle.tar.xz
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    {
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+      echo "== kernels vs their CPU references"
+      .gpu/kernels-attention --test-threads 1
+      .gpu/kernels-sparse --test-threads 1
+      .gpu/kernels-select --test-threads 1
+      echo "== every method's fast path on both tiers vs its reference (synthetic, then a demo-model context)"
+      .gpu/models-offload --test-threads 1 --nocapture
+      .gpu/models-context --test-threads 1 --nocapture offloaded_decode_matches_resident
+      echo "== the samples through the CLI, every method at its default budget, both tiers"
+      work=$(mktemp -d); cp -r assets/models/demo "$work/model"
+      .gpu/folio calibrate --model "$work/model" --device cuda --docs assets/samples --json >/dev/null
+      .gpu/folio prefill --model "$work/model" --device cuda --docs assets/samples --out "$work/s.folio" --json >/dev/null
+      # Each method on each tier the registry runs it on (`folio methods --json`).
+      pairs=$(.gpu/folio methods --json | python3 -c 'import json,sys
+for m in json.load(sys.stdin):
+    for tier in ("resident", "offloaded"):
+        if m[tier]["path"] != "none": print(m["name"], tier)')
+      while read -r m tier; do
+        flag=(); [ "$tier" = offloaded ] && flag=(--offload)
+        printf '%-16s %-9s ' "$m" "$tier"
+        .gpu/folio chat --context "$work/s.folio" --device cuda --method "$m" "${flag[@]}" --temperature 0 \
+          --max-tokens 12 --json "what is the secret code of amber falcon ?" \
+          | python3 -c 'import json,sys; d=json.load(sys.stdin); print("%r  first token %.3f s, %.0f tok/s" % (d["text"], d["first_token_seconds"], d["decode_tokens_per_second"] or 0))'
+      done <<< "$pairs"
+    } 2>&1 | tee "${OUT:-/tmp}/gpu-tiers.log"
     ;;
   shape)
     # folio bench --shape over one context length: `tools/gpu-smoke.sh shape <context> <methods>`,

@@ -35,7 +35,7 @@ fn fast_matches_reference(device: &Device) -> Result<()> {
         let q = random(&mut rng, q_heads * q_len * head_dim, spread);
         let k = random(&mut rng, kv_heads * kv_len * head_dim, spread);
         let v = random(&mut rng, kv_heads * kv_len * head_dim, 1.0);
-        let (ref_out, ref_lse) = reference::attention(&q, &k, &v, q_heads, kv_heads, head_dim, mask, scale);
+        let (ref_out, ref_lse) = reference::attention_block(&q, &k, &v, 0, q_heads, kv_heads, head_dim, mask, scale);
 
         let qt = Tensor::from_vec(q, (q_heads, q_len, head_dim), device)?;
         let kt = Tensor::from_vec(k, (kv_heads, kv_len, head_dim), device)?;
@@ -70,8 +70,8 @@ fn chunking_is_exact(device: &Device) -> Result<()> {
         let qt = Tensor::from_slice(&q, (q_heads, q_len, head_dim), device)?;
         let kt = Tensor::from_slice(&k, (kv_heads, kv_len, head_dim), device)?;
         let vt = Tensor::from_slice(&v, (kv_heads, kv_len, head_dim), device)?;
-        let got = attention::attention_with_limit(&qt, &kt, &vt, mask, 0.35, limit)?;
-        let (ref_out, ref_lse) = reference::attention(&q, &k, &v, q_heads, kv_heads, head_dim, mask, 0.35);
+        let got = attention::attention_block_with_limit(&qt, &kt, &vt, 0, mask, 0.35, limit)?;
+        let (ref_out, ref_lse) = reference::attention_block(&q, &k, &v, 0, q_heads, kv_heads, head_dim, mask, 0.35);
         let out = got.out.flatten_all()?.to_vec1::<f32>()?;
         let lse = got.lse.flatten_all()?.to_vec1::<f32>()?;
         assert!(max_abs_diff(&out, &ref_out) < tolerance(device), "seed {seed}, window {window:?}");
@@ -151,7 +151,7 @@ fn blocks_merge_exactly(device: &Device) -> Result<()> {
             parts.push(got);
         }
         let merged = attention::merge(&parts[0], &parts[1])?;
-        let (ro, rl) = reference::attention(&q, &k, &v, q_heads, kv_heads, head_dim, mask, 0.3);
+        let (ro, rl) = reference::attention_block(&q, &k, &v, 0, q_heads, kv_heads, head_dim, mask, 0.3);
         assert!(max_abs_diff(&merged.out.flatten_all()?.to_vec1::<f32>()?, &ro) < tolerance(device), "seed {seed}");
         assert!(
             max_abs_diff(&merged.lse.flatten_all()?.to_vec1::<f32>()?, &rl) < tolerance(device) * 10.0,

@@ -60,7 +60,7 @@ pub struct ShapeBenchArgs {
     context: usize,
     /// Methods, comma-separated, each as --method writes it (hip, hip:2048:refresh=16; without
     /// a budget, the method's default): each decodes over the same model and context in turn.
-    #[arg(long = "method", value_delimiter = ',', value_parser = crate::cli::parse_method, default_value = "dense")]
+    #[arg(long = "method", value_delimiter = ',', value_parser = crate::cli::parse_method, default_values_t = [MethodChoice::default()])]
     methods: Vec<MethodChoice>,
     /// Device memory this run may use, e.g. 24GiB (a consumer card); default: the whole device.
     #[arg(long)]

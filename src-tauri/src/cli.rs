@@ -94,7 +94,7 @@ pub struct MethodArgs {
     /// Attention method, its budget and knobs: METHOD[:BUDGET][:KEY=VALUE]..., e.g. hip,
     /// hip:2048, magicpig:2%:bits=9. Without a budget, the method's paper default. `folio methods`
     /// lists every method with its budget and knobs.
-    #[arg(long, default_value = "dense", value_parser = parse_method)]
+    #[arg(long, default_value_t = MethodChoice::default(), value_parser = parse_method)]
     pub(crate) method: MethodChoice,
 }
 

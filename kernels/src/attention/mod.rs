@@ -63,18 +63,6 @@ const MIN_KEY_BLOCK: usize = 4096;
 /// input dtype (scores and softmax in bf16 lose too much), with the score matrix bounded by
 /// [`MAX_SCORE_ELEMS_CPU`] / [`MAX_SCORE_ELEMS_GPU`].
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Mask, scale: f32) -> Result<AttnOutput> {
-    attention_with_limit(q, k, v, mask, scale, max_score_elems(q.device()))
-}
-
-/// [`attention`] with an explicit bound on the scores materialised at once.
-pub fn attention_with_limit(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: Mask,
-    scale: f32,
-    max_scores: usize,
-) -> Result<AttnOutput> {
     let (_, q_len, _) = q.dims3()?;
     let kv_len = k.dim(1)?;
     // Every query sees at least its own key: the keys must reach the last query's position.
@@ -85,7 +73,7 @@ pub fn attention_with_limit(
             mask.q_offset + q_len
         );
     }
-    attention_block_with_limit(q, k, v, 0, mask, scale, max_scores)
+    attention_block(q, k, v, 0, mask, scale)
 }
 
 /// Partial attention over one block of keys that sit at absolute positions

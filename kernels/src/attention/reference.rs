@@ -1,20 +1,5 @@
 use super::Mask;
 
-/// Attention over a whole sequence: [`attention_block`] with the keys starting at position 0.
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    q_heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    mask: Mask,
-    scale: f32,
-) -> (Vec<f32>, Vec<f32>) {
-    attention_block(q, k, v, 0, q_heads, kv_heads, head_dim, mask, scale)
-}
-
 /// Keys at positions `k_start..`; returns `(out [q_heads * q_len * head_dim], lse [q_heads * q_len])`,
 /// with output 0 and LSE `-inf` for a query that sees none of the keys.
 #[allow(clippy::too_many_arguments)]

@@ -28,9 +28,10 @@ use std::collections::HashMap;
 
 use super::cost::{per_kv_head, CostInput, StepCost};
 use super::fast;
+use super::registry::{budgeted, Budgeted};
 use super::select::{dot, query_rows, LayerRows, PerLayer};
 use super::{
-    Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Path, Read,
+    Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Read, Tiers,
 };
 use crate::error::{Error, Result};
 use crate::tier::DecodeTier;
@@ -45,11 +46,10 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
                  of the mean cache size, Folio's of the peak (sinks + window + threshold)",
     }),
     params: &PARAMS,
-    needs: Needs { calibration: false, index: None },
-    resident: Path::Fast,
-    offloaded: Path::Fast,
+    needs: Needs::NONE,
+    tiers: Tiers::FAST,
     cost,
-    build: |budget, params, _| Ok(Box::new(Buzz::new(super::params::required(budget)?, params))),
+    build: budgeted::<Buzz>,
 };
 
 /// The live cache (at most the budget) per KV head, read once for its group.
@@ -109,11 +109,13 @@ pub struct Buzz {
     caches: PerLayer<LayerCache>,
 }
 
-impl Buzz {
-    pub fn new(budget: Budget, params: Params) -> Self {
-        Self { budget, params, caches: PerLayer::new() }
+impl Budgeted for Buzz {
+    fn new(budget: Budget, params: Params) -> Result<Self> {
+        Ok(Self { budget, params, caches: PerLayer::new() })
     }
+}
 
+impl Buzz {
     /// (window, threshold) for a peak of `peak` tokens.
     pub fn sizes(&self, peak: usize) -> (usize, usize) {
         let sinks = self.params.usize("sinks");
@@ -303,7 +305,7 @@ mod tests {
         spec.steps = 300;
         let case = Case::generate(&spec, seed).unwrap();
         let kv = case.store().unwrap();
-        let buzz = Buzz::new(Budget::Tokens(120), Params::parse("buzz", &PARAMS, &[]).unwrap());
+        let buzz = Buzz::new(Budget::Tokens(120), Params::parse("buzz", &PARAMS, &[]).unwrap()).unwrap();
         let (w, t) = buzz.sizes(120);
         assert_eq!(4 + w + t, 120);
         for s in 0..case.queries.len() {
@@ -331,7 +333,7 @@ mod tests {
     fn a_conversation_ends_only_when_told() {
         let case = Case::generate(&Spec::mixed(300), rand::random()).unwrap();
         let kv = case.store().unwrap();
-        let buzz = Buzz::new(Budget::Tokens(64), Params::parse("buzz", &PARAMS, &[]).unwrap());
+        let buzz = Buzz::new(Budget::Tokens(64), Params::parse("buzz", &PARAMS, &[]).unwrap()).unwrap();
         let (first, second) = (case.call(0, &kv, (5, 8)), case.call(1, &kv, (5, 8)));
         assert_eq!(second.q_start, first.q_start + 1, "consecutive decode steps");
         buzz.attend(&first).unwrap();
@@ -351,7 +353,7 @@ mod tests {
         assert!(r.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-9), "{r:?}");
         // The spec's example: B = 512, k = 4, s = 5 → w = 95 (rounding down), and T fills the
         // peak: 413 (the spec's 412 is r·w rounded, one token under the peak).
-        let b = Buzz::new(Budget::Tokens(512), Params::parse("buzz", &PARAMS, &[]).unwrap());
+        let b = Buzz::new(Budget::Tokens(512), Params::parse("buzz", &PARAMS, &[]).unwrap()).unwrap();
         assert_eq!(b.sizes(512), (95, 413));
         assert_eq!(b.bound(512), 512);
     }

@@ -2,7 +2,7 @@
 //! against (docs/architecture.md).
 
 use super::cost::{CostInput, StepCost};
-use super::{Attended, Attention, AttnCall, Knobs, MethodSpec, Needs, Path};
+use super::{Attended, Attention, AttnCall, Knobs, MethodSpec, Needs, Tiers};
 use crate::error::Result;
 use crate::tier::dense_over_segments;
 
@@ -13,8 +13,7 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
     default_budget: None,
     params: &[],
     needs: Needs { calibration: false, index: None },
-    resident: Path::Fast,
-    offloaded: Path::Fast,
+    tiers: Tiers::FAST,
     cost,
     build: |_, _, _| Ok(Box::new(Dense)),
 };

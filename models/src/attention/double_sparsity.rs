@@ -29,7 +29,7 @@ use super::select::{
     SectionReader, SectionWriter,
 };
 use super::{
-    Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Path, Read,
+    Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Read, Tiers,
 };
 use crate::error::{Error, Result};
 use crate::kv::KvStore;
@@ -48,8 +48,7 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
         calibration: true,
         index: Some("a label cache: the context's keys at the outlier channels, quantized"),
     },
-    resident: Path::Fast,
-    offloaded: Path::Fast,
+    tiers: Tiers::FAST,
     cost,
     build: |budget, params, resources| {
         let channels = resources.channels.clone().ok_or_else(|| {

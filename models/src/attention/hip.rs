@@ -20,10 +20,11 @@ use candle_core::{DType, Device, Tensor};
 
 use super::cost::{CostInput, StepCost};
 use super::fast;
+use super::registry::Tiers;
+use super::registry::{budgeted, Budgeted};
 use super::select::{dot, query_rows, sparse_decode, visible, HeadPick, LayerRows, PerLayer};
 use super::{
-    Attended, Attention, AttnCall, Budget, DefaultBudget, Dense, Knobs, MethodSpec, Needs, ParamSpec, Params, Path,
-    Read,
+    Attended, Attention, AttnCall, Budget, DefaultBudget, Dense, Knobs, MethodSpec, Needs, ParamSpec, Params, Read,
 };
 use crate::error::Result;
 use crate::tier::DecodeTier;
@@ -38,11 +39,10 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
         source: "the paper's k = 512 (its default experiment settings: b_k = 2, k = 512, l_d = 3, r_m = 8)",
     }),
     params: &PARAMS,
-    needs: Needs { calibration: false, index: None },
-    resident: Path::Fast,
-    offloaded: Path::Fast,
+    needs: Needs::NONE,
+    tiers: Tiers::FAST,
     cost,
-    build: |budget, params, _| Ok(Box::new(Hip::new(super::params::required(budget)?, params))),
+    build: budgeted::<Hip>,
 };
 
 /// The dense leading layers are kept on the device and read whole; the others gather their
@@ -76,14 +76,7 @@ const PARAMS: [ParamSpec; 5] = [
         integer: true,
         doc: "first tokens always attended",
     },
-    ParamSpec {
-        name: "window",
-        default: 64.0,
-        min: 1.0,
-        max: 1_048_576.0,
-        integer: true,
-        doc: "most recent tokens always attended (the query's own at least), outside the budget",
-    },
+    super::params::RECENT_WINDOW,
     ParamSpec {
         name: "dense_layers",
         default: 3.0,
@@ -201,11 +194,13 @@ pub fn search_blocks_batched(
         .collect())
 }
 
-impl Hip {
-    pub fn new(budget: Budget, params: Params) -> Self {
-        Self { budget, params, masks: PerLayer::new() }
+impl Budgeted for Hip {
+    fn new(budget: Budget, params: Params) -> Result<Self> {
+        Ok(Self { budget, params, masks: PerLayer::new() })
     }
+}
 
+impl Hip {
     /// A fresh mask for one query head keeping `k` keys of `first..window_start`, and how
     /// many keys the search scored.
     fn build(

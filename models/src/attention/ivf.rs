@@ -21,6 +21,8 @@ use rand::seq::index::sample;
 use rand::SeedableRng;
 
 use super::cost::{CostInput, StepCost};
+use super::registry::Tiers;
+use super::registry::{budgeted, Budgeted};
 use super::select::{
     dot, index_base, query_rows, sparse_decode, top_positions, HeadPick, IndexSource, Indexes, LayerRows,
     SectionReader, SectionWriter,
@@ -37,13 +39,15 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
     default_budget: Some(DefaultBudget { budget: "1%", source: "exact top-k's default (the same paper, Table 1)" }),
     params: &PARAMS,
     needs: Needs { calibration: false, index: Some("inverted lists of the context's keys (k-means per KV head)") },
-    resident: Path::Reference("the lists are searched on the CPU over the resident layer"),
-    offloaded: Path::None(
-        "no offloaded fast path yet: the probed lists are scattered rows of every layer, which the \
-         offloaded tier would gather per step; use topk (exact scan) or resident",
-    ),
+    tiers: Tiers {
+        resident: Path::Reference("the lists are searched on the CPU over the resident layer"),
+        offloaded: Path::None(
+            "no offloaded fast path yet: the probed lists are scattered rows of every layer, which the \
+             offloaded tier would gather per step; use topk (exact scan) or resident",
+        ),
+    },
     cost,
-    build: |budget, params, _| Ok(Box::new(TopKIvf::new(super::params::required(budget)?, params))),
+    build: budgeted::<TopKIvf>,
 };
 
 /// What a fast path would move: the centroids and the probed lists' keys (searched per query
@@ -204,11 +208,13 @@ pub struct TopKIvf {
     index: Indexes<LayerIvf>,
 }
 
-impl TopKIvf {
-    pub fn new(budget: Budget, params: Params) -> Self {
-        Self { budget, params, index: Indexes::new() }
+impl Budgeted for TopKIvf {
+    fn new(budget: Budget, params: Params) -> Result<Self> {
+        Ok(Self { budget, params, index: Indexes::new() })
     }
+}
 
+impl TopKIvf {
     /// The lists cover the context before the window (`base`: the saved prefix, else what is
     /// visible at the first decode): their end, list count and section name.
     fn plan(&self, kv: &dyn KvStore, hi: usize) -> (usize, usize, String) {

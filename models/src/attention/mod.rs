@@ -48,7 +48,7 @@ pub use hip::Hip;
 pub use ivf::TopKIvf;
 pub use magicpig::MagicPig;
 pub use params::{parse_params, Budget, ParamSpec, Params};
-pub use registry::{by_name, names, spec, DefaultBudget, MethodChoice, MethodSpec, Needs, Path, Tier, REGISTRY};
+pub use registry::{by_name, names, spec, DefaultBudget, MethodChoice, MethodSpec, Needs, Path, Tier, Tiers, REGISTRY};
 pub use select::IndexSource;
 pub use streaming::Streaming;
 pub use topk::TopK;

@@ -135,6 +135,17 @@ impl Params {
     }
 }
 
+/// The recent window of the methods that keep it exact beside their sparse part (HiP,
+/// MagicPIG): the query's own token at least, outside the budget.
+pub(super) const RECENT_WINDOW: ParamSpec = ParamSpec {
+    name: "window",
+    default: 64.0,
+    min: 1.0,
+    max: 1_048_576.0,
+    integer: true,
+    doc: "most recent tokens attended exactly (the query's own at least), outside the budget",
+};
+
 /// Parses `key=value` items.
 pub fn parse_params(items: &[String]) -> Result<Vec<(String, String)>> {
     items

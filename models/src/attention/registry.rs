@@ -50,6 +50,18 @@ pub enum Path {
     None(&'static str),
 }
 
+/// How each tier runs a method.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Tiers {
+    pub resident: Path,
+    pub offloaded: Path,
+}
+
+impl Tiers {
+    /// A fast path on both tiers.
+    pub const FAST: Self = Self { resident: Path::Fast, offloaded: Path::Fast };
+}
+
 /// A method's budget when none is given, and where that number comes from.
 #[derive(Debug, serde::Serialize)]
 pub struct DefaultBudget {
@@ -67,6 +79,25 @@ pub struct Needs {
     pub index: Option<&'static str>,
 }
 
+impl Needs {
+    /// Nothing but its knobs.
+    pub const NONE: Self = Self { calibration: false, index: None };
+}
+
+/// A method made from a budget and its knobs alone (what most are).
+pub(super) trait Budgeted: Attention + Sized + 'static {
+    fn new(budget: Budget, params: Params) -> Result<Self>;
+}
+
+/// [`MethodSpec::build`] of a [`Budgeted`] method.
+pub(super) fn budgeted<M: Budgeted>(
+    budget: Option<Budget>,
+    params: Params,
+    _: &Resources,
+) -> Result<Box<dyn Attention>> {
+    Ok(Box::new(M::new(super::params::required(budget)?, params)?))
+}
+
 /// How the registry makes a method: from its budget (`None` only for a method without one)
 /// and its validated knobs.
 pub(super) type Build = fn(Option<Budget>, Params, &Resources) -> Result<Box<dyn Attention>>;
@@ -82,8 +113,8 @@ pub struct MethodSpec {
     pub default_budget: Option<DefaultBudget>,
     pub params: &'static [ParamSpec],
     pub needs: Needs,
-    pub resident: Path,
-    pub offloaded: Path,
+    #[serde(flatten)]
+    pub tiers: Tiers,
     /// The step's traffic at a shape, context and budget (`folio bench --shape`'s floor).
     #[serde(skip)]
     pub cost: fn(&CostInput<'_>) -> StepCost,
@@ -95,8 +126,8 @@ impl MethodSpec {
     /// How `tier` runs this method.
     pub fn path(&self, tier: Tier) -> Path {
         match tier {
-            Tier::Resident => self.resident,
-            Tier::Offloaded => self.offloaded,
+            Tier::Resident => self.tiers.resident,
+            Tier::Offloaded => self.tiers.offloaded,
         }
     }
 

@@ -6,9 +6,10 @@ use candle_core::Tensor;
 
 use super::cost::{per_kv_head, CostInput, StepCost};
 use super::fast;
+use super::registry::{budgeted, Budgeted};
 use super::select::{sparse_decode, visible, HeadPick};
 use super::{
-    Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Path, Read,
+    Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Read, Tiers,
 };
 use crate::error::Result;
 
@@ -22,11 +23,10 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
                  Folio's 1M-token benchmarks",
     }),
     params: &PARAMS,
-    needs: Needs { calibration: false, index: None },
-    resident: Path::Fast,
-    offloaded: Path::Fast,
+    needs: Needs::NONE,
+    tiers: Tiers::FAST,
     cost,
-    build: |budget, params, _| Ok(Box::new(Streaming::new(super::params::required(budget)?, params))),
+    build: budgeted::<Streaming>,
 };
 
 /// The same sinks and window for every head of a KV group.
@@ -48,11 +48,13 @@ pub struct Streaming {
     params: Params,
 }
 
-impl Streaming {
-    pub fn new(budget: Budget, params: Params) -> Self {
-        Self { budget, params }
+impl Budgeted for Streaming {
+    fn new(budget: Budget, params: Params) -> Result<Self> {
+        Ok(Self { budget, params })
     }
+}
 
+impl Streaming {
     /// The positions a query at `pos` reads, among the visible `lo..hi`.
     pub fn selection(&self, lo: usize, hi: usize) -> Vec<usize> {
         let n = self.budget.tokens(hi - lo);

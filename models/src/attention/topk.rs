@@ -11,9 +11,10 @@
 
 use super::cost::{CostInput, StepCost};
 use super::fast;
+use super::registry::{budgeted, Budgeted};
 use super::select::{dot, query_rows, sparse_decode, top_positions, visible, HeadPick};
 use super::{
-    Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Path, Read,
+    Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Read, Tiers,
 };
 use crate::error::Result;
 
@@ -27,11 +28,10 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
         source: "the paper: k ≈ 1% of the context reaches ≥ 95% of full attention's task performance (§4)",
     }),
     params: &PARAMS,
-    needs: Needs { calibration: false, index: None },
-    resident: Path::Fast,
-    offloaded: Path::Fast,
+    needs: Needs::NONE,
+    tiers: Tiers::FAST,
     cost,
-    build: |budget, params, _| Ok(Box::new(TopK::new(super::params::required(budget)?, params))),
+    build: budgeted::<TopK>,
 };
 
 /// The exact scan reads every key over the link; the picks bring their K and V per query head.
@@ -58,11 +58,13 @@ pub struct TopK {
     params: Params,
 }
 
-impl TopK {
-    pub fn new(budget: Budget, params: Params) -> Self {
-        Self { budget, params }
+impl Budgeted for TopK {
+    fn new(budget: Budget, params: Params) -> Result<Self> {
+        Ok(Self { budget, params })
     }
+}
 
+impl TopK {
     /// The sorted positions of the `k` largest `scores` (index = position - `lo`) plus the
     /// window `hi - window..hi`. Ties keep the earlier position.
     pub fn selection(&self, scores: &[f32], lo: usize, hi: usize) -> Vec<usize> {

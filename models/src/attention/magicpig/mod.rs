@@ -30,6 +30,8 @@ use rayon::prelude::*;
 
 use super::cost::{CostInput, StepCost};
 use super::fast;
+use super::registry::Tiers;
+use super::registry::{budgeted, Budgeted};
 use super::select::{dot, index_base, query_rows, sparse_decode, visible, HeadPick, IndexSource, Indexes, LayerRows};
 use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Dense, Knobs, MethodSpec, Needs, ParamSpec, Params, Path,
@@ -56,13 +58,15 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
         calibration: false,
         index: Some("SimHash tables of the context's keys (L tables of 2^K buckets per KV head)"),
     },
-    resident: Path::Reference(
-        "MagicPIG attends its sample on the CPU from host memory, as its paper does: that split needs the \
-         rows there (the offloaded tier); on the resident tier the reference runs",
-    ),
-    offloaded: Path::Fast,
+    tiers: Tiers {
+        resident: Path::Reference(
+            "MagicPIG attends its sample on the CPU from host memory, as its paper does: that split needs the \
+             rows there (the offloaded tier); on the resident tier the reference runs",
+        ),
+        offloaded: Path::Fast,
+    },
     cost,
-    build: |budget, params, _| Ok(Box::new(MagicPig::new(super::params::required(budget)?, params)?)),
+    build: budgeted::<MagicPig>,
 };
 
 /// The dense layers read every row over the link; the others gather their static part (sinks
@@ -100,14 +104,7 @@ const PARAMS: [ParamSpec; 6] = [
         doc: "L, hash tables, 2 or more (0: the fewest that reach the budget, Eq. 21)",
     },
     ParamSpec { name: "sinks", default: 4.0, min: 0.0, max: 1024.0, integer: true, doc: "first tokens kept exact" },
-    ParamSpec {
-        name: "window",
-        default: 64.0,
-        min: 1.0,
-        max: 1_048_576.0,
-        integer: true,
-        doc: "most recent tokens kept exact, the query's own at least (with everything after the indexed context)",
-    },
+    super::params::RECENT_WINDOW,
     ParamSpec {
         name: "dense_layers",
         default: 1.0,
@@ -164,8 +161,8 @@ pub struct MagicPig {
     index: Indexes<LayerIndex>,
 }
 
-impl MagicPig {
-    pub fn new(budget: Budget, params: Params) -> Result<Self> {
+impl Budgeted for MagicPig {
+    fn new(budget: Budget, params: Params) -> Result<Self> {
         if params.usize("tables") == 1 {
             return Err(Error::Invalid(
                 "magicpig samples keys that collide in at least 2 tables: give tables=0 (from the budget) or 2..=1024"
@@ -174,7 +171,9 @@ impl MagicPig {
         }
         Ok(Self { budget, params, index: Indexes::new() })
     }
+}
 
+impl MagicPig {
     fn dense_layer(&self, layer: usize, layers: usize) -> bool {
         self.params.usize("dense_layers") == 1 && (layer == 0 || layer == layers / 2)
     }
