@@ -371,7 +371,8 @@ impl DecodeTier for OffloadKv {
         self.copy_resident(layer)
     }
 
+    /// `None` with nothing saved: every row is then the device tail's.
     fn host_rows(&self, layer: usize) -> Option<(&HostRows, &HostRows)> {
-        self.host.get(layer).map(|(k, v)| (k, v))
+        self.host.get(layer).filter(|_| self.saved > 0).map(|(k, v)| (k, v))
     }
 }

@@ -12,8 +12,9 @@
 //! turn left in the store, so only the new turn is computed — the common prefix of what is held
 //! and what the conversation renders to is kept, the rest recomputed. That makes forks and
 //! reopened conversations work the same way: they render to another prefix and the store is cut
-//! back to where they agree. What is held is what the turn's prompt pass computed (densely, as
-//! every method runs a multi-token call), plus, for dense attention, the answer's rows; a sparse
+//! back to where they agree. What is held is what the turn's prompt pass computed (densely for
+//! every method but BUZZ, whose cache starts afresh each turn), plus, for dense attention, the
+//! answer's rows; a sparse
 //! method's answer rows came from its sparse steps, and a rebuilt conversation (a reopened file,
 //! the CLI's `--continue`) would compute them densely, so they are recomputed with the next turn
 //! instead. Another method recomputes the conversation's turns (never the documents). So an
@@ -254,6 +255,9 @@ impl Session {
         let spans: Vec<(usize, usize)> =
             self.context().map(|f| f.documents().iter().map(|d| (d.start, d.end)).collect()).unwrap_or_default();
         let attn = self.method.as_deref().ok_or_else(|| Error::Invalid("no attention method".into()))?;
+        // A turn starts the method's conversation state afresh (BUZZ's cache), as a rebuilt
+        // conversation does: the turns it kept are recomputed by the prompt pass.
+        attn.end_conversation();
         let tally = ReadTally::new(attn, spans);
         let engine = &self.engine;
         let before = started.elapsed().as_secs_f64();

@@ -75,7 +75,7 @@ pub trait DecodeTier {
     }
 }
 
-/// Rows per chunk of a resident index build (bounds the f32 copies a build makes of them).
+/// Rows per chunk of a resident scan or index build (bounds the f32 copies made of them).
 const KEY_CHUNK: usize = 1 << 16;
 
 /// The resident tier of `store`: its segments on the compute device.
@@ -98,27 +98,31 @@ impl Resident<'_> {
         self.store.segments(layer, end)
     }
 
-    /// Rows of one half (`k` or `v`) at `idx [rows, s]`: each segment's rows are gathered with
-    /// positions clamped into it and kept where the position falls in it.
-    fn pick(&self, layer: usize, idx: &Tensor, end: usize, values: bool) -> Result<Tensor> {
+    /// K (or V) rows `[rows, s, d]` at `idx [rows, s]` from `segs`: per segment and KV head, the
+    /// group's positions (clamped into the segment) select from the head's rows — a contiguous
+    /// view of the store, so nothing is copied but the picks — and each position keeps the
+    /// segment it falls in. Positions are exact in f32 below 2^24 (16.7M tokens).
+    fn pick(&self, segs: &[KvSegment], idx: &Tensor, values: bool) -> Result<Tensor> {
         let (rows, s) = idx.dims2()?;
         let group = rows / self.kv_heads;
+        debug_assert!(group >= 1 && rows % self.kv_heads == 0, "{rows} rows over {} KV heads", self.kv_heads);
         let d = self.head_dim;
-        // The KV head of each row, as an offset into a segment's flattened [kv_heads · len] rows.
-        let heads: Vec<u32> = (0..rows).map(|r| (r / group) as u32).collect();
-        let head = Tensor::from_vec(heads, (rows, 1), idx.device())?;
         let pos = idx.to_dtype(DType::F32)?;
         let mut out: Option<Tensor> = None;
-        for seg in self.segments(layer, end)? {
+        for seg in segs {
             let part = if values { &seg.v } else { &seg.k };
             let len = part.dim(1)?;
             if len == 0 {
                 continue;
             }
             let local = (&pos - seg.start as f64)?.clamp(0.0, (len - 1) as f64)?.to_dtype(DType::U32)?;
-            let flat = head.broadcast_mul(&Tensor::new(len as u32, idx.device())?)?.broadcast_add(&local)?;
-            let picked = part.reshape((self.kv_heads * len, d))?.index_select(&flat.flatten_all()?, 0)?;
-            let picked = picked.reshape((rows, s, d))?;
+            let heads = (0..self.kv_heads)
+                .map(|h| {
+                    let wanted = local.narrow(0, h * group, group)?.flatten_all()?;
+                    Ok(part.get(h)?.index_select(&wanted, 0)?.reshape((group, s, d))?)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let picked = Tensor::cat(&heads, 0)?;
             out = Some(match out {
                 None => picked,
                 Some(acc) => {
@@ -127,7 +131,7 @@ impl Resident<'_> {
                 }
             });
         }
-        out.ok_or_else(|| Error::Invalid(format!("no rows stored for layer {layer}")))
+        out.ok_or_else(|| Error::Invalid("no rows stored to gather from".into()))
     }
 }
 
@@ -149,26 +153,29 @@ impl DecodeTier for Resident<'_> {
     }
 
     fn gather(&self, layer: usize, idx: &Tensor, end: usize) -> Result<(Tensor, Tensor)> {
-        Ok((self.pick(layer, idx, end, false)?, self.pick(layer, idx, end, true)?))
+        let segs = self.segments(layer, end)?;
+        Ok((self.pick(&segs, idx, false)?, self.pick(&segs, idx, true)?))
     }
 
     fn gather_keys(&self, layer: usize, idx: &Tensor, end: usize) -> Result<Tensor> {
-        self.pick(layer, idx, end, false)
+        self.pick(&self.segments(layer, end)?, idx, false)
     }
 
+    /// Per segment, a [`KEY_CHUNK`] of keys at a time, so the f32 copy stays one chunk large.
     fn scores(&self, layer: usize, q: &Tensor, end: usize) -> Result<Tensor> {
         let heads = q.dim(0)?;
         let group = heads / self.kv_heads;
-        // [kv, group, d] @ [kv, d, len] -> [kv, group, len] -> [heads, len], per segment.
+        // [kv, group, d] @ [kv, d, c] -> [kv, group, c] -> [heads, c].
         let qg = q.to_dtype(DType::F32)?.reshape((self.kv_heads, group, self.head_dim))?;
-        let parts = self
-            .segments(layer, end)?
-            .iter()
-            .map(|seg| {
-                let len = seg.k.dim(1)?;
-                Ok(qg.matmul(&seg.k.to_dtype(DType::F32)?.transpose(1, 2)?)?.reshape((heads, len))?)
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let mut parts = Vec::new();
+        for seg in self.segments(layer, end)? {
+            let len = seg.k.dim(1)?;
+            for start in (0..len).step_by(KEY_CHUNK) {
+                let k = seg.k.narrow(1, start, KEY_CHUNK.min(len - start))?;
+                let c = k.dim(1)?;
+                parts.push(qg.matmul(&k.to_dtype(DType::F32)?.transpose(1, 2)?)?.reshape((heads, c))?);
+            }
+        }
         Ok(Tensor::cat(&parts, 1)?)
     }
 

@@ -19,7 +19,8 @@
 //! question's rows, attended densely over the whole context, then evicted down to the bound
 //! at once — the spec's "Remark 2" mode); keys keep their absolute positions (the file holds
 //! post-RoPE keys), not the authors' slot-index re-rotation. Evicted tokens are gone for the
-//! rest of that conversation; the context file keeps them. Eviction runs until the bound holds
+//! rest of the turn; the context file keeps them (a session starts each turn's cache afresh
+//! from it, as a rebuilt conversation does). Eviction runs until the bound holds
 //! (Remark 2), not once per forward as the authors' code; a long question is evicted at once.
 
 use candle_core::{Device, Tensor};
@@ -233,9 +234,11 @@ impl Attention for Buzz {
         Knobs::of(&SPEC, &self.budget, &self.params)
     }
 
-    /// Keeps a conversation's cache: the next turn continues its positions and sees only the
-    /// compressed history (the paper's setting); a call that does not continue them (a new
-    /// conversation, a reopened context) starts afresh in [`Attention::attend`].
+    /// Keeps a conversation's cache for a caller that generates again on the same store: the
+    /// next turn continues its positions and sees only the compressed history (the paper's
+    /// setting); a call that does not continue them starts afresh in [`Attention::attend`].
+    /// A session ends the conversation at each turn instead, so a turn answers as a rebuilt
+    /// conversation does.
     fn reset(&self) {}
 
     fn end_conversation(&self) {
