@@ -14,9 +14,15 @@ fn reference(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(fixture(name).join("reference.json")).unwrap()).unwrap()
 }
 
+/// The library these runs register contexts in (`folio prefill` lists what it makes): one per
+/// test process, never the user's.
+fn test_home() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("home-{}", std::process::id()))
+}
+
 fn folio(args: &[&str], env: &[(&str, &Path)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_folio"));
-    cmd.args(args).env_remove("HF_HUB_OFFLINE");
+    cmd.args(args).env_remove("HF_HUB_OFFLINE").env("FOLIO_HOME", test_home());
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -17,9 +17,15 @@ fn demo() -> String {
     root().join("assets/models/demo").display().to_string()
 }
 
+/// The library these runs register contexts in (`folio prefill` lists what it makes): one per
+/// test process, never the user's.
+fn test_home() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("home-{}", std::process::id()))
+}
+
 fn folio_cmd(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_folio"));
-    cmd.args(args).args(["--device", "cpu"]);
+    cmd.args(args).args(["--device", "cpu"]).env("FOLIO_HOME", test_home());
     cmd
 }
 
@@ -289,6 +295,12 @@ fn killed_prefill_resumes_to_an_identical_file() {
         }
     }
     assert!(landed >= 3, "only {landed} of 4 kills landed before the prefill finished");
+    // The library lists it where it stopped.
+    let listed = ok_json(folio(&["library", "show", &op, "--json"]));
+    assert_eq!(
+        (listed["context"]["status"].as_str(), listed["context"]["layers_done"].as_u64()),
+        (Some("paused"), Some(3))
+    );
     // A rerun that does not match (another K/V dtype) is refused and leaves the progress alone.
     let mut other = args.to_vec();
     other.extend(["--kv-dtype", "fp8"]);
@@ -298,6 +310,7 @@ fn killed_prefill_resumes_to_an_identical_file() {
     let resumed = ok_json(folio(&args));
     assert_eq!(resumed["report"]["resumed_layers"], 3, "the last kill was in layer 3: {resumed}");
     assert!(!partial.exists(), "the partial folder is removed after success");
+    assert_eq!(ok_json(folio(&["library", "show", &op, "--json"]))["context"]["status"], "ready");
     assert!(
         std::fs::read(&whole).unwrap() == std::fs::read(&out).unwrap(),
         "resumed file differs from the uninterrupted one"

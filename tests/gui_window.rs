@@ -70,6 +70,7 @@ fn desktop_window_renders_the_ui() {
     let log = std::env::temp_dir().join(format!("folio-gui-{n}.log"));
     let app = Command::new(env!("CARGO_BIN_EXE_folio"))
         .args(["--device", "cpu"])
+        .env("FOLIO_HOME", PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("home-{}", std::process::id())))
         .env("DISPLAY", &display)
         .env("WEBKIT_DISABLE_COMPOSITING_MODE", "1")
         .env("LIBGL_ALWAYS_SOFTWARE", "1")

@@ -20,7 +20,12 @@ fn root() -> PathBuf {
 }
 
 fn folio(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_folio")).args(args).args(["--device", "cpu"]).output().expect("run folio")
+    Command::new(env!("CARGO_BIN_EXE_folio"))
+        .args(args)
+        .args(["--device", "cpu"])
+        .env("FOLIO_HOME", Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("home-{}", std::process::id())))
+        .output()
+        .expect("run folio")
 }
 
 fn ok_json(out: Output) -> Value {

@@ -18,6 +18,7 @@ use serde_json::json;
 
 use crate::cli::Common;
 use crate::ingest;
+use crate::library_cmd::Registrar;
 
 #[derive(Args)]
 pub struct PrefillArgs {
@@ -41,6 +42,9 @@ pub struct PrefillArgs {
     /// Discard an interrupted prefill of the same output instead of refusing.
     #[arg(long)]
     restart: bool,
+    /// Do not list the context in the library (`folio library`).
+    #[arg(long)]
+    no_library: bool,
     #[arg(long)]
     json: bool,
 }
@@ -68,7 +72,11 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     let opts = BuildOptions { kv_dtype, memory_budget, restart: a.restart };
     let stop = ctrl_c_flag();
     let bar = progress_bar(a.json);
+    let mut library = if a.no_library { None } else { Registrar::open(&a.out) };
     let mut on_progress = |p: &Progress| {
+        if let Some(lib) = library.as_mut() {
+            lib.started();
+        }
         if let Some(bar) = &bar {
             bar.set_position((p.fraction * 1000.0) as u64);
             let eta = p.eta_s.map_or(String::new(), |s| format!(", ETA {}", human_secs(s)));
@@ -87,7 +95,11 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
             ControlFlow::Continue(())
         }
     };
-    let report = context::build(&engine.model, engine.stamp()?, &plan, &a.out, &opts, &mut on_progress)?;
+    let report = context::build(&engine.model, engine.stamp()?, &plan, &a.out, &opts, &mut on_progress);
+    if let Some(lib) = library {
+        lib.finished();
+    }
+    let report = report?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }

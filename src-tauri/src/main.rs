@@ -17,6 +17,7 @@ mod eval_attention;
 #[cfg(feature = "gui")]
 mod gui;
 mod ingest;
+mod library_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -46,6 +47,9 @@ enum Command {
     /// Inspect context files.
     #[command(subcommand)]
     Context(context_cmd::ContextCommand),
+    /// The library of contexts the window shows (FOLIO_HOME, else the platform's data folder).
+    #[command(subcommand)]
+    Library(library_cmd::LibraryCommand),
     /// Benchmarks that print figures with their ratio to the hardware limit: `--shape` (decode
     /// over an offloaded context with a real model's shape), `prefill`, `kernels`.
     Bench(bench::BenchArgs),
@@ -72,6 +76,7 @@ fn main() {
                 Command::Chat(a) => cli::chat(&common, a),
                 Command::Prefill(a) => context_cmd::prefill(&common, a),
                 Command::Context(c) => context_cmd::context(&common, c),
+                Command::Library(c) => library_cmd::library(c),
                 Command::Bench(b) => bench::bench(&common, b),
                 Command::Perplexity(a) => cli::perplexity(&common, a),
                 Command::Info(a) => cli::info(&common, a),

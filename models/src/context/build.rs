@@ -127,8 +127,70 @@ pub fn partial_dir(out: &Path) -> PathBuf {
 
 /// The `date_string` of an interrupted prefill of `out`, so a resume renders the same prompt.
 pub fn pending_date(out: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(partial_dir(out).join("checkpoint.json")).ok()?;
-    Some(serde_json::from_str::<Checkpoint>(&text).ok()?.job.prompt.date)
+    Some(read_checkpoint(&partial_dir(out).join("checkpoint.json")).ok()??.job.prompt.date)
+}
+
+/// An interrupted or running prefill of an output, as its partial folder tells: what the
+/// library lists as "prefilling" or "paused at layer N" (resumed by running the same prefill).
+#[derive(Debug, Clone)]
+pub struct Pending {
+    /// The file the prefill writes (its K/V checksums blank until the end).
+    pub header: Header,
+    pub documents: Vec<super::format::DocumentSpan>,
+    pub layers_done: usize,
+    /// A process holds the folder's lock: the prefill is running now.
+    pub running: bool,
+    /// When the checkpoint was last written.
+    pub updated: std::time::SystemTime,
+}
+
+/// Tries to take a partial folder's lock a few times: [`pending`] holds it for an instant to
+/// tell whether a prefill runs, which must not make a starting prefill give up.
+fn take_lock(lock: &File) -> bool {
+    const TRIES: u32 = 20;
+    const PAUSE: std::time::Duration = std::time::Duration::from_millis(25);
+    for _ in 0..TRIES {
+        if <File as fs4::FileExt>::try_lock(lock).is_ok() {
+            return true;
+        }
+        std::thread::sleep(PAUSE);
+    }
+    false
+}
+
+/// The prefill of `out` waiting in (or running in) its partial folder, if there is one with a
+/// checkpoint this version reads. Reads the checkpoint and the spans already written to the
+/// future file (a few kilobytes), never the K/V.
+pub fn pending(out: &Path) -> Result<Option<Pending>> {
+    let dir = partial_dir(out);
+    let cp_path = dir.join("checkpoint.json");
+    let Some(cp) = read_checkpoint(&cp_path)? else { return Ok(None) };
+    let updated = std::fs::metadata(&cp_path).and_then(|m| m.modified()).map_err(|e| Error::io(&cp_path, e))?;
+    let running = match File::open(dir.join("lock")) {
+        Ok(lock) => {
+            let free = <File as fs4::FileExt>::try_lock_shared(&lock).is_ok();
+            if free {
+                let _ = <File as fs4::FileExt>::unlock(&lock);
+            }
+            !free
+        }
+        Err(_) => false,
+    };
+    let tmp = dir.join("context.tmp");
+    let spans = cp.job.section(SectionKind::Documents, None).zip(cp.checksums.get(1));
+    let documents = match (spans, open_if_present(&tmp)?) {
+        (Some((s, want)), Some(file)) => {
+            let mut bytes = vec![0u8; s.bytes as usize];
+            file.read_exact_at(&mut bytes, s.offset).map_err(|e| Error::io(&tmp, e))?;
+            if &checksum(&bytes) != want {
+                return Err(Error::Context { path: tmp, msg: "the document table is corrupted".into() });
+            }
+            serde_json::from_slice(&bytes)
+                .map_err(|e| Error::Context { path: tmp, msg: format!("the document table is unreadable: {e}") })?
+        }
+        _ => Vec::new(),
+    };
+    Ok(Some(Pending { header: cp.job, documents, layers_done: cp.layers_done, running, updated }))
 }
 
 /// Prefills `plan` with `model` into the context file `out`. See the module docs.
@@ -161,7 +223,7 @@ pub fn build(
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     let lock_path = dir.join("lock");
     let lock = File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
-    if <File as fs4::FileExt>::try_lock(&lock).is_err() {
+    if !take_lock(&lock) {
         return Err(Error::Invalid(format!("another folio prefill is writing {} right now", out.display())));
     }
     let mut job_run =

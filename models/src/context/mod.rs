@@ -15,7 +15,9 @@ pub mod format;
 pub mod kv;
 pub mod prompt;
 
-pub use build::{build, partial_dir, pending_date, write_atomic, BuildOptions, BuildReport, Progress, StageSeconds};
+pub use build::{
+    build, partial_dir, pending, pending_date, write_atomic, BuildOptions, BuildReport, Pending, Progress, StageSeconds,
+};
 pub use codec::KvDtype;
 pub use file::{ContextFile, VerifyReport};
 pub use format::{DocumentSpan, Fingerprint, Header, ModelStamp};

@@ -1,0 +1,280 @@
+//! The library over a real SQLite file and real context files made by the demo model:
+//! migrations from empty, statuses that follow the files (ready, paused, prefilling, damaged,
+//! missing), a rebuild from the files equal to the library that made them, and the errors of a
+//! damaged, locked or newer database.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use candle_core::{DType, Device};
+use folio_library::{ContextInfo, Error, Library, Status};
+use folio_models::context::{self, BuildOptions, DocumentText, KvDtype};
+use folio_models::Engine;
+
+fn engine() -> Engine {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/models/demo");
+    Engine::load(demo.to_str().unwrap(), &Device::Cpu, DType::F32).unwrap()
+}
+
+fn document(title: &str, text: &str) -> DocumentText {
+    DocumentText {
+        title: title.into(),
+        path: format!("/docs/{title}"),
+        text: text.into(),
+        bytes: text.len() as u64,
+        xxh3: context::format::checksum(text.as_bytes()),
+    }
+}
+
+fn docs() -> Vec<DocumentText> {
+    vec![
+        document("notes.md", "the secret code of amber falcon is 4 1 7 ."),
+        document("records.txt", "the access code of cobalt heron is 9 9 2 ."),
+    ]
+}
+
+/// Prefills `docs` into `out`; with `stop_after`, cancels once that many layers are done.
+fn prefill(e: &Engine, docs: &[DocumentText], out: &Path, stop_after: Option<usize>) {
+    let plan = e.plan_context(docs, None, Some("25 Nov 2026".into())).unwrap();
+    let opts = BuildOptions { kv_dtype: KvDtype::Bf16, memory_budget: None, restart: false };
+    let mut on_progress = |p: &context::Progress| match stop_after {
+        Some(n) if p.layer >= n => ControlFlow::Break(()),
+        _ => ControlFlow::Continue(()),
+    };
+    let result = context::build(&e.model, e.stamp().unwrap(), &plan, out, &opts, &mut on_progress);
+    assert_eq!(result.is_ok(), stop_after.is_none(), "{:?}", result.err());
+}
+
+/// A context's row without its id (which depends on the order rows were added).
+fn described(c: &ContextInfo) -> ContextInfo {
+    ContextInfo { id: 0, ..c.clone() }
+}
+
+#[tokio::test]
+async fn a_new_library_is_migrated_with_wal_and_foreign_keys() {
+    let home = tempfile::tempdir().unwrap();
+    let lib = Library::open(home.path()).await.unwrap();
+    assert!(lib.database().is_file());
+    assert!(lib.contexts().await.unwrap().is_empty());
+    lib.set_setting("attention", &serde_json::json!({"method": "hip"})).await.unwrap();
+    lib.close().await;
+    // Reopening runs no migration again and keeps what was written.
+    let lib = Library::open(home.path()).await.unwrap();
+    assert_eq!(lib.setting("attention").await.unwrap(), Some(serde_json::json!({"method": "hip"})));
+    assert_eq!(lib.setting("never set").await.unwrap(), None);
+    lib.close().await;
+
+    let url = format!("sqlite://{}", home.path().join(folio_library::DATABASE_FILE).display());
+    let raw = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(&raw).await.unwrap();
+    assert_eq!(mode, "wal");
+    let migrations: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations").fetch_one(&raw).await.unwrap();
+    assert_eq!(migrations, 1);
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE '\\_%' ESCAPE '\\' ORDER BY name",
+    )
+    .fetch_all(&raw)
+    .await
+    .unwrap();
+    assert_eq!(tables, ["chats", "contexts", "documents", "messages", "models", "settings"]);
+}
+
+#[tokio::test]
+async fn contexts_follow_their_files() {
+    let (home, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let e = engine();
+    let out = dir.path().join("notes.folio");
+    prefill(&e, &docs(), &out, None);
+    let lib = Library::open(home.path()).await.unwrap();
+    let c = lib.add_context(&out).await.unwrap();
+    let file = context::ContextFile::open(&out).unwrap();
+    assert_eq!((c.name.as_str(), c.status, c.problem.as_deref()), ("notes", Status::Ready, None));
+    assert_eq!((c.tokens, c.layers_done, c.documents), (file.tokens().len() as u64, c.layers, 2));
+    assert_eq!((c.file_bytes, c.kv_dtype.as_str()), (file.header().file_bytes, "bf16"));
+    assert_eq!((c.model.name.as_str(), c.model.architecture.as_str()), ("demo", "llama"));
+    let docs = lib.documents(c.id).await.unwrap();
+    let spans: Vec<_> = docs.iter().map(|d| (d.title.as_str(), d.kind.as_str(), d.token_start, d.token_end)).collect();
+    let want: Vec<_> = file
+        .documents()
+        .iter()
+        .zip(["md", "txt"])
+        .map(|(d, kind)| (d.title.as_str(), kind, d.start as u64, d.end as u64))
+        .collect();
+    assert_eq!(spans, want);
+    drop(file);
+    assert_eq!(lib.find(&c.id.to_string()).await.unwrap(), c.id);
+    assert_eq!(lib.find(out.to_str().unwrap()).await.unwrap(), c.id);
+    assert!(lib.find("42").await.unwrap_err().to_string().contains("folio library list"));
+
+    // Moved behind the library's back: missing; back: ready again.
+    let moved = dir.path().join("elsewhere.bin");
+    std::fs::rename(&out, &moved).unwrap();
+    assert_eq!(lib.context(c.id).await.unwrap().status, Status::Missing);
+    std::fs::rename(&moved, &out).unwrap();
+    assert_eq!(lib.context(c.id).await.unwrap().status, Status::Ready);
+
+    // A damaged header: damaged, with the reader's reason.
+    let good = std::fs::read(&out).unwrap();
+    let mut bad = good.clone();
+    bad[40] ^= 0xff;
+    std::fs::write(&out, &bad).unwrap();
+    let damaged = lib.context(c.id).await.unwrap();
+    assert_eq!(damaged.status, Status::Damaged);
+    assert!(damaged.problem.as_deref().unwrap().contains("header is corrupted"), "{damaged:?}");
+    std::fs::write(&out, &good).unwrap();
+    assert_eq!(lib.context(c.id).await.unwrap().status, Status::Ready);
+
+    // Rename renames the file; remove keeps it unless asked.
+    let renamed = lib.rename_context(c.id, "amber and cobalt").await.unwrap();
+    assert_eq!(renamed.path, dir.path().join("amber and cobalt.folio"));
+    assert!(renamed.path.is_file() && !out.exists());
+    for bad_name in ["", "a/b", ".hidden"] {
+        assert!(matches!(lib.rename_context(c.id, bad_name).await, Err(Error::Refused(_))), "{bad_name:?}");
+    }
+    lib.remove_context(c.id, false).await.unwrap();
+    assert!(lib.contexts().await.unwrap().is_empty() && renamed.path.is_file());
+    let again = lib.add_context(&renamed.path).await.unwrap();
+    lib.remove_context(again.id, true).await.unwrap();
+    assert!(!renamed.path.exists());
+    assert!(lib.add_context(&renamed.path).await.unwrap_err().to_string().contains("no context file or prefill"));
+}
+
+#[tokio::test]
+async fn an_interrupted_prefill_is_listed_paused_and_a_running_one_prefilling() {
+    let (home, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let e = engine();
+    let out = dir.path().join("big.folio");
+    prefill(&e, &docs(), &out, Some(1));
+    let lib = Library::open(home.path()).await.unwrap();
+    let c = lib.add_context(&out).await.unwrap();
+    assert_eq!((c.status, c.layers_done, c.documents), (Status::Paused, 1, 2), "{c:?}");
+    assert!(c.layers > 1);
+
+    // A process holding the partial folder's lock is a prefill running now.
+    let lock = std::fs::File::open(context::partial_dir(&out).join("lock")).unwrap();
+    <std::fs::File as fs4::FileExt>::lock(&lock).unwrap();
+    assert_eq!(lib.context(c.id).await.unwrap().status, Status::Prefilling);
+    assert!(matches!(lib.remove_context(c.id, true).await, Err(Error::Refused(_))));
+    drop(lock);
+
+    // Resumed to the end: ready, same row.
+    prefill(&e, &docs(), &out, None);
+    let done = lib.context(c.id).await.unwrap();
+    assert_eq!((done.status, done.layers_done), (Status::Ready, done.layers));
+}
+
+#[tokio::test]
+async fn rebuild_from_the_files_equals_the_library_that_made_them() {
+    let (made, rebuilt, dir) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let e = engine();
+    let paths = [dir.path().join("a.folio"), dir.path().join("b.folio"), dir.path().join("c.folio")];
+    prefill(&e, &docs(), &paths[0], None);
+    prefill(&e, &docs()[..1], &paths[1], None);
+    prefill(&e, &docs()[1..], &paths[2], Some(1));
+    std::fs::write(dir.path().join("notes.txt"), "not a context").unwrap();
+    std::fs::write(dir.path().join("broken.folio"), b"FOLIOCTX and then nothing").unwrap();
+
+    let a = Library::open(made.path()).await.unwrap();
+    // Added in another order than the rebuild's (sorted by path).
+    for p in paths.iter().rev() {
+        a.add_context(p).await.unwrap();
+    }
+    let b = Library::open(rebuilt.path()).await.unwrap();
+    let report = b.rebuild(&[dir.path().to_owned()]).await.unwrap();
+    assert_eq!(report.added.len(), 3);
+    assert_eq!(report.skipped.len(), 1, "{report:?}");
+    assert!(
+        report.skipped[0].0.ends_with("broken.folio") && report.skipped[0].1.contains("not a Folio context file"),
+        "{report:?}"
+    );
+
+    let (from_a, from_b) = (a.contexts().await.unwrap(), b.contexts().await.unwrap());
+    let described = |cs: &[ContextInfo]| {
+        let mut v: Vec<ContextInfo> = cs.iter().map(described).collect();
+        v.sort_by(|x, y| x.path.cmp(&y.path));
+        v
+    };
+    assert_eq!(described(&from_a), described(&from_b));
+    for (x, y) in from_a.iter().zip(&from_b) {
+        let (dx, dy) = (
+            a.documents(x.id).await.unwrap(),
+            b.documents(b.find(x.path.to_str().unwrap()).await.unwrap()).await.unwrap(),
+        );
+        assert_eq!(dx, dy, "{:?} vs {:?}", x.path, y.path);
+    }
+
+    // A second rebuild refreshes; a file deleted since is reported missing.
+    std::fs::remove_file(&paths[1]).unwrap();
+    let report = b.rebuild(&[dir.path().to_owned()]).await.unwrap();
+    assert_eq!((report.added.len(), report.refreshed.len()), (0, 2));
+    assert_eq!(report.missing, [paths[1].clone()]);
+}
+
+#[tokio::test]
+async fn a_damaged_database_is_refused_then_set_aside_by_rebuild() {
+    let home = tempfile::tempdir().unwrap();
+    let db = home.path().join(folio_library::DATABASE_FILE);
+    let garbage = b"this is not a database, and a library must not overwrite it".repeat(100);
+    std::fs::write(&db, &garbage).unwrap();
+    let err = Library::open(home.path()).await.err().expect("a damaged database is refused");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains("folio library rebuild"), "{err}");
+    assert_eq!(std::fs::read(&db).unwrap(), garbage, "the damaged file is left as it was");
+
+    let (lib, aside) = Library::rebuild_damaged(home.path()).await.unwrap();
+    assert_eq!(std::fs::read(&aside).unwrap(), garbage, "kept, renamed");
+    assert!(lib.contexts().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_locked_database_says_busy_and_a_newer_one_says_so() {
+    let home = tempfile::tempdir().unwrap();
+    let lib = Library::open(home.path()).await.unwrap();
+    lib.close().await;
+    let url = format!("sqlite://{}", home.path().join(folio_library::DATABASE_FILE).display());
+    let raw = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let mut holder = raw.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    sqlx::query("INSERT INTO settings (key, value) VALUES ('x', '1')").execute(&mut *holder).await.unwrap();
+    let other = Library::open_with(home.path(), Duration::from_millis(200)).await.unwrap();
+    let err = other.set_setting("y", &serde_json::json!(2)).await.unwrap_err();
+    assert!(matches!(err, Error::Busy { .. }), "{err:?}");
+    assert!(err.to_string().contains("another Folio process"), "{err}");
+    holder.commit().await.unwrap();
+    other.set_setting("y", &serde_json::json!(2)).await.unwrap();
+    other.close().await;
+
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (99990101000000, 'from the future', 1, x'00', 0)",
+    )
+    .execute(&raw)
+    .await
+    .unwrap();
+    let err = Library::open(home.path()).await.err().expect("a newer schema is refused");
+    assert!(matches!(err, Error::Newer { .. }) && err.to_string().contains("newer Folio"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_handles_write_at_once() {
+    let (home, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let out: PathBuf = dir.path().join("shared.folio");
+    prefill(&engine(), &docs(), &out, None);
+    let (a, b) = (Library::open(home.path()).await.unwrap(), Library::open(home.path()).await.unwrap());
+    let writer = |lib: Library, tag: &'static str| {
+        let out = out.clone();
+        tokio::spawn(async move {
+            for i in 0..40 {
+                lib.set_setting(&format!("{tag}{i}"), &serde_json::json!(i)).await.unwrap();
+                lib.add_context(&out).await.unwrap();
+                lib.contexts().await.unwrap();
+            }
+        })
+    };
+    let (x, y) = (writer(a.clone(), "a"), writer(b.clone(), "b"));
+    x.await.unwrap();
+    y.await.unwrap();
+    assert_eq!(a.contexts().await.unwrap().len(), 1);
+    assert_eq!(b.setting("a39").await.unwrap(), Some(serde_json::json!(39)));
+}

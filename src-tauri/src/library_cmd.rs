@@ -1,0 +1,268 @@
+//! `folio library ...`: the library the window shows, from the terminal (list, show, remove,
+//! rename, rebuild), and the hook by which `folio prefill` registers what it makes.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use folio_library::{ContextInfo, Library, Status};
+use folio_models::error::human_bytes;
+use serde_json::json;
+
+#[derive(Subcommand)]
+pub enum LibraryCommand {
+    /// Every context in the library, newest first, with its status as its file says.
+    List(JsonArg),
+    /// One context (by id or file path) with its documents.
+    Show(KeyArgs),
+    /// Take a context out of the library; --delete-file deletes its file too.
+    Remove(RemoveArgs),
+    /// Rename a context (its file is renamed in its folder).
+    Rename(RenameArgs),
+    /// Add or refresh every context file in the folders (default: the library's contexts
+    /// folder) and check every listed context against its file. A database that cannot be
+    /// opened is set aside, kept, and a new one made from the files.
+    Rebuild(RebuildArgs),
+}
+
+#[derive(Args)]
+pub struct JsonArg {
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct KeyArgs {
+    /// The context's id (from `folio library list`) or its file's path.
+    context: String,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct RemoveArgs {
+    context: String,
+    /// Also delete the context file and any interrupted prefill of it.
+    #[arg(long)]
+    delete_file: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct RenameArgs {
+    context: String,
+    /// The new name (the file keeps its folder and extension).
+    name: String,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct RebuildArgs {
+    folders: Vec<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+/// The CLI's async runtime: one thread, for the library's queries.
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")
+}
+
+pub fn library(cmd: LibraryCommand) -> Result<()> {
+    let rt = runtime()?;
+    rt.block_on(async {
+        if let LibraryCommand::Rebuild(a) = cmd {
+            return rebuild(a).await;
+        }
+        let lib = Library::open_default().await?;
+        match cmd {
+            LibraryCommand::List(a) => list(&lib, a.json).await,
+            LibraryCommand::Show(a) => show(&lib, &a.context, a.json).await,
+            LibraryCommand::Remove(a) => {
+                let id = lib.find(&a.context).await?;
+                let info = lib.remove_context(id, a.delete_file).await?;
+                if a.json {
+                    println!("{}", json!({ "removed": info, "file_deleted": a.delete_file }));
+                } else if a.delete_file {
+                    println!("removed {} and deleted {}", info.name, info.path.display());
+                } else {
+                    println!("removed {} from the library (the file stays at {})", info.name, info.path.display());
+                }
+                Ok(())
+            }
+            LibraryCommand::Rename(a) => {
+                let id = lib.find(&a.context).await?;
+                let info = lib.rename_context(id, &a.name).await?;
+                if a.json {
+                    println!("{}", json!({ "renamed": info }));
+                } else {
+                    println!("renamed to {} ({})", info.name, info.path.display());
+                }
+                Ok(())
+            }
+            LibraryCommand::Rebuild(_) => unreachable!("handled above"),
+        }
+    })
+}
+
+async fn list(lib: &Library, as_json: bool) -> Result<()> {
+    let contexts = lib.contexts().await?;
+    if as_json {
+        println!("{}", json!({ "library": lib.database(), "contexts": contexts }));
+        return Ok(());
+    }
+    if contexts.is_empty() {
+        println!("the library {} lists no contexts yet: `folio prefill` adds them", lib.database().display());
+        return Ok(());
+    }
+    println!(
+        "{:>4}  {:<24} {:<18} {:>10} {:>5} {:>10}  {:<12} SAVED",
+        "ID", "NAME", "STATUS", "TOKENS", "DOCS", "SIZE", "MODEL"
+    );
+    for c in &contexts {
+        println!(
+            "{:>4}  {:<24} {:<18} {:>10} {:>5} {:>10}  {:<12} {}",
+            c.id,
+            c.name,
+            status_text(c),
+            c.tokens,
+            c.documents,
+            human_bytes(c.file_bytes),
+            c.model.name,
+            c.saved_at
+        );
+    }
+    Ok(())
+}
+
+/// "ready", "paused at layer 3/8", "damaged: why".
+fn status_text(c: &ContextInfo) -> String {
+    match c.status {
+        Status::Paused | Status::Prefilling => {
+            format!("{} {}/{}", c.status.as_str(), c.layers_done, c.layers)
+        }
+        s => s.as_str().to_owned(),
+    }
+}
+
+async fn show(lib: &Library, key: &str, as_json: bool) -> Result<()> {
+    let id = lib.find(key).await?;
+    let c = lib.context(id).await?;
+    let docs = lib.documents(id).await?;
+    if as_json {
+        println!("{}", json!({ "context": c, "documents": docs }));
+        return Ok(());
+    }
+    println!("context      {} (id {})", c.name, c.id);
+    println!("file         {} ({})", c.path.display(), human_bytes(c.file_bytes));
+    println!("status       {}", status_text(&c));
+    if let Some(why) = &c.problem {
+        println!("problem      {why}");
+    }
+    println!("model        {} ({}; load with --model {})", c.model.name, c.model.architecture, c.model.source);
+    println!("tokens       {} in {} layers, {} K/V", c.tokens, c.layers, c.kv_dtype);
+    println!("saved        {}", c.saved_at);
+    println!("documents    {}", docs.len());
+    for d in &docs {
+        println!("  {:>9} tokens  {:<5} {:>10}  {}", d.token_end - d.token_start, d.kind, human_bytes(d.bytes), d.path);
+    }
+    match c.status {
+        Status::Paused => println!("resume       run the same `folio prefill` again"),
+        Status::Missing => println!("missing      the file is gone: put it back, or `folio library remove {}`", c.id),
+        _ => {}
+    }
+    Ok(())
+}
+
+async fn rebuild(a: RebuildArgs) -> Result<()> {
+    let home = folio_library::home()?;
+    let (lib, set_aside) = match Library::open(&home).await {
+        Ok(lib) => (lib, None),
+        Err(folio_library::Error::Corrupt { .. }) => {
+            let (lib, aside) = Library::rebuild_damaged(&home).await?;
+            (lib, Some(aside))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let folders = if a.folders.is_empty() { vec![lib.contexts_folder()] } else { a.folders };
+    for f in &folders {
+        if f == &lib.contexts_folder() {
+            std::fs::create_dir_all(f).with_context(|| format!("creating {}", f.display()))?;
+        }
+    }
+    let report = lib.rebuild(&folders).await?;
+    if a.json {
+        println!("{}", json!({ "library": lib.database(), "set_aside": set_aside, "report": report }));
+        return Ok(());
+    }
+    if let Some(aside) = &set_aside {
+        println!("the damaged library was set aside as {}", aside.display());
+    }
+    let names = |ps: &[PathBuf]| ps.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+    println!(
+        "{}: {} added, {} refreshed, {} missing, {} skipped",
+        lib.database().display(),
+        report.added.len(),
+        report.refreshed.len(),
+        report.missing.len(),
+        report.skipped.len()
+    );
+    if !report.missing.is_empty() {
+        println!("missing: {}", names(&report.missing));
+    }
+    for (p, why) in &report.skipped {
+        println!("skipped {}: {why}", p.display());
+    }
+    Ok(())
+}
+
+/// How `folio prefill` keeps the library up to date: the context is listed as soon as its
+/// prefill has a checkpoint (so a kill shows it paused), and refreshed when it ends. The
+/// library is a convenience here: a library that cannot be opened or written costs a warning,
+/// never the prefill.
+pub(crate) struct Registrar {
+    rt: tokio::runtime::Runtime,
+    lib: Library,
+    out: PathBuf,
+    listed: bool,
+}
+
+impl Registrar {
+    pub(crate) fn open(out: &Path) -> Option<Self> {
+        let attempt = || -> Result<Self> {
+            let rt = runtime()?;
+            let lib = rt.block_on(Library::open_default())?;
+            Ok(Self { rt, lib, out: out.to_owned(), listed: false })
+        };
+        attempt().map_err(|e| warn(&e)).ok()
+    }
+
+    /// Once the prefill has written its checkpoint (its first progress report).
+    pub(crate) fn started(&mut self) {
+        if !self.listed {
+            self.listed = true;
+            if let Err(e) = self.rt.block_on(self.lib.add_context(&self.out)) {
+                warn(&e.into());
+            }
+        }
+    }
+
+    /// After the prefill: the finished file, or what is left to resume, or nothing.
+    pub(crate) fn finished(self) {
+        let result = self.rt.block_on(async {
+            if !self.lib.forget_if_gone(&self.out).await? {
+                self.lib.add_context(&self.out).await?;
+            }
+            Ok::<_, folio_library::Error>(())
+        });
+        if let Err(e) = result {
+            warn(&e.into());
+        }
+    }
+}
+
+fn warn(e: &anyhow::Error) {
+    eprintln!("warning: the library was not updated ({e:#}); `folio library rebuild` adds the context later");
+}
