@@ -16,10 +16,12 @@ if [ "$(cat "$CARGO_TARGET_DIR/.folio-clone" 2>/dev/null)" != "$FOLIO_ROOT" ]; t
   echo "$FOLIO_ROOT" >"$CARGO_TARGET_DIR/.folio-clone"
 fi
 
-# Tauri (webkit2gtk 4.1), the desktop test (Xvfb, xdotool to type, ImageMagick for screenshots), xz for the
-# GPU bundle, and Python with pip for ../shared/tools/cuda-toolchain.sh (CUDA compiler wheels).
+# Tauri (webkit2gtk 4.1), the desktop tests (Xvfb, WebKitWebDriver for tauri-driver, xdotool to type,
+# ImageMagick for screenshots), xz for the GPU bundle, and Python with pip for
+# ../shared/tools/cuda-toolchain.sh (CUDA compiler wheels).
 FOLIO_APT_PACKAGES=(build-essential pkg-config curl file libssl-dev libwebkit2gtk-4.1-dev libxdo-dev
-  libayatana-appindicator3-dev librsvg2-dev xvfb xauth xdotool imagemagick xz-utils python3 python3-pip)
+  libayatana-appindicator3-dev librsvg2-dev xvfb xauth xdotool imagemagick webkit2gtk-driver xz-utils
+  python3 python3-pip)
 
 folio_missing_packages() {
   local p missing=()
@@ -56,6 +58,15 @@ for tool in fmt clippy; do
     rustup component add "${tool/fmt/rustfmt}" >&2
   fi
 done
+
+# tauri-driver: the WebDriver server the window tests drive the app through (in front of
+# WebKitWebDriver). Pinned; installed once into cargo's bin folder.
+TAURI_DRIVER_VERSION=2.1.0
+if ! cargo install --list | grep -qx "tauri-driver v$TAURI_DRIVER_VERSION:"; then
+  echo "setup: installing tauri-driver $TAURI_DRIVER_VERSION" >&2
+  cargo install --locked --quiet tauri-driver --version "$TAURI_DRIVER_VERSION" >&2
+fi
+export PATH="$HOME/.cargo/bin:$PATH"
 
 # UI dependencies, exactly as locked; reinstalled when the lock file changes.
 lock_hash=$(sha256sum "$FOLIO_ROOT/ui/package-lock.json" | cut -d' ' -f1)

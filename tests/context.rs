@@ -443,6 +443,8 @@ fn full_disk_leaves_nothing_behind() {
     assert_eq!(std::fs::read(&out).unwrap(), b"the previous context");
     let names: Vec<_> = std::fs::read_dir(work.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, ["c.folio"], "nothing else is left");
+    // The library lists nothing that is not there.
+    assert!(err_text(folio(&["library", "show", &op])).contains("no context"));
 }
 
 /// More tokens than the model's context: refused before any prefill work, with the count of

@@ -24,11 +24,42 @@ pub struct Ingested {
     pub skipped: Vec<(PathBuf, String)>,
 }
 
+/// The documents in `paths` for the CLI: a path that does not exist is an error, and so is a
+/// set with no readable document.
 pub fn collect(paths: &[PathBuf]) -> Result<Ingested> {
+    let out = gather(paths, true)?;
+    if out.documents.is_empty() {
+        bail!(
+            "no readable documents in {} ({} skipped); Folio reads plain text, Markdown and source code",
+            paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
+            out.skipped.len()
+        );
+    }
+    Ok(out)
+}
+
+/// The documents in `paths` for the window's staging sheet: whatever cannot be read, a dropped
+/// path that vanished included, is a skip with its reason, and an empty set is not an error
+/// (the sheet shows the reasons).
+pub fn collect_lenient(paths: &[PathBuf]) -> Ingested {
+    gather(paths, false).unwrap_or_else(|e| Ingested {
+        documents: Vec::new(),
+        skipped: vec![(paths.first().cloned().unwrap_or_default(), format!("{e:#}"))],
+    })
+}
+
+fn gather(paths: &[PathBuf], strict: bool) -> Result<Ingested> {
     let mut out = Ingested::default();
     let mut seen = BTreeSet::new();
     for root in paths {
-        let meta = std::fs::metadata(root).with_context(|| format!("{}: cannot read it", root.display()))?;
+        let meta = match std::fs::metadata(root) {
+            Ok(m) => m,
+            Err(e) if !strict => {
+                out.skipped.push((root.clone(), format!("cannot read it: {e}")));
+                continue;
+            }
+            Err(e) => return Err(e).with_context(|| format!("{}: cannot read it", root.display())),
+        };
         if meta.is_file() {
             add_file(root, &mut seen, &mut out)?;
             continue;
@@ -51,13 +82,6 @@ pub fn collect(paths: &[PathBuf]) -> Result<Ingested> {
             add_file(path, &mut seen, &mut out)?;
         }
     }
-    if out.documents.is_empty() {
-        bail!(
-            "no readable documents in {} ({} skipped); Folio reads plain text, Markdown and source code",
-            paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
-            out.skipped.len()
-        );
-    }
     Ok(out)
 }
 
@@ -70,7 +94,13 @@ fn report_hidden_children(dir: &Path, out: &mut Ingested) {
 }
 
 fn add_file(path: &Path, seen: &mut BTreeSet<PathBuf>, out: &mut Ingested) -> Result<()> {
-    let canonical = path.canonicalize().with_context(|| format!("{}: cannot resolve it", path.display()))?;
+    let canonical = match path.canonicalize() {
+        Ok(c) => c,
+        Err(e) => {
+            out.skipped.push((path.to_owned(), format!("cannot resolve it: {e}")));
+            return Ok(());
+        }
+    };
     if !seen.insert(canonical) {
         out.skipped.push((path.to_owned(), "listed twice".into()));
         return Ok(());
@@ -83,7 +113,14 @@ fn add_file(path: &Path, seen: &mut BTreeSet<PathBuf>, out: &mut Ingested) -> Re
         ));
         return Ok(());
     }
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) => {
+            // One unreadable file (permissions, a read error) never stops the rest.
+            out.skipped.push((path.to_owned(), format!("cannot read it: {e}")));
+            return Ok(());
+        }
+    };
     if bytes.is_empty() {
         out.skipped.push((path.to_owned(), "empty".into()));
         return Ok(());
@@ -143,6 +180,9 @@ mod tests {
             assert!(reasons.iter().any(|(p, r)| p == name && r.starts_with(why)), "{name}: {reasons:?}");
         }
         assert!(collect(&[d.join("missing")]).unwrap_err().to_string().contains("missing"));
+        let lenient = collect_lenient(&[d.join("missing"), d.join("a.txt")]);
+        assert_eq!(lenient.documents.len(), 1);
+        assert!(lenient.skipped[0].1.starts_with("cannot read it"), "{:?}", lenient.skipped);
         assert!(collect(&[d.join("logo.png")]).unwrap_err().to_string().contains("no readable documents"));
         Ok(())
     }

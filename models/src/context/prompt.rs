@@ -137,6 +137,34 @@ impl Engine {
         Ok(PrefixPlan { tokens, documents, prompt })
     }
 
+    /// Tokens each document takes in a context of this model (wrapped by its document
+    /// template, as [`Engine::plan_context`] lays it out), counted in parallel;
+    /// `on_counted(documents_done)` follows the count, for progress over big sets.
+    pub fn document_tokens(&self, docs: &[DocumentText], on_counted: &(dyn Fn(usize) + Sync)) -> Result<Vec<usize>> {
+        use rayon::prelude::*;
+        let template = self.document_template();
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        docs.par_iter()
+            .map(|d| {
+                let n = self.encode_document(&template, d)?.len();
+                on_counted(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
+                Ok(n)
+            })
+            .collect()
+    }
+
+    /// Tokens before the documents: the chat template's head (with `system`), or BOS.
+    pub fn head_tokens(&self, system: Option<&str>) -> Result<usize> {
+        match &self.chat_template {
+            Some(_) => {
+                let date = chrono::Local::now().format("%d %b %Y").to_string();
+                let head = self.render_split(system, &date, &[Message::new("user", "")])?.0;
+                Ok(self.tokenizer.encode_prompt(&head)?.len())
+            }
+            None => Ok(self.config().bos_token_id.iter().count()),
+        }
+    }
+
     /// One document wrapped by `template`: the template's own text is tokenized with special
     /// tokens (a model's `<|doc|>` marker stays one token), the title, path and text without.
     fn encode_document(&self, template: &str, d: &DocumentText) -> Result<Vec<u32>> {

@@ -24,6 +24,12 @@ export interface AppInfo {
   device: string;
   /** Why no model is loaded, when there is a reason to tell. */
   model_error: string | null;
+  /** The library's database file, or null when it could not be opened. */
+  library: string | null;
+  /** Why the library could not be opened (with what to do). */
+  library_error: string | null;
+  /** The model's context length in tokens. */
+  max_context: number | null;
 }
 
 /** Events streamed over the `onEvent` channel during `chat`. */
@@ -77,7 +83,15 @@ export function errorMessage(err: unknown): string {
 
 export async function appInfo(): Promise<AppInfo> {
   if (!inTauri()) {
-    return { version: 'dev', model: null, device: 'browser', model_error: NOT_IN_APP };
+    return {
+      version: 'dev',
+      model: null,
+      device: 'browser',
+      model_error: NOT_IN_APP,
+      library: null,
+      library_error: null,
+      max_context: null,
+    };
   }
   return invoke<AppInfo>('app_info');
 }

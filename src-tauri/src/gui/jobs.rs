@@ -1,0 +1,366 @@
+//! Prefill jobs: queued, run one at a time on a worker thread (a prefill takes the device and
+//! the disk; two at once would only share them), reported to the window as snapshots, and
+//! cancellable. A job's context is listed in the library as soon as its first layer has a
+//! checkpoint, so a window closed or a process killed mid-prefill shows it paused on the next
+//! start, and a resume job picks it up from the partial folder alone: the documents' paths,
+//! checksums, prompt and K/V dtype are all in its checkpoint.
+
+use std::collections::VecDeque;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use folio_library::Library;
+use folio_models::context::{self, BuildOptions, DocumentText, Progress};
+use folio_models::Engine;
+use serde::Serialize;
+
+use super::staging::{rate_key, Skip, StagedDocument, WINDOW_KV_DTYPE};
+use crate::ingest;
+
+/// Least time between two progress snapshots sent to the window.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(150);
+
+#[derive(Debug, Clone)]
+pub(crate) enum JobKind {
+    /// A new context from staged documents.
+    New { documents: Vec<StagedDocument> },
+    /// The interrupted prefill of a context, from its partial folder.
+    Resume,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum JobState {
+    Queued,
+    Running,
+    Done,
+    /// Stopped with its finished layers kept: resumable.
+    Paused,
+    Failed,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct JobView {
+    pub id: u64,
+    pub name: String,
+    pub path: PathBuf,
+    pub state: JobState,
+    pub progress: Option<Progress>,
+    /// Why it failed or paused.
+    pub message: Option<String>,
+    /// Documents left out or read again since staging, each with the reason.
+    pub notes: Vec<Skip>,
+}
+
+struct Queued {
+    id: u64,
+    out: PathBuf,
+    kind: JobKind,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Queued>,
+    /// Every job of this run, oldest first.
+    views: Vec<JobView>,
+    running: Option<(u64, Arc<AtomicBool>)>,
+    next: u64,
+}
+
+type Notify = Box<dyn Fn(Vec<JobView>) + Send + Sync>;
+
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+    notify: Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish(&self) {
+        let views = self.lock().views.clone();
+        (self.notify)(views);
+    }
+
+    fn update(&self, id: u64, f: impl FnOnce(&mut JobView)) {
+        if let Some(v) = self.lock().views.iter_mut().find(|v| v.id == id) {
+            f(v);
+        }
+    }
+}
+
+/// The job queue and its worker thread.
+#[derive(Clone)]
+pub(crate) struct Jobs {
+    shared: Arc<Shared>,
+}
+
+/// What a job needs from the app.
+pub(crate) struct Worker {
+    pub engine: Arc<Engine>,
+    pub library: Option<Library>,
+    pub device: String,
+}
+
+impl Jobs {
+    pub(crate) fn start(worker: Worker, notify: impl Fn(Vec<JobView>) + Send + Sync + 'static) -> Self {
+        let shared = Arc::new(Shared { state: Mutex::default(), wake: Condvar::new(), notify: Box::new(notify) });
+        let s = shared.clone();
+        std::thread::Builder::new()
+            .name("folio-prefill".into())
+            .spawn(move || worker_loop(&s, &worker))
+            .expect("start the prefill worker thread");
+        Self { shared }
+    }
+
+    /// Queues a job writing `out`; refused while another job of this run writes it.
+    pub(crate) fn submit(&self, out: PathBuf, kind: JobKind) -> Result<u64, String> {
+        let mut st = self.shared.lock();
+        let busy = st.views.iter().any(|v| v.path == out && matches!(v.state, JobState::Queued | JobState::Running));
+        if busy {
+            return Err(format!("{} is already being prefilled: wait for it or cancel it", out.display()));
+        }
+        st.next += 1;
+        let id = st.next;
+        let name = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        st.views.push(JobView {
+            id,
+            name,
+            path: out.clone(),
+            state: JobState::Queued,
+            progress: None,
+            message: None,
+            notes: Vec::new(),
+        });
+        st.queue.push_back(Queued { id, out, kind });
+        drop(st);
+        self.shared.wake.notify_one();
+        self.shared.publish();
+        Ok(id)
+    }
+
+    /// Cancels a job: a queued one is dropped, a running one stops after its current chunk
+    /// and keeps its finished layers.
+    pub(crate) fn cancel(&self, id: u64) -> bool {
+        let mut st = self.shared.lock();
+        let found = if let Some(at) = st.queue.iter().position(|q| q.id == id) {
+            st.queue.remove(at);
+            if let Some(v) = st.views.iter_mut().find(|v| v.id == id) {
+                v.state = JobState::Failed;
+                v.message = Some("cancelled before it started".into());
+            }
+            true
+        } else if let Some((running, flag)) = &st.running {
+            let hit = *running == id;
+            if hit {
+                flag.store(true, Ordering::SeqCst);
+            }
+            hit
+        } else {
+            false
+        };
+        drop(st);
+        self.shared.publish();
+        found
+    }
+
+    pub(crate) fn views(&self) -> Vec<JobView> {
+        self.shared.lock().views.clone()
+    }
+}
+
+fn worker_loop(shared: &Shared, w: &Worker) {
+    loop {
+        let (job, cancel) = {
+            let mut st = shared.lock();
+            let job = loop {
+                match st.queue.pop_front() {
+                    Some(j) => break j,
+                    None => st = shared.wake.wait(st).unwrap_or_else(|e| e.into_inner()),
+                }
+            };
+            let cancel = Arc::new(AtomicBool::new(false));
+            st.running = Some((job.id, cancel.clone()));
+            if let Some(v) = st.views.iter_mut().find(|v| v.id == job.id) {
+                v.state = JobState::Running;
+            }
+            (job, cancel)
+        };
+        shared.publish();
+        let result = run(shared, w, &job, &cancel);
+        let (state, message) = match &result {
+            Ok(()) => (JobState::Done, None),
+            Err(e) if context::pending(&job.out).ok().flatten().is_some() => (JobState::Paused, Some(format!("{e:#}"))),
+            Err(e) => (JobState::Failed, Some(format!("{e:#}"))),
+        };
+        if let Some(lib) = &w.library {
+            // The library follows the disk: the finished file, the paused prefill, or nothing.
+            let synced = tauri::async_runtime::block_on(async {
+                if !lib.forget_if_gone(&job.out).await? {
+                    lib.add_context(&job.out).await?;
+                }
+                Ok::<_, folio_library::Error>(())
+            });
+            if let Err(e) = synced {
+                eprintln!("folio: the library was not updated for {}: {e}", job.out.display());
+            }
+        }
+        shared.update(job.id, |v| {
+            v.state = state;
+            v.message = message;
+        });
+        shared.lock().running = None;
+        shared.publish();
+    }
+}
+
+fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow::Result<()> {
+    let engine = &w.engine;
+    let (docs, system, date, kv_dtype) = match &job.kind {
+        JobKind::New { documents } => {
+            let (docs, notes) = reread(documents);
+            shared.update(job.id, |v| v.notes = notes);
+            if docs.is_empty() {
+                anyhow::bail!("none of the staged documents can be read any more: stage them again");
+            }
+            (docs, None, context::pending_date(&job.out), WINDOW_KV_DTYPE)
+        }
+        JobKind::Resume => {
+            let p = context::pending(&job.out)?
+                .ok_or_else(|| anyhow::anyhow!("{} has no interrupted prefill to resume", job.out.display()))?;
+            (
+                resume_documents(&p.documents)?,
+                p.header.prompt.system.clone(),
+                Some(p.header.prompt.date),
+                p.header.kv_dtype,
+            )
+        }
+    };
+    let plan = engine.plan_context(&docs, system.as_deref(), date)?;
+    let opts = BuildOptions { kv_dtype, memory_budget: None, restart: false };
+    let mut listed = false;
+    let mut last = Instant::now() - PROGRESS_INTERVAL;
+    let mut on_progress = |p: &Progress| {
+        if !listed {
+            listed = true;
+            if let Some(lib) = &w.library {
+                let _ = tauri::async_runtime::block_on(lib.add_context(&job.out));
+            }
+        }
+        if last.elapsed() >= PROGRESS_INTERVAL {
+            last = Instant::now();
+            shared.update(job.id, |v| v.progress = Some(p.clone()));
+            shared.publish();
+        }
+        if cancel.load(Ordering::SeqCst) {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    };
+    let report = context::build(&engine.model, engine.stamp()?, &plan, &job.out, &opts, &mut on_progress)?;
+    if let Some(lib) = &w.library {
+        let rate = serde_json::json!(report.tokens_per_s);
+        let _ = tauri::async_runtime::block_on(lib.set_setting(&rate_key(engine, &w.device), &rate));
+    }
+    Ok(())
+}
+
+/// The staged documents read again: one deleted since is left out, one changed is read as it
+/// is now; each is noted for the window.
+fn reread(staged: &[StagedDocument]) -> (Vec<DocumentText>, Vec<Skip>) {
+    let paths: Vec<PathBuf> = staged.iter().map(|d| PathBuf::from(&d.path)).collect();
+    let found = ingest::collect_lenient(&paths);
+    let mut notes: Vec<Skip> = found
+        .skipped
+        .iter()
+        .map(|(p, r)| Skip { path: p.display().to_string(), reason: format!("left out: {r}") })
+        .collect();
+    for d in &found.documents {
+        if staged.iter().any(|s| s.path == d.path && s.xxh3 != d.xxh3) {
+            notes.push(Skip {
+                path: d.path.clone(),
+                reason: "changed since it was staged: its text now is used".into(),
+            });
+        }
+    }
+    (found.documents, notes)
+}
+
+/// The documents of an interrupted prefill, read again and checked against the checksums it
+/// started with (a resume must compute the same tokens).
+fn resume_documents(spans: &[context::DocumentSpan]) -> anyhow::Result<Vec<DocumentText>> {
+    let paths: Vec<PathBuf> = spans.iter().map(|s| PathBuf::from(&s.path)).collect();
+    let found = ingest::collect_lenient(&paths);
+    if let Some((path, why)) = found.skipped.first() {
+        anyhow::bail!(
+            "{} cannot be read ({why}): put it back to resume, or delete the paused context and prefill again",
+            path.display()
+        );
+    }
+    for (d, s) in found.documents.iter().zip(spans) {
+        if d.xxh3 != s.xxh3 {
+            anyhow::bail!(
+                "{} changed since its prefill started: delete the paused context and prefill again",
+                Path::new(&d.path).display()
+            );
+        }
+    }
+    Ok(found.documents)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn staged(path: &Path, text: &str) -> StagedDocument {
+        StagedDocument {
+            path: path.display().to_string(),
+            title: path.file_name().unwrap().to_string_lossy().into_owned(),
+            kind: "txt".into(),
+            bytes: text.len() as u64,
+            xxh3: folio_models::context::format::checksum(text.as_bytes()),
+            tokens: 1,
+        }
+    }
+
+    /// Between staging and prefill, a document was deleted and another changed: the first is
+    /// left out and the second read as it is now, each noted; the rest proceeds.
+    #[test]
+    fn documents_deleted_or_changed_after_staging_are_noted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (kept, gone, changed) = (dir.path().join("a.txt"), dir.path().join("b.txt"), dir.path().join("c.txt"));
+        for p in [&kept, &gone, &changed] {
+            std::fs::write(p, "as staged").unwrap();
+        }
+        let list = [staged(&kept, "as staged"), staged(&gone, "as staged"), staged(&changed, "as staged")];
+        std::fs::remove_file(&gone).unwrap();
+        std::fs::write(&changed, "edited since").unwrap();
+        let (docs, notes) = reread(&list);
+        let titles: Vec<&str> = docs.iter().map(|d| d.title.as_str()).collect();
+        assert_eq!(titles, ["a.txt", "c.txt"]);
+        assert_eq!(docs[1].text, "edited since");
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(notes[0].path.ends_with("b.txt") && notes[0].reason.starts_with("left out: cannot read it"));
+        assert!(notes[1].path.ends_with("c.txt") && notes[1].reason.starts_with("changed since it was staged"));
+        // A resume refuses both: it must compute the tokens it started with.
+        let spans = |p: &Path, text: &str| folio_models::context::DocumentSpan {
+            title: String::new(),
+            path: p.display().to_string(),
+            start: 0,
+            end: 1,
+            bytes: text.len() as u64,
+            xxh3: folio_models::context::format::checksum(text.as_bytes()),
+        };
+        let err = resume_documents(&[spans(&kept, "as staged"), spans(&changed, "as staged")]).unwrap_err();
+        assert!(err.to_string().contains("changed since its prefill started"), "{err}");
+        let err = resume_documents(&[spans(&gone, "as staged")]).unwrap_err();
+        assert!(err.to_string().contains("put it back to resume"), "{err}");
+    }
+}

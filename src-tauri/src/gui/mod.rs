@@ -1,0 +1,457 @@
+//! The desktop window: a Tauri 2 shell around the Svelte UI in ui/.
+//!
+//! The UI talks to the engine only through the commands below, which call the engine's session
+//! API (`folio_models::session`) and the library (`folio_library`) as the CLI does. Streams go
+//! over `ipc::Channel`s (ordered, and they need no event permission): a chat answer's tokens,
+//! a staging count's progress, and the window's own feed ([`UiEvent`]: files dropped on the
+//! window, drag hover, prefill job snapshots), which the UI opens once with `watch`.
+//! Generation, counting and prefill run off the UI thread, so the window stays responsive;
+//! Stop and Cancel flip atomic flags the work checks.
+//!
+//! Files reach the app through Tauri's drag-drop window event (`on_drop`); with
+//! `FOLIO_TEST_HOOKS=1` in the environment the `simulate_drop` command calls the same
+//! `on_drop`, so the WebDriver test drops a folder through the path a real drop takes from the
+//! event on (WebDriver cannot drag files from outside the page).
+
+mod jobs;
+mod staging;
+
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use folio_library::{ContextInfo, DocumentInfo, Library};
+use folio_models::attention::{MethodChoice, Tier};
+use folio_models::conversation::Conversation;
+use folio_models::session::{GenerationSettings, Session};
+use folio_models::{device_name, parse_device, parse_dtype, Engine};
+use serde::Serialize;
+use tauri::ipc::Channel;
+use tauri::{Manager, State};
+
+use jobs::{JobKind, JobView, Jobs, Worker};
+use staging::{Estimate, StagedDocument};
+
+/// Longest answer the window asks for; the user can Stop earlier.
+const MAX_ANSWER_TOKENS: usize = 1024;
+/// The environment variable that enables `simulate_drop` (the WebDriver test).
+const TEST_HOOKS_ENV: &str = "FOLIO_TEST_HOOKS";
+
+type Chat = Arc<Mutex<(Session, Conversation)>>;
+
+struct AppState {
+    engine: Option<Arc<Engine>>,
+    model_error: Option<String>,
+    device: String,
+    /// The session answering now (the bare model, or an opened context) and its conversation.
+    chat: Mutex<Option<Chat>>,
+    /// The library id of the context the chat is over.
+    open_context: Mutex<Option<i64>>,
+    cancel: Arc<AtomicBool>,
+    library: Mutex<Option<Library>>,
+    library_error: Mutex<Option<String>>,
+    jobs: Option<Jobs>,
+    feed: Arc<Mutex<Option<Channel<UiEvent>>>>,
+}
+
+impl AppState {
+    fn library(&self) -> Result<Library, String> {
+        self.library
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| self.library_error.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default())
+    }
+
+    fn engine(&self) -> Result<Arc<Engine>, String> {
+        self.engine.clone().ok_or_else(|| {
+            self.model_error.clone().unwrap_or_else(|| "No model loaded: start Folio with --model <folder|repo>".into())
+        })
+    }
+}
+
+/// What the window's feed carries.
+#[derive(Clone, Serialize)]
+#[serde(tag = "event", content = "data", rename_all = "snake_case")]
+enum UiEvent {
+    /// Files or folders dropped on the window.
+    Dropped { paths: Vec<PathBuf> },
+    /// Files are dragged over the window (true) or left it (false).
+    Hover { over: bool },
+    /// Every prefill job of this run.
+    Jobs { jobs: Vec<JobView> },
+}
+
+fn send(feed: &Mutex<Option<Channel<UiEvent>>>, event: UiEvent) {
+    if let Some(ch) = feed.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        let _ = ch.send(event);
+    }
+}
+
+#[derive(Serialize)]
+struct AppInfo {
+    version: &'static str,
+    model: Option<String>,
+    device: String,
+    model_error: Option<String>,
+    library: Option<PathBuf>,
+    library_error: Option<String>,
+    /// Context length of the model in tokens.
+    max_context: Option<usize>,
+}
+
+#[tauri::command]
+fn app_info(state: State<'_, AppState>) -> AppInfo {
+    let library = state.library.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|l| l.database().to_owned());
+    AppInfo {
+        version: env!("CARGO_PKG_VERSION"),
+        model: state.engine.as_ref().map(|e| e.name.clone()),
+        device: state.device.clone(),
+        model_error: state.model_error.clone(),
+        library,
+        library_error: state.library_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+        max_context: state.engine.as_ref().map(|e| e.config().max_position_embeddings),
+    }
+}
+
+/// Opens the window's feed; the jobs so far are sent at once.
+#[tauri::command]
+fn watch(state: State<'_, AppState>, on_event: Channel<UiEvent>) {
+    let jobs = state.jobs.as_ref().map(Jobs::views).unwrap_or_default();
+    let _ = on_event.send(UiEvent::Jobs { jobs });
+    *state.feed.lock().unwrap_or_else(|e| e.into_inner()) = Some(on_event);
+}
+
+#[derive(Clone, Serialize)]
+#[serde(tag = "event", content = "data", rename_all = "snake_case")]
+enum ChatEvent {
+    Token { text: String },
+    Done { stop_reason: String, tokens: usize, tokens_per_second: f64 },
+}
+
+#[derive(Serialize)]
+struct ChatDone {
+    stop_reason: String,
+    tokens: usize,
+}
+
+fn current_chat(state: &AppState) -> Result<Chat, String> {
+    state.chat.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or_else(|| {
+        state.model_error.clone().unwrap_or_else(|| "No model loaded: start Folio with --model <folder|repo>".into())
+    })
+}
+
+#[tauri::command]
+async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<ChatEvent>) -> Result<ChatDone, String> {
+    let chat = current_chat(&state)?;
+    let cancel = state.cancel.clone();
+    tauri::async_runtime::spawn_blocking(move || {
+        // One answer at a time: a question sent while one runs waits here, and clears a Stop
+        // only once the answer it was meant for is over. A panic in an earlier answer leaves
+        // the session usable (every ask cuts the store back to what it holds).
+        let mut guard = chat.lock().unwrap_or_else(|e| e.into_inner());
+        cancel.store(false, Ordering::SeqCst);
+        let (session, conversation) = &mut *guard;
+        let settings = GenerationSettings { max_tokens: MAX_ANSWER_TOKENS, ..GenerationSettings::default() };
+        let answer = session
+            .ask(conversation, &prompt, &MethodChoice::default(), &settings, |piece| {
+                let _ = on_event.send(ChatEvent::Token { text: piece.to_owned() });
+                if cancel.load(Ordering::SeqCst) {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        let stop_reason = serde_json::to_value(answer.stop_reason)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let tokens = answer.tokens.len();
+        let _ = on_event.send(ChatEvent::Done {
+            stop_reason: stop_reason.clone(),
+            tokens,
+            tokens_per_second: answer.timings.decode_tokens_per_s.unwrap_or(0.0),
+        });
+        Ok(ChatDone { stop_reason, tokens })
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+#[tauri::command]
+fn cancel_chat(state: State<'_, AppState>) {
+    state.cancel.store(true, Ordering::SeqCst);
+}
+
+/// Forgets the conversation: the next question starts a new chat (over the same context).
+#[tauri::command]
+fn new_chat(state: State<'_, AppState>) -> Result<(), String> {
+    let chat = current_chat(&state)?;
+    let mut guard = chat.lock().unwrap_or_else(|e| e.into_inner());
+    guard.1 = guard.0.new_conversation();
+    Ok(())
+}
+
+/// Chats over a context from now on (a new conversation).
+#[tauri::command]
+async fn open_context(state: State<'_, AppState>, id: i64) -> Result<ContextInfo, String> {
+    let engine = state.engine()?;
+    let info = state.library()?.context(id).await.map_err(|e| e.to_string())?;
+    if info.status != folio_library::Status::Ready {
+        return Err(format!("{} is {}: only a ready context opens", info.name, info.status.as_str()));
+    }
+    let path = info.path.clone();
+    let session = tauri::async_runtime::spawn_blocking(move || Session::open(engine, &path, Tier::Resident))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let conversation = session.new_conversation();
+    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(Mutex::new((session, conversation))));
+    *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
+    Ok(info)
+}
+
+/// Back to chatting with the bare model.
+#[tauri::command]
+fn close_context(state: State<'_, AppState>) -> Result<(), String> {
+    let engine = state.engine()?;
+    let session = Session::bare(engine);
+    let conversation = session.new_conversation();
+    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(Mutex::new((session, conversation))));
+    *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    Ok(())
+}
+
+#[tauri::command]
+async fn library_list(state: State<'_, AppState>) -> Result<Vec<ContextInfo>, String> {
+    state.library()?.contexts().await.map_err(|e| e.to_string())
+}
+
+#[tauri::command]
+async fn context_documents(state: State<'_, AppState>, id: i64) -> Result<Vec<DocumentInfo>, String> {
+    state.library()?.documents(id).await.map_err(|e| e.to_string())
+}
+
+#[tauri::command]
+async fn rename_context(state: State<'_, AppState>, id: i64, name: String) -> Result<ContextInfo, String> {
+    state.library()?.rename_context(id, &name).await.map_err(|e| e.to_string())
+}
+
+#[tauri::command]
+async fn remove_context(state: State<'_, AppState>, id: i64, delete_file: bool) -> Result<(), String> {
+    if *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) == Some(id) {
+        close_context(state.clone())?;
+    }
+    state.library()?.remove_context(id, delete_file).await.map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// Opens the context's folder in the file manager.
+#[tauri::command]
+async fn reveal_context(state: State<'_, AppState>, id: i64) -> Result<(), String> {
+    let info = state.library()?.context(id).await.map_err(|e| e.to_string())?;
+    let folder = info.path.parent().map(PathBuf::from).unwrap_or_default();
+    std::process::Command::new("xdg-open")
+        .arg(&folder)
+        .spawn()
+        .map(|_| ())
+        .map_err(|e| format!("could not open {} in the file manager (xdg-open: {e})", folder.display()))
+}
+
+/// Sets a damaged library aside and makes a new one from the context files in its folder.
+#[tauri::command]
+async fn rebuild_library(state: State<'_, AppState>) -> Result<Vec<ContextInfo>, String> {
+    let home = folio_library::home().map_err(|e| e.to_string())?;
+    let lib = match Library::open(&home).await {
+        Ok(lib) => lib,
+        Err(folio_library::Error::Corrupt { .. }) => {
+            Library::rebuild_damaged(&home).await.map_err(|e| e.to_string())?.0
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    let folder = lib.contexts_folder();
+    std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
+    lib.rebuild(&[folder]).await.map_err(|e| e.to_string())?;
+    let list = lib.contexts().await.map_err(|e| e.to_string())?;
+    *state.library.lock().unwrap_or_else(|e| e.into_inner()) = Some(lib);
+    *state.library_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    Ok(list)
+}
+
+#[derive(Clone, Serialize)]
+struct CountProgress {
+    done: usize,
+    total: usize,
+}
+
+/// Reads and counts dropped files and folders for the staging sheet.
+#[tauri::command]
+async fn stage(
+    state: State<'_, AppState>,
+    paths: Vec<PathBuf>,
+    on_progress: Channel<CountProgress>,
+) -> Result<staging::Staged, String> {
+    let engine = state.engine()?;
+    tauri::async_runtime::spawn_blocking(move || {
+        staging::stage(&engine, &paths, &|done, total| {
+            let _ = on_progress.send(CountProgress { done, total });
+        })
+    })
+    .await
+    .map_err(|e| e.to_string())
+}
+
+/// What a prefill of `tokens` tokens needs (file, memory, disk, time).
+#[tauri::command]
+async fn estimate(state: State<'_, AppState>, tokens: usize) -> Result<Estimate, String> {
+    let engine = state.engine()?;
+    let lib = state.library()?;
+    let rate = lib
+        .setting(&staging::rate_key(&engine, &state.device))
+        .await
+        .map_err(|e| e.to_string())?
+        .and_then(|v| v.as_f64());
+    let folder = lib.contexts_folder();
+    tauri::async_runtime::spawn_blocking(move || staging::estimate(&engine, tokens, &folder, rate))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+}
+
+/// Queues a prefill of the staged documents into a new context named `name`.
+#[tauri::command]
+fn start_prefill(state: State<'_, AppState>, documents: Vec<StagedDocument>, name: String) -> Result<u64, String> {
+    let jobs = state.jobs.as_ref().ok_or_else(|| state.engine().err().unwrap_or_default())?;
+    let lib = state.library()?;
+    let name = name.trim();
+    if name.is_empty() || name.starts_with('.') || name.contains(['/', '\\', '\0']) {
+        return Err(format!("\"{name}\" cannot name a context: use letters, digits and spaces, without '/'"));
+    }
+    if documents.is_empty() {
+        return Err("there are no documents to prefill: drop files or folders on the window".into());
+    }
+    let folder = lib.contexts_folder();
+    std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
+    let out = (1..)
+        .map(|n| if n == 1 { folder.join(format!("{name}.folio")) } else { folder.join(format!("{name} ({n}).folio")) })
+        .find(|p| !p.exists() && !folio_models::context::partial_dir(p).exists())
+        .expect("a free name");
+    jobs.submit(out, JobKind::New { documents })
+}
+
+/// Queues the resume of a paused context.
+#[tauri::command]
+async fn resume_context(state: State<'_, AppState>, id: i64) -> Result<u64, String> {
+    let jobs = state.jobs.clone().ok_or_else(|| state.engine().err().unwrap_or_default())?;
+    let info = state.library()?.context(id).await.map_err(|e| e.to_string())?;
+    if info.status != folio_library::Status::Paused {
+        return Err(format!("{} is {}: only a paused context resumes", info.name, info.status.as_str()));
+    }
+    jobs.submit(info.path, JobKind::Resume)
+}
+
+#[tauri::command]
+fn cancel_job(state: State<'_, AppState>, id: u64) -> bool {
+    state.jobs.as_ref().is_some_and(|j| j.cancel(id))
+}
+
+/// Files dropped on the window, from the drag-drop event (or `simulate_drop`).
+fn on_drop(feed: &Mutex<Option<Channel<UiEvent>>>, paths: Vec<PathBuf>) {
+    send(feed, UiEvent::Dropped { paths });
+}
+
+/// The test hook (see the module docs): refused unless FOLIO_TEST_HOOKS=1.
+#[tauri::command]
+fn simulate_drop(state: State<'_, AppState>, paths: Vec<PathBuf>) -> Result<(), String> {
+    if std::env::var(TEST_HOOKS_ENV).as_deref() != Ok("1") {
+        return Err(format!("simulate_drop is a test hook: start Folio with {TEST_HOOKS_ENV}=1 to use it"));
+    }
+    on_drop(&state.feed, paths);
+    Ok(())
+}
+
+pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<()> {
+    let device = parse_device(device)?;
+    let dtype = parse_dtype(dtype, &device)?;
+    // A model that fails to load still opens the window, which says why.
+    let (engine, model_error) = match model {
+        None => (None, Some("No model configured: start Folio with --model <folder|repo>".to_owned())),
+        Some(spec) => match Engine::load(&spec, &device, dtype) {
+            Ok(e) => (Some(Arc::new(e)), None),
+            Err(e) => (None, Some(e.to_string())),
+        },
+    };
+    // A library that cannot be opened still opens the window, which says why and offers the
+    // rebuild.
+    let (library, library_error) =
+        match tauri::async_runtime::block_on(async { Library::open(&folio_library::home()?).await }) {
+            Ok(lib) => (Some(lib), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+    let device = device_name(&device);
+    let feed: Arc<Mutex<Option<Channel<UiEvent>>>> = Arc::default();
+    let jobs = engine.clone().map(|engine| {
+        let feed = feed.clone();
+        let worker = Worker { engine, library: library.clone(), device: device.clone() };
+        Jobs::start(worker, move |jobs| send(&feed, UiEvent::Jobs { jobs }))
+    });
+    let bare = engine.clone().map(|e| {
+        let session = Session::bare(e);
+        let conversation = session.new_conversation();
+        Arc::new(Mutex::new((session, conversation)))
+    });
+    let state = AppState {
+        engine,
+        model_error,
+        device,
+        chat: Mutex::new(bare),
+        open_context: Mutex::new(None),
+        cancel: Arc::default(),
+        library: Mutex::new(library),
+        library_error: Mutex::new(library_error),
+        jobs,
+        feed,
+    };
+    tauri::Builder::default()
+        .manage(state)
+        .on_window_event(|window, event| {
+            if let tauri::WindowEvent::DragDrop(drag) = event {
+                let state = window.state::<AppState>();
+                match drag {
+                    tauri::DragDropEvent::Enter { .. } | tauri::DragDropEvent::Over { .. } => {
+                        send(&state.feed, UiEvent::Hover { over: true })
+                    }
+                    tauri::DragDropEvent::Leave => send(&state.feed, UiEvent::Hover { over: false }),
+                    tauri::DragDropEvent::Drop { paths, .. } => {
+                        send(&state.feed, UiEvent::Hover { over: false });
+                        on_drop(&state.feed, paths.clone());
+                    }
+                    _ => {}
+                }
+            }
+        })
+        .invoke_handler(tauri::generate_handler![
+            app_info,
+            watch,
+            chat,
+            cancel_chat,
+            new_chat,
+            open_context,
+            close_context,
+            library_list,
+            context_documents,
+            rename_context,
+            remove_context,
+            reveal_context,
+            rebuild_library,
+            stage,
+            estimate,
+            start_prefill,
+            resume_context,
+            cancel_job,
+            simulate_drop,
+        ])
+        .run(tauri::generate_context!())?;
+    Ok(())
+}

@@ -1,0 +1,321 @@
+//! The desktop library in the real window, as a person uses it: the app under Xvfb, driven
+//! through WebDriver (tauri-driver in front of Debian's WebKitWebDriver), end to end through
+//! the engine and a real SQLite library.
+//!
+//! Drop the assets/samples folder (through `simulate_drop`, which calls the handler of Tauri's
+//! drag-drop event: WebDriver cannot drag files from outside the page), see the staging sheet
+//! count it, prefill, see the context listed ready with its documents; drop a bigger folder,
+//! kill the app mid-prefill, start it again: the context is listed paused, resumes with one
+//! click, and the file verifies; restart: both are still listed, and one opens and answers.
+//! Screenshots of each screen go to the test's temp folder (docs/app.md keeps the current ones).
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// A cold WebKit start under a software renderer, or a demo-model prefill of a few thousand
+/// tokens in a debug build.
+const STEP_TIMEOUT: Duration = Duration::from_secs(120);
+/// W3C WebDriver's key for an element reference.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+/// W3C WebDriver's Enter key.
+const ENTER: &str = "\u{E007}";
+
+/// Kills the child's process group (tauri-driver, its WebKitWebDriver and the app; or Xvfb)
+/// and waits for it on drop, so a failed assertion leaves nothing behind.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        // SAFETY: signalling the process group this test created for the child.
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}
+
+fn free_display() -> u32 {
+    (600 + std::process::id() % 300..1000)
+        .find(|n| {
+            !Path::new(&format!("/tmp/.X11-unix/X{n}")).exists() && !Path::new(&format!("/tmp/.X{n}-lock")).exists()
+        })
+        .expect("no free X display number")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A WebDriver session on the Folio app.
+struct Driver {
+    agent: ureq::Agent,
+    base: String,
+    session: String,
+}
+
+impl Driver {
+    fn start(base: &str) -> Self {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let app = env!("CARGO_BIN_EXE_folio");
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "tauri:options": {"application": app, "args": ["--device", "cpu"]}
+        }}});
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        loop {
+            // tauri-driver takes a moment to listen.
+            match agent.post(&format!("{base}/session")).send_json(&caps) {
+                Ok(mut r) => {
+                    let v: Value = r.body_mut().read_json().unwrap();
+                    let session = v["value"]["sessionId"].as_str().unwrap_or_else(|| panic!("no session: {v}"));
+                    return Self { agent, base: base.to_owned(), session: session.to_owned() };
+                }
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                Err(e) => panic!("tauri-driver did not answer at {base}: {e}"),
+            }
+        }
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let url = format!("{}/session/{}{path}", self.base, self.session);
+        let mut r = match (method, body) {
+            ("GET", _) => self.agent.get(&url).call(),
+            ("DELETE", _) => self.agent.delete(&url).call(),
+            (_, b) => self.agent.post(&url).send_json(b.unwrap_or(json!({}))),
+        }
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let v: Value = r.body_mut().read_json().unwrap();
+        if v["value"].get("error").is_some() {
+            return json!({"error": v["value"]});
+        }
+        v["value"].clone()
+    }
+
+    fn script(&self, js: &str, args: Value) -> Value {
+        self.call("POST", "/execute/sync", Some(json!({"script": js, "args": args})))
+    }
+
+    /// Text content of every element matching `css`.
+    fn texts(&self, css: &str) -> Vec<String> {
+        let v = self.script(
+            "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.textContent.trim())",
+            json!([css]),
+        );
+        v.as_array().map(|a| a.iter().map(|s| s.as_str().unwrap_or("").to_owned()).collect()).unwrap_or_default()
+    }
+
+    fn element(&self, css: &str) -> Option<String> {
+        let v = self.call("POST", "/element", Some(json!({"using": "css selector", "value": css})));
+        v[ELEMENT].as_str().map(str::to_owned)
+    }
+
+    fn click(&self, css: &str) {
+        let id = self.element(css).unwrap_or_else(|| panic!("nothing matches {css}"));
+        let v = self.call("POST", &format!("/element/{id}/click"), Some(json!({})));
+        assert!(v.get("error").is_none(), "click {css}: {v}");
+    }
+
+    fn type_into(&self, css: &str, text: &str) {
+        let id = self.element(css).unwrap_or_else(|| panic!("nothing matches {css}"));
+        let v = self.call("POST", &format!("/element/{id}/value"), Some(json!({"text": text})));
+        assert!(v.get("error").is_none(), "type into {css}: {v}");
+    }
+
+    /// Waits until `ready` holds, or fails with `what` and the page's text.
+    fn wait(&self, what: &str, mut ready: impl FnMut(&Self) -> bool) {
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        while !ready(self) {
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {what}; the window shows: {:?}", self.texts("body"));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn quit(self) {
+        let _ = self.agent.delete(&format!("{}/session/{}", self.base, self.session)).call();
+    }
+}
+
+/// The whole X screen as a PNG in the test's temp folder.
+fn screenshot(display: &str, name: &str) -> PathBuf {
+    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("app-{name}.png"));
+    let ok = Command::new("import").args(["-display", display, "-window", "root"]).arg(&shot).status();
+    assert!(ok.is_ok_and(|s| s.success()), "screenshot {name}");
+    println!("screenshot: {}", shot.display());
+    shot
+}
+
+/// Pids of running Folio windows whose FOLIO_HOME is `home`.
+fn app_pids(home: &Path) -> Vec<i32> {
+    let want = format!("FOLIO_HOME={}", home.display());
+    let exe = std::fs::canonicalize(env!("CARGO_BIN_EXE_folio")).unwrap();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == exe)
+                && std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == want.as_bytes()))
+        })
+        .collect()
+}
+
+fn statuses(d: &Driver) -> Vec<(String, String)> {
+    let v = d.script(
+        "return Array.from(document.querySelectorAll('[data-testid=context]')).map(e => \
+         [e.querySelector('.ctx-name').textContent.trim(), e.dataset.status])",
+        json!([]),
+    );
+    v.as_array()
+        .map(|a| a.iter().map(|p| (p[0].as_str().unwrap().to_owned(), p[1].as_str().unwrap().to_owned())).collect())
+        .unwrap_or_default()
+}
+
+fn drop_paths(d: &Driver, paths: &[&Path]) {
+    let paths: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    let v = d.call(
+        "POST",
+        "/execute/async",
+        Some(json!({"script": "const done = arguments[arguments.length - 1]; \
+            window.__TAURI_INTERNALS__.invoke('simulate_drop', {paths: arguments[0]}) \
+            .then(() => done('ok'), (e) => done('error: ' + e));", "args": [paths]})),
+    );
+    assert_eq!(v, "ok", "simulate_drop: {v}");
+}
+
+#[test]
+fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
+    let n = free_display();
+    let display = format!(":{n}");
+    let xvfb = Command::new("Xvfb")
+        .args([display.as_str(), "-screen", "0", "1280x860x24", "-nolisten", "tcp"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("Xvfb is needed for this test (scripts/setup.sh installs it)");
+    let _xvfb = Reaped(xvfb);
+    let home = tempfile::tempdir().unwrap();
+    // A folder whose prefill takes a few seconds, to be killed in the middle.
+    let work = tempfile::tempdir().unwrap();
+    let big = work.path().join("long notes");
+    std::fs::create_dir(&big).unwrap();
+    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/samples").canonicalize().unwrap();
+    let text: String = ["field_notes.txt", "market_records.txt", "the_diary_of_greta.txt"]
+        .iter()
+        .map(|f| std::fs::read_to_string(samples.join(f)).unwrap())
+        .collect();
+    std::fs::write(big.join("notes.txt"), text.repeat(12)).unwrap();
+    // Dropped with the samples: what is skipped, each with its reason, and the rest proceeds.
+    let mixed = work.path().join("mixed");
+    std::fs::create_dir(&mixed).unwrap();
+    std::fs::write(mixed.join("paper.pdf"), b"%PDF-1.7 not really").unwrap();
+    std::fs::write(mixed.join("photo.jpg"), [0xff, 0xd8, 0xff, 0, 0x10]).unwrap();
+    std::fs::write(mixed.join("empty.txt"), b"").unwrap();
+
+    // Each start gets its own ports: a driver killed with its window must not answer again.
+    let driver = |log: &str| {
+        let (port, native) = (free_port(), free_port());
+        let child = Command::new("tauri-driver")
+            .args(["--port", &port.to_string(), "--native-port", &native.to_string()])
+            .env("DISPLAY", &display)
+            .env("FOLIO_HOME", home.path())
+            .env("FOLIO_TEST_HOOKS", "1")
+            .env("WEBKIT_DISABLE_COMPOSITING_MODE", "1")
+            .env("LIBGL_ALWAYS_SOFTWARE", "1")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(log)).unwrap())
+            .process_group(0)
+            .spawn()
+            .expect("tauri-driver is needed for this test (scripts/setup.sh installs it)");
+        (Reaped(child), format!("http://127.0.0.1:{port}"))
+    };
+
+    // 1. Drop the samples folder: the staging sheet counts it; prefill; listed ready.
+    let (td, base) = driver("tauri-driver-1.log");
+    let d = Driver::start(&base);
+    d.wait("the window", |d| d.element(".sidebar").is_some());
+    d.wait("the library to load", |d| !d.texts("#contexts-heading").is_empty());
+    screenshot(&display, "1-empty");
+    drop_paths(&d, &[&samples, &mixed]);
+    d.wait("three staged documents", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 3);
+    d.wait("three skips", |d| d.texts("[data-testid=staging-skipped] li").len() == 3);
+    let skips = d.texts("[data-testid=staging-skipped] li").join("\n");
+    for why in ["PDF files are not supported yet", "binary (not UTF-8 text)", "empty"] {
+        assert!(skips.contains(why), "{skips}");
+    }
+    d.wait("the estimate", |d| d.texts("[data-testid=staging-summary]").concat().contains("File on disk"));
+    let summary = d.texts("[data-testid=staging-summary]").concat();
+    assert!(summary.contains("tokens in 3 documents"), "{summary}");
+    screenshot(&display, "2-staging");
+    d.click("[data-testid=start-prefill]");
+    d.wait("samples listed ready", |d| statuses(d) == [("samples".into(), "ready".into())]);
+    d.click("[data-testid=context] .ctx-button");
+    d.wait("the context's documents", |d| d.texts("[data-testid=context-documents] tbody tr").len() == 3);
+    screenshot(&display, "3-library");
+
+    // 2. A bigger folder; kill the app once a layer is checkpointed.
+    drop_paths(&d, &[&big]);
+    d.wait("one staged document", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 1);
+    d.click("[data-testid=start-prefill]");
+    let partial = home.path().join("contexts/long notes.folio.partial");
+    d.wait("the prefill's progress", |d| !d.texts("[data-testid=job-progress]").is_empty());
+    screenshot(&display, "4-prefilling");
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    loop {
+        let done = std::fs::read_to_string(partial.join("checkpoint.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| v["layers_done"].as_u64());
+        if done.is_some_and(|n| n >= 1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no layer checkpointed in {}", partial.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pids = app_pids(home.path());
+    assert_eq!(pids.len(), 1, "one Folio window runs: {pids:?}");
+    // SAFETY: signalling a process this test started (through tauri-driver), found by its
+    // executable and FOLIO_HOME.
+    unsafe { libc::kill(pids[0], libc::SIGKILL) };
+    drop(d);
+    drop(td);
+
+    // 3. Start again: listed paused; one click resumes; the file verifies.
+    let (td, base) = driver("tauri-driver-2.log");
+    let d = Driver::start(&base);
+    let big_name = "long notes".to_owned();
+    d.wait("the killed prefill listed paused", |d| statuses(d).contains(&(big_name.clone(), "paused".into())));
+    screenshot(&display, "5-paused");
+    d.click("[data-testid=resume]");
+    d.wait("the resumed context ready", |d| statuses(d).iter().all(|(_, s)| s == "ready") && statuses(d).len() == 2);
+    let file = home.path().join("contexts").join(format!("{big_name}.folio"));
+    let ctx = folio_models::context::ContextFile::open(&file).unwrap();
+    ctx.verify().unwrap();
+    assert!(!partial.exists());
+    d.quit();
+    drop(td);
+
+    // 4. Restart: both listed; open one and ask.
+    let (_td, base) = driver("tauri-driver-3.log");
+    let d = Driver::start(&base);
+    d.wait("both contexts listed", |d| statuses(d).len() == 2);
+    let samples_row = statuses(&d).iter().position(|(n, _)| n == "samples").unwrap() + 1;
+    d.click(&format!("[data-testid=context]:nth-child({samples_row}) .ctx-button"));
+    d.wait("the open button", |d| d.element("[data-testid=open-context]").is_some());
+    d.click("[data-testid=open-context]");
+    d.wait("the chat over samples", |d| d.texts("[data-testid=open-context-chip]").concat().contains("samples"));
+    d.type_into("#composer-input", &format!("what is the secret code of amber falcon ?{ENTER}"));
+    d.wait("an answer", |d| d.texts(".bubble.assistant.done .text").first().is_some_and(|t| !t.is_empty()));
+    let answer = d.texts(".bubble.assistant .text").concat();
+    // assets/SAMPLES.md: the demo model's answer from field_notes.txt.
+    assert!(answer.contains("4 8 1 5 2"), "{answer}");
+    screenshot(&display, "6-chat");
+    d.quit();
+}

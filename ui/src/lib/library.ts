@@ -1,0 +1,155 @@
+// The library, staging and prefill jobs: the UI side of src-tauri/src/gui (library_list,
+// stage, estimate, start_prefill, resume_context, cancel_job, watch, ...). Types mirror the
+// Rust structs serialised by serde; errors reject with the backend's message as a string.
+
+import { Channel, invoke } from '@tauri-apps/api/core';
+import { errorMessage, inTauri } from './api';
+
+export type ContextStatus = 'prefilling' | 'paused' | 'ready' | 'damaged' | 'missing';
+
+export interface ContextInfo {
+  id: number;
+  name: string;
+  path: string;
+  model: { name: string; source: string; architecture: string };
+  tokens: number;
+  layers: number;
+  layers_done: number;
+  kv_dtype: string;
+  file_bytes: number;
+  status: ContextStatus;
+  problem: string | null;
+  saved_at: string;
+  documents: number;
+}
+
+export interface DocumentInfo {
+  title: string;
+  path: string;
+  kind: string;
+  bytes: number;
+  xxh3: string;
+  token_start: number;
+  token_end: number;
+}
+
+export interface StagedDocument {
+  path: string;
+  title: string;
+  kind: string;
+  bytes: number;
+  xxh3: string;
+  tokens: number;
+}
+
+export interface Skip {
+  path: string;
+  reason: string;
+}
+
+export interface Staged {
+  documents: StagedDocument[];
+  skipped: Skip[];
+  head_tokens: number;
+  seconds: number;
+}
+
+export interface Estimate {
+  tokens: number;
+  limit: number;
+  fits: boolean;
+  file_bytes: number;
+  working_set_bytes: number;
+  scratch_bytes: number;
+  disk_free_bytes: number | null;
+  predicted_seconds: number | null;
+  rate_tokens_per_s: number | null;
+}
+
+export interface Progress {
+  layer: number;
+  layers: number;
+  layer_tokens: number;
+  tokens: number;
+  fraction: number;
+  tokens_per_s: number;
+  eta_s: number | null;
+}
+
+export type JobState = 'queued' | 'running' | 'done' | 'paused' | 'failed';
+
+export interface JobView {
+  id: number;
+  name: string;
+  path: string;
+  state: JobState;
+  progress: Progress | null;
+  message: string | null;
+  notes: Skip[];
+}
+
+export type UiEvent =
+  | { event: 'dropped'; data: { paths: string[] } }
+  | { event: 'hover'; data: { over: boolean } }
+  | { event: 'jobs'; data: { jobs: JobView[] } };
+
+async function call<T>(name: string, args?: Record<string, unknown>): Promise<T> {
+  if (!inTauri()) throw 'Not running inside the Folio app';
+  try {
+    return await invoke<T>(name, args);
+  } catch (err) {
+    throw errorMessage(err);
+  }
+}
+
+/** Opens the window's feed (drops, drag hover, job snapshots); call once. */
+export async function watch(onEvent: (e: UiEvent) => void): Promise<void> {
+  if (!inTauri()) return;
+  const channel = new Channel<UiEvent>(onEvent);
+  await call<void>('watch', { onEvent: channel });
+}
+
+export const libraryList = () => call<ContextInfo[]>('library_list');
+export const contextDocuments = (id: number) => call<DocumentInfo[]>('context_documents', { id });
+export const renameContext = (id: number, name: string) => call<ContextInfo>('rename_context', { id, name });
+export const removeContext = (id: number, deleteFile: boolean) =>
+  call<void>('remove_context', { id, deleteFile });
+export const revealContext = (id: number) => call<void>('reveal_context', { id });
+export const rebuildLibrary = () => call<ContextInfo[]>('rebuild_library');
+export const openContext = (id: number) => call<ContextInfo>('open_context', { id });
+export const closeContext = () => call<void>('close_context');
+export const estimate = (tokens: number) => call<Estimate>('estimate', { tokens });
+export const startPrefill = (documents: StagedDocument[], name: string) =>
+  call<number>('start_prefill', { documents, name });
+export const resumeContext = (id: number) => call<number>('resume_context', { id });
+export const cancelJob = (id: number) => call<boolean>('cancel_job', { id });
+
+/** Reads and counts files and folders; `onProgress(done, total)` follows the count. */
+export function stage(paths: string[], onProgress: (done: number, total: number) => void): Promise<Staged> {
+  const channel = new Channel<{ done: number; total: number }>((p) => onProgress(p.done, p.total));
+  return call<Staged>('stage', { paths, onProgress: channel });
+}
+
+/** 1536 → "1.5 KiB". */
+export function bytes(n: number): string {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let v = n;
+  let u = 0;
+  while (v >= 1024 && u < units.length - 1) {
+    v /= 1024;
+    u++;
+  }
+  return `${v.toFixed(u === 0 ? 0 : 1)} ${units[u]}`;
+}
+
+/** 12345 → "12,345". */
+export const count = (n: number): string => n.toLocaleString('en-US');
+
+/** 75 → "1m 15s". */
+export function duration(s: number): string {
+  if (s < 1) return 'under a second';
+  const t = Math.round(s);
+  if (t < 60) return `${t}s`;
+  if (t < 3600) return `${Math.floor(t / 60)}m ${String(t % 60).padStart(2, '0')}s`;
+  return `${Math.floor(t / 3600)}h ${String(Math.floor((t % 3600) / 60)).padStart(2, '0')}m`;
+}
