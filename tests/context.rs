@@ -317,6 +317,42 @@ fn killed_prefill_resumes_to_an_identical_file() {
     );
 }
 
+/// `folio prefill --context F --add DOC` grows a saved context in place: the same tokens and
+/// file as a prefill of every document in one go (f32 K/V), the library lists it grown, and
+/// the grown context answers.
+#[test]
+fn prefill_add_grows_a_context_in_place() {
+    let d = docs(1);
+    let work = tempfile::tempdir().unwrap();
+    let (whole, grown) = (work.path().join("whole.folio"), work.path().join("grown.folio"));
+    let f32 = ["--kv-dtype", "f32"];
+    ok_json(prefill(d.path(), &whole, &f32));
+    let (first, rest) = (d.path().join("field_notes.txt"), d.path().join("market_records.txt"));
+    let last = d.path().join("the_diary_of_greta.txt");
+    let (g, m) = (grown.display().to_string(), demo());
+    let (f, r, l) = (first.display().to_string(), rest.display().to_string(), last.display().to_string());
+    ok_json(folio(&["prefill", "--model", &m, "--docs", &f, &r, "--out", &g, "--kv-dtype", "f32", "--json"]));
+    let before = ok_json(folio(&["library", "show", &g, "--json"]));
+    let report = ok_json(folio(&["prefill", "--context", &g, "--add", &l, "--json"]));
+    let added = report["documents"].as_array().unwrap().last().unwrap().clone();
+    let span = added["end"].as_u64().unwrap() - added["start"].as_u64().unwrap();
+    assert_eq!(report["report"]["computed_tokens"].as_u64(), Some(span), "only the new document is computed");
+    assert!(std::fs::read(&whole).unwrap() == std::fs::read(&grown).unwrap(), "grown != prefilled in one go");
+    let after = ok_json(folio(&["library", "show", &g, "--json"]));
+    assert_eq!(after["context"]["id"], before["context"]["id"]);
+    assert_eq!((after["context"]["documents"].as_u64(), after["documents"].as_array().unwrap().len()), (Some(3), 3));
+    let answer = ok_json(folio(&["chat", "--context", &g, "what is the secret code of amber falcon ?", "--json"]));
+    assert!(answer["text"].as_str().unwrap_or_default().contains("4 8 1 5 2"), "{answer}");
+    // Adding what is there, or growing with another K/V dtype, is refused.
+    let err = err_text(folio(&["prefill", "--context", &g, "--add", &l]));
+    assert!(err.contains("already in this context"), "{err}");
+    let extra = work.path().join("extra.txt");
+    std::fs::write(&extra, "the lucky number of jade tiger is 9 0 4 5 5 .").unwrap();
+    let x = extra.display().to_string();
+    let err = err_text(folio(&["prefill", "--context", &g, "--add", &x, "--kv-dtype", "bf16"]));
+    assert!(err.contains("--kv-dtype f32"), "{err}");
+}
+
 /// A resume under a budget its pinned chunk no longer fits is refused. Checkpoints do not
 /// wait for the disk, so they name checksums instead: bytes a checkpoint vouches for that did
 /// not survive (here, one flipped in the hidden states the next layer reads, as a power cut

@@ -216,10 +216,18 @@ fn working_set_terms(model: &Model, tokens: usize, section_bytes: u64) -> (u64, 
 /// (what layer `l - 1` wrote) and writes `hidden[l % 2]` ([`layer_output`]). Returns the
 /// layer's K and V, `[kv_heads, tokens, head_dim]`. `progress` gets the tokens done so far
 /// after each chunk and may cancel (between chunks).
+///
+/// With `prefix`, the layer's K and V of tokens that came before (`[kv_heads, p, head_dim]`,
+/// from a saved context), `tokens` are the ones after them: they sit at positions `p..`,
+/// attend to the prefix as well, and the K and V returned cover prefix and tokens. The hidden
+/// stores hold only `tokens` (row 0 is position `p`). Attention is causal, so the prefix's K/V
+/// is what a prefill of everything would have computed for it: growing a context computes
+/// only the new tokens.
 pub fn run_layer<H: Hidden>(
     model: &Model,
     layer: usize,
     tokens: &[u32],
+    prefix: Option<&(Tensor, Tensor)>,
     hidden: &mut [H; 2],
     chunk: usize,
     progress: &mut dyn FnMut(usize) -> ControlFlow<()>,
@@ -227,23 +235,35 @@ pub fn run_layer<H: Hidden>(
     let cfg = model.config();
     let t = tokens.len();
     let mut kv = DenseKv::new(1, cfg.num_kv_heads, cfg.head_dim, model.dtype(), model.device());
-    kv.reserve(t)?;
+    let offset = match prefix {
+        Some((k, v)) => {
+            let p = k.dim(1)?;
+            kv.reserve(p + t)?;
+            kv.write(0, 0, k, v)?;
+            kv.set_len(p)?;
+            p
+        }
+        None => {
+            kv.reserve(t)?;
+            0
+        }
+    };
     let [even, odd] = hidden;
     let (input, output) = if layer % 2 == 0 { (&*odd, even) } else { (&*even, odd) };
     let mut start = 0;
     while start < t {
         let n = chunk.min(t - start);
         let x = if layer == 0 { model.embed(&tokens[start..start + n])? } else { input.read(start, n)? };
-        let rope = model.rope(start, n)?;
-        let y = model.layer_forward(layer, &x, start, &rope, &mut kv, 0, &Dense)?;
-        kv.set_len(start + n)?;
+        let rope = model.rope(offset + start, n)?;
+        let y = model.layer_forward(layer, &x, offset + start, &rope, &mut kv, 0, &Dense)?;
+        kv.set_len(offset + start + n)?;
         output.write(start, &y)?;
         start += n;
         if progress(start).is_break() {
             return Err(Error::Cancelled(format!("prefill cancelled in layer {layer}")));
         }
     }
-    let seg = kv.segments(0, t)?.remove(0);
+    let seg = kv.segments(0, offset + t)?.remove(0);
     Ok((seg.k, seg.v))
 }
 
@@ -282,7 +302,7 @@ pub fn prefill_layers(
     let new = || MemoryHidden::new(tokens.len(), cfg.hidden_size, model.dtype(), model.device());
     let mut hidden = [new()?, new()?];
     for layer in 0..cfg.num_layers {
-        let (k, v) = run_layer(model, layer, tokens, &mut hidden, chunk, &mut |_| ControlFlow::Continue(()))?;
+        let (k, v) = run_layer(model, layer, tokens, None, &mut hidden, chunk, &mut |_| ControlFlow::Continue(()))?;
         on_layer(layer, k, v)?;
     }
     let last = layer_output(&hidden, cfg.num_layers - 1).read(tokens.len() - 1, 1)?;

@@ -343,3 +343,52 @@ fn offloaded_decode_matches_resident_cpu() -> Result<()> {
 fn offloaded_decode_matches_resident_cuda() -> Result<()> {
     offloaded_decode_matches_resident(&Device::new_cuda(0)?)
 }
+
+/// A context grown by a document is the context prefilled with all the documents in one go:
+/// the same tokens and spans, and (f32 on the CPU) byte for byte the same file, K/V and
+/// checksums included; the append computes only the new document's tokens.
+#[test]
+fn a_grown_context_is_the_one_prefilled_in_one_go() -> Result<()> {
+    let e = engine("demo");
+    let samples = model_dir("demo").join("../../samples");
+    let docs: Vec<context::DocumentText> = ["field_notes.txt", "market_records.txt", "the_diary_of_greta.txt"]
+        .iter()
+        .map(|name| {
+            let text = std::fs::read_to_string(samples.join(name)).unwrap();
+            context::DocumentText {
+                title: (*name).into(),
+                path: format!("samples/{name}"),
+                bytes: text.len() as u64,
+                xxh3: context::format::checksum(text.as_bytes()),
+                text,
+            }
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let date = || Some("25 Nov 2026".to_owned());
+    let (whole, grown) = (dir.path().join("whole.folio"), dir.path().join("grown.folio"));
+    let all = e.plan_context(&docs, None, date())?;
+    let whole_report = build(&e, &all, &whole, KvDtype::F32, None);
+    build(&e, &e.plan_context(&docs[..2], None, date())?, &grown, KvDtype::F32, None);
+
+    let base = context::ContextFile::open(&grown)?;
+    let plan = e.plan_append(&base, &docs[2..])?;
+    assert_eq!((&plan.tokens, &plan.documents), (&all.tokens, &all.documents));
+    let err = e.plan_append(&base, &docs[1..2]).unwrap_err();
+    assert!(err.to_string().contains("already in this context"), "{err}");
+    let opts = BuildOptions { kv_dtype: KvDtype::F32, memory_budget: None, restart: false };
+    let wrong = BuildOptions { kv_dtype: KvDtype::Bf16, ..opts.clone() };
+    let err = context::append(&e.model, e.stamp()?, &base, &plan, &grown, &wrong, &mut |_| ControlFlow::Continue(()))
+        .unwrap_err();
+    assert!(err.to_string().contains("--kv-dtype f32"), "{err}");
+    let report =
+        context::append(&e.model, e.stamp()?, &base, &plan, &grown, &opts, &mut |_| ControlFlow::Continue(()))?;
+    assert_eq!(report.computed_tokens, all.tokens.len() - base.tokens().len());
+    assert_eq!((report.tokens, report.next_token), (whole_report.tokens, whole_report.next_token));
+    drop(base);
+    assert!(
+        std::fs::read(&whole).unwrap() == std::fs::read(&grown).unwrap(),
+        "the grown file differs from the one prefilled in one go"
+    );
+    Ok(())
+}

@@ -99,6 +99,10 @@ pub struct PrefillBenchArgs {
     /// prefill longer than one sitting finishes over several runs, each reporting its own layers.
     #[arg(long, requires = "dir")]
     resume: bool,
+    /// Also grow each context by this many new tokens (`folio prefill --context --add`) and
+    /// time it against a prefill of everything in one go.
+    #[arg(long, conflicts_with = "resume")]
+    append: Option<usize>,
     #[arg(long)]
     json: bool,
 }
@@ -125,6 +129,22 @@ struct Row {
     reopen_first_token_seconds: Option<f64>,
     /// Reopen-to-first-token time ÷ prefill time.
     reopen_ratio: Option<f64>,
+    /// Growing the context by `--append` tokens.
+    append: Option<AppendRow>,
+}
+
+#[derive(Serialize)]
+struct AppendRow {
+    new_tokens: usize,
+    /// Growing the saved context: only the new tokens computed.
+    append_seconds: f64,
+    /// Prefilling old and new tokens in one go.
+    full_seconds: f64,
+    /// append ÷ full.
+    ratio: f64,
+    /// The share of the full prefill's attention and matmul work that is the new tokens'
+    /// (the ratio an append would have with no fixed costs).
+    work_share: f64,
 }
 
 pub fn bench(common: &Common, args: BenchArgs) -> Result<()> {
@@ -417,9 +437,23 @@ fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> {
     let mut rows = Vec::new();
     for &n in &a.tokens {
         let opts = BuildOptions { kv_dtype, memory_budget, restart: !a.resume };
-        rows.push(one(&subject, n, &opts, dir.path(), matmul, &sampler)?);
+        rows.push(one(&subject, n, &opts, dir.path(), matmul, &sampler, a.append)?);
         if !a.json {
-            print_row(rows.last().expect("just pushed"), rows.len() == 1, &subject, matmul);
+            let row = rows.last().expect("just pushed");
+            print_row(row, rows.len() == 1, &subject, matmul);
+            if let Some(g) = &row.append {
+                println!(
+                    "{:>8} grown by {} tokens in {:.2} s; all {} in one go {:.2} s: {:.1}% of it (the new tokens' \
+                     share of the work {:.1}%)",
+                    "",
+                    g.new_tokens,
+                    g.append_seconds,
+                    row.tokens + g.new_tokens,
+                    g.full_seconds,
+                    100.0 * g.ratio,
+                    100.0 * g.work_share
+                );
+            }
         }
     }
     if a.json {
@@ -470,6 +504,7 @@ fn one(
     dir: &std::path::Path,
     matmul: f64,
     sampler: &MemorySampler,
+    append: Option<usize>,
 ) -> Result<Row> {
     let model = subject.model();
     let vocab = model.config().vocab_size as u32;
@@ -495,6 +530,7 @@ fn one(
         }
         Made::Random(_) => None,
     };
+    let append = append.map(|m| grow(subject, &out, m, opts, dir, &mut rng)).transpose()?;
     std::fs::remove_file(&out).with_context(|| format!("removing {}", out.display()))?;
     let computed = report.layers - report.resumed_layers;
     let flops = prefill_flops(model.config(), n) * computed as f64 / report.layers as f64 / report.seconds;
@@ -513,7 +549,42 @@ fn one(
         file_bytes: report.file_bytes,
         reopen_first_token_seconds: reopen,
         reopen_ratio: reopen.map(|r| r / report.seconds),
+        append,
     })
+}
+
+/// Grows the context at `base` by `m` random tokens, and prefills the same tokens in one go.
+fn grow(
+    subject: &Subject,
+    base: &std::path::Path,
+    m: usize,
+    opts: &BuildOptions,
+    dir: &std::path::Path,
+    rng: &mut StdRng,
+) -> Result<AppendRow> {
+    let model = subject.model();
+    let vocab = model.config().vocab_size as u32;
+    let file = folio_models::context::ContextFile::open(base)?;
+    let n = file.tokens().len();
+    let mut plan = PrefixPlan::raw_tokens(file.tokens().to_vec());
+    plan.tokens.extend((0..m).map(|_| rng.random_range(0..vocab)));
+    plan.documents = file.documents().to_vec();
+    let mut added = plan.documents[0].clone();
+    (added.title, added.start, added.end) = ("added".into(), n, n + m);
+    plan.documents.push(added);
+    let (grown, whole) = (dir.join(format!("bench-{n}+{m}.folio")), dir.join(format!("bench-{}.folio", n + m)));
+    let started = Instant::now();
+    context::append(model, &subject.stamp, &file, &plan, &grown, opts, &mut |_| ControlFlow::Continue(()))?;
+    let append_seconds = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    context::build(model, &subject.stamp, &plan, &whole, opts, &mut |_| ControlFlow::Continue(()))?;
+    let full_seconds = started.elapsed().as_secs_f64();
+    for p in [&grown, &whole] {
+        std::fs::remove_file(p).with_context(|| format!("removing {}", p.display()))?;
+    }
+    let cfg = model.config();
+    let work_share = 1.0 - prefill_flops(cfg, n) / prefill_flops(cfg, n + m);
+    Ok(AppendRow { new_tokens: m, append_seconds, full_seconds, ratio: append_seconds / full_seconds, work_share })
 }
 
 fn print_row(r: &Row, first: bool, subject: &Subject, matmul: f64) {

@@ -23,21 +23,30 @@ use crate::library_cmd::Registrar;
 #[derive(Args)]
 pub struct PrefillArgs {
     /// Documents: files or folders (recursive), in order.
-    #[arg(long, num_args = 1.., required = true)]
+    #[arg(long, num_args = 1.., required_unless_present = "context", conflicts_with = "context")]
     docs: Vec<PathBuf>,
-    /// The context file to write.
+    /// Grow this saved context with the documents of --add: only they are prefilled, after its
+    /// tokens (the saved K/V stays valid: attention is causal); the file is replaced atomically
+    /// unless --out names another.
+    #[arg(long, requires = "add")]
+    context: Option<PathBuf>,
+    /// Documents to add to --context: files or folders, in order.
+    #[arg(long, num_args = 1.., requires = "context")]
+    add: Vec<PathBuf>,
+    /// The context file to write (with --context, default: that file).
+    #[arg(long, required_unless_present = "context")]
+    out: Option<PathBuf>,
+    /// How K/V is stored: bf16 (default), bf16-fp8 (bf16 keys, fp8 values: about 3/4 the size,
+    /// nearly bf16's accuracy), fp8 (e4m3 + per-row scale, half the size) or f32. A grown
+    /// context keeps its own.
     #[arg(long)]
-    out: PathBuf,
-    /// How K/V is stored: bf16, bf16-fp8 (bf16 keys, fp8 values: about 3/4 the size, nearly
-    /// bf16's accuracy), fp8 (e4m3 + per-row scale, half the size) or f32.
-    #[arg(long, default_value = "bf16")]
-    kv_dtype: String,
+    kv_dtype: Option<String>,
     /// Memory the prefill may use beyond the model weights, e.g. 2GiB, 512MiB (default: a
     /// chunk of 2048 tokens).
     #[arg(long)]
     memory_budget: Option<String>,
     /// System message placed before the documents (chat models).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "context")]
     system: Option<String>,
     /// Discard an interrupted prefill of the same output instead of refusing.
     #[arg(long)]
@@ -60,19 +69,32 @@ fn ctrl_c_flag() -> Arc<AtomicBool> {
 }
 
 pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
-    let kv_dtype = KvDtype::parse(&a.kv_dtype)?;
     let memory_budget = a.memory_budget.as_deref().map(parse_bytes).transpose()?;
-    let ingested = ingest::collect(&a.docs)?;
+    let base = a.context.as_deref().map(ContextFile::open).transpose()?;
+    let out = a.out.clone().or_else(|| a.context.clone()).context("--out is required")?;
+    let ingested = ingest::collect(if base.is_some() { &a.add } else { &a.docs })?;
     for (path, why) in &ingested.skipped {
         eprintln!("skipped {}: {why}", path.display());
     }
-    let engine = common.engine()?;
-    let date = if a.restart { None } else { context::pending_date(&a.out) };
-    let plan = engine.plan_context(&ingested.documents, a.system.as_deref(), date)?;
+    let (engine, plan, kv_dtype) = match &base {
+        Some(base) => {
+            let engine = common.engine_or(&base.header().model.source)?;
+            engine.check_context(base)?;
+            let kv_dtype = a.kv_dtype.as_deref().map(KvDtype::parse).transpose()?.unwrap_or(base.header().kv_dtype);
+            let plan = engine.plan_append(base, &ingested.documents)?;
+            (engine, plan, kv_dtype)
+        }
+        None => {
+            let engine = common.engine()?;
+            let date = if a.restart { None } else { context::pending_date(&out) };
+            let plan = engine.plan_context(&ingested.documents, a.system.as_deref(), date)?;
+            (engine, plan, KvDtype::parse(a.kv_dtype.as_deref().unwrap_or("bf16"))?)
+        }
+    };
     let opts = BuildOptions { kv_dtype, memory_budget, restart: a.restart };
     let stop = ctrl_c_flag();
     let bar = progress_bar(a.json);
-    let mut library = if a.no_library { None } else { Registrar::open(&a.out) };
+    let mut library = if a.no_library { None } else { Registrar::open(&out) };
     let mut on_progress = |p: &Progress| {
         if let Some(lib) = library.as_mut() {
             lib.started();
@@ -95,7 +117,10 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
             ControlFlow::Continue(())
         }
     };
-    let report = context::build(&engine.model, engine.stamp()?, &plan, &a.out, &opts, &mut on_progress);
+    let report = match &base {
+        Some(base) => context::append(&engine.model, engine.stamp()?, base, &plan, &out, &opts, &mut on_progress),
+        None => context::build(&engine.model, engine.stamp()?, &plan, &out, &opts, &mut on_progress),
+    };
     if let Some(lib) = library {
         lib.finished();
     }
@@ -119,6 +144,9 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
             report.kv_dtype.name(),
             human_bytes(report.file_bytes)
         );
+        if report.computed_tokens < report.tokens {
+            println!("grown by {} tokens ({} documents in all)", report.computed_tokens, report.documents);
+        }
         let resumed = if report.resumed_layers > 0 {
             format!(" (resumed after layer {})", report.resumed_layers)
         } else {

@@ -34,10 +34,11 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::codec::KvDtype;
+use super::file::ContextFile;
 use super::format::{checksum, file_checksum, Header, ModelStamp, SectionKind};
 use super::prompt::PrefixPlan;
 use crate::error::{human_bytes, Error, Result};
@@ -85,6 +86,8 @@ pub struct StageSeconds {
 pub struct BuildReport {
     pub path: PathBuf,
     pub tokens: usize,
+    /// Tokens this prefill computed: all of them, or only the new ones when growing a context.
+    pub computed_tokens: usize,
     pub layers: usize,
     pub documents: usize,
     pub kv_dtype: KvDtype,
@@ -113,10 +116,16 @@ struct Checkpoint {
     checksums: Vec<String>,
     /// Checksum of the hidden states the next layer reads (empty at layer 0).
     hidden: String,
+    /// Tokens taken from the saved context this prefill grows (0: a prefill of everything).
+    /// Version 2 checkpoints predate growing and read as 0.
+    #[serde(default)]
+    base_tokens: usize,
 }
 
 const CHECKPOINT_FORMAT: &str = "folio-prefill-checkpoint";
-const CHECKPOINT_VERSION: u32 = 2;
+const CHECKPOINT_VERSION: u32 = 3;
+/// Checkpoint versions this Folio resumes.
+const CHECKPOINT_VERSIONS: std::ops::RangeInclusive<u32> = 2..=CHECKPOINT_VERSION;
 
 /// The folder holding an interrupted or running prefill of `out`.
 pub fn partial_dir(out: &Path) -> PathBuf {
@@ -140,6 +149,8 @@ pub struct Pending {
     pub layers_done: usize,
     /// A process holds the folder's lock: the prefill is running now.
     pub running: bool,
+    /// Tokens it takes from the saved context it grows (0: a prefill of everything).
+    pub base_tokens: usize,
     /// When the checkpoint was last written.
     pub updated: std::time::SystemTime,
 }
@@ -190,13 +201,67 @@ pub fn pending(out: &Path) -> Result<Option<Pending>> {
         }
         _ => Vec::new(),
     };
-    Ok(Some(Pending { header: cp.job, documents, layers_done: cp.layers_done, running, updated }))
+    Ok(Some(Pending {
+        header: cp.job,
+        documents,
+        layers_done: cp.layers_done,
+        running,
+        updated,
+        base_tokens: cp.base_tokens,
+    }))
 }
 
 /// Prefills `plan` with `model` into the context file `out`. See the module docs.
 pub fn build(
     model: &Model,
     stamp: &ModelStamp,
+    plan: &PrefixPlan,
+    out: &Path,
+    opts: &BuildOptions,
+    on_progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
+) -> Result<BuildReport> {
+    build_job(model, stamp, None, plan, out, opts, on_progress)
+}
+
+/// Grows the saved context `base` into `out` (which may be `base`'s own path: the new version
+/// replaces it atomically, and `base` stays readable until then): `plan` is `base`'s tokens
+/// followed by new documents (`Engine::plan_append`), and only the new tokens are computed —
+/// attention is causal, so every saved K/V row stays what a prefill of everything would have
+/// computed. Resumable like [`build`]: run it again with the same base and documents.
+pub fn append(
+    model: &Model,
+    stamp: &ModelStamp,
+    base: &ContextFile,
+    plan: &PrefixPlan,
+    out: &Path,
+    opts: &BuildOptions,
+    on_progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
+) -> Result<BuildReport> {
+    let h = base.header();
+    let bad = |msg: String| Error::Context { path: base.path().to_owned(), msg };
+    let differences = h.model.fingerprint.differences(&stamp.fingerprint);
+    if !differences.is_empty() {
+        return Err(bad(format!(
+            "it was made with model {} and this is {} ({}): grow it with --model {}",
+            h.model.name,
+            stamp.name,
+            differences.join(", "),
+            h.model.source
+        )));
+    }
+    if h.kv_dtype != opts.kv_dtype {
+        return Err(bad(format!("it stores {} K/V: grow it with --kv-dtype {}", h.kv_dtype.name(), h.kv_dtype.name())));
+    }
+    if !plan.tokens.starts_with(base.tokens()) || plan.tokens.len() == base.tokens().len() {
+        return Err(bad("the new plan does not extend the saved tokens with new ones".into()));
+    }
+    build_job(model, stamp, Some(base), plan, out, opts, on_progress)
+}
+
+fn build_job(
+    model: &Model,
+    stamp: &ModelStamp,
+    base: Option<&ContextFile>,
     plan: &PrefixPlan,
     out: &Path,
     opts: &BuildOptions,
@@ -226,8 +291,18 @@ pub fn build(
     if !take_lock(&lock) {
         return Err(Error::Invalid(format!("another folio prefill is writing {} right now", out.display())));
     }
-    let mut job_run =
-        Job { model, plan, out, dir: &dir, job, docs_json, chunk: chunk_plan.chunk, on_progress, owns_dir: false };
+    let mut job_run = Job {
+        model,
+        plan,
+        base,
+        out,
+        dir: &dir,
+        job,
+        docs_json,
+        chunk: chunk_plan.chunk,
+        on_progress,
+        owns_dir: false,
+    };
     let result = job_run.run(opts);
     // Success removes the folder (the file is renamed out of it). A failure removes it when it
     // is this job's and holds nothing worth resuming, or when the disk is full (the scratch
@@ -262,6 +337,8 @@ pub fn build(
 struct Job<'a> {
     model: &'a Model,
     plan: &'a PrefixPlan,
+    /// The saved context this job grows: its K/V is read, not computed.
+    base: Option<&'a ContextFile>,
     out: &'a Path,
     dir: &'a Path,
     job: Header,
@@ -277,8 +354,29 @@ impl Job<'_> {
         format!("{} {:?}", crate::device_name(self.model.device()), self.model.dtype()).to_lowercase()
     }
 
+    /// Tokens taken from the base context.
+    fn base_tokens(&self) -> usize {
+        self.base.map_or(0, |b| b.tokens().len())
+    }
+
+    /// The tokens this job computes.
+    fn computed(&self) -> &[u32] {
+        &self.plan.tokens[self.base_tokens()..]
+    }
+
     fn hidden_bytes(&self) -> u64 {
-        (self.plan.tokens.len() * self.model.config().hidden_size * self.model.dtype().size_in_bytes()) as u64
+        (self.computed().len() * self.model.config().hidden_size * self.model.dtype().size_in_bytes()) as u64
+    }
+
+    /// The base context's K and V of `layer`, `[kv_heads, tokens, head_dim]` on the device.
+    fn prefix(&self, layer: usize) -> Result<Option<(Tensor, Tensor)>> {
+        let Some(base) = self.base else { return Ok(None) };
+        let cfg = self.model.config();
+        let shape = (cfg.num_kv_heads, base.tokens().len(), cfg.head_dim);
+        let (k, v) = base.layer_kv(layer)?;
+        let dev = self.model.device();
+        let (k, v) = (Tensor::from_vec(k, shape, dev)?, Tensor::from_vec(v, shape, dev)?);
+        Ok(Some((k.to_dtype(self.model.dtype())?, v.to_dtype(self.model.dtype())?)))
     }
 
     /// Whether the bytes a checkpoint vouches for are on disk as it says: every section written
@@ -297,7 +395,7 @@ impl Job<'_> {
         let Some(f) = open_if_present(p)? else { return Ok(false) };
         let cfg = self.model.config();
         let stored = FileHidden::new(f, p, cfg.hidden_size, self.model.dtype(), self.model.device());
-        Ok(stored.stored_checksum(self.plan.tokens.len()).ok().as_ref() == Some(&cp.hidden))
+        Ok(stored.stored_checksum(self.computed().len()).ok().as_ref() == Some(&cp.hidden))
     }
 
     fn run(&mut self, opts: &BuildOptions) -> Result<BuildReport> {
@@ -306,10 +404,11 @@ impl Job<'_> {
         let tmp = self.dir.join("context.tmp");
         let hidden_paths = [self.dir.join("hidden-0.bin"), self.dir.join("hidden-1.bin")];
         let cfg = self.model.config();
-        let (layers, t) = (cfg.num_layers, self.plan.tokens.len());
+        // `t` tokens in the file, `n` of them computed here (all, unless growing a context).
+        let (layers, t, n) = (cfg.num_layers, self.plan.tokens.len(), self.computed().len());
         let section = self.job.kv_dtype.max_section_bytes(cfg.num_kv_heads * t, cfg.head_dim);
         let mut checkpoint = match read_checkpoint(&cp_path)? {
-            Some(cp) if cp.job == self.job && cp.compute == self.compute() => {
+            Some(cp) if cp.job == self.job && cp.compute == self.compute() && cp.base_tokens == self.base_tokens() => {
                 // A resume computes with the chunk it started with (the bytes depend on it):
                 // that chunk's working set is what runs, and it must fit today's budget;
                 // `--restart` plans anew, otherwise the interrupted prefill is left as it is.
@@ -360,23 +459,25 @@ impl Job<'_> {
         let run_start = Instant::now();
         let mut stages = StageSeconds::default();
         for layer in checkpoint.layers_done..layers {
-            let (done_before, on_progress) = ((layer - resumed_layers) * t, &mut self.on_progress);
-            let mut report = |n: usize| {
+            let prefix = self.prefix(layer)?;
+            let (done_before, on_progress) = ((layer - resumed_layers) * n, &mut self.on_progress);
+            let mut report = |done: usize| {
                 let secs = run_start.elapsed().as_secs_f64().max(1e-9);
-                let rate = (done_before + n) as f64 / secs;
-                let left = ((layers - layer) * t - n) as f64;
+                let rate = (done_before + done) as f64 / secs;
+                let left = ((layers - layer) * n - done) as f64;
                 on_progress(&Progress {
                     layer,
                     layers,
-                    layer_tokens: n,
-                    tokens: t,
-                    fraction: (layer * t + n) as f64 / (layers * t) as f64,
+                    layer_tokens: done,
+                    tokens: n,
+                    fraction: (layer * n + done) as f64 / (layers * n) as f64,
                     tokens_per_s: rate / layers as f64,
                     eta_s: (rate > 0.0).then(|| left / rate),
                 })
             };
             let at = Instant::now();
-            let (k, v) = run_layer(self.model, layer, &self.plan.tokens, &mut hidden, self.chunk, &mut report)?;
+            let computed = &self.plan.tokens[t - n..];
+            let (k, v) = run_layer(self.model, layer, computed, prefix.as_ref(), &mut hidden, self.chunk, &mut report)?;
             stages.compute += at.elapsed().as_secs_f64();
             for (kind, x) in [(SectionKind::Keys, k), (SectionKind::Values, v)] {
                 let at = Instant::now();
@@ -393,14 +494,14 @@ impl Job<'_> {
             // No fsync here: the checkpoint names the checksums of what the resume will read,
             // and a resume checks them (see `intact`).
             checkpoint.hidden = layer_output(&hidden, layer)
-                .written_checksum(t)
+                .written_checksum(n)
                 .ok_or_else(|| Error::Invalid(format!("layer {layer} wrote its hidden states out of order")))?;
             checkpoint.layers_done = layer + 1;
             write_checkpoint(&cp_path, &checkpoint)?;
             stages.store += at.elapsed().as_secs_f64();
         }
         let at = Instant::now();
-        let last = layer_output(&hidden, layers - 1).read(t - 1, 1)?;
+        let last = layer_output(&hidden, layers - 1).read(n - 1, 1)?;
         let next_token = self.model.head(&last)?.squeeze(0)?.argmax(0)?.to_scalar::<u32>()?;
         let header = self.finished_header(&checkpoint)?;
         self.write_at(&file, &tmp, 0, &header.encode())?;
@@ -412,7 +513,7 @@ impl Job<'_> {
         sync_dir(&cp_path)?;
         std::fs::rename(&tmp, self.out).map_err(|e| Error::io(self.out, e))?;
         sync_dir(self.out)?;
-        let computed = (layers - resumed_layers) * t;
+        let computed = (layers - resumed_layers) * n;
         let run_secs = run_start.elapsed().as_secs_f64();
         stages.store += at.elapsed().as_secs_f64();
         stages.hidden_io = hidden.iter().map(|h| h.io_time().as_secs_f64()).sum();
@@ -421,6 +522,7 @@ impl Job<'_> {
         Ok(BuildReport {
             path: self.out.to_owned(),
             tokens: t,
+            computed_tokens: n,
             layers,
             documents: self.plan.documents.len(),
             kv_dtype: header.kv_dtype,
@@ -468,6 +570,7 @@ impl Job<'_> {
             layers_done: 0,
             checksums: vec![checksum(&tokens), checksum(&self.docs_json)],
             hidden: String::new(),
+            base_tokens: self.base_tokens(),
         };
         write_checkpoint(cp_path, &cp)?;
         Ok(cp)
@@ -511,7 +614,13 @@ impl Job<'_> {
     }
 
     fn mismatch(&self, cp: &Checkpoint) -> Error {
-        let what = if cp.compute != self.compute() {
+        let what = if cp.base_tokens != self.base_tokens() {
+            if cp.base_tokens > 0 {
+                "it adds documents to the saved context (rerun with --context and the same --add)".to_owned()
+            } else {
+                "it prefills every document, not an addition".to_owned()
+            }
+        } else if cp.compute != self.compute() {
             format!("it ran on {} and this run is {}", cp.compute, self.compute())
         } else if cp.job.model != self.job.model {
             format!("it used model {}", cp.job.model.name)
@@ -579,7 +688,7 @@ fn read_checkpoint(path: &Path) -> Result<Option<Checkpoint>> {
     match std::fs::read_to_string(path) {
         Ok(text) => Ok(serde_json::from_str::<Checkpoint>(&text)
             .ok()
-            .filter(|cp| cp.format == CHECKPOINT_FORMAT && cp.version == CHECKPOINT_VERSION)),
+            .filter(|cp| cp.format == CHECKPOINT_FORMAT && CHECKPOINT_VERSIONS.contains(&cp.version))),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
         Err(e) => Err(Error::io(path, e)),
     }

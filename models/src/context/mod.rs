@@ -16,7 +16,8 @@ pub mod kv;
 pub mod prompt;
 
 pub use build::{
-    build, partial_dir, pending, pending_date, write_atomic, BuildOptions, BuildReport, Pending, Progress, StageSeconds,
+    append, build, partial_dir, pending, pending_date, write_atomic, BuildOptions, BuildReport, Pending, Progress,
+    StageSeconds,
 };
 pub use codec::KvDtype;
 pub use file::{ContextFile, VerifyReport};

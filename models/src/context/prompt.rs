@@ -19,6 +19,7 @@
 
 use serde_json::{Map, Value};
 
+use super::file::ContextFile;
 use super::format::{DocumentSpan, PromptKind, PromptStamp};
 use crate::chat::Message;
 use crate::error::{Error, Result};
@@ -137,6 +138,52 @@ impl Engine {
         Ok(PrefixPlan { tokens, documents, prompt })
     }
 
+    /// The plan of `base` grown by `docs`: its tokens and spans as saved, then each new
+    /// document wrapped and tokenized as [`Engine::plan_context`] would (so the result is the
+    /// plan of all the documents in one go), refused past the context length like it.
+    pub fn plan_append(&self, base: &ContextFile, docs: &[DocumentText]) -> Result<PrefixPlan> {
+        if docs.is_empty() {
+            return Err(Error::Invalid("no documents to add".into()));
+        }
+        let prompt = base.header().prompt.clone();
+        let template = self.document_template();
+        if prompt.document_template != template {
+            return Err(Error::Context {
+                path: base.path().to_owned(),
+                msg: "its documents were wrapped with another document template than this model's; prefill all \
+                      the documents again"
+                    .into(),
+            });
+        }
+        let mut tokens = base.tokens().to_vec();
+        let mut documents = base.documents().to_vec();
+        for d in docs {
+            if documents.iter().any(|s| s.path == d.path && s.xxh3 == d.xxh3) {
+                return Err(Error::Invalid(format!("{} is already in this context", d.path)));
+            }
+            let start = tokens.len();
+            tokens.extend(self.encode_document(&template, d)?);
+            documents.push(DocumentSpan {
+                title: d.title.clone(),
+                path: d.path.clone(),
+                start,
+                end: tokens.len(),
+                bytes: d.bytes,
+                xxh3: d.xxh3.clone(),
+            });
+        }
+        let limit = self.config().max_position_embeddings;
+        if tokens.len() + ANSWER_ROOM > limit {
+            return Err(Error::CollectionTooLong {
+                tokens: tokens.len(),
+                limit,
+                room: ANSWER_ROOM,
+                documents: documents.iter().map(|d| (d.path.clone(), d.end - d.start)).collect(),
+            });
+        }
+        Ok(PrefixPlan { tokens, documents, prompt })
+    }
+
     /// Tokens each document takes in a context of this model (wrapped by its document
     /// template, as [`Engine::plan_context`] lays it out), counted in parallel;
     /// `on_counted(documents_done)` follows the count, for progress over big sets.
@@ -161,7 +208,7 @@ impl Engine {
                 let head = self.render_split(system, &date, &[Message::new("user", "")])?.0;
                 Ok(self.tokenizer.encode_prompt(&head)?.len())
             }
-            None => Ok(self.config().bos_token_id.iter().count()),
+            None => Ok(usize::from(self.config().bos_token_id.is_some())),
         }
     }
 
