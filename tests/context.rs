@@ -317,6 +317,36 @@ fn killed_prefill_resumes_to_an_identical_file() {
     );
 }
 
+/// `folio prefill --dry-run` (the staging sheet in the terminal) counts what the prefill then
+/// computes, lists the skips, writes nothing; over the model's length it is refused.
+#[test]
+fn dry_run_counts_what_the_prefill_computes() {
+    let d = docs(1);
+    let work = tempfile::tempdir().unwrap();
+    let out = work.path().join("c.folio");
+    let staged = ok_json(prefill(d.path(), &out, &["--dry-run"]));
+    assert!(!out.exists() && !PathBuf::from(format!("{}.partial", out.display())).exists());
+    let skipped: Vec<&str> =
+        staged["staged"]["skipped"].as_array().unwrap().iter().map(|s| s["reason"].as_str().unwrap()).collect();
+    assert!(skipped.contains(&"hidden") && skipped.iter().any(|r| r.starts_with("binary")), "{skipped:?}");
+    let report = ok_json(prefill(d.path(), &out, &[]));
+    assert_eq!(staged["tokens"], report["report"]["tokens"]);
+    assert_eq!(staged["estimate"]["file_bytes"], report["report"]["file_bytes"]);
+    let counts: Vec<u64> =
+        staged["staged"]["documents"].as_array().unwrap().iter().map(|x| x["tokens"].as_u64().unwrap()).collect();
+    let spans: Vec<u64> = report["documents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["end"].as_u64().unwrap() - x["start"].as_u64().unwrap())
+        .collect();
+    assert_eq!(counts, spans);
+    let llama = root().join("tests/fixtures/models/llama").display().to_string();
+    let (dp, op) = (d.path().display().to_string(), out.display().to_string());
+    let err = err_text(folio(&["prefill", "--model", &llama, "--docs", &dp, "--out", &op, "--dry-run"]));
+    assert!(err.contains("over what the model reads") && err.contains("never truncates"), "{err}");
+}
+
 /// `folio prefill --context F --add DOC` grows a saved context in place: the same tokens and
 /// file as a prefill of every document in one go (f32 K/V), the library lists it grown, and
 /// the grown context answers.

@@ -29,6 +29,11 @@ impl Common {
         self.load(spec)
     }
 
+    /// The device as the library's prefill rates name it ("cpu", "CUDA 0 (…)").
+    pub(crate) fn device_label(&self) -> Result<String> {
+        Ok(device_name(&parse_device(&self.device)?))
+    }
+
     /// `--model` if given, else `source` (the model a context file names).
     pub(crate) fn engine_or(&self, source: &str) -> Result<Engine> {
         self.load(self.model.as_deref().unwrap_or(source))

@@ -19,6 +19,7 @@ use serde_json::json;
 use crate::cli::Common;
 use crate::ingest;
 use crate::library_cmd::Registrar;
+use crate::staging;
 
 #[derive(Args)]
 pub struct PrefillArgs {
@@ -54,6 +55,11 @@ pub struct PrefillArgs {
     /// Do not list the context in the library (`folio library`).
     #[arg(long)]
     no_library: bool,
+    /// Prefill nothing: list each document with its tokens and each skip with its reason, the
+    /// total against the model's context length, and the file, memory, disk and time the
+    /// prefill would need (what the window's staging sheet shows).
+    #[arg(long, conflicts_with = "context")]
+    dry_run: bool,
     #[arg(long)]
     json: bool,
 }
@@ -69,6 +75,9 @@ fn ctrl_c_flag() -> Arc<AtomicBool> {
 }
 
 pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
+    if a.dry_run {
+        return dry_run(common, &a);
+    }
     let memory_budget = a.memory_budget.as_deref().map(parse_bytes).transpose()?;
     let base = a.context.as_deref().map(ContextFile::open).transpose()?;
     let out = a.out.clone().or_else(|| a.context.clone()).context("--out is required")?;
@@ -88,7 +97,7 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
             let engine = common.engine()?;
             let date = if a.restart { None } else { context::pending_date(&out) };
             let plan = engine.plan_context(&ingested.documents, a.system.as_deref(), date)?;
-            (engine, plan, KvDtype::parse(a.kv_dtype.as_deref().unwrap_or("bf16"))?)
+            (engine, plan, a.kv_dtype.as_deref().map(KvDtype::parse).transpose()?.unwrap_or(staging::DEFAULT_KV_DTYPE))
         }
     };
     let opts = BuildOptions { kv_dtype, memory_budget, restart: a.restart };
@@ -122,6 +131,9 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
         None => context::build(&engine.model, engine.stamp()?, &plan, &out, &opts, &mut on_progress),
     };
     if let Some(lib) = library {
+        if let Ok(r) = &report {
+            lib.record_rate(&staging::rate_key(&engine, &common.device_label()?), r.tokens_per_s);
+        }
         lib.finished();
     }
     let report = report?;
@@ -158,6 +170,59 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
             report.tokens_per_s,
             human_bytes(report.working_set_bytes),
             peak.map_or("unknown".into(), human_bytes)
+        );
+    }
+    Ok(())
+}
+
+/// `folio prefill --dry-run`: the staging sheet in the terminal.
+fn dry_run(common: &Common, a: &PrefillArgs) -> Result<()> {
+    let engine = common.engine()?;
+    let kv_dtype = a.kv_dtype.as_deref().map(KvDtype::parse).transpose()?.unwrap_or(staging::DEFAULT_KV_DTYPE);
+    let staged = staging::stage(&engine, &a.docs, &|_, _| {});
+    let counted: usize = staged.documents.iter().map(|d| d.tokens).sum();
+    let folder = match a.out.as_deref().and_then(std::path::Path::parent) {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => std::env::current_dir()?,
+    };
+    let rate = crate::library_cmd::stored_rate(&staging::rate_key(&engine, &common.device_label()?));
+    let est = staging::estimate(&engine, &staged.documents, kv_dtype, &folder, rate)?;
+    let tokens = est.tokens;
+    if a.json {
+        println!("{}", json!({ "staged": staged, "estimate": est, "tokens": tokens }));
+    } else {
+        for d in &staged.documents {
+            println!("{:>10} tokens  {:<5} {:>10}  {}", d.tokens, d.kind, human_bytes(d.bytes), d.path);
+        }
+        for s in &staged.skipped {
+            println!("skipped {}: {}", s.path, s.reason);
+        }
+        println!(
+            "{} documents, {tokens} tokens (the model reads up to {}); counted in {:.2} s, {:.0} tokens/s",
+            staged.documents.len(),
+            est.limit,
+            staged.seconds,
+            counted as f64 / staged.seconds.max(1e-9)
+        );
+        let time = match (est.predicted_seconds, est.rate_tokens_per_s) {
+            (Some(s), Some(r)) => {
+                format!("about {} at {r:.0} tokens/s (the last prefill with this model here)", human_secs(s))
+            }
+            _ => "measured by the first prefill with this model here".into(),
+        };
+        println!(
+            "file {} ({} free), working memory {} beyond the model, scratch {}; time {time}",
+            human_bytes(est.file_bytes),
+            est.disk_free_bytes.map_or("?".into(), human_bytes),
+            human_bytes(est.working_set_bytes),
+            human_bytes(est.scratch_bytes)
+        );
+    }
+    if !est.fits {
+        bail!(
+            "{tokens} tokens are {} over what the model reads ({}): remove documents; Folio never truncates",
+            tokens - est.limit,
+            est.limit
         );
     }
     Ok(())

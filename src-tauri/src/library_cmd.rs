@@ -249,6 +249,13 @@ impl Registrar {
         }
     }
 
+    /// Stores a prefill's measured rate, which predicts the next one's time (staging).
+    pub(crate) fn record_rate(&self, key: &str, tokens_per_s: f64) {
+        if let Err(e) = self.rt.block_on(self.lib.set_setting(key, &json!(tokens_per_s))) {
+            warn(&e.into());
+        }
+    }
+
     /// After the prefill: the finished file, or what is left to resume, or nothing.
     pub(crate) fn finished(self) {
         let result = self.rt.block_on(async {
@@ -261,6 +268,12 @@ impl Registrar {
             warn(&e.into());
         }
     }
+}
+
+/// The last prefill rate stored under `key` (see `staging::rate_key`), if the library has one.
+pub(crate) fn stored_rate(key: &str) -> Option<f64> {
+    let rt = runtime().ok()?;
+    rt.block_on(async { Library::open_default().await.ok()?.setting(key).await.ok()? })?.as_f64()
 }
 
 fn warn(e: &anyhow::Error) {

@@ -18,6 +18,7 @@ mod eval_attention;
 mod gui;
 mod ingest;
 mod library_cmd;
+mod staging;
 
 use clap::{Parser, Subcommand};
 

@@ -102,16 +102,9 @@ impl Engine {
         if docs.is_empty() {
             return Err(Error::Invalid("no documents to prefill".into()));
         }
-        let date = date.unwrap_or_else(|| chrono::Local::now().format("%d %b %Y").to_string());
-        let document_template = self.document_template();
-        let (kind, head, mut tokens) = match &self.chat_template {
-            Some(_) => {
-                let head = self.render_split(system, &date, &[Message::new("user", "")])?.0;
-                let ids = self.tokenizer.encode_prompt(&head)?;
-                (PromptKind::Chat, head, ids)
-            }
-            None => (PromptKind::Raw, String::new(), self.config().bos_token_id.into_iter().collect()),
-        };
+        let prompt = self.prompt_stamp(system, date)?;
+        let document_template = prompt.document_template.clone();
+        let mut tokens = self.head_ids(&prompt)?;
         let mut documents = Vec::with_capacity(docs.len());
         for d in docs {
             let start = tokens.len();
@@ -134,7 +127,6 @@ impl Engine {
                 documents: documents.iter().map(|d| (d.path.clone(), d.end - d.start)).collect(),
             });
         }
-        let prompt = PromptStamp { kind, head, system: system.map(str::to_owned), date, document_template };
         Ok(PrefixPlan { tokens, documents, prompt })
     }
 
@@ -200,15 +192,23 @@ impl Engine {
             .collect()
     }
 
-    /// Tokens before the documents: the chat template's head (with `system`), or BOS.
-    pub fn head_tokens(&self, system: Option<&str>) -> Result<usize> {
-        match &self.chat_template {
-            Some(_) => {
-                let date = chrono::Local::now().format("%d %b %Y").to_string();
-                let head = self.render_split(system, &date, &[Message::new("user", "")])?.0;
-                Ok(self.tokenizer.encode_prompt(&head)?.len())
-            }
-            None => Ok(usize::from(self.config().bos_token_id.is_some())),
+    /// How this model lays a context's documents out (chat template head, or raw with BOS),
+    /// as [`Engine::plan_context`] records it; `date` defaults to today.
+    pub fn prompt_stamp(&self, system: Option<&str>, date: Option<String>) -> Result<PromptStamp> {
+        let date = date.unwrap_or_else(|| chrono::Local::now().format("%d %b %Y").to_string());
+        let (kind, head) = match &self.chat_template {
+            Some(_) => (PromptKind::Chat, self.render_split(system, &date, &[Message::new("user", "")])?.0),
+            None => (PromptKind::Raw, String::new()),
+        };
+        let document_template = self.document_template();
+        Ok(PromptStamp { kind, head, system: system.map(str::to_owned), date, document_template })
+    }
+
+    /// The tokens before the documents of a context laid out as `prompt`.
+    pub fn head_ids(&self, prompt: &PromptStamp) -> Result<Vec<u32>> {
+        match prompt.kind {
+            PromptKind::Chat => self.tokenizer.encode_prompt(&prompt.head),
+            PromptKind::Raw => Ok(self.config().bos_token_id.into_iter().collect()),
         }
     }
 

@@ -17,8 +17,8 @@ use folio_models::context::{self, BuildOptions, DocumentText, Progress};
 use folio_models::Engine;
 use serde::Serialize;
 
-use super::staging::{rate_key, Skip, StagedDocument, WINDOW_KV_DTYPE};
 use crate::ingest;
+use crate::staging::{rate_key, Skip, StagedDocument, DEFAULT_KV_DTYPE};
 
 /// Least time between two progress snapshots sent to the window.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(150);
@@ -229,7 +229,7 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
             if docs.is_empty() {
                 anyhow::bail!("none of the staged documents can be read any more: stage them again");
             }
-            (docs, None, context::pending_date(&job.out), WINDOW_KV_DTYPE)
+            (docs, None, context::pending_date(&job.out), DEFAULT_KV_DTYPE)
         }
         JobKind::Resume => {
             let p = context::pending(&job.out)?

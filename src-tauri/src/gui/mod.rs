@@ -14,7 +14,6 @@
 //! event on (WebDriver cannot drag files from outside the page).
 
 mod jobs;
-mod staging;
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -30,8 +29,8 @@ use serde::Serialize;
 use tauri::ipc::Channel;
 use tauri::{Manager, State};
 
+use crate::staging::{self, Estimate, StagedDocument};
 use jobs::{JobKind, JobView, Jobs, Worker};
-use staging::{Estimate, StagedDocument};
 
 /// Longest answer the window asks for; the user can Stop earlier.
 const MAX_ANSWER_TOKENS: usize = 1024;
@@ -302,9 +301,9 @@ async fn stage(
     .map_err(|e| e.to_string())
 }
 
-/// What a prefill of `tokens` tokens needs (file, memory, disk, time).
+/// What a prefill of the staged documents needs (tokens, file, memory, disk, time).
 #[tauri::command]
-async fn estimate(state: State<'_, AppState>, tokens: usize) -> Result<Estimate, String> {
+async fn estimate(state: State<'_, AppState>, documents: Vec<StagedDocument>) -> Result<Estimate, String> {
     let engine = state.engine()?;
     let lib = state.library()?;
     let rate = lib
@@ -313,10 +312,12 @@ async fn estimate(state: State<'_, AppState>, tokens: usize) -> Result<Estimate,
         .map_err(|e| e.to_string())?
         .and_then(|v| v.as_f64());
     let folder = lib.contexts_folder();
-    tauri::async_runtime::spawn_blocking(move || staging::estimate(&engine, tokens, &folder, rate))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())
+    tauri::async_runtime::spawn_blocking(move || {
+        staging::estimate(&engine, tokens, staging::DEFAULT_KV_DTYPE, &folder, rate)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())
 }
 
 /// Queues a prefill of the staged documents into a new context named `name`.

@@ -118,7 +118,7 @@ export const revealContext = (id: number) => call<void>('reveal_context', { id }
 export const rebuildLibrary = () => call<ContextInfo[]>('rebuild_library');
 export const openContext = (id: number) => call<ContextInfo>('open_context', { id });
 export const closeContext = () => call<void>('close_context');
-export const estimate = (tokens: number) => call<Estimate>('estimate', { tokens });
+export const estimate = (documents: StagedDocument[]) => call<Estimate>('estimate', { documents });
 export const startPrefill = (documents: StagedDocument[], name: string) =>
   call<number>('start_prefill', { documents, name });
 export const resumeContext = (id: number) => call<number>('resume_context', { id });

@@ -1,11 +1,12 @@
-//! The staging sheet's backend: what a set of dropped files and folders would make as a
-//! context — each document with its type, size and tokens, each skip with its reason, the
-//! total against the model's context length, and the file, memory and time a prefill needs —
-//! before anything is prefilled. Counting runs off the UI thread, in parallel, with progress.
+//! Staging: what a set of files and folders would make as a context — each document with its
+//! type, size and tokens, each skip with its reason, the total against the model's context
+//! length, and the file, memory and time a prefill needs — before anything is prefilled. The
+//! window's staging sheet shows it (counting off the UI thread, in parallel, with progress);
+//! `folio prefill --dry-run` prints it.
 
 use std::path::{Path, PathBuf};
 
-use folio_models::context::format::{Header, PromptKind, PromptStamp};
+use folio_models::context::format::{DocumentSpan, Header};
 use folio_models::context::prompt::ANSWER_ROOM;
 use folio_models::context::KvDtype;
 use folio_models::Engine;
@@ -13,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::ingest;
 
-/// The K/V dtype of contexts made in the window (the CLI's default too).
-pub(crate) const WINDOW_KV_DTYPE: KvDtype = KvDtype::Bf16;
+/// How contexts store K/V unless told otherwise (the window's, and `folio prefill`'s default).
+pub(crate) const DEFAULT_KV_DTYPE: KvDtype = KvDtype::Bf16;
 
 /// One document as the sheet lists it (and as `start_prefill` gets it back).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -45,7 +46,7 @@ pub(crate) struct Staged {
     pub seconds: f64,
 }
 
-/// What a prefill of `tokens` tokens needs, for the sheet's summary.
+/// What a prefill of staged documents needs, for the sheet's summary.
 #[derive(Debug, Serialize)]
 pub(crate) struct Estimate {
     pub tokens: usize,
@@ -71,8 +72,9 @@ pub(crate) fn stage(engine: &Engine, paths: &[PathBuf], on_counted: &(dyn Fn(usi
     let total = found.documents.len();
     let mut skipped: Vec<Skip> =
         found.skipped.iter().map(|(p, r)| Skip { path: p.display().to_string(), reason: r.clone() }).collect();
+    let head = engine.prompt_stamp(None, None).and_then(|p| engine.head_ids(&p)).map(|ids| ids.len());
     let (documents, head_tokens) =
-        match (engine.document_tokens(&found.documents, &|done| on_counted(done, total)), engine.head_tokens(None)) {
+        match (engine.document_tokens(&found.documents, &|done| on_counted(done, total)), head) {
             (Ok(counts), Ok(head)) => {
                 let docs = found
                     .documents
@@ -99,27 +101,37 @@ pub(crate) fn stage(engine: &Engine, paths: &[PathBuf], on_counted: &(dyn Fn(usi
     Staged { documents, skipped, head_tokens, seconds: started.elapsed().as_secs_f64() }
 }
 
-/// What a prefill of `tokens` tokens with `engine` into `folder` needs.
+/// What a prefill of `documents` (as staged) with `engine`, stored as `kv_dtype`, into
+/// `folder` needs: the layout is the one `plan_context` will make (head, spans), so the file
+/// size is exact.
 pub(crate) fn estimate(
     engine: &Engine,
-    tokens: usize,
+    documents: &[StagedDocument],
+    kv_dtype: KvDtype,
     folder: &Path,
     rate: Option<f64>,
 ) -> folio_models::Result<Estimate> {
     let cfg = engine.config();
     let limit = cfg.max_position_embeddings.saturating_sub(ANSWER_ROOM);
     let shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim);
-    let stamp = engine.stamp()?.clone();
-    let prompt = PromptStamp {
-        kind: PromptKind::Chat,
-        head: String::new(),
-        system: None,
-        date: String::new(),
-        document_template: String::new(),
-    };
-    // The span table is a few hundred bytes a document: negligible beside the K/V.
-    let file_bytes = Header::new(stamp, WINDOW_KV_DTYPE, tokens.max(1), 0, shape, prompt).file_bytes;
-    let section = WINDOW_KV_DTYPE.max_section_bytes(cfg.num_kv_heads * tokens.max(1), cfg.head_dim);
+    let prompt = engine.prompt_stamp(None, None)?;
+    let mut tokens = engine.head_ids(&prompt)?.len();
+    let mut spans = Vec::with_capacity(documents.len());
+    for d in documents {
+        spans.push(DocumentSpan {
+            title: d.title.clone(),
+            path: d.path.clone(),
+            start: tokens,
+            end: tokens + d.tokens,
+            bytes: d.bytes,
+            xxh3: d.xxh3.clone(),
+        });
+        tokens += d.tokens;
+    }
+    let spans_bytes = serde_json::to_vec(&spans).map_or(0, |j| j.len() as u64);
+    let file_bytes =
+        Header::new(engine.stamp()?.clone(), kv_dtype, tokens.max(1), spans_bytes, shape, prompt).file_bytes;
+    let section = kv_dtype.max_section_bytes(cfg.num_kv_heads * tokens.max(1), cfg.head_dim);
     let working_set_bytes = folio_models::prefill::plan_chunk(&engine.model, tokens.max(1), section, None)
         .map(|p| p.working_set)
         .unwrap_or(0);
@@ -138,7 +150,8 @@ pub(crate) fn estimate(
     })
 }
 
-/// The settings key of the last measured prefill rate of a model on a device.
+/// The settings key of the last measured prefill rate of a model on a device (written by
+/// every prefill, the window's and the CLI's, read by the next estimate).
 pub(crate) fn rate_key(engine: &Engine, device: &str) -> String {
     format!("prefill_rate/{}/{device}", engine.source)
 }
@@ -169,10 +182,12 @@ mod tests {
             assert_eq!(d.tokens, span.end - span.start, "{}", d.title);
         }
         let dir = tempfile::tempdir().unwrap();
-        let fits = estimate(&e, total, dir.path(), None).unwrap();
-        assert!(fits.fits && fits.file_bytes > 0 && fits.predicted_seconds.is_none());
-        let over = estimate(&e, fits.limit + 1, dir.path(), Some(1000.0)).unwrap();
+        let fits = estimate(&e, &staged.documents, DEFAULT_KV_DTYPE, dir.path(), None).unwrap();
+        assert!(fits.fits && fits.tokens == total && fits.predicted_seconds.is_none());
+        let mut huge = staged.documents[0].clone();
+        huge.tokens = fits.limit;
+        let over = estimate(&e, &[huge], DEFAULT_KV_DTYPE, dir.path(), Some(1000.0)).unwrap();
         assert!(!over.fits);
-        assert!((over.predicted_seconds.unwrap() - (fits.limit + 1) as f64 / 1000.0).abs() < 1e-9);
+        assert!((over.predicted_seconds.unwrap() - over.tokens as f64 / 1000.0).abs() < 1e-9);
     }
 }
