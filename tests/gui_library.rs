@@ -6,7 +6,8 @@
 //! drag-drop event: WebDriver cannot drag files from outside the page), see the staging sheet
 //! count it, prefill, see the context listed ready with its documents; drop a bigger folder,
 //! kill the app mid-prefill, start it again: the context is listed paused, resumes with one
-//! click, and the file verifies; restart: both are still listed, and one opens and answers.
+//! click, and the file verifies; turn on "resume when Folio starts", kill another prefill,
+//! restart: it resumes by itself; every context is still listed, and one opens and answers.
 //! Screenshots of each screen go to the test's temp folder (docs/app.md keeps the current ones).
 
 use std::os::unix::process::CommandExt;
@@ -166,6 +167,28 @@ fn app_pids(home: &Path) -> Vec<i32> {
         .collect()
 }
 
+/// Waits until the prefill writing `partial` has checkpointed a layer, then kills the app
+/// (SIGKILL: no chance to clean up).
+fn kill_after_a_layer(home: &Path, partial: &Path) {
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    loop {
+        let done = std::fs::read_to_string(partial.join("checkpoint.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| v["layers_done"].as_u64());
+        if done.is_some_and(|n| n >= 1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no layer checkpointed in {}", partial.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pids = app_pids(home);
+    assert_eq!(pids.len(), 1, "one Folio window runs: {pids:?}");
+    // SAFETY: signalling a process this test started (through tauri-driver), found by its
+    // executable and FOLIO_HOME.
+    unsafe { libc::kill(pids[0], libc::SIGKILL) };
+}
+
 fn statuses(d: &Driver) -> Vec<(String, String)> {
     let v = d.script(
         "return Array.from(document.querySelectorAll('[data-testid=context]')).map(e => \
@@ -267,23 +290,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     let partial = home.path().join("contexts/long notes.folio.partial");
     d.wait("the prefill's progress", |d| !d.texts("[data-testid=job-progress]").is_empty());
     screenshot(&display, "4-prefilling");
-    let deadline = Instant::now() + STEP_TIMEOUT;
-    loop {
-        let done = std::fs::read_to_string(partial.join("checkpoint.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .and_then(|v| v["layers_done"].as_u64());
-        if done.is_some_and(|n| n >= 1) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no layer checkpointed in {}", partial.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let pids = app_pids(home.path());
-    assert_eq!(pids.len(), 1, "one Folio window runs: {pids:?}");
-    // SAFETY: signalling a process this test started (through tauri-driver), found by its
-    // executable and FOLIO_HOME.
-    unsafe { libc::kill(pids[0], libc::SIGKILL) };
+    kill_after_a_layer(home.path(), &partial);
     drop(d);
     drop(td);
 
@@ -299,13 +306,35 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     let ctx = folio_models::context::ContextFile::open(&file).unwrap();
     ctx.verify().unwrap();
     assert!(!partial.exists());
-    d.quit();
+
+    // 4. Turn on "resume when Folio starts" in Settings; prefill another folder and kill the
+    //    app in the middle again: the next start resumes it with no click.
+    d.click("[aria-label=Settings]");
+    d.click("[data-testid=auto-resume]");
+    d.wait("the setting saved", |d| {
+        d.script("return document.querySelector('[data-testid=auto-resume]').checked", json!([])) == json!(true)
+    });
+    std::thread::sleep(Duration::from_millis(500)); // the drawer's slide-in
+    screenshot(&display, "7-settings");
+    d.click("[aria-label='Close settings']");
+    let more = work.path().join("more notes");
+    std::fs::create_dir(&more).unwrap();
+    std::fs::write(more.join("notes.txt"), text.repeat(12)).unwrap();
+    drop_paths(&d, &[&more]);
+    d.wait("one staged document", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 1);
+    d.click("[data-testid=start-prefill]");
+    kill_after_a_layer(home.path(), &home.path().join("contexts/more notes.folio.partial"));
+    drop(d);
     drop(td);
 
-    // 4. Restart: both listed; open one and ask.
+    // 5. Restart: the interrupted prefill resumes by itself; all three are listed; open one and
+    //    ask.
     let (_td, base) = driver("tauri-driver-3.log");
     let d = Driver::start(&base);
-    d.wait("both contexts listed", |d| statuses(d).len() == 2);
+    d.wait("all three contexts ready, the last resumed at start", |d| {
+        statuses(d).len() == 3 && statuses(d).iter().all(|(_, s)| s == "ready")
+    });
+    folio_models::context::ContextFile::open(&home.path().join("contexts/more notes.folio")).unwrap().verify().unwrap();
     let samples_row = statuses(&d).iter().position(|(n, _)| n == "samples").unwrap() + 1;
     d.click(&format!("[data-testid=context]:nth-child({samples_row}) .ctx-button"));
     d.wait("the open button", |d| d.element("[data-testid=open-context]").is_some());

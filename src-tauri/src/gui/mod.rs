@@ -36,6 +36,8 @@ use jobs::{JobKind, JobView, Jobs, Worker};
 const MAX_ANSWER_TOKENS: usize = 1024;
 /// The environment variable that enables `simulate_drop` (the WebDriver test).
 const TEST_HOOKS_ENV: &str = "FOLIO_TEST_HOOKS";
+/// The library setting: resume interrupted prefills when the window starts (bool).
+const AUTO_RESUME: &str = "prefill.auto_resume";
 
 type Chat = Arc<Mutex<(Session, Conversation)>>;
 
@@ -313,7 +315,7 @@ async fn estimate(state: State<'_, AppState>, documents: Vec<StagedDocument>) ->
         .and_then(|v| v.as_f64());
     let folder = lib.contexts_folder();
     tauri::async_runtime::spawn_blocking(move || {
-        staging::estimate(&engine, tokens, staging::DEFAULT_KV_DTYPE, &folder, rate)
+        staging::estimate(&engine, &documents, staging::DEFAULT_KV_DTYPE, &folder, rate)
     })
     .await
     .map_err(|e| e.to_string())?
@@ -350,6 +352,34 @@ async fn resume_context(state: State<'_, AppState>, id: i64) -> Result<u64, Stri
         return Err(format!("{} is {}: only a paused context resumes", info.name, info.status.as_str()));
     }
     jobs.submit(info.path, JobKind::Resume)
+}
+
+/// Whether interrupted prefills resume by themselves when the window starts.
+#[tauri::command]
+async fn auto_resume(state: State<'_, AppState>) -> Result<bool, String> {
+    let value = state.library()?.setting(AUTO_RESUME).await.map_err(|e| e.to_string())?;
+    Ok(value.and_then(|v| v.as_bool()).unwrap_or(false))
+}
+
+#[tauri::command]
+async fn set_auto_resume(state: State<'_, AppState>, on: bool) -> Result<(), String> {
+    state.library()?.set_setting(AUTO_RESUME, &serde_json::json!(on)).await.map_err(|e| e.to_string())
+}
+
+/// At start, with the setting on: every paused context queued for its resume.
+fn resume_paused(library: &Library, jobs: &Jobs) {
+    let paused = tauri::async_runtime::block_on(async {
+        let on = library.setting(AUTO_RESUME).await.ok().flatten().and_then(|v| v.as_bool()).unwrap_or(false);
+        if !on {
+            return Vec::new();
+        }
+        library.contexts().await.unwrap_or_default()
+    });
+    for c in paused.into_iter().filter(|c| c.status == folio_library::Status::Paused) {
+        if let Err(e) = jobs.submit(c.path, JobKind::Resume) {
+            eprintln!("folio: {e}");
+        }
+    }
 }
 
 #[tauri::command]
@@ -397,6 +427,9 @@ pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<(
         let worker = Worker { engine, library: library.clone(), device: device.clone() };
         Jobs::start(worker, move |jobs| send(&feed, UiEvent::Jobs { jobs }))
     });
+    if let (Some(lib), Some(jobs)) = (&library, &jobs) {
+        resume_paused(lib, jobs);
+    }
     let bare = engine.clone().map(|e| {
         let session = Session::bare(e);
         let conversation = session.new_conversation();
@@ -451,6 +484,8 @@ pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<(
             start_prefill,
             resume_context,
             cancel_job,
+            auto_resume,
+            set_auto_resume,
             simulate_drop,
         ])
         .run(tauri::generate_context!())?;

@@ -123,6 +123,8 @@ export const startPrefill = (documents: StagedDocument[], name: string) =>
   call<number>('start_prefill', { documents, name });
 export const resumeContext = (id: number) => call<number>('resume_context', { id });
 export const cancelJob = (id: number) => call<boolean>('cancel_job', { id });
+export const autoResume = () => call<boolean>('auto_resume');
+export const setAutoResume = (on: boolean) => call<void>('set_auto_resume', { on });
 
 /** Reads and counts files and folders; `onProgress(done, total)` follows the count. */
 export function stage(paths: string[], onProgress: (done: number, total: number) => void): Promise<Staged> {
