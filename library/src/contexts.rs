@@ -120,8 +120,10 @@ pub(crate) enum OnDisk {
 impl OnDisk {
     pub(crate) fn read(path: &Path) -> Self {
         match context::pending(path) {
-            Ok(Some(p)) => return Self::Pending(p),
-            Ok(None) => {}
+            // An interrupted addition to a file that is still there: the file is what the
+            // library describes (it opens and chats as it was; rerunning the addition goes on).
+            Ok(Some(p)) if p.base_tokens == 0 || !path.exists() => return Self::Pending(p),
+            Ok(_) => {}
             Err(e) => return Self::Damaged(problem(e)),
         }
         let saved = match std::fs::metadata(path).and_then(|m| m.modified()) {
@@ -197,7 +199,7 @@ impl Library {
     /// output of a prefill that has started (its partial folder holds a checkpoint).
     pub async fn add_context(&self, path: &Path) -> Result<ContextInfo> {
         let path = absolute(path)?;
-        match self.store(&path, OnDisk::read(&path)).await? {
+        match self.store(&path, OnDisk::read(&path), true).await? {
             Some(id) => self.context(id).await,
             None => Err(Error::Refused(match OnDisk::read(&path) {
                 OnDisk::Damaged(why) => format!("{}: {why}", path.display()),
@@ -330,8 +332,27 @@ impl Library {
             file.push(ext);
         }
         let to = info.path.with_file_name(file);
+        if context::partial_dir(&info.path).exists() {
+            return Err(Error::Refused(format!(
+                "an addition to {} was interrupted: finish it (run the same `folio prefill --context` again) or \
+                 delete {} first",
+                info.path.display(),
+                context::partial_dir(&info.path).display()
+            )));
+        }
         if to.exists() || context::partial_dir(&to).exists() {
             return Err(Error::Refused(format!("{} already exists: pick another name", to.display())));
+        }
+        let taken: Option<i64> = sqlx::query_scalar("SELECT id FROM contexts WHERE path = ?")
+            .bind(to.to_string_lossy())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        if let Some(other) = taken {
+            return Err(Error::Refused(format!(
+                "the library lists context {other} at {} (its file is missing): remove it or pick another name",
+                to.display()
+            )));
         }
         std::fs::rename(&info.path, &to).map_err(|e| Error::io(&info.path, e))?;
         let moved = sqlx::query("UPDATE contexts SET path = ? WHERE id = ?")
@@ -373,16 +394,25 @@ impl Library {
             && Seen::of(path) == stored
             && !context::partial_dir(path).exists();
         if !unchanged {
-            self.store(path, OnDisk::read(path)).await?;
+            // Refreshing never re-creates a row another process removed meanwhile.
+            self.store(path, OnDisk::read(path), false).await?;
         }
         Ok(())
     }
 
-    /// Writes what the disk says about `path` into its row; the row's id, or `None` when
-    /// there is nothing to describe and no row.
-    pub(crate) async fn store(&self, path: &Path, disk: OnDisk) -> Result<Option<i64>> {
+    /// Writes what the disk says about `path` into its row (created if `create`); the row's
+    /// id, or `None` when there is no row (and nothing to describe, or `create` is false).
+    pub(crate) async fn store(&self, path: &Path, disk: OnDisk, create: bool) -> Result<Option<i64>> {
         let key = path.to_string_lossy().into_owned();
         let mut tx = self.write().await?;
+        let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM contexts WHERE path = ?")
+            .bind(&key)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+        if exists.is_none() && !create {
+            return Ok(None);
+        }
         let id = match disk {
             OnDisk::Pending(p) => {
                 let status = if p.running { Status::Prefilling } else { Status::Paused };

@@ -42,7 +42,7 @@ impl Library {
             match OnDisk::read(&path) {
                 OnDisk::Damaged(why) if !known => report.skipped.push((path, why)),
                 disk => {
-                    self.store(&path, disk).await?;
+                    self.store(&path, disk, true).await?;
                     if known {
                         report.refreshed.push(path)
                     } else {

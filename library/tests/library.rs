@@ -278,3 +278,27 @@ async fn two_handles_write_at_once() {
     assert_eq!(a.contexts().await.unwrap().len(), 1);
     assert_eq!(b.setting("a39").await.unwrap(), Some(serde_json::json!(39)));
 }
+
+/// An interrupted addition to a saved context leaves the context ready as it was (its file
+/// still opens and chats); the library does not hide it as paused.
+#[tokio::test]
+async fn an_interrupted_addition_leaves_the_context_ready() {
+    let (home, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let e = engine();
+    let out = dir.path().join("grown.folio");
+    prefill(&e, &docs()[..1], &out, None);
+    let lib = Library::open(home.path()).await.unwrap();
+    let before = lib.add_context(&out).await.unwrap();
+    let base = context::ContextFile::open(&out).unwrap();
+    let plan = e.plan_append(&base, &docs()[1..]).unwrap();
+    let opts = BuildOptions { kv_dtype: KvDtype::Bf16, memory_budget: None, restart: false };
+    let mut stop =
+        |p: &context::Progress| if p.layer >= 1 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) };
+    assert!(context::append(&e.model, e.stamp().unwrap(), &base, &plan, &out, &opts, &mut stop).is_err());
+    assert!(context::partial_dir(&out).join("checkpoint.json").is_file());
+    let now = lib.context(before.id).await.unwrap();
+    assert_eq!((now.status, now.tokens, now.documents), (Status::Ready, before.tokens, 1), "{now:?}");
+    assert!(
+        matches!(lib.rename_context(before.id, "other").await, Err(Error::Refused(m)) if m.contains("interrupted"))
+    );
+}

@@ -392,3 +392,27 @@ fn a_grown_context_is_the_one_prefilled_in_one_go() -> Result<()> {
     );
     Ok(())
 }
+
+/// An interrupted prefill resumes only with the very same tokens: other tokens of the same
+/// length (same header sizes) are refused, not mixed with the finished layers.
+#[test]
+fn a_resume_with_other_tokens_of_the_same_length_is_refused() -> Result<()> {
+    let e = engine("demo");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("c.folio");
+    let vocab = e.config().vocab_size as u32;
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut tokens = |_: ()| -> Vec<u32> { (0..300).map(|_| rng.random_range(0..vocab)).collect() };
+    let (first, second) = (plan(tokens(())), plan(tokens(())));
+    let opts = BuildOptions { kv_dtype: KvDtype::F32, memory_budget: None, restart: false };
+    let mut stop =
+        |p: &context::Progress| if p.layer >= 1 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) };
+    assert!(context::build(&e.model, e.stamp()?, &first, &out, &opts, &mut stop).is_err());
+    let err = context::build(&e.model, e.stamp()?, &second, &out, &opts, &mut |_| ControlFlow::Continue(()))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("does not match") && err.contains("300 tokens then, 300 now"), "{err}");
+    // The original resumes.
+    context::build(&e.model, e.stamp()?, &first, &out, &opts, &mut |_| ControlFlow::Continue(()))?;
+    Ok(())
+}

@@ -354,6 +354,18 @@ impl Job<'_> {
         format!("{} {:?}", crate::device_name(self.model.device()), self.model.dtype()).to_lowercase()
     }
 
+    /// Whether the checkpoint is this job's: same header, compute, base, and the same token
+    /// ids and document spans by checksum (the header records only their sizes, and a resume
+    /// must not mix layers of other tokens of the same length).
+    fn same_job(&self, cp: &Checkpoint) -> bool {
+        let tokens: Vec<u8> = self.plan.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        cp.job == self.job
+            && cp.compute == self.compute()
+            && cp.base_tokens == self.base_tokens()
+            && cp.checksums.first() == Some(&checksum(&tokens))
+            && cp.checksums.get(1) == Some(&checksum(&self.docs_json))
+    }
+
     /// Tokens taken from the base context.
     fn base_tokens(&self) -> usize {
         self.base.map_or(0, |b| b.tokens().len())
@@ -408,7 +420,7 @@ impl Job<'_> {
         let (layers, t, n) = (cfg.num_layers, self.plan.tokens.len(), self.computed().len());
         let section = self.job.kv_dtype.max_section_bytes(cfg.num_kv_heads * t, cfg.head_dim);
         let mut checkpoint = match read_checkpoint(&cp_path)? {
-            Some(cp) if cp.job == self.job && cp.compute == self.compute() && cp.base_tokens == self.base_tokens() => {
+            Some(cp) if self.same_job(&cp) => {
                 // A resume computes with the chunk it started with (the bytes depend on it):
                 // that chunk's working set is what runs, and it must fit today's budget;
                 // `--restart` plans anew, otherwise the interrupted prefill is left as it is.

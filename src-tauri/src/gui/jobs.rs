@@ -101,11 +101,21 @@ pub(crate) struct Jobs {
     shared: Arc<Shared>,
 }
 
+/// The app's library handle: `None` while it cannot be opened; replaced by a rebuild.
+pub(crate) type SharedLibrary = Arc<Mutex<Option<Library>>>;
+
 /// What a job needs from the app.
 pub(crate) struct Worker {
     pub engine: Arc<Engine>,
-    pub library: Option<Library>,
+    pub library: SharedLibrary,
     pub device: String,
+}
+
+impl Worker {
+    /// The library as it is now (a rebuild in the window replaces it).
+    fn library(&self) -> Option<Library> {
+        self.library.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 impl Jobs {
@@ -193,13 +203,23 @@ fn worker_loop(shared: &Shared, w: &Worker) {
             (job, cancel)
         };
         shared.publish();
-        let result = run(shared, w, &job, &cancel);
+        // A panic in a prefill fails its job, not the worker (the queue goes on).
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(shared, w, &job, &cancel)))
+            .unwrap_or_else(|panic| {
+                let why = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_default();
+                Err(anyhow::anyhow!("internal error in the prefill ({why}); its finished layers are kept"))
+            });
         let (state, message) = match &result {
             Ok(()) => (JobState::Done, None),
-            Err(e) if context::pending(&job.out).ok().flatten().is_some() => (JobState::Paused, Some(format!("{e:#}"))),
+            // Stopped with its finished layers kept: the same job resumes it.
+            Err(e) if resumable(e) => (JobState::Paused, Some(format!("{e:#}"))),
             Err(e) => (JobState::Failed, Some(format!("{e:#}"))),
         };
-        if let Some(lib) = &w.library {
+        if let Some(lib) = w.library() {
             // The library follows the disk: the finished file, the paused prefill, or nothing.
             let synced = tauri::async_runtime::block_on(async {
                 if !lib.forget_if_gone(&job.out).await? {
@@ -249,8 +269,10 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
     let mut on_progress = |p: &Progress| {
         if !listed {
             listed = true;
-            if let Some(lib) = &w.library {
-                let _ = tauri::async_runtime::block_on(lib.add_context(&job.out));
+            if let Some(lib) = w.library() {
+                if let Err(e) = tauri::async_runtime::block_on(lib.add_context(&job.out)) {
+                    eprintln!("folio: {} is not listed in the library yet: {e}", job.out.display());
+                }
             }
         }
         if last.elapsed() >= PROGRESS_INTERVAL {
@@ -265,11 +287,18 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
         }
     };
     let report = context::build(&engine.model, engine.stamp()?, &plan, &job.out, &opts, &mut on_progress)?;
-    if let Some(lib) = &w.library {
+    if let Some(lib) = w.library() {
         let rate = serde_json::json!(report.tokens_per_s);
         let _ = tauri::async_runtime::block_on(lib.set_setting(&rate_key(engine, &w.device), &rate));
     }
     Ok(())
+}
+
+/// Whether a job's error left a prefill to resume (a cancel, or a failure after finished
+/// layers), as opposed to one that never started or was refused.
+fn resumable(e: &anyhow::Error) -> bool {
+    use folio_models::error::Error;
+    matches!(e.downcast_ref::<Error>(), Some(Error::Resumable { .. } | Error::Cancelled(_)))
 }
 
 /// The staged documents read again: one deleted since is left out, one changed is read as it

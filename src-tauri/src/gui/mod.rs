@@ -50,7 +50,8 @@ struct AppState {
     /// The library id of the context the chat is over.
     open_context: Mutex<Option<i64>>,
     cancel: Arc<AtomicBool>,
-    library: Mutex<Option<Library>>,
+    /// Shared with the prefill worker: a rebuild replaces it for both.
+    library: jobs::SharedLibrary,
     library_error: Mutex<Option<String>>,
     jobs: Option<Jobs>,
     feed: Arc<Mutex<Option<Channel<UiEvent>>>>,
@@ -373,7 +374,10 @@ fn resume_paused(library: &Library, jobs: &Jobs) {
         if !on {
             return Vec::new();
         }
-        library.contexts().await.unwrap_or_default()
+        library.contexts().await.unwrap_or_else(|e| {
+            eprintln!("folio: interrupted prefills not resumed: {e}");
+            Vec::new()
+        })
     });
     for c in paused.into_iter().filter(|c| c.status == folio_library::Status::Paused) {
         if let Err(e) = jobs.submit(c.path, JobKind::Resume) {
@@ -422,9 +426,10 @@ pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<(
         };
     let device = device_name(&device);
     let feed: Arc<Mutex<Option<Channel<UiEvent>>>> = Arc::default();
+    let shared_library: jobs::SharedLibrary = Arc::new(Mutex::new(library.clone()));
     let jobs = engine.clone().map(|engine| {
         let feed = feed.clone();
-        let worker = Worker { engine, library: library.clone(), device: device.clone() };
+        let worker = Worker { engine, library: shared_library.clone(), device: device.clone() };
         Jobs::start(worker, move |jobs| send(&feed, UiEvent::Jobs { jobs }))
     });
     if let (Some(lib), Some(jobs)) = (&library, &jobs) {
@@ -442,7 +447,7 @@ pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<(
         chat: Mutex::new(bare),
         open_context: Mutex::new(None),
         cancel: Arc::default(),
-        library: Mutex::new(library),
+        library: shared_library,
         library_error: Mutex::new(library_error),
         jobs,
         feed,
