@@ -349,7 +349,7 @@ fn dry_run_counts_what_the_prefill_computes() {
 
 /// `folio prefill --context F --add DOC` grows a saved context in place: the same tokens and
 /// file as a prefill of every document in one go (f32 K/V), the library lists it grown, and
-/// the grown context answers.
+/// the grown context answers; `--remove DOC` takes one out, the same as a prefill without it.
 #[test]
 fn prefill_add_grows_a_context_in_place() {
     let d = docs(1);
@@ -381,6 +381,26 @@ fn prefill_add_grows_a_context_in_place() {
     let x = extra.display().to_string();
     let err = err_text(folio(&["prefill", "--context", &g, "--add", &x, "--kv-dtype", "bf16"]));
     assert!(err.contains("--kv-dtype f32"), "{err}");
+
+    // Taking the middle document out re-prefills the one after it: the file is the one
+    // prefilled without it in one go; the last one out re-prefills the one before it.
+    let without = work.path().join("without.folio");
+    let wo = without.display().to_string();
+    ok_json(folio(&["prefill", "--model", &m, "--docs", &f, &l, "--out", &wo, "--kv-dtype", "f32", "--json"]));
+    let cut = ok_json(folio(&["prefill", "--context", &g, "--remove", "market_records.txt", "--json"]));
+    let last = cut["documents"].as_array().unwrap().last().unwrap().clone();
+    let again = last["end"].as_u64().unwrap() - last["start"].as_u64().unwrap();
+    assert_eq!(cut["report"]["computed_tokens"].as_u64(), Some(again), "only the documents after it are computed");
+    assert!(std::fs::read(&without).unwrap() == std::fs::read(&grown).unwrap(), "removed != prefilled without");
+    let only = work.path().join("only.folio");
+    let on = only.display().to_string();
+    ok_json(folio(&["prefill", "--model", &m, "--docs", &f, "--out", &on, "--kv-dtype", "f32", "--json"]));
+    ok_json(folio(&["prefill", "--context", &g, "--remove", &l, "--json"]));
+    assert!(std::fs::read(&only).unwrap() == std::fs::read(&grown).unwrap(), "last removed != prefilled without");
+    let err = err_text(folio(&["prefill", "--context", &g, "--remove", &f]));
+    assert!(err.contains("only document") && err.contains("delete the context"), "{err}");
+    let err = err_text(folio(&["prefill", "--context", &g, "--remove", "nothing.txt"]));
+    assert!(err.contains("no document \"nothing.txt\"") && err.contains("field_notes.txt"), "{err}");
 }
 
 /// A resume under a budget its pinned chunk no longer fits is refused. Checkpoints do not

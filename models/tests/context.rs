@@ -416,3 +416,43 @@ fn a_resume_with_other_tokens_of_the_same_length_is_refused() -> Result<()> {
     context::build(&e.model, e.stamp()?, &first, &out, &opts, &mut |_| ControlFlow::Continue(()))?;
     Ok(())
 }
+
+/// Taking a document out keeps the tokens before it as saved and prefills the ones after it
+/// again: the result is the context prefilled without that document in one go (f32, byte for
+/// byte).
+#[test]
+fn a_context_cut_before_a_document_and_continued_is_the_one_without_it() -> Result<()> {
+    let e = engine("demo");
+    let samples = model_dir("demo").join("../../samples");
+    let docs: Vec<context::DocumentText> = ["field_notes.txt", "market_records.txt", "the_diary_of_greta.txt"]
+        .iter()
+        .map(|name| {
+            let text = std::fs::read_to_string(samples.join(name)).unwrap();
+            context::DocumentText {
+                title: (*name).into(),
+                path: format!("samples/{name}"),
+                bytes: text.len() as u64,
+                xxh3: context::format::checksum(text.as_bytes()),
+                text,
+            }
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let date = || Some("25 Nov 2026".to_owned());
+    let (all, without) = (dir.path().join("all.folio"), dir.path().join("without.folio"));
+    build(&e, &e.plan_context(&docs, None, date())?, &all, KvDtype::F32, None);
+    let kept = [docs[0].clone(), docs[2].clone()];
+    build(&e, &e.plan_context(&kept, None, date())?, &without, KvDtype::F32, None);
+    let base = context::ContextFile::open(&all)?;
+    let plan = e.plan_keeping(&base, 1, &docs[2..])?;
+    let keep = base.tokens_before(1);
+    let opts = BuildOptions { kv_dtype: KvDtype::F32, memory_budget: None, restart: false };
+    let cut = dir.path().join("cut.folio");
+    let report =
+        context::extend(&e.model, e.stamp()?, context::Base { file: &base, keep }, &plan, &cut, &opts, &mut |_| {
+            ControlFlow::Continue(())
+        })?;
+    assert_eq!(report.computed_tokens, plan.tokens.len() - keep);
+    assert!(std::fs::read(&cut).unwrap() == std::fs::read(&without).unwrap(), "cut and continued != prefilled without");
+    Ok(())
+}

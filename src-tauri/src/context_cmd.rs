@@ -26,14 +26,18 @@ pub struct PrefillArgs {
     /// Documents: files or folders (recursive), in order.
     #[arg(long, num_args = 1.., required_unless_present = "context", conflicts_with = "context")]
     docs: Vec<PathBuf>,
-    /// Grow this saved context with the documents of --add: only they are prefilled, after its
-    /// tokens (the saved K/V stays valid: attention is causal); the file is replaced atomically
-    /// unless --out names another.
-    #[arg(long, requires = "add")]
+    /// Change this saved context: --add documents (only they are prefilled, after its tokens:
+    /// the saved K/V stays valid, attention is causal) or --remove one (the documents after it
+    /// are prefilled again); the file is replaced atomically unless --out names another.
+    #[arg(long)]
     context: Option<PathBuf>,
     /// Documents to add to --context: files or folders, in order.
-    #[arg(long, num_args = 1.., requires = "context")]
+    #[arg(long, num_args = 1.., requires = "context", conflicts_with = "remove")]
     add: Vec<PathBuf>,
+    /// A document to take out of --context (its path or title, as `folio context info` lists
+    /// them); the documents after it are read again and must be unchanged.
+    #[arg(long, requires = "context")]
+    remove: Option<String>,
     /// The context file to write (with --context, default: that file).
     #[arg(long, required_unless_present = "context")]
     out: Option<PathBuf>,
@@ -81,16 +85,42 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     let memory_budget = a.memory_budget.as_deref().map(parse_bytes).transpose()?;
     let base = a.context.as_deref().map(ContextFile::open).transpose()?;
     let out = a.out.clone().or_else(|| a.context.clone()).context("--out is required")?;
-    let ingested = ingest::collect(if base.is_some() { &a.add } else { &a.docs })?;
+    if base.is_some() && a.add.is_empty() && a.remove.is_none() {
+        bail!("--context needs --add PATH... (documents to add) or --remove DOC (a document to take out)");
+    }
+    let ingested = match (&base, &a.remove) {
+        (Some(_), Some(_)) => ingest::Ingested::default(),
+        (Some(_), None) => ingest::collect(&a.add)?,
+        (None, _) => ingest::collect(&a.docs)?,
+    };
     for (path, why) in &ingested.skipped {
         eprintln!("skipped {}: {why}", path.display());
     }
+    // With a base: how many of its tokens stay as saved.
+    let mut keep = 0;
     let (engine, plan, kv_dtype) = match &base {
         Some(base) => {
             let engine = common.engine_or(&base.header().model.source)?;
             engine.check_context(base)?;
             let kv_dtype = a.kv_dtype.as_deref().map(KvDtype::parse).transpose()?.unwrap_or(base.header().kv_dtype);
-            let plan = engine.plan_append(base, &ingested.documents)?;
+            let plan = match &a.remove {
+                Some(doc) => {
+                    let (kept, after) = removal(base, doc)?;
+                    keep = base.tokens_before(kept);
+                    engine.plan_keeping(base, kept, &after)?
+                }
+                None => {
+                    keep = base.tokens().len();
+                    engine.plan_append(base, &ingested.documents)?
+                }
+            };
+            if !a.json {
+                let n = plan.tokens.len() - keep;
+                let rate = crate::library_cmd::stored_rate(&staging::rate_key(&engine, &common.device_label()?));
+                let time =
+                    rate.map_or(String::new(), |r| format!(", about {} at {r:.0} tokens/s", human_secs(n as f64 / r)));
+                eprintln!("prefilling {n} tokens after the {keep} kept as saved{time}");
+            }
             (engine, plan, kv_dtype)
         }
         None => {
@@ -127,7 +157,10 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
         }
     };
     let report = match &base {
-        Some(base) => context::append(&engine.model, engine.stamp()?, base, &plan, &out, &opts, &mut on_progress),
+        Some(file) => {
+            let base = context::Base { file, keep };
+            context::extend(&engine.model, engine.stamp()?, base, &plan, &out, &opts, &mut on_progress)
+        }
         None => context::build(&engine.model, engine.stamp()?, &plan, &out, &opts, &mut on_progress),
     };
     if let Some(lib) = library {
@@ -226,6 +259,34 @@ fn dry_run(common: &Common, a: &PrefillArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Taking `doc` (a path or title) out of `base`: how many documents stay as saved, and the
+/// documents to prefill again after them, read from disk and checked against the checksums
+/// they were prefilled with. Removing the last document re-prefills the one before it (a
+/// prefill computes at least one token: the next token comes from the last position).
+fn removal(base: &ContextFile, doc: &str) -> Result<(usize, Vec<folio_models::context::DocumentText>)> {
+    let spans = base.documents();
+    let at = spans.iter().position(|s| s.path == doc || s.title == doc).with_context(|| {
+        let names: Vec<&str> = spans.iter().map(|s| s.path.as_str()).collect();
+        format!("no document \"{doc}\" in {}: its documents are {}", base.path().display(), names.join(", "))
+    })?;
+    if spans.len() == 1 {
+        bail!("{doc} is the only document of {}: delete the context instead", base.path().display());
+    }
+    let kept = if at + 1 == spans.len() { at - 1 } else { at };
+    let again: Vec<_> = spans[kept..].iter().enumerate().filter(|(i, _)| kept + i != at).map(|(_, s)| s).collect();
+    let paths: Vec<PathBuf> = again.iter().map(|s| PathBuf::from(&s.path)).collect();
+    let found = ingest::collect_lenient(&paths);
+    if let Some((path, why)) = found.skipped.first() {
+        bail!("{} is prefilled again after the removed document but cannot be read ({why}); put it back, or prefill the documents again", path.display());
+    }
+    for (d, s) in found.documents.iter().zip(&again) {
+        if d.xxh3 != s.xxh3 {
+            bail!("{} changed since it was prefilled; prefill the documents again (or --add its new version)", d.path);
+        }
+    }
+    Ok((kept, found.documents))
 }
 
 fn progress_bar(json: bool) -> Option<indicatif::ProgressBar> {

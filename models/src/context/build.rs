@@ -237,12 +237,37 @@ pub fn append(
     opts: &BuildOptions,
     on_progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
 ) -> Result<BuildReport> {
+    let keep = Base { file: base, keep: base.tokens().len() };
+    extend(model, stamp, keep, plan, out, opts, on_progress)
+}
+
+/// What a prefill takes from a saved context: its first `keep` tokens, K/V as saved.
+#[derive(Clone, Copy)]
+pub struct Base<'a> {
+    pub file: &'a ContextFile,
+    pub keep: usize,
+}
+
+/// The saved context `base.file` cut after `base.keep` tokens and continued with `plan`'s
+/// tokens after them, written to `out` (which may be the base's own path): only the tokens
+/// after `keep` are computed. [`append`] keeps every token; removing a document keeps the
+/// tokens before it and re-prefills the documents after it (`Engine::plan_keeping`).
+pub fn extend(
+    model: &Model,
+    stamp: &ModelStamp,
+    base: Base<'_>,
+    plan: &PrefixPlan,
+    out: &Path,
+    opts: &BuildOptions,
+    on_progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
+) -> Result<BuildReport> {
+    let Base { file: base, keep } = base;
     let h = base.header();
     let bad = |msg: String| Error::Context { path: base.path().to_owned(), msg };
     let differences = h.model.fingerprint.differences(&stamp.fingerprint);
     if !differences.is_empty() {
         return Err(bad(format!(
-            "it was made with model {} and this is {} ({}): grow it with --model {}",
+            "it was made with model {} and this is {} ({}): use --model {}",
             h.model.name,
             stamp.name,
             differences.join(", "),
@@ -250,18 +275,20 @@ pub fn append(
         )));
     }
     if h.kv_dtype != opts.kv_dtype {
-        return Err(bad(format!("it stores {} K/V: grow it with --kv-dtype {}", h.kv_dtype.name(), h.kv_dtype.name())));
+        return Err(bad(format!("it stores {} K/V: use --kv-dtype {}", h.kv_dtype.name(), h.kv_dtype.name())));
     }
-    if !plan.tokens.starts_with(base.tokens()) || plan.tokens.len() == base.tokens().len() {
-        return Err(bad("the new plan does not extend the saved tokens with new ones".into()));
+    let saved = &base.tokens()[..keep.min(base.tokens().len())];
+    if keep > base.tokens().len() || !plan.tokens.starts_with(saved) || plan.tokens.len() <= keep {
+        return Err(bad(format!("the new plan does not continue its first {keep} tokens with new ones")));
     }
-    build_job(model, stamp, Some(base), plan, out, opts, on_progress)
+    let base = (keep > 0).then_some(Base { file: base, keep });
+    build_job(model, stamp, base, plan, out, opts, on_progress)
 }
 
 fn build_job(
     model: &Model,
     stamp: &ModelStamp,
-    base: Option<&ContextFile>,
+    base: Option<Base<'_>>,
     plan: &PrefixPlan,
     out: &Path,
     opts: &BuildOptions,
@@ -337,8 +364,8 @@ fn build_job(
 struct Job<'a> {
     model: &'a Model,
     plan: &'a PrefixPlan,
-    /// The saved context this job grows: its K/V is read, not computed.
-    base: Option<&'a ContextFile>,
+    /// The saved context this job continues: its kept tokens' K/V is read, not computed.
+    base: Option<Base<'a>>,
     out: &'a Path,
     dir: &'a Path,
     job: Header,
@@ -368,7 +395,7 @@ impl Job<'_> {
 
     /// Tokens taken from the base context.
     fn base_tokens(&self) -> usize {
-        self.base.map_or(0, |b| b.tokens().len())
+        self.base.map_or(0, |b| b.keep)
     }
 
     /// The tokens this job computes.
@@ -380,15 +407,18 @@ impl Job<'_> {
         (self.computed().len() * self.model.config().hidden_size * self.model.dtype().size_in_bytes()) as u64
     }
 
-    /// The base context's K and V of `layer`, `[kv_heads, tokens, head_dim]` on the device.
+    /// The base context's K and V of `layer` for its kept tokens, `[kv_heads, keep, head_dim]`
+    /// on the device.
     fn prefix(&self, layer: usize) -> Result<Option<(Tensor, Tensor)>> {
-        let Some(base) = self.base else { return Ok(None) };
+        let Some(Base { file, keep }) = self.base else { return Ok(None) };
         let cfg = self.model.config();
-        let shape = (cfg.num_kv_heads, base.tokens().len(), cfg.head_dim);
-        let (k, v) = base.layer_kv(layer)?;
+        let shape = (cfg.num_kv_heads, file.tokens().len(), cfg.head_dim);
+        let (k, v) = file.layer_kv(layer)?;
         let dev = self.model.device();
-        let (k, v) = (Tensor::from_vec(k, shape, dev)?, Tensor::from_vec(v, shape, dev)?);
-        Ok(Some((k.to_dtype(self.model.dtype())?, v.to_dtype(self.model.dtype())?)))
+        let kept = |x: Vec<f32>| -> Result<Tensor> {
+            Ok(Tensor::from_vec(x, shape, dev)?.narrow(1, 0, keep)?.contiguous()?.to_dtype(self.model.dtype())?)
+        };
+        Ok(Some((kept(k)?, kept(v)?)))
     }
 
     /// Whether the bytes a checkpoint vouches for are on disk as it says: every section written

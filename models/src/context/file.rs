@@ -110,6 +110,12 @@ impl ContextFile {
         &self.documents
     }
 
+    /// Tokens before document `doc` starts (all of them when `doc` is past the last): what a
+    /// context keeps when it is cut before that document.
+    pub fn tokens_before(&self, doc: usize) -> usize {
+        self.documents.get(doc).map_or(self.tokens.len(), |s| s.start)
+    }
+
     /// The checksum of the token ids: identifies the saved prefix (what a conversation file
     /// records to refuse being continued on another context).
     pub fn context_id(&self) -> &str {

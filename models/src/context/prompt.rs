@@ -137,6 +137,22 @@ impl Engine {
         if docs.is_empty() {
             return Err(Error::Invalid("no documents to add".into()));
         }
+        self.plan_keeping(base, base.documents().len(), docs)
+    }
+
+    /// The plan of `base`'s first `kept` documents as saved (its tokens up to where document
+    /// `kept` starts), then `docs` laid out as [`Engine::plan_context`] would: what removing a
+    /// document re-prefills (the documents after it), and what [`Engine::plan_append`] adds.
+    /// `context::extend` keeping `base.tokens_before(kept)` tokens computes only the rest.
+    pub fn plan_keeping(&self, base: &ContextFile, kept: usize, docs: &[DocumentText]) -> Result<PrefixPlan> {
+        let spans = base.documents();
+        if kept > spans.len() {
+            return Err(Error::Invalid(format!("the context has {} documents, not {kept}", spans.len())));
+        }
+        if kept == 0 && docs.is_empty() {
+            return Err(Error::Invalid("a context needs at least one document: delete the context instead".into()));
+        }
+        let keep = base.tokens_before(kept);
         let prompt = base.header().prompt.clone();
         let template = self.document_template();
         if prompt.document_template != template {
@@ -147,8 +163,8 @@ impl Engine {
                     .into(),
             });
         }
-        let mut tokens = base.tokens().to_vec();
-        let mut documents = base.documents().to_vec();
+        let mut tokens = base.tokens()[..keep].to_vec();
+        let mut documents = spans[..kept].to_vec();
         for d in docs {
             if documents.iter().any(|s| s.path == d.path && s.xxh3 == d.xxh3) {
                 return Err(Error::Invalid(format!("{} is already in this context", d.path)));
