@@ -102,6 +102,15 @@ fn prefill_lists_its_context_and_the_library_commands_read_and_edit_it() {
     assert!(text.contains("put it back") && text.contains("folio library remove"), "{text}");
     std::fs::rename(&moved, &path).unwrap();
 
+    // The portable file: exported, then imported (verified, copied) into another library.
+    let usb = tempfile::tempdir().unwrap();
+    let exported = ok_json(folio(h, &["library", "export", &id, usb.path().to_str().unwrap(), "--json"]));
+    let copy = exported["exported"].as_str().unwrap().to_owned();
+    let other = tempfile::tempdir().unwrap();
+    let imported = ok_json(folio(other.path(), &["library", "import", &copy, "--json"]));
+    assert_eq!(imported["imported"]["tokens"], c["tokens"]);
+    assert!(imported["imported"]["path"].as_str().unwrap().starts_with(other.path().to_str().unwrap()));
+
     let err = err_text(folio(h, &["library", "show", "999"]));
     assert!(err.contains("no context \"999\"") && err.contains("folio library list"), "{err}");
     ok_json(folio(h, &["library", "remove", &id, "--delete-file", "--json"]));

@@ -42,6 +42,7 @@
 
 mod contexts;
 mod error;
+mod portable;
 mod rebuild;
 
 use std::path::{Path, PathBuf};

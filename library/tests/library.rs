@@ -302,3 +302,42 @@ async fn an_interrupted_addition_leaves_the_context_ready() {
         matches!(lib.rename_context(before.id, "other").await, Err(Error::Refused(m)) if m.contains("interrupted"))
     );
 }
+
+/// The portable file: an export is a verified, identical copy that never overwrites; an import
+/// verifies every checksum (a broken copy is refused, naming the damaged section) and copies
+/// the file into the library's folder under a free name.
+#[tokio::test]
+async fn export_and_import_carry_a_context_between_libraries() {
+    let (a_home, b_home, dir) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let e = engine();
+    let made = dir.path().join("made.folio");
+    prefill(&e, &docs(), &made, None);
+    let a = Library::open(a_home.path()).await.unwrap();
+    let c = a.add_context(&made).await.unwrap();
+    let carried = dir.path().join("usb");
+    std::fs::create_dir(&carried).unwrap();
+    let copy = a.export(c.id, &carried).await.unwrap();
+    assert_eq!(std::fs::read(&copy).unwrap(), std::fs::read(&made).unwrap());
+    assert!(matches!(a.export(c.id, &carried).await, Err(Error::Refused(m)) if m.contains("already exists")));
+
+    let b = Library::open(b_home.path()).await.unwrap();
+    let imported = b.import(&copy, true).await.unwrap();
+    assert_eq!(imported.path, b.contexts_folder().join("made.folio"));
+    assert_eq!(
+        described(&ContextInfo { path: made.clone(), saved_at: String::new(), ..imported.clone() }),
+        described(&ContextInfo { saved_at: String::new(), ..c.clone() })
+    );
+    let again = b.import(&copy, true).await.unwrap();
+    assert_eq!(again.path, b.contexts_folder().join("made (2).folio"));
+
+    // A copy damaged on the way is refused and listed nowhere.
+    let mut bytes = std::fs::read(&copy).unwrap();
+    let at = bytes.len() - 100;
+    bytes[at] ^= 0xff;
+    let broken = dir.path().join("broken.folio");
+    std::fs::write(&broken, &bytes).unwrap();
+    let err = b.import(&broken, true).await.unwrap_err().to_string();
+    assert!(err.contains("corrupted"), "{err}");
+    assert_eq!(b.contexts().await.unwrap().len(), 2);
+}

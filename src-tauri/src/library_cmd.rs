@@ -19,6 +19,12 @@ pub enum LibraryCommand {
     Remove(RemoveArgs),
     /// Rename a context (its file is renamed in its folder).
     Rename(RenameArgs),
+    /// Add a context file made elsewhere (the portable file: prefill on a big GPU, chat on a
+    /// laptop): every checksum is verified, then it is copied into the library's contexts
+    /// folder (or listed where it is, with --in-place).
+    Import(ImportArgs),
+    /// Copy a ready context's file to a folder or a new path (atomically; never overwrites).
+    Export(ExportArgs),
     /// Add or refresh every context file in the folders (default: the library's contexts
     /// folder) and check every listed context against its file. A database that cannot be
     /// opened is set aside, kept, and a new one made from the files.
@@ -54,6 +60,25 @@ pub struct RenameArgs {
     context: String,
     /// The new name (the file keeps its folder and extension).
     name: String,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct ImportArgs {
+    file: PathBuf,
+    /// List it where it is instead of copying it into the library's folder.
+    #[arg(long)]
+    in_place: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct ExportArgs {
+    context: String,
+    /// A folder, or the path of the copy.
+    dest: PathBuf,
     #[arg(long)]
     json: bool,
 }
@@ -99,6 +124,25 @@ pub fn library(cmd: LibraryCommand) -> Result<()> {
                     println!("{}", json!({ "renamed": info }));
                 } else {
                     println!("renamed to {} ({})", info.name, info.path.display());
+                }
+                Ok(())
+            }
+            LibraryCommand::Import(a) => {
+                let info = lib.import(&a.file, !a.in_place).await?;
+                if a.json {
+                    println!("{}", json!({ "imported": info }));
+                } else {
+                    println!("imported {} ({} tokens, verified) as {}", info.name, info.tokens, info.path.display());
+                }
+                Ok(())
+            }
+            LibraryCommand::Export(a) => {
+                let id = lib.find(&a.context).await?;
+                let to = lib.export(id, &a.dest).await?;
+                if a.json {
+                    println!("{}", json!({ "exported": to }));
+                } else {
+                    println!("exported to {}", to.display());
                 }
                 Ok(())
             }

@@ -1,0 +1,92 @@
+//! Export and import of context files: the portable file (prefill on a big GPU, chat on a
+//! laptop). A copy is verified against every section checksum before it is listed, and is
+//! written to a temporary name, fsynced and renamed, so a failed or interrupted copy never
+//! leaves a file that looks finished.
+
+use std::path::{Path, PathBuf};
+
+use folio_models::context::ContextFile;
+
+use crate::contexts::{absolute, ContextInfo, Status};
+use crate::{Error, Library, Result};
+
+/// Suffix of a copy in progress.
+const COPYING_SUFFIX: &str = ".copying";
+
+impl Library {
+    /// Lists the context file `file` after checking every checksum in it (a broken copy or
+    /// download is refused with the damaged section named). With `copy`, it is first copied
+    /// into the library's contexts folder (under a free name); otherwise it is listed where it
+    /// is.
+    pub async fn import(&self, file: &Path, copy: bool) -> Result<ContextInfo> {
+        let verified = file.to_owned();
+        tokio::task::spawn_blocking(move || ContextFile::open(&verified)?.verify().map(|_| ()))
+            .await
+            .map_err(|e| Error::Refused(format!("verifying {}: {e}", file.display())))??;
+        let listed = if copy {
+            let folder = self.contexts_folder();
+            std::fs::create_dir_all(&folder).map_err(|e| Error::io(&folder, e))?;
+            let stem = file.file_stem().map_or_else(|| "context".into(), |s| s.to_string_lossy().into_owned());
+            let to = free_name(&folder, &stem);
+            let (from, dest) = (file.to_owned(), to.clone());
+            tokio::task::spawn_blocking(move || copy_atomic(&from, &dest))
+                .await
+                .map_err(|e| Error::Refused(format!("copying {}: {e}", file.display())))??;
+            to
+        } else {
+            absolute(file)?
+        };
+        self.add_context(&listed).await
+    }
+
+    /// Copies a ready context's file to `dest` (a folder, or the new file's path), atomically;
+    /// an existing file is never overwritten. Returns the copy's path.
+    pub async fn export(&self, id: i64, dest: &Path) -> Result<PathBuf> {
+        let info = self.context(id).await?;
+        if info.status != Status::Ready {
+            return Err(Error::Refused(format!(
+                "{} is {}: only a ready context can be exported",
+                info.path.display(),
+                info.status.as_str()
+            )));
+        }
+        let to = if dest.is_dir() { dest.join(info.path.file_name().unwrap_or_default()) } else { dest.to_owned() };
+        if to.exists() {
+            return Err(Error::Refused(format!(
+                "{} already exists: export elsewhere or remove it first",
+                to.display()
+            )));
+        }
+        let (from, dest) = (info.path.clone(), to.clone());
+        tokio::task::spawn_blocking(move || copy_atomic(&from, &dest))
+            .await
+            .map_err(|e| Error::Refused(format!("copying {}: {e}", info.path.display())))??;
+        Ok(to)
+    }
+}
+
+/// `folder/stem.folio`, or `stem (2).folio`, … whichever is free.
+fn free_name(folder: &Path, stem: &str) -> PathBuf {
+    (1..)
+        .map(|n| if n == 1 { folder.join(format!("{stem}.folio")) } else { folder.join(format!("{stem} ({n}).folio")) })
+        .find(|p| !p.exists() && !folio_models::context::partial_dir(p).exists())
+        .expect("a free name")
+}
+
+/// Copies `from` to `to` through `to.copying`: copied, fsynced, renamed, the folder fsynced.
+fn copy_atomic(from: &Path, to: &Path) -> Result<()> {
+    let mut tmp = to.as_os_str().to_owned();
+    tmp.push(COPYING_SUFFIX);
+    let tmp = PathBuf::from(tmp);
+    let result = (|| {
+        std::fs::copy(from, &tmp).map_err(|e| Error::io(from, e))?;
+        std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, to).map_err(|e| Error::io(to, e))?;
+        let folder = to.parent().unwrap_or(Path::new("."));
+        std::fs::File::open(folder).and_then(|f| f.sync_all()).map_err(|e| Error::io(folder, e))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
