@@ -344,14 +344,10 @@ fn offloaded_decode_matches_resident_cuda() -> Result<()> {
     offloaded_decode_matches_resident(&Device::new_cuda(0)?)
 }
 
-/// A context grown by a document is the context prefilled with all the documents in one go:
-/// the same tokens and spans, and (f32 on the CPU) byte for byte the same file, K/V and
-/// checksums included; the append computes only the new document's tokens.
-#[test]
-fn a_grown_context_is_the_one_prefilled_in_one_go() -> Result<()> {
-    let e = engine("demo");
+/// assets/samples' three documents, as ingestion reads them.
+fn sample_documents() -> Vec<context::DocumentText> {
     let samples = model_dir("demo").join("../../samples");
-    let docs: Vec<context::DocumentText> = ["field_notes.txt", "market_records.txt", "the_diary_of_greta.txt"]
+    ["field_notes.txt", "market_records.txt", "the_diary_of_greta.txt"]
         .iter()
         .map(|name| {
             let text = std::fs::read_to_string(samples.join(name)).unwrap();
@@ -363,7 +359,16 @@ fn a_grown_context_is_the_one_prefilled_in_one_go() -> Result<()> {
                 text,
             }
         })
-        .collect();
+        .collect()
+}
+
+/// A context grown by a document is the context prefilled with all the documents in one go:
+/// the same tokens and spans, and (f32 on the CPU) byte for byte the same file, K/V and
+/// checksums included; the append computes only the new document's tokens.
+#[test]
+fn a_grown_context_is_the_one_prefilled_in_one_go() -> Result<()> {
+    let e = engine("demo");
+    let docs = sample_documents();
     let dir = tempfile::tempdir().unwrap();
     let date = || Some("25 Nov 2026".to_owned());
     let (whole, grown) = (dir.path().join("whole.folio"), dir.path().join("grown.folio"));
@@ -423,20 +428,7 @@ fn a_resume_with_other_tokens_of_the_same_length_is_refused() -> Result<()> {
 #[test]
 fn a_context_cut_before_a_document_and_continued_is_the_one_without_it() -> Result<()> {
     let e = engine("demo");
-    let samples = model_dir("demo").join("../../samples");
-    let docs: Vec<context::DocumentText> = ["field_notes.txt", "market_records.txt", "the_diary_of_greta.txt"]
-        .iter()
-        .map(|name| {
-            let text = std::fs::read_to_string(samples.join(name)).unwrap();
-            context::DocumentText {
-                title: (*name).into(),
-                path: format!("samples/{name}"),
-                bytes: text.len() as u64,
-                xxh3: context::format::checksum(text.as_bytes()),
-                text,
-            }
-        })
-        .collect();
+    let docs = sample_documents();
     let dir = tempfile::tempdir().unwrap();
     let date = || Some("25 Nov 2026".to_owned());
     let (all, without) = (dir.path().join("all.folio"), dir.path().join("without.folio"));

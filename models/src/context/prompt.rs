@@ -103,12 +103,26 @@ impl Engine {
             return Err(Error::Invalid("no documents to prefill".into()));
         }
         let prompt = self.prompt_stamp(system, date)?;
-        let document_template = prompt.document_template.clone();
-        let mut tokens = self.head_ids(&prompt)?;
-        let mut documents = Vec::with_capacity(docs.len());
+        let head = self.head_ids(&prompt)?;
+        self.laid_out(prompt, head, Vec::new(), docs)
+    }
+
+    /// `docs` wrapped and tokenized after `tokens` (whose spans are `documents`), each its
+    /// span; refused when a document is already there (same path and text) or when the whole
+    /// does not fit the context length with [`ANSWER_ROOM`] to spare.
+    fn laid_out(
+        &self,
+        prompt: PromptStamp,
+        mut tokens: Vec<u32>,
+        mut documents: Vec<DocumentSpan>,
+        docs: &[DocumentText],
+    ) -> Result<PrefixPlan> {
         for d in docs {
+            if documents.iter().any(|s| s.path == d.path && s.xxh3 == d.xxh3) {
+                return Err(Error::Invalid(format!("{} is already in this context", d.path)));
+            }
             let start = tokens.len();
-            tokens.extend(self.encode_document(&document_template, d)?);
+            tokens.extend(self.encode_document(&prompt.document_template, d)?);
             documents.push(DocumentSpan {
                 title: d.title.clone(),
                 path: d.path.clone(),
@@ -163,33 +177,7 @@ impl Engine {
                     .into(),
             });
         }
-        let mut tokens = base.tokens()[..keep].to_vec();
-        let mut documents = spans[..kept].to_vec();
-        for d in docs {
-            if documents.iter().any(|s| s.path == d.path && s.xxh3 == d.xxh3) {
-                return Err(Error::Invalid(format!("{} is already in this context", d.path)));
-            }
-            let start = tokens.len();
-            tokens.extend(self.encode_document(&template, d)?);
-            documents.push(DocumentSpan {
-                title: d.title.clone(),
-                path: d.path.clone(),
-                start,
-                end: tokens.len(),
-                bytes: d.bytes,
-                xxh3: d.xxh3.clone(),
-            });
-        }
-        let limit = self.config().max_position_embeddings;
-        if tokens.len() + ANSWER_ROOM > limit {
-            return Err(Error::CollectionTooLong {
-                tokens: tokens.len(),
-                limit,
-                room: ANSWER_ROOM,
-                documents: documents.iter().map(|d| (d.path.clone(), d.end - d.start)).collect(),
-            });
-        }
-        Ok(PrefixPlan { tokens, documents, prompt })
+        self.laid_out(prompt, base.tokens()[..keep].to_vec(), spans[..kept].to_vec(), docs)
     }
 
     /// Tokens each document takes in a context of this model (wrapped by its document
