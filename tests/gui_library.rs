@@ -315,6 +315,8 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
         d.script("return document.querySelector('[data-testid=auto-resume]').checked", json!([])) == json!(true)
     });
     std::thread::sleep(Duration::from_millis(500)); // the drawer's slide-in
+    let facts = d.texts("[data-testid=model-facts]").concat();
+    assert!(facts.contains("llama") && facts.contains("Parameters") && facts.contains("K/V per token"), "{facts}");
     screenshot(&display, "7-settings");
     d.click("[aria-label='Close settings']");
     let more = work.path().join("more notes");
@@ -327,13 +329,47 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     drop(d);
     drop(td);
 
-    // 5. Restart: the interrupted prefill resumes by itself; all three are listed; open one and
-    //    ask.
+    // A context made by another model (from the CLI, into the same library): the demo model
+    // with another RoPE base, so another fingerprint.
+    let other = work.path().join("demo-rope");
+    std::fs::create_dir(&other).unwrap();
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/models/demo").canonicalize().unwrap();
+    for entry in std::fs::read_dir(&demo).unwrap() {
+        let name = entry.unwrap().file_name();
+        if name != "config.json" {
+            std::os::unix::fs::symlink(demo.join(&name), other.join(&name)).unwrap();
+        }
+    }
+    let config = std::fs::read_to_string(demo.join("config.json")).unwrap().replace("2000000.0", "1000000.0");
+    std::fs::write(other.join("config.json"), config).unwrap();
+    let made = Command::new(env!("CARGO_BIN_EXE_folio"))
+        .args(["prefill", "--device", "cpu", "--model"])
+        .arg(&other)
+        .arg("--docs")
+        .arg(samples.join("field_notes.txt"))
+        .arg("--out")
+        .arg(home.path().join("contexts/other model.folio"))
+        .env("FOLIO_HOME", home.path())
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+
+    // 5. Restart: the interrupted prefill resumes by itself; all four are listed; the other
+    //    model's context says which model made it; open one of ours and ask.
     let (_td, base) = driver("tauri-driver-3.log");
     let d = Driver::start(&base);
-    d.wait("all three contexts ready, the last resumed at start", |d| {
-        statuses(d).len() == 3 && statuses(d).iter().all(|(_, s)| s == "ready")
+    d.wait("all four contexts ready, the interrupted one resumed at start", |d| {
+        statuses(d).len() == 4 && statuses(d).iter().all(|(_, s)| s == "ready")
     });
+    let other_row = statuses(&d).iter().position(|(n, _)| n == "other model").unwrap() + 1;
+    d.click(&format!("[data-testid=context]:nth-child({other_row}) .ctx-button"));
+    d.wait("the other model named", |d| {
+        d.texts("[data-testid=other-model]").concat().contains("Made with demo-rope; Folio runs demo")
+    });
+    d.wait("its document", |d| d.texts("[data-testid=context-documents] tbody tr").len() == 1);
+    let open_disabled = d.script("return document.querySelector('[data-testid=open-context]').disabled", json!([]));
+    assert_eq!(open_disabled, json!(true), "a context of another model cannot be opened here");
+    screenshot(&display, "8-other-model");
     folio_models::context::ContextFile::open(&home.path().join("contexts/more notes.folio")).unwrap().verify().unwrap();
     let samples_row = statuses(&d).iter().position(|(n, _)| n == "samples").unwrap() + 1;
     d.click(&format!("[data-testid=context]:nth-child({samples_row}) .ctx-button"));

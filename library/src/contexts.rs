@@ -60,6 +60,8 @@ pub struct ModelInfo {
     /// How to load it: a folder or a Hugging Face repo id.
     pub source: String,
     pub architecture: String,
+    /// `context::format::Fingerprint` as JSON: equal for models that make the same K/V.
+    pub fingerprint: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -171,7 +173,7 @@ fn document_kind(path: &str) -> String {
 const MAX_NAME_CHARS: usize = 200;
 
 const CONTEXT_COLUMNS: &str = "c.id, c.path, c.tokens, c.layers, c.layers_done, c.kv_dtype, c.file_bytes, c.status, \
-     c.problem, c.saved_at, m.name, m.source, m.architecture, \
+     c.problem, c.saved_at, m.name, m.source, m.architecture, m.fingerprint, \
      (SELECT COUNT(*) FROM documents d WHERE d.context_id = c.id) AS documents";
 
 fn context_row(r: &sqlx::sqlite::SqliteRow) -> ContextInfo {
@@ -180,7 +182,12 @@ fn context_row(r: &sqlx::sqlite::SqliteRow) -> ContextInfo {
     ContextInfo {
         id: r.get("id"),
         name: path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
-        model: ModelInfo { name: r.get("name"), source: r.get("source"), architecture: r.get("architecture") },
+        model: ModelInfo {
+            name: r.get("name"),
+            source: r.get("source"),
+            architecture: r.get("architecture"),
+            fingerprint: r.get("fingerprint"),
+        },
         tokens: u("tokens"),
         layers: u("layers"),
         layers_done: u("layers_done"),

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use folio_library::{ContextInfo, DocumentInfo, Library};
 use folio_models::attention::{MethodChoice, Tier};
+use folio_models::context::format::SectionKind;
 use folio_models::conversation::Conversation;
 use folio_models::session::{GenerationSettings, Session};
 use folio_models::{device_name, parse_device, parse_dtype, Engine};
@@ -99,8 +100,25 @@ struct AppInfo {
     model_error: Option<String>,
     library: Option<PathBuf>,
     library_error: Option<String>,
-    /// Context length of the model in tokens.
-    max_context: Option<usize>,
+    /// What the window shows of the loaded model.
+    model_facts: Option<ModelFacts>,
+}
+
+/// The loaded model, as `folio info` describes it.
+#[derive(Serialize)]
+struct ModelFacts {
+    /// How it was loaded (a folder or repo id): what `--model` takes.
+    source: String,
+    architecture: String,
+    parameters: usize,
+    layers: usize,
+    /// Context length in tokens.
+    max_context: usize,
+    /// K/V bytes one token of context takes, stored as the window stores it.
+    kv_bytes_per_token: u64,
+    /// Its fingerprint as the library stores it: a context whose model has another one was
+    /// made by another model (and cannot be opened with this one).
+    fingerprint: Option<String>,
 }
 
 #[tauri::command]
@@ -113,7 +131,22 @@ fn app_info(state: State<'_, AppState>) -> AppInfo {
         model_error: state.model_error.clone(),
         library,
         library_error: state.library_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
-        max_context: state.engine.as_ref().map(|e| e.config().max_position_embeddings),
+        model_facts: state.engine.as_ref().map(|e| {
+            let cfg = e.config();
+            ModelFacts {
+                source: e.source.clone(),
+                architecture: cfg.arch.name().to_owned(),
+                parameters: e.model.parameters(),
+                layers: cfg.num_layers,
+                max_context: cfg.max_position_embeddings,
+                kv_bytes_per_token: [SectionKind::Keys, SectionKind::Values]
+                    .iter()
+                    .map(|&kind| staging::DEFAULT_KV_DTYPE.section_bytes(kind, cfg.num_kv_heads, cfg.head_dim))
+                    .sum::<u64>()
+                    * cfg.num_layers as u64,
+                fingerprint: e.stamp().ok().and_then(|st| serde_json::to_string(&st.fingerprint).ok()),
+            }
+        }),
     }
 }
 

@@ -28,8 +28,22 @@ export interface AppInfo {
   library: string | null;
   /** Why the library could not be opened (with what to do). */
   library_error: string | null;
-  /** The model's context length in tokens. */
-  max_context: number | null;
+  /** What the window shows of the loaded model. */
+  model_facts: ModelFacts | null;
+}
+
+/** The loaded model, as `folio info` describes it. */
+export interface ModelFacts {
+  /** How it was loaded (a folder or repo id): what `--model` takes. */
+  source: string;
+  architecture: string;
+  parameters: number;
+  layers: number;
+  max_context: number;
+  /** K/V bytes one token of context takes as the window stores it (bf16). */
+  kv_bytes_per_token: number;
+  /** What makes its K/V, as the library stores it for each context's model. */
+  fingerprint: string | null;
 }
 
 /** Events streamed over the `onEvent` channel during `chat`. */
@@ -90,7 +104,7 @@ export async function appInfo(): Promise<AppInfo> {
       model_error: NOT_IN_APP,
       library: null,
       library_error: null,
-      max_context: null,
+      model_facts: null,
     };
   }
   return invoke<AppInfo>('app_info');

@@ -11,7 +11,7 @@ export interface ContextInfo {
   id: number;
   name: string;
   path: string;
-  model: { name: string; source: string; architecture: string };
+  model: { name: string; source: string; architecture: string; fingerprint: string };
   tokens: number;
   layers: number;
   layers_done: number;
