@@ -429,6 +429,29 @@ fn on_drop(feed: &Mutex<Option<Channel<UiEvent>>>, paths: Vec<PathBuf>) {
     send(feed, UiEvent::Dropped { paths });
 }
 
+/// The native file picker (files, or folders), opened from the Rust side so the webview needs
+/// no dialog permission; what is picked goes the way of a drop.
+#[tauri::command]
+async fn pick_documents(app: tauri::AppHandle, state: State<'_, AppState>, folders: bool) -> Result<(), String> {
+    use tauri_plugin_dialog::DialogExt;
+    let feed = state.feed.clone();
+    let picked = tauri::async_runtime::spawn_blocking(move || {
+        let dialog = app.dialog().file().set_title(if folders { "Add folders" } else { "Add documents" });
+        if folders {
+            dialog.blocking_pick_folders()
+        } else {
+            dialog.blocking_pick_files()
+        }
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let paths: Vec<PathBuf> = picked.unwrap_or_default().into_iter().filter_map(|p| p.into_path().ok()).collect();
+    if !paths.is_empty() {
+        on_drop(&feed, paths);
+    }
+    Ok(())
+}
+
 /// The test hook (see the module docs): refused unless FOLIO_TEST_HOOKS=1.
 #[tauri::command]
 fn simulate_drop(state: State<'_, AppState>, paths: Vec<PathBuf>) -> Result<(), String> {
@@ -486,6 +509,7 @@ pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<(
         feed,
     };
     tauri::Builder::default()
+        .plugin(tauri_plugin_dialog::init())
         .manage(state)
         .on_window_event(|window, event| {
             if let tauri::WindowEvent::DragDrop(drag) = event {
@@ -524,6 +548,7 @@ pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<(
             cancel_job,
             auto_resume,
             set_auto_resume,
+            pick_documents,
             simulate_drop,
         ])
         .run(tauri::generate_context!())?;

@@ -124,6 +124,8 @@ export const startPrefill = (documents: StagedDocument[], name: string) =>
 export const resumeContext = (id: number) => call<number>('resume_context', { id });
 export const cancelJob = (id: number) => call<boolean>('cancel_job', { id });
 export const autoResume = () => call<boolean>('auto_resume');
+/** The native file picker; what is picked arrives like a drop (the feed's `dropped`). */
+export const pickDocuments = (folders: boolean) => call<void>('pick_documents', { folders });
 export const setAutoResume = (on: boolean) => call<void>('set_auto_resume', { on });
 
 /** Reads and counts files and folders; `onProgress(done, total)` follows the count. */
