@@ -169,8 +169,24 @@ fn document_kind(path: &str) -> String {
     Path::new(path).extension().map_or_else(|| "txt".to_owned(), |e| e.to_string_lossy().to_lowercase())
 }
 
-/// File name and extension rules of [`Library::rename_context`].
+/// Longest name a context (its file's name without the extension) may have.
 const MAX_NAME_CHARS: usize = 200;
+
+/// `name` trimmed, if it can name a context file: 1 to [`MAX_NAME_CHARS`] characters, no path
+/// separator, no leading '.' (a hidden file).
+pub fn context_name(name: &str) -> Result<&str> {
+    let name = name.trim();
+    if name.is_empty()
+        || name.starts_with('.')
+        || name.contains(['/', '\\', '\0'])
+        || name.chars().count() > MAX_NAME_CHARS
+    {
+        return Err(Error::Refused(format!(
+            "\"{name}\" cannot name a context file: use 1 to {MAX_NAME_CHARS} characters, without '/' or a leading '.'"
+        )));
+    }
+    Ok(name)
+}
 
 const CONTEXT_COLUMNS: &str = "c.id, c.path, c.tokens, c.layers, c.layers_done, c.kv_dtype, c.file_bytes, c.status, \
      c.problem, c.saved_at, m.name, m.source, m.architecture, m.fingerprint, \
@@ -314,17 +330,7 @@ impl Library {
     /// Renames a context: its file is renamed in its folder (the file is the source of truth,
     /// so a rebuilt library keeps the name), keeping its extension.
     pub async fn rename_context(&self, id: i64, name: &str) -> Result<ContextInfo> {
-        let name = name.trim();
-        if name.is_empty()
-            || name.starts_with('.')
-            || name.contains(['/', '\\', '\0'])
-            || name.chars().count() > MAX_NAME_CHARS
-        {
-            return Err(Error::Refused(format!(
-                "\"{name}\" cannot name a context file: use 1 to {MAX_NAME_CHARS} characters, without '/' or a \
-                 leading '.'"
-            )));
-        }
+        let name = context_name(name)?;
         let info = self.context(id).await?;
         if info.status != Status::Ready {
             return Err(Error::Refused(format!(

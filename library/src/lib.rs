@@ -51,7 +51,7 @@ use std::time::Duration;
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
-pub use contexts::{ContextInfo, DocumentInfo, ModelInfo, Status};
+pub use contexts::{context_name, ContextInfo, DocumentInfo, ModelInfo, Status};
 pub use error::{Error, Result};
 pub use rebuild::RebuildReport;
 

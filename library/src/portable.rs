@@ -24,10 +24,8 @@ impl Library {
             .await
             .map_err(|e| Error::Refused(format!("verifying {}: {e}", file.display())))??;
         let listed = if copy {
-            let folder = self.contexts_folder();
-            std::fs::create_dir_all(&folder).map_err(|e| Error::io(&folder, e))?;
             let stem = file.file_stem().map_or_else(|| "context".into(), |s| s.to_string_lossy().into_owned());
-            let to = free_name(&folder, &stem);
+            let to = self.free_context_path(&stem)?;
             let (from, dest) = (file.to_owned(), to.clone());
             tokio::task::spawn_blocking(move || copy_atomic(&from, &dest))
                 .await
@@ -65,12 +63,25 @@ impl Library {
     }
 }
 
-/// `folder/stem.folio`, or `stem (2).folio`, … whichever is free.
-fn free_name(folder: &Path, stem: &str) -> PathBuf {
-    (1..)
-        .map(|n| if n == 1 { folder.join(format!("{stem}.folio")) } else { folder.join(format!("{stem} ({n}).folio")) })
-        .find(|p| !p.exists() && !folio_models::context::partial_dir(p).exists())
-        .expect("a free name")
+impl Library {
+    /// A path for a new context named `stem` in the library's contexts folder (created if
+    /// missing): `stem.folio`, or `stem (2).folio`, … whichever no file or prefill uses.
+    pub fn free_context_path(&self, stem: &str) -> Result<PathBuf> {
+        let folder = self.contexts_folder();
+        std::fs::create_dir_all(&folder).map_err(|e| Error::io(&folder, e))?;
+        Ok((1..)
+            .map(
+                |n| {
+                    if n == 1 {
+                        folder.join(format!("{stem}.folio"))
+                    } else {
+                        folder.join(format!("{stem} ({n}).folio"))
+                    }
+                },
+            )
+            .find(|p| !p.exists() && !folio_models::context::partial_dir(p).exists())
+            .expect("an unbounded search finds a free name"))
+    }
 }
 
 /// Copies `from` to `to` through `to.copying`: copied, fsynced, renamed, the folder fsynced.

@@ -63,6 +63,28 @@ impl Library {
         Ok(report)
     }
 
+    /// `folio library rebuild` and the window's "Rebuild the library": opens the library in
+    /// `home` — setting a damaged database aside first ([`Library::rebuild_damaged`]) — and
+    /// rebuilds it from `folders` (default: its contexts folder, created if missing). Returns
+    /// the library, where a damaged database went, and the report.
+    pub async fn rebuild_home(home: &Path, folders: &[PathBuf]) -> Result<(Self, Option<PathBuf>, RebuildReport)> {
+        let (lib, set_aside) = match Self::open(home).await {
+            Ok(lib) => (lib, None),
+            Err(Error::Corrupt { .. }) => {
+                let (lib, aside) = Self::rebuild_damaged(home).await?;
+                (lib, Some(aside))
+            }
+            Err(e) => return Err(e),
+        };
+        let own = lib.contexts_folder();
+        let folders = if folders.is_empty() { vec![own.clone()] } else { folders.to_vec() };
+        if folders.contains(&own) {
+            std::fs::create_dir_all(&own).map_err(|e| Error::io(&own, e))?;
+        }
+        let report = lib.rebuild(&folders).await?;
+        Ok((lib, set_aside, report))
+    }
+
     /// Sets the database in `home` aside — renamed `library.sqlite3.damaged-<time>`, with its
     /// journal files — and opens a new, empty one; for a database [`Library::open`] reports
     /// as [`Error::Corrupt`]. Returns the new library and where the old file went.

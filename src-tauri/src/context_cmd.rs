@@ -276,17 +276,17 @@ fn removal(base: &ContextFile, doc: &str) -> Result<(usize, Vec<folio_models::co
     }
     let kept = if at + 1 == spans.len() { at - 1 } else { at };
     let again: Vec<_> = spans[kept..].iter().enumerate().filter(|(i, _)| kept + i != at).map(|(_, s)| s).collect();
-    let paths: Vec<PathBuf> = again.iter().map(|s| PathBuf::from(&s.path)).collect();
-    let found = ingest::collect_lenient(&paths);
-    if let Some((path, why)) = found.skipped.first() {
-        bail!("{} is prefilled again after the removed document but cannot be read ({why}); put it back, or prefill the documents again", path.display());
-    }
-    for (d, s) in found.documents.iter().zip(&again) {
-        if d.xxh3 != s.xxh3 {
-            bail!("{} changed since it was prefilled; prefill the documents again (or --add its new version)", d.path);
+    match ingest::reread_saved(&again) {
+        Ok(documents) => Ok((kept, documents)),
+        Err(ingest::Reread::Unreadable { path, why }) => bail!(
+            "{} is prefilled again after the removed document but cannot be read ({why}); put it back, or prefill \
+             the documents again",
+            path.display()
+        ),
+        Err(ingest::Reread::Changed { path }) => {
+            bail!("{path} changed since it was prefilled; prefill the documents again (or --add its new version)")
         }
     }
-    Ok((kept, found.documents))
 }
 
 fn progress_bar(json: bool) -> Option<indicatif::ProgressBar> {

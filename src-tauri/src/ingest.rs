@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use folio_models::context::DocumentText;
+use folio_models::context::{DocumentSpan, DocumentText};
 
 /// Extensions of formats whose text must be extracted, not read as is.
 const RICH_FORMATS: [&str; 9] = ["pdf", "docx", "doc", "odt", "rtf", "epub", "html", "htm", "xhtml"];
@@ -46,6 +46,27 @@ pub fn collect_lenient(paths: &[PathBuf]) -> Ingested {
         documents: Vec::new(),
         skipped: vec![(paths.first().cloned().unwrap_or_default(), format!("{e:#}"))],
     })
+}
+
+/// Why a document saved in a context cannot be read again as it was prefilled.
+pub enum Reread {
+    Unreadable { path: PathBuf, why: String },
+    Changed { path: String },
+}
+
+/// The documents of `spans` read again from their paths, each checked against the checksum
+/// it was prefilled with: what resuming a prefill, or re-prefilling the documents after a
+/// removed one, must compute from.
+pub fn reread_saved(spans: &[&DocumentSpan]) -> std::result::Result<Vec<DocumentText>, Reread> {
+    let paths: Vec<PathBuf> = spans.iter().map(|s| PathBuf::from(&s.path)).collect();
+    let found = collect_lenient(&paths);
+    if let Some((path, why)) = found.skipped.into_iter().next() {
+        return Err(Reread::Unreadable { path, why });
+    }
+    match found.documents.iter().zip(spans).find(|(d, s)| d.xxh3 != s.xxh3) {
+        Some((d, _)) => Err(Reread::Changed { path: d.path.clone() }),
+        None => Ok(found.documents),
+    }
 }
 
 fn gather(paths: &[PathBuf], strict: bool) -> Result<Ingested> {

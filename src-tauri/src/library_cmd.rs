@@ -221,22 +221,7 @@ async fn show(lib: &Library, key: &str, as_json: bool) -> Result<()> {
 }
 
 async fn rebuild(a: RebuildArgs) -> Result<()> {
-    let home = folio_library::home()?;
-    let (lib, set_aside) = match Library::open(&home).await {
-        Ok(lib) => (lib, None),
-        Err(folio_library::Error::Corrupt { .. }) => {
-            let (lib, aside) = Library::rebuild_damaged(&home).await?;
-            (lib, Some(aside))
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let folders = if a.folders.is_empty() { vec![lib.contexts_folder()] } else { a.folders };
-    for f in &folders {
-        if f == &lib.contexts_folder() {
-            std::fs::create_dir_all(f).with_context(|| format!("creating {}", f.display()))?;
-        }
-    }
-    let report = lib.rebuild(&folders).await?;
+    let (lib, set_aside, report) = Library::rebuild_home(&folio_library::home()?, &a.folders).await?;
     if a.json {
         println!("{}", json!({ "library": lib.database(), "set_aside": set_aside, "report": report }));
         return Ok(());

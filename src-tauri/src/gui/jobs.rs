@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -325,27 +325,22 @@ fn reread(staged: &[StagedDocument]) -> (Vec<DocumentText>, Vec<Skip>) {
 /// The documents of an interrupted prefill, read again and checked against the checksums it
 /// started with (a resume must compute the same tokens).
 fn resume_documents(spans: &[context::DocumentSpan]) -> anyhow::Result<Vec<DocumentText>> {
-    let paths: Vec<PathBuf> = spans.iter().map(|s| PathBuf::from(&s.path)).collect();
-    let found = ingest::collect_lenient(&paths);
-    if let Some((path, why)) = found.skipped.first() {
-        anyhow::bail!(
+    match ingest::reread_saved(&spans.iter().collect::<Vec<_>>()) {
+        Ok(documents) => Ok(documents),
+        Err(ingest::Reread::Unreadable { path, why }) => anyhow::bail!(
             "{} cannot be read ({why}): put it back to resume, or delete the paused context and prefill again",
             path.display()
-        );
-    }
-    for (d, s) in found.documents.iter().zip(spans) {
-        if d.xxh3 != s.xxh3 {
-            anyhow::bail!(
-                "{} changed since its prefill started: delete the paused context and prefill again",
-                Path::new(&d.path).display()
-            );
+        ),
+        Err(ingest::Reread::Changed { path }) => {
+            anyhow::bail!("{path} changed since its prefill started: delete the paused context and prefill again")
         }
     }
-    Ok(found.documents)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn staged(path: &Path, text: &str) -> StagedDocument {

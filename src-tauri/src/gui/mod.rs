@@ -171,10 +171,17 @@ struct ChatDone {
     tokens: usize,
 }
 
+/// A chat of `session` with a new conversation.
+fn chat_of(session: Session) -> Chat {
+    let conversation = session.new_conversation();
+    Arc::new(Mutex::new((session, conversation)))
+}
+
 fn current_chat(state: &AppState) -> Result<Chat, String> {
-    state.chat.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or_else(|| {
-        state.model_error.clone().unwrap_or_else(|| "No model loaded: start Folio with --model <folder|repo>".into())
-    })
+    match state.chat.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+        Some(chat) => Ok(chat),
+        None => Err(state.engine().err().unwrap_or_default()),
+    }
 }
 
 #[tauri::command]
@@ -242,8 +249,7 @@ async fn open_context(state: State<'_, AppState>, id: i64) -> Result<ContextInfo
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
-    let conversation = session.new_conversation();
-    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(Mutex::new((session, conversation))));
+    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(session));
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
     Ok(info)
 }
@@ -251,10 +257,7 @@ async fn open_context(state: State<'_, AppState>, id: i64) -> Result<ContextInfo
 /// Back to chatting with the bare model.
 #[tauri::command]
 fn close_context(state: State<'_, AppState>) -> Result<(), String> {
-    let engine = state.engine()?;
-    let session = Session::bare(engine);
-    let conversation = session.new_conversation();
-    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(Mutex::new((session, conversation))));
+    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(Session::bare(state.engine()?)));
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = None;
     Ok(())
 }
@@ -298,16 +301,7 @@ async fn reveal_context(state: State<'_, AppState>, id: i64) -> Result<(), Strin
 #[tauri::command]
 async fn rebuild_library(state: State<'_, AppState>) -> Result<Vec<ContextInfo>, String> {
     let home = folio_library::home().map_err(|e| e.to_string())?;
-    let lib = match Library::open(&home).await {
-        Ok(lib) => lib,
-        Err(folio_library::Error::Corrupt { .. }) => {
-            Library::rebuild_damaged(&home).await.map_err(|e| e.to_string())?.0
-        }
-        Err(e) => return Err(e.to_string()),
-    };
-    let folder = lib.contexts_folder();
-    std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
-    lib.rebuild(&[folder]).await.map_err(|e| e.to_string())?;
+    let (lib, _, _) = Library::rebuild_home(&home, &[]).await.map_err(|e| e.to_string())?;
     let list = lib.contexts().await.map_err(|e| e.to_string())?;
     *state.library.lock().unwrap_or_else(|e| e.into_inner()) = Some(lib);
     *state.library_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -361,19 +355,11 @@ async fn estimate(state: State<'_, AppState>, documents: Vec<StagedDocument>) ->
 fn start_prefill(state: State<'_, AppState>, documents: Vec<StagedDocument>, name: String) -> Result<u64, String> {
     let jobs = state.jobs.as_ref().ok_or_else(|| state.engine().err().unwrap_or_default())?;
     let lib = state.library()?;
-    let name = name.trim();
-    if name.is_empty() || name.starts_with('.') || name.contains(['/', '\\', '\0']) {
-        return Err(format!("\"{name}\" cannot name a context: use letters, digits and spaces, without '/'"));
-    }
+    let name = folio_library::context_name(&name).map_err(|e| e.to_string())?;
     if documents.is_empty() {
         return Err("there are no documents to prefill: drop files or folders on the window".into());
     }
-    let folder = lib.contexts_folder();
-    std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
-    let out = (1..)
-        .map(|n| if n == 1 { folder.join(format!("{name}.folio")) } else { folder.join(format!("{name} ({n}).folio")) })
-        .find(|p| !p.exists() && !folio_models::context::partial_dir(p).exists())
-        .expect("a free name");
+    let out = lib.free_context_path(name).map_err(|e| e.to_string())?;
     jobs.submit(out, JobKind::New { documents })
 }
 
@@ -491,11 +477,7 @@ pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<(
     if let (Some(lib), Some(jobs)) = (&library, &jobs) {
         resume_paused(lib, jobs);
     }
-    let bare = engine.clone().map(|e| {
-        let session = Session::bare(e);
-        let conversation = session.new_conversation();
-        Arc::new(Mutex::new((session, conversation)))
-    });
+    let bare = engine.clone().map(|e| chat_of(Session::bare(e)));
     let state = AppState {
         engine,
         model_error,
