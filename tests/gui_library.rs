@@ -10,10 +10,15 @@
 //! restart: it resumes by itself; every context is still listed, and one opens and answers.
 //! Screenshots of each screen go to the test's temp folder (docs/app.md keeps the current ones).
 
+#[path = "common/xvfb.rs"]
+mod xvfb;
+
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use xvfb::{start_xvfb, Reaped};
 
 use serde_json::{json, Value};
 
@@ -24,26 +29,6 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(120);
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 /// W3C WebDriver's Enter key.
 const ENTER: &str = "\u{E007}";
-
-/// Kills the child's process group (tauri-driver, its WebKitWebDriver and the app; or Xvfb)
-/// and waits for it on drop, so a failed assertion leaves nothing behind.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        // SAFETY: signalling the process group this test created for the child.
-        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
-        let _ = self.0.wait();
-    }
-}
-
-fn free_display() -> u32 {
-    (600 + std::process::id() % 300..1000)
-        .find(|n| {
-            !Path::new(&format!("/tmp/.X11-unix/X{n}")).exists() && !Path::new(&format!("/tmp/.X{n}-lock")).exists()
-        })
-        .expect("no free X display number")
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -214,16 +199,7 @@ fn drop_paths(d: &Driver, paths: &[&Path]) {
 
 #[test]
 fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
-    let n = free_display();
-    let display = format!(":{n}");
-    let xvfb = Command::new("Xvfb")
-        .args([display.as_str(), "-screen", "0", "1280x860x24", "-nolisten", "tcp"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("Xvfb is needed for this test (scripts/setup.sh installs it)");
-    let _xvfb = Reaped(xvfb);
+    let (_xvfb, display) = start_xvfb();
     let home = tempfile::tempdir().unwrap();
     // A folder whose prefill takes a few seconds, to be killed in the middle.
     let work = tempfile::tempdir().unwrap();

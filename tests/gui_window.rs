@@ -2,9 +2,15 @@
 //! bundled demo model; a screenshot shows the rendered UI rather than a blank screen or an error
 //! page, and a question typed into the composer (xdotool) gets a streamed answer bubble.
 
+#[path = "common/xvfb.rs"]
+mod xvfb;
+
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use xvfb::{start_xvfb, Reaped};
 
 /// How long the window may take to appear (a cold WebKit start under a software renderer).
 const WINDOW_TIMEOUT: Duration = Duration::from_secs(90);
@@ -12,24 +18,6 @@ const WINDOW_TIMEOUT: Duration = Duration::from_secs(90);
 const CHAT_TIMEOUT: Duration = Duration::from_secs(60);
 /// A blank screen has one colour; the rendered UI (text, borders, anti-aliasing) has hundreds.
 const MIN_COLOURS: usize = 64;
-
-/// Kills the child on drop, so a failing assertion leaves no Xvfb or window behind.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_display() -> u32 {
-    (100 + std::process::id() % 400..600)
-        .find(|n| {
-            !Path::new(&format!("/tmp/.X11-unix/X{n}")).exists() && !Path::new(&format!("/tmp/.X{n}-lock")).exists()
-        })
-        .expect("no free X display number")
-}
 
 /// Number of distinct colours in a PNG (ImageMagick's `%k`).
 fn colours(png: &Path) -> usize {
@@ -51,23 +39,9 @@ fn grey(png: &Path, x: u32, y: u32) -> f64 {
 
 #[test]
 fn desktop_window_renders_the_ui() {
-    let n = free_display();
-    let display = format!(":{n}");
-    let xvfb = Command::new("Xvfb")
-        .args([display.as_str(), "-screen", "0", "1280x860x24", "-nolisten", "tcp"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("Xvfb is needed for this test (scripts/setup.sh installs it)");
-    let _xvfb = Reaped(xvfb);
-    let socket = PathBuf::from(format!("/tmp/.X11-unix/X{n}"));
-    let start = Instant::now();
-    while !socket.exists() {
-        assert!(start.elapsed() < Duration::from_secs(20), "Xvfb did not start on {display}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (_xvfb, display) = start_xvfb();
 
-    let log = std::env::temp_dir().join(format!("folio-gui-{n}.log"));
+    let log = std::env::temp_dir().join(format!("folio-gui-{}.log", std::process::id()));
     let app = Command::new(env!("CARGO_BIN_EXE_folio"))
         .args(["--device", "cpu"])
         .env("FOLIO_HOME", PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("home-{}", std::process::id())))
@@ -76,6 +50,7 @@ fn desktop_window_renders_the_ui() {
         .env("LIBGL_ALWAYS_SOFTWARE", "1")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
+        .process_group(0)
         .spawn()
         .expect("start folio");
     let mut app = Reaped(app);
