@@ -1,5 +1,5 @@
-//! Helpers shared by the kernel tests: one test body for every device, random inputs, and a
-//! NaN-aware difference.
+//! Helpers shared by the kernel tests: one test body for every device, random inputs (and a
+//! seed a failure can replay), and a NaN-aware difference.
 
 use rand::{rngs::StdRng, Rng};
 
@@ -17,6 +17,15 @@ macro_rules! test_device {
             $body(&Device::new_cuda(0)?)
         }
     };
+}
+
+/// A fresh random seed for a test's inputs, or `FOLIO_SEED` to replay the one a failure printed.
+#[allow(dead_code)] // not every test file draws a seed
+pub fn seed() -> u64 {
+    match std::env::var("FOLIO_SEED") {
+        Ok(s) => s.parse().unwrap_or_else(|_| panic!("FOLIO_SEED={s:?} is not a u64")),
+        Err(_) => rand::random(),
+    }
 }
 
 #[allow(dead_code)] // not every test file draws its inputs here
