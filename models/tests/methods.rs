@@ -12,6 +12,10 @@ use folio_models::context::ContextKv;
 use folio_models::kv::{DenseKv, KvStore, Reference};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
+// The kernels' shared test helpers (a replayable seed).
+#[path = "../../kernels/tests/common/mod.rs"]
+mod common;
+
 const HEADS: usize = 4;
 const KV_HEADS: usize = 2;
 const D: usize = 32;
@@ -86,7 +90,7 @@ fn method(name: &str, budget: &str, params: &[&str]) -> Box<dyn Attention> {
 /// different reduction order), on one segment and across a saved prefix + tail, windowed too.
 #[test]
 fn full_budget_equals_dense() {
-    let seed = rand::random();
+    let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
     for case in 0..6 {
         let len = rng.random_range(50..400);
@@ -122,7 +126,7 @@ fn full_budget_equals_dense() {
 /// its KV head), plus the window.
 #[test]
 fn topk_output_is_attention_over_the_true_top_keys() {
-    let seed = rand::random();
+    let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
     let s = step(&mut rng, 300, 5);
     let (k_budget, window) = (17, 6);
@@ -205,7 +209,7 @@ fn case_outcome(m: &dyn Attention, case: &Case) -> (f32, f32, f64) {
 /// (sink, locality, needles, long tail), averaged over fresh cases.
 #[test]
 fn error_falls_with_budget() {
-    let seed: u64 = rand::random();
+    let seed = common::seed();
     let spec = Spec::mixed(1500);
     let cases: Vec<Case> = (0..3).map(|i| Case::generate(&spec, seed + i).unwrap()).collect();
     let ch = channels(&spec);
@@ -233,7 +237,7 @@ fn error_falls_with_budget() {
 /// Double Sparsity with every channel, unquantized labels and no window is exact top-k.
 #[test]
 fn double_sparsity_with_all_channels_is_topk() {
-    let seed: u64 = rand::random();
+    let seed = common::seed();
     let spec = Spec::needles(800);
     let case = Case::generate(&spec, seed).unwrap();
     let r = Resources { channels: Some(channels(&spec)) };
@@ -258,7 +262,7 @@ fn double_sparsity_with_all_channels_is_topk() {
 /// The IVF index scanning every list is the exact scan; probing few lists reads few keys.
 #[test]
 fn ivf_with_every_list_probed_is_exact_topk() {
-    let seed: u64 = rand::random();
+    let seed = common::seed();
     let case = Case::generate(&Spec::mixed(3000), seed).unwrap();
     let r = Resources::default();
     let p = |items: &[&str]| parse_params(&items.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
@@ -282,7 +286,7 @@ fn ivf_with_every_list_probed_is_exact_topk() {
 /// over the whole context), are dense attention.
 #[test]
 fn hip_and_magicpig_limits_are_dense() {
-    let seed: u64 = rand::random();
+    let seed = common::seed();
     let case = Case::generate(&Spec::locality(600), seed).unwrap();
     let r = Resources::default();
     let p = |items: &[&str]| parse_params(&items.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
