@@ -17,7 +17,7 @@ fn tolerance(device: &Device) -> f32 {
 
 /// Random shapes: prefill chunks (q_len > 1), decode (q_len = 1), GQA/MQA/MHA, windows.
 fn fast_matches_reference(device: &Device) -> Result<()> {
-    let seed = rand::random();
+    let seed = common::seed();
     println!("seed {seed}");
     let mut rng = StdRng::seed_from_u64(seed);
     for case in 0..40 {
@@ -57,7 +57,7 @@ test_device!(fast_matches_reference, fast_matches_reference_cpu, fast_matches_re
 
 /// Queries chunked by the score-memory bound give the reference answer across chunk edges.
 fn chunking_is_exact(device: &Device) -> Result<()> {
-    let seed = rand::random();
+    let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
     let (q_heads, kv_heads, head_dim, kv_len, q_len) = (8, 2, 8, 700, 300);
     // 2^14 scores at once: 2 queries of 8 heads x 700 keys per chunk, so 150 chunks.
@@ -108,7 +108,7 @@ fn bad_shapes_are_errors() -> Result<()> {
 /// reference for that block (empty rows included), and the LSE merge of the partials equals
 /// attention over all keys.
 fn blocks_merge_exactly(device: &Device) -> Result<()> {
-    let seed = rand::random();
+    let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
     for case in 0..20 {
         let (kv_heads, groups, head_dim) = ([1, 2][case % 2], [1, 3][rng.random_range(0..2)], 16);
@@ -169,7 +169,7 @@ test_device!(blocks_merge_exactly, blocks_merge_exactly_cpu, blocks_merge_exactl
 /// are NaN (as a prefill's keys so far are: read in place, never past the view). The reference
 /// gets the same bf16-rounded inputs.
 fn bf16_matches_reference(device: &Device) -> Result<()> {
-    let seed = rand::random();
+    let seed = common::seed();
     println!("seed {seed}");
     let mut rng = StdRng::seed_from_u64(seed);
     // The kernel rounds the softmax probabilities to bf16 (8 bits of mantissa) for P·V.
