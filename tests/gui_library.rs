@@ -4,7 +4,8 @@
 //!
 //! Drop the assets/samples folder (through `simulate_drop`, which calls the handler of Tauri's
 //! drag-drop event: WebDriver cannot drag files from outside the page), see the staging sheet
-//! count it, prefill, see the context listed ready with its documents; drop a bigger folder,
+//! count it, prefill, see the context listed ready with its documents; add a document to it
+//! and take another out (each prefilling only what follows the saved tokens); drop a bigger folder,
 //! kill the app mid-prefill, start it again: the context is listed paused, resumes with one
 //! click, and the file verifies; turn on "resume when Folio starts", kill another prefill,
 //! restart: it resumes by itself; every context is still listed, and one opens and answers.
@@ -258,6 +259,43 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.click("[data-testid=context] .ctx-button");
     d.wait("the context's documents", |d| d.texts("[data-testid=context-documents] tbody tr").len() == 3);
     screenshot(&display, "3-library");
+
+    // 1b. Grow it: "Add documents…" opens the sheet on it; a dropped file is counted, only its
+    //     tokens are prefilled, and the context lists four documents.
+    let extra = work.path().join("extra.md");
+    std::fs::write(&extra, "# Extra\n\nThe ferry leaves at nine from the north pier.\n").unwrap();
+    let before = folio_models::context::ContextFile::open(&home.path().join("contexts/samples.folio")).unwrap();
+    let saved_tokens = before.tokens().to_vec();
+    d.click("[data-testid=add-documents]");
+    d.wait("the sheet adding to samples", |d| d.texts("#staging-title").concat() == "Add to samples");
+    drop_paths(&d, &[&extra]);
+    d.wait("one staged document", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 1);
+    d.wait("the addition's estimate", |d| d.texts("[data-testid=staging-summary]").concat().contains("File on disk"));
+    let summary = d.texts("[data-testid=staging-summary]").concat();
+    assert!(summary.contains(&format!("{} saved in 3 documents", saved_tokens.len())), "{summary}");
+    screenshot(&display, "9-add");
+    d.click("[data-testid=start-prefill]");
+    d.wait("four documents", |d| d.texts("[data-testid=context-documents] tbody tr").len() == 4);
+    let grown = folio_models::context::ContextFile::open(&home.path().join("contexts/samples.folio")).unwrap();
+    grown.verify().unwrap();
+    assert!(grown.tokens().starts_with(&saved_tokens) && grown.tokens().len() > saved_tokens.len());
+
+    // 1c. Take a document out: the confirmation says what is prefilled again; the context
+    //     lists the other three, with the documents after it re-prefilled.
+    d.click("[aria-label='Take out market_records.txt']");
+    d.wait("the removal's estimate", |d| {
+        d.texts("[data-testid=confirm-remove-document]").concat().contains("prefills the")
+    });
+    screenshot(&display, "10-remove");
+    d.click("[data-testid=confirm-remove]");
+    d.wait("market_records.txt gone", |d| {
+        let docs = d.texts("[data-testid=context-documents] tbody tr td:first-child");
+        docs.len() == 3 && !docs.iter().any(|t| t == "market_records.txt")
+    });
+    let shrunk = folio_models::context::ContextFile::open(&home.path().join("contexts/samples.folio")).unwrap();
+    shrunk.verify().unwrap();
+    let titles: Vec<&str> = shrunk.documents().iter().map(|s| s.title.as_str()).collect();
+    assert_eq!(titles, ["field_notes.txt", "the_diary_of_greta.txt", "extra.md"]);
 
     // 2. A bigger folder; kill the app once a layer is checkpointed.
     drop_paths(&d, &[&big]);

@@ -82,6 +82,10 @@ pub struct ContextInfo {
     /// When the file (or the prefill's checkpoint) was last written, RFC 3339 UTC.
     pub saved_at: String,
     pub documents: u64,
+    /// A ready context with an interrupted change beside it (documents being added or one
+    /// taken out): the file is as it was before the change, which the same change (or the
+    /// window's Resume) finishes.
+    pub change_pending: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -195,6 +199,7 @@ const CONTEXT_COLUMNS: &str = "c.id, c.path, c.tokens, c.layers, c.layers_done, 
 fn context_row(r: &sqlx::sqlite::SqliteRow) -> ContextInfo {
     let path = PathBuf::from(r.get::<String, _>("path"));
     let u = |name: &str| r.get::<i64, _>(name).max(0) as u64;
+    let status = Status::parse(r.get("status"));
     ContextInfo {
         id: r.get("id"),
         name: path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
@@ -209,10 +214,11 @@ fn context_row(r: &sqlx::sqlite::SqliteRow) -> ContextInfo {
         layers_done: u("layers_done"),
         kv_dtype: r.get("kv_dtype"),
         file_bytes: u("file_bytes"),
-        status: Status::parse(r.get("status")),
+        status,
         problem: r.get("problem"),
         saved_at: r.get("saved_at"),
         documents: u("documents"),
+        change_pending: status == Status::Ready && context::partial_dir(&path).exists(),
         path,
     }
 }
@@ -347,8 +353,8 @@ impl Library {
         let to = info.path.with_file_name(file);
         if context::partial_dir(&info.path).exists() {
             return Err(Error::Refused(format!(
-                "an addition to {} was interrupted: finish it (run the same `folio prefill --context` again) or \
-                 delete {} first",
+                "a change to {} was interrupted: finish it (Resume in the window, or the same `folio prefill \
+                 --context` again) or delete {} first",
                 info.path.display(),
                 context::partial_dir(&info.path).display()
             )));

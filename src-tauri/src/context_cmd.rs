@@ -16,6 +16,7 @@ use folio_models::error::human_bytes;
 use folio_models::session::RESIDENT_BUDGET;
 use serde_json::json;
 
+use crate::change;
 use crate::cli::Common;
 use crate::ingest;
 use crate::library_cmd::Registrar;
@@ -101,27 +102,21 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     let (engine, plan, kv_dtype) = match &base {
         Some(base) => {
             let engine = common.engine_or(&base.header().model.source)?;
-            engine.check_context(base)?;
             let kv_dtype = a.kv_dtype.as_deref().map(KvDtype::parse).transpose()?.unwrap_or(base.header().kv_dtype);
-            let plan = match &a.remove {
-                Some(doc) => {
-                    let (kept, after) = removal(base, doc)?;
-                    keep = base.tokens_before(kept);
-                    engine.plan_keeping(base, kept, &after)?
-                }
-                None => {
-                    keep = base.tokens().len();
-                    engine.plan_append(base, &ingested.documents)?
-                }
+            let what = match &a.remove {
+                Some(doc) => change::Change::Remove(doc.clone()),
+                None => change::Change::Add(ingested.documents.clone()),
             };
+            let planned = change::plan(&engine, base, &what)?;
+            keep = planned.keep;
             if !a.json {
-                let n = plan.tokens.len() - keep;
+                let n = planned.computed();
                 let rate = crate::library_cmd::stored_rate(&staging::rate_key(&engine, &common.device_label()?));
                 let time =
                     rate.map_or(String::new(), |r| format!(", about {} at {r:.0} tokens/s", human_secs(n as f64 / r)));
                 eprintln!("prefilling {n} tokens after the {keep} kept as saved{time}");
             }
-            (engine, plan, kv_dtype)
+            (engine, planned.plan, kv_dtype)
         }
         None => {
             let engine = common.engine()?;
@@ -259,34 +254,6 @@ fn dry_run(common: &Common, a: &PrefillArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Taking `doc` (a path or title) out of `base`: how many documents stay as saved, and the
-/// documents to prefill again after them, read from disk and checked against the checksums
-/// they were prefilled with. Removing the last document re-prefills the one before it (a
-/// prefill computes at least one token: the next token comes from the last position).
-fn removal(base: &ContextFile, doc: &str) -> Result<(usize, Vec<folio_models::context::DocumentText>)> {
-    let spans = base.documents();
-    let at = spans.iter().position(|s| s.path == doc || s.title == doc).with_context(|| {
-        let names: Vec<&str> = spans.iter().map(|s| s.path.as_str()).collect();
-        format!("no document \"{doc}\" in {}: its documents are {}", base.path().display(), names.join(", "))
-    })?;
-    if spans.len() == 1 {
-        bail!("{doc} is the only document of {}: delete the context instead", base.path().display());
-    }
-    let kept = if at + 1 == spans.len() { at - 1 } else { at };
-    let again: Vec<_> = spans[kept..].iter().enumerate().filter(|(i, _)| kept + i != at).map(|(_, s)| s).collect();
-    match ingest::reread_saved(&again) {
-        Ok(documents) => Ok((kept, documents)),
-        Err(ingest::Reread::Unreadable { path, why }) => bail!(
-            "{} is prefilled again after the removed document but cannot be read ({why}); put it back, or prefill \
-             the documents again",
-            path.display()
-        ),
-        Err(ingest::Reread::Changed { path }) => {
-            bail!("{path} changed since it was prefilled; prefill the documents again (or --add its new version)")
-        }
-    }
 }
 
 fn progress_bar(json: bool) -> Option<indicatif::ProgressBar> {

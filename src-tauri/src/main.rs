@@ -10,6 +10,7 @@
 mod bench;
 mod bench_shape;
 mod calibrate_cmd;
+mod change;
 mod cli;
 mod context_cmd;
 mod eval;

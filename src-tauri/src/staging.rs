@@ -49,7 +49,10 @@ pub(crate) struct Staged {
 /// What a prefill of staged documents needs, for the sheet's summary.
 #[derive(Debug, Serialize)]
 pub(crate) struct Estimate {
+    /// Tokens in the context file.
     pub tokens: usize,
+    /// Tokens the prefill computes (fewer than `tokens` when a change keeps saved ones).
+    pub computed_tokens: usize,
     /// Most tokens the documents may take: the model's context length less room to answer.
     pub limit: usize,
     pub fits: bool,
@@ -111,9 +114,6 @@ pub(crate) fn estimate(
     folder: &Path,
     rate: Option<f64>,
 ) -> folio_models::Result<Estimate> {
-    let cfg = engine.config();
-    let limit = cfg.max_position_embeddings.saturating_sub(ANSWER_ROOM);
-    let shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim);
     let prompt = engine.prompt_stamp(None, None)?;
     let mut tokens = engine.head_ids(&prompt)?.len();
     let mut spans = Vec::with_capacity(documents.len());
@@ -128,24 +128,52 @@ pub(crate) fn estimate(
         });
         tokens += d.tokens;
     }
-    let spans_bytes = serde_json::to_vec(&spans).map_or(0, |j| j.len() as u64);
+    let layout = Layout { tokens, computed: tokens, spans: &spans, prompt };
+    estimate_layout(engine, &layout, kv_dtype, folder, rate)
+}
+
+/// A context file's layout as a prefill will write it.
+pub(crate) struct Layout<'a> {
+    /// Tokens in the file.
+    pub tokens: usize,
+    /// Tokens the prefill computes: all of them, or those after what a change keeps.
+    pub computed: usize,
+    pub spans: &'a [DocumentSpan],
+    pub prompt: folio_models::context::format::PromptStamp,
+}
+
+/// What a prefill writing `layout` needs (the file's exact size, memory, disk, time).
+pub(crate) fn estimate_layout(
+    engine: &Engine,
+    layout: &Layout<'_>,
+    kv_dtype: KvDtype,
+    folder: &Path,
+    rate: Option<f64>,
+) -> folio_models::Result<Estimate> {
+    let cfg = engine.config();
+    let limit = cfg.max_position_embeddings.saturating_sub(ANSWER_ROOM);
+    let shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim);
+    let tokens = layout.tokens;
+    let spans_bytes = serde_json::to_vec(layout.spans).map_or(0, |j| j.len() as u64);
     let file_bytes =
-        Header::new(engine.stamp()?.clone(), kv_dtype, tokens.max(1), spans_bytes, shape, prompt).file_bytes;
+        Header::new(engine.stamp()?.clone(), kv_dtype, tokens.max(1), spans_bytes, shape, layout.prompt.clone())
+            .file_bytes;
     let section = kv_dtype.max_section_bytes(cfg.num_kv_heads * tokens.max(1), cfg.head_dim);
     let working_set_bytes = folio_models::prefill::plan_chunk(&engine.model, tokens.max(1), section, None)
         .map(|p| p.working_set)
         .unwrap_or(0);
-    let scratch_bytes = 2 * (tokens * cfg.hidden_size * engine.model.dtype().size_in_bytes()) as u64;
+    let scratch_bytes = 2 * (layout.computed * cfg.hidden_size * engine.model.dtype().size_in_bytes()) as u64;
     let _ = std::fs::create_dir_all(folder);
     Ok(Estimate {
         tokens,
+        computed_tokens: layout.computed,
         limit,
         fits: tokens <= limit,
         file_bytes,
         working_set_bytes,
         scratch_bytes,
         disk_free_bytes: fs4::available_space(folder).ok(),
-        predicted_seconds: rate.filter(|r| *r > 0.0).map(|r| tokens as f64 / r),
+        predicted_seconds: rate.filter(|r| *r > 0.0).map(|r| layout.computed as f64 / r),
         rate_tokens_per_s: rate,
     })
 }

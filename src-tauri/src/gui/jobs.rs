@@ -13,10 +13,11 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use folio_library::Library;
-use folio_models::context::{self, BuildOptions, DocumentText, Progress};
+use folio_models::context::{self, BuildOptions, ContextFile, DocumentText, PrefixPlan, Progress};
 use folio_models::Engine;
 use serde::Serialize;
 
+use crate::change::{self, Change};
 use crate::ingest;
 use crate::staging::{rate_key, Skip, StagedDocument, DEFAULT_KV_DTYPE};
 
@@ -27,7 +28,12 @@ const PROGRESS_INTERVAL: Duration = Duration::from_millis(150);
 pub(crate) enum JobKind {
     /// A new context from staged documents.
     New { documents: Vec<StagedDocument> },
-    /// The interrupted prefill of a context, from its partial folder.
+    /// Documents added to a ready context (only they are prefilled).
+    Add { documents: Vec<StagedDocument> },
+    /// A document (its path) taken out of a ready context (the documents after it are
+    /// prefilled again).
+    Remove { document: String },
+    /// The interrupted prefill or change of a context, from its partial folder.
     Resume,
 }
 
@@ -242,27 +248,46 @@ fn worker_loop(shared: &Shared, w: &Worker) {
 
 fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow::Result<()> {
     let engine = &w.engine;
-    let (docs, system, date, kv_dtype) = match &job.kind {
-        JobKind::New { documents } => {
-            let (docs, notes) = reread(documents);
-            shared.update(job.id, |v| v.notes = notes);
-            if docs.is_empty() {
-                anyhow::bail!("none of the staged documents can be read any more: stage them again");
-            }
-            (docs, None, context::pending_date(&job.out), DEFAULT_KV_DTYPE)
+    let pending = match job.kind {
+        JobKind::Resume => Some(
+            context::pending(&job.out)?
+                .ok_or_else(|| anyhow::anyhow!("{} has no interrupted prefill to resume", job.out.display()))?,
+        ),
+        _ => None,
+    };
+    // A change's base: the saved context whose first `keep` tokens it keeps.
+    let changed = |change: Change| -> anyhow::Result<(Option<ContextFile>, PrefixPlan, usize)> {
+        let base = ContextFile::open(&job.out)?;
+        let planned = change::plan(engine, &base, &change)?;
+        Ok((Some(base), planned.plan, planned.keep))
+    };
+    let (base, plan, keep) = match (&job.kind, &pending) {
+        (JobKind::New { documents }, _) => {
+            let docs = reread_noted(shared, job.id, documents)?;
+            (None, engine.plan_context(&docs, None, context::pending_date(&job.out))?, 0)
         }
-        JobKind::Resume => {
-            let p = context::pending(&job.out)?
-                .ok_or_else(|| anyhow::anyhow!("{} has no interrupted prefill to resume", job.out.display()))?;
+        (JobKind::Add { documents }, _) => changed(Change::Add(reread_noted(shared, job.id, documents)?))?,
+        (JobKind::Remove { document }, _) => changed(Change::Remove(document.clone()))?,
+        (JobKind::Resume, Some(p)) if p.base_tokens > 0 => {
+            let base = ContextFile::open(&job.out)?;
+            let planned = change::resumed(engine, &base, p)?;
+            (Some(base), planned.plan, planned.keep)
+        }
+        (JobKind::Resume, p) => {
+            let p = p.as_ref().expect("a resume reads its checkpoint above");
+            let docs = resume_documents(&p.documents)?;
             (
-                resume_documents(&p.documents)?,
-                p.header.prompt.system.clone(),
-                Some(p.header.prompt.date),
-                p.header.kv_dtype,
+                None,
+                engine.plan_context(&docs, p.header.prompt.system.as_deref(), Some(p.header.prompt.date.clone()))?,
+                0,
             )
         }
     };
-    let plan = engine.plan_context(&docs, system.as_deref(), date)?;
+    let kv_dtype = match (&base, &pending) {
+        (Some(base), _) => base.header().kv_dtype,
+        (None, Some(p)) => p.header.kv_dtype,
+        (None, None) => DEFAULT_KV_DTYPE,
+    };
     let opts = BuildOptions { kv_dtype, memory_budget: None, restart: false };
     let mut listed = false;
     let mut last = Instant::now() - PROGRESS_INTERVAL;
@@ -286,7 +311,13 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
             ControlFlow::Continue(())
         }
     };
-    let report = context::build(&engine.model, engine.stamp()?, &plan, &job.out, &opts, &mut on_progress)?;
+    let report = match &base {
+        Some(file) => {
+            let base = context::Base { file, keep };
+            context::extend(&engine.model, engine.stamp()?, base, &plan, &job.out, &opts, &mut on_progress)?
+        }
+        None => context::build(&engine.model, engine.stamp()?, &plan, &job.out, &opts, &mut on_progress)?,
+    };
     if let Some(lib) = w.library() {
         let rate = serde_json::json!(report.tokens_per_s);
         let _ = tauri::async_runtime::block_on(lib.set_setting(&rate_key(engine, &w.device), &rate));
@@ -301,9 +332,19 @@ fn resumable(e: &anyhow::Error) -> bool {
     matches!(e.downcast_ref::<Error>(), Some(Error::Resumable { .. } | Error::Cancelled(_)))
 }
 
+/// The staged documents read again, the notes shown on the job; none left is an error.
+fn reread_noted(shared: &Shared, id: u64, staged: &[StagedDocument]) -> anyhow::Result<Vec<DocumentText>> {
+    let (docs, notes) = reread(staged);
+    shared.update(id, |v| v.notes = notes);
+    if docs.is_empty() {
+        anyhow::bail!("none of the staged documents can be read any more: stage them again");
+    }
+    Ok(docs)
+}
+
 /// The staged documents read again: one deleted since is left out, one changed is read as it
 /// is now; each is noted for the window.
-fn reread(staged: &[StagedDocument]) -> (Vec<DocumentText>, Vec<Skip>) {
+pub(crate) fn reread(staged: &[StagedDocument]) -> (Vec<DocumentText>, Vec<Skip>) {
     let paths: Vec<PathBuf> = staged.iter().map(|d| PathBuf::from(&d.path)).collect();
     let found = ingest::collect_lenient(&paths);
     let mut notes: Vec<Skip> = found

@@ -23,13 +23,15 @@ use std::sync::{Arc, Mutex};
 use folio_library::{ContextInfo, DocumentInfo, Library};
 use folio_models::attention::{MethodChoice, Tier};
 use folio_models::context::format::SectionKind;
+use folio_models::context::ContextFile;
 use folio_models::conversation::Conversation;
 use folio_models::session::{GenerationSettings, Session};
 use folio_models::{device_name, parse_device, parse_dtype, Engine};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tauri::ipc::Channel;
 use tauri::{Manager, State};
 
+use crate::change::{self, Change};
 use crate::staging::{self, Estimate, StagedDocument};
 use jobs::{JobKind, JobView, Jobs, Worker};
 
@@ -363,15 +365,85 @@ fn start_prefill(state: State<'_, AppState>, documents: Vec<StagedDocument>, nam
     jobs.submit(out, JobKind::New { documents })
 }
 
-/// Queues the resume of a paused context.
+/// Queues the resume of a paused context, or of an interrupted change to a ready one.
 #[tauri::command]
 async fn resume_context(state: State<'_, AppState>, id: i64) -> Result<u64, String> {
     let jobs = state.jobs.clone().ok_or_else(|| state.engine().err().unwrap_or_default())?;
     let info = state.library()?.context(id).await.map_err(|e| e.to_string())?;
-    if info.status != folio_library::Status::Paused {
-        return Err(format!("{} is {}: only a paused context resumes", info.name, info.status.as_str()));
+    if info.status != folio_library::Status::Paused && !info.change_pending {
+        return Err(format!("{} is {}: it has no interrupted prefill to resume", info.name, info.status.as_str()));
     }
     jobs.submit(info.path, JobKind::Resume)
+}
+
+/// A change to a saved context, as the window asks for it.
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum ChangeRequest {
+    /// Staged documents to add after its tokens.
+    Add { documents: Vec<StagedDocument> },
+    /// The path of a document to take out.
+    Remove { document: String },
+}
+
+/// The ready context `id`, which a change may start on.
+async fn changeable(state: &AppState, id: i64) -> Result<ContextInfo, String> {
+    let info = state.library()?.context(id).await.map_err(|e| e.to_string())?;
+    if info.status != folio_library::Status::Ready {
+        return Err(format!("{} is {}: only a ready context can be changed", info.name, info.status.as_str()));
+    }
+    if info.change_pending {
+        return Err(format!("a change to {} was interrupted: resume it first", info.name));
+    }
+    Ok(info)
+}
+
+/// What a change to context `id` needs: the new file's tokens, the tokens it computes (only
+/// those after what it keeps), file size, memory, disk and time.
+#[tauri::command]
+async fn estimate_change(state: State<'_, AppState>, id: i64, change: ChangeRequest) -> Result<Estimate, String> {
+    let engine = state.engine()?;
+    let info = changeable(&state, id).await?;
+    let rate = state
+        .library()?
+        .setting(&staging::rate_key(&engine, &state.device))
+        .await
+        .map_err(|e| e.to_string())?
+        .and_then(|v| v.as_f64());
+    tauri::async_runtime::spawn_blocking(move || {
+        let base = ContextFile::open(&info.path)?;
+        let what = match change {
+            ChangeRequest::Add { documents } => Change::Add(jobs::reread(&documents).0),
+            ChangeRequest::Remove { document } => Change::Remove(document),
+        };
+        let planned = change::plan(&engine, &base, &what)?;
+        let layout = staging::Layout {
+            tokens: planned.plan.tokens.len(),
+            computed: planned.computed(),
+            spans: &planned.plan.documents,
+            prompt: planned.plan.prompt.clone(),
+        };
+        let folder = info.path.parent().map(PathBuf::from).unwrap_or_default();
+        Ok(staging::estimate_layout(&engine, &layout, base.header().kv_dtype, &folder, rate)?)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e: anyhow::Error| format!("{e:#}"))
+}
+
+/// Queues a change to context `id`; its file is replaced when the change is done.
+#[tauri::command]
+async fn start_change(state: State<'_, AppState>, id: i64, change: ChangeRequest) -> Result<u64, String> {
+    let jobs = state.jobs.clone().ok_or_else(|| state.engine().err().unwrap_or_default())?;
+    let info = changeable(&state, id).await?;
+    let kind = match change {
+        ChangeRequest::Add { documents } if documents.is_empty() => {
+            return Err("there are no documents to add: drop files or folders on the window".into())
+        }
+        ChangeRequest::Add { documents } => JobKind::Add { documents },
+        ChangeRequest::Remove { document } => JobKind::Remove { document },
+    };
+    jobs.submit(info.path, kind)
 }
 
 /// Whether interrupted prefills resume by themselves when the window starts.
@@ -527,6 +599,8 @@ pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<(
             estimate,
             start_prefill,
             resume_context,
+            estimate_change,
+            start_change,
             cancel_job,
             auto_resume,
             set_auto_resume,

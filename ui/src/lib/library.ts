@@ -21,6 +21,8 @@ export interface ContextInfo {
   problem: string | null;
   saved_at: string;
   documents: number;
+  /** A change (documents added or one taken out) was interrupted; the file is as before it. */
+  change_pending: boolean;
 }
 
 export interface DocumentInfo {
@@ -55,7 +57,10 @@ export interface Staged {
 }
 
 export interface Estimate {
+  /** Tokens in the context file. */
   tokens: number;
+  /** Tokens the prefill computes: fewer when a change keeps the saved ones. */
+  computed_tokens: number;
   limit: number;
   fits: boolean;
   file_bytes: number;
@@ -121,6 +126,10 @@ export const closeContext = () => call<void>('close_context');
 export const estimate = (documents: StagedDocument[]) => call<Estimate>('estimate', { documents });
 export const startPrefill = (documents: StagedDocument[], name: string) =>
   call<number>('start_prefill', { documents, name });
+/** A change to a saved context: documents added after its tokens, or one (by path) taken out. */
+export type ChangeRequest = { kind: 'add'; documents: StagedDocument[] } | { kind: 'remove'; document: string };
+export const estimateChange = (id: number, change: ChangeRequest) => call<Estimate>('estimate_change', { id, change });
+export const startChange = (id: number, change: ChangeRequest) => call<number>('start_change', { id, change });
 export const resumeContext = (id: number) => call<number>('resume_context', { id });
 export const cancelJob = (id: number) => call<boolean>('cancel_job', { id });
 export const autoResume = () => call<boolean>('auto_resume');
