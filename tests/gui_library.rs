@@ -5,10 +5,13 @@
 //! Drop the assets/samples folder (through `simulate_drop`, which calls the handler of Tauri's
 //! drag-drop event: WebDriver cannot drag files from outside the page), see the staging sheet
 //! count it, prefill, see the context listed ready with its documents; add a document to it
-//! and take another out (each prefilling only what follows the saved tokens); drop a bigger folder,
+//! and take another out (each prefilling only what follows the saved tokens); export it and
+//! drop the copy (imported) with a damaged copy (refused); drop a bigger folder,
 //! kill the app mid-prefill, start it again: the context is listed paused, resumes with one
 //! click, and the file verifies; turn on "resume when Folio starts", kill another prefill,
-//! restart: it resumes by itself; every context is still listed, and one opens and answers.
+//! restart: it resumes by itself; every context is still listed; a context made by another
+//! model loads that model with one click, Settings lists the library's models and loads one
+//! typed; one of ours opens and answers.
 //! Screenshots of each screen go to the test's temp folder (docs/app.md keeps the current ones).
 
 #[path = "common/xvfb.rs"]
@@ -297,6 +300,36 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     let titles: Vec<&str> = shrunk.documents().iter().map(|s| s.title.as_str()).collect();
     assert_eq!(titles, ["field_notes.txt", "the_diary_of_greta.txt", "extra.md"]);
 
+    // 1d. Export it (the hook behind "Export…" without its save dialog), then drop the copy
+    //     and a damaged copy on the window: the copy is imported and listed, the damaged one
+    //     refused with the section named; the rest of the library is untouched.
+    let portable = work.path().join("portable.folio");
+    let v = d.call(
+        "POST",
+        "/execute/async",
+        Some(json!({"script": "const done = arguments[arguments.length - 1]; \
+            const invoke = window.__TAURI_INTERNALS__.invoke; \
+            invoke('library_list').then((list) => invoke('simulate_export', \
+              {id: list.find((c) => c.name === 'samples').id, dest: arguments[0]})) \
+            .then(() => done('ok'), (e) => done('error: ' + e));", "args": [portable]})),
+    );
+    assert_eq!(v, "ok", "simulate_export: {v}");
+    folio_models::context::ContextFile::open(&portable).unwrap().verify().unwrap();
+    let damaged = work.path().join("damaged.folio");
+    let mut bytes = std::fs::read(&portable).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&damaged, bytes).unwrap();
+    drop_paths(&d, &[&portable, &damaged]);
+    d.wait("the copy listed", |d| statuses(d).contains(&("portable".into(), "ready".into())));
+    d.wait("the damaged copy refused", |d| {
+        d.texts("[data-testid=notice]").concat().contains("damaged.folio was not imported")
+    });
+    let notice = d.texts("[data-testid=notice]").concat();
+    assert!(notice.contains("checksum"), "{notice}");
+    assert_eq!(statuses(&d).len(), 2, "{:?}", statuses(&d));
+    d.click("[data-testid=notice] button");
+
     // 2. A bigger folder; kill the app once a layer is checkpointed.
     drop_paths(&d, &[&big]);
     d.wait("one staged document", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 1);
@@ -315,7 +348,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.wait("the killed prefill listed paused", |d| statuses(d).contains(&(big_name.clone(), "paused".into())));
     screenshot(&display, "5-paused");
     d.click("[data-testid=resume]");
-    d.wait("the resumed context ready", |d| statuses(d).iter().all(|(_, s)| s == "ready") && statuses(d).len() == 2);
+    d.wait("the resumed context ready", |d| statuses(d).iter().all(|(_, s)| s == "ready") && statuses(d).len() == 3);
     let file = home.path().join("contexts").join(format!("{big_name}.folio"));
     let ctx = folio_models::context::ContextFile::open(&file).unwrap();
     ctx.verify().unwrap();
@@ -368,12 +401,12 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
         .unwrap();
     assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
 
-    // 5. Restart: the interrupted prefill resumes by itself; all four are listed; the other
+    // 5. Restart: the interrupted prefill resumes by itself; all five are listed; the other
     //    model's context says which model made it; open one of ours and ask.
     let (_td, base) = driver("tauri-driver-3.log");
     let d = Driver::start(&base);
-    d.wait("all four contexts ready, the interrupted one resumed at start", |d| {
-        statuses(d).len() == 4 && statuses(d).iter().all(|(_, s)| s == "ready")
+    d.wait("all five contexts ready, the interrupted one resumed at start", |d| {
+        statuses(d).len() == 5 && statuses(d).iter().all(|(_, s)| s == "ready")
     });
     let other_row = statuses(&d).iter().position(|(n, _)| n == "other model").unwrap() + 1;
     d.click(&format!("[data-testid=context]:nth-child({other_row}) .ctx-button"));
@@ -384,6 +417,21 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     let open_disabled = d.script("return document.querySelector('[data-testid=open-context]').disabled", json!([]));
     assert_eq!(open_disabled, json!(true), "a context of another model cannot be opened here");
     screenshot(&display, "8-other-model");
+    // It offers the model that made it: loaded, the context opens.
+    let running = |d: &Driver| d.texts(".model-name").first().cloned().unwrap_or_default();
+    d.click("[data-testid=switch-model]");
+    d.wait("demo-rope running", |d| running(d) == "demo-rope");
+    d.wait("the context open-able", |d| {
+        d.script("return document.querySelector('[data-testid=open-context]')?.disabled", json!([])) == json!(false)
+    });
+    // Settings lists the library's models; the demo model's folder, typed, loads it again.
+    d.click("[aria-label=Settings]");
+    d.wait("the library's models", |d| d.texts("[data-testid=model-switch] .models .model-name").len() == 2);
+    std::thread::sleep(Duration::from_millis(500)); // the drawer's slide-in
+    screenshot(&display, "11-models");
+    d.type_into("[data-testid=model-spec]", &format!("{}{ENTER}", demo.display()));
+    d.wait("demo running again", |d| running(d) == "demo");
+    d.click("[aria-label='Close settings']");
     folio_models::context::ContextFile::open(&home.path().join("contexts/more notes.folio")).unwrap().verify().unwrap();
     let samples_row = statuses(&d).iter().position(|(n, _)| n == "samples").unwrap() + 1;
     d.click(&format!("[data-testid=context]:nth-child({samples_row}) .ctx-button"));

@@ -265,6 +265,32 @@ impl Library {
         Ok(context_row(&row))
     }
 
+    /// The models that made the library's contexts (a model row lives as long as a context
+    /// of it), with how many contexts each made, most used first: what the window offers to
+    /// load.
+    pub async fn models(&self) -> Result<Vec<(ModelInfo, u64)>> {
+        let rows = sqlx::query(
+            "SELECT m.name, m.source, m.architecture, m.fingerprint, \
+             (SELECT COUNT(*) FROM contexts c WHERE c.model_id = m.id) AS contexts \
+             FROM models m ORDER BY contexts DESC, m.name",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let model = ModelInfo {
+                    name: r.get("name"),
+                    source: r.get("source"),
+                    architecture: r.get("architecture"),
+                    fingerprint: r.get("fingerprint"),
+                };
+                (model, r.get::<i64, _>("contexts").max(0) as u64)
+            })
+            .collect())
+    }
+
     /// The id of the context named by `key`: its id, or its file's path.
     pub async fn find(&self, key: &str) -> Result<i64> {
         let by_path = absolute(Path::new(key)).ok().map(|p| p.to_string_lossy().into_owned());

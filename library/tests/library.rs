@@ -93,6 +93,8 @@ async fn contexts_follow_their_files() {
     assert_eq!((c.tokens, c.layers_done, c.documents), (file.tokens().len() as u64, c.layers, 2));
     assert_eq!((c.file_bytes, c.kv_dtype.as_str()), (file.header().file_bytes, "bf16"));
     assert_eq!((c.model.name.as_str(), c.model.architecture.as_str()), ("demo", "llama"));
+    assert_eq!(lib.models().await.unwrap(), [(c.model.clone(), 1)]);
+    assert!(!c.change_pending);
     let docs = lib.documents(c.id).await.unwrap();
     let spans: Vec<_> = docs.iter().map(|d| (d.title.as_str(), d.kind.as_str(), d.token_start, d.token_end)).collect();
     let want: Vec<_> = file
@@ -134,6 +136,7 @@ async fn contexts_follow_their_files() {
     }
     lib.remove_context(c.id, false).await.unwrap();
     assert!(lib.contexts().await.unwrap().is_empty() && renamed.path.is_file());
+    assert!(lib.models().await.unwrap().is_empty(), "a model row lives as long as its contexts");
     let again = lib.add_context(&renamed.path).await.unwrap();
     lib.remove_context(again.id, true).await.unwrap();
     assert!(!renamed.path.exists());

@@ -230,6 +230,47 @@ impl Hub<'_> {
     }
 }
 
+/// A model the Hugging Face cache holds whole: it loads with no network.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CachedModel {
+    /// The repo id, what `--model` takes.
+    pub repo: String,
+    /// Bytes of its weight files.
+    pub weight_bytes: u64,
+}
+
+/// The models in the Hugging Face cache (`HF_HOME`, else ~/.cache/huggingface) whose `main`
+/// snapshot has a config, a tokenizer and every weight file: what loads offline.
+pub fn cached_models() -> Vec<CachedModel> {
+    cached_models_in(Cache::from_env().path())
+}
+
+/// [`cached_models`] of the cache folder `hub` (the one holding `models--owner--name`
+/// folders), sorted by repo id. Partial downloads and other repo types are left out.
+pub fn cached_models_in(hub: &Path) -> Vec<CachedModel> {
+    let Ok(entries) = std::fs::read_dir(hub) else { return Vec::new() };
+    let cache = Cache::new(hub.to_owned());
+    let mut found: Vec<CachedModel> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let folder = entry.file_name().to_str()?.strip_prefix("models--")?.to_owned();
+            // `models--owner--name`: the first "--" separates the owner.
+            let repo = folder.replacen("--", "/", 1);
+            let cached = cache.repo(Repo::new(repo.clone(), RepoType::Model));
+            cached.get(CONFIG)?;
+            cached.get(TOKENIZER)?;
+            let weights = match cached.get(WEIGHTS_INDEX) {
+                Some(index) => shard_names(&index).ok()?.iter().map(|s| cached.get(s)).collect::<Option<Vec<_>>>()?,
+                None => vec![cached.get(WEIGHTS)?],
+            };
+            let weight_bytes = weights.iter().map(|p| std::fs::metadata(p).map_or(0, |m| m.len())).sum();
+            Some(CachedModel { repo, weight_bytes })
+        })
+        .collect();
+    found.sort_by(|a, b| a.repo.cmp(&b.repo));
+    found
+}
+
 /// The distinct shard files named by a `model.safetensors.index.json`, in order.
 fn shard_names(index: &Path) -> Result<Vec<String>> {
     #[derive(serde::Deserialize)]
@@ -352,5 +393,50 @@ mod tests {
             let err = ModelSource::parse(bad).unwrap_err().to_string();
             assert!(err.contains("neither a model folder nor"), "{bad}: {err}");
         }
+    }
+
+    /// A cache laid out as huggingface_hub writes it (refs/main → snapshots/<commit>/files):
+    /// a whole model is listed with its weights' size, sharded or not; a partial download
+    /// (no weights, or a shard missing) and a dataset are not.
+    #[test]
+    fn cached_models_are_the_whole_ones() {
+        let hub = tempfile::tempdir().unwrap();
+        let repo = |folder: &str, files: &[(&str, &str)]| {
+            let dir = hub.path().join(folder);
+            std::fs::create_dir_all(dir.join("refs")).unwrap();
+            std::fs::write(dir.join("refs/main"), "abc123").unwrap();
+            let snap = dir.join("snapshots/abc123");
+            std::fs::create_dir_all(&snap).unwrap();
+            for (name, text) in files {
+                std::fs::write(snap.join(name), text).unwrap();
+            }
+        };
+        let index = r#"{"weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}}"#;
+        repo("models--acme--tiny", &[(CONFIG, "{}"), (TOKENIZER, "{}"), (WEIGHTS, "12345")]);
+        repo(
+            "models--acme--sharded--v2",
+            &[
+                (CONFIG, "{}"),
+                (TOKENIZER, "{}"),
+                (WEIGHTS_INDEX, index),
+                ("model-1.safetensors", "1"),
+                ("model-2.safetensors", "22"),
+            ],
+        );
+        repo("models--acme--partial", &[(CONFIG, "{}"), (TOKENIZER, "{}")]);
+        repo(
+            "models--acme--shard-missing",
+            &[(CONFIG, "{}"), (TOKENIZER, "{}"), (WEIGHTS_INDEX, index), ("model-1.safetensors", "1")],
+        );
+        repo("datasets--acme--text", &[(CONFIG, "{}"), (TOKENIZER, "{}"), (WEIGHTS, "1")]);
+        let found = cached_models_in(hub.path());
+        assert_eq!(
+            found,
+            [
+                CachedModel { repo: "acme/sharded--v2".into(), weight_bytes: 3 },
+                CachedModel { repo: "acme/tiny".into(), weight_bytes: 5 },
+            ]
+        );
+        assert!(cached_models_in(&hub.path().join("nothing here")).is_empty());
     }
 }

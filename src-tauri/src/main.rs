@@ -106,16 +106,15 @@ fn ignore_file_size_signal() {
 }
 
 /// The demo model shipped in the source tree (assets/models/demo), used by the desktop window
-/// when neither `--model` nor `FOLIO_MODEL` names one.
+/// when neither `--model` nor `FOLIO_MODEL` names one and no model was loaded in it before.
 #[cfg(feature = "gui")]
 const BUNDLED_DEMO_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/models/demo");
 
 #[cfg(feature = "gui")]
 fn desktop(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<()> {
-    let model = model
-        .or_else(|| std::env::var("FOLIO_MODEL").ok().filter(|m| !m.is_empty()))
-        .or_else(|| std::path::Path::new(BUNDLED_DEMO_MODEL).is_dir().then(|| BUNDLED_DEMO_MODEL.to_owned()));
-    gui::run(model, device, dtype)
+    let model = model.or_else(|| std::env::var("FOLIO_MODEL").ok().filter(|m| !m.is_empty()));
+    let demo = std::path::Path::new(BUNDLED_DEMO_MODEL).is_dir().then(|| BUNDLED_DEMO_MODEL.to_owned());
+    gui::run(model, demo, device, dtype)
 }
 
 #[cfg(not(feature = "gui"))]

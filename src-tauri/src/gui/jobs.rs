@@ -65,6 +65,9 @@ struct Queued {
     id: u64,
     out: PathBuf,
     kind: JobKind,
+    /// The model it prefills with: the one loaded when it was queued (loading another later
+    /// does not change a queued job).
+    engine: Arc<Engine>,
 }
 
 #[derive(Default)]
@@ -112,7 +115,6 @@ pub(crate) type SharedLibrary = Arc<Mutex<Option<Library>>>;
 
 /// What a job needs from the app.
 pub(crate) struct Worker {
-    pub engine: Arc<Engine>,
     pub library: SharedLibrary,
     pub device: String,
 }
@@ -135,8 +137,8 @@ impl Jobs {
         Self { shared }
     }
 
-    /// Queues a job writing `out`; refused while another job of this run writes it.
-    pub(crate) fn submit(&self, out: PathBuf, kind: JobKind) -> Result<u64, String> {
+    /// Queues a job writing `out` with `engine`; refused while another job of this run writes it.
+    pub(crate) fn submit(&self, out: PathBuf, kind: JobKind, engine: Arc<Engine>) -> Result<u64, String> {
         let mut st = self.shared.lock();
         let busy = st.views.iter().any(|v| v.path == out && matches!(v.state, JobState::Queued | JobState::Running));
         if busy {
@@ -154,7 +156,7 @@ impl Jobs {
             message: None,
             notes: Vec::new(),
         });
-        st.queue.push_back(Queued { id, out, kind });
+        st.queue.push_back(Queued { id, out, kind, engine });
         drop(st);
         self.shared.wake.notify_one();
         self.shared.publish();
@@ -247,7 +249,7 @@ fn worker_loop(shared: &Shared, w: &Worker) {
 }
 
 fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow::Result<()> {
-    let engine = &w.engine;
+    let engine = &job.engine;
     let pending = match job.kind {
         JobKind::Resume => Some(
             context::pending(&job.out)?

@@ -11,15 +11,19 @@
 //! Files reach the app through Tauri's drag-drop window event (`on_drop`); with
 //! `FOLIO_TEST_HOOKS=1` in the environment the `simulate_drop` command calls the same
 //! `on_drop`, so the WebDriver test drops a folder through the path a real drop takes from the
-//! event on (WebDriver cannot drag files from outside the page).
+//! event on (WebDriver cannot drag files from outside the page), and `simulate_export` exports
+//! without the save dialog. Dialogs (pick documents, import, export) open from the Rust side,
+//! so the webview holds no dialog permission.
 
 mod jobs;
+mod models;
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
+use candle_core::{DType, Device};
 use folio_library::{ContextInfo, DocumentInfo, Library};
 use folio_models::attention::{MethodChoice, Tier};
 use folio_models::context::format::SectionKind;
@@ -39,14 +43,18 @@ use jobs::{JobKind, JobView, Jobs, Worker};
 const MAX_ANSWER_TOKENS: usize = 1024;
 /// The environment variable that enables `simulate_drop` (the WebDriver test).
 const TEST_HOOKS_ENV: &str = "FOLIO_TEST_HOOKS";
+/// The extension of context files (what the import and export dialogs filter on).
+const CONTEXT_EXTENSION: &str = "folio";
 /// The library setting: resume interrupted prefills when the window starts (bool).
 const AUTO_RESUME: &str = "prefill.auto_resume";
 
 type Chat = Arc<Mutex<(Session, Conversation)>>;
 
 struct AppState {
-    engine: Option<Arc<Engine>>,
-    model_error: Option<String>,
+    /// The model the window runs; `load_model` replaces it.
+    model: RwLock<Loaded>,
+    /// Where models are loaded, and in which dtype.
+    compute: (Device, DType),
     device: String,
     /// The session answering now (the bare model, or an opened context) and its conversation.
     chat: Mutex<Option<Chat>>,
@@ -56,8 +64,17 @@ struct AppState {
     /// Shared with the prefill worker: a rebuild replaces it for both.
     library: jobs::SharedLibrary,
     library_error: Mutex<Option<String>>,
-    jobs: Option<Jobs>,
+    jobs: Jobs,
     feed: Arc<Mutex<Option<Channel<UiEvent>>>>,
+    /// What the window should tell at start (a last-used model that no longer loads).
+    startup_notice: Option<String>,
+}
+
+/// The loaded model, or why there is none.
+#[derive(Default)]
+struct Loaded {
+    engine: Option<Arc<Engine>>,
+    error: Option<String>,
 }
 
 impl AppState {
@@ -70,8 +87,9 @@ impl AppState {
     }
 
     fn engine(&self) -> Result<Arc<Engine>, String> {
-        self.engine.clone().ok_or_else(|| {
-            self.model_error.clone().unwrap_or_else(|| "No model loaded: start Folio with --model <folder|repo>".into())
+        let loaded = self.model.read().unwrap_or_else(|e| e.into_inner());
+        loaded.engine.clone().ok_or_else(|| {
+            loaded.error.clone().unwrap_or_else(|| "No model loaded: pick one in Settings (Ctrl+,)".into())
         })
     }
 }
@@ -104,6 +122,7 @@ struct AppInfo {
     library_error: Option<String>,
     /// What the window shows of the loaded model.
     model_facts: Option<ModelFacts>,
+    startup_notice: Option<String>,
 }
 
 /// The loaded model, as `folio info` describes it.
@@ -126,14 +145,16 @@ struct ModelFacts {
 #[tauri::command]
 fn app_info(state: State<'_, AppState>) -> AppInfo {
     let library = state.library.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|l| l.database().to_owned());
+    let loaded = state.model.read().unwrap_or_else(|e| e.into_inner());
     AppInfo {
         version: env!("CARGO_PKG_VERSION"),
-        model: state.engine.as_ref().map(|e| e.name.clone()),
+        model: loaded.engine.as_ref().map(|e| e.name.clone()),
         device: state.device.clone(),
-        model_error: state.model_error.clone(),
+        model_error: loaded.error.clone(),
         library,
         library_error: state.library_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
-        model_facts: state.engine.as_ref().map(|e| {
+        startup_notice: state.startup_notice.clone(),
+        model_facts: loaded.engine.as_ref().map(|e| {
             let cfg = e.config();
             ModelFacts {
                 source: e.source.clone(),
@@ -155,8 +176,7 @@ fn app_info(state: State<'_, AppState>) -> AppInfo {
 /// Opens the window's feed; the jobs so far are sent at once.
 #[tauri::command]
 fn watch(state: State<'_, AppState>, on_event: Channel<UiEvent>) {
-    let jobs = state.jobs.as_ref().map(Jobs::views).unwrap_or_default();
-    let _ = on_event.send(UiEvent::Jobs { jobs });
+    let _ = on_event.send(UiEvent::Jobs { jobs: state.jobs.views() });
     *state.feed.lock().unwrap_or_else(|e| e.into_inner()) = Some(on_event);
 }
 
@@ -355,25 +375,25 @@ async fn estimate(state: State<'_, AppState>, documents: Vec<StagedDocument>) ->
 /// Queues a prefill of the staged documents into a new context named `name`.
 #[tauri::command]
 fn start_prefill(state: State<'_, AppState>, documents: Vec<StagedDocument>, name: String) -> Result<u64, String> {
-    let jobs = state.jobs.as_ref().ok_or_else(|| state.engine().err().unwrap_or_default())?;
+    let engine = state.engine()?;
     let lib = state.library()?;
     let name = folio_library::context_name(&name).map_err(|e| e.to_string())?;
     if documents.is_empty() {
         return Err("there are no documents to prefill: drop files or folders on the window".into());
     }
     let out = lib.free_context_path(name).map_err(|e| e.to_string())?;
-    jobs.submit(out, JobKind::New { documents })
+    state.jobs.submit(out, JobKind::New { documents }, engine)
 }
 
 /// Queues the resume of a paused context, or of an interrupted change to a ready one.
 #[tauri::command]
 async fn resume_context(state: State<'_, AppState>, id: i64) -> Result<u64, String> {
-    let jobs = state.jobs.clone().ok_or_else(|| state.engine().err().unwrap_or_default())?;
+    let engine = state.engine()?;
     let info = state.library()?.context(id).await.map_err(|e| e.to_string())?;
     if info.status != folio_library::Status::Paused && !info.change_pending {
         return Err(format!("{} is {}: it has no interrupted prefill to resume", info.name, info.status.as_str()));
     }
-    jobs.submit(info.path, JobKind::Resume)
+    state.jobs.submit(info.path, JobKind::Resume, engine)
 }
 
 /// A change to a saved context, as the window asks for it.
@@ -434,7 +454,7 @@ async fn estimate_change(state: State<'_, AppState>, id: i64, change: ChangeRequ
 /// Queues a change to context `id`; its file is replaced when the change is done.
 #[tauri::command]
 async fn start_change(state: State<'_, AppState>, id: i64, change: ChangeRequest) -> Result<u64, String> {
-    let jobs = state.jobs.clone().ok_or_else(|| state.engine().err().unwrap_or_default())?;
+    let engine = state.engine()?;
     let info = changeable(&state, id).await?;
     let kind = match change {
         ChangeRequest::Add { documents } if documents.is_empty() => {
@@ -443,7 +463,7 @@ async fn start_change(state: State<'_, AppState>, id: i64, change: ChangeRequest
         ChangeRequest::Add { documents } => JobKind::Add { documents },
         ChangeRequest::Remove { document } => JobKind::Remove { document },
     };
-    jobs.submit(info.path, kind)
+    state.jobs.submit(info.path, kind, engine)
 }
 
 /// Whether interrupted prefills resume by themselves when the window starts.
@@ -459,7 +479,7 @@ async fn set_auto_resume(state: State<'_, AppState>, on: bool) -> Result<(), Str
 }
 
 /// At start, with the setting on: every paused context queued for its resume.
-fn resume_paused(library: &Library, jobs: &Jobs) {
+fn resume_paused(library: &Library, jobs: &Jobs, engine: &Arc<Engine>) {
     let paused = tauri::async_runtime::block_on(async {
         let on = library.setting(AUTO_RESUME).await.ok().flatten().and_then(|v| v.as_bool()).unwrap_or(false);
         if !on {
@@ -471,7 +491,7 @@ fn resume_paused(library: &Library, jobs: &Jobs) {
         })
     });
     for c in paused.into_iter().filter(|c| c.status == folio_library::Status::Paused) {
-        if let Err(e) = jobs.submit(c.path, JobKind::Resume) {
+        if let Err(e) = jobs.submit(c.path, JobKind::Resume, engine.clone()) {
             eprintln!("folio: {e}");
         }
     }
@@ -479,7 +499,77 @@ fn resume_paused(library: &Library, jobs: &Jobs) {
 
 #[tauri::command]
 fn cancel_job(state: State<'_, AppState>, id: u64) -> bool {
-    state.jobs.as_ref().is_some_and(|j| j.cancel(id))
+    state.jobs.cancel(id)
+}
+
+/// What an import of context files did: each file listed, or why not (one bad file never
+/// stops the others).
+#[derive(Serialize)]
+struct Imported {
+    imported: Vec<ContextInfo>,
+    failed: Vec<staging::Skip>,
+}
+
+/// Imports context files (dropped `.folio` files, or picked): each is verified against every
+/// checksum, copied into the library's folder under a free name, and listed.
+#[tauri::command]
+async fn import_contexts(state: State<'_, AppState>, paths: Vec<PathBuf>) -> Result<Imported, String> {
+    let lib = state.library()?;
+    let mut report = Imported { imported: Vec::new(), failed: Vec::new() };
+    for path in paths {
+        match lib.import(&path, true).await {
+            Ok(info) => report.imported.push(info),
+            Err(e) => report.failed.push(staging::Skip { path: path.display().to_string(), reason: e.to_string() }),
+        }
+    }
+    Ok(report)
+}
+
+/// The native picker for context files to import (see [`import_contexts`]); nothing picked
+/// imports nothing.
+#[tauri::command]
+async fn pick_import(app: tauri::AppHandle, state: State<'_, AppState>) -> Result<Imported, String> {
+    use tauri_plugin_dialog::DialogExt;
+    let picked = tauri::async_runtime::spawn_blocking(move || {
+        app.dialog()
+            .file()
+            .set_title("Import context files")
+            .add_filter("Folio context", &[CONTEXT_EXTENSION])
+            .blocking_pick_files()
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let paths = picked.unwrap_or_default().into_iter().filter_map(|p| p.into_path().ok()).collect();
+    import_contexts(state, paths).await
+}
+
+/// Exports context `id`: the native save dialog picks where, and the file is copied there
+/// atomically (never over an existing file). `None` when the dialog was cancelled.
+#[tauri::command]
+async fn export_context(app: tauri::AppHandle, state: State<'_, AppState>, id: i64) -> Result<Option<PathBuf>, String> {
+    use tauri_plugin_dialog::DialogExt;
+    let lib = state.library()?;
+    let info = lib.context(id).await.map_err(|e| e.to_string())?;
+    let file_name = info.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let picked = tauri::async_runtime::spawn_blocking(move || {
+        app.dialog()
+            .file()
+            .set_title("Export context")
+            .set_file_name(file_name)
+            .add_filter("Folio context", &[CONTEXT_EXTENSION])
+            .blocking_save_file()
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let Some(dest) = picked.and_then(|p| p.into_path().ok()) else { return Ok(None) };
+    lib.export(id, &dest).await.map(Some).map_err(|e| e.to_string())
+}
+
+/// The test hook for [`export_context`] without its dialog: refused unless FOLIO_TEST_HOOKS=1.
+#[tauri::command]
+async fn simulate_export(state: State<'_, AppState>, id: i64, dest: PathBuf) -> Result<PathBuf, String> {
+    test_hooks()?;
+    state.library()?.export(id, &dest).await.map_err(|e| e.to_string())
 }
 
 /// Files dropped on the window, from the drag-drop event (or `simulate_drop`).
@@ -513,24 +603,25 @@ async fn pick_documents(app: tauri::AppHandle, state: State<'_, AppState>, folde
 /// The test hook (see the module docs): refused unless FOLIO_TEST_HOOKS=1.
 #[tauri::command]
 fn simulate_drop(state: State<'_, AppState>, paths: Vec<PathBuf>) -> Result<(), String> {
-    if std::env::var(TEST_HOOKS_ENV).as_deref() != Ok("1") {
-        return Err(format!("simulate_drop is a test hook: start Folio with {TEST_HOOKS_ENV}=1 to use it"));
-    }
+    test_hooks()?;
     on_drop(&state.feed, paths);
     Ok(())
 }
 
-pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<()> {
+/// Whether the test hooks are on (see the module docs).
+fn test_hooks() -> Result<(), String> {
+    match std::env::var(TEST_HOOKS_ENV).as_deref() {
+        Ok("1") => Ok(()),
+        _ => Err(format!("this is a test hook: start Folio with {TEST_HOOKS_ENV}=1 to use it")),
+    }
+}
+
+/// Opens the window on `model` (`--model` or `FOLIO_MODEL`); without one, on the model last
+/// loaded in the window, else on `fallback` (the bundled demo model). A model that fails to
+/// load still opens the window, which says why and offers another.
+pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype: &str) -> anyhow::Result<()> {
     let device = parse_device(device)?;
     let dtype = parse_dtype(dtype, &device)?;
-    // A model that fails to load still opens the window, which says why.
-    let (engine, model_error) = match model {
-        None => (None, Some("No model configured: start Folio with --model <folder|repo>".to_owned())),
-        Some(spec) => match Engine::load(&spec, &device, dtype) {
-            Ok(e) => (Some(Arc::new(e)), None),
-            Err(e) => (None, Some(e.to_string())),
-        },
-    };
     // A library that cannot be opened still opens the window, which says why and offers the
     // rebuild.
     let (library, library_error) =
@@ -538,22 +629,24 @@ pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<(
             Ok(lib) => (Some(lib), None),
             Err(e) => (None, Some(e.to_string())),
         };
-    let device = device_name(&device);
+    let last = library.as_ref().and_then(|lib| models::last_model(lib));
+    let (loaded, startup_notice) = models::load_at_start(model, last, fallback, &device, dtype);
+    let device_label = device_name(&device);
     let feed: Arc<Mutex<Option<Channel<UiEvent>>>> = Arc::default();
     let shared_library: jobs::SharedLibrary = Arc::new(Mutex::new(library.clone()));
-    let jobs = engine.clone().map(|engine| {
+    let jobs = {
         let feed = feed.clone();
-        let worker = Worker { engine, library: shared_library.clone(), device: device.clone() };
+        let worker = Worker { library: shared_library.clone(), device: device_label.clone() };
         Jobs::start(worker, move |jobs| send(&feed, UiEvent::Jobs { jobs }))
-    });
-    if let (Some(lib), Some(jobs)) = (&library, &jobs) {
-        resume_paused(lib, jobs);
+    };
+    if let (Some(lib), Some(engine)) = (&library, &loaded.engine) {
+        resume_paused(lib, &jobs, engine);
     }
-    let bare = engine.clone().map(|e| chat_of(Session::bare(e)));
+    let bare = loaded.engine.clone().map(|e| chat_of(Session::bare(e)));
     let state = AppState {
-        engine,
-        model_error,
-        device,
+        model: RwLock::new(loaded),
+        compute: (device, dtype),
+        device: device_label,
         chat: Mutex::new(bare),
         open_context: Mutex::new(None),
         cancel: Arc::default(),
@@ -561,6 +654,7 @@ pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<(
         library_error: Mutex::new(library_error),
         jobs,
         feed,
+        startup_notice,
     };
     tauri::Builder::default()
         .plugin(tauri_plugin_dialog::init())
@@ -605,7 +699,14 @@ pub fn run(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<(
             auto_resume,
             set_auto_resume,
             pick_documents,
+            import_contexts,
+            pick_import,
+            export_context,
+            simulate_export,
             simulate_drop,
+            models::models,
+            models::load_model,
+            models::pick_model_folder,
         ])
         .run(tauri::generate_context!())?;
     Ok(())

@@ -30,6 +30,8 @@ export interface AppInfo {
   library_error: string | null;
   /** What the window shows of the loaded model. */
   model_facts: ModelFacts | null;
+  /** What to tell at start (the model run last no longer loads). */
+  startup_notice: string | null;
 }
 
 /** The loaded model, as `folio info` describes it. */
@@ -105,6 +107,7 @@ export async function appInfo(): Promise<AppInfo> {
       library: null,
       library_error: null,
       model_facts: null,
+      startup_notice: null,
     };
   }
   return invoke<AppInfo>('app_info');

@@ -3,7 +3,7 @@
 // Rust structs serialised by serde; errors reject with the backend's message as a string.
 
 import { Channel, invoke } from '@tauri-apps/api/core';
-import { errorMessage, inTauri } from './api';
+import { errorMessage, inTauri, type AppInfo } from './api';
 
 export type ContextStatus = 'prefilling' | 'paused' | 'ready' | 'damaged' | 'missing';
 
@@ -136,6 +136,46 @@ export const autoResume = () => call<boolean>('auto_resume');
 /** The native file picker; what is picked arrives like a drop (the feed's `dropped`). */
 export const pickDocuments = (folders: boolean) => call<void>('pick_documents', { folders });
 export const setAutoResume = (on: boolean) => call<void>('set_auto_resume', { on });
+
+/** What an import did: each file listed, or why not. */
+export interface Imported {
+  imported: ContextInfo[];
+  failed: Skip[];
+}
+/** Verifies context files, copies them into the library's folder and lists them. */
+export const importContexts = (paths: string[]) => call<Imported>('import_contexts', { paths });
+/** The native picker for context files, then the import. */
+export const pickImport = () => call<Imported>('pick_import');
+/** The native save dialog, then the copy; null when the dialog was cancelled. */
+export const exportContext = (id: number) => call<string | null>('export_context', { id });
+/** Whether a dropped path is a context file (imported rather than staged). */
+export const isContextFile = (path: string) => /\.folio$/i.test(path);
+
+/** A whole model in the Hugging Face cache (loads offline). */
+export interface CachedModel {
+  repo: string;
+  weight_bytes: number;
+}
+
+/** A model that made contexts in the library. */
+export interface LibraryModel {
+  name: string;
+  source: string;
+  architecture: string;
+  fingerprint: string;
+  contexts: number;
+}
+
+export interface ModelChoices {
+  cached: CachedModel[];
+  library: LibraryModel[];
+}
+
+export const modelChoices = () => call<ModelChoices>('models');
+/** Loads a model folder or Hugging Face repo id; the window runs it from the next question on. */
+export const loadModel = (spec: string) => call<AppInfo>('load_model', { spec });
+/** The native folder dialog, then the load; null when cancelled. */
+export const pickModelFolder = () => call<AppInfo | null>('pick_model_folder');
 
 /** Reads and counts files and folders; `onProgress(done, total)` follows the count. */
 export function stage(paths: string[], onProgress: (done: number, total: number) => void): Promise<Staged> {

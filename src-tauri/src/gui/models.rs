@@ -1,0 +1,171 @@
+//! Picking the model the window runs: a folder (typed, or chosen in the native dialog), a
+//! Hugging Face repo id, one of the models the HF cache holds whole, or one that made a
+//! context in the library. Loading runs off the UI thread; the new model answers the next
+//! question (a chat starts over on the bare model) and is remembered in the library, so the
+//! next start opens on it. A prefill already queued keeps the model it was queued with.
+
+use std::sync::Arc;
+
+use candle_core::{DType, Device};
+use folio_library::Library;
+use folio_models::loader::{self, CachedModel};
+use folio_models::session::Session;
+use folio_models::Engine;
+use serde::Serialize;
+use tauri::State;
+
+use super::{app_info, chat_of, AppInfo, AppState, Loaded};
+
+/// The library setting: the model last loaded in the window (what `--model` takes).
+const LAST_MODEL: &str = "model.last";
+
+/// A model that made contexts in the library.
+#[derive(Serialize)]
+pub(super) struct LibraryModel {
+    name: String,
+    /// What loads it: a folder or a repo id.
+    source: String,
+    architecture: String,
+    fingerprint: String,
+    /// Contexts it made.
+    contexts: u64,
+}
+
+/// What the window offers to load.
+#[derive(Serialize)]
+pub(super) struct ModelChoices {
+    /// Whole models in the Hugging Face cache (they load offline).
+    cached: Vec<CachedModel>,
+    /// The models of the library's contexts.
+    library: Vec<LibraryModel>,
+}
+
+#[tauri::command]
+pub(super) async fn models(state: State<'_, AppState>) -> Result<ModelChoices, String> {
+    let library = match state.library() {
+        Ok(lib) => lib.models().await.map_err(|e| e.to_string())?,
+        Err(_) => Vec::new(),
+    };
+    let cached = tauri::async_runtime::spawn_blocking(loader::cached_models).await.map_err(|e| e.to_string())?;
+    Ok(ModelChoices {
+        cached,
+        library: library
+            .into_iter()
+            .map(|(m, contexts)| LibraryModel {
+                name: m.name,
+                source: m.source,
+                architecture: m.architecture,
+                fingerprint: m.fingerprint,
+                contexts,
+            })
+            .collect(),
+    })
+}
+
+/// Loads `spec` (a model folder or a Hugging Face repo id) and runs it from now on.
+#[tauri::command]
+pub(super) async fn load_model(state: State<'_, AppState>, spec: String) -> Result<AppInfo, String> {
+    let spec = spec.trim().to_owned();
+    if spec.is_empty() {
+        return Err("name a model: a folder with config.json, tokenizer.json and safetensors weights, or a \
+                    Hugging Face repo id (owner/name)"
+            .into());
+    }
+    let (device, dtype) = state.compute.clone();
+    let loading = spec.clone();
+    let engine = tauri::async_runtime::spawn_blocking(move || Engine::load(&loading, &device, dtype))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let engine = Arc::new(engine);
+    *state.model.write().unwrap_or_else(|e| e.into_inner()) = Loaded { engine: Some(engine.clone()), error: None };
+    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(Session::bare(engine)));
+    *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    if let Ok(lib) = state.library() {
+        if let Err(e) = lib.set_setting(LAST_MODEL, &serde_json::json!(spec)).await {
+            eprintln!("folio: {spec} is not remembered for the next start: {e}");
+        }
+    }
+    Ok(app_info(state))
+}
+
+/// The native folder dialog, then [`load_model`] on the folder picked; `None` when cancelled.
+#[tauri::command]
+pub(super) async fn pick_model_folder(
+    app: tauri::AppHandle,
+    state: State<'_, AppState>,
+) -> Result<Option<AppInfo>, String> {
+    use tauri_plugin_dialog::DialogExt;
+    let picked = tauri::async_runtime::spawn_blocking(move || {
+        app.dialog().file().set_title("Choose a model folder").blocking_pick_folder()
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    match picked.and_then(|p| p.into_path().ok()) {
+        Some(folder) => load_model(state, folder.display().to_string()).await.map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The model last loaded in the window, if the library remembers one.
+pub(super) fn last_model(library: &Library) -> Option<String> {
+    let value = tauri::async_runtime::block_on(library.setting(LAST_MODEL)).ok().flatten()?;
+    value.as_str().map(str::to_owned)
+}
+
+/// The model the window starts on: `asked` (its error shown if it fails: the user named it),
+/// else `last` (falling back, with a notice, when it no longer loads), else `fallback`.
+pub(super) fn load_at_start(
+    asked: Option<String>,
+    last: Option<String>,
+    fallback: Option<String>,
+    device: &Device,
+    dtype: DType,
+) -> (Loaded, Option<String>) {
+    let load = |spec: &str| match Engine::load(spec, device, dtype) {
+        Ok(e) => Loaded { engine: Some(Arc::new(e)), error: None },
+        Err(e) => Loaded { engine: None, error: Some(e.to_string()) },
+    };
+    if let Some(spec) = asked {
+        return (load(&spec), None);
+    }
+    let mut notice = None;
+    if let Some(spec) = last {
+        let loaded = load(&spec);
+        if loaded.engine.is_some() {
+            return (loaded, None);
+        }
+        notice = Some(format!(
+            "The model Folio ran last, {spec}, did not load ({}); pick another in Settings",
+            loaded.error.unwrap_or_default()
+        ));
+    }
+    match fallback {
+        Some(spec) => (load(&spec), notice),
+        None => (Loaded { engine: None, error: Some("No model loaded: pick one in Settings (Ctrl+,)".into()) }, notice),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/models/demo");
+
+    /// A model asked for is loaded or its error shown (never another in its place); the last
+    /// one that no longer loads falls back to the demo model with a notice naming it.
+    #[test]
+    fn the_start_model_is_the_asked_then_the_last_then_the_fallback() {
+        let (cpu, f32) = (Device::Cpu, DType::F32);
+        let (loaded, notice) = load_at_start(None, Some(DEMO.into()), None, &cpu, f32);
+        assert!(loaded.engine.is_some() && notice.is_none());
+        let (loaded, notice) = load_at_start(None, Some("/gone/model".into()), Some(DEMO.into()), &cpu, f32);
+        assert_eq!(loaded.engine.map(|e| e.name.clone()).as_deref(), Some("demo"));
+        let notice = notice.unwrap();
+        assert!(notice.contains("/gone/model") && notice.contains("pick another in Settings"), "{notice}");
+        let (loaded, notice) =
+            load_at_start(Some("/gone/model".into()), Some(DEMO.into()), Some(DEMO.into()), &cpu, f32);
+        assert!(loaded.engine.is_none() && notice.is_none());
+        assert!(loaded.error.unwrap().contains("/gone/model"));
+    }
+}
