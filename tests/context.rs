@@ -403,6 +403,46 @@ fn prefill_add_grows_a_context_in_place() {
     assert!(err.contains("no document \"nothing.txt\"") && err.contains("field_notes.txt"), "{err}");
 }
 
+/// An addition killed mid-prefill leaves the context as it was (it opens, listed ready with a
+/// change pending); `folio prefill --context F` alone finishes it from the checkpoint, and the
+/// file is the one the addition makes uninterrupted (byte for byte, f32). With nothing to
+/// finish, it says what --context needs.
+#[test]
+fn an_interrupted_change_is_finished_by_context_alone() {
+    let small = docs(1);
+    let work = tempfile::tempdir().unwrap();
+    let big = work.path().join("big.txt");
+    let text = std::fs::read_to_string(root().join("assets/samples/market_records.txt")).unwrap();
+    std::fs::write(&big, text.repeat(12)).unwrap();
+    let (m, first) = (demo(), small.path().join("field_notes.txt").display().to_string());
+    let (grown, whole) = (work.path().join("grown.folio"), work.path().join("whole.folio"));
+    let (g, w, b) = (grown.display().to_string(), whole.display().to_string(), big.display().to_string());
+    ok_json(folio(&["prefill", "--model", &m, "--docs", &first, "--out", &g, "--kv-dtype", "f32", "--json"]));
+    let saved = std::fs::read(&grown).unwrap();
+    let err = err_text(folio(&["prefill", "--context", &g]));
+    assert!(err.contains("--context needs --add") && err.contains("no interrupted change"), "{err}");
+    // The addition uninterrupted, written elsewhere.
+    ok_json(folio(&["prefill", "--context", &g, "--add", &b, "--out", &w, "--json"]));
+
+    let partial = PathBuf::from(format!("{g}.partial"));
+    let child = folio_cmd(&["prefill", "--context", &g, "--add", &b, "--json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(kill_at(child, &partial, KillAt::LayersDone(1), libc::SIGKILL), "the addition finished before the kill");
+    assert!(std::fs::read(&grown).unwrap() == saved, "an interrupted change leaves the file as it was");
+    let listed = ok_json(folio(&["library", "show", &g, "--json"]));
+    let status = (listed["context"]["status"].as_str(), listed["context"]["change_pending"].as_bool());
+    assert_eq!(status, (Some("ready"), Some(true)), "{listed}");
+
+    let finished = ok_json(folio(&["prefill", "--context", &g, "--json"]));
+    assert!(finished["report"]["resumed_layers"].as_u64() >= Some(1), "{finished}");
+    assert!(std::fs::read(&whole).unwrap() == std::fs::read(&grown).unwrap(), "finished != uninterrupted");
+    let listed = ok_json(folio(&["library", "show", &g, "--json"]));
+    assert_eq!(listed["context"]["change_pending"].as_bool(), Some(false));
+}
+
 /// A resume under a budget its pinned chunk no longer fits is refused. Checkpoints do not
 /// wait for the disk, so they name checksums instead: bytes a checkpoint vouches for that did
 /// not survive (here, one flipped in the hidden states the next layer reads, as a power cut

@@ -379,8 +379,9 @@ impl Library {
         let to = info.path.with_file_name(file);
         if context::partial_dir(&info.path).exists() {
             return Err(Error::Refused(format!(
-                "a change to {} was interrupted: finish it (Resume in the window, or the same `folio prefill \
-                 --context` again) or delete {} first",
+                "a change to {} was interrupted: finish it (Resume in the window, or `folio prefill --context \
+                 {}`) or delete {} first",
+                info.path.display(),
                 info.path.display(),
                 context::partial_dir(&info.path).display()
             )));

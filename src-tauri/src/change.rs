@@ -9,6 +9,8 @@
 //! new version replaces the file atomically (`context::extend`); an interrupted change leaves
 //! the old file as it was, and [`resumed`] rebuilds the same plan from its checkpoint.
 
+use std::path::Path;
+
 use anyhow::{bail, Context as _, Result};
 use folio_models::context::{ContextFile, DocumentSpan, DocumentText, Pending, PrefixPlan};
 use folio_models::Engine;
@@ -49,13 +51,14 @@ pub(crate) fn plan(engine: &Engine, base: &ContextFile, change: &Change) -> Resu
     }
 }
 
-/// The plan of the interrupted change of `base` that `pending` describes (its checkpoint
-/// keeps `base_tokens` of the saved tokens): the same documents, read again and checked.
-pub(crate) fn resumed(engine: &Engine, base: &ContextFile, pending: &Pending) -> Result<Planned> {
+/// The plan of the interrupted change of `base` into `out` that `pending` (read from `out`'s
+/// partial folder) describes — its checkpoint keeps `base_tokens` of the saved tokens: the
+/// same documents, read again and checked.
+pub(crate) fn resumed(engine: &Engine, base: &ContextFile, out: &Path, pending: &Pending) -> Result<Planned> {
     engine.check_context(base)?;
     let keep = pending.base_tokens;
     let kept = base.documents().iter().take_while(|s| s.start < keep).count();
-    let partial = folio_models::context::partial_dir(base.path());
+    let partial = folio_models::context::partial_dir(out);
     if keep == 0 || base.tokens_before(kept) != keep || pending.documents.len() < kept {
         bail!(
             "the interrupted change of {} does not continue this file (it keeps {keep} of its {} tokens): delete {} \
@@ -115,7 +118,6 @@ fn removal(base: &ContextFile, doc: &str) -> Result<(usize, Vec<DocumentText>)> 
 #[cfg(test)]
 mod tests {
     use std::ops::ControlFlow;
-    use std::path::Path;
 
     use folio_models::context::{self, BuildOptions, KvDtype, Progress};
 
@@ -170,7 +172,7 @@ mod tests {
 
         let base = ContextFile::open(&out).unwrap();
         assert_eq!(base.documents().len(), 2, "the file is as it was");
-        let again = resumed(&e, &base, &pending).unwrap();
+        let again = resumed(&e, &base, &out, &pending).unwrap();
         assert_eq!((again.plan.tokens.clone(), again.keep), (started.plan.tokens.clone(), started.keep));
         let go = &mut |_: &Progress| ControlFlow::Continue(());
         let report = context::extend(
@@ -212,7 +214,7 @@ mod tests {
         );
         std::fs::write(&more, "Edited since.\n").unwrap();
         let pending = context::pending(&out).unwrap().expect("its checkpoint");
-        let err = resumed(&e, &ContextFile::open(&out).unwrap(), &pending).err().unwrap().to_string();
+        let err = resumed(&e, &ContextFile::open(&out).unwrap(), &out, &pending).err().unwrap().to_string();
         assert!(err.contains("more.md changed since the change") && err.contains("delete"), "{err}");
     }
 }

@@ -29,7 +29,8 @@ pub struct PrefillArgs {
     docs: Vec<PathBuf>,
     /// Change this saved context: --add documents (only they are prefilled, after its tokens:
     /// the saved K/V stays valid, attention is causal) or --remove one (the documents after it
-    /// are prefilled again); the file is replaced atomically unless --out names another.
+    /// are prefilled again); the file is replaced atomically unless --out names another. Alone,
+    /// it finishes an interrupted change.
     #[arg(long)]
     context: Option<PathBuf>,
     /// Documents to add to --context: files or folders, in order.
@@ -86,13 +87,22 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     let memory_budget = a.memory_budget.as_deref().map(parse_bytes).transpose()?;
     let base = a.context.as_deref().map(ContextFile::open).transpose()?;
     let out = a.out.clone().or_else(|| a.context.clone()).context("--out is required")?;
-    if base.is_some() && a.add.is_empty() && a.remove.is_none() {
-        bail!("--context needs --add PATH... (documents to add) or --remove DOC (a document to take out)");
-    }
-    let ingested = match (&base, &a.remove) {
-        (Some(_), Some(_)) => ingest::Ingested::default(),
-        (Some(_), None) => ingest::collect(&a.add)?,
-        (None, _) => ingest::collect(&a.docs)?,
+    // --context alone finishes an interrupted change of it.
+    let interrupted = match (&base, a.add.is_empty() && a.remove.is_none()) {
+        (Some(_), true) => match context::pending(&out)? {
+            Some(p) if p.base_tokens > 0 => Some(p),
+            _ => bail!(
+                "--context needs --add PATH... (documents to add) or --remove DOC (a document to take out); there \
+                 is no interrupted change of {} to finish",
+                out.display()
+            ),
+        },
+        _ => None,
+    };
+    let ingested = match &base {
+        Some(_) if a.add.is_empty() => ingest::Ingested::default(),
+        Some(_) => ingest::collect(&a.add)?,
+        None => ingest::collect(&a.docs)?,
     };
     for (path, why) in &ingested.skipped {
         eprintln!("skipped {}: {why}", path.display());
@@ -103,11 +113,11 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
         Some(base) => {
             let engine = common.engine_or(&base.header().model.source)?;
             let kv_dtype = a.kv_dtype.as_deref().map(KvDtype::parse).transpose()?.unwrap_or(base.header().kv_dtype);
-            let what = match &a.remove {
-                Some(doc) => change::Change::Remove(doc.clone()),
-                None => change::Change::Add(ingested.documents.clone()),
+            let planned = match (&interrupted, &a.remove) {
+                (Some(p), _) => change::resumed(&engine, base, &out, p)?,
+                (None, Some(doc)) => change::plan(&engine, base, &change::Change::Remove(doc.clone()))?,
+                (None, None) => change::plan(&engine, base, &change::Change::Add(ingested.documents.clone()))?,
             };
-            let planned = change::plan(&engine, base, &what)?;
             keep = planned.keep;
             if !a.json {
                 let n = planned.computed();

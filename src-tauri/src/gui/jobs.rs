@@ -272,7 +272,7 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
         (JobKind::Remove { document }, _) => changed(Change::Remove(document.clone()))?,
         (JobKind::Resume, Some(p)) if p.base_tokens > 0 => {
             let base = ContextFile::open(&job.out)?;
-            let planned = change::resumed(engine, &base, p)?;
+            let planned = change::resumed(engine, &base, &job.out, p)?;
             (Some(base), planned.plan, planned.keep)
         }
         (JobKind::Resume, p) => {

@@ -629,7 +629,7 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
             Ok(lib) => (Some(lib), None),
             Err(e) => (None, Some(e.to_string())),
         };
-    let last = library.as_ref().and_then(|lib| models::last_model(lib));
+    let last = library.as_ref().and_then(models::last_model);
     let (loaded, startup_notice) = models::load_at_start(model, last, fallback, &device, dtype);
     let device_label = device_name(&device);
     let feed: Arc<Mutex<Option<Channel<UiEvent>>>> = Arc::default();
