@@ -6,7 +6,8 @@
 //! drag-drop event: WebDriver cannot drag files from outside the page), see the staging sheet
 //! count it, prefill, see the context listed ready with its documents; add a document to it
 //! and take another out (each prefilling only what follows the saved tokens); export it and
-//! drop the copy (imported) with a damaged copy (refused); drop a bigger folder,
+//! drop the copy (imported) with a damaged copy (refused); drop a bigger folder, chat over
+//! the first context while it prefills,
 //! kill the app mid-prefill, start it again: the context is listed paused, resumes with one
 //! click, and the file verifies; turn on "resume when Folio starts", kill another prefill,
 //! restart: it resumes by itself; every context is still listed; a context made by another
@@ -214,7 +215,8 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
         .iter()
         .map(|f| std::fs::read_to_string(samples.join(f)).unwrap())
         .collect();
-    std::fs::write(big.join("notes.txt"), text.repeat(12)).unwrap();
+    // Long enough (about 12k tokens) that a chat answers while it prefills.
+    std::fs::write(big.join("notes.txt"), text.repeat(18)).unwrap();
     // Dropped with the samples: what is skipped, each with its reason, and the rest proceeds.
     let mixed = work.path().join("mixed");
     std::fs::create_dir(&mixed).unwrap();
@@ -330,13 +332,31 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     assert_eq!(statuses(&d).len(), 2, "{:?}", statuses(&d));
     d.click("[data-testid=notice] button");
 
-    // 2. A bigger folder; kill the app once a layer is checkpointed.
+    // 2. A bigger folder. While it prefills, the window chats over samples (same device, one
+    //    answer and one prefill at a time); then kill the app once a layer is checkpointed.
     drop_paths(&d, &[&big]);
     d.wait("one staged document", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 1);
     d.click("[data-testid=start-prefill]");
     let partial = home.path().join("contexts/long notes.folio.partial");
     d.wait("the prefill's progress", |d| !d.texts("[data-testid=job-progress]").is_empty());
     screenshot(&display, "4-prefilling");
+    let row = statuses(&d).iter().position(|(n, _)| n == "samples").unwrap() + 1;
+    d.click(&format!("[data-testid=context]:nth-child({row}) .ctx-button"));
+    d.wait("the open button", |d| d.element("[data-testid=open-context]").is_some());
+    d.click("[data-testid=open-context]");
+    d.wait("the chat over samples", |d| d.texts("[data-testid=open-context-chip]").concat().contains("samples"));
+    d.type_into("#composer-input", &format!("what is the secret code of amber falcon ?{ENTER}"));
+    d.wait("an answer", |d| d.texts(".bubble.assistant.done .text").first().is_some_and(|t| !t.is_empty()));
+    assert!(d.texts(".bubble.assistant .text").concat().contains("4 8 1 5 2"));
+    let layers = |p: &Path| {
+        std::fs::read_to_string(p.join("checkpoint.json")).ok().and_then(|t| {
+            serde_json::from_str::<Value>(&t).ok().and_then(|v| v["layers_done"].as_u64())
+        })
+    };
+    assert!(
+        !d.texts("[data-testid=job-progress]").is_empty() && layers(&partial).unwrap_or(0) < 4,
+        "the prefill was still running when the answer came"
+    );
     kill_after_a_layer(home.path(), &partial);
     drop(d);
     drop(td);

@@ -3,7 +3,9 @@
 //! cancellable. A job's context is listed in the library as soon as its first layer has a
 //! checkpoint, so a window closed or a process killed mid-prefill shows it paused on the next
 //! start, and a resume job picks it up from the partial folder alone: the documents' paths,
-//! checksums, prompt and K/V dtype are all in its checkpoint.
+//! checksums, prompt and K/V dtype are all in its checkpoint. Jobs queued behind it have no
+//! partial folder yet: the queue file (`queue.json` in Folio's home) keeps them, and the next
+//! start queues them again.
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 use folio_library::Library;
 use folio_models::context::{self, BuildOptions, ContextFile, DocumentText, PrefixPlan, Progress};
 use folio_models::Engine;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::change::{self, Change};
 use crate::ingest;
@@ -24,7 +26,8 @@ use crate::staging::{rate_key, Skip, StagedDocument, DEFAULT_KV_DTYPE};
 /// Least time between two progress snapshots sent to the window.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(150);
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum JobKind {
     /// A new context from staged documents.
     New { documents: Vec<StagedDocument> },
@@ -70,6 +73,15 @@ struct Queued {
     engine: Arc<Engine>,
 }
 
+/// A queued job as the queue file keeps it.
+#[derive(Serialize, Deserialize)]
+struct SavedJob {
+    out: PathBuf,
+    kind: JobKind,
+    /// The model it was queued with (`Engine::source`).
+    model: String,
+}
+
 #[derive(Default)]
 struct State {
     queue: VecDeque<Queued>,
@@ -85,11 +97,38 @@ struct Shared {
     state: Mutex<State>,
     wake: Condvar,
     notify: Notify,
+    /// Where the jobs queued and not started are kept (`None`: nowhere, without a library).
+    queue_file: Option<PathBuf>,
 }
 
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes the jobs waiting in `st`'s queue to the queue file (atomically), so a window
+    /// closed or killed before they start does not lose them. Resumes are left out: their
+    /// context is listed paused with its Resume.
+    fn save_queue(&self, st: &State) {
+        let Some(file) = &self.queue_file else { return };
+        let saved: Vec<SavedJob> = st
+            .queue
+            .iter()
+            .filter(|q| !matches!(q.kind, JobKind::Resume))
+            .map(|q| SavedJob { out: q.out.clone(), kind: q.kind.clone(), model: q.engine.source.clone() })
+            .collect();
+        let written = match saved.is_empty() {
+            true => std::fs::remove_file(file).or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e.to_string()),
+            }),
+            false => serde_json::to_vec(&saved)
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| context::write_atomic(file, &bytes).map_err(|e| e.to_string())),
+        };
+        if let Err(e) = written {
+            eprintln!("folio: the queued prefills are not saved in {}: {e}", file.display());
+        }
     }
 
     fn publish(&self) {
@@ -127,8 +166,15 @@ impl Worker {
 }
 
 impl Jobs {
-    pub(crate) fn start(worker: Worker, notify: impl Fn(Vec<JobView>) + Send + Sync + 'static) -> Self {
-        let shared = Arc::new(Shared { state: Mutex::default(), wake: Condvar::new(), notify: Box::new(notify) });
+    /// Starts the worker; `queue_file` keeps the jobs queued and not started (see
+    /// [`Jobs::restore`]).
+    pub(crate) fn start(
+        worker: Worker,
+        queue_file: Option<PathBuf>,
+        notify: impl Fn(Vec<JobView>) + Send + Sync + 'static,
+    ) -> Self {
+        let shared =
+            Arc::new(Shared { state: Mutex::default(), wake: Condvar::new(), notify: Box::new(notify), queue_file });
         let s = shared.clone();
         std::thread::Builder::new()
             .name("folio-prefill".into())
@@ -157,6 +203,7 @@ impl Jobs {
             notes: Vec::new(),
         });
         st.queue.push_back(Queued { id, out, kind, engine });
+        self.shared.save_queue(&st);
         drop(st);
         self.shared.wake.notify_one();
         self.shared.publish();
@@ -169,6 +216,7 @@ impl Jobs {
         let mut st = self.shared.lock();
         let found = if let Some(at) = st.queue.iter().position(|q| q.id == id) {
             st.queue.remove(at);
+            self.shared.save_queue(&st);
             if let Some(v) = st.views.iter_mut().find(|v| v.id == id) {
                 v.state = JobState::Failed;
                 v.message = Some("cancelled before it started".into());
@@ -191,6 +239,35 @@ impl Jobs {
     pub(crate) fn views(&self) -> Vec<JobView> {
         self.shared.lock().views.clone()
     }
+
+    /// Queues again the jobs the queue file kept from an earlier run (the window was closed or
+    /// killed before they started), those queued with `engine`'s model; returns why the others
+    /// were not (another model, or an unreadable file).
+    pub(crate) fn restore(&self, engine: &Arc<Engine>) -> Vec<String> {
+        let Some(file) = &self.shared.queue_file else { return Vec::new() };
+        let saved: Vec<SavedJob> = match std::fs::read(file) {
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(saved) => saved,
+                Err(e) => return vec![format!("the queued prefills in {} do not read ({e})", file.display())],
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+            Err(e) => return vec![format!("the queued prefills in {} do not read ({e})", file.display())],
+        };
+        let mut left = Vec::new();
+        for job in saved {
+            let name = job.out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            if job.model != engine.source {
+                left.push(format!("{name} was queued with {}: load it and queue it again", job.model));
+                continue;
+            }
+            if let Err(e) = self.submit(job.out, job.kind, engine.clone()) {
+                left.push(format!("{name}: {e}"));
+            }
+        }
+        // What was not queued again is told once, not kept.
+        self.shared.save_queue(&self.shared.lock());
+        left
+    }
 }
 
 fn worker_loop(shared: &Shared, w: &Worker) {
@@ -199,10 +276,12 @@ fn worker_loop(shared: &Shared, w: &Worker) {
             let mut st = shared.lock();
             let job = loop {
                 match st.queue.pop_front() {
+                    // Started: from now on its partial folder keeps it.
                     Some(j) => break j,
                     None => st = shared.wake.wait(st).unwrap_or_else(|e| e.into_inner()),
                 }
             };
+            shared.save_queue(&st);
             let cancel = Arc::new(AtomicBool::new(false));
             st.running = Some((job.id, cancel.clone()));
             if let Some(v) = st.views.iter_mut().find(|v| v.id == job.id) {
@@ -429,5 +508,68 @@ mod tests {
         assert!(err.to_string().contains("changed since its prefill started"), "{err}");
         let err = resume_documents(&[spans(&gone, "as staged")]).unwrap_err();
         assert!(err.to_string().contains("put it back to resume"), "{err}");
+    }
+
+    fn demo() -> Arc<Engine> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/models/demo");
+        Arc::new(Engine::load(dir, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap())
+    }
+
+    /// Waits until `ready` holds for the jobs' views.
+    fn wait_for(jobs: &Jobs, what: &str, ready: impl Fn(&[JobView]) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !ready(&jobs.views()) {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}: {:?}", jobs.views());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Jobs queued behind a running one are in the queue file, and only they; a new run
+    /// restores those of its model (they prefill to the end) and names the one queued with
+    /// another model; the file is gone once nothing waits.
+    #[test]
+    fn queued_jobs_outlive_the_window() {
+        let (dir, engine) = (tempfile::tempdir().unwrap(), demo());
+        let doc = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            staged(&p, text)
+        };
+        let long = doc("long.txt", &"the ferry leaves at nine from the north pier . ".repeat(600));
+        let short = doc("short.txt", "the lucky number of jade tiger is 9 0 4 5 5 .");
+        let queue = dir.path().join("queue.json");
+        let out = |name: &str| dir.path().join(format!("{name}.folio"));
+        let start = || {
+            let worker = Worker { library: Arc::new(Mutex::new(None)), device: "cpu".into() };
+            Jobs::start(worker, Some(queue.clone()), |_| {})
+        };
+        let first = start();
+        first.submit(out("a"), JobKind::New { documents: vec![long] }, engine.clone()).unwrap();
+        wait_for(&first, "the first job running", |v| v[0].state == JobState::Running);
+        first.submit(out("b"), JobKind::New { documents: vec![short.clone()] }, engine.clone()).unwrap();
+        first.submit(out("c"), JobKind::New { documents: vec![short.clone()] }, engine.clone()).unwrap();
+        let saved: Vec<SavedJob> = serde_json::from_slice(&std::fs::read(&queue).unwrap()).unwrap();
+        let outs: Vec<&Path> = saved.iter().map(|j| j.out.as_path()).collect();
+        assert_eq!(outs, [out("b"), out("c")]);
+        // The window is gone: what it left is the file (and a paused first job).
+        let left = std::fs::read(&queue).unwrap();
+        for v in first.views() {
+            first.cancel(v.id);
+        }
+        wait_for(&first, "the first run stopped", |v| v.iter().all(|j| j.state != JobState::Running));
+        assert!(!queue.exists(), "cancelled jobs leave the queue file");
+
+        let mut saved: Vec<SavedJob> = serde_json::from_slice(&left).unwrap();
+        saved.push(SavedJob { out: out("d"), kind: JobKind::New { documents: vec![short] }, model: "other/model".into() });
+        std::fs::write(&queue, serde_json::to_vec(&saved).unwrap()).unwrap();
+        let second = start();
+        let told = second.restore(&engine);
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert!(told[0].contains("d was queued with other/model"), "{told:?}");
+        wait_for(&second, "the restored jobs done", |v| v.len() == 2 && v.iter().all(|j| j.state == JobState::Done));
+        for name in ["b", "c"] {
+            folio_models::context::ContextFile::open(&out(name)).unwrap().verify().unwrap();
+        }
+        assert!(!out("d").exists() && !queue.exists());
     }
 }

@@ -43,6 +43,8 @@ use jobs::{JobKind, JobView, Jobs, Worker};
 const MAX_ANSWER_TOKENS: usize = 1024;
 /// The environment variable that enables `simulate_drop` (the WebDriver test).
 const TEST_HOOKS_ENV: &str = "FOLIO_TEST_HOOKS";
+/// The file in Folio's home that keeps the prefills queued and not started.
+const QUEUE_FILE: &str = "queue.json";
 /// The extension of context files (what the import and export dialogs filter on).
 const CONTEXT_EXTENSION: &str = "folio";
 /// The library setting: resume interrupted prefills when the window starts (bool).
@@ -630,17 +632,23 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
             Err(e) => (None, Some(e.to_string())),
         };
     let last = library.as_ref().and_then(models::last_model);
-    let (loaded, startup_notice) = models::load_at_start(model, last, fallback, &device, dtype);
+    let (loaded, mut startup_notice) = models::load_at_start(model, last, fallback, &device, dtype);
     let device_label = device_name(&device);
     let feed: Arc<Mutex<Option<Channel<UiEvent>>>> = Arc::default();
     let shared_library: jobs::SharedLibrary = Arc::new(Mutex::new(library.clone()));
     let jobs = {
         let feed = feed.clone();
         let worker = Worker { library: shared_library.clone(), device: device_label.clone() };
-        Jobs::start(worker, move |jobs| send(&feed, UiEvent::Jobs { jobs }))
+        let queue_file = library.as_ref().and_then(|_| folio_library::home().ok()).map(|h| h.join(QUEUE_FILE));
+        Jobs::start(worker, queue_file, move |jobs| send(&feed, UiEvent::Jobs { jobs }))
     };
     if let (Some(lib), Some(engine)) = (&library, &loaded.engine) {
         resume_paused(lib, &jobs, engine);
+        let left = jobs.restore(engine);
+        if !left.is_empty() {
+            let told = startup_notice.take().into_iter().chain(left);
+            startup_notice = Some(told.collect::<Vec<_>>().join(" · "));
+        }
     }
     let bare = loaded.engine.clone().map(|e| chat_of(Session::bare(e)));
     let state = AppState {
