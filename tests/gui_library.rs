@@ -349,9 +349,9 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.wait("an answer", |d| d.texts(".bubble.assistant.done .text").first().is_some_and(|t| !t.is_empty()));
     assert!(d.texts(".bubble.assistant .text").concat().contains("4 8 1 5 2"));
     let layers = |p: &Path| {
-        std::fs::read_to_string(p.join("checkpoint.json")).ok().and_then(|t| {
-            serde_json::from_str::<Value>(&t).ok().and_then(|v| v["layers_done"].as_u64())
-        })
+        std::fs::read_to_string(p.join("checkpoint.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok().and_then(|v| v["layers_done"].as_u64()))
     };
     assert!(
         !d.texts("[data-testid=job-progress]").is_empty() && layers(&partial).unwrap_or(0) < 4,

@@ -40,6 +40,7 @@
 //! `folio/` in the platform's data folder (`~/.local/share/folio` on Linux). New contexts made
 //! by the window go to `contexts/` beside it; a context file can live anywhere.
 
+mod chats;
 mod contexts;
 mod error;
 mod portable;
@@ -51,6 +52,7 @@ use std::time::Duration;
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
+pub use chats::{ChatInfo, MessageRow, NewMessage};
 pub use contexts::{context_name, ContextInfo, DocumentInfo, ModelInfo, Status};
 pub use error::{Error, Result};
 pub use rebuild::RebuildReport;

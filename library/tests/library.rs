@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use candle_core::{DType, Device};
-use folio_library::{ContextInfo, Error, Library, Status};
+use folio_library::{ChatInfo, ContextInfo, Error, Library, NewMessage, Status};
 use folio_models::context::{self, BuildOptions, DocumentText, KvDtype};
 use folio_models::Engine;
 
@@ -70,7 +70,7 @@ async fn a_new_library_is_migrated_with_wal_and_foreign_keys() {
     let mode: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(&raw).await.unwrap();
     assert_eq!(mode, "wal");
     let migrations: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations").fetch_one(&raw).await.unwrap();
-    assert_eq!(migrations, 1);
+    assert_eq!(migrations, 2);
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE '\\_%' ESCAPE '\\' ORDER BY name",
     )
@@ -343,4 +343,75 @@ async fn export_and_import_carry_a_context_between_libraries() {
     let err = b.import(&broken, true).await.unwrap_err().to_string();
     assert!(err.contains("corrupted"), "{err}");
     assert_eq!(b.contexts().await.unwrap().len(), 2);
+}
+
+/// Chats over a context and over the bare model: messages appended in order with their
+/// details, listed newest first, searched by title or content, renamed, forked and truncated at
+/// whole turns, settings kept; removing the context removes its chats; a deleted chat is gone.
+#[tokio::test]
+async fn chats_keep_their_messages_and_settings() {
+    let (home, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let e = engine();
+    let out = dir.path().join("notes.folio");
+    prefill(&e, &docs(), &out, None);
+    let lib = Library::open(home.path()).await.unwrap();
+    let ctx = lib.add_context(&out).await.unwrap();
+    let over = lib.create_chat(Some(ctx.id), "  \nwhat is the code of amber falcon?\nmore").await.unwrap();
+    assert_eq!(
+        (over.title.as_str(), over.context_name.as_deref(), over.messages),
+        ("what is the code of amber falcon?", Some("notes"), 0)
+    );
+    let details = serde_json::json!({"method": {"method": "hip", "budget": "10%"}, "first_token_s": 0.1});
+    let turn = |q: &'static str, a: &'static str| {
+        [
+            NewMessage { role: "user", content: q, details: None },
+            NewMessage { role: "assistant", content: a, details: Some(&details) },
+        ]
+    };
+    lib.append_messages(over.id, &turn("what is the code?", "4 8 1 5 2")).await.unwrap();
+    let after = lib.append_messages(over.id, &turn("and the market?", "closed on sunday")).await.unwrap();
+    assert_eq!(after.messages, 4);
+    let bare = lib.create_chat(None, "hello").await.unwrap();
+    assert_eq!(bare.context_name, None);
+    let msgs = lib.messages(over.id).await.unwrap();
+    let roles: Vec<(u64, &str, &str)> =
+        msgs.iter().map(|m| (m.position, m.role.as_str(), m.content.as_str())).collect();
+    assert_eq!(
+        roles,
+        [
+            (0, "user", "what is the code?"),
+            (1, "assistant", "4 8 1 5 2"),
+            (2, "user", "and the market?"),
+            (3, "assistant", "closed on sunday")
+        ]
+    );
+    assert_eq!(msgs[1].details.as_ref(), Some(&details));
+    assert!(lib.append_messages(over.id, &[NewMessage { role: "system", content: "x", details: None }]).await.is_err());
+
+    // Newest first; search by content and title; LIKE's wildcards are taken literally.
+    let ids = |list: Vec<ChatInfo>| list.iter().map(|c| c.id).collect::<Vec<_>>();
+    assert_eq!(ids(lib.chats(None).await.unwrap()), [bare.id, over.id]);
+    assert_eq!(ids(lib.chats(Some("SUNDAY")).await.unwrap()), [over.id]);
+    assert_eq!(ids(lib.chats(Some("hello")).await.unwrap()), [bare.id]);
+    assert!(lib.chats(Some("%")).await.unwrap().is_empty());
+
+    lib.set_chat_settings(over.id, &serde_json::json!({"method": "magicpig"})).await.unwrap();
+    let renamed = lib.rename_chat(over.id, "amber falcon").await.unwrap();
+    assert_eq!(
+        (renamed.title.as_str(), renamed.settings.clone()),
+        ("amber falcon", Some(serde_json::json!({"method": "magicpig"})))
+    );
+    assert!(lib.rename_chat(over.id, "   ").await.is_err());
+    let fork = lib.fork_chat(over.id, 2).await.unwrap();
+    assert_eq!((fork.messages, fork.context_id, fork.title.as_str()), (2, Some(ctx.id), "amber falcon (fork)"));
+    assert_eq!(fork.settings, renamed.settings);
+    assert!(lib.fork_chat(over.id, 3).await.unwrap_err().to_string().contains("whole turns"));
+    assert_eq!(lib.truncate_chat(over.id, 2).await.unwrap().messages, 2);
+    assert_eq!(lib.messages(fork.id).await.unwrap().len(), 2, "a fork is its own copy");
+
+    lib.delete_chat(bare.id).await.unwrap();
+    assert!(lib.chat(bare.id).await.unwrap_err().to_string().contains("no chat"));
+    lib.remove_context(ctx.id, false).await.unwrap();
+    assert!(lib.chats(None).await.unwrap().is_empty(), "a context's chats go with it");
+    assert!(lib.create_chat(Some(ctx.id), "x").await.unwrap_err().to_string().contains("no context"));
 }

@@ -560,7 +560,11 @@ mod tests {
         assert!(!queue.exists(), "cancelled jobs leave the queue file");
 
         let mut saved: Vec<SavedJob> = serde_json::from_slice(&left).unwrap();
-        saved.push(SavedJob { out: out("d"), kind: JobKind::New { documents: vec![short] }, model: "other/model".into() });
+        saved.push(SavedJob {
+            out: out("d"),
+            kind: JobKind::New { documents: vec![short] },
+            model: "other/model".into(),
+        });
         std::fs::write(&queue, serde_json::to_vec(&saved).unwrap()).unwrap();
         let second = start();
         let told = second.restore(&engine);
