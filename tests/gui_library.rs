@@ -12,7 +12,8 @@
 //! click, and the file verifies; turn on "resume when Folio starts", kill another prefill,
 //! restart: it resumes by itself; every context is still listed; a context made by another
 //! model loads that model with one click, Settings lists the library's models and loads one
-//! typed; one of ours opens and answers.
+//! typed; one of ours opens and answers, and the chat is saved; after a restart the chat
+//! reopens, continues with no prefill, answers again and forks.
 //! Screenshots of each screen go to the test's temp folder (docs/app.md keeps the current ones).
 
 #[path = "common/xvfb.rs"]
@@ -464,5 +465,45 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     // assets/SAMPLES.md: the demo model's answer from field_notes.txt.
     assert!(answer.contains("4 8 1 5 2"), "{answer}");
     screenshot(&display, "6-chat");
+    d.wait("the chat saved", |d| {
+        d.texts("[data-testid=chat] .chat-title").contains(&"what is the secret code of amber falcon ?".to_owned())
+    });
+    let stats = d.texts("[data-testid=answer-stats]").concat();
+    assert!(stats.starts_with("dense · first token"), "the answer says how it was made: {stats}");
+    d.quit();
+    drop(_td);
+
+    // 6. Restart: the chat is listed; opened, it shows its turn and continues on the saved
+    //    context with no prefill; "Answer again" gives the same (greedy) answer; a fork keeps
+    //    the first turn in a new chat; deleting the fork leaves the first chat.
+    let (_td, base) = driver("tauri-driver-4.log");
+    let d = Driver::start(&base);
+    // Two chats: the one asked while a prefill ran (step 2) and step 5's, newest first.
+    d.wait("the saved chats listed", |d| d.texts("[data-testid=chat]").len() == 2);
+    d.click("[data-testid=chat] .chat-button");
+    d.wait("its turn shown", |d| d.texts(".bubble.assistant .text").concat().contains("4 8 1 5 2"));
+    d.wait("the chat over samples", |d| d.texts("[data-testid=open-context-chip]").concat().contains("samples"));
+    d.type_into("#composer-input", &format!("what is the room number of silver otter ?{ENTER}"));
+    d.wait("the follow-up answered", |d| {
+        d.texts(".bubble.assistant.done .text").len() == 2
+            && d.texts(".bubble.assistant.done .text")[1].contains("3 0 7 1 9")
+    });
+    assert!(d.texts("[data-testid=job-progress]").is_empty(), "no prefill runs for a reopened chat");
+    assert!(std::fs::read_dir(home.path().join("contexts"))
+        .unwrap()
+        .flatten()
+        .all(|e| { !e.file_name().to_string_lossy().ends_with(".partial") }));
+    d.wait("two turns saved", |d| d.texts("[data-testid=chat] .chat-note").concat().contains("2 turns"));
+    d.click("[data-testid=regenerate]");
+    d.wait("answered again", |d| {
+        let texts = d.texts(".bubble.assistant.done .text");
+        texts.len() == 2 && texts[1].contains("3 0 7 1 9")
+    });
+    screenshot(&display, "12-chats");
+    d.click("[data-testid=fork]");
+    d.wait("the fork opened", |d| d.texts("[data-testid=chat]").len() == 3 && d.texts(".bubble.assistant").len() == 1);
+    d.click("[data-testid=chat].active [aria-label^='Delete']");
+    d.click("[data-testid=chat].active .link.danger");
+    d.wait("the fork deleted", |d| d.texts("[data-testid=chat]").len() == 2);
     d.quit();
 }

@@ -15,6 +15,7 @@
 //! without the save dialog. Dialogs (pick documents, import, export) open from the Rust side,
 //! so the webview holds no dialog permission.
 
+mod chats;
 mod jobs;
 mod models;
 
@@ -62,6 +63,11 @@ struct AppState {
     chat: Mutex<Option<Chat>>,
     /// The library id of the context the chat is over.
     open_context: Mutex<Option<i64>>,
+    /// The library chat the conversation is saved in (`None` until its first answer).
+    chat_id: Mutex<Option<i64>>,
+    /// Why the open chat cannot be continued (its context is gone or needs another model);
+    /// it stays readable.
+    refusal: Mutex<Option<String>>,
     cancel: Arc<AtomicBool>,
     /// Shared with the prefill worker: a rebuild replaces it for both.
     library: jobs::SharedLibrary,
@@ -193,6 +199,25 @@ enum ChatEvent {
 struct ChatDone {
     stop_reason: String,
     tokens: usize,
+    /// The library chat the turn was saved in.
+    chat: Option<folio_library::ChatInfo>,
+    /// How the answer was made, as saved with it (see [`answer_details`]).
+    details: serde_json::Value,
+    /// Why the turn was not saved (the library cannot be written): the answer stands.
+    unsaved: Option<String>,
+}
+
+/// What the library keeps with an answer: the method and its full settings, timings, sources.
+fn answer_details(answer: &folio_models::session::Answer) -> serde_json::Value {
+    serde_json::json!({
+        "method": answer.method,
+        "settings": answer.settings,
+        "stop_reason": answer.stop_reason,
+        "tokens": answer.tokens.len(),
+        "timings": answer.timings,
+        "sources": answer.sources,
+        "reused_tokens": answer.reused_tokens,
+    })
 }
 
 /// A chat of `session` with a new conversation.
@@ -202,6 +227,9 @@ fn chat_of(session: Session) -> Chat {
 }
 
 fn current_chat(state: &AppState) -> Result<Chat, String> {
+    if let Some(why) = state.refusal.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+        return Err(why);
+    }
     match state.chat.lock().unwrap_or_else(|e| e.into_inner()).clone() {
         Some(chat) => Ok(chat),
         None => Err(state.engine().err().unwrap_or_default()),
@@ -212,7 +240,8 @@ fn current_chat(state: &AppState) -> Result<Chat, String> {
 async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<ChatEvent>) -> Result<ChatDone, String> {
     let chat = current_chat(&state)?;
     let cancel = state.cancel.clone();
-    tauri::async_runtime::spawn_blocking(move || {
+    let question = prompt.clone();
+    let answer = tauri::async_runtime::spawn_blocking(move || {
         // One answer at a time: a question sent while one runs waits here, and clears a Stop
         // only once the answer it was meant for is over. A panic in an earlier answer leaves
         // the session usable (every ask cuts the store back to what it holds).
@@ -221,7 +250,7 @@ async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<Chat
         let (session, conversation) = &mut *guard;
         let settings = GenerationSettings { max_tokens: MAX_ANSWER_TOKENS, ..GenerationSettings::default() };
         let answer = session
-            .ask(conversation, &prompt, &MethodChoice::default(), &settings, |piece| {
+            .ask(conversation, &question, &MethodChoice::default(), &settings, |piece| {
                 let _ = on_event.send(ChatEvent::Token { text: piece.to_owned() });
                 if cancel.load(Ordering::SeqCst) {
                     ControlFlow::Break(())
@@ -230,20 +259,25 @@ async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<Chat
                 }
             })
             .map_err(|e| e.to_string())?;
-        let stop_reason = serde_json::to_value(answer.stop_reason)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
-        let tokens = answer.tokens.len();
         let _ = on_event.send(ChatEvent::Done {
-            stop_reason: stop_reason.clone(),
-            tokens,
+            stop_reason: stop_reason(&answer),
+            tokens: answer.tokens.len(),
             tokens_per_second: answer.timings.decode_tokens_per_s.unwrap_or(0.0),
         });
-        Ok(ChatDone { stop_reason, tokens })
+        Ok::<_, String>(answer)
     })
     .await
-    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())??;
+    let details = answer_details(&answer);
+    let (saved, unsaved) = match chats::save_turn(&state, &prompt, &answer.text, &details).await {
+        Ok(chat) => (Some(chat), None),
+        Err(e) => (None, Some(format!("this turn is not saved in the library: {e}"))),
+    };
+    Ok(ChatDone { stop_reason: stop_reason(&answer), tokens: answer.tokens.len(), chat: saved, details, unsaved })
+}
+
+fn stop_reason(answer: &folio_models::session::Answer) -> String {
+    serde_json::to_value(answer.stop_reason).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
 }
 
 #[tauri::command]
@@ -251,9 +285,15 @@ fn cancel_chat(state: State<'_, AppState>) {
     state.cancel.store(true, Ordering::SeqCst);
 }
 
-/// Forgets the conversation: the next question starts a new chat (over the same context).
+/// Forgets the conversation: the next question starts a new chat (over the same context; with
+/// the bare model after a chat that could not continue).
 #[tauri::command]
 fn new_chat(state: State<'_, AppState>) -> Result<(), String> {
+    let refused = state.refusal.lock().unwrap_or_else(|e| e.into_inner()).take().is_some();
+    *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    if refused {
+        return close_context(state);
+    }
     let chat = current_chat(&state)?;
     let mut guard = chat.lock().unwrap_or_else(|e| e.into_inner());
     guard.1 = guard.0.new_conversation();
@@ -275,6 +315,7 @@ async fn open_context(state: State<'_, AppState>, id: i64) -> Result<ContextInfo
         .map_err(|e| e.to_string())?;
     *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(session));
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
+    chats::forget_chat(&state);
     Ok(info)
 }
 
@@ -283,6 +324,7 @@ async fn open_context(state: State<'_, AppState>, id: i64) -> Result<ContextInfo
 fn close_context(state: State<'_, AppState>) -> Result<(), String> {
     *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(Session::bare(state.engine()?)));
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    chats::forget_chat(&state);
     Ok(())
 }
 
@@ -657,6 +699,8 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
         device: device_label,
         chat: Mutex::new(bare),
         open_context: Mutex::new(None),
+        chat_id: Mutex::new(None),
+        refusal: Mutex::new(None),
         cancel: Arc::default(),
         library: shared_library,
         library_error: Mutex::new(library_error),
@@ -712,6 +756,12 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
             export_context,
             simulate_export,
             simulate_drop,
+            chats::list_chats,
+            chats::open_chat,
+            chats::rename_chat,
+            chats::delete_chat,
+            chats::fork_chat,
+            chats::regenerate,
             models::models,
             models::load_model,
             models::pick_model_folder,

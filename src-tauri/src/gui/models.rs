@@ -81,6 +81,7 @@ pub(super) async fn load_model(state: State<'_, AppState>, spec: String) -> Resu
     *state.model.write().unwrap_or_else(|e| e.into_inner()) = Loaded { engine: Some(engine.clone()), error: None };
     *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(Session::bare(engine)));
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    super::chats::forget_chat(&state);
     if let Ok(lib) = state.library() {
         if let Err(e) = lib.set_setting(LAST_MODEL, &serde_json::json!(spec)).await {
             eprintln!("folio: {spec} is not remembered for the next start: {e}");

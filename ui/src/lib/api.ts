@@ -57,9 +57,25 @@ export type ChatEvent =
     };
 
 /** Value `chat` resolves with once generation ends. */
+/** How an answer was made, as the library keeps it with the answer. */
+export interface AnswerDetails {
+  method: { method: string; budget?: string | null; params?: unknown };
+  settings: { method: string; budget?: unknown; params?: Record<string, unknown> };
+  stop_reason: string;
+  tokens: number;
+  timings: { first_token_s: number | null; seconds: number; decode_tokens_per_s: number | null };
+  sources: { document: number; title: string; path: string; rows: number; share: number }[];
+  reused_tokens: number;
+}
+
 export interface ChatResult {
   stop_reason: string;
   tokens: number;
+  /** The library chat the turn was saved in (null when it could not be saved). */
+  chat: import('./library').ChatInfo | null;
+  details: AnswerDetails;
+  /** Why the turn was not saved. */
+  unsaved: string | null;
 }
 
 export type DoneInfo = Extract<ChatEvent, { event: 'done' }>['data'];

@@ -151,6 +151,43 @@ export const exportContext = (id: number) => call<string | null>('export_context
 /** Whether a dropped path is a context file (imported rather than staged). */
 export const isContextFile = (path: string) => /\.folio$/i.test(path);
 
+/** A chat saved in the library. */
+export interface ChatInfo {
+  id: number;
+  context_id: number | null;
+  context_name: string | null;
+  title: string;
+  created_at: string;
+  updated_at: string;
+  messages: number;
+  settings: unknown;
+}
+
+export interface MessageRow {
+  position: number;
+  role: 'user' | 'assistant';
+  content: string;
+  details: import('./api').AnswerDetails | null;
+  created_at: string;
+}
+
+export interface OpenedChat {
+  chat: ChatInfo;
+  messages: MessageRow[];
+  context: ContextInfo | null;
+  /** Why it cannot be continued here; it stays readable. */
+  refused: string | null;
+}
+
+export const listChats = (search: string | null) => call<ChatInfo[]>('list_chats', { search });
+export const openChat = (id: number) => call<OpenedChat>('open_chat', { id });
+export const renameChat = (id: number, title: string) => call<ChatInfo>('rename_chat', { id, title });
+export const deleteChat = (id: number) => call<void>('delete_chat', { id });
+/** A new chat with the first `keep` messages (whole turns), opened. */
+export const forkChat = (id: number, keep: number) => call<OpenedChat>('fork_chat', { id, keep });
+/** Drops the chat's last answer and its question; returns the question to ask again. */
+export const regenerate = (id: number) => call<string>('regenerate', { id });
+
 /** A whole model in the Hugging Face cache (loads offline). */
 export interface CachedModel {
   repo: string;

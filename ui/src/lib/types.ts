@@ -1,4 +1,4 @@
-import type { DoneInfo } from './api';
+import type { AnswerDetails, DoneInfo } from './api';
 
 export type Role = 'user' | 'assistant';
 
@@ -18,4 +18,8 @@ export interface Message {
   error?: string;
   stopReason?: string;
   stats?: DoneInfo;
+  /** How the answer was made (saved with it). */
+  details?: AnswerDetails;
+  /** The message is in the library's chat (forks count saved messages). */
+  saved?: boolean;
 }

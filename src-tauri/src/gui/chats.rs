@@ -1,0 +1,162 @@
+//! Chats saved in the library: every answered turn is stored (question, answer, and how the
+//! answer was made), and a chat opened again — after a restart too — continues on its saved
+//! context: the engine's session rebuilds the turns' K/V from the messages, with no prefill of
+//! the documents. A chat whose context is gone, damaged, or made by another model than the one
+//! running stays readable, and asking in it is refused with the reason.
+
+use std::sync::{Arc, Mutex};
+
+use folio_library::{ChatInfo, ContextInfo, MessageRow, NewMessage, Status};
+use folio_models::attention::Tier;
+use folio_models::chat::Message;
+use folio_models::conversation::Conversation;
+use folio_models::session::Session;
+use serde::Serialize;
+use tauri::State;
+
+use super::AppState;
+
+/// Saves a turn in the chat the conversation belongs to, making that chat (titled by the
+/// question) on its first answer.
+pub(super) async fn save_turn(
+    state: &AppState,
+    question: &str,
+    answer: &str,
+    details: &serde_json::Value,
+) -> Result<ChatInfo, String> {
+    let lib = state.library()?;
+    let current = *state.chat_id.lock().unwrap_or_else(|e| e.into_inner());
+    let id = match current {
+        Some(id) => id,
+        None => {
+            let context = *state.open_context.lock().unwrap_or_else(|e| e.into_inner());
+            let made = lib.create_chat(context, question).await.map_err(|e| e.to_string())?;
+            *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(made.id);
+            made.id
+        }
+    };
+    let turn = [
+        NewMessage { role: "user", content: question, details: None },
+        NewMessage { role: "assistant", content: answer, details: Some(details) },
+    ];
+    lib.append_messages(id, &turn).await.map_err(|e| e.to_string())
+}
+
+/// The conversation on screen is no saved chat (yet): a new chat, another context or model.
+pub(super) fn forget_chat(state: &AppState) {
+    *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    *state.refusal.lock().unwrap_or_else(|e| e.into_inner()) = None;
+}
+
+#[tauri::command]
+pub(super) async fn list_chats(state: State<'_, AppState>, search: Option<String>) -> Result<Vec<ChatInfo>, String> {
+    state.library()?.chats(search.as_deref()).await.map_err(|e| e.to_string())
+}
+
+/// A chat opened in the window.
+#[derive(Serialize)]
+pub(super) struct OpenedChat {
+    chat: ChatInfo,
+    messages: Vec<MessageRow>,
+    /// The context it is over.
+    context: Option<ContextInfo>,
+    /// Why it cannot be continued here (it stays readable).
+    refused: Option<String>,
+}
+
+/// Why a chat over `context` cannot continue with the running model, if it cannot.
+fn refusal(state: &AppState, context: &ContextInfo) -> Option<String> {
+    if context.status != Status::Ready {
+        return Some(format!(
+            "{} is {}: this chat stays readable, and continues once its context is ready again",
+            context.name,
+            context.status.as_str()
+        ));
+    }
+    let running = state.engine().ok()?.stamp().ok().and_then(|st| serde_json::to_string(&st.fingerprint).ok());
+    (running.as_deref() != Some(context.model.fingerprint.as_str())).then(|| {
+        format!(
+            "{} was made with {}: load it (Settings, or the context's panel) to continue this chat",
+            context.name, context.model.name
+        )
+    })
+}
+
+/// Opens chat `id`: its messages, and the conversation continued on its context.
+#[tauri::command]
+pub(super) async fn open_chat(state: State<'_, AppState>, id: i64) -> Result<OpenedChat, String> {
+    let lib = state.library()?;
+    let chat = lib.chat(id).await.map_err(|e| e.to_string())?;
+    let messages = lib.messages(id).await.map_err(|e| e.to_string())?;
+    let context = match chat.context_id {
+        Some(c) => Some(lib.context(c).await.map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let engine = state.engine()?;
+    let refused = context.as_ref().and_then(|c| refusal(&state, c));
+    let session = match (&context, &refused) {
+        (_, Some(_)) => None,
+        (Some(c), None) => {
+            let (engine, path) = (engine.clone(), c.path.clone());
+            let opened = tauri::async_runtime::spawn_blocking(move || Session::open(engine, &path, Tier::Resident))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            Some(opened)
+        }
+        (None, None) => Some(Session::bare(engine)),
+    };
+    if let Some(session) = session {
+        let mut conversation: Conversation = session.new_conversation();
+        conversation.messages = messages.iter().map(|m| Message::new(&m.role, &m.content)).collect();
+        *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(Mutex::new((session, conversation))));
+    }
+    *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = chat.context_id;
+    *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
+    *state.refusal.lock().unwrap_or_else(|e| e.into_inner()) = refused.clone();
+    Ok(OpenedChat { chat, messages, context, refused })
+}
+
+#[tauri::command]
+pub(super) async fn rename_chat(state: State<'_, AppState>, id: i64, title: String) -> Result<ChatInfo, String> {
+    state.library()?.rename_chat(id, &title).await.map_err(|e| e.to_string())
+}
+
+/// Deletes chat `id`; when it is the one on screen, the next question starts a new chat over
+/// the same context.
+#[tauri::command]
+pub(super) async fn delete_chat(state: State<'_, AppState>, id: i64) -> Result<(), String> {
+    state.library()?.delete_chat(id).await.map_err(|e| e.to_string())?;
+    if *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) == Some(id) {
+        forget_chat(&state);
+        if let Some(chat) = state.chat.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            let mut guard = chat.lock().unwrap_or_else(|e| e.into_inner());
+            guard.1 = guard.0.new_conversation();
+        }
+    }
+    Ok(())
+}
+
+/// A new chat with the first `keep` messages of chat `id` (whole turns), opened.
+#[tauri::command]
+pub(super) async fn fork_chat(state: State<'_, AppState>, id: i64, keep: u64) -> Result<OpenedChat, String> {
+    let fork = state.library()?.fork_chat(id, keep).await.map_err(|e| e.to_string())?;
+    open_chat(state, fork.id).await
+}
+
+/// Drops the last answer of the chat on screen (`id`) and its question, returning the
+/// question: the window asks it again.
+#[tauri::command]
+pub(super) async fn regenerate(state: State<'_, AppState>, id: i64) -> Result<String, String> {
+    if *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) != Some(id) {
+        return Err("only the chat on screen can answer again: open it first".into());
+    }
+    let chat = super::current_chat(&state)?;
+    let lib = state.library()?;
+    let messages = lib.messages(id).await.map_err(|e| e.to_string())?;
+    let keep = messages.len().checked_sub(2).ok_or("this chat has no answer to give again")?;
+    let question = messages[keep].content.clone();
+    lib.truncate_chat(id, keep as u64).await.map_err(|e| e.to_string())?;
+    chat.lock().unwrap_or_else(|e| e.into_inner()).1.messages.truncate(keep);
+    Ok(question)
+}
