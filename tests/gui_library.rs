@@ -13,7 +13,9 @@
 //! restart: it resumes by itself; every context is still listed; a context made by another
 //! model loads that model with one click, Settings lists the library's models and loads one
 //! typed; one of ours opens and answers, and the chat is saved; after a restart the chat
-//! reopens, continues with no prefill, answers again and forks.
+//! reopens, continues with no prefill, answers again and forks. Settings switches the attention
+//! method (hip, magicpig) on the same context with no prefill, refuses a bad budget inline, and
+//! the chat keeps its method across the restart.
 //! Screenshots of each screen go to the test's temp folder (docs/app.md keeps the current ones).
 
 #[path = "common/xvfb.rs"]
@@ -201,6 +203,22 @@ fn drop_paths(d: &Driver, paths: &[&Path]) {
             .then(() => done('ok'), (e) => done('error: ' + e));", "args": [paths]})),
     );
     assert_eq!(v, "ok", "simulate_drop: {v}");
+}
+
+/// Picks `method` in Settings (its default budget) and applies it.
+fn choose_method(d: &Driver, method: &str) {
+    d.click("[aria-label=Settings]");
+    d.wait("the methods", |d| d.texts("[data-testid=method] option").len() >= 8);
+    d.script(
+        "const s = document.querySelector('[data-testid=method]'); s.value = arguments[0]; \
+         s.dispatchEvent(new Event('change', {bubbles: true}));",
+        json!([method]),
+    );
+    d.click("[data-testid=apply-method]");
+    d.wait("the method applied", |d| {
+        d.texts("[role=status]").concat().contains(&format!("The next answer uses {method}"))
+    });
+    d.click("[aria-label='Close settings']");
 }
 
 #[test]
@@ -470,6 +488,30 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     });
     let stats = d.texts("[data-testid=answer-stats]").concat();
     assert!(stats.starts_with("dense · first token"), "the answer says how it was made: {stats}");
+
+    // Switch the method in Settings and ask again on the same context: hip, then magicpig,
+    // each with its default budget; no prefill runs; each answer records its method. A bad
+    // budget is refused inline and the method in use stays.
+    let ask_with = |d: &Driver, method: &str, n: usize| {
+        choose_method(d, method);
+        d.type_into("#composer-input", &format!("what is the secret code of amber falcon ?{ENTER}"));
+        d.wait("its answer", |d| d.texts(".bubble.assistant.done .text").len() == n);
+        let stats = d.texts("[data-testid=answer-stats]");
+        assert!(stats[n - 1].starts_with(&format!("{method} · budget")), "{stats:?}");
+    };
+    ask_with(&d, "hip", 2);
+    ask_with(&d, "magicpig", 3);
+    assert!(d.texts("[data-testid=job-progress]").is_empty(), "switching the method runs no prefill");
+    d.click("[aria-label=Settings]");
+    d.wait("the budget field", |d| d.element("[data-testid=budget]").is_some());
+    d.type_into("[data-testid=budget]", "-5");
+    d.click("[data-testid=apply-method]");
+    d.wait("the inline error", |d| {
+        d.texts("[data-testid=method-error]").concat().contains("still answering with magicpig")
+    });
+    std::thread::sleep(Duration::from_millis(500)); // the drawer's slide-in
+    screenshot(&display, "13-method");
+    d.click("[aria-label='Close settings']");
     d.quit();
     drop(_td);
 
@@ -481,23 +523,31 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     // Two chats: the one asked while a prefill ran (step 2) and step 5's, newest first.
     d.wait("the saved chats listed", |d| d.texts("[data-testid=chat]").len() == 2);
     d.click("[data-testid=chat] .chat-button");
-    d.wait("its turn shown", |d| d.texts(".bubble.assistant .text").concat().contains("4 8 1 5 2"));
+    d.wait("its turns shown", |d| d.texts(".bubble.assistant .text").len() == 3);
+    assert!(d.texts(".bubble.assistant .text")[0].contains("4 8 1 5 2"));
     d.wait("the chat over samples", |d| d.texts("[data-testid=open-context-chip]").concat().contains("samples"));
+    // Its method came back with it; dense again for the follow-up.
+    d.click("[aria-label=Settings]");
+    d.wait("the chat's method", |d| {
+        d.script("return document.querySelector('[data-testid=method]')?.value", json!([])) == json!("magicpig")
+    });
+    d.click("[aria-label='Close settings']");
+    choose_method(&d, "dense");
     d.type_into("#composer-input", &format!("what is the room number of silver otter ?{ENTER}"));
     d.wait("the follow-up answered", |d| {
-        d.texts(".bubble.assistant.done .text").len() == 2
-            && d.texts(".bubble.assistant.done .text")[1].contains("3 0 7 1 9")
+        let texts = d.texts(".bubble.assistant.done .text");
+        texts.len() == 4 && texts[3].contains("3 0 7 1 9")
     });
     assert!(d.texts("[data-testid=job-progress]").is_empty(), "no prefill runs for a reopened chat");
     assert!(std::fs::read_dir(home.path().join("contexts"))
         .unwrap()
         .flatten()
         .all(|e| { !e.file_name().to_string_lossy().ends_with(".partial") }));
-    d.wait("two turns saved", |d| d.texts("[data-testid=chat] .chat-note").concat().contains("2 turns"));
+    d.wait("four turns saved", |d| d.texts("[data-testid=chat] .chat-note").concat().contains("4 turns"));
     d.click("[data-testid=regenerate]");
     d.wait("answered again", |d| {
         let texts = d.texts(".bubble.assistant.done .text");
-        texts.len() == 2 && texts[1].contains("3 0 7 1 9")
+        texts.len() == 4 && texts[3].contains("3 0 7 1 9")
     });
     screenshot(&display, "12-chats");
     d.click("[data-testid=fork]");

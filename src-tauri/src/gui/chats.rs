@@ -32,6 +32,7 @@ pub(super) async fn save_turn(
             let context = *state.open_context.lock().unwrap_or_else(|e| e.into_inner());
             let made = lib.create_chat(context, question).await.map_err(|e| e.to_string())?;
             *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(made.id);
+            super::settings::save(state).await?;
             made.id
         }
     };
@@ -113,6 +114,9 @@ pub(super) async fn open_chat(state: State<'_, AppState>, id: i64) -> Result<Ope
     }
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = chat.context_id;
     *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
+    if let Some(method) = super::settings::of_chat(chat.settings.as_ref()) {
+        *state.method.lock().unwrap_or_else(|e| e.into_inner()) = method;
+    }
     *state.refusal.lock().unwrap_or_else(|e| e.into_inner()) = refused.clone();
     Ok(OpenedChat { chat, messages, context, refused })
 }

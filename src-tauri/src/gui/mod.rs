@@ -18,6 +18,7 @@
 mod chats;
 mod jobs;
 mod models;
+mod settings;
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -68,6 +69,8 @@ struct AppState {
     /// Why the open chat cannot be continued (its context is gone or needs another model);
     /// it stays readable.
     refusal: Mutex<Option<String>>,
+    /// The attention method the next answer uses (the chat's; see `settings.rs`).
+    method: Mutex<MethodChoice>,
     cancel: Arc<AtomicBool>,
     /// Shared with the prefill worker: a rebuild replaces it for both.
     library: jobs::SharedLibrary,
@@ -241,6 +244,7 @@ async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<Chat
     let chat = current_chat(&state)?;
     let cancel = state.cancel.clone();
     let question = prompt.clone();
+    let method = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let answer = tauri::async_runtime::spawn_blocking(move || {
         // One answer at a time: a question sent while one runs waits here, and clears a Stop
         // only once the answer it was meant for is over. A panic in an earlier answer leaves
@@ -250,7 +254,7 @@ async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<Chat
         let (session, conversation) = &mut *guard;
         let settings = GenerationSettings { max_tokens: MAX_ANSWER_TOKENS, ..GenerationSettings::default() };
         let answer = session
-            .ask(conversation, &question, &MethodChoice::default(), &settings, |piece| {
+            .ask(conversation, &question, &method, &settings, |piece| {
                 let _ = on_event.send(ChatEvent::Token { text: piece.to_owned() });
                 if cancel.load(Ordering::SeqCst) {
                     ControlFlow::Break(())
@@ -701,6 +705,7 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
         open_context: Mutex::new(None),
         chat_id: Mutex::new(None),
         refusal: Mutex::new(None),
+        method: Mutex::new(MethodChoice::default()),
         cancel: Arc::default(),
         library: shared_library,
         library_error: Mutex::new(library_error),
@@ -762,6 +767,9 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
             chats::delete_chat,
             chats::fork_chat,
             chats::regenerate,
+            settings::methods,
+            settings::method,
+            settings::set_method,
             models::models,
             models::load_model,
             models::pick_model_folder,

@@ -151,6 +151,45 @@ export const exportContext = (id: number) => call<string | null>('export_context
 /** Whether a dropped path is a context file (imported rather than staged). */
 export const isContextFile = (path: string) => /\.folio$/i.test(path);
 
+/** A method named with its budget and knobs (the engine's MethodChoice). */
+export interface MethodChoice {
+  method: string;
+  /** null: the method's default. */
+  budget: string | null;
+  params: [string, string][];
+}
+
+export interface MethodParam {
+  name: string;
+  default: number;
+  min: number;
+  max: number;
+  integer: boolean;
+  doc: string;
+}
+
+export interface TierPath {
+  path: 'fast' | 'reference' | 'none';
+  why?: string;
+}
+
+/** A method of the engine's registry. */
+export interface MethodSpec {
+  name: string;
+  summary: string;
+  paper: string;
+  default_budget: { budget: string; source: string } | null;
+  params: MethodParam[];
+  needs: { calibration: boolean; index: string | null };
+  resident: TierPath;
+  offloaded: TierPath;
+}
+
+export const methods = () => call<MethodSpec[]>('methods');
+export const currentMethod = () => call<MethodChoice>('method');
+/** Checked like the CLI's --method; refused, the method stays what it was. */
+export const setMethod = (choice: MethodChoice) => call<MethodChoice>('set_method', { choice });
+
 /** A chat saved in the library. */
 export interface ChatInfo {
   id: number;
