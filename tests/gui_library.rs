@@ -509,6 +509,11 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.wait("the inline error", |d| {
         d.texts("[data-testid=method-error]").concat().contains("still answering with magicpig")
     });
+    d.type_into("[data-testid=temperature]", "-1");
+    d.click("[data-testid=apply-generation]");
+    d.wait("the sampling error", |d| {
+        d.texts("[data-testid=generation-error]").concat().contains("temperature must be >= 0")
+    });
     std::thread::sleep(Duration::from_millis(500)); // the drawer's slide-in
     screenshot(&display, "13-method");
     d.click("[aria-label='Close settings']");

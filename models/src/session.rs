@@ -83,6 +83,15 @@ impl Default for GenerationSettings {
 }
 
 impl GenerationSettings {
+    /// Refuses settings the decode loop would refuse (a negative temperature, a top-p outside
+    /// (0, 1], no answer tokens), with the same messages, before any work.
+    pub fn check(&self, engine: &Engine) -> Result<()> {
+        if self.max_tokens == 0 {
+            return Err(Error::Invalid("max_tokens must be >= 1".into()));
+        }
+        self.params(engine).sampling.validate()
+    }
+
     /// The decode loop's parameters for `engine`'s model.
     pub fn params(&self, engine: &Engine) -> GenerateParams {
         let defaults = engine.generation_config.sampling_defaults();

@@ -114,9 +114,7 @@ pub(super) async fn open_chat(state: State<'_, AppState>, id: i64) -> Result<Ope
     }
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = chat.context_id;
     *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
-    if let Some(method) = super::settings::of_chat(chat.settings.as_ref()) {
-        *state.method.lock().unwrap_or_else(|e| e.into_inner()) = method;
-    }
+    super::settings::restore(&state, chat.settings.as_ref());
     *state.refusal.lock().unwrap_or_else(|e| e.into_inner()) = refused.clone();
     Ok(OpenedChat { chat, messages, context, refused })
 }

@@ -41,7 +41,8 @@ use crate::change::{self, Change};
 use crate::staging::{self, Estimate, StagedDocument};
 use jobs::{JobKind, JobView, Jobs, Worker};
 
-/// Longest answer the window asks for; the user can Stop earlier.
+/// Longest answer the window asks for unless its settings say otherwise; the user can Stop
+/// earlier.
 const MAX_ANSWER_TOKENS: usize = 1024;
 /// The environment variable that enables `simulate_drop` (the WebDriver test).
 const TEST_HOOKS_ENV: &str = "FOLIO_TEST_HOOKS";
@@ -69,8 +70,10 @@ struct AppState {
     /// Why the open chat cannot be continued (its context is gone or needs another model);
     /// it stays readable.
     refusal: Mutex<Option<String>>,
-    /// The attention method the next answer uses (the chat's; see `settings.rs`).
+    /// The attention method and generation settings the next answer uses (the chat's; see
+    /// `settings.rs`).
     method: Mutex<MethodChoice>,
+    generation: Mutex<GenerationSettings>,
     cancel: Arc<AtomicBool>,
     /// Shared with the prefill worker: a rebuild replaces it for both.
     library: jobs::SharedLibrary,
@@ -245,6 +248,7 @@ async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<Chat
     let cancel = state.cancel.clone();
     let question = prompt.clone();
     let method = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let settings = state.generation.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let answer = tauri::async_runtime::spawn_blocking(move || {
         // One answer at a time: a question sent while one runs waits here, and clears a Stop
         // only once the answer it was meant for is over. A panic in an earlier answer leaves
@@ -252,7 +256,6 @@ async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<Chat
         let mut guard = chat.lock().unwrap_or_else(|e| e.into_inner());
         cancel.store(false, Ordering::SeqCst);
         let (session, conversation) = &mut *guard;
-        let settings = GenerationSettings { max_tokens: MAX_ANSWER_TOKENS, ..GenerationSettings::default() };
         let answer = session
             .ask(conversation, &question, &method, &settings, |piece| {
                 let _ = on_event.send(ChatEvent::Token { text: piece.to_owned() });
@@ -706,6 +709,7 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
         chat_id: Mutex::new(None),
         refusal: Mutex::new(None),
         method: Mutex::new(MethodChoice::default()),
+        generation: Mutex::new(GenerationSettings { max_tokens: MAX_ANSWER_TOKENS, ..GenerationSettings::default() }),
         cancel: Arc::default(),
         library: shared_library,
         library_error: Mutex::new(library_error),
@@ -770,6 +774,8 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
             settings::methods,
             settings::method,
             settings::set_method,
+            settings::generation,
+            settings::set_generation,
             models::models,
             models::load_model,
             models::pick_model_folder,

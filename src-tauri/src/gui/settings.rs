@@ -1,16 +1,19 @@
-//! The attention method the window answers with: every method of the engine's registry, with
-//! its budget and knobs, checked by the same validation as the CLI's `--method`. The choice
-//! belongs to the chat on screen (stored with it in the library) and applies to its next
-//! answer over the same saved context, with no prefill: the engine's session builds the method
-//! (and its index, when it has one) from the saved K/V.
+//! How the window answers: the attention method — every method of the engine's registry, with
+//! its budget and knobs, checked by the same validation as the CLI's `--method` — and the
+//! generation settings (temperature, top-p, top-k, answer length, seed), checked as the decode
+//! loop checks them. Both belong to the chat on screen (stored with it in the library) and
+//! apply to its next answer over the same saved context, with no prefill: the engine's session
+//! builds the method (and its index, when it has one) from the saved K/V.
 
 use folio_models::attention::{MethodChoice, MethodSpec, REGISTRY};
+use folio_models::session::GenerationSettings;
 use tauri::State;
 
 use super::AppState;
 
-/// The key of a chat's settings (JSON) that holds its method.
+/// The keys of a chat's settings (JSON) that hold its method and generation settings.
 const METHOD_KEY: &str = "method";
+const GENERATION_KEY: &str = "generation";
 
 /// The registry: each method's summary, paper, default budget, knobs, needs and tiers.
 #[tauri::command]
@@ -42,17 +45,44 @@ pub(super) async fn set_method(state: State<'_, AppState>, choice: MethodChoice)
     Ok(choice)
 }
 
-/// Stores the method with the chat on screen, if it is saved.
+/// The generation settings the next answer uses.
+#[tauri::command]
+pub(super) fn generation(state: State<'_, AppState>) -> GenerationSettings {
+    state.generation.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Sets the generation settings of the chat on screen after checking them; refused, they stay
+/// what they were. Saved with the chat when it is one.
+#[tauri::command]
+pub(super) async fn set_generation(
+    state: State<'_, AppState>,
+    settings: GenerationSettings,
+) -> Result<GenerationSettings, String> {
+    settings.check(&*state.engine()?).map_err(|e| e.to_string())?;
+    *state.generation.lock().unwrap_or_else(|e| e.into_inner()) = settings.clone();
+    save(&state).await?;
+    Ok(settings)
+}
+
+/// Stores the method and generation settings with the chat on screen, if it is saved.
 pub(super) async fn save(state: &AppState) -> Result<(), String> {
     let Some(id) = *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) else { return Ok(()) };
     let choice = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let settings = serde_json::json!({ METHOD_KEY: choice });
+    let generation = state.generation.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let settings = serde_json::json!({ METHOD_KEY: choice, GENERATION_KEY: generation });
     state.library()?.set_chat_settings(id, &settings).await.map_err(|e| e.to_string())
 }
 
-/// The method a chat's stored settings name (`None`: none stored, or one this Folio does not
-/// know any more).
-pub(super) fn of_chat(settings: Option<&serde_json::Value>) -> Option<MethodChoice> {
-    let choice: MethodChoice = serde_json::from_value(settings?.get(METHOD_KEY)?.clone()).ok()?;
-    choice.check().ok().map(|_| choice)
+/// Restores a chat's stored settings (those this Folio still reads; the others keep their
+/// values).
+pub(super) fn restore(state: &AppState, settings: Option<&serde_json::Value>) {
+    let Some(settings) = settings else { return };
+    let method = settings.get(METHOD_KEY).and_then(|v| serde_json::from_value::<MethodChoice>(v.clone()).ok());
+    if let Some(choice) = method.filter(|c| c.check().is_ok()) {
+        *state.method.lock().unwrap_or_else(|e| e.into_inner()) = choice;
+    }
+    let generation = settings.get(GENERATION_KEY).and_then(|v| serde_json::from_value(v.clone()).ok());
+    if let Some(generation) = generation {
+        *state.generation.lock().unwrap_or_else(|e| e.into_inner()) = generation;
+    }
 }

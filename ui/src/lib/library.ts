@@ -190,6 +190,21 @@ export const currentMethod = () => call<MethodChoice>('method');
 /** Checked like the CLI's --method; refused, the method stays what it was. */
 export const setMethod = (choice: MethodChoice) => call<MethodChoice>('set_method', { choice });
 
+/** How an answer is sampled; null: the model's generation_config.json. */
+export interface GenerationSettings {
+  max_tokens: number;
+  temperature: number | null;
+  top_p: number | null;
+  top_k: number | null;
+  repetition_penalty: number | null;
+  seed: number;
+  stop: string[];
+}
+
+export const currentGeneration = () => call<GenerationSettings>('generation');
+/** Checked as the decode loop checks them; refused, they stay what they were. */
+export const setGeneration = (settings: GenerationSettings) => call<GenerationSettings>('set_generation', { settings });
+
 /** A chat saved in the library. */
 export interface ChatInfo {
   id: number;
