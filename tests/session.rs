@@ -162,3 +162,22 @@ fn method_syntax_refuses_typos_and_methods_lists_the_registry() {
     assert_eq!(names, REGISTRY.iter().map(|m| m.name).collect::<Vec<_>>());
     assert!(listed.as_array().unwrap().iter().skip(1).all(|m| m["default_budget"]["budget"].is_string()));
 }
+
+/// Settings the decode loop would refuse are refused before any work, with its message: what
+/// the window's Settings shows inline.
+#[test]
+fn generation_settings_are_checked_up_front() {
+    let demo = root().join("assets/models/demo");
+    let engine = Engine::load(demo.to_str().unwrap(), &candle_core::Device::Cpu, candle_core::DType::F32).unwrap();
+    assert!(settings().check(&engine).is_ok());
+    let bad = [
+        (GenerationSettings { temperature: Some(-1.0), ..settings() }, "temperature must be >= 0"),
+        (GenerationSettings { top_p: Some(1.5), ..settings() }, "top_p must be in (0, 1]"),
+        (GenerationSettings { top_k: Some(0), ..settings() }, "top_k must be >= 1"),
+        (GenerationSettings { max_tokens: 0, ..settings() }, "max_tokens must be >= 1"),
+    ];
+    for (s, why) in bad {
+        let err = s.check(&engine).unwrap_err().to_string();
+        assert!(err.contains(why), "{err}");
+    }
+}
