@@ -7,8 +7,8 @@ cd "$FOLIO_ROOT"
 
 step() { echo; echo "== $* ($(date +%T))"; }
 
-step "UI type check (svelte-check)"
-(cd ui && npm run --silent check)
+step "UI type check (svelte-check) and unit tests (vitest)"
+(cd ui && npm run --silent check && npm run --silent test)
 
 step "demo model data, tokenizer, template and eval spec (tools/test_demo.py)"
 # numpy, tokenizers and jinja2: from the system when present, else pip-installed into a cache
