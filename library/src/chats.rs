@@ -264,39 +264,29 @@ impl Library {
 
     pub async fn rename_chat(&self, chat: i64, title: &str) -> Result<ChatInfo> {
         let title = title_of(title)?;
-        let done = sqlx::query("UPDATE chats SET title = ? WHERE id = ?")
-            .bind(title)
-            .bind(chat)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        if done.rows_affected() == 0 {
-            return Err(chat_not_found(chat));
-        }
+        self.change_chat(chat, sqlx::query("UPDATE chats SET title = ? WHERE id = ?").bind(title)).await?;
         self.chat(chat).await
     }
 
     /// Stores a chat's settings (what its next answer uses).
     pub async fn set_chat_settings(&self, chat: i64, settings: &serde_json::Value) -> Result<()> {
-        let done = sqlx::query("UPDATE chats SET settings = ? WHERE id = ?")
-            .bind(settings.to_string())
-            .bind(chat)
-            .execute(&self.pool)
+        self.change_chat(chat, sqlx::query("UPDATE chats SET settings = ? WHERE id = ?").bind(settings.to_string()))
             .await
-            .map_err(|e| self.err(e))?;
-        if done.rows_affected() == 0 {
-            return Err(chat_not_found(chat));
-        }
-        Ok(())
     }
 
     /// Deletes a chat and its messages.
     pub async fn delete_chat(&self, chat: i64) -> Result<()> {
-        let done = sqlx::query("DELETE FROM chats WHERE id = ?")
-            .bind(chat)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
+        self.change_chat(chat, sqlx::query("DELETE FROM chats WHERE id = ?")).await
+    }
+
+    /// Runs `query` with `chat` bound last (its `WHERE id = ?`); a chat that is not there is
+    /// an error, not a silent no-op.
+    async fn change_chat<'q>(
+        &self,
+        chat: i64,
+        query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+    ) -> Result<()> {
+        let done = query.bind(chat).execute(&self.pool).await.map_err(|e| self.err(e))?;
         if done.rows_affected() == 0 {
             return Err(chat_not_found(chat));
         }

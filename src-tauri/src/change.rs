@@ -151,21 +151,18 @@ mod tests {
         let plan = e.plan_context(&documents(&[&first, &second]), None, None).unwrap();
         context::build(&e.model, stamp, &plan, &out, &opts, &mut |_| ControlFlow::Continue(())).unwrap();
 
+        let extend =
+            |base: &ContextFile, planned: &Planned, on_progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>| {
+                let keep = context::Base { file: base, keep: planned.keep };
+                context::extend(&e.model, stamp, keep, &planned.plan, &out, &opts, on_progress)
+            };
         let base = ContextFile::open(&out).unwrap();
         let started = super::plan(&e, &base, &Change::Add(documents(&[&added]))).unwrap();
         let stop_after_a_layer = &mut |p: &Progress| match p.layer {
             0 => ControlFlow::Continue(()),
             _ => ControlFlow::Break(()),
         };
-        let stopped = context::extend(
-            &e.model,
-            stamp,
-            context::Base { file: &base, keep: started.keep },
-            &started.plan,
-            &out,
-            &opts,
-            stop_after_a_layer,
-        );
+        let stopped = extend(&base, &started, stop_after_a_layer);
         assert!(stopped.is_err(), "the addition stopped");
         let pending = context::pending(&out).unwrap().expect("its checkpoint");
         assert_eq!(pending.base_tokens, base.tokens().len());
@@ -175,16 +172,7 @@ mod tests {
         let again = resumed(&e, &base, &out, &pending).unwrap();
         assert_eq!((again.plan.tokens.clone(), again.keep), (started.plan.tokens.clone(), started.keep));
         let go = &mut |_: &Progress| ControlFlow::Continue(());
-        let report = context::extend(
-            &e.model,
-            stamp,
-            context::Base { file: &base, keep: again.keep },
-            &again.plan,
-            &out,
-            &opts,
-            go,
-        )
-        .unwrap();
+        let report = extend(&base, &again, go).unwrap();
         assert!(report.resumed_layers >= 1, "{report:?}");
 
         let whole = dir.path().join("whole.folio");
@@ -203,15 +191,7 @@ mod tests {
         let more = dir.path().join("more.md");
         std::fs::write(&more, "More notes.\n").unwrap();
         let started = super::plan(&e, &base, &Change::Add(documents(&[&more]))).unwrap();
-        let _ = context::extend(
-            &e.model,
-            stamp,
-            context::Base { file: &base, keep: started.keep },
-            &started.plan,
-            &out,
-            &opts,
-            stop_after_a_layer,
-        );
+        let _ = extend(&base, &started, stop_after_a_layer);
         std::fs::write(&more, "Edited since.\n").unwrap();
         let pending = context::pending(&out).unwrap().expect("its checkpoint");
         let err = resumed(&e, &ContextFile::open(&out).unwrap(), &out, &pending).err().unwrap().to_string();
