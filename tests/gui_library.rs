@@ -13,7 +13,8 @@
 //! restart: it resumes by itself; every context is still listed; a context made by another
 //! model loads that model with one click, Settings lists the library's models and loads one
 //! typed; one of ours opens and answers, and the chat is saved; after a restart the chat
-//! reopens, continues with no prefill, answers again and forks. Settings switches the attention
+//! reopens, continues with no prefill, answers again and forks; with its context file moved
+//! away it stays readable and refuses to continue, saying why. Settings switches the attention
 //! method (hip, magicpig) on the same context with no prefill, refuses a bad budget inline, and
 //! the chat keeps its method across the restart.
 //! Screenshots of each screen go to the test's temp folder (docs/app.md keeps the current ones).
@@ -560,5 +561,20 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.click("[data-testid=chat].active [aria-label^='Delete']");
     d.click("[data-testid=chat].active .link.danger");
     d.wait("the fork deleted", |d| d.texts("[data-testid=chat]").len() == 2);
+
+    // Its context file moved behind the library's back: the chat stays readable, asking is
+    // refused with the reason; the file back, it continues.
+    let file = home.path().join("contexts/samples.folio");
+    let moved = work.path().join("samples.away");
+    std::fs::rename(&file, &moved).unwrap();
+    d.click("[data-testid=chat] .chat-button");
+    d.wait("the refusal", |d| d.texts("[data-testid=chat-refused]").concat().contains("samples is missing"));
+    assert_eq!(d.texts(".bubble.assistant .text").len(), 4, "the chat stays readable");
+    d.type_into("#composer-input", &format!("what is the pass key ?{ENTER}"));
+    d.wait("asking refused", |d| d.texts(".bubble.assistant .error").concat().contains("samples is missing"));
+    std::fs::rename(&moved, &file).unwrap();
+    d.click("[data-testid=chat]:nth-child(2) .chat-button");
+    d.click("[data-testid=chat] .chat-button");
+    d.wait("the chat continuing", |d| d.texts("[data-testid=chat-refused]").is_empty());
     d.quit();
 }
