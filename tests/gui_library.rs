@@ -4,7 +4,8 @@
 //!
 //! Drop the assets/samples folder (through `simulate_drop`, which calls the handler of Tauri's
 //! drag-drop event: WebDriver cannot drag files from outside the page), see the staging sheet
-//! count it, prefill, see the context listed ready with its documents; add a document to it
+//! count it, prefill, see the context listed ready with its documents and ask it every
+//! assets/SAMPLES.md question; add a document to it
 //! and take another out (each prefilling only what follows the saved tokens); export it and
 //! drop the copy (imported) with a damaged copy (refused); drop a bigger folder, chat over
 //! the first context while it prefills,
@@ -285,6 +286,26 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.wait("the context's documents", |d| d.texts("[data-testid=context-documents] tbody tr").len() == 3);
     screenshot(&display, "3-library");
 
+    // Every assets/SAMPLES.md question, each asked in a new chat over the new context, gets
+    // its documented answer.
+    let table = std::fs::read_to_string(samples.join("../SAMPLES.md")).unwrap();
+    let rows: Vec<Vec<String>> = table
+        .lines()
+        .filter(|l| l.starts_with("| what"))
+        .map(|row| row.trim_matches('|').split('|').map(|c| c.trim().to_owned()).collect())
+        .collect();
+    assert_eq!(rows.len(), 9, "SAMPLES.md's table has nine questions");
+    for row in &rows {
+        d.click("[data-testid=open-context]");
+        d.wait("the chat over samples", |d| d.texts("[data-testid=open-context-chip]").concat().contains("samples"));
+        d.type_into("#composer-input", &format!("{}{ENTER}", row[0]));
+        d.wait("the answer", |d| d.texts(".bubble.assistant.done .text").len() == 1);
+        assert_eq!(d.texts(".bubble.assistant.done .text")[0], row[1], "{}", row[0]);
+        // Back to the context's panel (the chat is saved).
+        d.click("header .leave");
+        d.wait("the context's panel", |d| d.element("[data-testid=open-context]").is_some());
+    }
+
     // 1b. Grow it: "Add documents…" opens the sheet on it; a dropped file is counted, only its
     //     tokens are prefilled, and the context lists four documents.
     let extra = work.path().join("extra.md");
@@ -526,8 +547,9 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     //    the first turn in a new chat; deleting the fork leaves the first chat.
     let (_td, base) = driver("tauri-driver-4.log");
     let d = Driver::start(&base);
-    // Two chats: the one asked while a prefill ran (step 2) and step 5's, newest first.
-    d.wait("the saved chats listed", |d| d.texts("[data-testid=chat]").len() == 2);
+    // Eleven chats: the nine samples questions (step 1), the one asked while a prefill ran
+    // (step 2) and step 5's, newest first.
+    d.wait("the saved chats listed", |d| d.texts("[data-testid=chat]").len() == 11);
     d.click("[data-testid=chat] .chat-button");
     d.wait("its turns shown", |d| d.texts(".bubble.assistant .text").len() == 3);
     assert!(d.texts(".bubble.assistant .text")[0].contains("4 8 1 5 2"));
@@ -557,10 +579,12 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     });
     screenshot(&display, "12-chats");
     d.click("[data-testid=fork]");
-    d.wait("the fork opened", |d| d.texts("[data-testid=chat]").len() == 3 && d.texts(".bubble.assistant").len() == 1);
-    d.click("[data-testid=chat].active [aria-label^='Delete']");
+    d.wait("the fork opened", |d| d.texts("[data-testid=chat]").len() == 12 && d.texts(".bubble.assistant").len() == 1);
+    // Clicked from the page: with a scrolled sidebar WebKitWebDriver calls the (visible, see
+    // 12-chats.png) icon "not interactable".
+    d.script("document.querySelector(\"[data-testid=chat].active [aria-label^='Delete']\").click()", json!([]));
     d.click("[data-testid=chat].active .link.danger");
-    d.wait("the fork deleted", |d| d.texts("[data-testid=chat]").len() == 2);
+    d.wait("the fork deleted", |d| d.texts("[data-testid=chat]").len() == 11);
 
     // Its context file moved behind the library's back: the chat stays readable, asking is
     // refused with the reason; the file back, it continues.
