@@ -16,23 +16,34 @@ use tauri::State;
 
 use super::AppState;
 
-/// Saves a turn in the chat the conversation belongs to, making that chat (titled by the
-/// question) on its first answer.
+/// Where a turn belongs, as it was when asked: its saved chat (`None` before the first
+/// answer) and the context the conversation is over.
+#[derive(Clone, Copy)]
+pub(super) struct TurnOf {
+    pub chat: Option<i64>,
+    pub context: Option<i64>,
+}
+
+/// Saves a turn in the chat it was asked in, making that chat (titled by the question) on its
+/// first answer; the new chat becomes the one on screen only if the conversation still is
+/// (`on_screen`). A chat deleted meanwhile is an error: the turn is not saved.
 pub(super) async fn save_turn(
     state: &AppState,
+    turn: TurnOf,
+    on_screen: bool,
     question: &str,
     answer: &str,
     details: &serde_json::Value,
 ) -> Result<ChatInfo, String> {
     let lib = state.library()?;
-    let current = *state.chat_id.lock().unwrap_or_else(|e| e.into_inner());
-    let id = match current {
+    let id = match turn.chat {
         Some(id) => id,
         None => {
-            let context = *state.open_context.lock().unwrap_or_else(|e| e.into_inner());
-            let made = lib.create_chat(context, question).await.map_err(|e| e.to_string())?;
-            *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(made.id);
-            super::settings::save(state).await?;
+            let made = lib.create_chat(turn.context, question).await.map_err(|e| e.to_string())?;
+            if on_screen {
+                *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(made.id);
+                super::settings::save(state).await?;
+            }
             made.id
         }
     };
@@ -93,7 +104,15 @@ pub(super) async fn open_chat(state: State<'_, AppState>, id: i64) -> Result<Ope
         Some(c) => Some(lib.context(c).await.map_err(|e| e.to_string())?),
         None => None,
     };
-    let engine = state.engine()?;
+    let engine = match state.engine() {
+        Ok(engine) => engine,
+        // Readable without a model; asking needs one.
+        Err(why) => {
+            *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
+            *state.refusal.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+            return Ok(OpenedChat { chat, messages, context, refused: Some(why) });
+        }
+    };
     let refused = context.as_ref().and_then(|c| refusal(&state, c));
     let session = match (&context, &refused) {
         (_, Some(_)) => None,
@@ -130,11 +149,9 @@ pub(super) async fn rename_chat(state: State<'_, AppState>, id: i64, title: Stri
 pub(super) async fn delete_chat(state: State<'_, AppState>, id: i64) -> Result<(), String> {
     state.library()?.delete_chat(id).await.map_err(|e| e.to_string())?;
     if *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) == Some(id) {
-        forget_chat(&state);
-        if let Some(chat) = state.chat.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-            let mut guard = chat.lock().unwrap_or_else(|e| e.into_inner());
-            guard.1 = guard.0.new_conversation();
-        }
+        // A new chat, as the window's "new chat" makes one (with the bare model after a chat
+        // that could not continue).
+        super::new_chat(state)?;
     }
     Ok(())
 }
@@ -157,6 +174,14 @@ pub(super) async fn regenerate(state: State<'_, AppState>, id: i64) -> Result<St
     let lib = state.library()?;
     let messages = lib.messages(id).await.map_err(|e| e.to_string())?;
     let keep = messages.len().checked_sub(2).ok_or("this chat has no answer to give again")?;
+    let held = chat.try_lock().map_err(|_| "wait for the answer to finish".to_owned())?.1.messages.len();
+    if held != messages.len() {
+        return Err(format!(
+            "this chat has {} turns on screen and {} saved (a turn was not saved): fork it or start a new chat",
+            held / 2,
+            messages.len() / 2
+        ));
+    }
     let question = messages[keep].content.clone();
     lib.truncate_chat(id, keep as u64).await.map_err(|e| e.to_string())?;
     chat.lock().unwrap_or_else(|e| e.into_inner()).1.messages.truncate(keep);

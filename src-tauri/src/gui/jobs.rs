@@ -85,6 +85,11 @@ struct SavedJob {
 #[derive(Default)]
 struct State {
     queue: VecDeque<Queued>,
+    /// Jobs an earlier run queued and this one has not queued again (their model is not
+    /// loaded yet): kept in the queue file until it is.
+    waiting: Vec<SavedJob>,
+    /// Why the queue file could not be read at start (told once by [`Jobs::restore`]).
+    unreadable: Option<String>,
     /// Every job of this run, oldest first.
     views: Vec<JobView>,
     running: Option<(u64, Arc<AtomicBool>)>,
@@ -111,12 +116,14 @@ impl Shared {
     /// context is listed paused with its Resume.
     fn save_queue(&self, st: &State) {
         let Some(file) = &self.queue_file else { return };
-        let saved: Vec<SavedJob> = st
+        let saved: Vec<&SavedJob> = st.waiting.iter().collect();
+        let queued: Vec<SavedJob> = st
             .queue
             .iter()
             .filter(|q| !matches!(q.kind, JobKind::Resume))
             .map(|q| SavedJob { out: q.out.clone(), kind: q.kind.clone(), model: q.engine.source.clone() })
             .collect();
+        let saved: Vec<&SavedJob> = saved.into_iter().chain(&queued).collect();
         let written = match saved.is_empty() {
             true => std::fs::remove_file(file).or_else(|e| match e.kind() {
                 std::io::ErrorKind::NotFound => Ok(()),
@@ -173,8 +180,29 @@ impl Jobs {
         queue_file: Option<PathBuf>,
         notify: impl Fn(Vec<JobView>) + Send + Sync + 'static,
     ) -> Self {
+        let mut state = State::default();
+        if let Some(file) = &queue_file {
+            let read = match std::fs::read(file) {
+                Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| e.to_string()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(e.to_string()),
+            };
+            match read {
+                Ok(saved) => state.waiting = saved.unwrap_or_default(),
+                // Set aside, not overwritten: this run keeps its own queue in a new file.
+                Err(why) => {
+                    let aside = file.with_extension("json.unreadable");
+                    let moved = std::fs::rename(file, &aside).map_or_else(
+                        |e| format!("; it could not be set aside ({e})"),
+                        |()| format!("; it is kept as {}", aside.display()),
+                    );
+                    state.unreadable =
+                        Some(format!("the queued prefills in {} do not read ({why}){moved}", file.display()));
+                }
+            }
+        }
         let shared =
-            Arc::new(Shared { state: Mutex::default(), wake: Condvar::new(), notify: Box::new(notify), queue_file });
+            Arc::new(Shared { state: Mutex::new(state), wake: Condvar::new(), notify: Box::new(notify), queue_file });
         let s = shared.clone();
         std::thread::Builder::new()
             .name("folio-prefill".into())
@@ -240,33 +268,40 @@ impl Jobs {
         self.shared.lock().views.clone()
     }
 
-    /// Queues again the jobs the queue file kept from an earlier run (the window was closed or
-    /// killed before they started), those queued with `engine`'s model; returns why the others
-    /// were not (another model, or an unreadable file).
+    /// Queues again the jobs an earlier run left in the queue file (the window was closed or
+    /// killed before they started) that were queued with `engine`'s model; the others stay in
+    /// the file until their model is loaded (called at start and after each model load).
+    /// Returns what to tell: why the file does not read, or which jobs wait for which model.
     pub(crate) fn restore(&self, engine: &Arc<Engine>) -> Vec<String> {
-        let Some(file) = &self.shared.queue_file else { return Vec::new() };
-        let saved: Vec<SavedJob> = match std::fs::read(file) {
-            Ok(bytes) => match serde_json::from_slice(&bytes) {
-                Ok(saved) => saved,
-                Err(e) => return vec![format!("the queued prefills in {} do not read ({e})", file.display())],
-            },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
-            Err(e) => return vec![format!("the queued prefills in {} do not read ({e})", file.display())],
+        let (mine, told) = {
+            let mut st = self.shared.lock();
+            let waiting = std::mem::take(&mut st.waiting);
+            let (mine, other): (Vec<SavedJob>, Vec<SavedJob>) =
+                waiting.into_iter().partition(|j| j.model == engine.source);
+            let mut told: Vec<String> = st.unreadable.take().into_iter().collect();
+            told.extend(other.iter().map(|j| {
+                let name = j.out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+                format!("{name} waits for {}: load it to start its prefill", j.model)
+            }));
+            st.waiting = other;
+            (mine, told)
         };
-        let mut left = Vec::new();
-        for job in saved {
+        let mut told = told;
+        for job in mine {
             let name = job.out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-            if job.model != engine.source {
-                left.push(format!("{name} was queued with {}: load it and queue it again", job.model));
-                continue;
-            }
             if let Err(e) = self.submit(job.out, job.kind, engine.clone()) {
-                left.push(format!("{name}: {e}"));
+                told.push(format!("{name}: {e}"));
             }
         }
-        // What was not queued again is told once, not kept.
         self.shared.save_queue(&self.shared.lock());
-        left
+        told
+    }
+
+    /// Whether a job of this run writes `path` (queued or running): its file must not be
+    /// renamed or removed meanwhile.
+    pub(crate) fn busy(&self, path: &std::path::Path) -> bool {
+        let st = self.shared.lock();
+        st.views.iter().any(|v| v.path == path && matches!(v.state, JobState::Queued | JobState::Running))
     }
 }
 
@@ -290,6 +325,13 @@ fn worker_loop(shared: &Shared, w: &Worker) {
             (job, cancel)
         };
         shared.publish();
+        // Whether the job changes a saved file (an addition, a removal, or the resume of one),
+        // as opposed to making a new context.
+        let changes_a_file = match job.kind {
+            JobKind::Add { .. } | JobKind::Remove { .. } => true,
+            JobKind::New { .. } => false,
+            JobKind::Resume => context::pending(&job.out).ok().flatten().is_some_and(|p| p.base_tokens > 0),
+        };
         // A panic in a prefill fails its job, not the worker (the queue goes on).
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(shared, w, &job, &cancel)))
             .unwrap_or_else(|panic| {
@@ -307,9 +349,12 @@ fn worker_loop(shared: &Shared, w: &Worker) {
             Err(e) => (JobState::Failed, Some(format!("{e:#}"))),
         };
         if let Some(lib) = w.library() {
-            // The library follows the disk: the finished file, the paused prefill, or nothing.
+            // The library follows the disk: the finished file, the paused prefill, or nothing
+            // (a new context that never got a checkpoint). A change's context is never
+            // forgotten here: its file missing is the library's `missing` status, and its
+            // chats stay.
             let synced = tauri::async_runtime::block_on(async {
-                if !lib.forget_if_gone(&job.out).await? {
+                if changes_a_file || !lib.forget_if_gone(&job.out).await? {
                     lib.add_context(&job.out).await?;
                 }
                 Ok::<_, folio_library::Error>(())
@@ -525,8 +570,8 @@ mod tests {
     }
 
     /// Jobs queued behind a running one are in the queue file, and only they; a new run
-    /// restores those of its model (they prefill to the end) and names the one queued with
-    /// another model; the file is gone once nothing waits.
+    /// restores those of its model (they prefill to the end), names the one queued with
+    /// another model and keeps it in the file; an unreadable file is set aside.
     #[test]
     fn queued_jobs_outlive_the_window() {
         let (dir, engine) = (tempfile::tempdir().unwrap(), demo());
@@ -559,6 +604,7 @@ mod tests {
         wait_for(&first, "the first run stopped", |v| v.iter().all(|j| j.state != JobState::Running));
         assert!(!queue.exists(), "cancelled jobs leave the queue file");
 
+        let short_again = short.clone();
         let mut saved: Vec<SavedJob> = serde_json::from_slice(&left).unwrap();
         saved.push(SavedJob {
             out: out("d"),
@@ -569,11 +615,24 @@ mod tests {
         let second = start();
         let told = second.restore(&engine);
         assert_eq!(told.len(), 1, "{told:?}");
-        assert!(told[0].contains("d was queued with other/model"), "{told:?}");
+        assert!(told[0].contains("d waits for other/model"), "{told:?}");
         wait_for(&second, "the restored jobs done", |v| v.len() == 2 && v.iter().all(|j| j.state == JobState::Done));
         for name in ["b", "c"] {
             folio_models::context::ContextFile::open(&out(name)).unwrap().verify().unwrap();
         }
-        assert!(!out("d").exists() && !queue.exists());
+        // The job of the other model waits in the file for its model, and a new job of this
+        // run does not push it out.
+        second.submit(out("e"), JobKind::New { documents: vec![short_again] }, engine.clone()).unwrap();
+        wait_for(&second, "e done", |v| v.len() == 3 && v.iter().all(|j| j.state == JobState::Done));
+        let kept: Vec<SavedJob> = serde_json::from_slice(&std::fs::read(&queue).unwrap()).unwrap();
+        assert_eq!(kept.iter().map(|j| j.out.clone()).collect::<Vec<_>>(), [out("d")]);
+        assert!(!out("d").exists());
+
+        // An unreadable queue file is set aside and told, never overwritten.
+        std::fs::write(&queue, b"{not json").unwrap();
+        let third = start();
+        let told = third.restore(&engine);
+        assert!(told[0].contains("do not read") && told[0].contains("kept as"), "{told:?}");
+        assert_eq!(std::fs::read(queue.with_extension("json.unreadable")).unwrap(), b"{not json");
     }
 }

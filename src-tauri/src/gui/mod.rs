@@ -245,6 +245,12 @@ fn current_chat(state: &AppState) -> Result<Chat, String> {
 #[tauri::command]
 async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<ChatEvent>) -> Result<ChatDone, String> {
     let chat = current_chat(&state)?;
+    // Where this turn belongs, as it was asked (the window may move on while it answers).
+    let turn_of = chats::TurnOf {
+        chat: *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()),
+        context: *state.open_context.lock().unwrap_or_else(|e| e.into_inner()),
+    };
+    let asked_in = chat.clone();
     let cancel = state.cancel.clone();
     let question = prompt.clone();
     let method = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -276,8 +282,12 @@ async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<Chat
     .await
     .map_err(|e| e.to_string())??;
     let details = answer_details(&answer);
-    let (saved, unsaved) = match chats::save_turn(&state, &prompt, &answer.text, &details).await {
-        Ok(chat) => (Some(chat), None),
+    // Still the conversation on screen (not deleted, no other chat, context or model opened)?
+    let on_screen =
+        state.chat.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|c| Arc::ptr_eq(c, &asked_in))
+            && *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) == turn_of.chat;
+    let (saved, unsaved) = match chats::save_turn(&state, turn_of, on_screen, &prompt, &answer.text, &details).await {
+        Ok(chat) => (on_screen.then_some(chat), None),
         Err(e) => (None, Some(format!("this turn is not saved in the library: {e}"))),
     };
     Ok(ChatDone { stop_reason: stop_reason(&answer), tokens: answer.tokens.len(), chat: saved, details, unsaved })
@@ -345,13 +355,24 @@ async fn context_documents(state: State<'_, AppState>, id: i64) -> Result<Vec<Do
     state.library()?.documents(id).await.map_err(|e| e.to_string())
 }
 
+/// Refuses to rename or remove a context while a prefill job of this run writes its file.
+async fn not_being_written(state: &AppState, id: i64) -> Result<(), String> {
+    let info = state.library()?.context(id).await.map_err(|e| e.to_string())?;
+    if state.jobs.busy(&info.path) {
+        return Err(format!("{} is being prefilled or changed: wait for it, or cancel it first", info.name));
+    }
+    Ok(())
+}
+
 #[tauri::command]
 async fn rename_context(state: State<'_, AppState>, id: i64, name: String) -> Result<ContextInfo, String> {
+    not_being_written(&state, id).await?;
     state.library()?.rename_context(id, &name).await.map_err(|e| e.to_string())
 }
 
 #[tauri::command]
 async fn remove_context(state: State<'_, AppState>, id: i64, delete_file: bool) -> Result<(), String> {
+    not_being_written(&state, id).await?;
     if *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) == Some(id) {
         close_context(state.clone())?;
     }

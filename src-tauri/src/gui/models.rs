@@ -79,15 +79,19 @@ pub(super) async fn load_model(state: State<'_, AppState>, spec: String) -> Resu
         .map_err(|e| e.to_string())?;
     let engine = Arc::new(engine);
     *state.model.write().unwrap_or_else(|e| e.into_inner()) = Loaded { engine: Some(engine.clone()), error: None };
-    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(Session::bare(engine)));
+    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(Session::bare(engine.clone())));
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = None;
     super::chats::forget_chat(&state);
+    // Prefills an earlier run queued with this model start now; what still waits is told.
+    let waiting = state.jobs.restore(&engine);
     if let Ok(lib) = state.library() {
         if let Err(e) = lib.set_setting(LAST_MODEL, &serde_json::json!(spec)).await {
             eprintln!("folio: {spec} is not remembered for the next start: {e}");
         }
     }
-    Ok(app_info(state))
+    let mut info = app_info(state);
+    info.startup_notice = (!waiting.is_empty()).then(|| waiting.join(" · "));
+    Ok(info)
 }
 
 /// The native folder dialog, then [`load_model`] on the folder picked; `None` when cancelled.

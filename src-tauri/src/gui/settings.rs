@@ -37,8 +37,11 @@ pub(super) async fn set_method(state: State<'_, AppState>, choice: MethodChoice)
         params: choice.params.into_iter().filter(|(_, v)| !v.trim().is_empty()).collect(),
     };
     choice.check().map_err(|e| e.to_string())?;
-    if let Some(chat) = state.chat.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-        chat.lock().unwrap_or_else(|e| e.into_inner()).0.check_method(&choice).map_err(|e| e.to_string())?;
+    let chat = state.chat.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some(chat) = chat {
+        // The session's tier decides which methods run; while it answers, it is busy.
+        let session = chat.try_lock().map_err(|_| "wait for the answer to finish, then apply".to_owned())?;
+        session.0.check_method(&choice).map_err(|e| e.to_string())?;
     }
     *state.method.lock().unwrap_or_else(|e| e.into_inner()) = choice.clone();
     save(&state).await?;

@@ -30,7 +30,8 @@ export interface AppInfo {
   library_error: string | null;
   /** What the window shows of the loaded model. */
   model_facts: ModelFacts | null;
-  /** What to tell at start (the model run last no longer loads). */
+  /** What to tell: at start, the model run last no longer loads; after a model load, queued
+   *  prefills that still wait for their model. */
   startup_notice: string | null;
 }
 

@@ -8,7 +8,7 @@ describe('renderMarkdown', () => {
     expect(html).toContain('<strong>bold</strong>');
     expect(html).toContain('<code>code</code>');
     expect(html).toMatch(/<li>one<\/li>/);
-    expect(html).toMatch(/<pre><code class="language-rust">fn main\(\) \{\}/);
+    expect(html).toMatch(/<pre><code>fn main\(\) \{\}/);
     expect(html).toContain('<td>2</td>');
   });
 
@@ -21,6 +21,12 @@ describe('renderMarkdown', () => {
       expect(html).not.toContain(bad);
     }
     expect(html).toContain('<b>b</b>');
+  });
+
+  it("keeps an answer from borrowing the app's classes and ids", () => {
+    const html = renderMarkdown('<div class="drop-overlay" id="composer-input">x</div>');
+    expect(html).not.toContain('drop-overlay');
+    expect(html).not.toContain('composer-input');
   });
 
   it('keeps a link text and its address as a tooltip, without navigation', () => {

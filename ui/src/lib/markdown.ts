@@ -20,7 +20,7 @@ function hookLinks(purify: typeof DOMPurify) {
       const href = node.getAttribute('href');
       node.removeAttribute('href');
       if (href && /^https?:\/\//i.test(href)) node.setAttribute('title', href);
-      node.setAttribute('class', 'link');
+      node.setAttribute('class', 'link'); // set after the attributes were sanitised
     }
   });
 }
@@ -29,5 +29,6 @@ function hookLinks(purify: typeof DOMPurify) {
 export function renderMarkdown(text: string): string {
   hookLinks(DOMPurify);
   const html = marked.parse(text, { async: false, gfm: true, breaks: true });
-  return DOMPurify.sanitize(html, { FORBID_TAGS: FORBIDDEN_TAGS, FORBID_ATTR: ['style'] });
+  // class and id too: an answer must not borrow the app's own styles (an overlay, a notice).
+  return DOMPurify.sanitize(html, { FORBID_TAGS: FORBIDDEN_TAGS, FORBID_ATTR: ['style', 'class', 'id'] });
 }
