@@ -5,7 +5,7 @@
 //! Drop the assets/samples folder (through `simulate_drop`, which calls the handler of Tauri's
 //! drag-drop event: WebDriver cannot drag files from outside the page), see the staging sheet
 //! count it, prefill, see the context listed ready with its documents and ask it every
-//! assets/SAMPLES.md question; add a document to it
+//! assets/SAMPLES.md question (each answer's sources line puts the fact's document first); add a document to it
 //! and take another out (each prefilling only what follows the saved tokens); export it and
 //! drop the copy (imported) with a damaged copy (refused); drop a bigger folder, chat over
 //! the first context while it prefills,
@@ -301,6 +301,18 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
         d.type_into("#composer-input", &format!("{}{ENTER}", row[0]));
         d.wait("the answer", |d| d.texts(".bubble.assistant.done .text").len() == 1);
         assert_eq!(d.texts(".bubble.assistant.done .text")[0], row[1], "{}", row[0]);
+        // The sources line: the document that holds the fact is the one the attention weighed
+        // most (both documents first for the two-fact question).
+        let read = d.texts("[data-testid=sources] .source");
+        println!("{} ({}): {read:?}", row[0], row[2]);
+        let top = |n: usize| read.iter().take(n).map(|s| s.split(' ').next().unwrap_or("")).collect::<Vec<_>>();
+        if row[2].ends_with(".txt") {
+            assert_eq!(top(1), [row[2].as_str()], "{}: {read:?}", row[0]);
+        } else {
+            let mut two = top(2);
+            two.sort();
+            assert_eq!(two, ["field_notes.txt", "market_records.txt"], "{}: {read:?}", row[0]);
+        }
         // Back to the context's panel (the chat is saved).
         d.click("header .leave");
         d.wait("the context's panel", |d| d.element("[data-testid=open-context]").is_some());
@@ -572,9 +584,11 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
         .flatten()
         .all(|e| { !e.file_name().to_string_lossy().ends_with(".partial") }));
     d.wait("four turns saved", |d| d.texts("[data-testid=chat] .chat-note").concat().contains("4 turns"));
+    // The answer on screen is marked, so the wait sees the new one, not the old.
+    d.script("document.querySelectorAll('.bubble.assistant')[3].dataset.old = '1'", json!([]));
     d.click("[data-testid=regenerate]");
     d.wait("answered again", |d| {
-        let texts = d.texts(".bubble.assistant.done .text");
+        let texts = d.texts(".bubble.assistant.done:not([data-old]) .text");
         texts.len() == 4 && texts[3].contains("3 0 7 1 9")
     });
     screenshot(&display, "12-chats");

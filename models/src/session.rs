@@ -130,6 +130,9 @@ pub struct DocumentRead {
     pub rows: f64,
     /// Of every row read (documents, question and answer).
     pub share: f64,
+    /// Of the attention mass of every row read, when the session weighs sources
+    /// ([`Session::weigh_sources`]) and the calls could be weighed.
+    pub mass_share: Option<f64>,
 }
 
 /// One answer and how it was made.
@@ -168,9 +171,18 @@ pub struct Session {
     held: Vec<u32>,
     method: Option<Box<dyn Attention>>,
     resources: Resources,
+    /// Whether answers weigh what they read by attention mass (`attention::reads`).
+    weigh: bool,
 }
 
 impl Session {
+    /// Weighs each answer's sources by the attention mass of the rows read, not only their
+    /// count: what a sources panel shows. It costs a pass over the visible keys per decode
+    /// call (resident tier, up to `reads::MASS_MAX_ROWS` rows), so it is off by default.
+    pub fn weigh_sources(&mut self, on: bool) {
+        self.weigh = on;
+    }
+
     /// A session over the context file at `path` with its rows on `tier`; refused when
     /// another model made it.
     pub fn open(engine: Arc<Engine>, path: &Path, tier: Tier) -> Result<Self> {
@@ -193,13 +205,14 @@ impl Session {
             held: Vec::new(),
             method: None,
             resources: Resources::default(),
+            weigh: false,
         })
     }
 
     /// A session with the bare model (no documents).
     pub fn bare(engine: Arc<Engine>) -> Self {
         let kv = Box::new(engine.model.new_kv());
-        Self { engine, saved: None, kv, held: Vec::new(), method: None, resources: Resources::default() }
+        Self { engine, saved: None, kv, held: Vec::new(), method: None, resources: Resources::default(), weigh: false }
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
@@ -267,7 +280,10 @@ impl Session {
         // A turn starts the method's conversation state afresh (BUZZ's cache), as a rebuilt
         // conversation does: the turns it kept are recomputed by the prompt pass.
         attn.end_conversation();
-        let tally = ReadTally::new(attn, spans);
+        let tally = match self.weigh {
+            true => ReadTally::new(attn, spans).with_mass(),
+            false => ReadTally::new(attn, spans),
+        };
         let engine = &self.engine;
         let before = started.elapsed().as_secs_f64();
         let result =
@@ -300,6 +316,7 @@ impl Session {
                         path: d.path.clone(),
                         rows: r.rows,
                         share: r.share,
+                        mass_share: r.mass_share,
                     }
                 })
                 .collect(),

@@ -7,14 +7,30 @@
 //! device only here, when an answer's reads are tallied. Rows after the documents (the chat head before them, the
 //! question, the answer so far) are counted apart, so the documents' shares say how much of
 //! the reading went to them.
+//!
+//! Rows alone do not say what mattered: dense reads every row, so its row shares follow the
+//! documents' lengths. With [`ReadTally::with_mass`] each decode call also adds the attention
+//! mass of the rows it read — softmax(q·K·scale) over the visible rows, the exact weights,
+//! summed over query heads — to their spans, so a document's mass share says where the
+//! attention went. It costs a pass over the visible keys per call, so it is computed only when
+//! the keys live on the query's device (the resident tier: on the offloaded tier the saved
+//! keys are host memory, and a pass over them is what that tier exists to avoid) and the
+//! visible rows are at most [`MASS_MAX_ROWS`]; other calls count rows only, and the summary
+//! says how many calls were weighed.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+
+use candle_core::{DType, Tensor};
 
 use super::select::visible;
 use super::{Attended, Attention, AttnCall, IndexSource, Knobs};
 use crate::error::Result;
 use crate::kv::KvStore;
+
+/// Most visible rows for which a call's attention mass is computed (a `[heads, rows]`
+/// softmax beside the method's own attention).
+pub const MASS_MAX_ROWS: usize = 1 << 17;
 
 /// Rows read in one document span.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -25,50 +41,94 @@ pub struct SpanReads {
     pub rows: f64,
     /// `rows` over every row read (documents and the rest).
     pub share: f64,
+    /// The attention mass of the rows read in the span, summed over the weighed calls and
+    /// their query heads.
+    pub mass: f64,
+    /// `mass` over the mass of every row read; `None` when no call was weighed.
+    pub mass_share: Option<f64>,
 }
 
 /// Rows read per document span over an answer.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ReadSummary {
-    /// The spans read, most read first.
+    /// The spans read, most weighed (else most read) first.
     pub documents: Vec<SpanReads>,
     /// Rows outside every span: the chat head, the question, the answer so far.
     pub other_rows: f64,
     pub total_rows: f64,
     /// Decode steps counted (one per generated token after the first).
     pub steps: usize,
+    /// Decode calls (steps × layers) whose attention mass was weighed, of `calls`.
+    pub weighed_calls: usize,
+    pub calls: usize,
+}
+
+#[derive(Default)]
+struct Tally {
+    rows: Vec<f64>,
+    other_rows: f64,
+    mass: Vec<f64>,
+    other_mass: f64,
+    steps: usize,
+    calls: usize,
+    weighed_calls: usize,
 }
 
 /// Tallies what `method` reads in the spans `[start, end)` (sorted, disjoint).
 pub struct ReadTally<'a> {
     method: &'a dyn Attention,
     spans: Vec<(usize, usize)>,
-    tally: Mutex<(Vec<f64>, f64, usize)>,
+    weigh: bool,
+    tally: Mutex<Tally>,
+}
+
+/// Where each of `positions` (sorted) falls: the span's index, or `None` outside them all.
+fn span_of(spans: &[(usize, usize)], p: usize) -> Option<usize> {
+    let i = spans.partition_point(|&(_, end)| end <= p);
+    spans.get(i).filter(|&&(start, _)| start <= p).map(|_| i)
 }
 
 impl<'a> ReadTally<'a> {
     pub fn new(method: &'a dyn Attention, spans: Vec<(usize, usize)>) -> Self {
         let n = spans.len();
-        Self { method, spans, tally: Mutex::new((vec![0.0; n], 0.0, 0)) }
+        let tally = Tally { rows: vec![0.0; n], mass: vec![0.0; n], ..Tally::default() };
+        Self { method, spans, weigh: false, tally: Mutex::new(tally) }
+    }
+
+    /// Also weighs what is read by its attention mass (see the module docs).
+    pub fn with_mass(mut self) -> Self {
+        self.weigh = true;
+        self
     }
 
     fn add(&self, call: &AttnCall<'_>, got: &Attended) -> Result<()> {
         let (lo, hi) = visible(call);
         let heads = call.q.dim(0)?;
+        let read = got.read.rows()?;
+        let mass = match self.weigh {
+            true => self.mass(call, read.as_deref())?,
+            false => None,
+        };
         let mut guard = self.tally.lock().unwrap_or_else(|e| e.into_inner());
-        let (per_span, other, steps) = &mut *guard;
+        let t = &mut *guard;
         if call.layer == 0 {
-            *steps += 1;
+            t.steps += 1;
         }
-        match got.read.rows()? {
+        t.calls += 1;
+        if let Some((per_span, other)) = mass {
+            t.weighed_calls += 1;
+            t.mass.iter_mut().zip(per_span).for_each(|(m, x)| *m += x);
+            t.other_mass += other;
+        }
+        match read {
             None => {
                 let mut inside = 0;
                 for (i, &(start, end)) in self.spans.iter().enumerate() {
                     let n = end.min(hi).saturating_sub(start.max(lo));
-                    per_span[i] += (n * heads) as f64;
+                    t.rows[i] += (n * heads) as f64;
                     inside += n;
                 }
-                *other += ((hi - lo - inside) * heads) as f64;
+                t.other_rows += ((hi - lo - inside) * heads) as f64;
             }
             Some(sets) => {
                 // Each head's positions are sorted: a span's count is two binary searches.
@@ -76,29 +136,112 @@ impl<'a> ReadTally<'a> {
                     let mut inside = 0;
                     for (i, &(start, end)) in self.spans.iter().enumerate() {
                         let n = set.partition_point(|&p| p < end) - set.partition_point(|&p| p < start);
-                        per_span[i] += n as f64;
+                        t.rows[i] += n as f64;
                         inside += n;
                     }
-                    *other += (set.len() - inside) as f64;
+                    t.other_rows += (set.len() - inside) as f64;
                 }
             }
         }
         Ok(())
     }
 
-    /// What was read so far, most-read documents first (unread ones left out).
+    /// The attention mass of the rows this call read, per span and outside them, summed over
+    /// query heads; `None` when it is not weighed (see the module docs).
+    fn mass(&self, call: &AttnCall<'_>, read: Option<&[Vec<usize>]>) -> Result<Option<(Vec<f64>, f64)>> {
+        let (lo, hi) = visible(call);
+        let n = hi - lo;
+        if n == 0 || n > MASS_MAX_ROWS {
+            return Ok(None);
+        }
+        let q = call.q.squeeze(1)?.to_dtype(DType::F32)?;
+        let (heads, d) = q.dims2()?;
+        let segments = call.kv.segments(call.kv_layer, hi)?;
+        let mut parts = Vec::with_capacity(segments.len());
+        let mut at = 0;
+        for seg in &segments {
+            if seg.start != at || !seg.k.device().same_device(q.device()) {
+                return Ok(None);
+            }
+            let k = seg.k.to_dtype(DType::F32)?;
+            let (kv_heads, len, _) = k.dims3()?;
+            let scores = q.reshape((kv_heads, heads / kv_heads, d))?.matmul(&k.transpose(1, 2)?.contiguous()?)?;
+            parts.push(scores.reshape((heads, len))?);
+            at += len;
+        }
+        if at < hi {
+            return Ok(None);
+        }
+        let scores = Tensor::cat(&parts, 1)?.narrow(1, lo, n)?.affine(call.scale as f64, 0.0)?;
+        let p = candle_nn::ops::softmax_last_dim(&scores.contiguous()?)?;
+        let (mut per_span, mut other) = (vec![0.0; self.spans.len()], 0.0);
+        let mut add = |pos: usize, m: f64| match span_of(&self.spans, pos) {
+            Some(i) => per_span[i] += m,
+            None => other += m,
+        };
+        match read {
+            None => {
+                let column: Vec<f32> = p.sum(0)?.to_device(&candle_core::Device::Cpu)?.to_vec1()?;
+                for (i, m) in column.into_iter().enumerate() {
+                    add(lo + i, m as f64);
+                }
+            }
+            Some(sets) => {
+                // The read rows' weights only, gathered where they are.
+                let picked: Vec<(usize, usize)> = sets
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(h, set)| set.iter().filter(|&&pos| (lo..hi).contains(&pos)).map(move |&pos| (h, pos)))
+                    .collect();
+                let flat: Vec<u32> = picked.iter().map(|&(h, pos)| (h * n + pos - lo) as u32).collect();
+                let index = Tensor::from_vec(flat, picked.len(), p.device())?;
+                let weights: Vec<f32> =
+                    p.flatten_all()?.index_select(&index, 0)?.to_device(&candle_core::Device::Cpu)?.to_vec1()?;
+                for (&(_, pos), m) in picked.iter().zip(weights) {
+                    add(pos, m as f64);
+                }
+            }
+        }
+        Ok(Some((per_span, other)))
+    }
+
+    /// What was read so far: the documents most weighed first (most read when no call was
+    /// weighed); unread ones left out.
     pub fn summary(&self) -> ReadSummary {
         let guard = self.tally.lock().unwrap_or_else(|e| e.into_inner());
-        let (per_span, other, steps) = &*guard;
-        let total = per_span.iter().sum::<f64>() + other;
-        let mut documents: Vec<SpanReads> = per_span
+        let t = &*guard;
+        let total = t.rows.iter().sum::<f64>() + t.other_rows;
+        let total_mass = t.mass.iter().sum::<f64>() + t.other_mass;
+        let weighed = t.weighed_calls > 0 && total_mass > 0.0;
+        let mut documents: Vec<SpanReads> = t
+            .rows
             .iter()
+            .zip(&t.mass)
             .enumerate()
-            .filter(|(_, &rows)| rows > 0.0)
-            .map(|(document, &rows)| SpanReads { document, rows, share: rows / total })
+            .filter(|(_, (&rows, _))| rows > 0.0)
+            .map(|(document, (&rows, &mass))| SpanReads {
+                document,
+                rows,
+                share: rows / total,
+                mass,
+                mass_share: weighed.then(|| mass / total_mass),
+            })
             .collect();
-        documents.sort_by(|a, b| b.rows.total_cmp(&a.rows).then(a.document.cmp(&b.document)));
-        ReadSummary { documents, other_rows: *other, total_rows: total, steps: *steps }
+        documents.sort_by(|a, b| {
+            match weighed {
+                true => b.mass.total_cmp(&a.mass),
+                false => b.rows.total_cmp(&a.rows),
+            }
+            .then(a.document.cmp(&b.document))
+        });
+        ReadSummary {
+            documents,
+            other_rows: t.other_rows,
+            total_rows: total,
+            steps: t.steps,
+            weighed_calls: t.weighed_calls,
+            calls: t.calls,
+        }
     }
 }
 
@@ -165,6 +308,78 @@ mod tests {
         assert_eq!((s.total_rows, s.other_rows), ((8 * heads) as f64, (6 * heads) as f64));
         assert_eq!(s.documents.len(), 1);
         assert_eq!((s.documents[0].document, s.documents[0].share), (0, 0.25));
+        Ok(())
+    }
+
+    /// The weighed tally against a host reference on random keys: for dense, each span gets
+    /// the softmax weights of its rows summed over heads (all spans and the rest: one per
+    /// head); for streaming, only the rows it read count, at their exact weights.
+    #[test]
+    fn mass_is_the_exact_attention_weight_of_the_rows_read() -> Result<()> {
+        let dev = Device::Cpu;
+        let (heads, kv_heads, d, t) = (4, 2, 8, 50);
+        let mut kv = DenseKv::new(1, kv_heads, d, DType::F32, &dev);
+        let k = Tensor::randn(0f32, 1.0, (kv_heads, t, d), &dev)?;
+        kv.write(0, 0, &k, &Tensor::randn(0f32, 1.0, (kv_heads, t, d), &dev)?)?;
+        kv.set_len(t)?;
+        let q = Tensor::randn(0f32, 1.0, (heads, 1, d), &dev)?;
+        let call =
+            AttnCall { layer: 0, layers: 1, kv_layer: 0, q: &q, q_start: t - 1, kv: &kv, scale: 0.35, window: None };
+        // The reference: softmax over every visible key, per head, on the host.
+        let (qv, kv_rows): (Vec<Vec<f32>>, Vec<Vec<Vec<f32>>>) = (q.squeeze(1)?.to_vec2()?, k.to_vec3()?);
+        let weights: Vec<Vec<f64>> = (0..heads)
+            .map(|h| {
+                let g = h / (heads / kv_heads);
+                let z: Vec<f64> = (0..t)
+                    .map(|p| 0.35 * qv[h].iter().zip(&kv_rows[g][p]).map(|(a, b)| (a * b) as f64).sum::<f64>())
+                    .collect();
+                let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = z.iter().map(|x| (x - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                e.into_iter().map(|x| x / sum).collect()
+            })
+            .collect();
+        let spans = vec![(2, 10), (10, 30)];
+        let want = |rows: &dyn Fn(usize) -> bool| -> Vec<f64> {
+            spans
+                .iter()
+                .map(|&(a, b)| {
+                    (0..heads).map(|h| (a..b).filter(|&p| rows(p)).map(|p| weights[h][p]).sum::<f64>()).sum()
+                })
+                .collect()
+        };
+        let close = |got: &[SpanReads], want: &[f64]| {
+            for r in got {
+                assert!(
+                    (r.mass - want[r.document]).abs() < 1e-5,
+                    "span {}: {} vs {}",
+                    r.document,
+                    r.mass,
+                    want[r.document]
+                );
+            }
+        };
+        let dense = by_name("dense", None, &[], &Resources::default())?;
+        let tally = ReadTally::new(dense.as_ref(), spans.clone()).with_mass();
+        tally.attend(&call)?;
+        let s = tally.summary();
+        assert_eq!((s.weighed_calls, s.calls), (1, 1));
+        close(&s.documents, &want(&|_| true));
+        let shares: f64 = s.documents.iter().map(|r| r.mass_share.unwrap()).sum();
+        let outside: f64 = (0..heads).map(|h| (0..2).chain(30..t).map(|p| weights[h][p]).sum::<f64>()).sum();
+        assert!((shares - (heads as f64 - outside) / heads as f64).abs() < 1e-5, "{shares}");
+        // Streaming reads sinks 0..4 and the window 42..50: span 0 gets positions 2 and 3.
+        let streaming = by_name("streaming", Some("12"), &[], &Resources::default())?;
+        let tally = ReadTally::new(streaming.as_ref(), spans.clone()).with_mass();
+        tally.attend(&call)?;
+        let s = tally.summary();
+        assert_eq!(s.documents.len(), 1);
+        close(&s.documents, &want(&|p| !(4..42).contains(&p)));
+        // Without with_mass nothing is weighed and rows order the documents.
+        let tally = ReadTally::new(dense.as_ref(), spans);
+        tally.attend(&call)?;
+        let s = tally.summary();
+        assert!(s.weighed_calls == 0 && s.documents.iter().all(|r| r.mass_share.is_none()));
         Ok(())
     }
 }

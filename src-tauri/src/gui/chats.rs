@@ -4,12 +4,9 @@
 //! the documents. A chat whose context is gone, damaged, or made by another model than the one
 //! running stays readable, and asking in it is refused with the reason.
 
-use std::sync::{Arc, Mutex};
-
 use folio_library::{ChatInfo, ContextInfo, MessageRow, NewMessage, Status};
 use folio_models::attention::Tier;
 use folio_models::chat::Message;
-use folio_models::conversation::Conversation;
 use folio_models::session::Session;
 use serde::Serialize;
 use tauri::State;
@@ -127,9 +124,8 @@ pub(super) async fn open_chat(state: State<'_, AppState>, id: i64) -> Result<Ope
         (None, None) => Some(Session::bare(engine)),
     };
     if let Some(session) = session {
-        let mut conversation: Conversation = session.new_conversation();
-        conversation.messages = messages.iter().map(|m| Message::new(&m.role, &m.content)).collect();
-        *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(Mutex::new((session, conversation))));
+        let turns = messages.iter().map(|m| Message::new(&m.role, &m.content)).collect();
+        *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(super::chat_of(session, Some(turns)));
     }
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = chat.context_id;
     *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);

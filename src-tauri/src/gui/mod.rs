@@ -226,9 +226,14 @@ fn answer_details(answer: &folio_models::session::Answer) -> serde_json::Value {
     })
 }
 
-/// A chat of `session` with a new conversation.
-fn chat_of(session: Session) -> Chat {
-    let conversation = session.new_conversation();
+/// A chat of `session` with a new conversation (and `conversation`'s turns, when given). The
+/// window's sessions weigh their answers' sources by attention mass (the sources line).
+fn chat_of(mut session: Session, turns: Option<Vec<folio_models::chat::Message>>) -> Chat {
+    session.weigh_sources(true);
+    let mut conversation = session.new_conversation();
+    if let Some(turns) = turns {
+        conversation.messages = turns;
+    }
     Arc::new(Mutex::new((session, conversation)))
 }
 
@@ -330,7 +335,7 @@ async fn open_context(state: State<'_, AppState>, id: i64) -> Result<ContextInfo
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
-    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(session));
+    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(session, None));
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
     chats::forget_chat(&state);
     Ok(info)
@@ -339,7 +344,7 @@ async fn open_context(state: State<'_, AppState>, id: i64) -> Result<ContextInfo
 /// Back to chatting with the bare model.
 #[tauri::command]
 fn close_context(state: State<'_, AppState>) -> Result<(), String> {
-    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(Session::bare(state.engine()?)));
+    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(Session::bare(state.engine()?), None));
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = None;
     chats::forget_chat(&state);
     Ok(())
@@ -720,7 +725,7 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
             startup_notice = Some(told.collect::<Vec<_>>().join(" · "));
         }
     }
-    let bare = loaded.engine.clone().map(|e| chat_of(Session::bare(e)));
+    let bare = loaded.engine.clone().map(|e| chat_of(Session::bare(e), None));
     let state = AppState {
         model: RwLock::new(loaded),
         compute: (device, dtype),

@@ -79,7 +79,7 @@ pub(super) async fn load_model(state: State<'_, AppState>, spec: String) -> Resu
         .map_err(|e| e.to_string())?;
     let engine = Arc::new(engine);
     *state.model.write().unwrap_or_else(|e| e.into_inner()) = Loaded { engine: Some(engine.clone()), error: None };
-    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(Session::bare(engine.clone())));
+    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(Session::bare(engine.clone()), None));
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = None;
     super::chats::forget_chat(&state);
     // Prefills an earlier run queued with this model start now; what still waits is told.

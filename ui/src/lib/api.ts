@@ -65,7 +65,15 @@ export interface AnswerDetails {
   stop_reason: string;
   tokens: number;
   timings: { first_token_s: number | null; seconds: number; decode_tokens_per_s: number | null };
-  sources: { document: number; title: string; path: string; rows: number; share: number }[];
+  sources: {
+    document: number;
+    title: string;
+    path: string;
+    rows: number;
+    share: number;
+    /** Of the attention mass of every row read; null when it was not weighed. */
+    mass_share: number | null;
+  }[];
   reused_tokens: number;
 }
 
