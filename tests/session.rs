@@ -181,3 +181,26 @@ fn generation_settings_are_checked_up_front() {
         assert!(err.contains(why), "{err}");
     }
 }
+
+/// `folio chat --sources` weighs the answer's sources by attention mass, as the window does:
+/// the fact's document first; without it the sources carry rows only.
+#[test]
+fn chat_sources_weigh_what_was_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = dir.path().join("samples.folio");
+    let (demo, samples) = (root().join("assets/models/demo"), root().join("assets/samples"));
+    let (c, d, s) = (ctx.to_str().unwrap(), demo.to_str().unwrap(), samples.to_str().unwrap());
+    ok_json(folio(&["prefill", "--model", d, "--docs", s, "--out", c, "--json", "--no-library"]));
+    let ask = |extra: &[&str]| {
+        let mut args = vec!["chat", "--context", c, "what is the lucky number of jade tiger ?", "--json"];
+        args.extend_from_slice(extra);
+        ok_json(folio(&args))
+    };
+    let weighed = ask(&["--sources"]);
+    let sources = weighed["sources"].as_array().unwrap();
+    assert_eq!(sources[0]["title"], "market_records.txt", "{weighed}");
+    let shares: f64 = sources.iter().map(|s| s["mass_share"].as_f64().unwrap()).sum();
+    assert!(shares > 0.0 && shares <= 1.0 + 1e-9, "{shares}");
+    let counted = ask(&[]);
+    assert!(counted["sources"].as_array().unwrap().iter().all(|s| s["mass_share"].is_null()), "{counted}");
+}

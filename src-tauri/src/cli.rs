@@ -88,6 +88,10 @@ pub struct ChatArgs {
     stop: Vec<String>,
     #[command(flatten)]
     pub(crate) attention: MethodArgs,
+    /// Weigh the answer's sources (`--json`'s "sources") by the attention mass of the rows read,
+    /// as the window does: a pass over the visible keys per decode call (docs/engine.md).
+    #[arg(long)]
+    sources: bool,
     /// Print one JSON document instead of streaming text.
     #[arg(long)]
     pub(crate) json: bool,
@@ -158,6 +162,7 @@ pub fn chat(common: &Common, a: ChatArgs) -> Result<()> {
         }
         None => Session::bare(engine.clone()),
     };
+    session.weigh_sources(a.sources);
     let open_seconds = opening.elapsed().as_secs_f64() - loaded;
     let mut conv = match (&a.continue_file, session.context()) {
         (Some(p), Some(file)) => Conversation::load_or_new(p, file)?,

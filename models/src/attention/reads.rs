@@ -12,8 +12,9 @@
 //! documents' lengths. With [`ReadTally::with_mass`] each decode call also adds the attention
 //! mass of the rows it read — softmax(q·K·scale) over the visible rows, the exact weights,
 //! summed over query heads — to their spans, so a document's mass share says where the
-//! attention went. It costs a pass over the visible keys per call, so it is computed only when
-//! the keys live on the query's device (the resident tier: on the offloaded tier the saved
+//! attention went. It costs a pass over the visible keys per call, so it is computed for the
+//! first [`MASS_FULL_STEPS`] steps of an answer and one in [`MASS_STEP_STRIDE`] after, and only
+//! when the keys live on the query's device (the resident tier: on the offloaded tier the saved
 //! keys are host memory, and a pass over them is what that tier exists to avoid) and the
 //! visible rows are at most [`MASS_MAX_ROWS`]; other calls count rows only, and the summary
 //! says how many calls were weighed.
@@ -82,6 +83,21 @@ pub struct ReadTally<'a> {
     tally: Mutex<Tally>,
 }
 
+/// Decode steps weighed in full at the start of an answer; after them, one in
+/// [`MASS_STEP_STRIDE`]. Weighing a call costs a pass over the visible keys and a softmax
+/// beside the method's attention: weighing every call took the demo model's dense decode on an
+/// H100 from 359 to 76 tokens/s at 30k tokens and 123 to 46 at 115k, HiP's from 115 to 91 and
+/// 100 to 42 (`tools/sources-bench.sh`, docs/results/sources-bench-h100-2026-11-25.log). A short
+/// answer is weighed whole; a long one by a sample of its steps, which a share over many steps
+/// barely notices.
+pub const MASS_FULL_STEPS: usize = 16;
+pub const MASS_STEP_STRIDE: usize = 8;
+
+/// Whether decode step `step` (0-based; its layer-0 call not yet counted) is weighed.
+fn weighs_step(step: usize) -> bool {
+    step < MASS_FULL_STEPS || step % MASS_STEP_STRIDE == 0
+}
+
 /// Where each of `positions` (sorted) falls: the span's index, or `None` outside them all.
 fn span_of(spans: &[(usize, usize)], p: usize) -> Option<usize> {
     let i = spans.partition_point(|&(_, end)| end <= p);
@@ -105,7 +121,10 @@ impl<'a> ReadTally<'a> {
         let (lo, hi) = visible(call);
         let heads = call.q.dim(0)?;
         let read = got.read.rows()?;
-        let mass = match self.weigh {
+        // The step this call belongs to (layer 0 counts it, below).
+        let step =
+            self.tally.lock().unwrap_or_else(|e| e.into_inner()).steps.saturating_sub(usize::from(call.layer > 0));
+        let mass = match self.weigh && weighs_step(step) {
             true => self.mass(call, read.as_deref())?,
             false => None,
         };
@@ -181,6 +200,9 @@ impl<'a> ReadTally<'a> {
         };
         match read {
             None => {
+                // A column of weights per position (summed over heads) comes back; on the GPU a
+                // device-side sum per span was slower (candle's index_add walks the positions
+                // in one thread; its cumsum is a matmul with an n×n triangle).
                 let column: Vec<f32> = p.sum(0)?.to_device(&candle_core::Device::Cpu)?.to_vec1()?;
                 for (i, m) in column.into_iter().enumerate() {
                     add(lo + i, m as f64);
@@ -380,6 +402,9 @@ mod tests {
         tally.attend(&call)?;
         let s = tally.summary();
         assert!(s.weighed_calls == 0 && s.documents.iter().all(|r| r.mass_share.is_none()));
+        // A long answer is weighed by a sample of its steps.
+        let weighed: Vec<usize> = (0..40).filter(|&s| weighs_step(s)).collect();
+        assert_eq!(weighed, (0..16).chain([16, 24, 32]).collect::<Vec<_>>());
         Ok(())
     }
 }
