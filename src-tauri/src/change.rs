@@ -9,10 +9,13 @@
 //! new version replaces the file atomically (`context::extend`); an interrupted change leaves
 //! the old file as it was, and [`resumed`] rebuilds the same plan from its checkpoint.
 
+use std::ops::ControlFlow;
 use std::path::Path;
 
 use anyhow::{bail, Context as _, Result};
-use folio_models::context::{ContextFile, DocumentSpan, DocumentText, Pending, PrefixPlan};
+use folio_models::context::{
+    self, BuildOptions, BuildReport, ContextFile, DocumentSpan, DocumentText, Pending, PrefixPlan, Progress,
+};
 use folio_models::Engine;
 
 use crate::ingest;
@@ -87,6 +90,23 @@ pub(crate) fn resumed(engine: &Engine, base: &ContextFile, out: &Path, pending: 
     Ok(Planned { keep, plan: engine.plan_keeping(base, kept, &documents)? })
 }
 
+/// Prefills `plan` into `out` with `engine`: a new context, or (with `base`) the saved one
+/// kept up to `base.keep` and continued. The CLI's prefill and the window's jobs both write
+/// through here.
+pub(crate) fn write(
+    engine: &Engine,
+    base: Option<context::Base<'_>>,
+    plan: &PrefixPlan,
+    out: &Path,
+    opts: &BuildOptions,
+    on_progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
+) -> folio_models::Result<BuildReport> {
+    match base {
+        Some(base) => context::extend(&engine.model, engine.stamp()?, base, plan, out, opts, on_progress),
+        None => context::build(&engine.model, engine.stamp()?, plan, out, opts, on_progress),
+    }
+}
+
 /// Taking `doc` (a path or title) out of `base`: how many documents stay as saved, and the
 /// documents to prefill again after them, read from disk and checked against the checksums
 /// they were prefilled with. Removing the last document re-prefills the one before it (a
@@ -117,9 +137,7 @@ fn removal(base: &ContextFile, doc: &str) -> Result<(usize, Vec<DocumentText>)> 
 
 #[cfg(test)]
 mod tests {
-    use std::ops::ControlFlow;
-
-    use folio_models::context::{self, BuildOptions, KvDtype, Progress};
+    use folio_models::context::KvDtype;
 
     use super::*;
 

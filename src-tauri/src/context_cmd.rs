@@ -161,13 +161,8 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
             ControlFlow::Continue(())
         }
     };
-    let report = match &base {
-        Some(file) => {
-            let base = context::Base { file, keep };
-            context::extend(&engine.model, engine.stamp()?, base, &plan, &out, &opts, &mut on_progress)
-        }
-        None => context::build(&engine.model, engine.stamp()?, &plan, &out, &opts, &mut on_progress),
-    };
+    let base_kept = base.as_ref().map(|file| context::Base { file, keep });
+    let report = change::write(&engine, base_kept, &plan, &out, &opts, &mut on_progress);
     if let Some(lib) = library {
         if let Ok(r) = &report {
             lib.record_rate(&staging::rate_key(&engine, &common.device_label()?), r.tokens_per_s);

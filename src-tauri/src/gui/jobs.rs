@@ -437,13 +437,8 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
             ControlFlow::Continue(())
         }
     };
-    let report = match &base {
-        Some(file) => {
-            let base = context::Base { file, keep };
-            context::extend(&engine.model, engine.stamp()?, base, &plan, &job.out, &opts, &mut on_progress)?
-        }
-        None => context::build(&engine.model, engine.stamp()?, &plan, &job.out, &opts, &mut on_progress)?,
-    };
+    let base = base.as_ref().map(|file| context::Base { file, keep });
+    let report = change::write(engine, base, &plan, &job.out, &opts, &mut on_progress)?;
     if let Some(lib) = w.library() {
         let rate = serde_json::json!(report.tokens_per_s);
         let _ = tauri::async_runtime::block_on(lib.set_setting(&rate_key(engine, &w.device), &rate));
