@@ -383,6 +383,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     let notice = d.texts("[data-testid=notice]").concat();
     assert!(notice.contains("checksum"), "{notice}");
     assert_eq!(statuses(&d).len(), 2, "{:?}", statuses(&d));
+    screenshot(&display, "3b-import");
     d.click("[data-testid=notice] button");
 
     // 2. A bigger folder. While it prefills, the window chats over samples (same device, one
