@@ -39,6 +39,7 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(120);
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 /// W3C WebDriver's Enter key.
 const ENTER: &str = "\u{E007}";
+const ESC: &str = "\u{E00C}";
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -313,6 +314,26 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
             two.sort();
             assert_eq!(two, ["field_notes.txt", "market_records.txt"], "{}: {read:?}", row[0]);
         }
+        // Clicked, the first source shows its document at the passages read, marked.
+        d.click("[data-testid=sources] .source");
+        d.wait("the source's excerpts", |d| !d.texts("[data-testid=source-panel] [data-testid=excerpt]").is_empty());
+        let marked = d.texts("[data-testid=source-panel] mark");
+        let shown = d.texts("[data-testid=source-panel] [data-testid=excerpt]").concat();
+        println!("{}: marked {marked:?}", row[0]);
+        assert!(!marked.is_empty(), "{}: nothing marked", row[0]);
+        if row[0].contains("amber falcon") && row[2].ends_with(".txt") {
+            screenshot(&display, "14-source");
+        }
+        // A value of the answer is in a marked passage: the attention read the fact where it
+        // is (the answer's sentences end "is 4 8 1 5 2 .").
+        let values: Vec<&str> = row[1].split(" .").filter_map(|s| s.rsplit_once(" is ").map(|(_, v)| v)).collect();
+        assert!(
+            values.iter().any(|v| marked.iter().any(|m| m.contains(v))),
+            "{}: none of {values:?} marked in {shown}",
+            row[0]
+        );
+        d.type_into("#composer-input", ESC);
+        d.wait("the source closed", |d| d.element("[data-testid=source-panel]").is_none());
         // Back to the context's panel (the chat is saved).
         d.click("header .leave");
         d.wait("the context's panel", |d| d.element("[data-testid=open-context]").is_some());

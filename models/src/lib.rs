@@ -28,6 +28,7 @@ pub mod context;
 pub mod conversation;
 pub mod error;
 pub mod eval;
+pub mod excerpt;
 pub mod generate;
 pub mod kv;
 pub mod loader;

@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::attention::reads::{ReadSummary, ReadTally};
+use crate::attention::reads::{Passage, ReadSummary, ReadTally};
 use crate::attention::{Attention, Dense, IndexSource, MethodChoice, Resources, Tier};
 use crate::chat::Message;
 use crate::context::{ContextFile, ContextKv};
@@ -133,6 +133,9 @@ pub struct DocumentRead {
     /// Of the attention mass of every row read, when the session weighs sources
     /// ([`Session::weigh_sources`]) and the calls could be weighed.
     pub mass_share: Option<f64>,
+    /// Where in the document, heaviest first (a weighing session only; see
+    /// [`crate::excerpt`] for their text).
+    pub passages: Vec<Passage>,
 }
 
 /// One answer and how it was made.
@@ -151,6 +154,9 @@ pub struct Answer {
     /// Of those, how many the session already held (computed for an earlier answer).
     pub reused_tokens: usize,
     pub timings: Timings,
+    /// The saved context's id ([`ContextFile::context_id`]): what the sources' positions refer
+    /// to (`None` for the bare model).
+    pub context: Option<String>,
     /// Documents read, most first (empty for the bare model).
     pub sources: Vec<DocumentRead>,
     pub reads: ReadSummary,
@@ -317,6 +323,7 @@ impl Session {
                         rows: r.rows,
                         share: r.share,
                         mass_share: r.mass_share,
+                        passages: r.passages.clone(),
                     }
                 })
                 .collect(),
@@ -342,6 +349,7 @@ impl Session {
             tail_tokens: tail,
             reused_tokens: reused,
             timings: Timings { first_token_s, seconds, decode_tokens_per_s },
+            context: self.context().map(|f| f.context_id().to_owned()),
             sources,
             reads,
         })

@@ -538,3 +538,52 @@ fn a_context_cut_before_a_document_and_continued_is_the_one_without_it() -> Resu
     assert!(std::fs::read(&cut).unwrap() == std::fs::read(&without).unwrap(), "cut and continued != prefilled without");
     Ok(())
 }
+
+/// A source's excerpts from the samples context: random passages inside a document come back
+/// as read pieces whose text is the passage's tokens decoded, inside windows whose whole text
+/// is the window's tokens decoded, in document order; no passage gives the opening; a passage
+/// outside the document is refused.
+#[test]
+fn excerpts_show_the_passages_read_in_their_text() -> Result<()> {
+    use folio_models::attention::reads::Passage;
+    use folio_models::excerpt::{excerpts, AROUND, OPENING};
+    let e = engine("demo");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("samples.folio");
+    build(&e, &e.plan_context(&sample_documents(), None, None)?, &out, KvDtype::F32, None);
+    let file = context::ContextFile::open(&out)?;
+    let seed = common::seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let doc = rng.random_range(0..file.documents().len());
+    let (ds, de) = (file.documents()[doc].start, file.documents()[doc].end);
+    let mut passages: Vec<Passage> = (0..3)
+        .map(|_| {
+            let start = rng.random_range(ds..de - 8);
+            Passage { start, end: (start + rng.random_range(1..32)).min(de), share: rng.random_range(0.0..1.0) }
+        })
+        .collect();
+    passages.sort_by_key(|p| p.start);
+    passages.dedup_by(|b, a| b.start < a.end);
+    let got = excerpts(&e.tokenizer, &file, doc, &passages, AROUND)?;
+    assert_eq!((got.document, got.tokens, &got.title), (doc, de - ds, &file.documents()[doc].title));
+    let decode = |a: usize, b: usize| e.tokenizer.decode(&file.tokens()[a..b], true).unwrap();
+    let mut read = Vec::new();
+    for x in &got.excerpts {
+        let whole: String = x.pieces.iter().map(|p| p.text.as_str()).collect();
+        assert_eq!(whole, decode(ds + x.start, ds + x.end), "seed {seed}");
+        read.extend(x.pieces.iter().filter(|p| p.read.is_some()).map(|p| p.text.clone()));
+    }
+    assert!(got.excerpts.windows(2).all(|w| w[0].end < w[1].start), "seed {seed}: windows overlap");
+    // Each passage's text is inside a read piece (adjacent passages may share one piece).
+    for p in &passages {
+        let text = decode(p.start, p.end);
+        assert!(read.iter().any(|r| r.contains(text.trim())), "seed {seed}: {text:?} not in {read:?}");
+    }
+    let opening = excerpts(&e.tokenizer, &file, doc, &[], AROUND)?;
+    assert_eq!((opening.excerpts.len(), opening.excerpts[0].start), (1, 0));
+    assert_eq!(opening.excerpts[0].end, OPENING.min(de - ds));
+    let outside = Passage { start: de, end: de + 4, share: 1.0 };
+    let err = excerpts(&e.tokenizer, &file, doc, &[outside], AROUND).unwrap_err();
+    assert!(err.to_string().contains("is not inside"), "{err}");
+    Ok(())
+}

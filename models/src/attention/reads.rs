@@ -18,6 +18,14 @@
 //! keys are host memory, and a pass over them is what that tier exists to avoid) and the
 //! visible rows are at most [`MASS_MAX_ROWS`]; other calls count rows only, and the summary
 //! says how many calls were weighed.
+//!
+//! Where in a document: a weighing tally also adds each row's mass to its passage (a block of
+//! [`PASSAGE_ROWS`] positions counted from its document's start), and each document's summary keeps its [`PASSAGES_KEPT`] heaviest
+//! passages — what the window shows when a source is clicked. A call that is not weighed but
+//! picks rows (a sparse method on the offloaded tier, or past `MASS_MAX_ROWS`) counts its picks
+//! per passage instead; dense attention's unweighed reads cover every row alike and say nothing
+//! of where, so they add no passage. Blocks, not single rows: a row is a token, and a reader
+//! wants the sentence around it; a fixed grid keeps the tally one add per row read.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -33,6 +41,21 @@ use crate::kv::KvStore;
 /// softmax beside the method's own attention).
 pub const MASS_MAX_ROWS: usize = 1 << 17;
 
+/// Positions per passage: the unit of "where in the document" a summary reports.
+pub const PASSAGE_ROWS: usize = 32;
+
+/// Passages kept per document in a summary, heaviest first.
+pub const PASSAGES_KEPT: usize = 4;
+
+/// A stretch of a document the attention read, `start..end` in context positions.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Passage {
+    pub start: usize,
+    pub end: usize,
+    /// Of the document's weight: its mass when calls were weighed, else its picked rows.
+    pub share: f64,
+}
+
 /// Rows read in one document span.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SpanReads {
@@ -47,6 +70,9 @@ pub struct SpanReads {
     pub mass: f64,
     /// `mass` over the mass of every row read; `None` when no call was weighed.
     pub mass_share: Option<f64>,
+    /// Where in the span the weight went, heaviest first (a weighing tally only; empty when
+    /// nothing says where, as for dense reads not weighed).
+    pub passages: Vec<Passage>,
 }
 
 /// Rows read per document span over an answer.
@@ -73,12 +99,27 @@ struct Tally {
     steps: usize,
     calls: usize,
     weighed_calls: usize,
+    /// Per passage block (position / PASSAGE_ROWS): attention mass, and picked rows.
+    block_mass: Vec<f64>,
+    block_rows: Vec<f64>,
+}
+
+impl Tally {
+    fn add_block(blocks: &mut Vec<f64>, b: usize, x: f64) {
+        if b >= blocks.len() {
+            blocks.resize(b + 1, 0.0);
+        }
+        blocks[b] += x;
+    }
 }
 
 /// Tallies what `method` reads in the spans `[start, end)` (sorted, disjoint).
 pub struct ReadTally<'a> {
     method: &'a dyn Attention,
     spans: Vec<(usize, usize)>,
+    /// Each span's first passage block: a span's passages start at its first position, so a
+    /// passage never mixes two documents.
+    block_base: Vec<usize>,
     weigh: bool,
     tally: Mutex<Tally>,
 }
@@ -108,7 +149,20 @@ impl<'a> ReadTally<'a> {
     pub fn new(method: &'a dyn Attention, spans: Vec<(usize, usize)>) -> Self {
         let n = spans.len();
         let tally = Tally { rows: vec![0.0; n], mass: vec![0.0; n], ..Tally::default() };
-        Self { method, spans, weigh: false, tally: Mutex::new(tally) }
+        let block_base = spans
+            .iter()
+            .scan(0, |next, &(start, end)| {
+                let base = *next;
+                *next += (end - start).div_ceil(PASSAGE_ROWS);
+                Some(base)
+            })
+            .collect();
+        Self { method, spans, block_base, weigh: false, tally: Mutex::new(tally) }
+    }
+
+    /// The passage block of `pos` in span `span`.
+    fn block(&self, span: usize, pos: usize) -> usize {
+        self.block_base[span] + (pos - self.spans[span].0) / PASSAGE_ROWS
     }
 
     /// Also weighs what is read by its attention mass (see the module docs).
@@ -134,10 +188,14 @@ impl<'a> ReadTally<'a> {
             t.steps += 1;
         }
         t.calls += 1;
-        if let Some((per_span, other)) = mass {
+        let weighed = mass.is_some();
+        if let Some(Mass { per_span, other, in_spans }) = mass {
             t.weighed_calls += 1;
             t.mass.iter_mut().zip(per_span).for_each(|(m, x)| *m += x);
             t.other_mass += other;
+            for (b, m) in in_spans {
+                Tally::add_block(&mut t.block_mass, b, m);
+            }
         }
         match read {
             None => {
@@ -159,6 +217,13 @@ impl<'a> ReadTally<'a> {
                         inside += n;
                     }
                     t.other_rows += (set.len() - inside) as f64;
+                    if self.weigh && !weighed {
+                        for &p in set.iter() {
+                            if let Some(i) = span_of(&self.spans, p) {
+                                Tally::add_block(&mut t.block_rows, self.block(i, p), 1.0);
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -167,7 +232,7 @@ impl<'a> ReadTally<'a> {
 
     /// The attention mass of the rows this call read, per span and outside them, summed over
     /// query heads; `None` when it is not weighed (see the module docs).
-    fn mass(&self, call: &AttnCall<'_>, read: Option<&[Vec<usize>]>) -> Result<Option<(Vec<f64>, f64)>> {
+    fn mass(&self, call: &AttnCall<'_>, read: Option<&[Vec<usize>]>) -> Result<Option<Mass>> {
         let (lo, hi) = visible(call);
         let n = hi - lo;
         if n == 0 || n > MASS_MAX_ROWS {
@@ -193,9 +258,12 @@ impl<'a> ReadTally<'a> {
         }
         let scores = Tensor::cat(&parts, 1)?.narrow(1, lo, n)?.affine(call.scale as f64, 0.0)?;
         let p = candle_nn::ops::softmax_last_dim(&scores.contiguous()?)?;
-        let (mut per_span, mut other) = (vec![0.0; self.spans.len()], 0.0);
+        let (mut per_span, mut other, mut in_spans) = (vec![0.0; self.spans.len()], 0.0, Vec::new());
         let mut add = |pos: usize, m: f64| match span_of(&self.spans, pos) {
-            Some(i) => per_span[i] += m,
+            Some(i) => {
+                per_span[i] += m;
+                in_spans.push((self.block(i, pos), m));
+            }
             None => other += m,
         };
         match read {
@@ -224,7 +292,7 @@ impl<'a> ReadTally<'a> {
                 }
             }
         }
-        Ok(Some((per_span, other)))
+        Ok(Some(Mass { per_span, other, in_spans }))
     }
 
     /// What was read so far: the documents most weighed first (most read when no call was
@@ -247,6 +315,7 @@ impl<'a> ReadTally<'a> {
                 share: rows / total,
                 mass,
                 mass_share: weighed.then(|| mass / total_mass),
+                passages: self.passages(t, document),
             })
             .collect();
         documents.sort_by(|a, b| {
@@ -264,6 +333,40 @@ impl<'a> ReadTally<'a> {
             weighed_calls: t.weighed_calls,
             calls: t.calls,
         }
+    }
+}
+
+/// A weighed call's mass: per span, outside them, and each in-span row's `(block, mass)`.
+struct Mass {
+    per_span: Vec<f64>,
+    other: f64,
+    in_spans: Vec<(usize, f64)>,
+}
+
+impl ReadTally<'_> {
+    /// Span `document`'s heaviest passages: by mass where calls were weighed, else by picks.
+    fn passages(&self, t: &Tally, document: usize) -> Vec<Passage> {
+        let (start, end) = self.spans[document];
+        let first = self.block_base[document];
+        let of = |blocks: &[f64]| -> Vec<(usize, f64)> {
+            let last = (first + (end - start).div_ceil(PASSAGE_ROWS)).min(blocks.len());
+            (first..last).filter(|&b| blocks[b] > 0.0).map(|b| (b - first, blocks[b])).collect()
+        };
+        let mut blocks = of(&t.block_mass);
+        if blocks.is_empty() {
+            blocks = of(&t.block_rows);
+        }
+        let total: f64 = blocks.iter().map(|b| b.1).sum();
+        blocks.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        blocks
+            .into_iter()
+            .take(PASSAGES_KEPT)
+            .map(|(b, w)| Passage {
+                start: start + b * PASSAGE_ROWS,
+                end: (start + (b + 1) * PASSAGE_ROWS).min(end),
+                share: w / total,
+            })
+            .collect()
     }
 }
 
@@ -405,6 +508,66 @@ mod tests {
         // A long answer is weighed by a sample of its steps.
         let weighed: Vec<usize> = (0..40).filter(|&s| weighs_step(s)).collect();
         assert_eq!(weighed, (0..16).chain([16, 24, 32]).collect::<Vec<_>>());
+        Ok(())
+    }
+
+    /// Passages: with random keys and one key planted to match every query, the planted
+    /// row's block leads its document's passages, each passage's share is its blocks' exact
+    /// mass over the document's (host reference), and passages stay inside their span. A
+    /// sparse method not weighed reports where it picked.
+    #[test]
+    fn passages_say_where_the_weight_went() -> Result<()> {
+        let dev = Device::Cpu;
+        let (heads, kv_heads, d, t) = (2, 1, 8, 200);
+        let seed = match std::env::var("FOLIO_SEED") {
+            Ok(s) => s.parse().expect("FOLIO_SEED is a u64"),
+            Err(_) => rand::random(),
+        };
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed);
+        use rand::Rng;
+        let planted = rng.random_range(70..150);
+        let mut keys: Vec<f32> = (0..t * d).map(|_| rng.random_range(-0.3f32..0.3)).collect();
+        let q: Vec<f32> = (0..heads * d).map(|i| if i % d == 0 { 4.0 } else { 0.0 }).collect();
+        keys[planted * d] = 3.0;
+        let k = Tensor::from_vec(keys.clone(), (kv_heads, t, d), &dev)?;
+        let mut kv = DenseKv::new(1, kv_heads, d, DType::F32, &dev);
+        kv.write(0, 0, &k, &Tensor::randn(0f32, 1.0, (kv_heads, t, d), &dev)?)?;
+        kv.set_len(t)?;
+        let q = Tensor::from_vec(q, (heads, 1, d), &dev)?;
+        let call =
+            AttnCall { layer: 0, layers: 1, kv_layer: 0, q: &q, q_start: t - 1, kv: &kv, scale: 1.0, window: None };
+        let spans = vec![(10, 60), (60, 190)];
+        let dense = by_name("dense", None, &[], &Resources::default())?;
+        let tally = ReadTally::new(dense.as_ref(), spans.clone()).with_mass();
+        tally.attend(&call)?;
+        let s = tally.summary();
+        let doc = s.documents.iter().find(|r| r.document == 1).expect("span 1 read");
+        let first = &doc.passages[0];
+        assert!((first.start..first.end).contains(&planted), "seed {seed}: {:?} vs {planted}", doc.passages);
+        assert_eq!(doc.passages.len(), PASSAGES_KEPT);
+        // Host reference: softmax of q·k (every head has the same q), summed per block.
+        let z: Vec<f64> = (0..t).map(|p| 4.0 * keys[p * d] as f64).collect();
+        let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = z.iter().map(|x| (x - max).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        let in_doc: f64 = (60..190).map(|p| e[p] / sum).sum();
+        for p in &doc.passages {
+            assert!(p.start >= 60 && p.end <= 190 && p.start < p.end, "{p:?}");
+            let want = (p.start..p.end).map(|x| e[x] / sum).sum::<f64>() / in_doc;
+            assert!((p.share - want).abs() < 1e-5, "seed {seed}: {p:?} vs {want}");
+        }
+        let span0 = s.documents.iter().find(|r| r.document == 0).expect("span 0 read");
+        assert!(span0.passages.iter().all(|p| p.start >= 10 && p.end <= 60));
+        // Not weighed: dense says nothing of where; a picking method says where it picked.
+        let tally = ReadTally::new(dense.as_ref(), spans.clone());
+        tally.attend(&call)?;
+        assert!(tally.summary().documents.iter().all(|r| r.passages.is_empty()));
+        let topk = by_name("topk", Some("8"), &[], &Resources::default())?;
+        let tally = ReadTally::new(topk.as_ref(), spans).with_mass();
+        tally.attend(&call)?;
+        let s = tally.summary();
+        let doc = s.documents.iter().find(|r| r.document == 1).expect("span 1 read");
+        assert!((doc.passages[0].start..doc.passages[0].end).contains(&planted), "seed {seed}: {:?}", doc.passages);
         Ok(())
     }
 }

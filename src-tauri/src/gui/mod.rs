@@ -19,6 +19,7 @@ mod chats;
 mod jobs;
 mod models;
 mod settings;
+mod sources;
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -222,6 +223,7 @@ fn answer_details(answer: &folio_models::session::Answer) -> serde_json::Value {
         "tokens": answer.tokens.len(),
         "timings": answer.timings,
         "sources": answer.sources,
+        "context": answer.context,
         "reused_tokens": answer.reused_tokens,
     })
 }
@@ -800,6 +802,7 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
             settings::methods,
             settings::method,
             settings::set_method,
+            sources::source_excerpts,
             settings::generation,
             settings::set_generation,
             models::models,

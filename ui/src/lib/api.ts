@@ -57,6 +57,14 @@ export type ChatEvent =
       data: { stop_reason: string; tokens: number; tokens_per_second: number };
     };
 
+/** A stretch of a document the attention read: context positions start..end. */
+export interface Passage {
+  start: number;
+  end: number;
+  /** Of the document's weight. */
+  share: number;
+}
+
 /** Value `chat` resolves with once generation ends. */
 /** How an answer was made, as the library keeps it with the answer. */
 export interface AnswerDetails {
@@ -73,7 +81,11 @@ export interface AnswerDetails {
     share: number;
     /** Of the attention mass of every row read; null when it was not weighed. */
     mass_share: number | null;
+    /** Where in the document, heaviest first (context positions). */
+    passages?: Passage[];
   }[];
+  /** The id of the context version the answer read (its sources' positions refer to it). */
+  context?: string | null;
   reused_tokens: number;
 }
 

@@ -242,6 +242,26 @@ export const forkChat = (id: number, keep: number) => call<OpenedChat>('fork_cha
 /** Drops the chat's last answer and its question; returns the question to ask again. */
 export const regenerate = (id: number) => call<string>('regenerate', { id });
 
+/** A run of a document's text: read by the attention (its passage's share) or around it. */
+export interface Piece {
+  text: string;
+  read: number | null;
+}
+
+/** A document's text at the passages an answer read (tokens from the document's start). */
+export interface DocumentExcerpts {
+  document: number;
+  title: string;
+  path: string;
+  tokens: number;
+  excerpts: { start: number; end: number; pieces: Piece[] }[];
+}
+
+/** The text of a source of an answer over the open context; refused when the context has
+ *  changed since the answer (`context` is the version it read). */
+export const sourceExcerpts = (document: number, passages: import('./api').Passage[], context: string | null) =>
+  call<DocumentExcerpts>('source_excerpts', { document, passages, context });
+
 /** A whole model in the Hugging Face cache (loads offline). */
 export interface CachedModel {
   repo: string;

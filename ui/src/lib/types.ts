@@ -1,4 +1,4 @@
-import type { AnswerDetails, DoneInfo } from './api';
+import type { AnswerDetails, DoneInfo, Passage } from './api';
 
 export type Role = 'user' | 'assistant';
 
@@ -22,4 +22,15 @@ export interface Message {
   details?: AnswerDetails;
   /** The message is in the library's chat (forks count saved messages). */
   saved?: boolean;
+}
+
+/** A source under an answer, as clicked: the document, and where and over which version of
+ *  the context the answer read it. */
+export interface SourceRef {
+  document: number;
+  title: string;
+  path: string;
+  percent: string;
+  passages: Passage[];
+  context: string | null;
 }
