@@ -558,6 +558,16 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     ask_with(&d, "hip", 2);
     ask_with(&d, "magicpig", 3);
     assert!(d.texts("[data-testid=job-progress]").is_empty(), "switching the method runs no prefill");
+    // "Compare with dense" on the magicpig answer: replayed beside dense on the same turn,
+    // next-token KL and top-1 agreement, and whether dense answers the same (saved with it).
+    assert_eq!(d.texts("[data-testid=compare]").len(), 2, "hip's and magicpig's answers, not dense's");
+    d.script("const b = document.querySelectorAll('[data-testid=compare]'); b[b.length - 1].click()", json!([]));
+    d.wait("the comparison", |d| !d.texts("[data-testid=comparison]").is_empty());
+    let compared = d.texts("[data-testid=comparison]").concat();
+    println!("magicpig vs dense: {compared}");
+    assert!(compared.contains("top-1 agreement") && compared.contains("nats"), "{compared}");
+    assert!(d.texts("[data-testid=job-progress]").is_empty(), "a comparison runs no prefill");
+    screenshot(&display, "15-compare");
     d.click("[aria-label=Settings]");
     d.wait("the budget field", |d| d.element("[data-testid=budget]").is_some());
     d.type_into("[data-testid=budget]", "-5");
@@ -587,6 +597,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.click("[data-testid=chat] .chat-button");
     d.wait("its turns shown", |d| d.texts(".bubble.assistant .text").len() == 3);
     assert!(d.texts(".bubble.assistant .text")[0].contains("4 8 1 5 2"));
+    assert_eq!(d.texts("[data-testid=comparison]").len(), 1, "the comparison is saved with its answer");
     d.wait("the chat over samples", |d| d.texts("[data-testid=open-context-chip]").concat().contains("samples"));
     // Its method came back with it; dense again for the follow-up.
     d.click("[aria-label=Settings]");

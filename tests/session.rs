@@ -204,3 +204,71 @@ fn chat_sources_weigh_what_was_read() {
     let counted = ask(&[]);
     assert!(counted["sources"].as_array().unwrap().iter().all(|s| s["mass_share"].is_null()), "{counted}");
 }
+
+/// "Compare with dense" on the samples context: dense against itself agrees at every step
+/// with no KL; a sparse answer teacher-forced reproduces its own greedy tokens (the decode
+/// loop's logits, step for step); its comparison says the answer changed exactly when some
+/// step's top token differs; Stop stops it, and the session answers as before afterwards.
+#[test]
+fn answers_compare_with_dense_on_the_same_turn() {
+    use folio_models::context::{ContextFile, ContextKv};
+    use folio_models::generate::teacher_forced;
+    let work = tempfile::tempdir().unwrap();
+    let demo = root().join("assets/models/demo");
+    let (m, samples) = (demo.to_str().unwrap(), root().join("assets/samples"));
+    let ctx = work.path().join("samples.folio");
+    ok_json(folio(&[
+        "prefill",
+        "--model",
+        m,
+        "--docs",
+        samples.to_str().unwrap(),
+        "--out",
+        ctx.to_str().unwrap(),
+        "--json",
+    ]));
+    let engine = Arc::new(Engine::load(m, &Device::Cpu, DType::F32).unwrap());
+    let mut session = Session::open(engine.clone(), &ctx, Tier::Resident).unwrap();
+    let question = "what is the secret code of amber falcon ?";
+    let none = |_: usize, _: usize| ControlFlow::Continue(());
+
+    let dense = MethodChoice::parse("dense").unwrap();
+    let before = session.new_conversation();
+    let answer = session.ask(&mut before.clone(), question, &dense, &settings(), go_on).unwrap();
+    let same = session.compare_with_dense(&before, question, &answer.tokens, &dense, &settings(), none).unwrap();
+    assert_eq!((same.steps, same.top1_agreement, same.first_disagreement), (answer.tokens.len(), 1.0, None));
+    assert!(same.mean_kl < 1e-6 && same.same_answer, "{same:?}");
+
+    // Streaming with a tiny window never sees the fact's rows while answering.
+    let streaming = MethodChoice::parse("streaming:16").unwrap();
+    let sparse = session.ask(&mut before.clone(), question, &streaming, &settings(), go_on).unwrap();
+    let file = Arc::new(ContextFile::open(&ctx).unwrap());
+    let mut kv = ContextKv::new(file, engine.model.dtype(), engine.model.device(), 1 << 30);
+    let attn = streaming.build(&Default::default()).unwrap();
+    let rows =
+        teacher_forced(&engine.model, attn.as_ref(), &mut kv, &sparse.tail_tokens, &sparse.tokens, none).unwrap();
+    let top: Vec<u32> =
+        rows.iter().map(|r| r.iter().enumerate().fold(0, |b, (i, v)| if *v > r[b] { i } else { b }) as u32).collect();
+    assert_eq!(top, sparse.tokens, "teacher forcing gives the decode loop's tokens");
+    let c = session.compare_with_dense(&before, question, &sparse.tokens, &streaming, &settings(), none).unwrap();
+    println!("streaming:16 vs dense: {c:?}");
+    assert_eq!(c.steps, sparse.tokens.len());
+    assert_eq!(c.first_disagreement.is_none(), c.same_answer, "{c:?}");
+    assert!(c.mean_kl > same.mean_kl && c.max_kl >= c.mean_kl, "{c:?}");
+    assert_eq!(c.dense_answer, answer.text);
+
+    let mut calls = 0;
+    let err = session
+        .compare_with_dense(&before, question, &sparse.tokens, &streaming, &settings(), |_, _| {
+            calls += 1;
+            if calls == 3 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("stopped"), "{err}");
+    let again = session.ask(&mut before.clone(), question, &dense, &settings(), go_on).unwrap();
+    assert_eq!(again.tokens, answer.tokens);
+}

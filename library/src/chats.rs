@@ -274,6 +274,24 @@ impl Library {
             .await
     }
 
+    /// Replaces the details of message `position` of `chat` (an answer's, with what was
+    /// learnt of it since: a comparison with dense attention); a message that is not there is
+    /// an error.
+    pub async fn set_message_details(&self, chat: i64, position: u64, details: &serde_json::Value) -> Result<()> {
+        self.chat(chat).await?;
+        let done = sqlx::query("UPDATE messages SET details = ? WHERE chat_id = ? AND position = ?")
+            .bind(details.to_string())
+            .bind(chat)
+            .bind(position as i64)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        if done.rows_affected() == 0 {
+            return Err(Error::Refused(format!("chat {chat} has no message {position}")));
+        }
+        Ok(())
+    }
+
     /// Deletes a chat and its messages.
     pub async fn delete_chat(&self, chat: i64) -> Result<()> {
         self.change_chat(chat, sqlx::query("DELETE FROM chats WHERE id = ?")).await

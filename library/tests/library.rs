@@ -386,6 +386,10 @@ async fn chats_keep_their_messages_and_settings() {
         ]
     );
     assert_eq!(msgs[1].details.as_ref(), Some(&details));
+    let compared = serde_json::json!({"method": "hip", "comparison": {"mean_kl": 0.01}});
+    lib.set_message_details(over.id, 3, &compared).await.unwrap();
+    assert_eq!(lib.messages(over.id).await.unwrap()[3].details.as_ref(), Some(&compared));
+    assert!(lib.set_message_details(over.id, 9, &compared).await.unwrap_err().to_string().contains("no message 9"));
     assert!(lib.append_messages(over.id, &[NewMessage { role: "system", content: "x", details: None }]).await.is_err());
 
     // Newest first; search by content and title; LIKE's wildcards are taken literally.

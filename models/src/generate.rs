@@ -172,15 +172,7 @@ pub fn generate(
     let mut emitted = 0;
     let mut text = String::new();
     let mut first_token_s = None;
-    // Long prompts go through in chunks, so activations stay bounded whatever the length. The
-    // last chunk, whose pass gives the first logits, has two tokens at least (one more than a
-    // chunk at most): a one-token call is a decode step to a sparse method, and a prompt's
-    // tokens are attended densely whatever its length.
-    let (head, tail) = prompt.split_at(prompt.len().saturating_sub(2) / PREFILL_CHUNK * PREFILL_CHUNK);
-    for chunk in head.chunks(PREFILL_CHUNK) {
-        model.forward(chunk, kv, attn, Logits::Last)?;
-    }
-    let mut input = tail.to_vec();
+    let mut input = prompt_head(model, attn, kv, prompt)?;
     let stop_reason = loop {
         if tokens.len() >= params.max_new_tokens {
             break StopReason::MaxTokens;
@@ -224,6 +216,50 @@ pub fn generate(
         }
     }
     Ok(Generation { tokens, text, stop_reason, first_token_s, seconds: started.elapsed().as_secs_f64() })
+}
+
+/// Runs all of `prompt` but its last chunk through the model, and returns that chunk: the
+/// input of the pass that gives the first answer token's logits. Long prompts go through in
+/// chunks, so activations stay bounded whatever the length. The last chunk has two tokens at
+/// least (one more than a chunk at most): a one-token call is a decode step to a sparse
+/// method, and a prompt's tokens are attended densely whatever its length.
+fn prompt_head(model: &Model, attn: &dyn Attention, kv: &mut dyn KvStore, prompt: &[u32]) -> Result<Vec<u32>> {
+    let (head, tail) = prompt.split_at(prompt.len().saturating_sub(2) / PREFILL_CHUNK * PREFILL_CHUNK);
+    for chunk in head.chunks(PREFILL_CHUNK) {
+        model.forward(chunk, kv, attn, Logits::Last)?;
+    }
+    Ok(tail.to_vec())
+}
+
+/// The model's next-token logits at every step of `answer` after `prompt` with `attn`, as
+/// [`generate`] computed them when it produced `answer` (the same prompt pass, then one decode
+/// step per answer token but the last): what a comparison of two methods on one answer reads.
+/// `on_step(done, total)` follows the steps; `Break` stops, and the logits so far come back.
+pub fn teacher_forced(
+    model: &Model,
+    attn: &dyn Attention,
+    kv: &mut dyn KvStore,
+    prompt: &[u32],
+    answer: &[u32],
+    mut on_step: impl FnMut(usize, usize) -> ControlFlow<()>,
+) -> Result<Vec<Vec<f32>>> {
+    if prompt.is_empty() {
+        return Err(Error::Invalid("the prompt is empty".into()));
+    }
+    model.config().check_fits(kv.len() + prompt.len() + answer.len())?;
+    attn.reset();
+    kv.reserve(kv.len() + prompt.len() + answer.len())?;
+    let mut input = prompt_head(model, attn, kv, prompt)?;
+    let mut logits = Vec::with_capacity(answer.len());
+    for (i, &token) in answer.iter().enumerate() {
+        let row = model.forward(&input, kv, attn, Logits::Last)?;
+        logits.push(row.flatten_all()?.to_dtype(candle_core::DType::F32)?.to_vec1()?);
+        input = vec![token];
+        if on_step(i + 1, answer.len()).is_break() {
+            break;
+        }
+    }
+    Ok(logits)
 }
 
 /// Length of the prefix of `text` that can be shown: without a trailing partial character

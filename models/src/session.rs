@@ -162,6 +162,30 @@ pub struct Answer {
     pub reads: ReadSummary,
 }
 
+/// An answer next to dense attention's on the same context and turn (see
+/// [`Session::compare_with_dense`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    /// The answer's method, with its full settings.
+    pub settings: serde_json::Value,
+    /// Answer tokens compared (fewer than the answer's when stopped).
+    pub steps: usize,
+    /// KL(dense ‖ method) of the next-token distributions along the answer, nats.
+    pub mean_kl: f64,
+    pub max_kl: f64,
+    /// The step (0-based answer token) of the largest KL.
+    pub max_kl_step: usize,
+    /// Of the steps, those where dense's most likely token is the method's.
+    pub top1_agreement: f64,
+    /// The first step where they differ.
+    pub first_disagreement: Option<usize>,
+    /// Dense attention's own answer to the turn, with the same generation settings.
+    pub dense_answer: String,
+    /// Whether it is the answer's text.
+    pub same_answer: bool,
+    pub seconds: f64,
+}
+
 /// The saved context a session reads, and where its rows live.
 struct Saved {
     file: Arc<ContextFile>,
@@ -355,6 +379,94 @@ impl Session {
         })
     }
 
+    /// Reruns a turn of `conv` (its messages before the question) with dense attention beside
+    /// `method` on the same context: the next-token distributions along `answer` (the method's
+    /// answer tokens, teacher-forced for both), their KL and top-1 agreement, and dense's own
+    /// answer with `settings` — the eval-attention measure on the user's own question.
+    /// `on_step(done, total)` follows the work (both passes, then dense's answer); `Break`
+    /// stops it with an error. The store is cut back to the saved context after: the next
+    /// question recomputes its conversation's turns.
+    pub fn compare_with_dense(
+        &mut self,
+        conv: &Conversation,
+        question: &str,
+        answer: &[u32],
+        method: &MethodChoice,
+        settings: &GenerationSettings,
+        mut on_step: impl FnMut(usize, usize) -> ControlFlow<()>,
+    ) -> Result<Comparison> {
+        let started = Instant::now();
+        conv.check_context(self.context())?;
+        self.check_method(method)?;
+        if answer.is_empty() {
+            return Err(Error::Invalid("the answer has no tokens to compare".into()));
+        }
+        let mut turns = conv.messages.clone();
+        turns.push(Message::new("user", question));
+        let tail = self.render(conv, &turns)?;
+        if choice_needs_resources(method) && self.resources.channels.is_none() {
+            self.resources = self.engine.resources(std::slice::from_ref(method))?;
+        }
+        let sparse = method.build(&self.resources)?;
+        let saved = self.kv.saved_len();
+        self.held.clear();
+        if let Some(old) = self.method.take() {
+            old.end_conversation();
+        }
+        let total = 3 * answer.len();
+        let stopped = || Error::Invalid("the comparison was stopped".into());
+        let model = &self.engine.model;
+        let kv = self.kv.as_mut();
+        // Each pass counts its steps into the whole; a Break from on_step stops the work.
+        let mut broke = false;
+        let mut step = |done: usize| {
+            let flow = on_step(done.min(total), total);
+            broke |= flow.is_break();
+            flow
+        };
+        let outcome = (|| {
+            kv.set_len(saved)?;
+            let reference = crate::generate::teacher_forced(model, &Dense, kv, &tail, answer, |done, _| step(done))?;
+            kv.set_len(saved)?;
+            let got = crate::generate::teacher_forced(model, sparse.as_ref(), kv, &tail, answer, |done, _| {
+                step(answer.len() + done)
+            })?;
+            kv.set_len(saved)?;
+            let mut params = settings.params(&self.engine);
+            params.max_new_tokens = params.max_new_tokens.max(answer.len());
+            let mut done = 2 * answer.len();
+            let dense = generate(model, &self.engine.tokenizer, &Dense, kv, &tail, &params, |_| {
+                done += 1;
+                step(done)
+            })?;
+            Ok::<_, Error>((reference, got, dense))
+        })();
+        kv.set_len(saved)?;
+        if broke {
+            return Err(stopped());
+        }
+        let (reference, got, dense) = outcome?;
+        let kls: Vec<f64> =
+            reference.iter().zip(&got).map(|(p, q)| crate::eval::attention::kl_divergence(p, q)).collect();
+        let agree: Vec<bool> = reference.iter().zip(&got).map(|(p, q)| argmax(p) == argmax(q)).collect();
+        let steps = kls.len();
+        let (max_kl_step, max_kl) =
+            kls.iter().copied().enumerate().fold((0, 0.0), |best, (i, k)| if k > best.1 { (i, k) } else { best });
+        let answer_text = self.engine.tokenizer.decode(answer, true)?;
+        Ok(Comparison {
+            settings: sparse.settings(),
+            steps,
+            mean_kl: kls.iter().sum::<f64>() / steps.max(1) as f64,
+            max_kl,
+            max_kl_step,
+            top1_agreement: agree.iter().filter(|&&a| a).count() as f64 / steps.max(1) as f64,
+            first_disagreement: agree.iter().position(|&a| !a),
+            same_answer: dense.tokens == answer || dense.text.trim() == answer_text.trim(),
+            dense_answer: dense.text,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
     /// The conversation's tokens after the saved context (all of them for the bare model),
     /// ending with the generation prompt.
     fn render(&self, conv: &Conversation, turns: &[Message]) -> Result<Vec<u32>> {
@@ -376,7 +488,7 @@ impl Session {
     /// (its conversation state kept), else a new one, and then the held turns are dropped
     /// (another method computed them).
     fn use_method(&mut self, choice: &MethodChoice) -> Result<()> {
-        if choice.spec()?.needs.calibration && self.resources.channels.is_none() {
+        if choice_needs_resources(choice) && self.resources.channels.is_none() {
             self.resources = self.engine.resources(std::slice::from_ref(choice))?;
         }
         let fresh = choice.build(&self.resources)?;
@@ -390,6 +502,14 @@ impl Session {
         }
         Ok(())
     }
+}
+
+fn choice_needs_resources(choice: &MethodChoice) -> bool {
+    choice.spec().is_ok_and(|s| s.needs.calibration)
+}
+
+fn argmax(x: &[f32]) -> usize {
+    x.iter().enumerate().fold(0, |b, (i, v)| if *v > x[b] { i } else { b })
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

@@ -4,10 +4,13 @@
 //! the documents. A chat whose context is gone, damaged, or made by another model than the one
 //! running stays readable, and asking in it is refused with the reason.
 
+use std::ops::ControlFlow;
+use std::sync::atomic::Ordering;
+
 use folio_library::{ChatInfo, ContextInfo, MessageRow, NewMessage, Status};
-use folio_models::attention::Tier;
+use folio_models::attention::{MethodChoice, Tier};
 use folio_models::chat::Message;
-use folio_models::session::Session;
+use folio_models::session::{GenerationSettings, Session};
 use serde::Serialize;
 use tauri::State;
 
@@ -182,4 +185,70 @@ pub(super) async fn regenerate(state: State<'_, AppState>, id: i64) -> Result<St
     lib.truncate_chat(id, keep as u64).await.map_err(|e| e.to_string())?;
     chat.lock().unwrap_or_else(|e| e.into_inner()).1.messages.truncate(keep);
     Ok(question)
+}
+
+/// How far a comparison with dense has got (answer steps of its three passes).
+#[derive(Clone, Serialize)]
+pub(super) struct CompareProgress {
+    done: usize,
+    total: usize,
+}
+
+/// Compares answer `position` of the chat on screen with dense attention on the same context
+/// and turn (`Session::compare_with_dense`): its method and tokens replayed, dense's own answer
+/// with the same generation settings. Stop (`cancel_chat`) stops it. The comparison is saved
+/// with the answer's details and returned.
+#[tauri::command]
+pub(super) async fn compare_dense(
+    state: State<'_, AppState>,
+    position: u64,
+    on_event: tauri::ipc::Channel<CompareProgress>,
+) -> Result<serde_json::Value, String> {
+    let id = state.chat_id.lock().unwrap_or_else(|e| e.into_inner()).ok_or("this answer is not saved in a chat")?;
+    let chat = super::current_chat(&state)?;
+    let lib = state.library()?;
+    let messages = lib.messages(id).await.map_err(|e| e.to_string())?;
+    let at = usize::try_from(position).map_err(|e| e.to_string())?;
+    let (row, asked) = match (messages.get(at), at.checked_sub(1).and_then(|q| messages.get(q))) {
+        (Some(row), Some(asked)) if row.role == "assistant" => (row, asked),
+        _ => return Err("there is no answer at that place".into()),
+    };
+    let question = &asked.content;
+    let details = row.details.clone().ok_or("this answer has no record of how it was made")?;
+    let field = |key: &str| details.get(key).cloned().filter(|v| !v.is_null());
+    let method: MethodChoice = field("method")
+        .and_then(|m| serde_json::from_value(m).ok())
+        .ok_or("this answer has no record of its method")?;
+    let tokens: Vec<u32> = field("answer_tokens").and_then(|t| serde_json::from_value(t).ok()).ok_or(
+        "this answer was saved by an earlier Folio, without its tokens: answer again, then compare the new answer",
+    )?;
+    let generation: GenerationSettings = field("generation")
+        .and_then(|g| serde_json::from_value(g).ok())
+        .unwrap_or_else(|| state.generation.lock().unwrap_or_else(|e| e.into_inner()).clone());
+    let turns: Vec<Message> = messages[..at - 1].iter().map(|m| Message::new(&m.role, &m.content)).collect();
+    let (cancel, question) = (state.cancel.clone(), question.clone());
+    let comparison = tauri::async_runtime::spawn_blocking(move || {
+        // Like an answer: one at a time on the session, and Stop stops it.
+        let mut guard = chat.lock().unwrap_or_else(|e| e.into_inner());
+        cancel.store(false, Ordering::SeqCst);
+        let session = &mut guard.0;
+        let mut conversation = session.new_conversation();
+        conversation.messages = turns;
+        session
+            .compare_with_dense(&conversation, &question, &tokens, &method, &generation, |done, total| {
+                let _ = on_event.send(CompareProgress { done, total });
+                match cancel.load(Ordering::SeqCst) {
+                    true => ControlFlow::Break(()),
+                    false => ControlFlow::Continue(()),
+                }
+            })
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let comparison = serde_json::to_value(&comparison).map_err(|e| e.to_string())?;
+    let mut saved = details;
+    saved["comparison"] = comparison.clone();
+    lib.set_message_details(id, position, &saved).await.map_err(|e| e.to_string())?;
+    Ok(comparison)
 }

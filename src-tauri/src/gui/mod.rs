@@ -214,11 +214,14 @@ struct ChatDone {
     unsaved: Option<String>,
 }
 
-/// What the library keeps with an answer: the method and its full settings, timings, sources.
-fn answer_details(answer: &folio_models::session::Answer) -> serde_json::Value {
+/// What the library keeps with an answer: the method and its full settings, the generation
+/// settings and the answer's tokens (what a comparison with dense replays), timings, sources.
+fn answer_details(answer: &folio_models::session::Answer, generation: &GenerationSettings) -> serde_json::Value {
     serde_json::json!({
         "method": answer.method,
         "settings": answer.settings,
+        "generation": generation,
+        "answer_tokens": answer.tokens,
         "stop_reason": answer.stop_reason,
         "tokens": answer.tokens.len(),
         "timings": answer.timings,
@@ -262,6 +265,7 @@ async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<Chat
     let question = prompt.clone();
     let method = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let settings = state.generation.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let generation = settings.clone();
     let answer = tauri::async_runtime::spawn_blocking(move || {
         // One answer at a time: a question sent while one runs waits here, and clears a Stop
         // only once the answer it was meant for is over. A panic in an earlier answer leaves
@@ -288,7 +292,7 @@ async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<Chat
     })
     .await
     .map_err(|e| e.to_string())??;
-    let details = answer_details(&answer);
+    let details = answer_details(&answer, &generation);
     // Still the conversation on screen (not deleted, no other chat, context or model opened)?
     let on_screen =
         state.chat.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|c| Arc::ptr_eq(c, &asked_in))
@@ -799,6 +803,7 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
             chats::delete_chat,
             chats::fork_chat,
             chats::regenerate,
+            chats::compare_dense,
             settings::methods,
             settings::method,
             settings::set_method,

@@ -87,6 +87,24 @@ export interface AnswerDetails {
   /** The id of the context version the answer read (its sources' positions refer to it). */
   context?: string | null;
   reused_tokens: number;
+  /** The answer's token ids (what a comparison with dense replays). */
+  answer_tokens?: number[];
+  /** Its comparison with dense attention, once made. */
+  comparison?: Comparison;
+}
+
+/** An answer next to dense attention's on the same context and turn. */
+export interface Comparison {
+  steps: number;
+  /** KL(dense ‖ method) of the next-token distributions along the answer, nats. */
+  mean_kl: number;
+  max_kl: number;
+  max_kl_step: number;
+  top1_agreement: number;
+  first_disagreement: number | null;
+  dense_answer: string;
+  same_answer: boolean;
+  seconds: number;
 }
 
 export interface ChatResult {

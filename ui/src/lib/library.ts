@@ -262,6 +262,16 @@ export interface DocumentExcerpts {
 export const sourceExcerpts = (document: number, passages: import('./api').Passage[], context: string | null) =>
   call<DocumentExcerpts>('source_excerpts', { document, passages, context });
 
+/** Compares answer `position` of the chat on screen with dense attention (saved with it);
+ *  `onProgress(done, total)` follows its steps; Stop (cancelChat) stops it. */
+export async function compareDense(
+  position: number,
+  onProgress: (done: number, total: number) => void,
+): Promise<import('./api').Comparison> {
+  const onEvent = new Channel<{ done: number; total: number }>((p) => onProgress(p.done, p.total));
+  return call('compare_dense', { position, onEvent });
+}
+
 /** A whole model in the Hugging Face cache (loads offline). */
 export interface CachedModel {
   repo: string;

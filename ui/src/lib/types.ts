@@ -22,6 +22,10 @@ export interface Message {
   details?: AnswerDetails;
   /** The message is in the library's chat (forks count saved messages). */
   saved?: boolean;
+  /** A comparison with dense attention is running: its steps so far. */
+  comparing?: { done: number; total: number };
+  /** Why the comparison failed or stopped. */
+  compareError?: string;
 }
 
 /** A source under an answer, as clicked: the document, and where and over which version of
