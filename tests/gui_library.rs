@@ -583,6 +583,81 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     std::thread::sleep(Duration::from_millis(500)); // the drawer's slide-in
     screenshot(&display, "13-method");
     d.click("[aria-label='Close settings']");
+
+    // Engine settings and the memory planner. A method with no offloaded path refuses offload
+    // with the registry's reason; with magicpig, offload applies (the context reopens on the
+    // offloaded tier, its conversation kept) and the planner puts the K/V in host memory; a
+    // device budget that holds no layer, and a host budget under the K/V, are refused with
+    // what would fit; new contexts take the K/V dtype set here.
+    let engine_apply = |d: &Driver, set: &dyn Fn(&Driver)| {
+        d.click("[aria-label=Settings]");
+        d.wait("the engine form", |d| d.texts("[data-testid=device] option").len() >= 3);
+        set(d);
+        d.script("document.querySelector('[data-testid=apply-engine]').click()", json!([]));
+    };
+    let set_value = |d: &Driver, css: &str, value: &str| {
+        d.script(
+            "const e = document.querySelector(arguments[0]); e.value = arguments[1]; \
+             e.dispatchEvent(new Event('input', {bubbles: true})); e.dispatchEvent(new Event('change', {bubbles: true}));",
+            json!([css, value]),
+        );
+    };
+    let offload = |d: &Driver, on: bool| {
+        d.script(
+            "const e = document.querySelector('[data-testid=offload]'); if (e.checked !== arguments[0]) e.click();",
+            json!([on]),
+        );
+    };
+    let engine_error = |d: &Driver| d.texts("[data-testid=engine-error]").concat();
+    choose_method(&d, "topk-ivf");
+    engine_apply(&d, &|d| offload(d, true));
+    d.wait("offload refused for topk-ivf", |d| engine_error(d).contains("topk-ivf on the offloaded tier"));
+    d.click("[aria-label='Close settings']");
+    choose_method(&d, "magicpig");
+    engine_apply(&d, &|d| offload(d, true));
+    d.wait("offload applied", |d| d.texts("[data-testid=engine] [role=status]").concat().contains("Applied"));
+    d.wait("the K/V in host memory", |d| d.texts("[data-testid=memory-plan]").concat().contains("K/V in host memory"));
+    assert!(d.texts("[data-testid=plan-floor]").concat().starts_with("Floor"));
+    set_value(&d, "[data-testid=host-budget]", "1KiB");
+    d.script("document.querySelector('[data-testid=apply-engine]').click()", json!([]));
+    d.wait("the host budget refused", |d| engine_error(d).contains("host budget"));
+    set_value(&d, "[data-testid=host-budget]", "");
+    offload(&d, false);
+    set_value(&d, "[data-testid=device-budget]", "1KiB");
+    d.script("document.querySelector('[data-testid=apply-engine]').click()", json!([]));
+    d.wait("the device budget refused", |d| engine_error(d).contains("does not hold the weights"));
+    println!("refused: {}", engine_error(&d));
+    offload(&d, true);
+    set_value(&d, "[data-testid=device-budget]", "");
+    set_value(&d, "[data-testid=kv-dtype]", "fp8");
+    d.script("document.querySelector('[data-testid=apply-engine]').click()", json!([]));
+    d.wait("applied again", |d| {
+        engine_error(d).is_empty() && d.texts("[data-testid=engine] [role=status]").concat().contains("Applied")
+    });
+    d.script("document.querySelector('[data-testid=memory-plan]').scrollIntoView()", json!([]));
+    std::thread::sleep(Duration::from_millis(300));
+    screenshot(&display, "16-memory");
+    d.script("document.querySelector('[data-testid=engine]').scrollIntoView()", json!([]));
+    std::thread::sleep(Duration::from_millis(300));
+    screenshot(&display, "16b-engine");
+    d.click("[aria-label='Close settings']");
+    // The same chat answers on the offloaded tier, with no prefill.
+    // (market_records.txt was taken out in step 1c: the question is about the diary.)
+    d.type_into("#composer-input", &format!("what is the pass key ?{ENTER}"));
+    d.wait("the offloaded answer", |d| {
+        d.texts(".bubble.assistant.done .text").last().is_some_and(|t| t.contains("9 0 4 1 7"))
+    });
+    assert!(d.texts("[data-testid=job-progress]").is_empty(), "switching the tier runs no prefill");
+    // A new context is stored as fp8.
+    let tiny = work.path().join("tiny notes.md");
+    std::fs::write(&tiny, "The lantern was very bright.\n").unwrap();
+    drop_paths(&d, &[&tiny]);
+    d.wait("one staged document", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 1);
+    d.click("[data-testid=start-prefill]");
+    let tiny_file = home.path().join("contexts/tiny notes.folio");
+    d.wait("the fp8 context", |_| tiny_file.is_file());
+    let header = folio_models::context::ContextFile::open(&tiny_file).unwrap().header().kv_dtype;
+    assert_eq!(header.name(), "fp8");
     d.quit();
     drop(_td);
 
@@ -595,7 +670,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     // (step 2) and step 5's, newest first.
     d.wait("the saved chats listed", |d| d.texts("[data-testid=chat]").len() == 11);
     d.click("[data-testid=chat] .chat-button");
-    d.wait("its turns shown", |d| d.texts(".bubble.assistant .text").len() == 3);
+    d.wait("its turns shown", |d| d.texts(".bubble.assistant .text").len() == 4);
     assert!(d.texts(".bubble.assistant .text")[0].contains("4 8 1 5 2"));
     assert_eq!(d.texts("[data-testid=comparison]").len(), 1, "the comparison is saved with its answer");
     d.wait("the chat over samples", |d| d.texts("[data-testid=open-context-chip]").concat().contains("samples"));
@@ -604,25 +679,27 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.wait("the chat's method", |d| {
         d.script("return document.querySelector('[data-testid=method]')?.value", json!([])) == json!("magicpig")
     });
+    assert!(d.script("return document.querySelector('[data-testid=offload]').checked", json!([])) == json!(true));
+    assert_eq!(d.script("return document.querySelector('[data-testid=kv-dtype]').value", json!([])), json!("fp8"));
     d.click("[aria-label='Close settings']");
     choose_method(&d, "dense");
     d.type_into("#composer-input", &format!("what is the room number of silver otter ?{ENTER}"));
     d.wait("the follow-up answered", |d| {
         let texts = d.texts(".bubble.assistant.done .text");
-        texts.len() == 4 && texts[3].contains("3 0 7 1 9")
+        texts.len() == 5 && texts[4].contains("3 0 7 1 9")
     });
     assert!(d.texts("[data-testid=job-progress]").is_empty(), "no prefill runs for a reopened chat");
     assert!(std::fs::read_dir(home.path().join("contexts"))
         .unwrap()
         .flatten()
         .all(|e| { !e.file_name().to_string_lossy().ends_with(".partial") }));
-    d.wait("four turns saved", |d| d.texts("[data-testid=chat] .chat-note").concat().contains("4 turns"));
+    d.wait("five turns saved", |d| d.texts("[data-testid=chat] .chat-note").concat().contains("5 turns"));
     // The answer on screen is marked, so the wait sees the new one, not the old.
-    d.script("document.querySelectorAll('.bubble.assistant')[3].dataset.old = '1'", json!([]));
+    d.script("document.querySelectorAll('.bubble.assistant')[4].dataset.old = '1'", json!([]));
     d.click("[data-testid=regenerate]");
     d.wait("answered again", |d| {
         let texts = d.texts(".bubble.assistant.done:not([data-old]) .text");
-        texts.len() == 4 && texts[3].contains("3 0 7 1 9")
+        texts.len() == 5 && texts[4].contains("3 0 7 1 9")
     });
     screenshot(&display, "12-chats");
     d.click("[data-testid=fork]");
@@ -640,7 +717,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     std::fs::rename(&file, &moved).unwrap();
     d.click("[data-testid=chat] .chat-button");
     d.wait("the refusal", |d| d.texts("[data-testid=chat-refused]").concat().contains("samples is missing"));
-    assert_eq!(d.texts(".bubble.assistant .text").len(), 4, "the chat stays readable");
+    assert_eq!(d.texts(".bubble.assistant .text").len(), 5, "the chat stays readable");
     d.type_into("#composer-input", &format!("what is the pass key ?{ENTER}"));
     d.wait("asking refused", |d| d.texts(".bubble.assistant .error").concat().contains("samples is missing"));
     std::fs::rename(&moved, &file).unwrap();

@@ -34,6 +34,7 @@ pub mod kv;
 pub mod loader;
 pub mod model;
 pub mod offload;
+pub mod plan;
 pub mod prefill;
 pub mod rope;
 pub mod session;

@@ -587,3 +587,64 @@ fn excerpts_show_the_passages_read_in_their_text() -> Result<()> {
     assert!(err.to_string().contains("is not inside"), "{err}");
     Ok(())
 }
+
+/// The memory planner on the samples context with fixed bandwidths: the offloaded tier keeps
+/// every layer in host memory and its step's terms are the method's own cost over each path;
+/// the resident tier keeps as many whole layers as the device budget holds and decodes the
+/// others from the file each step; a budget that holds no layer, or host memory below the
+/// K/V, is a problem that names what would fit.
+#[test]
+fn the_memory_planner_places_the_kv_and_prices_a_step() -> Result<()> {
+    use folio_models::attention::cost::{CostInput, Shape};
+    use folio_models::attention::{MethodChoice, Tier};
+    use folio_models::plan::{self, Bandwidths, Budgets, ModelFacts};
+    let e = engine("demo");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("samples.folio");
+    build(&e, &e.plan_context(&sample_documents(), None, None)?, &out, KvDtype::Bf16, None);
+    let file = context::ContextFile::open(&out)?;
+    let h = file.header();
+    let cfg = e.config();
+    let facts = ModelFacts { config: cfg, elem: 4 };
+    let bw = Bandwidths { device: 4e9, link: Some(1e9), host: 2e9 };
+    let layer = (2 * h.kv_heads * h.tokens * h.head_dim * 4) as u64;
+    let (total, read) = plan::parameters(cfg);
+    assert_eq!(total, e.model.parameters(), "the planner counts the weights the model has");
+
+    let hip = MethodChoice::parse("hip:64").unwrap();
+    let p = plan::plan(&facts, h, &hip, Tier::Offloaded, Budgets::default(), &bw)?;
+    assert_eq!((p.kv_host_bytes, p.kv_device_bytes, p.resident_layers), (layer * h.layers as u64, 0, 0));
+    let params = hip.params()?;
+    let cost = (hip.spec()?.cost)(&CostInput {
+        shape: Shape::of(cfg),
+        context: h.tokens,
+        elem: 4,
+        budget: 64,
+        params: &params,
+    });
+    assert!((ms_of(&p, "device") - ((read * 4) as f64 + cost.device_bytes) / 4e9 * 1e3).abs() < 1e-9);
+    assert!((ms_of(&p, "link") - cost.link_bytes / 1e9 * 1e3).abs() < 1e-9);
+    assert_eq!(p.floor_ms, p.terms.iter().map(|t| t.ms).fold(0.0, f64::max));
+    assert!(p.problems.is_empty(), "{:?}", p.problems);
+
+    // Resident, with room for two layers beside the weights and the method's state.
+    let weights = (total * 4) as u64;
+    let two = Budgets { device: Some(weights + cost.resident_bytes + 2 * layer + layer / 2), host: None };
+    let p = plan::plan(&facts, h, &hip, Tier::Resident, two, &bw)?;
+    assert_eq!((p.resident_layers, p.kv_device_bytes), (2, 2 * layer));
+    let again = (h.layers - 2) as f64;
+    assert!((ms_of(&p, "link") - again * layer as f64 / 1e9 * 1e3).abs() < 1e-9);
+    assert!(p.problems.is_empty());
+    // No room for a layer; host memory below the offloaded K/V.
+    let tight = Budgets { device: Some(weights + layer / 2), host: Some(layer) };
+    let p = plan::plan(&facts, h, &hip, Tier::Resident, tight, &bw)?;
+    assert!(p.problems[0].contains("one layer") && p.problems[0].contains("with offload on"), "{:?}", p.problems);
+    assert!(plan::check(&p).is_err());
+    let p = plan::plan(&facts, h, &hip, Tier::Offloaded, tight, &bw)?;
+    assert!(p.problems[0].contains("host budget"), "{:?}", p.problems);
+    Ok(())
+}
+
+fn ms_of(p: &folio_models::plan::Plan, path: &str) -> f64 {
+    p.terms.iter().find(|t| t.path == path).map_or(0.0, |t| t.ms)
+}

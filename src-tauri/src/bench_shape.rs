@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use clap::Args;
 use folio_kernels::device::{host_to_device_rate, keep_pool, MemorySampler};
 use folio_models::attention::cost::{CostInput, Shape};
@@ -32,6 +32,7 @@ use folio_models::error::human_bytes;
 use folio_models::kv::KvStore;
 use folio_models::model::{Logits, Model};
 use folio_models::offload::OffloadKv;
+use folio_models::plan::{copy_bandwidth, host_read_bandwidth, parameters};
 use folio_models::{device_name, parse_device};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
@@ -108,56 +109,6 @@ struct Report {
     vram_budget: Option<u64>,
     host_kv_bytes: u64,
     peak_rss_bytes: Option<u64>,
-}
-
-/// Parameters of a decoder of this shape (what the weights take), and those a decode step reads
-/// (all but the embedding table, of which it reads one row, unless the LM head shares it).
-fn parameters(cfg: &ModelConfig) -> (usize, usize) {
-    let (h, hd, inter, v) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size);
-    let (nq, nkv) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
-    let bias = if cfg.qkv_bias { nq + 2 * nkv } else { 0 };
-    let norms = if cfg.qk_norm { 2 * hd } else { 0 };
-    let layer = 2 * h + h * nq + 2 * h * nkv + bias + nq * h + 3 * h * inter + norms;
-    let head = if cfg.tie_word_embeddings { 0 } else { v * h };
-    let total = v * h + cfg.num_layers * layer + h + head;
-    let read = total - if cfg.tie_word_embeddings { 0 } else { v * h };
-    (total, read)
-}
-
-/// Host memory read by every core at once (threads summing their share of a `bytes` buffer),
-/// bytes/s: the limit of work the CPU does over host rows (MagicPIG's sample).
-fn host_read_bandwidth(bytes: usize) -> f64 {
-    let words = vec![1u64; bytes / 8];
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let sum = || -> u64 {
-        std::thread::scope(|s| {
-            let parts: Vec<_> = words
-                .chunks(words.len().div_ceil(threads).max(1))
-                .map(|c| s.spawn(move || c.iter().fold(0u64, |a, &x| a.wrapping_add(x))))
-                .collect();
-            parts.into_iter().map(|p| p.join().unwrap_or(0)).fold(0, u64::wrapping_add)
-        })
-    };
-    std::hint::black_box(sum());
-    let start = Instant::now();
-    for _ in 0..COPIES {
-        std::hint::black_box(sum());
-    }
-    (bytes * COPIES) as f64 / start.elapsed().as_secs_f64()
-}
-
-/// Device-to-device copies of `bytes` (after a warm-up, [`COPIES`] back to back), as bytes/s
-/// read + written.
-fn copy_bandwidth(device: &Device, bytes: usize) -> Result<f64> {
-    let block = Tensor::zeros(bytes / 2, DType::BF16, device)?;
-    block.copy()?;
-    device.synchronize()?;
-    let start = Instant::now();
-    for _ in 0..COPIES {
-        block.copy()?;
-    }
-    device.synchronize()?;
-    Ok(2.0 * (bytes * COPIES) as f64 / start.elapsed().as_secs_f64())
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -237,9 +188,9 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
         keep_pool(&device, b)?;
     }
     let bandwidth_bytes = if device.is_cpu() { BANDWIDTH_BYTES / 16 } else { BANDWIDTH_BYTES };
-    let copy_bw = copy_bandwidth(&device, bandwidth_bytes)?;
+    let copy_bw = copy_bandwidth(&device, bandwidth_bytes, COPIES)?;
     let link_bw = host_to_device_rate(&device, bandwidth_bytes)?;
-    let host_bw = host_read_bandwidth(bandwidth_bytes);
+    let host_bw = host_read_bandwidth(bandwidth_bytes, COPIES);
     // Peak RSS from here on (Linux resets VmHWM when "5" is written to clear_refs): the
     // bandwidth buffers above are not the run's memory.
     let _ = std::fs::write("/proc/self/clear_refs", "5");

@@ -8,7 +8,7 @@ use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
 
 use folio_library::{ChatInfo, ContextInfo, MessageRow, NewMessage, Status};
-use folio_models::attention::{MethodChoice, Tier};
+use folio_models::attention::MethodChoice;
 use folio_models::chat::Message;
 use folio_models::session::{GenerationSettings, Session};
 use serde::Serialize;
@@ -117,12 +117,13 @@ pub(super) async fn open_chat(state: State<'_, AppState>, id: i64) -> Result<Ope
     let session = match (&context, &refused) {
         (_, Some(_)) => None,
         (Some(c), None) => {
-            let (engine, path) = (engine.clone(), c.path.clone());
-            let opened = tauri::async_runtime::spawn_blocking(move || Session::open(engine, &path, Tier::Resident))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
-            Some(opened)
+            let settings = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let method = chat
+                .settings
+                .as_ref()
+                .and_then(super::settings::stored_method)
+                .unwrap_or_else(|| state.method.lock().unwrap_or_else(|e| e.into_inner()).clone());
+            Some(super::engine::open_session(&state, &settings, engine.clone(), &c.path, &method).await?)
         }
         (None, None) => Some(Session::bare(engine)),
     };

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::change::{self, Change};
 use crate::ingest;
-use crate::staging::{rate_key, Skip, StagedDocument, DEFAULT_KV_DTYPE};
+use crate::staging::{rate_key, Skip, StagedDocument};
 
 /// Least time between two progress snapshots sent to the window.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(150);
@@ -162,7 +162,6 @@ pub(crate) type SharedLibrary = Arc<Mutex<Option<Library>>>;
 /// What a job needs from the app.
 pub(crate) struct Worker {
     pub library: SharedLibrary,
-    pub device: String,
 }
 
 impl Worker {
@@ -409,12 +408,19 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
             )
         }
     };
+    // The engine settings as they are when the job starts: a new context's K/V dtype, and the
+    // device budget as the prefill's memory budget.
+    let settings = match w.library() {
+        Some(lib) => tauri::async_runtime::block_on(super::engine::stored(&lib)),
+        None => super::engine::EngineSettings::default(),
+    };
     let kv_dtype = match (&base, &pending) {
         (Some(base), _) => base.header().kv_dtype,
         (None, Some(p)) => p.header.kv_dtype,
-        (None, None) => DEFAULT_KV_DTYPE,
+        (None, None) => settings.kv_dtype().map_err(anyhow::Error::msg)?,
     };
-    let opts = BuildOptions { kv_dtype, memory_budget: None, restart: false };
+    let memory_budget = settings.budgets().map_err(anyhow::Error::msg)?.device;
+    let opts = BuildOptions { kv_dtype, memory_budget, restart: false };
     let mut listed = false;
     let mut last = Instant::now() - PROGRESS_INTERVAL;
     let mut on_progress = |p: &Progress| {
@@ -441,7 +447,9 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
     let report = change::write(engine, base, &plan, &job.out, &opts, &mut on_progress)?;
     if let Some(lib) = w.library() {
         let rate = serde_json::json!(report.tokens_per_s);
-        let _ = tauri::async_runtime::block_on(lib.set_setting(&rate_key(engine, &w.device), &rate));
+        let _ = tauri::async_runtime::block_on(
+            lib.set_setting(&rate_key(engine, &folio_models::device_name(engine.model.device())), &rate),
+        );
     }
     Ok(())
 }
@@ -580,7 +588,7 @@ mod tests {
         let queue = dir.path().join("queue.json");
         let out = |name: &str| dir.path().join(format!("{name}.folio"));
         let start = || {
-            let worker = Worker { library: Arc::new(Mutex::new(None)), device: "cpu".into() };
+            let worker = Worker { library: Arc::new(Mutex::new(None)) };
             Jobs::start(worker, Some(queue.clone()), |_| {})
         };
         let first = start();

@@ -16,6 +16,7 @@
 //! so the webview holds no dialog permission.
 
 mod chats;
+mod engine;
 mod jobs;
 mod models;
 mod settings;
@@ -28,7 +29,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use candle_core::{DType, Device};
 use folio_library::{ContextInfo, DocumentInfo, Library};
-use folio_models::attention::{MethodChoice, Tier};
+use folio_models::attention::MethodChoice;
 use folio_models::context::format::SectionKind;
 use folio_models::context::ContextFile;
 use folio_models::conversation::Conversation;
@@ -59,9 +60,12 @@ type Chat = Arc<Mutex<(Session, Conversation)>>;
 struct AppState {
     /// The model the window runs; `load_model` replaces it.
     model: RwLock<Loaded>,
-    /// Where models are loaded, and in which dtype.
-    compute: (Device, DType),
-    device: String,
+    /// The compute dtype asked for (`--dtype`: auto is f32 on the CPU, bf16 on a GPU).
+    dtype_spec: String,
+    /// The engine settings (device, memory budgets, K/V dtype, offload; `engine.rs`).
+    engine_settings: Mutex<engine::EngineSettings>,
+    /// The memory planner's bandwidths of a device, once measured.
+    bandwidths: Mutex<Option<(String, folio_models::plan::Bandwidths)>>,
     /// The session answering now (the bare model, or an opened context) and its conversation.
     chat: Mutex<Option<Chat>>,
     /// The library id of the context the chat is over.
@@ -99,6 +103,25 @@ impl AppState {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
             .ok_or_else(|| self.library_error.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default())
+    }
+
+    /// Where the next model loads and in which dtype: the running model's device (else the
+    /// settings' device).
+    fn compute(&self) -> Result<(Device, DType), String> {
+        let device = match self.engine() {
+            Ok(engine) => engine.model.device().clone(),
+            Err(_) => {
+                let spec = self.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).device.clone();
+                parse_device(&spec).map_err(|e| e.to_string())?
+            }
+        };
+        let dtype = parse_dtype(&self.dtype_spec, &device).map_err(|e| e.to_string())?;
+        Ok((device, dtype))
+    }
+
+    /// The device as the library's prefill rates name it.
+    fn device_label(&self) -> String {
+        self.engine().map_or_else(|_| "none".into(), |e| device_name(e.model.device()))
     }
 
     fn engine(&self) -> Result<Arc<Engine>, String> {
@@ -164,7 +187,7 @@ fn app_info(state: State<'_, AppState>) -> AppInfo {
     AppInfo {
         version: env!("CARGO_PKG_VERSION"),
         model: loaded.engine.as_ref().map(|e| e.name.clone()),
-        device: state.device.clone(),
+        device: state.device_label(),
         model_error: loaded.error.clone(),
         library,
         library_error: state.library_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
@@ -336,11 +359,9 @@ async fn open_context(state: State<'_, AppState>, id: i64) -> Result<ContextInfo
     if info.status != folio_library::Status::Ready {
         return Err(format!("{} is {}: only a ready context opens", info.name, info.status.as_str()));
     }
-    let path = info.path.clone();
-    let session = tauri::async_runtime::spawn_blocking(move || Session::open(engine, &path, Tier::Resident))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+    let settings = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let method = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let session = engine::open_session(&state, &settings, engine, &info.path, &method).await?;
     *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(session, None));
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
     chats::forget_chat(&state);
@@ -442,17 +463,16 @@ async fn estimate(state: State<'_, AppState>, documents: Vec<StagedDocument>) ->
     let engine = state.engine()?;
     let lib = state.library()?;
     let rate = lib
-        .setting(&staging::rate_key(&engine, &state.device))
+        .setting(&staging::rate_key(&engine, &state.device_label()))
         .await
         .map_err(|e| e.to_string())?
         .and_then(|v| v.as_f64());
     let folder = lib.contexts_folder();
-    tauri::async_runtime::spawn_blocking(move || {
-        staging::estimate(&engine, &documents, staging::DEFAULT_KV_DTYPE, &folder, rate)
-    })
-    .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| e.to_string())
+    let kv_dtype = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).kv_dtype()?;
+    tauri::async_runtime::spawn_blocking(move || staging::estimate(&engine, &documents, kv_dtype, &folder, rate))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
 }
 
 /// Queues a prefill of the staged documents into a new context named `name`.
@@ -509,7 +529,7 @@ async fn estimate_change(state: State<'_, AppState>, id: i64, change: ChangeRequ
     let info = changeable(&state, id).await?;
     let rate = state
         .library()?
-        .setting(&staging::rate_key(&engine, &state.device))
+        .setting(&staging::rate_key(&engine, &state.device_label()))
         .await
         .map_err(|e| e.to_string())?
         .and_then(|v| v.as_f64());
@@ -703,8 +723,6 @@ fn test_hooks() -> Result<(), String> {
 /// loaded in the window, else on `fallback` (the bundled demo model). A model that fails to
 /// load still opens the window, which says why and offers another.
 pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype: &str) -> anyhow::Result<()> {
-    let device = parse_device(device)?;
-    let dtype = parse_dtype(dtype, &device)?;
     // A library that cannot be opened still opens the window, which says why and offers the
     // rebuild.
     let (library, library_error) =
@@ -712,14 +730,36 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
             Ok(lib) => (Some(lib), None),
             Err(e) => (None, Some(e.to_string())),
         };
+    let mut settings = match &library {
+        Some(lib) => tauri::async_runtime::block_on(engine::stored(lib)),
+        None => engine::EngineSettings::default(),
+    };
+    // `--device` other than auto is what the user asked for now; else the settings' device.
+    if device != "auto" {
+        settings.device = device.to_owned();
+    }
+    let (device, mut device_notice) = match parse_device(&settings.device) {
+        Ok(d) => (d, None),
+        Err(e) if device == "auto" => {
+            let notice =
+                format!("The device in Settings, {}, is not usable ({e}); Folio runs on auto", settings.device);
+            settings.device = "auto".into();
+            (parse_device("auto")?, Some(notice))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let dtype_spec = dtype.to_owned();
+    let dtype = parse_dtype(dtype, &device)?;
     let last = library.as_ref().and_then(models::last_model);
     let (loaded, mut startup_notice) = models::load_at_start(model, last, fallback, &device, dtype);
-    let device_label = device_name(&device);
+    if let Some(n) = device_notice.take() {
+        startup_notice = Some(startup_notice.map_or(n.clone(), |s| format!("{n} · {s}")));
+    }
     let feed: Arc<Mutex<Option<Channel<UiEvent>>>> = Arc::default();
     let shared_library: jobs::SharedLibrary = Arc::new(Mutex::new(library.clone()));
     let jobs = {
         let feed = feed.clone();
-        let worker = Worker { library: shared_library.clone(), device: device_label.clone() };
+        let worker = Worker { library: shared_library.clone() };
         let queue_file = library.as_ref().and_then(|_| folio_library::home().ok()).map(|h| h.join(QUEUE_FILE));
         Jobs::start(worker, queue_file, move |jobs| send(&feed, UiEvent::Jobs { jobs }))
     };
@@ -734,8 +774,9 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
     let bare = loaded.engine.clone().map(|e| chat_of(Session::bare(e), None));
     let state = AppState {
         model: RwLock::new(loaded),
-        compute: (device, dtype),
-        device: device_label,
+        dtype_spec,
+        engine_settings: Mutex::new(settings),
+        bandwidths: Mutex::new(None),
         chat: Mutex::new(bare),
         open_context: Mutex::new(None),
         chat_id: Mutex::new(None),
@@ -808,6 +849,9 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
             settings::method,
             settings::set_method,
             sources::source_excerpts,
+            engine::engine_settings,
+            engine::set_engine_settings,
+            engine::memory_plan,
             settings::generation,
             settings::set_generation,
             models::models,

@@ -71,27 +71,33 @@ pub(super) async fn load_model(state: State<'_, AppState>, spec: String) -> Resu
                     Hugging Face repo id (owner/name)"
             .into());
     }
-    let (device, dtype) = state.compute.clone();
+    let (device, dtype) = state.compute()?;
     let loading = spec.clone();
     let engine = tauri::async_runtime::spawn_blocking(move || Engine::load(&loading, &device, dtype))
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
-    let engine = Arc::new(engine);
+    let waiting = install(&state, Arc::new(engine), Some(&spec)).await;
+    let mut info = app_info(state);
+    info.startup_notice = (!waiting.is_empty()).then(|| waiting.join(" · "));
+    Ok(info)
+}
+
+/// Runs `engine` from now on: the chat starts over on the bare model; prefills an earlier run
+/// queued with it start (what still waits for another model is returned); `spec`, when given,
+/// is remembered as the model the next start opens on.
+pub(super) async fn install(state: &AppState, engine: Arc<Engine>, spec: Option<&str>) -> Vec<String> {
     *state.model.write().unwrap_or_else(|e| e.into_inner()) = Loaded { engine: Some(engine.clone()), error: None };
     *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(Session::bare(engine.clone()), None));
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    super::chats::forget_chat(&state);
-    // Prefills an earlier run queued with this model start now; what still waits is told.
+    super::chats::forget_chat(state);
     let waiting = state.jobs.restore(&engine);
-    if let Ok(lib) = state.library() {
+    if let (Some(spec), Ok(lib)) = (spec, state.library()) {
         if let Err(e) = lib.set_setting(LAST_MODEL, &serde_json::json!(spec)).await {
             eprintln!("folio: {spec} is not remembered for the next start: {e}");
         }
     }
-    let mut info = app_info(state);
-    info.startup_notice = (!waiting.is_empty()).then(|| waiting.join(" · "));
-    Ok(info)
+    waiting
 }
 
 /// The native folder dialog, then [`load_model`] on the folder picked; `None` when cancelled.

@@ -76,12 +76,17 @@ pub(super) async fn save(state: &AppState) -> Result<(), String> {
     state.library()?.set_chat_settings(id, &settings).await.map_err(|e| e.to_string())
 }
 
+/// The method a chat's stored settings hold, when this Folio still reads it.
+pub(super) fn stored_method(settings: &serde_json::Value) -> Option<MethodChoice> {
+    let method = settings.get(METHOD_KEY).and_then(|v| serde_json::from_value::<MethodChoice>(v.clone()).ok());
+    method.filter(|c| c.check().is_ok())
+}
+
 /// Restores a chat's stored settings (those this Folio still reads; the others keep their
 /// values).
 pub(super) fn restore(state: &AppState, settings: Option<&serde_json::Value>) {
     let Some(settings) = settings else { return };
-    let method = settings.get(METHOD_KEY).and_then(|v| serde_json::from_value::<MethodChoice>(v.clone()).ok());
-    if let Some(choice) = method.filter(|c| c.check().is_ok()) {
+    if let Some(choice) = stored_method(settings) {
         *state.method.lock().unwrap_or_else(|e| e.into_inner()) = choice;
     }
     let generation = settings.get(GENERATION_KEY).and_then(|v| serde_json::from_value(v.clone()).ok());

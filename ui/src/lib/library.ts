@@ -272,6 +272,76 @@ export async function compareDense(
   return call('compare_dense', { position, onEvent });
 }
 
+/** The window's engine settings (src-tauri/src/gui/engine.rs). */
+export interface EngineSettings {
+  /** auto, cpu, cuda or cuda:N. */
+  device: string;
+  /** Sizes as the CLI reads them (24GiB); null: no cap. */
+  device_budget: string | null;
+  host_budget: string | null;
+  /** How new contexts store K/V. */
+  kv_dtype: string;
+  /** Open contexts on the offloaded tier. */
+  offload: boolean;
+}
+
+export interface DeviceChoice {
+  spec: string;
+  label: string;
+  /** Why it cannot be used here. */
+  unavailable: string | null;
+}
+
+export interface EngineView {
+  settings: EngineSettings;
+  running_on: string | null;
+  devices: DeviceChoice[];
+  kv_dtypes: string[];
+}
+
+export const engineSettings = () => call<EngineView>('engine_settings');
+/** Checked and applied at once; a device change loads the model again (info: the new app
+ *  state). Refused, nothing changes. */
+export const setEngineSettings = (settings: EngineSettings) =>
+  call<{ engine: EngineView; info: AppInfo | null }>('set_engine_settings', { settings });
+
+/** One path of a decode step: bytes over a measured bandwidth. */
+export interface PlanTerm {
+  path: 'device' | 'link' | 'host';
+  bytes: number;
+  bandwidth: number;
+  ms: number;
+}
+
+/** Where the open context's K/V lives with a method, and what a step costs (plan.rs). */
+export interface MemoryPlan {
+  tier: 'resident' | 'offloaded';
+  method: string;
+  budget_tokens: number | null;
+  file_bytes: number;
+  weights_bytes: number;
+  kv_device_bytes: number;
+  resident_layers: number;
+  layers: number;
+  kv_host_bytes: number;
+  method_device_bytes: number;
+  device_bytes: number;
+  host_bytes: number;
+  terms: PlanTerm[];
+  floor_ms: number;
+  binding: string;
+  problems: string[];
+}
+
+export interface PlanView {
+  plan: MemoryPlan;
+  bandwidths: { device: number; link: number | null; host: number };
+  device: string;
+}
+
+/** The planner for the open context with `method` (null: the chat's). */
+export const memoryPlan = (method: MethodChoice | null) => call<PlanView>('memory_plan', { method });
+
 /** A whole model in the Hugging Face cache (loads offline). */
 export interface CachedModel {
   repo: string;

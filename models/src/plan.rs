@@ -1,0 +1,279 @@
+//! The memory planner: for a saved context, a method, a tier and the memory budgets, where the
+//! K/V lives (device memory, host memory, the file), what the method keeps beside it, what a
+//! decode step moves, and the step's floor from bandwidths measured on this machine — what
+//! the window shows before a setting is used, and what refuses a budget that cannot hold the
+//! step's hot set, saying what would.
+//!
+//! The step model is `folio bench --shape`'s (docs/performance.md): the weights a step reads
+//! and the method's device-side index at the device's copy bandwidth; the rows it moves over
+//! the host link at the link's rate (the offloaded tier), or reads in device memory (the
+//! resident tier); what the CPU reads in host memory (MagicPIG's sample) at the host's read
+//! bandwidth. The paths overlap, so the floor is the slowest of them, not their sum. On the
+//! resident tier, layers past the device budget are decoded from the file again on use: their
+//! file bytes are read by the host and their decoded rows moved to the device, every step.
+//! A floor is a lower bound; the window shows it beside the measured time of the answers.
+//!
+//! Rejected: predicting from a table of measured ms/token per method and length — it would
+//! hold for the machine and model it was measured on only, where bandwidths and byte counts
+//! carry over to any of them.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use serde::Serialize;
+
+use crate::attention::cost::{CostInput, Shape};
+use crate::attention::{MethodChoice, Tier};
+use crate::config::ModelConfig;
+use crate::context::format::Header;
+use crate::error::{human_bytes, Error, Result};
+
+/// Parameters of a decoder of this shape (what the weights take), and those a decode step reads
+/// (all but the embedding table, of which it reads one row, unless the LM head shares it).
+pub fn parameters(cfg: &ModelConfig) -> (usize, usize) {
+    let (h, hd, inter, v) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size);
+    let (nq, nkv) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
+    let bias = if cfg.qkv_bias { nq + 2 * nkv } else { 0 };
+    let norms = if cfg.qk_norm { 2 * hd } else { 0 };
+    let layer = 2 * h + h * nq + 2 * h * nkv + bias + nq * h + 3 * h * inter + norms;
+    let head = if cfg.tie_word_embeddings { 0 } else { v * h };
+    let total = v * h + cfg.num_layers * layer + h + head;
+    let read = total - if cfg.tie_word_embeddings { 0 } else { v * h };
+    (total, read)
+}
+
+/// Host memory read by every core at once (threads summing their share of a `bytes` buffer,
+/// `rounds` times after a warm-up), bytes/s: the limit of work the CPU does over host rows.
+pub fn host_read_bandwidth(bytes: usize, rounds: usize) -> f64 {
+    let words = vec![1u64; bytes / 8];
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let sum = || -> u64 {
+        std::thread::scope(|s| {
+            let parts: Vec<_> = words
+                .chunks(words.len().div_ceil(threads).max(1))
+                .map(|c| s.spawn(move || c.iter().fold(0u64, |a, &x| a.wrapping_add(x))))
+                .collect();
+            parts.into_iter().map(|p| p.join().unwrap_or(0)).fold(0, u64::wrapping_add)
+        })
+    };
+    std::hint::black_box(sum());
+    let start = Instant::now();
+    for _ in 0..rounds {
+        std::hint::black_box(sum());
+    }
+    (bytes * rounds) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Device-to-device copies of `bytes` (after a warm-up, `rounds` back to back), as bytes/s read
+/// + written.
+pub fn copy_bandwidth(device: &Device, bytes: usize, rounds: usize) -> Result<f64> {
+    let block = Tensor::zeros(bytes / 2, DType::BF16, device)?;
+    block.copy()?;
+    device.synchronize()?;
+    let start = Instant::now();
+    for _ in 0..rounds {
+        block.copy()?;
+    }
+    device.synchronize()?;
+    Ok(2.0 * (bytes * rounds) as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Bandwidths of this machine, measured: bytes/s.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Bandwidths {
+    /// Device memory (read + written by a copy).
+    pub device: f64,
+    /// Host to device over the link (page-locked); `None` on the CPU, where there is no link.
+    pub link: Option<f64>,
+    /// Host memory read by every core.
+    pub host: f64,
+}
+
+impl Bandwidths {
+    /// Measures each with a buffer of `bytes` (a planner's quick look: a few rounds).
+    pub fn measure(device: &Device, bytes: usize) -> Result<Self> {
+        const ROUNDS: usize = 4;
+        let link = match device.is_cpu() {
+            true => None,
+            false => Some(folio_kernels::device::host_to_device_rate(device, bytes)?),
+        };
+        Ok(Self { device: copy_bandwidth(device, bytes, ROUNDS)?, link, host: host_read_bandwidth(bytes, ROUNDS) })
+    }
+}
+
+/// The memory a step may use: device memory (VRAM on a GPU) and host memory; `None` is no cap.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Budgets {
+    pub device: Option<u64>,
+    pub host: Option<u64>,
+}
+
+/// One path of a decode step: bytes over a bandwidth.
+#[derive(Debug, Clone, Serialize)]
+pub struct Term {
+    pub path: &'static str,
+    pub bytes: f64,
+    pub bandwidth: f64,
+    pub ms: f64,
+}
+
+/// Where a context's K/V and a method's state live, and what a step costs; see the module docs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub tier: &'static str,
+    pub method: String,
+    pub budget_tokens: Option<usize>,
+    /// The context file's bytes (its K/V in the file's dtype, on disk).
+    pub file_bytes: u64,
+    /// The model's weights in device memory.
+    pub weights_bytes: u64,
+    /// K/V decoded into device memory: whole layers (resident tier).
+    pub kv_device_bytes: u64,
+    pub resident_layers: usize,
+    pub layers: usize,
+    /// K/V in host memory (offloaded tier), at the compute dtype.
+    pub kv_host_bytes: u64,
+    /// What the method keeps in device memory beside the K/V (labels, resident layers,
+    /// gathers).
+    pub method_device_bytes: u64,
+    pub device_bytes: u64,
+    pub host_bytes: u64,
+    /// The step's paths and their times; the floor is the slowest.
+    pub terms: Vec<Term>,
+    pub floor_ms: f64,
+    pub binding: &'static str,
+    /// Budgets that cannot hold what the step needs, each with what would.
+    pub problems: Vec<String>,
+}
+
+/// What the planner reads of the model running the context.
+pub struct ModelFacts<'a> {
+    pub config: &'a ModelConfig,
+    /// Bytes of one element of the compute dtype (K/V are decoded to it).
+    pub elem: usize,
+}
+
+/// Plans `choice` over the context `header` on `tier` within `budgets`.
+pub fn plan(
+    model: &ModelFacts<'_>,
+    header: &Header,
+    choice: &MethodChoice,
+    tier: Tier,
+    budgets: Budgets,
+    bw: &Bandwidths,
+) -> Result<Plan> {
+    let spec = choice.spec()?;
+    let (cfg, elem) = (model.config, model.elem);
+    let (total_params, read_params) = parameters(cfg);
+    let weights = (total_params * elem) as u64;
+    let tokens = header.tokens;
+    let layer_bytes = (2 * header.kv_heads * tokens * header.head_dim * elem) as u64;
+    let layers = header.layers;
+    let budget_tokens = choice.budget()?.map(|b| b.tokens(tokens));
+    let params = choice.params()?;
+    let input =
+        CostInput { shape: Shape::of(cfg), context: tokens, elem, budget: budget_tokens.unwrap_or(0), params: &params };
+    let cost = (spec.cost)(&input);
+    let method_device = cost.resident_bytes;
+    let mut problems = Vec::new();
+    let link = bw.link.unwrap_or(bw.device);
+    let term = |path, bytes: f64, bandwidth: f64| Term { path, bytes, bandwidth, ms: bytes / bandwidth * 1e3 };
+    let weights_read = (read_params * elem) as f64;
+    let (kv_device, resident_layers, kv_host, terms) = match tier {
+        Tier::Resident => {
+            // Whole layers are decoded into device memory up to the budget; one at least.
+            let room = budgets.device.map(|b| b.saturating_sub(weights + method_device));
+            let kept = match room {
+                Some(room) => ((room / layer_bytes.max(1)) as usize).min(layers),
+                None => layers,
+            };
+            if kept == 0 {
+                problems.push(format!(
+                    "a device budget of {} does not hold the weights ({}), {}'s state ({}) and one layer of this \
+                     context's K/V ({}): it needs {} at least, or {} with offload on (only the rows {} picks move \
+                     to the device)",
+                    human_bytes(budgets.device.unwrap_or(0)),
+                    human_bytes(weights),
+                    spec.name,
+                    human_bytes(method_device),
+                    human_bytes(layer_bytes),
+                    human_bytes(weights + method_device + layer_bytes),
+                    human_bytes(weights + method_device),
+                    spec.name
+                ));
+            }
+            let kept = kept.max(1);
+            let again = (layers - kept) as f64;
+            let file_layer = header.kv_dtype.max_section_bytes(header.kv_heads * tokens, header.head_dim) as f64;
+            let mut terms = vec![term("device", weights_read + cost.device_bytes + cost.link_bytes, bw.device)];
+            if again > 0.0 {
+                terms.push(term("host", again * 2.0 * file_layer, bw.host));
+                terms.push(term("link", again * layer_bytes as f64, link));
+            }
+            (layer_bytes * kept as u64, kept, 0, terms)
+        }
+        Tier::Offloaded => {
+            let host = layer_bytes * layers as u64;
+            if let Some(b) = budgets.host.filter(|&b| host > b) {
+                problems.push(format!(
+                    "the offloaded tier keeps this context's K/V in host memory: {} at the compute dtype, over the \
+                     {} host budget; raise it to {}, or turn offload off (layers are then read from the file as used)",
+                    human_bytes(host),
+                    human_bytes(b),
+                    human_bytes(host)
+                ));
+            }
+            let terms = vec![
+                term("device", weights_read + cost.device_bytes, bw.device),
+                term("link", cost.link_bytes, link),
+                term("host", cost.host_bytes, bw.host),
+            ];
+            (0, 0, host, terms)
+        }
+    };
+    let device_total = weights + method_device + kv_device;
+    if let Some(b) = budgets.device.filter(|&b| device_total > b && problems.is_empty()) {
+        problems.push(format!(
+            "a device budget of {} does not hold {}'s step: weights {}, {} method state {}, K/V {} — {} in all{}",
+            human_bytes(b),
+            spec.name,
+            human_bytes(weights),
+            spec.name,
+            human_bytes(method_device),
+            human_bytes(kv_device),
+            human_bytes(device_total),
+            match tier {
+                Tier::Offloaded => String::new(),
+                Tier::Resident => format!("; with offload on it needs {}", human_bytes(weights + method_device)),
+            }
+        ));
+    }
+    let binding = terms.iter().max_by(|a, b| a.ms.total_cmp(&b.ms)).map_or("device", |t| t.path);
+    let floor_ms = terms.iter().map(|t| t.ms).fold(0.0, f64::max);
+    Ok(Plan {
+        tier: tier.name(),
+        method: spec.name.to_owned(),
+        budget_tokens,
+        file_bytes: header.file_bytes,
+        weights_bytes: weights,
+        kv_device_bytes: kv_device,
+        resident_layers,
+        layers,
+        kv_host_bytes: kv_host,
+        method_device_bytes: method_device,
+        device_bytes: device_total,
+        host_bytes: kv_host,
+        terms: terms.into_iter().filter(|t| t.bytes > 0.0).collect(),
+        floor_ms,
+        binding,
+        problems,
+    })
+}
+
+/// The plan's first problem as an error (what refuses a setting).
+pub fn check(plan: &Plan) -> Result<()> {
+    match plan.problems.first() {
+        Some(p) => Err(Error::Invalid(p.clone())),
+        None => Ok(()),
+    }
+}
