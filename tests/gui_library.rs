@@ -648,6 +648,21 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
         d.texts(".bubble.assistant.done .text").last().is_some_and(|t| t.contains("9 0 4 1 7"))
     });
     assert!(d.texts("[data-testid=job-progress]").is_empty(), "switching the tier runs no prefill");
+    // magicpig's index stored in the file (with progress), then read by the next answer;
+    // magicpig made the context's default, so a new chat over it starts with it.
+    d.click("[aria-label=Settings]");
+    d.wait("the context's method", |d| d.element("[data-testid=build-index]").is_some());
+    d.script("document.querySelector('[data-testid=set-default-method]').click()", json!([]));
+    d.wait("the default set", |d| d.texts("[data-testid=context-note]").concat().contains("start with magicpig"));
+    d.script("document.querySelector('[data-testid=build-index]').click()", json!([]));
+    d.wait("the index stored", |d| d.texts("[data-testid=context-note]").concat().starts_with("Stored"));
+    println!("{}", d.texts("[data-testid=context-note]").concat());
+    d.click("[aria-label='Close settings']");
+    d.type_into("#composer-input", &format!("what is the value of y ?{ENTER}"));
+    d.wait("the answer over the stored index", |d| d.texts(".bubble.assistant.done .text").len() == 5);
+    let stats = d.texts("[data-testid=answer-stats]");
+    assert!(stats[4].starts_with("magicpig · budget 1% · index from the file"), "{stats:?}");
+    assert!(d.texts(".bubble.assistant.done .text")[4].contains("5 2 9 8 1"));
     // A new context is stored as fp8.
     let tiny = work.path().join("tiny notes.md");
     std::fs::write(&tiny, "The lantern was very bright.\n").unwrap();
@@ -670,7 +685,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     // (step 2) and step 5's, newest first.
     d.wait("the saved chats listed", |d| d.texts("[data-testid=chat]").len() == 11);
     d.click("[data-testid=chat] .chat-button");
-    d.wait("its turns shown", |d| d.texts(".bubble.assistant .text").len() == 4);
+    d.wait("its turns shown", |d| d.texts(".bubble.assistant .text").len() == 5);
     assert!(d.texts(".bubble.assistant .text")[0].contains("4 8 1 5 2"));
     assert_eq!(d.texts("[data-testid=comparison]").len(), 1, "the comparison is saved with its answer");
     d.wait("the chat over samples", |d| d.texts("[data-testid=open-context-chip]").concat().contains("samples"));
@@ -686,20 +701,20 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.type_into("#composer-input", &format!("what is the room number of silver otter ?{ENTER}"));
     d.wait("the follow-up answered", |d| {
         let texts = d.texts(".bubble.assistant.done .text");
-        texts.len() == 5 && texts[4].contains("3 0 7 1 9")
+        texts.len() == 6 && texts[5].contains("3 0 7 1 9")
     });
     assert!(d.texts("[data-testid=job-progress]").is_empty(), "no prefill runs for a reopened chat");
     assert!(std::fs::read_dir(home.path().join("contexts"))
         .unwrap()
         .flatten()
         .all(|e| { !e.file_name().to_string_lossy().ends_with(".partial") }));
-    d.wait("five turns saved", |d| d.texts("[data-testid=chat] .chat-note").concat().contains("5 turns"));
+    d.wait("six turns saved", |d| d.texts("[data-testid=chat] .chat-note").concat().contains("6 turns"));
     // The answer on screen is marked, so the wait sees the new one, not the old.
-    d.script("document.querySelectorAll('.bubble.assistant')[4].dataset.old = '1'", json!([]));
+    d.script("document.querySelectorAll('.bubble.assistant')[5].dataset.old = '1'", json!([]));
     d.click("[data-testid=regenerate]");
     d.wait("answered again", |d| {
         let texts = d.texts(".bubble.assistant.done:not([data-old]) .text");
-        texts.len() == 5 && texts[4].contains("3 0 7 1 9")
+        texts.len() == 6 && texts[5].contains("3 0 7 1 9")
     });
     screenshot(&display, "12-chats");
     d.click("[data-testid=fork]");
@@ -717,12 +732,26 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     std::fs::rename(&file, &moved).unwrap();
     d.click("[data-testid=chat] .chat-button");
     d.wait("the refusal", |d| d.texts("[data-testid=chat-refused]").concat().contains("samples is missing"));
-    assert_eq!(d.texts(".bubble.assistant .text").len(), 5, "the chat stays readable");
+    assert_eq!(d.texts(".bubble.assistant .text").len(), 6, "the chat stays readable");
     d.type_into("#composer-input", &format!("what is the pass key ?{ENTER}"));
     d.wait("asking refused", |d| d.texts(".bubble.assistant .error").concat().contains("samples is missing"));
     std::fs::rename(&moved, &file).unwrap();
     d.click("[data-testid=chat]:nth-child(2) .chat-button");
     d.click("[data-testid=chat] .chat-button");
     d.wait("the chat continuing", |d| d.texts("[data-testid=chat-refused]").is_empty());
+    // A new chat over samples starts with its default method (magicpig, set above).
+    d.click("header .leave");
+    let samples_row = statuses(&d).iter().position(|(n, _)| n == "samples").unwrap() + 1;
+    d.script(
+        &format!("document.querySelector('[data-testid=context]:nth-child({samples_row}) .ctx-button').click()"),
+        json!([]),
+    );
+    d.wait("the open button", |d| d.element("[data-testid=open-context]").is_some());
+    d.click("[data-testid=open-context]");
+    d.wait("the chat over samples", |d| d.texts("[data-testid=open-context-chip]").concat().contains("samples"));
+    d.click("[aria-label=Settings]");
+    d.wait("the context's default method", |d| {
+        d.script("return document.querySelector('[data-testid=method]')?.value", json!([])) == json!("magicpig")
+    });
     d.quit();
 }

@@ -11,9 +11,8 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use folio_models::context::format::SectionKind;
-use folio_models::context::{self, BuildOptions, ContextFile, ContextKv, KvDtype, Progress};
+use folio_models::context::{self, BuildOptions, ContextFile, KvDtype, Progress};
 use folio_models::error::human_bytes;
-use folio_models::session::RESIDENT_BUDGET;
 use serde_json::json;
 
 use crate::change;
@@ -349,45 +348,31 @@ pub fn context(common: &Common, cmd: ContextCommand) -> Result<()> {
 
 fn index(common: &Common, a: IndexArgs) -> Result<()> {
     let started = Instant::now();
-    let file = ContextFile::open(&a.file)?;
-    let engine = common.engine_or(&file.header().model.source)?;
-    engine.check_context(&file)?;
-    let attn = a.attention.build(&engine)?;
-    let file = Arc::new(file);
-    let kv = ContextKv::new(file.clone(), engine.model.dtype(), engine.model.device(), RESIDENT_BUDGET);
-    let layers = file.header().layers;
-    let mut sections = Vec::new();
-    for layer in 0..layers {
-        if let Some((name, bytes)) = attn.index_section(&kv, layer, layers)? {
-            if !a.json {
-                eprintln!("layer {layer}: {name} ({})", human_bytes(bytes.len() as u64));
-            }
-            sections.push((name, layer, bytes));
+    let source = ContextFile::open(&a.file)?.header().model.source.clone();
+    let engine = common.engine_or(&source)?;
+    let stored = engine.store_index(&a.file, &a.attention.method, |layer, layers| {
+        if !a.json {
+            eprint!("\rindexing: layer {layer}/{layers}");
         }
+        ControlFlow::Continue(())
+    })?;
+    if !a.json {
+        eprintln!();
     }
-    if sections.is_empty() {
-        bail!(
-            "{} keeps no index at these settings (dense, streaming, top-k, HiP and BUZZ search the keys directly; \
-             a budget covering the context needs none)",
-            a.attention.method
-        );
-    }
-    let added: u64 = sections.iter().map(|s| s.2.len() as u64).sum();
-    let count = sections.len();
-    let header = file.write_with_indexes(&a.file, sections)?;
     let seconds = started.elapsed().as_secs_f64();
     if a.json {
         println!(
             "{}",
-            json!({ "file": a.file, "attention": attn.settings(), "sections": count, "index_bytes": added,
-                    "file_bytes": header.file_bytes, "seconds": seconds })
+            json!({ "file": a.file, "attention": stored.settings, "sections": stored.sections,
+                    "index_bytes": stored.index_bytes, "file_bytes": stored.header.file_bytes, "seconds": seconds })
         );
     } else {
         println!(
-            "stored {count} index sections ({}) in {}; the file is now {} ({seconds:.2} s)",
-            human_bytes(added),
+            "stored {} index sections ({}) in {}; the file is now {} ({seconds:.2} s)",
+            stored.sections,
+            human_bytes(stored.index_bytes),
             a.file.display(),
-            human_bytes(header.file_bytes)
+            human_bytes(stored.header.file_bytes)
         );
     }
     Ok(())

@@ -7,11 +7,13 @@
 //! * [`build`]: layer-major prefill into a file, checkpointed per layer, saved atomically.
 //! * [`file`]: opening and verifying a saved file (memory-mapped).
 //! * [`kv`]: the KV store of a conversation over a saved context.
+//! * [`indexes`]: a method's index stored in a saved file.
 
 pub mod build;
 pub mod codec;
 pub mod file;
 pub mod format;
+pub mod indexes;
 pub mod kv;
 pub mod prompt;
 
@@ -22,5 +24,6 @@ pub use build::{
 pub use codec::KvDtype;
 pub use file::{ContextFile, VerifyReport};
 pub use format::{DocumentSpan, Fingerprint, Header, ModelStamp};
+pub use indexes::StoredIndex;
 pub use kv::ContextKv;
 pub use prompt::{DocumentText, PrefixPlan};

@@ -249,6 +249,7 @@ fn answer_details(answer: &folio_models::session::Answer, generation: &Generatio
         "tokens": answer.tokens.len(),
         "timings": answer.timings,
         "sources": answer.sources,
+        "index": answer.index,
         "context": answer.context,
         "reused_tokens": answer.reused_tokens,
     })
@@ -360,6 +361,10 @@ async fn open_context(state: State<'_, AppState>, id: i64) -> Result<ContextInfo
         return Err(format!("{} is {}: only a ready context opens", info.name, info.status.as_str()));
     }
     let settings = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    // A new chat over a context starts with its default method, when it has one.
+    if let Some(default) = settings::context_method(&state, id).await {
+        *state.method.lock().unwrap_or_else(|e| e.into_inner()) = default;
+    }
     let method = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let session = engine::open_session(&state, &settings, engine, &info.path, &method).await?;
     *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(session, None));
@@ -849,6 +854,9 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
             settings::method,
             settings::set_method,
             sources::source_excerpts,
+            settings::open_context_method,
+            settings::set_context_method,
+            settings::build_index,
             engine::engine_settings,
             engine::set_engine_settings,
             engine::memory_plan,

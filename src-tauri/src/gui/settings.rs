@@ -94,3 +94,92 @@ pub(super) fn restore(state: &AppState, settings: Option<&serde_json::Value>) {
         *state.generation.lock().unwrap_or_else(|e| e.into_inner()) = generation;
     }
 }
+
+/// The library setting holding a context's default method (by context id).
+fn context_method_key(id: i64) -> String {
+    format!("context.{id}.method")
+}
+
+/// The default method of context `id`: what a new chat over it starts with.
+pub(super) async fn context_method(state: &AppState, id: i64) -> Option<MethodChoice> {
+    let value = state.library().ok()?.setting(&context_method_key(id)).await.ok().flatten()?;
+    serde_json::from_value::<MethodChoice>(value).ok().filter(|c| c.check().is_ok())
+}
+
+/// The context the chat is over (its library id), and its default method.
+#[derive(serde::Serialize)]
+pub(super) struct ContextDefault {
+    context: Option<i64>,
+    method: Option<MethodChoice>,
+}
+
+#[tauri::command]
+pub(super) async fn open_context_method(state: State<'_, AppState>) -> Result<ContextDefault, String> {
+    let context = *state.open_context.lock().unwrap_or_else(|e| e.into_inner());
+    let method = match context {
+        Some(id) => context_method(&state, id).await,
+        None => None,
+    };
+    Ok(ContextDefault { context, method })
+}
+
+/// Makes the method in use the open context's default (new chats over it start with it).
+#[tauri::command]
+pub(super) async fn set_context_method(state: State<'_, AppState>) -> Result<MethodChoice, String> {
+    let id = state.open_context.lock().unwrap_or_else(|e| e.into_inner()).ok_or("open a context first")?;
+    let choice = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let value = serde_json::to_value(&choice).map_err(|e| e.to_string())?;
+    state.library()?.set_setting(&context_method_key(id), &value).await.map_err(|e| e.to_string())?;
+    Ok(choice)
+}
+
+/// How far an index build has got.
+#[derive(Clone, serde::Serialize)]
+pub(super) struct IndexProgress {
+    layer: usize,
+    layers: usize,
+}
+
+/// Builds the index of the method in use over the open context and stores it in the file
+/// (`Engine::store_index`, as `folio context index`); Stop stops it with the file unchanged.
+/// The context's library row is refreshed and the chat reopened on the new file, its
+/// conversation kept.
+#[tauri::command]
+pub(super) async fn build_index(
+    state: State<'_, AppState>,
+    on_event: tauri::ipc::Channel<IndexProgress>,
+) -> Result<folio_models::context::StoredIndex, String> {
+    let id = state.open_context.lock().unwrap_or_else(|e| e.into_inner()).ok_or("open a context first")?;
+    super::not_being_written(&state, id).await?;
+    let engine = state.engine()?;
+    let lib = state.library()?;
+    let path = lib.context(id).await.map_err(|e| e.to_string())?.path;
+    let choice = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let chat = super::current_chat(&state)?;
+    let cancel = state.cancel.clone();
+    let (building, at) = (engine.clone(), path.clone());
+    let stored = tauri::async_runtime::spawn_blocking(move || {
+        // Not while an answer reads the file; a question asked meanwhile waits.
+        let guard = chat.lock().unwrap_or_else(|e| e.into_inner());
+        cancel.store(false, std::sync::atomic::Ordering::SeqCst);
+        let stored = building.store_index(&at, &choice, |layer, layers| {
+            let _ = on_event.send(IndexProgress { layer, layers });
+            match cancel.load(std::sync::atomic::Ordering::SeqCst) {
+                true => std::ops::ControlFlow::Break(()),
+                false => std::ops::ControlFlow::Continue(()),
+            }
+        });
+        let turns = guard.1.messages.clone();
+        drop(guard);
+        stored.map(|s| (s, turns)).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let (stored, turns) = stored;
+    lib.add_context(&path).await.map_err(|e| e.to_string())?;
+    let settings = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let method = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let session = super::engine::open_session(&state, &settings, engine, &path, &method).await?;
+    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(super::chat_of(session, Some(turns)));
+    Ok(stored)
+}

@@ -84,6 +84,8 @@ export interface AnswerDetails {
     /** Where in the document, heaviest first (context positions). */
     passages?: Passage[];
   }[];
+  /** Where each layer's index came from (methods with one): read from the file, or built. */
+  index?: Record<string, 'file' | 'built' | 'rebuilt'>;
   /** The id of the context version the answer read (its sources' positions refer to it). */
   context?: string | null;
   reused_tokens: number;

@@ -342,6 +342,26 @@ export interface PlanView {
 /** The planner for the open context with `method` (null: the chat's). */
 export const memoryPlan = (method: MethodChoice | null) => call<PlanView>('memory_plan', { method });
 
+/** The context the chat is over, and its default method (what new chats over it start with). */
+export const openContextMethod = () =>
+  call<{ context: number | null; method: MethodChoice | null }>('open_context_method');
+/** Makes the method in use the open context's default. */
+export const setContextMethod = () => call<MethodChoice>('set_context_method');
+
+/** A method's index stored in the context file. */
+export interface StoredIndex {
+  settings: unknown;
+  sections: number;
+  index_bytes: number;
+}
+
+/** Builds the index of the method in use into the open context's file; `onProgress(layer,
+ *  layers)` follows it; Stop (cancelChat) stops it with the file unchanged. */
+export async function buildIndex(onProgress: (layer: number, layers: number) => void): Promise<StoredIndex> {
+  const onEvent = new Channel<{ layer: number; layers: number }>((p) => onProgress(p.layer, p.layers));
+  return call('build_index', { onEvent });
+}
+
 /** A whole model in the Hugging Face cache (loads offline). */
 export interface CachedModel {
   repo: string;
