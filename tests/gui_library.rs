@@ -460,6 +460,10 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     let facts = d.texts("[data-testid=model-facts]").concat();
     assert!(facts.contains("llama") && facts.contains("Parameters") && facts.contains("K/V per token"), "{facts}");
     screenshot(&display, "7-settings");
+    // With no context open, a system prompt for bare-model chats is offered and applied.
+    d.type_into("[data-testid=system-prompt]", "you answer in one line .");
+    d.script("document.querySelector('[data-testid=apply-generation]').click()", json!([]));
+    d.wait("the system prompt applied", |d| d.texts("[role=status]").concat().contains("The next answer uses these"));
     d.click("[aria-label='Close settings']");
     let more = work.path().join("more notes");
     std::fs::create_dir(&more).unwrap();

@@ -272,3 +272,53 @@ fn answers_compare_with_dense_on_the_same_turn() {
     let again = session.ask(&mut before.clone(), question, &dense, &settings(), go_on).unwrap();
     assert_eq!(again.tokens, answer.tokens);
 }
+
+/// A system prompt: a bare chat renders it before the turns (the CLI's `--system` does the
+/// same); over a context, whose system prompt is part of its K/V, another one is refused.
+#[test]
+fn a_system_prompt_is_the_bare_chats_and_a_contexts_is_its_own() {
+    let work = tempfile::tempdir().unwrap();
+    let demo = root().join("assets/models/demo");
+    let (m, samples) = (demo.to_str().unwrap(), root().join("assets/samples"));
+    let ctx = work.path().join("samples.folio");
+    ok_json(folio(&[
+        "prefill",
+        "--model",
+        m,
+        "--docs",
+        samples.to_str().unwrap(),
+        "--out",
+        ctx.to_str().unwrap(),
+        "--json",
+    ]));
+    let engine = Arc::new(Engine::load(m, &Device::Cpu, DType::F32).unwrap());
+    let dense = MethodChoice::parse("dense").unwrap();
+    let mut bare = Session::bare(engine.clone());
+    let q = "what is the pass key ?";
+    let plain = bare.ask(&mut bare.new_conversation(), q, &dense, &settings(), go_on).unwrap();
+    let system = GenerationSettings { system: Some("you answer in one line .".into()), ..settings() };
+    let mut conv = bare.new_conversation();
+    let told = bare.ask(&mut conv, q, &dense, &system, go_on).unwrap();
+    let marker = engine.tokenizer.encode_text("you answer in one line .").unwrap();
+    let has = |t: &[u32]| t.windows(marker.len()).any(|w| w == marker.as_slice());
+    assert!(has(&told.tail_tokens) && !has(&plain.tail_tokens));
+    assert_eq!(conv.system.as_deref(), Some("you answer in one line ."));
+    let cli = ok_json(folio(&[
+        "chat",
+        "--model",
+        m,
+        "--system",
+        "you answer in one line .",
+        q,
+        "--json",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        &MAX_TOKENS.to_string(),
+    ]));
+    assert_eq!(cli["tokens"], serde_json::json!(told.tokens));
+
+    let mut over = Session::open(engine, &ctx, Tier::Resident).unwrap();
+    let err = over.ask(&mut over.new_conversation(), q, &dense, &system, go_on).unwrap_err();
+    assert!(err.to_string().contains("prefilled with no system prompt"), "{err}");
+}

@@ -66,6 +66,10 @@ pub struct GenerationSettings {
     pub seed: u64,
     /// Strings that end the answer (not part of it).
     pub stop: Vec<String>,
+    /// The system message of a chat with the bare model. A saved context keeps the one it
+    /// was prefilled with (it is part of its K/V): asking over one with another is refused.
+    #[serde(default)]
+    pub system: Option<String>,
 }
 
 impl Default for GenerationSettings {
@@ -78,6 +82,7 @@ impl Default for GenerationSettings {
             repetition_penalty: None,
             seed: 0,
             stop: Vec::new(),
+            system: None,
         }
     }
 }
@@ -302,6 +307,22 @@ impl Session {
             return Err(Error::Invalid("the question is empty".into()));
         }
         self.check_method(method)?;
+        if let Some(system) = &settings.system {
+            match self.context() {
+                None => conv.system = Some(system.clone()).filter(|s| !s.trim().is_empty()),
+                Some(file) if file.header().prompt.system.as_deref() != Some(system.as_str()) => {
+                    return Err(Error::Invalid(format!(
+                        "this context was prefilled with {}: its system prompt is part of its K/V; ask without one, \
+                         or prefill the documents again with it",
+                        match &file.header().prompt.system {
+                            Some(s) => format!("the system prompt \"{s}\""),
+                            None => "no system prompt".into(),
+                        }
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
         let mut turns = conv.messages.clone();
         turns.push(Message::new("user", question));
         let tail = self.render(conv, &turns)?;

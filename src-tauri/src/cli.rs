@@ -131,6 +131,7 @@ impl ChatArgs {
             repetition_penalty: self.repetition_penalty,
             seed: self.seed,
             stop: self.stop.clone(),
+            system: self.system.clone(),
         }
     }
 }

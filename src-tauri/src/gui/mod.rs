@@ -288,7 +288,11 @@ async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<Chat
     let cancel = state.cancel.clone();
     let question = prompt.clone();
     let method = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let settings = state.generation.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut settings = state.generation.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    // A context answers with the system prompt it was prefilled with (Settings says so).
+    if state.open_context.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+        settings.system = None;
+    }
     let generation = settings.clone();
     let answer = tauri::async_runtime::spawn_blocking(move || {
         // One answer at a time: a question sent while one runs waits here, and clears a Stop

@@ -199,6 +199,8 @@ export interface GenerationSettings {
   repetition_penalty: number | null;
   seed: number;
   stop: string[];
+  /** The system message of a bare-model chat (a context keeps the one it was prefilled with). */
+  system: string | null;
 }
 
 export const currentGeneration = () => call<GenerationSettings>('generation');
