@@ -757,5 +757,35 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.wait("the context's default method", |d| {
         d.script("return document.querySelector('[data-testid=method]')?.value", json!([])) == json!("magicpig")
     });
+    // Double Sparsity without the model's calibration: the form says so and offers to
+    // calibrate on this context's documents (kept in Folio's home, not the model's folder);
+    // calibrated, it answers.
+    d.script(
+        "const s = document.querySelector('[data-testid=method]'); s.value = 'double-sparsity'; \
+         s.dispatchEvent(new Event('change', {bubbles: true}));",
+        json!([]),
+    );
+    d.wait("the calibration missing", |d| {
+        d.texts("[data-testid=calibration-missing]").concat().contains("folio-channels.json does not exist")
+    });
+    d.script("document.querySelector('[data-testid=calibration]').scrollIntoView()", json!([]));
+    std::thread::sleep(Duration::from_millis(300));
+    screenshot(&display, "17-calibration");
+    d.script("document.querySelector('[data-testid=calibrate]').click()", json!([]));
+    d.wait("calibrated", |d| d.texts("[data-testid=calibration]").concat().starts_with("Calibrated"));
+    let kept = std::fs::read_dir(home.path().join("calibrations")).unwrap().flatten().next().unwrap().path();
+    assert!(kept.join("folio-channels.json").is_file(), "{}", kept.display());
+    // At its default 6.25% (30 of samples' 479 tokens, no recent window) the demo model loses
+    // the thread (docs/quality.md); a quarter reads enough.
+    d.type_into("[data-testid=budget]", "25%");
+    d.click("[data-testid=apply-method]");
+    d.wait("double-sparsity applied", |d| {
+        d.texts("[role=status]").concat().contains("The next answer uses double-sparsity")
+    });
+    d.click("[aria-label='Close settings']");
+    d.type_into("#composer-input", &format!("what is the pass key ?{ENTER}"));
+    d.wait("double-sparsity's answer", |d| d.texts(".bubble.assistant.done .text").len() == 1);
+    assert!(d.texts(".bubble.assistant.done .text")[0].contains("9 0 4 1 7"));
+    assert!(d.texts("[data-testid=answer-stats]")[0].starts_with("double-sparsity · budget 25%"));
     d.quit();
 }

@@ -27,6 +27,8 @@ use crate::Engine;
 pub const FILE: &str = "folio-channels.json";
 /// Tokens per calibration forward (the authors' block length).
 pub const BLOCK: usize = 512;
+/// Blocks measured by default: the authors' 256 documents of ≤ 512 tokens.
+pub const DEFAULT_BLOCKS: usize = 256;
 
 /// Channel order per layer and KV head, most important first: what Double Sparsity uses.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -85,7 +87,8 @@ impl Calibration {
         let bytes = std::fs::read(&path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 Error::Invalid(format!(
-                    "{} does not exist: run `folio calibrate --model {} --docs <files>` once for double-sparsity",
+                    "{} does not exist: run `folio calibrate --model {} --docs <files>` once for double-sparsity \
+                     (in the window: Settings, Calibrate on this context's documents)",
                     path.display(),
                     stamp.source
                 ))
@@ -120,6 +123,7 @@ impl Calibration {
 
     pub fn save(&self, model_dir: &Path) -> Result<PathBuf> {
         let path = Self::path(model_dir);
+        std::fs::create_dir_all(model_dir).map_err(|e| Error::io(model_dir, e))?;
         let json = serde_json::to_vec_pretty(self).map_err(|e| Error::Invalid(e.to_string()))?;
         write_atomic(&path, &json)?;
         Ok(path)

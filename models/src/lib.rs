@@ -110,6 +110,9 @@ pub struct Engine {
     pub source: String,
     /// [`Engine::stamp`], computed on first use (it hashes the tokenizer and samples the weights).
     stamp: std::sync::OnceLock<ModelStamp>,
+    /// A folder of channel calibrations kept outside model folders (the window's: Folio's
+    /// home), read when the model's folder has none; see [`Engine::calibration_dir`].
+    calibrations: std::sync::OnceLock<std::path::PathBuf>,
     pub files: ModelFiles,
     pub model: Model,
     pub tokenizer: Tokenizer,
@@ -133,6 +136,7 @@ impl Engine {
             name: source.display_name(),
             source: spec.to_owned(),
             stamp: std::sync::OnceLock::new(),
+            calibrations: std::sync::OnceLock::new(),
             files,
             model,
             tokenizer,
@@ -202,10 +206,42 @@ impl Engine {
     pub fn resources(&self, methods: &[attention::MethodChoice]) -> Result<attention::Resources> {
         let mut resources = attention::Resources::default();
         if methods.iter().map(|m| m.spec()).collect::<Result<Vec<_>>>()?.iter().any(|s| s.needs.calibration) {
-            let calibration = calibrate::Calibration::load(self.model_dir(), self.stamp()?)?;
+            let calibration = calibrate::Calibration::load(&self.calibration_source()?, self.stamp()?)?;
             resources.channels = Some(std::sync::Arc::new(calibration.channels));
         }
         Ok(resources)
+    }
+
+    /// Keeps calibrations made for this model under `dir` (one folder per model fingerprint)
+    /// besides its own folder; the first call wins.
+    pub fn keep_calibrations_in(&self, dir: std::path::PathBuf) {
+        let _ = self.calibrations.set(dir);
+    }
+
+    /// Where a calibration made now for this model is written: the calibrations folder's
+    /// folder for its fingerprint when one is set (model folders may be read-only, or a
+    /// source tree), else the model's folder (`folio calibrate`).
+    pub fn calibration_dir(&self) -> Result<std::path::PathBuf> {
+        match self.calibrations.get() {
+            Some(dir) => {
+                let stamp = self.stamp()?;
+                let id = serde_json::to_vec(&stamp.fingerprint).map_err(|e| Error::Invalid(e.to_string()))?;
+                let id = context::format::checksum(&id);
+                Ok(dir.join(format!("{}-{}", stamp.name.replace(['/', '\\'], "_"), id)))
+            }
+            None => Ok(self.model_dir().to_owned()),
+        }
+    }
+
+    /// The folder the calibration is read from: the model's when it holds one, else the
+    /// calibrations folder's (the model's again when neither does: its error names it).
+    pub fn calibration_source(&self) -> Result<std::path::PathBuf> {
+        let own = self.model_dir();
+        if calibrate::Calibration::path(own).is_file() {
+            return Ok(own.to_owned());
+        }
+        let kept = self.calibration_dir()?;
+        Ok(if calibrate::Calibration::path(&kept).is_file() { kept } else { own.to_owned() })
     }
 
     /// End-of-sequence ids: generation_config.json's, else config.json's.

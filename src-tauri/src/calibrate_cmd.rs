@@ -7,13 +7,11 @@ use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
 
-use folio_models::calibrate::{self, BLOCK};
+use folio_models::calibrate::{self, BLOCK, DEFAULT_BLOCKS};
 
 use crate::cli::Common;
 use crate::ingest;
 
-/// Blocks measured by default: the authors' 256 documents of ≤ 512 tokens.
-const DEFAULT_BLOCKS: usize = 256;
 /// Channels shown per (layer, KV head) in the summary.
 const SHOWN: usize = 8;
 

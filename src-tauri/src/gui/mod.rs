@@ -761,6 +761,9 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
     let dtype = parse_dtype(dtype, &device)?;
     let last = library.as_ref().and_then(models::last_model);
     let (loaded, mut startup_notice) = models::load_at_start(model, last, fallback, &device, dtype);
+    if let Some(engine) = &loaded.engine {
+        models::prepare(engine);
+    }
     if let Some(n) = device_notice.take() {
         startup_notice = Some(startup_notice.map_or(n.clone(), |s| format!("{n} · {s}")));
     }
@@ -861,6 +864,8 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
             settings::open_context_method,
             settings::set_context_method,
             settings::build_index,
+            settings::calibration,
+            settings::calibrate,
             engine::engine_settings,
             engine::set_engine_settings,
             engine::memory_plan,

@@ -87,6 +87,7 @@ pub(super) async fn load_model(state: State<'_, AppState>, spec: String) -> Resu
 /// queued with it start (what still waits for another model is returned); `spec`, when given,
 /// is remembered as the model the next start opens on.
 pub(super) async fn install(state: &AppState, engine: Arc<Engine>, spec: Option<&str>) -> Vec<String> {
+    prepare(&engine);
     *state.model.write().unwrap_or_else(|e| e.into_inner()) = Loaded { engine: Some(engine.clone()), error: None };
     *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(Session::bare(engine.clone()), None));
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -99,6 +100,16 @@ pub(super) async fn install(state: &AppState, engine: Arc<Engine>, spec: Option<
     }
     waiting
 }
+
+/// What the window sets on every model it runs: calibrations are kept in Folio's home.
+pub(super) fn prepare(engine: &Engine) {
+    if let Ok(home) = folio_library::home() {
+        engine.keep_calibrations_in(home.join(CALIBRATIONS));
+    }
+}
+
+/// The home's folder of channel calibrations (one folder per model fingerprint).
+const CALIBRATIONS: &str = "calibrations";
 
 /// The native folder dialog, then [`load_model`] on the folder picked; `None` when cancelled.
 #[tauri::command]

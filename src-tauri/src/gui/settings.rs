@@ -183,3 +183,68 @@ pub(super) async fn build_index(
     *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(super::chat_of(session, Some(turns)));
     Ok(stored)
 }
+
+/// Whether the running model has Double Sparsity's channel calibration, and where.
+#[derive(serde::Serialize)]
+pub(super) struct CalibrationStatus {
+    /// The calibration file read, when there is one.
+    found: Option<std::path::PathBuf>,
+    /// Why there is none (or why it is refused).
+    missing: Option<String>,
+}
+
+fn calibration_status(engine: &folio_models::Engine) -> CalibrationStatus {
+    use folio_models::calibrate::Calibration;
+    let found = engine
+        .calibration_source()
+        .and_then(|dir| engine.stamp().and_then(|stamp| Calibration::load(&dir, stamp)).map(|_| dir));
+    match found {
+        Ok(dir) => CalibrationStatus { found: Some(Calibration::path(&dir)), missing: None },
+        Err(e) => CalibrationStatus { found: None, missing: Some(e.to_string()) },
+    }
+}
+
+#[tauri::command]
+pub(super) async fn calibration(state: State<'_, AppState>) -> Result<CalibrationStatus, String> {
+    let engine = state.engine()?;
+    tauri::async_runtime::spawn_blocking(move || calibration_status(&engine)).await.map_err(|e| e.to_string())
+}
+
+/// How far a calibration has got, in blocks.
+#[derive(Clone, serde::Serialize)]
+pub(super) struct CalibrationProgress {
+    done: usize,
+    total: usize,
+}
+
+/// Double Sparsity's calibration for the running model, measured on the open context's
+/// documents (their tokens from the file, as the prefill read them) and kept in Folio's home
+/// (`Engine::calibration_dir`), so model folders are never written.
+#[tauri::command]
+pub(super) async fn calibrate(
+    state: State<'_, AppState>,
+    on_event: tauri::ipc::Channel<CalibrationProgress>,
+) -> Result<CalibrationStatus, String> {
+    use folio_models::calibrate::{calibrate, DEFAULT_BLOCKS};
+    let engine = state.engine()?;
+    let id = state
+        .open_context
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .ok_or("open a context first: the calibration is measured on its documents")?;
+    let path = state.library()?.context(id).await.map_err(|e| e.to_string())?.path;
+    tauri::async_runtime::spawn_blocking(move || {
+        let file = folio_models::context::ContextFile::open(&path).map_err(|e| e.to_string())?;
+        engine.check_context(&file).map_err(|e| e.to_string())?;
+        let docs: Vec<(String, Vec<u32>)> =
+            file.documents().iter().map(|d| (d.path.clone(), file.tokens()[d.start..d.end].to_vec())).collect();
+        let made = calibrate(&engine, &docs, DEFAULT_BLOCKS, |done, total| {
+            let _ = on_event.send(CalibrationProgress { done, total });
+        })
+        .map_err(|e| e.to_string())?;
+        made.save(&engine.calibration_dir().map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+        Ok(calibration_status(&engine))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}

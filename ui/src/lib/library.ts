@@ -364,6 +364,20 @@ export async function buildIndex(onProgress: (layer: number, layers: number) => 
   return call('build_index', { onEvent });
 }
 
+/** Double Sparsity's channel calibration of the running model: the file read, or why none. */
+export interface CalibrationStatus {
+  found: string | null;
+  missing: string | null;
+}
+
+export const calibration = () => call<CalibrationStatus>('calibration');
+
+/** Calibrates the running model on the open context's documents (kept in Folio's home). */
+export async function calibrate(onProgress: (done: number, total: number) => void): Promise<CalibrationStatus> {
+  const onEvent = new Channel<{ done: number; total: number }>((p) => onProgress(p.done, p.total));
+  return call('calibrate', { onEvent });
+}
+
 /** A whole model in the Hugging Face cache (loads offline). */
 export interface CachedModel {
   repo: string;
