@@ -7,7 +7,9 @@
 //! them exactly; mapping token positions back into a PDF's or an HTML file's bytes would need
 //! the extraction's offsets. The text of a stretch is decoded from the tokens before it too
 //! (a prefix decode), so a boundary inside a multi-byte character or a merged space does not
-//! garble the pieces: each piece is the difference of two prefix decodes.
+//! garble the pieces: each piece is what a prefix decode adds to the one before, after cutting
+//! back to where the two agree (a character split by a boundary shows whole, in the later
+//! piece).
 
 use serde::Serialize;
 
@@ -106,12 +108,26 @@ pub fn excerpts(
         }
         let mut pieces: Vec<Piece> = Vec::new();
         let mut before = String::new();
-        for (a, b, share) in stretches {
+        for (_, b, share) in stretches {
             let upto = tokenizer.decode(&tokens[ws..b], true)?;
-            let text = match upto.strip_prefix(before.as_str()) {
-                Some(rest) => rest.to_owned(),
-                None => tokenizer.decode(&tokens[a..b], true)?,
-            };
+            // A boundary inside a character leaves a U+FFFD that the longer decode completes:
+            // the text shown so far is cut back to where the two decodes agree.
+            let agree = before
+                .char_indices()
+                .zip(upto.chars())
+                .find(|((_, x), y)| x != y)
+                .map_or(before.len().min(upto.len()), |((i, _), _)| i);
+            let mut cut = before.len() - agree;
+            while cut > 0 {
+                let Some(last) = pieces.last_mut() else { break };
+                let n = cut.min(last.text.len());
+                last.text.truncate(last.text.len() - n);
+                cut -= n;
+                if last.text.is_empty() {
+                    pieces.pop();
+                }
+            }
+            let text = upto[agree..].to_owned();
             before = upto;
             // Passages that touch read as one (a sentence cut by the passage grid), their
             // shares summed.

@@ -233,15 +233,16 @@ impl Engine {
         }
     }
 
-    /// The folder the calibration is read from: the model's when it holds one, else the
-    /// calibrations folder's (the model's again when neither does: its error names it).
+    /// The folder the calibration is read from: the model's when it holds one for this model,
+    /// else the calibrations folder's when it holds one (else the model's: its error names it).
     pub fn calibration_source(&self) -> Result<std::path::PathBuf> {
         let own = self.model_dir();
-        if calibrate::Calibration::path(own).is_file() {
+        let kept = self.calibration_dir()?;
+        // The model's own when it loads for this model; else the kept one when there is one.
+        if calibrate::Calibration::load(own, self.stamp()?).is_ok() || !calibrate::Calibration::path(&kept).is_file() {
             return Ok(own.to_owned());
         }
-        let kept = self.calibration_dir()?;
-        Ok(if calibrate::Calibration::path(&kept).is_file() { kept } else { own.to_owned() })
+        Ok(kept)
     }
 
     /// End-of-sequence ids: generation_config.json's, else config.json's.

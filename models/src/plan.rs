@@ -27,6 +27,7 @@ use crate::attention::{MethodChoice, Tier};
 use crate::config::ModelConfig;
 use crate::context::format::Header;
 use crate::error::{human_bytes, Error, Result};
+use crate::session::RESIDENT_BUDGET;
 
 /// Parameters of a decoder of this shape (what the weights take), and those a decode step reads
 /// (all but the embedding table, of which it reads one row, unless the LM head shares it).
@@ -183,9 +184,11 @@ pub fn plan(
         Tier::Resident => {
             // Whole layers are decoded into device memory up to the budget; one at least.
             let room = budgets.device.map(|b| b.saturating_sub(weights + method_device));
+            // With no budget a session keeps the resident tier's default
+            // (`session::RESIDENT_BUDGET`).
             let kept = match room {
                 Some(room) => ((room / layer_bytes.max(1)) as usize).min(layers),
-                None => layers,
+                None => ((RESIDENT_BUDGET / layer_bytes.max(1)) as usize).clamp(1, layers),
             };
             if kept == 0 {
                 problems.push(format!(

@@ -307,22 +307,7 @@ impl Session {
             return Err(Error::Invalid("the question is empty".into()));
         }
         self.check_method(method)?;
-        if let Some(system) = &settings.system {
-            match self.context() {
-                None => conv.system = Some(system.clone()).filter(|s| !s.trim().is_empty()),
-                Some(file) if file.header().prompt.system.as_deref() != Some(system.as_str()) => {
-                    return Err(Error::Invalid(format!(
-                        "this context was prefilled with {}: its system prompt is part of its K/V; ask without one, \
-                         or prefill the documents again with it",
-                        match &file.header().prompt.system {
-                            Some(s) => format!("the system prompt \"{s}\""),
-                            None => "no system prompt".into(),
-                        }
-                    )));
-                }
-                Some(_) => {}
-            }
-        }
+        self.apply_system(conv, settings)?;
         let mut turns = conv.messages.clone();
         turns.push(Message::new("user", question));
         let tail = self.render(conv, &turns)?;
@@ -410,6 +395,28 @@ impl Session {
         })
     }
 
+    /// A bare chat takes `settings`' system prompt (when it has one); a context keeps its own,
+    /// and another is refused.
+    fn apply_system(&self, conv: &mut Conversation, settings: &GenerationSettings) -> Result<()> {
+        if let Some(system) = &settings.system {
+            match self.context() {
+                None => conv.system = Some(system.clone()).filter(|s| !s.trim().is_empty()),
+                Some(file) if file.header().prompt.system.as_deref() != Some(system.as_str()) => {
+                    return Err(Error::Invalid(format!(
+                        "this context was prefilled with {}: its system prompt is part of its K/V; ask without one, \
+                     or prefill the documents again with it",
+                        match &file.header().prompt.system {
+                            Some(s) => format!("the system prompt \"{s}\""),
+                            None => "no system prompt".into(),
+                        }
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Reruns a turn of `conv` (its messages before the question) with dense attention beside
     /// `method` on the same context: the next-token distributions along `answer` (the method's
     /// answer tokens, teacher-forced for both), their KL and top-1 agreement, and dense's own
@@ -432,36 +439,42 @@ impl Session {
         if answer.is_empty() {
             return Err(Error::Invalid("the answer has no tokens to compare".into()));
         }
+        let mut conv = conv.clone();
+        self.apply_system(&mut conv, settings)?;
         let mut turns = conv.messages.clone();
         turns.push(Message::new("user", question));
-        let tail = self.render(conv, &turns)?;
+        let tail = self.render(&conv, &turns)?;
         if choice_needs_resources(method) && self.resources.channels.is_none() {
             self.resources = self.engine.resources(std::slice::from_ref(method))?;
         }
         let sparse = method.build(&self.resources)?;
         let saved = self.kv.saved_len();
+        // The store is reused below: what it held for the conversation is recomputed next turn.
         self.held.clear();
-        if let Some(old) = self.method.take() {
-            old.end_conversation();
-        }
         let total = 3 * answer.len();
         let stopped = || Error::Invalid("the comparison was stopped".into());
         let model = &self.engine.model;
         let kv = self.kv.as_mut();
         // Each pass counts its steps into the whole; a Break from on_step stops the work.
-        let mut broke = false;
+        let broke = std::cell::Cell::new(false);
         let mut step = |done: usize| {
             let flow = on_step(done.min(total), total);
-            broke |= flow.is_break();
+            broke.set(broke.get() || flow.is_break());
             flow
         };
         let outcome = (|| {
             kv.set_len(saved)?;
             let reference = crate::generate::teacher_forced(model, &Dense, kv, &tail, answer, |done, _| step(done))?;
+            if broke.get() {
+                return Err(stopped());
+            }
             kv.set_len(saved)?;
             let got = crate::generate::teacher_forced(model, sparse.as_ref(), kv, &tail, answer, |done, _| {
                 step(answer.len() + done)
             })?;
+            if broke.get() {
+                return Err(stopped());
+            }
             kv.set_len(saved)?;
             let mut params = settings.params(&self.engine);
             params.max_new_tokens = params.max_new_tokens.max(answer.len());
@@ -473,7 +486,7 @@ impl Session {
             Ok::<_, Error>((reference, got, dense))
         })();
         kv.set_len(saved)?;
-        if broke {
+        if broke.get() {
             return Err(stopped());
         }
         let (reference, got, dense) = outcome?;

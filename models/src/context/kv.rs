@@ -3,12 +3,11 @@
 //!
 //! Tiers (docs/architecture.md): the context file, memory-mapped, is the disk tier; a layer's rows are
 //! decoded from it into the compute dtype on the model's device the first time attention asks
-//! for them, and kept *resident* up to a byte budget (least recently used layers are dropped
-//! first and decoded again when needed). On a GPU the resident layers are the hot set; the
+//! for them, and kept *resident* up to a byte budget (the layers decoded first stay; those past
+//! the budget are decoded again on each use, see `prefix_layer`). On a GPU the resident layers are the hot set; the
 //! sparse methods of later issues read single rows through the same file instead of whole
 //! layers. Writing inside the saved prefix is refused: the file is never rewritten.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device, Tensor};
@@ -27,8 +26,6 @@ enum Prefix {
 
 struct Resident {
     layers: Vec<Option<(Tensor, Tensor)>>,
-    /// Layer indices, least recently used first.
-    order: VecDeque<usize>,
     bytes: u64,
 }
 
@@ -77,7 +74,7 @@ impl ContextKv {
             prefix,
             prefix_len,
             tail: SavedTail::new(prefix_len, layers, kv_heads, head_dim, dtype, device),
-            resident: Mutex::new(Resident { layers: vec![None; layers], order: VecDeque::new(), bytes: 0 }),
+            resident: Mutex::new(Resident { layers: vec![None; layers], bytes: 0 }),
             budget,
             layer_bytes: (2 * kv_heads * prefix_len * head_dim * dtype.size_in_bytes()) as u64,
             kv_heads,
@@ -109,8 +106,6 @@ impl ContextKv {
         };
         let mut res = self.resident.lock().map_err(|_| Error::Invalid("the KV cache lock was poisoned".into()))?;
         if let Some(kv) = res.layers.get(layer).cloned().flatten() {
-            res.order.retain(|&l| l != layer);
-            res.order.push_back(layer);
             return Ok(kv);
         }
         let (k, v) = file.layer_kv(layer)?;
@@ -119,14 +114,11 @@ impl ContextKv {
             Ok(Tensor::from_vec(x, shape, &Device::Cpu)?.to_dtype(self.dtype)?.to_device(&self.device)?)
         };
         let kv = (load(k)?, load(v)?);
-        while res.bytes + self.layer_bytes > self.budget {
-            let Some(old) = res.order.pop_front() else { break };
-            res.layers[old] = None;
-            res.bytes -= self.layer_bytes;
-        }
-        if res.bytes + self.layer_bytes <= self.budget || res.order.is_empty() {
+        // Kept while the budget has room (one layer at least), never evicted: every step reads
+        // the layers in order, so a least-recently-used policy with room for k < L layers
+        // would miss on every layer; keeping the first k decodes only the other L − k again.
+        if res.bytes + self.layer_bytes <= self.budget || res.bytes == 0 {
             res.layers[layer] = Some(kv.clone());
-            res.order.push_back(layer);
             res.bytes += self.layer_bytes;
         }
         Ok(kv)

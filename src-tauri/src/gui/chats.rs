@@ -113,19 +113,28 @@ pub(super) async fn open_chat(state: State<'_, AppState>, id: i64) -> Result<Ope
             return Ok(OpenedChat { chat, messages, context, refused: Some(why) });
         }
     };
-    let refused = context.as_ref().and_then(|c| refusal(&state, c));
-    let session = match (&context, &refused) {
-        (_, Some(_)) => None,
-        (Some(c), None) => {
+    let mut refused = context.as_ref().and_then(|c| refusal(&state, c));
+    let session = match (&context, refused.is_some()) {
+        (_, true) => None,
+        (Some(c), false) => {
             let settings = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let method = chat
                 .settings
                 .as_ref()
                 .and_then(super::settings::stored_method)
                 .unwrap_or_else(|| state.method.lock().unwrap_or_else(|e| e.into_inner()).clone());
-            Some(super::engine::open_session(&state, &settings, engine.clone(), &c.path, &method).await?)
+            // Its method on this tier, or the planner, may refuse: the chat stays readable.
+            match super::engine::open_session(&state, &settings, engine.clone(), &c.path, &method).await {
+                Ok(session) => Some(session),
+                Err(why) => {
+                    refused = Some(format!(
+                        "{why}: this chat stays readable; change its method or the engine settings to continue it"
+                    ));
+                    None
+                }
+            }
         }
-        (None, None) => Some(Session::bare(engine)),
+        (None, false) => Some(Session::bare(engine)),
     };
     if let Some(session) = session {
         let turns = messages.iter().map(|m| Message::new(&m.role, &m.content)).collect();
@@ -226,6 +235,7 @@ pub(super) async fn compare_dense(
     let generation: GenerationSettings = field("generation")
         .and_then(|g| serde_json::from_value(g).ok())
         .unwrap_or_else(|| state.generation.lock().unwrap_or_else(|e| e.into_inner()).clone());
+    let version: Option<String> = field("context").and_then(|c| serde_json::from_value(c).ok());
     let turns: Vec<Message> = messages[..at - 1].iter().map(|m| Message::new(&m.role, &m.content)).collect();
     let (cancel, question) = (state.cancel.clone(), question.clone());
     let comparison = tauri::async_runtime::spawn_blocking(move || {
@@ -233,6 +243,15 @@ pub(super) async fn compare_dense(
         let mut guard = chat.lock().unwrap_or_else(|e| e.into_inner());
         cancel.store(false, Ordering::SeqCst);
         let session = &mut guard.0;
+        // Over the version of the context the answer read: a context changed since has its
+        // documents elsewhere, and the replay would not be the answer's turn.
+        if let Some(version) = &version {
+            if session.context().map(|f| f.context_id()) != Some(version.as_str()) {
+                return Err("the context has changed since this answer (documents were added or taken out): \
+                            ask again to compare a new answer"
+                    .to_owned());
+            }
+        }
         let mut conversation = session.new_conversation();
         conversation.messages = turns;
         session

@@ -182,6 +182,10 @@ pub(super) async fn set_engine_settings(
     let mut info = None;
     let open = *state.open_context.lock().unwrap_or_else(|e| e.into_inner());
     if settings.device != old.device {
+        let busy = super::current_chat(&state).ok().is_some_and(|c| c.try_lock().is_err());
+        if busy {
+            return Err("wait for the answer to finish, then change the device".into());
+        }
         let engine = state.engine()?;
         let (spec, source) = (settings.device.clone(), engine.source.clone());
         let dtype_spec = state.dtype_spec.clone();
@@ -193,6 +197,7 @@ pub(super) async fn set_engine_settings(
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("device {}: {e}", settings.device))?;
+        store(&state, &settings).await?;
         super::models::install(&state, Arc::new(loaded), None).await;
         info = Some(super::app_info(state.clone()));
     } else if let Some(id) = open {
@@ -200,18 +205,28 @@ pub(super) async fn set_engine_settings(
         let engine = state.engine()?;
         let path = state.library()?.context(id).await.map_err(|e| e.to_string())?.path;
         let method = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let session = open_session(&state, &settings, engine, &path, &method).await?;
         let chat = super::current_chat(&state)?;
+        let session = open_session(&state, &settings, engine, &path, &method).await?;
         let turns =
             chat.try_lock().map_err(|_| "wait for the answer to finish, then apply".to_owned())?.1.messages.clone();
-        *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(super::chat_of(session, Some(turns)));
+        let mut current = state.chat.lock().unwrap_or_else(|e| e.into_inner());
+        if !current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &chat)) {
+            return Err("the chat changed while the settings were applied: apply them again".into());
+        }
+        *current = Some(super::chat_of(session, Some(turns)));
     }
-    if let Ok(lib) = state.library() {
-        let value = serde_json::to_value(&settings).map_err(|e| e.to_string())?;
-        lib.set_setting(ENGINE_KEY, &value).await.map_err(|e| e.to_string())?;
-    }
+    store(&state, &settings).await?;
     *state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()) = settings;
     Ok(Applied { engine: view(&state), info })
+}
+
+/// Stores `settings` in the library (when it is open).
+async fn store(state: &AppState, settings: &EngineSettings) -> Result<(), String> {
+    if let Ok(lib) = state.library() {
+        let value = serde_json::to_value(settings).map_err(|e| e.to_string())?;
+        lib.set_setting(ENGINE_KEY, &value).await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// This machine's bandwidths for `engine`'s device (measured once per device and run).

@@ -419,7 +419,17 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
         (None, Some(p)) => p.header.kv_dtype,
         (None, None) => settings.kv_dtype().map_err(anyhow::Error::msg)?,
     };
-    let memory_budget = settings.budgets().map_err(anyhow::Error::msg)?.device;
+    // The device budget covers the weights too; a prefill's memory budget is what it may use
+    // beside them.
+    let weights = (engine.model.parameters() * engine.model.dtype().size_in_bytes()) as u64;
+    let memory_budget = match settings.budgets().map_err(anyhow::Error::msg)?.device {
+        Some(b) if b <= weights => anyhow::bail!(
+            "the device memory budget in Settings ({}) does not hold the model's weights ({}): raise it or clear it",
+            folio_models::error::human_bytes(b),
+            folio_models::error::human_bytes(weights)
+        ),
+        other => other.map(|b| b - weights),
+    };
     let opts = BuildOptions { kv_dtype, memory_budget, restart: false };
     let mut listed = false;
     let mut last = Instant::now() - PROGRESS_INTERVAL;

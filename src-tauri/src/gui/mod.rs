@@ -301,6 +301,10 @@ async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<Chat
         let mut guard = chat.lock().unwrap_or_else(|e| e.into_inner());
         cancel.store(false, Ordering::SeqCst);
         let (session, conversation) = &mut *guard;
+        // A bare chat's system prompt is the settings' (cleared when they have none).
+        if session.context().is_none() {
+            conversation.system = settings.system.clone().filter(|s| !s.trim().is_empty());
+        }
         let answer = session
             .ask(conversation, &question, &method, &settings, |piece| {
                 let _ = on_event.send(ChatEvent::Token { text: piece.to_owned() });
@@ -365,12 +369,13 @@ async fn open_context(state: State<'_, AppState>, id: i64) -> Result<ContextInfo
         return Err(format!("{} is {}: only a ready context opens", info.name, info.status.as_str()));
     }
     let settings = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    // A new chat over a context starts with its default method, when it has one.
-    if let Some(default) = settings::context_method(&state, id).await {
-        *state.method.lock().unwrap_or_else(|e| e.into_inner()) = default;
-    }
-    let method = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    // A new chat over a context starts with its default method, when it has one (and it opens).
+    let method = match settings::context_method(&state, id).await {
+        Some(default) => default,
+        None => state.method.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+    };
     let session = engine::open_session(&state, &settings, engine, &info.path, &method).await?;
+    *state.method.lock().unwrap_or_else(|e| e.into_inner()) = method;
     *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(session, None));
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
     chats::forget_chat(&state);

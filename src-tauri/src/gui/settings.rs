@@ -156,6 +156,7 @@ pub(super) async fn build_index(
     let path = lib.context(id).await.map_err(|e| e.to_string())?.path;
     let choice = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let chat = super::current_chat(&state)?;
+    let asked = chat.clone();
     let cancel = state.cancel.clone();
     let (building, at) = (engine.clone(), path.clone());
     let stored = tauri::async_runtime::spawn_blocking(move || {
@@ -180,7 +181,13 @@ pub(super) async fn build_index(
     let settings = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let method = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let session = super::engine::open_session(&state, &settings, engine, &path, &method).await?;
-    *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(super::chat_of(session, Some(turns)));
+    // Still the chat on screen? (Another one opened meanwhile opens the new file itself.)
+    let mut current = state.chat.lock().unwrap_or_else(|e| e.into_inner());
+    let same = current.as_ref().is_some_and(|c| std::sync::Arc::ptr_eq(c, &asked))
+        && *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) == Some(id);
+    if same {
+        *current = Some(super::chat_of(session, Some(turns)));
+    }
     Ok(stored)
 }
 
