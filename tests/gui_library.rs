@@ -217,7 +217,9 @@ fn choose_method(d: &Driver, method: &str) {
          s.dispatchEvent(new Event('change', {bubbles: true}));",
         json!([method]),
     );
-    d.click("[data-testid=apply-method]");
+    // Clicked from the page: the drawer may still slide in, and a click at coordinates then
+    // lands beside the button.
+    d.script("document.querySelector('[data-testid=apply-method]').click()", json!([]));
     d.wait("the method applied", |d| {
         d.texts("[role=status]").concat().contains(&format!("The next answer uses {method}"))
     });
@@ -575,7 +577,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.click("[aria-label=Settings]");
     d.wait("the budget field", |d| d.element("[data-testid=budget]").is_some());
     d.type_into("[data-testid=budget]", "-5");
-    d.click("[data-testid=apply-method]");
+    d.script("document.querySelector('[data-testid=apply-method]').click()", json!([]));
     d.wait("the inline error", |d| {
         d.texts("[data-testid=method-error]").concat().contains("still answering with magicpig")
     });
@@ -665,7 +667,9 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.type_into("#composer-input", &format!("what is the value of y ?{ENTER}"));
     d.wait("the answer over the stored index", |d| d.texts(".bubble.assistant.done .text").len() == 5);
     let stats = d.texts("[data-testid=answer-stats]");
-    assert!(stats[4].starts_with("magicpig · budget 1% · index from the file"), "{stats:?}");
+    // Each answer says its method, budget and every knob in effect.
+    assert!(stats[4].starts_with("magicpig · budget 1% · bits=10 "), "{stats:?}");
+    assert!(stats[4].contains(" · index from the file · "), "{stats:?}");
     assert!(d.texts(".bubble.assistant.done .text")[4].contains("5 2 9 8 1"));
     // A new context is stored as fp8.
     let tiny = work.path().join("tiny notes.md");
@@ -778,7 +782,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     // At its default 6.25% (30 of samples' 479 tokens, no recent window) the demo model loses
     // the thread (docs/quality.md); a quarter reads enough.
     d.type_into("[data-testid=budget]", "25%");
-    d.click("[data-testid=apply-method]");
+    d.script("document.querySelector('[data-testid=apply-method]').click()", json!([]));
     d.wait("double-sparsity applied", |d| {
         d.texts("[role=status]").concat().contains("The next answer uses double-sparsity")
     });
