@@ -39,6 +39,15 @@ fn go_on(_: &str) -> ControlFlow<()> {
     ControlFlow::Continue(())
 }
 
+/// assets/samples prefilled with the demo model into `dir`, by the CLI.
+fn samples_context(dir: &Path) -> PathBuf {
+    let (demo, samples, ctx) =
+        (root().join("assets/models/demo"), root().join("assets/samples"), dir.join("samples.folio"));
+    let (m, s, c) = (demo.to_str().unwrap(), samples.to_str().unwrap(), ctx.to_str().unwrap());
+    ok_json(folio(&["prefill", "--model", m, "--docs", s, "--out", c, "--json"]));
+    ctx
+}
+
 fn settings() -> GenerationSettings {
     GenerationSettings { max_tokens: MAX_TOKENS, temperature: Some(0.0), ..GenerationSettings::default() }
 }
@@ -214,19 +223,8 @@ fn answers_compare_with_dense_on_the_same_turn() {
     use folio_models::context::{ContextFile, ContextKv};
     use folio_models::generate::teacher_forced;
     let work = tempfile::tempdir().unwrap();
-    let demo = root().join("assets/models/demo");
-    let (m, samples) = (demo.to_str().unwrap(), root().join("assets/samples"));
-    let ctx = work.path().join("samples.folio");
-    ok_json(folio(&[
-        "prefill",
-        "--model",
-        m,
-        "--docs",
-        samples.to_str().unwrap(),
-        "--out",
-        ctx.to_str().unwrap(),
-        "--json",
-    ]));
+    let (demo, ctx) = (root().join("assets/models/demo"), samples_context(work.path()));
+    let m = demo.to_str().unwrap();
     let engine = Arc::new(Engine::load(m, &Device::Cpu, DType::F32).unwrap());
     let mut session = Session::open(engine.clone(), &ctx, Tier::Resident).unwrap();
     let question = "what is the secret code of amber falcon ?";
@@ -278,19 +276,8 @@ fn answers_compare_with_dense_on_the_same_turn() {
 #[test]
 fn a_system_prompt_is_the_bare_chats_and_a_contexts_is_its_own() {
     let work = tempfile::tempdir().unwrap();
-    let demo = root().join("assets/models/demo");
-    let (m, samples) = (demo.to_str().unwrap(), root().join("assets/samples"));
-    let ctx = work.path().join("samples.folio");
-    ok_json(folio(&[
-        "prefill",
-        "--model",
-        m,
-        "--docs",
-        samples.to_str().unwrap(),
-        "--out",
-        ctx.to_str().unwrap(),
-        "--json",
-    ]));
+    let (demo, ctx) = (root().join("assets/models/demo"), samples_context(work.path()));
+    let m = demo.to_str().unwrap();
     let engine = Arc::new(Engine::load(m, &Device::Cpu, DType::F32).unwrap());
     let dense = MethodChoice::parse("dense").unwrap();
     let mut bare = Session::bare(engine.clone());
