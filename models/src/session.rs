@@ -221,15 +221,9 @@ impl Session {
     /// A session over the context file at `path` with its rows on `tier`; refused when
     /// another model made it.
     pub fn open(engine: Arc<Engine>, path: &Path, tier: Tier) -> Result<Self> {
-        Self::open_within(engine, path, tier, RESIDENT_BUDGET)
-    }
-
-    /// [`Session::open`], keeping at most `resident_budget` bytes of decoded layers in device
-    /// memory on the resident tier (one layer at least; `crate::plan` says how many fit).
-    pub fn open_within(engine: Arc<Engine>, path: &Path, tier: Tier, resident_budget: u64) -> Result<Self> {
         let file = Arc::new(ContextFile::open(path)?);
         engine.check_context(&file)?;
-        Self::over_within(engine, file, tier, resident_budget)
+        Self::over(engine, file, tier)
     }
 
     /// A session over an opened context file (already checked against `engine`).
@@ -237,7 +231,9 @@ impl Session {
         Self::over_within(engine, file, tier, RESIDENT_BUDGET)
     }
 
-    fn over_within(engine: Arc<Engine>, file: Arc<ContextFile>, tier: Tier, resident_budget: u64) -> Result<Self> {
+    /// [`Session::over`], keeping at most `resident_budget` bytes of decoded layers in device
+    /// memory on the resident tier (one layer at least; `crate::plan` says how many fit).
+    pub fn over_within(engine: Arc<Engine>, file: Arc<ContextFile>, tier: Tier, resident_budget: u64) -> Result<Self> {
         let (dtype, device) = (engine.model.dtype(), engine.model.device().clone());
         let kv: Box<dyn KvStore> = match tier {
             Tier::Resident => Box::new(ContextKv::new(file.clone(), dtype, &device, resident_budget)),

@@ -4,7 +4,6 @@
 //! the documents. A chat whose context is gone, damaged, or made by another model than the one
 //! running stays readable, and asking in it is refused with the reason.
 
-use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
 
 use folio_library::{ChatInfo, ContextInfo, MessageRow, NewMessage, Status};
@@ -257,10 +256,7 @@ pub(super) async fn compare_dense(
         session
             .compare_with_dense(&conversation, &question, &tokens, &method, &generation, |done, total| {
                 let _ = on_event.send(CompareProgress { done, total });
-                match cancel.load(Ordering::SeqCst) {
-                    true => ControlFlow::Break(()),
-                    false => ControlFlow::Continue(()),
-                }
+                super::until_stopped(&cancel)
             })
             .map_err(|e| e.to_string())
     })

@@ -270,14 +270,15 @@ pub(super) async fn open_session(
 ) -> Result<Session, String> {
     method.spec().and_then(|s| s.check_tier(settings.tier())).map_err(|e| e.to_string())?;
     let file = ContextFile::open(path).map_err(|e| e.to_string())?;
+    engine.check_context(&file).map_err(|e| e.to_string())?;
     let planned = plan_of(state, settings, &engine, &file, method).await?;
     plan::check(&planned).map_err(|e| e.to_string())?;
     let resident = match settings.budgets()?.device {
         Some(_) => planned.kv_device_bytes,
         None => RESIDENT_BUDGET,
     };
-    let (tier, path) = (settings.tier(), path.to_owned());
-    tauri::async_runtime::spawn_blocking(move || Session::open_within(engine, &path, tier, resident))
+    let (tier, file) = (settings.tier(), Arc::new(file));
+    tauri::async_runtime::spawn_blocking(move || Session::over_within(engine, file, tier, resident))
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())
@@ -294,12 +295,7 @@ pub(super) struct PlanView {
 #[tauri::command]
 pub(super) async fn memory_plan(state: State<'_, AppState>, method: Option<MethodChoice>) -> Result<PlanView, String> {
     let engine = state.engine()?;
-    let id = state
-        .open_context
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .ok_or("open a context to see where its K/V lives")?;
-    let path = state.library()?.context(id).await.map_err(|e| e.to_string())?.path;
+    let path = state.open_context_info("open a context to see where its K/V lives").await?.path;
     let settings = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let method = method.unwrap_or_else(|| state.method.lock().unwrap_or_else(|e| e.into_inner()).clone());
     method.check().map_err(|e| e.to_string())?;

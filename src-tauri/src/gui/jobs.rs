@@ -8,7 +8,6 @@
 //! start queues them again.
 
 use std::collections::VecDeque;
-use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -447,11 +446,7 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
             shared.update(job.id, |v| v.progress = Some(p.clone()));
             shared.publish();
         }
-        if cancel.load(Ordering::SeqCst) {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
-        }
+        super::until_stopped(cancel)
     };
     let base = base.as_ref().map(|file| context::Base { file, keep });
     let report = change::write(engine, base, &plan, &job.out, &opts, &mut on_progress)?;

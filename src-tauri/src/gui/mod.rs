@@ -119,6 +119,17 @@ impl AppState {
         Ok((device, dtype))
     }
 
+    /// The library id of the context the chat is over; `none` says why that is needed.
+    fn open_context_id(&self, none: &str) -> Result<i64, String> {
+        self.open_context.lock().unwrap_or_else(|e| e.into_inner()).ok_or_else(|| none.to_owned())
+    }
+
+    /// The library's row of the context the chat is over; `none` says why that is needed.
+    async fn open_context_info(&self, none: &str) -> Result<ContextInfo, String> {
+        let id = self.open_context_id(none)?;
+        self.library()?.context(id).await.map_err(|e| e.to_string())
+    }
+
     /// The device as the library's prefill rates name it.
     fn device_label(&self) -> String {
         self.engine().map_or_else(|_| "none".into(), |e| device_name(e.model.device()))
@@ -142,6 +153,14 @@ enum UiEvent {
     Hover { over: bool },
     /// Every prefill job of this run.
     Jobs { jobs: Vec<JobView> },
+}
+
+/// Whether long work goes on: `Break` once Stop (or Cancel) set `flag`.
+fn until_stopped(flag: &AtomicBool) -> ControlFlow<()> {
+    match flag.load(Ordering::SeqCst) {
+        true => ControlFlow::Break(()),
+        false => ControlFlow::Continue(()),
+    }
 }
 
 fn send(feed: &Mutex<Option<Channel<UiEvent>>>, event: UiEvent) {
@@ -308,11 +327,7 @@ async fn chat(state: State<'_, AppState>, prompt: String, on_event: Channel<Chat
         let answer = session
             .ask(conversation, &question, &method, &settings, |piece| {
                 let _ = on_event.send(ChatEvent::Token { text: piece.to_owned() });
-                if cancel.load(Ordering::SeqCst) {
-                    ControlFlow::Break(())
-                } else {
-                    ControlFlow::Continue(())
-                }
+                until_stopped(&cancel)
             })
             .map_err(|e| e.to_string())?;
         let _ = on_event.send(ChatEvent::Done {

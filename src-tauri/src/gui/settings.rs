@@ -126,7 +126,7 @@ pub(super) async fn open_context_method(state: State<'_, AppState>) -> Result<Co
 /// Makes the method in use the open context's default (new chats over it start with it).
 #[tauri::command]
 pub(super) async fn set_context_method(state: State<'_, AppState>) -> Result<MethodChoice, String> {
-    let id = state.open_context.lock().unwrap_or_else(|e| e.into_inner()).ok_or("open a context first")?;
+    let id = state.open_context_id("open a context first")?;
     let choice = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let value = serde_json::to_value(&choice).map_err(|e| e.to_string())?;
     state.library()?.set_setting(&context_method_key(id), &value).await.map_err(|e| e.to_string())?;
@@ -149,11 +149,11 @@ pub(super) async fn build_index(
     state: State<'_, AppState>,
     on_event: tauri::ipc::Channel<IndexProgress>,
 ) -> Result<folio_models::context::StoredIndex, String> {
-    let id = state.open_context.lock().unwrap_or_else(|e| e.into_inner()).ok_or("open a context first")?;
+    let info = state.open_context_info("open a context first").await?;
+    let (id, path) = (info.id, info.path);
     super::not_being_written(&state, id).await?;
     let engine = state.engine()?;
     let lib = state.library()?;
-    let path = lib.context(id).await.map_err(|e| e.to_string())?.path;
     let choice = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let chat = super::current_chat(&state)?;
     let asked = chat.clone();
@@ -165,10 +165,7 @@ pub(super) async fn build_index(
         cancel.store(false, std::sync::atomic::Ordering::SeqCst);
         let stored = building.store_index(&at, &choice, |layer, layers| {
             let _ = on_event.send(IndexProgress { layer, layers });
-            match cancel.load(std::sync::atomic::Ordering::SeqCst) {
-                true => std::ops::ControlFlow::Break(()),
-                false => std::ops::ControlFlow::Continue(()),
-            }
+            super::until_stopped(&cancel)
         });
         let turns = guard.1.messages.clone();
         drop(guard);
@@ -234,12 +231,8 @@ pub(super) async fn calibrate(
 ) -> Result<CalibrationStatus, String> {
     use folio_models::calibrate::{calibrate, DEFAULT_BLOCKS};
     let engine = state.engine()?;
-    let id = state
-        .open_context
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .ok_or("open a context first: the calibration is measured on its documents")?;
-    let path = state.library()?.context(id).await.map_err(|e| e.to_string())?.path;
+    let path =
+        state.open_context_info("open a context first: the calibration is measured on its documents").await?.path;
     tauri::async_runtime::spawn_blocking(move || {
         let file = folio_models::context::ContextFile::open(&path).map_err(|e| e.to_string())?;
         engine.check_context(&file).map_err(|e| e.to_string())?;

@@ -21,12 +21,7 @@ pub(super) async fn source_excerpts(
     context: Option<String>,
 ) -> Result<DocumentExcerpts, String> {
     let engine = state.engine()?;
-    let id = state
-        .open_context
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .ok_or("this chat is over no context: it has no sources to show")?;
-    let info = state.library()?.context(id).await.map_err(|e| e.to_string())?;
+    let info = state.open_context_info("this chat is over no context: it has no sources to show").await?;
     tauri::async_runtime::spawn_blocking(move || {
         let file = ContextFile::open(&info.path).map_err(|e| e.to_string())?;
         engine.check_context(&file).map_err(|e| e.to_string())?;
