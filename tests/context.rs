@@ -668,3 +668,92 @@ fn mixed_kv_dtype_prefills_verifies_and_answers() {
         );
     }
 }
+
+/// The demo model's samples as real PDF, DOCX and EPUB files (tests/ingest, made by LibreOffice
+/// and pandoc): a context of them answers SAMPLES.md's questions as the .txt files do, and the
+/// sources of an answer name the page or chapter the fact is on ("field_notes.pdf, p. 2").
+#[test]
+fn rich_documents_answer_and_cite_their_page() {
+    let good = root().join("tests/ingest/good");
+    let dir = tempfile::tempdir().unwrap();
+    let docs = dir.path().join("docs");
+    std::fs::create_dir(&docs).unwrap();
+    for name in ["field_notes.pdf", "market_records.docx", "the_diary_of_greta.epub"] {
+        std::fs::copy(good.join(name), docs.join(name)).unwrap();
+    }
+    let ctx = dir.path().join("rich.folio");
+    let report = ok_json(prefill(&docs, &ctx, &[]));
+    assert_eq!(report["report"]["documents"], 3, "{report}");
+    let info = ok_json(folio(&["context", "info", ctx.to_str().unwrap(), "--json"]));
+    let pdf = info["documents"].as_array().unwrap().iter().find(|d| d["title"] == "field_notes.pdf").unwrap().clone();
+    let labels: Vec<&str> = pdf["parts"].as_array().unwrap().iter().map(|p| p["label"].as_str().unwrap()).collect();
+    assert_eq!(labels, ["p. 1", "p. 2"], "{pdf}");
+    for (question, expected, source, part) in [
+        (
+            "what is the secret code of amber falcon ?",
+            "the secret code of amber falcon is 4 8 1 5 2 .",
+            "field_notes.pdf",
+            "p. 2",
+        ),
+        (
+            "what is the access code of cobalt heron ?",
+            "the access code of cobalt heron is 6 6 1 2 0 .",
+            "market_records.docx",
+            "Market Report",
+        ),
+        ("what is the pass key ?", "the pass key is 9 0 4 1 7 .", "the_diary_of_greta.epub", "Monday"),
+    ] {
+        let answer = ok_json(folio(&[
+            "chat",
+            "--context",
+            ctx.to_str().unwrap(),
+            question,
+            "--json",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "40",
+            "--sources",
+        ]));
+        assert_eq!(answer["text"].as_str().unwrap().trim(), expected, "{question}");
+        let top = &answer["sources"][0];
+        assert_eq!(top["title"], source, "{question}: {}", answer["sources"]);
+        assert_eq!(top["passages"][0]["part"], part, "{question}: {top}");
+    }
+}
+
+/// Hostile paths found by trying: an output that is a named pipe or a device is refused before
+/// any compute (an atomic rename would have replaced it with a regular file), a context
+/// "file" that is a folder says so, bytes appended to a context fail `--verify`, and an OS
+/// error is said once.
+#[test]
+fn hostile_paths_are_refused_with_what_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("pipe.folio");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let e = err_text(prefill(&root().join("assets/samples"), &fifo, &[]));
+    assert!(e.contains("pipe.folio is a named pipe, not a file"), "{e}");
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&std::fs::symlink_metadata(&fifo).unwrap().file_type()));
+    let e = err_text(prefill(&root().join("assets/samples"), Path::new("/dev/null"), &[]));
+    assert!(e.contains("/dev/null is a device, not a file"), "{e}");
+    let link = dir.path().join("link.folio");
+    std::os::unix::fs::symlink(dir.path().join("elsewhere.folio"), &link).unwrap();
+    let e = err_text(prefill(&root().join("assets/samples"), &link, &[]));
+    assert!(e.contains("is a symbolic link (to ") && e.contains("name the target itself"), "{e}");
+
+    let e = err_text(folio(&["chat", "--context", dir.path().to_str().unwrap(), "hello"]));
+    assert!(e.contains("a folder, not a context file"), "{e}");
+    assert!(!e.contains("No such device"), "{e}");
+
+    let ctx = dir.path().join("s.folio");
+    ok_json(prefill(&root().join("assets/samples"), &ctx, &[]));
+    let mut f = std::fs::OpenOptions::new().append(true).open(&ctx).unwrap();
+    std::io::Write::write_all(&mut f, b"appended").unwrap();
+    let e = err_text(folio(&["context", "info", ctx.to_str().unwrap(), "--verify"]));
+    assert!(e.contains("8 bytes after the last section"), "{e}");
+
+    let e = err_text(folio(&["context", "info", "/proc/1/mem/missing.folio"]));
+    assert_eq!(e.matches("os error").count(), 0, "{e}");
+    assert_eq!(e.to_lowercase().matches("not a directory").count(), 1, "{e}");
+}

@@ -48,7 +48,7 @@ use std::path::PathBuf;
 
 pub use collect::{read_bytes, read_file, read_paths, Batch, PathError, Skip};
 pub use detect::Format;
-pub use limits::{Limit, Limits};
+pub use limits::{bytes, Limit, Limits};
 
 /// One document read: its text, where its parts start, and what the reader noticed.
 #[derive(Debug, Clone)]

@@ -52,7 +52,7 @@ pub(crate) fn decode(bytes: &[u8], budget: &Budget) -> Result<Decoded, Refusal> 
     if controls as f64 > MAX_CONTROL_SHARE * text.chars().count().max(1) as f64 {
         return Err(Refusal::Binary(format!("{controls} control characters: not text")));
     }
-    Ok(Decoded { text: normalize_newlines(text), warnings })
+    Ok(Decoded { text, warnings })
 }
 
 /// Bytes that are not UTF-8: UTF-8 with some damage when they hold a valid multi-byte
@@ -114,26 +114,45 @@ fn count_replacements(text: &str) -> usize {
     text.chars().filter(|&c| c == char::REPLACEMENT_CHARACTER).count()
 }
 
-fn normalize_newlines(text: String) -> String {
-    if text.contains('\r') {
-        text.replace("\r\n", "\n").replace('\r', "\n")
-    } else {
-        text
-    }
-}
-
-/// Plain text, Markdown and code: the text as it is (Markdown's headings start parts).
+/// Plain text, Markdown and code: the text exactly as decoded (a context's checksum of a text
+/// file is the file's own), Markdown's ATX headings (`#` to `###`, outside code fences)
+/// starting parts.
 pub(crate) fn text(bytes: &[u8], format: Format, budget: &Budget) -> Result<Extracted, Refusal> {
     let decoded = decode(bytes, budget)?;
-    let mut out = Out::new(budget);
-    match format {
-        Format::Markdown => markdown_into(&mut out, &decoded.text)?,
-        _ => out.push(&decoded.text)?,
+    if decoded.text.len() > budget.limits.text_bytes {
+        return Err(LimitHit::new(
+            Limit::TextSize,
+            format!("its text is {}, over {}", bytes_text(decoded.text.len()), bytes_text(budget.limits.text_bytes)),
+        )
+        .into());
     }
-    for w in decoded.warnings {
-        out.warn(w);
+    let parts = if format == Format::Markdown { markdown_parts(&decoded.text) } else { Vec::new() };
+    Ok(Extracted { text: decoded.text, parts, warnings: decoded.warnings })
+}
+
+fn bytes_text(n: usize) -> String {
+    crate::limits::bytes(n as u64)
+}
+
+/// Where a Markdown text's headings of levels 1 to 3 start (outside code fences).
+fn markdown_parts(text: &str) -> Vec<crate::Part> {
+    let mut parts = Vec::new();
+    let (mut fenced, mut at) = (false, 0);
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("```") || trimmed.starts_with("~~~") {
+            fenced = !fenced;
+        }
+        let hashes = trimmed.bytes().take_while(|&b| b == b'#').count();
+        if !fenced && (1..=3).contains(&hashes) && trimmed[hashes..].starts_with([' ', '\t']) {
+            let label = crate::out::collapse(trimmed[hashes..].trim().trim_end_matches('#'));
+            if !label.is_empty() {
+                parts.push(crate::Part { label, at });
+            }
+        }
+        at += line.len();
     }
-    Ok(out.finish())
+    parts
 }
 
 /// Markdown: kept as written, with ATX headings (`#` to `###`, outside code fences) starting parts.
@@ -340,7 +359,7 @@ mod tests {
     #[test]
     fn encodings_are_detected_and_named() {
         let d = decoded(b"plain ascii\r\nline two");
-        assert_eq!((d.text.as_str(), d.warnings.len()), ("plain ascii\nline two", 0));
+        assert_eq!((d.text.as_str(), d.warnings.len()), ("plain ascii\r\nline two", 0));
         let utf16: Vec<u8> = "\u{FEFF}caf\u{e9} ok".encode_utf16().flat_map(u16::to_le_bytes).collect();
         assert_eq!(decoded(&utf16).text, "caf\u{e9} ok");
         let no_bom: Vec<u8> = "hello world, in utf-16".encode_utf16().flat_map(u16::to_be_bytes).collect();
@@ -371,6 +390,6 @@ mod tests {
         let labels: Vec<(&str, &str)> =
             got.parts.iter().map(|p| (p.label.as_str(), got.text[p.at..].lines().next().unwrap())).collect();
         assert_eq!(labels, [("Title", "# Title"), ("Part two", "## Part two")]);
-        assert!(got.text.contains("# not a heading"));
+        assert_eq!(got.text, md, "kept as written");
     }
 }

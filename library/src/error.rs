@@ -41,15 +41,16 @@ pub enum Error {
     Refused(String),
     #[error(transparent)]
     Context(#[from] folio_models::error::Error),
-    #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    /// Not a `#[source]`, as `folio_models::Error::Io`: the message says it once.
+    #[error("{}: {}", path.display(), folio_models::error::io_message(error))]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("library {}: {source}", path.display())]
     Database { path: PathBuf, source: sqlx::Error },
 }
 
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io { path: path.into(), source }
+        Self::Io { path: path.into(), error: source }
     }
 
     /// `source` from the database at `path`, told apart into a damaged file, a lock held too

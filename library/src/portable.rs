@@ -92,6 +92,7 @@ fn copy_atomic(from: &Path, to: &Path) -> Result<()> {
     let result = (|| {
         std::fs::copy(from, &tmp).map_err(|e| Error::io(from, e))?;
         std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
+        folio_models::context::build::check_replaceable(to)?;
         std::fs::rename(&tmp, to).map_err(|e| Error::io(to, e))?;
         let folder = to.parent().unwrap_or(Path::new("."));
         std::fs::File::open(folder).and_then(|f| f.sync_all()).map_err(|e| Error::io(folder, e))

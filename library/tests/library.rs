@@ -24,6 +24,7 @@ fn document(title: &str, text: &str) -> DocumentText {
         text: text.into(),
         bytes: text.len() as u64,
         xxh3: context::format::checksum(text.as_bytes()),
+        parts: Vec::new(),
     }
 }
 

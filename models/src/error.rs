@@ -101,8 +101,10 @@ pub enum Error {
     #[error("{error}; the finished layers are kept in {}: run the same command again to resume", dir.display())]
     Resumable { error: Box<Error>, dir: PathBuf },
 
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    /// Not a `#[source]`: the message already says it once, and an error chain printed with
+    /// its causes (`{:#}`) would say it again ("… (os error 13): Permission denied (os error 13)").
+    #[error("{}: {}", path.display(), io_message(error))]
+    Io { path: PathBuf, error: std::io::Error },
 
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
@@ -110,7 +112,7 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io { path: path.into(), source }
+        Self::Io { path: path.into(), error: source }
     }
 }
 
@@ -127,5 +129,22 @@ pub fn human_bytes(n: u64) -> String {
         format!("{n} B")
     } else {
         format!("{x:.1} {}", UNITS[unit])
+    }
+}
+
+/// An I/O error's message without the "(os error N)" its `Display` appends, lower-cased as
+/// part of a sentence ("permission denied").
+pub fn io_message(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    let text = match e.raw_os_error() {
+        Some(code) => text.strip_suffix(&format!(" (os error {code})")).map(str::to_owned).unwrap_or(text),
+        None => text,
+    };
+    let mut chars = text.chars();
+    match (chars.next(), chars.next()) {
+        (Some(first), Some(second)) if first.is_uppercase() && second.is_lowercase() => {
+            first.to_lowercase().chain(text[first.len_utf8()..].chars()).collect()
+        }
+        _ => text,
     }
 }

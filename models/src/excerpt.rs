@@ -38,6 +38,8 @@ pub struct Piece {
 pub struct Excerpt {
     pub start: usize,
     pub end: usize,
+    /// The page, chapter or section it starts in ("p. 12"), when the document has parts.
+    pub part: Option<String>,
     pub pieces: Vec<Piece>,
 }
 
@@ -140,7 +142,7 @@ pub fn excerpts(
                 _ => pieces.push(Piece { text, read: share }),
             }
         }
-        out.push(Excerpt { start: ws - ds, end: we - ds, pieces });
+        out.push(Excerpt { start: ws - ds, end: we - ds, part: span.part_at(ws).map(str::to_owned), pieces });
     }
     Ok(DocumentExcerpts {
         document,

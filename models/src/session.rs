@@ -359,7 +359,11 @@ impl Session {
                         rows: r.rows,
                         share: r.share,
                         mass_share: r.mass_share,
-                        passages: r.passages.clone(),
+                        passages: r
+                            .passages
+                            .iter()
+                            .map(|p| Passage { part: d.part_at(p.start).map(str::to_owned), ..p.clone() })
+                            .collect(),
                     }
                 })
                 .collect(),

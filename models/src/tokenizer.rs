@@ -10,6 +10,9 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
+/// How tokenizers name their unknown token.
+const UNKNOWN_TOKENS: [&str; 3] = ["<|unk|>", "<unk>", "[UNK]"];
+
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// The same tokenizer with special tokens matched as plain text (for document text).
@@ -58,6 +61,12 @@ impl Tokenizer {
 
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
+    }
+
+    /// The unknown token's id, for tokenizers that have one (word-level and WordPiece
+    /// vocabularies; byte-level BPE reads every byte and has none).
+    pub fn unknown_id(&self) -> Option<u32> {
+        UNKNOWN_TOKENS.iter().find_map(|t| self.inner.token_to_id(t))
     }
 
     pub fn vocab_size(&self) -> usize {

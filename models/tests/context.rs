@@ -447,6 +447,7 @@ fn sample_documents() -> Vec<context::DocumentText> {
                 bytes: text.len() as u64,
                 xxh3: context::format::checksum(text.as_bytes()),
                 text,
+                parts: Vec::new(),
             }
         })
         .collect()
@@ -559,7 +560,12 @@ fn excerpts_show_the_passages_read_in_their_text() -> Result<()> {
     let mut passages: Vec<Passage> = (0..3)
         .map(|_| {
             let start = rng.random_range(ds..de - 8);
-            Passage { start, end: (start + rng.random_range(1..32)).min(de), share: rng.random_range(0.0..1.0) }
+            Passage {
+                start,
+                end: (start + rng.random_range(1..32)).min(de),
+                share: rng.random_range(0.0..1.0),
+                part: None,
+            }
         })
         .collect();
     passages.sort_by_key(|p| p.start);
@@ -582,7 +588,7 @@ fn excerpts_show_the_passages_read_in_their_text() -> Result<()> {
     let opening = excerpts(&e.tokenizer, &file, doc, &[], AROUND)?;
     assert_eq!((opening.excerpts.len(), opening.excerpts[0].start), (1, 0));
     assert_eq!(opening.excerpts[0].end, OPENING.min(de - ds));
-    let outside = Passage { start: de, end: de + 4, share: 1.0 };
+    let outside = Passage { start: de, end: de + 4, share: 1.0, part: None };
     let err = excerpts(&e.tokenizer, &file, doc, &[outside], AROUND).unwrap_err();
     assert!(err.to_string().contains("is not inside"), "{err}");
     Ok(())

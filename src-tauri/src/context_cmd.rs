@@ -86,6 +86,8 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     let memory_budget = a.memory_budget.as_deref().map(parse_bytes).transpose()?;
     let base = a.context.as_deref().map(ContextFile::open).transpose()?;
     let out = a.out.clone().or_else(|| a.context.clone()).context("--out is required")?;
+    // Before anything opens it: opening a named pipe would wait for a writer forever.
+    folio_models::context::build::check_replaceable(&out)?;
     // --context alone finishes an interrupted change of it.
     let interrupted = match (&base, a.add.is_empty() && a.remove.is_none()) {
         (Some(_), true) => match context::pending(&out)? {
@@ -105,6 +107,11 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     };
     for (path, why) in &ingested.skipped {
         eprintln!("skipped {}: {why}", path.display());
+    }
+    for (d, notes) in ingested.documents.iter().zip(&ingested.notes) {
+        for w in &notes.warnings {
+            eprintln!("warning {}: {w}", d.path);
+        }
     }
     // With a base: how many of its tokens stay as saved.
     let mut keep = 0;
@@ -211,7 +218,7 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
 fn dry_run(common: &Common, a: &PrefillArgs) -> Result<()> {
     let engine = common.engine()?;
     let kv_dtype = a.kv_dtype.as_deref().map(KvDtype::parse).transpose()?.unwrap_or(staging::DEFAULT_KV_DTYPE);
-    let staged = staging::stage(&engine, &a.docs, &|_, _| {});
+    let staged = staging::stage(&engine, &a.docs, &|_, _, _| {});
     let counted: usize = staged.documents.iter().map(|d| d.tokens).sum();
     let folder = match a.out.as_deref().and_then(std::path::Path::parent) {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
@@ -224,7 +231,14 @@ fn dry_run(common: &Common, a: &PrefillArgs) -> Result<()> {
         println!("{}", json!({ "staged": staged, "estimate": est, "tokens": tokens }));
     } else {
         for d in &staged.documents {
-            println!("{:>10} tokens  {:<5} {:>10}  {}", d.tokens, d.kind, human_bytes(d.bytes), d.path);
+            let parts = match d.parts.len() {
+                0 => String::new(),
+                n => format!("  ({n} parts: {} …)", d.parts[0]),
+            };
+            println!("{:>10} tokens  {:<8} {:>10}  {}{parts}", d.tokens, d.kind, human_bytes(d.file_bytes), d.path);
+            for w in &d.warnings {
+                println!("           warning: {w}");
+            }
         }
         for s in &staged.skipped {
             println!("skipped {}: {}", s.path, s.reason);

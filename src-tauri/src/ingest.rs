@@ -1,38 +1,45 @@
-//! Document ingestion, minimal: plain text, Markdown and source code, as files or folders.
+//! Documents for a context, read by `folio_ingest` (PDF, DOCX, ODT, EPUB, HTML, e-mail,
+//! notebooks, data and text files; its crate docs state the rules) and turned into the engine's
+//! [`DocumentText`]: the text with its parts (pages, chapters, sections) and the checksum a
+//! resumed or re-prefilled context compares against.
 //!
-//! A file is taken when it is UTF-8 text: no NUL byte and valid UTF-8 (which is what every
-//! text, Markdown and source file is, whatever its extension). Folders are walked recursively
-//! in sorted order, so the same folder always gives the same context. Skipped, each with its
-//! reason: hidden files and folders (names starting with `.`: `.git`, editor state), symbolic
-//! links (a link out of the folder would pull in files the user did not pick), binary files,
-//! empty files, files listed twice, and rich formats whose text needs extraction (PDF, DOCX,
-//! EPUB, HTML: a later issue). A path that does not exist is an error, not a skip.
+//! The checksum is of the extracted text, not of the file: it is what the context's tokens
+//! were computed from, so a re-read that extracts the same text continues the same context.
 
-use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
-use folio_models::context::{DocumentSpan, DocumentText};
-
-/// Extensions of formats whose text must be extracted, not read as is.
-const RICH_FORMATS: [&str; 9] = ["pdf", "docx", "doc", "odt", "rtf", "epub", "html", "htm", "xhtml"];
+use anyhow::{bail, Result};
+use folio_ingest::{Format, Limits};
+use folio_models::context::{DocumentSpan, DocumentText, TextPart};
 
 #[derive(Debug, Default)]
 pub struct Ingested {
     pub documents: Vec<DocumentText>,
+    /// Per document, in the same order: what it was read as and what the reader noticed.
+    pub notes: Vec<Notes>,
     /// Paths left out, each with the reason.
     pub skipped: Vec<(PathBuf, String)>,
 }
 
+/// What reading a document found beside its text.
+#[derive(Debug, Clone)]
+pub struct Notes {
+    pub format: Format,
+    pub file_bytes: u64,
+    pub warnings: Vec<String>,
+}
+
 /// The documents in `paths` for the CLI: a path that does not exist is an error, and so is a
-/// set with no readable document.
+/// set with no readable document (with every reason).
 pub fn collect(paths: &[PathBuf]) -> Result<Ingested> {
-    let out = gather(paths, true)?;
+    let out = gather(paths, true, &|_, _| {})?;
     if out.documents.is_empty() {
+        let reasons: Vec<String> = out.skipped.iter().map(|(p, why)| format!("\n  {}: {why}", p.display())).collect();
         bail!(
-            "no readable documents in {} ({} skipped); Folio reads plain text, Markdown and source code",
+            "no readable documents in {} ({} skipped):{}",
             paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
-            out.skipped.len()
+            out.skipped.len(),
+            reasons.concat()
         );
     }
     Ok(out)
@@ -40,11 +47,11 @@ pub fn collect(paths: &[PathBuf]) -> Result<Ingested> {
 
 /// The documents in `paths` for the window's staging sheet: whatever cannot be read, a dropped
 /// path that vanished included, is a skip with its reason, and an empty set is not an error
-/// (the sheet shows the reasons).
-pub fn collect_lenient(paths: &[PathBuf]) -> Ingested {
-    gather(paths, false).unwrap_or_else(|e| Ingested {
-        documents: Vec::new(),
+/// (the sheet shows the reasons). `on_read(done, total)` follows the reads.
+pub fn collect_lenient(paths: &[PathBuf], on_read: &(dyn Fn(usize, usize) + Sync)) -> Ingested {
+    gather(paths, false, on_read).unwrap_or_else(|e| Ingested {
         skipped: vec![(paths.first().cloned().unwrap_or_default(), format!("{e:#}"))],
+        ..Ingested::default()
     })
 }
 
@@ -59,7 +66,7 @@ pub enum Reread {
 /// removed one, must compute from.
 pub fn reread_saved(spans: &[&DocumentSpan]) -> std::result::Result<Vec<DocumentText>, Reread> {
     let paths: Vec<PathBuf> = spans.iter().map(|s| PathBuf::from(&s.path)).collect();
-    let found = collect_lenient(&paths);
+    let found = collect_lenient(&paths, &|_, _| {});
     if let Some((path, why)) = found.skipped.into_iter().next() {
         return Err(Reread::Unreadable { path, why });
     }
@@ -69,98 +76,22 @@ pub fn reread_saved(spans: &[&DocumentSpan]) -> std::result::Result<Vec<Document
     }
 }
 
-fn gather(paths: &[PathBuf], strict: bool) -> Result<Ingested> {
-    let mut out = Ingested::default();
-    let mut seen = BTreeSet::new();
-    for root in paths {
-        let meta = match std::fs::metadata(root) {
-            Ok(m) => m,
-            Err(e) if !strict => {
-                out.skipped.push((root.clone(), format!("cannot read it: {e}")));
-                continue;
-            }
-            Err(e) => return Err(e).with_context(|| format!("{}: cannot read it", root.display())),
-        };
-        if meta.is_file() {
-            add_file(root, &mut seen, &mut out)?;
-            continue;
-        }
-        let walk = walkdir::WalkDir::new(root).follow_links(false).sort_by_file_name().into_iter();
-        // Hidden entries are pruned here (a hidden folder's contents are never visited) and
-        // reported by `report_hidden_children` when their parent folder is entered.
-        let walk = walk.filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'));
-        for entry in walk {
-            let entry = entry.with_context(|| format!("reading folder {}", root.display()))?;
-            let path = entry.path();
-            if entry.file_type().is_dir() {
-                report_hidden_children(path, &mut out);
-                continue;
-            }
-            if entry.file_type().is_symlink() {
-                out.skipped.push((path.to_owned(), "symbolic link (not followed)".into()));
-                continue;
-            }
-            add_file(path, &mut seen, &mut out)?;
-        }
+fn gather(paths: &[PathBuf], strict: bool, on_read: &(dyn Fn(usize, usize) + Sync)) -> Result<Ingested> {
+    let batch = folio_ingest::read_paths(paths, strict, &Limits::default(), on_read)?;
+    let mut out =
+        Ingested { skipped: batch.skipped.into_iter().map(|s| (s.path, s.reason)).collect(), ..Ingested::default() };
+    for d in batch.documents {
+        out.notes.push(Notes { format: d.format, file_bytes: d.file_bytes, warnings: d.warnings });
+        out.documents.push(DocumentText {
+            title: d.title,
+            path: d.path.display().to_string(),
+            bytes: d.text.len() as u64,
+            xxh3: folio_models::context::format::checksum(d.text.as_bytes()),
+            parts: d.parts.into_iter().map(|p| TextPart { label: p.label, at: p.at }).collect(),
+            text: d.text,
+        });
     }
     Ok(out)
-}
-
-fn report_hidden_children(dir: &Path, out: &mut Ingested) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    let mut hidden: Vec<PathBuf> =
-        entries.flatten().filter(|e| e.file_name().to_string_lossy().starts_with('.')).map(|e| e.path()).collect();
-    hidden.sort();
-    out.skipped.extend(hidden.into_iter().map(|p| (p, "hidden".to_owned())));
-}
-
-fn add_file(path: &Path, seen: &mut BTreeSet<PathBuf>, out: &mut Ingested) -> Result<()> {
-    let canonical = match path.canonicalize() {
-        Ok(c) => c,
-        Err(e) => {
-            out.skipped.push((path.to_owned(), format!("cannot resolve it: {e}")));
-            return Ok(());
-        }
-    };
-    if !seen.insert(canonical) {
-        out.skipped.push((path.to_owned(), "listed twice".into()));
-        return Ok(());
-    }
-    let ext = path.extension().map(|e| e.to_string_lossy().to_lowercase()).unwrap_or_default();
-    if RICH_FORMATS.contains(&ext.as_str()) {
-        out.skipped.push((
-            path.to_owned(),
-            format!("{} files are not supported yet (plain text, Markdown and source code are)", ext.to_uppercase()),
-        ));
-        return Ok(());
-    }
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) => {
-            // One unreadable file (permissions, a read error) never stops the rest.
-            out.skipped.push((path.to_owned(), format!("cannot read it: {e}")));
-            return Ok(());
-        }
-    };
-    if bytes.is_empty() {
-        out.skipped.push((path.to_owned(), "empty".into()));
-        return Ok(());
-    }
-    let text = match String::from_utf8(bytes) {
-        Ok(t) if !t.contains('\0') => t,
-        _ => {
-            out.skipped.push((path.to_owned(), "binary (not UTF-8 text)".into()));
-            return Ok(());
-        }
-    };
-    out.documents.push(DocumentText {
-        title: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-        path: path.display().to_string(),
-        bytes: text.len() as u64,
-        xxh3: folio_models::context::format::checksum(text.as_bytes()),
-        text,
-    });
-    Ok(())
 }
 
 #[cfg(test)]
@@ -184,6 +115,7 @@ mod tests {
         let got = collect(&[d.to_owned(), d.join("a.txt")])?;
         let titles: Vec<&str> = got.documents.iter().map(|x| x.title.as_str()).collect();
         assert_eq!(titles, ["a.txt", "b.md", "main.rs"]);
+        assert_eq!(got.documents[1].parts, [TextPart { label: "B".into(), at: 0 }]);
         let reasons: Vec<(String, &str)> = got
             .skipped
             .iter()
@@ -192,8 +124,8 @@ mod tests {
         for (name, why) in [
             (".env", "hidden"),
             ("src/.cache", "hidden"),
-            ("logo.png", "binary"),
-            ("paper.pdf", "PDF files are not supported yet"),
+            ("logo.png", "binary (a PNG image)"),
+            ("paper.pdf", "a damaged PDF"),
             ("empty.txt", "empty"),
             ("link.txt", "symbolic link"),
             ("a.txt", "listed twice"),
@@ -201,10 +133,13 @@ mod tests {
             assert!(reasons.iter().any(|(p, r)| p == name && r.starts_with(why)), "{name}: {reasons:?}");
         }
         assert!(collect(&[d.join("missing")]).unwrap_err().to_string().contains("missing"));
-        let lenient = collect_lenient(&[d.join("missing"), d.join("a.txt")]);
+        let lenient = collect_lenient(&[d.join("missing"), d.join("a.txt")], &|_, _| {});
         assert_eq!(lenient.documents.len(), 1);
         assert!(lenient.skipped[0].1.starts_with("cannot read it"), "{:?}", lenient.skipped);
-        assert!(collect(&[d.join("logo.png")]).unwrap_err().to_string().contains("no readable documents"));
+        // A set of only bad files says why, file by file.
+        let e = collect(&[d.join("logo.png"), d.join("empty.txt")]).unwrap_err().to_string();
+        assert!(e.contains("no readable documents") && e.contains("(2 skipped)"), "{e}");
+        assert!(e.contains("logo.png: binary (a PNG image)") && e.contains("empty.txt: empty"), "{e}");
         Ok(())
     }
 }

@@ -6,9 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use folio_models::context::format::{DocumentSpan, Header};
+use folio_models::context::format::{DocumentSpan, Header, SpanPart};
 use folio_models::context::prompt::ANSWER_ROOM;
-use folio_models::context::KvDtype;
+use folio_models::context::{KvDtype, TokenCount};
 use folio_models::Engine;
 use serde::{Deserialize, Serialize};
 
@@ -22,11 +22,52 @@ pub(crate) const DEFAULT_KV_DTYPE: KvDtype = KvDtype::Bf16;
 pub(crate) struct StagedDocument {
     pub path: String,
     pub title: String,
-    /// Its type, from the extension.
+    /// Its type, from its content ("PDF", "DOCX", "text").
     pub kind: String,
+    /// Bytes of its text (what the context's span records).
     pub bytes: u64,
+    /// Bytes of the file on disk.
+    #[serde(default)]
+    pub file_bytes: u64,
     pub xxh3: String,
     pub tokens: usize,
+    /// Labels of the pages, chapters or sections found in it.
+    #[serde(default)]
+    pub parts: Vec<String>,
+    /// What the reader and the count noticed (an encoding guessed, bytes replaced, words the
+    /// model does not know).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+/// Share of a document's tokens that are the tokenizer's unknown token past which staging
+/// warns: the model will read most of it as "<unk>".
+const UNKNOWN_SHARE_WARNING: f64 = 0.5;
+/// Bytes of text per token past which staging warns (prose is 3–6): a file of one repeated
+/// character, or of text the tokenizer swallows whole.
+const BYTES_PER_TOKEN_WARNING: usize = 200;
+/// Texts shorter than this are not warned about for shrinking (a short code or list).
+const SHRINK_FLOOR_BYTES: usize = 4096;
+
+/// Warnings about a document's token count: mostly unknown words, or a text that shrank by
+/// orders of magnitude.
+fn count_warnings(text_bytes: usize, count: TokenCount) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let unknown = count.unknown as f64 / count.tokens.max(1) as f64;
+    if unknown > UNKNOWN_SHARE_WARNING {
+        warnings.push(format!(
+            "{:.0}% of its tokens are unknown to this model's tokenizer: the model will read them as <unk>",
+            unknown * 100.0
+        ));
+    }
+    if text_bytes >= SHRINK_FLOOR_BYTES && text_bytes > BYTES_PER_TOKEN_WARNING * count.tokens {
+        warnings.push(format!(
+            "{} of text became only {} tokens: is it one repeated character or word?",
+            folio_ingest::bytes(text_bytes as u64),
+            count.tokens
+        ));
+    }
+    warnings
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -68,30 +109,40 @@ pub(crate) struct Estimate {
     pub rate_tokens_per_s: Option<f64>,
 }
 
-/// Reads and counts `paths`; `on_counted(done, total)` follows the count.
-pub(crate) fn stage(engine: &Engine, paths: &[PathBuf], on_counted: &(dyn Fn(usize, usize) + Sync)) -> Staged {
+/// What staging is doing, for its progress line.
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Phase {
+    Reading,
+    Counting,
+}
+
+/// Reads and counts `paths`; `on_progress(phase, done, total)` follows the reads, then the count.
+pub(crate) fn stage(engine: &Engine, paths: &[PathBuf], on_progress: &(dyn Fn(Phase, usize, usize) + Sync)) -> Staged {
     let started = std::time::Instant::now();
-    let found = ingest::collect_lenient(paths);
+    let found = ingest::collect_lenient(paths, &|done, total| on_progress(Phase::Reading, done, total));
     let total = found.documents.len();
     let mut skipped: Vec<Skip> =
         found.skipped.iter().map(|(p, r)| Skip { path: p.display().to_string(), reason: r.clone() }).collect();
     let head = engine.prompt_stamp(None, None).and_then(|p| engine.head_ids(&p)).map(|ids| ids.len());
     let (documents, head_tokens) =
-        match (engine.document_tokens(&found.documents, &|done| on_counted(done, total)), head) {
+        match (engine.document_tokens(&found.documents, &|done| on_progress(Phase::Counting, done, total)), head) {
             (Ok(counts), Ok(head)) => {
                 let docs = found
                     .documents
                     .iter()
+                    .zip(&found.notes)
                     .zip(counts)
-                    .map(|(d, tokens)| StagedDocument {
-                        kind: Path::new(&d.path)
-                            .extension()
-                            .map_or_else(|| "txt".to_owned(), |e| e.to_string_lossy().to_lowercase()),
+                    .map(|((d, notes), count)| StagedDocument {
+                        kind: notes.format.name().to_owned(),
                         path: d.path.clone(),
                         title: d.title.clone(),
                         bytes: d.bytes,
+                        file_bytes: notes.file_bytes,
                         xxh3: d.xxh3.clone(),
-                        tokens,
+                        tokens: count.tokens,
+                        parts: d.parts.iter().map(|p| p.label.clone()).collect(),
+                        warnings: notes.warnings.iter().cloned().chain(count_warnings(d.text.len(), count)).collect(),
                     })
                     .collect();
                 (docs, head)
@@ -106,7 +157,8 @@ pub(crate) fn stage(engine: &Engine, paths: &[PathBuf], on_counted: &(dyn Fn(usi
 
 /// What a prefill of `documents` (as staged) with `engine`, stored as `kv_dtype`, into
 /// `folder` needs: the layout is the one `plan_context` will make (head, spans), so the file
-/// size is exact.
+/// size is exact (but for a page more or less when the parts' token positions, which only the
+/// prefill knows, change the document table's length across a page boundary).
 pub(crate) fn estimate(
     engine: &Engine,
     documents: &[StagedDocument],
@@ -125,6 +177,9 @@ pub(crate) fn estimate(
             end: tokens + d.tokens,
             bytes: d.bytes,
             xxh3: d.xxh3.clone(),
+            // Where each part starts is known once the prefill tokenizes the document: the
+            // span's start stands in (as many digits, give or take one per part).
+            parts: d.parts.iter().map(|label| SpanPart { label: label.clone(), start: tokens }).collect(),
         });
         tokens += d.tokens;
     }
@@ -200,7 +255,7 @@ mod tests {
     fn staged_counts_are_the_planned_tokens_and_the_limit_is_flagged() {
         let e = demo();
         let samples = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/samples"));
-        let staged = stage(&e, std::slice::from_ref(&samples), &|_, _| {});
+        let staged = stage(&e, std::slice::from_ref(&samples), &|_, _, _| {});
         assert_eq!(staged.documents.len(), 3);
         let docs = ingest::collect(&[samples]).unwrap().documents;
         let plan = e.plan_context(&docs, None, None).unwrap();
@@ -217,5 +272,32 @@ mod tests {
         let over = estimate(&e, &[huge], DEFAULT_KV_DTYPE, dir.path(), Some(1000.0)).unwrap();
         assert!(!over.fits);
         assert!((over.predicted_seconds.unwrap() - over.tokens as f64 / 1000.0).abs() < 1e-9);
+    }
+
+    /// A 20 MB file of one repeated letter (the demo model's tokenizer makes a handful of
+    /// tokens of it) and a text of words the model lacks are warned about; prose is not.
+    #[test]
+    fn shrunk_or_unknown_text_is_warned_about() {
+        let e = demo();
+        let doc = |text: String| folio_models::context::DocumentText {
+            title: "t.txt".into(),
+            path: "t.txt".into(),
+            bytes: text.len() as u64,
+            xxh3: String::new(),
+            text,
+            parts: Vec::new(),
+        };
+        let docs = [
+            doc("a".repeat(20 << 20)),
+            doc("zebra quokka axolotl narwhal ".repeat(50)),
+            doc(std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/samples/field_notes.txt"))
+                .unwrap()),
+        ];
+        let counts = e.document_tokens(&docs, &|_| {}).unwrap();
+        let warnings: Vec<Vec<String>> =
+            docs.iter().zip(counts).map(|(d, c)| count_warnings(d.text.len(), c)).collect();
+        assert!(warnings[0].iter().any(|w| w.starts_with("20.0 MiB of text became only")), "{warnings:?}");
+        assert!(warnings[1].iter().any(|w| w.contains("unknown to this model's tokenizer")), "{warnings:?}");
+        assert!(warnings[2].is_empty(), "{warnings:?}");
     }
 }

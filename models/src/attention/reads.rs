@@ -54,6 +54,9 @@ pub struct Passage {
     pub end: usize,
     /// Of the document's weight: its mass when calls were weighed, else its picked rows.
     pub share: f64,
+    /// The page, chapter or section it is in ("p. 12"), when the document has parts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub part: Option<String>,
 }
 
 /// Rows read in one document span.
@@ -365,6 +368,7 @@ impl ReadTally<'_> {
                 start: start + b * PASSAGE_ROWS,
                 end: (start + (b + 1) * PASSAGE_ROWS).min(end),
                 share: w / total,
+                part: None,
             })
             .collect()
     }

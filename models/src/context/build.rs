@@ -296,6 +296,8 @@ fn build_job(
 ) -> Result<BuildReport> {
     let cfg = model.config();
     cfg.check_fits(plan.tokens.len())?;
+    // Before minutes of compute, not at the final rename.
+    check_replaceable(out)?;
     if plan.tokens.is_empty() {
         return Err(Error::Invalid("nothing to prefill: the context has no tokens".into()));
     }
@@ -553,6 +555,7 @@ impl Job<'_> {
         // never a checkpoint whose context.tmp has already been renamed away.
         std::fs::remove_file(&cp_path).map_err(|e| Error::io(&cp_path, e))?;
         sync_dir(&cp_path)?;
+        check_replaceable(self.out)?;
         std::fs::rename(&tmp, self.out).map_err(|e| Error::io(self.out, e))?;
         sync_dir(self.out)?;
         let computed = (layers - resumed_layers) * n;
@@ -748,6 +751,42 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_file_name(name);
     std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
     File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
+    check_replaceable(path)?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
     sync_dir(path)
+}
+
+/// Refuses to replace anything at `path` but a regular file: an atomic write renames a new
+/// file over the path, which would silently put a regular file in place of a device
+/// (`/dev/full`), a named pipe, a folder or a symbolic link (the link, not its target).
+pub fn check_replaceable(path: &Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let t = meta.file_type();
+    let what = if t.is_file() {
+        return Ok(());
+    } else if t.is_symlink() {
+        let target = std::fs::read_link(path).map(|t| t.display().to_string()).unwrap_or_default();
+        return Err(Error::Invalid(format!(
+            "{} is a symbolic link (to {target}): Folio would replace the link with a new file and leave its target \
+             as it is; name the target itself, or remove the link first",
+            path.display()
+        )));
+    } else if t.is_dir() {
+        "a folder"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else if t.is_fifo() {
+        "a named pipe"
+    } else {
+        "a special file"
+    };
+    Err(Error::Invalid(format!(
+        "{} is {what}, not a file: Folio writes a context only to a new file or over a regular one",
+        path.display()
+    )))
 }

@@ -15,7 +15,8 @@ use serde::Serialize;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::format::{
-    checksum, DocumentSpan, Header, Section, SectionKind, FORMAT_VERSION, MAGIC, PAGE, PREAMBLE_BYTES,
+    checksum, DocumentSpan, Header, Section, SectionKind, FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION, PAGE,
+    PREAMBLE_BYTES,
 };
 use crate::error::{Error, Result};
 
@@ -41,6 +42,14 @@ pub struct VerifyReport {
 impl ContextFile {
     pub fn open(path: &Path) -> Result<Self> {
         let bad = |msg: String| Error::Context { path: path.to_owned(), msg };
+        // Checked before opening: opening a named pipe waits for a writer forever.
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        if meta.is_dir() {
+            return Err(bad("a folder, not a context file: name a context file (.folio) in it".into()));
+        }
+        if !meta.is_file() {
+            return Err(bad("not a regular file: a context file is a file on disk".into()));
+        }
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
         let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
         if len < PREAMBLE_BYTES {
@@ -59,7 +68,7 @@ impl ContextFile {
             return Err(bad("not a Folio context file (it does not start with FOLIOCTX)".into()));
         }
         let version = word(8, 4) as u32;
-        if version != FORMAT_VERSION {
+        if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(bad(format!(
                 "context format version {version}; this Folio reads version {FORMAT_VERSION}{}",
                 if version > FORMAT_VERSION { " (the file was written by a newer Folio)" } else { "" }
@@ -211,6 +220,7 @@ impl ContextFile {
             }
             f.set_len(header.file_bytes).map_err(io)?;
             f.sync_all().map_err(io)?;
+            super::build::check_replaceable(out)?;
             std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
             // The rename itself survives a crash once the folder is synced.
             if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -236,6 +246,18 @@ impl ContextFile {
     /// Checks every section's checksum.
     pub fn verify(&self) -> Result<VerifyReport> {
         let start = Instant::now();
+        let len = self.map.len() as u64;
+        if len != self.header.file_bytes {
+            return Err(Error::Context {
+                path: self.path.clone(),
+                msg: format!(
+                    "{} bytes after the last section: the header records {} bytes, the file has {len} (something \
+                     was appended to it); copy the file again or prefill again",
+                    len - self.header.file_bytes,
+                    self.header.file_bytes
+                ),
+            });
+        }
         let mut bytes = 0;
         for (i, s) in self.header.sections.iter().enumerate() {
             self.checked(i, true)?;

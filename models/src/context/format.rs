@@ -20,7 +20,10 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::codec::KvDtype;
 
 pub const MAGIC: [u8; 8] = *b"FOLIOCTX";
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest version this Folio opens. Version 2 added document parts (pages, chapters,
+/// sections) to the document table; a version 1 file is a version 2 file without them.
+pub const OLDEST_READABLE_VERSION: u32 = 1;
 /// Bytes before the header: magic, version, reserved, header length, header checksum.
 pub const PREAMBLE_BYTES: u64 = 32;
 /// Section alignment: sections start on page boundaries so each can be memory-mapped and
@@ -197,6 +200,25 @@ pub struct DocumentSpan {
     /// Size and xxh3-64 of the source text, to tell later whether the file changed.
     pub bytes: u64,
     pub xxh3: String,
+    /// Where the document's pages, chapters or sections start, in order (none for plain
+    /// text, and in files of format version 1).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<SpanPart>,
+}
+
+/// A part of a document in the context: "p. 12", a chapter's or a section's title.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpanPart {
+    pub label: String,
+    /// Context position of its first token.
+    pub start: usize,
+}
+
+impl DocumentSpan {
+    /// The label of the part holding context position `position`, if the document has parts.
+    pub fn part_at(&self, position: usize) -> Option<&str> {
+        self.parts.iter().rev().find(|p| p.start <= position).map(|p| p.label.as_str())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -23,7 +23,7 @@ pub use build::{
 };
 pub use codec::KvDtype;
 pub use file::{ContextFile, VerifyReport};
-pub use format::{DocumentSpan, Fingerprint, Header, ModelStamp};
+pub use format::{DocumentSpan, Fingerprint, Header, ModelStamp, SpanPart};
 pub use indexes::StoredIndex;
 pub use kv::ContextKv;
-pub use prompt::{DocumentText, PrefixPlan};
+pub use prompt::{DocumentText, PrefixPlan, TextPart, TokenCount};

@@ -20,7 +20,7 @@
 use serde_json::{Map, Value};
 
 use super::file::ContextFile;
-use super::format::{DocumentSpan, PromptKind, PromptStamp};
+use super::format::{DocumentSpan, PromptKind, PromptStamp, SpanPart};
 use crate::chat::Message;
 use crate::error::{Error, Result};
 use crate::eval::spec::EvalSpec;
@@ -45,6 +45,26 @@ pub struct DocumentText {
     pub text: String,
     pub bytes: u64,
     pub xxh3: String,
+    /// Where its pages, chapters or sections start in `text`, in order.
+    pub parts: Vec<TextPart>,
+}
+
+/// A part's label and the offset of its first token in the document's tokens.
+type PartStart = (String, usize);
+
+/// A document's tokens in a context, and how many are the tokenizer's unknown token (words
+/// the model cannot read: a word-level vocabulary's misses).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenCount {
+    pub tokens: usize,
+    pub unknown: usize,
+}
+
+/// A part of a document's text: its label and the byte offset where it starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextPart {
+    pub label: String,
+    pub at: usize,
 }
 
 /// What a prefill computes: the tokens, where each document is in them, and how they were laid out.
@@ -66,6 +86,7 @@ impl PrefixPlan {
             end: tokens.len(),
             bytes: 0,
             xxh3: String::new(),
+            parts: Vec::new(),
         };
         let prompt = PromptStamp {
             kind: PromptKind::Raw,
@@ -122,7 +143,8 @@ impl Engine {
                 return Err(Error::Invalid(format!("{} is already in this context", d.path)));
             }
             let start = tokens.len();
-            tokens.extend(self.encode_document(&prompt.document_template, d)?);
+            let (ids, parts) = self.encode_document(&prompt.document_template, d)?;
+            tokens.extend(ids);
             documents.push(DocumentSpan {
                 title: d.title.clone(),
                 path: d.path.clone(),
@@ -130,6 +152,7 @@ impl Engine {
                 end: tokens.len(),
                 bytes: d.bytes,
                 xxh3: d.xxh3.clone(),
+                parts: parts.into_iter().map(|(label, at)| SpanPart { label, start: start + at }).collect(),
             });
         }
         let limit = self.config().max_position_embeddings;
@@ -181,17 +204,24 @@ impl Engine {
     }
 
     /// Tokens each document takes in a context of this model (wrapped by its document
-    /// template, as [`Engine::plan_context`] lays it out), counted in parallel;
-    /// `on_counted(documents_done)` follows the count, for progress over big sets.
-    pub fn document_tokens(&self, docs: &[DocumentText], on_counted: &(dyn Fn(usize) + Sync)) -> Result<Vec<usize>> {
+    /// template, as [`Engine::plan_context`] lays it out), and how many of them are the
+    /// tokenizer's unknown token, counted in parallel; `on_counted(documents_done)` follows the
+    /// count, for progress over big sets.
+    pub fn document_tokens(
+        &self,
+        docs: &[DocumentText],
+        on_counted: &(dyn Fn(usize) + Sync),
+    ) -> Result<Vec<TokenCount>> {
         use rayon::prelude::*;
         let template = self.document_template();
+        let unknown = self.tokenizer.unknown_id();
         let done = std::sync::atomic::AtomicUsize::new(0);
         docs.par_iter()
             .map(|d| {
-                let n = self.encode_document(&template, d)?.len();
+                let ids = self.encode_document(&template, d)?.0;
                 on_counted(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
-                Ok(n)
+                let unknown = unknown.map_or(0, |u| ids.iter().filter(|&&id| id == u).count());
+                Ok(TokenCount { tokens: ids.len(), unknown })
             })
             .collect()
     }
@@ -216,33 +246,42 @@ impl Engine {
         }
     }
 
-    /// One document wrapped by `template`: the template's own text is tokenized with special
-    /// tokens (a model's `<|doc|>` marker stays one token), the title, path and text without.
-    fn encode_document(&self, template: &str, d: &DocumentText) -> Result<Vec<u32>> {
+    /// One document wrapped by `template`, and where its parts start (offsets in the ids):
+    /// the template's own text is tokenized with special tokens (a model's `<|doc|>` marker
+    /// stays one token), the title, path and text without. A text with parts is tokenized a
+    /// part at a time, so each part starts on a token (parts start at line starts, where the
+    /// tokenizers' pre-tokenizers split anyway).
+    fn encode_document(&self, template: &str, d: &DocumentText) -> Result<(Vec<u32>, Vec<PartStart>)> {
         let mut ids = Vec::new();
+        let mut parts = Vec::new();
         let mut rest = template;
         while !rest.is_empty() {
             let next = ["{title}", "{path}", "{text}"].iter().filter_map(|p| rest.find(p).map(|at| (at, *p))).min();
-            let (literal, value, after) = match next {
-                Some((at, p)) => {
-                    let value = match p {
-                        "{title}" => d.title.as_str(),
-                        "{path}" => d.path.as_str(),
-                        _ => d.text.as_str(),
-                    };
-                    (&rest[..at], value, &rest[at + p.len()..])
-                }
-                None => (rest, "", ""),
+            let (literal, field, after) = match next {
+                Some((at, p)) => (&rest[..at], Some(p), &rest[at + p.len()..]),
+                None => (rest, None, ""),
             };
             if !literal.is_empty() {
                 ids.extend(self.tokenizer.encode_prompt(literal)?);
             }
-            if !value.is_empty() {
-                ids.extend(self.tokenizer.encode_text(value)?);
+            match field {
+                Some("{title}") => ids.extend(self.tokenizer.encode_text(&d.title)?),
+                Some("{path}") => ids.extend(self.tokenizer.encode_text(&d.path)?),
+                Some(_) => {
+                    for (label, piece) in pieces(d)? {
+                        if let Some(label) = label {
+                            parts.push((label.to_owned(), ids.len()));
+                        }
+                        if !piece.is_empty() {
+                            ids.extend(self.tokenizer.encode_text(piece)?);
+                        }
+                    }
+                }
+                None => {}
             }
             rest = after;
         }
-        Ok(ids)
+        Ok((ids, parts))
     }
 
     /// Tokens to append to a context laid out as `prompt` for the conversation `turns` (user
@@ -293,4 +332,20 @@ impl Engine {
             )),
         }
     }
+}
+
+/// A document's text cut where its parts start: the text before the first part (unlabelled),
+/// then each part with its label. Refused when a part is out of order or not on a character.
+fn pieces(d: &DocumentText) -> Result<Vec<(Option<&str>, &str)>> {
+    let text = d.text.as_str();
+    let first = d.parts.first().map_or(text.len(), |p| p.at);
+    let mut out = vec![(None, text.get(..first).unwrap_or(""))];
+    for (i, part) in d.parts.iter().enumerate() {
+        let end = d.parts.get(i + 1).map_or(text.len(), |p| p.at);
+        let piece = text.get(part.at..end).ok_or_else(|| {
+            Error::Invalid(format!("{}: part \"{}\" is out of order or not on a character", d.path, part.label))
+        })?;
+        out.push((Some(part.label.as_str()), piece));
+    }
+    Ok(out)
 }

@@ -480,7 +480,7 @@ fn reread_noted(shared: &Shared, id: u64, staged: &[StagedDocument]) -> anyhow::
 /// is now; each is noted for the window.
 pub(crate) fn reread(staged: &[StagedDocument]) -> (Vec<DocumentText>, Vec<Skip>) {
     let paths: Vec<PathBuf> = staged.iter().map(|d| PathBuf::from(&d.path)).collect();
-    let found = ingest::collect_lenient(&paths);
+    let found = ingest::collect_lenient(&paths, &|_, _| {});
     let mut notes: Vec<Skip> = found
         .skipped
         .iter()
@@ -522,10 +522,13 @@ mod tests {
         StagedDocument {
             path: path.display().to_string(),
             title: path.file_name().unwrap().to_string_lossy().into_owned(),
-            kind: "txt".into(),
+            kind: "text".into(),
             bytes: text.len() as u64,
+            file_bytes: text.len() as u64,
             xxh3: folio_models::context::format::checksum(text.as_bytes()),
             tokens: 1,
+            parts: Vec::new(),
+            warnings: Vec::new(),
         }
     }
 
@@ -556,6 +559,7 @@ mod tests {
             end: 1,
             bytes: text.len() as u64,
             xxh3: folio_models::context::format::checksum(text.as_bytes()),
+            parts: Vec::new(),
         };
         let err = resume_documents(&[spans(&kept, "as staged"), spans(&changed, "as staged")]).unwrap_err();
         assert!(err.to_string().contains("changed since its prefill started"), "{err}");

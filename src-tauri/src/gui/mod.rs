@@ -465,6 +465,7 @@ async fn rebuild_library(state: State<'_, AppState>) -> Result<Vec<ContextInfo>,
 
 #[derive(Clone, Serialize)]
 struct CountProgress {
+    phase: staging::Phase,
     done: usize,
     total: usize,
 }
@@ -478,8 +479,8 @@ async fn stage(
 ) -> Result<staging::Staged, String> {
     let engine = state.engine()?;
     tauri::async_runtime::spawn_blocking(move || {
-        staging::stage(&engine, &paths, &|done, total| {
-            let _ = on_progress.send(CountProgress { done, total });
+        staging::stage(&engine, &paths, &|phase, done, total| {
+            let _ = on_progress.send(CountProgress { phase, done, total });
         })
     })
     .await

@@ -63,6 +63,8 @@ export interface Passage {
   end: number;
   /** Of the document's weight. */
   share: number;
+  /** The page, chapter or section it is in ("p. 12"), when the document has parts. */
+  part?: string | null;
 }
 
 /** Value `chat` resolves with once generation ends. */

@@ -38,10 +38,18 @@ export interface DocumentInfo {
 export interface StagedDocument {
   path: string;
   title: string;
+  /** Its type, from its content ("PDF", "DOCX", "text"). */
   kind: string;
+  /** Bytes of its text. */
   bytes: number;
+  /** Bytes of the file on disk. */
+  file_bytes: number;
   xxh3: string;
   tokens: number;
+  /** Labels of its pages, chapters or sections. */
+  parts: string[];
+  /** What reading and counting it noticed (an encoding guessed, words the model lacks). */
+  warnings: string[];
 }
 
 export interface Skip {
@@ -256,7 +264,8 @@ export interface DocumentExcerpts {
   title: string;
   path: string;
   tokens: number;
-  excerpts: { start: number; end: number; pieces: Piece[] }[];
+  /** `part`: the page, chapter or section an excerpt starts in, when the document has parts. */
+  excerpts: { start: number; end: number; part: string | null; pieces: Piece[] }[];
 }
 
 /** The text of a source of an answer over the open context; refused when the context has
@@ -404,9 +413,18 @@ export const loadModel = (spec: string) => call<AppInfo>('load_model', { spec })
 /** The native folder dialog, then the load; null when cancelled. */
 export const pickModelFolder = () => call<AppInfo | null>('pick_model_folder');
 
-/** Reads and counts files and folders; `onProgress(done, total)` follows the count. */
-export function stage(paths: string[], onProgress: (done: number, total: number) => void): Promise<Staged> {
-  const channel = new Channel<{ done: number; total: number }>((p) => onProgress(p.done, p.total));
+/** What staging is doing: reading the files, then counting their tokens. */
+export type StagePhase = 'reading' | 'counting';
+
+/** Reads and counts files and folders; `onProgress(phase, done, total)` follows the reads, then
+ *  the count. */
+export function stage(
+  paths: string[],
+  onProgress: (phase: StagePhase, done: number, total: number) => void,
+): Promise<Staged> {
+  const channel = new Channel<{ phase: StagePhase; done: number; total: number }>((p) =>
+    onProgress(p.phase, p.done, p.total),
+  );
   return call<Staged>('stage', { paths, onProgress: channel });
 }
 

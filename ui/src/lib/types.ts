@@ -35,6 +35,8 @@ export interface SourceRef {
   title: string;
   path: string;
   percent: string;
+  /** Where the heaviest passage is ("p. 12", a chapter), when the document has parts. */
+  part: string | null;
   passages: Passage[];
   context: string | null;
 }
