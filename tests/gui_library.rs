@@ -276,7 +276,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.wait("three staged documents", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 3);
     d.wait("three skips", |d| d.texts("[data-testid=staging-skipped] li").len() == 3);
     let skips = d.texts("[data-testid=staging-skipped] li").join("\n");
-    for why in ["PDF files are not supported yet", "binary (not UTF-8 text)", "empty"] {
+    for why in ["a damaged PDF", "binary (a JPEG image)", "empty"] {
         assert!(skips.contains(why), "{skips}");
     }
     d.wait("the estimate", |d| d.texts("[data-testid=staging-summary]").concat().contains("File on disk"));
@@ -343,14 +343,20 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
 
     // 1b. Grow it: "Add documents…" opens the sheet on it; a dropped file is counted, only its
     //     tokens are prefilled, and the context lists four documents.
-    let extra = work.path().join("extra.md");
-    std::fs::write(&extra, "# Extra\n\nThe ferry leaves at nine from the north pier.\n").unwrap();
+    // A real PDF (LibreOffice's, tests/ingest): read by page; its words are mostly unknown to
+    // the demo model, which the sheet says.
+    let extra = work.path().join("report.pdf");
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/ingest/good/report.pdf"), &extra).unwrap();
     let before = folio_models::context::ContextFile::open(&home.path().join("contexts/samples.folio")).unwrap();
     let saved_tokens = before.tokens().to_vec();
     d.click("[data-testid=add-documents]");
     d.wait("the sheet adding to samples", |d| d.texts("#staging-title").concat() == "Add to samples");
     drop_paths(&d, &[&extra]);
     d.wait("one staged document", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 1);
+    let row = d.texts("[data-testid=staged-documents] tbody tr").concat();
+    assert!(row.contains("report.pdf") && row.contains("3 pages") && row.contains("PDF"), "{row}");
+    let warning = d.texts("[data-testid=staged-warning]").concat();
+    assert!(warning.contains("unknown to this model's tokenizer"), "{warning}");
     d.wait("the addition's estimate", |d| d.texts("[data-testid=staging-summary]").concat().contains("File on disk"));
     let summary = d.texts("[data-testid=staging-summary]").concat();
     assert!(summary.contains(&format!("{} saved in 3 documents", saved_tokens.len())), "{summary}");
@@ -376,7 +382,8 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     let shrunk = folio_models::context::ContextFile::open(&home.path().join("contexts/samples.folio")).unwrap();
     shrunk.verify().unwrap();
     let titles: Vec<&str> = shrunk.documents().iter().map(|s| s.title.as_str()).collect();
-    assert_eq!(titles, ["field_notes.txt", "the_diary_of_greta.txt", "extra.md"]);
+    assert_eq!(titles, ["field_notes.txt", "the_diary_of_greta.txt", "report.pdf"]);
+    assert_eq!(shrunk.documents()[2].parts.len(), 3, "report.pdf's pages");
 
     // 1d. Export it (the hook behind "Export…" without its save dialog), then drop the copy
     //     and a damaged copy on the window: the copy is imported and listed, the damaged one

@@ -59,6 +59,8 @@ pub enum BenchCommand {
     /// host gather, SimHash codes) against the device's copy bandwidth, host link and f32 GEMM
     /// rate measured in the same run.
     Kernels(KernelBenchArgs),
+    /// Staging speed: documents read and tokens counted per second, per format.
+    Ingest(crate::bench_ingest::IngestBenchArgs),
 }
 
 #[derive(Args)]
@@ -151,6 +153,7 @@ pub fn bench(common: &Common, args: BenchArgs) -> Result<()> {
     match args.command {
         Some(BenchCommand::Prefill(a)) => bench_prefill(common, a),
         Some(BenchCommand::Kernels(a)) => bench_kernels(common, a),
+        Some(BenchCommand::Ingest(a)) => crate::bench_ingest::bench_ingest(common, a),
         None => bench_shape(common, args.shape),
     }
 }
