@@ -41,8 +41,9 @@ pub(crate) struct StagedDocument {
 }
 
 /// Share of a document's tokens that are the tokenizer's unknown token past which staging
-/// warns: the model will read most of it as "<unk>".
-const UNKNOWN_SHARE_WARNING: f64 = 0.5;
+/// warns: a quarter of the text unreadable to the model (digits and punctuation, which every
+/// vocabulary has, dilute the share of unknown words).
+const UNKNOWN_SHARE_WARNING: f64 = 0.25;
 /// Bytes of text per token past which staging warns (prose is 3–6): a file of one repeated
 /// character, or of text the tokenizer swallows whole.
 const BYTES_PER_TOKEN_WARNING: usize = 200;
