@@ -15,7 +15,7 @@ use scraper::{Html, Node};
 
 use crate::limits::{Budget, LimitHit};
 use crate::out::{collapse, Out};
-use crate::plain::{attr, refuse_entities, xml_error, Decoded};
+use crate::plain::{attr, walk_xml, Decoded};
 use crate::zipped::Container;
 use crate::{Extracted, Format, Refusal};
 
@@ -296,30 +296,9 @@ struct Package {
 
 impl Package {
     fn read(opf: &str, budget: &Budget) -> Result<Self, Refusal> {
-        let mut reader = quick_xml::Reader::from_str(opf);
         let mut package = Package { items: HashMap::new(), spine: Vec::new(), nav: None };
-        let mut depth = 0usize;
-        loop {
-            budget.tick()?;
-            let event = reader.read_event().map_err(|e| xml_error(Format::Epub, &reader, e))?;
-            let e = match event {
-                Event::DocType(d) => {
-                    refuse_entities(&d)?;
-                    continue;
-                }
-                Event::Start(e) => {
-                    depth += 1;
-                    budget.depth(depth)?;
-                    e
-                }
-                Event::Empty(e) => e,
-                Event::End(_) => {
-                    depth = depth.saturating_sub(1);
-                    continue;
-                }
-                Event::Eof => break,
-                _ => continue,
-            };
+        walk_xml(opf, Format::Epub, budget, |event, _| {
+            let (Event::Start(e) | Event::Empty(e)) = event else { return Ok(()) };
             let get = |name: &str| attr(&e, name);
             match e.local_name().as_ref() {
                 "item" => {
@@ -333,25 +312,24 @@ impl Package {
                 "itemref" if get("linear").as_deref() != Some("no") => package.spine.extend(get("idref")),
                 _ => {}
             }
-        }
+            Ok(())
+        })?;
         Ok(package)
     }
 }
 
 /// The first value of attribute `attr` on an element named `element`.
 fn first_attr(xml: &str, element: &str, name: &str, budget: &Budget) -> Result<Option<String>, Refusal> {
-    let mut reader = quick_xml::Reader::from_str(xml);
-    loop {
-        budget.tick()?;
-        match reader.read_event().map_err(|e| xml_error(Format::Epub, &reader, e))? {
-            Event::DocType(d) => refuse_entities(&d)?,
-            Event::Start(e) | Event::Empty(e) if e.local_name().as_ref() == element => {
-                return Ok(attr(&e, name));
+    let mut found = None;
+    walk_xml(xml, Format::Epub, budget, |event, _| {
+        if let (Event::Start(e) | Event::Empty(e), None) = (event, &found) {
+            if e.local_name().as_ref() == element {
+                found = Some(attr(&e, name));
             }
-            Event::Eof => return Ok(None),
-            _ => {}
         }
-    }
+        Ok(())
+    })?;
+    Ok(found.flatten())
 }
 
 /// Chapter titles from an EPUB 3 navigation document: each linked file's first entry.

@@ -14,7 +14,7 @@ use quick_xml::events::Event;
 
 use crate::limits::{Budget, LimitHit};
 use crate::out::{collapse, Out};
-use crate::plain::{attr, refuse_entities, xml_error, xml_reference};
+use crate::plain::{attr, walk_xml, xml_reference};
 use crate::zipped::Container;
 use crate::{Extracted, Format, Refusal};
 
@@ -120,19 +120,13 @@ pub(crate) fn docx(bytes: &[u8], budget: &Budget) -> Result<Extracted, Refusal> 
     let xml = zip.required("word/document.xml")?;
     let mut out = Out::new(budget);
     let mut blocks = Blocks::new(&mut out);
-    let mut reader = quick_xml::Reader::from_str(&xml);
-    let (mut depth, mut in_text, mut skip_from) = (0usize, false, None::<usize>);
+    let (mut in_text, mut skip_from) = (false, None::<usize>);
     let mut list_level: Option<usize> = None;
-    loop {
-        budget.tick()?;
-        let event = reader.read_event().map_err(|e| xml_error(Format::Docx, &reader, e))?;
+    walk_xml(&xml, Format::Docx, budget, |event, depth| {
         match event {
-            Event::DocType(d) => refuse_entities(&d)?,
             Event::Start(e) => {
-                depth += 1;
-                budget.depth(depth)?;
                 if skip_from.is_some() {
-                    continue;
+                    return Ok(());
                 }
                 match e.local_name().as_ref() {
                     // Alternate renderings of the same content, deleted text, field codes.
@@ -174,44 +168,27 @@ pub(crate) fn docx(bytes: &[u8], budget: &Budget) -> Result<Extracted, Refusal> 
                         _ => {}
                     }
                 }
-                depth = depth.saturating_sub(1);
             }
             Event::Text(t) if in_text && skip_from.is_none() => blocks.text(&t.xml10_content()),
             Event::GeneralRef(r) if in_text && skip_from.is_none() => blocks.text(&xml_reference(&r)),
-            Event::Eof => break,
             _ => {}
         }
-    }
+        Ok(())
+    })?;
     Ok(out.finish())
 }
 
 /// Style ids of DOCX heading styles and their levels: from `w:outlineLvl` (0 is level 1) or
 /// the style's name ("heading 2", "Title").
 fn heading_styles(xml: &str, budget: &Budget) -> Result<HashMap<String, usize>, Refusal> {
-    let mut reader = quick_xml::Reader::from_str(xml);
     let mut levels = HashMap::new();
     let mut id: Option<String> = None;
-    let mut depth = 0usize;
-    loop {
-        budget.tick()?;
-        let event = reader.read_event().map_err(|e| xml_error(Format::Docx, &reader, e))?;
+    walk_xml(xml, Format::Docx, budget, |event, _| {
         match event {
-            Event::DocType(d) => refuse_entities(&d)?,
-            Event::Start(e) => {
-                depth += 1;
-                budget.depth(depth)?;
-                if e.local_name().as_ref() == "style" {
-                    id = attr(&e, "styleId");
-                }
-            }
-            Event::End(e) => {
-                depth = depth.saturating_sub(1);
-                if e.local_name().as_ref() == "style" {
-                    id = None;
-                }
-            }
+            Event::Start(e) if e.local_name().as_ref() == "style" => id = attr(&e, "styleId"),
+            Event::End(e) if e.local_name().as_ref() == "style" => id = None,
             Event::Empty(e) => {
-                let Some(id) = &id else { continue };
+                let Some(id) = &id else { return Ok(()) };
                 let level = match e.local_name().as_ref() {
                     "outlineLvl" => attr(&e, "val").and_then(|v| v.parse::<usize>().ok()).map(|l| l + 1),
                     "name" => attr(&e, "val").and_then(|name| {
@@ -229,10 +206,10 @@ fn heading_styles(xml: &str, budget: &Budget) -> Result<HashMap<String, usize>, 
                     levels.insert(id.clone(), level);
                 }
             }
-            Event::Eof => break,
             _ => {}
         }
-    }
+        Ok(())
+    })?;
     Ok(levels)
 }
 
@@ -242,20 +219,14 @@ pub(crate) fn odt(bytes: &[u8], budget: &Budget) -> Result<Extracted, Refusal> {
     let xml = zip.required("content.xml")?;
     let mut out = Out::new(budget);
     let mut blocks = Blocks::new(&mut out);
-    let mut reader = quick_xml::Reader::from_str(&xml);
-    let (mut depth, mut lists, mut skip_from, mut in_body) = (0usize, 0usize, None::<usize>, false);
+    let (mut lists, mut skip_from, mut in_body) = (0usize, None::<usize>, false);
     // Paragraph elements open (a text:p inside a text:h's frame, a note's body).
     let mut open = 0usize;
-    loop {
-        budget.tick()?;
-        let event = reader.read_event().map_err(|e| xml_error(Format::Odt, &reader, e))?;
+    walk_xml(&xml, Format::Odt, budget, |event, depth| {
         match event {
-            Event::DocType(d) => refuse_entities(&d)?,
             Event::Start(e) => {
-                depth += 1;
-                budget.depth(depth)?;
                 if skip_from.is_some() {
-                    continue;
+                    return Ok(());
                 }
                 match e.local_name().as_ref() {
                     "text" if e.name().as_ref() == "office:text" => in_body = true,
@@ -304,13 +275,12 @@ pub(crate) fn odt(bytes: &[u8], budget: &Budget) -> Result<Extracted, Refusal> {
                         _ => {}
                     }
                 }
-                depth = depth.saturating_sub(1);
             }
             Event::Text(t) if open > 0 && in_body && skip_from.is_none() => blocks.text(&t.xml10_content()),
             Event::GeneralRef(r) if open > 0 && in_body && skip_from.is_none() => blocks.text(&xml_reference(&r)),
-            Event::Eof => break,
             _ => {}
         }
-    }
+        Ok(())
+    })?;
     Ok(out.finish())
 }

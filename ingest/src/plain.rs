@@ -275,33 +275,56 @@ fn joined(value: Option<&serde_json::Value>) -> String {
 pub(crate) fn xml(bytes: &[u8], budget: &Budget) -> Result<Extracted, Refusal> {
     let decoded = decode(bytes, budget)?;
     let mut out = Out::new(budget);
-    let mut reader = quick_xml::Reader::from_str(&decoded.text);
-    let mut depth = 0usize;
     let mut current = String::new();
-    loop {
-        budget.tick()?;
-        let event = reader.read_event().map_err(|e| xml_error(Format::Xml, &reader, e))?;
+    walk_xml(&decoded.text, Format::Xml, budget, |event, _| {
         use quick_xml::events::Event;
         match event {
-            Event::DocType(d) => refuse_entities(&d)?,
-            Event::Start(_) => {
-                depth += 1;
-                budget.depth(depth)?;
-                out.paragraph(&std::mem::take(&mut current))?;
-            }
-            Event::End(_) => {
-                depth = depth.saturating_sub(1);
-                out.paragraph(&std::mem::take(&mut current))?;
-            }
+            Event::Start(_) | Event::End(_) => out.paragraph(&std::mem::take(&mut current))?,
             Event::Text(t) => current.push_str(&t.xml10_content()),
             Event::CData(c) => current.push_str(&c),
             Event::GeneralRef(r) => current.push_str(&xml_reference(&r)),
-            Event::Eof => break,
             _ => {}
         }
-    }
+        Ok(())
+    })?;
     out.paragraph(&current)?;
     Ok(out.finish())
+}
+
+/// Walks the events of `xml` (part of a `format` file): the clock checked, a DTD declaring
+/// entities refused, nesting bounded; `on(event, depth)` sees every other event but the end,
+/// with the depth of its element (a start and its end see the same).
+pub(crate) fn walk_xml(
+    xml: &str,
+    format: Format,
+    budget: &Budget,
+    mut on: impl FnMut(quick_xml::events::Event, usize) -> Result<(), Refusal>,
+) -> Result<(), Refusal> {
+    use quick_xml::events::Event;
+    let mut reader = quick_xml::Reader::from_str(xml);
+    let mut depth = 0usize;
+    loop {
+        budget.tick()?;
+        let event = reader.read_event().map_err(|e| xml_error(format, &reader, e))?;
+        let at = match &event {
+            Event::DocType(d) => {
+                refuse_entities(d)?;
+                continue;
+            }
+            Event::Eof => return Ok(()),
+            Event::Start(_) => {
+                depth += 1;
+                budget.depth(depth)?;
+                depth
+            }
+            Event::End(_) => {
+                depth = depth.saturating_sub(1);
+                depth + 1
+            }
+            _ => depth,
+        };
+        on(event, at)?;
+    }
 }
 
 /// The value of the attribute whose local name is `local` (namespace prefixes ignored).
