@@ -109,7 +109,9 @@ fn walk(paths: &[PathBuf], strict: bool) -> Result<Vec<Entry>, PathError> {
             add(root, &mut seen, &mut entries);
             continue;
         }
-        let walk = walkdir::WalkDir::new(root).follow_links(false).sort_by_file_name().into_iter();
+        // A folder named through a link is walked (the user named it); links inside are not.
+        let walk =
+            walkdir::WalkDir::new(root).follow_links(false).follow_root_links(true).sort_by_file_name().into_iter();
         // Hidden entries are pruned here (a hidden folder's contents are never visited) and
         // reported when their parent folder is entered.
         let walk = walk.filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'));
@@ -249,7 +251,9 @@ pub fn read_bytes(bytes: Arc<Vec<u8>>, name: &str, limits: &Limits) -> Result<(F
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic".into());
-            Err(Refusal::Crashed { format: detect::detect(&bytes, name).name(), detail })
+            // Detection itself may be what panicked: asked again only under catch_unwind.
+            let format = std::panic::catch_unwind(|| detect::detect(&bytes, name).name()).unwrap_or("document");
+            Err(Refusal::Crashed { format, detail })
         }
         Err(_) => Err(time_hit(limits.time).into()),
     }

@@ -87,7 +87,10 @@ const CODE: [&str; 40] = [
 pub fn detect(bytes: &[u8], name: &str) -> Format {
     let ext = std::path::Path::new(name).extension().map(|e| e.to_string_lossy().to_lowercase()).unwrap_or_default();
     let head = &bytes[..bytes.len().min(1024)];
-    if find(head, b"%PDF-").is_some() {
+    // PDF writers may put bytes before the header (it must be in the first KiB); a text file
+    // that merely mentions "%PDF-" must start with it to be taken for one.
+    let text_named = MARKDOWN.contains(&ext.as_str()) || CODE.contains(&ext.as_str()) || ext == "txt";
+    if if text_named { bytes.starts_with(b"%PDF-") } else { find(head, b"%PDF-").is_some() } {
         return Format::Pdf;
     }
     if bytes.starts_with(b"PK\x03\x04") {

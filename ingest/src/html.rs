@@ -3,7 +3,7 @@
 //!
 //! Main text: `<main>` when the page has one, else its only `<article>`, else `<body>`.
 //! Dropped: scripts, styles, templates, navigation (`<nav>`, `role="navigation"`), asides,
-//! footers, forms and hidden elements. Links keep their text and, when it is not the address
+//! footers, buttons and hidden elements (a form's text is kept: whole pages live in one). Links keep their text and, when it is not the address
 //! itself, the address in parentheses. An EPUB is its spine's chapters in order, each a part
 //! named by its first heading (or the table of contents' title, or its file name).
 
@@ -23,9 +23,9 @@ use crate::{Extracted, Format, Refusal};
 const PARSE_PIECE_BYTES: usize = 16 << 10;
 
 /// Elements whose content is never the page's text.
-const DROPPED: [&str; 14] = [
-    "script", "style", "noscript", "template", "nav", "aside", "footer", "form", "button", "select", "iframe", "svg",
-    "canvas", "head",
+const DROPPED: [&str; 13] = [
+    "script", "style", "noscript", "template", "nav", "aside", "footer", "button", "select", "iframe", "svg", "canvas",
+    "head",
 ];
 /// Elements that start a new block of text.
 const BLOCKS: [&str; 18] = [
@@ -120,7 +120,14 @@ fn page_into(out: &mut Out, source: &str, budget: &Budget) -> Result<(), LimitHi
                                 heading = Some(usize::from(name.as_bytes()[1] - b'0'));
                             }
                             "ul" | "ol" => {
-                                flush(out, &mut para, false)?;
+                                // An item's own text before its nested list is written as the item.
+                                match item.take() {
+                                    Some(marker) => {
+                                        let depth = lists.len().saturating_sub(1);
+                                        out.item(depth, &marker, &lines(&std::mem::take(&mut para)))?;
+                                    }
+                                    None => flush(out, &mut para, false)?,
+                                }
                                 lists.push(List { ordered: name == "ol", next: 1 });
                             }
                             "li" => {
@@ -262,7 +269,7 @@ pub(crate) fn epub(bytes: &[u8], budget: &Budget) -> Result<Extracted, Refusal> 
     let package = Package::read(&opf, budget)?;
     let base = opf_path.rsplit_once('/').map_or(String::new(), |(dir, _)| format!("{dir}/"));
     let titles = match package.nav.as_ref().map(|href| resolve(&base, href)) {
-        Some(nav) => zip.text(&nav)?.map(|t| toc_titles(&t, &nav)).unwrap_or_default(),
+        Some(nav) => zip.text(&nav)?.map(|t| toc_titles(&t, &nav, budget)).transpose()?.unwrap_or_default(),
         None => HashMap::new(),
     };
     let mut out = Out::new(budget);
@@ -333,9 +340,9 @@ fn first_attr(xml: &str, element: &str, name: &str, budget: &Budget) -> Result<O
 }
 
 /// Chapter titles from an EPUB 3 navigation document: each linked file's first entry.
-fn toc_titles(nav: &str, nav_path: &str) -> HashMap<String, String> {
+fn toc_titles(nav: &str, nav_path: &str, budget: &Budget) -> Result<HashMap<String, String>, LimitHit> {
     let base = nav_path.rsplit_once('/').map_or(String::new(), |(dir, _)| format!("{dir}/"));
-    let page = Html::parse_document(nav);
+    let page = parse(nav, budget)?;
     let mut titles = HashMap::new();
     let links = page.tree.root().descendants().filter_map(|n| {
         let e = n.value().as_element()?;
@@ -349,7 +356,7 @@ fn toc_titles(nav: &str, nav_path: &str) -> HashMap<String, String> {
             titles.entry(resolve(&base, file)).or_insert(text);
         }
     }
-    titles
+    Ok(titles)
 }
 
 /// `href` (percent-encoded, relative to `base`, maybe with `..`) as a path in the ZIP.
@@ -420,6 +427,14 @@ mod tests {
         );
         let labels: Vec<&str> = got.parts.iter().map(|p| p.label.as_str()).collect();
         assert_eq!(labels, ["Report", "Next"]);
+    }
+
+    #[test]
+    fn nested_lists_keep_the_outer_item() {
+        let got = read(
+            "<body><ul><li>outer<ul><li>inner</li></ul></li><li>next</li></ul><form><p>In a form.</p></form></body>",
+        );
+        assert_eq!(got.text, "- outer\n  - inner\n- next\n\nIn a form.\n");
     }
 
     /// Deep nesting meets the depth limit in our walk (no recursion to overflow), and nesting

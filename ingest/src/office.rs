@@ -12,11 +12,14 @@ use std::collections::HashMap;
 
 use quick_xml::events::Event;
 
-use crate::limits::{Budget, LimitHit};
+use crate::limits::{bytes, Budget, Limit, LimitHit};
 use crate::out::{collapse, Out};
 use crate::plain::{attr, walk_xml, xml_reference};
 use crate::zipped::Container;
 use crate::{Extracted, Format, Refusal};
+
+/// Deepest list level Word writes (`w:ilvl` 0–8); a larger value is damage, read as 8.
+const MAX_LIST_LEVEL: usize = 8;
 
 /// What the paragraph being read is.
 #[derive(Clone, Copy, PartialEq)]
@@ -43,8 +46,15 @@ impl<'o, 'b, 'l> Blocks<'o, 'b, 'l> {
         Self { out, kind: Kind::Body, para: String::new(), row: Vec::new(), cell: None, tables: 0, in_list: false }
     }
 
-    fn text(&mut self, s: &str) {
+    /// Inline text of the paragraph being read, bounded by the text size limit (one paragraph
+    /// of a million `text:s` spaces must not grow past it before it is written).
+    fn text(&mut self, s: &str) -> Result<(), LimitHit> {
+        let limit = self.out.text_limit();
+        if self.para.len() + s.len() > limit {
+            return Err(LimitHit::new(Limit::TextSize, format!("a paragraph longer than {}", bytes(limit as u64))));
+        }
         self.para.push_str(s);
+        Ok(())
     }
 
     fn end_paragraph(&mut self) -> Result<(), LimitHit> {
@@ -145,9 +155,12 @@ pub(crate) fn docx(bytes: &[u8], budget: &Budget) -> Result<Extracted, Refusal> 
                         blocks.kind = Kind::Heading(level);
                     }
                 }
-                "ilvl" => list_level = attr(&e, "val").and_then(|v| v.parse().ok()).or(Some(0)),
-                "tab" => blocks.text("\t"),
-                "br" | "cr" => blocks.text("\n"),
+                "ilvl" => {
+                    list_level =
+                        attr(&e, "val").and_then(|v| v.parse::<usize>().ok()).map(|l| l.min(MAX_LIST_LEVEL)).or(Some(0))
+                }
+                "tab" => blocks.text("\t")?,
+                "br" | "cr" => blocks.text("\n")?,
                 _ => {}
             },
             Event::End(e) => {
@@ -169,8 +182,8 @@ pub(crate) fn docx(bytes: &[u8], budget: &Budget) -> Result<Extracted, Refusal> 
                     }
                 }
             }
-            Event::Text(t) if in_text && skip_from.is_none() => blocks.text(&t.xml10_content()),
-            Event::GeneralRef(r) if in_text && skip_from.is_none() => blocks.text(&xml_reference(&r)),
+            Event::Text(t) if in_text && skip_from.is_none() => blocks.text(&t.xml10_content())?,
+            Event::GeneralRef(r) if in_text && skip_from.is_none() => blocks.text(&xml_reference(&r))?,
             _ => {}
         }
         Ok(())
@@ -251,10 +264,10 @@ pub(crate) fn odt(bytes: &[u8], budget: &Budget) -> Result<Extracted, Refusal> {
             Event::Empty(e) if skip_from.is_none() && open > 0 => match e.local_name().as_ref() {
                 "s" => {
                     let n = attr(&e, "c").and_then(|c| c.parse::<usize>().ok()).unwrap_or(1);
-                    blocks.text(&" ".repeat(n.min(budget.limits.line_bytes)));
+                    blocks.text(&" ".repeat(n.min(budget.limits.line_bytes)))?;
                 }
-                "tab" => blocks.text("\t"),
-                "line-break" => blocks.text("\n"),
+                "tab" => blocks.text("\t")?,
+                "line-break" => blocks.text("\n")?,
                 _ => {}
             },
             Event::End(e) => {
@@ -276,8 +289,8 @@ pub(crate) fn odt(bytes: &[u8], budget: &Budget) -> Result<Extracted, Refusal> {
                     }
                 }
             }
-            Event::Text(t) if open > 0 && in_body && skip_from.is_none() => blocks.text(&t.xml10_content()),
-            Event::GeneralRef(r) if open > 0 && in_body && skip_from.is_none() => blocks.text(&xml_reference(&r)),
+            Event::Text(t) if open > 0 && in_body && skip_from.is_none() => blocks.text(&t.xml10_content())?,
+            Event::GeneralRef(r) if open > 0 && in_body && skip_from.is_none() => blocks.text(&xml_reference(&r))?,
             _ => {}
         }
         Ok(())

@@ -5,6 +5,9 @@
 use crate::limits::{bytes, Budget, Limit, LimitHit};
 use crate::{Extracted, Part};
 
+/// Deepest list nesting indented (deeper items are indented as deep as this).
+const MAX_INDENT: usize = 16;
+
 /// Deepest heading that starts a part: deeper ones are kept as text but would make the
 /// sources too fine-grained to read.
 const PART_HEADING_LEVEL: usize = 3;
@@ -64,7 +67,7 @@ impl<'b, 'l> Out<'b, 'l> {
         if text.is_empty() {
             return Ok(());
         }
-        let line = format!("{}{marker} {text}\n", "  ".repeat(depth));
+        let line = format!("{}{marker} {text}\n", "  ".repeat(depth.min(MAX_INDENT)));
         self.push(&line)
     }
 
@@ -121,6 +124,11 @@ impl<'b, 'l> Out<'b, 'l> {
         }
         self.text.push_str(s);
         Ok(())
+    }
+
+    /// Most bytes of text this document may have.
+    pub fn text_limit(&self) -> usize {
+        self.budget.limits.text_bytes
     }
 
     pub fn warn(&mut self, warning: impl Into<String>) {

@@ -30,13 +30,22 @@ pub(crate) fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, Refusa
     for &number in pages.keys() {
         budget.tick()?;
         let mut text = String::new();
-        let page = {
+        // pdf-extract unwraps on some damaged pages: one such page is a failed page, not a
+        // failed document.
+        let page = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut output = pdf_extract::PlainTextOutput::new(&mut text);
             pdf_extract::output_doc_page(&doc, &mut output, number)
-        };
-        if let Err(e) = page {
-            failed.push((number, e.to_string()));
-            continue;
+        }));
+        match page {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                failed.push((number, e.to_string()));
+                continue;
+            }
+            Err(_) => {
+                failed.push((number, "the PDF reader failed on it".into()));
+                continue;
+            }
         }
         let text = tidy(&text);
         if text.is_empty() {

@@ -14,6 +14,9 @@ use crate::{Extracted, Format, Refusal};
 /// Share of control characters (other than tab, newline, carriage return, form feed) past
 /// which decoded "text" is really binary.
 const MAX_CONTROL_SHARE: f64 = 0.01;
+/// Invalid places per valid non-ASCII character past which bytes are taken for a legacy
+/// encoding rather than damaged UTF-8.
+const LEGACY_INVALID_PER_VALID: usize = 4;
 /// Bytes sampled to recognise UTF-16 without a byte order mark.
 const UTF16_SAMPLE: usize = 4096;
 
@@ -58,15 +61,17 @@ pub(crate) fn decode(bytes: &[u8], budget: &Budget) -> Result<Decoded, Refusal> 
 /// Bytes that are not UTF-8: UTF-8 with some damage when they hold a valid multi-byte
 /// sequence, a legacy single-byte encoding otherwise.
 fn legacy_or_lossy(bytes: &[u8], warnings: &mut Vec<String>) -> String {
-    let (mut invalid_bytes, mut places, mut multibyte) = (0, 0, false);
+    let (mut invalid_bytes, mut places, mut multibyte) = (0, 0, 0);
     for chunk in bytes.utf8_chunks() {
-        multibyte |= chunk.valid().bytes().any(|b| b >= 0x80);
+        multibyte += chunk.valid().chars().filter(|c| !c.is_ascii()).count();
         if !chunk.invalid().is_empty() {
             invalid_bytes += chunk.invalid().len();
             places += 1;
         }
     }
-    if !multibyte {
+    // Legacy multi-byte encodings (GBK, Shift_JIS, Big5) form valid UTF-8 pairs by chance,
+    // about one in ten: many more invalid places than valid characters means not UTF-8.
+    if places > LEGACY_INVALID_PER_VALID * multibyte {
         let mut detector = chardetng::EncodingDetector::new(chardetng::Iso2022JpDetection::Deny);
         detector.feed(bytes, true);
         let encoding = detector.guess(None, chardetng::Utf8Detection::Deny);
@@ -201,10 +206,39 @@ pub(crate) fn table(bytes: &[u8], tabs: bool, budget: &Budget) -> Result<Extract
 /// is the nesting depth limit.
 pub(crate) fn json(bytes: &[u8], budget: &Budget) -> Result<Extracted, Refusal> {
     let value = parse_json(bytes, budget, Format::Json)?;
+    // Pretty-printing grows deep nesting by its indentation: written through a writer that
+    // stops at the text size limit, never built whole first.
+    let mut pretty = Bounded { bytes: Vec::new(), limit: budget.limits.text_bytes };
+    if serde_json::to_writer_pretty(&mut pretty, &value).is_err() {
+        return Err(LimitHit::new(
+            Limit::TextSize,
+            format!("pretty-printed, it is longer than {}", crate::limits::bytes(budget.limits.text_bytes as u64)),
+        )
+        .into());
+    }
     let mut out = Out::new(budget);
-    let pretty = serde_json::to_string_pretty(&value).map_err(|e| Refusal::damaged(Format::Json, e))?;
-    out.push(&pretty)?;
+    out.push(&String::from_utf8_lossy(&pretty.bytes))?;
     Ok(out.finish())
+}
+
+/// A `Write` that refuses to grow past `limit` bytes.
+struct Bounded {
+    bytes: Vec<u8>,
+    limit: usize,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.limit {
+            return Err(std::io::Error::other("text size limit"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn parse_json(bytes: &[u8], budget: &Budget, format: Format) -> Result<serde_json::Value, Refusal> {

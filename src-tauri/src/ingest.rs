@@ -6,10 +6,11 @@
 //! The checksum is of the extracted text, not of the file: it is what the context's tokens
 //! were computed from, so a re-read that extracts the same text continues the same context.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use folio_ingest::{Format, Limits};
+use folio_models::context::format::checksum;
 use folio_models::context::{DocumentSpan, DocumentText, TextPart};
 
 #[derive(Debug, Default)]
@@ -70,10 +71,31 @@ pub fn reread_saved(spans: &[&DocumentSpan]) -> std::result::Result<Vec<Document
     if let Some((path, why)) = found.skipped.into_iter().next() {
         return Err(Reread::Unreadable { path, why });
     }
-    match found.documents.iter().zip(spans).find(|(d, s)| d.xxh3 != s.xxh3) {
-        Some((d, _)) => Err(Reread::Changed { path: d.path.clone() }),
-        None => Ok(found.documents),
+    if found.documents.len() != spans.len() {
+        // A saved path that is a folder now gives several documents.
+        let path = spans.iter().find(|s| Path::new(&s.path).is_dir()).map_or_else(String::new, |s| s.path.clone());
+        return Err(Reread::Changed { path });
     }
+    let mut documents = Vec::with_capacity(spans.len());
+    for (d, span) in found.documents.into_iter().zip(spans) {
+        if d.xxh3 == span.xxh3 {
+            documents.push(d);
+            continue;
+        }
+        // Contexts of format version 1 were prefilled from a text file's raw UTF-8 (CSV, JSON
+        // and BOM-prefixed text read differently now): that text, if it is what was saved.
+        match std::fs::read(&d.path).ok().and_then(|b| String::from_utf8(b).ok()) {
+            Some(raw) if checksum(raw.as_bytes()) == span.xxh3 => documents.push(DocumentText {
+                bytes: raw.len() as u64,
+                xxh3: span.xxh3.clone(),
+                parts: Vec::new(),
+                text: raw,
+                ..d
+            }),
+            _ => return Err(Reread::Changed { path: d.path }),
+        }
+    }
+    Ok(documents)
 }
 
 fn gather(paths: &[PathBuf], strict: bool, on_read: &(dyn Fn(usize, usize) + Sync)) -> Result<Ingested> {
@@ -86,7 +108,7 @@ fn gather(paths: &[PathBuf], strict: bool, on_read: &(dyn Fn(usize, usize) + Syn
             title: d.title,
             path: d.path.display().to_string(),
             bytes: d.text.len() as u64,
-            xxh3: folio_models::context::format::checksum(d.text.as_bytes()),
+            xxh3: checksum(d.text.as_bytes()),
             parts: d.parts.into_iter().map(|p| TextPart { label: p.label, at: p.at }).collect(),
             text: d.text,
         });

@@ -70,7 +70,7 @@ impl ContextFile {
         let version = word(8, 4) as u32;
         if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(bad(format!(
-                "context format version {version}; this Folio reads version {FORMAT_VERSION}{}",
+                "context format version {version}; this Folio reads versions {OLDEST_READABLE_VERSION} to {FORMAT_VERSION}{}",
                 if version > FORMAT_VERSION { " (the file was written by a newer Folio)" } else { "" }
             )));
         }
