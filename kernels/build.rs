@@ -4,11 +4,16 @@
 //! architecture is JIT-compiled by the driver on that architecture and newer ones (Ampere,
 //! Ada, Hopper), never older; ../shared/tools/cuda-toolchain.sh sets 90 for the H100/H200.
 //! 80 is also the floor: the prefill kernel (flash.cu) needs bf16 `mma.sync` and `cp.async`.
+//! A file named `*_sm90a.cu` uses Hopper-only instructions (`wgmma`) and is always compiled for
+//! `compute_90a`, whatever the target: it is loaded only on a device of compute capability 9.0.
 
 use std::path::PathBuf;
 use std::process::Command;
 
 const DEFAULT_COMPUTE_CAP: &str = "80";
+/// Sources whose stem ends so are Hopper-only, compiled for [`HOPPER_ARCH`].
+const HOPPER_SUFFIX: &str = "_sm90a";
+const HOPPER_ARCH: &str = "compute_90a";
 
 fn main() {
     println!("cargo:rerun-if-changed=cuda");
@@ -29,8 +34,10 @@ fn main() {
             continue;
         }
         let ptx = out.join(src.with_extension("ptx").file_name().expect("a file name"));
+        let hopper = src.file_stem().and_then(|s| s.to_str()).is_some_and(|s| s.ends_with(HOPPER_SUFFIX));
+        let arch = if hopper { HOPPER_ARCH.to_owned() } else { format!("compute_{cap}") };
         let status = Command::new(&nvcc)
-            .args(["--ptx", "-O3", "-std=c++17", &format!("-arch=compute_{cap}"), "-o"])
+            .args(["--ptx", "-O3", "-std=c++17", &format!("-arch={arch}"), "-o"])
             .arg(&ptx)
             .arg(&src)
             .status()

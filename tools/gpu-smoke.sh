@@ -15,6 +15,9 @@
 #                              # CUDA, then a chat per method on each tier over the samples
 #   tools/gpu-smoke.sh shape N M     # there: `folio bench --shape` at context N, methods M (hip:2048,…)
 #   tools/gpu-smoke.sh prefill S T [KV] # there: `folio bench prefill` of model/shape S, T tokens, 24 GiB cap
+#   tools/gpu-smoke.sh peer S T [KV]    # there: the same with --profile, then Hugging Face transformers
+#                              # prefilling shape S at T tokens (tools/peer-prefill.py) and the ratio;
+#                              # JSON and log to $OUT
 #   tools/gpu-smoke.sh needle [L] [N]   # there: the demo model's needle eval, every offloaded method,
 #                              # one tar of reports and transformers' checks of the misses
 set -euo pipefail
@@ -27,14 +30,18 @@ case "${1:-}" in
     cp "$(newest attention)" .gpu/kernels-attention
     cp "$(newest sparse)" .gpu/kernels-sparse
     cp "$(newest select)" .gpu/kernels-select
+    cp "$(newest encode)" .gpu/kernels-encode
+    cp "$(newest transfer)" .gpu/kernels-transfer
     cp "$(newest parity)" .gpu/models-parity
     cp "$(newest context)" .gpu/models-context
     cp "$(newest offload)" .gpu/models-offload
     cp "$target/../${FOLIO_PROFILE:-debug}/folio" .gpu/folio
     strip .gpu/*
     # The binaries embed candle's PTX (text): xz shrinks them ~6x, under the device tool's 64 MiB.
-    tar -C .gpu -cf - folio kernels-attention kernels-sparse kernels-select models-parity models-context models-offload | xz -T2 -6 > .gpu/bundle.tar.xz
-    rm .gpu/folio .gpu/kernels-attention .gpu/kernels-sparse .gpu/kernels-select .gpu/models-parity .gpu/models-context .gpu/models-offload
+    bins=(folio kernels-attention kernels-sparse kernels-select kernels-encode kernels-transfer models-parity models-context
+      models-offload)
+    tar -C .gpu -cf - "${bins[@]}" | xz -T2 -9 > .gpu/bundle.tar.xz
+    (cd .gpu && rm "${bins[@]}")
     du -sh .gpu/bundle.tar.xz
     ;;
   run)
@@ -69,6 +76,9 @@ case "${1:-}" in
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
       echo "== attention kernels (tensor-core prefill included) vs their CPU references"
       .gpu/kernels-attention --test-threads 1 --nocapture
+      echo "== fp8 encoding and staged host copies vs their CPU references"
+      .gpu/kernels-encode --nocapture
+      .gpu/kernels-transfer --nocapture
       echo "== sparse-decode kernels vs their CPU references"
       .gpu/kernels-sparse --test-threads 1 --nocapture
       .gpu/kernels-select --test-threads 1 --nocapture
@@ -139,6 +149,30 @@ for m in json.load(sys.stdin):
         --vram-budget 24GiB "${resume[@]}"
     } 2>&1 | tee -a "${OUT:-/tmp}/gpu-prefill.log"
     ;;
+  peer)
+    # Issue #19's comparison in one command: Folio's prefill of shape S at T tokens under a
+    # 24 GiB cap (with a profile of the first length), then transformers on the same GPU, and
+    # Folio ÷ peer per length. `tools/gpu-smoke.sh peer <shape .json> <tokens,...> [kv dtype]`.
+    tar -C .gpu -xJf .gpu/bundle.tar.xz folio
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    out=${OUT:-/tmp}
+    {
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+      .gpu/folio bench prefill --device cuda --shape "$2" --tokens "$3" --kv-dtype "${4:-fp8}" \
+        --vram-budget 24GiB --profile --json > "$out/folio-prefill.json"
+      python3 -c 'import json, sys
+d = json.load(open(sys.argv[1])); p = d["profile"]
+for r in d["rows"]:
+    print("folio %8d tokens %7.2f s %7.0f tok/s %5.1f%% of GEMM, peak VRAM %.1f GiB, hidden states in %s; stages %s"
+          % (r["tokens"], r["prefill_seconds"], r["tokens_per_s"], 100 * r["flops_ratio_to_matmul"],
+             r["peak_vram_bytes"] / 2**30, r["hidden_in"], {k: round(v, 2) for k, v in r["stages"].items()}))
+print("profile of %d tokens, %.2f s:" % (p["tokens"], p["seconds"]))
+for s in p["spans"]: print("  %-28s %8.3f s %5.1f%%" % (s["name"], s["seconds"], 100 * s["seconds"] / p["seconds"]))' \
+        "$out/folio-prefill.json"
+      python3 tools/peer-prefill.py --shape "$2" --tokens "$3" --folio "$out/folio-prefill.json" \
+        --json "$out/peer-prefill.json"
+    } 2>&1 | tee "$out/gpu-peer.log"
+    ;;
   needle)
     # The demo model's needle eval over every offloaded method on the same prompts:
     # `tools/gpu-smoke.sh needle [lengths] [samples]` (default 1M, 2 per depth). Each prompt's
@@ -170,5 +204,5 @@ for m in json.load(sys.stdin):
     } 2>&1 | tee "$res/needle.log" || true
     tar -C "$(dirname "$res")" -czf "${OUT:-/tmp}/needle.tar.gz" needle
     ;;
-  *) echo "usage: $0 pack|run|kernels|shape|prefill|needle" >&2; exit 2 ;;
+  *) echo "usage: $0 pack|run|kernels|tiers|shape|prefill|peer|needle" >&2; exit 2 ;;
 esac

@@ -57,12 +57,13 @@ __device__ __forceinline__ void load_tile_async(__nv_bfloat16* dst, const __nv_b
 }
 
 // grid (ceil(q_len / ROWS), q_heads), block 32 * WARPS. out [q_heads, q_len, D] f32,
-// lse [q_heads, q_len] f32; q [q_heads, q_len, D], k/v [kv_heads, kv_len, D] bf16.
+// lse [q_heads, q_len] f32; q [q_heads, q_len, D], k/v [kv_heads, kv_len, D] bf16 with rows D
+// apart and heads k_head_stride / v_head_stride apart (a view of a larger cache, read in place).
 template <int D>
 __device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                               const __nv_bfloat16* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
                               int q_len, int kv_len, int groups, long long q_offset, long long k_start, long long window,
-                              float scale) {
+                              float scale, long long k_head_stride, long long v_head_stride) {
     constexpr int STRIDE = D + PAD;
     constexpr int DK = D / 16;  // k-chunks of the QK product
     constexpr int DN = D / 8;   // n-tiles of the PV product
@@ -78,8 +79,8 @@ __device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bf
     const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
     const int i0 = tile * ROWS;
     const int rows = min(ROWS, q_len - i0);
-    const __nv_bfloat16* kh = k + (size_t)kvh * kv_len * D;
-    const __nv_bfloat16* vh = v + (size_t)kvh * kv_len * D;
+    const __nv_bfloat16* kh = k + (size_t)kvh * k_head_stride;
+    const __nv_bfloat16* vh = v + (size_t)kvh * v_head_stride;
 
     // Key range (local indices) some row of this tile may see.
     const long long p_first = q_offset + i0, p_last = q_offset + i0 + rows - 1;
@@ -241,8 +242,9 @@ __device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bf
     extern "C" __global__ void __launch_bounds__(32 * WARPS)                                                          \
         flash_prefill_##D(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, float* out,         \
                           float* lse, int q_len, int kv_len, int groups, long long q_offset, long long k_start,        \
-                          long long window, float scale) {                                                            \
-        flash_prefill<D>(q, k, v, out, lse, q_len, kv_len, groups, q_offset, k_start, window, scale);                 \
+                          long long window, float scale, long long k_head_stride, long long v_head_stride) {          \
+        flash_prefill<D>(q, k, v, out, lse, q_len, kv_len, groups, q_offset, k_start, window, scale, k_head_stride,   \
+                         v_head_stride);                                                                              \
     }
 
 FLASH(32)

@@ -27,10 +27,11 @@ pub mod attention;
 #[cfg(feature = "cuda")]
 mod cuda_op;
 pub mod device;
+pub mod encode;
 pub mod select;
 pub mod sparse;
 
-pub use attention::{attention, attention_block, merge, AttnOutput, Mask};
+pub use attention::{attention, attention_block, merge, AttnOutput, FlashKernel, Mask};
 
 /// Whether a gathering kernel checks its positions against the stored rows before it runs.
 /// On a GPU the check is a reduction and a device synchronisation per call, which a decode

@@ -162,25 +162,29 @@ fn blocks_merge_exactly(device: &Device) -> Result<()> {
 }
 test_device!(blocks_merge_exactly, blocks_merge_exactly_cpu, blocks_merge_exactly_cuda);
 
-/// bf16 inputs (the engine's GPU dtype): on CUDA with head dims 32/64/128 the tensor-core
-/// prefill kernel, elsewhere the f32 path. Shapes span several 128-row query tiles and 64-key
+/// bf16 inputs (the engine's GPU dtype): on CUDA with head dims 32/64/128 every tensor-core
+/// prefill kernel the GPU has (`flash_kernels`: `mma.sync` everywhere, `wgmma` on Hopper for
+/// d 128) and the default path, elsewhere the f32 path. Shapes span several query tiles and key
 /// tiles, ragged edges, GQA, windows, and key blocks that start late (queries that see none of
 /// them) or end early; K/V are sometimes a narrowed view of a longer cache whose unused rows
-/// are NaN (as a prefill's keys so far are: read in place, never past the view). The reference
-/// gets the same bf16-rounded inputs.
+/// are NaN (as a prefill's keys so far are: read in place, never past the view). The last two
+/// cases are Qwen2.5-7B's heads over a few thousand keys (many tiles per block). The
+/// reference gets the same bf16-rounded inputs.
 fn bf16_matches_reference(device: &Device) -> Result<()> {
     let seed = common::seed();
     println!("seed {seed}");
     let mut rng = StdRng::seed_from_u64(seed);
     // The kernel rounds the softmax probabilities to bf16 (8 bits of mantissa) for P·V.
     let (tol_out, tol_lse) = if device.is_cuda() { (1e-2, 1e-3) } else { (1e-5, 1e-4) };
-    let (mut worst_out, mut worst_lse) = (0f32, 0f32);
-    for case in 0..24 {
-        let kv_heads = [1, 2, 4][rng.random_range(0..3)];
-        let q_heads = kv_heads * [1, 2, 7][rng.random_range(0..3)];
-        let head_dim = [32, 64, 128][case % 3];
-        let q_len = rng.random_range(1..260);
-        let kv_len = q_len + rng.random_range(0..400);
+    let mut worst: std::collections::BTreeMap<String, (f32, f32)> = Default::default();
+    const SMALL_CASES: usize = 24;
+    for case in 0..SMALL_CASES + 2 {
+        let large = case >= SMALL_CASES;
+        let kv_heads = if large { 4 } else { [1, 2, 4][rng.random_range(0..3)] };
+        let q_heads = kv_heads * if large { 7 } else { [1, 2, 7][rng.random_range(0..3)] };
+        let head_dim = if large { 128 } else { [32, 64, 128][case % 3] };
+        let q_len = if large { rng.random_range(600..900) } else { rng.random_range(1..260) };
+        let kv_len = q_len + if large { rng.random_range(1000..2500) } else { rng.random_range(0..400) };
         // Keys of this block sit at k_start..k_start + len: a later block, or an earlier one.
         let (k_start, len) = match case % 4 {
             0 => (0, kv_len),
@@ -212,20 +216,30 @@ fn bf16_matches_reference(device: &Device) -> Result<()> {
         } else {
             (t(&k, (kv_heads, len, head_dim))?, t(&v, (kv_heads, len, head_dim))?)
         };
-        let got = attention::attention_block(&t(&q, (q_heads, q_len, head_dim))?, &kt, &vt, k_start, mask, scale)?;
-        let out = got.out.flatten_all()?.to_vec1::<f32>()?;
-        let lse = got.lse.flatten_all()?.to_vec1::<f32>()?;
-        let d_out = max_abs_diff(&out, &ro);
-        // -inf (no visible key) must be exactly -inf on both sides.
-        let d_lse = lse.iter().zip(&rl).map(|(a, b)| if a == b { 0.0 } else { (a - b).abs() }).fold(0f32, f32::max);
-        (worst_out, worst_lse) = (worst_out.max(d_out), worst_lse.max(d_lse));
-        assert!(
-            d_out < tol_out && d_lse < tol_lse,
-            "seed {seed}, case {case}: q_heads {q_heads} kv_heads {kv_heads} d {head_dim} q_len {q_len} \
-             keys {k_start}+{len} of {kv_len} window {window:?}: max |out diff| {d_out}, max |lse diff| {d_lse}"
-        );
+        let qt = t(&q, (q_heads, q_len, head_dim))?;
+        let mut runs = vec![("default".to_owned(), attention::attention_block(&qt, &kt, &vt, k_start, mask, scale)?)];
+        for kernel in attention::flash_kernels(device, head_dim) {
+            let got = attention::flash_attention_block(kernel, &qt, &kt, &vt, k_start, mask, scale)?;
+            runs.push((format!("{kernel:?}"), got));
+        }
+        for (name, got) in runs {
+            let out = got.out.flatten_all()?.to_vec1::<f32>()?;
+            let lse = got.lse.flatten_all()?.to_vec1::<f32>()?;
+            let d_out = max_abs_diff(&out, &ro);
+            // -inf (no visible key) must be exactly -inf on both sides.
+            let d_lse = lse.iter().zip(&rl).map(|(a, b)| if a == b { 0.0 } else { (a - b).abs() }).fold(0f32, f32::max);
+            let w = worst.entry(name.clone()).or_default();
+            *w = (w.0.max(d_out), w.1.max(d_lse));
+            assert!(
+                d_out < tol_out && d_lse < tol_lse,
+                "seed {seed}, case {case}, {name}: q_heads {q_heads} kv_heads {kv_heads} d {head_dim} q_len {q_len} \
+                 keys {k_start}+{len} of {kv_len} window {window:?}: max |out diff| {d_out}, max |lse diff| {d_lse}"
+            );
+        }
     }
-    println!("bf16 on {device:?}: max |out diff| {worst_out:.2e}, max |lse diff| {worst_lse:.2e}");
+    for (name, (o, l)) in worst {
+        println!("bf16 on {device:?}, {name}: max |out diff| {o:.2e}, max |lse diff| {l:.2e}");
+    }
     Ok(())
 }
 test_device!(bf16_matches_reference, bf16_matches_reference_cpu, bf16_matches_reference_cuda);

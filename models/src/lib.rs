@@ -36,6 +36,7 @@ pub mod model;
 pub mod offload;
 pub mod plan;
 pub mod prefill;
+pub mod profile;
 pub mod rope;
 pub mod session;
 pub mod tier;

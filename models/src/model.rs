@@ -17,6 +17,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kv::{DenseKv, KvStore};
 use crate::loader::check_safetensors;
+use crate::profile::span;
 use crate::rope;
 
 struct Layer {
@@ -236,7 +237,12 @@ impl Model {
 
     /// RoPE cos/sin tables for positions `pos..pos + t`.
     pub fn rope(&self, pos: usize, t: usize) -> Result<(Tensor, Tensor)> {
-        Ok(rope::cos_sin(&self.inv_freq, pos, t, self.dtype, &self.device)?)
+        self.rope_on(pos, t, &self.device)
+    }
+
+    /// [`Model::rope`]'s tables made on `device` (the CPU, to be made in parallel and moved).
+    pub fn rope_on(&self, pos: usize, t: usize, device: &Device) -> Result<(Tensor, Tensor)> {
+        Ok(rope::cos_sin(&self.inv_freq, pos, t, self.dtype, device)?)
     }
 
     /// Decoder layer `i` over hidden states `x` (`[t, hidden]`) at positions `pos..pos + t`
@@ -258,19 +264,29 @@ impl Model {
         let eps = self.cfg.rms_norm_eps as f32;
         let hd = self.cfg.head_dim;
         let (cos, sin) = rope;
-        let h = candle_nn::ops::rms_norm(x, &layer.input_norm, eps)?;
+        let dev = &self.device;
+        let h = span(dev, "norms", || Ok(candle_nn::ops::rms_norm(x, &layer.input_norm, eps)?))?;
         // [t, heads * hd] -> [heads, t, hd]
         let heads = |y: Tensor, n: usize| y.reshape((t, n, hd))?.transpose(0, 1)?.contiguous();
-        let mut q = heads(layer.q.forward(&h)?, self.cfg.num_heads)?;
-        let mut k = heads(layer.k.forward(&h)?, self.cfg.num_kv_heads)?;
-        let v = heads(layer.v.forward(&h)?, self.cfg.num_kv_heads)?;
+        let (mut q, mut k, v) = span(dev, "q/k/v projections", || {
+            Ok((
+                heads(layer.q.forward(&h)?, self.cfg.num_heads)?,
+                heads(layer.k.forward(&h)?, self.cfg.num_kv_heads)?,
+                heads(layer.v.forward(&h)?, self.cfg.num_kv_heads)?,
+            ))
+        })?;
         if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-            q = candle_nn::ops::rms_norm(&q, qn, eps)?;
-            k = candle_nn::ops::rms_norm(&k, kn, eps)?;
+            (q, k) = span(dev, "norms", || {
+                Ok((candle_nn::ops::rms_norm(&q, qn, eps)?, candle_nn::ops::rms_norm(&k, kn, eps)?))
+            })?;
         }
-        let q = candle_nn::rotary_emb::rope(&q.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
-        let k = candle_nn::rotary_emb::rope(&k.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
-        kv.write(kv_layer, pos, &k, &v)?;
+        let (q, k) = span(dev, "rope", || {
+            Ok((
+                candle_nn::rotary_emb::rope(&q.unsqueeze(0)?, cos, sin)?.squeeze(0)?,
+                candle_nn::rotary_emb::rope(&k.unsqueeze(0)?, cos, sin)?.squeeze(0)?,
+            ))
+        })?;
+        span(dev, "K/V into the cache", || kv.write(kv_layer, pos, &k, &v))?;
         let scale = 1.0 / (hd as f32).sqrt();
         let call = AttnCall {
             layer: i,
@@ -282,12 +298,16 @@ impl Model {
             scale,
             window: self.cfg.sliding_window,
         };
-        let a = attn.forward(&call)?; // [heads, t, hd]
-        let a = a.transpose(0, 1)?.reshape((t, self.cfg.num_heads * hd))?;
-        let x = (x + layer.o.forward(&a)?)?;
-        let h = candle_nn::ops::rms_norm(&x, &layer.post_attn_norm, eps)?;
-        let mlp = layer.down.forward(&(candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?)?;
-        Ok((x + mlp)?)
+        let a = span(dev, "attention", || attn.forward(&call))?; // [heads, t, hd]
+        let x = span(dev, "o projection, residual", || {
+            let a = a.transpose(0, 1)?.reshape((t, self.cfg.num_heads * hd))?;
+            Ok((x + layer.o.forward(&a)?)?)
+        })?;
+        let h = span(dev, "norms", || Ok(candle_nn::ops::rms_norm(&x, &layer.post_attn_norm, eps)?))?;
+        span(dev, "MLP, residual", || {
+            let gated = (candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?;
+            Ok((x + layer.down.forward(&gated)?)?)
+        })
     }
 
     /// Final norm and LM head over hidden rows `[n, hidden]`: f32 logits `[n, vocab]`.

@@ -4,15 +4,22 @@
 //! every layer's K/V of the whole prompt resident at once; a million tokens of a 7B model is
 //! 56 GiB. Layer-major runs *all* tokens through layer 0 in chunks, then all through layer 1,
 //! and so on: only one layer's K/V is resident at a time (then it is encoded and written out),
-//! and the hidden states between layers live in a [`Hidden`] store (a scratch file for real
-//! prefills, so they do not count against RAM either). The attention of each chunk is exact
+//! and the hidden states between layers live in a [`Hidden`] store. The attention of each chunk is exact
 //! causal attention over the layer's keys so far, through the same kernel as decode (query
 //! chunks × key blocks, merged by log-sum-exp: never a T×T matrix). Only the last position
 //! goes through the LM head.
 //!
 //! The chunk size is what the memory budget controls: [`plan_chunk`] turns a budget into the
-//! largest chunk whose working set (one layer's K/V, the chunk's activations, the attention
-//! score block, the encode buffer) fits, and refuses budgets below the minimum.
+//! largest chunk whose working set (one layer's K/V, the RoPE tables, the chunk's activations,
+//! the attention score block, the encode buffer) fits, and refuses budgets below the minimum.
+//!
+//! Where the hidden states live ([`HiddenStore`]): on the device when both stores fit the
+//! budget beside the working set (a 7B model's are 0.9 GiB each at 128k tokens), else in host
+//! RAM, else in scratch files. Each trip through a file cost a 7B prefill more than its
+//! attention did at 32k–128k tokens (docs/performance.md): every chunk went device → host →
+//! file and back. RAM is what a machine that decodes the context offloaded has anyway (the
+//! K/V of a million tokens is 28–56 GiB; the hidden states 14 GiB); the files remain for a
+//! machine that has not.
 
 use std::fs::File;
 use std::ops::ControlFlow;
@@ -20,12 +27,13 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use half::{bf16, f16};
+use folio_kernels::device::{copy_to_host, from_host_bytes, to_host_bytes};
 
 use crate::attention::Dense;
 use crate::error::{Error, Result};
 use crate::kv::{DenseKv, KvStore};
 use crate::model::Model;
+use crate::profile::span;
 
 /// Chunk size without a memory budget: large enough that per-chunk overheads vanish, small
 /// enough that activations stay at a few hundred MB for 7B-class shapes.
@@ -117,7 +125,7 @@ impl Hidden for FileHidden {
         let mut bytes = vec![0u8; n * row as usize];
         self.file.read_exact_at(&mut bytes, start as u64 * row).map_err(|e| Error::io(&self.path, e))?;
         self.io.set(self.io.get() + started.elapsed());
-        Ok(Tensor::from_raw_buffer(&bytes, self.dtype, &[n, self.hidden], &self.device)?)
+        Ok(from_host_bytes(&bytes, self.dtype, &[n, self.hidden], &self.device)?)
     }
 
     fn write(&mut self, start: usize, x: &Tensor) -> Result<()> {
@@ -137,15 +145,212 @@ impl Hidden for FileHidden {
     }
 }
 
-/// Raw little-endian bytes of a tensor in its own dtype.
+/// Hidden states in host memory, one buffer per chunk as [`run_layer`] writes them (reads and
+/// writes are chunk-aligned; a read inside one chunk is a slice of it). Buffers are shared, so
+/// a snapshot of a layer's output ([`HiddenStore::snapshot`]) can be written to disk on
+/// another thread while the next layers replace them.
+pub struct HostHidden {
+    chunk: usize,
+    hidden: usize,
+    dtype: DType,
+    device: Device,
+    chunks: Vec<Option<std::sync::Arc<Vec<u8>>>>,
+}
+
+impl HostHidden {
+    pub fn new(tokens: usize, chunk: usize, hidden: usize, dtype: DType, device: &Device) -> Self {
+        Self { chunk, hidden, dtype, device: device.clone(), chunks: vec![None; tokens.div_ceil(chunk.max(1))] }
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.hidden * self.dtype.size_in_bytes()
+    }
+}
+
+impl Hidden for HostHidden {
+    fn read(&self, start: usize, n: usize) -> Result<Tensor> {
+        let (c, at) = (start / self.chunk, start % self.chunk);
+        let buf = self.chunks.get(c).and_then(|b| b.as_ref());
+        let row = self.row_bytes();
+        match buf {
+            Some(b) if (at + n) * row <= b.len() => {
+                Ok(from_host_bytes(&b[at * row..(at + n) * row], self.dtype, &[n, self.hidden], &self.device)?)
+            }
+            _ => Err(Error::Invalid(format!(
+                "hidden rows {start}..{} were read before they were written, or across chunks of {}",
+                start + n,
+                self.chunk
+            ))),
+        }
+    }
+
+    fn write(&mut self, start: usize, x: &Tensor) -> Result<()> {
+        if start % self.chunk != 0 || x.dim(0)? > self.chunk {
+            return Err(Error::Invalid(format!("hidden rows written at {start}, not a chunk of {}", self.chunk)));
+        }
+        let slot = self
+            .chunks
+            .get_mut(start / self.chunk)
+            .ok_or_else(|| Error::Invalid(format!("hidden rows written at {start}, past the prompt")))?;
+        let bytes = x.elem_count() * x.dtype().size_in_bytes();
+        // The chunk's buffer from the layer before last is reused in place unless a checkpoint
+        // still holds it (a fresh one costs a page fault per 4 KiB: more than the copy).
+        match slot.as_mut().and_then(std::sync::Arc::get_mut).filter(|b| b.len() == bytes) {
+            Some(buf) => copy_to_host(x, buf)?,
+            None => *slot = Some(std::sync::Arc::new(tensor_bytes(x)?)),
+        }
+        Ok(())
+    }
+}
+
+/// A layer's output hidden states copied off the device (or shared with a [`HostHidden`]), in
+/// row order: what a checkpoint writes to disk.
+pub struct HiddenSnapshot(Vec<std::sync::Arc<Vec<u8>>>);
+
+impl HiddenSnapshot {
+    /// Writes the rows to `file` from offset 0, returning their checksum (the format of
+    /// `context::format::checksum`).
+    pub fn write_to(&self, file: &File) -> std::io::Result<String> {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        let mut at = 0u64;
+        for piece in &self.0 {
+            file.write_all_at(piece, at)?;
+            h.update(piece);
+            at += piece.len() as u64;
+        }
+        Ok(crate::context::format::checksum_hex(h.digest()))
+    }
+}
+
+/// Where a prefill keeps the hidden states between layers (module docs: why three places).
+pub enum HiddenStore {
+    Device(MemoryHidden),
+    Host(HostHidden),
+    File(Box<FileHidden>),
+}
+
+impl HiddenStore {
+    /// The first `rows` rows as host bytes for a checkpoint, or `None` for a file store (its
+    /// file is already the checkpoint's).
+    pub fn snapshot(&self, rows: usize) -> Result<Option<HiddenSnapshot>> {
+        match self {
+            Self::Device(m) => {
+                Ok(Some(HiddenSnapshot(vec![std::sync::Arc::new(tensor_bytes(&m.0.narrow(0, 0, rows)?)?)])))
+            }
+            Self::Host(h) => {
+                let pieces = h.chunks.iter().take(rows.div_ceil(h.chunk)).cloned().collect::<Option<Vec<_>>>();
+                pieces.map(|p| Some(HiddenSnapshot(p))).ok_or_else(|| {
+                    Error::Invalid(format!("a snapshot of {rows} hidden rows before they were all written"))
+                })
+            }
+            Self::File(_) => Ok(None),
+        }
+    }
+
+    /// Fills the first `rows` rows from `file` (a checkpoint's hidden states), chunk by chunk:
+    /// into RAM as read, onto the device through staging.
+    pub fn load(&mut self, file: &File, path: &Path, rows: usize, chunk: usize) -> Result<()> {
+        let (hidden, dtype, device) = match self {
+            Self::Device(m) => (m.0.dim(1)?, m.0.dtype(), m.0.device().clone()),
+            Self::Host(h) => (h.hidden, h.dtype, h.device.clone()),
+            Self::File(_) => return Ok(()),
+        };
+        let row = hidden * dtype.size_in_bytes();
+        let mut start = 0;
+        while start < rows {
+            let n = chunk.min(rows - start);
+            let mut bytes = vec![0u8; n * row];
+            file.read_exact_at(&mut bytes, (start * row) as u64).map_err(|e| Error::io(path, e))?;
+            match self {
+                Self::Host(h) if start % h.chunk == 0 && n <= h.chunk => {
+                    h.chunks[start / h.chunk] = Some(std::sync::Arc::new(bytes));
+                }
+                _ => self.write(start, &from_host_bytes(&bytes, dtype, &[n, hidden], &device)?)?,
+            }
+            start += n;
+        }
+        Ok(())
+    }
+
+    /// xxh3 of the first `rows` rows as written in order (file stores only: see
+    /// [`FileHidden::written_checksum`]).
+    pub fn written_checksum(&self, rows: usize) -> Option<String> {
+        match self {
+            Self::File(f) => f.written_checksum(rows),
+            _ => None,
+        }
+    }
+
+    /// Time spent in file I/O (file stores only).
+    pub fn io_time(&self) -> std::time::Duration {
+        match self {
+            Self::File(f) => f.io_time(),
+            _ => Default::default(),
+        }
+    }
+}
+
+impl Hidden for HiddenStore {
+    fn read(&self, start: usize, n: usize) -> Result<Tensor> {
+        match self {
+            Self::Device(m) => m.read(start, n),
+            Self::Host(h) => h.read(start, n),
+            Self::File(f) => f.read(start, n),
+        }
+    }
+
+    fn write(&mut self, start: usize, x: &Tensor) -> Result<()> {
+        match self {
+            Self::Device(m) => m.write(start, x),
+            Self::Host(h) => h.write(start, x),
+            Self::File(f) => f.write(start, x),
+        }
+    }
+}
+
+/// Raw bytes of a tensor in its own dtype (little-endian: the only byte order Folio builds for).
 fn tensor_bytes(x: &Tensor) -> Result<Vec<u8>> {
-    let x = x.flatten_all()?.to_device(&Device::Cpu)?;
-    Ok(match x.dtype() {
-        DType::F32 => x.to_vec1::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DType::BF16 => x.to_vec1::<bf16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DType::F16 => x.to_vec1::<f16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        other => return Err(Error::Invalid(format!("hidden states in {other:?} are not supported"))),
-    })
+    if !matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16) {
+        return Err(Error::Invalid(format!("hidden states in {:?} are not supported", x.dtype())));
+    }
+    Ok(to_host_bytes(x)?)
+}
+
+/// The RoPE cos/sin tables of every chunk of a layer-major prefill, made once and used by
+/// every layer (chunk `c` of each layer sits at the same positions). Made on the CPU in
+/// parallel and moved to the device: making them per chunk and layer cost a 7B prefill 11% of
+/// its time at 128k tokens (docs/performance.md). `head_dim` values a token, counted in the
+/// working set ([`plan_chunk`]).
+pub struct RopeTables {
+    chunk: usize,
+    tables: Vec<(Tensor, Tensor)>,
+}
+
+impl RopeTables {
+    /// Tables for `tokens` positions from `first`, in chunks of `chunk`.
+    pub fn new(model: &Model, first: usize, tokens: usize, chunk: usize) -> Result<Self> {
+        use rayon::prelude::*;
+        let chunk = chunk.max(1);
+        let starts: Vec<usize> = (0..tokens).step_by(chunk).collect();
+        let on_cpu = starts
+            .par_iter()
+            .map(|&s| model.rope_on(first + s, chunk.min(tokens - s), &Device::Cpu))
+            .collect::<Result<Vec<_>>>()?;
+        let device = model.device();
+        let moved =
+            |t: &Tensor| -> Result<Tensor> { Ok(from_host_bytes(&to_host_bytes(t)?, t.dtype(), t.dims(), device)?) };
+        let tables = on_cpu.iter().map(|(c, s)| Ok((moved(c)?, moved(s)?))).collect::<Result<_>>()?;
+        Ok(Self { chunk, tables })
+    }
+
+    /// Tokens per chunk.
+    pub fn chunk(&self) -> usize {
+        self.chunk
+    }
+
+    fn table(&self, i: usize) -> Result<&(Tensor, Tensor)> {
+        self.tables.get(i).ok_or_else(|| Error::Invalid(format!("no RoPE table for chunk {i}")))
+    }
 }
 
 /// How a prefill is chunked, and the working set that implies.
@@ -192,14 +397,18 @@ fn working_set_terms(model: &Model, tokens: usize, section_bytes: u64) -> (u64, 
     let dsize = model.dtype().size_in_bytes() as u64;
     let kv_values = (tokens * cfg.num_kv_heads * cfg.head_dim) as u64;
     let (nq, nkv) = ((cfg.num_heads * cfg.head_dim) as u64, (cfg.num_kv_heads * cfg.head_dim) as u64);
-    // One layer's K and V; one section's f32 copy and its encoded bytes while it is written;
-    // with the fused kernel, the contiguous copy it makes of the keys so far (a view of the
-    // layer's cache); without it, the f32 copy of K and V when computing in 16 bits, and the
-    // attention scores.
-    let mut fixed = 2 * kv_values * dsize + kv_values * 4 + section_bytes;
-    if folio_kernels::attention::fused(model.device(), model.dtype(), cfg.head_dim) {
-        fixed += 2 * kv_values * dsize;
-    } else {
+    // One layer's K and V; the RoPE tables of every position (`RopeTables`); one section on
+    // its way out: on a GPU its encoded bytes (encoded there, `Codec::encode_tensor_into`),
+    // elsewhere an f32 copy and the encoded bytes. The fused kernel reads the keys so far in
+    // place; without it, the f32 copy of K and V when computing in 16 bits, and the scores.
+    let mut fixed = 2 * kv_values * dsize + (tokens * cfg.head_dim) as u64 * dsize + section_bytes;
+    // Encoded without an f32 copy: a bf16 model's K/V on a GPU into a bf16, fp8 or bf16-fp8
+    // file (an f32 file is the only one whose sections are 4 bytes a value).
+    let in_place = model.device().is_cuda() && model.dtype() == DType::BF16 && section_bytes < kv_values * 4;
+    if !in_place {
+        fixed += kv_values * 4;
+    }
+    if !folio_kernels::attention::fused(model.device(), model.dtype(), cfg.head_dim) {
         if dsize != 4 {
             fixed += 2 * kv_values * 4;
         }
@@ -211,7 +420,7 @@ fn working_set_terms(model: &Model, tokens: usize, section_bytes: u64) -> (u64, 
     (fixed, per_token)
 }
 
-/// Runs every token through decoder layer `layer`, `chunk` tokens at a time. The two hidden
+/// Runs every token through decoder layer `layer`, a chunk at a time (`rope`'s). The two hidden
 /// stores alternate: layer `l` reads the token embeddings (layer 0) or `hidden[(l + 1) % 2]`
 /// (what layer `l - 1` wrote) and writes `hidden[l % 2]` ([`layer_output`]). Returns the
 /// layer's K and V, `[kv_heads, tokens, head_dim]`. `progress` gets the tokens done so far
@@ -229,9 +438,10 @@ pub fn run_layer<H: Hidden>(
     tokens: &[u32],
     prefix: Option<&(Tensor, Tensor)>,
     hidden: &mut [H; 2],
-    chunk: usize,
+    rope: &RopeTables,
     progress: &mut dyn FnMut(usize) -> ControlFlow<()>,
 ) -> Result<(Tensor, Tensor)> {
+    let chunk = rope.chunk();
     let cfg = model.config();
     let t = tokens.len();
     let mut kv = DenseKv::new(1, cfg.num_kv_heads, cfg.head_dim, model.dtype(), model.device());
@@ -253,11 +463,17 @@ pub fn run_layer<H: Hidden>(
     let mut start = 0;
     while start < t {
         let n = chunk.min(t - start);
-        let x = if layer == 0 { model.embed(&tokens[start..start + n])? } else { input.read(start, n)? };
-        let rope = model.rope(offset + start, n)?;
-        let y = model.layer_forward(layer, &x, offset + start, &rope, &mut kv, 0, &Dense)?;
+        let dev = model.device();
+        let x = span(dev, "hidden states in", || {
+            if layer == 0 {
+                model.embed(&tokens[start..start + n])
+            } else {
+                input.read(start, n)
+            }
+        })?;
+        let y = model.layer_forward(layer, &x, offset + start, rope.table(start / chunk)?, &mut kv, 0, &Dense)?;
         kv.set_len(offset + start + n)?;
-        output.write(start, &y)?;
+        span(dev, "hidden states out", || output.write(start, &y))?;
         start += n;
         if progress(start).is_break() {
             return Err(Error::Cancelled(format!("prefill cancelled in layer {layer}")));
@@ -301,8 +517,9 @@ pub fn prefill_layers(
     cfg.check_fits(tokens.len())?;
     let new = || MemoryHidden::new(tokens.len(), cfg.hidden_size, model.dtype(), model.device());
     let mut hidden = [new()?, new()?];
+    let rope = RopeTables::new(model, 0, tokens.len(), chunk)?;
     for layer in 0..cfg.num_layers {
-        let (k, v) = run_layer(model, layer, tokens, None, &mut hidden, chunk, &mut |_| ControlFlow::Continue(()))?;
+        let (k, v) = run_layer(model, layer, tokens, None, &mut hidden, &rope, &mut |_| ControlFlow::Continue(()))?;
         on_layer(layer, k, v)?;
     }
     let last = layer_output(&hidden, cfg.num_layers - 1).read(tokens.len() - 1, 1)?;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device, Tensor};
 use folio_models::attention::{Attended, Attention, AttnCall, Dense, Knobs};
-use folio_models::context::{self, BuildOptions, ContextKv, KvDtype, PrefixPlan};
+use folio_models::context::{self, BuildOptions, ContextKv, HiddenPlace, KvDtype, PrefixPlan};
 use folio_models::kv::{KvStore, Reference};
 use folio_models::model::Logits;
 use folio_models::prefill::{plan_chunk, prefill_in_memory};
@@ -54,7 +54,7 @@ fn smallest_budget(e: &Engine, tokens: usize, kv_dtype: KvDtype) -> u64 {
 }
 
 fn build(e: &Engine, p: &PrefixPlan, out: &Path, kv_dtype: KvDtype, budget: Option<u64>) -> context::BuildReport {
-    let opts = BuildOptions { kv_dtype, memory_budget: budget, restart: false };
+    let opts = BuildOptions { kv_dtype, memory_budget: budget, restart: false, hidden_in: None };
     context::build(&e.model, e.stamp().unwrap(), p, out, &opts, &mut |_| ControlFlow::Continue(())).unwrap()
 }
 
@@ -201,6 +201,29 @@ fn cuda_prefill_matches_cpu() -> Result<()> {
     let d_file = max_diff(&la, &ask(&cpu, &mut reopened, &question)?);
     println!("cuda vs cpu: prefill last logits {d_last:.2e}, question {d_ask:.2e}, GPU-made file on CPU {d_file:.2e}");
     assert!(d_last < 1e-4 && d_ask < 1e-4 && d_file < 1e-4);
+    Ok(())
+}
+
+/// A layer's K/V encoded on the GPU (fp8 by the device kernel, bf16 and f32 as their own
+/// bytes) is byte for byte what the CPU codec makes of the same values.
+#[cfg(feature = "cuda")]
+#[test]
+fn encode_on_the_device_is_the_cpu_encode() -> Result<()> {
+    use folio_models::context::format::SectionKind;
+    let gpu = Device::new_cuda(0)?;
+    let seed = common::seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (heads, rows, d) = (4, 3000, 128);
+    let x: Vec<f32> = (0..heads * rows * d).map(|i| rng.random_range(-1.0..1.0) * [1.0, 40.0, 1e-3][i % 3]).collect();
+    for dtype in [DType::BF16, DType::F32, DType::F16] {
+        let t = Tensor::from_vec(x.clone(), (heads, rows, d), &gpu)?.to_dtype(dtype)?;
+        let held = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        for kv in [KvDtype::F32, KvDtype::Bf16, KvDtype::Fp8] {
+            let codec = kv.codec(SectionKind::Values);
+            let (on_gpu, on_cpu) = (codec.encode_tensor(&t, d)?, codec.encode(&held, d)?);
+            assert!(on_gpu == on_cpu, "seed {seed}: {dtype:?} values in a {} section", kv.name());
+        }
+    }
     Ok(())
 }
 
@@ -472,7 +495,7 @@ fn a_grown_context_is_the_one_prefilled_in_one_go() -> Result<()> {
     assert_eq!((&plan.tokens, &plan.documents), (&all.tokens, &all.documents));
     let err = e.plan_append(&base, &docs[1..2]).unwrap_err();
     assert!(err.to_string().contains("already in this context"), "{err}");
-    let opts = BuildOptions { kv_dtype: KvDtype::F32, memory_budget: None, restart: false };
+    let opts = BuildOptions { kv_dtype: KvDtype::F32, memory_budget: None, restart: false, hidden_in: None };
     let wrong = BuildOptions { kv_dtype: KvDtype::Bf16, ..opts.clone() };
     let err = context::append(&e.model, e.stamp()?, &base, &plan, &grown, &wrong, &mut |_| ControlFlow::Continue(()))
         .unwrap_err();
@@ -500,7 +523,7 @@ fn a_resume_with_other_tokens_of_the_same_length_is_refused() -> Result<()> {
     let mut rng = StdRng::seed_from_u64(7);
     let mut tokens = |_: ()| -> Vec<u32> { (0..300).map(|_| rng.random_range(0..vocab)).collect() };
     let (first, second) = (plan(tokens(())), plan(tokens(())));
-    let opts = BuildOptions { kv_dtype: KvDtype::F32, memory_budget: None, restart: false };
+    let opts = BuildOptions { kv_dtype: KvDtype::F32, memory_budget: None, restart: false, hidden_in: None };
     let mut stop =
         |p: &context::Progress| if p.layer >= 1 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) };
     assert!(context::build(&e.model, e.stamp()?, &first, &out, &opts, &mut stop).is_err());
@@ -510,6 +533,57 @@ fn a_resume_with_other_tokens_of_the_same_length_is_refused() -> Result<()> {
     assert!(err.contains("does not match") && err.contains("300 tokens then, 300 now"), "{err}");
     // The original resumes.
     context::build(&e.model, e.stamp()?, &first, &out, &opts, &mut |_| ControlFlow::Continue(()))?;
+    Ok(())
+}
+
+/// The hidden states between layers on the device, in RAM or in files give the same file byte
+/// for byte; a prefill cancelled with its hidden states in one place resumes with them in
+/// another (the checkpoint names which hidden file holds them), from the last finished layer.
+#[test]
+fn hidden_states_anywhere_give_the_same_file_and_resume_across_places() -> Result<()> {
+    let e = engine("demo");
+    let dir = tempfile::tempdir().unwrap();
+    let vocab = e.config().vocab_size as u32;
+    let mut rng = StdRng::seed_from_u64(common::seed());
+    let tokens = plan((0..400).map(|_| rng.random_range(0..vocab)).collect());
+    let budget = smallest_budget(&e, 400, KvDtype::Bf16);
+    let opts = |place| BuildOptions {
+        kv_dtype: KvDtype::Bf16,
+        memory_budget: Some(budget),
+        restart: false,
+        hidden_in: Some(place),
+    };
+    let go = &mut |_: &context::Progress| ControlFlow::Continue(());
+    let mut files = Vec::new();
+    for place in [HiddenPlace::Files, HiddenPlace::Ram, HiddenPlace::Device] {
+        let out = dir.path().join(format!("{place:?}.folio"));
+        let report = context::build(&e.model, e.stamp()?, &tokens, &out, &opts(place), go)?;
+        assert_eq!(report.hidden_in, place);
+        assert!(report.chunk < 100, "several chunks: {}", report.chunk);
+        files.push(std::fs::read(&out).unwrap());
+    }
+    assert!(files.iter().all(|f| *f == files[0]), "the hidden states' place changed the file");
+
+    let layers = e.config().num_layers;
+    for (first, then, stop_in) in [
+        (HiddenPlace::Ram, HiddenPlace::Files, 2),
+        (HiddenPlace::Files, HiddenPlace::Device, 3),
+        (HiddenPlace::Device, HiddenPlace::Ram, 1),
+    ] {
+        let out = dir.path().join(format!("{first:?}-then-{then:?}.folio"));
+        let mut stop = |p: &context::Progress| {
+            if p.layer >= stop_in && p.layer_tokens > 0 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        };
+        let err = context::build(&e.model, e.stamp()?, &tokens, &out, &opts(first), &mut stop).unwrap_err();
+        assert!(err.to_string().contains("cancelled"), "{err}");
+        let report = context::build(&e.model, e.stamp()?, &tokens, &out, &opts(then), go)?;
+        assert_eq!(report.resumed_layers, stop_in.min(layers), "{first:?} then {then:?}");
+        assert!(std::fs::read(&out).unwrap() == files[0], "{first:?} then {then:?}: the resumed file differs");
+    }
     Ok(())
 }
 
@@ -529,7 +603,7 @@ fn a_context_cut_before_a_document_and_continued_is_the_one_without_it() -> Resu
     let base = context::ContextFile::open(&all)?;
     let plan = e.plan_keeping(&base, 1, &docs[2..])?;
     let keep = base.tokens_before(1);
-    let opts = BuildOptions { kv_dtype: KvDtype::F32, memory_budget: None, restart: false };
+    let opts = BuildOptions { kv_dtype: KvDtype::F32, memory_budget: None, restart: false, hidden_in: None };
     let cut = dir.path().join("cut.folio");
     let report =
         context::extend(&e.model, e.stamp()?, context::Base { file: &base, keep }, &plan, &cut, &opts, &mut |_| {

@@ -19,7 +19,7 @@ use folio_kernels::device::MemorySampler;
 use folio_models::attention::Dense;
 use folio_models::config::ModelConfig;
 use folio_models::context::{
-    self, BuildOptions, ContextKv, Fingerprint, KvDtype, ModelStamp, PrefixPlan, StageSeconds,
+    self, BuildOptions, ContextKv, Fingerprint, HiddenPlace, KvDtype, ModelStamp, PrefixPlan, StageSeconds,
 };
 use folio_models::error::human_bytes;
 use folio_models::model::Logits;
@@ -97,7 +97,7 @@ pub struct PrefillBenchArgs {
     /// Folder for the context files (default: the system temp folder); each is deleted after use.
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// Keep the file of an interrupted run in `--dir` and resume it (per-layer checkpoints): a
+    /// Keep the file of an interrupted run in `--dir` and resume it (from its checkpoint): a
     /// prefill longer than one sitting finishes over several runs, each reporting its own layers.
     #[arg(long, requires = "dir")]
     resume: bool,
@@ -105,6 +105,10 @@ pub struct PrefillBenchArgs {
     /// time it against a prefill of everything in one go.
     #[arg(long, conflicts_with = "resume")]
     append: Option<usize>,
+    /// After the timed rows, prefill the first length once more with the device synchronised
+    /// around each operation, and print where that run's time went, op by op.
+    #[arg(long)]
+    profile: bool,
     #[arg(long)]
     json: bool,
 }
@@ -125,6 +129,9 @@ struct Row {
     chunk: usize,
     /// Where the prefill's time went.
     stages: StageSeconds,
+    /// Where the hidden states between layers lived, and the checkpoints written.
+    hidden_in: HiddenPlace,
+    checkpoints: usize,
     working_set_bytes: u64,
     file_bytes: u64,
     /// Reopen-to-first-token time (none for random weights).
@@ -178,6 +185,9 @@ const GEMM_SIDE: usize = 4096;
 /// CPU runs the f32 path, far slower.
 const PREFILL_TOKENS: usize = 32_768;
 const PREFILL_TOKENS_CPU: usize = 512;
+/// Tokens of `bench prefill`'s untimed warm-up (one chunk of the largest size, or a few under a
+/// tight budget).
+const WARMUP_TOKENS: usize = 8192;
 
 /// Seconds per call of `f`, averaged over [`KERNEL_REPS`] calls after a warm-up, synchronised.
 fn time_calls<T>(device: &candle_core::Device, mut f: impl FnMut() -> candle_core::Result<T>) -> Result<f64> {
@@ -219,7 +229,7 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
     let gemm = matmul_flops(&device, DType::F32)?;
     // The tensor-core limit: a bf16 GEMM (the f32 path's limit on the CPU).
     let gemm16 = matmul_flops(&device, dtype)?;
-    let mut rows = vec![prefill_row(&device, dtype, gemm16)?];
+    let mut rows = prefill_rows(&device, dtype, gemm16)?;
     let mut rng = StdRng::seed_from_u64(0);
     let k = Tensor::randn(0f32, 1.0, (kv_heads, a.context, d), &device)?.to_dtype(dtype)?;
     let v = Tensor::randn(0f32, 1.0, (kv_heads, a.context, d), &device)?.to_dtype(dtype)?;
@@ -343,7 +353,9 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
 /// Causal attention of a prefill (Qwen2.5-7B's heads, every query over its keys so far): on a
 /// GPU in bf16 the tensor-core kernel, held to the bf16 GEMM rate `gemm` (same FLOPs per byte
 /// class: both are tensor-core bound at this size).
-fn prefill_row(device: &candle_core::Device, dtype: DType, gemm: f64) -> Result<KernelRow> {
+/// The causal prefill attention, timed through the default path and, on a GPU, through each
+/// tensor-core kernel it has (`flash_kernels`): one row each.
+fn prefill_rows(device: &candle_core::Device, dtype: DType, gemm: f64) -> Result<Vec<KernelRow>> {
     let (heads, kv_heads, d) = KERNEL_SHAPE;
     let n = if device.is_cpu() { PREFILL_TOKENS_CPU } else { PREFILL_TOKENS };
     let q = Tensor::randn(0f32, 1.0, (heads, n, d), device)?.to_dtype(dtype)?;
@@ -351,19 +363,28 @@ fn prefill_row(device: &candle_core::Device, dtype: DType, gemm: f64) -> Result<
     let v = Tensor::randn(0f32, 1.0, (kv_heads, n, d), device)?.to_dtype(dtype)?;
     let scale = 1.0 / (d as f32).sqrt();
     let mask = folio_kernels::Mask::causal(0);
-    let secs = time_calls(device, || folio_kernels::attention(&q, &k, &v, mask, scale))?;
     // QKᵀ and PV over the n(n+1)/2 visible pairs; Q, K, V read once, f32 output and LSE written.
     let flops = 4.0 * (d * heads) as f64 * (n * (n + 1) / 2) as f64;
     let elem = dtype.size_in_bytes();
     let bytes = ((heads + 2 * kv_heads) * n * d * elem + heads * n * (d + 1) * 4) as f64;
-    Ok(KernelRow {
-        kernel: format!("prefill attention {heads}/{kv_heads} heads x {n} tokens causal (d {d}, {dtype:?})"),
+    let row = |name: String, secs: f64| KernelRow {
+        kernel: format!("prefill attention {heads}/{kv_heads} heads x {n} tokens causal (d {d}, {dtype:?}){name}"),
         seconds: secs,
         bytes,
         flops,
         of_limit: flops / secs / gemm,
         limit: "GEMM rate, same dtype",
-    })
+    };
+    let mut rows = vec![row(String::new(), time_calls(device, || folio_kernels::attention(&q, &k, &v, mask, scale))?)];
+    if dtype == DType::BF16 {
+        for kernel in folio_kernels::attention::flash_kernels(device, d) {
+            let secs = time_calls(device, || {
+                folio_kernels::attention::flash_attention_block(kernel, &q, &k, &v, 0, mask, scale)
+            })?;
+            rows.push(row(format!(", {kernel:?} kernel"), secs));
+        }
+    }
+    Ok(rows)
 }
 
 /// What `bench prefill` prefills with: a loaded model (reopens are timed), or random weights of
@@ -437,10 +458,31 @@ fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> {
         ),
     };
     let matmul = matmul_flops(model.device(), model.dtype())?;
+    // One short prefill first, untimed: the driver compiles each kernel's PTX at its first
+    // launch and cuBLAS loads its kernels lazily (seconds, once per process; the driver's cache
+    // keeps them across runs on a user's machine), and the peer script warms up the same way.
+    let warm_tokens = a.tokens.iter().copied().min().unwrap_or(0).min(WARMUP_TOKENS);
+    let warmup = {
+        let started = Instant::now();
+        let opts = BuildOptions { kv_dtype, memory_budget, restart: true, hidden_in: None };
+        let n = warm_tokens;
+        let out = dir.path().join("warm-up.folio");
+        let plan = PrefixPlan::raw_tokens((0..n as u32).map(|i| i % model.config().vocab_size as u32).collect());
+        context::build(model, &subject.stamp, &plan, &out, &opts, &mut |_| ControlFlow::Continue(()))?;
+        std::fs::remove_file(&out).with_context(|| format!("removing {}", out.display()))?;
+        started.elapsed().as_secs_f64()
+    };
+    if !a.json {
+        println!("warm-up: a {warm_tokens}-token prefill in {warmup:.2} s (kernel compilation, first allocations)");
+    }
+    // Ctrl-C stops a long prefill between chunks with its last finished layer kept, so that
+    // `--dir D --resume` picks it up again.
+    let stop = crate::context_cmd::ctrl_c_flag();
     let mut rows = Vec::new();
     for &n in &a.tokens {
-        let opts = BuildOptions { kv_dtype, memory_budget, restart: !a.resume };
-        rows.push(one(&subject, n, &opts, dir.path(), matmul, &sampler, a.append)?);
+        let opts = BuildOptions { kv_dtype, memory_budget, restart: !a.resume, hidden_in: None };
+        let measure = Measure { matmul, sampler: &sampler, stop: &stop };
+        rows.push(one(&subject, n, &opts, dir.path(), a.append, &measure)?);
         if !a.json {
             let row = rows.last().expect("just pushed");
             print_row(row, rows.len() == 1, &subject, matmul);
@@ -459,6 +501,13 @@ fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> {
             }
         }
     }
+    let profile = match (a.profile, a.tokens.first()) {
+        (true, Some(&n)) => Some(profile_prefill(&subject, n, kv_dtype, memory_budget, dir.path())?),
+        _ => None,
+    };
+    if let (Some(p), false) = (&profile, a.json) {
+        print_profile(p);
+    }
     if a.json {
         let doc = serde_json::json!({
             "model": subject.name,
@@ -468,7 +517,9 @@ fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> {
             "threads": candle_core::utils::get_num_threads(),
             "matmul_flops_per_s": matmul,
             "vram_budget_bytes": vram_budget,
+            "warmup_seconds": warmup,
             "rows": rows,
+            "profile": profile,
         });
         println!("{doc}");
     }
@@ -483,6 +534,71 @@ fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Where one prefill's time went: each span of the forward pass with the device synchronised
+/// around it (`folio_models::profile`), and the stages outside the forward passes.
+#[derive(Serialize)]
+struct Profile {
+    tokens: usize,
+    seconds: f64,
+    spans: Vec<ProfileSpan>,
+    stages: StageSeconds,
+}
+
+#[derive(Serialize)]
+struct ProfileSpan {
+    name: &'static str,
+    seconds: f64,
+    calls: usize,
+}
+
+fn profile_prefill(
+    subject: &Subject,
+    n: usize,
+    kv_dtype: KvDtype,
+    memory_budget: Option<u64>,
+    dir: &std::path::Path,
+) -> Result<Profile> {
+    let model = subject.model();
+    let vocab = model.config().vocab_size as u32;
+    let mut rng = StdRng::seed_from_u64(n as u64);
+    let plan = PrefixPlan::raw_tokens((0..n).map(|_| rng.random_range(0..vocab)).collect());
+    let out = dir.join(format!("profile-{n}.folio"));
+    let opts = BuildOptions { kv_dtype, memory_budget, restart: true, hidden_in: None };
+    folio_models::profile::start();
+    let report = context::build(model, &subject.stamp, &plan, &out, &opts, &mut |_| ControlFlow::Continue(()));
+    let spans = folio_models::profile::finish();
+    let report = report?;
+    std::fs::remove_file(&out).with_context(|| format!("removing {}", out.display()))?;
+    Ok(Profile {
+        tokens: n,
+        seconds: report.seconds,
+        spans: spans.into_iter().map(|(name, seconds, calls)| ProfileSpan { name, seconds, calls }).collect(),
+        stages: report.stages,
+    })
+}
+
+fn print_profile(p: &Profile) {
+    println!("\nprofile of a {}-token prefill (device synchronised around each op): {:.2} s", p.tokens, p.seconds);
+    println!("  {:<28} {:>9} {:>7} {:>7}", "op", "seconds", "share", "calls");
+    let st = &p.stages;
+    let outside =
+        [("K/V encode", st.encode), ("K/V store (waits)", st.store), ("hidden states (checkpoints)", st.hidden_io)];
+    let spans = p.spans.iter().map(|s| (s.name, s.seconds, Some(s.calls)));
+    for (name, secs, calls) in spans.chain(outside.into_iter().map(|(n, s)| (n, s, None))) {
+        let calls = calls.map_or(String::new(), |c| c.to_string());
+        println!("  {:<28} {:>9.3} {:>6.1}% {:>7}", name, secs, 100.0 * secs / p.seconds, calls);
+    }
+}
+
+/// What each timed row is measured against: the large-matmul rate, the device memory sampler,
+/// and the Ctrl-C flag that stops a row between chunks.
+#[derive(Clone, Copy)]
+struct Measure<'a> {
+    matmul: f64,
+    sampler: &'a MemorySampler,
+    stop: &'a std::sync::atomic::AtomicBool,
 }
 
 /// Where the bench's context files go: a temporary folder, or `--dir` kept for `--resume`.
@@ -505,10 +621,10 @@ fn one(
     n: usize,
     opts: &BuildOptions,
     dir: &std::path::Path,
-    matmul: f64,
-    sampler: &MemorySampler,
     append: Option<usize>,
+    m: &Measure<'_>,
 ) -> Result<Row> {
+    let Measure { matmul, sampler, stop } = *m;
     let model = subject.model();
     let vocab = model.config().vocab_size as u32;
     let mut rng = StdRng::seed_from_u64(n as u64);
@@ -518,7 +634,13 @@ fn one(
     // Peak RSS per length: Linux resets VmHWM when "5" is written to clear_refs.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     sampler.reset();
-    let report = context::build(model, &subject.stamp, &plan, &out, opts, &mut |_| ControlFlow::Continue(()))?;
+    let report = context::build(model, &subject.stamp, &plan, &out, opts, &mut |_| {
+        if stop.load(std::sync::atomic::Ordering::SeqCst) {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    })?;
     let (peak, peak_vram) = (peak_rss(), sampler.peak());
     let reopen = match &subject.made {
         Made::Loaded(engine) => {
@@ -548,6 +670,8 @@ fn one(
         peak_vram_bytes: peak_vram,
         chunk: report.chunk,
         stages: report.stages.clone(),
+        hidden_in: report.hidden_in,
+        checkpoints: report.checkpoints,
         working_set_bytes: report.working_set_bytes,
         file_bytes: report.file_bytes,
         reopen_first_token_seconds: reopen,
@@ -636,8 +760,9 @@ fn print_row(r: &Row, first: bool, subject: &Subject, matmul: f64) {
     );
     let st = &r.stages;
     println!(
-        "{:>8} seconds in: compute {:.2}, hidden-state files {:.2}, K/V encode {:.2}, store {:.2}",
-        "", st.compute, st.hidden_io, st.encode, st.store
+        "{:>8} seconds in: compute {:.2}, hidden states {:.2} (kept in {:?}, checkpoints: {}), K/V encode {:.2}, \
+         store {:.2}",
+        "", st.compute, st.hidden_io, r.hidden_in, r.checkpoints, st.encode, st.store
     );
 }
 

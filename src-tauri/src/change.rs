@@ -163,7 +163,7 @@ mod tests {
         let added = dir.path().join("added.md");
         std::fs::write(&added, "# Added\n\nThe ferry leaves at nine from the north pier.\n").unwrap();
         let (first, second) = (samples.join("field_notes.txt"), samples.join("market_records.txt"));
-        let opts = BuildOptions { kv_dtype: KvDtype::F32, memory_budget: None, restart: false };
+        let opts = BuildOptions { kv_dtype: KvDtype::F32, memory_budget: None, restart: false, hidden_in: None };
         let stamp = e.stamp().unwrap();
         let out = dir.path().join("ctx.folio");
         let plan = e.plan_context(&documents(&[&first, &second]), None, None).unwrap();

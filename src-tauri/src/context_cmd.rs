@@ -69,10 +69,10 @@ pub struct PrefillArgs {
     json: bool,
 }
 
-/// A flag Ctrl-C sets: the prefill stops after its current chunk and keeps its checkpoint.
-/// Without the handler (one already installed) Ctrl-C simply kills the process, which the
-/// per-layer checkpoint also survives.
-fn ctrl_c_flag() -> Arc<AtomicBool> {
+/// A flag Ctrl-C sets: the prefill stops after its current chunk and checkpoints its last
+/// finished layer. Without the handler (one already installed) Ctrl-C simply kills the process,
+/// which resumes from the last checkpoint written.
+pub fn ctrl_c_flag() -> Arc<AtomicBool> {
     let flag = Arc::new(AtomicBool::new(false));
     let f = flag.clone();
     let _ = ctrlc::set_handler(move || f.store(true, Ordering::SeqCst));
@@ -141,7 +141,7 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
             (engine, plan, a.kv_dtype.as_deref().map(KvDtype::parse).transpose()?.unwrap_or(staging::DEFAULT_KV_DTYPE))
         }
     };
-    let opts = BuildOptions { kv_dtype, memory_budget, restart: a.restart };
+    let opts = BuildOptions { kv_dtype, memory_budget, restart: a.restart, hidden_in: None };
     let stop = ctrl_c_flag();
     let bar = progress_bar(a.json);
     let mut library = if a.no_library { None } else { Registrar::open(&out) };

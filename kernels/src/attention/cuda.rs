@@ -1,40 +1,88 @@
-//! Launching kernels/cuda/flash.cu: one `CustomOp3` whose output buffer holds the output
-//! rows and then the LSEs, split by the caller.
+//! Launching the tensor-core prefill kernels: kernels/cuda/flash.cu (`mma.sync`, any GPU from
+//! sm_80) and kernels/cuda/flash_sm90a.cu (`wgmma`, Hopper only, head dim 128). One
+//! `CustomOp3` whose output buffer holds the output rows and then the LSEs, split by the caller.
+//!
+//! Keys and values are read in place when each head's rows are contiguous and 16-byte aligned
+//! (a prefill's keys so far are a narrowed view of the layer's larger cache: the heads are
+//! `capacity` rows apart, not `kv_len`); anything else is copied first.
 
 use candle_core::backend::BackendStorage;
+use candle_core::cuda::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
-use candle_core::cuda::WrapErr;
-use candle_core::{CudaStorage, DType, Layout, Result, Shape, Tensor};
+use candle_core::cuda::{CudaDevice, WrapErr};
+use candle_core::{CudaStorage, DType, Device, Layout, Result, Shape, Tensor};
 
 use crate::cuda_op::{CudaOnly, CudaOp3};
 
-use super::{AttnOutput, Mask};
+use super::{AttnOutput, FlashKernel, Mask};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/flash.ptx"));
 const MODULE: &str = "folio_flash";
-/// Query rows per block and threads per block (ROWS and 32 × WARPS in the kernel).
+const PTX_SM90A: &str = include_str!(concat!(env!("OUT_DIR"), "/flash_sm90a.ptx"));
+const MODULE_SM90A: &str = "folio_flash_sm90a";
+/// flash.cu: query rows per block (ROWS), threads per block (32 × WARPS), keys per tile (KEYS)
+/// and shared-memory row padding in bf16 (PAD): two stages of a K and a V tile.
 const ROWS: usize = 128;
 const THREADS: u32 = 256;
-/// Keys per tile (KEYS) and shared-memory row padding in bf16 (PAD): two stages of a K and
-/// a V tile.
 const KEYS: usize = 64;
 const PAD: usize = 8;
+/// flash_sm90a.cu as instantiated (FLASH_WGMMA): two warpgroups of 64 query rows, 128-key
+/// tiles, STAGES stages of a K and a V tile; its dynamic shared memory is Q, the tiles and one
+/// swizzle atom (1 KiB) of room to align them.
+const WGMMA_WARPGROUPS: usize = 2;
+const WGMMA_ROWS: usize = 64 * WGMMA_WARPGROUPS;
+const WGMMA_THREADS: u32 = 128 * WGMMA_WARPGROUPS as u32;
+const WGMMA_HEAD_DIM: usize = 128;
+const WGMMA_KEYS: usize = 128;
+const WGMMA_STAGES: usize = 2;
+const SWIZZLE_ATOM: usize = 1024;
+const WGMMA_SHARED: usize =
+    (WGMMA_ROWS + 2 * WGMMA_STAGES * WGMMA_KEYS) * WGMMA_HEAD_DIM * std::mem::size_of::<half::bf16>() + SWIZZLE_ATOM;
 /// Dynamic shared memory a launch gets without opting in.
 const DEFAULT_SHARED: usize = 48 * 1024;
-/// Head dims the kernel is instantiated for (FLASH(D)).
+/// Head dims flash.cu is instantiated for (FLASH(D)).
 const HEAD_DIMS: [usize; 3] = [32, 64, 128];
+/// Elements per 16-byte `cp.async` copy: row starts and head strides must be multiples.
+const BF16_PER_COPY: usize = 8;
 
-/// Whether the tensor-core kernel takes inputs of this dtype and head dim on `device`.
-pub fn takes(device: &candle_core::Device, dtype: DType, head_dim: usize) -> bool {
+/// Whether a tensor-core kernel takes inputs of this dtype and head dim on `device`.
+pub fn takes(device: &Device, dtype: DType, head_dim: usize) -> bool {
     device.is_cuda() && dtype == DType::BF16 && HEAD_DIMS.contains(&head_dim)
 }
 
+/// The kernels that take bf16 inputs of this head dim on `device`, fastest first.
+pub fn kernels(device: &Device, head_dim: usize) -> Vec<FlashKernel> {
+    let Device::Cuda(dev) = device else { return Vec::new() };
+    let mut found = Vec::new();
+    if head_dim == WGMMA_HEAD_DIM && is_hopper(dev) {
+        found.push(FlashKernel::Wgmma);
+    }
+    if HEAD_DIMS.contains(&head_dim) {
+        found.push(FlashKernel::MmaSync);
+    }
+    found
+}
+
+/// Compute capability 9.0 (H100, H200): the only one `wgmma` PTX for sm_90a loads on.
+fn is_hopper(dev: &CudaDevice) -> bool {
+    let ctx = dev.cuda_stream().context().clone();
+    let major = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+    let minor = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    matches!((major, minor), (Ok(9), Ok(0)))
+}
+
 struct Flash {
+    kernel: FlashKernel,
     dims: (usize, usize, usize, usize, usize), // q_heads, q_len, kv_len, groups, head_dim
     q_offset: i64,
     k_start: i64,
     window: i64,
     scale: f32,
+}
+
+/// Elements between two heads' rows of a `[heads, len, d]` layout whose rows are contiguous.
+fn head_stride(l: &Layout) -> i64 {
+    l.stride()[0] as i64
 }
 
 impl CudaOp3 for Flash {
@@ -51,41 +99,80 @@ impl CudaOp3 for Flash {
         let out = unsafe { dev.alloc::<f32>(rows * d + rows)? };
         {
             let (out_o, out_l) = (out.slice(..rows * d), out.slice(rows * d..));
-            let func = dev.get_or_load_custom_func(&format!("flash_prefill_{d}"), MODULE, PTX)?;
-            let shared = 2 * 2 * KEYS * (d + PAD) * 2;
+            let (func, shared, block_rows, threads) = match self.kernel {
+                FlashKernel::MmaSync => (
+                    dev.get_or_load_custom_func(&format!("flash_prefill_{d}"), MODULE, PTX)?,
+                    2 * 2 * KEYS * (d + PAD) * 2,
+                    ROWS,
+                    THREADS,
+                ),
+                FlashKernel::Wgmma => (
+                    dev.get_or_load_custom_func("flash_prefill_wgmma_128", MODULE_SM90A, PTX_SM90A)?,
+                    WGMMA_SHARED,
+                    WGMMA_ROWS,
+                    WGMMA_THREADS,
+                ),
+            };
             if shared > DEFAULT_SHARED {
-                use candle_core::cuda::cudarc::driver::sys::CUfunction_attribute;
                 let attr = CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
                 func.set_attribute(attr, shared as i32).w()?;
             }
             let mut b = func.builder();
             let ints = [q_len as i32, kv_len as i32, groups as i32];
+            let strides = [head_stride(kl), head_stride(vl)];
             b.arg(&qs).arg(&ks).arg(&vs).arg(&out_o).arg(&out_l);
             for x in &ints {
                 b.arg(x);
             }
             b.arg(&self.q_offset).arg(&self.k_start).arg(&self.window).arg(&self.scale);
+            b.arg(&strides[0]).arg(&strides[1]);
             let cfg = LaunchConfig {
-                grid_dim: (q_len.div_ceil(ROWS) as u32, q_heads as u32, 1),
-                block_dim: (THREADS, 1, 1),
+                grid_dim: (q_len.div_ceil(block_rows) as u32, q_heads as u32, 1),
+                block_dim: (threads, 1, 1),
                 shared_mem_bytes: shared as u32,
             };
-            // SAFETY: q is [q_heads, q_len, d], k and v [kv_heads, kv_len, d] contiguous
-            // bf16 (the caller checked shapes and made them so); the kernel reads keys
-            // 0..kv_len only.
+            // SAFETY: q is [q_heads, q_len, d] contiguous bf16; k and v are [kv_heads,
+            // kv_len, d] bf16 with contiguous 16-byte-aligned rows, heads `strides` apart (the
+            // caller checked shapes and layouts); the kernel reads keys 0..kv_len only.
             unsafe { b.launch(cfg) }.w()?;
         }
         Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(rows * d + rows)))
     }
 }
 
+/// `t` itself when its rows are contiguous and every row starts 16 bytes aligned (what the
+/// kernels' copies need), else a contiguous copy.
+fn rows_in_place(t: &Tensor) -> Result<Tensor> {
+    let l = t.layout();
+    let d = t.dim(2)?;
+    let rows_contiguous = l.stride()[2] == 1 && (l.stride()[1] == d || t.dim(1)? <= 1);
+    let aligned = l.start_offset() % BF16_PER_COPY == 0 && l.stride()[0] % BF16_PER_COPY == 0;
+    if rows_contiguous && aligned {
+        Ok(t.clone())
+    } else {
+        crate::vector_aligned(t)
+    }
+}
+
 /// Attention of `q [q_heads, q_len, d]` over `k`, `v` `[kv_heads, kv_len, d]` (bf16) at
-/// key positions `k_start..`, shapes already checked; f32 output and LSE.
-pub fn flash_prefill(q: &Tensor, k: &Tensor, v: &Tensor, k_start: usize, mask: Mask, scale: f32) -> Result<AttnOutput> {
+/// key positions `k_start..`, shapes already checked, with `kernel` (one of [`kernels`]);
+/// f32 output and LSE.
+pub fn flash_prefill(
+    kernel: FlashKernel,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    k_start: usize,
+    mask: Mask,
+    scale: f32,
+) -> Result<AttnOutput> {
     let (q_heads, q_len, d) = q.dims3()?;
     let (kv_heads, kv_len, _) = k.dims3()?;
     if q_len.max(kv_len) > i32::MAX as usize {
         candle_core::bail!("attention: {q_len} queries over {kv_len} keys is past the kernel's i32 positions");
+    }
+    if !kernels(q.device(), d).contains(&kernel) {
+        candle_core::bail!("attention: the {kernel:?} kernel does not take head dim {d} on {:?}", q.device());
     }
     if q_heads == 0 || q_len == 0 || kv_len == 0 {
         return Ok(AttnOutput {
@@ -94,19 +181,14 @@ pub fn flash_prefill(q: &Tensor, k: &Tensor, v: &Tensor, k_start: usize, mask: M
         });
     }
     let op = Flash {
+        kernel,
         dims: (q_heads, q_len, kv_len, q_heads / kv_heads, d),
         q_offset: mask.q_offset as i64,
         k_start: k_start as i64,
         window: mask.window.map_or(0, |w| w as i64),
         scale,
     };
-    // A prefill's keys so far are a narrowed view of the layer's cache: copied here (the
-    // chunk plan counts the copy); reading them in place with a head stride is next.
-    let both = crate::vector_aligned(q)?.apply_op3_no_bwd(
-        &crate::vector_aligned(k)?,
-        &crate::vector_aligned(v)?,
-        &CudaOnly(op),
-    )?;
+    let both = crate::vector_aligned(q)?.apply_op3_no_bwd(&rows_in_place(k)?, &rows_in_place(v)?, &CudaOnly(op))?;
     let rows = q_heads * q_len;
     Ok(AttnOutput {
         out: both.narrow(0, 0, rows * d)?.reshape((q_heads, q_len, d))?,

@@ -57,9 +57,10 @@ const MIN_KEY_BLOCK: usize = 4096;
 /// Fast path: causal (optionally windowed) attention with LSE over a whole sequence, on the
 /// tensors' device. The keys must reach the last query (`q_offset + q_len <= kv_len`).
 ///
-/// bf16 inputs on CUDA with a head dim of 32, 64 or 128 run the tensor-core kernel of
-/// kernels/cuda/flash.cu (scores and softmax in f32, the probabilities rounded to bf16 for the
-/// second product, no score matrix in memory). Everything else computes in f32 whatever the
+/// bf16 inputs on CUDA with a head dim of 32, 64 or 128 run a tensor-core kernel (scores and
+/// softmax in f32, the probabilities rounded to bf16 for the second product, no score matrix in
+/// memory): kernels/cuda/flash_sm90a.cu on Hopper for head dim 128, kernels/cuda/flash.cu
+/// otherwise ([`flash_kernels`]). Everything else computes in f32 whatever the
 /// input dtype (scores and softmax in bf16 lose too much), with the score matrix bounded by
 /// [`MAX_SCORE_ELEMS_CPU`] / [`MAX_SCORE_ELEMS_GPU`].
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Mask, scale: f32) -> Result<AttnOutput> {
@@ -91,9 +92,10 @@ pub fn attention_block(
     attention_block_with_limit(q, k, v, k_start, mask, scale, max_score_elems(q.device()))
 }
 
-/// Whether attention over `dtype` inputs with this head dim on `device` runs the fused
+/// Whether attention over `dtype` inputs with this head dim on `device` runs a fused
 /// tensor-core kernel, which makes no f32 copy of K/V and no score block (callers budgeting
-/// memory count neither then; it does copy K/V given as a strided view, in their dtype).
+/// memory count neither then; it reads K/V in place when their rows are contiguous, and copies
+/// them, in their dtype, otherwise).
 pub fn fused(device: &Device, dtype: DType, head_dim: usize) -> bool {
     #[cfg(feature = "cuda")]
     return cuda::takes(device, dtype, head_dim);
@@ -101,6 +103,48 @@ pub fn fused(device: &Device, dtype: DType, head_dim: usize) -> bool {
     {
         let _ = (device, dtype, head_dim);
         false
+    }
+}
+
+/// The tensor-core prefill kernels (kernels/cuda/flash*.cu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlashKernel {
+    /// `mma.sync` m16n8k16, any GPU from sm_80 (flash.cu): head dims 32, 64, 128.
+    MmaSync,
+    /// Hopper's warpgroup `wgmma` (flash_sm90a.cu): head dim 128 on compute capability 9.0.
+    Wgmma,
+}
+
+/// The kernels that take bf16 inputs of this head dim on `device`, fastest first; the first is
+/// what [`attention_block`] runs. Empty off CUDA.
+pub fn flash_kernels(device: &Device, head_dim: usize) -> Vec<FlashKernel> {
+    #[cfg(feature = "cuda")]
+    return cuda::kernels(device, head_dim);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (device, head_dim);
+        Vec::new()
+    }
+}
+
+/// [`attention_block`] through one named kernel (one of [`flash_kernels`]): for tests and
+/// benchmarks that hold each kernel to the reference and time them side by side.
+pub fn flash_attention_block(
+    kernel: FlashKernel,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    k_start: usize,
+    mask: Mask,
+    scale: f32,
+) -> Result<AttnOutput> {
+    check_shapes(q, k, v, mask)?;
+    #[cfg(feature = "cuda")]
+    return cuda::flash_prefill(kernel, q, k, v, k_start, mask, scale);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (k_start, scale);
+        candle_core::bail!("attention: the {kernel:?} kernel needs a CUDA build")
     }
 }
 
@@ -124,20 +168,13 @@ pub fn attention_block_with_limit(
     scale: f32,
     max_scores: usize,
 ) -> Result<AttnOutput> {
+    check_shapes(q, k, v, mask)?;
     let (q_heads, q_len, head_dim) = q.dims3()?;
-    let (kv_heads, kv_len, k_dim) = k.dims3()?;
-    if v.dims3()? != (kv_heads, kv_len, head_dim) || k_dim != head_dim {
-        candle_core::bail!("attention: shapes do not agree: q {:?}, k {:?}, v {:?}", q.dims(), k.dims(), v.dims());
-    }
-    if kv_heads == 0 || q_heads % kv_heads != 0 {
-        candle_core::bail!("attention: {q_heads} query heads are not a multiple of {kv_heads} KV heads");
-    }
-    if mask.window == Some(0) {
-        candle_core::bail!("attention: a sliding window of 0 tokens sees nothing");
-    }
+    let (kv_heads, kv_len, _) = k.dims3()?;
     #[cfg(feature = "cuda")]
     if [k, v].iter().all(|t| t.dtype() == q.dtype()) && cuda::takes(q.device(), q.dtype(), head_dim) {
-        return cuda::flash_prefill(q, k, v, k_start, mask, scale);
+        let kernel = cuda::kernels(q.device(), head_dim)[0];
+        return cuda::flash_prefill(kernel, q, k, v, k_start, mask, scale);
     }
     let groups = q_heads / kv_heads;
     let device = q.device();
@@ -190,6 +227,23 @@ pub fn attention_block_with_limit(
         });
     }
     Ok(AttnOutput { out: Tensor::cat(&outs, 1)?, lse: Tensor::cat(&lses, 1)? })
+}
+
+/// Shapes `q [q_heads, q_len, d]`, `k`/`v` `[kv_heads, kv_len, d]` with `q_heads` a multiple of
+/// `kv_heads`, and a window that sees something.
+fn check_shapes(q: &Tensor, k: &Tensor, v: &Tensor, mask: Mask) -> Result<()> {
+    let (q_heads, _, head_dim) = q.dims3()?;
+    let (kv_heads, kv_len, k_dim) = k.dims3()?;
+    if v.dims3()? != (kv_heads, kv_len, head_dim) || k_dim != head_dim {
+        candle_core::bail!("attention: shapes do not agree: q {:?}, k {:?}, v {:?}", q.dims(), k.dims(), v.dims());
+    }
+    if kv_heads == 0 || q_heads % kv_heads != 0 {
+        candle_core::bail!("attention: {q_heads} query heads are not a multiple of {kv_heads} KV heads");
+    }
+    if mask.window == Some(0) {
+        candle_core::bail!("attention: a sliding window of 0 tokens sees nothing");
+    }
+    Ok(())
 }
 
 /// Softmax attention of one query chunk (`qc`: `[kv_heads, groups * n, d]`) over the keys at

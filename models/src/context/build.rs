@@ -1,31 +1,42 @@
-//! Writing a context file: layer-major prefill into a page-aligned file, with a checkpoint
-//! after every layer and an atomic rename at the end.
+//! Writing a context file: layer-major prefill into a page-aligned file, with checkpoints
+//! between layers and an atomic rename at the end.
 //!
 //! Everything in flight lives in `<out>.partial/` next to the output:
 //!
 //! * `context.tmp`: the future file, preallocated to its final size (so a full disk is found
 //!   before any work, not after an hour); token ids and spans written first, each layer's K
-//!   and V written when the layer finishes; the header last.
-//! * `hidden-0.bin`, `hidden-1.bin`: hidden states between layers (layer l reads one, writes
-//!   the other).
+//!   and V written when the layer finishes (on a thread, beside the next layer); the header last.
+//! * `hidden-0.bin`, `hidden-1.bin`: the hidden states a checkpoint resumes from. The hidden
+//!   states between layers live on the device, in RAM or in these files (`HiddenPlace`,
+//!   `crate::prefill`); in files, every layer writes one and reads the other; elsewhere a
+//!   checkpoint copies a finished layer's states into the file its checkpoint does not name.
 //! * `checkpoint.json`: the job (the header with blank K/V checksums), the chunk size, how
-//!   many layers are done with their checksums, and the checksum of the hidden states the next
-//!   layer reads. Replaced atomically after each layer.
+//!   many layers are done with their checksums, which hidden file holds the states the next
+//!   layer reads, and their checksum. Replaced atomically.
 //! * `lock`: held while a prefill runs, so two processes never write one output.
 //!
-//! A layer's bytes are not fsynced before its checkpoint: a 7B model writes 7 GiB of hidden
-//! states a layer at 1M tokens, and a cloud volume at ~130 MB/s (the GPU machine's) would hold
-//! every checkpoint for close to a minute of flushing. A killed process loses nothing (its
-//! writes are in the page cache); an OS crash or power cut may lose pages the checkpoint vouches
-//! for, so a resume first checks every checksum the checkpoint names and starts over on a
-//! mismatch. The finished file is fsynced before its rename.
+//! When to checkpoint: with the hidden states in files, after every layer (they are on disk
+//! anyway). On the device or in RAM, when the work since the last checkpoint is
+//! [`CHECKPOINT_COST_FACTOR`] times what one costs (a small model: every layer; a 7B model at
+//! 1M tokens, 7 GiB of hidden states: every couple of minutes), written beside the next layers;
+//! and always when a layer fails or is cancelled (the last finished layer first), so Ctrl-C
+//! loses nothing. A kill -9 loses the layers since the last checkpoint. The last layer has no
+//! checkpoint of its own: the file is finished right after it.
 //!
-//! A killed prefill resumes from the last finished layer; the computation is deterministic and
+//! A layer's bytes are not fsynced before its checkpoint: a 7B model writes 7 GiB of hidden
+//! states a layer at 1M tokens, and a cloud volume at ~130 MB/s would hold every checkpoint for
+//! close to a minute of flushing. A killed process loses nothing it checkpointed (its writes are
+//! in the page cache); an OS crash or power cut may lose pages the checkpoint vouches for, so a
+//! resume first checks every checksum the checkpoint names and starts over on a mismatch. The
+//! finished file is fsynced before its rename.
+//!
+//! A killed prefill resumes from its checkpoint's layer; the computation is deterministic and
 //! the chunking is pinned by the checkpoint, so the resumed file is byte-identical to an
-//! uninterrupted run. A failure removes the partial folder when nothing in it is worth resuming
-//! (no finished layer) or the disk is full; a cancel, or a failure after finished layers, keeps
-//! it and says to rerun; another job's folder, or one whose resume this run refuses, is left
-//! alone. An existing `out` is only ever replaced by a rename of a complete, fsynced file.
+//! uninterrupted run, wherever the hidden states lived in either. A failure removes the partial
+//! folder when nothing in it is worth resuming (no finished layer) or the disk is full; a
+//! cancel, or a failure after finished layers, keeps it and says to rerun; another job's
+//! folder, or one whose resume this run refuses, is left alone. An existing `out` is only ever
+//! replaced by a rename of a complete, fsynced file.
 
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
@@ -34,7 +45,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
 use super::codec::KvDtype;
@@ -43,7 +54,10 @@ use super::format::{checksum, file_checksum, Header, ModelStamp, SectionKind};
 use super::prompt::PrefixPlan;
 use crate::error::{human_bytes, Error, Result};
 use crate::model::Model;
-use crate::prefill::{layer_output, plan_chunk, run_layer, FileHidden, Hidden};
+use crate::prefill::{
+    layer_output, plan_chunk, run_layer, FileHidden, Hidden, HiddenSnapshot, HiddenStore, HostHidden, MemoryHidden,
+    RopeTables,
+};
 
 #[derive(Debug, Clone)]
 pub struct BuildOptions {
@@ -52,6 +66,18 @@ pub struct BuildOptions {
     pub memory_budget: Option<u64>,
     /// Discard an interrupted prefill of `out` that does not match this one.
     pub restart: bool,
+    /// Where the hidden states between layers live (`None`: the device when they fit the
+    /// budget, else RAM when it has room, else files; see `crate::prefill`).
+    pub hidden_in: Option<HiddenPlace>,
+}
+
+/// Where a prefill keeps the hidden states between layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HiddenPlace {
+    Device,
+    Ram,
+    Files,
 }
 
 /// Where a prefill stands, after each chunk.
@@ -102,6 +128,10 @@ pub struct BuildReport {
     /// Greedy next token after the documents (from the only LM-head call of the prefill).
     pub next_token: u32,
     pub stages: StageSeconds,
+    /// Where the hidden states between layers lived.
+    pub hidden_in: HiddenPlace,
+    /// Checkpoints written by this run (resumable points; files mode writes one per layer).
+    pub checkpoints: usize,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -116,6 +146,10 @@ struct Checkpoint {
     checksums: Vec<String>,
     /// Checksum of the hidden states the next layer reads (empty at layer 0).
     hidden: String,
+    /// Which hidden-state file holds them (0 or 1); version 3 checkpoints predate it and use
+    /// the file of the last finished layer's parity.
+    #[serde(default)]
+    hidden_file: Option<usize>,
     /// Tokens taken from the saved context this prefill grows (0: a prefill of everything).
     /// Version 2 checkpoints predate growing and read as 0.
     #[serde(default)]
@@ -123,9 +157,26 @@ struct Checkpoint {
 }
 
 const CHECKPOINT_FORMAT: &str = "folio-prefill-checkpoint";
-const CHECKPOINT_VERSION: u32 = 3;
+const CHECKPOINT_VERSION: u32 = 4;
 /// Checkpoint versions this Folio resumes.
 const CHECKPOINT_VERSIONS: std::ops::RangeInclusive<u32> = 2..=CHECKPOINT_VERSION;
+/// Hidden states in RAM or on the device are written to a hidden file for a checkpoint when the
+/// work since the last one is at least this many times what a checkpoint costs (measured; at
+/// first estimated at [`INITIAL_PERSIST_RATE`]): a small model checkpoints about every layer, a
+/// 7B model at a million tokens (7 GiB of hidden states) every couple of minutes. The write runs
+/// beside the next layers; a cancel or a failure checkpoints the last finished layer first.
+const CHECKPOINT_COST_FACTOR: f64 = 20.0;
+/// Bytes per second a checkpoint's hidden states are first assumed to be written at.
+const INITIAL_PERSIST_RATE: f64 = 1e9;
+/// RAM left to everything else when the hidden states are kept in RAM.
+const RAM_HEADROOM: u64 = 4 << 30;
+/// Copies of the hidden states RAM must hold: two stores, and a checkpoint's snapshot still
+/// being written while its store is rewritten.
+const RAM_HIDDEN_COPIES: u64 = 3;
+/// The hidden-state files a checkpoint can name.
+const HIDDEN_FILES: usize = 2;
+/// Sections before the layers' K and V in a context file (token ids, document spans).
+const SECTIONS_BEFORE_LAYERS: usize = 2;
 
 /// The folder holding an interrupted or running prefill of `out`.
 pub fn partial_dir(out: &Path) -> PathBuf {
@@ -435,7 +486,7 @@ impl Job<'_> {
         if cp.layers_done == 0 {
             return Ok(true);
         }
-        let p = layer_output(hidden_paths, cp.layers_done - 1);
+        let p = &hidden_paths[cp.hidden_file.unwrap_or((cp.layers_done - 1) % 2)];
         let Some(f) = open_if_present(p)? else { return Ok(false) };
         let cfg = self.model.config();
         let stored = FileHidden::new(f, p, cfg.hidden_size, self.model.dtype(), self.model.device());
@@ -494,56 +545,153 @@ impl Job<'_> {
         let working_set = crate::prefill::chunk_working_set(self.model, t, section, self.chunk);
         let resumed_layers = checkpoint.layers_done;
         let file = OpenOptions::new().read(true).write(true).open(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        let open_hidden = |i: usize| -> Result<FileHidden> {
-            let p = &hidden_paths[i];
-            let f = OpenOptions::new().read(true).write(true).open(p).map_err(|e| Error::io(p, e))?;
-            Ok(FileHidden::new(f, p, cfg.hidden_size, self.model.dtype(), self.model.device()))
-        };
-        let mut hidden = [open_hidden(0)?, open_hidden(1)?];
-        let run_start = Instant::now();
+        let place = opts.hidden_in.unwrap_or_else(|| self.hidden_place(working_set, opts.memory_budget));
+        // Hidden states on the device are part of its working set.
+        let working_set = working_set + if place == HiddenPlace::Device { 2 * self.hidden_bytes() } else { 0 };
+        // Store `i` is backed by hidden file `files[i]`: the checkpoint's file must be the store
+        // the next layer reads (`layer_output` of the last finished layer).
+        let done = checkpoint.layers_done;
+        let cp_file = checkpoint.hidden_file.unwrap_or(done.saturating_sub(1) % 2);
+        let files = if done == 0 || cp_file == (done - 1) % 2 { [0, 1] } else { [1, 0] };
+        let mut hidden = [self.store(place, &hidden_paths[files[0]])?, self.store(place, &hidden_paths[files[1]])?];
         let mut stages = StageSeconds::default();
-        for layer in checkpoint.layers_done..layers {
-            let prefix = self.prefix(layer)?;
-            let (done_before, on_progress) = ((layer - resumed_layers) * n, &mut self.on_progress);
-            let mut report = |done: usize| {
-                let secs = run_start.elapsed().as_secs_f64().max(1e-9);
-                let rate = (done_before + done) as f64 / secs;
-                let left = ((layers - layer) * n - done) as f64;
-                on_progress(&Progress {
-                    layer,
-                    layers,
-                    layer_tokens: done,
-                    tokens: n,
-                    fraction: (layer * n + done) as f64 / (layers * n) as f64,
-                    tokens_per_s: rate / layers as f64,
-                    eta_s: (rate > 0.0).then(|| left / rate),
-                })
-            };
+        if done > 0 && place != HiddenPlace::Files {
             let at = Instant::now();
-            let computed = &self.plan.tokens[t - n..];
-            let (k, v) = run_layer(self.model, layer, computed, prefix.as_ref(), &mut hidden, self.chunk, &mut report)?;
-            stages.compute += at.elapsed().as_secs_f64();
-            for (kind, x) in [(SectionKind::Keys, k), (SectionKind::Values, v)] {
-                let at = Instant::now();
-                let values = x.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
-                let bytes = self.job.kv_dtype.codec(kind).encode(&values, self.model.config().head_dim)?;
-                let stored = Instant::now();
-                stages.encode += (stored - at).as_secs_f64();
-                let s = self.job.section(kind, Some(layer)).expect("every layer has K and V sections");
-                self.write_at(&file, &tmp, s.offset, &bytes)?;
-                checkpoint.checksums.push(checksum(&bytes));
-                stages.store += stored.elapsed().as_secs_f64();
-            }
-            let at = Instant::now();
-            // No fsync here: the checkpoint names the checksums of what the resume will read,
-            // and a resume checks them (see `intact`).
-            checkpoint.hidden = layer_output(&hidden, layer)
-                .written_checksum(n)
-                .ok_or_else(|| Error::Invalid(format!("layer {layer} wrote its hidden states out of order")))?;
-            checkpoint.layers_done = layer + 1;
-            write_checkpoint(&cp_path, &checkpoint)?;
-            stages.store += at.elapsed().as_secs_f64();
+            let p = &hidden_paths[cp_file];
+            let f = File::open(p).map_err(|e| Error::io(p, e))?;
+            hidden[(done - 1) % 2].load(&f, p, n, self.chunk)?;
+            stages.hidden_io += at.elapsed().as_secs_f64();
         }
+        let rope = RopeTables::new(self.model, t - n, n, self.chunk)?;
+        let run_start = Instant::now();
+        let mut sections = checkpoint.checksums.clone();
+        let mut checkpoints = 0;
+        let mut persisted_layer = done.checked_sub(1);
+        // The last checkpoint's time, and what the next one is expected to cost.
+        let (mut since, mut persist_cost) = (Instant::now(), self.hidden_bytes() as f64 / INITIAL_PERSIST_RATE);
+        let outcome = std::thread::scope(|scope| -> Result<()> {
+            let mut in_flight: Option<Persist<'_>> = None;
+            let mut store_in_flight: Option<StoreWriter<'_>> = None;
+            // The K and V buffers of the layer before last, back from its writer for reuse.
+            let mut spare: [Vec<u8>; 2] = Default::default();
+            for layer in done..layers {
+                let prefix = self.prefix(layer)?;
+                let (done_before, on_progress) = ((layer - resumed_layers) * n, &mut self.on_progress);
+                let mut report = |tokens: usize| {
+                    let secs = run_start.elapsed().as_secs_f64().max(1e-9);
+                    let rate = (done_before + tokens) as f64 / secs;
+                    let left = ((layers - layer) * n - tokens) as f64;
+                    on_progress(&Progress {
+                        layer,
+                        layers,
+                        layer_tokens: tokens,
+                        tokens: n,
+                        fraction: (layer * n + tokens) as f64 / (layers * n) as f64,
+                        tokens_per_s: rate / layers as f64,
+                        eta_s: (rate > 0.0).then(|| left / rate),
+                    })
+                };
+                let at = Instant::now();
+                let computed = &self.plan.tokens[t - n..];
+                let result = run_layer(self.model, layer, computed, prefix.as_ref(), &mut hidden, &rope, &mut report);
+                let (k, v) = match result {
+                    Ok(kv) => kv,
+                    Err(e) => {
+                        // Keep the last finished layer before giving up (a cancel is resumed
+                        // from it). Best effort: the error reported is the layer's, and a
+                        // failure here leaves the previous checkpoint as it was.
+                        let mut keep = || -> Result<()> {
+                            if let Some(w) = store_in_flight.take() {
+                                sections.extend(self.finish_store(w, &tmp, &mut stages, &mut spare)?);
+                            }
+                            if let Some(p) = in_flight.take() {
+                                let (cp, st, n) = (&mut checkpoint, &mut stages, &mut checkpoints);
+                                self.finish_persist(p, cp, &cp_path, &sections, st, n)?;
+                            }
+                            let last = layer.checked_sub(1).filter(|&l| persisted_layer != Some(l));
+                            if let (Some(l), true) = (last, place != HiddenPlace::Files) {
+                                let free = 1 - checkpoint.hidden_file.unwrap_or(cp_file);
+                                let p = self.start_persist(&hidden, l, free, &hidden_paths, scope, &mut stages)?;
+                                let (cp, st, n) = (&mut checkpoint, &mut stages, &mut checkpoints);
+                                self.finish_persist(p, cp, &cp_path, &sections, st, n)?;
+                            }
+                            Ok(())
+                        };
+                        let _ = keep();
+                        return Err(e);
+                    }
+                };
+                // The device finishes the layer before its time is read: its work is queued.
+                self.model.device().synchronize()?;
+                stages.compute += at.elapsed().as_secs_f64();
+                // The layer's K and V in the file's dtype, encoded where they are; written to the
+                // file beside the next layer's compute.
+                let at = Instant::now();
+                let mut pieces = Vec::with_capacity(2);
+                for (i, (kind, x)) in [(SectionKind::Keys, k), (SectionKind::Values, v)].into_iter().enumerate() {
+                    let mut bytes = std::mem::take(&mut spare[i]);
+                    self.job.kv_dtype.codec(kind).encode_tensor_into(&x, self.model.config().head_dim, &mut bytes)?;
+                    let s = self.job.section(kind, Some(layer)).expect("every layer has K and V sections");
+                    pieces.push((s.offset, bytes));
+                }
+                stages.encode += at.elapsed().as_secs_f64();
+                if let Some(w) = store_in_flight.take() {
+                    sections.extend(self.finish_store(w, &tmp, &mut stages, &mut spare)?);
+                }
+                let f = &file;
+                store_in_flight = Some(scope.spawn(move || {
+                    let sums = pieces.iter().map(|(at, b)| f.write_all_at(b, *at).map(|()| checksum(b))).collect();
+                    (sums, pieces.into_iter().map(|(_, b)| b).collect())
+                }));
+                if layer + 1 == layers {
+                    break;
+                }
+                if place == HiddenPlace::Files {
+                    // The files are the stores: every layer's output is on disk as it is written.
+                    // No fsync here: the checkpoint names the checksums of what the resume will
+                    // read, and a resume checks them (see `intact`).
+                    if let Some(w) = store_in_flight.take() {
+                        sections.extend(self.finish_store(w, &tmp, &mut stages, &mut spare)?);
+                    }
+                    let at = Instant::now();
+                    checkpoint.hidden = hidden[layer % 2]
+                        .written_checksum(n)
+                        .ok_or_else(|| Error::Invalid(format!("layer {layer} wrote its hidden states out of order")))?;
+                    checkpoint.hidden_file = Some(files[layer % 2]);
+                    checkpoint.layers_done = layer + 1;
+                    checkpoint.checksums = sections.clone();
+                    write_checkpoint(&cp_path, &checkpoint)?;
+                    checkpoints += 1;
+                    persisted_layer = Some(layer);
+                    stages.store += at.elapsed().as_secs_f64();
+                    continue;
+                }
+                if let Some(p) = in_flight.take_if(|p| p.writer.is_finished()) {
+                    // (Its layer is an earlier one: its sections were collected when the next
+                    // layer's writer started.)
+                    persist_cost =
+                        self.finish_persist(p, &mut checkpoint, &cp_path, &sections, &mut stages, &mut checkpoints)?;
+                    since = Instant::now();
+                }
+                // A checkpoint when the work since the last one is worth its cost many times
+                // over (CHECKPOINT_COST_FACTOR).
+                if in_flight.is_none() && since.elapsed().as_secs_f64() >= CHECKPOINT_COST_FACTOR * persist_cost {
+                    let free = 1 - checkpoint.hidden_file.unwrap_or(cp_file);
+                    in_flight = Some(self.start_persist(&hidden, layer, free, &hidden_paths, scope, &mut stages)?);
+                    persisted_layer = Some(layer);
+                }
+            }
+            if let Some(w) = store_in_flight.take() {
+                sections.extend(self.finish_store(w, &tmp, &mut stages, &mut spare)?);
+            }
+            // The finished file does not need the last checkpoint's hidden states.
+            if let Some(p) = in_flight.take() {
+                let _ = p.writer.join();
+            }
+            Ok(())
+        });
+        outcome?;
+        checkpoint.checksums = sections;
         let at = Instant::now();
         let last = layer_output(&hidden, layers - 1).read(n - 1, 1)?;
         let next_token = self.model.head(&last)?.squeeze(0)?.argmax(0)?.to_scalar::<u32>()?;
@@ -561,9 +709,11 @@ impl Job<'_> {
         let computed = (layers - resumed_layers) * n;
         let run_secs = run_start.elapsed().as_secs_f64();
         stages.store += at.elapsed().as_secs_f64();
-        stages.hidden_io = hidden.iter().map(|h| h.io_time().as_secs_f64()).sum();
-        // (The final row read for the LM head counts in both; clamp the rounding.)
-        stages.compute = (stages.compute - stages.hidden_io).max(0.0);
+        // File stores do their I/O inside the forward passes: counted there, moved here. (The
+        // final row read for the LM head counts in both; clamp the rounding.)
+        let file_io: f64 = hidden.iter().map(|h| h.io_time().as_secs_f64()).sum();
+        stages.hidden_io += file_io;
+        stages.compute = (stages.compute - file_io).max(0.0);
         Ok(BuildReport {
             path: self.out.to_owned(),
             tokens: t,
@@ -579,7 +729,110 @@ impl Job<'_> {
             working_set_bytes: working_set,
             next_token,
             stages,
+            hidden_in: place,
+            checkpoints,
         })
+    }
+
+    /// Where the hidden states go when the caller does not say. On a GPU: the device when both
+    /// stores fit the budget beside the working set, RAM when it has room for both, else files
+    /// (the trips through files were most of a 7B prefill there). On the CPU, files: compute
+    /// dominates, the page cache makes them nearly free, RAM stays for the model and its K/V,
+    /// and every layer is a checkpoint.
+    fn hidden_place(&self, working_set: u64, budget: Option<u64>) -> HiddenPlace {
+        let both = 2 * self.hidden_bytes();
+        if !self.model.device().is_cuda() {
+            HiddenPlace::Files
+        } else if budget.is_some_and(|b| working_set + both <= b) {
+            HiddenPlace::Device
+        } else if available_ram().is_some_and(|free| free >= RAM_HIDDEN_COPIES * self.hidden_bytes() + RAM_HEADROOM) {
+            HiddenPlace::Ram
+        } else {
+            HiddenPlace::Files
+        }
+    }
+
+    /// An empty store of `place` (a file store writes `path`).
+    fn store(&self, place: HiddenPlace, path: &Path) -> Result<HiddenStore> {
+        let (cfg, n) = (self.model.config(), self.computed().len());
+        let (dtype, device) = (self.model.dtype(), self.model.device());
+        Ok(match place {
+            HiddenPlace::Device => HiddenStore::Device(MemoryHidden::new(n, cfg.hidden_size, dtype, device)?),
+            HiddenPlace::Ram => HiddenStore::Host(HostHidden::new(n, self.chunk, cfg.hidden_size, dtype, device)),
+            HiddenPlace::Files => {
+                let f = OpenOptions::new().read(true).write(true).open(path).map_err(|e| Error::io(path, e))?;
+                HiddenStore::File(Box::new(FileHidden::new(f, path, cfg.hidden_size, dtype, device)))
+            }
+        })
+    }
+
+    /// Starts writing layer `layer`'s output (`layer_output`) to hidden file `file` on a thread
+    /// of `scope`: the copy off the device happens here, the disk write beside the next layers.
+    fn start_persist<'scope>(
+        &self,
+        hidden: &[HiddenStore; 2],
+        layer: usize,
+        file: usize,
+        paths: &[PathBuf; 2],
+        scope: &'scope std::thread::Scope<'scope, '_>,
+        stages: &mut StageSeconds,
+    ) -> Result<Persist<'scope>> {
+        let at = Instant::now();
+        let snapshot: HiddenSnapshot = layer_output(hidden, layer)
+            .snapshot(self.computed().len())?
+            .ok_or_else(|| Error::Invalid("internal: a file store has no snapshot to persist".into()))?;
+        let snapshot_secs = at.elapsed().as_secs_f64();
+        stages.hidden_io += snapshot_secs;
+        let path = paths[file].clone();
+        let f = OpenOptions::new().write(true).open(&path).map_err(|e| self.io(&path, e))?;
+        let writer = scope.spawn(move || {
+            let at = Instant::now();
+            snapshot.write_to(&f).map(|sum| (sum, at.elapsed().as_secs_f64()))
+        });
+        Ok(Persist { layer, file, path, snapshot_secs, writer })
+    }
+
+    /// Waits for a layer's K/V sections to reach the file; their checksums. Their buffers go
+    /// back to `spare`.
+    fn finish_store(
+        &self,
+        w: StoreWriter<'_>,
+        tmp: &Path,
+        stages: &mut StageSeconds,
+        spare: &mut [Vec<u8>; 2],
+    ) -> Result<Vec<String>> {
+        let at = Instant::now();
+        let (written, buffers) = w.join().map_err(|_| Error::Invalid("the K/V writer panicked".into()))?;
+        stages.store += at.elapsed().as_secs_f64();
+        for (slot, b) in spare.iter_mut().zip(buffers) {
+            *slot = b;
+        }
+        written.map_err(|e| self.io(tmp, e))
+    }
+
+    /// Waits for a persist and writes the checkpoint it makes resumable: layers up to its
+    /// layer done, their sections' checksums (every section up to it must be written), its
+    /// hidden file. Returns what the checkpoint cost: the copy off the device and the write.
+    fn finish_persist(
+        &self,
+        p: Persist<'_>,
+        checkpoint: &mut Checkpoint,
+        cp_path: &Path,
+        sections: &[String],
+        stages: &mut StageSeconds,
+        checkpoints: &mut usize,
+    ) -> Result<f64> {
+        let at = Instant::now();
+        let written = p.writer.join().map_err(|_| Error::Invalid("the hidden-state writer panicked".into()))?;
+        let (sum, write_secs) = written.map_err(|e| self.io(&p.path, e))?;
+        checkpoint.hidden = sum;
+        checkpoint.hidden_file = Some(p.file);
+        checkpoint.layers_done = p.layer + 1;
+        checkpoint.checksums = sections[..SECTIONS_BEFORE_LAYERS + 2 * (p.layer + 1)].to_vec();
+        write_checkpoint(cp_path, checkpoint)?;
+        *checkpoints += 1;
+        stages.store += at.elapsed().as_secs_f64();
+        Ok(p.snapshot_secs + write_secs)
     }
 
     /// A new partial folder: preallocated files, the small sections, checkpoint at layer 0.
@@ -615,6 +868,7 @@ impl Job<'_> {
             layers_done: 0,
             checksums: vec![checksum(&tokens), checksum(&self.docs_json)],
             hidden: String::new(),
+            hidden_file: None,
             base_tokens: self.base_tokens(),
         };
         write_checkpoint(cp_path, &cp)?;
@@ -703,6 +957,28 @@ impl Job<'_> {
     }
 }
 
+/// A layer's hidden states on their way to a hidden file, for a checkpoint.
+struct Persist<'scope> {
+    layer: usize,
+    file: usize,
+    path: PathBuf,
+    /// Seconds the copy off the device (or out of the store) held the prefill up.
+    snapshot_secs: f64,
+    /// The write: the checksum of what it wrote, and its seconds.
+    writer: std::thread::ScopedJoinHandle<'scope, std::io::Result<(String, f64)>>,
+}
+
+/// A layer's K and V sections on their way into the context file: their checksums, and the
+/// buffers back.
+type StoreWriter<'scope> = std::thread::ScopedJoinHandle<'scope, (std::io::Result<Vec<String>>, Vec<Vec<u8>>)>;
+
+/// Bytes of free RAM the kernel reports (`MemAvailable`), or `None` where it cannot be read.
+fn available_ram() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = info.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().strip_suffix("kB")?;
+    kib.trim().parse::<u64>().ok().map(|k| k * 1024)
+}
+
 /// `path` opened for reading, or `None` when it does not exist.
 fn open_if_present(path: &Path) -> Result<Option<File>> {
     match File::open(path) {
@@ -733,7 +1009,8 @@ fn read_checkpoint(path: &Path) -> Result<Option<Checkpoint>> {
     match std::fs::read_to_string(path) {
         Ok(text) => Ok(serde_json::from_str::<Checkpoint>(&text)
             .ok()
-            .filter(|cp| cp.format == CHECKPOINT_FORMAT && CHECKPOINT_VERSIONS.contains(&cp.version))),
+            .filter(|cp| cp.format == CHECKPOINT_FORMAT && CHECKPOINT_VERSIONS.contains(&cp.version))
+            .filter(|cp| cp.hidden_file.is_none_or(|f| f < HIDDEN_FILES))),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
         Err(e) => Err(Error::io(path, e)),
     }

@@ -18,15 +18,14 @@
 
 use std::sync::OnceLock;
 
+use candle_core::{DType, Device, Tensor};
 use float8::F8E4M3;
+use folio_kernels::device::copy_to_host;
 use half::bf16;
 use serde::{Deserialize, Serialize};
 
 use super::format::SectionKind;
 use crate::error::{Error, Result};
-
-/// Largest finite e4m3 value: a row's largest magnitude is scaled to it.
-const FP8_E4M3_MAX: f32 = 448.0;
 
 /// Alignment of the scale array after fp8 data, so it can be read as `f32`s in place.
 const SCALE_ALIGN: u64 = 8;
@@ -167,6 +166,48 @@ impl Codec {
         Ok(out)
     }
 
+    /// Encodes the rows of `x` (`[.., head_dim]`, on any device, in its row-major order) into
+    /// a section's bytes, where they are: bf16 values into a bf16 section and f32 into an f32
+    /// one are their own bytes, and fp8 rows on a GPU are encoded there
+    /// (`folio_kernels::encode`), so a layer leaves the device at the file's size; anything
+    /// else goes through [`Self::encode`]. The bytes are [`Self::encode`]'s in every case.
+    pub fn encode_tensor(self, x: &Tensor, head_dim: usize) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.encode_tensor_into(x, head_dim, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Self::encode_tensor`] into `out`, resized to the section: a prefill hands each layer
+    /// the buffers of the layer before last, whose pages are already mapped (a fresh buffer of
+    /// tens of MB costs a page fault per 4 KiB, which took longer than the copy off the GPU).
+    pub fn encode_tensor_into(self, x: &Tensor, head_dim: usize, out: &mut Vec<u8>) -> Result<()> {
+        let rows = x.elem_count() / head_dim.max(1);
+        out.resize(self.section_bytes(rows, head_dim) as usize, 0);
+        if matches!((self, x.dtype()), (Self::Bf16, DType::BF16) | (Self::F32, DType::F32)) {
+            // bf16 and f32 sections are their rows' bytes, nothing after them.
+            return Ok(copy_to_host(x, out)?);
+        }
+        let kernel_takes = matches!(x.dtype(), DType::BF16 | DType::F32);
+        if self == Self::Fp8 && x.device().is_cuda() && kernel_takes && head_dim % 4 == 0 {
+            let encoded = folio_kernels::encode::fp8_rows(&x.reshape((rows, head_dim))?)?;
+            let data_end = self.data_bytes(rows, head_dim) as usize;
+            let (data, scales) = self.section_parts(out, rows, head_dim);
+            let scales = scales.expect("fp8 sections have scales");
+            copy_to_host(&encoded.narrow(0, 0, data_end)?, data)?;
+            copy_to_host(&encoded.narrow(0, data_end, rows * 4)?, scales)?;
+            if scales.chunks_exact(4).any(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_nan()) {
+                return Err(non_finite());
+            }
+            // The padding between the rows and the scales: zero, whatever the buffer held.
+            let scales_at = self.scales_offset(rows, head_dim) as usize;
+            out[data_end..scales_at].fill(0);
+            return Ok(());
+        }
+        let values = x.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+        *out = self.encode(&values, head_dim)?;
+        Ok(())
+    }
+
     /// A section's bytes split into its row data and (fp8) its scales, past the padding.
     fn section_parts(self, section: &mut [u8], rows: usize, head_dim: usize) -> (&mut [u8], Option<&mut [u8]>) {
         let data_end = self.data_bytes(rows, head_dim) as usize;
@@ -187,15 +228,7 @@ impl Codec {
                 let scales = scales.expect("fp8 rows come with their scales");
                 let rows = values.chunks_exact(head_dim).zip(data.chunks_exact_mut(head_dim));
                 for ((row, codes), scale_bytes) in rows.zip(scales.chunks_exact_mut(4)) {
-                    // (f32::max skips NaN, so finiteness is checked on the row itself.)
-                    let amax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
-                    if !row.iter().all(|x| x.is_finite()) {
-                        return Err(Error::Invalid(
-                            "the model produced non-finite keys or values; they cannot be stored as fp8".into(),
-                        ));
-                    }
-                    let scale = if amax > 0.0 { amax / FP8_E4M3_MAX } else { 1.0 };
-                    codes.iter_mut().zip(row).for_each(|(c, x)| *c = F8E4M3::from_f32(x / scale).to_bits());
+                    let scale = folio_kernels::encode::fp8_row(row, codes).ok_or_else(non_finite)?;
                     scale_bytes.copy_from_slice(&scale.to_le_bytes());
                 }
             }
@@ -231,6 +264,10 @@ impl Codec {
     }
 }
 
+fn non_finite() -> Error {
+    Error::Invalid("the model produced non-finite keys or values; they cannot be stored as fp8".into())
+}
+
 /// The 256 e4m3 values, so decoding a row is a table lookup and a multiply.
 fn fp8_table() -> &'static [f32; 256] {
     static TABLE: OnceLock<[f32; 256]> = OnceLock::new();
@@ -240,6 +277,7 @@ fn fp8_table() -> &'static [f32; 256] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use folio_kernels::encode::FP8_E4M3_MAX;
     use rand::{rngs::StdRng, Rng, SeedableRng};
 
     fn rows(seed: u64, n: usize, d: usize) -> Vec<f32> {
@@ -304,6 +342,22 @@ mod tests {
         }
         x[(n - 3) * d] = f32::INFINITY;
         assert!(Codec::Fp8.encode(&x, d).is_err());
+        Ok(())
+    }
+
+    /// `encode_tensor` (its own bytes for bf16 and f32, the codec otherwise) is `encode`.
+    #[test]
+    fn encode_tensor_is_encode() -> Result<()> {
+        let seed = rand::random();
+        let (n, d) = (300, 16);
+        let x = rows(seed, n, d);
+        for dtype in [DType::F32, DType::BF16] {
+            let t = Tensor::from_vec(x.clone(), (2, n / 2, d), &Device::Cpu)?.to_dtype(dtype)?;
+            let held = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            for codec in [Codec::F32, Codec::Bf16, Codec::Fp8] {
+                assert!(codec.encode_tensor(&t, d)? == codec.encode(&held, d)?, "seed {seed}: {dtype:?} {codec:?}");
+            }
+        }
         Ok(())
     }
 

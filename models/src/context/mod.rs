@@ -18,8 +18,8 @@ pub mod kv;
 pub mod prompt;
 
 pub use build::{
-    append, build, extend, partial_dir, pending, pending_date, write_atomic, Base, BuildOptions, BuildReport, Pending,
-    Progress, StageSeconds,
+    append, build, extend, partial_dir, pending, pending_date, write_atomic, Base, BuildOptions, BuildReport,
+    HiddenPlace, Pending, Progress, StageSeconds,
 };
 pub use codec::KvDtype;
 pub use file::{ContextFile, VerifyReport};

@@ -429,7 +429,7 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
         ),
         other => other.map(|b| b - weights),
     };
-    let opts = BuildOptions { kv_dtype, memory_budget, restart: false };
+    let opts = BuildOptions { kv_dtype, memory_budget, restart: false, hidden_in: None };
     let mut listed = false;
     let mut last = Instant::now() - PROGRESS_INTERVAL;
     let mut on_progress = |p: &Progress| {

@@ -1,0 +1,61 @@
+//! Where a prefill's time goes, op by op, when asked (`folio bench prefill --profile`).
+//!
+//! GPU work is asynchronous: a stage timed on the host only measures its launches, and the
+//! next operation that waits for the device (a copy to the host) is charged for everything
+//! queued before it. A profiled run therefore synchronises the device around each span and
+//! charges the span with its own work only; that costs a little speed, so it is off unless a
+//! run asks for it, and then only on the thread that asked (the prefill's).
+//!
+//! Rejected: CUDA events per span (no host stall, but every span would need candle's stream at
+//! its call site and a pass reading the events back; the stall only costs a profiled run); nsys (not on every machine this runs on, and
+//! its report is not a figure a benchmark can print beside its others).
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use candle_core::Device;
+
+use crate::error::Result;
+
+thread_local! {
+    static SPANS: RefCell<Option<BTreeMap<&'static str, (Duration, usize)>>> = const { RefCell::new(None) };
+}
+
+/// Starts recording spans on this thread (clearing what was recorded).
+pub fn start() {
+    SPANS.with(|s| *s.borrow_mut() = Some(BTreeMap::new()));
+}
+
+/// Stops recording and returns each span's name, total seconds and calls, longest first.
+pub fn finish() -> Vec<(&'static str, f64, usize)> {
+    let spans = SPANS.with(|s| s.borrow_mut().take()).unwrap_or_default();
+    let mut out: Vec<_> = spans.into_iter().map(|(name, (d, n))| (name, d.as_secs_f64(), n)).collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1));
+    out
+}
+
+fn recording() -> bool {
+    SPANS.with(|s| s.borrow().is_some())
+}
+
+/// Runs `f`, charging its time on `device` to `name` when this thread is recording (the device
+/// is synchronised before and after, so the span holds its own work only).
+pub fn span<T>(device: &Device, name: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    if !recording() {
+        return f();
+    }
+    device.synchronize()?;
+    let started = Instant::now();
+    let out = f()?;
+    device.synchronize()?;
+    let took = started.elapsed();
+    SPANS.with(|s| {
+        if let Some(map) = s.borrow_mut().as_mut() {
+            let e = map.entry(name).or_default();
+            e.0 += took;
+            e.1 += 1;
+        }
+    });
+    Ok(out)
+}
