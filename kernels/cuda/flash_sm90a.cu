@@ -34,7 +34,7 @@
 #define CHUNKS (D / 8)             // 16-byte chunks per row
 #define ATOM_ROW 128               // bytes per row of a 64-column block
 #define SWIZZLE_ATOM 1024          // 8 rows x 128 B
-#define STAGES 2
+#define STAGES 3
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
@@ -166,23 +166,25 @@ __device__ __forceinline__ void flash_wgmma(const __nv_bfloat16* __restrict__ q,
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 
-    for (int j0 = j_lo, stage = 0; j0 < j_hi; j0 += KEYS, stage ^= 1) {
-        const int valid = min(KEYS, j_hi - j0);
-        // This tile's copies (and Q's) have landed in every thread, and made visible to the
-        // tensor cores (the async proxy); every warpgroup is done with the other stage.
+    // start_copies: the tile at key j0 in `stage` has landed in every thread and is made visible
+    // to the tensor cores (the async proxy); the copies of the tile after it start into the
+    // next stage, last read by the products of the tile two before, which every warpgroup
+    // waited for before reaching the barrier. issue_s: S = Q K^T over the head dim in k-steps
+    // of 16 (32 bytes within a 128-byte row).
+    float s[S];
+    auto start_copies = [&](int j0, int stage) {
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
         if (j0 + KEYS < j_hi) {
-            const int next = min(KEYS, j_hi - j0 - KEYS);
-            load_rows(kbuf + (stage ^ 1) * TILE_BYTES, kh + (size_t)(j0 + KEYS) * D, next, KEYS);
-            load_rows(vbuf + (stage ^ 1) * TILE_BYTES, vh + (size_t)(j0 + KEYS) * D, next, KEYS);
+            const int next = min(KEYS, j_hi - j0 - KEYS), to = (stage + 1) % STAGES;
+            load_rows(kbuf + to * TILE_BYTES, kh + (size_t)(j0 + KEYS) * D, next, KEYS);
+            load_rows(vbuf + to * TILE_BYTES, vh + (size_t)(j0 + KEYS) * D, next, KEYS);
         }
         asm volatile("cp.async.commit_group;\n" ::: "memory");
-        const uint32_t ks = kbuf + stage * TILE_BYTES, vs = vbuf + stage * TILE_BYTES;
-
-        // S = Q K^T over the head dim in k-steps of 16 (32 bytes within a 128-byte row).
-        float s[S];
+    };
+    auto issue_s = [&](int stage) {
+        const uint32_t ks = kbuf + stage * TILE_BYTES;
         wgmma_fence();
 #pragma unroll
         for (int c = 0; c < D / 16; c++) {
@@ -192,8 +194,21 @@ __device__ __forceinline__ void flash_wgmma(const __nv_bfloat16* __restrict__ q,
             mma_ss(s, a, b, c > 0);
         }
         wgmma_commit();
+    };
+
+    // The P V of a tile runs while every thread waits for the next tile's copies, meets the
+    // others at the barrier and starts the copies of the tile after it. (Issuing the next S
+    // before waiting for P V as well made ptxas serialise every wgmma, warning C7515: the
+    // score and output accumulators are then live across the same pipeline stage.)
+    if (j_lo < j_hi) {
+        start_copies(j_lo, 0);
+        issue_s(0);
         wgmma_wait();
         pin(s);
+    }
+    for (int j0 = j_lo, stage = 0; j0 < j_hi; j0 += KEYS, stage = (stage + 1) % STAGES) {
+        const int valid = min(KEYS, j_hi - j0);
+        const uint32_t vs = vbuf + stage * TILE_BYTES;
 
         // Mask when the tile reaches past the diagonal, below the window, or past the keys.
         const long long key_first = k_start + j0, key_last = k_start + j0 + KEYS - 1;
@@ -247,8 +262,14 @@ __device__ __forceinline__ void flash_wgmma(const __nv_bfloat16* __restrict__ q,
             mma_rs(o, pa[c], descriptor(vs + c * 16 * ATOM_ROW, KEYS * ATOM_ROW, SWIZZLE_ATOM));
         }
         wgmma_commit();
+        if (j0 + KEYS < j_hi) start_copies(j0 + KEYS, (stage + 1) % STAGES);
         wgmma_wait();
         pin(o);
+        if (j0 + KEYS < j_hi) {
+            issue_s((stage + 1) % STAGES);
+            wgmma_wait();
+            pin(s);
+        }
     }
 
 #pragma unroll

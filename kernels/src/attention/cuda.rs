@@ -34,7 +34,7 @@ const WGMMA_ROWS: usize = 64 * WGMMA_WARPGROUPS;
 const WGMMA_THREADS: u32 = 128 * WGMMA_WARPGROUPS as u32;
 const WGMMA_HEAD_DIM: usize = 128;
 const WGMMA_KEYS: usize = 128;
-const WGMMA_STAGES: usize = 2;
+const WGMMA_STAGES: usize = 3;
 const SWIZZLE_ATOM: usize = 1024;
 const WGMMA_SHARED: usize =
     (WGMMA_ROWS + 2 * WGMMA_STAGES * WGMMA_KEYS) * WGMMA_HEAD_DIM * std::mem::size_of::<half::bf16>() + SWIZZLE_ATOM;
