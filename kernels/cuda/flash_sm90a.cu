@@ -11,8 +11,9 @@
 // 2024, section 3). Consumer GPUs (sm_80/sm_89) have no wgmma and keep flash.cu.
 //
 // Work split: a block owns 128 query rows of one query head; each of its two warpgroups owns
-// 64 of them. Key tiles of 128 rows pass through shared memory, double-buffered with cp.async
-// (the next tile's copies are in flight while this one is multiplied). Per tile a warpgroup
+// 64 of them. Key tiles of 128 rows pass through shared memory in three stages filled with
+// cp.async (the next tile's copies are in flight while this one is multiplied, and a tile's
+// P V runs on while the one after it is waited for). Per tile a warpgroup
 // computes S = Q K^T (64x128, eight k-steps over the head dim, Q and K both from shared
 // memory), the online softmax in registers (each thread holds 2 rows x 32 columns of S in
 // wgmma's accumulator layout, which is mma.sync's C layout per 8 columns), then O += P V with
