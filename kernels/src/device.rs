@@ -66,6 +66,17 @@ pub fn keep_pool(device: &Device, bytes: u64) -> Result<()> {
     }
 }
 
+/// Hands the memory the device's pool keeps reserved (freed, not returned: [`keep_pool`]) back
+/// to the driver, so that the next peak measured by [`MemorySampler`] is the next work's own.
+/// No effect on the CPU.
+pub fn trim_pool(device: &Device) -> Result<()> {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(d) => cuda::trim_pool(d),
+        _ => Ok(()),
+    }
+}
+
 /// Bytes per second of a copy of `bytes` from page-locked host memory to the device (the host
 /// link's limit for the offloaded tier), best of a few; a host memcpy's rate on the CPU.
 pub fn host_to_device_rate(device: &Device, bytes: usize) -> Result<f64> {
@@ -262,6 +273,20 @@ mod cuda {
             )
             .result()
             .w()?;
+        }
+        Ok(())
+    }
+
+    pub fn trim_pool(dev: &CudaDevice) -> Result<()> {
+        let stream = dev.cuda_stream();
+        stream.synchronize().w()?;
+        let ctx = stream.context().clone();
+        ctx.bind_to_thread().w()?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: the device handle is this context's; trimming frees only unused reserved memory.
+        unsafe {
+            sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result().w()?;
+            sys::cuMemPoolTrimTo(pool, 0).result().w()?;
         }
         Ok(())
     }

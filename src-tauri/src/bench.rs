@@ -666,6 +666,9 @@ fn one(
     drop_page_cache(&out);
     let reopen_cold = reopen()?;
     let reopen_warm = reopen()?;
+    // The reopen keeps every layer on the device; what the pool keeps of it afterwards is not
+    // the next row's.
+    folio_kernels::device::trim_pool(model.device())?;
     let append = append.map(|m| grow(subject, &out, m, opts, dir, &mut rng)).transpose()?;
     std::fs::remove_file(&out).with_context(|| format!("removing {}", out.display()))?;
     let computed = report.layers - report.resumed_layers;
