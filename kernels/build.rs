@@ -6,6 +6,7 @@
 //! 80 is also the floor: the prefill kernel (flash.cu) needs bf16 `mma.sync` and `cp.async`.
 //! A file named `*_sm90a.cu` uses Hopper-only instructions (`wgmma`) and is always compiled for
 //! `compute_90a`, whatever the target: it is loaded only on a device of compute capability 9.0.
+//! `*.cuh` files are code the kernels share (included, not compiled on their own).
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -22,6 +22,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "online_softmax.cuh"
+
 #define WARPS 8          // each warp owns 16 query rows
 #define ROWS (16 * WARPS) // query rows per block
 #define KEYS 64          // keys per tile
@@ -165,20 +167,8 @@ __device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bf
                 mx[e / 2] = fmaxf(mx[e / 2], x);
             }
         }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
-        }
-        // A row that has seen nothing yet shifts by 0: exp2(-inf - 0) = 0, never NaN.
         float shift[2], alpha[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            shift[r] = mx[r] == -INFINITY ? 0.f : mx[r];
-            alpha[r] = exp2f(m[r] - shift[r]);
-            m[r] = mx[r];
-            l[r] *= alpha[r];
-        }
+        online_softmax_step(m, l, mx, shift, alpha);
 #pragma unroll
         for (int n = 0; n < DN; n++) {
             o[n][0] *= alpha[0];

@@ -31,6 +31,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "online_softmax.cuh"
+
 #define D 128                      // head dim
 #define CHUNKS (D / 8)             // 16-byte chunks per row
 #define ATOM_ROW 128               // bytes per row of a 64-column block
@@ -226,20 +228,8 @@ __device__ __forceinline__ void flash_wgmma(const __nv_bfloat16* __restrict__ q,
             s[i] = x;
             mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], x);
         }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
-        }
-        // A row that has seen nothing yet shifts by 0: exp2(-inf - 0) = 0, never NaN.
         float shift[2], alpha[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            shift[r] = mx[r] == -INFINITY ? 0.f : mx[r];
-            alpha[r] = exp2f(m[r] - shift[r]);
-            m[r] = mx[r];
-            l[r] *= alpha[r];
-        }
+        online_softmax_step(m, l, mx, shift, alpha);
 #pragma unroll
         for (int i = 0; i < 64; i++) o[i] *= alpha[(i >> 1) & 1];
         // P in bf16 as the A fragments of the second product: 16 keys per k-step, the low
