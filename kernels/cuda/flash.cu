@@ -86,11 +86,8 @@ __device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bf
 
     // Key range (local indices) some row of this tile may see.
     const long long p_first = q_offset + i0, p_last = q_offset + i0 + rows - 1;
-    long long lo_pos = window > 0 ? p_first - window + 1 : 0;
-    if (lo_pos < k_start) lo_pos = k_start;
-    long long hi_pos = p_last + 1;
-    if (hi_pos > k_start + kv_len) hi_pos = k_start + kv_len;
-    const int j_lo = (int)(lo_pos - k_start), j_hi = (int)(hi_pos - k_start);
+    int j_lo, j_hi;
+    tile_key_range(q_offset, i0, rows, window, k_start, kv_len, j_lo, j_hi);
 
     // Q fragments straight from global memory into registers, once per block; rows past the
     // queries read as zero (their results are never written).

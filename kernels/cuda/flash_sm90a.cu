@@ -146,11 +146,8 @@ __device__ __forceinline__ void flash_wgmma(const __nv_bfloat16* __restrict__ q,
 
     // Key range (local indices) some row of this tile may see.
     const long long p_first = q_offset + i0, p_last = q_offset + i0 + rows - 1;
-    long long lo_pos = window > 0 ? p_first - window + 1 : 0;
-    if (lo_pos < k_start) lo_pos = k_start;
-    long long hi_pos = p_last + 1;
-    if (hi_pos > k_start + kv_len) hi_pos = k_start + kv_len;
-    const int j_lo = (int)(lo_pos - k_start), j_hi = (int)(hi_pos - k_start);
+    int j_lo, j_hi;
+    tile_key_range(q_offset, i0, rows, window, k_start, kv_len, j_lo, j_hi);
 
     // This thread's two rows of the block: r0 and r0 + 8.
     const int r0 = wg * 64 + (warp % 4) * 16 + g;

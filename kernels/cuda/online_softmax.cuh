@@ -1,7 +1,21 @@
-// The online-softmax step both prefill kernels take per key tile (flash.cu, flash_sm90a.cu):
-// each thread holds two query rows (the mma accumulator layout: rows g and g + 8 of 16), whose
-// 4 threads of a quad share each row's columns.
+// What both prefill kernels (flash.cu, flash_sm90a.cu) share: the key range a query tile sees,
+// and the online-softmax step per key tile, where each thread holds two query rows (the mma
+// accumulator layout: rows g and g + 8 of 16) whose 4 threads of a quad share each row's columns.
 #pragma once
+
+// The keys (local indices j_lo..j_hi of a block at positions k_start..k_start + kv_len) some
+// query of rows i0..i0 + rows (at positions q_offset + i) may see: causal, within `window`
+// when it is positive.
+__device__ __forceinline__ void tile_key_range(long long q_offset, int i0, int rows, long long window, long long k_start,
+                                               int kv_len, int& j_lo, int& j_hi) {
+    const long long p_first = q_offset + i0, p_last = q_offset + i0 + rows - 1;
+    long long lo_pos = window > 0 ? p_first - window + 1 : 0;
+    if (lo_pos < k_start) lo_pos = k_start;
+    long long hi_pos = p_last + 1;
+    if (hi_pos > k_start + kv_len) hi_pos = k_start + kv_len;
+    j_lo = (int)(lo_pos - k_start);
+    j_hi = (int)(hi_pos - k_start);
+}
 
 // Given this tile's row maxima `mx` (this thread's share, in log2 units), finishes them over
 // the quad, then moves the running max `m` and sum `l` to them: `shift` is what the tile's
