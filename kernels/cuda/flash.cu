@@ -28,8 +28,6 @@
 #define ROWS (16 * WARPS) // query rows per block
 #define KEYS 64          // keys per tile
 #define PAD 8            // bf16 of padding per shared-memory row: fragment loads hit 32 banks
-#define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
@@ -205,23 +203,20 @@ __device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bf
         __syncthreads();  // every warp is done with this stage before it is refilled
     }
 
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
-    }
+    float inv[2], row_lse[2];
+    online_softmax_finish(m, l, inv, row_lse);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int row = r0 + r * 8;
         if (row >= rows) continue;
         const size_t at = (size_t)h * q_len + i0 + row;
-        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
         float* orow = out + at * D;
 #pragma unroll
         for (int n = 0; n < DN; n++) {
-            *reinterpret_cast<float2*>(orow + n * 8 + t * 2) = make_float2(o[n][r * 2] * inv, o[n][r * 2 + 1] * inv);
+            *reinterpret_cast<float2*>(orow + n * 8 + t * 2) =
+                make_float2(o[n][r * 2] * inv[r], o[n][r * 2 + 1] * inv[r]);
         }
-        if (t == 0) lse[at] = l[r] > 0.f ? (m[r] + log2f(l[r])) * LN2 : -INFINITY;
+        if (t == 0) lse[at] = row_lse[r];
     }
 }
 

@@ -38,8 +38,6 @@
 #define ATOM_ROW 128               // bytes per row of a 64-column block
 #define SWIZZLE_ATOM 1024          // 8 rows x 128 B
 #define STAGES 3
-#define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 
 // Byte offset of 16-byte chunk `c` of row `r` in a swizzled region of `rows` rows.
 __device__ __forceinline__ uint32_t swizzled(int r, int c, int rows) {
@@ -260,24 +258,20 @@ __device__ __forceinline__ void flash_wgmma(const __nv_bfloat16* __restrict__ q,
         }
     }
 
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
-    }
+    float inv[2], row_lse[2];
+    online_softmax_finish(m, l, inv, row_lse);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int row = r0 + r * 8;
         if (row >= rows) continue;
         const size_t at = (size_t)h * q_len + i0 + row;
-        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
         float* orow = out + at * D;
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
             *reinterpret_cast<float2*>(orow + n * 8 + t * 2) =
-                make_float2(o[n * 4 + r * 2] * inv, o[n * 4 + r * 2 + 1] * inv);
+                make_float2(o[n * 4 + r * 2] * inv[r], o[n * 4 + r * 2 + 1] * inv[r]);
         }
-        if (t == 0) lse[at] = l[r] > 0.f ? (m[r] + log2f(l[r])) * LN2 : -INFINITY;
+        if (t == 0) lse[at] = row_lse[r];
     }
 }
 

@@ -1,7 +1,10 @@
 // What both prefill kernels (flash.cu, flash_sm90a.cu) share: the key range a query tile sees,
-// and the online-softmax step per key tile, where each thread holds two query rows (the mma
+// the online-softmax step per key tile and its finish, where each thread holds two query rows (the mma
 // accumulator layout: rows g and g + 8 of 16) whose 4 threads of a quad share each row's columns.
 #pragma once
+
+#define LOG2E 1.4426950408889634f  // scores in log2 units: exp2 is one instruction
+#define LN2 0.6931471805599453f
 
 // The keys (local indices j_lo..j_hi of a block at positions k_start..k_start + kv_len) some
 // query of rows i0..i0 + rows (at positions q_offset + i) may see: causal, within `window`
@@ -34,5 +37,19 @@ __device__ __forceinline__ void online_softmax_step(float (&m)[2], float (&l)[2]
         alpha[r] = exp2f(m[r] - shift[r]);
         m[r] = mx[r];
         l[r] *= alpha[r];
+    }
+}
+
+// After the last tile: each row's sum over the quad, the factor its output is scaled by (0 for
+// a row that saw no key), and its log-sum-exp in natural units (-inf for such a row; `m` is in
+// log2 units).
+__device__ __forceinline__ void online_softmax_finish(const float (&m)[2], float (&l)[2], float (&inv)[2],
+                                                      float (&lse)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+        inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
+        lse[r] = l[r] > 0.f ? (m[r] + log2f(l[r])) * LN2 : -INFINITY;
     }
 }
