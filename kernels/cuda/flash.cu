@@ -147,21 +147,22 @@ __device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bf
         // Mask when the tile reaches past the diagonal, below the window, or past the keys.
         const long long key_first = k_start + j0, key_last = k_start + j0 + KEYS - 1;
         const bool masked = valid < KEYS || key_last > p_first || (window > 0 && key_first <= p_last - window);
-        float mx[2] = {m[0], m[1]};
+        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int n = 0; n < KEYS / 8; n++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float x = s[n][e] * sl2;
                 if (masked) {
                     const int jj = n * 8 + t * 2 + (e & 1);
                     const long long kp = k_start + j0 + jj, p = e < 2 ? pos0 : pos1;
-                    if (jj >= valid || kp > p || (window > 0 && p - kp >= window)) x = -INFINITY;
+                    if (jj >= valid || kp > p || (window > 0 && p - kp >= window)) s[n][e] = -INFINITY;
                 }
-                s[n][e] = x;
-                mx[e / 2] = fmaxf(mx[e / 2], x);
+                mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
             }
         }
+        // Raw scores stay raw: the scale is folded into exp2's argument (one FMA).
+        mx[0] = fmaxf(m[0], mx[0] * sl2);
+        mx[1] = fmaxf(m[1], mx[1] * sl2);
         float shift[2], alpha[2];
         online_softmax_step(m, l, mx, shift, alpha);
 #pragma unroll
@@ -174,8 +175,10 @@ __device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bf
         uint32_t pa[KEYS / 16][4];
 #pragma unroll
         for (int n = 0; n < KEYS / 8; n++) {
-            const float p0 = exp2f(s[n][0] - shift[0]), p1 = exp2f(s[n][1] - shift[0]);
-            const float p2 = exp2f(s[n][2] - shift[1]), p3 = exp2f(s[n][3] - shift[1]);
+            const float p0 = fast_exp2(fmaf(s[n][0], sl2, -shift[0]));
+            const float p1 = fast_exp2(fmaf(s[n][1], sl2, -shift[0]));
+            const float p2 = fast_exp2(fmaf(s[n][2], sl2, -shift[1]));
+            const float p3 = fast_exp2(fmaf(s[n][3], sl2, -shift[1]));
             l[0] += p0 + p1;
             l[1] += p2 + p3;
             // Score tile n is columns 8n..8n+7: the low (n even) or high (n odd) half of

@@ -1,30 +1,46 @@
-// Causal (optionally windowed) prefill attention for Hopper (sm_90a) with warpgroup MMA:
+// Causal (optionally windowed) prefill attention for Hopper (sm_90a) with warpgroup MMA and TMA:
 // the same contract as flash.cu (bf16 Q, K, V in; f32 output and LSE out; a query that sees no
 // key gets output 0 and LSE -inf), for head dim 128, the dim of every 7-8B model Folio runs.
 // CPU reference: attention::reference::attention_block; kernels/tests/attention.rs holds this
 // kernel to it on fresh random inputs (the same cases as flash.cu's).
 //
 // Why a second kernel: flash.cu's mma.sync (one warp, m16n8k16, B fragments loaded by each
-// thread from shared memory) reaches ~29% of the H100's bf16 GEMM rate. Hopper's wgmma lets a
-// warpgroup (4 warps) multiply a 64x128 tile with both B operands read by the tensor cores
-// straight from shared memory, with no per-thread fragment loads (FlashAttention-3, Shah et al.
-// 2024, section 3). Consumer GPUs (sm_80/sm_89) have no wgmma and keep flash.cu.
+// thread from shared memory) reaches ~29% of the H100/H200's measured bf16 GEMM rate. Hopper's
+// wgmma lets a warpgroup (4 warps) multiply a 64x128 tile with its operands read by the tensor
+// cores straight from shared memory, and its TMA unit copies a whole tile into shared memory
+// on one thread's request (FlashAttention-3, Shah et al. 2024, section 3). Consumer GPUs
+// (sm_80/sm_89) have neither and keep flash.cu.
 //
-// Work split: a block owns 128 query rows of one query head; each of its two warpgroups owns
-// 64 of them. Key tiles of 128 rows pass through shared memory in three stages filled with
-// cp.async (the next tile's copies are in flight while this one is multiplied, and a tile's
-// P V runs on while the one after it is waited for). Per tile a warpgroup
-// computes S = Q K^T (64x128, eight k-steps over the head dim, Q and K both from shared
-// memory), the online softmax in registers (each thread holds 2 rows x 32 columns of S in
-// wgmma's accumulator layout, which is mma.sync's C layout per 8 columns), then O += P V with
-// P from registers (the accumulator layout re-packed to bf16 is the A-fragment layout) and V
-// from shared memory read N-major (the transpose flag): V stays in its [key][dim] layout.
+// Work split (warp specialisation): a block owns 128 query rows of one query head. Warpgroup 2
+// is the producer: one of its threads asks TMA for Q, then for each 128-key tile of K and of V
+// into one of three stages, each with a "full" mbarrier the copy's bytes complete. Warpgroups 0
+// and 1 are the consumers, 64 query rows each: per tile, S = Q K^T (64x128, eight k-steps over
+// the head dim, Q and K from shared memory), the online softmax in registers (each thread holds
+// 2 rows x 64 columns of S in wgmma's accumulator layout, mma.sync's C layout per 8 columns),
+// then O += P V with P from registers (the accumulator layout re-packed to bf16 is the
+// A-fragment layout) and V read N-major (the transpose flag: V keeps its [key][dim] layout).
+// A consumer releases a stage (its "empty" mbarrier, one arrival per consumer warp) once its
+// P V over it has completed; the producer waits for that before refilling the stage. Registers
+// move from the producer to the consumers (setmaxnreg): 40 and 232 a thread.
 //
-// Shared-memory layout (wgmma's 128-byte swizzle): a tile of R rows of 128 bf16 is stored as
-// two column blocks of 64 (128 bytes a row), each [R][128 B], with the 16-byte chunk c of row r
-// at chunk c ^ (r % 8): the 8 rows x 128 B swizzle atom (1024 B, 1024-aligned). K and Q are
-// K-major operands (stride between 8-row groups: 1024 B); V is an N-major operand (the next 64
-// dims are R * 128 B on, the next 8 keys 1024 B on).
+// In-warpgroup overlap: a consumer issues S of tile t+1 and then P V of tile t, waits for S
+// only, and runs the softmax of t+1 while P V of t is still on the tensor cores; the output is
+// rescaled once P V has landed. The exp2s (one MUFU instruction each) are what the tensor cores
+// would otherwise wait for.
+//
+// Measured (H200, `folio bench kernels`, 28/4 heads x 32k causal, % of the bf16 GEMM in the
+// same run; docs/performance.md): every thread copying with cp.async between block-wide
+// barriers, 48%; a producer warpgroup copying with cp.async, 37-38% (its ~30 instructions per
+// 16-byte copy crowd the consumers' issue slots: copies alone took 10.4 ms of the 14.7 ms the
+// TMA kernel now takes in all); TMA, 69%. Consumers taking turns at the tensor cores
+// (FlashAttention-3's ping-pong, named barriers) made no difference (522 against 525 TFLOP/s)
+// and were left out.
+//
+// Shared-memory layout (wgmma's 128-byte swizzle, which TMA writes): a tile of R rows of 128
+// bf16 is two column blocks of 64 (128 bytes a row), each [R][128 B], with the 16-byte chunk c
+// of row r at chunk c ^ (r % 8): the 8 rows x 128 B swizzle atom (1024 B, 1024-aligned). K and
+// Q are K-major operands (stride between 8-row groups: 1024 B); V is an N-major operand (the
+// next 64 dims are R * 128 B on, the next 8 keys 1024 B on).
 //
 // Cost per (query row, visible key): 4 * 128 FLOPs; K/V read once per 128-row query tile.
 
@@ -33,29 +49,18 @@
 
 #include "online_softmax.cuh"
 
-#define D 128                      // head dim
-#define CHUNKS (D / 8)             // 16-byte chunks per row
-#define ATOM_ROW 128               // bytes per row of a 64-column block
-#define SWIZZLE_ATOM 1024          // 8 rows x 128 B
-#define STAGES 3
-
-// Byte offset of 16-byte chunk `c` of row `r` in a swizzled region of `rows` rows.
-__device__ __forceinline__ uint32_t swizzled(int r, int c, int rows) {
-    return (uint32_t)((c >> 3) * rows * ATOM_ROW + r * ATOM_ROW + (((c & 7) ^ (r & 7)) << 4));
-}
-
-// Starts the copy of `rows` rows of D bf16 (row stride D elements) into the swizzled region
-// at shared address `dst`; rows at or past `valid` are zero-filled (their scores are masked,
-// and a zero V row times a zero probability stays 0, where uninitialised bits could be NaN).
-__device__ __forceinline__ void load_rows(uint32_t dst, const __nv_bfloat16* src, int valid, int rows) {
-    for (int i = threadIdx.x; i < rows * CHUNKS; i += blockDim.x) {
-        const int r = i / CHUNKS, c = i % CHUNKS;
-        const __nv_bfloat16* from = r < valid ? src + (size_t)r * D + c * 8 : src;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + swizzled(r, c, rows)), "l"(from),
-                     "r"(r < valid ? 16 : 0)
-                     : "memory");
-    }
-}
+#define D 128                  // head dim
+#define ATOM_ROW 128           // bytes per row of a 64-column block
+#define SWIZZLE_ATOM 1024      // 8 rows x 128 B
+#define STAGES 3               // K and V tiles in flight
+#define KEYS 128               // keys per tile
+#define CONSUMERS 2            // consumer warpgroups, 64 query rows each
+#define ROWS (64 * CONSUMERS)  // query rows per block
+#define THREADS (128 * (CONSUMERS + 1))
+#define BOX_ROWS 128           // rows of a TMA box (the host's tensor maps say the same)
+static_assert(ROWS == BOX_ROWS && KEYS == BOX_ROWS, "Q and each tile are one box of rows");
+#define PRODUCER_REGS 40
+#define CONSUMER_REGS 232      // 128 * 40 + 256 * 232 <= 65536, the register file
 
 // wgmma shared-memory matrix descriptor, 128-byte swizzle.
 __device__ __forceinline__ uint64_t descriptor(uint32_t addr, uint32_t lead, uint32_t stride) {
@@ -73,7 +78,11 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most N committed groups of this warpgroup's MMAs are still in flight.
+template <int N>
+__device__ __forceinline__ void wgmma_wait_for() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 
 // d (64x128, f32) = A B (+ d when `accumulate`): A K-major from shared memory, B K-major.
 __device__ __forceinline__ void mma_ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
@@ -112,42 +121,114 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// grid (ceil(q_len / ROWS), q_heads), block 128 * WARPGROUPS threads; dynamic shared memory:
-// Q (ROWS rows), STAGES stages of a K and a V tile (KEYS rows each), and SWIZZLE_ATOM bytes of
-// room to align them (the launch in kernels/src/attention/cuda.rs computes the same). out [q_heads, q_len, D] f32, lse [q_heads, q_len] f32;
-// q [q_heads, q_len, D]; k and v are [kv_heads, kv_len, D] with rows D apart and heads
-// `k_head_stride` / `v_head_stride` apart (a prefill's keys so far are a view of the layer's
-// larger cache: read in place).
-template <int KEYS, int WARPGROUPS>
-__device__ __forceinline__ void flash_wgmma(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-                                            const __nv_bfloat16* __restrict__ v, float* __restrict__ out,
-                                            float* __restrict__ lse, int q_len, int kv_len, int groups,
-                                            long long q_offset, long long k_start, long long window, float scale,
-                                            long long k_head_stride, long long v_head_stride) {
-    constexpr int ROWS = 64 * WARPGROUPS;  // query rows per block
+// --- mbarriers and TMA ---
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Waits until the phase of `bar` with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nretry:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra retry;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Expects `bytes` more on `bar` in its current phase, and arrives.
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// A TMA descriptor (a CUtensorMap, encoded on the host by cuTensorMapEncodeTiled in
+// kernels/src/attention/cuda.rs): a [heads][rows][128] bf16 tensor read in boxes of 128 rows x
+// 64 columns, 128-byte swizzled (the layout above). Rows past the tensor's end arrive as zeros.
+struct __align__(64) TensorMap {
+    unsigned long long opaque[16];
+};
+// Copies the box at (column x, row y, head z) of `map` to `dst`; its bytes complete on `bar`.
+__device__ __forceinline__ void tma_load(uint32_t dst, const TensorMap* map, int x, int y, int z, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar)
+        : "memory");
+}
+// Both 64-column halves of the BOX_ROWS rows from `row` of one head.
+__device__ __forceinline__ void tma_tile(uint32_t dst, const TensorMap* map, int row, int head, uint32_t bar) {
+    tma_load(dst, map, 0, row, head, bar);
+    tma_load(dst + BOX_ROWS * ATOM_ROW, map, 64, row, head, bar);
+}
+
+// grid (ceil(q_len / ROWS), q_heads), block THREADS; dynamic shared memory: Q (ROWS rows),
+// STAGES stages of a K and a V tile (KEYS rows each), and SWIZZLE_ATOM bytes of room to align
+// them (the launch in kernels/src/attention/cuda.rs computes the same). out [q_heads, q_len, D]
+// f32, lse [q_heads, q_len] f32. tq maps q [q_heads, q_len, D]; tk and tv map k and v
+// [kv_heads, kv_len, D] (a prefill's keys so far are a view of the layer's larger cache, read
+// in place: the maps carry its head stride). q, k and v come as pointers too, unread: the
+// launch passes them so that the stream orders this kernel after their writers.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    flash_prefill_wgmma_128(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                            float* __restrict__ out, float* __restrict__ lse, int q_len, int kv_len, int groups,
+                            long long q_offset, long long k_start, long long window, float scale,
+                            const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,
+                            const __grid_constant__ TensorMap tv) {
     constexpr int Q_BYTES = ROWS * D * 2, TILE_BYTES = KEYS * D * 2;
     constexpr int S = KEYS / 2;  // score accumulators per thread (64 x KEYS over 128 threads)
     extern __shared__ unsigned char smem[];
+    __shared__ __align__(8) uint64_t bars[3 * STAGES + 1];  // per stage: K full, V full, empty; Q full
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem) + SWIZZLE_ATOM - 1) & ~(SWIZZLE_ATOM - 1);
     const uint32_t qs = base, kbuf = base + Q_BYTES, vbuf = kbuf + STAGES * TILE_BYTES;
+    const uint32_t full_k = (uint32_t)__cvta_generic_to_shared(bars), full_v = full_k + 8 * STAGES,
+                   empty = full_v + 8 * STAGES, q_full = empty + 8 * STAGES;
 
     // Heaviest (latest) query tiles first: causal work grows with the tile index.
     const int tile = gridDim.x - 1 - blockIdx.x;
     const int h = blockIdx.y, kvh = h / groups;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wg = warp / 4;                     // warpgroup: query rows 64 wg ..
-    const int g = lane / 4, t = lane % 4;        // accumulator row group and column pair
+    const int wg = threadIdx.x / 128;
     const int i0 = tile * ROWS;
     const int rows = min(ROWS, q_len - i0);
-    const __nv_bfloat16* kh = k + (size_t)kvh * k_head_stride;
-    const __nv_bfloat16* vh = v + (size_t)kvh * v_head_stride;
-
-    // Key range (local indices) some row of this tile may see.
     const long long p_first = q_offset + i0, p_last = q_offset + i0 + rows - 1;
     int j_lo, j_hi;
     tile_key_range(q_offset, i0, rows, window, k_start, kv_len, j_lo, j_hi);
+    const int tiles = j_lo < j_hi ? (j_hi - j_lo + KEYS - 1) / KEYS : 0;
 
-    // This thread's two rows of the block: r0 and r0 + 8.
+    if (threadIdx.x == 0) {
+        for (int st = 0; st < STAGES; st++) {
+            mbar_init(full_k + 8 * st, 1);
+            mbar_init(full_v + 8 * st, 1);
+            mbar_init(empty + 8 * st, 4 * CONSUMERS);
+        }
+        mbar_init(q_full, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == CONSUMERS) {
+        // The producer. Tile t goes to stage t % STAGES once the consumers are done with tile
+        // t - STAGES there (the empty barrier's phase t / STAGES - 1).
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+        if (threadIdx.x == 128 * CONSUMERS && tiles > 0) {
+            mbar_expect(q_full, Q_BYTES);
+            tma_tile(qs, &tq, i0, h, q_full);
+            for (int t = 0; t < tiles; t++) {
+                const int stage = t % STAGES, j0 = j_lo + t * KEYS;
+                if (t >= STAGES) mbar_wait(empty + 8 * stage, ((t / STAGES) - 1) & 1);
+                mbar_expect(full_k + 8 * stage, TILE_BYTES);
+                tma_tile(kbuf + stage * TILE_BYTES, &tk, j0, kvh, full_k + 8 * stage);
+                mbar_expect(full_v + 8 * stage, TILE_BYTES);
+                tma_tile(vbuf + stage * TILE_BYTES, &tv, j0, kvh, full_v + 8 * stage);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+
+    // A consumer. This thread's two rows of the block: r0 and r0 + 8.
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t4 = lane % 4;  // accumulator row group and column pair
     const int r0 = wg * 64 + (warp % 4) * 16 + g;
     const long long pos0 = q_offset + i0 + r0, pos1 = pos0 + 8;
     const float sl2 = scale * LOG2E;  // scores in log2 units: exp2 is one instruction
@@ -155,32 +236,10 @@ __device__ __forceinline__ void flash_wgmma(const __nv_bfloat16* __restrict__ q,
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) o[i] = 0.f;
-
-    load_rows(qs, q + ((size_t)h * q_len + i0) * D, rows, ROWS);
-    if (j_lo < j_hi) {
-        const int first = min(KEYS, j_hi - j_lo);
-        load_rows(kbuf, kh + (size_t)j_lo * D, first, KEYS);
-        load_rows(vbuf, vh + (size_t)j_lo * D, first, KEYS);
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-
-    // start_copies: the tile at key j0 in `stage` has landed in every thread and is made visible
-    // to the tensor cores (the async proxy); the copies of the tile after it start into the
-    // next stage, last read by the products of the tile two before, which every warpgroup
-    // waited for before reaching the barrier. issue_s: S = Q K^T over the head dim in k-steps
-    // of 16 (32 bytes within a 128-byte row).
     float s[S];
-    auto start_copies = [&](int j0, int stage) {
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        if (j0 + KEYS < j_hi) {
-            const int next = min(KEYS, j_hi - j0 - KEYS), to = (stage + 1) % STAGES;
-            load_rows(kbuf + to * TILE_BYTES, kh + (size_t)(j0 + KEYS) * D, next, KEYS);
-            load_rows(vbuf + to * TILE_BYTES, vh + (size_t)(j0 + KEYS) * D, next, KEYS);
-        }
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-    };
+
+    auto wait_full = [&](uint32_t bars_at, int t) { mbar_wait(bars_at + 8 * (t % STAGES), (t / STAGES) & 1); };
+    // S = Q K^T over the head dim in k-steps of 16 (32 bytes within a 128-byte row).
     auto issue_s = [&](int stage) {
         const uint32_t ks = kbuf + stage * TILE_BYTES;
         wgmma_fence();
@@ -193,69 +252,92 @@ __device__ __forceinline__ void flash_wgmma(const __nv_bfloat16* __restrict__ q,
         }
         wgmma_commit();
     };
-
-    // The P V of a tile runs while every thread waits for the next tile's copies, meets the
-    // others at the barrier and starts the copies of the tile after it. (Issuing the next S
-    // before waiting for P V as well made ptxas serialise every wgmma, warning C7515: the
-    // score and output accumulators are then live across the same pipeline stage.)
-    if (j_lo < j_hi) {
-        start_copies(j_lo, 0);
-        issue_s(0);
-        wgmma_wait();
-        pin(s);
-    }
-    for (int j0 = j_lo, stage = 0; j0 < j_hi; j0 += KEYS, stage = (stage + 1) % STAGES) {
-        const int valid = min(KEYS, j_hi - j0);
-        const uint32_t vs = vbuf + stage * TILE_BYTES;
-
-        // Mask when the tile reaches past the diagonal, below the window, or past the keys.
+    // The softmax of tile t: masked where the tile reaches past the diagonal, below the window
+    // or past the keys; the scores become exp2(score * scale * log2 e - shift) in place (the
+    // scale folded into one FMA), the row sums move on, and alpha is what the output
+    // accumulated so far is to be scaled by.
+    float alpha[2];
+    auto softmax = [&](int t) {
+        const int j0 = j_lo + t * KEYS, valid = min(KEYS, j_hi - j0);
         const long long key_first = k_start + j0, key_last = k_start + j0 + KEYS - 1;
         const bool masked = valid < KEYS || key_last > p_first || (window > 0 && key_first <= p_last - window);
-        float mx[2] = {m[0], m[1]};
+        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int i = 0; i < S; i++) {
-            float x = s[i] * sl2;
             if (masked) {
-                const int jj = (i / 4) * 8 + t * 2 + (i & 1);
+                const int jj = (i / 4) * 8 + t4 * 2 + (i & 1);
                 const long long kp = k_start + j0 + jj, p = (i & 2) ? pos1 : pos0;
-                if (jj >= valid || kp > p || (window > 0 && p - kp >= window)) x = -INFINITY;
+                if (jj >= valid || kp > p || (window > 0 && p - kp >= window)) s[i] = -INFINITY;
             }
-            s[i] = x;
-            mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], x);
+            mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
         }
-        float shift[2], alpha[2];
+        mx[0] = fmaxf(m[0], mx[0] * sl2);
+        mx[1] = fmaxf(m[1], mx[1] * sl2);
+        float shift[2];
         online_softmax_step(m, l, mx, shift, alpha);
 #pragma unroll
-        for (int i = 0; i < 64; i++) o[i] *= alpha[(i >> 1) & 1];
-        // P in bf16 as the A fragments of the second product: 16 keys per k-step, the low
-        // and high 8 columns of each row pair.
-        uint32_t pa[KEYS / 16][4];
+        for (int i = 0; i < S; i++) {
+            s[i] = fast_exp2(fmaf(s[i], sl2, -shift[(i >> 1) & 1]));
+            l[(i >> 1) & 1] += s[i];
+        }
+    };
+    // P in bf16 as the A fragments of P V: 16 keys per k-step, the low and high 8 columns of
+    // each row pair.
+    uint32_t pa[KEYS / 16][4];
+    auto pack = [&]() {
 #pragma unroll
         for (int n = 0; n < KEYS / 8; n++) {
-            const float p0 = exp2f(s[n * 4] - shift[0]), p1 = exp2f(s[n * 4 + 1] - shift[0]);
-            const float p2 = exp2f(s[n * 4 + 2] - shift[1]), p3 = exp2f(s[n * 4 + 3] - shift[1]);
-            l[0] += p0 + p1;
-            l[1] += p2 + p3;
-            pa[n / 2][(n & 1) * 2] = pack_bf16(p0, p1);
-            pa[n / 2][(n & 1) * 2 + 1] = pack_bf16(p2, p3);
+            pa[n / 2][(n & 1) * 2] = pack_bf16(s[n * 4], s[n * 4 + 1]);
+            pa[n / 2][(n & 1) * 2 + 1] = pack_bf16(s[n * 4 + 2], s[n * 4 + 3]);
         }
-
-        // O += P V in k-steps of 16 keys (2048 bytes of the tile's first column block).
-        pin(o);
+    };
+    // O += P V in k-steps of 16 keys (2048 bytes of the tile's first column block).
+    auto issue_pv = [&](int stage) {
+        const uint32_t vs = vbuf + stage * TILE_BYTES;
         wgmma_fence();
 #pragma unroll
         for (int c = 0; c < KEYS / 16; c++) {
             mma_rs(o, pa[c], descriptor(vs + c * 16 * ATOM_ROW, KEYS * ATOM_ROW, SWIZZLE_ATOM));
         }
         wgmma_commit();
-        if (j0 + KEYS < j_hi) start_copies(j0 + KEYS, (stage + 1) % STAGES);
-        wgmma_wait();
+    };
+
+    if (tiles > 0) {
+        mbar_wait(q_full, 0);
+        wait_full(full_k, 0);
+        issue_s(0);
+        wgmma_wait_for<0>();
+        pin(s);
+        softmax(0);
+        pack();
+    }
+    // S of the next tile, then P V of this one; the next softmax runs while this P V does, and
+    // the output is rescaled once P V has landed. (The last tile, with no S after it, is its
+    // own step: ptxas keeps the MMAs asynchronous only where every path commits the same
+    // groups, else it serialises them, warning C7514/C7515.)
+    for (int t = 0; t + 1 < tiles; t++) {
+        const int stage = t % STAGES;
+        wait_full(full_v, t);
+        wait_full(full_k, t + 1);
         pin(o);
-        if (j0 + KEYS < j_hi) {
-            issue_s((stage + 1) % STAGES);
-            wgmma_wait();
-            pin(s);
-        }
+        issue_s((t + 1) % STAGES);
+        issue_pv(stage);
+        wgmma_wait_for<1>();
+        pin(s);
+        softmax(t + 1);
+        wgmma_wait_for<0>();
+        pin(o);
+        if (lane == 0) mbar_arrive(empty + 8 * stage);
+#pragma unroll
+        for (int i = 0; i < 64; i++) o[i] *= alpha[(i >> 1) & 1];
+        pack();
+    }
+    if (tiles > 0) {
+        wait_full(full_v, tiles - 1);
+        pin(o);
+        issue_pv((tiles - 1) % STAGES);
+        wgmma_wait_for<0>();
+        pin(o);
     }
 
     float inv[2], row_lse[2];
@@ -268,23 +350,9 @@ __device__ __forceinline__ void flash_wgmma(const __nv_bfloat16* __restrict__ q,
         float* orow = out + at * D;
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
-            *reinterpret_cast<float2*>(orow + n * 8 + t * 2) =
+            *reinterpret_cast<float2*>(orow + n * 8 + t4 * 2) =
                 make_float2(o[n * 4 + r * 2] * inv[r], o[n * 4 + r * 2 + 1] * inv[r]);
         }
-        if (t == 0) lse[at] = row_lse[r];
+        if (t4 == 0) lse[at] = row_lse[r];
     }
 }
-
-#define FLASH_WGMMA(NAME, KEYS, WARPGROUPS, BLOCKS_PER_SM)                                                          \
-    extern "C" __global__ void __launch_bounds__(128 * (WARPGROUPS), BLOCKS_PER_SM)                                \
-        NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, float* out, float* lse,         \
-             int q_len, int kv_len, int groups, long long q_offset, long long k_start, long long window, float scale, \
-             long long k_head_stride, long long v_head_stride) {                                                     \
-        flash_wgmma<KEYS, WARPGROUPS>(q, k, v, out, lse, q_len, kv_len, groups, q_offset, k_start, window, scale,   \
-                                      k_head_stride, v_head_stride);                                                 \
-    }
-
-// Two warpgroups sharing 128-key tiles, one block an SM. Measured against one warpgroup on
-// 64-key tiles with two blocks an SM (each free to do its softmax while the other multiplies):
-// 356 against 278 TFLOP/s on an H200 (docs/performance.md), so the shared tiles stay.
-FLASH_WGMMA(flash_prefill_wgmma_128, 128, 2, 1)

@@ -6,6 +6,15 @@
 #define LOG2E 1.4426950408889634f  // scores in log2 units: exp2 is one instruction
 #define LN2 0.6931471805599453f
 
+// 2^x in one MUFU instruction: exp2f without fast-math also handles results in the denormal
+// range with extra instructions per call, and a probability below 2^-126 is 0 to bf16 P and
+// to the f32 row sums anyway. exp2(-inf) = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // The keys (local indices j_lo..j_hi of a block at positions k_start..k_start + kv_len) some
 // query of rows i0..i0 + rows (at positions q_offset + i) may see: causal, within `window`
 // when it is positive.

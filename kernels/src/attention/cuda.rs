@@ -7,8 +7,8 @@
 //! `capacity` rows apart, not `kv_len`); anything else is copied first.
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::cuda::cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
+use candle_core::cuda::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda::{CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Device, Layout, Result, Shape, Tensor};
 
@@ -26,12 +26,13 @@ const ROWS: usize = 128;
 const THREADS: u32 = 256;
 const KEYS: usize = 64;
 const PAD: usize = 8;
-/// flash_sm90a.cu as instantiated (FLASH_WGMMA): two warpgroups of 64 query rows, 128-key
-/// tiles, STAGES stages of a K and a V tile; its dynamic shared memory is Q, the tiles and one
-/// swizzle atom (1 KiB) of room to align them.
-const WGMMA_WARPGROUPS: usize = 2;
-const WGMMA_ROWS: usize = 64 * WGMMA_WARPGROUPS;
-const WGMMA_THREADS: u32 = 128 * WGMMA_WARPGROUPS as u32;
+/// flash_sm90a.cu: two consumer warpgroups of 64 query rows and one producer warpgroup,
+/// 128-key tiles, STAGES stages of a K and a V tile; its dynamic shared memory is Q, the tiles
+/// and one swizzle atom (1 KiB) of room to align them. Q and each tile are one TMA box of
+/// WGMMA_KEYS rows (two halves of 64 columns: 128 bytes, the swizzle's span).
+const WGMMA_CONSUMERS: usize = 2;
+const WGMMA_ROWS: usize = 64 * WGMMA_CONSUMERS;
+const WGMMA_THREADS: u32 = 128 * (WGMMA_CONSUMERS as u32 + 1);
 const WGMMA_HEAD_DIM: usize = 128;
 const WGMMA_KEYS: usize = 128;
 const WGMMA_STAGES: usize = 3;
@@ -99,33 +100,44 @@ impl CudaOp3 for Flash {
         let out = unsafe { dev.alloc::<f32>(rows * d + rows)? };
         {
             let (out_o, out_l) = (out.slice(..rows * d), out.slice(rows * d..));
-            let (func, shared, block_rows, threads) = match self.kernel {
+            let ints = [q_len as i32, kv_len as i32, groups as i32];
+            let strides = [head_stride(kl), head_stride(vl)];
+            let stream = dev.cuda_stream();
+            let (func, shared, block_rows, threads, maps) = match self.kernel {
                 FlashKernel::MmaSync => (
                     dev.get_or_load_custom_func(&format!("flash_prefill_{d}"), MODULE, PTX)?,
                     2 * 2 * KEYS * (d + PAD) * 2,
                     ROWS,
                     THREADS,
+                    None,
                 ),
-                FlashKernel::Wgmma => (
-                    dev.get_or_load_custom_func("flash_prefill_wgmma_128", MODULE_SM90A, PTX_SM90A)?,
-                    WGMMA_SHARED,
-                    WGMMA_ROWS,
-                    WGMMA_THREADS,
-                ),
+                FlashKernel::Wgmma => {
+                    let kv_heads = q_heads / groups;
+                    let maps = [
+                        tensor_map(qs.device_ptr(&stream).0, q_len, q_heads, q_len * d)?,
+                        tensor_map(ks.device_ptr(&stream).0, kv_len, kv_heads, strides[0] as usize)?,
+                        tensor_map(vs.device_ptr(&stream).0, kv_len, kv_heads, strides[1] as usize)?,
+                    ];
+                    let func = dev.get_or_load_custom_func("flash_prefill_wgmma_128", MODULE_SM90A, PTX_SM90A)?;
+                    (func, WGMMA_SHARED, WGMMA_ROWS, WGMMA_THREADS, Some(maps))
+                }
             };
             if shared > DEFAULT_SHARED {
                 let attr = CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
                 func.set_attribute(attr, shared as i32).w()?;
             }
             let mut b = func.builder();
-            let ints = [q_len as i32, kv_len as i32, groups as i32];
-            let strides = [head_stride(kl), head_stride(vl)];
             b.arg(&qs).arg(&ks).arg(&vs).arg(&out_o).arg(&out_l);
             for x in &ints {
                 b.arg(x);
             }
             b.arg(&self.q_offset).arg(&self.k_start).arg(&self.window).arg(&self.scale);
-            b.arg(&strides[0]).arg(&strides[1]);
+            match &maps {
+                // flash.cu reads k and v through their head strides, flash_sm90a.cu through
+                // the tensor maps (which carry them).
+                None => b.arg(&strides[0]).arg(&strides[1]),
+                Some([tq, tk, tv]) => b.arg(tq).arg(tk).arg(tv),
+            };
             let cfg = LaunchConfig {
                 grid_dim: (q_len.div_ceil(block_rows) as u32, q_heads as u32, 1),
                 block_dim: (threads, 1, 1),
@@ -133,10 +145,51 @@ impl CudaOp3 for Flash {
             };
             // SAFETY: q is [q_heads, q_len, d] contiguous bf16; k and v are [kv_heads,
             // kv_len, d] bf16 with contiguous 16-byte-aligned rows, heads `strides` apart (the
-            // caller checked shapes and layouts); the kernel reads keys 0..kv_len only.
+            // caller checked shapes and layouts; the tensor maps describe the same); the
+            // kernels read keys 0..kv_len only.
             unsafe { b.launch(cfg) }.w()?;
         }
         Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(rows * d + rows)))
+    }
+}
+
+/// A TMA descriptor (flash_sm90a.cu's `TensorMap`) of a `[heads, rows, 128]` bf16 tensor (rows
+/// contiguous, heads `head_stride` elements apart) at `base`, read in boxes of 128 rows x 64
+/// columns with the 128-byte swizzle of the kernel's shared-memory layout; rows past `rows`
+/// read as zeros, so a view of a larger cache is never read past its end.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct TensorMap(sys::CUtensorMap);
+// SAFETY: a CUtensorMap is plain bytes the driver copies into the kernel's parameters.
+unsafe impl DeviceRepr for TensorMap {}
+
+fn tensor_map(base: sys::CUdeviceptr, rows: usize, heads: usize, head_stride: usize) -> Result<TensorMap> {
+    const BF16: usize = std::mem::size_of::<half::bf16>();
+    let dims = [WGMMA_HEAD_DIM as u64, rows as u64, heads as u64];
+    let strides = [(WGMMA_HEAD_DIM * BF16) as u64, (head_stride * BF16) as u64];
+    let boxes = [(WGMMA_HEAD_DIM / 2) as u32, WGMMA_KEYS as u32, 1];
+    let steps = [1u32; 3];
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    // SAFETY: the arrays have the rank's lengths; base is a live device allocation covering
+    // heads * head_stride elements (or the last head's rows).
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            3,
+            base as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            steps.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()
+        .w()?;
+        Ok(TensorMap(map.assume_init()))
     }
 }
 
