@@ -436,8 +436,10 @@ fn shape_bench_reports_decode_against_its_floor() {
 }
 
 /// `bench prefill --shape`: random weights of a shape, prefilled through the real builder
-/// (every layer computed, a file written, no reopen for random weights); resumable into a
-/// kept folder; a model and a shape at once are refused.
+/// (every layer computed, a file written, the reopen timed), up to the shape's whole trained
+/// length (its question after the reopen included); resumable into a kept folder; a model and
+/// a shape at once are refused, and so, before any prefill, is a model's row with no room left
+/// for the question.
 #[test]
 fn prefill_bench_runs_a_shape() {
     let shape = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/shapes/tiny.json");
@@ -450,7 +452,7 @@ fn prefill_bench_runs_a_shape() {
         "--shape",
         shape.to_str().unwrap(),
         "--tokens",
-        "300,700",
+        "300,4096",
         "--kv-dtype",
         "fp8",
         "--dir",
@@ -463,7 +465,8 @@ fn prefill_bench_runs_a_shape() {
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["model"], "tiny (random weights)");
     let rows = doc["rows"].as_array().unwrap();
-    assert_eq!(rows.iter().map(|r| r["tokens"].as_u64().unwrap()).collect::<Vec<_>>(), [300, 700]);
+    // 4096: tiny.json's max_position_embeddings.
+    assert_eq!(rows.iter().map(|r| r["tokens"].as_u64().unwrap()).collect::<Vec<_>>(), [300, 4096]);
     for r in rows {
         assert_eq!(r["layers_computed"], 2, "{r}");
         assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0 && r["file_bytes"].as_u64().unwrap() > 0, "{r}");
@@ -478,4 +481,11 @@ fn prefill_bench_runs_a_shape() {
     let mut both = args.to_vec();
     both.extend(["--model", "assets/models/demo"]);
     assert!(err_text(folio(&both, &[])).contains("--shape and --model are two different models"));
+    // The demo model's whole window (1,179,648 positions) leaves no room for the question (a
+    // prefill of that length on the CPU would take hours: the refusal comes first).
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/models/demo");
+    let full = ["bench", "prefill", "--model", demo.to_str().unwrap(), "--device", "cpu", "--tokens", "1179648"];
+    let err = err_text(folio(&full, &[]));
+    assert!(err.contains("--tokens 1179648 leaves no room for the 16-token question"), "{err}");
+    assert!(err.contains("at most 1179632 tokens"), "{err}");
 }

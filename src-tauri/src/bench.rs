@@ -412,8 +412,10 @@ impl Subject {
             anyhow::bail!("--shape and --model are two different models: give one");
         }
         let mut cfg = ModelConfig::from_file(shape)?;
-        // A shape is a fact about cost: prompts past its trained length are still measured.
-        cfg.max_position_embeddings = cfg.max_position_embeddings.max(a.tokens.iter().copied().max().unwrap_or(0));
+        // A shape is a fact about cost: prompts past its trained length are still measured,
+        // with the question after the reopen and any growth.
+        let longest = a.tokens.iter().map(|&n| positions_used(n, a)).max().unwrap_or(0);
+        cfg.max_position_embeddings = cfg.max_position_embeddings.max(longest);
         let device = folio_models::parse_device(&common.device)?;
         let dtype = folio_models::parse_dtype(&common.dtype, &device)?;
         let model = folio_models::model::Model::random(&cfg, &device, dtype, crate::bench_shape::INIT_STD)?;
@@ -431,12 +433,29 @@ impl Subject {
     }
 }
 
+/// Positions a row of `n` tokens takes: its prompt, any growth, and the question asked after
+/// the reopen.
+fn positions_used(n: usize, a: &PrefillBenchArgs) -> usize {
+    n + a.append.unwrap_or(0) + QUESTION_TOKENS
+}
+
 fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> {
     let kv_dtype = KvDtype::parse(&a.kv_dtype)?;
     let device = folio_models::parse_device(&common.device)?;
     let sampler = MemorySampler::start(&device)?;
     let subject = Subject::new(common, &a)?;
     let model = subject.model();
+    // Before any prefill: a row that cannot take its question fails after minutes otherwise.
+    let window = model.config().max_position_embeddings;
+    if let Some(&n) = a.tokens.iter().find(|&&n| positions_used(n, &a) > window) {
+        anyhow::bail!(
+            "--tokens {n} leaves no room for the {QUESTION_TOKENS}-token question asked after the reopen{}: {} has \
+             {window} positions, so a row can be at most {} tokens",
+            a.append.map_or(String::new(), |m| format!(" and the {m} tokens --append adds")),
+            subject.name,
+            window.saturating_sub(positions_used(0, &a))
+        );
+    }
     let vram_budget = a.vram_budget.as_deref().map(parse_bytes).transpose()?;
     // The chunk plan gets what the VRAM budget leaves after what is in use now (the weights,
     // the runtime) and a margin for cuBLAS and the allocator.
@@ -643,6 +662,18 @@ fn one(
         }
     })?;
     let (peak, peak_vram) = (peak_rss(), sampler.peak());
+    // On stderr at once: at a million tokens the reopen after it takes a minute more, and a run
+    // cut short there still says what the prefill did.
+    eprintln!(
+        "prefilled {n} tokens in {:.2} s ({:.0} tokens/s; {} of {} layers computed here), peak VRAM {}, peak RSS {}; \
+         reopening",
+        report.seconds,
+        report.tokens_per_s,
+        report.layers - report.resumed_layers,
+        report.layers,
+        peak_vram.map_or("n/a".into(), human_bytes),
+        peak.map_or("n/a".into(), human_bytes)
+    );
     // Open as `folio chat --context` does (the model's fingerprint checked), then a question
     // through the model until the first token's logits exist.
     let mut reopen = || -> Result<f64> {

@@ -43,7 +43,8 @@ const WGMMA_SHARED: usize =
 const DEFAULT_SHARED: usize = 48 * 1024;
 /// Head dims flash.cu is instantiated for (FLASH(D)).
 const HEAD_DIMS: [usize; 3] = [32, 64, 128];
-/// Elements per 16-byte `cp.async` copy: row starts and head strides must be multiples.
+/// Elements in 16 bytes: flash.cu's `cp.async` copies and the TMA maps of flash_sm90a.cu need row
+/// starts and head strides to be multiples.
 const BF16_PER_COPY: usize = 8;
 
 /// Whether a tensor-core kernel takes inputs of this dtype and head dim on `device`.
