@@ -417,10 +417,24 @@ fn shape_bench_reports_decode_against_its_floor() {
         String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let names: Vec<&str> = rows.iter().map(|r| r["method"].as_str().unwrap()).collect();
     assert_eq!(names, methods.split(',').collect::<Vec<_>>());
+    let f = |r: &Value, k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k} in {r}"));
     for r in &rows {
-        let (ms, floor) = (r["decode_ms_median"].as_f64().unwrap(), r["floor_ms"].as_f64().unwrap());
-        assert!(ms > 0.0 && floor > 0.0, "{r}");
-        assert!((r["measured_over_floor"].as_f64().unwrap() - ms / floor).abs() < 1e-9 * ms / floor);
+        let (mean, floor) = (f(r, "decode_ms_mean"), f(r, "floor_ms"));
+        assert!(mean > 0.0 && floor > 0.0, "{r}");
+        // The mean leads: the ratio to the floor is the mean's.
+        assert!((f(r, "measured_over_floor") - mean / floor).abs() < 1e-9 * mean / floor);
+        assert!((f(r, "p90_over_mean") - f(r, "decode_ms_p90") / mean).abs() < 1e-9);
+        // The floor is its largest term, named; the device term is the weights and the index.
+        let terms =
+            [("device", f(r, "floor_device_ms")), ("link", f(r, "floor_link_ms")), ("host", f(r, "floor_host_ms"))];
+        let binds = terms.iter().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
+        assert_eq!((r["floor_binds"].as_str().unwrap(), floor), (binds.0, binds.1), "{r}");
+        assert!((f(r, "floor_weights_ms") + f(r, "floor_index_ms") - terms[0].1).abs() < 1e-9 * floor, "{r}");
+        // The consumer link: the same bytes at 25 GB/s, added to the measured mean.
+        let pcie_link = f(r, "link_bytes_per_step") / 25e9 * 1e3;
+        assert!((f(r, "pcie4_link_ms") - pcie_link).abs() < 1e-9 * (1.0 + pcie_link), "{r}");
+        assert!((f(r, "pcie4_mean_ms") - (mean + pcie_link - terms[1].1)).abs() < 1e-9 * mean, "{r}");
+        assert!((f(r, "pcie4_floor_ms") - terms[0].1.max(pcie_link).max(terms[2].1)).abs() < 1e-12 + 1e-9 * floor);
         // Two layers × two KV heads × 2000 tokens × 32 channels × K and V, f32 on the CPU.
         assert_eq!(r["host_kv_bytes"].as_u64().unwrap(), 2 * 2 * 2000 * 32 * 2 * 4);
         assert_eq!(r["parameters"].as_u64().unwrap(), 361_600);
