@@ -31,6 +31,7 @@ case "${1:-}" in
     cp "$(newest sparse)" .gpu/kernels-sparse
     cp "$(newest select)" .gpu/kernels-select
     cp "$(newest encode)" .gpu/kernels-encode
+    cp "$(newest mlp)" .gpu/kernels-mlp
     cp "$(newest transfer)" .gpu/kernels-transfer
     cp "$(newest parity)" .gpu/models-parity
     cp "$(newest context)" .gpu/models-context
@@ -38,7 +39,7 @@ case "${1:-}" in
     cp "$target/../${FOLIO_PROFILE:-debug}/folio" .gpu/folio
     strip .gpu/*
     # The binaries embed candle's PTX (text): xz shrinks them ~6x, under the device tool's 64 MiB.
-    bins=(folio kernels-attention kernels-sparse kernels-select kernels-encode kernels-transfer models-parity models-context
+    bins=(folio kernels-attention kernels-sparse kernels-select kernels-encode kernels-mlp kernels-transfer models-parity models-context
       models-offload)
     tar -C .gpu -cf - "${bins[@]}" | xz -T2 -9 > .gpu/bundle.tar.xz
     (cd .gpu && rm "${bins[@]}")
@@ -76,8 +77,9 @@ case "${1:-}" in
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
       echo "== attention kernels (tensor-core prefill included) vs their CPU references"
       .gpu/kernels-attention --test-threads 1 --nocapture
-      echo "== fp8 encoding and staged host copies vs their CPU references"
+      echo "== fp8 encoding, the MLP activation and staged host copies vs their CPU references"
       .gpu/kernels-encode --nocapture
+      .gpu/kernels-mlp --nocapture
       .gpu/kernels-transfer --nocapture
       echo "== sparse-decode kernels vs their CPU references"
       .gpu/kernels-sparse --test-threads 1 --nocapture

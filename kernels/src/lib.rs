@@ -1,4 +1,6 @@
-//! Attention math for Folio, with no knowledge of models.
+//! Attention math for Folio, with no knowledge of models — and the few other device primitives
+//! a prefill needs fused or moved (the K/V codec in [`encode`], the MLP's activation in [`mlp`],
+//! staged host copies in [`device`]), held to the same rules.
 //!
 //! Rules of this crate (docs/architecture.md):
 //!
@@ -28,6 +30,7 @@ pub mod attention;
 mod cuda_op;
 pub mod device;
 pub mod encode;
+pub mod mlp;
 pub mod select;
 pub mod sparse;
 
@@ -46,12 +49,17 @@ pub enum Positions {
 }
 
 /// `t` contiguous and starting on a 16-byte boundary of its buffer (for 2- and 4-byte dtypes):
-/// the kernels read rows with 16-byte loads, so a view starting mid-vector is copied first.
+/// the kernels read rows with 16-byte loads, so a view starting mid-vector is copied first,
+/// into a buffer of its own (candle's `Tensor::copy` clones the whole buffer and keeps the
+/// view's offset, which left such a view misaligned).
 #[cfg(feature = "cuda")]
 pub(crate) fn vector_aligned(t: &candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
+    let t = t.contiguous()?;
     if t.layout().start_offset() % 8 == 0 {
-        t.contiguous()
-    } else {
-        t.copy()
+        return Ok(t);
     }
+    let flat = t.flatten_all()?;
+    let fresh = candle_core::Tensor::zeros(flat.elem_count(), t.dtype(), t.device())?;
+    fresh.slice_set(&flat, 0, 0)?;
+    fresh.reshape(t.shape())
 }

@@ -305,7 +305,7 @@ impl Model {
         })?;
         let h = span(dev, "norms", || Ok(candle_nn::ops::rms_norm(&x, &layer.post_attn_norm, eps)?))?;
         span(dev, "MLP, residual", || {
-            let gated = (candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?;
+            let gated = folio_kernels::mlp::swiglu(&layer.gate.forward(&h)?, &layer.up.forward(&h)?)?;
             Ok((x + layer.down.forward(&gated)?)?)
         })
     }

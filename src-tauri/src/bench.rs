@@ -169,6 +169,12 @@ pub fn bench(common: &Common, args: BenchArgs) -> Result<()> {
 
 /// Qwen2.5-7B's attention shape: query heads, KV heads, head dim.
 const KERNEL_SHAPE: (usize, usize, usize) = (28, 4, 128);
+/// Qwen2.5-7B's MLP: hidden and intermediate sizes.
+const MLP_SHAPE: (usize, usize) = (3584, 18_944);
+/// Tokens per MLP call timed: the chunk `bench prefill` runs that shape in under a 24 GiB cap
+/// (the CPU: fewer).
+const MLP_TOKENS: usize = 8192;
+const MLP_TOKENS_CPU: usize = 64;
 /// SimHash benchmark: rows hashed and the paper's (K, L) = (10, 150).
 const HASH_ROWS: usize = 65_536;
 const HASH_BITS_TABLES: (usize, usize) = (10, 150);
@@ -232,6 +238,7 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
     // The tensor-core limit: a bf16 GEMM (the f32 path's limit on the CPU).
     let gemm16 = matmul_flops(&device, dtype)?;
     let mut rows = prefill_rows(&device, dtype, gemm16)?;
+    rows.extend(mlp_rows(&device, dtype, gemm16, bandwidth)?);
     let mut rng = StdRng::seed_from_u64(0);
     let k = Tensor::randn(0f32, 1.0, (kv_heads, a.context, d), &device)?.to_dtype(dtype)?;
     let v = Tensor::randn(0f32, 1.0, (kv_heads, a.context, d), &device)?.to_dtype(dtype)?;
@@ -386,6 +393,67 @@ fn prefill_rows(device: &candle_core::Device, dtype: DType, gemm: f64) -> Result
             rows.push(row(format!(", {kernel:?} kernel"), secs));
         }
     }
+    Ok(rows)
+}
+
+/// The prefill's MLP as model.rs runs it (`x Wᵀ` per projection, the fused SiLU(gate) · up, the
+/// down projection and the residual), each part timed alone (the activation also as candle's
+/// two passes) and then the whole: which of them keeps the MLP from the GEMM rate the run
+/// measured.
+fn mlp_rows(device: &candle_core::Device, dtype: DType, gemm: f64, bandwidth: f64) -> Result<Vec<KernelRow>> {
+    let (hidden, inter) = MLP_SHAPE;
+    let n = if device.is_cpu() { MLP_TOKENS_CPU } else { MLP_TOKENS };
+    let elem = dtype.size_in_bytes() as f64;
+    let randn = |rows: usize, cols: usize| -> Result<Tensor> {
+        Ok(Tensor::randn(0f32, 1.0, (rows, cols), device)?.to_dtype(dtype)?)
+    };
+    let (x, gate, up, down) = (randn(n, hidden)?, randn(inter, hidden)?, randn(inter, hidden)?, randn(hidden, inter)?);
+    let gemm_row = |name: &str, k: usize, m: usize, secs: f64| {
+        let flops = 2.0 * (n * k * m) as f64;
+        KernelRow {
+            kernel: format!("MLP {name}: {n}x{k} by {k}x{m} ({dtype:?})"),
+            seconds: secs,
+            bytes: ((n * k + k * m + n * m) as f64) * elem,
+            flops,
+            of_limit: flops / secs / gemm,
+            limit: "GEMM rate, same dtype",
+        }
+    };
+    let mut rows =
+        vec![gemm_row("gate (or up) projection", hidden, inter, time_calls(device, || x.matmul(&gate.t()?))?)];
+    let (g, u) = (randn(n, inter)?, randn(n, inter)?);
+    rows.push(gemm_row("down projection", inter, hidden, time_calls(device, || g.matmul(&down.t()?))?));
+    // The activation reads the gate and up once and writes once (3 values an element); candle's
+    // two passes also write and read back the gate's SiLU (5), but are charged 3 here too: the
+    // row says how far each is from what the activation must move.
+    let bytes = 3.0 * (n * inter) as f64 * elem;
+    for (name, secs) in [
+        ("fused (kernels/cuda/swiglu.cu)", time_calls(device, || folio_kernels::mlp::swiglu(&g, &u))?),
+        ("as candle's SiLU, then product", time_calls(device, || folio_kernels::mlp::reference(&g, &u))?),
+    ] {
+        rows.push(KernelRow {
+            kernel: format!("MLP SiLU(gate) * up, {name}: {n}x{inter} ({dtype:?})"),
+            seconds: secs,
+            bytes,
+            flops: 0.0,
+            of_limit: bytes / secs / bandwidth,
+            limit: "copy bandwidth",
+        });
+    }
+    drop((g, u));
+    let secs = time_calls(device, || {
+        let gated = folio_kernels::mlp::swiglu(&x.matmul(&gate.t()?)?, &x.matmul(&up.t()?)?)?;
+        &x + gated.matmul(&down.t()?)?
+    })?;
+    let flops = 6.0 * (n * hidden * inter) as f64;
+    rows.push(KernelRow {
+        kernel: format!("MLP whole, residual included: {n} tokens, {hidden} -> {inter} -> {hidden} ({dtype:?})"),
+        seconds: secs,
+        bytes: ((3 * hidden * inter + 2 * n * hidden) as f64) * elem,
+        flops,
+        of_limit: flops / secs / gemm,
+        limit: "GEMM rate, same dtype",
+    });
     Ok(rows)
 }
 
