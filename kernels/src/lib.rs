@@ -1,6 +1,6 @@
 //! Attention math for Folio, with no knowledge of models — and the few other device primitives
 //! a prefill needs fused or moved (the K/V codec in [`encode`], the MLP's activation in [`mlp`],
-//! staged host copies in [`device`]), held to the same rules.
+//! projections to heads in [`heads`], staged host copies in [`device`]), held to the same rules.
 //!
 //! Rules of this crate (docs/architecture.md):
 //!
@@ -30,6 +30,7 @@ pub mod attention;
 mod cuda_op;
 pub mod device;
 pub mod encode;
+pub mod heads;
 pub mod mlp;
 pub mod select;
 pub mod sparse;

@@ -266,13 +266,14 @@ impl Model {
         let (cos, sin) = rope;
         let dev = &self.device;
         let h = span(dev, "norms", || Ok(candle_nn::ops::rms_norm(x, &layer.input_norm, eps)?))?;
-        // [t, heads * hd] -> [heads, t, hd]
-        let heads = |y: Tensor, n: usize| y.reshape((t, n, hd))?.transpose(0, 1)?.contiguous();
+        // [t, hidden] -> [heads, t, hd]: the product, then its bias and the move to heads in
+        // one pass (folio_kernels::heads; candle's Linear would add the bias on its own).
+        let heads = |p: &Linear, n: usize| folio_kernels::heads::split(&h.matmul(&p.weight().t()?)?, p.bias(), n, hd);
         let (mut q, mut k, v) = span(dev, "q/k/v projections", || {
             Ok((
-                heads(layer.q.forward(&h)?, self.cfg.num_heads)?,
-                heads(layer.k.forward(&h)?, self.cfg.num_kv_heads)?,
-                heads(layer.v.forward(&h)?, self.cfg.num_kv_heads)?,
+                heads(&layer.q, self.cfg.num_heads)?,
+                heads(&layer.k, self.cfg.num_kv_heads)?,
+                heads(&layer.v, self.cfg.num_kv_heads)?,
             ))
         })?;
         if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
