@@ -16,7 +16,7 @@
 // into one of three stages, each with a "full" mbarrier the copy's bytes complete. Warpgroups 0
 // and 1 are the consumers, 64 query rows each: per tile, S = Q K^T (64x128, eight k-steps over
 // the head dim, Q and K from shared memory), the online softmax in registers (each thread holds
-// 2 rows x 64 columns of S in wgmma's accumulator layout, mma.sync's C layout per 8 columns),
+// 2 rows x 32 columns of S in wgmma's accumulator layout, mma.sync's C layout per 8 columns),
 // then O += P V with P from registers (the accumulator layout re-packed to bf16 is the
 // A-fragment layout) and V read N-major (the transpose flag: V keeps its [key][dim] layout).
 // A consumer releases a stage (its "empty" mbarrier, one arrival per consumer warp) once its

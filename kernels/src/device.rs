@@ -357,8 +357,14 @@ mod cuda {
     /// `dst` = `src` on several cores: the copies between staging and the caller's memory are
     /// the host's share of a transfer, and one core's memcpy (~5 GB/s on the GPU machine: 3.9 GB
     /// of K/V took 0.77 s at 128k tokens) is a tenth of the link's rate.
+    /// On a rayon worker it copies on its own: a worker waiting for the pieces could run another
+    /// transfer's job meanwhile, which would borrow this thread's staging buffers a second time.
     fn parallel_copy(dst: &mut [u8], src: &[u8]) {
         use rayon::prelude::*;
+        if rayon::current_thread_index().is_some() {
+            dst.copy_from_slice(src);
+            return;
+        }
         dst.par_chunks_mut(COPY_SHARE).zip(src.par_chunks(COPY_SHARE)).for_each(|(d, s)| d.copy_from_slice(s));
     }
 

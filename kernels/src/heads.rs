@@ -12,7 +12,7 @@ use candle_core::{Result, Tensor};
 /// `y` (`[t, n * hd]`) plus `bias` (`[n * hd]`) as `[n, t, hd]`.
 pub fn split(y: &Tensor, bias: Option<&Tensor>, n: usize, hd: usize) -> Result<Tensor> {
     let (_, width) = y.dims2()?;
-    if width != n * hd || bias.is_some_and(|b| b.dims() != [width] || b.dtype() != y.dtype()) {
+    if n == 0 || hd == 0 || width != n * hd || bias.is_some_and(|b| b.dims() != [width] || b.dtype() != y.dtype()) {
         candle_core::bail!(
             "split heads: rows of {width} values (bias {:?}) are not {n} heads of {hd}",
             bias.map(|b| (b.dims().to_vec(), b.dtype()))

@@ -32,11 +32,27 @@ fn fast_matches_reference(device: &Device) -> Result<()> {
                     "{t}x{n}x{hd} (start {start}, bias {}) differs on {device:?} (seed {seed})",
                     b.is_some()
                 );
+                // Both against the definition, value by value: out[h][i][d] = y[i][h·hd + d]
+                // (+ bias[h·hd + d], within one bf16 rounding of the f32 sum).
+                let (yv, out) = (bits(&y)?, fast.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?);
+                let bv = b.map(|b| b.to_dtype(DType::F32)?.to_vec1::<f32>()).transpose()?;
+                for (at, got) in out.iter().enumerate() {
+                    let (h, i, d) = (at / (t * hd), at / hd % t, at % hd);
+                    let col = h * hd + d;
+                    let want =
+                        half::bf16::from_bits(yv[i * n * hd + col]).to_f32() + bv.as_ref().map_or(0.0, |b| b[col]);
+                    assert!(
+                        (got - want).abs() <= want.abs() / 128.0,
+                        "[{h}][{i}][{d}] = {got}, not {want} (seed {seed})"
+                    );
+                }
             }
         }
     }
     let y = Tensor::zeros((4, 30), DType::BF16, device)?;
     assert!(split(&y, None, 4, 8).unwrap_err().to_string().contains("are not 4 heads of 8"));
+    let empty = Tensor::zeros((4, 0), DType::BF16, device)?;
+    assert!(split(&empty, None, 0, 8).unwrap_err().to_string().contains("are not 0 heads of 8"));
     Ok(())
 }
 

@@ -221,6 +221,13 @@ struct KernelRow {
     limit: &'static str,
 }
 
+impl KernelRow {
+    /// A row that only moves bytes: its share of the bandwidth `rate` (bytes/s) named `limit`.
+    fn moving(kernel: String, seconds: f64, bytes: f64, rate: f64, limit: &'static str) -> Self {
+        Self { kernel, seconds, bytes, flops: 0.0, of_limit: bytes / seconds / rate, limit }
+    }
+}
+
 fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
     use folio_kernels::{sparse, Positions};
     if a.context == 0 || a.context > u32::MAX as usize || a.select.contains(&0) {
@@ -282,14 +289,13 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
     let scores = Tensor::randn(0f32, 1.0, (heads, a.context), &device)?;
     let secs = time_calls(&device, || folio_kernels::select::topk(&scores, TOPK_K))?;
     let bytes = 4.0 * (heads * a.context * 4) as f64;
-    rows.push(KernelRow {
-        kernel: format!("topk {heads}x{} scores, k {TOPK_K}", a.context),
-        seconds: secs,
+    rows.push(KernelRow::moving(
+        format!("topk {heads}x{} scores, k {TOPK_K}", a.context),
+        secs,
         bytes,
-        flops: 0.0,
-        of_limit: bytes / secs / bandwidth,
-        limit: "copy bandwidth",
-    });
+        bandwidth,
+        "copy bandwidth",
+    ));
     drop(scores);
     // The gather of picked rows from the host tier (K of one layer) into device memory.
     let link = folio_kernels::device::host_to_device_rate(&device, COPY_BYTES)?;
@@ -303,14 +309,8 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
         let idx = Tensor::from_vec(idx, (heads, sel), &device)?;
         let secs = time_calls(&device, || host.gather(&idx, heads / kv_heads, None, Positions::Trusted))?;
         let bytes = (heads * sel * d) as f64 * elem;
-        rows.push(KernelRow {
-            kernel: format!("gather {heads}x{sel} rows from host memory (d {d}, {dtype:?})"),
-            seconds: secs,
-            bytes,
-            flops: 0.0,
-            of_limit: bytes / secs / link,
-            limit: "host link (page-locked copy)",
-        });
+        let kernel = format!("gather {heads}x{sel} rows from host memory (d {d}, {dtype:?})");
+        rows.push(KernelRow::moving(kernel, secs, bytes, link, "host link (page-locked copy)"));
     }
     drop(host);
     let (bits, tables) = HASH_BITS_TABLES;
@@ -431,14 +431,8 @@ fn mlp_rows(device: &candle_core::Device, dtype: DType, gemm: f64, bandwidth: f6
         ("fused (kernels/cuda/swiglu.cu)", time_calls(device, || folio_kernels::mlp::swiglu(&g, &u))?),
         ("as candle's SiLU, then product", time_calls(device, || folio_kernels::mlp::reference(&g, &u))?),
     ] {
-        rows.push(KernelRow {
-            kernel: format!("MLP SiLU(gate) * up, {name}: {n}x{inter} ({dtype:?})"),
-            seconds: secs,
-            bytes,
-            flops: 0.0,
-            of_limit: bytes / secs / bandwidth,
-            limit: "copy bandwidth",
-        });
+        let kernel = format!("MLP SiLU(gate) * up, {name}: {n}x{inter} ({dtype:?})");
+        rows.push(KernelRow::moving(kernel, secs, bytes, bandwidth, "copy bandwidth"));
     }
     drop((g, u));
     let secs = time_calls(device, || {

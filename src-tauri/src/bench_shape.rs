@@ -75,7 +75,7 @@ pub struct ShapeBenchArgs {
     /// Device memory this run may use, e.g. 24GiB (a consumer card); default: the whole device.
     #[arg(long)]
     vram_budget: Option<String>,
-    /// Decode steps timed (the median is reported), after the warm-up steps.
+    /// Decode steps timed (their mean leads the report), after the warm-up steps.
     #[arg(long, default_value_t = 32)]
     steps: usize,
     #[arg(long, default_value_t = 4)]
