@@ -258,8 +258,12 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
         let (link_bytes, host_bytes) = (cost.link_bytes, cost.host_bytes);
         let weight_bytes = (read_params * elem) as f64;
         let device_bytes = weight_bytes + cost.device_bytes;
-        let floor = Floor::new(device_bytes / copy_bw * 1e3, link_bytes / link_bw * 1e3, host_bytes / host_bw * 1e3);
-        let pcie4 = Floor::new(floor.device, link_bytes / PCIE4_X16 * 1e3, floor.host);
+        let floor = Floor {
+            device: device_bytes / copy_bw * 1e3,
+            link: link_bytes / link_bw * 1e3,
+            host: host_bytes / host_bw * 1e3,
+        };
+        let pcie4 = Floor { link: link_bytes / PCIE4_X16 * 1e3, ..floor };
         let peak = sampler.peak();
         let report = Report {
             shape: shape.display().to_string(),
@@ -321,10 +325,6 @@ struct Floor {
 }
 
 impl Floor {
-    fn new(device: f64, link: f64, host: f64) -> Self {
-        Self { device, link, host }
-    }
-
     /// The paths can overlap: the slowest one is the floor.
     fn ms(&self) -> f64 {
         self.device.max(self.link).max(self.host)

@@ -103,7 +103,6 @@ impl CudaOp3 for Flash {
             let (out_o, out_l) = (out.slice(..rows * d), out.slice(rows * d..));
             let ints = [q_len as i32, kv_len as i32, groups as i32];
             let strides = [head_stride(kl), head_stride(vl)];
-            let stream = dev.cuda_stream();
             let (func, shared, block_rows, threads, maps) = match self.kernel {
                 FlashKernel::MmaSync => (
                     dev.get_or_load_custom_func(&format!("flash_prefill_{d}"), MODULE, PTX)?,
@@ -113,6 +112,7 @@ impl CudaOp3 for Flash {
                     None,
                 ),
                 FlashKernel::Wgmma => {
+                    let stream = dev.cuda_stream();
                     let kv_heads = q_heads / groups;
                     let maps = [
                         tensor_map(qs.device_ptr(&stream).0, q_len, q_heads, q_len * d)?,
