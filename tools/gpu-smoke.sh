@@ -33,6 +33,7 @@ case "${1:-}" in
     cp "$(newest encode)" .gpu/kernels-encode
     cp "$(newest mlp)" .gpu/kernels-mlp
     cp "$(newest heads)" .gpu/kernels-heads
+    cp "$(newest norm)" .gpu/kernels-norm
     cp "$(newest transfer)" .gpu/kernels-transfer
     cp "$(newest parity)" .gpu/models-parity
     cp "$(newest context)" .gpu/models-context
@@ -40,7 +41,7 @@ case "${1:-}" in
     cp "$target/../${FOLIO_PROFILE:-debug}/folio" .gpu/folio
     strip .gpu/*
     # The binaries embed candle's PTX (text): xz shrinks them ~6x, under the device tool's 64 MiB.
-    bins=(folio kernels-attention kernels-sparse kernels-select kernels-encode kernels-mlp kernels-heads kernels-transfer models-parity models-context
+    bins=(folio kernels-attention kernels-sparse kernels-select kernels-encode kernels-mlp kernels-heads kernels-norm kernels-transfer models-parity models-context
       models-offload)
     tar -C .gpu -cf - "${bins[@]}" | xz -T2 -9 > .gpu/bundle.tar.xz
     (cd .gpu && rm "${bins[@]}")
@@ -78,10 +79,11 @@ case "${1:-}" in
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
       echo "== attention kernels (tensor-core prefill included) vs their CPU references"
       .gpu/kernels-attention --test-threads 1 --nocapture
-      echo "== fp8 encoding, the MLP activation, projections to heads and staged host copies vs their CPU references"
+      echo "== fp8 encoding, the MLP activation, RMSNorm, projections to heads and staged host copies vs their CPU references"
       .gpu/kernels-encode --nocapture
       .gpu/kernels-mlp --nocapture
       .gpu/kernels-heads --nocapture
+      .gpu/kernels-norm --nocapture
       .gpu/kernels-transfer --nocapture
       echo "== sparse-decode kernels vs their CPU references"
       .gpu/kernels-sparse --test-threads 1 --nocapture

@@ -72,9 +72,12 @@ __device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bf
     __nv_bfloat16* const kbuf = reinterpret_cast<__nv_bfloat16*>(smem);
     __nv_bfloat16* const vbuf = kbuf + 2 * TILE;
 
-    // Heaviest (latest) query tiles first: causal work grows with the tile index.
-    const int tile = gridDim.x - 1 - blockIdx.x;
-    const int h = blockIdx.y, kvh = h / groups;
+    // Heaviest (latest) query tiles first, of every head before the next tile (the grid's x
+    // is the head): causal work grows with the tile index, and the last wave on the GPU is
+    // then the lightest tiles of all heads rather than one head's light tiles before another's
+    // heavy ones.
+    const int tile = gridDim.y - 1 - blockIdx.y;
+    const int h = blockIdx.x, kvh = h / groups;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
     const int i0 = tile * ROWS;

@@ -184,9 +184,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t full_k = (uint32_t)__cvta_generic_to_shared(bars), full_v = full_k + 8 * STAGES,
                    empty = full_v + 8 * STAGES, q_full = empty + 8 * STAGES;
 
-    // Heaviest (latest) query tiles first: causal work grows with the tile index.
-    const int tile = gridDim.x - 1 - blockIdx.x;
-    const int h = blockIdx.y, kvh = h / groups;
+    // Heaviest (latest) query tiles first, of every head before the next tile (the grid's x
+    // is the head): causal work grows with the tile index, and the last wave on the GPU is
+    // then the lightest tiles of all heads rather than one head's light tiles before another's
+    // heavy ones.
+    const int tile = gridDim.y - 1 - blockIdx.y;
+    const int h = blockIdx.x, kvh = h / groups;
     const int wg = threadIdx.x / 128;
     const int i0 = tile * ROWS;
     const int rows = min(ROWS, q_len - i0);

@@ -1,13 +1,16 @@
 // A projection's output rows [t][n * hd] (plus its bias, when the model has one) as the heads
-// attention reads, [n][t][hd], in one pass. bf16 in and out.
-// CPU reference: heads::reference (candle's broadcast add, reshape, transpose and copy);
-// kernels/tests/heads.rs holds this kernel to it bit for bit on fresh random inputs.
+// attention reads, [n][t][hd], in one pass; and attention's output heads back as rows for the
+// output projection. bf16 in and out.
+// CPU references: heads::reference and heads::merge_reference (candle's broadcast add,
+// reshape, transpose and copy); kernels/tests/heads.rs holds these kernels to them bit for bit
+// on fresh random inputs.
 //
 // Why: candle adds the bias in one pass and moves the heads in another, through its general
 // strided copy (an index computed per element); here each thread moves one 16-byte vector of
 // a head's row. The bias is added as candle adds two bf16 values (`+` on __nv_bfloat16).
 //
-// out[h][i][d] = y[i][h * hd + d] (+ bias[h * hd + d]); hd % VEC == 0.
+// split: out[h][i][d] = y[i][h * hd + d] (+ bias[h * hd + d]); merge: out[i][h * hd + d] =
+// a[h][i][d]. hd % VEC == 0.
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -43,4 +46,18 @@ extern "C" __global__ void split_heads_bf16(const __nv_bfloat16* y, __nv_bfloat1
 extern "C" __global__ void split_heads_bias_bf16(const __nv_bfloat16* y, const __nv_bfloat16* bias,
                                                  __nv_bfloat16* out, int t, int n, int hd) {
     split_heads<true>(y, bias, out, t, n, hd);
+}
+
+// grid ceil(t * n * hd / VEC / blockDim.x); a and out 16-byte aligned.
+extern "C" __global__ void merge_heads_bf16(const __nv_bfloat16* __restrict__ a, __nv_bfloat16* __restrict__ out,
+                                            int t, int n, int hd) {
+    const long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int per_row = hd / VEC;
+    if (v >= (long long)t * n * per_row) return;
+    // Output order: row, head, vector (coalesced writes).
+    const int c = (int)(v % per_row);
+    const long long ih = v / per_row;
+    const int h = (int)(ih % n), i = (int)(ih / n);
+    const uint4 x = *reinterpret_cast<const uint4*>(a + ((size_t)h * t + i) * hd + c * VEC);
+    *reinterpret_cast<uint4*>(out + (size_t)v * VEC) = x;
 }

@@ -132,6 +132,94 @@ pub fn copy_to_host(t: &Tensor, dst: &mut [u8]) -> Result<()> {
     }
 }
 
+/// How far the calling thread's device work has been queued, for another thread to wait on
+/// before it reads what that work makes.
+///
+/// Why: candle's CUDA device queues each host thread's work on that thread's own stream
+/// (`CU_STREAM_PER_THREAD`), so a copy off the device started from another thread runs beside
+/// the kernels this thread queues next, as a second stream would (a prefill copies a layer's
+/// K/V to the host while the next layer computes). That copy must not start before the work
+/// that made its source: [`Queued::wait_here`] puts the wait on the other thread's stream,
+/// without holding up either host thread. On the CPU, work is done when it returns.
+pub struct Queued {
+    #[cfg(feature = "cuda")]
+    event: Option<candle_core::cuda::cudarc::driver::CudaEvent>,
+}
+
+impl Queued {
+    /// The work queued on `device` by this thread so far.
+    pub fn now(device: &Device) -> Result<Self> {
+        Self::record(device, false)
+    }
+
+    /// [`Queued::now`], and able to time the work between two of them
+    /// ([`Queued::seconds_since`]).
+    pub fn timed(device: &Device) -> Result<Self> {
+        Self::record(device, true)
+    }
+
+    fn record(device: &Device, timing: bool) -> Result<Self> {
+        match device {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(d) => {
+                use candle_core::cuda::cudarc::driver::sys::CUevent_flags;
+                use candle_core::cuda::WrapErr;
+                let stream = d.cuda_stream();
+                let flags =
+                    if timing { CUevent_flags::CU_EVENT_DEFAULT } else { CUevent_flags::CU_EVENT_DISABLE_TIMING };
+                let event = stream.context().new_event(Some(flags)).w()?;
+                event.record(&stream).w()?;
+                Ok(Self { event: Some(event) })
+            }
+            _ => {
+                let _ = timing;
+                Ok(Self {
+                    #[cfg(feature = "cuda")]
+                    event: None,
+                })
+            }
+        }
+    }
+
+    /// Makes the calling thread's stream wait for that work: what it queues from here on (a
+    /// copy of the results) runs after it.
+    pub fn wait_here(&self, device: &Device) -> Result<()> {
+        match device {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(d) => {
+                use candle_core::cuda::WrapErr;
+                match &self.event {
+                    Some(e) => d.cuda_stream().wait(e).w(),
+                    None => Ok(()),
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Blocks the calling thread until that work is done.
+    pub fn wait(&self) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(e) = &self.event {
+            use candle_core::cuda::WrapErr;
+            return e.synchronize().w();
+        }
+        Ok(())
+    }
+
+    /// Seconds the device spent between `earlier` and this point, once both are done (both
+    /// [`Queued::timed`]); `None` on the CPU, where there is no queue to time.
+    pub fn seconds_since(&self, earlier: &Queued) -> Result<Option<f64>> {
+        #[cfg(feature = "cuda")]
+        if let (Some(start), Some(end)) = (&earlier.event, &self.event) {
+            use candle_core::cuda::WrapErr;
+            return Ok(Some(f64::from(start.elapsed_ms(end).w()?) / 1e3));
+        }
+        let _ = earlier;
+        Ok(None)
+    }
+}
+
 /// A tensor of `shape` and `dtype` on `device` from its raw bytes ([`to_host_bytes`]'s layout),
 /// through the same page-locked staging on CUDA.
 pub fn from_host_bytes(bytes: &[u8], dtype: DType, shape: &[usize], device: &Device) -> Result<Tensor> {
@@ -316,23 +404,37 @@ mod cuda {
     /// Bytes of a piece one core copies between staging and the caller's memory.
     const COPY_SHARE: usize = 1 << 20;
 
-    thread_local! {
-        /// Page-locked staging buffers of this thread, for the context they were made in.
-        static STAGING: std::cell::RefCell<Vec<PinnedHostSlice<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
+    /// Pairs of page-locked staging buffers not in use, with the context they were made in. A
+    /// transfer takes a pair and puts it back, so transfers on several threads at once (a
+    /// prefill's K/V copied off the device beside the next layer's hidden states) each have
+    /// their own, and a pair is made only when every existing one is in use.
+    static STAGING: Mutex<Vec<Vec<PinnedHostSlice<u8>>>> = Mutex::new(Vec::new());
 
     fn with_staging<T>(stream: &Arc<CudaStream>, f: impl FnOnce(&mut [PinnedHostSlice<u8>]) -> Result<T>) -> Result<T> {
-        STAGING.with(|s| {
-            let mut bufs = s.borrow_mut();
-            if bufs.first().is_none_or(|b| !Arc::ptr_eq(b.context(), stream.context())) {
-                bufs.clear();
-                for _ in 0..BUFFERS {
-                    // SAFETY: every byte a copy reads from a staging buffer was written first.
-                    bufs.push(unsafe { stream.context().alloc_pinned_with_flags::<u8>(PIECE, 0) }.w()?);
-                }
-            }
-            f(&mut bufs)
-        })
+        let ctx = stream.context();
+        // Raw copies run in the context bound to this thread (a new thread has none).
+        ctx.bind_to_thread().w()?;
+        let taken = {
+            let mut free = STAGING.lock().unwrap_or_else(|e| e.into_inner());
+            free.iter().position(|p| Arc::ptr_eq(p[0].context(), ctx)).map(|i| free.swap_remove(i))
+        };
+        let mut bufs = match taken {
+            Some(bufs) => bufs,
+            None => (0..BUFFERS)
+                // SAFETY: every byte a copy reads from a staging buffer was written first.
+                .map(|_| unsafe { ctx.alloc_pinned_with_flags::<u8>(PIECE, 0) }.w())
+                .collect::<Result<_>>()?,
+        };
+        let result = f(&mut bufs);
+        // A pair goes back once its copies are done: a use ends waiting for them, but one that
+        // failed part-way may have left some in flight (all on this thread's stream). Where even
+        // that wait fails, the pair is leaked rather than freed under a copy.
+        if result.is_err() && stream.synchronize().is_err() {
+            std::mem::forget(bufs);
+            return result;
+        }
+        STAGING.lock().unwrap_or_else(|e| e.into_inner()).push(bufs);
+        result
     }
 
     /// The device buffer behind `cs` as bytes.
@@ -357,14 +459,8 @@ mod cuda {
     /// `dst` = `src` on several cores: the copies between staging and the caller's memory are
     /// the host's share of a transfer, and one core's memcpy (~5 GB/s on the GPU machine: 3.9 GB
     /// of K/V took 0.77 s at 128k tokens) is a tenth of the link's rate.
-    /// On a rayon worker it copies on its own: a worker waiting for the pieces could run another
-    /// transfer's job meanwhile, which would borrow this thread's staging buffers a second time.
     fn parallel_copy(dst: &mut [u8], src: &[u8]) {
         use rayon::prelude::*;
-        if rayon::current_thread_index().is_some() {
-            dst.copy_from_slice(src);
-            return;
-        }
         dst.par_chunks_mut(COPY_SHARE).zip(src.par_chunks(COPY_SHARE)).for_each(|(d, s)| d.copy_from_slice(s));
     }
 

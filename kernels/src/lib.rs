@@ -1,6 +1,7 @@
 //! Attention math for Folio, with no knowledge of models — and the few other device primitives
 //! a prefill needs fused or moved (the K/V codec in [`encode`], the MLP's activation in [`mlp`],
-//! projections to heads in [`heads`], staged host copies in [`device`]), held to the same rules.
+//! RMSNorm in [`norm`], projections to heads and back in [`heads`], staged host copies and
+//! hand-offs between threads in [`device`]), held to the same rules.
 //!
 //! Rules of this crate (docs/architecture.md):
 //!
@@ -32,6 +33,7 @@ pub mod device;
 pub mod encode;
 pub mod heads;
 pub mod mlp;
+pub mod norm;
 pub mod select;
 pub mod sparse;
 

@@ -1,9 +1,10 @@
-//! Projections to heads against candle's ops (bias add, reshape, transpose, copy), bit for bit,
-//! on fresh random bf16 inputs, with and without a bias, Qwen-like and odd shapes, a view that
-//! starts off a 16-byte boundary; and shapes that do not split are errors.
+//! Projections to heads and heads back to rows against candle's ops (bias add, reshape,
+//! transpose, copy), bit for bit, on fresh random bf16 inputs, with and without a bias,
+//! Qwen-like and odd shapes, a view that starts off a 16-byte boundary; and shapes that do not
+//! split are errors.
 
 use candle_core::{DType, Device, Result, Tensor};
-use folio_kernels::heads::{reference, split};
+use folio_kernels::heads::{merge, merge_reference, reference, split};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 mod common;
@@ -57,3 +58,30 @@ fn fast_matches_reference(device: &Device) -> Result<()> {
 }
 
 test_device!(fast_matches_reference, fast_matches_reference_cpu, fast_matches_reference_cuda);
+
+fn merge_matches_reference(device: &Device) -> Result<()> {
+    let seed = common::seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for (n, t, hd) in [(1, 1, 8), (2, 3, 16), (4, 37, 128), (28, 100, 128), (3, 5, 12)] {
+        let v: Vec<f32> = (0..n * t * hd + 1).map(|_| rng.random_range(-4.0f32..4.0)).collect();
+        let all = Tensor::from_vec(v, n * t * hd + 1, device)?.to_dtype(DType::BF16)?;
+        for start in [0, 1] {
+            let a = all.narrow(0, start, n * t * hd)?.reshape((n, t, hd))?;
+            let (fast, slow) = (merge(&a)?, merge_reference(&a)?);
+            assert_eq!(fast.dims(), [t, n * hd]);
+            let bits = |x: &Tensor| -> Result<Vec<u16>> {
+                Ok(x.flatten_all()?.to_vec1::<half::bf16>()?.into_iter().map(|v| v.to_bits()).collect())
+            };
+            let (got, av) = (bits(&fast)?, bits(&a)?);
+            assert!(got == bits(&slow)?, "{n}x{t}x{hd} (start {start}) differs on {device:?} (seed {seed})");
+            // Against the definition: out[i][h·hd + d] = a[h][i][d].
+            for (at, g) in got.iter().enumerate() {
+                let (i, h, d) = (at / (n * hd), at / hd % n, at % hd);
+                assert_eq!(*g, av[(h * t + i) * hd + d], "[{i}][{h}·{hd} + {d}] (seed {seed})");
+            }
+        }
+    }
+    Ok(())
+}
+
+test_device!(merge_matches_reference, merge_matches_reference_cpu, merge_matches_reference_cuda);

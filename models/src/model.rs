@@ -260,12 +260,11 @@ impl Model {
         attn: &dyn Attention,
     ) -> Result<Tensor> {
         let layer = &self.layers[i];
-        let t = x.dim(0)?;
         let eps = self.cfg.rms_norm_eps as f32;
         let hd = self.cfg.head_dim;
         let (cos, sin) = rope;
         let dev = &self.device;
-        let h = span(dev, "norms", || Ok(candle_nn::ops::rms_norm(x, &layer.input_norm, eps)?))?;
+        let h = span(dev, "norms", || Ok(folio_kernels::norm::rms_norm(x, &layer.input_norm, eps)?))?;
         // [t, hidden] -> [heads, t, hd]: the product, then its bias and the move to heads in
         // one pass (folio_kernels::heads; candle's Linear would add the bias on its own).
         let heads = |p: &Linear, n: usize| folio_kernels::heads::split(&h.matmul(&p.weight().t()?)?, p.bias(), n, hd);
@@ -278,7 +277,7 @@ impl Model {
         })?;
         if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
             (q, k) = span(dev, "norms", || {
-                Ok((candle_nn::ops::rms_norm(&q, qn, eps)?, candle_nn::ops::rms_norm(&k, kn, eps)?))
+                Ok((folio_kernels::norm::rms_norm(&q, qn, eps)?, folio_kernels::norm::rms_norm(&k, kn, eps)?))
             })?;
         }
         let (q, k) = span(dev, "rope", || {
@@ -301,10 +300,10 @@ impl Model {
         };
         let a = span(dev, "attention", || attn.forward(&call))?; // [heads, t, hd]
         let x = span(dev, "o projection, residual", || {
-            let a = a.transpose(0, 1)?.reshape((t, self.cfg.num_heads * hd))?;
-            Ok((x + layer.o.forward(&a)?)?)
+            // [heads, t, hd] -> [t, hidden] in one pass (folio_kernels::heads).
+            Ok((x + layer.o.forward(&folio_kernels::heads::merge(&a)?)?)?)
         })?;
-        let h = span(dev, "norms", || Ok(candle_nn::ops::rms_norm(&x, &layer.post_attn_norm, eps)?))?;
+        let h = span(dev, "norms", || Ok(folio_kernels::norm::rms_norm(&x, &layer.post_attn_norm, eps)?))?;
         span(dev, "MLP, residual", || {
             let gated = folio_kernels::mlp::swiglu(&layer.gate.forward(&h)?, &layer.up.forward(&h)?)?;
             Ok((x + layer.down.forward(&gated)?)?)
@@ -313,7 +312,7 @@ impl Model {
 
     /// Final norm and LM head over hidden rows `[n, hidden]`: f32 logits `[n, vocab]`.
     pub fn head(&self, x: &Tensor) -> Result<Tensor> {
-        let x = candle_nn::ops::rms_norm(x, &self.norm, self.cfg.rms_norm_eps as f32)?;
+        let x = folio_kernels::norm::rms_norm(x, &self.norm, self.cfg.rms_norm_eps as f32)?;
         Ok(self.lm_head.forward(&x)?.to_dtype(DType::F32)?)
     }
 

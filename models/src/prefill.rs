@@ -397,11 +397,12 @@ fn working_set_terms(model: &Model, tokens: usize, section_bytes: u64) -> (u64, 
     let dsize = model.dtype().size_in_bytes() as u64;
     let kv_values = (tokens * cfg.num_kv_heads * cfg.head_dim) as u64;
     let (nq, nkv) = ((cfg.num_heads * cfg.head_dim) as u64, (cfg.num_kv_heads * cfg.head_dim) as u64);
-    // One layer's K and V; the RoPE tables of every position (`RopeTables`); one section on
-    // its way out: on a GPU its encoded bytes (encoded there, `Codec::encode_tensor_into`),
-    // elsewhere an f32 copy and the encoded bytes. The fused kernel reads the keys so far in
-    // place; without it, the f32 copy of K and V when computing in 16 bits, and the scores.
-    let mut fixed = 2 * kv_values * dsize + (tokens * cfg.head_dim) as u64 * dsize + section_bytes;
+    // One layer's K and V; the RoPE tables of every position (`RopeTables`); the layer
+    // before's two sections on their way out while this one runs: on a GPU their encoded bytes
+    // (encoded there and copied beside the next layer, `Codec::start_encode`), elsewhere an f32
+    // copy and the encoded bytes. The fused kernel reads the keys so far in place; without it,
+    // the f32 copy of K and V when computing in 16 bits, and the scores.
+    let mut fixed = 2 * kv_values * dsize + (tokens * cfg.head_dim) as u64 * dsize + 2 * section_bytes;
     // Encoded without an f32 copy: a bf16 model's K/V on a GPU into a bf16, fp8 or bf16-fp8
     // file (an f32 file is the only one whose sections are 4 bytes a value).
     let in_place = model.device().is_cuda() && model.dtype() == DType::BF16 && section_bytes < kv_values * 4;

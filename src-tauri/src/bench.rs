@@ -396,10 +396,13 @@ fn prefill_rows(device: &candle_core::Device, dtype: DType, gemm: f64) -> Result
     Ok(rows)
 }
 
+/// Qwen2.5's RMSNorm epsilon (the norm rows' cost does not depend on it).
+const NORM_EPS: f32 = 1e-6;
+
 /// The prefill's MLP as model.rs runs it (`x Wᵀ` per projection, the fused SiLU(gate) · up, the
 /// down projection and the residual), each part timed alone (the activation also as candle's
-/// two passes) and then the whole: which of them keeps the MLP from the GEMM rate the run
-/// measured.
+/// two passes), the RMSNorm before it (also as candle's kernel), and then the whole: which of
+/// them keeps the MLP from the GEMM rate the run measured.
 fn mlp_rows(device: &candle_core::Device, dtype: DType, gemm: f64, bandwidth: f64) -> Result<Vec<KernelRow>> {
     let (hidden, inter) = MLP_SHAPE;
     let n = if device.is_cpu() { MLP_TOKENS_CPU } else { MLP_TOKENS };
@@ -435,6 +438,19 @@ fn mlp_rows(device: &candle_core::Device, dtype: DType, gemm: f64, bandwidth: f6
         rows.push(KernelRow::moving(kernel, secs, bytes, bandwidth, "copy bandwidth"));
     }
     drop((g, u));
+    // The norm before the MLP reads a row and writes it (2 values an element, the weight aside).
+    let w = Tensor::randn(0f32, 1.0, hidden, device)?.to_dtype(dtype)?;
+    let bytes = 2.0 * (n * hidden) as f64 * elem;
+    for (name, secs) in [
+        (
+            "one warp a row (kernels/cuda/rmsnorm.cu)",
+            time_calls(device, || folio_kernels::norm::rms_norm(&x, &w, NORM_EPS))?,
+        ),
+        ("candle's kernel", time_calls(device, || folio_kernels::norm::reference(&x, &w, NORM_EPS))?),
+    ] {
+        let kernel = format!("RMSNorm, {name}: {n}x{hidden} ({dtype:?})");
+        rows.push(KernelRow::moving(kernel, secs, bytes, bandwidth, "copy bandwidth"));
+    }
     let secs = time_calls(device, || {
         let gated = folio_kernels::mlp::swiglu(&x.matmul(&gate.t()?)?, &x.matmul(&up.t()?)?)?;
         &x + gated.matmul(&down.t()?)?

@@ -39,6 +39,8 @@ const WGMMA_STAGES: usize = 3;
 const SWIZZLE_ATOM: usize = 1024;
 const WGMMA_SHARED: usize =
     (WGMMA_ROWS + 2 * WGMMA_STAGES * WGMMA_KEYS) * WGMMA_HEAD_DIM * std::mem::size_of::<half::bf16>() + SWIZZLE_ATOM;
+/// The largest grid y CUDA launches: the query tiles of one call.
+const MAX_GRID_Y: usize = 65_535;
 /// Dynamic shared memory a launch gets without opting in.
 const DEFAULT_SHARED: usize = 48 * 1024;
 /// Head dims flash.cu is instantiated for (FLASH(D)).
@@ -139,8 +141,16 @@ impl CudaOp3 for Flash {
                 None => b.arg(&strides[0]).arg(&strides[1]),
                 Some([tq, tk, tv]) => b.arg(tq).arg(tk).arg(tv),
             };
+            let tiles = q_len.div_ceil(block_rows);
+            if tiles > MAX_GRID_Y {
+                candle_core::bail!(
+                    "attention: {q_len} queries in one call are past the kernel's {MAX_GRID_Y} tiles of \
+                     {block_rows} (the caller's chunks are smaller)"
+                );
+            }
             let cfg = LaunchConfig {
-                grid_dim: (q_len.div_ceil(block_rows) as u32, q_heads as u32, 1),
+                // Heads in x, so that every head's heaviest tiles start first (the kernels' header).
+                grid_dim: (q_heads as u32, tiles as u32, 1),
                 block_dim: (threads, 1, 1),
                 shared_mem_bytes: shared as u32,
             };

@@ -49,6 +49,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use candle_core::Tensor;
+use folio_kernels::device::Queued;
 use serde::{Deserialize, Serialize};
 
 use super::codec::KvDtype;
@@ -101,13 +102,16 @@ pub struct Progress {
 /// Where a prefill's time went, in seconds of this run.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct StageSeconds {
-    /// The layers' forward passes, with the hidden states' trips to and from the device.
+    /// The layers' forward passes, with the hidden states' trips to and from the device: on a
+    /// GPU the device's time from the end of one layer to the end of the next (events).
     pub compute: f64,
     /// Reading, writing and hashing the hidden-state files.
     pub hidden_io: f64,
-    /// K/V from the device, encoded to the file's dtype.
+    /// Queueing the K/V's encode to the file's dtype (on a GPU; the copy to the host runs on
+    /// the writer's thread beside the next layer), or the encode itself on the host.
     pub encode: f64,
-    /// Sections written and checksummed, checkpoints, the final fsyncs and rename.
+    /// Waiting for sections to be copied off the device, written and checksummed, once the
+    /// device has finished their layer; checkpoints, the final fsyncs and rename.
     pub store: f64,
 }
 
@@ -572,6 +576,10 @@ impl Job<'_> {
         let mut persisted_layer = done.checked_sub(1);
         // The last checkpoint's time, and what the next one is expected to cost.
         let (mut since, mut persist_cost) = (Instant::now(), self.hidden_bytes() as f64 / INITIAL_PERSIST_RATE);
+        // Where the device's queue stood before the first layer and after each: the layers'
+        // device time, read once the work is done. The host does not wait for a layer before
+        // queueing the next, so the device never idles between layers.
+        let mut marks = vec![Queued::timed(self.model.device())?];
         let outcome = std::thread::scope(|scope| -> Result<()> {
             let mut in_flight: Option<Persist<'_>> = None;
             let mut store_in_flight: Option<StoreWriter<'_>> = None;
@@ -605,7 +613,7 @@ impl Job<'_> {
                         // failure here leaves the previous checkpoint as it was.
                         let mut keep = || -> Result<()> {
                             if let Some(w) = store_in_flight.take() {
-                                sections.extend(self.finish_store(w, &tmp, &mut stages, &mut spare)?);
+                                sections.extend(self.finish_store(w, &marks, &tmp, &mut stages, &mut spare)?);
                             }
                             if let Some(p) = in_flight.take() {
                                 let (cp, st, n) = (&mut checkpoint, &mut stages, &mut checkpoints);
@@ -624,34 +632,48 @@ impl Job<'_> {
                         return Err(e);
                     }
                 };
-                // The device finishes the layer before its time is read: its work is queued.
-                self.model.device().synchronize()?;
+                // On a GPU the layer is queued, not done: the time here is the host's, and the
+                // device's replaces it at the end (`marks`).
                 stages.compute += at.elapsed().as_secs_f64();
-                // The layer's K and V in the file's dtype, encoded where they are; written to the
-                // file beside the next layer's compute.
+                // The layer before's K and V reach the file (their copies run beside this
+                // layer, once the device has finished that one): their buffers are free for
+                // this layer's. The wait for the device is not the store's.
+                if let Some(w) = store_in_flight.take() {
+                    sections.extend(self.finish_store(w, &marks, &tmp, &mut stages, &mut spare)?);
+                }
+                marks.push(Queued::timed(self.model.device())?);
+                // The layer's K and V in the file's dtype, encoded where they are; copied to the
+                // host and written to the file by a thread of their own, beside the next layer's
+                // compute (`PendingSection::finish_into`).
                 let at = Instant::now();
                 let mut pieces = Vec::with_capacity(2);
                 for (i, (kind, x)) in [(SectionKind::Keys, k), (SectionKind::Values, v)].into_iter().enumerate() {
-                    let mut bytes = std::mem::take(&mut spare[i]);
-                    self.job.kv_dtype.codec(kind).encode_tensor_into(&x, self.model.config().head_dim, &mut bytes)?;
+                    let pending = self.job.kv_dtype.codec(kind).start_encode(&x, self.model.config().head_dim)?;
                     let s = self.job.section(kind, Some(layer)).expect("every layer has K and V sections");
-                    pieces.push((s.offset, bytes));
+                    pieces.push((s.offset, pending, std::mem::take(&mut spare[i])));
                 }
                 stages.encode += at.elapsed().as_secs_f64();
-                if let Some(w) = store_in_flight.take() {
-                    sections.extend(self.finish_store(w, &tmp, &mut stages, &mut spare)?);
-                }
                 let f = &file;
                 store_in_flight = Some(scope.spawn(move || {
-                    let sums = pieces
-                        .iter()
-                        .map(|(at, b)| {
-                            f.write_all_at(b, *at)?;
-                            start_write_back(f, *at, b.len());
-                            Ok(checksum(b))
-                        })
-                        .collect();
-                    (sums, pieces.into_iter().map(|(_, b)| b).collect())
+                    // K and V side by side, each copied, written and hashed on a thread of its
+                    // own: nothing hides the last layer's store (or one slower than a layer).
+                    let done: Vec<_> = std::thread::scope(|s| {
+                        let each = pieces.into_iter().map(|(at, pending, mut bytes)| {
+                            s.spawn(move || {
+                                let written =
+                                    pending.finish_into(&mut bytes).map_err(StoreError::Encode).and_then(|()| {
+                                        f.write_all_at(&bytes, at).map_err(StoreError::Write)?;
+                                        start_write_back(f, at, bytes.len());
+                                        Ok(checksum(&bytes))
+                                    });
+                                (written, bytes)
+                            })
+                        });
+                        let each: Vec<_> = each.collect();
+                        each.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+                    });
+                    let (sums, buffers): (Vec<_>, Vec<_>) = done.into_iter().unzip();
+                    (sums.into_iter().collect(), buffers)
                 }));
                 if layer + 1 == layers {
                     break;
@@ -661,7 +683,7 @@ impl Job<'_> {
                     // No fsync here: the checkpoint names the checksums of what the resume will
                     // read, and a resume checks them (see `intact`).
                     if let Some(w) = store_in_flight.take() {
-                        sections.extend(self.finish_store(w, &tmp, &mut stages, &mut spare)?);
+                        sections.extend(self.finish_store(w, &marks, &tmp, &mut stages, &mut spare)?);
                     }
                     let at = Instant::now();
                     checkpoint.hidden = hidden[layer % 2]
@@ -692,7 +714,7 @@ impl Job<'_> {
                 }
             }
             if let Some(w) = store_in_flight.take() {
-                sections.extend(self.finish_store(w, &tmp, &mut stages, &mut spare)?);
+                sections.extend(self.finish_store(w, &marks, &tmp, &mut stages, &mut spare)?);
             }
             // The finished file does not need the last checkpoint's hidden states.
             if let Some(p) = in_flight.take() {
@@ -701,6 +723,11 @@ impl Job<'_> {
             Ok(())
         });
         outcome?;
+        // The device's time for the layers, where it has a queue (the host's time on the CPU).
+        let device_secs = marks.windows(2).map(|m| Ok(m[1].seconds_since(&m[0])?)).sum::<Result<Option<f64>>>()?;
+        if let Some(secs) = device_secs {
+            stages.compute = secs;
+        }
         checkpoint.checksums = sections;
         let at = Instant::now();
         let last = layer_output(&hidden, layers - 1).read(n - 1, 1)?;
@@ -803,21 +830,27 @@ impl Job<'_> {
     }
 
     /// Waits for a layer's K/V sections to reach the file; their checksums. Their buffers go
-    /// back to `spare`.
+    /// back to `spare`. The writer's layer is the last one `marks` ends: the wait for the device
+    /// to finish it is the layer's time, not the store's.
     fn finish_store(
         &self,
         w: StoreWriter<'_>,
+        marks: &[Queued],
         tmp: &Path,
         stages: &mut StageSeconds,
         spare: &mut [Vec<u8>; 2],
     ) -> Result<Vec<String>> {
+        marks.last().map(Queued::wait).transpose()?;
         let at = Instant::now();
         let (written, buffers) = w.join().map_err(|_| Error::Invalid("the K/V writer panicked".into()))?;
         stages.store += at.elapsed().as_secs_f64();
         for (slot, b) in spare.iter_mut().zip(buffers) {
             *slot = b;
         }
-        written.map_err(|e| self.io(tmp, e))
+        written.map_err(|e| match e {
+            StoreError::Encode(e) => e,
+            StoreError::Write(e) => self.io(tmp, e),
+        })
     }
 
     /// Waits for a persist and writes the checkpoint it makes resumable: layers up to its
@@ -978,9 +1011,17 @@ struct Persist<'scope> {
     writer: std::thread::ScopedJoinHandle<'scope, std::io::Result<(String, f64)>>,
 }
 
-/// A layer's K and V sections on their way into the context file: their checksums, and the
-/// buffers back.
-type StoreWriter<'scope> = std::thread::ScopedJoinHandle<'scope, (std::io::Result<Vec<String>>, Vec<Vec<u8>>)>;
+/// A layer's K and V sections on their way off the device and into the context file: their
+/// checksums, and the buffers back.
+type StoreWriter<'scope> =
+    std::thread::ScopedJoinHandle<'scope, (std::result::Result<Vec<String>, StoreError>, Vec<Vec<u8>>)>;
+
+/// Why a layer's K/V did not reach the file: its copy off the device (or its encode), or the
+/// write (which [`Job::io`] tells apart from a full disk).
+enum StoreError {
+    Encode(Error),
+    Write(std::io::Error),
+}
 
 /// Bytes of free RAM the kernel reports (`MemAvailable`), or `None` where it cannot be read.
 fn available_ram() -> Option<u64> {

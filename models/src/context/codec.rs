@@ -181,33 +181,33 @@ impl Codec {
     /// the buffers of the layer before last, whose pages are already mapped (a fresh buffer of
     /// tens of MB costs a page fault per 4 KiB, which took longer than the copy off the GPU).
     pub fn encode_tensor_into(self, x: &Tensor, head_dim: usize, out: &mut Vec<u8>) -> Result<()> {
-        let rows = x.elem_count() / head_dim.max(1);
-        out.resize(self.section_bytes(rows, head_dim) as usize, 0);
-        if matches!((self, x.dtype()), (Self::Bf16, DType::BF16) | (Self::F32, DType::F32)) {
-            // bf16 and f32 sections are their rows' bytes, nothing after them.
-            return Ok(copy_to_host(x, out)?);
-        }
-        let kernel_takes = matches!(x.dtype(), DType::BF16 | DType::F32);
-        if self == Self::Fp8 && x.device().is_cuda() && kernel_takes && head_dim % 4 == 0 {
-            let encoded = folio_kernels::encode::fp8_rows(&x.reshape((rows, head_dim))?)?;
-            let data_end = self.data_bytes(rows, head_dim) as usize;
-            let (data, scales) = self.section_parts(out, rows, head_dim);
-            let scales = scales.expect("fp8 sections have scales");
-            copy_to_host(&encoded.narrow(0, 0, data_end)?, data)?;
-            copy_to_host(&encoded.narrow(0, data_end, rows * 4)?, scales)?;
-            if scales.chunks_exact(4).any(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_nan()) {
-                return Err(non_finite());
-            }
-            // The padding between the rows and the scales: zero, whatever the buffer held.
-            let scales_at = self.scales_offset(rows, head_dim) as usize;
-            out[data_end..scales_at].fill(0);
-            return Ok(());
-        }
-        let values = x.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
-        *out = self.encode(&values, head_dim)?;
-        Ok(())
+        self.start_encode(x, head_dim)?.finish_into(out)
     }
 
+    /// The device's half of [`Self::encode_tensor_into`]: fp8 rows on a GPU are encoded there
+    /// and bf16 or f32 rows kept as they are, to be copied to the host by
+    /// [`PendingSection::finish_into`], which may run on another thread while this one queues
+    /// more work (a prefill's next layer); anything else is encoded on the host now.
+    pub fn start_encode(self, x: &Tensor, head_dim: usize) -> Result<PendingSection> {
+        let rows = x.elem_count() / head_dim.max(1);
+        let raw = matches!((self, x.dtype()), (Self::Bf16, DType::BF16) | (Self::F32, DType::F32));
+        let kernel_takes = matches!(x.dtype(), DType::BF16 | DType::F32);
+        let on_device = if raw {
+            Some(x.clone())
+        } else if self == Self::Fp8 && x.device().is_cuda() && kernel_takes && head_dim % 4 == 0 {
+            Some(folio_kernels::encode::fp8_rows(&x.reshape((rows, head_dim))?)?)
+        } else {
+            None
+        };
+        let from = match on_device {
+            Some(t) => Pending::Device { queued: folio_kernels::device::Queued::now(t.device())?, t },
+            None => {
+                let values = x.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+                Pending::Host(self.encode(&values, head_dim)?)
+            }
+        };
+        Ok(PendingSection { codec: self, rows, head_dim, from })
+    }
     /// A section's bytes split into its row data and (fp8) its scales, past the padding.
     fn section_parts(self, section: &mut [u8], rows: usize, head_dim: usize) -> (&mut [u8], Option<&mut [u8]>) {
         let data_end = self.data_bytes(rows, head_dim) as usize;
@@ -274,6 +274,56 @@ impl Codec {
             }
         }
         Ok(out)
+    }
+}
+
+/// A section encoded where its rows are, not yet in host memory ([`Codec::start_encode`]).
+pub struct PendingSection {
+    codec: Codec,
+    rows: usize,
+    head_dim: usize,
+    from: Pending,
+}
+
+enum Pending {
+    /// The section's bytes in one tensor (fp8 rows encoded on the device: the data, then one f32
+    /// scale a row), ready once the work queued before `queued` is done.
+    Device { t: Tensor, queued: folio_kernels::device::Queued },
+    /// Encoded already.
+    Host(Vec<u8>),
+}
+
+impl PendingSection {
+    /// The section's bytes into `out`, resized to it, from any thread: a copy off the device
+    /// waits on this thread's stream for the work that made the rows, then runs beside what
+    /// the thread that queued it does next.
+    pub fn finish_into(self, out: &mut Vec<u8>) -> Result<()> {
+        let Self { codec, rows, head_dim, from } = self;
+        let (t, queued) = match from {
+            Pending::Host(bytes) => {
+                *out = bytes;
+                return Ok(());
+            }
+            Pending::Device { t, queued } => (t, queued),
+        };
+        queued.wait_here(t.device())?;
+        out.resize(codec.section_bytes(rows, head_dim) as usize, 0);
+        if codec != Codec::Fp8 {
+            // bf16 and f32 sections are their rows' bytes, nothing after them.
+            return Ok(copy_to_host(&t, out)?);
+        }
+        let data_end = codec.data_bytes(rows, head_dim) as usize;
+        let (data, scales) = codec.section_parts(out, rows, head_dim);
+        let scales = scales.expect("fp8 sections have scales");
+        copy_to_host(&t.narrow(0, 0, data_end)?, data)?;
+        copy_to_host(&t.narrow(0, data_end, rows * 4)?, scales)?;
+        if scales.chunks_exact(4).any(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_nan()) {
+            return Err(non_finite());
+        }
+        // The padding between the rows and the scales: zero, whatever the buffer held.
+        let scales_at = codec.scales_offset(rows, head_dim) as usize;
+        out[data_end..scales_at].fill(0);
+        Ok(())
     }
 }
 
