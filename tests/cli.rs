@@ -447,6 +447,24 @@ fn shape_bench_reports_decode_against_its_floor() {
     let mut tight = args.to_vec();
     tight.extend(["--vram-budget", "1MiB"]);
     assert!(err_text(folio(&tight, &[])).contains("more than the 1.0 MiB budget"));
+    // --profile: the host's share of a step within the step, and the layer's spans, each
+    // called once a layer a step (two layers), inside the synchronised step.
+    let mut profiled = args.to_vec();
+    profiled[8] = "streaming:5%";
+    profiled.push("--profile");
+    let out = folio(&profiled, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    let p = &r["profile"];
+    assert!(f(p, "host_ms") > 0.0 && f(p, "host_ms") <= f(p, "step_ms"), "{p}");
+    let spans = p["spans"].as_array().unwrap();
+    let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    for want in ["attention", "MLP, residual", "q/k/v projections", "o projection, residual"] {
+        let span = &spans[names.iter().position(|n| *n == want).unwrap_or_else(|| panic!("{want} in {p}"))];
+        assert_eq!(f(span, "calls"), 2.0, "{span}");
+    }
+    assert!(spans.iter().map(|s| f(s, "device_ms")).sum::<f64>() <= f(p, "synced_step_ms"), "{p}");
+    assert!(spans.iter().all(|s| f(s, "host_ms") > 0.0), "{p}");
 }
 
 /// `bench prefill --shape`: random weights of a shape, prefilled through the real builder

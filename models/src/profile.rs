@@ -1,4 +1,5 @@
-//! Where a prefill's time goes, op by op, when asked (`folio bench prefill --profile`).
+//! Where a prefill's or a decode step's time goes, op by op, when asked (`folio bench prefill
+//! --profile`, `folio bench --shape --profile`).
 //!
 //! GPU work is asynchronous: a stage timed on the host only measures its launches, and the
 //! next operation that waits for the device (a copy to the host) is charged for everything
@@ -20,10 +21,22 @@ use crate::error::Result;
 
 thread_local! {
     static SPANS: RefCell<Option<BTreeMap<&'static str, (Duration, usize)>>> = const { RefCell::new(None) };
+    static SYNC: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
 }
 
-/// Starts recording spans on this thread (clearing what was recorded).
-pub fn start() {
+/// What a span's time is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clock {
+    /// Its own work on the device: synchronised before and after.
+    Device,
+    /// The host's time queueing it, nothing synchronised: where a step is bound by its
+    /// launches (a decode step's ~30 small operations a layer), this is what the step costs.
+    Host,
+}
+
+/// Starts recording spans on this thread (clearing what was recorded), timed by `clock`.
+pub fn start(clock: Clock) {
+    SYNC.with(|s| s.set(clock == Clock::Device));
     SPANS.with(|s| *s.borrow_mut() = Some(BTreeMap::new()));
 }
 
@@ -39,16 +52,22 @@ fn recording() -> bool {
     SPANS.with(|s| s.borrow().is_some())
 }
 
-/// Runs `f`, charging its time on `device` to `name` when this thread is recording (the device
-/// is synchronised before and after, so the span holds its own work only).
+/// Runs `f`, charging its time on `device` to `name` when this thread is recording (with
+/// [`Clock::Device`] the device is synchronised before and after, so the span holds its own
+/// work only).
 pub fn span<T>(device: &Device, name: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     if !recording() {
         return f();
     }
-    device.synchronize()?;
+    let sync = SYNC.with(|s| s.get());
+    if sync {
+        device.synchronize()?;
+    }
     let started = Instant::now();
     let out = f()?;
-    device.synchronize()?;
+    if sync {
+        device.synchronize()?;
+    }
     let took = started.elapsed();
     SPANS.with(|s| {
         if let Some(map) = s.borrow_mut().as_mut() {

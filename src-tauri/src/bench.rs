@@ -664,7 +664,7 @@ fn profile_prefill(
     let plan = PrefixPlan::raw_tokens((0..n).map(|_| rng.random_range(0..vocab)).collect());
     let out = dir.join(format!("profile-{n}.folio"));
     let opts = BuildOptions { kv_dtype, memory_budget, restart: true, hidden_in: None };
-    folio_models::profile::start();
+    folio_models::profile::start(folio_models::profile::Clock::Device);
     let report = context::build(model, &subject.stamp, &plan, &out, &opts, &mut |_| ControlFlow::Continue(()));
     let spans = folio_models::profile::finish();
     let report = report?;
@@ -681,8 +681,11 @@ fn print_profile(p: &Profile) {
     println!("\nprofile of a {}-token prefill (device synchronised around each op): {:.2} s", p.tokens, p.seconds);
     println!("  {:<28} {:>9} {:>7} {:>7}", "op", "seconds", "share", "calls");
     let st = &p.stages;
-    let outside =
-        [("K/V encode", st.encode), ("K/V store (waits)", st.store), ("hidden states (checkpoints)", st.hidden_io)];
+    let outside = [
+        ("K/V encode", st.encode),
+        ("K/V store (writer waits)", st.store),
+        ("hidden states (checkpoints)", st.hidden_io),
+    ];
     let spans = p.spans.iter().map(|s| (s.name, s.seconds, Some(s.calls)));
     for (name, secs, calls) in spans.chain(outside.into_iter().map(|(n, s)| (n, s, None))) {
         let calls = calls.map_or(String::new(), |c| c.to_string());

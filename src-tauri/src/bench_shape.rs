@@ -32,7 +32,7 @@ use candle_core::{DType, Tensor};
 use clap::Args;
 use folio_kernels::device::{host_to_device_rate, keep_pool, MemorySampler};
 use folio_models::attention::cost::{CostInput, Shape};
-use folio_models::attention::{Channels, MethodChoice, Resources, Tier};
+use folio_models::attention::{Attention, Channels, MethodChoice, Resources, Tier};
 use folio_models::config::ModelConfig;
 use folio_models::error::human_bytes;
 use folio_models::kv::KvStore;
@@ -80,8 +80,87 @@ pub struct ShapeBenchArgs {
     steps: usize,
     #[arg(long, default_value_t = 4)]
     warmup: usize,
+    /// After the timed steps, decode PROFILE_STEPS more three times: timing the host's share of
+    /// a step, then op by op on the host's clock, then with the device synchronised around each
+    /// op (`folio_models::profile`).
+    #[arg(long)]
+    profile: bool,
     #[arg(long)]
     json: bool,
+}
+
+/// Steps a profiled method decodes in each of its three passes.
+const PROFILE_STEPS: usize = 8;
+
+/// Where a decode step's time goes.
+#[derive(Serialize)]
+struct DecodeProfile {
+    steps: usize,
+    /// ms from a step's start until the host has queued its work (the forward pass returned),
+    /// and until its token is on the host: when they are close, the host's launches (and the
+    /// waits the method makes) bound the step, not the device.
+    host_ms: f64,
+    step_ms: f64,
+    /// Each span's ms per step: the host's time queueing it (nothing synchronised), and its own
+    /// device time (synchronised around it); its calls per step.
+    spans: Vec<DecodeSpan>,
+    /// The step's ms in the synchronised pass, for the share outside the spans.
+    synced_step_ms: f64,
+}
+
+#[derive(Serialize)]
+struct DecodeSpan {
+    name: &'static str,
+    host_ms: f64,
+    device_ms: f64,
+    calls: f64,
+}
+
+/// [`DecodeProfile`] of `method` from `token` on: [`PROFILE_STEPS`] steps timed as the bench
+/// times them, again with the spans on the host's clock, and again on the device's.
+fn profile_decode(model: &Model, kv: &mut OffloadKv, method: &dyn Attention, mut token: u32) -> Result<DecodeProfile> {
+    use folio_models::profile::{finish, start, Clock};
+    let step = |token: u32, kv: &mut OffloadKv| -> Result<(u32, f64, f64)> {
+        let start = Instant::now();
+        let logits = model.forward(&[token], kv, method, Logits::Last)?;
+        let queued = start.elapsed().as_secs_f64();
+        let next = logits.argmax(candle_core::D::Minus1)?.flatten_all()?.to_vec1::<u32>()?[0];
+        Ok((next, queued, start.elapsed().as_secs_f64()))
+    };
+    let steps = |token: &mut u32, kv: &mut OffloadKv| -> Result<(f64, f64)> {
+        let (mut host, mut total) = (0.0, 0.0);
+        for _ in 0..PROFILE_STEPS {
+            let (next, queued, took) = step(*token, kv)?;
+            (*token, host, total) = (next, host + queued, total + took);
+        }
+        Ok((host, total))
+    };
+    let (host, total) = steps(&mut token, kv)?;
+    let mut clocked = |clock: Clock, token: &mut u32| -> Result<(Vec<(&'static str, f64, usize)>, f64)> {
+        start(clock);
+        let pass = steps(token, kv);
+        let spans = finish();
+        Ok((spans, pass?.1))
+    };
+    let (on_host, _) = clocked(Clock::Host, &mut token)?;
+    let (on_device, synced) = clocked(Clock::Device, &mut token)?;
+    let per_step = |x: f64| x * 1e3 / PROFILE_STEPS as f64;
+    let spans = on_device
+        .into_iter()
+        .map(|(name, secs, calls)| DecodeSpan {
+            name,
+            host_ms: per_step(on_host.iter().find(|s| s.0 == name).map_or(0.0, |s| s.1)),
+            device_ms: per_step(secs),
+            calls: calls as f64 / PROFILE_STEPS as f64,
+        })
+        .collect();
+    Ok(DecodeProfile {
+        steps: PROFILE_STEPS,
+        host_ms: per_step(host),
+        step_ms: per_step(total),
+        spans,
+        synced_step_ms: per_step(synced),
+    })
 }
 
 #[derive(Serialize)]
@@ -129,6 +208,8 @@ struct Report {
     vram_budget: Option<u64>,
     host_kv_bytes: u64,
     peak_rss_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    profile: Option<DecodeProfile>,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -157,7 +238,8 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
     }
     let mut cfg = ModelConfig::from_file(shape)?;
     // Shapes are facts about cost: a context past the model's trained length is still measured.
-    let longest = a.context + a.warmup + a.steps;
+    let profiled = if a.profile { 3 * PROFILE_STEPS } else { 0 };
+    let longest = a.context + a.warmup + a.steps + profiled;
     cfg.max_position_embeddings = cfg.max_position_embeddings.max(longest);
     let device = parse_device(&common.device)?;
     let dtype = if device.is_cpu() { DType::F32 } else { DType::BF16 };
@@ -302,6 +384,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
             vram_budget: budget,
             host_kv_bytes: kv.host_bytes(),
             peak_rss_bytes: peak_rss(),
+            profile: if a.profile { Some(profile_decode(&model, &mut kv, method.as_ref(), token)?) } else { None },
         };
         print_report(&report, a.json, a.steps)?;
         // The next method starts from the weights and the host tier alone: this one's index
@@ -393,5 +476,17 @@ fn print_report(r: &Report, json: bool, steps: usize) -> Result<()> {
         human_bytes(r.host_kv_bytes),
         opt(r.peak_rss_bytes)
     );
+    if let Some(p) = &r.profile {
+        println!(
+            "  profile over {} steps: the host queued a step in {:.2} ms of its {:.2} ms; each op's host time to queue it, and its device time synchronised ({:.2} ms a step):",
+            p.steps, p.host_ms, p.step_ms, p.synced_step_ms
+        );
+        println!("    {:<28} {:>9} {:>9} {:>7}", "op", "host ms", "device ms", "calls");
+        for s in &p.spans {
+            println!("    {:<28} {:>9.3} {:>9.3} {:>7.1}", s.name, s.host_ms, s.device_ms, s.calls);
+        }
+        let inside: f64 = p.spans.iter().map(|s| s.device_ms).sum();
+        println!("    {:<28} {:>9} {:>9.3}", "outside the spans", "", p.synced_step_ms - inside);
+    }
     Ok(())
 }
