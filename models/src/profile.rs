@@ -40,8 +40,11 @@ pub fn start(clock: Clock) {
     SPANS.with(|s| *s.borrow_mut() = Some(BTreeMap::new()));
 }
 
-/// Stops recording and returns each span's name, total seconds and calls, longest first.
-pub fn finish() -> Vec<(&'static str, f64, usize)> {
+/// Each span's name, total seconds and calls, longest first.
+pub type Spans = Vec<(&'static str, f64, usize)>;
+
+/// Stops recording and returns the spans.
+pub fn finish() -> Spans {
     let spans = SPANS.with(|s| s.borrow_mut().take()).unwrap_or_default();
     let mut out: Vec<_> = spans.into_iter().map(|(name, (d, n))| (name, d.as_secs_f64(), n)).collect();
     out.sort_by(|a, b| b.1.total_cmp(&a.1));

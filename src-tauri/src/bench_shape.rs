@@ -119,7 +119,7 @@ struct DecodeSpan {
 /// [`DecodeProfile`] of `method` from `token` on: [`PROFILE_STEPS`] steps timed as the bench
 /// times them, again with the spans on the host's clock, and again on the device's.
 fn profile_decode(model: &Model, kv: &mut OffloadKv, method: &dyn Attention, mut token: u32) -> Result<DecodeProfile> {
-    use folio_models::profile::{finish, start, Clock};
+    use folio_models::profile::{finish, start, Clock, Spans};
     let step = |token: u32, kv: &mut OffloadKv| -> Result<(u32, f64, f64)> {
         let start = Instant::now();
         let logits = model.forward(&[token], kv, method, Logits::Last)?;
@@ -136,7 +136,7 @@ fn profile_decode(model: &Model, kv: &mut OffloadKv, method: &dyn Attention, mut
         Ok((host, total))
     };
     let (host, total) = steps(&mut token, kv)?;
-    let mut clocked = |clock: Clock, token: &mut u32| -> Result<(Vec<(&'static str, f64, usize)>, f64)> {
+    let mut clocked = |clock: Clock, token: &mut u32| -> Result<(Spans, f64)> {
         start(clock);
         let pass = steps(token, kv);
         let spans = finish();
