@@ -456,7 +456,7 @@ fn shape_bench_reports_decode_against_its_floor() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
     let p = &r["profile"];
-    assert!(f(p, "host_ms") > 0.0 && f(p, "host_ms") <= f(p, "step_ms"), "{p}");
+    assert!(f(p, "host_ms") > 0.0 && f(p, "step_ms") > 0.0, "{p}");
     let spans = p["spans"].as_array().unwrap();
     let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
     for want in ["attention", "MLP, residual", "q/k/v projections", "o projection, residual"] {
@@ -464,7 +464,8 @@ fn shape_bench_reports_decode_against_its_floor() {
         assert_eq!(f(span, "calls"), 2.0, "{span}");
     }
     assert!(spans.iter().map(|s| f(s, "device_ms")).sum::<f64>() <= f(p, "synced_step_ms"), "{p}");
-    assert!(spans.iter().all(|s| f(s, "host_ms") > 0.0), "{p}");
+    // Both clocked passes saw every span (a span missing from the host's pass reads 0).
+    assert!(spans.iter().all(|s| f(s, "host_ms") > 0.0 && f(s, "device_ms") > 0.0), "{p}");
 }
 
 /// `bench prefill --shape`: random weights of a shape, prefilled through the real builder

@@ -406,9 +406,37 @@ mod cuda {
 
     /// Pairs of page-locked staging buffers not in use, with the context they were made in. A
     /// transfer takes a pair and puts it back, so transfers on several threads at once (a
-    /// prefill's K/V copied off the device beside the next layer's hidden states) each have
-    /// their own, and a pair is made only when every existing one is in use.
+    /// prefill's K and V copied off the device beside the next layer's hidden states) each have
+    /// their own, and a pair is made only when every existing one is in use. Pairs of another
+    /// context (a device made again with new settings) are let go when this one needs a pair,
+    /// and at most [`SPARE_PAIRS`] wait in the pool.
     static STAGING: Mutex<Vec<Vec<PinnedHostSlice<u8>>>> = Mutex::new(Vec::new());
+    const SPARE_PAIRS: usize = 4;
+
+    /// A pair taken from [`STAGING`]: back into it when dropped, once no copy can be writing
+    /// into it. A use that finished (`clean`) waited for its copies; one that failed or
+    /// panicked part-way may have left some in flight, all on this thread's stream, so the
+    /// stream is synchronised first; where even that fails the pair is leaked rather than
+    /// freed under a copy.
+    struct Lease<'a> {
+        stream: &'a CudaStream,
+        bufs: Vec<PinnedHostSlice<u8>>,
+        clean: bool,
+    }
+
+    impl Drop for Lease<'_> {
+        fn drop(&mut self) {
+            let bufs = std::mem::take(&mut self.bufs);
+            if !self.clean && self.stream.synchronize().is_err() {
+                std::mem::forget(bufs);
+                return;
+            }
+            let mut free = STAGING.lock().unwrap_or_else(|e| e.into_inner());
+            if free.len() < SPARE_PAIRS {
+                free.push(bufs);
+            }
+        }
+    }
 
     fn with_staging<T>(stream: &Arc<CudaStream>, f: impl FnOnce(&mut [PinnedHostSlice<u8>]) -> Result<T>) -> Result<T> {
         let ctx = stream.context();
@@ -416,24 +444,25 @@ mod cuda {
         ctx.bind_to_thread().w()?;
         let taken = {
             let mut free = STAGING.lock().unwrap_or_else(|e| e.into_inner());
-            free.iter().position(|p| Arc::ptr_eq(p[0].context(), ctx)).map(|i| free.swap_remove(i))
+            match free.iter().position(|p| Arc::ptr_eq(p[0].context(), ctx)) {
+                Some(i) => Some(free.swap_remove(i)),
+                None => {
+                    // Nothing of this context is free: another context's pairs are not coming back.
+                    free.retain(|p| Arc::ptr_eq(p[0].context(), ctx));
+                    None
+                }
+            }
         };
-        let mut bufs = match taken {
+        let bufs = match taken {
             Some(bufs) => bufs,
             None => (0..BUFFERS)
                 // SAFETY: every byte a copy reads from a staging buffer was written first.
                 .map(|_| unsafe { ctx.alloc_pinned_with_flags::<u8>(PIECE, 0) }.w())
                 .collect::<Result<_>>()?,
         };
-        let result = f(&mut bufs);
-        // A pair goes back once its copies are done: a use ends waiting for them, but one that
-        // failed part-way may have left some in flight (all on this thread's stream). Where even
-        // that wait fails, the pair is leaked rather than freed under a copy.
-        if result.is_err() && stream.synchronize().is_err() {
-            std::mem::forget(bufs);
-            return result;
-        }
-        STAGING.lock().unwrap_or_else(|e| e.into_inner()).push(bufs);
+        let mut lease = Lease { stream, bufs, clean: false };
+        let result = f(&mut lease.bufs);
+        lease.clean = result.is_ok();
         result
     }
 

@@ -47,7 +47,7 @@ pub fn merge(a: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if a.device().is_cuda() && a.dtype() == candle_core::DType::BF16 {
         let (n, _, hd) = a.dims3()?;
-        if hd % cuda::VEC == 0 && n > 0 {
+        if hd > 0 && hd % cuda::VEC == 0 && n > 0 {
             return crate::vector_aligned(a)?.apply_op1_no_bwd(&crate::cuda_op::CudaOnly(cuda::MergeHeads { n, hd }));
         }
     }

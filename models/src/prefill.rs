@@ -357,13 +357,15 @@ impl RopeTables {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct ChunkPlan {
     pub chunk: usize,
-    /// Upper bound of the prefill's memory beyond the model weights, in bytes.
+    /// Estimate of the prefill's memory beyond the model weights, in bytes (an upper bound
+    /// until the K/V copies overlapped the next layer: docs/performance.md records peaks
+    /// 0.8–1.3 GB above it since, cause not yet found).
     pub working_set: u64,
 }
 
 /// The largest chunk whose working set fits `budget` (or [`DEFAULT_CHUNK`] without one) for a
-/// prefill of `tokens` tokens whose larger K/V section is `section_bytes` once encoded (one
-/// section's bytes are held at a time while it is written).
+/// prefill of `tokens` tokens whose larger K/V section is `section_bytes` once encoded (a
+/// layer's two sections are held while the next layer runs).
 pub fn plan_chunk(model: &Model, tokens: usize, section_bytes: u64, budget: Option<u64>) -> Result<ChunkPlan> {
     let (fixed, per_token) = working_set_terms(model, tokens, section_bytes);
     let most = tokens.clamp(1, MAX_CHUNK);

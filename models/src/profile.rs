@@ -27,7 +27,8 @@ thread_local! {
 /// What a span's time is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Clock {
-    /// Its own work on the device: synchronised before and after.
+    /// Its own work: the device synchronised before and after, so the span's wall time is its
+    /// launches and its device work, and nothing queued before it.
     Device,
     /// The host's time queueing it, nothing synchronised: where a step is bound by its
     /// launches (a decode step's ~30 small operations a layer), this is what the step costs.
@@ -80,4 +81,32 @@ pub fn span<T>(device: &Device, name: &'static str, f: impl FnOnce() -> Result<T
         }
     });
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The clock a recording starts with decides whether spans synchronise; spans are charged
+    /// by name with their calls, and nothing is recorded once finished.
+    #[test]
+    fn clock_and_spans() {
+        for (clock, sync) in [(Clock::Host, false), (Clock::Device, true)] {
+            start(clock);
+            assert_eq!(SYNC.with(|s| s.get()), sync);
+            for _ in 0..3 {
+                span(&Device::Cpu, "a", || {
+                    std::thread::sleep(Duration::from_millis(1));
+                    Ok(())
+                })
+                .unwrap();
+            }
+            span(&Device::Cpu, "b", || Ok(())).unwrap();
+            let spans = finish();
+            assert_eq!(spans.iter().map(|s| (s.0, s.2)).collect::<Vec<_>>(), [("a", 3), ("b", 1)]);
+            assert!(spans[0].1 >= 0.003, "{spans:?}");
+        }
+        span(&Device::Cpu, "c", || Ok(())).unwrap();
+        assert!(finish().is_empty());
+    }
 }

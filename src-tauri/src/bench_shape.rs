@@ -267,7 +267,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
     let (param_count, read_params) = parameters(&cfg);
     let weights = (param_count * elem) as u64;
     let index = methods.iter().map(|m| m.2.resident_bytes).max().unwrap_or(0);
-    let tail = cfg.kv_bytes_per_token(elem) as u64 * (a.warmup + a.steps) as u64;
+    let tail = cfg.kv_bytes_per_token(elem) as u64 * (a.warmup + a.steps + profiled) as u64;
     let scores = (cfg.num_heads * a.context * 4 * 2) as u64;
     let planned = baseline + weights + index + tail + scores + WORKSPACE_BYTES;
     let budget = a.vram_budget.as_deref().map(parse_bytes).transpose()?.or(total_device);
@@ -346,6 +346,8 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
             host: host_bytes / host_bw * 1e3,
         };
         let pcie4 = Floor { link: link_bytes / PCIE4_X16 * 1e3, ..floor };
+        // The profile's steps (if any) run before the peak is read: they are held to the budget too.
+        let profile = if a.profile { Some(profile_decode(&model, &mut kv, method.as_ref(), token)?) } else { None };
         let peak = sampler.peak();
         let report = Report {
             shape: shape.display().to_string(),
@@ -384,7 +386,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
             vram_budget: budget,
             host_kv_bytes: kv.host_bytes(),
             peak_rss_bytes: peak_rss(),
-            profile: if a.profile { Some(profile_decode(&model, &mut kv, method.as_ref(), token)?) } else { None },
+            profile,
         };
         print_report(&report, a.json, a.steps)?;
         // The next method starts from the weights and the host tier alone: this one's index

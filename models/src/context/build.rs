@@ -103,7 +103,9 @@ pub struct Progress {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct StageSeconds {
     /// The layers' forward passes, with the hidden states' trips to and from the device: on a
-    /// GPU the device's time from the end of one layer to the end of the next (events).
+    /// GPU the device's time from the end of one layer to the end of the next (events), which
+    /// includes any time the device idled while the host was held up (a checkpoint's copy, a
+    /// store joined at once where the hidden states are files).
     pub compute: f64,
     /// Reading, writing and hashing the hidden-state files.
     pub hidden_io: f64,
@@ -583,7 +585,7 @@ impl Job<'_> {
         let outcome = std::thread::scope(|scope| -> Result<()> {
             let mut in_flight: Option<Persist<'_>> = None;
             let mut store_in_flight: Option<StoreWriter<'_>> = None;
-            // The K and V buffers of the layer before last, back from its writer for reuse.
+            // The K and V buffers of the previous layer, back from its writer for reuse.
             let mut spare: [Vec<u8>; 2] = Default::default();
             for layer in done..layers {
                 let prefix = self.prefix(layer)?;

@@ -173,18 +173,11 @@ impl Codec {
     /// else goes through [`Self::encode`]. The bytes are [`Self::encode`]'s in every case.
     pub fn encode_tensor(self, x: &Tensor, head_dim: usize) -> Result<Vec<u8>> {
         let mut out = Vec::new();
-        self.encode_tensor_into(x, head_dim, &mut out)?;
+        self.start_encode(x, head_dim)?.finish_into(&mut out)?;
         Ok(out)
     }
 
-    /// [`Self::encode_tensor`] into `out`, resized to the section: a prefill hands each layer
-    /// the buffers of the layer before last, whose pages are already mapped (a fresh buffer of
-    /// tens of MB costs a page fault per 4 KiB, which took longer than the copy off the GPU).
-    pub fn encode_tensor_into(self, x: &Tensor, head_dim: usize, out: &mut Vec<u8>) -> Result<()> {
-        self.start_encode(x, head_dim)?.finish_into(out)
-    }
-
-    /// The device's half of [`Self::encode_tensor_into`]: fp8 rows on a GPU are encoded there
+    /// The device's half of [`Self::encode_tensor`]: fp8 rows on a GPU are encoded there
     /// and bf16 or f32 rows kept as they are, to be copied to the host by
     /// [`PendingSection::finish_into`], which may run on another thread while this one queues
     /// more work (a prefill's next layer); anything else is encoded on the host now.
@@ -296,7 +289,9 @@ enum Pending {
 impl PendingSection {
     /// The section's bytes into `out`, resized to it, from any thread: a copy off the device
     /// waits on this thread's stream for the work that made the rows, then runs beside what
-    /// the thread that queued it does next.
+    /// the thread that queued it does next. A prefill hands each layer the previous layer's
+    /// buffers, whose pages are already mapped (a fresh buffer of tens of MB costs a page fault
+    /// per 4 KiB, which took longer than the copy off the GPU).
     pub fn finish_into(self, out: &mut Vec<u8>) -> Result<()> {
         let Self { codec, rows, head_dim, from } = self;
         let (t, queued) = match from {
