@@ -459,11 +459,18 @@ fn shape_bench_reports_decode_against_its_floor() {
     assert!(f(p, "host_ms") > 0.0 && f(p, "step_ms") > 0.0, "{p}");
     let spans = p["spans"].as_array().unwrap();
     let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    let named = |want: &str| &spans[names.iter().position(|n| *n == want).unwrap_or_else(|| panic!("{want} in {p}"))];
     for want in ["attention", "MLP, residual", "q/k/v projections", "o projection, residual"] {
-        let span = &spans[names.iter().position(|n| *n == want).unwrap_or_else(|| panic!("{want} in {p}"))];
-        assert_eq!(f(span, "calls"), 2.0, "{span}");
+        assert_eq!(f(named(want), "calls"), 2.0, "{want}: {p}");
     }
-    assert!(spans.iter().map(|s| f(s, "device_ms")).sum::<f64>() <= f(p, "synced_step_ms"), "{p}");
+    // The offloaded attention's parts, inside its span and left out of the sum.
+    let parts = ["attention: pick", "attention: gather", "attention: kernel"];
+    for want in parts {
+        assert_eq!(f(named(want), "calls"), 2.0, "{want}: {p}");
+    }
+    assert!(parts.iter().map(|w| f(named(w), "device_ms")).sum::<f64>() <= f(named("attention"), "device_ms"), "{p}");
+    let top = spans.iter().filter(|s| !s["name"].as_str().unwrap().contains(": "));
+    assert!(top.map(|s| f(s, "device_ms")).sum::<f64>() <= f(p, "synced_step_ms"), "{p}");
     // Both clocked passes saw every span (a span missing from the host's pass reads 0).
     assert!(spans.iter().all(|s| f(s, "host_ms") > 0.0 && f(s, "device_ms") > 0.0), "{p}");
 }

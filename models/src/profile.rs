@@ -44,6 +44,12 @@ pub fn start(clock: Clock) {
 /// Each span's name, total seconds and calls, longest first.
 pub type Spans = Vec<(&'static str, f64, usize)>;
 
+/// Spans named `outer: part` run inside the span `outer` (an attention call's gather, say):
+/// their time is also the outer span's, so a reader summing spans skips them.
+pub fn is_part(name: &str) -> bool {
+    name.contains(": ")
+}
+
 /// Stops recording and returns the spans.
 pub fn finish() -> Spans {
     let spans = SPANS.with(|s| s.borrow_mut().take()).unwrap_or_default();

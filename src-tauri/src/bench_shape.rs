@@ -483,12 +483,18 @@ fn print_report(r: &Report, json: bool, steps: usize) -> Result<()> {
             "  profile over {} steps: the host queued a step in {:.2} ms of its {:.2} ms; each op's host time to queue it, and its device time synchronised ({:.2} ms a step):",
             p.steps, p.host_ms, p.step_ms, p.synced_step_ms
         );
-        println!("    {:<28} {:>9} {:>9} {:>7}", "op", "host ms", "device ms", "calls");
-        for s in &p.spans {
-            println!("    {:<28} {:>9.3} {:>9.3} {:>7.1}", s.name, s.host_ms, s.device_ms, s.calls);
+        println!("    {:<30} {:>9} {:>9} {:>7}", "op", "host ms", "device ms", "calls");
+        // Parts of a span (`attention: gather`) after the spans, indented: their time is in
+        // their span's too.
+        let (parts, spans): (Vec<_>, Vec<_>) = p.spans.iter().partition(|s| folio_models::profile::is_part(s.name));
+        for s in &spans {
+            println!("    {:<30} {:>9.3} {:>9.3} {:>7.1}", s.name, s.host_ms, s.device_ms, s.calls);
         }
-        let inside: f64 = p.spans.iter().map(|s| s.device_ms).sum();
-        println!("    {:<28} {:>9} {:>9.3}", "outside the spans", "", p.synced_step_ms - inside);
+        for s in &parts {
+            println!("      {:<28} {:>9.3} {:>9.3} {:>7.1}", s.name, s.host_ms, s.device_ms, s.calls);
+        }
+        let inside: f64 = spans.iter().map(|s| s.device_ms).sum();
+        println!("    {:<30} {:>9} {:>9.3}", "outside the spans", "", p.synced_step_ms - inside);
     }
     Ok(())
 }

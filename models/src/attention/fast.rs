@@ -10,6 +10,7 @@ use folio_kernels::Positions;
 
 use super::AttnCall;
 use crate::error::{Error, Result};
+use crate::profile::span;
 use crate::tier::DecodeTier;
 
 /// Positions per chunk of [`attend_scored`] at most (64 Ki, as the tiers' scans).
@@ -39,11 +40,14 @@ pub fn selected_partial(
     bias: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
     let s = idx.dim(1)?;
-    let (k, v) = kv.gather(call.kv_layer, idx, call.q_start + 1)?;
+    let dev = idx.device();
+    let (k, v) = span(dev, "attention: gather", || kv.gather(call.kv_layer, idx, call.q_start + 1))?;
     // The gathered rows are the kernel's K/V: `rows` heads of `s` rows each, read in order.
-    let q = call.q.squeeze(1)?;
-    let own = Tensor::arange(0u32, s as u32, idx.device())?.unsqueeze(0)?.repeat((q.dim(0)?, 1))?;
-    Ok(sparse::decode_attention(&q, &k, &v, &own, bias, call.scale, Positions::Trusted)?)
+    span(dev, "attention: kernel", || {
+        let q = call.q.squeeze(1)?;
+        let own = Tensor::arange(0u32, s as u32, dev)?.unsqueeze(0)?.repeat((q.dim(0)?, 1))?;
+        Ok(sparse::decode_attention(&q, &k, &v, &own, bias, call.scale, Positions::Trusted)?)
+    })
 }
 
 /// Per-head picks of different lengths (positions, and logit biases or none) as the `[heads, s]`

@@ -320,7 +320,9 @@ impl Hip {
         if cache.get(&call.layer).is_none_or(|m| self.stale(m, heads, hi, call.layer)) {
             let blocks = window_start.saturating_sub(first).div_ceil(b);
             let n = self.budget.tokens(hi - lo).div_ceil(b).max(1);
-            let chosen = search_on_device(&q, kv, call, (first, window_start, b), blocks, n)?;
+            let chosen = crate::profile::span(&dev, "attention: search", || {
+                search_on_device(&q, kv, call, (first, window_start, b), blocks, n)
+            })?;
             searched = chosen.1;
             let masks = chosen
                 .0

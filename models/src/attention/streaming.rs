@@ -76,9 +76,11 @@ impl Attention for Streaming {
         if let (Some(kv), 1) = (call.kv.tier(), call.q.dim(1)?) {
             let (lo, hi) = visible(call);
             let pick = self.selection(lo, hi);
-            let pos: Vec<u32> = pick.iter().map(|&p| p as u32).collect();
             // One pick for every head: each KV head's rows are read once for its group.
-            let idx = Tensor::from_vec(pos, (1, pick.len()), call.q.device())?.repeat((kv.kv_heads(), 1))?;
+            let idx = crate::profile::span(call.q.device(), "attention: pick", || {
+                let pos: Vec<u32> = pick.iter().map(|&p| p as u32).collect();
+                Ok(Tensor::from_vec(pos, (1, pick.len()), call.q.device())?.repeat((kv.kv_heads(), 1))?)
+            })?;
             let out = fast::attend_selected(call, &*kv, &idx, None)?;
             return Ok(Attended { out, read: Read::Rows(vec![pick; heads]), searched: 0.0 });
         }
