@@ -447,8 +447,9 @@ mod cuda {
             match free.iter().position(|p| Arc::ptr_eq(p[0].context(), ctx)) {
                 Some(i) => Some(free.swap_remove(i)),
                 None => {
-                    // Nothing of this context is free: another context's pairs are not coming back.
-                    free.retain(|p| Arc::ptr_eq(p[0].context(), ctx));
+                    // Nothing of this context is free, so every pair here is another context's:
+                    // those are not coming back.
+                    free.clear();
                     None
                 }
             }

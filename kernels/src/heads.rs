@@ -80,83 +80,74 @@ mod cuda {
         pub hd: usize,
     }
 
-    impl SplitHeads {
-        fn launch(
-            &self,
-            y: &CudaStorage,
-            yl: &Layout,
-            bias: Option<(&CudaStorage, &Layout)>,
-        ) -> Result<(CudaStorage, Shape)> {
-            let (n, hd) = (self.n, self.hd);
-            let count = yl.shape().elem_count();
-            let t = count / (n * hd);
-            if t > i32::MAX as usize || n * hd > i32::MAX as usize {
-                candle_core::bail!("split heads: {t} rows of {n} x {hd} values are past the kernel's i32 indices");
-            }
-            let dev = y.device().clone();
-            // SAFETY: every output vector is written by the thread owning it.
-            let out = unsafe { dev.alloc::<half::bf16>(count.max(1))? };
-            if count > 0 {
-                let ys = y.as_cuda_slice::<half::bf16>()?.slice(yl.start_offset()..);
-                let cfg = LaunchConfig {
-                    grid_dim: ((count / VEC).div_ceil(THREADS) as u32, 1, 1),
-                    block_dim: (THREADS as u32, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let ints = [t as i32, n as i32, hd as i32];
-                let name = if bias.is_some() { "split_heads_bias_bf16" } else { "split_heads_bf16" };
-                let func = dev.get_or_load_custom_func(name, MODULE, PTX)?;
-                let mut b = func.builder();
-                b.arg(&ys);
-                let bs = bias
-                    .map(|(b, bl)| b.as_cuda_slice::<half::bf16>().map(|s| s.slice(bl.start_offset()..)))
-                    .transpose()?;
-                if let Some(bs) = &bs {
-                    b.arg(bs);
-                }
-                b.arg(&out).arg(&ints[0]).arg(&ints[1]).arg(&ints[2]);
-                // SAFETY: y is t × n·hd contiguous bf16 and the bias n·hd, both starting 16-byte
-                // aligned (vector_aligned); hd % VEC == 0; out holds t·n·hd.
-                unsafe { b.launch(cfg) }.w()?;
-            }
-            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((n, t, hd))))
-        }
-    }
-
     pub struct MergeHeads {
         pub n: usize,
         pub hd: usize,
+    }
+
+    /// Launches heads.cu's kernel `name` over `count` bf16 values of `n` heads of `hd`: its
+    /// arguments are `sources` (each a storage and its layout), the output, then t, n and hd,
+    /// as both kernels take them. The output is `count` fresh values.
+    fn launch(
+        name: &str,
+        sources: &[(&CudaStorage, &Layout)],
+        count: usize,
+        (n, hd): (usize, usize),
+    ) -> Result<CudaStorage> {
+        let t = count / (n * hd);
+        if t > i32::MAX as usize || n * hd > i32::MAX as usize {
+            candle_core::bail!("{name}: {t} rows of {n} x {hd} values are past the kernel's i32 indices");
+        }
+        let dev = sources[0].0.device().clone();
+        // SAFETY: every output vector is written by the thread owning it.
+        let out = unsafe { dev.alloc::<half::bf16>(count.max(1))? };
+        if count > 0 {
+            let views = sources
+                .iter()
+                .map(|(s, l)| s.as_cuda_slice::<half::bf16>().map(|v| v.slice(l.start_offset()..)))
+                .collect::<Result<Vec<_>>>()?;
+            let cfg = LaunchConfig {
+                grid_dim: ((count / VEC).div_ceil(THREADS) as u32, 1, 1),
+                block_dim: (THREADS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let ints = [t as i32, n as i32, hd as i32];
+            let func = dev.get_or_load_custom_func(name, MODULE, PTX)?;
+            let mut b = func.builder();
+            for v in &views {
+                b.arg(v);
+            }
+            b.arg(&out).arg(&ints[0]).arg(&ints[1]).arg(&ints[2]);
+            // SAFETY: the sources are contiguous bf16 starting 16-byte aligned (vector_aligned):
+            // `count` values (a bias: n·hd); hd % VEC == 0; out holds `count`.
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev))
+    }
+
+    impl SplitHeads {
+        fn launch(
+            &self,
+            y: (&CudaStorage, &Layout),
+            bias: Option<(&CudaStorage, &Layout)>,
+        ) -> Result<(CudaStorage, Shape)> {
+            let count = y.1.shape().elem_count();
+            let (name, sources) = match bias {
+                Some(b) => ("split_heads_bias_bf16", vec![y, b]),
+                None => ("split_heads_bf16", vec![y]),
+            };
+            let out = launch(name, &sources, count, (self.n, self.hd))?;
+            Ok((out, Shape::from((self.n, count / (self.n * self.hd), self.hd))))
+        }
     }
 
     impl CudaOp1 for MergeHeads {
         const NAME: &'static str = "folio-merge-heads";
 
         fn cuda_fwd(&self, a: &CudaStorage, al: &Layout) -> Result<(CudaStorage, Shape)> {
-            let (n, hd) = (self.n, self.hd);
             let count = al.shape().elem_count();
-            let t = count / (n * hd);
-            if t > i32::MAX as usize || n * hd > i32::MAX as usize {
-                candle_core::bail!("merge heads: {n} heads of {t} x {hd} values are past the kernel's i32 indices");
-            }
-            let dev = a.device().clone();
-            // SAFETY: every output vector is written by the thread owning it.
-            let out = unsafe { dev.alloc::<half::bf16>(count.max(1))? };
-            if count > 0 {
-                let avs = a.as_cuda_slice::<half::bf16>()?.slice(al.start_offset()..);
-                let cfg = LaunchConfig {
-                    grid_dim: ((count / VEC).div_ceil(THREADS) as u32, 1, 1),
-                    block_dim: (THREADS as u32, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let ints = [t as i32, n as i32, hd as i32];
-                let func = dev.get_or_load_custom_func("merge_heads_bf16", MODULE, PTX)?;
-                let mut b = func.builder();
-                b.arg(&avs).arg(&out).arg(&ints[0]).arg(&ints[1]).arg(&ints[2]);
-                // SAFETY: a is n × t × hd contiguous bf16 starting 16-byte aligned (vector_aligned);
-                // hd % VEC == 0; out holds t·n·hd.
-                unsafe { b.launch(cfg) }.w()?;
-            }
-            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((t, n * hd))))
+            let out = launch("merge_heads_bf16", &[(a, al)], count, (self.n, self.hd))?;
+            Ok((out, Shape::from((count / (self.n * self.hd), self.n * self.hd))))
         }
     }
 
@@ -164,7 +155,7 @@ mod cuda {
         const NAME: &'static str = "folio-split-heads";
 
         fn cuda_fwd(&self, y: &CudaStorage, yl: &Layout) -> Result<(CudaStorage, Shape)> {
-            self.launch(y, yl, None)
+            self.launch((y, yl), None)
         }
     }
 
@@ -172,7 +163,7 @@ mod cuda {
         const NAME: &'static str = "folio-split-heads-bias";
 
         fn cuda_fwd(&self, y: &CudaStorage, yl: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
-            self.launch(y, yl, Some((b, bl)))
+            self.launch((y, yl), Some((b, bl)))
         }
     }
 }

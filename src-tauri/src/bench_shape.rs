@@ -116,21 +116,24 @@ struct DecodeSpan {
     calls: f64,
 }
 
+/// One greedy decode step after `token`: the next token, the seconds until the forward pass
+/// returned (its work queued) and until the token was on the host.
+fn decode_step(model: &Model, kv: &mut OffloadKv, method: &dyn Attention, token: u32) -> Result<(u32, f64, f64)> {
+    let start = Instant::now();
+    let logits = model.forward(&[token], kv, method, Logits::Last)?;
+    let queued = start.elapsed().as_secs_f64();
+    let next = logits.argmax(candle_core::D::Minus1)?.flatten_all()?.to_vec1::<u32>()?[0];
+    Ok((next, queued, start.elapsed().as_secs_f64()))
+}
+
 /// [`DecodeProfile`] of `method` from `token` on: [`PROFILE_STEPS`] steps timed as the bench
 /// times them, again with the spans on the host's clock, and again on the device's.
 fn profile_decode(model: &Model, kv: &mut OffloadKv, method: &dyn Attention, mut token: u32) -> Result<DecodeProfile> {
     use folio_models::profile::{finish, start, Clock, Spans};
-    let step = |token: u32, kv: &mut OffloadKv| -> Result<(u32, f64, f64)> {
-        let start = Instant::now();
-        let logits = model.forward(&[token], kv, method, Logits::Last)?;
-        let queued = start.elapsed().as_secs_f64();
-        let next = logits.argmax(candle_core::D::Minus1)?.flatten_all()?.to_vec1::<u32>()?[0];
-        Ok((next, queued, start.elapsed().as_secs_f64()))
-    };
     let steps = |token: &mut u32, kv: &mut OffloadKv| -> Result<(f64, f64)> {
         let (mut host, mut total) = (0.0, 0.0);
         for _ in 0..PROFILE_STEPS {
-            let (next, queued, took) = step(*token, kv)?;
+            let (next, queued, took) = decode_step(model, kv, method, *token)?;
             (*token, host, total) = (next, host + queued, total + took);
         }
         Ok((host, total))
@@ -323,10 +326,8 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
         let mut times = Vec::with_capacity(a.steps);
         let mut first_step_s = 0.0;
         for step in 0..a.warmup + a.steps {
-            let start = Instant::now();
-            let logits = model.forward(&[token], &mut kv, method.as_ref(), Logits::Last)?;
-            token = logits.argmax(candle_core::D::Minus1)?.flatten_all()?.to_vec1::<u32>()?[0];
-            let secs = start.elapsed().as_secs_f64();
+            let (next, _, secs) = decode_step(&model, &mut kv, method.as_ref(), token)?;
+            token = next;
             if step == 0 {
                 first_step_s = secs;
             }

@@ -201,6 +201,7 @@ impl Codec {
         };
         Ok(PendingSection { codec: self, rows, head_dim, from })
     }
+
     /// A section's bytes split into its row data and (fp8) its scales, past the padding.
     fn section_parts(self, section: &mut [u8], rows: usize, head_dim: usize) -> (&mut [u8], Option<&mut [u8]>) {
         let data_end = self.data_bytes(rows, head_dim) as usize;
