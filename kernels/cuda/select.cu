@@ -113,6 +113,59 @@ extern "C" __global__ void topk_collect(const float* scores, const uint32_t* sta
     }
 }
 
+// topk_small: the k largest of a row of at most SMALL_MAX scores in one block: the row sorted
+// in shared memory (bitonic, descending by score in total order, the lower position first
+// among equals), then its first k positions sorted ascending. One launch, where the radix
+// select takes eight (four passes of two) and would spend most of a short row's time in them:
+// a HiP search round keeps the best half of a few hundred candidates per head.
+//   scores [rows, n] f32   out [rows, k] u32   p: a power of two >= n, q: one >= k
+#define SMALL_MAX 2048
+
+__device__ __forceinline__ uint32_t sortable(float f) {
+    const uint32_t u = __float_as_uint(f);
+    return u ^ ((u >> 31) ? 0xffffffffu : 0x80000000u);
+}
+
+// Sorts keys[0..p) (p a power of two) in shared memory, descending or ascending, with the
+// block's SELECT_THREADS threads; the caller syncs before reading the result.
+template <typename K>
+__device__ void bitonic_sort(K* keys, int p, bool descending) {
+    for (int size = 2; size <= p; size <<= 1) {
+        for (int stride = size / 2; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (int i = threadIdx.x; i < p / 2; i += SELECT_THREADS) {
+                const int lo = 2 * stride * (i / stride) + i % stride, hi = lo + stride;
+                // Runs alternate direction until the last merge, which goes the asked way.
+                const bool down = ((lo & size) == 0) == descending;
+                const K a = keys[lo], b = keys[hi];
+                if ((a < b) == down && a != b) {
+                    keys[lo] = b;
+                    keys[hi] = a;
+                }
+            }
+        }
+    }
+}
+
+extern "C" __global__ void topk_small(const float* scores, uint32_t* out, int n, int k, int p, int q) {
+    __shared__ unsigned long long s_key[SMALL_MAX];
+    const float* row = scores + (size_t)blockIdx.x * n;
+    const int t = threadIdx.x;
+    // Score in the high word, the complement of the position in the low word: larger keys
+    // win, and among equal scores the lower position; padding (key 0) loses to every score.
+    for (int i = t; i < p; i += SELECT_THREADS) {
+        s_key[i] = i < n ? ((unsigned long long)sortable(row[i]) << 32) | (uint32_t)~i : 0ull;
+    }
+    bitonic_sort(s_key, p, true);
+    __syncthreads();
+    // The first k positions, then sorted ascending (padding past k as the largest).
+    __shared__ uint32_t s_pos[SMALL_MAX];
+    for (int i = t; i < q; i += SELECT_THREADS) s_pos[i] = i < k ? ~(uint32_t)s_key[i] : 0xffffffffu;
+    bitonic_sort(s_pos, q, false);
+    __syncthreads();
+    for (int i = t; i < k; i += SELECT_THREADS) out[(size_t)blockIdx.x * k + i] = s_pos[i];
+}
+
 // One thread per 16-byte vector of an output row: vecs = row bytes / 16. Positions below `n`
 // come from `src` (n rows per source head), the rest from `tail` (tail_n rows per head).
 extern "C" __global__ void gather_rows(const uint4* src, const uint4* tail, const uint32_t* idx, uint4* out,

@@ -1,10 +1,14 @@
-// Sparse-decode kernels. Each has a CPU reference in kernels/src/sparse.rs (`reference::`),
+// Sparse-decode kernels. Each has a CPU reference in kernels/src/sparse/reference.rs,
 // and kernels/tests/sparse.rs holds them to it on fresh random inputs.
 //
-// decode_attention: one decode step's attention over selected key rows, gathered in the kernel
-// (only the selected K and V rows are read), with an optional additive logit bias per selected
-// row (MagicPIG's -log u). Output: the normalised attention output and its log-sum-exp, so
-// partial attentions over disjoint key sets merge exactly (`merge`).
+// decode_attention_rows: one decode step's attention of each query head over its KV head's first
+// rows (the rows a method picked, gathered), each row read once per GQA group, with an optional
+// additive logit bias per row (MagicPIG's -log u, −∞ for a padded pick). Output: the normalised
+// attention output and its log-sum-exp, so partial attentions over disjoint key sets merge
+// exactly (`merge`).
+//
+// attention_mass: the probability each key row received in a decode step, summed over a KV
+// group's query heads (BUZZ's scores), without reading V or materialising the logits.
 //
 // simhash_codes: MagicPIG's K-bit SimHash code of each row in each of L tables.
 
@@ -13,6 +17,8 @@
 #include <math.h>
 
 #define MAX_D 256
+// Largest GQA group (query heads per KV head) attention_mass serves: its queries sit in shared memory.
+#define MAX_GROUP 16
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -22,21 +28,242 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
-// Split over the selection: block (h, c) takes rows [c*rows_per_block, (c+1)*rows_per_block) of
-// head h's selection (the launcher sizes chunks so the grid fills the GPU a few times over) in
-// tiles of TILE rows, flash-decoding's layout: first each thread scores one row (its whole K
-// row, so a tile has TILE row loads in flight and no per-row reductions), then a block-wide
-// max and sum update the online softmax, then each thread accumulates its own channels over
-// the tile's V rows (coalesced across threads). The block writes one partial (acc[d], m, l);
-// decode_attention_merge merges a head's chunks.
-//   q    [heads, d] f32           k, v [kv_heads, n, d] T
-//   idx  [heads, sel] u32 (positions < n)    bias [heads, sel] f32 or null
-//   part [heads, chunks, d + 2] f32: acc[d], m, l
+// Rows per tile of the decode kernel (a row per thread: its block size).
 #define TILE 128
+
+// Eight channels of a row as f32 (16-byte aligned).
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float* x) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    for (int j = 0; j < 4; ++j) {
+        x[2 * j] = __low2float(h2[j]);
+        x[2 * j + 1] = __high2float(h2[j]);
+    }
+}
+
+__device__ __forceinline__ void load8(const float* p, float* x) {
+    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+
+// decode_attention_rows: every query head of a KV group attends the same rows, the first `rows`
+// of its KV head (a gathered pick, a cache's live slots, a resident layer), so each K and V row
+// is read once per GROUP_BLOCK query heads rather than once per query head (7 times for a 7:1
+// GQA group: the cost of the per-head selected-row kernel this replaced). Two kernels and the
+// merge, each with a simple loop, since a single tiled kernel (scores, a block-wide online
+// softmax, then V, per tile of 128 rows) spent its time on barriers and shared-memory reads,
+// not memory (23% of the copy bandwidth over 105k rows of an H100; these reach 28%, the value
+// kernel held back by its registers: see docs/performance.md):
+//  * decode_rows_logits: a thread per row scores its K row against the block's query heads
+//    (GROUP_BLOCK at a time, their queries in shared memory): z [heads, rows] f32, scaled and
+//    biased, and each head's maximum over the block's rows, bmax [heads, row blocks];
+//  * decode_rows_values: flash-decoding's split over rows, a block per (KV head, chunk,
+//    GROUP_BLOCK heads): each head's stabiliser is the largest bmax of the logit blocks the
+//    chunk overlaps (no pass over the logits to find it); each thread takes 8 channels of every
+//    (128 / (d / 8))-th row (16-byte loads), weighting them for every head and summing the
+//    weights as it goes; the block's row lanes are summed in shared memory into one partial
+//    (acc[d], m, l) per head, merged by decode_attention_merge.
+//   q [heads, d] f32   k, v [kv_heads, n, d] T   bias [heads, rows] f32 or null
+//   z [heads, rows] f32   bmax [heads, ceil(rows / LOGIT_THREADS)] f32   part [heads, chunks, d + 2] f32
+#define GROUP_BLOCK 8
+#define LOGIT_THREADS 128
+
+// dot[h] = sq[h] . row over d channels for the first nh of GROUP_BLOCK heads (queries [nh, d]
+// in shared memory), each summed in channel order: eight channels per load where the row
+// allows (rows start 16-byte aligned when d is a multiple of 8), then the rest one by one. The
+// loops over heads run to GROUP_BLOCK with the absent heads masked, so dot stays in registers.
+template <typename T>
+__device__ __forceinline__ void group_dots(const T* row, const float* sq, int d, int nh, float* dot) {
+#pragma unroll
+    for (int h = 0; h < GROUP_BLOCK; ++h) dot[h] = 0.f;
+    const int wide = d % 8 == 0 ? d : 0;
+#pragma unroll 8
+    for (int i = 0; i < wide; i += 8) {
+        float x[8];
+        load8(row + i, x);
+#pragma unroll
+        for (int h = 0; h < GROUP_BLOCK; ++h) {
+            if (h < nh) {
+#pragma unroll
+                for (int c = 0; c < 8; ++c) dot[h] += sq[h * d + i + c] * x[c];
+            }
+        }
+    }
+    for (int i = wide; i < d; ++i) {
+        const float x = to_f32(row[i]);
+#pragma unroll
+        for (int h = 0; h < GROUP_BLOCK; ++h) {
+            if (h < nh) dot[h] += sq[h * d + i] * x;
+        }
+    }
+}
+
+template <typename T>
+__device__ void decode_rows_logits(const float* q, const T* k, const float* bias, float* z, float* bmax, int heads,
+                                   int kv_heads, int n, int d, int rows, float scale) {
+    const int g = blockIdx.y, group = heads / kv_heads;
+    const int j = blockIdx.x * LOGIT_THREADS + threadIdx.x;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const T* row = k + ((size_t)g * n + j) * d;
+    __shared__ float s_q[GROUP_BLOCK * MAX_D], s_max[LOGIT_THREADS / 32][GROUP_BLOCK];
+    for (int first = 0; first < group; first += GROUP_BLOCK) {
+        const int nh = min(GROUP_BLOCK, group - first), h0 = g * group + first;
+        __syncthreads();  // the last heads' queries are read
+        for (int e = threadIdx.x; e < nh * d; e += LOGIT_THREADS) s_q[e] = q[(size_t)h0 * d + e];
+        __syncthreads();
+        float dot[GROUP_BLOCK];
+        // A thread past the rows scores nothing but still meets the block's barriers.
+        group_dots(row, s_q, j < rows ? d : 0, nh, dot);
+        // Each logit, and each head's largest over the block's rows (the value kernel's
+        // stabiliser: no second pass over the logits to find it).
+#pragma unroll
+        for (int h = 0; h < GROUP_BLOCK; ++h) {
+            if (h < nh) {
+                const size_t at = (size_t)(h0 + h) * rows + j;
+                float zj = -INFINITY;
+                if (j < rows) {
+                    zj = dot[h] * scale + (bias ? bias[at] : 0.f);
+                    z[at] = zj;
+                }
+                for (int o = 16; o > 0; o >>= 1) zj = fmaxf(zj, __shfl_xor_sync(0xffffffff, zj, o));
+                if (lane == 0) s_max[warp][h] = zj;
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x < nh) {
+            float mx = -INFINITY;
+            for (int w = 0; w < LOGIT_THREADS / 32; ++w) mx = fmaxf(mx, s_max[w][threadIdx.x]);
+            bmax[(size_t)(h0 + threadIdx.x) * gridDim.x + blockIdx.x] = mx;
+        }
+    }
+}
+
+// Channels a thread of decode_rows_values takes (one 16-byte load of bf16), and the shared
+// floats its row lanes are summed in (lanes x GROUP_BLOCK x (d + 1) <= VALUE_SCRATCH, lanes =
+// TILE / (d / 8) or TILE / d).
+#define VALUE_CHANNELS 8
+#define VALUE_SCRATCH (8192 + 1024)
+
+template <typename T>
+__device__ void decode_rows_values(const float* z, const float* bmax, const T* v, float* part, int heads, int kv_heads,
+                                   int n, int d, int rows, int rows_per_block) {
+    const int g = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
+    const int t = threadIdx.x;
+    const int group = heads / kv_heads, first = blockIdx.z * GROUP_BLOCK;
+    const int nh = min(GROUP_BLOCK, group - first), h0 = g * group + first;
+    const int begin = chunk * rows_per_block, end = min(rows, begin + rows_per_block);
+    const int row_blocks = (rows + LOGIT_THREADS - 1) / LOGIT_THREADS;
+    __shared__ float s_m[GROUP_BLOCK], s_acc[VALUE_SCRATCH];
+    // Each head's stabiliser: the largest logit of the logit blocks this chunk overlaps (at
+    // least the chunk's own maximum, and a neighbour's at most).
+    if (t < nh) {
+        float mx = -INFINITY;
+        for (int b = begin / LOGIT_THREADS; b * LOGIT_THREADS < end; ++b) {
+            mx = fmaxf(mx, bmax[(size_t)(h0 + t) * row_blocks + b]);
+        }
+        s_m[t] = mx;
+    }
+    __syncthreads();
+    // Thread layout: `groups` channel groups of `vec` channels across a row, `lanes` rows at once.
+    const int vec = d % VALUE_CHANNELS == 0 ? VALUE_CHANNELS : 1;
+    const int groups = d / vec, lanes = TILE / groups;
+    const int cg = t % groups, rl = t / groups;
+    float m[GROUP_BLOCK], l[GROUP_BLOCK];
+#pragma unroll
+    for (int h = 0; h < GROUP_BLOCK; ++h) {
+        m[h] = h < nh ? s_m[h] : -INFINITY;
+        l[h] = 0.f;
+    }
+    float acc[GROUP_BLOCK][VALUE_CHANNELS];
+#pragma unroll
+    for (int h = 0; h < GROUP_BLOCK; ++h)
+#pragma unroll
+        for (int c = 0; c < VALUE_CHANNELS; ++c) acc[h][c] = 0.f;
+    if (rl < lanes) {
+        const T* vh = v + (size_t)g * n * d + cg * vec;
+        // Unrolled so that several rows' loads (V and the logits) are in flight at once.
+#pragma unroll 4
+        for (int r = begin + rl; r < end; r += lanes) {
+            float x[VALUE_CHANNELS];
+            if (vec == VALUE_CHANNELS) {
+                load8(vh + (size_t)r * d, x);
+            } else {
+                x[0] = to_f32(vh[(size_t)r * d]);
+            }
+#pragma unroll
+            for (int h = 0; h < GROUP_BLOCK; ++h) {
+                if (h < nh && m[h] != -INFINITY) {
+                    const float p = __expf(z[(size_t)(h0 + h) * rows + r] - m[h]);
+                    l[h] += p;
+#pragma unroll
+                    for (int c = 0; c < VALUE_CHANNELS; ++c) acc[h][c] += p * x[c];
+                }
+            }
+        }
+        // Each row lane's sums into shared memory: [lane][head][channel], and its weights'
+        // sum (the channel group 0 thread's; every group's is the same) after them.
+#pragma unroll
+        for (int h = 0; h < GROUP_BLOCK; ++h) {
+            if (h < nh) {
+                for (int c = 0; c < vec; ++c) s_acc[(rl * GROUP_BLOCK + h) * d + cg * vec + c] = acc[h][c];
+                if (cg == 0) s_acc[lanes * GROUP_BLOCK * d + rl * GROUP_BLOCK + h] = l[h];
+            }
+        }
+    }
+    __syncthreads();
+    for (int e = t; e < nh * d; e += TILE) {
+        const int h = e / d, ch = e % d;
+        float o = 0.f;
+        for (int r = 0; r < lanes; ++r) o += s_acc[(r * GROUP_BLOCK + h) * d + ch];
+        part[((size_t)(h0 + h) * chunks + chunk) * (d + 2) + ch] = o;
+    }
+    if (t < nh) {
+        float sum = 0.f;
+        for (int r = 0; r < lanes; ++r) sum += s_acc[lanes * GROUP_BLOCK * d + r * GROUP_BLOCK + t];
+        float* out = part + ((size_t)(h0 + t) * chunks + chunk) * (d + 2);
+        out[d] = s_m[t];
+        out[d + 1] = sum;
+    }
+}
+
+extern "C" __global__ void decode_rows_logits_f32(const float* q, const float* k, const float* bias, float* z,
+                                                  float* bmax, int heads, int kv_heads, int n, int d, int rows,
+                                                  float scale) {
+    decode_rows_logits<float>(q, k, bias, z, bmax, heads, kv_heads, n, d, rows, scale);
+}
+
+extern "C" __global__ void decode_rows_logits_bf16(const float* q, const __nv_bfloat16* k, const float* bias,
+                                                   float* z, float* bmax, int heads, int kv_heads, int n, int d,
+                                                   int rows, float scale) {
+    decode_rows_logits<__nv_bfloat16>(q, k, bias, z, bmax, heads, kv_heads, n, d, rows, scale);
+}
+
+extern "C" __global__ void decode_rows_values_f32(const float* z, const float* bmax, const float* v, float* part,
+                                                  int heads, int kv_heads, int n, int d, int rows,
+                                                  int rows_per_block) {
+    decode_rows_values<float>(z, bmax, v, part, heads, kv_heads, n, d, rows, rows_per_block);
+}
+
+extern "C" __global__ void decode_rows_values_bf16(const float* z, const float* bmax, const __nv_bfloat16* v,
+                                                   float* part, int heads, int kv_heads, int n, int d, int rows,
+                                                   int rows_per_block) {
+    decode_rows_values<__nv_bfloat16>(z, bmax, v, part, heads, kv_heads, n, d, rows, rows_per_block);
+}
+
+// Merges each head's chunk partials by their maxima: a block per (head, MERGE_CHANNELS
+// channels), its threads MERGE_CHANNELS channels x (TILE / MERGE_CHANNELS) chunk lanes. Every
+// block finds the head's maximum and weights (the chunks' m and l, a few hundred values) and
+// keeps the weights in shared memory; each thread sums its channel over every
+// (TILE / MERGE_CHANNELS)-th chunk, and the lanes are summed in shared memory. (A block a head
+// with a thread a channel walking every chunk took 33 us over 256 chunks: longer than the
+// attention it merged.)
+//   part [heads, chunks, d + 2] (chunks <= MAX_CHUNKS)   out [heads, d]   lse [heads] (-inf and zeros when empty)
+#define MAX_CHUNKS 1024
+#define MERGE_CHANNELS 32
 
 __device__ __forceinline__ float block_reduce(float x, bool is_max, float* scratch) {
     for (int o = 16; o > 0; o >>= 1) {
-        float y = __shfl_xor_sync(0xffffffff, x, o);
+        const float y = __shfl_xor_sync(0xffffffff, x, o);
         x = is_max ? fmaxf(x, y) : x + y;
     }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -48,131 +275,85 @@ __device__ __forceinline__ float block_reduce(float x, bool is_max, float* scrat
     return r;
 }
 
-// q . row over d channels: 16-byte loads when the row allows them.
-__device__ __forceinline__ float row_dot(const float* sq, const __nv_bfloat16* row, int d) {
-    float dot = 0.f;
-    if (d % 8 == 0) {
-        for (int i = 0; i < d; i += 8) {
-            const uint4 raw = *reinterpret_cast<const uint4*>(row + i);
-            const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-            for (int j = 0; j < 4; ++j) {
-                dot += sq[i + 2 * j] * __low2float(h2[j]) + sq[i + 2 * j + 1] * __high2float(h2[j]);
-            }
-        }
-        return dot;
+extern "C" __global__ void decode_attention_merge(const float* part, float* out, float* lse, int chunks, int d) {
+    const int h = blockIdx.x, t = threadIdx.x;
+    const float* p = part + (size_t)h * chunks * (d + 2);
+    __shared__ float s_w[MAX_CHUNKS], s_red[TILE / 32], s_sum[TILE / MERGE_CHANNELS][MERGE_CHANNELS];
+    float mx = -INFINITY;
+    for (int c = t; c < chunks; c += TILE) mx = fmaxf(mx, p[(size_t)c * (d + 2) + d]);
+    const float mm = block_reduce(mx, true, s_red);
+    float sum = 0.f;
+    for (int c = t; c < chunks; c += TILE) {
+        const float m = p[(size_t)c * (d + 2) + d];
+        const float w = m == -INFINITY ? 0.f : __expf(m - mm);
+        s_w[c] = w;
+        sum += w * p[(size_t)c * (d + 2) + d + 1];
     }
-    for (int i = 0; i < d; ++i) dot += sq[i] * __bfloat162float(row[i]);
-    return dot;
+    const float ll = block_reduce(sum, false, s_red);  // its barriers also publish s_w
+    const int ch = blockIdx.y * MERGE_CHANNELS + t % MERGE_CHANNELS, lane = t / MERGE_CHANNELS;
+    float o = 0.f;
+    if (ch < d) {
+#pragma unroll 4
+        for (int c = lane; c < chunks; c += TILE / MERGE_CHANNELS) o += p[(size_t)c * (d + 2) + ch] * s_w[c];
+    }
+    s_sum[lane][t % MERGE_CHANNELS] = o;
+    __syncthreads();
+    if (lane == 0 && ch < d) {
+        float total = 0.f;
+        for (int r = 0; r < TILE / MERGE_CHANNELS; ++r) total += s_sum[r][t];
+        out[(size_t)h * d + ch] = ll > 0.f ? total / ll : 0.f;
+    }
+    if (blockIdx.y == 0 && t == 0) lse[h] = ll > 0.f ? mm + logf(ll) : -INFINITY;
 }
 
-__device__ __forceinline__ float row_dot(const float* sq, const float* row, int d) {
-    float dot = 0.f;
-    if (d % 4 == 0) {
-        for (int i = 0; i < d; i += 4) {
-            const float4 r = *reinterpret_cast<const float4*>(row + i);
-            dot += sq[i] * r.x + sq[i + 1] * r.y + sq[i + 2] * r.z + sq[i + 3] * r.w;
-        }
-        return dot;
-    }
-    for (int i = 0; i < d; ++i) dot += sq[i] * row[i];
-    return dot;
-}
+// attention_mass: the attention probability each of a KV head's first s rows received in one
+// decode step, summed over the query heads of its group (BUZZ's heavy-hitter score), added to
+// the sums so far: out[g, j] = (j < prev_n ? prev[g, j] : 0)
+//                             + sum over query heads h of group g of exp(q[h] . k[g, j] * scale - lse[h]).
+// One thread per row: it reads its K row once and scores it against every query head of the
+// group (the group's queries in shared memory), so K is read once per group, not once per head.
+//   q [heads, d] f32   k [kv_heads, n, d] T   lse [heads] f32 (-inf: the head attended nothing)
+//   prev [kv_heads, prev_n] f32 or null   out [kv_heads, s] f32
+#define MASS_THREADS 128
 
 template <typename T>
-__device__ void decode_attention_partial(const float* q, const T* k, const T* v, const uint32_t* idx,
-                                         const float* bias, float* part, int heads, int kv_heads,
-                                         int n, int d, int sel, int rows_per_block, float scale) {
-    const int h = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
-    const int t = threadIdx.x;
-    const int group = heads / kv_heads;
-    const T* kh = k + (size_t)(h / group) * n * d;
-    const T* vh = v + (size_t)(h / group) * n * d;
-    __shared__ float s_q[MAX_D], s_p[TILE], s_red[TILE / 32];
-    __shared__ uint32_t s_pos[TILE];
-    for (int ch = t; ch < d; ch += TILE) s_q[ch] = q[(size_t)h * d + ch];
+__device__ void attention_mass(const float* q, const T* k, const float* lse, const float* prev, float* out,
+                               int heads, int kv_heads, int n, int d, int s, int prev_n, float scale) {
+    const int g = blockIdx.y, group = heads / kv_heads;
+    const int j = blockIdx.x * MASS_THREADS + threadIdx.x;
+    __shared__ float s_q[MAX_GROUP * MAX_D], s_lse[MAX_GROUP];
+    for (int e = threadIdx.x; e < group * d; e += MASS_THREADS) s_q[e] = q[(size_t)g * group * d + e];
+    if (threadIdx.x < group) s_lse[threadIdx.x] = lse[g * group + threadIdx.x];
     __syncthreads();
-    float acc[MAX_D / TILE] = {0.f, 0.f};  // channels t and t + TILE
-    float m = -INFINITY, l = 0.f;
-    const int begin = chunk * rows_per_block;
-    const int end = min(sel, begin + rows_per_block);
-    for (int base = begin; base < end; base += TILE) {
-        const int j = base + t;
-        float s = -INFINITY;
-        if (j < end) {
-            // Positions past the stored rows are never read (the launcher refuses them before
-            // the launch; the clamp keeps a bad one from reading out of bounds).
-            uint32_t p = idx[(size_t)h * sel + j];
-            p = p < (uint32_t)n ? p : 0;
-            s_pos[t] = p;
-            s = row_dot(s_q, kh + (size_t)p * d, d) * scale + (bias ? bias[(size_t)h * sel + j] : 0.f);
+    if (j >= s) return;
+    const T* row = k + ((size_t)g * n + j) * d;
+    // The heads GROUP_BLOCK at a time (the row comes from L1 again for a larger group).
+    float mass = 0.f;
+    for (int first = 0; first < group; first += GROUP_BLOCK) {
+        const int nh = min(GROUP_BLOCK, group - first);
+        float dot[GROUP_BLOCK];
+        group_dots(row, s_q + first * d, d, nh, dot);
+#pragma unroll
+        for (int h = 0; h < GROUP_BLOCK; ++h) {
+            if (h < nh && s_lse[first + h] != -INFINITY) mass += __expf(dot[h] * scale - s_lse[first + h]);
         }
-        const float m_new = fmaxf(m, block_reduce(s, true, s_red));
-        const float e = j < end ? __expf(s - m_new) : 0.f;
-        s_p[t] = e;
-        const float keep = m == -INFINITY ? 0.f : __expf(m - m_new);
-        l = l * keep + block_reduce(e, false, s_red);  // its syncs also publish s_p and s_pos
-        const int rows = min(TILE, end - base);
-        for (int c = 0; c < MAX_D / TILE; ++c) {
-            const int ch = t + c * TILE;
-            if (ch >= d) break;
-            float a = acc[c] * keep;
-            for (int r = 0; r < rows; ++r) a += s_p[r] * to_f32(vh[(size_t)s_pos[r] * d + ch]);
-            acc[c] = a;
-        }
-        m = m_new;
-        __syncthreads();  // the next tile overwrites s_p and s_pos
     }
-    float* out = part + ((size_t)h * chunks + chunk) * (d + 2);
-    for (int c = 0; c < MAX_D / TILE; ++c) {
-        const int ch = t + c * TILE;
-        if (ch < d) out[ch] = acc[c];
-    }
-    if (t == 0) {
-        out[d] = m;
-        out[d + 1] = l;
-    }
+    out[(size_t)g * s + j] = (j < prev_n ? prev[(size_t)g * prev_n + j] : 0.f) + mass;
 }
 
-extern "C" __global__ void decode_attention_partial_f32(const float* q, const float* k, const float* v,
-                                                        const uint32_t* idx, const float* bias, float* part,
-                                                        int heads, int kv_heads, int n, int d, int sel,
-                                                        int rows_per_block, float scale) {
-    decode_attention_partial<float>(q, k, v, idx, bias, part, heads, kv_heads, n, d, sel, rows_per_block, scale);
+extern "C" __global__ void attention_mass_f32(const float* q, const float* k, const float* lse, const float* prev,
+                                              float* out, int heads, int kv_heads, int n, int d, int s, int prev_n,
+                                              float scale) {
+    attention_mass<float>(q, k, lse, prev, out, heads, kv_heads, n, d, s, prev_n, scale);
 }
 
-extern "C" __global__ void decode_attention_partial_bf16(const float* q, const __nv_bfloat16* k,
-                                                         const __nv_bfloat16* v, const uint32_t* idx,
-                                                         const float* bias, float* part, int heads,
-                                                         int kv_heads, int n, int d, int sel, int rows_per_block,
-                                                         float scale) {
-    decode_attention_partial<__nv_bfloat16>(q, k, v, idx, bias, part, heads, kv_heads, n, d, sel, rows_per_block,
-                                            scale);
+extern "C" __global__ void attention_mass_bf16(const float* q, const __nv_bfloat16* k, const float* lse,
+                                               const float* prev, float* out, int heads, int kv_heads, int n, int d,
+                                               int s, int prev_n, float scale) {
+    attention_mass<__nv_bfloat16>(q, k, lse, prev, out, heads, kv_heads, n, d, s, prev_n, scale);
 }
 
-// One block per head: merges the head's chunk partials by their maxima.
-//   part [heads, chunks, d + 2]   out [heads, d]   lse [heads] (-inf and zeros when empty)
-extern "C" __global__ void decode_attention_merge(const float* part, float* out, float* lse, int chunks, int d) {
-    const int h = blockIdx.x;
-    const float* p = part + (size_t)h * chunks * (d + 2);
-    float mm = -INFINITY;
-    for (int c = 0; c < chunks; ++c) mm = fmaxf(mm, p[(size_t)c * (d + 2) + d]);
-    float ll = 0.f;
-    for (int c = 0; c < chunks; ++c) {
-        const float m = p[(size_t)c * (d + 2) + d];
-        if (m != -INFINITY) ll += p[(size_t)c * (d + 2) + d + 1] * __expf(m - mm);
-    }
-    for (int ch = threadIdx.x; ch < d; ch += blockDim.x) {
-        float o = 0.f;
-        for (int c = 0; c < chunks; ++c) {
-            const float m = p[(size_t)c * (d + 2) + d];
-            if (m != -INFINITY) o += p[(size_t)c * (d + 2) + ch] * __expf(m - mm);
-        }
-        out[(size_t)h * d + ch] = ll > 0.f ? o / ll : 0.f;
-    }
-    if (threadIdx.x == 0) lse[h] = ll > 0.f ? mm + logf(ll) : -INFINITY;
-}
-
-// SimHash codes, bit for bit the CPU's (kernels/src/sparse.rs, reference::simhash_codes): each
+// SimHash codes, bit for bit the CPU's (kernels/src/sparse/reference.rs, simhash_codes): each
 // projection is summed over the d channels in order with one rounded multiply and one rounded
 // add per channel (__fmul_rn/__fadd_rn: nvcc would otherwise fuse them into FMAs, whose single
 // rounding flips the sign of near-zero projections against the CPU). Block: SH_ROWS rows x

@@ -3,38 +3,43 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 use folio_kernels::sparse::{self, reference};
-use folio_kernels::Positions;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 mod common;
 use common::{max_abs_diff, random};
 
-/// Selected-row attention for GQA groups, head dims that are and are not multiples of the
-/// warp, f32 and bf16 K/V, with and without logit bias, repeated and empty selections.
-fn decode_attention_matches_reference(device: &Device) -> Result<()> {
+/// Attention over a KV head's first rows, shared by its group, as the selected-row reference
+/// with every head selecting those rows: groups of 1 to 16 heads, f32 and bf16, head dims that
+/// are and are not multiples of eight, fewer rows than stored, none, and a bias with −∞ pads.
+fn decode_attention_rows_matches_reference(device: &Device) -> Result<()> {
     let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
-    for (heads, kv_heads, n, d, sel, dtype, biased) in [
-        (4, 2, 300, 32, 17, DType::F32, false),
-        (8, 2, 1000, 128, 257, DType::BF16, true),
-        (6, 3, 50, 80, 50, DType::F32, true),
-        (2, 1, 10, 64, 0, DType::F32, false),
-        (4, 4, 77, 98, 33, DType::BF16, true),
-        (2, 2, 64, 256, 40, DType::F32, false),
-        (28, 4, 4096, 128, 1024, DType::BF16, false),
+    for (heads, kv_heads, n, d, rows, dtype, biased) in [
+        (4, 2, 300, 32, 300, DType::F32, false),
+        (28, 4, 6000, 128, 5003, DType::BF16, false),
+        (28, 28, 700, 128, 650, DType::BF16, true),
+        (6, 3, 50, 98, 41, DType::F32, true),
+        (16, 1, 200, 64, 130, DType::BF16, false),
+        (2, 2, 9, 256, 0, DType::F32, false),
+        (8, 2, 33, 80, 1, DType::F32, true),
     ] {
         let q = random(&mut rng, heads * d, 1.0);
-        // Logits up to ~±30: the online softmax must not overflow.
-        let k = random(&mut rng, kv_heads * n * d, 0.5);
-        let v = random(&mut rng, kv_heads * n * d, 1.0);
-        let idx: Vec<u32> = (0..heads * sel).map(|_| rng.random_range(0..n as u32)).collect();
-        let bias: Vec<f32> = random(&mut rng, heads * sel, 5.0);
-        let kt = Tensor::from_vec(k, (kv_heads, n, d), device)?.to_dtype(dtype)?;
-        let vt = Tensor::from_vec(v, (kv_heads, n, d), device)?.to_dtype(dtype)?;
-        // The reference sees the stored (rounded) values.
+        let kt =
+            Tensor::from_vec(random(&mut rng, kv_heads * n * d, 0.5), (kv_heads, n, d), device)?.to_dtype(dtype)?;
+        let vt =
+            Tensor::from_vec(random(&mut rng, kv_heads * n * d, 1.0), (kv_heads, n, d), device)?.to_dtype(dtype)?;
         let as_f32 = |t: &Tensor| -> Result<Vec<f32>> { t.to_dtype(DType::F32)?.flatten_all()?.to_vec1() };
         let (k_ref, v_ref) = (as_f32(&kt)?, as_f32(&vt)?);
+        // Pads at −∞ in the last few rows of every other head (never its only row), as a padded
+        // pick has them.
+        let mut bias = random(&mut rng, heads * rows, 5.0);
+        for h in (0..heads).step_by(2) {
+            for j in rows.saturating_sub(3).max(1)..rows {
+                bias[h * rows + j] = f32::NEG_INFINITY;
+            }
+        }
         let scale = 1.0 / (d as f32).sqrt();
+        let idx: Vec<u32> = (0..heads).flat_map(|_| 0..rows as u32).collect();
         let (want_o, want_l) = reference::decode_attention(
             &q,
             &k_ref,
@@ -45,27 +50,89 @@ fn decode_attention_matches_reference(device: &Device) -> Result<()> {
             scale,
         );
         let qt = Tensor::from_vec(q, (heads, d), device)?;
-        let it = Tensor::from_vec(idx, (heads, sel), device)?;
-        let bt = Tensor::from_vec(bias, (heads, sel), device)?;
-        let (o, l) = sparse::decode_attention(&qt, &kt, &vt, &it, biased.then_some(&bt), scale, Positions::Check)?;
+        let bt = Tensor::from_vec(bias, (heads, rows), device)?;
+        let (o, l) = sparse::decode_attention_rows(&qt, &kt, &vt, rows, biased.then_some(&bt), scale)?;
         let (o, l): (Vec<f32>, Vec<f32>) = (o.flatten_all()?.to_vec1()?, l.to_vec1()?);
-        let tol = if device.is_cpu() { 1e-6 } else { 1e-4 };
         let diff = max_abs_diff(&o, &want_o);
-        println!("{device:?} heads {heads} d {d} sel {sel} {dtype:?}: max |out - ref| = {diff:.2e}");
-        assert!(diff < tol, "seed {seed}: {diff}");
+        println!("{device:?} heads {heads}/{kv_heads} d {d} rows {rows} {dtype:?}: max |out - ref| = {diff:.2e}");
+        assert!(diff < 1e-4, "seed {seed}: {diff}");
         for (a, b) in l.iter().zip(&want_l) {
-            assert!(a == b || (a - b).abs() < tol * b.abs().max(1.0), "seed {seed}: lse {a} vs {b}");
+            assert!(a == b || (a - b).abs() < 1e-4 * b.abs().max(1.0), "seed {seed}: lse {a} vs {b}");
         }
     }
-    // A position past the stored rows is refused, never read.
-    let q = Tensor::zeros((2, 32), DType::F32, device)?;
-    let k = Tensor::zeros((1, 10, 32), DType::F32, device)?;
-    let idx = Tensor::from_vec(vec![3u32, 10], (2, 1), device)?;
-    assert!(sparse::decode_attention(&q, &k, &k, &idx, None, 1.0, Positions::Check).is_err());
+    // More rows than stored, or a bias of another shape, are refused.
+    let q = Tensor::zeros((2, 8), DType::F32, device)?;
+    let k = Tensor::zeros((1, 10, 8), DType::F32, device)?;
+    assert!(sparse::decode_attention_rows(&q, &k, &k, 11, None, 1.0).is_err());
+    let bias = Tensor::zeros((2, 4), DType::F32, device)?;
+    assert!(sparse::decode_attention_rows(&q, &k, &k, 5, Some(&bias), 1.0).is_err());
     Ok(())
 }
 
-test_device!(decode_attention_matches_reference, decode_attention_cpu, decode_attention_cuda);
+test_device!(decode_attention_rows_matches_reference, decode_attention_rows_cpu, decode_attention_rows_cuda);
+
+/// Attention mass for GQA groups of 1 to 16 heads, f32 and bf16 keys, head dims that are and
+/// are not multiples of eight, fewer rows than stored, with and without earlier sums, the lse of
+/// a real attention over those rows (each head's masses then sum to 1) and a head that attended
+/// nothing (−∞).
+fn attention_mass_matches_reference(device: &Device) -> Result<()> {
+    let seed = common::seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for (heads, kv_heads, n, d, rows, prev, dtype) in [
+        (4, 2, 300, 32, 300, None, DType::F32),
+        (28, 4, 5000, 128, 4099, Some(4098), DType::BF16),
+        (6, 3, 50, 98, 41, Some(12), DType::F32),
+        (16, 1, 200, 64, 130, Some(130), DType::BF16),
+        (2, 2, 9, 256, 1, None, DType::F32),
+    ] {
+        let q = random(&mut rng, heads * d, 1.0);
+        let k = Tensor::from_vec(random(&mut rng, kv_heads * n * d, 0.5), (kv_heads, n, d), device)?.to_dtype(dtype)?;
+        let k_ref: Vec<f32> = k.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        let scale = 1.0 / (d as f32).sqrt();
+        // Each head's lse over the first `rows` keys, as a decode step over them returns it.
+        let idx: Vec<u32> = (0..heads).flat_map(|_| 0..rows as u32).collect();
+        let (_, mut lse) = reference::decode_attention(&q, &k_ref, &k_ref, &idx, None, (heads, kv_heads, n, d), scale);
+        lse[heads - 1] = f32::NEG_INFINITY;
+        let prev_v = prev.map(|w| random(&mut rng, kv_heads * w, 3.0));
+        let want = reference::attention_mass(
+            &q,
+            &k_ref,
+            &lse,
+            prev_v.as_deref().zip(prev),
+            (heads, kv_heads, n, d),
+            rows,
+            scale,
+        );
+        // Without earlier sums a KV head's masses add up to its query heads that attended
+        // (each head's probabilities over the rows sum to 1; the last head attended nothing).
+        if prev.is_none() {
+            let group = heads / kv_heads;
+            for g in 0..kv_heads {
+                let total: f64 = want[g * rows..(g + 1) * rows].iter().map(|&x| x as f64).sum();
+                let expected = (group - usize::from(g == kv_heads - 1)) as f64;
+                assert!((total - expected).abs() < 1e-3, "seed {seed}: group {g}'s mass {total}, want {expected}");
+            }
+        }
+        let qt = Tensor::from_vec(q, (heads, d), device)?;
+        let lt = Tensor::from_vec(lse, heads, device)?;
+        let pt = prev_v.zip(prev).map(|(v, w)| Tensor::from_vec(v, (kv_heads, w), device)).transpose()?;
+        let got: Vec<f32> = sparse::attention_mass(&qt, &k, &lt, pt.as_ref(), rows, scale)?.flatten_all()?.to_vec1()?;
+        assert_eq!(got.len(), kv_heads * rows);
+        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0f32, f32::max);
+        println!("{device:?} heads {heads}/{kv_heads} d {d} rows {rows} {dtype:?}: max rel |mass - ref| = {worst:.2e}");
+        assert!(worst < 1e-4, "seed {seed}: {worst}");
+    }
+    // More rows than stored, or earlier sums wider than the rows, are refused.
+    let q = Tensor::zeros((2, 8), DType::F32, device)?;
+    let k = Tensor::zeros((1, 10, 8), DType::F32, device)?;
+    let lse = Tensor::zeros(2, DType::F32, device)?;
+    assert!(sparse::attention_mass(&q, &k, &lse, None, 11, 1.0).is_err());
+    let wide = Tensor::zeros((1, 6), DType::F32, device)?;
+    assert!(sparse::attention_mass(&q, &k, &lse, Some(&wide), 5, 1.0).is_err());
+    Ok(())
+}
+
+test_device!(attention_mass_matches_reference, attention_mass_cpu, attention_mass_cuda);
 
 /// SimHash codes equal the reference's bit for bit (an index built on one device samples the
 /// keys the other's would), and are the sign pattern of the projections (within rounding of 0).

@@ -43,9 +43,6 @@ pub struct OffloadKv {
     /// Saved layers copied to the device because a method reads all of their rows every step
     /// (HiP's dense leading layers): `(k, v)` `[kv_heads, saved, d]`.
     resident: Mutex<HashMap<usize, (Tensor, Tensor)>>,
-    /// `[q_heads, saved]` u32 positions `0..saved` per query head: a resident layer's decode
-    /// step attends all of them through the selected-row kernel (made once, shared by layers).
-    every_position: Mutex<Option<Tensor>>,
     saved: usize,
     tail: SavedTail,
     kv_heads: usize,
@@ -77,7 +74,6 @@ impl OffloadKv {
             host,
             file: None,
             resident: Mutex::new(HashMap::new()),
-            every_position: Mutex::new(None),
             saved,
             tail: SavedTail::new(saved, layers, kv_heads, head_dim, dtype, device),
             kv_heads,
@@ -151,19 +147,6 @@ impl OffloadKv {
     /// Frees the layers kept resident (a method that wanted them is done).
     pub fn drop_resident(&self) {
         self.resident.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        *self.every_position.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    }
-
-    fn every_position(&self, heads: usize) -> Result<Tensor> {
-        let mut slot = self.every_position.lock().unwrap_or_else(|e| e.into_inner());
-        match &*slot {
-            Some(t) if t.dim(0)? == heads => Ok(t.clone()),
-            _ => {
-                let t = Tensor::arange(0u32, self.saved as u32, &self.device)?.unsqueeze(0)?.repeat((heads, 1))?;
-                *slot = Some(t.clone());
-                Ok(t)
-            }
-        }
     }
 
     fn resident_rows(&self, layer: usize) -> Option<(Tensor, Tensor)> {
@@ -273,8 +256,13 @@ impl DecodeTier for OffloadKv {
     fn gather_keys(&self, layer: usize, idx: &Tensor, end: usize) -> Result<Tensor> {
         let (k, _) = self.layer(layer)?;
         let group = idx.dim(0)? / self.kv_heads;
-        let tail = self.tail_rows(layer, end)?;
-        Ok(k.gather(idx, group, tail.as_ref().map(|t| &t.0), Positions::Trusted)?)
+        // The tail's keys alone: a search calls this every round, and copying the values
+        // beside them (the kernel reads a contiguous tail) was half its device copies.
+        let tail = match self.tail.segments(layer, end)?.pop() {
+            Some(seg) => Some(seg.k.contiguous()?),
+            None => None,
+        };
+        Ok(k.gather(idx, group, tail.as_ref(), Positions::Trusted)?)
     }
 
     /// The saved keys read in chunks over the link, the tail's on the device.
@@ -339,11 +327,9 @@ impl DecodeTier for OffloadKv {
         let mut start = first / SCAN_CHUNK * SCAN_CHUNK;
         let resident = self.resident_rows(call.kv_layer);
         if let (Some((k, v)), 1, None, true) = (&resident, t, call.window, saved_end == self.saved) {
-            // A decode step over a resident layer: every saved row through the selected-row
-            // kernel, which reads the bf16 rows as they are (no f32 working copies).
-            let q = call.q.squeeze(1)?;
-            let idx = self.every_position(q.dim(0)?)?;
-            let (out, lse) = sparse::decode_attention(&q, k, v, &idx, None, call.scale, Positions::Trusted)?;
+            // A decode step over a resident layer: every saved row through the row kernel, which
+            // reads the bf16 rows as they are (no f32 working copies), once per KV group.
+            let (out, lse) = sparse::decode_attention_rows(&call.q.squeeze(1)?, k, v, self.saved, None, call.scale)?;
             add(AttnOutput { out: out.unsqueeze(1)?, lse: lse.unsqueeze(1)? })?;
             start = saved_end;
         }

@@ -68,7 +68,7 @@ pub struct KernelBenchArgs {
     /// Rows per KV head of the synthetic K/V (the context length).
     #[arg(long, default_value_t = 1 << 20)]
     context: usize,
-    /// Selected rows per query head, comma-separated.
+    /// Rows attended per KV head (shared by its group), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384,65536")]
     select: Vec<usize>,
     #[arg(long)]
@@ -229,7 +229,7 @@ impl KernelRow {
 }
 
 fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
-    use folio_kernels::{sparse, Positions};
+    use folio_kernels::sparse;
     if a.context == 0 || a.context > u32::MAX as usize || a.select.contains(&0) {
         anyhow::bail!("--context must be 1..=4294967295 rows and every --select at least 1");
     }
@@ -252,14 +252,15 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
     let q = Tensor::randn(0f32, 1.0, (heads, d), &device)?;
     let elem = dtype.size_in_bytes() as f64;
     for &sel in &a.select {
-        // Random positions, sorted per head as the methods' picks are.
-        let mut idx: Vec<u32> = (0..heads * sel).map(|_| rng.random_range(0..a.context as u32)).collect();
-        idx.chunks_mut(sel.max(1)).for_each(|head| head.sort_unstable());
-        let idx = Tensor::from_vec(idx, (heads, sel), &device)?;
-        let secs = time_calls(&device, || sparse::decode_attention(&q, &k, &v, &idx, None, 0.088, Positions::Trusted))?;
-        let bytes = (heads * sel) as f64 * (2.0 * d as f64 * elem + 4.0) + (heads * d * 8) as f64;
+        // A decode step's attention over `sel` rows of each KV head, shared by its group (a
+        // gathered pick, BUZZ's live rows): each row is read once per group.
+        let sel = sel.min(a.context);
+        let secs = time_calls(&device, || sparse::decode_attention_rows(&q, &k, &v, sel, None, 0.088))?;
+        let bytes = (kv_heads * sel) as f64 * 2.0 * d as f64 * elem + (heads * d * 8) as f64;
         rows.push(KernelRow {
-            kernel: format!("decode_attention {heads}x{sel} rows of {} (d {d}, {dtype:?})", a.context),
+            kernel: format!(
+                "decode_attention_rows {heads} heads over {sel} rows of {kv_heads} KV heads (d {d}, {dtype:?})"
+            ),
             seconds: secs,
             bytes,
             flops: 4.0 * (heads * sel * d) as f64,
@@ -307,7 +308,8 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
     for &sel in &a.select {
         let idx: Vec<u32> = (0..heads * sel).map(|_| rng.random_range(0..a.context as u32)).collect();
         let idx = Tensor::from_vec(idx, (heads, sel), &device)?;
-        let secs = time_calls(&device, || host.gather(&idx, heads / kv_heads, None, Positions::Trusted))?;
+        let secs =
+            time_calls(&device, || host.gather(&idx, heads / kv_heads, None, folio_kernels::Positions::Trusted))?;
         let bytes = (heads * sel * d) as f64 * elem;
         let kernel = format!("gather {heads}x{sel} rows from host memory (d {d}, {dtype:?})");
         rows.push(KernelRow::moving(kernel, secs, bytes, link, "host link (page-locked copy)"));

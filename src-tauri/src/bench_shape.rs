@@ -392,7 +392,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
         print_report(&report, a.json, a.steps)?;
         // The next method starts from the weights and the host tier alone: this one's index
         // and resident layers would otherwise count against its memory.
-        method.reset();
+        method.end_conversation();
         kv.drop_resident();
         if let (Some(p), Some(b)) = (peak, budget) {
             if p > b {

@@ -94,7 +94,45 @@ fn blocks_per_row(rows: usize, n: usize) -> u32 {
 }
 
 pub fn topk(scores: &Tensor, rows: usize, n: usize, k: usize) -> Result<Tensor> {
+    if n <= SMALL_MAX {
+        return scores.apply_op1_no_bwd(&CudaOnly(TopKSmall { rows, n, k }));
+    }
     scores.apply_op1_no_bwd(&CudaOnly(TopK { rows, n, k }))
+}
+
+/// Rows this long or shorter are sorted in one block (SMALL_MAX in the kernel, topk_small).
+const SMALL_MAX: usize = 2048;
+
+struct TopKSmall {
+    rows: usize,
+    n: usize,
+    k: usize,
+}
+
+impl CudaOp1 for TopKSmall {
+    const NAME: &'static str = "folio-topk-small";
+
+    fn cuda_fwd(&self, scores: &CudaStorage, sl: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (rows, n, k) = (self.rows, self.n, self.k);
+        let dev = scores.device().clone();
+        let scores_s = scores.as_cuda_slice::<f32>()?.slice(sl.start_offset()..);
+        // SAFETY: the kernel writes all k positions of every row.
+        let out = unsafe { dev.alloc::<u32>(rows * k)? };
+        let Ok(grid) = u32::try_from(rows) else {
+            candle_core::bail!("topk: {rows} rows are more than one launch holds");
+        };
+        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let ints = [n, k, n.next_power_of_two(), k.next_power_of_two()].map(|x| x as i32);
+        let f = dev.get_or_load_custom_func("topk_small", MODULE, PTX)?;
+        let mut b = f.builder();
+        b.arg(&scores_s).arg(&out);
+        for x in &ints {
+            b.arg(x);
+        }
+        // SAFETY: scores hold rows × n f32 with n ≤ SMALL_MAX (the shared arrays), 1 ≤ k < n.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((rows, k))))
+    }
 }
 
 struct TopK {

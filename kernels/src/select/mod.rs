@@ -11,7 +11,8 @@
 //!
 //! Costs, for the benchmarks' ratio to the limit:
 //! * top-k over `rows × n` f32 scores: 4 reads of the scores (three radix levels and the
-//!   collect), ≈ 16·rows·n bytes, no FLOPs to speak of — bandwidth-bound;
+//!   collect), ≈ 16·rows·n bytes, no FLOPs to speak of — bandwidth-bound (a row of at most
+//!   2048 scores is sorted in one block instead: one launch, not eight);
 //! * gather: `rows·sel·row_bytes` read over the host link (or device memory) and written to
 //!   device memory — bound by the host link's bandwidth when the source is host memory.
 //! * host attention ([`host_attention`]): the CPU's side of MagicPIG, attending a sample straight
@@ -31,8 +32,10 @@ const HOST_ROWS_PER_TASK: usize = 2048;
 pub mod reference;
 
 /// Positions `[rows, min(k, n)]` u32 of the `k` largest scores of each row of `scores [rows, n]`
-/// (f32). On the CPU they come sorted by position (the reference); on CUDA in no set order,
-/// with ties at the k-th score broken arbitrarily.
+/// (f32). On the CPU they come sorted by position (the reference); on CUDA a row of at most
+/// 2048 scores is sorted in one block and gives the reference's positions in its order, a
+/// longer one goes through a radix select and gives them in no set order, with ties at the
+/// k-th score broken arbitrarily.
 pub fn topk(scores: &Tensor, k: usize) -> Result<Tensor> {
     let (rows, n) = scores.dims2()?;
     let k = k.min(n);

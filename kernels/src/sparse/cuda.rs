@@ -2,27 +2,36 @@
 //! `CustomOp` whose extra inputs ride in the op, so the output is an ordinary tensor.
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::cuda::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use candle_core::cuda::CudaDevice;
 use candle_core::cuda::WrapErr;
 use candle_core::{CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
 
 use crate::cuda_op::{CudaOnly, CudaOp2, CudaOp3};
 
-use crate::Positions;
-
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sparse.ptx"));
 const MODULE: &str = "folio_sparse";
-/// Threads per block of the decode kernels (WARPS in the kernel) and of the kernels with a
+/// Threads per block of the decode kernels (TILE in the kernel) and of the kernels with a
 /// thread per item (`grid_for`).
 const DECODE_THREADS: u32 = 128;
 const HASH_THREADS: u32 = 256;
 /// Decode blocks aimed for (a few per SM of a large GPU, so the row loads in flight cover
-/// the memory latency), and the fewest selected rows a block takes (one tile: TILE in the
-/// kernel, a row per thread).
+/// the memory latency; at most MAX_CHUNKS a head, the merge's limit), and the fewest rows a
+/// block takes (one tile: TILE in the kernel, a row per thread).
 const TARGET_BLOCKS: usize = 1024;
 const MIN_ROWS_PER_BLOCK: usize = 128;
-/// Largest head dim decode_attention holds in registers (MAX_D in the kernel).
+/// Largest head dim the decode kernels hold in registers (MAX_D in the kernel), and largest GQA
+/// group attention_mass serves (MAX_GROUP: the group's queries sit in shared memory).
 const MAX_D: usize = 256;
+const MAX_GROUP: usize = 16;
+/// Query heads a decode block serves at once (GROUP_BLOCK in the kernel), the logits kernel's
+/// rows per block (a row per thread: LOGIT_THREADS), and the channels a thread of the value
+/// kernel takes (VALUE_CHANNELS).
+const GROUP_BLOCK: usize = 8;
+const LOGIT_THREADS: usize = 128;
+/// Channels a block of the merge takes (MERGE_CHANNELS in the kernel).
+const MERGE_CHANNELS: usize = 32;
+const VALUE_CHANNELS: usize = 8;
 
 fn cuda_storage<'a>(s: &'a Storage, what: &str) -> Result<&'a CudaStorage> {
     match s {
@@ -31,24 +40,50 @@ fn cuda_storage<'a>(s: &'a Storage, what: &str) -> Result<&'a CudaStorage> {
     }
 }
 
-struct DecodeAttention {
-    idx: Tensor,
+/// Merges `part`'s `heads × chunks` partials (d + 2 floats each) into each head's output and
+/// LSE, `[heads · d + heads]`.
+fn merge_partials(
+    dev: &CudaDevice,
+    part: CudaSlice<f32>,
+    heads: usize,
+    chunks: usize,
+    d: usize,
+) -> Result<(CudaStorage, Shape)> {
+    // SAFETY: the merge writes every output row and LSE.
+    let out = unsafe { dev.alloc::<f32>(heads * d + heads)? };
+    {
+        let (out_o, out_l) = (out.slice(..heads * d), out.slice(heads * d..));
+        let func = dev.get_or_load_custom_func("decode_attention_merge", MODULE, PTX)?;
+        let mut b = func.builder();
+        let (chunks, d) = (chunks as i32, d as i32);
+        b.arg(&part).arg(&out_o).arg(&out_l).arg(&chunks).arg(&d);
+        let cfg = LaunchConfig {
+            grid_dim: (heads as u32, (d as usize).div_ceil(MERGE_CHANNELS) as u32, 1),
+            block_dim: (DECODE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: part holds heads × chunks partials of d + 2 floats.
+        unsafe { b.launch(cfg) }.w()?;
+    }
+    Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), Shape::from(heads * d + heads)))
+}
+
+struct DecodeRows {
     bias: Option<Tensor>,
     dims: (usize, usize, usize, usize, usize),
     scale: f32,
 }
 
-impl CudaOp3 for DecodeAttention {
-    const NAME: &'static str = "folio-decode-attention";
+impl CudaOp3 for DecodeRows {
+    const NAME: &'static str = "folio-decode-attention-rows";
 
     fn cuda_fwd(&self, [(q, ql), (k, kl), (v, vl)]: [(&CudaStorage, &Layout); 3]) -> Result<(CudaStorage, Shape)> {
-        let (heads, kv_heads, n, d, sel) = self.dims;
-        let chunks = sel.div_ceil(MIN_ROWS_PER_BLOCK).min(TARGET_BLOCKS.div_ceil(heads)).max(1);
-        let rows_per_block = sel.div_ceil(chunks).max(1);
+        let (heads, kv_heads, n, d, rows) = self.dims;
+        // A block per (KV head, chunk, GROUP_BLOCK query heads of the group).
+        let blocks_z = (heads / kv_heads).div_ceil(GROUP_BLOCK);
+        let chunks = rows.div_ceil(MIN_ROWS_PER_BLOCK).min(TARGET_BLOCKS.div_ceil(kv_heads * blocks_z)).max(1);
+        let rows_per_block = rows.div_ceil(chunks).max(1);
         let dev = q.device().clone();
-        let (idx_s, il) = self.idx.storage_and_layout();
-        let idx = cuda_storage(&idx_s, "idx")?.as_cuda_slice::<u32>()?.slice(il.start_offset()..);
-        // Without a bias the kernel gets a null pointer and reads none.
         let bias_guard = self.bias.as_ref().map(|b| b.storage_and_layout());
         let bias = match &bias_guard {
             Some((s, l)) => Some(cuda_storage(s, "bias")?.as_cuda_slice::<f32>()?.slice(l.start_offset()..)),
@@ -56,84 +91,184 @@ impl CudaOp3 for DecodeAttention {
         };
         let null: u64 = 0;
         let qs = q.as_cuda_slice::<f32>()?.slice(ql.start_offset()..);
-        // SAFETY: every block writes its chunk's partial (an empty chunk writes m = -inf).
+        // SAFETY: the logits kernel writes every head's logit of every row, and each head's
+        // maximum of each of its blocks.
+        let z = unsafe { dev.alloc::<f32>((heads * rows).max(1))? };
+        let row_blocks = rows.div_ceil(LOGIT_THREADS).max(1);
+        let bmax = unsafe { dev.alloc::<f32>(heads * row_blocks)? };
+        // SAFETY: every block writes its chunk's partial for each head it serves.
         let part = unsafe { dev.alloc::<f32>(heads * chunks * (d + 2))? };
-        let cfg = LaunchConfig {
-            grid_dim: (heads as u32, chunks as u32, 1),
+        let Ok(row_blocks) = u32::try_from(row_blocks) else {
+            candle_core::bail!("decode_attention_rows: {rows} rows are more than one launch holds");
+        };
+        let logits_cfg = LaunchConfig {
+            grid_dim: (row_blocks, kv_heads as u32, 1),
+            block_dim: (LOGIT_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let values_cfg = LaunchConfig {
+            grid_dim: (kv_heads as u32, chunks as u32, blocks_z as u32),
             block_dim: (DECODE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let ints = [heads as i32, kv_heads as i32, n as i32, d as i32, sel as i32, rows_per_block as i32];
+        let dims = [heads as i32, kv_heads as i32, n as i32, d as i32, rows as i32];
         macro_rules! launch {
-            ($t:ty, $name:literal) => {{
+            ($t:ty, $logits:literal, $values:literal) => {{
                 let ks = k.as_cuda_slice::<$t>()?.slice(kl.start_offset()..);
                 let vs = v.as_cuda_slice::<$t>()?.slice(vl.start_offset()..);
-                let func = dev.get_or_load_custom_func($name, MODULE, PTX)?;
+                let func = dev.get_or_load_custom_func($logits, MODULE, PTX)?;
                 let mut b = func.builder();
-                b.arg(&qs).arg(&ks).arg(&vs).arg(&idx);
+                b.arg(&qs).arg(&ks);
                 match &bias {
                     Some(bias) => b.arg(bias),
                     None => b.arg(&null),
                 };
-                b.arg(&part);
-                for x in &ints {
+                b.arg(&z).arg(&bmax);
+                for x in &dims {
                     b.arg(x);
                 }
                 b.arg(&self.scale);
-                // SAFETY: shapes checked by the caller; positions are < n (checked there).
-                unsafe { b.launch(cfg) }.w()?;
+                // SAFETY: shapes checked by the caller (rows ≤ n, the head dim within the
+                // kernel's shared queries); z holds heads × rows.
+                unsafe { b.launch(logits_cfg) }.w()?;
+                let func = dev.get_or_load_custom_func($values, MODULE, PTX)?;
+                let mut b = func.builder();
+                let rows_per_block = rows_per_block as i32;
+                b.arg(&z).arg(&bmax).arg(&vs).arg(&part);
+                for x in &dims {
+                    b.arg(x);
+                }
+                b.arg(&rows_per_block);
+                // SAFETY: as above; part holds heads × chunks partials of d + 2 floats, and the
+                // channel groups fit a block (checked by the caller).
+                unsafe { b.launch(values_cfg) }.w()?;
             }};
         }
         match k.dtype() {
-            DType::F32 => launch!(f32, "decode_attention_partial_f32"),
-            DType::BF16 => launch!(half::bf16, "decode_attention_partial_bf16"),
-            other => candle_core::bail!("decode_attention: K/V must be f32 or bf16, not {other:?}"),
+            DType::F32 => launch!(f32, "decode_rows_logits_f32", "decode_rows_values_f32"),
+            DType::BF16 => launch!(half::bf16, "decode_rows_logits_bf16", "decode_rows_values_bf16"),
+            other => candle_core::bail!("decode_attention_rows: K/V must be f32 or bf16, not {other:?}"),
         }
-        // SAFETY: the merge writes every output row and LSE.
-        let out = unsafe { dev.alloc::<f32>(heads * d + heads)? };
-        {
-            let (out_o, out_l) = (out.slice(..heads * d), out.slice(heads * d..));
-            let func = dev.get_or_load_custom_func("decode_attention_merge", MODULE, PTX)?;
-            let mut b = func.builder();
-            let (chunks, d) = (chunks as i32, d as i32);
-            b.arg(&part).arg(&out_o).arg(&out_l).arg(&chunks).arg(&d);
-            let cfg =
-                LaunchConfig { grid_dim: (heads as u32, 1, 1), block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: part holds heads × chunks partials of d + 2 floats.
-            unsafe { b.launch(cfg) }.w()?;
-        }
-        Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(heads * d + heads)))
+        merge_partials(&dev, part, heads, chunks, d)
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-pub fn decode_attention(
+/// `decode_attention_rows`: see [`super::decode_attention_rows`].
+pub fn decode_attention_rows(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    idx: &Tensor,
     bias: Option<&Tensor>,
     dims: (usize, usize, usize, usize, usize),
     scale: f32,
-    positions: Positions,
 ) -> Result<(Tensor, Tensor)> {
-    let (heads, _, n, d, sel) = dims;
-    if d > MAX_D {
-        candle_core::bail!("decode_attention: head dim {d} > {MAX_D}");
-    }
-    // A position past the stored rows is refused, never silently replaced (the kernel also
-    // clamps, so it cannot read out of bounds); the check is a reduction and a device sync.
-    if sel > 0 && (n == 0 || (positions == Positions::Check && idx.max_all()?.to_scalar::<u32>()? as usize >= n)) {
-        candle_core::bail!("decode_attention: a position is past the {n} stored rows");
+    let (heads, d) = (dims.0, dims.3);
+    // The value kernel spreads a row over a block's threads, VALUE_CHANNELS channels a thread
+    // (one channel when d is not a multiple of it).
+    if d > MAX_D || (d % VALUE_CHANNELS != 0 && d > DECODE_THREADS as usize) {
+        candle_core::bail!(
+            "decode_attention_rows: head dim {d} (at most {MAX_D}, and a multiple of {VALUE_CHANNELS} past {DECODE_THREADS})"
+        );
     }
     let bias = bias.map(|b| b.to_dtype(DType::F32)?.contiguous()).transpose()?;
-    let op = DecodeAttention { idx: idx.contiguous()?, bias, dims, scale };
+    let op = DecodeRows { bias, dims, scale };
     let both = q.to_dtype(DType::F32)?.contiguous()?.apply_op3_no_bwd(
         &crate::vector_aligned(k)?,
         &crate::vector_aligned(v)?,
         &CudaOnly(op),
     )?;
     Ok((both.narrow(0, 0, heads * d)?.reshape((heads, d))?, both.narrow(0, heads * d, heads)?))
+}
+
+/// Threads per block of attention_mass (MASS_THREADS in the kernel: a row per thread).
+const MASS_THREADS: usize = 128;
+
+struct AttentionMass {
+    prev: Option<Tensor>,
+    dims: (usize, usize, usize, usize),
+    rows: usize,
+    scale: f32,
+}
+
+impl CudaOp3 for AttentionMass {
+    const NAME: &'static str = "folio-attention-mass";
+
+    fn cuda_fwd(&self, [(q, ql), (k, kl), (lse, ll)]: [(&CudaStorage, &Layout); 3]) -> Result<(CudaStorage, Shape)> {
+        let (heads, kv_heads, n, d) = self.dims;
+        let rows = self.rows;
+        let dev = q.device().clone();
+        let qs = q.as_cuda_slice::<f32>()?.slice(ql.start_offset()..);
+        let ls = lse.as_cuda_slice::<f32>()?.slice(ll.start_offset()..);
+        let prev_guard = self.prev.as_ref().map(|p| p.storage_and_layout());
+        let prev = match &prev_guard {
+            Some((s, l)) => Some(cuda_storage(s, "prev")?.as_cuda_slice::<f32>()?.slice(l.start_offset()..)),
+            None => None,
+        };
+        let prev_width = self.prev.as_ref().map_or(Ok(0), |p| p.dim(1))?;
+        // SAFETY: one thread writes each (KV head, row).
+        let out = unsafe { dev.alloc::<f32>(kv_heads * rows)? };
+        let Ok(blocks) = u32::try_from(rows.div_ceil(MASS_THREADS)) else {
+            candle_core::bail!("attention_mass: {rows} rows are more than one launch holds");
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (blocks.max(1), kv_heads as u32, 1),
+            block_dim: (MASS_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let null: u64 = 0;
+        let ints = [heads as i32, kv_heads as i32, n as i32, d as i32, rows as i32, prev_width as i32];
+        macro_rules! launch {
+            ($t:ty, $name:literal) => {{
+                let ks = k.as_cuda_slice::<$t>()?.slice(kl.start_offset()..);
+                let func = dev.get_or_load_custom_func($name, MODULE, PTX)?;
+                let mut b = func.builder();
+                b.arg(&qs).arg(&ks).arg(&ls);
+                match &prev {
+                    Some(prev) => b.arg(prev),
+                    None => b.arg(&null),
+                };
+                b.arg(&out);
+                for x in &ints {
+                    b.arg(x);
+                }
+                b.arg(&self.scale);
+                // SAFETY: shapes checked by the caller (rows ≤ n, prev_width ≤ rows, the group
+                // and head dim within the kernel's shared arrays).
+                unsafe { b.launch(cfg) }.w()?;
+            }};
+        }
+        match k.dtype() {
+            DType::F32 => launch!(f32, "attention_mass_f32"),
+            DType::BF16 => launch!(half::bf16, "attention_mass_bf16"),
+            other => candle_core::bail!("attention_mass: K must be f32 or bf16, not {other:?}"),
+        }
+        Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((kv_heads, rows))))
+    }
+}
+
+pub fn attention_mass(
+    q: &Tensor,
+    k: &Tensor,
+    lse: &Tensor,
+    prev: Option<&Tensor>,
+    dims: (usize, usize, usize, usize),
+    rows: usize,
+    scale: f32,
+) -> Result<Tensor> {
+    let (heads, kv_heads, _, d) = dims;
+    if d > MAX_D || heads / kv_heads > MAX_GROUP {
+        candle_core::bail!(
+            "attention_mass: head dim {d} (at most {MAX_D}) or group {} (at most {MAX_GROUP})",
+            heads / kv_heads
+        );
+    }
+    let prev = prev.map(|p| p.to_dtype(DType::F32)?.contiguous()).transpose()?;
+    let op = AttentionMass { prev, dims, rows, scale };
+    q.to_dtype(DType::F32)?.contiguous()?.apply_op3_no_bwd(
+        &crate::vector_aligned(k)?,
+        &lse.to_dtype(DType::F32)?.contiguous()?,
+        &CudaOnly(op),
+    )
 }
 
 /// Threads of a SimHash block: rows × tables (SH_ROWS and SH_TABLES in the kernel).

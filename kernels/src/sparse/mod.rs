@@ -1,28 +1,33 @@
-//! Sparse-decode primitives: attention over selected key rows, and SimHash codes.
+//! Sparse-decode primitives: attention over the rows a step picked, the attention mass each
+//! row received, and SimHash codes.
 //!
 //! Each has a [`reference`] over plain slices (f64 sums, straight from the definition) and a
 //! fast path over candle tensors: the reference itself on the CPU (the sparse methods' CPU
 //! work is already per-row loops), hand-written kernels (kernels/cuda/sparse.cu, compiled to
-//! PTX by build.rs) on CUDA. The attention kernel gathers the selected rows itself, so a decode
-//! step reads only the K and V rows it attends; it splits each head's selection over about a
-//! thousand blocks (at least 128 rows each, in tiles of 128 rows scored one per thread) and
-//! merges their partials by LSE in a second kernel. SimHash sums each projection in
-//! f32 in channel order, as its reference does, so codes agree bit for bit across devices (a
-//! GEMM would round differently and flip the sign of near-zero projections: an index built on
-//! the GPU would sample other keys than the CPU's).
+//! PTX by build.rs) on CUDA. The attention kernel takes rows already gathered (a method's
+//! pick, a cache's live rows) and serves up to 8 query heads of a GQA group per block, so each
+//! row is read once per KV head (per 8 query heads), not once per query head: a logits kernel
+//! (a thread a row), a value kernel split over about a thousand blocks of at least 128 rows,
+//! and a merge of their partials by LSE (kernels/cuda/sparse.cu says why three simple kernels
+//! rather than one tiled one). An earlier kernel gathered each query head's positions itself:
+//! every fast path handed it rows already gathered, so it read them once per query head for
+//! nothing (BUZZ's 105k live rows a layer at 1M tokens: with the mass, 13.0 ms of a 21.4 ms
+//! step on an H100, synchronised profile).
+//! SimHash sums each projection in f32 in channel order, as its reference does, so codes agree
+//! bit for bit across devices (a GEMM would round differently and flip the sign of near-zero
+//! projections: an index built on the GPU would sample other keys than the CPU's).
 //!
-//! Costs, for the benchmarks' ratio to the hardware limit (per call; `h` query heads, `s`
-//! selected rows per head, `d` head dim, `b` bytes per K/V element):
-//! * decode attention: 4·h·s·d FLOPs, h·s·(2·d·b + 4) bytes read (+4 with a bias) — bandwidth-bound
-//!   (≈ 0.5 FLOP/byte at bf16), so its limit is memory bandwidth;
+//! Costs, for the benchmarks' ratio to the hardware limit (per call; `h` query heads, `g` KV
+//! heads, `s` rows per KV head, `d` head dim, `b` bytes per K/V element):
+//! * decode attention: 4·h·s·d FLOPs, g·s·2·d·b bytes read (+4·h·s with a bias) —
+//!   bandwidth-bound, so its limit is memory bandwidth;
+//! * attention mass: 2·h·s·d FLOPs, g·s·d·b bytes read;
 //! * SimHash codes: 2·r·d·K·L FLOPs, r·d·4 + d·K·L·4 + r·L·4 bytes — compute-bound for the
 //!   paper's K·L = 1500.
 
 use candle_core::{DType, Device, Result, Tensor};
 
 use rayon::prelude::*;
-
-use crate::Positions;
 
 /// Most hash bits per table a code may hold (a cap of this API, well above MagicPIG's K ≤ 12;
 /// a u32 code holds 32).
@@ -35,57 +40,94 @@ fn f32s(t: &Tensor) -> Result<Vec<f32>> {
     t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()
 }
 
-/// Attention of each query head over its selected rows: `q [heads, d]`, `k`, `v`
-/// `[kv_heads, n, d]` (f32 or bf16), `idx [heads, sel]` u32 positions, `bias [heads, sel]`
-/// f32 or none. Returns `(out [heads, d] f32, lse [heads] f32)` on `q`'s device.
-pub fn decode_attention(
+/// Attention of each query head over the first `rows` rows of its KV head, the same rows for
+/// every head of a group: `q [heads, d]`, `k`, `v` `[kv_heads, n, d]` (f32 or bf16, `rows ≤
+/// n`), `bias [heads, rows]` f32 or none: [`reference::decode_attention`] with every head
+/// selecting `0..rows`. On CUDA each K and V row is read once per KV group, not once per query
+/// head: the kernel for a pick (gathered into contiguous rows, per query head or shared by a
+/// group), a cache's live slots, a resident layer. Returns `(out [heads, d] f32, lse [heads] f32)`.
+pub fn decode_attention_rows(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    idx: &Tensor,
+    rows: usize,
     bias: Option<&Tensor>,
     scale: f32,
-    positions: Positions,
 ) -> Result<(Tensor, Tensor)> {
     let (heads, d) = q.dims2()?;
     let (kv_heads, n, kd) = k.dims3()?;
-    let ih = idx.dim(0)?;
-    if idx.rank() != 2 || kd != d || v.dims() != k.dims() || ih != heads || kv_heads == 0 || heads % kv_heads != 0 {
-        candle_core::bail!(
-            "decode_attention: shapes q {:?} k {:?} v {:?} idx {:?}",
-            q.dims(),
-            k.dims(),
-            v.dims(),
-            idx.dims()
-        );
+    if kd != d || v.dims() != k.dims() || kv_heads == 0 || heads % kv_heads != 0 || rows > n {
+        candle_core::bail!("decode_attention_rows: q {:?} k {:?} v {:?}, {rows} rows", q.dims(), k.dims(), v.dims());
     }
-    if let Some(b) = bias {
-        if b.dims() != idx.dims() {
-            candle_core::bail!("decode_attention: bias {:?} does not match idx {:?}", b.dims(), idx.dims());
-        }
+    if let Some(b) = bias.filter(|b| b.dims() != [heads, rows]) {
+        candle_core::bail!("decode_attention_rows: bias {:?} for {heads} heads over {rows} rows", b.dims());
     }
     match q.device() {
         #[cfg(feature = "cuda")]
-        Device::Cuda(_) => {
-            cuda::decode_attention(q, k, v, idx, bias, (heads, kv_heads, n, d, idx.dim(1)?), scale, positions)
-        }
+        Device::Cuda(_) => cuda::decode_attention_rows(q, k, v, bias, (heads, kv_heads, n, d, rows), scale),
         device => {
-            let _ = positions; // the CPU checks every position: it costs nothing there
-            let idx_v: Vec<u32> = idx.flatten_all()?.to_vec1()?;
-            if let Some(&bad) = idx_v.iter().find(|&&p| p as usize >= n) {
-                candle_core::bail!("decode_attention: position {bad} is past the {n} stored rows");
-            }
+            let idx: Vec<u32> = (0..heads).flat_map(|_| 0..rows as u32).collect();
             let bias_v = bias.map(f32s).transpose()?;
             let (out, lse) = reference::decode_attention(
                 &f32s(q)?,
                 &f32s(k)?,
                 &f32s(v)?,
-                &idx_v,
+                &idx,
                 bias_v.as_deref(),
                 (heads, kv_heads, n, d),
                 scale,
             );
             Ok((Tensor::from_vec(out, (heads, d), device)?, Tensor::from_vec(lse, heads, device)?))
+        }
+    }
+}
+
+/// The attention mass of the first `rows` keys of each KV head in one decode step (BUZZ's
+/// heavy-hitter scores; see [`reference::attention_mass`]): `q [heads, d]`, `k [kv_heads, n, d]`
+/// (f32 or bf16), `lse [heads]` f32 as [`decode_attention_rows`] returned it for these keys, and
+/// the sums so far `prev [kv_heads, p]` (`p ≤ rows`, zero past `p`) or none. Returns
+/// `[kv_heads, rows]` f32: K is read once per KV group, V not at all.
+pub fn attention_mass(
+    q: &Tensor,
+    k: &Tensor,
+    lse: &Tensor,
+    prev: Option<&Tensor>,
+    rows: usize,
+    scale: f32,
+) -> Result<Tensor> {
+    let (heads, d) = q.dims2()?;
+    let (kv_heads, n, kd) = k.dims3()?;
+    let prev_width = prev.map(|p| p.dims2()).transpose()?;
+    if kd != d
+        || lse.dims() != [heads]
+        || kv_heads == 0
+        || heads % kv_heads != 0
+        || rows > n
+        || prev_width.is_some_and(|(g, p)| g != kv_heads || p > rows)
+    {
+        candle_core::bail!(
+            "attention_mass: q {:?}, k {:?}, lse {:?}, prev {:?}, {rows} rows",
+            q.dims(),
+            k.dims(),
+            lse.dims(),
+            prev.map(Tensor::dims)
+        );
+    }
+    match q.device() {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => cuda::attention_mass(q, k, lse, prev, (heads, kv_heads, n, d), rows, scale),
+        device => {
+            let prev_v = prev.map(f32s).transpose()?;
+            let out = reference::attention_mass(
+                &f32s(q)?,
+                &f32s(k)?,
+                &f32s(lse)?,
+                prev_v.as_deref().zip(prev_width.map(|(_, p)| p)),
+                (heads, kv_heads, n, d),
+                rows,
+                scale,
+            );
+            Tensor::from_vec(out, (kv_heads, rows), device)
         }
     }
 }

@@ -40,6 +40,40 @@ pub fn decode_attention(
     (out, lse)
 }
 
+/// The attention each of the first `rows` keys of every KV head received from its group's
+/// query heads in one decode step, summed over the group, plus `prev` (`[kv_heads, p]` with its
+/// width `p`, zero past it): `out [kv_heads, rows]`, where a query head with
+/// log-sum-exp `lse[h]` gives key `j` the probability `exp(q[h]·k[g, j]·scale − lse[h])`
+/// (none for `lse = −∞`, a head that attended nothing).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_mass(
+    q: &[f32],
+    k: &[f32],
+    lse: &[f32],
+    prev: Option<(&[f32], usize)>,
+    (heads, kv_heads, n, d): (usize, usize, usize, usize),
+    rows: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let group = heads / kv_heads;
+    let mut out = Vec::with_capacity(kv_heads * rows);
+    for g in 0..kv_heads {
+        for j in 0..rows {
+            let key = &k[(g * n + j) * d..][..d];
+            let mass: f64 = (g * group..(g + 1) * group)
+                .filter(|&h| lse[h] != f32::NEG_INFINITY)
+                .map(|h| {
+                    let dot: f64 = q[h * d..][..d].iter().zip(key).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    (dot * scale as f64 - lse[h] as f64).exp()
+                })
+                .sum();
+            let before = prev.map_or(0.0, |(p, width)| if j < width { p[g * width + j] as f64 } else { 0.0 });
+            out.push((before + mass) as f32);
+        }
+    }
+    out
+}
+
 /// Label score of every token for each query head: `ql [heads, r]` against the dequantized
 /// labels `code · range / (2^bits − 1) + offset` of its KV head, `codes [kv_heads, n, r]`,
 /// `scale [kv_heads, n, 2]` (offset, range). Returns `[heads, n]`.

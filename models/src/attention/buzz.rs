@@ -23,11 +23,12 @@
 //! from it, as a rebuilt conversation does). Eviction runs until the bound holds
 //! (Remark 2), not once per forward as the authors' code; a long question is evicted at once.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
+use folio_kernels::sparse;
 
 use std::collections::HashMap;
 
-use super::cost::{per_kv_head, CostInput, StepCost};
+use super::cost::{CostInput, StepCost};
 use super::fast;
 use super::registry::{budgeted, Budgeted};
 use super::select::{dot, query_rows, LayerRows, PerLayer};
@@ -53,9 +54,19 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
     build: budgeted::<Buzz>,
 };
 
-/// The live cache (at most the budget) per KV head, read once for its group.
+/// The live cache (at most the budget) per KV head, on the device ([`DeviceRows`]): a step
+/// reads its K and V once for the attention and K again for the scores, and moves nothing over
+/// the link (the new token's row is already on the device). The cache, its positions and
+/// scores stay on the device.
 fn cost(input: &CostInput<'_>) -> StepCost {
-    per_kv_head(input, input.budget)
+    let (b, kv_heads) = (input.budget, input.shape.kv_heads);
+    let capacity = b + ROW_SLACK;
+    let state = input.rows(capacity, kv_heads) + ((capacity * 2 * kv_heads * 4) as f64);
+    StepCost {
+        device_bytes: input.layers() * (input.rows(b, kv_heads) + input.keys(b, kv_heads)),
+        resident_bytes: (input.layers() * state) as u64,
+        ..StepCost::default()
+    }
 }
 
 const PARAMS: [ParamSpec; 2] = [
@@ -102,6 +113,142 @@ struct LayerCache {
     window: usize,
     threshold: usize,
     heads: Vec<HeadCache>,
+    /// The live rows on the compute device, once a call has left the cache within its bound
+    /// (see [`DeviceRows`]); while they exist, the scores are theirs and `heads[..].score` is
+    /// stale.
+    rows: Option<DeviceRows>,
+}
+
+impl LayerCache {
+    /// Whether the body is over the threshold: [`Buzz::evict`] has work to do.
+    fn over(&self, sinks: usize) -> bool {
+        let len = self.heads[0].live.len();
+        len > sinks + self.window && len - sinks - self.window > self.threshold
+    }
+}
+
+/// Free slots a layer's device rows get when they are built or grow past their capacity: a
+/// decode step adds one row, so a copy of the cache happens once in this many steps at most.
+const ROW_SLACK: usize = 1024;
+
+/// A layer's live rows on the compute device: slot `j` of KV head `g` holds the K and V row of
+/// position `pos[g, j]`, which is `heads[g].live[j]`, for `j < len`. BUZZ is a KV cache: the
+/// paper keeps it on the GPU and a decode step adds one row and reads only these, so a step here
+/// appends the new token's row (from the tier's device tail), attends the slots (each read once
+/// for its KV group, [`sparse::decode_attention_rows`]) and adds each slot's attention mass to its score on the device
+/// ([`sparse::attention_mass`]); only an eviction brings the scores to the host, where the
+/// choice is made, and compacts the slots on the device. Without them every step gathered the
+/// whole live set from the tier: over the host link at a million tokens, 10% of the context.
+struct DeviceRows {
+    /// `[kv_heads, capacity, head_dim]` each.
+    k: Tensor,
+    v: Tensor,
+    /// `[kv_heads, capacity]` u32.
+    pos: Tensor,
+    /// `[kv_heads, len]` f32: each slot's accumulated attention.
+    score: Tensor,
+    len: usize,
+}
+
+impl DeviceRows {
+    /// The live rows of `heads` gathered from `kv` (positions below `end`), their scores from
+    /// the host.
+    fn gather(kv: &dyn DecodeTier, layer: usize, heads: &[HeadCache], end: usize) -> Result<Self> {
+        let (kv_heads, len) = (heads.len(), heads[0].live.len());
+        let dev = kv.device();
+        let pos: Vec<u32> = heads.iter().flat_map(|h| h.live.iter().map(|&p| p as u32)).collect();
+        let pos = Tensor::from_vec(pos, (kv_heads, len), dev)?;
+        let (k, v) = kv.gather(layer, &pos, end)?;
+        let score: Vec<f32> = heads.iter().flat_map(|h| h.score.iter().copied()).collect();
+        let mut rows = Self {
+            k: Tensor::zeros((kv_heads, 0, kv.head_dim()), k.dtype(), dev)?,
+            v: Tensor::zeros((kv_heads, 0, kv.head_dim()), v.dtype(), dev)?,
+            pos: Tensor::zeros((kv_heads, 0), DType::U32, dev)?,
+            score: Tensor::from_vec(score, (kv_heads, len), dev)?,
+            len: 0,
+        };
+        rows.reserve(len + ROW_SLACK)?;
+        rows.k.slice_set(&k, 1, 0)?;
+        rows.v.slice_set(&v, 1, 0)?;
+        rows.pos.slice_set(&pos, 1, 0)?;
+        rows.len = len;
+        Ok(rows)
+    }
+
+    fn capacity(&self) -> usize {
+        self.pos.dim(1).unwrap_or(0)
+    }
+
+    /// Room for `capacity` slots: the live ones copied into fresh buffers.
+    fn reserve(&mut self, capacity: usize) -> Result<()> {
+        let (kv_heads, d) = (self.k.dim(0)?, self.k.dim(2)?);
+        let dev = self.k.device().clone();
+        let fresh = |old: &Tensor, shape: &[usize]| -> Result<Tensor> {
+            let t = Tensor::zeros(shape, old.dtype(), &dev)?;
+            if self.len > 0 {
+                t.slice_set(&old.narrow(1, 0, self.len)?, 1, 0)?;
+            }
+            Ok(t)
+        };
+        self.k = fresh(&self.k, &[kv_heads, capacity, d])?;
+        self.v = fresh(&self.v, &[kv_heads, capacity, d])?;
+        self.pos = fresh(&self.pos, &[kv_heads, capacity])?;
+        Ok(())
+    }
+
+    /// Appends one row per KV head (`k`, `v` `[kv_heads, 1, d]`, positions `pos [kv_heads, 1]`).
+    fn push(&mut self, k: &Tensor, v: &Tensor, pos: &Tensor) -> Result<()> {
+        if self.len == self.capacity() {
+            self.reserve(self.len + ROW_SLACK.max(self.len / 8))?;
+        }
+        self.k.slice_set(k, 1, self.len)?;
+        self.v.slice_set(v, 1, self.len)?;
+        self.pos.slice_set(pos, 1, self.len)?;
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Keeps `kept[g]` (ascending slots of KV head `g`, as many for every head) with their
+    /// scores `score [kv_heads · kept]`, in order, at the front.
+    fn keep(&mut self, kept: &[Vec<usize>], score: Vec<f32>) -> Result<()> {
+        let (kv_heads, cap, d) = self.k.dims3()?;
+        let n = kept.first().map_or(0, Vec::len);
+        let dev = self.k.device().clone();
+        let flat: Vec<u32> =
+            kept.iter().enumerate().flat_map(|(g, slots)| slots.iter().map(move |&j| (g * cap + j) as u32)).collect();
+        let flat = Tensor::from_vec(flat, kv_heads * n, &dev)?;
+        let k = self.k.reshape((kv_heads * cap, d))?.index_select(&flat, 0)?.reshape((kv_heads, n, d))?;
+        let v = self.v.reshape((kv_heads * cap, d))?.index_select(&flat, 0)?.reshape((kv_heads, n, d))?;
+        let pos = self.pos.flatten_all()?.index_select(&flat, 0)?.reshape((kv_heads, n))?;
+        self.k.slice_set(&k, 1, 0)?;
+        self.v.slice_set(&v, 1, 0)?;
+        self.pos.slice_set(&pos, 1, 0)?;
+        self.score = Tensor::from_vec(score, (kv_heads, n), &dev)?;
+        self.len = n;
+        Ok(())
+    }
+
+    /// The scores back into the host cache (for an eviction or a call the rows do not serve).
+    fn scores_to_host(&self, heads: &mut [HeadCache]) -> Result<()> {
+        let score = self.score.to_device(&Device::Cpu)?.to_vec2::<f32>()?;
+        for (h, s) in heads.iter_mut().zip(score) {
+            h.score[..s.len()].copy_from_slice(&s);
+        }
+        Ok(())
+    }
+}
+
+/// The slots of `kept` in `live` (both ascending, `kept` a subsequence of `live`).
+fn slots_of(kept: &[usize], live: &[usize]) -> Vec<usize> {
+    let mut slots = Vec::with_capacity(kept.len());
+    let mut j = 0;
+    for &p in kept {
+        while live[j] != p {
+            j += 1;
+        }
+        slots.push(j);
+    }
+    slots
 }
 
 pub struct Buzz {
@@ -137,11 +284,8 @@ impl Buzz {
         let k = self.params.usize("sinks");
         let s = self.params.usize("stride");
         let small = s.div_ceil(2);
-        loop {
+        while c.over(k) {
             let len = c.heads[0].live.len();
-            if len <= k + c.window || len - k - c.window <= c.threshold {
-                return;
-            }
             let mid = len - k - c.window;
             let n_new = mid - c.n_old;
             let old_keep: Vec<usize> = (0..c.n_old.div_ceil(small)).map(|i| k + i * small).collect();
@@ -186,7 +330,14 @@ impl Buzz {
             let head = HeadCache { live: (0..call.q_start).collect(), score: vec![0.0; call.q_start] };
             caches.insert(
                 call.layer,
-                LayerCache { end: call.q_start, n_old: 0, window: 0, threshold: 0, heads: vec![head; kv_heads] },
+                LayerCache {
+                    end: call.q_start,
+                    n_old: 0,
+                    window: 0,
+                    threshold: 0,
+                    heads: vec![head; kv_heads],
+                    rows: None,
+                },
             );
         }
         let cache = caches.get_mut(&call.layer).ok_or_else(|| Error::Invalid("buzz cache missing".into()))?;
@@ -200,17 +351,26 @@ impl Buzz {
         Ok(cache)
     }
 
-    /// The fast path over an offloaded store: the live rows are gathered once per KV head
-    /// (every head of a layer holds as many), attended exactly on the device, and each row's
-    /// accumulated probability comes back for the eviction, which stays on the host.
+    /// The fast path over a decode tier. A decode step over a cache whose rows are on the device
+    /// ([`DeviceRows`]) runs there; any other call (the first, a question, a model window)
+    /// gathers the live rows once per KV head (every head of a layer holds as many), attends
+    /// them exactly with each row's accumulated probability back on the host, evicts there, and
+    /// then moves the live rows to the device for the steps that follow.
     fn attend_fast(&self, call: &AttnCall<'_>, kv: &dyn DecodeTier) -> Result<Attended> {
-        let q_heads = call.q.dim(0)?;
+        let (q_heads, t, _) = call.q.dims3()?;
         let kv_heads = kv.kv_heads();
         let mut caches = self.caches.lock();
         let cache = self.enter(&mut caches, call, kv_heads)?;
         let s = cache.heads[0].live.len();
         if cache.heads.iter().any(|h| h.live.len() != s) {
             return Err(Error::Invalid("buzz: KV heads of a layer hold different cache sizes".into()));
+        }
+        let steady = t == 1 && call.window.is_none();
+        if steady && cache.rows.is_some() {
+            return self.attend_rows(call, kv, cache);
+        }
+        if let Some(rows) = cache.rows.take() {
+            rows.scores_to_host(&mut cache.heads)?;
         }
         let pos: Vec<u32> = cache.heads.iter().flat_map(|h| h.live.iter().map(|&p| p as u32)).collect();
         let idx = Tensor::from_vec(pos, (kv_heads, s), call.q.device())?;
@@ -225,7 +385,48 @@ impl Buzz {
             .map(|h| cache.heads[h / groups].live.iter().copied().filter(|&p| p <= last && p >= lo).collect())
             .collect();
         self.evict(cache);
+        if call.window.is_none() {
+            cache.rows = Some(DeviceRows::gather(kv, call.kv_layer, &cache.heads, cache.end)?);
+        }
         Ok(Attended { out, read: Read::Rows(read), searched: 0.0 })
+    }
+
+    /// One decode step over the layer's device rows: the new token's row appended, the slots
+    /// attended, each slot's attention mass added to its score,
+    /// and an eviction (on the host's choice, compacted on the device) when the body is over
+    /// the threshold.
+    fn attend_rows(&self, call: &AttnCall<'_>, kv: &dyn DecodeTier, cache: &mut LayerCache) -> Result<Attended> {
+        let Some(mut rows) = cache.rows.take() else {
+            return Err(Error::Invalid("buzz: no device rows to decode over".into()));
+        };
+        let dev = call.q.device();
+        let (kv_heads, q_heads) = (kv.kv_heads(), call.q.dim(0)?);
+        let new = Tensor::from_vec(vec![call.q_start as u32; kv_heads], (kv_heads, 1), dev)?;
+        let (k, v) =
+            crate::profile::span(dev, "attention: gather", || kv.gather(call.kv_layer, &new, call.q_start + 1))?;
+        rows.push(&k, &v, &new)?;
+        let n = rows.len;
+        debug_assert_eq!(n, cache.heads[0].live.len(), "device rows and live positions in step");
+        let q = call.q.squeeze(1)?;
+        let out = crate::profile::span(dev, "attention: kernel", || {
+            let (out, lse) = sparse::decode_attention_rows(&q, &rows.k, &rows.v, n, None, call.scale)?;
+            rows.score = sparse::attention_mass(&q, &rows.k, &lse, Some(&rows.score), n, call.scale)?;
+            Ok(out)
+        })?;
+        // A copy: the slots are rewritten in place by later steps.
+        let read = Read::Grouped { idx: rows.pos.narrow(1, 0, n)?.copy()?, group: q_heads / kv_heads };
+        let sinks = self.params.usize("sinks");
+        if cache.over(sinks) {
+            rows.scores_to_host(&mut cache.heads)?;
+            let before: Vec<Vec<usize>> = cache.heads.iter().map(|h| h.live.clone()).collect();
+            self.evict(cache);
+            let kept: Vec<Vec<usize>> =
+                cache.heads.iter().zip(&before).map(|(h, old)| slots_of(&h.live, old)).collect();
+            let score = cache.heads.iter().flat_map(|h| h.score.iter().copied()).collect();
+            rows.keep(&kept, score)?;
+        }
+        cache.rows = Some(rows);
+        Ok(Attended { out: out.unsqueeze(1)?.to_dtype(call.q.dtype())?, read, searched: 0.0 })
     }
 }
 
@@ -328,6 +529,36 @@ mod tests {
                 assert!(read[h * 2].len() <= cap && read[h * 2].len() >= head.live.len());
             }
         }
+    }
+
+    /// The fast path — live rows moved to the device after the first call, each step appended
+    /// there, evictions chosen on the host and compacted on the device — decodes a conversation
+    /// long enough for several evictions as the host reference does: the same outputs and reads.
+    #[test]
+    fn device_rows_follow_the_reference() {
+        let seed = rand::random();
+        let mut spec = Spec::mixed(700);
+        spec.steps = 300;
+        let case = Case::generate(&spec, seed).unwrap();
+        let (kv, reference_kv) = (case.store().unwrap(), crate::kv::Reference(case.store().unwrap()));
+        let make = || Buzz::new(Budget::Tokens(120), Params::parse("buzz", &PARAMS, &[]).unwrap()).unwrap();
+        let (fast, slow) = (make(), make());
+        let (mut evictions, mut last_len) = (0, 0);
+        for s in 0..spec.steps {
+            let got = fast.attend(&case.call(s, &kv, (5, 8))).unwrap();
+            let want = slow.attend(&case.call(s, &reference_kv, (5, 8))).unwrap();
+            let diff = (got.out - &want.out).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(diff < 1e-5, "seed {seed}, step {s}: outputs differ by {diff}");
+            assert_eq!(got.read.rows().unwrap(), want.read.rows().unwrap(), "seed {seed}, step {s}: reads");
+            let caches = fast.caches.lock();
+            let rows = caches[&5].rows.as_ref().expect("the first call moves the live rows to the device");
+            let live: Vec<u32> = caches[&5].heads.iter().flat_map(|h| h.live.iter().map(|&p| p as u32)).collect();
+            assert_eq!(rows.pos.narrow(1, 0, rows.len).unwrap().flatten_all().unwrap().to_vec1::<u32>().unwrap(), live);
+            // A step adds a row; fewer than last time plus one is an eviction on the device.
+            evictions += usize::from(s > 0 && rows.len <= last_len);
+            last_len = rows.len;
+        }
+        assert!(evictions >= 2, "seed {seed}: {evictions} evictions on the device in {} steps", spec.steps);
     }
 
     /// A call that continues the last one's positions continues its conversation, even one that

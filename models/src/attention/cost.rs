@@ -64,7 +64,7 @@ pub struct StepCost {
     pub resident_bytes: u64,
 }
 
-/// Streaming and BUZZ: one set of `picked` positions per KV head, read once for its group.
+/// Streaming: one set of `picked` positions per KV head, read once for its group.
 pub fn per_kv_head(input: &CostInput<'_>, picked: usize) -> StepCost {
     StepCost { link_bytes: input.layers() * input.rows(picked, input.shape.kv_heads), ..StepCost::default() }
 }
@@ -91,7 +91,8 @@ mod tests {
             let b = budget as f64;
             let (device, link, host) = match spec.name {
                 "dense" => (0.0, l * rows(n, kv), 0.0),
-                "streaming" | "buzz" => (0.0, l * rows(b, kv), 0.0),
+                "streaming" => (0.0, l * rows(b, kv), 0.0),
+                "buzz" => (l * 1.5 * rows(b, kv), 0.0, 0.0),
                 "topk" => (0.0, l * (n * kv * row + rows(b + p("window"), h)), 0.0),
                 "topk-ivf" => {
                     let lists = if n > 900_000.0 { n.sqrt().ceil() } else { (n / 1000.0).ceil() };

@@ -1,12 +1,11 @@
 //! The shared half of the methods' fast paths: attention over the rows a step picked, over any
 //! decode tier ([`crate::tier::DecodeTier`]: resident or offloaded). A method scores and picks
-//! with its own index; these gather the picks through the tier and run the selected-row kernel
-//! (`folio_kernels::sparse::decode_attention`), or, for a method that scores its cache by the
+//! with its own index; these gather the picks through the tier and run the kernel over the
+//! gathered rows (`folio_kernels::sparse::decode_attention_rows`), or, for a method that scores its cache by the
 //! attention it received (BUZZ), exact attention with the probabilities.
 
 use candle_core::{DType, Device, Tensor};
 use folio_kernels::sparse;
-use folio_kernels::Positions;
 
 use super::AttnCall;
 use crate::error::{Error, Result};
@@ -19,7 +18,7 @@ const SCAN_CHUNK: usize = 1 << 16;
 /// One decode step's attention over the positions `idx [rows, s]` (u32, visible, distinct per
 /// row): one row per query head, or one per KV head when a group shares its pick (then each
 /// row is read once for the whole group). `bias [q_heads, s]` is added to the logits (−∞ pads a
-/// head's shorter pick). Gathers the rows and runs the selected-row attention kernel. Output
+/// head's shorter pick). Gathers the rows and runs the row attention kernel over them. Output
 /// `[q_heads, 1, d]` in the query's dtype.
 pub fn attend_selected(
     call: &AttnCall<'_>,
@@ -42,11 +41,10 @@ pub fn selected_partial(
     let s = idx.dim(1)?;
     let dev = idx.device();
     let (k, v) = span(dev, "attention: gather", || kv.gather(call.kv_layer, idx, call.q_start + 1))?;
-    // The gathered rows are the kernel's K/V: `rows` heads of `s` rows each, read in order.
+    // The gathered rows are the kernel's K/V: `rows` heads of `s` rows each, read in order, once
+    // for all the query heads that share them.
     span(dev, "attention: kernel", || {
-        let q = call.q.squeeze(1)?;
-        let own = Tensor::arange(0u32, s as u32, dev)?.unsqueeze(0)?.repeat((q.dim(0)?, 1))?;
-        Ok(sparse::decode_attention(&q, &k, &v, &own, bias, call.scale, Positions::Trusted)?)
+        Ok(sparse::decode_attention_rows(&call.q.squeeze(1)?, &k, &v, s, bias, call.scale)?)
     })
 }
 

@@ -17,7 +17,8 @@
 //! Sinks and window sizes are not stated in the paper; 4 and 64 are StreamingLLM's sinks and
 //! the window the other methods here use.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, IndexOp, Tensor};
+use folio_kernels::blocks;
 
 use super::cost::{CostInput, StepCost};
 use super::fast;
@@ -240,13 +241,15 @@ impl Hip {
     }
 }
 
-/// [`search_blocks`] for every query head at once, on the device: nodes are `[heads, n]`
-/// tensors of block ranges; each round every node's halves (a one-block node is its own right
-/// half; its empty left half scores −∞) are scored by their representative block's keys, one
-/// gather for all heads, and the top-k kernel keeps `n` per head. No host round trip until the
-/// chosen blocks come back. Differences from the host search: ties at the n-th score are broken
-/// arbitrarily, and every round scores every half (`2·n` blocks per head) instead of reusing
-/// earlier scores. Returns each head's chosen blocks and the key rows scored per head.
+/// [`search_blocks`] for every query head at once, on the device: nodes are `[heads, n, 2]`
+/// ranges of blocks; each round halves every node ([`folio_kernels::blocks::halve`]: a
+/// one-block node is its own right half, its empty left half scores −∞), gathers the
+/// representative block's keys of every half for all heads at once, scores each half by its
+/// best key ([`folio_kernels::blocks::block_max`]), and the top-k kernel keeps `n` per head:
+/// four launches a round and no host round trip until the chosen blocks come back.
+/// Differences from the host search: ties at the n-th score are broken arbitrarily, and every
+/// round scores every half (`2·n` blocks per head) instead of reusing earlier scores. Returns
+/// each head's chosen blocks and the key rows scored per head.
 fn search_on_device(
     q: &Tensor,
     kv: &dyn DecodeTier,
@@ -256,46 +259,33 @@ fn search_on_device(
     n: usize,
 ) -> Result<(Vec<Vec<usize>>, usize)> {
     let heads = q.dim(0)?;
-    let dev = q.device();
     if blocks <= n {
         return Ok((vec![(0..blocks).collect(); heads], 0));
     }
-    let round = |j: usize| ((j * blocks) as f64 / n as f64).round() as f32;
-    let node = |shift: usize| -> Result<Tensor> {
-        let starts: Vec<f32> = (0..n).map(|j| round(j + shift)).collect();
-        Ok(Tensor::from_vec(starts, (1, n), dev)?.repeat((heads, 1))?)
-    };
-    let (mut f, mut l) = (node(0)?, node(1)?);
-    let widest = (0..n).map(|j| round(j + 1) - round(j)).fold(1f32, f32::max) as usize;
+    // The first nodes: n near-equal ranges of the blocks, the same for every head.
+    let edge = |j: usize| ((j * blocks) as f64 / n as f64).round() as u32;
+    let start: Vec<u32> = (0..heads).flat_map(|_| (0..n).flat_map(move |j| [edge(j), edge(j + 1)])).collect();
+    let widest = (0..n).map(|j| edge(j + 1) - edge(j)).max().unwrap_or(1).max(1) as usize;
     let rounds = usize::BITS as usize - (widest - 1).leading_zeros() as usize;
-    let qf = q.to_dtype(DType::F32)?.unsqueeze(1)?;
-    let keys_end = (window_start - first) as f64;
-    let offsets = Tensor::arange(0f32, b as f32, dev)?.reshape((1, 1, b))?;
+    let mut nodes = Tensor::from_vec(start, (heads, n, 2), q.device())?;
+    let mut keep = None;
     for _ in 0..rounds {
-        let m = (&f + ((&l - &f)? / 2.0)?.floor()?)?;
-        let rep_left = (&f + ((&m - &f)? / 2.0)?.floor()?)?;
-        let rep_right = (&m + ((&l - &m)? / 2.0)?.floor()?)?;
-        let cand_f = Tensor::cat(&[&f, &m], 1)?;
-        let cand_l = Tensor::cat(&[&m, &l], 1)?;
-        let rep = Tensor::cat(&[&rep_left, &rep_right], 1)?;
-        // Key positions of each representative block: b of them, the last block's clamped.
-        let start = (rep.unsqueeze(2)? * b as f64)?;
-        let last = ((&start + b as f64)?.minimum(keys_end)? - 1.0)?;
-        let pos = (start.broadcast_add(&offsets)?.broadcast_minimum(&last)? + first as f64)?;
-        let idx = pos.to_dtype(DType::U32)?.reshape((heads, 2 * n * b))?;
-        let keys = kv.gather_keys(call.kv_layer, &idx, call.q_start + 1)?.to_dtype(DType::F32)?;
-        let z = qf.matmul(&keys.transpose(1, 2)?)?.reshape((heads, 2 * n, b))?.max(2)?;
-        let valid = cand_l.gt(&cand_f)?;
-        let z = valid.where_cond(&z, &Tensor::new(f32::NEG_INFINITY, dev)?.broadcast_as(z.shape())?)?;
-        let keep = folio_kernels::select::topk(&z, n)?;
-        f = cand_f.gather(&keep, 1)?;
-        l = cand_l.gather(&keep, 1)?;
+        let (halves, pos) = blocks::halve(&nodes, keep.as_ref(), b, first, window_start - first)?;
+        let keys = kv.gather_keys(call.kv_layer, &pos, call.q_start + 1)?;
+        let z = blocks::block_max(q, &keys, &halves, b)?;
+        keep = Some(folio_kernels::select::topk(&z, n)?);
+        nodes = halves;
     }
-    let chosen: Vec<Vec<f32>> = f.to_device(&Device::Cpu)?.to_vec2()?;
-    let chosen = chosen
-        .into_iter()
-        .map(|row| {
-            let mut blks: Vec<usize> = row.into_iter().map(|x| x as usize).collect();
+    let halves: Vec<Vec<u32>> = nodes.i((.., .., 0))?.to_device(&Device::Cpu)?.to_vec2()?;
+    let kept: Vec<Vec<u32>> = match keep {
+        Some(k) => k.to_device(&Device::Cpu)?.to_vec2()?,
+        None => vec![(0..n as u32).collect(); heads],
+    };
+    let chosen = halves
+        .iter()
+        .zip(kept)
+        .map(|(row, keep)| {
+            let mut blks: Vec<usize> = keep.into_iter().map(|j| row[j as usize] as usize).collect();
             blks.sort_unstable();
             blks
         })
@@ -306,7 +296,7 @@ fn search_on_device(
 impl Hip {
     /// The fast path over an offloaded store: each refresh searches every query head's blocks
     /// at once on the device ([`search_on_device`]); each step gathers the heads' picks (sinks,
-    /// chosen blocks, window) and runs the selected-row kernel.
+    /// chosen blocks, window) and runs the row kernel over them.
     fn attend_fast(&self, call: &AttnCall<'_>, kv: &dyn DecodeTier) -> Result<Attended> {
         let (lo, hi) = visible(call);
         let q = call.q.squeeze(1)?;

@@ -106,6 +106,10 @@ pub enum Read {
     /// (distinct per row, in any order): copied to the host only when [`Read::rows`] asks, so a
     /// decode step that nobody measures does not pay for it.
     Picked(Tensor),
+    /// Per KV head, the positions every query head of its group read, `[kv_heads, s]` u32 on
+    /// the device (distinct per row, in any order; `group` query heads a KV head): a pick
+    /// shared by the group, expanded and copied to the host only when [`Read::rows`] asks.
+    Grouped { idx: Tensor, group: usize },
 }
 
 impl Read {
@@ -114,17 +118,23 @@ impl Read {
         Ok(match self {
             Self::All => None,
             Self::Rows(rows) => Some(std::borrow::Cow::Borrowed(rows)),
-            Self::Picked(idx) => {
-                let picked = idx.to_device(&candle_core::Device::Cpu)?.to_vec2::<u32>()?;
-                let sorted = picked.into_iter().map(|row| {
-                    let mut row: Vec<usize> = row.into_iter().map(|p| p as usize).collect();
-                    row.sort_unstable();
-                    row
-                });
-                Some(std::borrow::Cow::Owned(sorted.collect()))
-            }
+            Self::Picked(idx) => Some(std::borrow::Cow::Owned(sorted_rows(idx, 1)?)),
+            Self::Grouped { idx, group } => Some(std::borrow::Cow::Owned(sorted_rows(idx, *group)?)),
         })
     }
+}
+
+/// The rows of `idx [rows, s]` (u32, on any device) sorted, each repeated `repeat` times.
+fn sorted_rows(idx: &Tensor, repeat: usize) -> Result<Vec<Vec<usize>>> {
+    let picked = idx.to_device(&candle_core::Device::Cpu)?.to_vec2::<u32>()?;
+    Ok(picked
+        .into_iter()
+        .flat_map(|row| {
+            let mut row: Vec<usize> = row.into_iter().map(|p| p as usize).collect();
+            row.sort_unstable();
+            std::iter::repeat_n(row, repeat)
+        })
+        .collect())
 }
 
 /// An attention method.

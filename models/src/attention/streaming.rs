@@ -82,7 +82,7 @@ impl Attention for Streaming {
                 Ok(Tensor::from_vec(pos, (1, pick.len()), call.q.device())?.repeat((kv.kv_heads(), 1))?)
             })?;
             let out = fast::attend_selected(call, &*kv, &idx, None)?;
-            return Ok(Attended { out, read: Read::Rows(vec![pick; heads]), searched: 0.0 });
+            return Ok(Attended { out, read: Read::Grouped { group: heads / kv.kv_heads(), idx }, searched: 0.0 });
         }
         sparse_decode(call, |_, lo, hi| Ok((vec![HeadPick::plain(self.selection(lo, hi)); heads], 0.0)))
     }

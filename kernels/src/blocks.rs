@@ -1,0 +1,269 @@
+//! The two steps of a hierarchical top-k search over blocks of keys (HiP's mask search), for
+//! every query head at once: [`halve`] splits each kept node (a range of blocks) in two and
+//! gives the key positions of each half's representative block; [`block_max`] scores each half
+//! by its best key. A caller gathers the keys at those positions (from wherever they live) and
+//! keeps the best halves with the top-k kernel, round after round.
+//!
+//! Why kernels: written with candle's elementwise ops, a round took about thirty launches
+//! (floors, halvings, concatenations, clamps, a matmul, a mask) and the search about 10 ms of
+//! host time per layer at a million tokens on an H100, most of a HiP decode step; these are two
+//! launches a round. Nodes and positions are u32 (block indices and positions are integers; the
+//! candle version carried them in f32).
+//!
+//! References: [`reference::halve`] and [`reference::block_max`] over plain slices, which the
+//! CPU runs and the tests hold the CUDA kernels (kernels/cuda/blocks.cu) to.
+
+use candle_core::{DType, Result, Tensor};
+
+/// The plain-slice definitions.
+pub mod reference {
+    /// `nodes [heads, m, 2]` (ranges `[f, l)` of blocks) and `keep [heads, n]` (which nodes
+    /// this round halves; all `m` in order without it) to `(cand [heads, 2n, 2], pos [heads,
+    /// 2n, b])`: node `j`'s halves `[f, mid)`, `[mid, l)` (`mid = f + (l − f) / 2`) are
+    /// candidates `j` and `n + j`, each represented by its middle block `rep` whose `b` keys
+    /// sit at `first + min(rep·b + o, min(rep·b + b, keys) − 1)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn halve(
+        nodes: &[u32],
+        keep: Option<&[u32]>,
+        (heads, m, n): (usize, usize, usize),
+        b: usize,
+        first: usize,
+        keys: usize,
+    ) -> (Vec<u32>, Vec<u32>) {
+        let (mut cand, mut pos) = (vec![0u32; heads * 2 * n * 2], vec![0u32; heads * 2 * n * b]);
+        for h in 0..heads {
+            for j in 0..n {
+                let src = keep.map_or(j, |k| k[h * n + j] as usize);
+                let (f, l) = (nodes[(h * m + src) * 2], nodes[(h * m + src) * 2 + 1]);
+                let mid = f + (l - f) / 2;
+                for (side, (lo, hi, rep)) in
+                    [(f, mid, f + (mid - f) / 2), (mid, l, mid + (l - mid) / 2)].into_iter().enumerate()
+                {
+                    let c = h * 2 * n + side * n + j;
+                    cand[c * 2] = lo;
+                    cand[c * 2 + 1] = hi;
+                    let start = rep as usize * b;
+                    let last = (start + b).min(keys) - 1;
+                    for o in 0..b {
+                        pos[c * b + o] = ((start + o).min(last) + first) as u32;
+                    }
+                }
+            }
+        }
+        (cand, pos)
+    }
+
+    /// Each candidate's largest `q·k` over its `b` keys (`keys [heads, c·b, d]`), `−∞` for an
+    /// empty one (`cand[.., 1] ≤ cand[.., 0]`): `[heads, c]`.
+    pub fn block_max(
+        q: &[f32],
+        keys: &[f32],
+        cand: &[u32],
+        (heads, c, b, d): (usize, usize, usize, usize),
+    ) -> Vec<f32> {
+        (0..heads * c)
+            .map(|w| {
+                if cand[w * 2 + 1] <= cand[w * 2] {
+                    return f32::NEG_INFINITY;
+                }
+                let h = w / c;
+                (0..b)
+                    .map(|o| {
+                        let row = &keys[(w * b + o) * d..][..d];
+                        row.iter().zip(&q[h * d..][..d]).map(|(k, q)| *k as f64 * *q as f64).sum::<f64>() as f32
+                    })
+                    .fold(f32::NEG_INFINITY, f32::max)
+            })
+            .collect()
+    }
+}
+
+/// See [`reference::halve`]: `nodes [heads, m, 2]` u32, `keep [heads, n]` u32 or none (then
+/// `n = m`). Returns `(cand [heads, 2n, 2], pos [heads, 2n·b])` u32 on `nodes`' device.
+pub fn halve(nodes: &Tensor, keep: Option<&Tensor>, b: usize, first: usize, keys: usize) -> Result<(Tensor, Tensor)> {
+    let (heads, m, two) = nodes.dims3()?;
+    let n = keep.map_or(Ok(m), |k| k.dim(1))?;
+    if two != 2 || b == 0 || keys == 0 || keep.is_some_and(|k| k.dims() != [heads, n]) {
+        candle_core::bail!("halve: nodes {:?}, keep {:?}, {b} keys a block", nodes.dims(), keep.map(Tensor::dims));
+    }
+    let dims = (heads, m, n);
+    match nodes.device() {
+        #[cfg(feature = "cuda")]
+        candle_core::Device::Cuda(_) => cuda::halve(nodes, keep, dims, b, first, keys),
+        device => {
+            let nodes_v: Vec<u32> = nodes.flatten_all()?.to_vec1()?;
+            let keep_v = keep.map(|k| k.flatten_all()?.to_vec1::<u32>()).transpose()?;
+            let (cand, pos) = reference::halve(&nodes_v, keep_v.as_deref(), dims, b, first, keys);
+            Ok((Tensor::from_vec(cand, (heads, 2 * n, 2), device)?, Tensor::from_vec(pos, (heads, 2 * n * b), device)?))
+        }
+    }
+}
+
+/// See [`reference::block_max`]: `q [heads, d]`, `keys [heads, c·b, d]` (f32 or bf16),
+/// `cand [heads, c, 2]` u32. Returns `[heads, c]` f32.
+pub fn block_max(q: &Tensor, keys: &Tensor, cand: &Tensor, b: usize) -> Result<Tensor> {
+    let (heads, d) = q.dims2()?;
+    let (kh, cb, kd) = keys.dims3()?;
+    let (ch, c, two) = cand.dims3()?;
+    if kh != heads || ch != heads || kd != d || two != 2 || b == 0 || cb != c * b {
+        candle_core::bail!(
+            "block_max: q {:?}, keys {:?}, cand {:?}, {b} keys a block",
+            q.dims(),
+            keys.dims(),
+            cand.dims()
+        );
+    }
+    match q.device() {
+        #[cfg(feature = "cuda")]
+        candle_core::Device::Cuda(_) => cuda::block_max(q, keys, cand, (heads, c, b, d)),
+        device => {
+            let f32s = |t: &Tensor| -> Result<Vec<f32>> { t.to_dtype(DType::F32)?.flatten_all()?.to_vec1() };
+            let cand_v: Vec<u32> = cand.flatten_all()?.to_vec1()?;
+            let z = reference::block_max(&f32s(q)?, &f32s(keys)?, &cand_v, (heads, c, b, d));
+            Tensor::from_vec(z, (heads, c), device)
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda::WrapErr;
+    use candle_core::{CudaStorage, DType, Layout, Result, Shape, Tensor};
+
+    use crate::cuda_op::{CudaOnly, CudaOp1, CudaOp2};
+
+    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/blocks.ptx"));
+    const MODULE: &str = "folio_blocks";
+    /// Threads a block of `halve` (a node each), and warps a block of `block_max` (WARPS in the
+    /// kernel, a candidate each).
+    const HALVE_THREADS: usize = 256;
+    const WARPS: usize = 4;
+
+    fn on_cuda<'a>(s: &'a candle_core::Storage, what: &str) -> Result<&'a CudaStorage> {
+        match s {
+            candle_core::Storage::Cuda(c) => Ok(c),
+            _ => candle_core::bail!("{what} must be on the CUDA device"),
+        }
+    }
+
+    fn launch_grid(items: usize, per_block: usize, threads: usize, what: &str) -> Result<LaunchConfig> {
+        let Ok(blocks) = u32::try_from(items.div_ceil(per_block).max(1)) else {
+            candle_core::bail!("{what}: {items} items are more than one launch holds");
+        };
+        Ok(LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 })
+    }
+
+    struct Halve {
+        keep: Option<Tensor>,
+        dims: (usize, usize, usize),
+        b: usize,
+        first: usize,
+        keys: usize,
+    }
+
+    impl CudaOp1 for Halve {
+        const NAME: &'static str = "folio-halve";
+
+        fn cuda_fwd(&self, nodes: &CudaStorage, nl: &Layout) -> Result<(CudaStorage, Shape)> {
+            let (heads, m, n) = self.dims;
+            let dev = nodes.device().clone();
+            let ns = nodes.as_cuda_slice::<u32>()?.slice(nl.start_offset()..);
+            let keep_guard = self.keep.as_ref().map(|k| k.storage_and_layout());
+            let keep = match &keep_guard {
+                Some((s, l)) => Some(on_cuda(s, "halve: keep")?.as_cuda_slice::<u32>()?.slice(l.start_offset()..)),
+                None => None,
+            };
+            let total = heads * 2 * n * (2 + self.b);
+            // SAFETY: a thread writes both halves and their positions for each node.
+            let out = unsafe { dev.alloc::<u32>(total.max(1))? };
+            let cfg = launch_grid(heads * n, HALVE_THREADS, HALVE_THREADS, "halve")?;
+            let null: u64 = 0;
+            let ints = [heads, m, n, self.b, self.first, self.keys].map(|x| x as i32);
+            let func = dev.get_or_load_custom_func("halve", MODULE, PTX)?;
+            let mut b = func.builder();
+            b.arg(&ns);
+            match &keep {
+                Some(k) => b.arg(k),
+                None => b.arg(&null),
+            };
+            b.arg(&out);
+            for x in &ints {
+                b.arg(x);
+            }
+            // SAFETY: shapes checked by the caller; keep's indices are < m (the top-k kernel's
+            // over 2·(last round's n) = m candidates).
+            unsafe { b.launch(cfg) }.w()?;
+            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(total)))
+        }
+    }
+
+    pub fn halve(
+        nodes: &Tensor,
+        keep: Option<&Tensor>,
+        dims: (usize, usize, usize),
+        b: usize,
+        first: usize,
+        keys: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        let (heads, _, n) = dims;
+        if [dims.0, dims.1, dims.2, b, first, keys, heads * 2 * n * b].iter().any(|&x| x > i32::MAX as usize) {
+            candle_core::bail!("halve: sizes past the kernel's i32 indices");
+        }
+        let keep = keep.map(Tensor::contiguous).transpose()?;
+        let op = Halve { keep, dims, b, first, keys };
+        let both = nodes.contiguous()?.apply_op1_no_bwd(&CudaOnly(op))?;
+        let split = heads * 2 * n * 2;
+        Ok((
+            both.narrow(0, 0, split)?.reshape((heads, 2 * n, 2))?,
+            both.narrow(0, split, heads * 2 * n * b)?.reshape((heads, 2 * n * b))?,
+        ))
+    }
+
+    struct BlockMax {
+        cand: Tensor,
+        dims: (usize, usize, usize, usize),
+    }
+
+    impl CudaOp2 for BlockMax {
+        const NAME: &'static str = "folio-block-max";
+
+        fn cuda_fwd(&self, q: &CudaStorage, ql: &Layout, k: &CudaStorage, kl: &Layout) -> Result<(CudaStorage, Shape)> {
+            let (heads, c, b, d) = self.dims;
+            let dev = q.device().clone();
+            let qs = q.as_cuda_slice::<f32>()?.slice(ql.start_offset()..);
+            let (cs, cl) = self.cand.storage_and_layout();
+            let cand = on_cuda(&cs, "block_max: cand")?.as_cuda_slice::<u32>()?.slice(cl.start_offset()..);
+            // SAFETY: a warp writes each candidate's score.
+            let z = unsafe { dev.alloc::<f32>((heads * c).max(1))? };
+            let cfg = launch_grid(heads * c, WARPS, WARPS * 32, "block_max")?;
+            let ints = [heads, c, b, d].map(|x| x as i32);
+            macro_rules! launch {
+                ($t:ty, $name:literal) => {{
+                    let ks = k.as_cuda_slice::<$t>()?.slice(kl.start_offset()..);
+                    let func = dev.get_or_load_custom_func($name, MODULE, PTX)?;
+                    let mut b = func.builder();
+                    b.arg(&qs).arg(&ks).arg(&cand).arg(&z);
+                    for x in &ints {
+                        b.arg(x);
+                    }
+                    // SAFETY: shapes checked by the caller.
+                    unsafe { b.launch(cfg) }.w()?;
+                }};
+            }
+            match k.dtype() {
+                DType::F32 => launch!(f32, "block_max_f32"),
+                DType::BF16 => launch!(half::bf16, "block_max_bf16"),
+                other => candle_core::bail!("block_max: keys must be f32 or bf16, not {other:?}"),
+            }
+            Ok((CudaStorage::wrap_cuda_slice(z, dev), Shape::from((heads, c))))
+        }
+    }
+
+    pub fn block_max(q: &Tensor, keys: &Tensor, cand: &Tensor, dims: (usize, usize, usize, usize)) -> Result<Tensor> {
+        let op = BlockMax { cand: cand.contiguous()?, dims };
+        q.to_dtype(DType::F32)?.contiguous()?.apply_op2_no_bwd(&keys.contiguous()?, &CudaOnly(op))
+    }
+}
