@@ -17,8 +17,6 @@
 #include <math.h>
 
 #define MAX_D 256
-// Largest GQA group (query heads per KV head) attention_mass serves: its queries sit in shared memory.
-#define MAX_GROUP 16
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -28,7 +26,7 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
-// Rows per tile of the decode kernel (a row per thread: its block size).
+// Threads of a decode block (the value kernel's and the merge's).
 #define TILE 128
 
 // Eight channels of a row as f32 (16-byte aligned).
@@ -310,8 +308,9 @@ extern "C" __global__ void decode_attention_merge(const float* part, float* out,
 // decode step, summed over the query heads of its group (BUZZ's heavy-hitter score), added to
 // the sums so far: out[g, j] = (j < prev_n ? prev[g, j] : 0)
 //                             + sum over query heads h of group g of exp(q[h] . k[g, j] * scale - lse[h]).
-// One thread per row: it reads its K row once and scores it against every query head of the
-// group (the group's queries in shared memory), so K is read once per group, not once per head.
+// One thread per row: it reads its K row once and scores it against the group's query heads,
+// GROUP_BLOCK at a time (their queries in shared memory; the row comes from L1 again for a
+// larger group), so K is read once per group, not once per head.
 //   q [heads, d] f32   k [kv_heads, n, d] T   lse [heads] f32 (-inf: the head attended nothing)
 //   prev [kv_heads, prev_n] f32 or null   out [kv_heads, s] f32
 #define MASS_THREADS 128
@@ -321,24 +320,24 @@ __device__ void attention_mass(const float* q, const T* k, const float* lse, con
                                int heads, int kv_heads, int n, int d, int s, int prev_n, float scale) {
     const int g = blockIdx.y, group = heads / kv_heads;
     const int j = blockIdx.x * MASS_THREADS + threadIdx.x;
-    __shared__ float s_q[MAX_GROUP * MAX_D], s_lse[MAX_GROUP];
-    for (int e = threadIdx.x; e < group * d; e += MASS_THREADS) s_q[e] = q[(size_t)g * group * d + e];
-    if (threadIdx.x < group) s_lse[threadIdx.x] = lse[g * group + threadIdx.x];
-    __syncthreads();
-    if (j >= s) return;
     const T* row = k + ((size_t)g * n + j) * d;
-    // The heads GROUP_BLOCK at a time (the row comes from L1 again for a larger group).
+    __shared__ float s_q[GROUP_BLOCK * MAX_D], s_lse[GROUP_BLOCK];
     float mass = 0.f;
     for (int first = 0; first < group; first += GROUP_BLOCK) {
-        const int nh = min(GROUP_BLOCK, group - first);
+        const int nh = min(GROUP_BLOCK, group - first), h0 = g * group + first;
+        __syncthreads();  // the last heads' queries are read
+        for (int e = threadIdx.x; e < nh * d; e += MASS_THREADS) s_q[e] = q[(size_t)h0 * d + e];
+        if (threadIdx.x < nh) s_lse[threadIdx.x] = lse[h0 + threadIdx.x];
+        __syncthreads();
         float dot[GROUP_BLOCK];
-        group_dots(row, s_q + first * d, d, nh, dot);
+        // A thread past the rows scores nothing but still meets the block's barriers.
+        group_dots(row, s_q, j < s ? d : 0, nh, dot);
 #pragma unroll
         for (int h = 0; h < GROUP_BLOCK; ++h) {
-            if (h < nh && s_lse[first + h] != -INFINITY) mass += __expf(dot[h] * scale - s_lse[first + h]);
+            if (h < nh && s_lse[h] != -INFINITY) mass += __expf(dot[h] * scale - s_lse[h]);
         }
     }
-    out[(size_t)g * s + j] = (j < prev_n ? prev[(size_t)g * prev_n + j] : 0.f) + mass;
+    if (j < s) out[(size_t)g * s + j] = (j < prev_n ? prev[(size_t)g * prev_n + j] : 0.f) + mass;
 }
 
 extern "C" __global__ void attention_mass_f32(const float* q, const float* k, const float* lse, const float* prev,

@@ -71,10 +71,10 @@ fn decode_attention_rows_matches_reference(device: &Device) -> Result<()> {
 
 test_device!(decode_attention_rows_matches_reference, decode_attention_rows_cpu, decode_attention_rows_cuda);
 
-/// Attention mass for GQA groups of 1 to 16 heads, f32 and bf16 keys, head dims that are and
-/// are not multiples of eight, fewer rows than stored, with and without earlier sums, the lse of
-/// a real attention over those rows (each head's masses then sum to 1) and a head that attended
-/// nothing (−∞).
+/// Attention mass for GQA groups of 1 to 32 heads (more than the kernel's 8 at once), f32 and
+/// bf16 keys, head dims that are and are not multiples of eight, fewer rows than stored, with
+/// and without earlier sums, the lse of a real attention over those rows (each head's masses
+/// then sum to 1) and a head that attended nothing (−∞).
 fn attention_mass_matches_reference(device: &Device) -> Result<()> {
     let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
@@ -84,6 +84,7 @@ fn attention_mass_matches_reference(device: &Device) -> Result<()> {
         (6, 3, 50, 98, 41, Some(12), DType::F32),
         (16, 1, 200, 64, 130, Some(130), DType::BF16),
         (2, 2, 9, 256, 1, None, DType::F32),
+        (32, 1, 100, 64, 90, None, DType::BF16),
     ] {
         let q = random(&mut rng, heads * d, 1.0);
         let k = Tensor::from_vec(random(&mut rng, kv_heads * n * d, 0.5), (kv_heads, n, d), device)?.to_dtype(dtype)?;

@@ -19,8 +19,9 @@
 //!
 //! Costs, for the benchmarks' ratio to the hardware limit (per call; `h` query heads, `g` KV
 //! heads, `s` rows per KV head, `d` head dim, `b` bytes per K/V element):
-//! * decode attention: 4·h·s·d FLOPs, g·s·2·d·b bytes read (+4·h·s with a bias) —
-//!   bandwidth-bound, so its limit is memory bandwidth;
+//! * decode attention: 4·h·s·d FLOPs, g·s·2·d·b bytes read once per 8 query heads of a group
+//!   (+4·h·s with a bias, and 8·h·s for the logits written and read back) — bandwidth-bound,
+//!   so its limit is memory bandwidth;
 //! * attention mass: 2·h·s·d FLOPs, g·s·d·b bytes read;
 //! * SimHash codes: 2·r·d·K·L FLOPs, r·d·4 + d·K·L·4 + r·L·4 bytes — compute-bound for the
 //!   paper's K·L = 1500.

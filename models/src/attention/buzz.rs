@@ -57,14 +57,18 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
 /// The live cache (at most the budget) per KV head, on the device ([`DeviceRows`]): a step
 /// reads its K and V once for the attention and K again for the scores, and moves nothing over
 /// the link (the new token's row is already on the device). The cache, its positions and
-/// scores stay on the device.
+/// scores stay on the device, with room for the largest transient beside them: an eviction's
+/// compacted copy of one layer's rows, or the attention's logits. (For a model with a sliding
+/// window the rows stay off the device and each step gathers the live set, as every call
+/// before the first decode step does: a cost the shape does not tell this function.)
 fn cost(input: &CostInput<'_>) -> StepCost {
-    let (b, kv_heads) = (input.budget, input.shape.kv_heads);
-    let capacity = b + ROW_SLACK;
+    let (b, kv_heads, heads) = (input.budget, input.shape.kv_heads, input.shape.heads);
+    let capacity = b + ROW_SLACK.max(b / 8);
     let state = input.rows(capacity, kv_heads) + ((capacity * 2 * kv_heads * 4) as f64);
+    let transient = input.rows(capacity, kv_heads).max((capacity * heads * 4) as f64);
     StepCost {
         device_bytes: input.layers() * (input.rows(b, kv_heads) + input.keys(b, kv_heads)),
-        resident_bytes: (input.layers() * state) as u64,
+        resident_bytes: (input.layers() * state + transient) as u64,
         ..StepCost::default()
     }
 }
@@ -113,7 +117,7 @@ struct LayerCache {
     window: usize,
     threshold: usize,
     heads: Vec<HeadCache>,
-    /// The live rows on the compute device, once a call has left the cache within its bound
+    /// The live rows on the compute device, from the first decode step on
     /// (see [`DeviceRows`]); while they exist, the scores are theirs and `heads[..].score` is
     /// stale.
     rows: Option<DeviceRows>,
@@ -135,9 +139,9 @@ const ROW_SLACK: usize = 1024;
 /// position `pos[g, j]`, which is `heads[g].live[j]`, for `j < len`. BUZZ is a KV cache: the
 /// paper keeps it on the GPU and a decode step adds one row and reads only these, so a step here
 /// appends the new token's row (from the tier's device tail), attends the slots (each read once
-/// for its KV group, [`sparse::decode_attention_rows`]) and adds each slot's attention mass to its score on the device
-/// ([`sparse::attention_mass`]); only an eviction brings the scores to the host, where the
-/// choice is made, and compacts the slots on the device. Without them every step gathered the
+/// for its KV group, [`sparse::decode_attention_rows`]) and adds each slot's attention mass to
+/// its score on the device ([`sparse::attention_mass`]); only an eviction brings the scores to
+/// the host, where the choice is made, and compacts the slots on the device. Without them every step gathered the
 /// whole live set from the tier: over the host link at a million tokens, 10% of the context.
 struct DeviceRows {
     /// `[kv_heads, capacity, head_dim]` each.
@@ -186,7 +190,7 @@ impl DeviceRows {
         let fresh = |old: &Tensor, shape: &[usize]| -> Result<Tensor> {
             let t = Tensor::zeros(shape, old.dtype(), &dev)?;
             if self.len > 0 {
-                t.slice_set(&old.narrow(1, 0, self.len)?, 1, 0)?;
+                t.slice_set(&old.narrow(1, 0, self.len)?.contiguous()?, 1, 0)?;
             }
             Ok(t)
         };
@@ -354,8 +358,9 @@ impl Buzz {
     /// The fast path over a decode tier. A decode step over a cache whose rows are on the device
     /// ([`DeviceRows`]) runs there; any other call (the first, a question, a model window)
     /// gathers the live rows once per KV head (every head of a layer holds as many), attends
-    /// them exactly with each row's accumulated probability back on the host, evicts there, and
-    /// then moves the live rows to the device for the steps that follow.
+    /// them exactly with each row's accumulated probability back on the host and evicts there;
+    /// a decode step (one token, no model window) then moves the live rows to the device for
+    /// the steps that follow.
     fn attend_fast(&self, call: &AttnCall<'_>, kv: &dyn DecodeTier) -> Result<Attended> {
         let (q_heads, t, _) = call.q.dims3()?;
         let kv_heads = kv.kv_heads();
@@ -385,7 +390,9 @@ impl Buzz {
             .map(|h| cache.heads[h / groups].live.iter().copied().filter(|&p| p <= last && p >= lo).collect())
             .collect();
         self.evict(cache);
-        if call.window.is_none() {
+        // The first decode step moves the rows to the device (a multi-token call may be one
+        // chunk of several: the next would only drop them).
+        if steady {
             cache.rows = Some(DeviceRows::gather(kv, call.kv_layer, &cache.heads, cache.end)?);
         }
         Ok(Attended { out, read: Read::Rows(read), searched: 0.0 })
@@ -406,7 +413,13 @@ impl Buzz {
             crate::profile::span(dev, "attention: gather", || kv.gather(call.kv_layer, &new, call.q_start + 1))?;
         rows.push(&k, &v, &new)?;
         let n = rows.len;
-        debug_assert_eq!(n, cache.heads[0].live.len(), "device rows and live positions in step");
+        if n != cache.heads[0].live.len() {
+            return Err(Error::Invalid(format!(
+                "buzz: {n} device rows for {} live positions in layer {}",
+                cache.heads[0].live.len(),
+                call.layer
+            )));
+        }
         let q = call.q.squeeze(1)?;
         let out = crate::profile::span(dev, "attention: kernel", || {
             let (out, lse) = sparse::decode_attention_rows(&q, &rows.k, &rows.v, n, None, call.scale)?;
@@ -456,6 +469,10 @@ impl Attention for Buzz {
         let groups = q_heads / rows.kv_heads;
         let mut caches = self.caches.lock();
         let cache = self.enter(&mut caches, call, rows.kv_heads)?;
+        // Rows a fast-path call left on the device give their scores back first.
+        if let Some(device_rows) = cache.rows.take() {
+            device_rows.scores_to_host(&mut cache.heads)?;
+        }
         let queries = query_rows(call)?;
         let mut out = Vec::with_capacity(q_heads * t * d);
         let mut read = vec![Vec::new(); q_heads];

@@ -247,8 +247,10 @@ impl Hip {
 /// representative block's keys of every half for all heads at once, scores each half by its
 /// best key ([`folio_kernels::blocks::block_max`]), and the top-k kernel keeps `n` per head:
 /// four launches a round and no host round trip until the chosen blocks come back.
-/// Differences from the host search: ties at the n-th score are broken arbitrarily, and every
-/// round scores every half (`2·n` blocks per head) instead of reusing earlier scores. Returns
+/// Differences from the host search: ties at the n-th score go to the lower candidate (the
+/// top-k kernel's rule for up to 2048 candidates; arbitrary past that), not to the earlier
+/// block, and every round scores every half (`2·n` blocks per head) instead of reusing earlier
+/// scores. Returns
 /// each head's chosen blocks and the key rows scored per head.
 fn search_on_device(
     q: &Tensor,
