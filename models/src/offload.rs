@@ -265,6 +265,22 @@ impl DecodeTier for OffloadKv {
         Ok(k.gather(idx, group, tail.as_ref(), Positions::Trusted)?)
     }
 
+    /// A tail row is a view of the tail narrowed to it (the gather kernel would want the whole
+    /// tail contiguous: a copy of every row the conversation wrote, per layer, per step).
+    fn row(&self, layer: usize, pos: usize) -> Result<(Tensor, Tensor)> {
+        if pos < self.saved {
+            let idx = Tensor::from_vec(vec![pos as u32; self.kv_heads], (self.kv_heads, 1), &self.device)?;
+            return self.gather(layer, &idx, pos + 1);
+        }
+        let seg = self
+            .tail
+            .segments(layer, pos + 1)?
+            .pop()
+            .ok_or_else(|| Error::Invalid(format!("no row {pos} in layer {layer}'s tail")))?;
+        let at = pos - seg.start;
+        Ok((seg.k.narrow(1, at, 1)?.contiguous()?, seg.v.narrow(1, at, 1)?.contiguous()?))
+    }
+
     /// The saved keys read in chunks over the link, the tail's on the device.
     fn scores(&self, layer: usize, q: &Tensor, end: usize) -> Result<Tensor> {
         let heads = q.dim(0)?;

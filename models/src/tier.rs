@@ -63,6 +63,12 @@ pub trait DecodeTier {
     fn for_each_key_chunk(&self, layer: usize, end: usize, f: &mut dyn FnMut(&Tensor) -> Result<()>) -> Result<()>;
     /// Exact attention of a call over every key it sees, in the query's dtype.
     fn dense(&self, call: &AttnCall<'_>) -> Result<Tensor>;
+    /// K and V `[kv_heads, 1, d]` of position `pos` of every KV head (a decode step's own row,
+    /// for a method that caches rows on the device: BUZZ).
+    fn row(&self, layer: usize, pos: usize) -> Result<(Tensor, Tensor)> {
+        let idx = Tensor::from_vec(vec![pos as u32; self.kv_heads()], (self.kv_heads(), 1), self.device())?;
+        self.gather(layer, &idx, pos + 1)
+    }
     /// A method reads every row of `layer` at each step (HiP's dense layers): keep them on the
     /// compute device. Nothing to do where they already are.
     fn keep_resident(&self, _layer: usize) -> Result<()> {

@@ -409,8 +409,7 @@ impl Buzz {
         let dev = call.q.device();
         let (kv_heads, q_heads) = (kv.kv_heads(), call.q.dim(0)?);
         let new = Tensor::from_vec(vec![call.q_start as u32; kv_heads], (kv_heads, 1), dev)?;
-        let (k, v) =
-            crate::profile::span(dev, "attention: gather", || kv.gather(call.kv_layer, &new, call.q_start + 1))?;
+        let (k, v) = crate::profile::span(dev, "attention: gather", || kv.row(call.kv_layer, call.q_start))?;
         rows.push(&k, &v, &new)?;
         let n = rows.len;
         if n != cache.heads[0].live.len() {
