@@ -133,7 +133,7 @@ mod cuda {
     use candle_core::cuda::WrapErr;
     use candle_core::{CudaStorage, DType, Layout, Result, Shape, Tensor};
 
-    use crate::cuda_op::{CudaOnly, CudaOp1, CudaOp2};
+    use crate::cuda_op::{cuda_storage, CudaOnly, CudaOp1, CudaOp2};
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/blocks.ptx"));
     const MODULE: &str = "folio_blocks";
@@ -141,13 +141,6 @@ mod cuda {
     /// kernel, a candidate each).
     const HALVE_THREADS: usize = 256;
     const WARPS: usize = 4;
-
-    fn on_cuda<'a>(s: &'a candle_core::Storage, what: &str) -> Result<&'a CudaStorage> {
-        match s {
-            candle_core::Storage::Cuda(c) => Ok(c),
-            _ => candle_core::bail!("{what} must be on the CUDA device"),
-        }
-    }
 
     fn launch_grid(items: usize, per_block: usize, threads: usize, what: &str) -> Result<LaunchConfig> {
         let Ok(blocks) = u32::try_from(items.div_ceil(per_block).max(1)) else {
@@ -173,7 +166,7 @@ mod cuda {
             let ns = nodes.as_cuda_slice::<u32>()?.slice(nl.start_offset()..);
             let keep_guard = self.keep.as_ref().map(|k| k.storage_and_layout());
             let keep = match &keep_guard {
-                Some((s, l)) => Some(on_cuda(s, "halve: keep")?.as_cuda_slice::<u32>()?.slice(l.start_offset()..)),
+                Some((s, l)) => Some(cuda_storage(s, "halve: keep")?.as_cuda_slice::<u32>()?.slice(l.start_offset()..)),
                 None => None,
             };
             let total = heads * 2 * n * (2 + self.b);
@@ -235,7 +228,7 @@ mod cuda {
             let dev = q.device().clone();
             let qs = q.as_cuda_slice::<f32>()?.slice(ql.start_offset()..);
             let (cs, cl) = self.cand.storage_and_layout();
-            let cand = on_cuda(&cs, "block_max: cand")?.as_cuda_slice::<u32>()?.slice(cl.start_offset()..);
+            let cand = cuda_storage(&cs, "block_max: cand")?.as_cuda_slice::<u32>()?.slice(cl.start_offset()..);
             // SAFETY: a warp writes each candidate's score.
             let z = unsafe { dev.alloc::<f32>((heads * c).max(1))? };
             let cfg = launch_grid(heads * c, WARPS, WARPS * 32, "block_max")?;

@@ -3,7 +3,16 @@
 //! launch (`CudaOp1`/`2`/`3`) and [`CudaOnly`] gives candle the rest — the name, and a CPU
 //! entry point that refuses — instead of each op repeating that boilerplate.
 
-use candle_core::{CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape};
+use candle_core::{CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Storage};
+
+/// The CUDA storage of a tensor an op carries beside its inputs (`what` names it in the error
+/// when it is elsewhere).
+pub(crate) fn cuda_storage<'a>(s: &'a Storage, what: &str) -> Result<&'a CudaStorage> {
+    match s {
+        Storage::Cuda(c) => Ok(c),
+        _ => candle_core::bail!("{what} must be on the CUDA device"),
+    }
+}
 
 pub(crate) trait CudaOp1: Send + Sync {
     const NAME: &'static str;

@@ -269,8 +269,7 @@ impl DecodeTier for OffloadKv {
     /// tail contiguous: a copy of every row the conversation wrote, per layer, per step).
     fn row(&self, layer: usize, pos: usize) -> Result<(Tensor, Tensor)> {
         if pos < self.saved {
-            let idx = Tensor::from_vec(vec![pos as u32; self.kv_heads], (self.kv_heads, 1), &self.device)?;
-            return self.gather(layer, &idx, pos + 1);
+            return crate::tier::gather_row(self, layer, pos);
         }
         let seg = self
             .tail

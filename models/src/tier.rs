@@ -66,8 +66,7 @@ pub trait DecodeTier {
     /// K and V `[kv_heads, 1, d]` of position `pos` of every KV head (a decode step's own row,
     /// for a method that caches rows on the device: BUZZ).
     fn row(&self, layer: usize, pos: usize) -> Result<(Tensor, Tensor)> {
-        let idx = Tensor::from_vec(vec![pos as u32; self.kv_heads()], (self.kv_heads(), 1), self.device())?;
-        self.gather(layer, &idx, pos + 1)
+        gather_row(self, layer, pos)
     }
     /// A method reads every row of `layer` at each step (HiP's dense layers): keep them on the
     /// compute device. Nothing to do where they already are.
@@ -79,6 +78,13 @@ pub trait DecodeTier {
     fn host_rows(&self, _layer: usize) -> Option<(&HostRows, &HostRows)> {
         None
     }
+}
+
+/// [`DecodeTier::row`] through [`DecodeTier::gather`]: what a tier does for a row it cannot
+/// hand out as a view.
+pub(crate) fn gather_row<T: DecodeTier + ?Sized>(tier: &T, layer: usize, pos: usize) -> Result<(Tensor, Tensor)> {
+    let idx = Tensor::from_vec(vec![pos as u32; tier.kv_heads()], (tier.kv_heads(), 1), tier.device())?;
+    tier.gather(layer, &idx, pos + 1)
 }
 
 /// Rows per chunk of a resident scan or index build (bounds the f32 copies made of them).

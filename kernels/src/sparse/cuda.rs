@@ -5,9 +5,9 @@ use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use candle_core::cuda::CudaDevice;
 use candle_core::cuda::WrapErr;
-use candle_core::{CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
+use candle_core::{CudaStorage, DType, Layout, Result, Shape, Tensor};
 
-use crate::cuda_op::{CudaOnly, CudaOp2, CudaOp3};
+use crate::cuda_op::{cuda_storage, CudaOnly, CudaOp2, CudaOp3};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sparse.ptx"));
 const MODULE: &str = "folio_sparse";
@@ -27,16 +27,9 @@ const MAX_D: usize = 256;
 /// kernel takes (VALUE_CHANNELS).
 const GROUP_BLOCK: usize = 8;
 const LOGIT_THREADS: usize = 128;
+const VALUE_CHANNELS: usize = 8;
 /// Channels a block of the merge takes (MERGE_CHANNELS in the kernel).
 const MERGE_CHANNELS: usize = 32;
-const VALUE_CHANNELS: usize = 8;
-
-fn cuda_storage<'a>(s: &'a Storage, what: &str) -> Result<&'a CudaStorage> {
-    match s {
-        Storage::Cuda(c) => Ok(c),
-        _ => candle_core::bail!("{what} must be on the CUDA device"),
-    }
-}
 
 /// Merges `part`'s `heads × chunks` partials (d + 2 floats each) into each head's output and
 /// LSE, `[heads · d + heads]`.

@@ -141,8 +141,9 @@ const ROW_SLACK: usize = 1024;
 /// appends the new token's row (from the tier's device tail), attends the slots (each read once
 /// for its KV group, [`sparse::decode_attention_rows`]) and adds each slot's attention mass to
 /// its score on the device ([`sparse::attention_mass`]); only an eviction brings the scores to
-/// the host, where the choice is made, and compacts the slots on the device. Without them every step gathered the
-/// whole live set from the tier: over the host link at a million tokens, 10% of the context.
+/// the host, where the choice is made, and compacts the slots on the device. Without them
+/// every step gathered the whole live set from the tier: over the host link at a million
+/// tokens, 10% of the context.
 struct DeviceRows {
     /// `[kv_heads, capacity, head_dim]` each.
     k: Tensor,
@@ -399,9 +400,8 @@ impl Buzz {
     }
 
     /// One decode step over the layer's device rows: the new token's row appended, the slots
-    /// attended, each slot's attention mass added to its score,
-    /// and an eviction (on the host's choice, compacted on the device) when the body is over
-    /// the threshold.
+    /// attended, each slot's attention mass added to its score, and an eviction (on the host's
+    /// choice, compacted on the device) when the body is over the threshold.
     fn attend_rows(&self, call: &AttnCall<'_>, kv: &dyn DecodeTier, cache: &mut LayerCache) -> Result<Attended> {
         let Some(mut rows) = cache.rows.take() else {
             return Err(Error::Invalid("buzz: no device rows to decode over".into()));

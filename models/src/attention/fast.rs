@@ -1,8 +1,9 @@
 //! The shared half of the methods' fast paths: attention over the rows a step picked, over any
 //! decode tier ([`crate::tier::DecodeTier`]: resident or offloaded). A method scores and picks
 //! with its own index; these gather the picks through the tier and run the kernel over the
-//! gathered rows (`folio_kernels::sparse::decode_attention_rows`), or, for a method that scores its cache by the
-//! attention it received (BUZZ), exact attention with the probabilities.
+//! gathered rows (`folio_kernels::sparse::decode_attention_rows`), or, for a method that
+//! scores its cache by the attention it received (BUZZ), exact attention with the
+//! probabilities.
 
 use candle_core::{DType, Device, Tensor};
 use folio_kernels::sparse;

@@ -250,8 +250,7 @@ impl Hip {
 /// Differences from the host search: ties at the n-th score go to the lower candidate (the
 /// top-k kernel's rule for up to 2048 candidates; arbitrary past that), not to the earlier
 /// block, and every round scores every half (`2·n` blocks per head) instead of reusing earlier
-/// scores. Returns
-/// each head's chosen blocks and the key rows scored per head.
+/// scores. Returns each head's chosen blocks and the key rows scored per head.
 fn search_on_device(
     q: &Tensor,
     kv: &dyn DecodeTier,
