@@ -15,6 +15,9 @@
 // this kernel is the copy over the host link, reading only the selected rows (no CPU gather
 // pass, no staging buffer).
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 #define RADIX_BITS 11
@@ -179,3 +182,94 @@ extern "C" __global__ void gather_rows(const uint4* src, const uint4* tail, cons
     const uint32_t p = min(idx[row], (uint32_t)(n + tail_n - 1));
     out[t] = p < (uint32_t)n ? src[((size_t)g * n + p) * vecs + v] : tail[((size_t)g * tail_n + (p - n)) * vecs + v];
 }
+
+// gather_rows_wide: gather_rows for rows stored in another dtype than the one they are read
+// in (a context file's sections, read where they lie): each thread turns 8 consecutive values
+// of a row into the output's dtype. Stored rows (S): 0 f32, 1 bf16, 2 fp8 e4m3 codes with one
+// f32 scale per stored row in `scales` (value = code · scale, the file's decode; e4m3 widens to
+// half exactly). Rounding to bf16 is to nearest even, as the CPU's f32 → bf16 cast. The tail
+// holds rows in the output's dtype. d % 8 == 0; src 16-byte aligned (8 for fp8).
+
+template <int S>
+__device__ __forceinline__ void load8(const char* src, const float* scales, size_t row, int c, int d, float v[8]);
+template <>
+__device__ __forceinline__ void load8<0>(const char* src, const float*, size_t row, int c, int d, float v[8]) {
+    const float4* p = reinterpret_cast<const float4*>(src + (row * d + (size_t)c * 8) * 4);
+    const float4 a = p[0], b = p[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+template <>
+__device__ __forceinline__ void load8<1>(const char* src, const float*, size_t row, int c, int d, float v[8]) {
+    const uint4 u = *reinterpret_cast<const uint4*>(src + (row * d + (size_t)c * 8) * 2);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = __uint_as_float(w[i] << 16);
+        v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+template <>
+__device__ __forceinline__ void load8<2>(const char* src, const float* scales, size_t row, int c, int d,
+                                         float v[8]) {
+    const uint2 u = *reinterpret_cast<const uint2*>(src + row * d + (size_t)c * 8);
+    const float s = scales[row];
+    const uint32_t w[2] = {u.x, u.y};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const __nv_fp8_storage_t code = (w[i / 4] >> (8 * (i % 4))) & 0xff;
+        v[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3))) * s;
+    }
+}
+
+__device__ __forceinline__ void store8(float* o, const float v[8]) {
+    reinterpret_cast<float4*>(o)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(o)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void store8(__nv_bfloat16* o, const float v[8]) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * i]));
+        const uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * i + 1]));
+        w[i] = lo | (hi << 16);
+    }
+    *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+__device__ __forceinline__ void copy8(const float* from, float* o) {
+    reinterpret_cast<float4*>(o)[0] = reinterpret_cast<const float4*>(from)[0];
+    reinterpret_cast<float4*>(o)[1] = reinterpret_cast<const float4*>(from)[1];
+}
+__device__ __forceinline__ void copy8(const __nv_bfloat16* from, __nv_bfloat16* o) {
+    *reinterpret_cast<uint4*>(o) = *reinterpret_cast<const uint4*>(from);
+}
+
+// One thread per 8 values of an output row: total = rows · d / 8.
+template <int S, typename O>
+__device__ void gather_wide(const char* src, const float* scales, const O* tail, const uint32_t* idx, O* out,
+                            long long total, int sel, int group, int n, int tail_n, int d) {
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= total) return;
+    const int per = d / 8;
+    const long long row = t / per;
+    const int c = (int)(t % per);
+    const int g = (int)(row / sel) / group;
+    const uint32_t p = min(idx[row], (uint32_t)(n + tail_n - 1));
+    O* o = out + row * d + (size_t)c * 8;
+    if (p < (uint32_t)n) {
+        float v[8];
+        load8<S>(src, scales, (size_t)g * n + p, c, d, v);
+        store8(o, v);
+    } else {
+        copy8(tail + ((size_t)g * tail_n + (p - n)) * d + (size_t)c * 8, o);
+    }
+}
+
+#define GATHER_WIDE(name, S, O)                                                                            \
+    extern "C" __global__ void name(const char* src, const float* scales, const O* tail, const uint32_t* idx, \
+                                    O* out, long long total, int sel, int group, int n, int tail_n, int d) {   \
+        gather_wide<S, O>(src, scales, tail, idx, out, total, sel, group, n, tail_n, d);                      \
+    }
+GATHER_WIDE(gather_rows_fp8_bf16, 2, __nv_bfloat16)
+GATHER_WIDE(gather_rows_fp8_f32, 2, float)
+GATHER_WIDE(gather_rows_bf16_f32, 1, float)
+GATHER_WIDE(gather_rows_f32_bf16, 0, __nv_bfloat16)

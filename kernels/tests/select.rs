@@ -2,7 +2,9 @@
 //! inputs, with one test body for every device.
 
 use candle_core::{DType, Device, Result, Tensor};
-use folio_kernels::select::{self, reference, HostRows};
+use std::sync::Arc;
+
+use folio_kernels::select::{self, reference, HostRows, SharedHost, Stored};
 use folio_kernels::Positions;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -115,6 +117,111 @@ fn gather_matches_reference(device: &Device) -> Result<()> {
 }
 
 test_device!(gather_matches_reference, gather_cpu, gather_cuda);
+
+/// Page-aligned bytes (the alignment of a memory-mapped file, which a GPU registers in place).
+struct PageAligned {
+    buf: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl PageAligned {
+    const PAGE: usize = 4096;
+
+    fn new(bytes: &[u8]) -> Self {
+        let mut buf = vec![0u8; bytes.len().next_multiple_of(Self::PAGE) + Self::PAGE];
+        let start = (Self::PAGE - buf.as_ptr() as usize % Self::PAGE) % Self::PAGE;
+        buf[start..start + bytes.len()].copy_from_slice(bytes);
+        Self { buf, start, len: bytes.len() }
+    }
+}
+
+impl AsRef<[u8]> for PageAligned {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+}
+
+/// A section of `rows` rows stored as fp8 (scales after the codes), bf16 or f32, and each
+/// stored value as the context file decodes it.
+fn stored_section(values: &[f32], d: usize, kind: DType) -> (Vec<u8>, Stored, Vec<f32>) {
+    let rows = values.len() / d;
+    match kind {
+        DType::F8E4M3 => {
+            let scales = (rows * d).next_multiple_of(8);
+            let (mut bytes, mut decoded) = (vec![0u8; scales + 4 * rows], Vec::with_capacity(values.len()));
+            for (r, row) in values.chunks_exact(d).enumerate() {
+                let codes = &mut bytes[r * d..(r + 1) * d];
+                let scale = folio_kernels::encode::fp8_row(row, codes).expect("finite rows");
+                decoded.extend(codes.iter().map(|&c| float8::F8E4M3::from_bits(c).to_f32() * scale));
+                bytes[scales + 4 * r..scales + 4 * r + 4].copy_from_slice(&scale.to_le_bytes());
+            }
+            (bytes, Stored::Fp8 { scales }, decoded)
+        }
+        DType::BF16 => {
+            let b: Vec<half::bf16> = values.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            (b.iter().flat_map(|x| x.to_le_bytes()).collect(), Stored::Bf16, b.iter().map(|x| x.to_f32()).collect())
+        }
+        _ => (values.iter().flat_map(|x| x.to_le_bytes()).collect(), Stored::F32, values.to_vec()),
+    }
+}
+
+/// Rows viewed in place in shared host memory, in their stored dtype (fp8 with a scale per
+/// row, bf16, f32), and gathered as another dtype or their own equal the file's decode cast
+/// to it, bit for bit, with positions past them in a tail; a view that does not fit its memory
+/// or is misaligned is refused, and a view is read-only.
+fn view_gather_matches_decode(device: &Device) -> Result<()> {
+    let seed = common::seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for (heads, n, tail_n, d, group, sel, kind, dtype) in [
+        (4, 1000, 20, 128, 7, 300, DType::F8E4M3, DType::BF16),
+        (2, 77, 5, 32, 2, 50, DType::F8E4M3, DType::F32),
+        (2, 300, 0, 64, 1, 300, DType::BF16, DType::F32),
+        (3, 100, 10, 16, 2, 40, DType::F32, DType::BF16),
+        (2, 64, 3, 32, 4, 33, DType::BF16, DType::BF16),
+    ] {
+        let mut values = random(&mut rng, heads * n * d, 4.0);
+        // Rows of very different sizes (an fp8 row's scale follows its largest value), and zeros.
+        values
+            .chunks_exact_mut(d)
+            .enumerate()
+            .for_each(|(r, row)| row.iter_mut().for_each(|x| *x *= (r % 7) as f32 * 30.0));
+        let (section, stored, decoded) = stored_section(&values, d, kind);
+        let at = PageAligned::PAGE;
+        let mut bytes = vec![0u8; at];
+        bytes.extend(&section);
+        let shared = SharedHost::new(device, Arc::new(PageAligned::new(&bytes)))?;
+        let mut view = HostRows::view(device, &shared, at, stored, (heads, n, d), dtype)?;
+        let tail =
+            Tensor::from_vec(random(&mut rng, heads * tail_n * d, 4.0), (heads, tail_n, d), device)?.to_dtype(dtype)?;
+        let tail_f: Vec<f32> = tail.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        let idx: Vec<u32> = (0..heads * group * sel).map(|_| rng.random_range(0..(n + tail_n) as u32)).collect();
+        let it = Tensor::from_vec(idx.clone(), (heads * group, sel), device)?;
+        let want: Vec<f32> = (0..heads * group * sel)
+            .flat_map(|i| {
+                let (g, p) = (i / sel / group, idx[i] as usize);
+                let (from, at) = if p < n { (&decoded, (g * n + p) * d) } else { (&tail_f, (g * tail_n + p - n) * d) };
+                from[at..at + d].to_vec()
+            })
+            .collect();
+        let want: Vec<f32> = Tensor::from_vec(want, heads * group * sel * d, &Device::Cpu)?
+            .to_dtype(dtype)?
+            .to_dtype(DType::F32)?
+            .to_vec1()?;
+        let got = view.gather(&it, group, (tail_n > 0).then_some(&tail), Positions::Check)?;
+        assert_eq!(got.dims(), [heads * group, sel, d]);
+        let got: Vec<f32> = got.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        assert!(got == want, "seed {seed}: {kind:?} rows read as {dtype:?}, heads {heads} n {n} d {d} group {group}");
+        assert!(view.write(0, &Tensor::zeros((heads, 1, d), dtype, device)?).is_err(), "a view is read-only");
+        println!("{device:?} view of {kind:?} rows read as {dtype:?}, heads {heads} n {n} d {d}: equal");
+        // Past the memory, and off the gather's alignment.
+        assert!(HostRows::view(device, &shared, at + 16, stored, (heads, n, d), dtype).is_err());
+        assert!(HostRows::view(device, &shared, at - 4, stored, (heads, 1, d), dtype).is_err());
+    }
+    Ok(())
+}
+
+test_device!(view_gather_matches_decode, view_gather_cpu, view_gather_cuda);
 
 /// Attention computed by the CPU over picked host rows (MagicPIG's side of a step) equals the
 /// definition's: per-query-head picks of different lengths (empty, one row, several tasks'

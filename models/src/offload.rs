@@ -4,7 +4,8 @@
 //!
 //! Why this shape: at a million tokens a 7B model's K/V is ~57 GB, twice a consumer GPU, while a
 //! decode step of a sparse method reads a few thousand rows per head. So the saved prefix lives
-//! in host memory ([`HostRows`]: page-locked and mapped into the GPU's address space) and a
+//! in host memory ([`HostRows`]: page-locked and mapped into the GPU's address space; a
+//! context file's rows read in place, in the file's dtype, from its registered mapping) and a
 //! step moves only what the method picked: the GPU scores with its index, selects with the
 //! top-k kernel, and the gather kernel pulls the chosen rows over the host link straight into
 //! the buffer the attention kernel reads. The question and answer tokens (the *tail*) are
@@ -15,7 +16,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use folio_kernels::attention::{attention_block, merge, AttnOutput, Mask};
-use folio_kernels::select::HostRows;
+use folio_kernels::select::{HostRows, SharedHost};
 use folio_kernels::sparse;
 use folio_kernels::Positions;
 
@@ -23,6 +24,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::attention::AttnCall;
+use crate::context::format::SectionKind;
 use crate::context::ContextFile;
 use crate::error::{Error, Result};
 use crate::kv::{KvSegment, KvStore, SavedTail};
@@ -83,19 +85,35 @@ impl OffloadKv {
         })
     }
 
-    /// A saved context's rows, decoded from the file (checksums verified) into host memory for
-    /// a model computing in `dtype` on `device`.
+    /// A saved context's rows, read in place from the file's mapping (every K/V section's
+    /// checksum verified first, over the machine's cores) in the file's dtype, widened to
+    /// `dtype` by the gathers on `device`. On a GPU the mapping is registered (page-locked in
+    /// place): no copy of the rows is made, and a step moves the file's bytes over the link.
     pub fn from_context(file: Arc<ContextFile>, dtype: DType, device: &Device) -> Result<Self> {
         let h = file.header();
         let (layers, kv_heads, tokens, head_dim) = (h.layers, h.kv_heads, h.tokens, h.head_dim);
-        let mut kv = Self::new(layers, kv_heads, head_dim, tokens, dtype, device)?;
-        for layer in 0..layers {
-            let (k, v) = file.layer_kv(layer)?;
-            let rows = |x: Vec<f32>| Tensor::from_vec(x, (kv_heads, tokens, head_dim), &Device::Cpu);
-            kv.fill(layer, 0, &rows(k)?, &rows(v)?)?;
-        }
-        kv.file = Some(file);
-        Ok(kv)
+        let sections = file.kv_sections()?;
+        let shared = SharedHost::new(device, Arc::new(Mapped(file.clone())))?;
+        let codec = |kind| h.kv_dtype.codec(kind).stored(kv_heads * tokens, head_dim);
+        let (ks, vs) = (codec(SectionKind::Keys), codec(SectionKind::Values));
+        let view = |(at, _): (usize, usize), stored| {
+            HostRows::view(device, &shared, at, stored, (kv_heads, tokens, head_dim), dtype).map_err(|e| {
+                Error::Context { path: file.path().to_owned(), msg: format!("reading its K/V in place: {e}") }
+            })
+        };
+        let host =
+            sections.chunks_exact(2).map(|kv| Ok((view(kv[0], ks)?, view(kv[1], vs)?))).collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            host,
+            file: Some(file),
+            resident: Mutex::new(HashMap::new()),
+            saved: tokens,
+            tail: SavedTail::new(tokens, layers, kv_heads, head_dim, dtype, device),
+            kv_heads,
+            head_dim,
+            dtype,
+            device: device.clone(),
+        })
     }
 
     /// `tokens` prefilled layer-major on the model's device as the saved prefix, each layer's
@@ -375,5 +393,15 @@ impl DecodeTier for OffloadKv {
     /// `None` with nothing saved: every row is then the device tail's.
     fn host_rows(&self, layer: usize) -> Option<(&HostRows, &HostRows)> {
         self.host.get(layer).filter(|_| self.saved > 0).map(|(k, v)| (k, v))
+    }
+}
+
+/// A context file's mapping as the bytes its host rows view (keeps the file open and mapped
+/// while any view lives).
+struct Mapped(Arc<ContextFile>);
+
+impl AsRef<[u8]> for Mapped {
+    fn as_ref(&self) -> &[u8] {
+        self.0.mapped()
     }
 }

@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device, Tensor};
 use folio_models::attention::{Attended, Attention, AttnCall, Dense, Knobs};
-use folio_models::context::{self, BuildOptions, ContextKv, HiddenPlace, KvDtype, PrefixPlan};
+use folio_models::context::{self, BuildOptions, ContextFile, ContextKv, HiddenPlace, KvDtype, PrefixPlan};
 use folio_models::kv::{KvStore, Reference};
 use folio_models::model::Logits;
+use folio_models::offload::OffloadKv;
 use folio_models::prefill::{plan_chunk, prefill_in_memory};
 use folio_models::{Engine, Error, Result};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -455,6 +456,64 @@ fn offloaded_decode_matches_resident_cpu() -> Result<()> {
 #[test]
 fn offloaded_decode_matches_resident_cuda() -> Result<()> {
     offloaded_decode_matches_resident(&Device::new_cuda(0)?)
+}
+
+/// The offloaded tier reads a file's K/V in place, in the file's dtype, and widens what it
+/// gathers: every row it gives equals the resident tier's decode of the same section, bit for
+/// bit, for every storage dtype and the dtypes a model computes in on `device`; a damaged
+/// section is refused at open, naming it.
+fn offloaded_tier_reads_each_kv_dtype_in_place(device: &Device) -> Result<()> {
+    let e = engine("demo");
+    let seed = common::seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let tokens: Vec<u32> = (0..300).map(|_| rng.random_range(5..e.config().vocab_size as u32)).collect();
+    let computes: &[DType] = if device.is_cuda() { &[DType::BF16, DType::F32] } else { &[DType::F32] };
+    for kv_dtype in [KvDtype::Bf16, KvDtype::Bf16Fp8, KvDtype::Fp8, KvDtype::F32] {
+        let out = dir.path().join(format!("{}.folio", kv_dtype.name()));
+        build(&e, &plan(tokens.clone()), &out, kv_dtype, None);
+        let file = Arc::new(e.open_context(&out)?);
+        for &dtype in computes {
+            let offloaded = OffloadKv::from_context(file.clone(), dtype, device)?;
+            let resident = ContextKv::new(file.clone(), dtype, device, u64::MAX);
+            for layer in 0..e.config().num_layers {
+                let (got, want) = (offloaded.segments(layer, tokens.len())?, resident.segments(layer, tokens.len())?);
+                let rows = |segs: &[folio_models::kv::KvSegment]| -> Result<(Vec<f32>, Vec<f32>)> {
+                    let flat =
+                        |t: &Tensor| -> Result<Vec<f32>> { Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?) };
+                    Ok((flat(&segs[0].k)?, flat(&segs[0].v)?))
+                };
+                assert_eq!(got[0].k.dtype(), dtype);
+                assert!(
+                    rows(&got)? == rows(&want)?,
+                    "seed {seed}: {} rows read as {dtype:?} on {device:?}, layer {layer}",
+                    kv_dtype.name()
+                );
+            }
+        }
+        println!("{device:?}: {} file read in place as {computes:?}: every row equal", kv_dtype.name());
+    }
+    // One byte of the last layer's values flipped: refused at open, the section named.
+    let path = dir.path().join("fp8.folio");
+    let (at, bytes) = *ContextFile::open(&path)?.kv_sections()?.last().unwrap();
+    let mut raw = std::fs::read(&path).unwrap();
+    raw[at + bytes / 2] ^= 0x40;
+    let damaged = dir.path().join("damaged.folio");
+    std::fs::write(&damaged, raw).unwrap();
+    let err = OffloadKv::from_context(Arc::new(ContextFile::open(&damaged)?), DType::F32, device).err().unwrap();
+    assert!(err.to_string().contains("corrupted"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn offloaded_tier_reads_each_kv_dtype_in_place_cpu() -> Result<()> {
+    offloaded_tier_reads_each_kv_dtype_in_place(&Device::Cpu)
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn offloaded_tier_reads_each_kv_dtype_in_place_cuda() -> Result<()> {
+    offloaded_tier_reads_each_kv_dtype_in_place(&Device::new_cuda(0)?)
 }
 
 /// assets/samples' three documents, as ingestion reads them.

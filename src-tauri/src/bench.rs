@@ -16,13 +16,15 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Tensor};
 use clap::{Args, Subcommand};
 use folio_kernels::device::MemorySampler;
-use folio_models::attention::Dense;
+use folio_models::attention::{Dense, Tier};
 use folio_models::config::ModelConfig;
 use folio_models::context::{
     self, BuildOptions, ContextKv, Fingerprint, HiddenPlace, KvDtype, ModelStamp, PrefixPlan, StageSeconds,
 };
 use folio_models::error::human_bytes;
+use folio_models::kv::KvStore;
 use folio_models::model::Logits;
+use folio_models::offload::OffloadKv;
 use folio_models::{device_name, Engine};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
@@ -30,6 +32,11 @@ use serde::Serialize;
 use crate::bench_shape::{bench_shape, ShapeBenchArgs};
 use crate::cli::Common;
 use crate::context_cmd::{parse_bytes, peak_rss};
+
+/// Bytes read to measure the disk's read rate (or the whole file, if smaller), in pieces of
+/// [`DISK_PROBE_PIECE`].
+const DISK_PROBE_BYTES: usize = 2 << 30;
+const DISK_PROBE_PIECE: usize = 16 << 20;
 
 /// Tokens of the question asked after reopening.
 const QUESTION_TOKENS: usize = 16;
@@ -109,8 +116,30 @@ pub struct PrefillBenchArgs {
     /// around each operation, and print where that run's time went, op by op.
     #[arg(long)]
     profile: bool,
+    /// Reopen on the offloaded tier (the file's K/V read in place from host memory, as `folio
+    /// chat --offload` does) even where the decoded layers would fit the device; without it the
+    /// reopen goes there only when they would not fit what `--vram-budget` leaves.
+    #[arg(long)]
+    offload: bool,
     #[arg(long)]
     json: bool,
+}
+
+/// Where one reopen's time went.
+#[derive(Serialize, Clone, Copy)]
+struct Reopen {
+    /// Open to the first token's logits.
+    seconds: f64,
+    /// The file opened: header, token ids and document table verified, the model's fingerprint
+    /// checked.
+    open: f64,
+    /// The K/V store made: on the offloaded tier every K/V section's checksum verified and the
+    /// mapping registered with the device; on the resident tier nothing yet (layers are decoded
+    /// when the question first reads them).
+    store: f64,
+    /// The question through the model, attending every saved row densely, to the first
+    /// token's logits.
+    question: f64,
 }
 
 #[derive(Serialize)]
@@ -140,6 +169,14 @@ struct Row {
     reopen_warm_seconds: f64,
     /// Reopen-to-first-token time ÷ prefill time.
     reopen_ratio: f64,
+    /// "resident" or "offloaded": where the reopen's K/V lived.
+    reopen_tier: &'static str,
+    reopen_cold: Reopen,
+    reopen_warm: Reopen,
+    /// The disk's sequential read rate, bytes/s, measured on the file after the reopens (its
+    /// first [`DISK_PROBE_BYTES`] evicted from the page cache and read back): the cold reopen's
+    /// limit is the file's bytes over it.
+    disk_read_bytes_per_s: f64,
     /// Growing the context by `--append` tokens.
     append: Option<AppendRow>,
 }
@@ -582,7 +619,7 @@ fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> {
     for &n in &a.tokens {
         let opts = BuildOptions { kv_dtype, memory_budget, restart: !a.resume, hidden_in: None };
         let measure = Measure { matmul, sampler: &sampler, stop: &stop };
-        rows.push(one(&subject, n, &opts, dir.path(), a.append, &measure)?);
+        rows.push(one(&subject, n, &opts, dir.path(), (a.append, a.offload), &measure)?);
         if !a.json {
             let row = rows.last().expect("just pushed");
             print_row(row, rows.len() == 1, &subject, matmul);
@@ -724,7 +761,7 @@ fn one(
     n: usize,
     opts: &BuildOptions,
     dir: &std::path::Path,
-    append: Option<usize>,
+    (append, offload): (Option<usize>, bool),
     m: &Measure<'_>,
 ) -> Result<Row> {
     let Measure { matmul, sampler, stop } = *m;
@@ -758,8 +795,13 @@ fn one(
         peak.map_or("n/a".into(), human_bytes)
     );
     // Open as `folio chat --context` does (the model's fingerprint checked), then a question
-    // through the model until the first token's logits exist.
-    let mut reopen = || -> Result<f64> {
+    // through the model until the first token's logits exist, on the tier a user's settings
+    // would put it: the offloaded one when the decoded layers do not fit the device.
+    let cfg = model.config();
+    let decoded = (2 * cfg.num_layers * cfg.num_kv_heads * n * cfg.head_dim * model.dtype().size_in_bytes()) as u64;
+    let tier =
+        if offload || opts.memory_budget.is_some_and(|b| decoded > b) { Tier::Offloaded } else { Tier::Resident };
+    let mut reopen = || -> Result<Reopen> {
         let start = Instant::now();
         let file = match &subject.made {
             Made::Loaded(engine) => engine.open_context(&out)?,
@@ -771,11 +813,18 @@ fn one(
                 file
             }
         };
-        let mut kv = ContextKv::new(Arc::new(file), model.dtype(), model.device(), u64::MAX);
+        let open = start.elapsed().as_secs_f64();
+        let file = Arc::new(file);
+        let mut kv: Box<dyn KvStore> = match tier {
+            Tier::Resident => Box::new(ContextKv::new(file, model.dtype(), model.device(), u64::MAX)),
+            Tier::Offloaded => Box::new(OffloadKv::from_context(file, model.dtype(), model.device())?),
+        };
+        let store = start.elapsed().as_secs_f64() - open;
         let question: Vec<u32> = (0..QUESTION_TOKENS).map(|_| rng.random_range(0..vocab)).collect();
-        let logits = model.forward(&question, &mut kv, &Dense, Logits::Last)?;
+        let logits = model.forward(&question, kv.as_mut(), &Dense, Logits::Last)?;
         logits.argmax(1)?.to_vec1::<u32>()?;
-        Ok(start.elapsed().as_secs_f64())
+        let seconds = start.elapsed().as_secs_f64();
+        Ok(Reopen { seconds, open, store, question: seconds - open - store })
     };
     drop_page_cache(&out);
     let reopen_cold = reopen()?;
@@ -783,6 +832,7 @@ fn one(
     // The reopen keeps every layer on the device; what the pool keeps of it afterwards is not
     // the next row's.
     folio_kernels::device::trim_pool(model.device())?;
+    let disk_read_bytes_per_s = disk_read_rate(&out)?;
     let append = append.map(|m| grow(subject, &out, m, opts, dir, &mut rng)).transpose()?;
     std::fs::remove_file(&out).with_context(|| format!("removing {}", out.display()))?;
     let computed = report.layers - report.resumed_layers;
@@ -802,9 +852,13 @@ fn one(
         checkpoints: report.checkpoints,
         working_set_bytes: report.working_set_bytes,
         file_bytes: report.file_bytes,
-        reopen_first_token_seconds: reopen_cold,
-        reopen_warm_seconds: reopen_warm,
-        reopen_ratio: reopen_cold / report.seconds,
+        reopen_first_token_seconds: reopen_cold.seconds,
+        reopen_warm_seconds: reopen_warm.seconds,
+        reopen_ratio: reopen_cold.seconds / report.seconds,
+        reopen_tier: tier.name(),
+        reopen_cold,
+        reopen_warm,
+        disk_read_bytes_per_s,
         append,
     })
 }
@@ -890,8 +944,21 @@ fn print_row(r: &Row, first: bool, subject: &Subject, matmul: f64) {
     let st = &r.stages;
     println!(
         "{:>8} seconds in: compute {:.2}, hidden states {:.2} (kept in {:?}, checkpoints: {}), K/V encode {:.2}, \
-         store {:.2}; reopen with the file cached {:.3} s",
-        "", st.compute, st.hidden_io, r.hidden_in, r.checkpoints, st.encode, st.store, r.reopen_warm_seconds
+         store {:.2}",
+        "", st.compute, st.hidden_io, r.hidden_in, r.checkpoints, st.encode, st.store
+    );
+    let parts = |x: &Reopen| format!("open {:.3}, K/V store {:.3}, question {:.3}", x.open, x.store, x.question);
+    println!(
+        "{:>8} reopen on the {} tier: from disk {:.3} s ({}; the file over the disk's {}/s read rate: {:.2} s), \
+         cached {:.3} s ({})",
+        "",
+        r.reopen_tier,
+        r.reopen_cold.seconds,
+        parts(&r.reopen_cold),
+        human_bytes(r.disk_read_bytes_per_s as u64),
+        r.file_bytes as f64 / r.disk_read_bytes_per_s,
+        r.reopen_warm.seconds,
+        parts(&r.reopen_warm)
     );
 }
 
@@ -916,6 +983,23 @@ fn matmul_flops(dev: &candle_core::Device, dtype: DType) -> Result<f64> {
     let side = if dev.is_cpu() { MATMUL_SIDE } else { GEMM_SIDE };
     let a = Tensor::randn(0f32, 1.0, (side, side), dev)?.to_dtype(dtype)?;
     Ok(2.0 * (side as f64).powi(3) / time_calls(dev, || a.matmul(&a))?)
+}
+
+/// The disk's sequential read rate, bytes/s: the first [`DISK_PROBE_BYTES`] of `path` evicted
+/// from the page cache and read back in large pieces.
+fn disk_read_rate(path: &std::path::Path) -> Result<f64> {
+    use std::io::Read;
+    drop_page_cache(path);
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut buf = vec![0u8; DISK_PROBE_PIECE];
+    let (start, mut read) = (Instant::now(), 0usize);
+    while read < DISK_PROBE_BYTES {
+        match f.read(&mut buf).with_context(|| format!("reading {}", path.display()))? {
+            0 => break,
+            got => read += got,
+        }
+    }
+    Ok(read as f64 / start.elapsed().as_secs_f64())
 }
 
 /// Evicts a fully written file from the page cache, so the reopen reads from disk as after a reboot.

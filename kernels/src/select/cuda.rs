@@ -5,6 +5,7 @@ use candle_core::cuda::cudarc::driver::{sys, DevicePtr, HostSlice, LaunchConfig,
 use candle_core::cuda::{CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result, Shape, Tensor};
 
+use super::Stored;
 use crate::cuda_op::{CudaOnly, CudaOp1, CudaOp2};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/select.ptx"));
@@ -189,9 +190,12 @@ impl CudaOp1 for TopK {
 }
 
 /// Gathers rows from host memory mapped at device address `src`, positions past its rows
-/// from the tail tensor (the op's second input, when there is one).
+/// from the tail tensor (the op's second input, when there is one); rows stored in another
+/// dtype than `dtype` (`stored`, with fp8 scales at device address `scales`) are widened.
 struct Gather {
     src: u64,
+    scales: u64,
+    stored: Stored,
     dims: (usize, usize, usize, usize, usize, usize),
     dtype: DType,
 }
@@ -201,29 +205,48 @@ impl Gather {
         let (heads, sel, group, n, tail_n, d) = self.dims;
         let dev = idx.device();
         let idx_s = idx.as_cuda_slice::<u32>()?.slice(il.start_offset()..);
-        let row_bytes = d * self.dtype.size_in_bytes();
-        if row_bytes % 16 != 0 || self.src % 16 != 0 || tail % 16 != 0 {
-            candle_core::bail!("gather: rows of {row_bytes} bytes cannot be copied 16 bytes at a time");
+        let same = matches!((self.stored, self.dtype), (Stored::F32, DType::F32) | (Stored::Bf16, DType::BF16));
+        // The copy moves 16-byte vectors of a row; the widening kernel 8 values of it.
+        let (kernel, per_row) = match (self.stored, self.dtype) {
+            _ if same => ("gather_rows", d * self.dtype.size_in_bytes() / 16),
+            (Stored::Fp8 { .. }, DType::BF16) => ("gather_rows_fp8_bf16", d / 8),
+            (Stored::Fp8 { .. }, DType::F32) => ("gather_rows_fp8_f32", d / 8),
+            (Stored::Bf16, DType::F32) => ("gather_rows_bf16_f32", d / 8),
+            (Stored::F32, DType::BF16) => ("gather_rows_f32_bf16", d / 8),
+            (stored, dtype) => candle_core::bail!("gather: rows stored as {stored:?} cannot be read as {dtype:?}"),
+        };
+        let aligned = if same { d * self.dtype.size_in_bytes() % 16 == 0 } else { d % 8 == 0 };
+        let src_align = if matches!(self.stored, Stored::Fp8 { .. }) { 8 } else { 16 };
+        if !aligned || self.src % src_align != 0 || self.scales % 4 != 0 || tail % 16 != 0 {
+            candle_core::bail!("gather: rows of {d} {:?} values cannot be read 16 bytes at a time", self.stored);
         }
-        let vecs = row_bytes / 16;
-        let total = heads * sel * vecs;
+        let total = heads * sel * per_row;
         macro_rules! run {
             ($t:ty) => {{
-                // SAFETY: one thread per 16-byte vector writes every byte of the output.
+                // SAFETY: one thread per vector (or 8 values) writes every byte of the output.
                 let out = unsafe { dev.alloc::<$t>(heads * sel * d)? };
-                let f = dev.get_or_load_custom_func("gather_rows", MODULE, PTX)?;
+                let f = dev.get_or_load_custom_func(kernel, MODULE, PTX)?;
                 let mut b = f.builder();
-                let (total_i, sel_i, group_i, n_i, tail_i, vecs_i) =
-                    (total as i64, sel as i32, group as i32, n as i32, tail_n as i32, vecs as i32);
-                b.arg(&self.src).arg(&tail).arg(&idx_s).arg(&out);
-                b.arg(&total_i).arg(&sel_i).arg(&group_i).arg(&n_i).arg(&tail_i).arg(&vecs_i);
+                let (total_i, sel_i, group_i, n_i, tail_i) =
+                    (total as i64, sel as i32, group as i32, n as i32, tail_n as i32);
+                let last_i = per_row as i32;
+                let d_i = d as i32;
+                b.arg(&self.src);
+                if !same {
+                    b.arg(&self.scales);
+                }
+                b.arg(&tail).arg(&idx_s).arg(&out);
+                b.arg(&total_i).arg(&sel_i).arg(&group_i).arg(&n_i).arg(&tail_i);
+                // The copy takes vectors per row, the widening kernel values per row.
+                b.arg(if same { &last_i } else { &d_i });
                 let cfg = LaunchConfig {
                     grid_dim: (total.div_ceil(THREADS as usize) as u32, 1, 1),
                     block_dim: (THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                // SAFETY: positions are < n + tail_n (checked by the caller); src holds
-                // heads/group × n rows, tail heads/group × tail_n.
+                // SAFETY: positions are < n + tail_n (checked by the caller, clamped by the
+                // kernel); src holds heads/group × n rows (and their scales), tail
+                // heads/group × tail_n.
                 unsafe { b.launch(cfg) }.w()?;
                 CudaStorage::wrap_cuda_slice(out, dev.clone())
             }};
@@ -266,8 +289,16 @@ impl CudaOp2 for Gather {
     }
 }
 
+/// Where [`gather`] reads the stored rows.
+pub enum Source<'a> {
+    /// A page-locked allocation of the rows' own dtype.
+    Mapped(&'a Mapped),
+    /// A section from byte `at` of registered shared memory, as `stored`.
+    Registered { registered: &'a Registered, at: usize, stored: Stored },
+}
+
 pub fn gather(
-    src: &Mapped,
+    source: Source<'_>,
     tail: Option<&Tensor>,
     idx: &Tensor,
     dims: (usize, usize, usize, usize, usize, usize),
@@ -275,19 +306,77 @@ pub fn gather(
 ) -> Result<Tensor> {
     let candle_core::Device::Cuda(dev) = idx.device() else { candle_core::bail!("gather: idx must be on the GPU") };
     let stream = dev.cuda_stream();
-    let op = Gather { src: src.ptr, dims, dtype };
     let idx = idx.contiguous()?;
-    // The kernel reads the rows through their device address, which cudarc does not see.
-    // This guard makes the stream wait for the rows' last recorded use and records their
-    // event after the launch, so a later host write (`as_mut_slice`) or free of the rows
-    // waits for this read to finish.
-    // SAFETY: the host view it returns is not touched; only the ordering is used, on
-    // `stream`, candle's stream, where the launch below goes.
-    let (_, ordered) = unsafe { src.buf.stream_synced_slice(&stream) };
-    let out = match tail {
+    let apply = |op: Gather| match tail {
         Some(t) => idx.apply_op2_no_bwd(t, &CudaOnly(op)),
         None => idx.apply_op1_no_bwd(&CudaOnly(op)),
     };
-    drop(ordered);
-    out
+    match source {
+        Source::Mapped(src) => {
+            let op = Gather { src: src.ptr, scales: 0, stored: Stored::of(dtype)?, dims, dtype };
+            // The kernel reads the rows through their device address, which cudarc does not see.
+            // This guard makes the stream wait for the rows' last recorded use and records their
+            // event after the launch, so a later host write (`as_mut_slice`) or free of the rows
+            // waits for this read to finish.
+            // SAFETY: the host view it returns is not touched; only the ordering is used, on
+            // `stream`, candle's stream, where the launch below goes.
+            let (_, ordered) = unsafe { src.buf.stream_synced_slice(&stream) };
+            let out = apply(op);
+            drop(ordered);
+            out
+        }
+        Source::Registered { registered, at, stored } => {
+            let src = registered.ptr + at as u64;
+            let scales = match stored {
+                Stored::Fp8 { scales } => src + scales as u64,
+                _ => 0,
+            };
+            // Read-only memory, never written while registered; the registration ends only
+            // after the device has finished (`Registered`'s drop).
+            apply(Gather { src, scales, stored, dims, dtype })
+        }
+    }
+}
+
+/// Host memory owned elsewhere, page-locked in place and mapped into the device's address
+/// space (`cuMemHostRegister`, read-only): a context file's mapping, read by the gather
+/// without a copy.
+pub struct Registered {
+    ptr: u64,
+    host: usize,
+    ctx: std::sync::Arc<candle_core::cuda::cudarc::driver::CudaContext>,
+}
+
+impl Registered {
+    pub fn new(dev: &CudaDevice, bytes: &[u8]) -> Result<Self> {
+        let ctx = dev.cuda_stream().context().clone();
+        ctx.bind_to_thread().w()?;
+        let host = bytes.as_ptr() as *mut std::ffi::c_void;
+        let flags =
+            sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_READ_ONLY;
+        // SAFETY: `bytes` stays alive and unmoved while this registration exists (the owner is
+        // held beside it in `SharedHost`, which drops this first).
+        unsafe { sys::cuMemHostRegister_v2(host, bytes.len().max(1), flags) }.result().map_err(|e| {
+            candle_core::Error::Msg(format!("page-locking {} bytes of host memory in place: {e}", bytes.len()))
+        })?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was registered with DEVICEMAP above.
+        if let Err(e) = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut ptr, host, 0) }.result() {
+            // SAFETY: registered above, nothing has read it.
+            unsafe { sys::cuMemHostUnregister(host) };
+            return Err(e).w();
+        }
+        Ok(Self { ptr, host: host as usize, ctx })
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        // Every queued read of the memory finishes before the pages are unlocked (and then
+        // unmapped by the owner's drop).
+        let _ = self.ctx.bind_to_thread();
+        let _ = self.ctx.synchronize();
+        // SAFETY: registered in `new`, unregistered once.
+        unsafe { sys::cuMemHostUnregister(self.host as *mut std::ffi::c_void) };
+    }
 }

@@ -19,6 +19,8 @@
 //!   from host memory so that the sample never crosses the link: 4·h·s·d FLOPs and
 //!   h·s·2·d·b bytes of host memory per call — bound by the host's memory bandwidth.
 
+use std::sync::Arc;
+
 use candle_core::{DType, Device, Result, Tensor};
 use rayon::prelude::*;
 
@@ -56,14 +58,102 @@ pub fn topk(scores: &Tensor, k: usize) -> Result<Tensor> {
     }
 }
 
+/// How [`HostRows`] hold their rows when that is not the dtype they are read in: a context
+/// file's sections, read where they lie ([`HostRows::view`]).
+///
+/// Why rows stay in the file's dtype: at a million tokens a 7B model's fp8 file is 31 GB, the
+/// same rows widened to bf16 57 GB, and page-locking fresh host memory ran at 2.4 GB/s on the
+/// GPU machine (23 s for 57 GB) where registering the file's mapping in place ran at 45 GB/s
+/// (docs/performance.md, "Reopen to the first token"). The gather widens what it moves, so the
+/// link carries the file's bytes too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    F32,
+    Bf16,
+    /// fp8 e4m3 codes, row after row, then one f32 scale per row from byte `scales` of the
+    /// section on (a value is its code times its row's scale).
+    Fp8 {
+        scales: usize,
+    },
+}
+
+impl Stored {
+    /// How a `dtype` is stored as itself (f32 and bf16 only).
+    pub fn of(dtype: DType) -> Result<Self> {
+        match dtype {
+            DType::F32 => Ok(Self::F32),
+            DType::BF16 => Ok(Self::Bf16),
+            other => candle_core::bail!("host rows hold f32 or bf16, not {other:?}"),
+        }
+    }
+
+    /// Bytes of one row's values (an fp8 row's scale lies apart).
+    pub fn row_bytes(self, d: usize) -> usize {
+        match self {
+            Self::F32 => 4 * d,
+            Self::Bf16 => 2 * d,
+            Self::Fp8 { .. } => d,
+        }
+    }
+
+    /// Bytes of a section of `rows` rows, scales included.
+    pub fn section_bytes(self, rows: usize, d: usize) -> usize {
+        match self {
+            Self::Fp8 { scales } => scales + 4 * rows,
+            _ => rows * self.row_bytes(d),
+        }
+    }
+
+    fn holds(self, dtype: DType) -> bool {
+        matches!((self, dtype), (Self::F32, DType::F32) | (Self::Bf16, DType::BF16))
+    }
+}
+
+/// Read-only host memory owned elsewhere (a memory-mapped context file), shared by the
+/// [`HostRows`] that view parts of it. On a GPU it is registered once, in place: page-locked
+/// and mapped into the device's address space without a copy; the registration ends (after
+/// the device has finished every read queued on this context) when the last view is dropped.
+pub struct SharedHost {
+    /// Declared first: dropped (the device done, the pages unlocked) before the owner.
+    #[cfg(feature = "cuda")]
+    registered: Option<cuda::Registered>,
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+}
+
+impl SharedHost {
+    /// Shares `owner`'s bytes with `device`'s gathers.
+    pub fn new(device: &Device, owner: Arc<dyn AsRef<[u8]> + Send + Sync>) -> Result<Arc<Self>> {
+        #[cfg(feature = "cuda")]
+        let registered = match device {
+            Device::Cuda(dev) => Some(cuda::Registered::new(dev, (*owner).as_ref())?),
+            _ => None,
+        };
+        #[cfg(not(feature = "cuda"))]
+        let _ = device;
+        Ok(Arc::new(Self {
+            #[cfg(feature = "cuda")]
+            registered,
+            owner,
+        }))
+    }
+
+    fn bytes(&self) -> &[u8] {
+        (*self.owner).as_ref()
+    }
+}
+
 /// One layer's K (or V) rows of every KV head, `[heads, n, d]`, in host memory: page-locked and
-/// mapped into the device's address space when the device is a GPU, a plain buffer otherwise.
-/// Rows are written as they are produced and read by [`HostRows::gather`].
+/// mapped into the device's address space when the device is a GPU, a plain buffer otherwise;
+/// or a view of a [`SharedHost`] (a context file's section) in its stored dtype. Rows are
+/// written as they are produced (not into a view) and read by [`HostRows::gather`] in the
+/// dtype they were made for.
 pub struct HostRows {
     heads: usize,
     n: usize,
     d: usize,
+    /// The dtype gathers return.
     dtype: DType,
+    stored: Stored,
     device: Device,
     mem: HostMem,
 }
@@ -72,27 +162,68 @@ enum HostMem {
     Plain(Vec<u8>),
     #[cfg(feature = "cuda")]
     Mapped(cuda::Mapped),
+    /// A section of shared memory, from byte `at`.
+    Shared {
+        host: Arc<SharedHost>,
+        at: usize,
+    },
 }
 
 impl HostRows {
     /// Room for `n` rows of `d` elements of `dtype` per head, for `device` to gather from.
     pub fn new(device: &Device, dtype: DType, heads: usize, n: usize, d: usize) -> Result<Self> {
-        let bytes = heads * n * d * dtype.size_in_bytes();
+        let stored = Stored::of(dtype)?;
+        let bytes = stored.section_bytes(heads * n, d);
         let mem = match device {
             #[cfg(feature = "cuda")]
             Device::Cuda(dev) => HostMem::Mapped(cuda::Mapped::new(dev, bytes)?),
             _ => HostMem::Plain(vec![0; bytes]),
         };
-        Ok(Self { heads, n, d, dtype, device: device.clone(), mem })
+        Ok(Self { heads, n, d, dtype, stored, device: device.clone(), mem })
     }
 
-    /// Bytes of host memory held.
+    /// `[heads, n, d]` rows stored as `stored` in `host` from byte `at` on (a section of
+    /// `stored.section_bytes(heads · n, d)` bytes), gathered as `dtype` on the device `host`
+    /// was shared with. Read-only.
+    pub fn view(
+        device: &Device,
+        host: &Arc<SharedHost>,
+        at: usize,
+        stored: Stored,
+        (heads, n, d): (usize, usize, usize),
+        dtype: DType,
+    ) -> Result<Self> {
+        Stored::of(dtype)?;
+        let bytes = stored.section_bytes(heads * n, d);
+        let fits = at.checked_add(bytes).is_some_and(|end| end <= host.bytes().len());
+        let scales_ok = match stored {
+            Stored::Fp8 { scales } => scales >= heads * n * d && scales % 4 == 0,
+            _ => true,
+        };
+        // The widening kernel reads 8 values at a time, in 16-byte (8-byte for fp8) loads.
+        let aligned = d % 8 == 0 && (host.bytes().as_ptr() as usize + at) % 16 == 0;
+        if !fits || !scales_ok || !aligned {
+            candle_core::bail!(
+                "host rows: a view of {bytes} bytes ({stored:?}, [{heads}, {n}, {d}]) at byte {at} of {} does not fit, \
+                 or is not aligned for the gather",
+                host.bytes().len()
+            );
+        }
+        #[cfg(feature = "cuda")]
+        if device.is_cuda() != host.registered.is_some() {
+            candle_core::bail!("host rows: the shared memory was registered for another device");
+        }
+        let mem = HostMem::Shared { host: host.clone(), at };
+        Ok(Self { heads, n, d, dtype, stored, device: device.clone(), mem })
+    }
+
+    /// Bytes of host memory the rows take (a view's: the section's).
     pub fn bytes(&self) -> usize {
-        self.heads * self.n * self.row_bytes()
+        self.stored.section_bytes(self.heads * self.n, self.d)
     }
 
     fn row_bytes(&self) -> usize {
-        self.d * self.dtype.size_in_bytes()
+        self.stored.row_bytes(self.d)
     }
 
     fn host_mut(&mut self) -> Result<&mut [u8]> {
@@ -100,6 +231,7 @@ impl HostRows {
             HostMem::Plain(v) => Ok(v),
             #[cfg(feature = "cuda")]
             HostMem::Mapped(m) => m.as_mut_slice(),
+            HostMem::Shared { .. } => candle_core::bail!("host rows: a view of shared memory is read-only"),
         }
     }
 
@@ -174,19 +306,36 @@ impl HostRows {
         if check && idx.max_all()?.to_scalar::<u32>()? as usize >= end {
             candle_core::bail!("host rows: a position is past the {end} stored rows");
         }
-        match &self.mem {
-            HostMem::Plain(v) => {
-                let idx_v: Vec<u32> = idx.flatten_all()?.to_vec1()?;
-                let tail_v = tail.map(|t| tensor_bytes(&t.contiguous()?)).transpose()?.unwrap_or_default();
-                let out = reference::gather_rows(v, self.n, &tail_v, tail_n, &idx_v, sel, group, self.row_bytes());
-                from_bytes(&out, self.dtype, (ih, sel, self.d), &self.device)
-            }
-            #[cfg(feature = "cuda")]
-            HostMem::Mapped(m) => {
-                let tail = tail.map(|t| t.contiguous()).transpose()?;
-                cuda::gather(m, tail.as_ref(), idx, (ih, sel, group, self.n, tail_n, self.d), self.dtype)
-            }
+        #[cfg(feature = "cuda")]
+        if self.device.is_cuda() {
+            let tail = tail.map(|t| t.contiguous()).transpose()?;
+            let dims = (ih, sel, group, self.n, tail_n, self.d);
+            return match &self.mem {
+                HostMem::Mapped(m) => cuda::gather(cuda::Source::Mapped(m), tail.as_ref(), idx, dims, self.dtype),
+                HostMem::Shared { host, at } => {
+                    let registered = host.registered.as_ref().ok_or_else(|| {
+                        candle_core::Error::Msg("host rows: shared memory not registered with the GPU".into())
+                    })?;
+                    let source = cuda::Source::Registered { registered, at: *at, stored: self.stored };
+                    cuda::gather(source, tail.as_ref(), idx, dims, self.dtype)
+                }
+                HostMem::Plain(_) => candle_core::bail!("host rows: plain memory on a GPU"),
+            };
         }
+        let idx_v: Vec<u32> = idx.flatten_all()?.to_vec1()?;
+        let view = self.host()?;
+        if self.stored.holds(self.dtype) {
+            let tail_v = tail.map(|t| tensor_bytes(&t.contiguous()?)).transpose()?.unwrap_or_default();
+            let out = reference::gather_rows(view.bytes, self.n, &tail_v, tail_n, &idx_v, sel, group, self.row_bytes());
+            return from_bytes(&out, self.dtype, (ih, sel, self.d), &self.device);
+        }
+        // Widened (or narrowed) through f32, as the file's decode and a cast would.
+        let tail_v: Vec<f32> = match tail {
+            Some(t) => t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?,
+            None => Vec::new(),
+        };
+        let out = reference::gather_rows_wide(&view, &tail_v, tail_n, &idx_v, sel, group);
+        Tensor::from_vec(out, (ih, sel, self.d), &self.device)?.to_dtype(self.dtype)
     }
 }
 
@@ -194,21 +343,22 @@ impl HostRows {
     /// The rows as the CPU reads them, from host memory (no device work: writes have landed
     /// when [`HostRows::write`] returns, and the saved rows are not written again).
     pub fn host(&self) -> Result<HostView<'_>> {
-        let bytes: Result<&[u8]> = match &self.mem {
-            HostMem::Plain(v) => Ok(v.as_slice()),
+        let bytes: &[u8] = match &self.mem {
+            HostMem::Plain(v) => v.as_slice(),
             #[cfg(feature = "cuda")]
-            HostMem::Mapped(m) => m.as_slice(),
+            HostMem::Mapped(m) => m.as_slice()?,
+            HostMem::Shared { host, at } => &host.bytes()[*at..*at + self.bytes()],
         };
-        Ok(HostView { bytes: bytes?, n: self.n, d: self.d, dtype: self.dtype })
+        Ok(HostView { bytes, n: self.n, d: self.d, stored: self.stored })
     }
 }
 
-/// Host rows `[heads, n, d]` borrowed for the CPU.
+/// Host rows `[heads, n, d]` borrowed for the CPU, in their stored dtype.
 pub struct HostView<'a> {
     bytes: &'a [u8],
     n: usize,
     d: usize,
-    dtype: DType,
+    stored: Stored,
 }
 
 impl HostView<'_> {
@@ -224,21 +374,7 @@ impl HostView<'_> {
     /// Row `pos` of `head` widened to f32 into `out` (`d` elements). Positions are checked by
     /// the callers ([`host_attention`] refuses any past `n`).
     pub fn row(&self, head: usize, pos: usize, out: &mut [f32]) {
-        let at = (head * self.n + pos) * self.d;
-        match self.dtype {
-            DType::BF16 => {
-                let raw = &self.bytes[at * 2..(at + self.d) * 2];
-                for (o, c) in out.iter_mut().zip(raw.chunks_exact(2)) {
-                    *o = half::bf16::from_ne_bytes([c[0], c[1]]).to_f32();
-                }
-            }
-            _ => {
-                let raw = &self.bytes[at * 4..(at + self.d) * 4];
-                for (o, c) in out.iter_mut().zip(raw.chunks_exact(4)) {
-                    *o = f32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
-                }
-            }
-        }
+        reference::stored_row(self.bytes, self.stored, head * self.n + pos, self.d, out);
     }
 }
 

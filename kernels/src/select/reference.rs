@@ -1,3 +1,5 @@
+use super::{HostView, Stored};
+
 /// Positions of the `min(k, n)` largest scores of each row of `scores [rows, n]`, ascending
 /// by position; among equal scores the lower position wins.
 pub fn topk(scores: &[f32], n: usize, k: usize) -> Vec<u32> {
@@ -32,6 +34,56 @@ pub fn gather_rows(
         let (g, p) = (i / sel / group, p as usize);
         let (from, at) = if p < n { (src, g * n + p) } else { (tail, g * tail_n + p - n) };
         out.extend_from_slice(&from[at * row_bytes..(at + 1) * row_bytes]);
+    }
+    out
+}
+
+/// Row `row` of a section stored as `stored` (`d` values a row), as f32 into `out`: an fp8
+/// code times its row's scale, as the context file decodes it.
+pub fn stored_row(section: &[u8], stored: Stored, row: usize, d: usize, out: &mut [f32]) {
+    let raw = &section[row * stored.row_bytes(d)..(row + 1) * stored.row_bytes(d)];
+    match stored {
+        Stored::F32 => {
+            for (o, c) in out.iter_mut().zip(raw.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        Stored::Bf16 => {
+            for (o, c) in out.iter_mut().zip(raw.chunks_exact(2)) {
+                *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        Stored::Fp8 { scales } => {
+            let s = &section[scales + 4 * row..scales + 4 * row + 4];
+            let scale = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+            for (o, &c) in out.iter_mut().zip(raw) {
+                *o = float8::F8E4M3::from_bits(c).to_f32() * scale;
+            }
+        }
+    }
+}
+
+/// [`gather_rows`] of rows held in another dtype than the one they are read in, as f32
+/// (the caller casts): stored rows decoded by [`stored_row`], positions from the view's `n`
+/// on reading `tail` (`tail_n` f32 rows per head).
+pub fn gather_rows_wide(
+    src: &HostView<'_>,
+    tail: &[f32],
+    tail_n: usize,
+    idx: &[u32],
+    sel: usize,
+    group: usize,
+) -> Vec<f32> {
+    let (n, d) = (src.len(), src.d);
+    let mut out = vec![0f32; idx.len() * d];
+    for ((i, &p), o) in idx.iter().enumerate().zip(out.chunks_exact_mut(d)) {
+        let (g, p) = (i / sel / group, p as usize);
+        if p < n {
+            src.row(g, p, o);
+        } else {
+            let at = (g * tail_n + p - n) * d;
+            o.copy_from_slice(&tail[at..at + d]);
+        }
     }
     out
 }

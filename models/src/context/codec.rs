@@ -141,6 +141,16 @@ impl Codec {
         }
     }
 
+    /// How a section of `rows` rows lies, for the host tier to read it in place.
+    pub fn stored(self, rows: usize, head_dim: usize) -> folio_kernels::select::Stored {
+        use folio_kernels::select::Stored;
+        match self {
+            Self::F32 => Stored::F32,
+            Self::Bf16 => Stored::Bf16,
+            Self::Fp8 => Stored::Fp8 { scales: self.scales_offset(rows, head_dim) as usize },
+        }
+    }
+
     /// Encodes row-major `values` (`rows × head_dim`) into a section's bytes. Rows are split
     /// over the machine's cores: a prefill encodes a layer's K and V (134M values for a 7B
     /// model at 1M tokens) between two layers, and one core took seconds a layer.
