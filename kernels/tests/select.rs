@@ -169,7 +169,7 @@ fn stored_section(values: &[f32], d: usize, kind: DType) -> (Vec<u8>, Stored, Ve
 /// Rows viewed in place in shared host memory, in their stored dtype (fp8 with a scale per
 /// row, bf16, f32), and gathered as another dtype or their own equal the file's decode cast
 /// to it, bit for bit, with positions past them in a tail; a view that does not fit its memory
-/// or is misaligned is refused, and a view is read-only.
+/// (or, on a GPU, is misaligned) is refused, and a view is read-only.
 fn view_gather_matches_decode(device: &Device) -> Result<()> {
     let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
@@ -214,9 +214,11 @@ fn view_gather_matches_decode(device: &Device) -> Result<()> {
         assert!(got == want, "seed {seed}: {kind:?} rows read as {dtype:?}, heads {heads} n {n} d {d} group {group}");
         assert!(view.write(0, &Tensor::zeros((heads, 1, d), dtype, device)?).is_err(), "a view is read-only");
         println!("{device:?} view of {kind:?} rows read as {dtype:?}, heads {heads} n {n} d {d}: equal");
-        // Past the memory, and off the gather's alignment.
+        // Past the memory, and (on a GPU, whose kernel loads 16 bytes at a time) off alignment.
         assert!(HostRows::view(device, &shared, at + 16, stored, (heads, n, d), dtype).is_err());
-        assert!(HostRows::view(device, &shared, at - 4, stored, (heads, 1, d), dtype).is_err());
+        if device.is_cuda() {
+            assert!(HostRows::view(device, &shared, at - 4, stored, (heads, 1, d), dtype).is_err());
+        }
     }
     Ok(())
 }

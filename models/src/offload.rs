@@ -16,7 +16,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use folio_kernels::attention::{attention_block, merge, AttnOutput, Mask};
-use folio_kernels::select::{HostRows, SharedHost};
+use folio_kernels::select::HostRows;
 use folio_kernels::sparse;
 use folio_kernels::Positions;
 
@@ -42,6 +42,8 @@ pub struct OffloadKv {
     host: Vec<(HostRows, HostRows)>,
     /// The context file the prefix came from: its stored index sections serve the methods.
     file: Option<Arc<ContextFile>>,
+    /// Whether `host` views the file's mapping (else the rows were copied or filled).
+    in_place: bool,
     /// Saved layers copied to the device because a method reads all of their rows every step
     /// (HiP's dense leading layers): `(k, v)` `[kv_heads, saved, d]`.
     resident: Mutex<HashMap<usize, (Tensor, Tensor)>>,
@@ -75,6 +77,7 @@ impl OffloadKv {
         Ok(Self {
             host,
             file: None,
+            in_place: false,
             resident: Mutex::new(HashMap::new()),
             saved,
             tail: SavedTail::new(saved, layers, kv_heads, head_dim, dtype, device),
@@ -89,11 +92,17 @@ impl OffloadKv {
     /// checksum verified first, over the machine's cores) in the file's dtype, widened to
     /// `dtype` by the gathers on `device`. On a GPU the mapping is registered (page-locked in
     /// place): no copy of the rows is made, and a step moves the file's bytes over the link.
+    /// A GPU that refuses to register it (read-only registration is a device capability) gets
+    /// [`Self::copied`] instead; [`Self::in_place`] says which.
     pub fn from_context(file: Arc<ContextFile>, dtype: DType, device: &Device) -> Result<Self> {
         let h = file.header();
         let (layers, kv_heads, tokens, head_dim) = (h.layers, h.kv_heads, h.tokens, h.head_dim);
         let sections = file.kv_sections()?;
-        let shared = SharedHost::new(device, Arc::new(Mapped(file.clone())))?;
+        let shared = match file.shared_host(device) {
+            Ok(shared) => shared,
+            Err(_) if device.is_cuda() => return Self::copied(file, dtype, device),
+            Err(e) => return Err(e),
+        };
         let codec = |kind| h.kv_dtype.codec(kind).stored(kv_heads * tokens, head_dim);
         let (ks, vs) = (codec(SectionKind::Keys), codec(SectionKind::Values));
         let view = |(at, _): (usize, usize), stored| {
@@ -106,6 +115,7 @@ impl OffloadKv {
         Ok(Self {
             host,
             file: Some(file),
+            in_place: true,
             resident: Mutex::new(HashMap::new()),
             saved: tokens,
             tail: SavedTail::new(tokens, layers, kv_heads, head_dim, dtype, device),
@@ -114,6 +124,28 @@ impl OffloadKv {
             dtype,
             device: device.clone(),
         })
+    }
+
+    /// A saved context's rows decoded from the file (checksums verified) into host memory of
+    /// their own, in `dtype`: the path for a GPU that cannot register the file's mapping (page-
+    /// locking fresh memory ran at 2.4 GB/s on the GPU machine, so a million tokens take tens
+    /// of seconds where [`Self::from_context`] takes one).
+    pub fn copied(file: Arc<ContextFile>, dtype: DType, device: &Device) -> Result<Self> {
+        let h = file.header();
+        let (layers, kv_heads, tokens, head_dim) = (h.layers, h.kv_heads, h.tokens, h.head_dim);
+        let mut kv = Self::new(layers, kv_heads, head_dim, tokens, dtype, device)?;
+        for layer in 0..layers {
+            let (k, v) = file.layer_kv(layer)?;
+            let rows = |x: Vec<f32>| Tensor::from_vec(x, (kv_heads, tokens, head_dim), &Device::Cpu);
+            kv.fill(layer, 0, &rows(k)?, &rows(v)?)?;
+        }
+        kv.file = Some(file);
+        Ok(kv)
+    }
+
+    /// Whether the saved rows are read in place from the context file's mapping.
+    pub fn in_place(&self) -> bool {
+        self.in_place
     }
 
     /// `tokens` prefilled layer-major on the model's device as the saved prefix, each layer's
@@ -393,15 +425,5 @@ impl DecodeTier for OffloadKv {
     /// `None` with nothing saved: every row is then the device tail's.
     fn host_rows(&self, layer: usize) -> Option<(&HostRows, &HostRows)> {
         self.host.get(layer).filter(|_| self.saved > 0).map(|(k, v)| (k, v))
-    }
-}
-
-/// A context file's mapping as the bytes its host rows view (keeps the file open and mapped
-/// while any view lives).
-struct Mapped(Arc<ContextFile>);
-
-impl AsRef<[u8]> for Mapped {
-    fn as_ref(&self) -> &[u8] {
-        self.0.mapped()
     }
 }

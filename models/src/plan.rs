@@ -25,7 +25,7 @@ use serde::Serialize;
 use crate::attention::cost::{CostInput, Shape};
 use crate::attention::{MethodChoice, Tier};
 use crate::config::ModelConfig;
-use crate::context::format::Header;
+use crate::context::format::{Header, SectionKind};
 use crate::error::{human_bytes, Error, Result};
 use crate::session::RESIDENT_BUDGET;
 
@@ -216,11 +216,17 @@ pub fn plan(
             (layer_bytes * kept as u64, kept, 0, terms)
         }
         Tier::Offloaded => {
-            let host = layer_bytes * layers as u64;
+            // The file's K/V sections, read in place (`OffloadKv::from_context`): page-locked in
+            // the page cache, and crossing the link in the file's dtype.
+            let rows = header.kv_heads * tokens;
+            let section = |kind| header.kv_dtype.section_bytes(kind, rows, header.head_dim);
+            let host = layers as u64 * (section(SectionKind::Keys) + section(SectionKind::Values));
+            let file_per_compute = host as f64 / (layer_bytes * layers as u64).max(1) as f64;
             if let Some(b) = budgets.host.filter(|&b| host > b) {
                 problems.push(format!(
-                    "the offloaded tier keeps this context's K/V in host memory: {} at the compute dtype, over the \
-                     {} host budget; raise it to {}, or turn offload off (layers are then read from the file as used)",
+                    "the offloaded tier keeps this context's K/V in host memory: {} (the file's, read in place), over \
+                     the {} host budget; raise it to {}, or turn offload off (layers are then read from the file as \
+                     used)",
                     human_bytes(host),
                     human_bytes(b),
                     human_bytes(host)
@@ -228,7 +234,7 @@ pub fn plan(
             }
             let terms = vec![
                 term("device", weights_read + cost.device_bytes, bw.device),
-                term("link", cost.link_bytes, link),
+                term("link", cost.link_bytes * file_per_compute, link),
                 term("host", cost.host_bytes, bw.host),
             ];
             (0, 0, host, terms)

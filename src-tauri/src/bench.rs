@@ -140,6 +140,9 @@ struct Reopen {
     /// The question through the model, attending every saved row densely, to the first
     /// token's logits.
     question: f64,
+    /// On the offloaded tier: whether the rows were read in place from the file's mapping (a
+    /// GPU that cannot register it gets them copied into page-locked memory instead).
+    in_place: bool,
 }
 
 #[derive(Serialize)]
@@ -815,16 +818,20 @@ fn one(
         };
         let open = start.elapsed().as_secs_f64();
         let file = Arc::new(file);
-        let mut kv: Box<dyn KvStore> = match tier {
-            Tier::Resident => Box::new(ContextKv::new(file, model.dtype(), model.device(), u64::MAX)),
-            Tier::Offloaded => Box::new(OffloadKv::from_context(file, model.dtype(), model.device())?),
+        let (mut kv, in_place): (Box<dyn KvStore>, bool) = match tier {
+            Tier::Resident => (Box::new(ContextKv::new(file, model.dtype(), model.device(), u64::MAX)), false),
+            Tier::Offloaded => {
+                let kv = OffloadKv::from_context(file, model.dtype(), model.device())?;
+                let in_place = kv.in_place();
+                (Box::new(kv), in_place)
+            }
         };
         let store = start.elapsed().as_secs_f64() - open;
         let question: Vec<u32> = (0..QUESTION_TOKENS).map(|_| rng.random_range(0..vocab)).collect();
         let logits = model.forward(&question, kv.as_mut(), &Dense, Logits::Last)?;
         logits.argmax(1)?.to_vec1::<u32>()?;
         let seconds = start.elapsed().as_secs_f64();
-        Ok(Reopen { seconds, open, store, question: seconds - open - store })
+        Ok(Reopen { seconds, open, store, question: seconds - open - store, in_place })
     };
     drop_page_cache(&out);
     let reopen_cold = reopen()?;
@@ -947,7 +954,14 @@ fn print_row(r: &Row, first: bool, subject: &Subject, matmul: f64) {
          store {:.2}",
         "", st.compute, st.hidden_io, r.hidden_in, r.checkpoints, st.encode, st.store
     );
-    let parts = |x: &Reopen| format!("open {:.3}, K/V store {:.3}, question {:.3}", x.open, x.store, x.question);
+    let parts = |x: &Reopen| {
+        let how = match (r.reopen_tier, x.in_place) {
+            ("offloaded", true) => ", rows read in place",
+            ("offloaded", false) => ", rows copied: the GPU would not register the file's mapping",
+            _ => "",
+        };
+        format!("open {:.3}, K/V store {:.3}, question {:.3}{how}", x.open, x.store, x.question)
+    };
     println!(
         "{:>8} reopen on the {} tier: from disk {:.3} s ({}; the file over the disk's {}/s read rate: {:.2} s), \
          cached {:.3} s ({})",

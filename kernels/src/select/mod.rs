@@ -140,6 +140,14 @@ impl SharedHost {
     fn bytes(&self) -> &[u8] {
         (*self.owner).as_ref()
     }
+
+    /// Whether the memory is registered with a GPU (else it serves the CPU).
+    pub fn registered(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        return self.registered.is_some();
+        #[cfg(not(feature = "cuda"))]
+        false
+    }
 }
 
 /// One layer's K (or V) rows of every KV head, `[heads, n, d]`, in host memory: page-locked and
@@ -200,8 +208,8 @@ impl HostRows {
             Stored::Fp8 { scales } => scales >= heads * n * d && scales % 4 == 0,
             _ => true,
         };
-        // The widening kernel reads 8 values at a time, in 16-byte (8-byte for fp8) loads.
-        let aligned = d % 8 == 0 && (host.bytes().as_ptr() as usize + at) % 16 == 0;
+        // The GPU's widening kernel reads 8 values at a time, in 16-byte (8-byte for fp8) loads.
+        let aligned = device.is_cpu() || (d % 8 == 0 && (host.bytes().as_ptr() as usize + at) % 16 == 0);
         if !fits || !scales_ok || !aligned {
             candle_core::bail!(
                 "host rows: a view of {bytes} bytes ({stored:?}, [{heads}, {n}, {d}]) at byte {at} of {} does not fit, \
@@ -209,8 +217,7 @@ impl HostRows {
                 host.bytes().len()
             );
         }
-        #[cfg(feature = "cuda")]
-        if device.is_cuda() != host.registered.is_some() {
+        if device.is_cuda() != host.registered() {
             candle_core::bail!("host rows: the shared memory was registered for another device");
         }
         let mem = HostMem::Shared { host: host.clone(), at };
