@@ -22,39 +22,13 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "mma.cuh"
 #include "online_softmax.cuh"
 
 #define WARPS 8          // each warp owns 16 query rows
 #define ROWS (16 * WARPS) // query rows per block
 #define KEYS 64          // keys per tile
 #define PAD 8            // bf16 of padding per shared-memory row: fragment loads hit 32 banks
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// Starts the copy of KEYS rows of D bf16 (row stride D in global memory) into shared memory
-// with row stride D + PAD; rows past `valid` are zero-filled (cp.async reads 0 bytes of them).
-template <int D>
-__device__ __forceinline__ void load_tile_async(__nv_bfloat16* dst, const __nv_bfloat16* src, int valid) {
-    constexpr int VECS = D / 8;  // 16-byte pieces per row
-    for (int i = threadIdx.x; i < KEYS * VECS; i += blockDim.x) {
-        const int r = i / VECS, c = (i % VECS) * 8;
-        const uint32_t to = (uint32_t)__cvta_generic_to_shared(dst + r * (D + PAD) + c);
-        const __nv_bfloat16* from = r < valid ? src + (size_t)r * D + c : src;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(r < valid ? 16 : 0)
-                     : "memory");
-    }
-}
 
 // grid (ceil(q_len / ROWS), q_heads), block 32 * WARPS. out [q_heads, q_len, D] f32,
 // lse [q_heads, q_len] f32; q [q_heads, q_len, D], k/v [kv_heads, kv_len, D] bf16 with rows D
@@ -115,8 +89,8 @@ __device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bf
     for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
     if (j_lo < j_hi) {
-        load_tile_async<D>(kbuf, kh + (size_t)j_lo * D, min(KEYS, j_hi - j_lo));
-        load_tile_async<D>(vbuf, vh + (size_t)j_lo * D, min(KEYS, j_hi - j_lo));
+        load_rows_async<D, KEYS, PAD>(kbuf, kh + (size_t)j_lo * D, min(KEYS, j_hi - j_lo));
+        load_rows_async<D, KEYS, PAD>(vbuf, vh + (size_t)j_lo * D, min(KEYS, j_hi - j_lo));
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     for (int j0 = j_lo, stage = 0; j0 < j_hi; j0 += KEYS, stage ^= 1) {
@@ -125,8 +99,8 @@ __device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bf
         // iteration), then wait for this one's copies only.
         if (j0 + KEYS < j_hi) {
             const int next = min(KEYS, j_hi - j0 - KEYS);
-            load_tile_async<D>(kbuf + (stage ^ 1) * TILE, kh + (size_t)(j0 + KEYS) * D, next);
-            load_tile_async<D>(vbuf + (stage ^ 1) * TILE, vh + (size_t)(j0 + KEYS) * D, next);
+            load_rows_async<D, KEYS, PAD>(kbuf + (stage ^ 1) * TILE, kh + (size_t)(j0 + KEYS) * D, next);
+            load_rows_async<D, KEYS, PAD>(vbuf + (stage ^ 1) * TILE, vh + (size_t)(j0 + KEYS) * D, next);
         }
         asm volatile("cp.async.commit_group;\n" ::: "memory");
         asm volatile("cp.async.wait_group 1;\n" ::: "memory");

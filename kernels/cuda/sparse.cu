@@ -16,6 +16,9 @@
 #include <stdint.h>
 #include <math.h>
 
+#include "mma.cuh"
+#include "online_softmax.cuh"
+
 #define MAX_D 256
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
@@ -247,6 +250,198 @@ extern "C" __global__ void decode_rows_values_bf16(const float* z, const float* 
                                                    int rows_per_block) {
     decode_rows_values<__nv_bfloat16>(z, bmax, v, part, heads, kv_heads, n, d, rows, rows_per_block);
 }
+
+// decode_rows_mma: decode_attention_rows on tensor cores, for bf16 queries and rows without a
+// bias (what the model's decode passes on a GPU). The group's query heads are the 16 rows of
+// an mma.sync m16n8k16 product (padded past the group), so a K or V row is read once per 16
+// heads, and the dot products and the weighted sum of values are bf16 products accumulated in
+// f32 (P rounded to bf16, as the prefill kernels round it) instead of every thread's f32 loops:
+// the two-kernel path above reached 28% of the copy bandwidth over 105k rows, held back by its
+// registers and its logits' round trip through memory.
+// grid (kv_heads * ceil(group / 16), chunks), block 32 * DECODE_WARPS. A block takes its
+// chunk's rows in tiles of DECODE_KEYS (copied with cp.async into shared memory, two stages, as
+// flash.cu does); warp w takes rows 16w..16w+15 of each tile: S = Q·Kᵀ (16×16), the online
+// softmax per head, O += P·V. At the end the warps' states are merged in shared memory into the
+// chunk's partial (acc[d], m, l) per head, as decode_rows_values writes it, for
+// decode_attention_merge.
+//   q [heads, D] bf16   k, v [kv_heads, n, D] bf16   part [heads, chunks, D + 2] f32
+#define DECODE_WARPS 4
+#define DECODE_KEYS (16 * DECODE_WARPS)
+#define DECODE_PAD 8  // bf16 of padding per shared-memory row: fragment loads hit 32 banks
+
+template <int D>
+__device__ void decode_rows_mma(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                                const __nv_bfloat16* __restrict__ v, float* __restrict__ part, int heads, int kv_heads,
+                                int n, int rows, int rows_per_block, float scale) {
+    constexpr int STRIDE = D + DECODE_PAD, DK = D / 16, DN = D / 8, TILE_E = DECODE_KEYS * STRIDE;
+    extern __shared__ __align__(16) unsigned char smem[];
+    __nv_bfloat16* const kbuf = reinterpret_cast<__nv_bfloat16*>(smem);
+    __nv_bfloat16* const vbuf = kbuf + 2 * TILE_E;
+    const int group = heads / kv_heads, head_blocks = (group + 15) / 16;
+    const int kvh = blockIdx.x / head_blocks, hb = blockIdx.x % head_blocks;
+    const int chunk = blockIdx.y, chunks = gridDim.y;
+    const int c0 = chunk * rows_per_block, c1 = min(rows, c0 + rows_per_block);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int nh = min(16, group - hb * 16), h0 = kvh * group + hb * 16;
+    const __nv_bfloat16* kh = k + (size_t)kvh * n * D;
+    const __nv_bfloat16* vh = v + (size_t)kvh * n * D;
+
+    // Q fragments of heads h0 + g and h0 + g + 8 (zeros past the group), once per block.
+    uint32_t qa[DK][4];
+    const uint32_t* q0 = reinterpret_cast<const uint32_t*>(q + (size_t)(h0 + g) * D);
+    const uint32_t* q1 = reinterpret_cast<const uint32_t*>(q + (size_t)(h0 + g + 8) * D);
+    const bool has0 = g < nh, has1 = g + 8 < nh;
+#pragma unroll
+    for (int c = 0; c < DK; c++) {
+        const int w = (c * 16 + t * 2) / 2;
+        qa[c][0] = has0 ? q0[w] : 0u;
+        qa[c][1] = has1 ? q1[w] : 0u;
+        qa[c][2] = has0 ? q0[w + 4] : 0u;
+        qa[c][3] = has1 ? q1[w + 4] : 0u;
+    }
+
+    const float sl2 = scale * LOG2E;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float o[DN][4];
+#pragma unroll
+    for (int c = 0; c < DN; c++) o[c][0] = o[c][1] = o[c][2] = o[c][3] = 0.f;
+
+    if (c0 < c1) {
+        load_rows_async<D, DECODE_KEYS, DECODE_PAD>(kbuf, kh + (size_t)c0 * D, min(DECODE_KEYS, c1 - c0));
+        load_rows_async<D, DECODE_KEYS, DECODE_PAD>(vbuf, vh + (size_t)c0 * D, min(DECODE_KEYS, c1 - c0));
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    for (int j0 = c0, stage = 0; j0 < c1; j0 += DECODE_KEYS, stage ^= 1) {
+        const int valid = min(DECODE_KEYS, c1 - j0);
+        if (j0 + DECODE_KEYS < c1) {
+            const int next = min(DECODE_KEYS, c1 - j0 - DECODE_KEYS);
+            load_rows_async<D, DECODE_KEYS, DECODE_PAD>(kbuf + (stage ^ 1) * TILE_E, kh + (size_t)(j0 + DECODE_KEYS) * D,
+                                                        next);
+            load_rows_async<D, DECODE_KEYS, DECODE_PAD>(vbuf + (stage ^ 1) * TILE_E, vh + (size_t)(j0 + DECODE_KEYS) * D,
+                                                        next);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        __syncthreads();
+        // This warp's 16 rows of the tile.
+        const __nv_bfloat16* ks = kbuf + stage * TILE_E + warp * 16 * STRIDE;
+        const __nv_bfloat16* vs = vbuf + stage * TILE_E + warp * 16 * STRIDE;
+        float sc[2][4];
+#pragma unroll
+        for (int nn = 0; nn < 2; nn++) sc[nn][0] = sc[nn][1] = sc[nn][2] = sc[nn][3] = 0.f;
+#pragma unroll
+        for (int c = 0; c < DK; c++) {
+#pragma unroll
+            for (int nn = 0; nn < 2; nn++) {
+                const __nv_bfloat16* kr = ks + (nn * 8 + g) * STRIDE + c * 16 + t * 2;
+                mma_bf16(sc[nn], qa[c], *reinterpret_cast<const uint32_t*>(kr),
+                         *reinterpret_cast<const uint32_t*>(kr + 8));
+            }
+        }
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nn = 0; nn < 2; nn++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if (warp * 16 + nn * 8 + t * 2 + (e & 1) >= valid) sc[nn][e] = -INFINITY;
+                mx[e / 2] = fmaxf(mx[e / 2], sc[nn][e]);
+            }
+        }
+        mx[0] = fmaxf(m[0], mx[0] * sl2);
+        mx[1] = fmaxf(m[1], mx[1] * sl2);
+        float shift[2], alpha[2];
+        online_softmax_step(m, l, mx, shift, alpha);
+#pragma unroll
+        for (int c = 0; c < DN; c++) {
+            o[c][0] *= alpha[0];
+            o[c][1] *= alpha[0];
+            o[c][2] *= alpha[1];
+            o[c][3] *= alpha[1];
+        }
+        uint32_t pa[4];
+#pragma unroll
+        for (int nn = 0; nn < 2; nn++) {
+            const float p0 = fast_exp2(fmaf(sc[nn][0], sl2, -shift[0]));
+            const float p1 = fast_exp2(fmaf(sc[nn][1], sl2, -shift[0]));
+            const float p2 = fast_exp2(fmaf(sc[nn][2], sl2, -shift[1]));
+            const float p3 = fast_exp2(fmaf(sc[nn][3], sl2, -shift[1]));
+            l[0] += p0 + p1;
+            l[1] += p2 + p3;
+            pa[nn * 2] = pack_bf16(p0, p1);
+            pa[nn * 2 + 1] = pack_bf16(p2, p3);
+        }
+        // ldmatrix.trans hands each lane V[2t (+1)][8c + g] (and 8 rows on) of the warp's 16
+        // rows: the B fragment of the PV product, two n-tiles per instruction.
+        const uint32_t row_addr = (uint32_t)__cvta_generic_to_shared(vs + (lane % 16) * STRIDE + (lane / 16) * 8);
+#pragma unroll
+        for (int c = 0; c < DN; c += 2) {
+            uint32_t b0, b1, b2, b3;
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                         : "r"(row_addr + c * 8 * 2));
+            mma_bf16(o[c], pa, b0, b1);
+            mma_bf16(o[c + 1], pa, b2, b3);
+        }
+        __syncthreads();  // every warp is done with this stage before it is refilled
+    }
+
+    // The warps' states through shared memory (the tiles' space, free now): o [warps][16][D],
+    // then m and l [warps][16].
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+    }
+    float* so = reinterpret_cast<float*>(smem);
+    float* sm = so + DECODE_WARPS * 16 * D;
+    float* sl = sm + DECODE_WARPS * 16;
+#pragma unroll
+    for (int c = 0; c < DN; c++) {
+        float* r0 = so + (warp * 16 + g) * D + c * 8 + t * 2;
+        r0[0] = o[c][0];
+        r0[1] = o[c][1];
+        r0[8 * D] = o[c][2];
+        r0[8 * D + 1] = o[c][3];
+    }
+    if (t == 0) {
+        sm[warp * 16 + g] = m[0];
+        sm[warp * 16 + g + 8] = m[1];
+        sl[warp * 16 + g] = l[0];
+        sl[warp * 16 + g + 8] = l[1];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nh * D; i += blockDim.x) {
+        const int r = i / D, ch = i % D;
+        float mm = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < DECODE_WARPS; w++) mm = fmaxf(mm, sm[w * 16 + r]);
+        float acc = 0.f, sum = 0.f;
+        if (mm != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < DECODE_WARPS; w++) {
+                const float wt = fast_exp2(sm[w * 16 + r] - mm);
+                acc += wt * so[(w * 16 + r) * D + ch];
+                sum += wt * sl[w * 16 + r];
+            }
+        }
+        float* dst = part + ((size_t)(h0 + r) * chunks + chunk) * (D + 2);
+        dst[ch] = acc;
+        if (ch == 0) {
+            dst[D] = mm == -INFINITY ? -INFINITY : mm * LN2;  // natural units, as the merge reads them
+            dst[D + 1] = sum;
+        }
+    }
+}
+
+#define DECODE_MMA(D)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * DECODE_WARPS)                                              \
+        decode_rows_mma_##D(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, float* part, \
+                            int heads, int kv_heads, int n, int rows, int rows_per_block, float scale) {         \
+        decode_rows_mma<D>(q, k, v, part, heads, kv_heads, n, rows, rows_per_block, scale);                      \
+    }
+DECODE_MMA(32)
+DECODE_MMA(64)
+DECODE_MMA(128)
 
 // Merges each head's chunk partials by their maxima: a block per (head, MERGE_CHANNELS
 // channels), its threads MERGE_CHANNELS channels x (TILE / MERGE_CHANNELS) chunk lanes. Every

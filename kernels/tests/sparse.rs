@@ -9,21 +9,33 @@ mod common;
 use common::{max_abs_diff, random};
 
 /// Attention over a KV head's first rows, shared by its group, as the selected-row reference
-/// with every head selecting those rows: groups of 1 to 16 heads, f32 and bf16, head dims that
+/// with every head selecting those rows: groups of 1 to 20 heads, f32 and bf16, head dims that
 /// are and are not multiples of eight, fewer rows than stored, none, and a bias with −∞ pads.
+/// bf16 queries over bf16 rows without a bias (the model's decode on a GPU) take the tensor-core
+/// kernel there, which rounds the softmax weights to bf16: held to [`MMA_TOLERANCE`].
 fn decode_attention_rows_matches_reference(device: &Device) -> Result<()> {
+    /// |out − reference| allowed where the weights are rounded to bf16 (relative error 2⁻⁹ of
+    /// each, values within ±1): twice that bound.
+    const MMA_TOLERANCE: f32 = 4e-3;
     let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
-    for (heads, kv_heads, n, d, rows, dtype, biased) in [
-        (4, 2, 300, 32, 300, DType::F32, false),
-        (28, 4, 6000, 128, 5003, DType::BF16, false),
-        (28, 28, 700, 128, 650, DType::BF16, true),
-        (6, 3, 50, 98, 41, DType::F32, true),
-        (16, 1, 200, 64, 130, DType::BF16, false),
-        (2, 2, 9, 256, 0, DType::F32, false),
-        (8, 2, 33, 80, 1, DType::F32, true),
+    for (heads, kv_heads, n, d, rows, dtype, biased, q_bf16) in [
+        (4, 2, 300, 32, 300, DType::F32, false, false),
+        (28, 4, 6000, 128, 5003, DType::BF16, false, false),
+        (28, 4, 6000, 128, 5003, DType::BF16, false, true),
+        (28, 28, 700, 128, 650, DType::BF16, true, true),
+        (6, 3, 50, 98, 41, DType::F32, true, false),
+        (16, 1, 200, 64, 130, DType::BF16, false, true),
+        (40, 2, 3000, 32, 2999, DType::BF16, false, true),
+        (4, 4, 100, 128, 64, DType::BF16, false, true),
+        (8, 2, 20, 128, 0, DType::BF16, false, true),
+        (2, 2, 9, 256, 0, DType::F32, false, false),
+        (8, 2, 33, 80, 1, DType::F32, true, false),
     ] {
-        let q = random(&mut rng, heads * d, 1.0);
+        let mut q = random(&mut rng, heads * d, 1.0);
+        if q_bf16 {
+            q.iter_mut().for_each(|x| *x = half::bf16::from_f32(*x).to_f32());
+        }
         let kt =
             Tensor::from_vec(random(&mut rng, kv_heads * n * d, 0.5), (kv_heads, n, d), device)?.to_dtype(dtype)?;
         let vt =
@@ -50,12 +62,17 @@ fn decode_attention_rows_matches_reference(device: &Device) -> Result<()> {
             scale,
         );
         let qt = Tensor::from_vec(q, (heads, d), device)?;
+        let qt = if q_bf16 { qt.to_dtype(DType::BF16)? } else { qt };
         let bt = Tensor::from_vec(bias, (heads, rows), device)?;
         let (o, l) = sparse::decode_attention_rows(&qt, &kt, &vt, rows, biased.then_some(&bt), scale)?;
         let (o, l): (Vec<f32>, Vec<f32>) = (o.flatten_all()?.to_vec1()?, l.to_vec1()?);
         let diff = max_abs_diff(&o, &want_o);
-        println!("{device:?} heads {heads}/{kv_heads} d {d} rows {rows} {dtype:?}: max |out - ref| = {diff:.2e}");
-        assert!(diff < 1e-4, "seed {seed}: {diff}");
+        println!(
+            "{device:?} heads {heads}/{kv_heads} d {d} rows {rows} {dtype:?}{}: max |out - ref| = {diff:.2e}",
+            if q_bf16 { ", bf16 queries" } else { "" }
+        );
+        let tensor_cores = device.is_cuda() && q_bf16 && dtype == DType::BF16 && !biased && [32, 64, 128].contains(&d);
+        assert!(diff < if tensor_cores { MMA_TOLERANCE } else { 1e-4 }, "seed {seed}: {diff}");
         for (a, b) in l.iter().zip(&want_l) {
             assert!(a == b || (a - b).abs() < 1e-4 * b.abs().max(1.0), "seed {seed}: lse {a} vs {b}");
         }

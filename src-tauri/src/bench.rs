@@ -289,24 +289,32 @@ fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
     let mut rng = StdRng::seed_from_u64(0);
     let k = Tensor::randn(0f32, 1.0, (kv_heads, a.context, d), &device)?.to_dtype(dtype)?;
     let v = Tensor::randn(0f32, 1.0, (kv_heads, a.context, d), &device)?.to_dtype(dtype)?;
-    let q = Tensor::randn(0f32, 1.0, (heads, d), &device)?;
+    // Queries in the model's dtype (bf16 on a GPU: the tensor-core kernel), and on a GPU f32
+    // queries too, which take the CUDA-core kernels.
+    let q = Tensor::randn(0f32, 1.0, (heads, d), &device)?.to_dtype(dtype)?;
+    let q32 = q.to_dtype(DType::F32)?;
+    let queries: &[(&Tensor, &str)] =
+        if device.is_cpu() { &[(&q, "")] } else { &[(&q, "tensor cores"), (&q32, "f32 queries, CUDA cores")] };
     let elem = dtype.size_in_bytes() as f64;
     for &sel in &a.select {
         // A decode step's attention over `sel` rows of each KV head, shared by its group (a
         // gathered pick, BUZZ's live rows): each row is read once per group.
         let sel = sel.min(a.context);
-        let secs = time_calls(&device, || sparse::decode_attention_rows(&q, &k, &v, sel, None, 0.088))?;
-        let bytes = (kv_heads * sel) as f64 * 2.0 * d as f64 * elem + (heads * d * 8) as f64;
-        rows.push(KernelRow {
-            kernel: format!(
-                "decode_attention_rows {heads} heads over {sel} rows of {kv_heads} KV heads (d {d}, {dtype:?})"
-            ),
-            seconds: secs,
-            bytes,
-            flops: 4.0 * (heads * sel * d) as f64,
-            of_limit: bytes / secs / bandwidth,
-            limit: "copy bandwidth",
-        });
+        for &(q, path) in queries {
+            let secs = time_calls(&device, || sparse::decode_attention_rows(q, &k, &v, sel, None, 0.088))?;
+            let bytes = (kv_heads * sel) as f64 * 2.0 * d as f64 * elem + (heads * d * 8) as f64;
+            let path = if path.is_empty() { String::new() } else { format!(", {path}") };
+            rows.push(KernelRow {
+                kernel: format!(
+                    "decode_attention_rows {heads} heads over {sel} rows of {kv_heads} KV heads (d {d}, {dtype:?}{path})"
+                ),
+                seconds: secs,
+                bytes,
+                flops: 4.0 * (heads * sel * d) as f64,
+                of_limit: bytes / secs / bandwidth,
+                limit: "copy bandwidth",
+            });
+        }
     }
     drop((k, v));
     // Double Sparsity's label scan over the whole context: r = d/4 one-byte codes per token.

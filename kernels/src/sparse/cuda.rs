@@ -144,6 +144,71 @@ impl CudaOp3 for DecodeRows {
     }
 }
 
+/// Head dims decode_rows_mma is compiled for; its warps (DECODE_WARPS in the kernel), rows per
+/// tile (DECODE_KEYS) and bf16 of padding per shared-memory row (DECODE_PAD).
+const MMA_DIMS: [usize; 3] = [32, 64, 128];
+const MMA_WARPS: u32 = 4;
+const MMA_KEYS: usize = 64;
+const MMA_PAD: usize = 8;
+/// Fewest rows a decode_rows_mma block takes (two tiles), and the blocks aimed for: one wave of
+/// a large GPU at the three blocks an SM holds (their shared memory), 132 SMs on an H100. On an
+/// H100 fewer, longer blocks measured better for many rows (97 µs over 105k rows with 512-row
+/// blocks, 107 µs with 128), more, shorter ones for few (13 µs over 2048 rows with 128-row
+/// blocks, 24 µs with 512): docs/performance.md.
+const MMA_MIN_ROWS: usize = 128;
+const MMA_TARGET_BLOCKS: usize = 396;
+/// Shared memory a block may use without asking for more.
+const DEFAULT_SHARED: usize = 48 << 10;
+
+/// decode_rows_mma's launch: bf16 queries and rows, no bias.
+struct DecodeRowsMma {
+    dims: (usize, usize, usize, usize, usize),
+    scale: f32,
+}
+
+impl CudaOp3 for DecodeRowsMma {
+    const NAME: &'static str = "folio-decode-rows-mma";
+
+    fn cuda_fwd(&self, [(q, ql), (k, kl), (v, vl)]: [(&CudaStorage, &Layout); 3]) -> Result<(CudaStorage, Shape)> {
+        let (heads, kv_heads, n, d, rows) = self.dims;
+        let head_blocks = (heads / kv_heads).div_ceil(16);
+        let chunks = rows.div_ceil(MMA_MIN_ROWS).min(MMA_TARGET_BLOCKS.div_ceil(kv_heads * head_blocks)).max(1);
+        let rows_per_block = rows.div_ceil(chunks).next_multiple_of(MMA_KEYS).max(MMA_KEYS);
+        let chunks = rows.div_ceil(rows_per_block).max(1);
+        let dev = q.device().clone();
+        let qs = q.as_cuda_slice::<half::bf16>()?.slice(ql.start_offset()..);
+        let ks = k.as_cuda_slice::<half::bf16>()?.slice(kl.start_offset()..);
+        let vs = v.as_cuda_slice::<half::bf16>()?.slice(vl.start_offset()..);
+        // SAFETY: every block writes its chunk's partial for each head of its group.
+        let part = unsafe { dev.alloc::<f32>(heads * chunks * (d + 2))? };
+        // Two stages of K and V tiles, reused at the end for the warps' states.
+        let tiles = 2 * 2 * MMA_KEYS * (d + MMA_PAD) * 2;
+        let states = (MMA_WARPS as usize * 16 * (d + 2)) * 4;
+        let shared = tiles.max(states);
+        let func = dev.get_or_load_custom_func(&format!("decode_rows_mma_{d}"), MODULE, PTX)?;
+        if shared > DEFAULT_SHARED {
+            let attr = candle_core::cuda::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            func.set_attribute(attr, shared as i32).w()?;
+        }
+        let cfg = LaunchConfig {
+            grid_dim: ((kv_heads * head_blocks) as u32, chunks as u32, 1),
+            block_dim: (32 * MMA_WARPS, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        let ints = [heads as i32, kv_heads as i32, n as i32, rows as i32, rows_per_block as i32];
+        let mut b = func.builder();
+        b.arg(&qs).arg(&ks).arg(&vs).arg(&part);
+        for x in &ints {
+            b.arg(x);
+        }
+        b.arg(&self.scale);
+        // SAFETY: shapes checked by the caller (rows ≤ n, d one of MMA_DIMS, K/V rows 16-byte
+        // aligned); part holds heads × chunks partials of d + 2 floats.
+        unsafe { b.launch(cfg) }.w()?;
+        merge_partials(&dev, part, heads, chunks, d)
+    }
+}
+
 /// `decode_attention_rows`: see [`super::decode_attention_rows`].
 pub fn decode_attention_rows(
     q: &Tensor,
@@ -160,6 +225,13 @@ pub fn decode_attention_rows(
         candle_core::bail!(
             "decode_attention_rows: head dim {d} (at most {MAX_D}, and a multiple of {VALUE_CHANNELS} past {DECODE_THREADS})"
         );
+    }
+    let bf16 = [q, k, v].iter().all(|t| t.dtype() == DType::BF16);
+    if bias.is_none() && bf16 && MMA_DIMS.contains(&d) {
+        let op = DecodeRowsMma { dims, scale };
+        let both =
+            q.contiguous()?.apply_op3_no_bwd(&crate::vector_aligned(k)?, &crate::vector_aligned(v)?, &CudaOnly(op))?;
+        return Ok((both.narrow(0, 0, heads * d)?.reshape((heads, d))?, both.narrow(0, heads * d, heads)?));
     }
     let bias = bias.map(|b| b.to_dtype(DType::F32)?.contiguous()).transpose()?;
     let op = DecodeRows { bias, dims, scale };

@@ -46,7 +46,11 @@ fn f32s(t: &Tensor) -> Result<Vec<f32>> {
 /// n`), `bias [heads, rows]` f32 or none: [`reference::decode_attention`] with every head
 /// selecting `0..rows`. On CUDA each K and V row is read once per KV group, not once per query
 /// head: the kernel for a pick (gathered into contiguous rows, per query head or shared by a
-/// group), a cache's live slots, a resident layer. Returns `(out [heads, d] f32, lse [heads] f32)`.
+/// group), a cache's live slots, a resident layer. bf16 queries over bf16 rows without a bias
+/// (the model's decode on a GPU) run on tensor cores there, the group's heads as the rows of one
+/// product, with the softmax weights rounded to bf16 as the prefill kernels round them (head
+/// dims 32, 64 and 128; others take the CUDA-core kernels). Returns `(out [heads, d] f32, lse
+/// [heads] f32)`.
 pub fn decode_attention_rows(
     q: &Tensor,
     k: &Tensor,
