@@ -166,6 +166,37 @@ fn profile_decode(model: &Model, kv: &mut OffloadKv, method: &dyn Attention, mut
     })
 }
 
+/// [`Report::first_step_profile`]: the step's seconds and each span's device-synchronised
+/// milliseconds and calls.
+#[derive(Serialize)]
+struct FirstStepProfile {
+    seconds: f64,
+    spans: Vec<FirstStepSpan>,
+}
+
+#[derive(Serialize)]
+struct FirstStepSpan {
+    name: &'static str,
+    ms: f64,
+    calls: usize,
+}
+
+/// One decode step of a fresh conversation with the device synchronised around each span.
+fn profile_first_step(
+    model: &Model,
+    kv: &mut OffloadKv,
+    method: &dyn Attention,
+    token: u32,
+) -> Result<FirstStepProfile> {
+    use folio_models::profile::{finish, start, Clock};
+    start(Clock::Device);
+    let step = decode_step(model, kv, method, token);
+    let spans = finish();
+    let seconds = step?.2;
+    let spans = spans.into_iter().map(|(name, secs, calls)| FirstStepSpan { name, ms: secs * 1e3, calls }).collect();
+    Ok(FirstStepProfile { seconds, spans })
+}
+
 #[derive(Serialize)]
 struct Report {
     shape: String,
@@ -213,6 +244,10 @@ struct Report {
     peak_rss_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     profile: Option<DecodeProfile>,
+    /// A fresh conversation's first step (what builds the method's state over the context:
+    /// the wait before an answer's first token), with the device synchronised around each span.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_step_profile: Option<FirstStepProfile>,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -349,6 +384,15 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
         let pcie4 = Floor { link: link_bytes / PCIE4_X16 * 1e3, ..floor };
         // The profile's steps (if any) run before the peak is read: they are held to the budget too.
         let profile = if a.profile { Some(profile_decode(&model, &mut kv, method.as_ref(), token)?) } else { None };
+        let first_step_profile = if a.profile {
+            // A fresh conversation over the same context: its first step again, spans synchronised.
+            method.end_conversation();
+            kv.drop_resident();
+            kv.set_len(a.context)?;
+            Some(profile_first_step(&model, &mut kv, method.as_ref(), token)?)
+        } else {
+            None
+        };
         let peak = sampler.peak();
         let report = Report {
             shape: shape.display().to_string(),
@@ -388,6 +432,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
             host_kv_bytes: kv.host_bytes(),
             peak_rss_bytes: peak_rss(),
             profile,
+            first_step_profile,
         };
         print_report(&report, a.json, a.steps)?;
         // The next method starts from the weights and the host tier alone: this one's index
@@ -496,6 +541,16 @@ fn print_report(r: &Report, json: bool, steps: usize) -> Result<()> {
         }
         let inside: f64 = spans.iter().map(|s| s.device_ms).sum();
         println!("    {:<30} {:>9} {:>9.3}", "outside the spans", "", p.synced_step_ms - inside);
+    }
+    if let Some(f) = &r.first_step_profile {
+        println!("  a fresh conversation's first step, device synchronised around each op: {:.3} s", f.seconds);
+        let (parts, spans): (Vec<_>, Vec<_>) = f.spans.iter().partition(|s| folio_models::profile::is_part(s.name));
+        for s in &spans {
+            println!("    {:<30} {:>9.1} ms {:>7}", s.name, s.ms, s.calls);
+        }
+        for s in &parts {
+            println!("      {:<28} {:>9.1} ms {:>7}", s.name, s.ms, s.calls);
+        }
     }
     Ok(())
 }

@@ -378,25 +378,53 @@ impl Buzz {
         if let Some(rows) = cache.rows.take() {
             rows.scores_to_host(&mut cache.heads)?;
         }
-        let pos: Vec<u32> = cache.heads.iter().flat_map(|h| h.live.iter().map(|&p| p as u32)).collect();
-        let idx = Tensor::from_vec(pos, (kv_heads, s), call.q.device())?;
-        let (out, probs) = fast::attend_scored(call, kv, &idx)?;
+        // A fresh cache holds every position (a reopened million-token context): made on the
+        // device rather than uploaded, 16 MB a layer.
+        let every = cache.heads.iter().all(|h| h.live.len() == cache.end && h.live.last() == Some(&(cache.end - 1)));
+        let idx = if every {
+            Tensor::arange(0u32, s as u32, call.q.device())?.unsqueeze(0)?.repeat((kv_heads, 1))?
+        } else {
+            let pos: Vec<u32> = cache.heads.iter().flat_map(|h| h.live.iter().map(|&p| p as u32)).collect();
+            Tensor::from_vec(pos, (kv_heads, s), call.q.device())?
+        };
+        // Every row sees the positions before the call's own (enter() appended those last), and
+        // a single row its own too.
+        let open = if t == 1 { s } else { s - t };
+        let (out, probs) = fast::attend_scored(call, kv, &idx, open)?;
         for (h, p) in cache.heads.iter_mut().zip(probs.chunks(s)) {
             h.score.iter_mut().zip(p).for_each(|(a, b)| *a += b);
         }
-        // What each query head read: its KV head's live set visible to the call's last row.
+        // What each query head read: its KV head's live set visible to the call's last row —
+        // all of it without a model window, kept on the device (a million positions per query
+        // head copied into lists took seconds a step over a reopened context).
         let (last, groups) = (cache.end - 1, q_heads / kv_heads);
-        let lo = call.window.map_or(0, |w| (last + 1).saturating_sub(w));
-        let read = (0..q_heads)
-            .map(|h| cache.heads[h / groups].live.iter().copied().filter(|&p| p <= last && p >= lo).collect())
-            .collect();
-        self.evict(cache);
+        let read = match call.window {
+            None => Read::Grouped { idx: idx.clone(), group: groups },
+            Some(w) => {
+                let lo = (last + 1).saturating_sub(w);
+                Read::Rows(
+                    (0..q_heads)
+                        .map(|h| {
+                            cache.heads[h / groups].live.iter().copied().filter(|&p| p <= last && p >= lo).collect()
+                        })
+                        .collect(),
+                )
+            }
+        };
+        let dev = call.q.device();
+        crate::profile::span(dev, "attention: evict", || {
+            self.evict(cache);
+            Ok(())
+        })?;
         // The first decode step moves the rows to the device (a multi-token call may be one
         // chunk of several: the next would only drop them).
         if steady {
-            cache.rows = Some(DeviceRows::gather(kv, call.kv_layer, &cache.heads, cache.end)?);
+            let rows = crate::profile::span(dev, "attention: rows to the device", || {
+                DeviceRows::gather(kv, call.kv_layer, &cache.heads, cache.end)
+            })?;
+            cache.rows = Some(rows);
         }
-        Ok(Attended { out, read: Read::Rows(read), searched: 0.0 })
+        Ok(Attended { out, read, searched: 0.0 })
     }
 
     /// One decode step over the layer's device rows: the new token's row appended, the slots
