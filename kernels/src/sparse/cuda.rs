@@ -146,7 +146,7 @@ impl CudaOp3 for DecodeRows {
 
 /// Head dims decode_rows_mma is compiled for; its warps (DECODE_WARPS in the kernel), rows per
 /// tile (DECODE_KEYS) and bf16 of padding per shared-memory row (DECODE_PAD).
-const MMA_DIMS: [usize; 3] = [32, 64, 128];
+pub(super) const MMA_DIMS: [usize; 3] = [32, 64, 128];
 const MMA_WARPS: u32 = 4;
 const MMA_KEYS: usize = 64;
 const MMA_PAD: usize = 8;
@@ -229,8 +229,11 @@ pub fn decode_attention_rows(
     let bf16 = [q, k, v].iter().all(|t| t.dtype() == DType::BF16);
     if bias.is_none() && bf16 && MMA_DIMS.contains(&d) {
         let op = DecodeRowsMma { dims, scale };
-        let both =
-            q.contiguous()?.apply_op3_no_bwd(&crate::vector_aligned(k)?, &crate::vector_aligned(v)?, &CudaOnly(op))?;
+        let both = crate::vector_aligned(q)?.apply_op3_no_bwd(
+            &crate::vector_aligned(k)?,
+            &crate::vector_aligned(v)?,
+            &CudaOnly(op),
+        )?;
         return Ok((both.narrow(0, 0, heads * d)?.reshape((heads, d))?, both.narrow(0, heads * d, heads)?));
     }
     let bias = bias.map(|b| b.to_dtype(DType::F32)?.contiguous()).transpose()?;

@@ -87,6 +87,18 @@ pub fn decode_attention_rows(
     }
 }
 
+/// Whether [`decode_attention_rows`] runs on tensor cores for `dtype` queries and rows of head
+/// dim `d` without a bias on `device` (a caller choosing between it and another path by cost).
+pub fn rows_on_tensor_cores(device: &Device, dtype: DType, d: usize) -> bool {
+    #[cfg(feature = "cuda")]
+    return device.is_cuda() && dtype == DType::BF16 && cuda::MMA_DIMS.contains(&d);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (device, dtype, d);
+        false
+    }
+}
+
 /// The attention mass of the first `rows` keys of each KV head in one decode step (BUZZ's
 /// heavy-hitter scores; see [`reference::attention_mass`]): `q [heads, d]`, `k [kv_heads, n, d]`
 /// (f32 or bf16), `lse [heads]` f32 as [`decode_attention_rows`] returned it for these keys, and

@@ -378,8 +378,8 @@ impl Buzz {
         if let Some(rows) = cache.rows.take() {
             rows.scores_to_host(&mut cache.heads)?;
         }
-        // A fresh cache holds every position (a reopened million-token context): made on the
-        // device rather than uploaded, 16 MB a layer.
+        // A fresh cache holds every position (a reopened million-token context): one row of
+        // positions repeated on the device, 4 MB uploaded a layer rather than 16.
         let every = cache.heads.iter().all(|h| h.live.len() == cache.end && h.live.last() == Some(&(cache.end - 1)));
         let idx = if every {
             Tensor::arange(0u32, s as u32, call.q.device())?.unsqueeze(0)?.repeat((kv_heads, 1))?
@@ -388,8 +388,13 @@ impl Buzz {
             Tensor::from_vec(pos, (kv_heads, s), call.q.device())?
         };
         // Every row sees the positions before the call's own (enter() appended those last), and
-        // a single row its own too.
-        let open = if t == 1 { s } else { s - t };
+        // a single row its own too: the row kernels take them where they run on tensor cores
+        // (elsewhere their CUDA-core or CPU forms cost more than the masked path).
+        let open = match sparse::rows_on_tensor_cores(call.q.device(), call.q.dtype(), kv.head_dim()) {
+            true if t == 1 => s,
+            true => s - t,
+            false => 0,
+        };
         let (out, probs) = fast::attend_scored(call, kv, &idx, open)?;
         for (h, p) in cache.heads.iter_mut().zip(probs.chunks(s)) {
             h.score.iter_mut().zip(p).for_each(|(a, b)| *a += b);

@@ -113,9 +113,9 @@ const MASKED: f64 = -1e30;
 /// its first position, or its own with one row; ignored under a model window): they go through
 /// the row kernels in chunks — `decode_attention_rows` with the call's rows as the heads of their
 /// KV head, then `attention_mass` with the final log-sum-exp, K read twice and V once, nothing
-/// to the host but the sums at the end. Over a million saved rows that is what a first step
-/// costs (the masked path below took 11 s a step over 28 layers on an H100, the kernels about a
-/// tenth: docs/performance.md). The others (the call's own positions, a window) take the
+/// to the host but the sums at the end. Callers pass them where those kernels run on tensor
+/// cores (`sparse::rows_on_tensor_cores`; their CUDA-core and CPU forms cost more than the path
+/// below). The others (the call's own positions, a window, every position elsewhere) take the
 /// masked path: two passes of f32 logits in chunks (the log-sum-exp, then the probabilities),
 /// one when they fit in one chunk.
 pub fn attend_scored(
