@@ -70,15 +70,7 @@ __device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bf
     const int r0 = warp * 16 + g;
     const uint32_t* q0 = reinterpret_cast<const uint32_t*>(q + ((size_t)h * q_len + i0 + r0) * D);
     const uint32_t* q1 = q0 + 8 * D / 2;
-    const bool has0 = r0 < rows, has1 = r0 + 8 < rows;
-#pragma unroll
-    for (int c = 0; c < DK; c++) {
-        const int w = (c * 16 + t * 2) / 2;  // 32-bit word of the column pair
-        qa[c][0] = has0 ? q0[w] : 0u;
-        qa[c][1] = has1 ? q1[w] : 0u;
-        qa[c][2] = has0 ? q0[w + 4] : 0u;
-        qa[c][3] = has1 ? q1[w + 4] : 0u;
-    }
+    load_q_fragments<DK>(qa, q0, q1, r0 < rows, r0 + 8 < rows, t);
 
     // This thread's two rows: r0 and r0 + 8 of the tile.
     const long long pos0 = q_offset + i0 + r0, pos1 = pos0 + 8;
@@ -142,13 +134,7 @@ __device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bf
         mx[1] = fmaxf(m[1], mx[1] * sl2);
         float shift[2], alpha[2];
         online_softmax_step(m, l, mx, shift, alpha);
-#pragma unroll
-        for (int n = 0; n < DN; n++) {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
-        }
+        scale_rows<DN>(o, alpha);
         uint32_t pa[KEYS / 16][4];
 #pragma unroll
         for (int n = 0; n < KEYS / 8; n++) {
@@ -164,22 +150,7 @@ __device__ void flash_prefill(const __nv_bfloat16* __restrict__ q, const __nv_bf
             pa[n / 2][(n & 1) * 2 + 1] = pack_bf16(p2, p3);
         }
 #pragma unroll
-        for (int c = 0; c < KEYS / 16; c++) {
-            // ldmatrix.trans hands each lane V[c*16 + 2t (+1)][8n + g] (and 8 rows on): the
-            // B fragment of the PV product, two n-tiles per instruction. Lane L addresses row
-            // L % 16 of the chunk at column 8 * (n + L / 16).
-            const uint32_t row_addr =
-                (uint32_t)__cvta_generic_to_shared(vs + (c * 16 + lane % 16) * STRIDE + (lane / 16) * 8);
-#pragma unroll
-            for (int n = 0; n < DN; n += 2) {
-                uint32_t b0, b1, b2, b3;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                             : "r"(row_addr + n * 8 * 2));
-                mma_bf16(o[n], pa[c], b0, b1);
-                mma_bf16(o[n + 1], pa[c], b2, b3);
-            }
-        }
+        for (int c = 0; c < KEYS / 16; c++) pv_16_rows<DN, STRIDE>(o, pa[c], vs + c * 16 * STRIDE, lane);
         __syncthreads();  // every warp is done with this stage before it is refilled
     }
 

@@ -290,15 +290,7 @@ __device__ void decode_rows_mma(const __nv_bfloat16* __restrict__ q, const __nv_
     uint32_t qa[DK][4];
     const uint32_t* q0 = reinterpret_cast<const uint32_t*>(q + (size_t)(h0 + g) * D);
     const uint32_t* q1 = reinterpret_cast<const uint32_t*>(q + (size_t)(h0 + g + 8) * D);
-    const bool has0 = g < nh, has1 = g + 8 < nh;
-#pragma unroll
-    for (int c = 0; c < DK; c++) {
-        const int w = (c * 16 + t * 2) / 2;
-        qa[c][0] = has0 ? q0[w] : 0u;
-        qa[c][1] = has1 ? q1[w] : 0u;
-        qa[c][2] = has0 ? q0[w + 4] : 0u;
-        qa[c][3] = has1 ? q1[w + 4] : 0u;
-    }
+    load_q_fragments<DK>(qa, q0, q1, g < nh, g + 8 < nh, t);
 
     const float sl2 = scale * LOG2E;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -351,13 +343,7 @@ __device__ void decode_rows_mma(const __nv_bfloat16* __restrict__ q, const __nv_
         mx[1] = fmaxf(m[1], mx[1] * sl2);
         float shift[2], alpha[2];
         online_softmax_step(m, l, mx, shift, alpha);
-#pragma unroll
-        for (int c = 0; c < DN; c++) {
-            o[c][0] *= alpha[0];
-            o[c][1] *= alpha[0];
-            o[c][2] *= alpha[1];
-            o[c][3] *= alpha[1];
-        }
+        scale_rows<DN>(o, alpha);
         uint32_t pa[4];
 #pragma unroll
         for (int nn = 0; nn < 2; nn++) {
@@ -370,18 +356,7 @@ __device__ void decode_rows_mma(const __nv_bfloat16* __restrict__ q, const __nv_
             pa[nn * 2] = pack_bf16(p0, p1);
             pa[nn * 2 + 1] = pack_bf16(p2, p3);
         }
-        // ldmatrix.trans hands each lane V[2t (+1)][8c + g] (and 8 rows on) of the warp's 16
-        // rows: the B fragment of the PV product, two n-tiles per instruction.
-        const uint32_t row_addr = (uint32_t)__cvta_generic_to_shared(vs + (lane % 16) * STRIDE + (lane / 16) * 8);
-#pragma unroll
-        for (int c = 0; c < DN; c += 2) {
-            uint32_t b0, b1, b2, b3;
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                         : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                         : "r"(row_addr + c * 8 * 2));
-            mma_bf16(o[c], pa, b0, b1);
-            mma_bf16(o[c + 1], pa, b2, b3);
-        }
+        pv_16_rows<DN, STRIDE>(o, pa, vs, lane);
         __syncthreads();  // every warp is done with this stage before it is refilled
     }
 
