@@ -441,6 +441,23 @@ fn shape_bench_reports_decode_against_its_floor() {
     }
     // Dense moves every row over the link; streaming 5% of them, once per KV head.
     assert!(rows[0]["link_bytes_per_step"].as_f64().unwrap() > 10.0 * rows[1]["link_bytes_per_step"].as_f64().unwrap());
+    // Stored as an fp8 context file stores it: the host holds the sections (codes, then a scale
+    // per row), and the rows cross the link at that size.
+    let mut fp8 = args.to_vec();
+    fp8[8] = "topk:5%,buzz:5%";
+    fp8.extend(["--kv-dtype", "fp8"]);
+    let out = folio(&fp8, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stored: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let section = 2 * 2000 * 32 + 2 * 2000 * 4;
+    for r in &stored {
+        assert_eq!((r["kv_dtype"].as_str(), r["host_kv_bytes"].as_u64()), (Some("fp8"), Some(2 * 2 * section)), "{r}");
+        assert!(f(r, "decode_ms_mean") > 0.0, "{r}");
+    }
+    let ratio = section as f64 / (2.0 * 2000.0 * 32.0 * 4.0);
+    let topk_link = f(&rows[2], "link_bytes_per_step");
+    assert!((f(&stored[0], "link_bytes_per_step") - topk_link * ratio).abs() < 1e-6 * topk_link, "{}", stored[0]);
     let mut bad = args.to_vec();
     bad[8] = "topk-ivf";
     assert!(err_text(folio(&bad, &[])).contains("topk-ivf on the offloaded tier: no offloaded fast path"));
@@ -468,6 +485,9 @@ fn shape_bench_reports_decode_against_its_floor() {
     for want in parts {
         assert_eq!(f(named(want), "calls"), 2.0, "{want}: {p}");
     }
+    // And a fresh conversation's first step, its spans synchronised.
+    let first = &r["first_step_profile"];
+    assert!(f(first, "seconds") > 0.0 && !first["spans"].as_array().unwrap().is_empty(), "{first}");
     assert!(parts.iter().map(|w| f(named(w), "device_ms")).sum::<f64>() <= f(named("attention"), "device_ms"), "{p}");
     let top = spans.iter().filter(|s| !s["name"].as_str().unwrap().contains(": "));
     assert!(top.map(|s| f(s, "device_ms")).sum::<f64>() <= f(p, "synced_step_ms"), "{p}");

@@ -16,7 +16,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use folio_kernels::attention::{attention_block, merge, AttnOutput, Mask};
-use folio_kernels::select::HostRows;
+use folio_kernels::select::{HostRows, SharedHost, Stored};
 use folio_kernels::sparse;
 use folio_kernels::Positions;
 
@@ -24,8 +24,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::attention::AttnCall;
-use crate::context::format::SectionKind;
+use crate::context::format::{SectionKind, PAGE};
 use crate::context::ContextFile;
+use crate::context::KvDtype;
 use crate::error::{Error, Result};
 use crate::kv::{KvSegment, KvStore, SavedTail};
 use crate::model::Model;
@@ -42,7 +43,8 @@ pub struct OffloadKv {
     host: Vec<(HostRows, HostRows)>,
     /// The context file the prefix came from: its stored index sections serve the methods.
     file: Option<Arc<ContextFile>>,
-    /// Whether `host` views the file's mapping (else the rows were copied or filled).
+    /// Whether `host` views shared memory in place (a file's mapping, [`Self::stored`]'s rows),
+    /// rather than rows copied or filled into its own page-locked memory.
     in_place: bool,
     /// Saved layers copied to the device because a method reads all of their rows every step
     /// (HiP's dense leading layers): `(k, v)` `[kv_heads, saved, d]`.
@@ -96,25 +98,90 @@ impl OffloadKv {
     /// [`Self::copied`] instead; [`Self::in_place`] says which.
     pub fn from_context(file: Arc<ContextFile>, dtype: DType, device: &Device) -> Result<Self> {
         let h = file.header();
-        let (layers, kv_heads, tokens, head_dim) = (h.layers, h.kv_heads, h.tokens, h.head_dim);
         let sections = file.kv_sections()?;
         let shared = match file.shared_host(device) {
             Ok(shared) => shared,
             Err(_) if device.is_cuda() => return Self::copied(file, dtype, device),
             Err(e) => return Err(e),
         };
-        let codec = |kind| h.kv_dtype.codec(kind).stored(kv_heads * tokens, head_dim);
+        let offsets: Vec<usize> = sections.iter().map(|&(at, _)| at).collect();
+        let shape = (h.layers, h.kv_heads, h.tokens, h.head_dim);
+        let mut kv = Self::viewing(&shared, &offsets, h.kv_dtype, shape, dtype, device).map_err(|e| {
+            Error::Context { path: file.path().to_owned(), msg: format!("reading its K/V in place: {e}") }
+        })?;
+        kv.file = Some(file);
+        Ok(kv)
+    }
+
+    /// A saved prefix stored as a context file stores it (`kv_dtype`, each layer's K and V a
+    /// section), in host memory of its own shared with `device` in place, the rows of positions
+    /// `start..start + t` of a layer given by `rows(layer, start, t)` as `[kv_heads, t, d]` K and
+    /// V: the file's tier without the file (`folio bench --shape --kv-dtype`).
+    pub fn stored(
+        (layers, kv_heads, saved, head_dim): (usize, usize, usize, usize),
+        kv_dtype: KvDtype,
+        dtype: DType,
+        device: &Device,
+        mut rows: impl FnMut(usize, usize, usize) -> Result<(Tensor, Tensor)>,
+    ) -> Result<Self> {
+        let n = kv_heads * saved;
+        let kinds = [SectionKind::Keys, SectionKind::Values];
+        let mut offsets = Vec::with_capacity(2 * layers);
+        let mut end = 0usize;
+        for _ in 0..layers {
+            for kind in kinds {
+                offsets.push(end);
+                end = (end + kv_dtype.section_bytes(kind, n, head_dim) as usize).next_multiple_of(PAGE as usize);
+            }
+        }
+        let mut mem = memmap2::MmapMut::map_anon(end.max(1))
+            .map_err(|e| Error::Invalid(format!("{end} bytes of host memory: {e}")))?;
+        for layer in 0..layers {
+            for start in (0..saved).step_by(SCAN_CHUNK) {
+                let t = SCAN_CHUNK.min(saved - start);
+                let (k, v) = rows(layer, start, t)?;
+                for (i, (kind, x)) in kinds.into_iter().zip([k, v]).enumerate() {
+                    let codec = kv_dtype.codec(kind);
+                    let (whole, part) = (codec.stored(n, head_dim), codec.stored(t, head_dim));
+                    let section = &mut mem[offsets[2 * layer + i]..];
+                    for head in 0..kv_heads {
+                        let bytes = codec.encode_tensor(&x.get(head)?, head_dim)?;
+                        let (row_bytes, first) = (whole.row_bytes(head_dim), head * saved + start);
+                        section[first * row_bytes..(first + t) * row_bytes].copy_from_slice(&bytes[..t * row_bytes]);
+                        if let (Stored::Fp8 { scales }, Stored::Fp8 { scales: from }) = (whole, part) {
+                            section[scales + 4 * first..scales + 4 * (first + t)]
+                                .copy_from_slice(&bytes[from..from + 4 * t]);
+                        }
+                    }
+                }
+            }
+        }
+        let shared =
+            SharedHost::new(device, Arc::new(mem.make_read_only().map_err(|e| Error::Invalid(e.to_string()))?))?;
+        Self::viewing(&shared, &offsets, kv_dtype, (layers, kv_heads, saved, head_dim), dtype, device)
+    }
+
+    /// Views of each layer's K and V sections at `offsets` (K then V, layer by layer) of
+    /// `shared`, stored as `kv_dtype`, gathered as `dtype`.
+    fn viewing(
+        shared: &Arc<SharedHost>,
+        offsets: &[usize],
+        kv_dtype: KvDtype,
+        (layers, kv_heads, tokens, head_dim): (usize, usize, usize, usize),
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let codec = |kind| kv_dtype.codec(kind).stored(kv_heads * tokens, head_dim);
         let (ks, vs) = (codec(SectionKind::Keys), codec(SectionKind::Values));
-        let view = |(at, _): (usize, usize), stored| {
-            HostRows::view(device, &shared, at, stored, (kv_heads, tokens, head_dim), dtype).map_err(|e| {
-                Error::Context { path: file.path().to_owned(), msg: format!("reading its K/V in place: {e}") }
-            })
-        };
+        let view = |at: usize, stored| HostRows::view(device, shared, at, stored, (kv_heads, tokens, head_dim), dtype);
         let host =
-            sections.chunks_exact(2).map(|kv| Ok((view(kv[0], ks)?, view(kv[1], vs)?))).collect::<Result<Vec<_>>>()?;
+            offsets.chunks_exact(2).map(|kv| Ok((view(kv[0], ks)?, view(kv[1], vs)?))).collect::<Result<Vec<_>>>()?;
+        if host.len() != layers {
+            return Err(Error::Invalid(format!("{} K/V sections for {layers} layers", offsets.len())));
+        }
         Ok(Self {
             host,
-            file: Some(file),
+            file: None,
             in_place: true,
             resident: Mutex::new(HashMap::new()),
             saved: tokens,
@@ -143,7 +210,8 @@ impl OffloadKv {
         Ok(kv)
     }
 
-    /// Whether the saved rows are read in place from the context file's mapping.
+    /// Whether the saved rows are read in place (from the context file's mapping, or as
+    /// [`Self::stored`] laid them out) rather than copied.
     pub fn in_place(&self) -> bool {
         self.in_place
     }

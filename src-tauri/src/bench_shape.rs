@@ -34,6 +34,8 @@ use folio_kernels::device::{host_to_device_rate, keep_pool, MemorySampler};
 use folio_models::attention::cost::{CostInput, Shape};
 use folio_models::attention::{Attention, Channels, MethodChoice, Resources, Tier};
 use folio_models::config::ModelConfig;
+use folio_models::context::format::SectionKind;
+use folio_models::context::KvDtype;
 use folio_models::error::human_bytes;
 use folio_models::kv::KvStore;
 use folio_models::model::{Logits, Model};
@@ -80,6 +82,11 @@ pub struct ShapeBenchArgs {
     steps: usize,
     #[arg(long, default_value_t = 4)]
     warmup: usize,
+    /// Store the context's K/V as a context file of this dtype stores it (bf16, bf16-fp8, fp8),
+    /// read in place and widened by the gathers, as a reopened file is; without it the rows are
+    /// page-locked in the compute dtype.
+    #[arg(long, value_parser = |s: &str| KvDtype::parse(s).map_err(|e| e.to_string()))]
+    kv_dtype: Option<KvDtype>,
     /// After the timed steps, decode PROFILE_STEPS more three times: timing the host's share of
     /// a step, then op by op on the host's clock, then with the device synchronised around each
     /// op (`folio_models::profile`).
@@ -241,6 +248,8 @@ struct Report {
     peak_device_bytes: Option<u64>,
     vram_budget: Option<u64>,
     host_kv_bytes: u64,
+    /// How the context's K/V is stored (`--kv-dtype`), or none: page-locked in the compute dtype.
+    kv_dtype: Option<&'static str>,
     peak_rss_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     profile: Option<DecodeProfile>,
@@ -282,6 +291,14 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
     let device = parse_device(&common.device)?;
     let dtype = if device.is_cpu() { DType::F32 } else { DType::BF16 };
     let elem = dtype.size_in_bytes();
+    let kv_dtype = a.kv_dtype;
+    // Bytes a stored K/V row takes over the compute dtype's (K and V averaged: bf16-fp8 differs).
+    let link_scale = kv_dtype.map_or(1.0, |k| {
+        let rows = 1 << 16;
+        let stored: u64 =
+            [SectionKind::Keys, SectionKind::Values].map(|kind| k.section_bytes(kind, rows, cfg.head_dim)).iter().sum();
+        stored as f64 / (2 * rows * cfg.head_dim * elem) as f64
+    });
     let mut rng = StdRng::seed_from_u64(0);
     let resources = random_channels(&cfg, &mut rng);
     let methods = a
@@ -336,16 +353,28 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     let model = Model::random(&cfg, &device, dtype, INIT_STD)?;
     let fill_start = Instant::now();
-    let mut kv = OffloadKv::new(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, a.context, dtype, &device)?;
-    for layer in 0..cfg.num_layers {
-        for start in (0..a.context).step_by(FILL_CHUNK) {
-            let t = FILL_CHUNK.min(a.context - start);
-            let shape = (cfg.num_kv_heads, t, cfg.head_dim);
-            let k = Tensor::randn(0f32, 1.0, shape, &device)?.to_dtype(dtype)?;
-            let v = Tensor::randn(0f32, 1.0, shape, &device)?.to_dtype(dtype)?;
-            kv.fill(layer, start, &k, &v)?;
+    let random_rows = |t: usize| -> candle_core::Result<(Tensor, Tensor)> {
+        let shape = (cfg.num_kv_heads, t, cfg.head_dim);
+        let k = Tensor::randn(0f32, 1.0, shape, &device)?.to_dtype(dtype)?;
+        Ok((k, Tensor::randn(0f32, 1.0, shape, &device)?.to_dtype(dtype)?))
+    };
+    let mut kv = match kv_dtype {
+        // Stored as a context file of that dtype stores it, read in place (the reopened file's tier).
+        Some(kv_dtype) => {
+            let shape = (cfg.num_layers, cfg.num_kv_heads, a.context, cfg.head_dim);
+            OffloadKv::stored(shape, kv_dtype, dtype, &device, |_, _, t| Ok(random_rows(t)?))?
         }
-    }
+        None => {
+            let mut kv = OffloadKv::new(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, a.context, dtype, &device)?;
+            for layer in 0..cfg.num_layers {
+                for start in (0..a.context).step_by(FILL_CHUNK) {
+                    let (k, v) = random_rows(FILL_CHUNK.min(a.context - start))?;
+                    kv.fill(layer, start, &k, &v)?;
+                }
+            }
+            kv
+        }
+    };
     device.synchronize()?;
     let fill_s = fill_start.elapsed().as_secs_f64();
     kv.reserve(longest)?;
@@ -373,7 +402,8 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
         times.sort_by(f64::total_cmp);
         let median = percentile(&times, 0.5);
         let mean = times.iter().sum::<f64>() / times.len() as f64;
-        let (link_bytes, host_bytes) = (cost.link_bytes, cost.host_bytes);
+        // Rows cross the link as they are stored (the method's cost counts them in the compute dtype).
+        let (link_bytes, host_bytes) = (cost.link_bytes * link_scale, cost.host_bytes);
         let weight_bytes = (read_params * elem) as f64;
         let device_bytes = weight_bytes + cost.device_bytes;
         let floor = Floor {
@@ -430,6 +460,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
             peak_device_bytes: peak,
             vram_budget: budget,
             host_kv_bytes: kv.host_bytes(),
+            kv_dtype: kv_dtype.map(KvDtype::name),
             peak_rss_bytes: peak_rss(),
             profile,
             first_step_profile,
