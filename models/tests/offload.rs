@@ -166,3 +166,50 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
 }
 
 test_device!(offloaded_matches_reference, offloaded_cpu, offloaded_cuda);
+
+/// Rows stored as a context file of each K/V dtype stores them (`OffloadKv::stored`, the bench's
+/// file tier) read back as that file's decode of the same rows, bit for bit: every storage
+/// dtype, on every device, positions spread over more than one fill chunk.
+fn stored_rows_read_as_the_file_decodes(device: &Device) -> Result<()> {
+    use folio_models::context::format::SectionKind;
+    use folio_models::context::KvDtype;
+    use rand::{rngs::StdRng, SeedableRng};
+    let seed = common::seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (layers, kv_heads, saved, d) = (2, 2, 70_000, 32);
+    // The fill is asked for every layer's chunks; the rows are kept to decode them here too.
+    let rows: Vec<Vec<f32>> = (0..2 * layers).map(|_| common::random(&mut rng, kv_heads * saved * d, 3.0)).collect();
+    let dtype = if device.is_cuda() { DType::BF16 } else { DType::F32 };
+    for kv_dtype in [KvDtype::Fp8, KvDtype::Bf16Fp8, KvDtype::Bf16, KvDtype::F32] {
+        let kv = OffloadKv::stored((layers, kv_heads, saved, d), kv_dtype, dtype, device, |layer, start, t| {
+            let part = |x: &[f32]| -> candle_core::Result<Tensor> {
+                let all = Tensor::from_vec(x.to_vec(), (kv_heads, saved, d), device)?;
+                all.narrow(1, start, t)?.contiguous()?.to_dtype(dtype)
+            };
+            Ok((part(&rows[2 * layer])?, part(&rows[2 * layer + 1])?))
+        })?;
+        assert!(kv.in_place());
+        for layer in 0..layers {
+            let got = kv.segments(layer, saved)?;
+            for (i, (kind, t)) in
+                [(SectionKind::Keys, &got[0].k), (SectionKind::Values, &got[0].v)].into_iter().enumerate()
+            {
+                // The file's path: the rows in the compute dtype, encoded, decoded, cast.
+                let x = Tensor::from_vec(rows[2 * layer + i].clone(), kv_heads * saved * d, &Device::Cpu)?
+                    .to_dtype(dtype)?;
+                let codec = kv_dtype.codec(kind);
+                let bytes = codec.encode_tensor(&x.to_device(device)?.reshape((kv_heads * saved, d))?, d)?;
+                let want =
+                    Tensor::from_vec(codec.decode(&bytes, kv_heads * saved, d)?, kv_heads * saved * d, &Device::Cpu)?
+                        .to_dtype(dtype)?
+                        .to_dtype(DType::F32)?
+                        .to_vec1::<f32>()?;
+                let got: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+                assert!(got == want, "seed {seed}: {} {kind:?} of layer {layer} on {device:?}", kv_dtype.name());
+            }
+        }
+    }
+    Ok(())
+}
+
+test_device!(stored_rows_read_as_the_file_decodes, stored_rows_cpu, stored_rows_cuda);
