@@ -25,6 +25,13 @@ pub fn fp8_row(row: &[f32], codes: &mut [u8]) -> Option<f32> {
     Some(scale)
 }
 
+/// Every e4m3 code's value, so decoding a row is a table lookup and a multiply (the conversion
+/// goes through f16 in software; a reopen or MagicPIG's host attention decodes millions a step).
+pub fn fp8_values() -> &'static [f32; 256] {
+    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|c| float8::F8E4M3::from_bits(c as u8).to_f32()))
+}
+
 /// On CUDA: the rows of `x` (`[rows, d]`, bf16 or f32, `d` a multiple of 4) as a u8 tensor of
 /// `rows * d` codes followed by `rows` f32 scales in little-endian bytes (NaN for a row with a
 /// non-finite value). Elsewhere an error: the CPU encodes with [`fp8_row`] directly.

@@ -25,7 +25,7 @@ use serde::Serialize;
 use crate::attention::cost::{CostInput, Shape};
 use crate::attention::{MethodChoice, Tier};
 use crate::config::ModelConfig;
-use crate::context::format::{Header, SectionKind};
+use crate::context::format::Header;
 use crate::error::{human_bytes, Error, Result};
 use crate::session::RESIDENT_BUDGET;
 
@@ -218,9 +218,7 @@ pub fn plan(
         Tier::Offloaded => {
             // The file's K/V sections, read in place (`OffloadKv::from_context`): page-locked in
             // the page cache, and crossing the link in the file's dtype.
-            let rows = header.kv_heads * tokens;
-            let section = |kind| header.kv_dtype.section_bytes(kind, rows, header.head_dim);
-            let host = layers as u64 * (section(SectionKind::Keys) + section(SectionKind::Values));
+            let host = layers as u64 * header.kv_dtype.kv_bytes(header.kv_heads * tokens, header.head_dim);
             let file_per_compute = host as f64 / (layer_bytes * layers as u64).max(1) as f64;
             if let Some(b) = budgets.host.filter(|&b| host > b) {
                 problems.push(format!(

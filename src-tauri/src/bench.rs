@@ -809,7 +809,7 @@ fn one(
     // through the model until the first token's logits exist, on the tier a user's settings
     // would put it: the offloaded one when the decoded layers do not fit the device.
     let cfg = model.config();
-    let decoded = (2 * cfg.num_layers * cfg.num_kv_heads * n * cfg.head_dim * model.dtype().size_in_bytes()) as u64;
+    let decoded = (cfg.kv_bytes_per_token(model.dtype().size_in_bytes()) * n) as u64;
     let tier =
         if offload || opts.memory_budget.is_some_and(|b| decoded > b) { Tier::Offloaded } else { Tier::Resident };
     let mut reopen = || -> Result<Reopen> {

@@ -34,7 +34,6 @@ use folio_kernels::device::{host_to_device_rate, keep_pool, MemorySampler};
 use folio_models::attention::cost::{CostInput, Shape};
 use folio_models::attention::{Attention, Channels, MethodChoice, Resources, Tier};
 use folio_models::config::ModelConfig;
-use folio_models::context::format::SectionKind;
 use folio_models::context::KvDtype;
 use folio_models::error::human_bytes;
 use folio_models::kv::KvStore;
@@ -293,12 +292,9 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
     let elem = dtype.size_in_bytes();
     let kv_dtype = a.kv_dtype;
     // Bytes a stored K/V row takes over the compute dtype's (K and V averaged: bf16-fp8 differs).
-    let link_scale = kv_dtype.map_or(1.0, |k| {
-        let rows = 1 << 16;
-        let stored: u64 =
-            [SectionKind::Keys, SectionKind::Values].map(|kind| k.section_bytes(kind, rows, cfg.head_dim)).iter().sum();
-        stored as f64 / (2 * rows * cfg.head_dim * elem) as f64
-    });
+    let rows = cfg.num_kv_heads * a.context;
+    let link_scale =
+        kv_dtype.map_or(1.0, |k| k.kv_bytes(rows, cfg.head_dim) as f64 / (2 * rows * cfg.head_dim * elem) as f64);
     let mut rng = StdRng::seed_from_u64(0);
     let resources = random_channels(&cfg, &mut rng);
     let methods = a

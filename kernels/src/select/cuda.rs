@@ -205,7 +205,7 @@ impl Gather {
         let (heads, sel, group, n, tail_n, d) = self.dims;
         let dev = idx.device();
         let idx_s = idx.as_cuda_slice::<u32>()?.slice(il.start_offset()..);
-        let same = matches!((self.stored, self.dtype), (Stored::F32, DType::F32) | (Stored::Bf16, DType::BF16));
+        let same = self.stored.holds(self.dtype);
         // The copy moves 16-byte vectors of a row; the widening kernel 8 values of it.
         let (kernel, per_row) = match (self.stored, self.dtype) {
             _ if same => ("gather_rows", d * self.dtype.size_in_bytes() / 16),

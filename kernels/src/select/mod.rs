@@ -104,6 +104,7 @@ impl Stored {
         }
     }
 
+    /// Whether rows stored so are `dtype`'s own bytes (a gather copies them as they are).
     fn holds(self, dtype: DType) -> bool {
         matches!((self, dtype), (Self::F32, DType::F32) | (Self::Bf16, DType::BF16))
     }

@@ -38,13 +38,6 @@ pub fn gather_rows(
     out
 }
 
-/// Every e4m3 code's value (the conversion goes through f16 in software: MagicPIG's host
-/// attention reads millions of codes a step).
-fn fp8_table() -> &'static [f32; 256] {
-    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| std::array::from_fn(|c| float8::F8E4M3::from_bits(c as u8).to_f32()))
-}
-
 /// Row `row` of a section stored as `stored` (`d` values a row; little-endian bytes, as the
 /// context file and the GPU read them: Folio's targets are little-endian), as f32 into `out`:
 /// an fp8 code times its row's scale, as the context file decodes it.
@@ -64,7 +57,7 @@ pub fn stored_row(section: &[u8], stored: Stored, row: usize, d: usize, out: &mu
         Stored::Fp8 { scales } => {
             let s = &section[scales + 4 * row..scales + 4 * row + 4];
             let scale = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-            let table = fp8_table();
+            let table = crate::encode::fp8_values();
             for (o, &c) in out.iter_mut().zip(raw) {
                 *o = table[c as usize] * scale;
             }

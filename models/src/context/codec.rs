@@ -16,11 +16,9 @@
 //! separate array after the section's data, so the data stays one contiguous `[rows, head_dim]`
 //! block a GPU gather can read as bytes.
 
-use std::sync::OnceLock;
-
 use candle_core::{DType, Device, Tensor};
-use float8::F8E4M3;
 use folio_kernels::device::copy_to_host;
+use folio_kernels::select::reference::stored_row;
 use half::bf16;
 use serde::{Deserialize, Serialize};
 
@@ -86,6 +84,11 @@ impl KvDtype {
     /// Bytes of a `kind` section holding `rows` rows of `head_dim` values.
     pub fn section_bytes(self, kind: SectionKind, rows: usize, head_dim: usize) -> u64 {
         self.codec(kind).section_bytes(rows, head_dim)
+    }
+
+    /// Bytes of a layer's K and V sections together, `rows` rows each.
+    pub fn kv_bytes(self, rows: usize, head_dim: usize) -> u64 {
+        self.section_bytes(SectionKind::Keys, rows, head_dim) + self.section_bytes(SectionKind::Values, rows, head_dim)
     }
 
     /// The larger of a layer's K and V sections (what one section's buffer must hold).
@@ -250,33 +253,16 @@ impl Codec {
                 self.name()
             )));
         }
-        // Rows are decoded over the machine's cores (a reopen decodes every layer of the file).
+        // Rows are decoded over the machine's cores (a reopen decodes every layer of the file),
+        // each as the host tier reads it in place (`stored_row`: one definition of a row).
         use rayon::prelude::*;
         let mut out = vec![0f32; rows * head_dim];
-        let step = MIN_ROWS_PER_TASK * head_dim;
-        let elem = self.elem_bytes() as usize;
-        let data = &bytes[..self.data_bytes(rows, head_dim) as usize];
-        let tasks = out.par_chunks_mut(step).zip(data.par_chunks(step * elem)).enumerate();
-        match self {
-            Self::F32 => tasks.for_each(|(_, (o, d))| {
-                o.iter_mut().zip(d.chunks_exact(4)).for_each(|(x, b)| *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            }),
-            Self::Bf16 => tasks.for_each(|(_, (o, d))| {
-                o.iter_mut().zip(d.chunks_exact(2)).for_each(|(x, b)| *x = bf16::from_le_bytes([b[0], b[1]]).to_f32())
-            }),
-            Self::Fp8 => {
-                let lut = fp8_table();
-                let scales = &bytes[self.scales_offset(rows, head_dim) as usize..];
-                tasks.for_each(|(t, (o, d))| {
-                    let first = t * MIN_ROWS_PER_TASK;
-                    for (r, (orow, row)) in o.chunks_exact_mut(head_dim).zip(d.chunks_exact(head_dim)).enumerate() {
-                        let s = &scales[(first + r) * 4..(first + r) * 4 + 4];
-                        let scale = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-                        orow.iter_mut().zip(row).for_each(|(x, &b)| *x = lut[b as usize] * scale);
-                    }
-                });
+        let stored = self.stored(rows, head_dim);
+        out.par_chunks_mut(MIN_ROWS_PER_TASK * head_dim).enumerate().for_each(|(t, o)| {
+            for (r, orow) in o.chunks_exact_mut(head_dim).enumerate() {
+                stored_row(bytes, stored, t * MIN_ROWS_PER_TASK + r, head_dim, orow);
             }
-        }
+        });
         Ok(out)
     }
 }
@@ -335,12 +321,6 @@ impl PendingSection {
 
 fn non_finite() -> Error {
     Error::Invalid("the model produced non-finite keys or values; they cannot be stored as fp8".into())
-}
-
-/// The 256 e4m3 values, so decoding a row is a table lookup and a multiply.
-fn fp8_table() -> &'static [f32; 256] {
-    static TABLE: OnceLock<[f32; 256]> = OnceLock::new();
-    TABLE.get_or_init(|| std::array::from_fn(|b| F8E4M3::from_bits(b as u8).to_f32()))
 }
 
 #[cfg(test)]

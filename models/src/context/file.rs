@@ -157,16 +157,18 @@ impl ContextFile {
 
     /// A section's bytes, checksum verified (once).
     fn section_bytes(&self, kind: SectionKind, layer: Option<usize>) -> Result<&[u8]> {
-        let i = self.header.sections.iter().position(|s| s.kind == kind && s.layer == layer).ok_or_else(|| {
-            Error::Context {
-                path: self.path.clone(),
-                msg: format!(
-                    "the header has no {kind:?} section{}",
-                    layer.map_or(String::new(), |l| format!(" for layer {l}"))
-                ),
-            }
-        })?;
-        self.checked(i, false)
+        self.checked(self.section_index(kind, layer)?, false)
+    }
+
+    /// Where the header lists the `kind` section of `layer`.
+    fn section_index(&self, kind: SectionKind, layer: Option<usize>) -> Result<usize> {
+        self.header.sections.iter().position(|s| s.kind == kind && s.layer == layer).ok_or_else(|| Error::Context {
+            path: self.path.clone(),
+            msg: format!(
+                "the header has no {kind:?} section{}",
+                layer.map_or(String::new(), |l| format!(" for layer {l}"))
+            ),
+        })
     }
 
     /// Section `i`'s bytes after comparing their checksum with the header's, unless that was
@@ -197,16 +199,8 @@ impl ContextFile {
     /// model); those verified before are not hashed again.
     pub fn kv_sections(&self) -> Result<Vec<(usize, usize)>> {
         use rayon::prelude::*;
-        let index = |kind, layer| {
-            self.header.sections.iter().position(|s| s.kind == kind && s.layer == Some(layer)).ok_or_else(|| {
-                Error::Context {
-                    path: self.path.clone(),
-                    msg: format!("the header has no {kind:?} section for layer {layer}"),
-                }
-            })
-        };
         let wanted = (0..self.header.layers)
-            .flat_map(|l| [index(SectionKind::Keys, l), index(SectionKind::Values, l)])
+            .flat_map(|l| [SectionKind::Keys, SectionKind::Values].map(|kind| self.section_index(kind, Some(l))))
             .collect::<Result<Vec<usize>>>()?;
         wanted.par_iter().try_for_each(|&i| self.checked(i, false).map(|_| ()))?;
         Ok(wanted
@@ -217,7 +211,7 @@ impl ContextFile {
 
     /// The whole file as mapped: what the offloaded tier reads K/V sections from in place
     /// (a GPU registers it; see [`Self::kv_sections`]).
-    pub fn mapped(&self) -> &[u8] {
+    fn mapped(&self) -> &[u8] {
         &self.map
     }
 
