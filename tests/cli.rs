@@ -312,6 +312,71 @@ fn stop_strings_end_the_answer_and_are_not_shown() {
     assert_eq!(cut["text"].as_str().unwrap(), &text[..text.find(&stop).unwrap()]);
 }
 
+/// `folio eval fidelity` on the demo model at 768 tokens: dense and streaming on a chain and a
+/// pair prompt, both question modes: the table, the JSON's summaries and outcomes, the chart,
+/// and the missed prompts.
+#[test]
+fn fidelity_eval_reports_each_method_against_dense() {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/models/demo");
+    let out = tempfile::tempdir().unwrap();
+    let run = folio(
+        &[
+            "eval",
+            "fidelity",
+            "--model",
+            demo.to_str().unwrap(),
+            "--lengths",
+            "768",
+            "--tasks",
+            "chain,pair",
+            "--depths",
+            "0.25",
+            "--samples",
+            "1",
+            "--methods",
+            "streaming",
+            "--budgets",
+            "32,25%",
+            "--question",
+            "both",
+            "--out",
+            out.path().to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let table = String::from_utf8_lossy(&run.stdout);
+    assert!(table.contains("768 tokens, dense question:") && table.contains("768 tokens, sparse question:"), "{table}");
+    assert!(table.contains("streaming:32") && table.contains("streaming:25%"), "{table}");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(out.path().join("fidelity.json")).unwrap()).unwrap();
+    assert_eq!(doc["complete"], true);
+    let summaries = doc["summaries"].as_array().unwrap();
+    assert_eq!(summaries.len(), 2 * 3, "dense and two budgets, each question mode");
+    let dense = &summaries[0];
+    assert_eq!((dense["method"].as_str(), dense["question"].as_str()), (Some("dense"), Some("dense")));
+    assert_eq!(dense["mean_kl"], 0.0);
+    assert_eq!(dense["overall"], 1.0, "the demo model answers both prompts");
+    let narrow = &summaries[1];
+    assert_eq!(narrow["method"], "streaming:32");
+    assert!(narrow["overall"].as_f64().unwrap() < 1.0 && narrow["mean_kl"].as_f64().unwrap() > 0.1, "{narrow}");
+    assert!(narrow["rows_read_fraction"].as_f64().unwrap() < 0.1, "{narrow}");
+    let outcomes = doc["runs"][1]["outcomes"].as_array().unwrap();
+    assert_eq!(outcomes.len(), 2 * 2, "two prompts, two question modes");
+    let svg = std::fs::read_to_string(out.path().join("fidelity.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("exact answers") && svg.contains("dashed"), "the chart");
+    // Every miss keeps its prompt: streaming:32 missed the chain with a dense question.
+    let miss = out.path().join("misses/streaming-32");
+    let sample: Value =
+        serde_json::from_str(&std::fs::read_to_string(miss.join("chain-768-0.25-0-dense.json")).unwrap()).unwrap();
+    let ids = std::fs::read(miss.join("chain-768-0.25-0-dense.u32")).unwrap();
+    assert_eq!(ids.len(), 4 * sample["prompt_tokens"].as_u64().unwrap() as usize);
+
+    let err = err_text(folio(&["eval", "fidelity", "--model", demo.to_str().unwrap(), "--tasks", "essay"], &[]));
+    assert!(err.contains("unknown task \"essay\": the tasks are needle, chain, pair"), "{err}");
+    let err = err_text(folio(&["eval", "fidelity", "--model", demo.to_str().unwrap(), "--methods", "dense"], &[]));
+    assert!(err.contains("dense is measured twice"), "{err}");
+}
+
 #[test]
 fn needle_eval_writes_table_json_and_heatmap() {
     let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/models/demo");

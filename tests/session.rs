@@ -243,8 +243,16 @@ fn answers_compare_with_dense_on_the_same_turn() {
     let file = Arc::new(ContextFile::open(&ctx).unwrap());
     let mut kv = ContextKv::new(file, engine.model.dtype(), engine.model.device(), 1 << 30);
     let attn = streaming.build(&Default::default()).unwrap();
-    let rows =
-        teacher_forced(&engine.model, attn.as_ref(), &mut kv, &sparse.tail_tokens, &sparse.tokens, none).unwrap();
+    let rows = teacher_forced(
+        &engine.model,
+        attn.as_ref(),
+        &mut kv,
+        &sparse.tail_tokens,
+        &sparse.tokens,
+        Default::default(),
+        none,
+    )
+    .unwrap();
     let top: Vec<u32> =
         rows.iter().map(|r| r.iter().enumerate().fold(0, |b, (i, v)| if *v > r[b] { i } else { b }) as u32).collect();
     assert_eq!(top, sparse.tokens, "teacher forcing gives the decode loop's tokens");

@@ -210,5 +210,32 @@ for s in p["spans"]: print("  %-28s %8.3f s %5.1f%%" % (s["name"], s["seconds"],
     } 2>&1 | tee "$res/needle.log" || true
     tar -C "$(dirname "$res")" -czf "${OUT:-/tmp}/needle.tar.gz" needle
     ;;
-  *) echo "usage: $0 pack|run|kernels|tiers|shape|prefill|peer|needle" >&2; exit 2 ;;
+  fidelity)
+    # The demo model's answers against dense attention on the fidelity tasks (chain, pair,
+    # needle), every offloaded method on the same prompts (folio eval fidelity):
+    # `tools/gpu-smoke.sh fidelity LENGTHS [DEPTHS] [SAMPLES]`, the methods in $METHODS (default:
+    # every method at its paper default), the budgets in $BUDGETS (a budget curve per method),
+    # the question mode in $QUESTION (dense|sparse|both). One tar under $OUT, as for needle;
+    # the missed prompts' token ids are kept up to 256k tokens (a 1M prompt's are 4 MiB).
+    folio=${FOLIO:-.gpu/folio}
+    [ -n "${FOLIO:-}" ] || tar -C .gpu -xJf .gpu/bundle.tar.xz folio
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    res=$(mktemp -d)/fidelity
+    mkdir -p "$res"
+    model=$(mktemp -d)/demo   # calibration is written next to the model: a copy, not assets/
+    cp -r assets/models/demo "$model"
+    methods=${METHODS:-streaming,hip,topk,magicpig,double-sparsity,buzz}
+    budgets=${BUDGETS:+--budgets $BUDGETS}
+    {
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+      "$folio" calibrate --model "$model" --docs assets/samples || echo "calibrate exit status $?"
+      # shellcheck disable=SC2086  # $budgets is a flag and its value, or nothing
+      timeout "${EVAL_SECONDS:-480}" "$folio" eval fidelity --model "$model" --device "${DEVICE:-cuda}" \
+        --lengths "${2:-128k}" --depths "${3:-0.25,0.5,0.75}" --samples "${4:-1}" --offload \
+        --methods "$methods" $budgets --question "${QUESTION:-dense}" --out "$res" || echo "eval exit status $?"
+      find "$res" -name '*.u32' -size +1M -delete
+    } 2>&1 | tee "$res/fidelity.log" || true
+    tar -C "$(dirname "$res")" -czf "${OUT:-/tmp}/fidelity.tar.gz" fidelity
+    ;;
+  *) echo "usage: $0 pack|run|kernels|tiers|shape|prefill|peer|needle|fidelity" >&2; exit 2 ;;
 esac

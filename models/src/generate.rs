@@ -112,6 +112,22 @@ pub struct GenerateParams {
     pub sampling: SamplingParams,
     pub stop_strings: Vec<String>,
     pub eos_token_ids: Vec<u32>,
+    pub prompt_pass: PromptPass,
+}
+
+/// How a prompt's tokens are attended before the answer's first token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptPass {
+    /// In chunks of many tokens, which every method but BUZZ attends densely, as the papers
+    /// prefill their prompts: a question over a saved context reads every row once.
+    #[default]
+    Dense,
+    /// The tokens from this index on one at a time, each a decode step of the method, so the
+    /// question is read with the method's own selection (a "sparse question": at 1M tokens its
+    /// first answer token no longer waits for a dense pass over every row). The tokens before
+    /// the index (a whole prompt's documents) go in chunks as with `Dense`.
+    SparseFrom(usize),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -172,7 +188,7 @@ pub fn generate(
     let mut emitted = 0;
     let mut text = String::new();
     let mut first_token_s = None;
-    let mut input = prompt_head(model, attn, kv, prompt)?;
+    let mut input = prompt_head(model, attn, kv, prompt, params.prompt_pass)?;
     let stop_reason = loop {
         if tokens.len() >= params.max_new_tokens {
             break StopReason::MaxTokens;
@@ -222,18 +238,37 @@ pub fn generate(
 /// input of the pass that gives the first answer token's logits. Long prompts go through in
 /// chunks, so activations stay bounded whatever the length. The last chunk has two tokens at
 /// least (one more than a chunk at most): a one-token call is a decode step to a sparse
-/// method, and a prompt's tokens are attended densely whatever its length.
-fn prompt_head(model: &Model, attn: &dyn Attention, kv: &mut dyn KvStore, prompt: &[u32]) -> Result<Vec<u32>> {
-    let (head, tail) = prompt.split_at(prompt.len().saturating_sub(2) / PREFILL_CHUNK * PREFILL_CHUNK);
-    for chunk in head.chunks(PREFILL_CHUNK) {
+/// method, and a prompt's tokens are attended densely whatever its length — unless `pass`
+/// asks for the tokens from an index on one at a time (then the last chunk is the last token).
+fn prompt_head(
+    model: &Model,
+    attn: &dyn Attention,
+    kv: &mut dyn KvStore,
+    prompt: &[u32],
+    pass: PromptPass,
+) -> Result<Vec<u32>> {
+    let chunked = match pass {
+        PromptPass::Dense => prompt.len(),
+        PromptPass::SparseFrom(from) => from.min(prompt.len()),
+    };
+    let (head, one_by_one) = prompt.split_at(chunked);
+    let (dense, rest) = head.split_at(head.len().saturating_sub(2) / PREFILL_CHUNK * PREFILL_CHUNK);
+    for chunk in dense.chunks(PREFILL_CHUNK) {
         model.forward(chunk, kv, attn, Logits::Last)?;
     }
-    Ok(tail.to_vec())
+    let Some((last, steps)) = one_by_one.split_last() else { return Ok(rest.to_vec()) };
+    if !rest.is_empty() {
+        model.forward(rest, kv, attn, Logits::Last)?;
+    }
+    for &token in steps {
+        model.forward(&[token], kv, attn, Logits::Last)?;
+    }
+    Ok(vec![*last])
 }
 
 /// The model's next-token logits at every step of `answer` after `prompt` with `attn`, as
-/// [`generate`] computed them when it produced `answer` (the same prompt pass, then one decode
-/// step per answer token but the last): what a comparison of two methods on one answer reads.
+/// [`generate`] computed them when it produced `answer` (the same prompt pass, `pass`, then one
+/// decode step per answer token but the last): what a comparison of two methods on one answer reads.
 /// `on_step(done, total)` follows the steps; `Break` stops, and the logits so far come back.
 pub fn teacher_forced(
     model: &Model,
@@ -241,6 +276,7 @@ pub fn teacher_forced(
     kv: &mut dyn KvStore,
     prompt: &[u32],
     answer: &[u32],
+    pass: PromptPass,
     mut on_step: impl FnMut(usize, usize) -> ControlFlow<()>,
 ) -> Result<Vec<Vec<f32>>> {
     if prompt.is_empty() {
@@ -249,7 +285,7 @@ pub fn teacher_forced(
     model.config().check_fits(kv.len() + prompt.len() + answer.len())?;
     attn.reset();
     kv.reserve(kv.len() + prompt.len() + answer.len())?;
-    let mut input = prompt_head(model, attn, kv, prompt)?;
+    let mut input = prompt_head(model, attn, kv, prompt, pass)?;
     let mut logits = Vec::with_capacity(answer.len());
     for (i, &token) in answer.iter().enumerate() {
         let row = model.forward(&input, kv, attn, Logits::Last)?;

@@ -112,6 +112,7 @@ impl GenerationSettings {
             sampling,
             stop_strings: self.stop.clone(),
             eos_token_ids: engine.eos_token_ids(),
+            prompt_pass: Default::default(),
         }
     }
 }
@@ -464,14 +465,23 @@ impl Session {
         };
         let outcome = (|| {
             kv.set_len(saved)?;
-            let reference = crate::generate::teacher_forced(model, &Dense, kv, &tail, answer, |done, _| step(done))?;
+            let reference =
+                crate::generate::teacher_forced(model, &Dense, kv, &tail, answer, Default::default(), |done, _| {
+                    step(done)
+                })?;
             if broke.get() {
                 return Err(stopped());
             }
             kv.set_len(saved)?;
-            let got = crate::generate::teacher_forced(model, sparse.as_ref(), kv, &tail, answer, |done, _| {
-                step(answer.len() + done)
-            })?;
+            let got = crate::generate::teacher_forced(
+                model,
+                sparse.as_ref(),
+                kv,
+                &tail,
+                answer,
+                Default::default(),
+                |done, _| step(answer.len() + done),
+            )?;
             if broke.get() {
                 return Err(stopped());
             }

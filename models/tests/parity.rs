@@ -181,6 +181,7 @@ fn parity(name: &str) {
         sampling: SamplingParams::default(),
         stop_strings: vec![],
         eos_token_ids: engine.eos_token_ids(),
+        prompt_pass: Default::default(),
     };
     let g = engine.generate(&r.greedy.prompt_ids, &params, |_| std::ops::ControlFlow::Continue(())).unwrap();
     assert_eq!(g.tokens, r.greedy.new_tokens, "{name}: greedy tokens differ from transformers");
@@ -321,6 +322,7 @@ fn cuda_logits_match_cpu() {
                     sampling: SamplingParams::default(),
                     stop_strings: vec![],
                     eos_token_ids: engine.eos_token_ids(),
+                    prompt_pass: Default::default(),
                 };
                 let g =
                     engine.generate(&r.greedy.prompt_ids, &params, |_| std::ops::ControlFlow::Continue(())).unwrap();

@@ -29,6 +29,11 @@ enum EvalKind {
     /// layer, recall of the true top keys, KV rows read, KL of the next-token distribution;
     /// on synthetic workloads and on a saved context.
     Attention(crate::eval_attention::AttentionArgs),
+    /// Each method's answers against dense attention's on tasks whose answers read the
+    /// documents while they are generated (chain, pair; needle as the baseline): accuracy, KL
+    /// and top-1 agreement on dense's answer, rows read, time per token; a budget curve per
+    /// method. `--question sparse` attends the question with the method too.
+    Fidelity(crate::eval_fidelity::FidelityArgs),
 }
 
 #[derive(Args)]
@@ -66,7 +71,7 @@ pub struct NeedleArgs {
 }
 
 /// "4k" → 4096, "1M" → 1048576, "2000" → 2000.
-fn parse_length(s: &str) -> std::result::Result<usize, String> {
+pub(crate) fn parse_length(s: &str) -> std::result::Result<usize, String> {
     let (num, mult) = match s.chars().last() {
         Some('k' | 'K') => (&s[..s.len() - 1], 1 << 10),
         Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
@@ -79,6 +84,7 @@ pub fn eval(common: &Common, args: EvalArgs) -> Result<()> {
     match args.kind {
         EvalKind::Needle(a) => needle_eval(common, a),
         EvalKind::Attention(a) => crate::eval_attention::eval_attention(common, a),
+        EvalKind::Fidelity(a) => crate::eval_fidelity::eval_fidelity(common, a),
     }
 }
 

@@ -16,6 +16,7 @@ mod cli;
 mod context_cmd;
 mod eval;
 mod eval_attention;
+mod eval_fidelity;
 #[cfg(feature = "gui")]
 mod gui;
 mod ingest;

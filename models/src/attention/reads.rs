@@ -91,6 +91,9 @@ pub struct ReadSummary {
     /// Decode calls (steps × layers) whose attention mass was weighed, of `calls`.
     pub weighed_calls: usize,
     pub calls: usize,
+    /// The rows the decode calls could see, summed over calls and query heads: `total_rows`
+    /// over it is the fraction of the cache read.
+    pub visible_rows: f64,
 }
 
 #[derive(Default)]
@@ -102,6 +105,7 @@ struct Tally {
     steps: usize,
     calls: usize,
     weighed_calls: usize,
+    visible_rows: f64,
     /// Per passage block (position / PASSAGE_ROWS): attention mass, and picked rows.
     block_mass: Vec<f64>,
     block_rows: Vec<f64>,
@@ -191,6 +195,7 @@ impl<'a> ReadTally<'a> {
             t.steps += 1;
         }
         t.calls += 1;
+        t.visible_rows += ((hi - lo) * heads) as f64;
         let weighed = mass.is_some();
         if let Some(Mass { per_span, other, in_spans }) = mass {
             t.weighed_calls += 1;
@@ -335,6 +340,7 @@ impl<'a> ReadTally<'a> {
             steps: t.steps,
             weighed_calls: t.weighed_calls,
             calls: t.calls,
+            visible_rows: t.visible_rows,
         }
     }
 }

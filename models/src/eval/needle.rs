@@ -45,6 +45,102 @@ struct Placed {
     text: String,
 }
 
+/// Where [`assemble`] puts a fact among the filler sentences.
+pub(crate) enum Place {
+    /// At this depth of the documents, 0 (start) to 1 (end).
+    Depth(f64),
+    /// At a uniformly random sentence.
+    Anywhere,
+    /// At a random sentence of another document than the first fact's.
+    OtherDocument,
+}
+
+/// A prompt's tokens and where its parts are.
+pub(crate) struct Assembled {
+    pub ids: Vec<u32>,
+    pub documents_end: usize,
+    /// The sentence index of the first fact, of `sentences`.
+    pub target_index: usize,
+    pub sentences: usize,
+}
+
+/// What a prompt says, before the filler: see [`assemble`].
+pub(crate) struct Parts<'p> {
+    pub titles: &'p [String],
+    /// Each fact's sentence and where it goes; the first is the one asked about.
+    pub facts: &'p [(String, Place)],
+    pub question: &'p str,
+    /// The answer's opening words when prefilled, else empty.
+    pub prefix_ids: Vec<u32>,
+}
+
+/// Builds a prompt of at most `length` tokens: documents under `titles` of filler sentences
+/// with `facts` placed among them (the first fact first, by its [`Place`]), the question, and
+/// `prefix_ids` after the generation prompt. The random draws come in a fixed order
+/// (sentences, then each fact's place), so a cell's seed gives the same prompt on every run.
+pub(crate) fn assemble(
+    engine: &Engine,
+    spec: &EvalSpec,
+    length: usize,
+    Parts { titles, facts, question, prefix_ids }: Parts<'_>,
+    rng: &mut impl Rng,
+) -> Result<Assembled> {
+    // Fixed cost: the chat around documents that hold only their headers and the facts.
+    let bare: Vec<Placed> = facts.iter().map(|(f, _)| Placed { index: 0, text: f.clone() }).collect();
+    let (fixed_ids, _) = render(engine, spec, &documents(spec, titles, &[], &bare), question)?;
+    let budget = length.checked_sub(fixed_ids.len() + prefix_ids.len()).ok_or_else(|| {
+        Error::Invalid(format!(
+            "length {length} is too short: the question and facts alone take {} tokens",
+            fixed_ids.len() + prefix_ids.len()
+        ))
+    })?;
+
+    let mut sentences = Vec::new();
+    let mut used = 0;
+    loop {
+        let s = spec.sentence(rng)?;
+        let n = engine.tokenizer.encode_prompt(&s)?.len();
+        if used + n > budget {
+            break;
+        }
+        used += n;
+        sentences.push(s);
+    }
+    let n = sentences.len();
+    let document_of = |i: usize| document_of(i, n, titles.len());
+    let mut placed: Vec<Placed> = Vec::with_capacity(facts.len());
+    for (text, place) in facts {
+        let index = match place {
+            Place::Depth(depth) => {
+                if !(0.0..=1.0).contains(depth) {
+                    return Err(Error::Invalid(format!("depth {depth} is outside 0..=1")));
+                }
+                (depth * n as f64).round() as usize
+            }
+            Place::Anywhere => rng.random_range(0..=n),
+            Place::OtherDocument => {
+                let first = placed.first().map(|p| document_of(p.index));
+                if titles.len() < 2 || first.is_none() {
+                    return Err(Error::Invalid(
+                        "a fact in another document needs two documents and a first fact".into(),
+                    ));
+                }
+                loop {
+                    let i = rng.random_range(0..=n);
+                    if Some(document_of(i)) != first {
+                        break i;
+                    }
+                }
+            }
+        };
+        placed.push(Placed { index, text: text.clone() });
+    }
+    let docs = documents(spec, titles, &sentences, &placed);
+    let (mut ids, documents_end) = render(engine, spec, &docs, question)?;
+    ids.extend(prefix_ids);
+    Ok(Assembled { ids, documents_end, target_index: placed.first().map_or(0, |p| p.index), sentences: n })
+}
+
 /// Builds a prompt of at most `length` tokens with the target fact at `depth` (0 = start of
 /// the documents, 1 = end), following docs/demo-model.md, "A needle prompt of length L".
 pub fn build_prompt(
@@ -67,7 +163,8 @@ pub fn build_prompt(
         let relation = &task.relations[rng.random_range(0..task.relations.len())];
         let value = spec.value(rng);
         let fixed = [("relation", relation.as_str()), ("key", key.as_str()), ("value", value.as_str())];
-        facts.push(spec.fill(&task.fact, &fixed, rng)?);
+        let place = if i == 0 { Place::Depth(depth) } else { Place::Anywhere };
+        facts.push((spec.fill(&task.fact, &fixed, rng)?, place));
         if i == 0 {
             target = Some((
                 spec.fill(&task.question, &fixed, rng)?,
@@ -80,38 +177,16 @@ pub fn build_prompt(
     let (question, answer, answer_prefix, value) = target.expect("at least the target key");
     let prefilled = spec.chat.prefill_answer_prefix;
     let prefix_ids = if prefilled { engine.tokenizer.encode_prompt(&answer_prefix)? } else { Vec::new() };
+    let parts = Parts { titles: &titles, facts: &facts, question: &question, prefix_ids };
+    let Assembled { ids, documents_end, target_index, sentences } = assemble(engine, spec, length, parts, rng)?;
+    Ok(NeedlePrompt { ids, value, answer, answer_prefix, prefilled, documents_end, target_index, sentences })
+}
 
-    // Fixed cost: the chat around documents that hold only their headers and the facts.
-    let bare: Vec<Placed> = facts.iter().map(|f| Placed { index: 0, text: f.clone() }).collect();
-    let (fixed_ids, _) = render(engine, spec, &documents(spec, &titles, &[], &bare), &question)?;
-    let budget = length.checked_sub(fixed_ids.len() + prefix_ids.len()).ok_or_else(|| {
-        Error::Invalid(format!(
-            "length {length} is too short: the question and facts alone take {} tokens",
-            fixed_ids.len()
-        ))
-    })?;
-
-    let mut sentences = Vec::new();
-    let mut used = 0;
-    loop {
-        let s = spec.sentence(rng)?;
-        let n = engine.tokenizer.encode_prompt(&s)?.len();
-        if used + n > budget {
-            break;
-        }
-        used += n;
-        sentences.push(s);
-    }
-    let n = sentences.len();
-    let target_index = (depth * n as f64).round() as usize;
-    let mut placed = vec![Placed { index: target_index, text: facts[0].clone() }];
-    for f in &facts[1..] {
-        placed.push(Placed { index: rng.random_range(0..=n), text: f.clone() });
-    }
-    let docs = documents(spec, &titles, &sentences, &placed);
-    let (mut ids, documents_end) = render(engine, spec, &docs, &question)?;
-    ids.extend(prefix_ids);
-    Ok(NeedlePrompt { ids, value, answer, answer_prefix, prefilled, documents_end, target_index, sentences: n })
+/// The document that holds sentence `i` of `n` split evenly over `k` documents (`i == n`, after
+/// the last sentence, is the last document's), as [`documents`] splits them.
+fn document_of(i: usize, n: usize, k: usize) -> usize {
+    let bound = |d: usize| ((d * n) as f64 / k as f64).round() as usize;
+    (0..k).rev().find(|&d| bound(d) <= i && (i < bound(d + 1) || d + 1 == k)).unwrap_or(0)
 }
 
 /// The documents string: filler split evenly across documents, facts before the sentence they
@@ -242,6 +317,7 @@ pub fn run_sample(
         sampling: SamplingParams::default(),
         stop_strings: Vec::new(),
         eos_token_ids: engine.eos_token_ids(),
+        prompt_pass: Default::default(),
     };
     let scored = |text: String, prefill_seconds: f64, start: Instant| NeedleSample {
         length,

@@ -76,6 +76,38 @@ pub struct ValueSpec {
 #[derive(Debug, Clone, Deserialize)]
 pub struct TaskSpecs {
     pub needle: NeedleSpec,
+    /// Chains of references ("the value of q is the value of x ."): absent from specs of
+    /// models not trained on them.
+    #[serde(default)]
+    pub variable_tracking: Option<ChainSpec>,
+    /// Two facts asked in one question, in different documents.
+    #[serde(default)]
+    pub multi_doc: Option<PairSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChainSpec {
+    /// The fact at the chain's end, "the value of {var} is {value} .".
+    pub fact: String,
+    /// One hop, "the value of {var} is the value of {source} .".
+    pub link: String,
+    pub variables: Vec<String>,
+    pub question: String,
+    /// The answer's opening words, with `{var0}` the asked variable.
+    pub answer_prefix: String,
+    pub hops: usize,
+    pub distractors: usize,
+    pub documents: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct PairSpec {
+    pub fact: String,
+    pub relations: Vec<String>,
+    /// "what is the {relation} of {key} and the {relation2} of {key2} ?"
+    pub question: String,
+    pub distractors: usize,
+    pub documents: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -1,0 +1,223 @@
+//! The fidelity report (issue #21): how far each attention method's *answers* are from dense
+//! attention's on prompts whose answers read the documents while they are generated
+//! ([`super::tasks`]).
+//!
+//! Per prompt, dense attention answers first (greedy); its answer is the reference. Each method
+//! then (1) answers the same prompt itself — exact accuracy, time to the first token, time per
+//! token — and (2) is teacher-forced on dense's answer, which gives its next-token KL from
+//! dense and top-1 agreement with dense over the span the model generates (the same tokens
+//! for every method, so the figures compare), and the rows it read ([`ReadTally`]). Timing
+//! comes from (1), which runs the method alone; the tally's copies of the picks stay in (2).
+//!
+//! The question before the answer is attended as [`QuestionMode`] says: densely (the papers'
+//! prefill, Folio's default) or with the method, one token at a time — the "sparse question"
+//! mode, whose first answer token at 1M tokens no longer waits for a dense pass over every row.
+//! The reference is always fully dense.
+//!
+//! On the offloaded tier the documents are prefilled once per prompt and every run starts
+//! from them; on the resident tier every run prefills the whole prompt (BUZZ's cache is built
+//! from it).
+
+use std::ops::ControlFlow;
+
+use serde::Serialize;
+
+use super::attention::kl_divergence;
+use super::tasks::{Task, TaskPrompt};
+use crate::attention::reads::ReadTally;
+use crate::attention::{Attention, Dense, Tier};
+use crate::error::Result;
+use crate::generate::{self, GenerateParams, Generation, PromptPass, SamplingParams, PREFILL_CHUNK};
+use crate::kv::KvStore;
+use crate::offload::OffloadKv;
+use crate::Engine;
+
+/// Tokens generated beyond the expected answer before giving up on it.
+const EXTRA_ANSWER_TOKENS: usize = 4;
+
+/// How the question (the prompt after the documents) is attended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuestionMode {
+    /// In one multi-token pass, densely for every method but BUZZ.
+    Dense,
+    /// One token at a time with the method (each a decode step).
+    Sparse,
+}
+
+impl QuestionMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            QuestionMode::Dense => "dense",
+            QuestionMode::Sparse => "sparse",
+        }
+    }
+}
+
+/// Where a prompt's (task, length, depth, sample) cell is.
+#[derive(Debug, Clone, Copy)]
+pub struct Cell {
+    pub task: Task,
+    pub length: usize,
+    pub depth: f64,
+    pub sample: usize,
+}
+
+/// One method's answer to one prompt, against dense's.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub task: Task,
+    pub length: usize,
+    pub depth: f64,
+    pub sample: usize,
+    pub question: QuestionMode,
+    pub prompt_tokens: usize,
+    pub expected: String,
+    pub output: String,
+    /// The generated tokens begin with the expected answer's.
+    pub correct: bool,
+    /// Of the answer's `values`, how many the output has at their place.
+    pub values_right: usize,
+    pub values: usize,
+    /// Dense's answer (the teacher-forced span) and whether it was right.
+    pub dense_output: String,
+    pub dense_correct: bool,
+    /// From the question to the first answer token (on the resident tier the whole prompt's
+    /// pass is included).
+    pub first_token_s: Option<f64>,
+    /// Mean time of the decode steps after the first token.
+    pub ms_per_token: Option<f64>,
+    /// Teacher-forced on dense's answer: mean and largest KL(dense ‖ method) of the next-token
+    /// distributions (nats), and the share of steps whose top token is dense's.
+    pub mean_kl: f64,
+    pub max_kl: f64,
+    pub top1_agreement: f64,
+    pub forced_steps: usize,
+    /// Rows read per query head and decode call over the teacher-forced steps (the question's
+    /// too, when it is read one token at a time), and their share of the rows those calls saw.
+    pub rows_read: f64,
+    pub rows_read_fraction: f64,
+    /// The documents' prefill on the offloaded tier, shared by the methods (0 on the resident).
+    pub prefill_seconds: f64,
+}
+
+/// Runs `prompt` with dense attention, then with each of `attns` (an outcome per method, in
+/// order), its question attended as `question` says.
+pub fn run_prompt(
+    engine: &Engine,
+    prompt: &TaskPrompt,
+    cell: Cell,
+    attns: &[&dyn Attention],
+    tier: Tier,
+    question: QuestionMode,
+) -> Result<Vec<Outcome>> {
+    let (mut store, prefill_seconds) = Store::new(engine, prompt, tier)?;
+    let params = |pass| GenerateParams {
+        max_new_tokens: prompt.expected_ids.len() + EXTRA_ANSWER_TOKENS,
+        sampling: SamplingParams::default(),
+        stop_strings: Vec::new(),
+        eos_token_ids: engine.eos_token_ids(),
+        prompt_pass: pass,
+    };
+    let quiet = |_: &str| ControlFlow::Continue(());
+    let steps = |_, _| ControlFlow::Continue(());
+    let (model, tokenizer) = (&engine.model, &engine.tokenizer);
+
+    let dense = store
+        .run(false, |kv, input, pass| generate::generate(model, tokenizer, &Dense, kv, input, &params(pass), quiet))?;
+    let answer = &dense.tokens;
+    let reference =
+        store.run(false, |kv, input, pass| generate::teacher_forced(model, &Dense, kv, input, answer, pass, steps))?;
+    let sparse = question == QuestionMode::Sparse;
+    let q_heads = engine.config().num_heads as f64;
+    attns
+        .iter()
+        .map(|&attn| {
+            let own: Generation = store.run(sparse, |kv, input, pass| {
+                generate::generate(model, tokenizer, attn, kv, input, &params(pass), quiet)
+            })?;
+            attn.end_conversation();
+            let tally = ReadTally::new(attn, vec![(0, prompt.documents_end)]);
+            let forced = store.run(sparse, |kv, input, pass| {
+                generate::teacher_forced(model, &tally, kv, input, answer, pass, steps)
+            })?;
+            attn.end_conversation();
+            let kls: Vec<f64> = reference.iter().zip(&forced).map(|(p, q)| kl_divergence(p, q)).collect();
+            let agree = reference.iter().zip(&forced).filter(|(p, q)| argmax(p) == argmax(q)).count();
+            let reads = tally.summary();
+            let rows_read = reads.total_rows / (reads.calls as f64 * q_heads).max(1.0);
+            let rows_read_fraction = reads.total_rows / reads.visible_rows.max(1.0);
+            let decoded = own.tokens.len().saturating_sub(1);
+            Ok(Outcome {
+                task: cell.task,
+                length: cell.length,
+                depth: cell.depth,
+                sample: cell.sample,
+                question,
+                prompt_tokens: prompt.ids.len(),
+                expected: prompt.expected.clone(),
+                correct: prompt.correct(&own.tokens),
+                values_right: prompt.values_right(&own.text),
+                values: prompt.values.len(),
+                output: own.text,
+                dense_output: dense.text.clone(),
+                dense_correct: prompt.correct(&dense.tokens),
+                first_token_s: own.first_token_s,
+                ms_per_token: (decoded > 0)
+                    .then(|| own.first_token_s.map(|first| 1e3 * (own.seconds - first) / decoded as f64))
+                    .flatten(),
+                mean_kl: kls.iter().sum::<f64>() / kls.len().max(1) as f64,
+                max_kl: kls.iter().copied().fold(0.0, f64::max),
+                top1_agreement: agree as f64 / kls.len().max(1) as f64,
+                forced_steps: kls.len(),
+                rows_read,
+                rows_read_fraction,
+                prefill_seconds,
+            })
+        })
+        .collect()
+}
+
+fn argmax(x: &[f32]) -> usize {
+    x.iter().enumerate().fold(0, |b, (i, v)| if *v > x[b] { i } else { b })
+}
+
+/// Where each run of a prompt starts: a fresh store on the resident tier, the documents'
+/// rows prefilled once on the offloaded one.
+enum Store<'a> {
+    Resident { engine: &'a Engine, prompt: &'a TaskPrompt },
+    Offloaded { kv: Box<OffloadKv>, prompt: &'a TaskPrompt },
+}
+
+impl<'a> Store<'a> {
+    /// The store and the seconds its documents' prefill took.
+    fn new(engine: &'a Engine, prompt: &'a TaskPrompt, tier: Tier) -> Result<(Self, f64)> {
+        Ok(match tier {
+            Tier::Resident => (Store::Resident { engine, prompt }, 0.0),
+            Tier::Offloaded => {
+                let started = std::time::Instant::now();
+                let kv = OffloadKv::prefill(&engine.model, &prompt.ids[..prompt.documents_end], PREFILL_CHUNK)?;
+                (Store::Offloaded { kv: Box::new(kv), prompt }, started.elapsed().as_secs_f64())
+            }
+        })
+    }
+
+    /// Calls `f` with a store that holds what precedes its input, the input (the whole prompt,
+    /// or the question after the prefilled documents) and the prompt pass: the question one
+    /// token at a time when `sparse`.
+    fn run<R>(&mut self, sparse: bool, f: impl FnOnce(&mut dyn KvStore, &[u32], PromptPass) -> Result<R>) -> Result<R> {
+        match self {
+            Store::Resident { engine, prompt } => {
+                let pass = if sparse { PromptPass::SparseFrom(prompt.documents_end) } else { PromptPass::Dense };
+                f(&mut engine.model.new_kv(), &prompt.ids, pass)
+            }
+            Store::Offloaded { kv, prompt } => {
+                // The documents only: the previous run's question, answer and resident layers go.
+                kv.set_len(prompt.documents_end)?;
+                kv.drop_resident();
+                let pass = if sparse { PromptPass::SparseFrom(0) } else { PromptPass::Dense };
+                f(kv.as_mut(), &prompt.ids[prompt.documents_end..], pass)
+            }
+        }
+    }
+}

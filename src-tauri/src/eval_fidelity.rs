@@ -1,0 +1,506 @@
+//! `folio eval fidelity`: each method's answers against dense attention's on prompts whose
+//! answers read the documents while they are generated (chain, pair; needle as the baseline):
+//! accuracy, next-token KL and top-1 agreement teacher-forced on dense's answer, rows read,
+//! time per token and to the first token. A table per length on stdout, one JSON document with
+//! `--json`, and with `--out DIR` the JSON, an SVG chart of each method's budget curve, and
+//! every missed prompt's token ids.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use plotters::prelude::*;
+use serde_json::json;
+
+use folio_models::attention::{Attention, MethodChoice, Tier};
+use folio_models::eval::fidelity::{self, Cell, Outcome, QuestionMode};
+use folio_models::eval::spec::EvalSpec;
+use folio_models::eval::tasks::{self, Task, TaskPrompt};
+
+use crate::cli::Common;
+use crate::eval::{parse_length, write_file};
+
+#[derive(Args)]
+pub struct FidelityArgs {
+    /// Tasks, comma-separated: chain (follow references hop by hop while answering), pair (two
+    /// facts in two documents), needle (one fact; the baseline).
+    #[arg(long, value_delimiter = ',', default_value = "chain,pair,needle", value_parser = parse_task)]
+    tasks: Vec<Task>,
+    /// Context lengths in tokens: 4k = 4096, 1M = 1048576.
+    #[arg(long, value_delimiter = ',', default_value = "4k", value_parser = parse_length)]
+    lengths: Vec<usize>,
+    /// Depths of the first fact, 0 (start) to 1 (end); the other facts go to random places.
+    #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,0.75")]
+    depths: Vec<f64>,
+    /// Prompts per (task, length, depth).
+    #[arg(long, default_value_t = 2)]
+    samples: usize,
+    /// Methods measured against dense (always run, as the reference and as a row of its own),
+    /// comma-separated, as --method writes them. One without a budget runs at each of
+    /// --budgets, or at its paper default.
+    #[arg(long, value_delimiter = ',', value_parser = crate::cli::parse_method)]
+    methods: Vec<MethodChoice>,
+    /// Budgets each method without one runs at: a budget curve per method.
+    #[arg(long, value_delimiter = ',')]
+    budgets: Vec<String>,
+    /// How the question after the documents is attended: dense (one pass, as the papers
+    /// prefill), sparse (one token at a time with the method), or both.
+    #[arg(long, value_enum, default_value_t = Questions::Dense)]
+    question: Questions,
+    /// Decode over the offloaded tier (each prompt's documents prefilled into host memory once).
+    #[arg(long)]
+    offload: bool,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Also write fidelity.json, fidelity.svg and the missed prompts (misses/) into this folder.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Questions {
+    Dense,
+    Sparse,
+    Both,
+}
+
+impl Questions {
+    fn modes(self) -> Vec<QuestionMode> {
+        match self {
+            Questions::Dense => vec![QuestionMode::Dense],
+            Questions::Sparse => vec![QuestionMode::Sparse],
+            Questions::Both => vec![QuestionMode::Dense, QuestionMode::Sparse],
+        }
+    }
+}
+
+fn parse_task(s: &str) -> std::result::Result<Task, String> {
+    Task::parse(s).map_err(|e| e.to_string())
+}
+
+/// One method at one budget: its label and where its misses go.
+struct Run {
+    choice: MethodChoice,
+    /// "topk:1%", or "dense".
+    label: String,
+    /// The method's name, which joins its budgets into one curve.
+    family: String,
+    attn: Box<dyn Attention>,
+}
+
+/// The runs asked for: dense first, then each method at its budget, at each of `budgets`, or
+/// at its default.
+fn runs(a: &FidelityArgs, engine: &folio_models::Engine) -> Result<Vec<Run>> {
+    let tier = if a.offload { Tier::Offloaded } else { Tier::Resident };
+    let mut choices = vec![MethodChoice::default()];
+    for m in &a.methods {
+        if m.budget.is_some() || a.budgets.is_empty() || m.spec()?.default_budget.is_none() {
+            choices.push(m.clone());
+        } else {
+            choices.extend(a.budgets.iter().map(|b| MethodChoice { budget: Some(b.clone()), ..m.clone() }));
+        }
+    }
+    let resources = engine.resources(&choices)?;
+    let mut out: Vec<Run> = Vec::with_capacity(choices.len());
+    for choice in choices {
+        choice.spec()?.check_tier(tier)?;
+        let label = choice.to_string();
+        if out.iter().any(|r| r.label == label) {
+            bail!("{label} is measured twice (dense always runs, as the reference)");
+        }
+        let family = choice.method.clone();
+        let attn = choice.build(&resources)?;
+        out.push(Run { choice, label, family, attn });
+    }
+    Ok(out)
+}
+
+/// One run's figures at one length and question mode, over its prompts.
+#[derive(serde::Serialize)]
+struct Summary {
+    method: String,
+    family: String,
+    budget: Option<String>,
+    question: QuestionMode,
+    length: usize,
+    prompts: usize,
+    /// Per task: the share of prompts answered exactly.
+    accuracy: Vec<(Task, f64)>,
+    overall: f64,
+    values_right: f64,
+    mean_kl: f64,
+    top1_agreement: f64,
+    rows_read_fraction: f64,
+    ms_per_token_mean: Option<f64>,
+    ms_per_token_p90: Option<f64>,
+    first_token_s_mean: Option<f64>,
+}
+
+fn summarise(run: &Run, outcomes: &[&Outcome], tasks: &[Task], question: QuestionMode, length: usize) -> Summary {
+    let n = outcomes.len().max(1) as f64;
+    let share = |f: &dyn Fn(&Outcome) -> bool, of: &[&Outcome]| {
+        of.iter().filter(|o| f(o)).count() as f64 / of.len().max(1) as f64
+    };
+    let accuracy = tasks
+        .iter()
+        .map(|&t| {
+            let mine: Vec<&Outcome> = outcomes.iter().copied().filter(|o| o.task == t).collect();
+            (t, share(&|o| o.correct, &mine))
+        })
+        .collect();
+    let mean = |f: &dyn Fn(&Outcome) -> f64| outcomes.iter().map(|o| f(o)).sum::<f64>() / n;
+    let mut per_token: Vec<f64> = outcomes.iter().filter_map(|o| o.ms_per_token).collect();
+    per_token.sort_by(f64::total_cmp);
+    let first: Vec<f64> = outcomes.iter().filter_map(|o| o.first_token_s).collect();
+    Summary {
+        method: run.label.clone(),
+        family: run.family.clone(),
+        budget: run.choice.budget().ok().flatten().map(|b| b.text()),
+        question,
+        length,
+        prompts: outcomes.len(),
+        accuracy,
+        overall: share(&|o| o.correct, outcomes),
+        values_right: outcomes.iter().map(|o| o.values_right).sum::<usize>() as f64
+            / outcomes.iter().map(|o| o.values).sum::<usize>().max(1) as f64,
+        mean_kl: mean(&|o| o.mean_kl),
+        top1_agreement: mean(&|o| o.top1_agreement),
+        rows_read_fraction: mean(&|o| o.rows_read_fraction),
+        ms_per_token_mean: (!per_token.is_empty()).then(|| per_token.iter().sum::<f64>() / per_token.len() as f64),
+        ms_per_token_p90: percentile(&per_token, 0.9),
+        first_token_s_mean: (!first.is_empty()).then(|| first.iter().sum::<f64>() / first.len() as f64),
+    }
+}
+
+/// The `q` quantile of sorted `xs` (nearest rank).
+fn percentile(xs: &[f64], q: f64) -> Option<f64> {
+    (!xs.is_empty()).then(|| xs[((q * xs.len() as f64).ceil() as usize).clamp(1, xs.len()) - 1])
+}
+
+pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
+    if a.samples == 0 || a.tasks.is_empty() || a.lengths.is_empty() || a.depths.is_empty() {
+        bail!("--samples, --tasks, --lengths and --depths must each ask for at least one");
+    }
+    if let Some(d) = a.depths.iter().find(|d| !(0.0..=1.0).contains(*d)) {
+        bail!("depth {d} is outside 0..=1");
+    }
+    let engine = common.engine()?;
+    let model_dir = engine.files.config.parent().context("model folder")?.to_owned();
+    let spec = EvalSpec::load(&model_dir)?;
+    for &len in &a.lengths {
+        engine.config().check_fits(len)?;
+    }
+    let runs = runs(&a, &engine)?;
+    let tier = if a.offload { Tier::Offloaded } else { Tier::Resident };
+    let modes = a.question.modes();
+    // outcomes[r]: run r's, over every prompt and question mode
+    let mut outcomes: Vec<Vec<Outcome>> = runs.iter().map(|_| Vec::new()).collect();
+    if let Some(dir) = &a.out {
+        let misses = dir.join(MISSES_DIR);
+        if misses.is_dir() {
+            // An earlier run's misses in the same folder would read as this run's.
+            std::fs::remove_dir_all(&misses).with_context(|| format!("clearing {}", misses.display()))?;
+        }
+    }
+    let report = |outcomes: &[Vec<Outcome>], complete: bool| {
+        let summaries: Vec<Summary> = summaries(&runs, outcomes, &a.tasks, &a.lengths, &modes);
+        json!({
+            "model": engine.name,
+            "tasks": a.tasks,
+            "lengths": a.lengths,
+            "depths": a.depths,
+            "samples": a.samples,
+            "seed": a.seed,
+            "offload": a.offload,
+            "prefilled_answer_prefix": spec.chat.prefill_answer_prefix,
+            "complete": complete,
+            "summaries": summaries,
+            "runs": runs.iter().zip(outcomes).map(|(r, o)| json!({
+                "method": r.label,
+                "attention": r.attn.settings(),
+                "outcomes": o,
+            })).collect::<Vec<_>>(),
+        })
+    };
+    let attns: Vec<&dyn Attention> = runs.iter().map(|r| r.attn.as_ref()).collect();
+    for &length in &a.lengths {
+        for &task in &a.tasks {
+            for &depth in &a.depths {
+                for sample in 0..a.samples {
+                    let prompt = tasks::cell_prompt(&engine, &spec, task, (length, depth, sample), a.seed)?;
+                    let cell = Cell { task, length, depth, sample };
+                    for &mode in &modes {
+                        let got = fidelity::run_prompt(&engine, &prompt, cell, &attns, tier, mode)?;
+                        eprintln!(
+                            "{} {} tokens, depth {depth}, sample {sample}, {} question: dense {}; {}",
+                            task.name(),
+                            prompt.ids.len(),
+                            mode.name(),
+                            if got[0].dense_correct { "right" } else { "wrong" },
+                            runs.iter()
+                                .zip(&got)
+                                .skip(1)
+                                .map(|(r, o)| format!(
+                                    "{} {} (KL {:.3})",
+                                    r.label,
+                                    if o.correct { "right" } else { "wrong" },
+                                    o.mean_kl
+                                ))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        );
+                        for ((run, o), mine) in runs.iter().zip(got).zip(outcomes.iter_mut()) {
+                            if !o.correct {
+                                if let Some(dir) = &a.out {
+                                    // The measurement is kept; a prompt that cannot be saved is worth a warning.
+                                    if let Err(e) = save_miss(&dir.join(MISSES_DIR), run, &prompt, &o) {
+                                        eprintln!("    warning: the missed prompt was not saved: {e:#}");
+                                    }
+                                }
+                            }
+                            mine.push(o);
+                        }
+                    }
+                    if let Some(dir) = &a.out {
+                        // A long run (minutes per 1M-token prompt) keeps what it measured if cut short.
+                        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+                        write_file(
+                            &dir.join("fidelity.json"),
+                            serde_json::to_string_pretty(&report(&outcomes, false))?,
+                        )?;
+                    }
+                }
+            }
+        }
+    }
+    let summaries = summaries(&runs, &outcomes, &a.tasks, &a.lengths, &modes);
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        write_file(&dir.join("fidelity.json"), serde_json::to_string_pretty(&report(&outcomes, true))?)?;
+        chart(&dir.join("fidelity.svg"), &engine.name, &summaries, &a.lengths)?;
+    }
+    if a.json {
+        println!("{}", report(&outcomes, true));
+    } else {
+        print!("{}", table(&summaries, &a.tasks));
+    }
+    Ok(())
+}
+
+/// Every run's summary per length and question mode, in run order.
+fn summaries(
+    runs: &[Run],
+    outcomes: &[Vec<Outcome>],
+    tasks: &[Task],
+    lengths: &[usize],
+    modes: &[QuestionMode],
+) -> Vec<Summary> {
+    let mut out = Vec::new();
+    for &length in lengths {
+        for &mode in modes {
+            for (run, o) in runs.iter().zip(outcomes) {
+                let mine: Vec<&Outcome> = o.iter().filter(|o| o.length == length && o.question == mode).collect();
+                if !mine.is_empty() {
+                    out.push(summarise(run, &mine, tasks, mode, length));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Where `--out` keeps the prompts a method got wrong.
+const MISSES_DIR: &str = "misses";
+
+/// A missed prompt's token ids (little-endian u32) and the outcome, named by method and cell,
+/// so that the prompt can be replayed (tools/demo_check_ids.py reads the same layout).
+fn save_miss(dir: &Path, run: &Run, prompt: &TaskPrompt, o: &Outcome) -> Result<()> {
+    let dir = dir.join(run.choice.slug());
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let name = format!("{}-{}-{}-{}-{}", o.task.name(), o.length, o.depth, o.sample, o.question.name());
+    let ids: Vec<u8> = prompt.ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+    write_file(&dir.join(format!("{name}.json")), serde_json::to_string_pretty(o)?)?;
+    write_file(&dir.join(format!("{name}.u32")), ids)
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("–".to_owned(), |v| format!("{v:.digits$}"))
+}
+
+fn table(summaries: &[Summary], tasks: &[Task]) -> String {
+    let mut s = String::new();
+    let mut last = None;
+    for x in summaries {
+        if last != Some((x.length, x.question)) {
+            last = Some((x.length, x.question));
+            let _ = writeln!(s, "\n{} tokens, {} question:", x.length, x.question.name());
+            let _ = write!(s, "{:<28}", "method");
+            for t in tasks {
+                let _ = write!(s, " {:>7}", t.name());
+            }
+            let _ = writeln!(
+                s,
+                " {:>7} {:>8} {:>6} {:>7} {:>9} {:>9} {:>8}",
+                "all", "KL", "top1", "read", "ms/tok", "p90", "ttft s"
+            );
+        }
+        let _ = write!(s, "{:<28}", x.method);
+        for (_, acc) in &x.accuracy {
+            let _ = write!(s, " {:>6.0}%", 100.0 * acc);
+        }
+        let _ = writeln!(
+            s,
+            " {:>6.0}% {:>8.4} {:>5.0}% {:>6.2}% {:>9} {:>9} {:>8}",
+            100.0 * x.overall,
+            x.mean_kl,
+            100.0 * x.top1_agreement,
+            100.0 * x.rows_read_fraction,
+            opt(x.ms_per_token_mean, 2),
+            opt(x.ms_per_token_p90, 2),
+            opt(x.first_token_s_mean, 3)
+        );
+    }
+    s
+}
+
+/// Smallest KL drawn on the chart's log axis (dense's own is 0).
+const KL_FLOOR: f64 = 1e-4;
+
+/// Labels on a rows-read axis (a log axis labels every decade's steps otherwise).
+const X_LABELS: usize = 6;
+
+/// Height of the legend strip under the panels.
+const LEGEND_HEIGHT: u32 = 56;
+
+/// One column per length: accuracy (top) and mean KL (bottom) against the fraction of rows
+/// read, a line per method through its budgets, dashed where the question was sparse too.
+fn chart(path: &Path, model: &str, summaries: &[Summary], lengths: &[usize]) -> Result<()> {
+    let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("chart: {e}");
+    let mut families: Vec<&str> = Vec::new();
+    let mut modes: Vec<QuestionMode> = Vec::new();
+    for x in summaries {
+        if !families.contains(&x.family.as_str()) {
+            families.push(&x.family);
+        }
+        if !modes.contains(&x.question) {
+            modes.push(x.question);
+        }
+    }
+    let cols = lengths.len().max(1);
+    let (width, height) = (440 * cols as u32, 700 + LEGEND_HEIGHT);
+    let root = SVGBackend::new(path, (width, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let root =
+        root.titled(&format!("answers against dense attention: {model}"), ("sans-serif", 18)).map_err(|e| err(&e))?;
+    let (panels, legend) = root.split_vertically(root.dim_in_pixel().1 - LEGEND_HEIGHT);
+    let areas = panels.split_evenly((2, cols));
+    let x_min = summaries.iter().map(|x| x.rows_read_fraction).fold(1.0f64, f64::min).clamp(1e-4, 0.5) * 0.7;
+    let share = |x: &f64| match *x {
+        x if x >= 0.1 => format!("{:.0}%", 100.0 * x),
+        x if x >= 0.01 => format!("{:.1}%", 100.0 * x),
+        x => format!("{:.2}%", 100.0 * x),
+    };
+    for (col, &length) in lengths.iter().enumerate() {
+        let caption = |what: &str| format!("{}: {what}", human(length));
+        let mut c = ChartBuilder::on(&areas[col])
+            .caption(caption("exact answers"), ("sans-serif", 15))
+            .margin(10)
+            .x_label_area_size(36)
+            .y_label_area_size(48)
+            .build_cartesian_2d((x_min..1.15f64).log_scale(), 0.0..1.05f64)
+            .map_err(|e| err(&e))?;
+        c.configure_mesh()
+            .x_desc("rows read, of those visible")
+            .x_labels(X_LABELS)
+            .x_label_formatter(&share)
+            .y_label_formatter(&|y| format!("{:.0}%", 100.0 * y))
+            .light_line_style(WHITE)
+            .draw()
+            .map_err(|e| err(&e))?;
+        plot(&mut c, summaries, &families, length, |x| x.overall)?;
+        let mut c = ChartBuilder::on(&areas[cols + col])
+            .caption(caption("mean next-token KL from dense"), ("sans-serif", 15))
+            .margin(10)
+            .x_label_area_size(36)
+            .y_label_area_size(48)
+            .build_cartesian_2d((x_min..1.15f64).log_scale(), (KL_FLOOR..20.0f64).log_scale())
+            .map_err(|e| err(&e))?;
+        c.configure_mesh()
+            .x_desc("rows read, of those visible")
+            .y_desc("nats")
+            .x_labels(X_LABELS)
+            .x_label_formatter(&share)
+            .y_label_formatter(&|y| format!("{y:e}"))
+            .light_line_style(WHITE)
+            .draw()
+            .map_err(|e| err(&e))?;
+        plot(&mut c, summaries, &families, length, |x| x.mean_kl.max(KL_FLOOR))?;
+    }
+    // The legend: a swatch per method, then what the dashes mean when both modes ran.
+    let text = ("sans-serif", 14).into_font();
+    let mut x = 20;
+    for (i, family) in families.iter().enumerate() {
+        let colour = Palette99::pick(i).to_rgba();
+        legend.draw(&PathElement::new(vec![(x, 24), (x + 24, 24)], colour.stroke_width(3))).map_err(|e| err(&e))?;
+        legend.draw(&Text::new(family.to_string(), (x + 30, 17), text.clone())).map_err(|e| err(&e))?;
+        x += 40 + 9 * family.len() as i32;
+    }
+    if modes.contains(&QuestionMode::Sparse) {
+        let note = "solid: question attended densely; dashed: question read with the method";
+        legend.draw(&Text::new(note, (20, 40), text.clone())).map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+/// A line and markers per method and question mode at `length`: (rows read, `y`) over its
+/// budgets; a method's colour is its place in `families`.
+fn plot<'a, X, Y>(
+    c: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    summaries: &[Summary],
+    families: &[&str],
+    length: usize,
+    y: impl Fn(&Summary) -> f64,
+) -> Result<()>
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("chart: {e}");
+    for (i, family) in families.iter().enumerate() {
+        let colour = Palette99::pick(i).to_rgba();
+        for mode in [QuestionMode::Dense, QuestionMode::Sparse] {
+            let mut pts: Vec<(f64, f64)> = summaries
+                .iter()
+                .filter(|x| x.length == length && x.family == *family && x.question == mode)
+                .map(|x| (x.rows_read_fraction, y(x)))
+                .collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            match mode {
+                QuestionMode::Dense => {
+                    c.draw_series(LineSeries::new(pts.clone(), colour.stroke_width(2))).map_err(|e| err(&e))?;
+                    c.draw_series(pts.iter().map(|p| Circle::new(*p, 4, colour.filled()))).map_err(|e| err(&e))?;
+                }
+                QuestionMode::Sparse => {
+                    c.draw_series(DashedLineSeries::new(pts.clone(), 6, 4, colour.stroke_width(2)))
+                        .map_err(|e| err(&e))?;
+                    c.draw_series(pts.iter().map(|p| TriangleMarker::new(*p, 5, colour.filled())))
+                        .map_err(|e| err(&e))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// "128k", "1M", or the count.
+fn human(n: usize) -> String {
+    match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{}M tokens", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{}k tokens", n >> 10),
+        n => format!("{n} tokens"),
+    }
+}
