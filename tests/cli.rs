@@ -371,6 +371,17 @@ fn fidelity_eval_reports_each_method_against_dense() {
     let ids = std::fs::read(miss.join("chain-768-0.25-0-dense.u32")).unwrap();
     assert_eq!(ids.len(), 4 * sample["prompt_tokens"].as_u64().unwrap() as usize);
 
+    // --replot draws the report again (with others, one chart across their lengths).
+    let again = tempfile::tempdir().unwrap();
+    let report = out.path().join("fidelity.json");
+    let run = folio(
+        &["eval", "fidelity", "--replot", report.to_str().unwrap(), "--out", again.path().to_str().unwrap()],
+        &[],
+    );
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let replotted = std::fs::read_to_string(again.path().join("fidelity.svg")).unwrap();
+    assert!(replotted.contains("768 tokens: exact answers") && replotted.contains("streaming"), "the replotted chart");
+
     let err = err_text(folio(&["eval", "fidelity", "--model", demo.to_str().unwrap(), "--tasks", "essay"], &[]));
     assert!(err.contains("unknown task \"essay\": the tasks are needle, chain, pair"), "{err}");
     let err = err_text(folio(&["eval", "fidelity", "--model", demo.to_str().unwrap(), "--methods", "dense"], &[]));

@@ -116,8 +116,7 @@ pub struct GenerateParams {
 }
 
 /// How a prompt's tokens are attended before the answer's first token.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum PromptPass {
     /// In chunks of many tokens, which every method but BUZZ attends densely, as the papers
     /// prefill their prompts: a question over a saved context reads every row once.

@@ -37,7 +37,7 @@ use crate::chat::Message;
 use crate::context::{ContextFile, ContextKv};
 use crate::conversation::Conversation;
 use crate::error::{Error, Result};
-use crate::generate::{generate, GenerateParams, SamplingParams, StopReason};
+use crate::generate::{generate, GenerateParams, PromptPass, SamplingParams, StopReason};
 use crate::kv::KvStore;
 use crate::offload::OffloadKv;
 use crate::Engine;
@@ -112,7 +112,7 @@ impl GenerationSettings {
             sampling,
             stop_strings: self.stop.clone(),
             eos_token_ids: engine.eos_token_ids(),
-            prompt_pass: Default::default(),
+            prompt_pass: PromptPass::Dense,
         }
     }
 }
@@ -466,7 +466,7 @@ impl Session {
         let outcome = (|| {
             kv.set_len(saved)?;
             let reference =
-                crate::generate::teacher_forced(model, &Dense, kv, &tail, answer, Default::default(), |done, _| {
+                crate::generate::teacher_forced(model, &Dense, kv, &tail, answer, PromptPass::Dense, |done, _| {
                     step(done)
                 })?;
             if broke.get() {
@@ -502,7 +502,11 @@ impl Session {
         let (reference, got, dense) = outcome?;
         let kls: Vec<f64> =
             reference.iter().zip(&got).map(|(p, q)| crate::eval::attention::kl_divergence(p, q)).collect();
-        let agree: Vec<bool> = reference.iter().zip(&got).map(|(p, q)| argmax(p) == argmax(q)).collect();
+        let agree: Vec<bool> = reference
+            .iter()
+            .zip(&got)
+            .map(|(p, q)| crate::eval::attention::argmax(p) == crate::eval::attention::argmax(q))
+            .collect();
         let steps = kls.len();
         let (max_kl_step, max_kl) =
             kls.iter().copied().enumerate().fold((0, 0.0), |best, (i, k)| if k > best.1 { (i, k) } else { best });
@@ -560,10 +564,6 @@ impl Session {
 
 fn choice_needs_resources(choice: &MethodChoice) -> bool {
     choice.spec().is_ok_and(|s| s.needs.calibration)
-}
-
-fn argmax(x: &[f32]) -> usize {
-    x.iter().enumerate().fold(0, |b, (i, v)| if *v > x[b] { i } else { b })
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

@@ -272,12 +272,16 @@ const MISSES_DIR: &str = "misses";
 /// A missed prompt's token ids (little-endian u32) and what was expected and generated, so that
 /// another engine (transformers) can be run on exactly these tokens.
 fn save_miss(dir: &Path, prompt_ids: &[u32], miss: &NeedleSample) -> Result<()> {
+    save_prompt(dir, &format!("{}-{}-{}", miss.length, miss.depth, miss.sample), prompt_ids, miss)
+}
+
+/// `DIR/NAME.json` (the report) and then `DIR/NAME.u32` (the prompt's token ids, little-endian):
+/// a reader takes the .u32 files, each with its .json beside it.
+pub(crate) fn save_prompt(dir: &Path, name: &str, ids: &[u32], report: &impl serde::Serialize) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let name = format!("{}-{}-{}", miss.length, miss.depth, miss.sample);
-    let ids: Vec<u8> = prompt_ids.iter().flat_map(|id| id.to_le_bytes()).collect();
-    // The .json first: a reader takes the .u32 files, each with its .json beside it.
-    write_file(&dir.join(format!("{name}.json")), serde_json::to_string_pretty(miss)?)?;
-    write_file(&dir.join(format!("{name}.u32")), ids)
+    let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+    write_file(&dir.join(format!("{name}.json")), serde_json::to_string_pretty(report)?)?;
+    write_file(&dir.join(format!("{name}.u32")), bytes)
 }
 
 /// Writes `contents` through a temporary file and a rename, so a reader (or a run killed mid-write)
@@ -295,7 +299,7 @@ fn percent(v: Option<f64>) -> String {
     v.map_or("–".to_owned(), |v| format!("{:.0}%", 100.0 * v))
 }
 
-fn human_length(n: usize) -> String {
+pub(crate) fn human_length(n: usize) -> String {
     match n {
         n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{}M", n >> 20),
         n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{}k", n >> 10),

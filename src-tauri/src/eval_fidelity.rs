@@ -16,10 +16,10 @@ use serde_json::json;
 use folio_models::attention::{Attention, MethodChoice, Tier};
 use folio_models::eval::fidelity::{self, Cell, Outcome, QuestionMode};
 use folio_models::eval::spec::EvalSpec;
-use folio_models::eval::tasks::{self, Task, TaskPrompt};
+use folio_models::eval::tasks::{self, Task};
 
 use crate::cli::Common;
-use crate::eval::{parse_length, write_file};
+use crate::eval::{human_length, parse_length, save_prompt, write_file};
 
 #[derive(Args)]
 pub struct FidelityArgs {
@@ -56,6 +56,12 @@ pub struct FidelityArgs {
     /// Also write fidelity.json, fidelity.svg and the missed prompts (misses/) into this folder.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Run nothing: draw one chart (OUT/fidelity.svg) of these reports' outcomes (fidelity.json
+    /// files of earlier runs, comma-separated), e.g. 32k-128k and 1M runs made by separate
+    /// commands; where two reports answered the same prompt with the same method, the first's
+    /// answer counts.
+    #[arg(long, value_delimiter = ',', requires = "out")]
+    replot: Vec<PathBuf>,
     #[arg(long)]
     json: bool,
 }
@@ -119,7 +125,7 @@ fn runs(a: &FidelityArgs, engine: &folio_models::Engine) -> Result<Vec<Run>> {
 }
 
 /// One run's figures at one length and question mode, over its prompts.
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, serde::Deserialize)]
 struct Summary {
     method: String,
     family: String,
@@ -139,7 +145,24 @@ struct Summary {
     first_token_s_mean: Option<f64>,
 }
 
-fn summarise(run: &Run, outcomes: &[&Outcome], tasks: &[Task], question: QuestionMode, length: usize) -> Summary {
+/// What a summary is of: a method at a budget, and the curve it belongs to.
+#[derive(Clone)]
+struct Label {
+    /// "topk:1%", or "dense".
+    method: String,
+    family: String,
+    /// The budget in effect, its default when the method was named without one.
+    budget: Option<String>,
+}
+
+impl Run {
+    fn label(&self) -> Label {
+        let budget = self.choice.budget().ok().flatten().map(|b| b.text());
+        Label { method: self.label.clone(), family: self.family.clone(), budget }
+    }
+}
+
+fn summarise(label: &Label, outcomes: &[&Outcome], tasks: &[Task], question: QuestionMode, length: usize) -> Summary {
     let n = outcomes.len().max(1) as f64;
     let share = |f: &dyn Fn(&Outcome) -> bool, of: &[&Outcome]| {
         of.iter().filter(|o| f(o)).count() as f64 / of.len().max(1) as f64
@@ -156,9 +179,9 @@ fn summarise(run: &Run, outcomes: &[&Outcome], tasks: &[Task], question: Questio
     per_token.sort_by(f64::total_cmp);
     let first: Vec<f64> = outcomes.iter().filter_map(|o| o.first_token_s).collect();
     Summary {
-        method: run.label.clone(),
-        family: run.family.clone(),
-        budget: run.choice.budget().ok().flatten().map(|b| b.text()),
+        method: label.method.clone(),
+        family: label.family.clone(),
+        budget: label.budget.clone(),
         question,
         length,
         prompts: outcomes.len(),
@@ -181,6 +204,9 @@ fn percentile(xs: &[f64], q: f64) -> Option<f64> {
 }
 
 pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
+    if !a.replot.is_empty() {
+        return replot(&a.replot, a.out.as_deref().context("--replot writes into --out")?);
+    }
     if a.samples == 0 || a.tasks.is_empty() || a.lengths.is_empty() || a.depths.is_empty() {
         bail!("--samples, --tasks, --lengths and --depths must each ask for at least one");
     }
@@ -194,6 +220,7 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
         engine.config().check_fits(len)?;
     }
     let runs = runs(&a, &engine)?;
+    let labels: Vec<Label> = runs.iter().map(Run::label).collect();
     let tier = if a.offload { Tier::Offloaded } else { Tier::Resident };
     let modes = a.question.modes();
     // outcomes[r]: run r's, over every prompt and question mode
@@ -206,7 +233,7 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
         }
     }
     let report = |outcomes: &[Vec<Outcome>], complete: bool| {
-        let summaries: Vec<Summary> = summaries(&runs, outcomes, &a.tasks, &a.lengths, &modes);
+        let figures: Vec<Summary> = summaries(&labels, outcomes, &a.tasks, &a.lengths, &modes);
         json!({
             "model": engine.name,
             "tasks": a.tasks,
@@ -217,7 +244,7 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
             "offload": a.offload,
             "prefilled_answer_prefix": spec.chat.prefill_answer_prefix,
             "complete": complete,
-            "summaries": summaries,
+            "summaries": figures,
             "runs": runs.iter().zip(outcomes).map(|(r, o)| json!({
                 "method": r.label,
                 "attention": r.attn.settings(),
@@ -232,8 +259,8 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
                 for sample in 0..a.samples {
                     let prompt = tasks::cell_prompt(&engine, &spec, task, (length, depth, sample), a.seed)?;
                     let cell = Cell { task, length, depth, sample };
-                    for &mode in &modes {
-                        let got = fidelity::run_prompt(&engine, &prompt, cell, &attns, tier, mode)?;
+                    let got = fidelity::run_prompt(&engine, &prompt, cell, &attns, tier, &modes)?;
+                    for (mode, got) in modes.iter().zip(got) {
                         eprintln!(
                             "{} {} tokens, depth {depth}, sample {sample}, {} question: dense {}; {}",
                             task.name(),
@@ -255,8 +282,17 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
                         for ((run, o), mine) in runs.iter().zip(got).zip(outcomes.iter_mut()) {
                             if !o.correct {
                                 if let Some(dir) = &a.out {
+                                    let dir = dir.join(MISSES_DIR).join(run.choice.slug());
+                                    let name = format!(
+                                        "{}-{}-{}-{}-{}",
+                                        o.task.name(),
+                                        o.length,
+                                        o.depth,
+                                        o.sample,
+                                        o.question.name()
+                                    );
                                     // The measurement is kept; a prompt that cannot be saved is worth a warning.
-                                    if let Err(e) = save_miss(&dir.join(MISSES_DIR), run, &prompt, &o) {
+                                    if let Err(e) = save_prompt(&dir, &name, &prompt.ids, &o) {
                                         eprintln!("    warning: the missed prompt was not saved: {e:#}");
                                     }
                                 }
@@ -276,23 +312,87 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
             }
         }
     }
-    let summaries = summaries(&runs, &outcomes, &a.tasks, &a.lengths, &modes);
+    let last = summaries(&labels, &outcomes, &a.tasks, &a.lengths, &modes);
     if let Some(dir) = &a.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         write_file(&dir.join("fidelity.json"), serde_json::to_string_pretty(&report(&outcomes, true))?)?;
-        chart(&dir.join("fidelity.svg"), &engine.name, &summaries, &a.lengths)?;
+        chart(&dir.join("fidelity.svg"), &engine.name, &last, &a.lengths)?;
     }
     if a.json {
         println!("{}", report(&outcomes, true));
     } else {
-        print!("{}", table(&summaries, &a.tasks));
+        print!("{}", table(&last, &a.tasks));
     }
     Ok(())
 }
 
+/// One chart of earlier reports' outcomes, summarised together: a method's prompts from
+/// several reports (say, a 1M run split over two commands by depth) make one point.
+fn replot(reports: &[PathBuf], out: &Path) -> Result<()> {
+    #[derive(serde::Deserialize)]
+    struct RunReport {
+        method: String,
+        outcomes: Vec<Outcome>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Report {
+        model: String,
+        summaries: Vec<Summary>,
+        runs: Vec<RunReport>,
+    }
+    let mut model = String::new();
+    let (mut labels, mut outcomes): (Vec<Label>, Vec<Vec<Outcome>>) = (Vec::new(), Vec::new());
+    for path in reports {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let report: Report = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a `folio eval fidelity` report", path.display()))?;
+        if !model.is_empty() && model != report.model {
+            bail!(
+                "{} measures {}, the reports before it {model}: one chart is one model",
+                path.display(),
+                report.model
+            );
+        }
+        model = report.model;
+        for run in report.runs {
+            let at = match labels.iter().position(|l| l.method == run.method) {
+                Some(at) => at,
+                None => {
+                    let summary = report.summaries.iter().find(|x| x.method == run.method);
+                    labels.push(Label {
+                        family: summary.map_or_else(|| run.method.clone(), |x| x.family.clone()),
+                        budget: summary.and_then(|x| x.budget.clone()),
+                        method: run.method.clone(),
+                    });
+                    outcomes.push(Vec::new());
+                    labels.len() - 1
+                }
+            };
+            let cell = |o: &Outcome| (o.task, o.length, o.depth.to_bits(), o.sample, o.question);
+            for o in run.outcomes {
+                // The first report's answer where two measured the same prompt (dense, in each).
+                if !outcomes[at].iter().any(|p| cell(p) == cell(&o)) {
+                    outcomes[at].push(o);
+                }
+            }
+        }
+    }
+    let every = outcomes.iter().flatten();
+    let tasks: Vec<Task> = Task::ALL.into_iter().filter(|t| every.clone().any(|o| o.task == *t)).collect();
+    let modes: Vec<QuestionMode> = [QuestionMode::Dense, QuestionMode::Sparse]
+        .into_iter()
+        .filter(|m| every.clone().any(|o| o.question == *m))
+        .collect();
+    let mut lengths: Vec<usize> = every.map(|o| o.length).collect();
+    lengths.sort_unstable();
+    lengths.dedup();
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    chart(&out.join("fidelity.svg"), &model, &summaries(&labels, &outcomes, &tasks, &lengths, &modes), &lengths)
+}
+
 /// Every run's summary per length and question mode, in run order.
 fn summaries(
-    runs: &[Run],
+    labels: &[Label],
     outcomes: &[Vec<Outcome>],
     tasks: &[Task],
     lengths: &[usize],
@@ -301,10 +401,10 @@ fn summaries(
     let mut out = Vec::new();
     for &length in lengths {
         for &mode in modes {
-            for (run, o) in runs.iter().zip(outcomes) {
+            for (label, o) in labels.iter().zip(outcomes) {
                 let mine: Vec<&Outcome> = o.iter().filter(|o| o.length == length && o.question == mode).collect();
                 if !mine.is_empty() {
-                    out.push(summarise(run, &mine, tasks, mode, length));
+                    out.push(summarise(label, &mine, tasks, mode, length));
                 }
             }
         }
@@ -314,17 +414,6 @@ fn summaries(
 
 /// Where `--out` keeps the prompts a method got wrong.
 const MISSES_DIR: &str = "misses";
-
-/// A missed prompt's token ids (little-endian u32) and the outcome, named by method and cell,
-/// so that the prompt can be replayed (tools/demo_check_ids.py reads the same layout).
-fn save_miss(dir: &Path, run: &Run, prompt: &TaskPrompt, o: &Outcome) -> Result<()> {
-    let dir = dir.join(run.choice.slug());
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let name = format!("{}-{}-{}-{}-{}", o.task.name(), o.length, o.depth, o.sample, o.question.name());
-    let ids: Vec<u8> = prompt.ids.iter().flat_map(|id| id.to_le_bytes()).collect();
-    write_file(&dir.join(format!("{name}.json")), serde_json::to_string_pretty(o)?)?;
-    write_file(&dir.join(format!("{name}.u32")), ids)
-}
 
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("–".to_owned(), |v| format!("{v:.digits$}"))
@@ -372,8 +461,9 @@ const KL_FLOOR: f64 = 1e-4;
 /// Labels on a rows-read axis (a log axis labels every decade's steps otherwise).
 const X_LABELS: usize = 6;
 
-/// Height of the legend strip under the panels.
-const LEGEND_HEIGHT: u32 = 56;
+/// Height of the legend strip under the panels, and of one of its rows.
+const LEGEND_HEIGHT: u32 = 96;
+const LEGEND_ROW: i32 = 20;
 
 /// One column per length: accuracy (top) and mean KL (bottom) against the fraction of rows
 /// read, a line per method through its budgets, dashed where the question was sparse too.
@@ -404,7 +494,7 @@ fn chart(path: &Path, model: &str, summaries: &[Summary], lengths: &[usize]) -> 
         x => format!("{:.2}%", 100.0 * x),
     };
     for (col, &length) in lengths.iter().enumerate() {
-        let caption = |what: &str| format!("{}: {what}", human(length));
+        let caption = |what: &str| format!("{} tokens: {what}", human_length(length));
         let mut c = ChartBuilder::on(&areas[col])
             .caption(caption("exact answers"), ("sans-serif", 15))
             .margin(10)
@@ -439,18 +529,25 @@ fn chart(path: &Path, model: &str, summaries: &[Summary], lengths: &[usize]) -> 
             .map_err(|e| err(&e))?;
         plot(&mut c, summaries, &families, length, |x| x.mean_kl.max(KL_FLOOR))?;
     }
-    // The legend: a swatch per method, then what the dashes mean when both modes ran.
+    // The legend: a swatch per method, in rows as wide as the chart, then what the dashes mean
+    // when both question modes ran.
     let text = ("sans-serif", 14).into_font();
-    let mut x = 20;
+    let (mut x, mut y) = (20, 10);
     for (i, family) in families.iter().enumerate() {
+        let w = 40 + 9 * family.len() as i32;
+        if x + w > width as i32 && x > 20 {
+            (x, y) = (20, y + LEGEND_ROW);
+        }
         let colour = Palette99::pick(i).to_rgba();
-        legend.draw(&PathElement::new(vec![(x, 24), (x + 24, 24)], colour.stroke_width(3))).map_err(|e| err(&e))?;
-        legend.draw(&Text::new(family.to_string(), (x + 30, 17), text.clone())).map_err(|e| err(&e))?;
-        x += 40 + 9 * family.len() as i32;
+        legend
+            .draw(&PathElement::new(vec![(x, y + 7), (x + 24, y + 7)], colour.stroke_width(3)))
+            .map_err(|e| err(&e))?;
+        legend.draw(&Text::new(family.to_string(), (x + 30, y), text.clone())).map_err(|e| err(&e))?;
+        x += w;
     }
     if modes.contains(&QuestionMode::Sparse) {
-        let note = "solid: question attended densely; dashed: question read with the method";
-        legend.draw(&Text::new(note, (20, 40), text.clone())).map_err(|e| err(&e))?;
+        let note = "solid, circles: dense question; dashed, triangles: question read with the method";
+        legend.draw(&Text::new(note, (20, y + LEGEND_ROW), text.clone())).map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))?;
     Ok(())
@@ -494,13 +591,4 @@ where
         }
     }
     Ok(())
-}
-
-/// "128k", "1M", or the count.
-fn human(n: usize) -> String {
-    match n {
-        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{}M tokens", n >> 20),
-        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{}k tokens", n >> 10),
-        n => format!("{n} tokens"),
-    }
 }

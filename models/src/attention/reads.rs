@@ -86,7 +86,8 @@ pub struct ReadSummary {
     /// Rows outside every span: the chat head, the question, the answer so far.
     pub other_rows: f64,
     pub total_rows: f64,
-    /// Decode steps counted (one per generated token after the first).
+    /// Decode steps counted (one per generated token after the first, and one per question
+    /// token when the question is read one token at a time).
     pub steps: usize,
     /// Decode calls (steps × layers) whose attention mass was weighed, of `calls`.
     pub weighed_calls: usize,

@@ -129,7 +129,8 @@ fn row(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?)
 }
 
-fn argmax(x: &[f32]) -> u32 {
+/// The index of the largest logit (the first of equals).
+pub(crate) fn argmax(x: &[f32]) -> u32 {
     x.iter().enumerate().fold(0, |b, (i, v)| if *v > x[b] { i } else { b }) as u32
 }
 

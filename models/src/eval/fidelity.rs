@@ -14,15 +14,23 @@
 //! mode, whose first answer token at 1M tokens no longer waits for a dense pass over every row.
 //! The reference is always fully dense.
 //!
-//! On the offloaded tier the documents are prefilled once per prompt and every run starts
-//! from them; on the resident tier every run prefills the whole prompt (BUZZ's cache is built
-//! from it).
+//! On the offloaded tier the documents are prefilled once per prompt and every run (each
+//! method, each question mode) starts from them; on the resident tier every run prefills the
+//! whole prompt (BUZZ's cache is built from it).
+//!
+//! Two things to read the figures with: with a dense question the first answer token's
+//! distribution comes from the dense multi-token pass for every method but BUZZ, so that step
+//! agrees with dense by construction (a 7-token answer has 6 steps the method decides); and a
+//! method whose picks can tie (Double Sparsity's 4-bit labels) may break ties differently in its
+//! own run and in the teacher-forced one, so its accuracy and its top-1 agreement can disagree
+//! on a GPU.
 
 use std::ops::ControlFlow;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::attention::kl_divergence;
+use super::attention::{argmax, kl_divergence};
+use super::needle::EXTRA_ANSWER_TOKENS;
 use super::tasks::{Task, TaskPrompt};
 use crate::attention::reads::ReadTally;
 use crate::attention::{Attention, Dense, Tier};
@@ -32,11 +40,8 @@ use crate::kv::KvStore;
 use crate::offload::OffloadKv;
 use crate::Engine;
 
-/// Tokens generated beyond the expected answer before giving up on it.
-const EXTRA_ANSWER_TOKENS: usize = 4;
-
 /// How the question (the prompt after the documents) is attended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum QuestionMode {
     /// In one multi-token pass, densely for every method but BUZZ.
@@ -64,7 +69,7 @@ pub struct Cell {
 }
 
 /// One method's answer to one prompt, against dense's.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Outcome {
     pub task: Task,
     pub length: usize,
@@ -101,16 +106,17 @@ pub struct Outcome {
     pub prefill_seconds: f64,
 }
 
-/// Runs `prompt` with dense attention, then with each of `attns` (an outcome per method, in
-/// order), its question attended as `question` says.
+/// Runs `prompt` with dense attention, then with each of `attns` for each of `questions`:
+/// `out[q][m]` is method `m`'s outcome with question mode `questions[q]`. The documents are
+/// prefilled (offloaded tier) and dense's reference computed once for all of them.
 pub fn run_prompt(
     engine: &Engine,
     prompt: &TaskPrompt,
     cell: Cell,
     attns: &[&dyn Attention],
     tier: Tier,
-    question: QuestionMode,
-) -> Result<Vec<Outcome>> {
+    questions: &[QuestionMode],
+) -> Result<Vec<Vec<Outcome>>> {
     let (mut store, prefill_seconds) = Store::new(engine, prompt, tier)?;
     let params = |pass| GenerateParams {
         max_new_tokens: prompt.expected_ids.len() + EXTRA_ANSWER_TOKENS,
@@ -128,58 +134,51 @@ pub fn run_prompt(
     let answer = &dense.tokens;
     let reference =
         store.run(false, |kv, input, pass| generate::teacher_forced(model, &Dense, kv, input, answer, pass, steps))?;
-    let sparse = question == QuestionMode::Sparse;
     let q_heads = engine.config().num_heads as f64;
-    attns
-        .iter()
-        .map(|&attn| {
-            let own: Generation = store.run(sparse, |kv, input, pass| {
-                generate::generate(model, tokenizer, attn, kv, input, &params(pass), quiet)
-            })?;
-            attn.end_conversation();
-            let tally = ReadTally::new(attn, vec![(0, prompt.documents_end)]);
-            let forced = store.run(sparse, |kv, input, pass| {
-                generate::teacher_forced(model, &tally, kv, input, answer, pass, steps)
-            })?;
-            attn.end_conversation();
-            let kls: Vec<f64> = reference.iter().zip(&forced).map(|(p, q)| kl_divergence(p, q)).collect();
-            let agree = reference.iter().zip(&forced).filter(|(p, q)| argmax(p) == argmax(q)).count();
-            let reads = tally.summary();
-            let rows_read = reads.total_rows / (reads.calls as f64 * q_heads).max(1.0);
-            let rows_read_fraction = reads.total_rows / reads.visible_rows.max(1.0);
-            let decoded = own.tokens.len().saturating_sub(1);
-            Ok(Outcome {
-                task: cell.task,
-                length: cell.length,
-                depth: cell.depth,
-                sample: cell.sample,
-                question,
-                prompt_tokens: prompt.ids.len(),
-                expected: prompt.expected.clone(),
-                correct: prompt.correct(&own.tokens),
-                values_right: prompt.values_right(&own.text),
-                values: prompt.values.len(),
-                output: own.text,
-                dense_output: dense.text.clone(),
-                dense_correct: prompt.correct(&dense.tokens),
-                first_token_s: own.first_token_s,
-                ms_per_token: (decoded > 0)
-                    .then(|| own.first_token_s.map(|first| 1e3 * (own.seconds - first) / decoded as f64))
-                    .flatten(),
-                mean_kl: kls.iter().sum::<f64>() / kls.len().max(1) as f64,
-                max_kl: kls.iter().copied().fold(0.0, f64::max),
-                top1_agreement: agree as f64 / kls.len().max(1) as f64,
-                forced_steps: kls.len(),
-                rows_read,
-                rows_read_fraction,
-                prefill_seconds,
-            })
+    let mut one = |attn: &dyn Attention, question: QuestionMode| -> Result<Outcome> {
+        let sparse = question == QuestionMode::Sparse;
+        let own: Generation = store.run(sparse, |kv, input, pass| {
+            generate::generate(model, tokenizer, attn, kv, input, &params(pass), quiet)
+        })?;
+        attn.end_conversation();
+        // Only the totals are read: the documents' span is the one the app's tally would use.
+        let tally = ReadTally::new(attn, vec![(0, prompt.documents_end)]);
+        let forced = store
+            .run(sparse, |kv, input, pass| generate::teacher_forced(model, &tally, kv, input, answer, pass, steps))?;
+        attn.end_conversation();
+        let kls: Vec<f64> = reference.iter().zip(&forced).map(|(p, q)| kl_divergence(p, q)).collect();
+        let agree = reference.iter().zip(&forced).filter(|(p, q)| argmax(p) == argmax(q)).count();
+        let reads = tally.summary();
+        let decoded = own.tokens.len().saturating_sub(1);
+        Ok(Outcome {
+            task: cell.task,
+            length: cell.length,
+            depth: cell.depth,
+            sample: cell.sample,
+            question,
+            prompt_tokens: prompt.ids.len(),
+            expected: prompt.expected.clone(),
+            correct: prompt.correct(&own.tokens),
+            values_right: prompt.values_right(&own.text),
+            values: prompt.values.len(),
+            output: own.text,
+            dense_output: dense.text.clone(),
+            dense_correct: prompt.correct(&dense.tokens),
+            first_token_s: own.first_token_s,
+            ms_per_token: own
+                .first_token_s
+                .filter(|_| decoded > 0)
+                .map(|first| 1e3 * (own.seconds - first) / decoded as f64),
+            mean_kl: kls.iter().sum::<f64>() / kls.len().max(1) as f64,
+            max_kl: kls.iter().copied().fold(0.0, f64::max),
+            top1_agreement: agree as f64 / kls.len().max(1) as f64,
+            forced_steps: kls.len(),
+            rows_read: reads.total_rows / (reads.calls as f64 * q_heads).max(1.0),
+            rows_read_fraction: reads.total_rows / reads.visible_rows.max(1.0),
+            prefill_seconds,
         })
-        .collect()
-}
-
-fn argmax(x: &[f32]) -> usize {
-    x.iter().enumerate().fold(0, |b, (i, v)| if *v > x[b] { i } else { b })
+    };
+    questions.iter().map(|&q| attns.iter().map(|&attn| one(attn, q)).collect()).collect()
 }
 
 /// Where each run of a prompt starts: a fresh store on the resident tier, the documents'

@@ -20,7 +20,7 @@ use crate::offload::OffloadKv;
 use crate::Engine;
 
 /// Tokens generated beyond the expected answer before giving up on it.
-const EXTRA_ANSWER_TOKENS: usize = 4;
+pub(crate) const EXTRA_ANSWER_TOKENS: usize = 4;
 
 /// One test prompt and what a correct answer contains.
 #[derive(Debug, Clone)]
@@ -120,10 +120,13 @@ pub(crate) fn assemble(
             Place::Anywhere => rng.random_range(0..=n),
             Place::OtherDocument => {
                 let first = placed.first().map(|p| document_of(p.index));
-                if titles.len() < 2 || first.is_none() {
-                    return Err(Error::Invalid(
-                        "a fact in another document needs two documents and a first fact".into(),
-                    ));
+                // Some place must lie in another document, or the draw below would not end.
+                if first.is_none() || (0..=n).all(|i| Some(document_of(i)) == first) {
+                    return Err(Error::Invalid(format!(
+                        "length {length} is too short to put two facts in different documents: \
+                         its {n} filler sentences fill fewer than two of {} documents",
+                        titles.len()
+                    )));
                 }
                 loop {
                     let i = rng.random_range(0..=n);
@@ -185,8 +188,12 @@ pub fn build_prompt(
 /// The document that holds sentence `i` of `n` split evenly over `k` documents (`i == n`, after
 /// the last sentence, is the last document's), as [`documents`] splits them.
 fn document_of(i: usize, n: usize, k: usize) -> usize {
-    let bound = |d: usize| ((d * n) as f64 / k as f64).round() as usize;
-    (0..k).rev().find(|&d| bound(d) <= i && (i < bound(d + 1) || d + 1 == k)).unwrap_or(0)
+    (0..k).rev().find(|&d| bound(d, n, k) <= i && (i < bound(d + 1, n, k) || d + 1 == k)).unwrap_or(0)
+}
+
+/// The first of `n` sentences in document `d` of `k` (the split of [`documents`]).
+fn bound(d: usize, n: usize, k: usize) -> usize {
+    ((d * n) as f64 / k as f64).round() as usize
 }
 
 /// The documents string: filler split evenly across documents, facts before the sentence they
@@ -195,7 +202,7 @@ fn documents(spec: &EvalSpec, titles: &[String], sentences: &[String], facts: &[
     let d = &spec.document;
     let n = sentences.len();
     let k = titles.len();
-    let bound = |i: usize| ((i * n) as f64 / k as f64).round() as usize;
+    let bound = |d: usize| bound(d, n, k);
     let mut out = Vec::with_capacity(k);
     for (doc, title) in titles.iter().enumerate() {
         let (lo, hi) = (bound(doc), bound(doc + 1));

@@ -20,7 +20,7 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::needle::{self, assemble, Assembled, Parts, Place};
 use super::spec::EvalSpec;
@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::Engine;
 
 /// What a prompt asks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Task {
     Needle,
@@ -85,20 +85,22 @@ impl TaskPrompt {
         generated.starts_with(&self.expected_ids)
     }
 
-    /// How many of the answer's values the generated text holds at their place: the text
-    /// after the expected words before each value, up to the next '.', spaces removed.
+    /// How many of the answer's values the generated text holds at their place: each value
+    /// must follow the words that come before it in the expected answer (since the previous
+    /// value), up to the next '.', spaces ignored — so a wrong first value does not hide a right
+    /// second one.
     pub fn values_right(&self, generated_text: &str) -> usize {
         let squeeze = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
         let (got, want) = (squeeze(generated_text), squeeze(&self.expected));
-        let mut right = 0;
-        let mut from = 0;
+        let (mut right, mut from, mut got_from) = (0, 0, 0);
         for value in &self.values {
             let Some(at) = want[from..].find(value.as_str()).map(|i| from + i) else { break };
-            // The same place in the generated text: the expected words before it must match.
-            if got.get(..at) == Some(&want[..at]) && got[at..].split('.').next() == Some(value.as_str()) {
+            let words = &want[from..at];
+            let Some(start) = got[got_from..].find(words).map(|i| got_from + i + words.len()) else { break };
+            if got[start..].split('.').next() == Some(value.as_str()) {
                 right += 1;
             }
-            from = at + value.len();
+            (from, got_from) = (at + value.len(), start);
         }
         right
     }
