@@ -22,6 +22,19 @@
 #                              # one tar of reports and transformers' checks of the misses
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# The demo model's evals (needle, fidelity): $folio (the packed binary, or $FOLIO), a results
+# folder $res named $1, and $model, a copy of the demo model (calibration is written next to
+# the model: a copy, not assets/).
+demo_eval_setup() {
+  folio=${FOLIO:-.gpu/folio}
+  [ -n "${FOLIO:-}" ] || tar -C .gpu -xJf .gpu/bundle.tar.xz folio
+  export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  res=$(mktemp -d)/$1
+  mkdir -p "$res"
+  model=$(mktemp -d)/demo
+  cp -r assets/models/demo "$model"
+}
+
 case "${1:-}" in
   pack)
     target=${CARGO_TARGET_DIR:-$HOME/.cache/folio-target}/debug
@@ -186,13 +199,7 @@ for s in p["spans"]: print("  %-28s %8.3f s %5.1f%%" % (s["name"], s["seconds"],
     # missed go through transformers (tools/demo_check_ids.py: the model's miss or the engine's).
     # Everything lands in ONE tar under $OUT: the device tool returns a limited number of files
     # per command. FOLIO=<binary> DEVICE=cpu runs it here (a dry run at small lengths).
-    folio=${FOLIO:-.gpu/folio}
-    [ -n "${FOLIO:-}" ] || tar -C .gpu -xJf .gpu/bundle.tar.xz folio
-    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    res=$(mktemp -d)/needle
-    mkdir -p "$res"
-    model=$(mktemp -d)/demo   # calibration is written next to the model: a copy, not assets/
-    cp -r assets/models/demo "$model"
+    demo_eval_setup needle
     methods=${METHODS:-dense,hip:2048,hip:2%,topk:1%,magicpig:2%,double-sparsity:5%,buzz:50%,streaming:5%}
     {
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
@@ -217,13 +224,7 @@ for s in p["spans"]: print("  %-28s %8.3f s %5.1f%%" % (s["name"], s["seconds"],
     # every method at its paper default), the budgets in $BUDGETS (a budget curve per method),
     # the question mode in $QUESTION (dense|sparse|both). One tar under $OUT, as for needle;
     # the missed prompts' token ids are kept up to 256k tokens (a 1M prompt's are 4 MiB).
-    folio=${FOLIO:-.gpu/folio}
-    [ -n "${FOLIO:-}" ] || tar -C .gpu -xJf .gpu/bundle.tar.xz folio
-    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    res=$(mktemp -d)/fidelity
-    mkdir -p "$res"
-    model=$(mktemp -d)/demo   # calibration is written next to the model: a copy, not assets/
-    cp -r assets/models/demo "$model"
+    demo_eval_setup fidelity
     methods=${METHODS:-streaming,hip,topk,magicpig,double-sparsity,buzz}
     budgets=${BUDGETS:+--budgets $BUDGETS}
     {
