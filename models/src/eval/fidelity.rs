@@ -30,14 +30,12 @@ use std::ops::ControlFlow;
 use serde::{Deserialize, Serialize};
 
 use super::attention::{argmax, kl_divergence};
-use super::needle::EXTRA_ANSWER_TOKENS;
+use super::needle::{PromptStore, EXTRA_ANSWER_TOKENS};
 use super::tasks::{Task, TaskPrompt};
 use crate::attention::reads::ReadTally;
 use crate::attention::{Attention, Dense, Tier};
 use crate::error::Result;
-use crate::generate::{self, GenerateParams, Generation, PromptPass, SamplingParams, PREFILL_CHUNK};
-use crate::kv::KvStore;
-use crate::offload::OffloadKv;
+use crate::generate::{self, GenerateParams, Generation, SamplingParams};
 use crate::Engine;
 
 /// How the question (the prompt after the documents) is attended.
@@ -117,7 +115,7 @@ pub fn run_prompt(
     tier: Tier,
     questions: &[QuestionMode],
 ) -> Result<Vec<Vec<Outcome>>> {
-    let (mut store, prefill_seconds) = Store::new(engine, prompt, tier)?;
+    let (mut store, prefill_seconds) = PromptStore::new(engine, &prompt.ids, prompt.documents_end, tier)?;
     let params = |pass| GenerateParams {
         max_new_tokens: prompt.expected_ids.len() + EXTRA_ANSWER_TOKENS,
         sampling: SamplingParams::default(),
@@ -179,44 +177,4 @@ pub fn run_prompt(
         })
     };
     questions.iter().map(|&q| attns.iter().map(|&attn| one(attn, q)).collect()).collect()
-}
-
-/// Where each run of a prompt starts: a fresh store on the resident tier, the documents'
-/// rows prefilled once on the offloaded one.
-enum Store<'a> {
-    Resident { engine: &'a Engine, prompt: &'a TaskPrompt },
-    Offloaded { kv: Box<OffloadKv>, prompt: &'a TaskPrompt },
-}
-
-impl<'a> Store<'a> {
-    /// The store and the seconds its documents' prefill took.
-    fn new(engine: &'a Engine, prompt: &'a TaskPrompt, tier: Tier) -> Result<(Self, f64)> {
-        Ok(match tier {
-            Tier::Resident => (Store::Resident { engine, prompt }, 0.0),
-            Tier::Offloaded => {
-                let started = std::time::Instant::now();
-                let kv = OffloadKv::prefill(&engine.model, &prompt.ids[..prompt.documents_end], PREFILL_CHUNK)?;
-                (Store::Offloaded { kv: Box::new(kv), prompt }, started.elapsed().as_secs_f64())
-            }
-        })
-    }
-
-    /// Calls `f` with a store that holds what precedes its input, the input (the whole prompt,
-    /// or the question after the prefilled documents) and the prompt pass: the question one
-    /// token at a time when `sparse`.
-    fn run<R>(&mut self, sparse: bool, f: impl FnOnce(&mut dyn KvStore, &[u32], PromptPass) -> Result<R>) -> Result<R> {
-        match self {
-            Store::Resident { engine, prompt } => {
-                let pass = if sparse { PromptPass::SparseFrom(prompt.documents_end) } else { PromptPass::Dense };
-                f(&mut engine.model.new_kv(), &prompt.ids, pass)
-            }
-            Store::Offloaded { kv, prompt } => {
-                // The documents only: the previous run's question, answer and resident layers go.
-                kv.set_len(prompt.documents_end)?;
-                kv.drop_resident();
-                let pass = if sparse { PromptPass::SparseFrom(0) } else { PromptPass::Dense };
-                f(kv.as_mut(), &prompt.ids[prompt.documents_end..], pass)
-            }
-        }
-    }
 }

@@ -14,7 +14,7 @@ use super::spec::EvalSpec;
 use crate::attention::{Attention, Tier};
 use crate::chat::Message;
 use crate::error::{Error, Result};
-use crate::generate::{self, GenerateParams, SamplingParams, PREFILL_CHUNK};
+use crate::generate::{self, GenerateParams, PromptPass, SamplingParams, PREFILL_CHUNK};
 use crate::kv::KvStore;
 use crate::offload::OffloadKv;
 use crate::Engine;
@@ -338,35 +338,63 @@ pub fn run_sample(
         prefill_seconds,
     };
     let quiet = |_: &str| ControlFlow::Continue(());
-    match tier {
-        Tier::Resident => attns
-            .iter()
-            .map(|attn| {
-                let start = Instant::now();
-                let g = engine.generate_with(*attn, &prompt.ids, &params, quiet);
-                // The next prompt is another conversation; the method's device memory goes now.
-                attn.end_conversation();
-                Ok(scored(g?.text, 0.0, start))
-            })
-            .collect(),
-        Tier::Offloaded => {
+    let (mut store, prefill_seconds) = PromptStore::new(engine, &prompt.ids, prompt.documents_end, tier)?;
+    attns
+        .iter()
+        .map(|&attn| {
             let start = Instant::now();
-            let (documents, question) = prompt.ids.split_at(prompt.documents_end);
-            let mut kv = OffloadKv::prefill(&engine.model, documents, PREFILL_CHUNK)?;
-            let prefill_seconds = start.elapsed().as_secs_f64();
-            attns
-                .iter()
-                .map(|attn| {
-                    let start = Instant::now();
-                    // The documents only: the previous method's tail and resident layers go.
-                    kv.set_len(documents.len())?;
-                    kv.drop_resident();
-                    let g =
-                        generate::generate(&engine.model, &engine.tokenizer, *attn, &mut kv, question, &params, quiet);
-                    attn.end_conversation();
-                    Ok(scored(g?.text, prefill_seconds, start))
-                })
-                .collect()
+            let g = store.run(false, |kv, input, pass| {
+                let params = GenerateParams { prompt_pass: pass, ..params.clone() };
+                generate::generate(&engine.model, &engine.tokenizer, attn, kv, input, &params, quiet)
+            });
+            // The next prompt is another conversation; the method's device memory goes now.
+            attn.end_conversation();
+            Ok(scored(g?.text, prefill_seconds, start))
+        })
+        .collect()
+}
+
+/// Where each run of a prompt (each method's, each question mode's) starts: a fresh store
+/// holding nothing on the resident tier, which gets the whole prompt; on the offloaded tier
+/// the documents' rows, prefilled once, and the question after them.
+pub(crate) struct PromptStore<'a> {
+    engine: &'a Engine,
+    ids: &'a [u32],
+    /// `ids[..documents_end]` are the documents.
+    documents_end: usize,
+    /// The documents' rows on the offloaded tier; `None` on the resident one.
+    offloaded: Option<Box<OffloadKv>>,
+}
+
+impl<'a> PromptStore<'a> {
+    /// The store and the seconds its documents' prefill took (0 on the resident tier).
+    pub(crate) fn new(engine: &'a Engine, ids: &'a [u32], documents_end: usize, tier: Tier) -> Result<(Self, f64)> {
+        let started = Instant::now();
+        let offloaded = match tier {
+            Tier::Resident => None,
+            Tier::Offloaded => Some(Box::new(OffloadKv::prefill(&engine.model, &ids[..documents_end], PREFILL_CHUNK)?)),
+        };
+        let prefill_seconds = if offloaded.is_some() { started.elapsed().as_secs_f64() } else { 0.0 };
+        Ok((Self { engine, ids, documents_end, offloaded }, prefill_seconds))
+    }
+
+    /// Calls `f` with a store that holds what precedes its input, the input (the whole prompt,
+    /// or the question after the prefilled documents) and the prompt pass: the question one
+    /// token at a time when `sparse`.
+    pub(crate) fn run<R>(
+        &mut self,
+        sparse: bool,
+        f: impl FnOnce(&mut dyn KvStore, &[u32], PromptPass) -> Result<R>,
+    ) -> Result<R> {
+        let pass = |from| if sparse { PromptPass::SparseFrom(from) } else { PromptPass::Dense };
+        match &mut self.offloaded {
+            None => f(&mut self.engine.model.new_kv(), self.ids, pass(self.documents_end)),
+            Some(kv) => {
+                // The documents only: the previous run's question, answer and resident layers go.
+                kv.set_len(self.documents_end)?;
+                kv.drop_resident();
+                f(kv.as_mut(), &self.ids[self.documents_end..], pass(0))
+            }
         }
     }
 }
