@@ -345,6 +345,8 @@ fn fidelity_eval_reports_each_method_against_dense() {
         &[],
     );
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert!(log.contains("warming up on a "), "a warm-up before the timed prompts: {log}");
     let table = String::from_utf8_lossy(&run.stdout);
     assert!(table.contains("768 tokens, dense question:") && table.contains("768 tokens, sparse question:"), "{table}");
     assert!(table.contains("streaming:32") && table.contains("streaming:25%"), "{table}");
@@ -361,7 +363,7 @@ fn fidelity_eval_reports_each_method_against_dense() {
     assert!(narrow["overall"].as_f64().unwrap() < 1.0 && narrow["mean_kl"].as_f64().unwrap() > 0.1, "{narrow}");
     assert!(narrow["rows_read_fraction"].as_f64().unwrap() < 0.1, "{narrow}");
     let outcomes = doc["runs"][1]["outcomes"].as_array().unwrap();
-    assert_eq!(outcomes.len(), 2 * 2, "two prompts, two question modes");
+    assert_eq!(outcomes.len(), 2 * 2, "two prompts (not the warm-up), two question modes");
     let svg = std::fs::read_to_string(out.path().join("fidelity.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("exact answers") && svg.contains("dashed"), "the chart");
     // Every miss keeps its prompt: streaming:32 missed the chain with a dense question.

@@ -253,6 +253,14 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
         })
     };
     let attns: Vec<&dyn Attention> = runs.iter().map(|r| r.attn.as_ref()).collect();
+    // One short prompt through every run and question mode first, its outcomes dropped: the
+    // process's one-off costs (the device context, kernels loaded on first use, the allocator's
+    // first pools) would otherwise be charged to the first method's first prompt.
+    let warm_length = a.lengths.iter().copied().min().unwrap_or(WARMUP_TOKENS).min(WARMUP_TOKENS);
+    let warm = tasks::cell_prompt(&engine, &spec, a.tasks[0], (warm_length, a.depths[0], 0), a.seed)?;
+    eprintln!("warming up on a {}-token {} prompt", warm.ids.len(), a.tasks[0].name());
+    let warm_cell = Cell { task: a.tasks[0], length: warm_length, depth: a.depths[0], sample: 0 };
+    fidelity::run_prompt(&engine, &warm, warm_cell, &attns, tier, &modes)?;
     for &length in &a.lengths {
         for &task in &a.tasks {
             for &depth in &a.depths {
@@ -414,6 +422,10 @@ fn summaries(
 
 /// Where `--out` keeps the prompts a method got wrong.
 const MISSES_DIR: &str = "misses";
+
+/// The warm-up prompt's length (or the shortest asked for, if shorter): long enough to take
+/// every kernel's code path once, short enough to cost little beside a real cell.
+const WARMUP_TOKENS: usize = 4096;
 
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("–".to_owned(), |v| format!("{v:.digits$}"))
