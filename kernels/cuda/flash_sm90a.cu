@@ -15,7 +15,8 @@
 // is the producer: one of its threads asks TMA for Q, then for each 128-key tile of K and of V
 // into one of three stages, each with a "full" mbarrier the copy's bytes complete. Warpgroups 0
 // and 1 are the consumers, 64 query rows each: per tile, S = Q K^T (64x128, eight k-steps over
-// the head dim, Q and K from shared memory), the online softmax in registers (each thread holds
+// the head dim, Q from registers, read once from its tile, and K from shared memory), the
+// online softmax in registers (each thread holds
 // 2 rows x 32 columns of S in wgmma's accumulator layout, mma.sync's C layout per 8 columns),
 // then O += P V with P from registers (the accumulator layout re-packed to bf16 is the
 // A-fragment layout) and V read N-major (the transpose flag: V keeps its [key][dim] layout).
@@ -23,24 +24,31 @@
 // P V over it has completed; the producer waits for that before refilling the stage. Registers
 // move from the producer to the consumers (setmaxnreg): 40 and 232 a thread.
 //
-// In-warpgroup overlap: a consumer issues S of tile t+1 and then P V of tile t, waits for S
-// only, and runs the softmax of t+1 while P V of t is still on the tensor cores; the output is
-// rescaled once P V has landed. The exp2s (one MUFU instruction each) are what the tensor cores
-// would otherwise wait for.
+// In-warpgroup overlap: a consumer issues S of tile t+1, rescales the output while S runs
+// (skipped where no row of the warp moved its max), issues P V of tile t, waits for S only, and
+// runs the softmax of t+1 while P V of t is still on the tensor cores. The exp2s (one MUFU
+// instruction each) are what the tensor cores would otherwise wait for; the order is
+// FlashAttention-3's (section 3.2).
 //
 // Measured (H200, `folio bench kernels`, 28/4 heads x 32k causal, % of the bf16 GEMM in the
 // same run; docs/performance.md): every thread copying with cp.async between block-wide
 // barriers, 48%; a producer warpgroup copying with cp.async, 37-38% (its ~30 instructions per
 // 16-byte copy crowd the consumers' issue slots: copies alone took 10.4 ms of the 14.7 ms the
-// TMA kernel now takes in all); TMA, 69%. Consumers taking turns at the tensor cores
-// (FlashAttention-3's ping-pong, named barriers) made no difference (522 against 525 TFLOP/s)
-// and were left out.
+// TMA kernel now takes in all); TMA, 69%. On an H100 (a standalone harness timing variants
+// of this file, 2026-11-26): 554-561 TFLOP/s with the rescale after P V and Q read from shared
+// memory by every S; issuing S before the rescale +2%, Q from registers +2% more, skipping
+// rescales by 1 +1.5% more (586-596, 74-75% of the 793 TFLOP/s GEMM), the output unchanged to
+// the bit. Tried and left out: consumers taking turns at the tensor cores (FlashAttention-3's
+// ping-pong, named barriers: no difference, there and on an H200), row max and sum in four
+// partial chains (slower: registers), exp2 on packed bf16 pairs (ptxas serialised the MMAs
+// for want of registers, 23% slower).
 //
 // Shared-memory layout (wgmma's 128-byte swizzle, which TMA writes): a tile of R rows of 128
 // bf16 is two column blocks of 64 (128 bytes a row), each [R][128 B], with the 16-byte chunk c
-// of row r at chunk c ^ (r % 8): the 8 rows x 128 B swizzle atom (1024 B, 1024-aligned). K and
-// Q are K-major operands (stride between 8-row groups: 1024 B); V is an N-major operand (the
-// next 64 dims are R * 128 B on, the next 8 keys 1024 B on).
+// of row r at chunk c ^ (r % 8): the 8 rows x 128 B swizzle atom (1024 B, 1024-aligned). K is
+// a K-major operand (stride between 8-row groups: 1024 B); V is an N-major operand (the next 64
+// dims are R * 128 B on, the next 8 keys 1024 B on); Q's tile is read by its consumers once,
+// into registers, by the same addressing.
 //
 // Cost per (query row, visible key): 4 * 128 FLOPs; K/V read once per 128-row query tile.
 
@@ -85,22 +93,6 @@ __device__ __forceinline__ void wgmma_wait_for() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-// d (64x128, f32) = A B (+ d when `accumulate`): A K-major from shared memory, B K-major.
-__device__ __forceinline__ void mma_ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(a), "l"(b), "r"(accumulate));
-}
-
 // d (64x128, f32) += A B: A (bf16) from registers, B N-major (transposed) from shared memory.
 __device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
     asm volatile(
@@ -115,6 +107,22 @@ __device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], u
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+// d (64x128, f32) = A B (+ d when `accumulate`): A (bf16) from registers, B K-major from shared memory.
+__device__ __forceinline__ void mma_rk(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
 // --- mbarriers and TMA ---
@@ -238,16 +246,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     float s[S];
 
     auto wait_full = [&](uint32_t bars_at, int t) { mbar_wait(bars_at + 8 * (t % STAGES), (t / STAGES) & 1); };
-    // S = Q K^T over the head dim in k-steps of 16 (32 bytes within a 128-byte row).
+    // This thread's A fragments of its warpgroup's 64 rows of Q, read once from the swizzled
+    // tile: per k-step of 16 dims, (row g, dims 2 t4..) (row g + 8, ..) (row g, dims 8 + 2 t4..)
+    // (row g + 8, ..), two bf16 a register. S then reads only K from shared memory.
+    uint32_t qa[D / 16][4];
+    auto load_q = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int row = r0 + (j & 1) * 8, c = kk * 16 + (j >> 1) * 8 + 2 * t4;
+                const uint32_t chunk = ((c % 64) / 8) ^ (row % 8);
+                const uint32_t addr = qs + (c / 64) * ROWS * ATOM_ROW + row * ATOM_ROW + chunk * 16 + (c % 8) * 2;
+                asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(qa[kk][j]) : "r"(addr));
+            }
+        }
+    };
+    // S = Q K^T over the head dim in k-steps of 16 (32 bytes within K's 128-byte rows).
     auto issue_s = [&](int stage) {
         const uint32_t ks = kbuf + stage * TILE_BYTES;
         wgmma_fence();
 #pragma unroll
         for (int c = 0; c < D / 16; c++) {
-            const uint32_t col = (c % 4) * 32;
-            const uint64_t a = descriptor(qs + (c / 4) * ROWS * ATOM_ROW + wg * 64 * ATOM_ROW + col, 16, SWIZZLE_ATOM);
-            const uint64_t b = descriptor(ks + (c / 4) * KEYS * ATOM_ROW + col, 16, SWIZZLE_ATOM);
-            mma_ss(s, a, b, c > 0);
+            const uint64_t b = descriptor(ks + (c / 4) * KEYS * ATOM_ROW + (c % 4) * 32, 16, SWIZZLE_ATOM);
+            mma_rk(s, qa[c], b, c > 0);
         }
         wgmma_commit();
     };
@@ -301,8 +323,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_commit();
     };
 
+    // The output accumulated so far, moved to the running max (alpha of the last softmax).
+    // Where no row of the warp moved its max, alpha is 1 for all and the products are skipped:
+    // after the first tiles of a long row that is most tiles.
+    auto rescale = [&]() {
+        if (!__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
+#pragma unroll
+        for (int i = 0; i < 64; i++) o[i] *= alpha[(i >> 1) & 1];
+    };
+
     if (tiles > 0) {
         mbar_wait(q_full, 0);
+        load_q();
         wait_full(full_k, 0);
         issue_s(0);
         wgmma_wait_for<0>();
@@ -310,16 +342,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         softmax(0);
         pack();
     }
-    // S of the next tile, then P V of this one; the next softmax runs while this P V does, and
-    // the output is rescaled once P V has landed. (The last tile, with no S after it, is its
-    // own step: ptxas keeps the MMAs asynchronous only where every path commits the same
+    // S of the next tile is issued first and the output rescaled while it runs; then P V of
+    // this tile, and the next softmax while P V runs. (The last tile, with no S after it, is
+    // its own step: ptxas keeps the MMAs asynchronous only where every path commits the same
     // groups, else it serialises them, warning C7514/C7515.)
     for (int t = 0; t + 1 < tiles; t++) {
         const int stage = t % STAGES;
-        wait_full(full_v, t);
         wait_full(full_k, t + 1);
         pin(o);
         issue_s((t + 1) % STAGES);
+        rescale();
+        wait_full(full_v, t);
+        pin(o);
         issue_pv(stage);
         wgmma_wait_for<1>();
         pin(s);
@@ -327,11 +361,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_wait_for<0>();
         pin(o);
         if (lane == 0) mbar_arrive(empty + 8 * stage);
-#pragma unroll
-        for (int i = 0; i < 64; i++) o[i] *= alpha[(i >> 1) & 1];
         pack();
     }
     if (tiles > 0) {
+        rescale();
         wait_full(full_v, tiles - 1);
         pin(o);
         issue_pv((tiles - 1) % STAGES);
