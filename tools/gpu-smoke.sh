@@ -48,14 +48,15 @@ case "${1:-}" in
     cp "$(newest heads)" .gpu/kernels-heads
     cp "$(newest norm)" .gpu/kernels-norm
     cp "$(newest transfer)" .gpu/kernels-transfer
+    cp "$(newest blocks)" .gpu/kernels-blocks
     cp "$(newest parity)" .gpu/models-parity
     cp "$(newest context)" .gpu/models-context
     cp "$(newest offload)" .gpu/models-offload
     cp "$target/../${FOLIO_PROFILE:-debug}/folio" .gpu/folio
     strip .gpu/*
     # The binaries embed candle's PTX (text): xz shrinks them ~6x, under the device tool's 64 MiB.
-    bins=(folio kernels-attention kernels-sparse kernels-select kernels-encode kernels-mlp kernels-heads kernels-norm kernels-transfer models-parity models-context
-      models-offload)
+    bins=(folio kernels-attention kernels-sparse kernels-select kernels-encode kernels-mlp kernels-heads kernels-norm kernels-transfer
+      kernels-blocks models-parity models-context models-offload)
     tar -C .gpu -cf - "${bins[@]}" | xz -T2 -9 > .gpu/bundle.tar.xz
     (cd .gpu && rm "${bins[@]}")
     du -sh .gpu/bundle.tar.xz
@@ -101,6 +102,7 @@ case "${1:-}" in
       echo "== sparse-decode kernels vs their CPU references"
       .gpu/kernels-sparse --test-threads 1 --nocapture
       .gpu/kernels-select --test-threads 1 --nocapture
+      .gpu/kernels-blocks --nocapture
       echo "== the offloaded KV tier's fast paths vs the methods' CPU references"
       .gpu/models-offload --test-threads 1 --nocapture
       echo "== folio bench kernels (Qwen2.5-7B attention shape, 1M-row K/V)"

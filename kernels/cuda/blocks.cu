@@ -38,6 +38,25 @@ extern "C" __global__ void halve(const uint32_t* nodes, const uint32_t* keep, ui
     }
 }
 
+// expand: a thread per (head, slot) of the positions a head reads after the search: the sinks
+// lo..first, then the b keys of each kept node's first block f, first + f * b + o (whole
+// blocks: the caller's region is a multiple of b keys).
+//   nodes [heads, m, 2] u32   keep [heads, n] u32   pos [heads, (first - lo) + n * b] u32
+extern "C" __global__ void expand(const uint32_t* nodes, const uint32_t* keep, uint32_t* pos, int heads, int m, int n,
+                                  int b, int lo, int first) {
+    const int sinks = first - lo, s = sinks + n * b;
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)heads * s) return;
+    const int h = (int)(t / s), slot = (int)(t % s);
+    if (slot < sinks) {
+        pos[t] = (uint32_t)(lo + slot);
+        return;
+    }
+    const int j = (slot - sinks) / b, o = (slot - sinks) % b;
+    const uint32_t f = nodes[((size_t)h * m + keep[(size_t)h * n + j]) * 2];
+    pos[t] = (uint32_t)first + f * (uint32_t)b + (uint32_t)o;
+}
+
 // block_max: a warp per (head, candidate): the largest q . k over the candidate's b keys, or
 // -inf for an empty half (l <= f).
 //   q [heads, d] f32   keys [heads, c * b, d] T   cand [heads, c, 2] u32   z [heads, c] f32

@@ -1,8 +1,10 @@
-//! The two steps of a hierarchical top-k search over blocks of keys (HiP's mask search), for
-//! every query head at once: [`halve`] splits each kept node (a range of blocks) in two and
-//! gives the key positions of each half's representative block; [`block_max`] scores each half
-//! by its best key. A caller gathers the keys at those positions (from wherever they live) and
-//! keeps the best halves with the top-k kernel, round after round.
+//! The steps of a hierarchical top-k search over blocks of keys (HiP's mask search), for every
+//! query head at once: [`halve`] splits each kept node (a range of blocks) in two and gives the
+//! key positions of each half's representative block; [`block_max`] scores each half by its
+//! best key. A caller gathers the keys at those positions (from wherever they live) and keeps
+//! the best halves with the top-k kernel, round after round; [`expand`] turns the last round's
+//! kept blocks into the key positions a head reads, on the device, so that a search never waits
+//! for the host.
 //!
 //! Why kernels: written with candle's elementwise ops, a round took about thirty launches
 //! (floors, halvings, concatenations, clamps, a matmul, a mask) and the search about 10 ms of
@@ -10,8 +12,9 @@
 //! launches a round. Nodes and positions are u32 (block indices and positions are integers; the
 //! candle version carried them in f32).
 //!
-//! References: [`reference::halve`] and [`reference::block_max`] over plain slices, which the
-//! CPU runs and the tests hold the CUDA kernels (kernels/cuda/blocks.cu) to.
+//! References: [`reference::halve`], [`reference::block_max`] and [`reference::expand`] over
+//! plain slices, which the CPU runs and the tests hold the CUDA kernels (kernels/cuda/blocks.cu)
+//! to.
 
 use candle_core::{DType, Result, Tensor};
 
@@ -77,6 +80,30 @@ pub mod reference {
             })
             .collect()
     }
+
+    /// The key positions each head reads after a search: `nodes [heads, m, 2]` (the last
+    /// round's halves) and `keep [heads, n]` (the kept ones) to `[heads, (first − lo) + n·b]`:
+    /// the sinks `lo..first`, then the `b` keys `first + f·b + o` of each kept node's first
+    /// block `f`, in `keep`'s order. Every block is whole: the caller's region is a multiple of
+    /// `b` keys long.
+    pub fn expand(
+        nodes: &[u32],
+        keep: &[u32],
+        (heads, m, n): (usize, usize, usize),
+        b: usize,
+        sinks: (usize, usize),
+    ) -> Vec<u32> {
+        let (lo, first) = sinks;
+        let mut pos = Vec::with_capacity(heads * (first - lo + n * b));
+        for h in 0..heads {
+            pos.extend((lo..first).map(|p| p as u32));
+            for &src in &keep[h * n..(h + 1) * n] {
+                let f = nodes[(h * m + src as usize) * 2] as usize;
+                pos.extend((0..b).map(|o| (first + f * b + o) as u32));
+            }
+        }
+        pos
+    }
 }
 
 /// See [`reference::halve`]: `nodes [heads, m, 2]` u32, `keep [heads, n]` u32 or none (then
@@ -96,6 +123,31 @@ pub fn halve(nodes: &Tensor, keep: Option<&Tensor>, b: usize, first: usize, keys
             let keep_v = keep.map(|k| k.flatten_all()?.to_vec1::<u32>()).transpose()?;
             let (cand, pos) = reference::halve(&nodes_v, keep_v.as_deref(), dims, b, first, keys);
             Ok((Tensor::from_vec(cand, (heads, 2 * n, 2), device)?, Tensor::from_vec(pos, (heads, 2 * n * b), device)?))
+        }
+    }
+}
+
+/// See [`reference::expand`]: `nodes [heads, m, 2]` u32, `keep [heads, n]` u32, the sinks
+/// `lo..first`. Returns `[heads, (first − lo) + n·b]` u32 on `nodes`' device.
+pub fn expand(nodes: &Tensor, keep: &Tensor, b: usize, sinks: (usize, usize)) -> Result<Tensor> {
+    let (heads, m, two) = nodes.dims3()?;
+    let (kh, n) = keep.dims2()?;
+    if two != 2 || kh != heads || b == 0 || sinks.0 > sinks.1 {
+        candle_core::bail!(
+            "expand: nodes {:?}, keep {:?}, {b} keys a block, sinks {sinks:?}",
+            nodes.dims(),
+            keep.dims()
+        );
+    }
+    let dims = (heads, m, n);
+    let s = sinks.1 - sinks.0 + n * b;
+    match nodes.device() {
+        #[cfg(feature = "cuda")]
+        candle_core::Device::Cuda(_) => cuda::expand(nodes, keep, dims, b, sinks),
+        device => {
+            let nodes_v: Vec<u32> = nodes.flatten_all()?.to_vec1()?;
+            let keep_v: Vec<u32> = keep.flatten_all()?.to_vec1()?;
+            Tensor::from_vec(reference::expand(&nodes_v, &keep_v, dims, b, sinks), (heads, s), device)
         }
     }
 }
@@ -137,8 +189,8 @@ mod cuda {
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/blocks.ptx"));
     const MODULE: &str = "folio_blocks";
-    /// Threads a block of `halve` (a node each), and warps a block of `block_max` (WARPS in the
-    /// kernel, a candidate each).
+    /// Threads a block of `halve` (a node each) and of `expand` (a position each), and warps a
+    /// block of `block_max` (WARPS in the kernel, a candidate each).
     const HALVE_THREADS: usize = 256;
     const WARPS: usize = 4;
 
@@ -213,6 +265,56 @@ mod cuda {
             both.narrow(0, 0, split)?.reshape((heads, 2 * n, 2))?,
             both.narrow(0, split, heads * 2 * n * b)?.reshape((heads, 2 * n * b))?,
         ))
+    }
+
+    struct Expand {
+        keep: Tensor,
+        dims: (usize, usize, usize),
+        b: usize,
+        sinks: (usize, usize),
+    }
+
+    impl CudaOp1 for Expand {
+        const NAME: &'static str = "folio-expand";
+
+        fn cuda_fwd(&self, nodes: &CudaStorage, nl: &Layout) -> Result<(CudaStorage, Shape)> {
+            let (heads, m, n) = self.dims;
+            let dev = nodes.device().clone();
+            let ns = nodes.as_cuda_slice::<u32>()?.slice(nl.start_offset()..);
+            let (ks, kl) = self.keep.storage_and_layout();
+            let keep = cuda_storage(&ks, "expand: keep")?.as_cuda_slice::<u32>()?.slice(kl.start_offset()..);
+            let s = self.sinks.1 - self.sinks.0 + n * self.b;
+            // SAFETY: a thread writes each position.
+            let out = unsafe { dev.alloc::<u32>((heads * s).max(1))? };
+            let cfg = launch_grid(heads * s, HALVE_THREADS, HALVE_THREADS, "expand")?;
+            let ints = [heads, m, n, self.b, self.sinks.0, self.sinks.1].map(|x| x as i32);
+            let func = dev.get_or_load_custom_func("expand", MODULE, PTX)?;
+            let mut b = func.builder();
+            b.arg(&ns).arg(&keep).arg(&out);
+            for x in &ints {
+                b.arg(x);
+            }
+            // SAFETY: shapes checked by the caller; keep's indices are < m (the top-k kernel's
+            // over the m halves).
+            unsafe { b.launch(cfg) }.w()?;
+            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((heads, s))))
+        }
+    }
+
+    pub fn expand(
+        nodes: &Tensor,
+        keep: &Tensor,
+        dims: (usize, usize, usize),
+        b: usize,
+        sinks: (usize, usize),
+    ) -> Result<Tensor> {
+        let (heads, _, n) = dims;
+        let s = sinks.1 - sinks.0 + n * b;
+        if [dims.0, dims.1, dims.2, b, sinks.1, heads * s].iter().any(|&x| x > i32::MAX as usize) {
+            candle_core::bail!("expand: sizes past the kernel's i32 indices");
+        }
+        let op = Expand { keep: keep.contiguous()?, dims, b, sinks };
+        nodes.contiguous()?.apply_op1_no_bwd(&CudaOnly(op))
     }
 
     struct BlockMax {

@@ -74,3 +74,29 @@ fn block_max_matches_reference(device: &Device) -> Result<()> {
 }
 
 test_device!(block_max_matches_reference, block_max_cpu, block_max_cuda);
+
+/// Expansion of the kept blocks into positions: with and without sinks, block sizes 1 to 4,
+/// picks in any order; the reference's positions exactly.
+fn expand_matches_reference(device: &Device) -> Result<()> {
+    let seed = common::seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for (heads, m, n, b, sinks) in [(28, 514, 257, 2, (0, 4)), (3, 8, 4, 1, (0, 0)), (5, 40, 20, 4, (7, 10))] {
+        let nodes: Vec<u32> = (0..heads * m)
+            .flat_map(|_| {
+                let f = rng.random_range(0..100_000u32);
+                [f, f + 1]
+            })
+            .collect();
+        let keep: Vec<u32> = (0..heads * n).map(|_| rng.random_range(0..m as u32)).collect();
+        let want = reference::expand(&nodes, &keep, (heads, m, n), b, sinks);
+        assert_eq!(want.len(), heads * (sinks.1 - sinks.0 + n * b));
+        let nt = Tensor::from_vec(nodes, (heads, m, 2), device)?;
+        let kt = Tensor::from_vec(keep, (heads, n), device)?;
+        let got = blocks::expand(&nt, &kt, b, sinks)?;
+        assert_eq!(got.dims(), [heads, sinks.1 - sinks.0 + n * b]);
+        assert_eq!(got.flatten_all()?.to_vec1::<u32>()?, want, "seed {seed}: positions");
+    }
+    Ok(())
+}
+
+test_device!(expand_matches_reference, expand_cpu, expand_cuda);
