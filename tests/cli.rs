@@ -559,7 +559,7 @@ fn shape_bench_reports_decode_against_its_floor() {
         assert_eq!(f(named(want), "calls"), 2.0, "{want}: {p}");
     }
     // The offloaded attention's parts, inside its span and left out of the sum.
-    let parts = ["attention: pick", "attention: gather", "attention: kernel"];
+    let parts = ["attention: gather", "attention: kernel"];
     for want in parts {
         assert_eq!(f(named(want), "calls"), 2.0, "{want}: {p}");
     }
@@ -619,6 +619,11 @@ fn prefill_bench_runs_a_shape() {
     let mut both = args.to_vec();
     both.extend(["--model", "assets/models/demo"]);
     assert!(err_text(folio(&both, &[])).contains("--shape and --model are two different models"));
+    let missing = dir.path().join("missing");
+    let mut nowhere = args.to_vec();
+    nowhere[11] = missing.to_str().unwrap();
+    let err = err_text(folio(&nowhere, &[]));
+    assert!(err.contains("missing: no such folder"), "{err}");
     // The demo model's whole window (1,179,648 positions) leaves no room for the question (a
     // prefill of that length on the CPU would take hours: the refusal comes first).
     let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/models/demo");

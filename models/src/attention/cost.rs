@@ -64,9 +64,11 @@ pub struct StepCost {
     pub resident_bytes: u64,
 }
 
-/// Streaming: one set of `picked` positions per KV head, read once for its group.
+/// Streaming: one set of `picked` positions per KV head, kept on the device and read there once
+/// for its group; a step adds its own row, already on the device.
 pub fn per_kv_head(input: &CostInput<'_>, picked: usize) -> StepCost {
-    StepCost { link_bytes: input.layers() * input.rows(picked, input.shape.kv_heads), ..StepCost::default() }
+    let kept = input.layers() * input.rows(picked, input.shape.kv_heads);
+    StepCost { device_bytes: kept, resident_bytes: kept as u64, ..StepCost::default() }
 }
 
 #[cfg(test)]
@@ -91,7 +93,7 @@ mod tests {
             let b = budget as f64;
             let (device, link, host) = match spec.name {
                 "dense" => (0.0, l * rows(n, kv), 0.0),
-                "streaming" => (0.0, l * rows(b, kv), 0.0),
+                "streaming" => (l * rows(b, kv), 0.0, 0.0),
                 "buzz" => (l * 1.5 * rows(b, kv), 0.0, 0.0),
                 "topk" => (0.0, l * (n * kv * row + rows(b + p("window"), h)), 0.0),
                 "topk-ivf" => {
@@ -103,10 +105,15 @@ mod tests {
                 "hip" => {
                     let dense = p("dense_layers");
                     let picked = b + p("sinks") + p("window");
-                    let blocks_n = (picked / p("block")).ceil();
+                    let blocks_n = (b / p("block")).ceil();
                     let rounds = ((n / p("block")).ceil() / blocks_n).log2().ceil();
-                    let search = rounds * 2.0 * blocks_n * p("block") * h * row / p("refresh");
-                    (dense * rows(n, kv), (l - dense) * (rows(picked, h) + search), 0.0)
+                    let search = rounds * 2.0 * blocks_n * p("block") * h * row;
+                    let sparse = l - dense;
+                    (
+                        dense * rows(n, kv) + sparse * rows(picked, h),
+                        sparse * (rows(picked, h) + search) / p("refresh"),
+                        0.0,
+                    )
                 }
                 "magicpig" => {
                     let dense = 2.0 * p("dense_layers");

@@ -51,28 +51,6 @@ pub fn selected_partial(
     })
 }
 
-/// Per-head picks of different lengths (positions, and logit biases or none) as the `[heads, s]`
-/// positions [`attend_selected`] takes, plus a `[heads, s]` bias when any row carries biases or
-/// is short: a short row is padded with `filler` (any visible position) at −∞, read but never
-/// weighted.
-pub fn pad_picks(picks: &[(Vec<u32>, Vec<f32>)], filler: u32, device: &Device) -> Result<(Tensor, Option<Tensor>)> {
-    let heads = picks.len();
-    let s = picks.iter().map(|(pos, _)| pos.len()).max().unwrap_or(0);
-    let needs_bias = picks.iter().any(|(pos, bias)| pos.len() < s || !bias.is_empty());
-    let (mut idx, mut bias) = (Vec::with_capacity(heads * s), Vec::with_capacity(heads * s));
-    for (pos, b) in picks {
-        let pad = s - pos.len();
-        idx.extend(pos.iter().copied().chain(std::iter::repeat_n(filler, pad)));
-        if needs_bias {
-            bias.extend(b.iter().copied().chain(std::iter::repeat_n(0.0, pos.len() - b.len())));
-            bias.extend(std::iter::repeat_n(f32::NEG_INFINITY, pad));
-        }
-    }
-    let idx = Tensor::from_vec(idx, (heads, s), device)?;
-    let bias = if needs_bias { Some(Tensor::from_vec(bias, (heads, s), device)?) } else { None };
-    Ok((idx, bias))
-}
-
 /// The positions a top-k method reads in one decode step: the `k` best of `scores` (over the
 /// candidates `lo..cut`, index = position − `lo`) and the window `cut..hi`, `[q_heads, s]` u32.
 pub fn top_and_window(
@@ -340,21 +318,6 @@ mod tests {
             let total: f32 = got.iter().sum();
             assert!((total - (kvh * group * t) as f32).abs() < 1e-2, "each row's probabilities sum to 1: {total}");
         }
-        Ok(())
-    }
-
-    #[test]
-    fn ragged_picks_pad_at_minus_infinity() -> Result<()> {
-        let dev = Device::Cpu;
-        // Equal rows without biases need no bias tensor.
-        let (idx, bias) = pad_picks(&[(vec![1, 2], vec![]), (vec![3, 4], vec![])], 9, &dev)?;
-        assert_eq!(idx.to_vec2::<u32>()?, [[1, 2], [3, 4]]);
-        assert!(bias.is_none());
-        // A short row is padded with the filler at −∞; rows without biases get zeros.
-        let (idx, bias) = pad_picks(&[(vec![1, 2, 3], vec![]), (vec![5], vec![0.5])], 9, &dev)?;
-        assert_eq!(idx.to_vec2::<u32>()?, [[1, 2, 3], [5, 9, 9]]);
-        let inf = f32::NEG_INFINITY;
-        assert_eq!(bias.expect("a short row needs a bias").to_vec2::<f32>()?, [[0.0, 0.0, 0.0], [0.5, inf, inf]]);
         Ok(())
     }
 }

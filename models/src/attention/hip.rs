@@ -15,13 +15,20 @@
 //! whole region nothing is pruned: dense.
 //!
 //! Sinks and window sizes are not stated in the paper; 4 and 64 are StreamingLLM's sinks and
-//! the window the other methods here use.
+//! the window the other methods here use. The window starts where the searched region's last
+//! whole block ends (up to `block − 1` keys more than `window`), so every block is whole and
+//! every head picks the same number of keys: one `[heads, s]` pick, no padding.
+//!
+//! The fast path keeps the search and the picked rows on the device: each refresh searches every
+//! head at once and expands the chosen blocks to positions there ([`search_on_device`]), gathers
+//! the picked rows and the window's into per-head buffers once, and each step in between
+//! gathers only its own new row into them (`Kept`): the picks cross the host link once per
+//! refresh, not once per step, and no step waits for a copy to the host.
 
-use candle_core::{Device, IndexOp, Tensor};
-use folio_kernels::blocks;
+use candle_core::{DType, Tensor};
+use folio_kernels::{blocks, sparse};
 
 use super::cost::{CostInput, StepCost};
-use super::fast;
 use super::registry::Tiers;
 use super::registry::{budgeted, Budgeted};
 use super::select::{dot, query_rows, sparse_decode, visible, HeadPick, LayerRows, PerLayer};
@@ -29,6 +36,7 @@ use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Dense, Knobs, MethodSpec, Needs, ParamSpec, Params, Read,
 };
 use crate::error::Result;
+use crate::profile::span;
 use crate::tier::DecodeTier;
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
@@ -47,24 +55,28 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
     build: budgeted::<Hip>,
 };
 
-/// The dense leading layers are kept on the device and read whole; the others gather their
-/// picks per query head and, once per refresh period, the search's representative blocks.
+/// The dense leading layers are kept on the device and read whole. The others search once per
+/// refresh period (the representative blocks' keys of both halves of every branch, per query
+/// head, over the link) and gather their picks and window into device buffers then; each step
+/// reads those buffers on the device and adds its own row, already there.
 fn cost(input: &CostInput<'_>) -> StepCost {
     let (layers, heads, kv) = (input.shape.layers, input.shape.heads, input.shape.kv_heads);
     let dense = input.params.usize("dense_layers").min(layers);
     let sparse = (layers - dense) as f64;
     let block = input.params.usize("block").max(1);
+    let refresh = input.params.usize("refresh").max(1);
     let picked = input.budget + input.params.usize("sinks") + input.params.usize("window");
-    let n = picked.div_ceil(block).max(1);
+    let n = input.budget.div_ceil(block).max(1);
     let blocks = input.context.div_ceil(block).max(1);
     let rounds = (blocks as f64 / n as f64).log2().ceil().max(0.0);
-    // The search reads keys only: the representative blocks of both halves of every branch.
-    let search = rounds * input.keys(2 * n * block, heads) / input.params.usize("refresh").max(1) as f64;
+    let search = rounds * input.keys(2 * n * block, heads);
+    // The kept buffers: the picks, the window, and room for the rows of a refresh period.
+    let kept = input.rows(picked + block + refresh, heads);
     StepCost {
-        device_bytes: dense as f64 * input.rows(input.context, kv),
-        link_bytes: sparse * (input.rows(picked, heads) + search),
+        device_bytes: dense as f64 * input.rows(input.context, kv) + sparse * input.rows(picked, heads),
+        link_bytes: sparse * (input.rows(picked, heads) + search) / refresh as f64,
         host_bytes: 0.0,
-        resident_bytes: (dense as f64 * input.rows(input.context, kv)) as u64,
+        resident_bytes: (dense as f64 * input.rows(input.context, kv) + sparse * kept) as u64,
     }
 }
 
@@ -106,10 +118,34 @@ struct Mask {
     built_hi: usize,
 }
 
+/// One layer's state on the fast path between refreshes: what each query head picked (the sinks
+/// and its chosen blocks, `idx [heads, s]` u32 on the device; `None` when the region was small
+/// enough to keep whole) and per-head buffers `k`, `v` `[heads, capacity, d]` on the device
+/// holding those `s` rows, then the window's from `window_start`, `filled` rows in all. The
+/// capacity leaves room for the rows of the steps until the next refresh.
+struct Kept {
+    idx: Option<Tensor>,
+    k: Tensor,
+    v: Tensor,
+    s: usize,
+    filled: usize,
+    lo: usize,
+    window_start: usize,
+    built_hi: usize,
+}
+
+impl Kept {
+    /// The position the next row of the buffers holds.
+    fn next(&self) -> usize {
+        self.window_start + self.filled - self.s
+    }
+}
+
 pub struct Hip {
     budget: Budget,
     params: Params,
     masks: PerLayer<Vec<Mask>>,
+    kept: PerLayer<Kept>,
 }
 
 /// The hierarchical search over blocks `0..blocks` for `n` survivors; `score(b)` scores block
@@ -198,22 +234,31 @@ pub fn search_blocks_batched(
 
 impl Budgeted for Hip {
     fn new(budget: Budget, params: Params) -> Result<Self> {
-        Ok(Self { budget, params, masks: PerLayer::new() })
+        Ok(Self { budget, params, masks: PerLayer::new(), kept: PerLayer::new() })
     }
 }
 
 impl Hip {
-    /// Whether layer `layer`'s masks (`heads` of them) must be searched again before a step
-    /// whose visible keys end at `hi`: none yet for these heads, built for a later position
+    /// Whether layer `layer`'s masks, built at `built` (none yet), must be searched again before
+    /// a step whose visible keys end at `hi`: none yet, built for a later position
     /// (a new conversation), `refresh` steps old, or at the layer's turn. Layer `l` takes its
     /// turn where `hi + l` is a multiple of `refresh`, so the layers refresh at staggered steps:
     /// a step searches about 1/`refresh` of them instead of every `refresh`-th step searching
     /// all (the same work; at 1M tokens one step in eight took ~8× the others, p90 4× the
     /// mean). No mask gets older than `refresh` steps, the paper's r_m.
-    fn stale(&self, masks: &[Mask], heads: usize, hi: usize, layer: usize) -> bool {
+    fn stale(&self, built: Option<usize>, hi: usize, layer: usize) -> bool {
         let refresh = self.params.usize("refresh");
-        let Some(built) = masks.first().map(|m| m.built_hi).filter(|_| masks.len() == heads) else { return true };
+        let Some(built) = built else { return true };
         built > hi || hi - built >= refresh || (hi > built && (hi + layer) % refresh == 0)
+    }
+
+    /// The searched region `first..window_start` of the visible `lo..hi`: after the sinks, and
+    /// ending where the window (`window` keys at least) begins, at a whole block.
+    fn region(&self, lo: usize, hi: usize) -> (usize, usize) {
+        let b = self.params.usize("block");
+        let first = self.params.usize("sinks").clamp(lo, hi);
+        let wanted = hi.saturating_sub(self.params.usize("window")).max(first);
+        (first, first + (wanted - first) / b * b)
     }
 
     /// A fresh mask for one query head keeping `k` keys of `first..window_start`, and how
@@ -229,8 +274,8 @@ impl Hip {
     ) -> (Mask, usize) {
         let (first, window_start) = region;
         let b = self.params.usize("block");
-        let blocks = window_start.saturating_sub(first).div_ceil(b);
-        let block_keys = |blk: usize| first + blk * b..(first + (blk + 1) * b).min(window_start);
+        let blocks = (window_start - first) / b;
+        let block_keys = |blk: usize| first + blk * b..first + (blk + 1) * b;
         let mut scored = 0;
         let (chosen, _) = search_blocks(blocks, k.div_ceil(b).max(1), |blk| {
             scored += block_keys(blk).len();
@@ -245,100 +290,123 @@ impl Hip {
 /// ranges of blocks; each round halves every node ([`folio_kernels::blocks::halve`]: a
 /// one-block node is its own right half, its empty left half scores −∞), gathers the
 /// representative block's keys of every half for all heads at once, scores each half by its
-/// best key ([`folio_kernels::blocks::block_max`]), and the top-k kernel keeps `n` per head:
-/// four launches a round and no host round trip until the chosen blocks come back.
-/// Differences from the host search: ties at the n-th score go to the lower candidate (the
-/// top-k kernel's rule for up to 2048 candidates; arbitrary past that), not to the earlier
-/// block, and every round scores every half (`2·n` blocks per head) instead of reusing earlier
-/// scores. Returns each head's chosen blocks and the key rows scored per head.
+/// best key ([`folio_kernels::blocks::block_max`]), and the top-k kernel keeps `n` per head;
+/// [`folio_kernels::blocks::expand`] turns the kept blocks into positions, after the sinks.
+/// Nothing comes back to the host: the search is queued and the caller goes on. Differences
+/// from the host search: ties at the n-th score go to the lower candidate (the top-k kernel's
+/// rule for up to 2048 candidates; arbitrary past that), not to the earlier block, and every
+/// round scores every half (`2·n` blocks per head) instead of reusing earlier scores. Needs
+/// more blocks than survivors (`blocks > n`). Returns each head's positions `[heads, (first −
+/// lo) + n·b]` and the key rows scored per head.
 fn search_on_device(
     q: &Tensor,
     kv: &dyn DecodeTier,
     call: &AttnCall<'_>,
-    (first, window_start, b): (usize, usize, usize),
+    (lo, first, b): (usize, usize, usize),
     blocks: usize,
     n: usize,
-) -> Result<(Vec<Vec<usize>>, usize)> {
+) -> Result<(Tensor, usize)> {
     let heads = q.dim(0)?;
-    if blocks <= n {
-        return Ok((vec![(0..blocks).collect(); heads], 0));
-    }
     // The first nodes: n near-equal ranges of the blocks, the same for every head.
     let edge = |j: usize| ((j * blocks) as f64 / n as f64).round() as u32;
     let start: Vec<u32> = (0..heads).flat_map(|_| (0..n).flat_map(move |j| [edge(j), edge(j + 1)])).collect();
     let widest = (0..n).map(|j| edge(j + 1) - edge(j)).max().unwrap_or(1).max(1) as usize;
-    let rounds = usize::BITS as usize - (widest - 1).leading_zeros() as usize;
+    let rounds = (usize::BITS as usize - (widest - 1).leading_zeros() as usize).max(1);
+    // Scored in f32 every round: cast once.
+    let q = q.to_dtype(DType::F32)?;
     let mut nodes = Tensor::from_vec(start, (heads, n, 2), q.device())?;
     let mut keep = None;
     for _ in 0..rounds {
-        let (halves, pos) = blocks::halve(&nodes, keep.as_ref(), b, first, window_start - first)?;
+        let (halves, pos) = blocks::halve(&nodes, keep.as_ref(), b, first, blocks * b)?;
         let keys = kv.gather_keys(call.kv_layer, &pos, call.q_start + 1)?;
-        let z = blocks::block_max(q, &keys, &halves, b)?;
+        let z = blocks::block_max(&q, &keys, &halves, b)?;
         keep = Some(folio_kernels::select::topk(&z, n)?);
         nodes = halves;
     }
-    let halves: Vec<Vec<u32>> = nodes.i((.., .., 0))?.to_device(&Device::Cpu)?.to_vec2()?;
-    let kept: Vec<Vec<u32>> = match keep {
-        Some(k) => k.to_device(&Device::Cpu)?.to_vec2()?,
-        None => vec![(0..n as u32).collect(); heads],
-    };
-    let chosen = halves
-        .iter()
-        .zip(kept)
-        .map(|(row, keep)| {
-            let mut blks: Vec<usize> = keep.into_iter().map(|j| row[j as usize] as usize).collect();
-            blks.sort_unstable();
-            blks
-        })
-        .collect();
-    Ok((chosen, rounds * 2 * n * b))
+    let keep = keep.ok_or_else(|| crate::error::Error::Invalid("hip: a search of no rounds".into()))?;
+    Ok((blocks::expand(&nodes, &keep, b, (lo, first))?, rounds * 2 * n * b))
 }
 
 impl Hip {
-    /// The fast path over an offloaded store: each refresh searches every query head's blocks
-    /// at once on the device ([`search_on_device`]); each step gathers the heads' picks (sinks,
-    /// chosen blocks, window) and runs the row kernel over them.
+    /// The fast path over a decode tier (offloaded or resident): at a refresh, searches every
+    /// query head's blocks at once on the device ([`search_on_device`]) and gathers the picks
+    /// and the window into the layer's [`Kept`] buffers; between refreshes, gathers the rows
+    /// written since the last step into them. The row kernel then reads the buffers, the same
+    /// keys the reference reads (sinks, chosen blocks, window).
     fn attend_fast(&self, call: &AttnCall<'_>, kv: &dyn DecodeTier) -> Result<Attended> {
         let (lo, hi) = visible(call);
         let q = call.q.squeeze(1)?;
         let heads = q.dim(0)?;
         let dev = q.device().clone();
-        let first = self.params.usize("sinks").clamp(lo, hi);
-        let window_start = hi.saturating_sub(self.params.usize("window")).max(first);
-        let b = self.params.usize("block");
-        let mut cache = self.masks.lock();
+        let (first, window_start) = self.region(lo, hi);
+        let mut all = self.kept.lock();
+        let reusable = all.get(&call.layer).is_some_and(|k| {
+            // Kept rows stay valid while the steps go forward from them under the same sinks.
+            k.lo == lo
+                && k.idx.as_ref().is_none_or(|i| i.dim(0).ok() == Some(heads))
+                && k.next() < hi
+                && !self.stale(Some(k.built_hi), hi, call.layer)
+        });
         let mut searched = 0;
-        if cache.get(&call.layer).is_none_or(|m| self.stale(m, heads, hi, call.layer)) {
-            let blocks = window_start.saturating_sub(first).div_ceil(b);
+        if !reusable {
+            let b = self.params.usize("block");
+            let blocks = (window_start - first) / b;
             let n = self.budget.tokens(hi - lo).div_ceil(b).max(1);
-            let chosen = crate::profile::span(&dev, "attention: search", || {
-                search_on_device(&q, kv, call, (first, window_start, b), blocks, n)
-            })?;
-            searched = chosen.1;
-            let masks = chosen
-                .0
-                .into_iter()
-                .map(|blks| {
-                    let keys =
-                        blks.into_iter().flat_map(|blk| first + blk * b..(first + (blk + 1) * b).min(window_start));
-                    Mask { keys: keys.collect(), window_start, built_hi: hi }
-                })
-                .collect();
-            cache.insert(call.layer, masks);
+            let picked = if blocks > n {
+                let (idx, scored) = crate::profile::span(&dev, "attention: search", || {
+                    search_on_device(&q, kv, call, (lo, first, b), blocks, n)
+                })?;
+                searched = scored;
+                Some(idx)
+            } else if window_start > lo {
+                // Every block is kept: the whole region, as one pick for every head.
+                let all: Vec<u32> = (lo as u32..window_start as u32).collect();
+                Some(Tensor::from_vec(all, (1, window_start - lo), &dev)?.repeat((heads, 1))?)
+            } else {
+                None
+            };
+            let s = picked.as_ref().map_or(Ok(0), |p| p.dim(1))?;
+            // The window's rows, then room for the steps until the next refresh (the current
+            // row repeated, overwritten as the steps come).
+            let room = self.params.usize("refresh");
+            let tail: Vec<u32> =
+                (window_start as u32..hi as u32).chain(std::iter::repeat_n((hi - 1) as u32, room)).collect();
+            let tail = Tensor::from_vec(tail, (1, hi - window_start + room), &dev)?.repeat((heads, 1))?;
+            let idx = match &picked {
+                Some(p) => Tensor::cat(&[p, &tail], 1)?,
+                None => tail,
+            };
+            let (k, v) = span(&dev, "attention: gather", || kv.gather(call.kv_layer, &idx, hi))?;
+            let kept = Kept { idx: picked, k, v, s, filled: s + hi - window_start, lo, window_start, built_hi: hi };
+            all.insert(call.layer, kept);
         }
-        let picks: Vec<Vec<usize>> = cache[&call.layer]
-            .iter()
-            .map(|m| {
-                let chosen = m.keys.iter().copied().filter(|&p| p >= first);
-                (lo..first).chain(chosen).chain(m.window_start.max(first)..hi).collect()
-            })
-            .collect();
-        // Heads may pick a few keys fewer (a shorter last block): padded with the current token at −∞.
-        let rows: Vec<(Vec<u32>, Vec<f32>)> =
-            picks.iter().map(|p| (p.iter().map(|&x| x as u32).collect(), Vec::new())).collect();
-        let (idx, bias) = fast::pad_picks(&rows, (hi - 1) as u32, &dev)?;
-        let out = fast::attend_selected(call, kv, &idx, bias.as_ref())?;
-        Ok(Attended { out, read: Read::Rows(picks), searched: searched as f64 / heads as f64 })
+        let kept = all.get_mut(&call.layer).ok_or_else(|| crate::error::Error::Invalid("hip: no kept rows".into()))?;
+        let next = kept.next();
+        // The rows written since the last step of this layer (usually its own one), each KV
+        // head's row copied to its query heads' buffers.
+        let group = heads / kv.kv_heads();
+        for p in next..hi {
+            let (k, v) = span(&dev, "attention: gather", || kv.row(call.kv_layer, p))?;
+            let per_head = |x: Tensor| -> Result<Tensor> {
+                let (kvh, _, d) = x.dims3()?;
+                Ok(x.unsqueeze(1)?.broadcast_as((kvh, group, 1, d))?.reshape((heads, 1, d))?)
+            };
+            kept.k.slice_set(&per_head(k)?, 1, kept.filled)?;
+            kept.v.slice_set(&per_head(v)?, 1, kept.filled)?;
+            kept.filled += 1;
+        }
+        let (out, _lse) = span(&dev, "attention: kernel", || {
+            Ok(sparse::decode_attention_rows(&q, &kept.k, &kept.v, kept.filled, None, call.scale)?)
+        })?;
+        let read = match &kept.idx {
+            Some(idx) => Read::PickedAndRange { idx: idx.clone(), range: (kept.window_start, hi) },
+            None => Read::All,
+        };
+        Ok(Attended {
+            out: out.unsqueeze(1)?.to_dtype(call.q.dtype())?,
+            read,
+            searched: searched as f64 / heads as f64,
+        })
     }
 }
 
@@ -349,6 +417,7 @@ impl Attention for Hip {
 
     fn reset(&self) {
         self.masks.clear();
+        self.kept.clear();
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
@@ -367,11 +436,12 @@ impl Attention for Hip {
             let queries = query_rows(call)?;
             let groups = queries.len() / rows.kv_heads;
             // Sinks are the sequence's first tokens (those still visible).
-            let first = self.params.usize("sinks").clamp(lo, hi);
-            let window_start = hi.saturating_sub(self.params.usize("window")).max(first);
+            let (first, window_start) = self.region(lo, hi);
             let mut cache = self.masks.lock();
             let mut searched = 0;
-            if cache.get(&call.layer).is_none_or(|m| self.stale(m, queries.len(), hi, call.layer)) {
+            let built =
+                cache.get(&call.layer).filter(|m| m.len() == queries.len()).and_then(|m| m.first()).map(|m| m.built_hi);
+            if self.stale(built, hi, call.layer) {
                 let masks = queries
                     .iter()
                     .enumerate()

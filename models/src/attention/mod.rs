@@ -110,6 +110,12 @@ pub enum Read {
     /// the device (distinct per row, in any order; `group` query heads a KV head): a pick
     /// shared by the group, expanded and copied to the host only when [`Read::rows`] asks.
     Grouped { idx: Tensor, group: usize },
+    /// Per query head, the positions of `idx [q_heads, s]` (u32 on the device, distinct per
+    /// row, each before `range`) and every position of `range`: a pick kept on the device beside
+    /// a window read whole, copied to the host only when [`Read::rows`] asks.
+    PickedAndRange { idx: Tensor, range: (usize, usize) },
+    /// The same ranges of positions for each of `heads` query heads (ascending, disjoint).
+    Spans { heads: usize, spans: Vec<(usize, usize)> },
 }
 
 impl Read {
@@ -120,6 +126,15 @@ impl Read {
             Self::Rows(rows) => Some(std::borrow::Cow::Borrowed(rows)),
             Self::Picked(idx) => Some(std::borrow::Cow::Owned(sorted_rows(idx, 1)?)),
             Self::Grouped { idx, group } => Some(std::borrow::Cow::Owned(sorted_rows(idx, *group)?)),
+            Self::PickedAndRange { idx, range } => {
+                let mut rows = sorted_rows(idx, 1)?;
+                rows.iter_mut().for_each(|row| row.extend(range.0..range.1));
+                Some(std::borrow::Cow::Owned(rows))
+            }
+            Self::Spans { heads, spans } => {
+                let row: Vec<usize> = spans.iter().flat_map(|&(a, b)| a..b).collect();
+                Some(std::borrow::Cow::Owned(vec![row; *heads]))
+            }
         })
     }
 }
