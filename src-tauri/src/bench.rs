@@ -569,6 +569,9 @@ fn positions_used(n: usize, a: &PrefillBenchArgs) -> usize {
 
 fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> {
     let kv_dtype = KvDtype::parse(&a.kv_dtype)?;
+    if let Some(d) = a.dir.as_ref().filter(|d| !d.is_dir()) {
+        anyhow::bail!("--dir {}: no such folder (the context files are written there: create it first)", d.display());
+    }
     let device = folio_models::parse_device(&common.device)?;
     let sampler = MemorySampler::start(&device)?;
     let subject = Subject::new(common, &a)?;
