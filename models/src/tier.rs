@@ -64,7 +64,7 @@ pub trait DecodeTier {
     /// Exact attention of a call over every key it sees, in the query's dtype.
     fn dense(&self, call: &AttnCall<'_>) -> Result<Tensor>;
     /// K and V `[kv_heads, 1, d]` of position `pos` of every KV head (a decode step's own row,
-    /// for a method that caches rows on the device: BUZZ).
+    /// for a method that caches rows on the device: BUZZ, HiP, streaming).
     fn row(&self, layer: usize, pos: usize) -> Result<(Tensor, Tensor)> {
         gather_row(self, layer, pos)
     }

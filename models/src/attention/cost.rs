@@ -65,7 +65,8 @@ pub struct StepCost {
 }
 
 /// Streaming: one set of `picked` positions per KV head, kept on the device and read there once
-/// for its group; a step adds its own row, already on the device.
+/// for its group; a step adds its own row, already on the device. (Under a model's sliding
+/// window the sinks move and the set is gathered again every step: not counted here.)
 pub fn per_kv_head(input: &CostInput<'_>, picked: usize) -> StepCost {
     let kept = input.layers() * input.rows(picked, input.shape.kv_heads);
     StepCost { device_bytes: kept, resident_bytes: kept as u64, ..StepCost::default() }

@@ -70,8 +70,9 @@ fn cost(input: &CostInput<'_>) -> StepCost {
     let blocks = input.context.div_ceil(block).max(1);
     let rounds = (blocks as f64 / n as f64).log2().ceil().max(0.0);
     let search = rounds * input.keys(2 * n * block, heads);
-    // The kept buffers: the picks, the window, and room for the rows of a refresh period.
-    let kept = input.rows(picked + block + refresh, heads);
+    // The kept buffers: the picks, the window (each up to a block longer: whole blocks), and
+    // room for the rows of a refresh period.
+    let kept = input.rows(picked + 2 * (block - 1) + refresh, heads);
     StepCost {
         device_bytes: dense as f64 * input.rows(input.context, kv) + sparse * input.rows(picked, heads),
         link_bytes: sparse * (input.rows(picked, heads) + search) / refresh as f64,
@@ -109,20 +110,24 @@ const PARAMS: [ParamSpec; 5] = [
     },
 ];
 
-/// One query head's cached mask: chosen key positions, the window start and the step
-/// (visible end) it was built at.
+/// One query head's cached mask: chosen key positions, the window start, the first visible
+/// position and the step (visible end) it was built at.
 #[derive(Clone)]
 struct Mask {
     keys: Vec<usize>,
     window_start: usize,
+    lo: usize,
     built_hi: usize,
 }
 
 /// One layer's state on the fast path between refreshes: what each query head picked (the sinks
-/// and its chosen blocks, `idx [heads, s]` u32 on the device; `None` when the region was small
-/// enough to keep whole) and per-head buffers `k`, `v` `[heads, capacity, d]` on the device
-/// holding those `s` rows, then the window's from `window_start`, `filled` rows in all. The
-/// capacity leaves room for the rows of the steps until the next refresh.
+/// and its chosen blocks, or the whole region when it holds no more blocks than the budget:
+/// `idx [heads, s]` u32 on the device; `None` when the window covers every visible key) and
+/// per-head buffers `k`, `v` `[heads, capacity, d]` on the device holding those `s` rows, then
+/// the window's from `window_start`, `filled` rows in all. The capacity leaves room for the
+/// rows of the steps until the next refresh (`refresh − 1` of them at most: the mask is stale
+/// at the `refresh`-th). A store cut back must be followed by [`Attention::reset`], as every
+/// caller does before a generation: the kept rows are not checked against the store.
 struct Kept {
     idx: Option<Tensor>,
     k: Tensor,
@@ -270,7 +275,7 @@ impl Hip {
         kvh: usize,
         region: (usize, usize),
         k: usize,
-        hi: usize,
+        (lo, hi): (usize, usize),
     ) -> (Mask, usize) {
         let (first, window_start) = region;
         let b = self.params.usize("block");
@@ -282,7 +287,7 @@ impl Hip {
             block_keys(blk).map(|p| dot(q, rows.key(kvh, p))).fold(f32::NEG_INFINITY, f32::max)
         });
         let keys = chosen.into_iter().flat_map(block_keys).collect();
-        (Mask { keys, window_start, built_hi: hi }, scored)
+        (Mask { keys, window_start, lo, built_hi: hi }, scored)
     }
 }
 
@@ -368,7 +373,7 @@ impl Hip {
             let s = picked.as_ref().map_or(Ok(0), |p| p.dim(1))?;
             // The window's rows, then room for the steps until the next refresh (the current
             // row repeated, overwritten as the steps come).
-            let room = self.params.usize("refresh");
+            let room = self.params.usize("refresh") - 1;
             let tail: Vec<u32> =
                 (window_start as u32..hi as u32).chain(std::iter::repeat_n((hi - 1) as u32, room)).collect();
             let tail = Tensor::from_vec(tail, (1, hi - window_start + room), &dev)?.repeat((heads, 1))?;
@@ -405,7 +410,8 @@ impl Hip {
         Ok(Attended {
             out: out.unsqueeze(1)?.to_dtype(call.q.dtype())?,
             read,
-            searched: searched as f64 / heads as f64,
+            // Key rows scored per head already.
+            searched: searched as f64,
         })
     }
 }
@@ -439,15 +445,21 @@ impl Attention for Hip {
             let (first, window_start) = self.region(lo, hi);
             let mut cache = self.masks.lock();
             let mut searched = 0;
-            let built =
-                cache.get(&call.layer).filter(|m| m.len() == queries.len()).and_then(|m| m.first()).map(|m| m.built_hi);
+            // Masks built under other sinks (a model window moved them) are searched again, as
+            // the fast path's kept rows are.
+            let built = cache
+                .get(&call.layer)
+                .filter(|m| m.len() == queries.len())
+                .and_then(|m| m.first())
+                .filter(|m| m.lo == lo)
+                .map(|m| m.built_hi);
             if self.stale(built, hi, call.layer) {
                 let masks = queries
                     .iter()
                     .enumerate()
                     .map(|(h, q)| {
                         let k = self.budget.tokens(hi - lo);
-                        let (m, s) = self.build(&q[0], rows, h / groups, (first, window_start), k, hi);
+                        let (m, s) = self.build(&q[0], rows, h / groups, (first, window_start), k, (lo, hi));
                         searched += s;
                         m
                     })
@@ -458,9 +470,7 @@ impl Attention for Hip {
             let picks = masks
                 .iter()
                 .map(|m| {
-                    // A sliding model window may have moved past keys chosen at the last refresh.
-                    let chosen = m.keys.iter().copied().filter(|&p| p >= first);
-                    let pos = (lo..first).chain(chosen).chain(m.window_start.max(first)..hi).collect();
+                    let pos = (lo..first).chain(m.keys.iter().copied()).chain(m.window_start.max(first)..hi).collect();
                     HeadPick::plain(pos)
                 })
                 .collect();

@@ -74,7 +74,7 @@ struct Frame {
 }
 
 /// One layer's sinks and window on the device, per KV head: `k`, `v` `[kv_heads, sinks +
-/// recent, d]`, the sinks first, then position `p` of the window in slot `(p − head_end) mod
+/// max(recent, 1), d]`, the sinks first, then position `p` of the window in slot `(p − head_end) mod
 /// recent` after them, rows up to position `next` (exclusive) written. While the window fills,
 /// its rows are the slots' first ones; once full, each new row replaces the one that left.
 struct Ring {
@@ -117,8 +117,11 @@ impl Streaming {
     }
 
     /// The fast path: the layer's ring brought up to the step's own row (built when there is
-    /// none, its frame changed — a new sink, a budget share that grew — or the conversation
-    /// went back or jumped), then the row kernel over it, each row read once for its group.
+    /// none, its frame changed — sinks moved by a model window, a budget share that changed
+    /// with the length, no window at all — or the steps did not go forward from it by at most
+    /// [`MAX_RING_STEP_ROWS`]), then the row kernel over it, each row read once for its group.
+    /// A store cut back must be followed by [`Attention::reset`], as every caller does before
+    /// a generation: the ring's rows are not checked against the store.
     fn attend_fast(&self, call: &AttnCall<'_>, kv: &dyn DecodeTier) -> Result<Attended> {
         let (lo, hi) = visible(call);
         let heads = call.q.dim(0)?;
