@@ -348,7 +348,7 @@ impl Hip {
         let reusable = all.get(&call.layer).is_some_and(|k| {
             // Kept rows stay valid while the steps go forward from them under the same sinks.
             k.lo == lo
-                && k.idx.as_ref().is_none_or(|i| i.dim(0).ok() == Some(heads))
+                && k.k.dim(0).ok() == Some(heads)
                 && k.next() < hi
                 && !self.stale(Some(k.built_hi), hi, call.layer)
         });
