@@ -21,17 +21,14 @@
 
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Result, Tensor};
-use rayon::prelude::*;
-
 use crate::Positions;
-
-/// Picked rows per task of [`host_attention`]: a head's pick is split so that every core has
-/// work when there are fewer heads than cores (the parts merge by LSE).
-const HOST_ROWS_PER_TASK: usize = 2048;
+use candle_core::{DType, Device, Result, Tensor};
 
 /// The plain-slice definitions the fast paths are held to.
 pub mod reference;
+
+mod host;
+pub use host::{host_attention, prefetch_lines};
 
 /// Positions `[rows, min(k, n)]` u32 of the `k` largest scores of each row of `scores [rows, n]`
 /// (f32). On the CPU they come sorted by position (the reference); on CUDA a row of at most
@@ -384,83 +381,6 @@ impl HostView<'_> {
     pub fn row(&self, head: usize, pos: usize, out: &mut [f32]) {
         reference::stored_row(self.bytes, self.stored, head * self.n + pos, self.d, out);
     }
-}
-
-/// Attention of each query head `h` over its own picked rows `picks[h]` of KV head `h / group`
-/// (`group` = query heads per KV head), computed by the CPU straight from host memory: the
-/// logit of pick `j` is `scale·q·k + bias(h, j, k)` (MagicPIG's importance weight depends on
-/// the key, so the bias is computed from the row as it is read). `q [heads·d]` f32. Runs on the calling rayon pool (a head's pick split into tasks
-/// of [`HOST_ROWS_PER_TASK`] rows, merged by LSE). Returns `out [heads·d]` and `lse [heads]`,
-/// zeros and −∞ for an empty pick: [`crate::attention::merge`] takes it as "no keys".
-pub fn host_attention(
-    q: &[f32],
-    (k, v): (&HostRows, &HostRows),
-    picks: &[Vec<u32>],
-    scale: f32,
-    bias: &(dyn Fn(usize, usize, &[f32]) -> f32 + Sync),
-) -> Result<(Vec<f32>, Vec<f32>)> {
-    let (heads, d) = (picks.len(), k.d);
-    let group = heads / k.heads.max(1);
-    if q.len() != heads * d || group == 0 || heads != k.heads * group || (v.heads, v.n, v.d) != (k.heads, k.n, k.d) {
-        candle_core::bail!(
-            "host attention: {} query values for {heads} picks over {} KV heads of dim {d}",
-            q.len(),
-            k.heads
-        );
-    }
-    if let Some(p) = picks.iter().flatten().find(|&&p| p as usize >= k.n) {
-        candle_core::bail!("host attention: position {p} is past the {} stored rows", k.n);
-    }
-    let (kh, vh) = (k.host()?, v.host()?);
-    let tasks: Vec<(usize, usize)> = picks
-        .iter()
-        .enumerate()
-        .flat_map(|(h, p)| (0..p.len()).step_by(HOST_ROWS_PER_TASK).map(move |s| (h, s)))
-        .collect();
-    // Each task: (head, max logit, sum of exp(logit − max), Σ exp(logit − max)·v).
-    let parts: Vec<(usize, f32, f32, Vec<f32>)> = tasks
-        .into_par_iter()
-        .map(|(h, start)| {
-            let pick = &picks[h][start..(start + HOST_ROWS_PER_TASK).min(picks[h].len())];
-            let (qh, kvh) = (&q[h * d..(h + 1) * d], h / group);
-            let mut row = vec![0f32; d];
-            let logits: Vec<f32> = pick
-                .iter()
-                .enumerate()
-                .map(|(j, &p)| {
-                    kh.row(kvh, p as usize, &mut row);
-                    let qk: f32 = qh.iter().zip(&row).map(|(a, b)| a * b).sum();
-                    scale * qk + bias(h, start + j, &row)
-                })
-                .collect();
-            let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let (mut l, mut acc) = (0f32, vec![0f32; d]);
-            if m > f32::NEG_INFINITY {
-                for (&p, &z) in pick.iter().zip(&logits) {
-                    let e = (z - m).exp();
-                    l += e;
-                    vh.row(kvh, p as usize, &mut row);
-                    acc.iter_mut().zip(&row).for_each(|(a, x)| *a += e * x);
-                }
-            }
-            (h, m, l, acc)
-        })
-        .collect();
-    let (mut out, mut lse) = (vec![0f32; heads * d], vec![f32::NEG_INFINITY; heads]);
-    for h in 0..heads {
-        let mine: Vec<&(usize, f32, f32, Vec<f32>)> = parts.iter().filter(|p| p.0 == h).collect();
-        let m = mine.iter().map(|p| p.1).fold(f32::NEG_INFINITY, f32::max);
-        if m == f32::NEG_INFINITY {
-            continue;
-        }
-        let l: f32 = mine.iter().map(|p| p.2 * (p.1 - m).exp()).sum();
-        for p in &mine {
-            let w = (p.1 - m).exp() / l;
-            out[h * d..(h + 1) * d].iter_mut().zip(&p.3).for_each(|(o, a)| *o += w * a);
-        }
-        lse[h] = m + l.ln();
-    }
-    Ok((out, lse))
 }
 
 /// `[heads, 0, d]`: built from an empty host vector, as a zero-byte device allocation is refused.

@@ -255,6 +255,10 @@ impl SectionWriter {
         xs.iter().for_each(|x| self.0.extend_from_slice(&x.to_le_bytes()));
     }
 
+    pub fn u16s(&mut self, xs: &[u16]) {
+        xs.iter().for_each(|x| self.0.extend_from_slice(&x.to_le_bytes()));
+    }
+
     pub fn u8s(&mut self, xs: &[u8]) {
         self.0.extend_from_slice(xs);
     }
@@ -279,6 +283,10 @@ impl<'a> SectionReader<'a> {
         let (head, rest) = self.bytes.split_at(n);
         self.bytes = rest;
         Ok(head)
+    }
+
+    pub fn u16s(&mut self, n: usize) -> Result<Vec<u16>> {
+        Ok(self.u8s(n * 2)?.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect())
     }
 
     pub fn u32s(&mut self, n: usize) -> Result<Vec<u32>> {

@@ -8,7 +8,7 @@ use rand::SeedableRng;
 use rayon::prelude::*;
 
 use candle_core::{DType, Device, Tensor};
-use folio_kernels::sparse;
+use folio_kernels::{select, sparse};
 
 use super::{collision_probability, sampling_probability, U_FLOOR};
 use crate::attention::select::{dot, LayerRows, SectionReader, SectionWriter};
@@ -25,15 +25,68 @@ pub(super) fn projection(d: usize, planes: usize, seed: u64) -> Vec<f32> {
     (0..d * planes).map(|_| normal(&mut rng)).collect()
 }
 
+/// Tables ahead of the one being walked whose bucket lists are prefetched.
+const WALK_AHEAD: usize = 4;
+
+/// Keys per segment of a bucket list, whose members are stored as 16-bit offsets within their
+/// segment.
+const SEGMENT_KEYS: usize = 1 << 16;
+
+/// Segments of `n` indexed keys.
+pub(super) fn segments(n: usize) -> usize {
+    n.div_ceil(SEGMENT_KEYS).max(1)
+}
+
 /// One KV head's tables over keys `first..first + n`.
+///
+/// Compact bucket lists: a table's keys sorted by (code, key) are stored as 2-byte offsets
+/// within their 64 Ki-key segment, with the start of every (code, segment) run — half the
+/// bytes of 4-byte key numbers, plus `2^K · segments` starts (3% at a million keys and
+/// K = 10). At a million tokens of a 7B shape and the paper's L ≈ 150 the tables are 34 GB
+/// instead of 68, which is what lets them sit beside 56 GiB of K/V in a 128 GiB host.
+/// Rejected: per-key codes (1–2 bytes, but every query would scan all of them), delta- or
+/// bit-packed lists (a decode in the walk's inner loop).
 pub(super) struct HeadTables {
     pub(super) mean: Vec<f32>,
     /// |k_i - mean| for each indexed key.
     pub(super) norms: Vec<f32>,
-    /// Per table: the indexed keys (offsets from `first`) sorted by code, and bucket starts
-    /// (`2^K + 1` offsets into it).
-    pub(super) order: Vec<Vec<u32>>,
-    pub(super) start: Vec<Vec<u32>>,
+    /// Per table: the keys' offsets within their segment, sorted by (code, key).
+    pub(super) members: Vec<Vec<u16>>,
+    /// Per table: where the run of code `c`, segment `s` starts in `members`, at
+    /// `c · segments + s` (`2^K · segments + 1` entries, the last `n`).
+    pub(super) starts: Vec<Vec<u32>>,
+}
+
+impl HeadTables {
+    /// Table `l`'s members with code `c`, as key offsets from `first`, ascending.
+    pub(super) fn bucket(&self, l: usize, c: u32) -> impl Iterator<Item = usize> + '_ {
+        let (members, starts) = (&self.members[l], &self.starts[l]);
+        let segs = segments(self.norms.len());
+        let runs = c as usize * segs;
+        (0..segs).flat_map(move |s| {
+            let run = &members[starts[runs + s] as usize..starts[runs + s + 1] as usize];
+            run.iter().map(move |&m| s * SEGMENT_KEYS + m as usize)
+        })
+    }
+
+    fn prefetch_starts(&self, l: usize, c: u32) {
+        let segs = segments(self.norms.len());
+        select::prefetch_lines(&self.starts[l][c as usize * segs..][..segs + 1]);
+    }
+
+    fn prefetch_bucket(&self, l: usize, c: u32) {
+        let segs = segments(self.norms.len());
+        let runs = c as usize * segs;
+        let (a, b) = (self.starts[l][runs] as usize, self.starts[l][runs + segs] as usize);
+        select::prefetch_lines(&self.members[l][a..b]);
+    }
+
+    /// Members of table `l` with code `c`.
+    fn bucket_len(&self, l: usize, c: u32) -> usize {
+        let segs = segments(self.norms.len());
+        let runs = c as usize * segs;
+        (self.starts[l][runs + segs] - self.starts[l][runs]) as usize
+    }
 }
 
 /// One layer's index.
@@ -45,6 +98,9 @@ pub(super) struct LayerIndex {
     pub(super) tables: usize,
     pub(super) w: Vec<f32>,
     pub(super) heads: Vec<HeadTables>,
+    /// The logit bias as a function of the cosine, for the fast path (`None`: see
+    /// [`BiasTable::new`]).
+    bias: Option<BiasTable>,
 }
 
 impl LayerIndex {
@@ -130,33 +186,35 @@ impl LayerIndex {
             .into_iter()
             .zip(codes)
             .map(|((mean, norms), codes)| {
-                // A counting sort per table, the tables over the cores.
-                let buckets = 1usize << bits;
-                let (order, start): (Vec<Vec<u32>>, Vec<Vec<u32>>) = codes
+                // A counting sort per table by (code, segment), the tables over the cores; keys
+                // go in ascending, so each run is sorted too.
+                let (runs, segs) = ((1usize << bits) * segments(n), segments(n));
+                let (members, starts): (Vec<Vec<u16>>, Vec<Vec<u32>>) = codes
                     .par_chunks(n.max(1))
                     .take(tables)
                     .map(|table| {
-                        let mut count = vec![0u32; buckets + 1];
-                        for &c in table {
-                            count[c as usize + 1] += 1;
+                        let run = |i: usize, c: u32| c as usize * segs + i / SEGMENT_KEYS;
+                        let mut count = vec![0u32; runs + 1];
+                        for (i, &c) in table.iter().enumerate() {
+                            count[run(i, c) + 1] += 1;
                         }
-                        for b in 0..buckets {
-                            count[b + 1] += count[b];
+                        for r in 0..runs {
+                            count[r + 1] += count[r];
                         }
                         let mut next = count.clone();
-                        let mut ord = vec![0u32; n];
+                        let mut members = vec![0u16; n];
                         for (i, &c) in table.iter().enumerate() {
-                            let slot = &mut next[c as usize];
-                            ord[*slot as usize] = i as u32;
+                            let slot = &mut next[run(i, c)];
+                            members[*slot as usize] = (i % SEGMENT_KEYS) as u16;
                             *slot += 1;
                         }
-                        (ord, count)
+                        (members, count)
                     })
                     .unzip();
-                HeadTables { mean, norms, order, start }
+                HeadTables { mean, norms, members, starts }
             })
             .collect();
-        Ok(Self { first, end, bits, tables, w, heads })
+        Ok(Self { first, end, bits, tables, w, heads, bias: BiasTable::new(bits, tables) })
     }
 
     /// The logit bias `−log(u + 1e-4)` of indexed key `i` (row `key`) sampled for query `q`
@@ -165,8 +223,19 @@ impl LayerIndex {
         // q · (key − mean), the products summed in channel order as `dot` sums them.
         let q_centred: f32 = q.iter().zip(key.iter().zip(&t.mean)).map(|(x, (a, b))| x * (a - b)).sum();
         let cos = q_centred as f64 / (q_norm as f64 * t.norms[i].max(f32::MIN_POSITIVE) as f64);
-        let u = sampling_probability(collision_probability(cos), self.bits, self.tables);
-        -((u + U_FLOOR).ln()) as f32
+        bias_of_cos(cos, self.bits, self.tables)
+    }
+
+    /// [`Self::logit_bias`] for the fast path: from `q·key` (the logit's dot) and `q·mean` of
+    /// the key's head, whose difference is the centred dot (the row is not read a second
+    /// time), through [`BiasTable`]. Within [`BIAS_TABLE_ERROR`] of it, plus the rounding of
+    /// the two sums.
+    pub(super) fn logit_bias_from_dot(&self, t: &HeadTables, (qk, q_mean): (f32, f32), q_norm: f32, i: usize) -> f32 {
+        let cos = (qk - q_mean) / (q_norm * t.norms[i].max(f32::MIN_POSITIVE));
+        match &self.bias {
+            Some(table) => table.get(cos),
+            None => bias_of_cos(cos as f64, self.bits, self.tables),
+        }
     }
 
     /// The query's code in every table.
@@ -174,46 +243,109 @@ impl LayerIndex {
         sparse::reference::simhash_codes(q, &self.w, q.len(), self.bits, self.tables)
     }
 
-    /// Offsets (from `first`) of the keys whose code equals `q`'s in at least two tables, in
-    /// the order they reach the second collision, and the index entries walked.
+    /// Offsets (from `first`) of the keys whose code equals `q`'s in at least two tables,
+    /// ascending, and the index entries walked.
     pub(super) fn retrieve(&self, head: usize, q: &[f32]) -> (Vec<usize>, usize) {
         thread_local! {
-            /// Collision counts per indexed key, all zero between calls: clearing only the
-            /// entries a walk touched costs the walk, not the context (28 MB a layer at 1M).
-            static COUNT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+            /// Keys seen once and seen twice, one bit each, all clear between calls. Two bits a
+            /// key (256 KB at a million keys) stay in a core's L2, where a byte counter per key
+            /// (1 MB) did not; the walk sets them without a branch, and the sample is read off
+            /// the second set in key order, which is the order the caller reads rows and norms
+            /// in (ascending addresses, not one cache and TLB miss each).
+            static SEEN: std::cell::RefCell<(Vec<u64>, Vec<u64>)> =
+                const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
         }
         let t = &self.heads[head];
         let qc = self.query_codes(q);
-        let buckets =
-            |l: usize, c: u32| &t.order[l][t.start[l][c as usize] as usize..t.start[l][c as usize + 1] as usize];
-        COUNT.with_borrow_mut(|count| {
-            if count.len() < self.end - self.first {
-                count.resize(self.end - self.first, 0);
+        SEEN.with_borrow_mut(|(once, twice)| {
+            let words = (self.end - self.first).div_ceil(64);
+            if once.len() < words {
+                once.resize(words, 0);
+                twice.resize(words, 0);
             }
-            let (mut out, mut walked) = (Vec::new(), 0);
+            let (once, twice) = (&mut once[..words], &mut twice[..words]);
+            let mut walked = 0;
+            // Each bucket is a DRAM miss the hardware cannot predict: its run starts are loaded
+            // first (independent loads, in flight together), then each table's members while an
+            // earlier table is walked.
+            qc.iter().enumerate().for_each(|(l, &c)| t.prefetch_starts(l, c));
+            (0..WALK_AHEAD.min(qc.len())).for_each(|l| t.prefetch_bucket(l, qc[l]));
             for (l, &c) in qc.iter().enumerate() {
-                let bucket = buckets(l, c);
-                walked += bucket.len();
-                for &i in bucket {
-                    let n = &mut count[i as usize];
-                    *n = n.saturating_add(1);
-                    if *n == 2 {
-                        out.push(i as usize);
-                    }
+                if let Some(&ahead) = qc.get(l + WALK_AHEAD) {
+                    t.prefetch_bucket(l + WALK_AHEAD, ahead);
+                }
+                walked += t.bucket_len(l, c);
+                for i in t.bucket(l, c) {
+                    let (w, bit) = (i / 64, 1u64 << (i % 64));
+                    twice[w] |= once[w] & bit;
+                    once[w] |= bit;
                 }
             }
-            for (l, &c) in qc.iter().enumerate() {
-                buckets(l, c).iter().for_each(|&i| count[i as usize] = 0);
+            let mut out = Vec::new();
+            for (w, &bits) in twice.iter().enumerate() {
+                let mut rest = bits;
+                while rest != 0 {
+                    out.push(w * 64 + rest.trailing_zeros() as usize);
+                    rest &= rest - 1;
+                }
             }
+            // Clearing every word costs a memset of the bitsets (~10 µs at a million keys),
+            // less than a second walk over the touched ones.
+            once.fill(0);
+            twice.fill(0);
             (out, walked)
         })
     }
 }
 
-/// Host bytes a layer's build holds at its peak: per KV head and table, the codes and the bucket
-/// list (4 bytes a key each) and the bucket starts; per key its norm.
+/// `−log(u + 1e-4)` for a key at cosine `cos` to the query, `K = bits`, `L = tables`.
+pub(super) fn bias_of_cos(cos: f64, bits: usize, tables: usize) -> f32 {
+    let u = sampling_probability(collision_probability(cos), bits, tables);
+    -((u + U_FLOOR).ln()) as f32
+}
+
+/// Intervals of [`BiasTable`] over cos ∈ [−1, 1].
+const BIAS_TABLE_STEPS: usize = 1 << 13;
+/// The most the table's linear interpolation is off the exact bias (a logit), checked by the
+/// tests over the (K, L) the budgets give: ~1e-5 of a weight.
+pub(super) const BIAS_TABLE_ERROR: f32 = 2e-5;
+
+/// The logit bias sampled at [`BIAS_TABLE_STEPS`]` + 1` cosines, read by linear
+/// interpolation. Why: the exact bias takes an `acos`, two logs and an `exp` in f64 per
+/// sampled key — ~150 ns, more than reading the key's row — and the fast path weighs ~10⁵ keys
+/// per layer. The function is smooth where it moves (flat at both ends: u → 1 as cos → 1,
+/// u → 0 as cos → −1, which tames `acos`'s slope there), so 8 Ki intervals hold it within
+/// [`BIAS_TABLE_ERROR`] for the K the budgets give. The reference keeps the exact form.
+pub(super) struct BiasTable(Vec<f32>);
+
+impl BiasTable {
+    /// The table for `K = bits`, `L = tables`; `None` where interpolating it would be off by
+    /// more than [`BIAS_TABLE_ERROR`] at some interval's midpoint (a small `K`, whose bias is
+    /// steep as cos → −1): those keys get the exact form.
+    pub(super) fn new(bits: usize, tables: usize) -> Option<Self> {
+        let at = |x: f64| -1.0 + 2.0 * x / BIAS_TABLE_STEPS as f64;
+        let table = Self((0..=BIAS_TABLE_STEPS).map(|i| bias_of_cos(at(i as f64), bits, tables)).collect());
+        let off = |i: usize| {
+            let mid = at(i as f64 + 0.5);
+            (table.get(mid as f32) - bias_of_cos(mid, bits, tables)).abs()
+        };
+        (0..BIAS_TABLE_STEPS).all(|i| off(i) < BIAS_TABLE_ERROR / 2.0).then_some(table)
+    }
+
+    pub(super) fn get(&self, cos: f32) -> f32 {
+        let x = (cos.clamp(-1.0, 1.0) + 1.0) * 0.5 * BIAS_TABLE_STEPS as f32;
+        // A NaN cosine reads entry 0 and stays NaN through `frac`.
+        let i = (x as usize).min(BIAS_TABLE_STEPS - 1);
+        let frac = x - i as f32;
+        self.0[i] + frac * (self.0[i + 1] - self.0[i])
+    }
+}
+
+/// Host bytes a layer's build holds at its peak: per KV head and table, the codes (4 bytes a
+/// key), the bucket list (2) and the run starts; per key its norm.
 pub(super) fn build_bytes(kv_heads: usize, n: usize, bits: usize, tables: usize) -> u64 {
-    let per_head = tables as u64 * (8 * n as u64 + 4 * ((1u64 << bits) + 1)) + 4 * n as u64;
+    let starts = 4 * ((1u64 << bits) * segments(n) as u64 + 1);
+    let per_head = tables as u64 * (6 * n as u64 + starts) + 4 * n as u64;
     kv_heads as u64 * per_head
 }
 
@@ -232,7 +364,7 @@ pub(super) fn check_host_memory(needed: u64, available: Option<u64>, plan: &Plan
     match available {
         Some(free) if needed > free => Err(Error::Invalid(format!(
             "magicpig: the hash tables of keys {}..{} ({} tables of {} bits) need {} of host memory, {} is \
-             available; lower the budget, or set tables= or bits= (each table costs 4 bytes per key and KV head)",
+             available; lower the budget, or set tables= or bits= (each table costs 2 bytes per key and KV head)",
             plan.first,
             plan.end,
             plan.tables,
@@ -258,7 +390,7 @@ pub(super) struct Plan {
 impl Plan {
     pub(super) fn name(&self) -> String {
         format!(
-            "magicpig v1 bits={} tables={} keys={}..{} seed={}",
+            "magicpig v2 bits={} tables={} keys={}..{} seed={}",
             self.bits, self.tables, self.first, self.end, self.seed
         )
     }
@@ -273,9 +405,9 @@ impl LayerIndex {
         for h in &self.heads {
             w.f32s(&h.mean);
             w.f32s(&h.norms);
-            for (start, order) in h.start.iter().zip(&h.order) {
-                w.u32s(start.iter().copied());
-                w.u32s(order.iter().copied());
+            for (starts, members) in h.starts.iter().zip(&h.members) {
+                w.u32s(starts.iter().copied());
+                w.u16s(members);
             }
         }
         w.0
@@ -288,22 +420,29 @@ impl LayerIndex {
         let mut heads = Vec::with_capacity(kv_heads);
         for _ in 0..kv_heads {
             let (mean, norms) = (r.f32s(d)?, r.f32s(n)?);
-            let (mut start, mut order) = (Vec::new(), Vec::new());
+            let (mut starts, mut members) = (Vec::new(), Vec::new());
+            let segs = segments(n);
             for _ in 0..plan.tables {
-                let s = r.u32s((1 << plan.bits) + 1)?;
-                let o = r.u32s(n)?;
+                let s = r.u32s((1 << plan.bits) * segs + 1)?;
+                let m = r.u16s(n)?;
+                // Runs in order, ending at `n`, each within its segment's keys.
+                let in_segment = |run: usize| {
+                    let keys = SEGMENT_KEYS.min(n - (run % segs) * SEGMENT_KEYS);
+                    m[s[run] as usize..s[run + 1] as usize].iter().all(|&x| (x as usize) < keys)
+                };
                 if s.windows(2).any(|w| w[0] > w[1])
                     || s.last() != Some(&(n as u32))
-                    || o.iter().any(|&i| i as usize >= n)
+                    || !(0..s.len() - 1).all(in_segment)
                 {
                     return Err(Error::Invalid(format!("index section \"{name}\" has bucket lists out of range")));
                 }
-                start.push(s);
-                order.push(o);
+                starts.push(s);
+                members.push(m);
             }
-            heads.push(HeadTables { mean, norms, order, start });
+            heads.push(HeadTables { mean, norms, members, starts });
         }
         r.finish()?;
-        Ok(Self { first: plan.first, end: plan.end, bits: plan.bits, tables: plan.tables, w: planes, heads })
+        let (first, end, bits, tables) = (plan.first, plan.end, plan.bits, plan.tables);
+        Ok(Self { first, end, bits, tables, w: planes, heads, bias: BiasTable::new(bits, tables) })
     }
 }

@@ -1,0 +1,318 @@
+//! The CPU's side of MagicPIG: each query head attends its own picked rows straight from host
+//! memory, so that the sample (1–2% of a million rows per query head) never crosses the host
+//! link — the paper's split, bound by the host's memory bandwidth.
+//!
+//! Why explicit lanes and a dispatch at run time: a step reads ~10⁵ scattered rows a layer, and
+//! each row is decoded (bf16 is the top half of an f32: a shift), dotted with the query and,
+//! for V, added into the output. Rust does not reassociate a float sum, so `iter().sum()` adds
+//! one product at a time, and the baseline x86-64 target has 4-wide SSE2 only. The bodies below
+//! keep [`LANES`] independent partial sums (which the compiler vectorises without reordering
+//! anything) and are compiled three times — AVX-512, AVX2 + FMA and the baseline — the widest
+//! the CPU has chosen when called (`is_x86_feature_detected!`, a cached flag). Rejected:
+//! `-C target-cpu=native` (a binary that faults on an older CPU), a SIMD crate (a dependency
+//! for three loops), `mul_add` (a libm call where the CPU has no FMA).
+//!
+//! The importance weight: MagicPIG's logit bias depends on the key only through its cosine
+//! with the query, so the caller gets `q·k` (already computed for the logit) rather than the
+//! row, and a second pass over the row is saved.
+
+use candle_core::Result;
+use rayon::prelude::*;
+
+use super::{reference, HostRows, HostView, Stored};
+
+/// Picked rows per task of [`host_attention`]: a head's pick is split so that every core has
+/// work when there are fewer heads than cores (the parts merge by LSE).
+const HOST_ROWS_PER_TASK: usize = 2048;
+
+/// Rows ahead of the one being read whose loads are started ([`prefetch`]): the picks are
+/// scattered over GBs, so each row is a DRAM miss (and a TLB miss) that the hardware prefetcher
+/// cannot predict, and a core waiting on one row at a time reaches a few percent of the host's
+/// bandwidth. The index list says where the next rows are; 16 rows of 256 bytes keep ~64
+/// lines in flight per core, about what its fill buffers hold.
+const PREFETCH_ROWS: usize = 16;
+const CACHE_LINE: usize = 64;
+
+/// Partial sums kept apart in a dot product or a row's decode: one AVX-512 register of f32, two
+/// AVX2 ones.
+const LANES: usize = 16;
+
+/// Attention of each query head `h` over its own picked rows `picks[h]` of KV head `h / group`
+/// (`group` = query heads per KV head), computed by the CPU straight from host memory: the
+/// logit of pick `j` is `scale·q·k + bias(h, j, q·k)` (MagicPIG's importance weight is a
+/// function of the key's cosine with the query). `q [heads·d]` f32. Runs on the calling rayon
+/// pool (a head's pick split into tasks of [`HOST_ROWS_PER_TASK`] rows, merged by LSE). Returns
+/// `out [heads·d]` and `lse [heads]`, zeros and −∞ for an empty pick:
+/// [`crate::attention::merge`] takes it as "no keys".
+pub fn host_attention(
+    q: &[f32],
+    (k, v): (&HostRows, &HostRows),
+    picks: &[Vec<u32>],
+    scale: f32,
+    bias: &(dyn Fn(usize, usize, f32) -> f32 + Sync),
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let (heads, d) = (picks.len(), k.d);
+    let group = heads / k.heads.max(1);
+    if q.len() != heads * d || group == 0 || heads != k.heads * group || (v.heads, v.n, v.d) != (k.heads, k.n, k.d) {
+        candle_core::bail!(
+            "host attention: {} query values for {heads} picks over {} KV heads of dim {d}",
+            q.len(),
+            k.heads
+        );
+    }
+    if let Some(p) = picks.iter().flatten().find(|&&p| p as usize >= k.n) {
+        candle_core::bail!("host attention: position {p} is past the {} stored rows", k.n);
+    }
+    let (kh, vh) = (k.host()?, v.host()?);
+    let tasks: Vec<(usize, usize)> = picks
+        .iter()
+        .enumerate()
+        .flat_map(|(h, p)| (0..p.len()).step_by(HOST_ROWS_PER_TASK).map(move |s| (h, s)))
+        .collect();
+    // Each task: (head, max logit, sum of exp(logit − max), Σ exp(logit − max)·v).
+    let parts: Vec<(usize, Part)> = tasks
+        .into_par_iter()
+        .map(|(h, start)| {
+            let pick = &picks[h][start..(start + HOST_ROWS_PER_TASK).min(picks[h].len())];
+            let rows = Rows { k: &kh, v: &vh, head: h / group };
+            (h, attend(&q[h * d..(h + 1) * d], rows, pick, scale, &|j, qk| bias(h, start + j, qk)))
+        })
+        .collect();
+    let (mut out, mut lse) = (vec![0f32; heads * d], vec![f32::NEG_INFINITY; heads]);
+    // Tasks come in head order: each head's parts are one run.
+    for mine in parts.chunk_by(|a, b| a.0 == b.0) {
+        let h = mine[0].0;
+        let m = mine.iter().map(|p| p.1.max).fold(f32::NEG_INFINITY, f32::max);
+        if m == f32::NEG_INFINITY {
+            continue;
+        }
+        let l: f32 = mine.iter().map(|p| p.1.sum * (p.1.max - m).exp()).sum();
+        for (_, p) in mine {
+            let w = (p.max - m).exp() / l;
+            out[h * d..(h + 1) * d].iter_mut().zip(&p.acc).for_each(|(o, a)| *o += w * a);
+        }
+        lse[h] = m + l.ln();
+    }
+    Ok((out, lse))
+}
+
+/// A task's softmax partial: the largest logit, Σ exp(logit − max), Σ exp(logit − max)·v.
+struct Part {
+    max: f32,
+    sum: f32,
+    acc: Vec<f32>,
+}
+
+/// The K and V rows of one KV head.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    k: &'a HostView<'a>,
+    v: &'a HostView<'a>,
+    head: usize,
+}
+
+/// [`attend_rows`] in the widest instruction set the CPU has.
+fn attend(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn Fn(usize, f32) -> f32) -> Part {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { attend_avx512(q, rows, pick, scale, bias) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+            return unsafe { attend_avx2(q, rows, pick, scale, bias) };
+        }
+    }
+    attend_rows(q, rows, pick, scale, bias)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn attend_avx512(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn Fn(usize, f32) -> f32) -> Part {
+    attend_rows(q, rows, pick, scale, bias)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn attend_avx2(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn Fn(usize, f32) -> f32) -> Part {
+    attend_rows(q, rows, pick, scale, bias)
+}
+
+/// One task: the logits of `pick`'s K rows (each decoded once), then the softmax-weighted sum
+/// of its V rows. Inlined into each instruction set's copy.
+#[inline(always)]
+fn attend_rows(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn Fn(usize, f32) -> f32) -> Part {
+    let d = q.len();
+    let mut row = vec![0f32; d];
+    let ahead = |view: &HostView<'_>, j: usize| {
+        if let Some(&p) = pick.get(j + PREFETCH_ROWS) {
+            prefetch(view, rows.head, p as usize);
+        }
+    };
+    (0..PREFETCH_ROWS.min(pick.len())).for_each(|j| prefetch(rows.k, rows.head, pick[j] as usize));
+    let logits: Vec<f32> = pick
+        .iter()
+        .enumerate()
+        .map(|(j, &p)| {
+            ahead(rows.k, j);
+            decode(rows.k, rows.head, p as usize, &mut row);
+            let qk = dot(q, &row);
+            scale * qk + bias(j, qk)
+        })
+        .collect();
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let (mut sum, mut acc) = (0f32, vec![0f32; d]);
+    if max > f32::NEG_INFINITY {
+        (0..PREFETCH_ROWS.min(pick.len())).for_each(|j| prefetch(rows.v, rows.head, pick[j] as usize));
+        for (j, (&p, &z)) in pick.iter().zip(&logits).enumerate() {
+            ahead(rows.v, j);
+            let e = (z - max).exp();
+            sum += e;
+            decode(rows.v, rows.head, p as usize, &mut row);
+            acc.iter_mut().zip(&row).for_each(|(a, x)| *a += e * x);
+        }
+    }
+    Part { max, sum, acc }
+}
+
+/// Asks the CPU to start loading row `pos` of `head` (its values; an fp8 row's scale lies
+/// apart and is left to the load).
+#[inline(always)]
+fn prefetch(view: &HostView<'_>, head: usize, pos: usize) {
+    let bytes = view.stored.row_bytes(view.d);
+    prefetch_lines(&view.bytes[(head * view.n + pos) * bytes..][..bytes]);
+}
+
+/// Asks the CPU to start loading every cache line of `data` (for loads it will make soon that no
+/// hardware prefetcher can predict: scattered rows, hash buckets). A hint: it neither faults
+/// nor changes a result; a no-op off x86-64.
+#[inline(always)]
+pub fn prefetch_lines<T>(data: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let start = data.as_ptr() as *const i8;
+        for at in (0..std::mem::size_of_val(data)).step_by(CACHE_LINE) {
+            // SAFETY: SSE is part of the x86-64 baseline; the address lies within `data`, and a
+            // prefetch reads nothing back.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(at)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
+}
+
+/// Row `pos` of `head` as f32: bf16 widened by a shift (what `bf16::to_f32` computes), f32 as
+/// stored; fp8 through [`reference::stored_row`] (a table lookup per value, no wider form).
+#[inline(always)]
+fn decode(view: &HostView<'_>, head: usize, pos: usize, out: &mut [f32]) {
+    let row = head * view.n + pos;
+    let bytes = view.stored.row_bytes(view.d);
+    let raw = &view.bytes[row * bytes..(row + 1) * bytes];
+    match view.stored {
+        Stored::Bf16 => {
+            for (o, c) in out.iter_mut().zip(raw.chunks_exact(2)) {
+                *o = f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
+            }
+        }
+        Stored::F32 => {
+            for (o, c) in out.iter_mut().zip(raw.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        Stored::Fp8 { .. } => reference::stored_row(view.bytes, view.stored, row, view.d, out),
+    }
+}
+
+/// Σ a·b over [`LANES`] partial sums (then the remainder), so that it vectorises.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let rest: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..LANES {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + rest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// Each instruction set's copy of a task equals the plain definition (each stored row
+    /// decoded by the reference, the sums in order) on rows of every stored dtype, including a
+    /// head dim that is not a multiple of the lanes.
+    #[test]
+    fn every_instruction_set_matches_the_definition() {
+        let seed: u64 = rand::random();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let table = crate::encode::fp8_values();
+        for (d, n) in [(128, 300), (80, 50), (7, 20)] {
+            let scales_at = 2 * n * d;
+            for stored in [Stored::F32, Stored::Bf16, Stored::Fp8 { scales: scales_at }] {
+                let mut bytes = vec![0u8; stored.section_bytes(2 * n, d)];
+                match stored {
+                    Stored::Fp8 { scales } => {
+                        rng.fill(&mut bytes[..scales]);
+                        // NaN codes (0x7f, 0xff) would make every sum NaN: clear the low bit.
+                        bytes[..scales].iter_mut().filter(|c| table[**c as usize].is_nan()).for_each(|c| *c &= 0xfe);
+                        for s in bytes[scales..].chunks_exact_mut(4) {
+                            s.copy_from_slice(&rng.random_range(0.001f32..0.01).to_le_bytes());
+                        }
+                    }
+                    _ => {
+                        let width = stored.row_bytes(1);
+                        for x in bytes.chunks_exact_mut(width) {
+                            let f = rng.random_range(-1f32..1.0);
+                            x.copy_from_slice(&f.to_le_bytes()[4 - width..]);
+                        }
+                    }
+                }
+                // Two heads of `n` rows; the task reads head 1's, as both K and V.
+                let view = HostView { bytes: &bytes, n, d, stored };
+                let q: Vec<f32> = (0..d).map(|_| rng.random_range(-1f32..1.0)).collect();
+                let pick: Vec<u32> = (0..n as u32).filter(|_| rng.random_bool(0.5)).collect();
+                let bias = |j: usize, qk: f32| 0.3 * qk.sin() - 0.01 * (j % 5) as f32;
+                let scale = 0.2;
+                // The definition.
+                let row = |p: u32| {
+                    let mut out = vec![0f32; d];
+                    reference::stored_row(&bytes, stored, n + p as usize, d, &mut out);
+                    out
+                };
+                let logits: Vec<f32> = pick
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &p)| {
+                        let qk: f32 = q.iter().zip(row(p)).map(|(a, b)| a * b).sum();
+                        scale * qk + bias(j, qk)
+                    })
+                    .collect();
+                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut want = vec![0f32; d];
+                let mut sum = 0.0;
+                for (&p, z) in pick.iter().zip(&logits) {
+                    let e = (z - max).exp();
+                    sum += e;
+                    want.iter_mut().zip(row(p)).for_each(|(a, x)| *a += e * x);
+                }
+                let rows = Rows { k: &view, v: &view, head: 1 };
+                for (name, got) in [
+                    ("dispatched", attend(&q, rows, &pick, scale, &bias)),
+                    ("baseline", attend_rows(&q, rows, &pick, scale, &bias)),
+                ] {
+                    let diff = got.acc.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                    assert!(diff < 1e-4 * sum.max(1.0), "seed {seed}: {name} {stored:?} d {d}: acc differs by {diff}");
+                    assert!((got.max - max).abs() < 1e-5, "seed {seed}: {name} {stored:?} d {d}: max");
+                    assert!((got.sum - sum).abs() < 1e-4 * sum.max(1.0), "seed {seed}: {name} {stored:?} d {d}: sum");
+                }
+            }
+        }
+    }
+}
