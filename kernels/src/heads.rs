@@ -21,7 +21,7 @@ pub fn split(y: &Tensor, bias: Option<&Tensor>, n: usize, hd: usize) -> Result<T
         );
     }
     #[cfg(feature = "cuda")]
-    if y.device().is_cuda() && y.dtype() == candle_core::DType::BF16 && hd % cuda::VEC == 0 {
+    if y.device().is_cuda() && y.dtype() == candle_core::DType::BF16 && hd.is_multiple_of(cuda::VEC) {
         let y = crate::vector_aligned(y)?;
         let op = crate::cuda_op::CudaOnly(cuda::SplitHeads { n, hd });
         return match bias {

@@ -82,7 +82,7 @@ mod cuda {
                     shared_mem_bytes: 0,
                 };
                 // Whole 16-byte vectors a row: every row starts on a 16-byte boundary too.
-                let vectors = i32::from(cols * std::mem::size_of::<T>() % VECTOR_BYTES == 0);
+                let vectors = i32::from((cols * std::mem::size_of::<T>()).is_multiple_of(VECTOR_BYTES));
                 let (rows, cols) = (rows as i32, cols as i32);
                 let func = dev.get_or_load_custom_func(name, MODULE, PTX)?;
                 let mut b = func.builder();

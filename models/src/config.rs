@@ -161,14 +161,14 @@ impl ModelConfig {
             return Err(invalid("num_attention_heads, num_hidden_layers and hidden_size must be > 0".into()));
         }
         let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
-        if num_kv_heads == 0 || raw.num_attention_heads % num_kv_heads != 0 {
+        if num_kv_heads == 0 || !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
             return Err(invalid(format!(
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({num_kv_heads})",
                 raw.num_attention_heads
             )));
         }
         let head_dim = raw.head_dim.unwrap_or(raw.hidden_size / raw.num_attention_heads);
-        if head_dim % 2 != 0 {
+        if !head_dim.is_multiple_of(2) {
             return Err(invalid(format!("head_dim {head_dim} must be even for RoPE")));
         }
         // transformers 5 folds rope_theta into rope_parameters; older configs keep them apart.

@@ -185,7 +185,7 @@ impl Hidden for HostHidden {
     }
 
     fn write(&mut self, start: usize, x: &Tensor) -> Result<()> {
-        if start % self.chunk != 0 || x.dim(0)? > self.chunk {
+        if !start.is_multiple_of(self.chunk) || x.dim(0)? > self.chunk {
             return Err(Error::Invalid(format!("hidden rows written at {start}, not a chunk of {}", self.chunk)));
         }
         let slot = self
@@ -462,7 +462,7 @@ pub fn run_layer<H: Hidden>(
         }
     };
     let [even, odd] = hidden;
-    let (input, output) = if layer % 2 == 0 { (&*odd, even) } else { (&*even, odd) };
+    let (input, output) = if layer.is_multiple_of(2) { (&*odd, even) } else { (&*even, odd) };
     let mut start = 0;
     while start < t {
         let n = chunk.min(t - start);

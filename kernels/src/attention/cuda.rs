@@ -210,7 +210,7 @@ fn rows_in_place(t: &Tensor) -> Result<Tensor> {
     let l = t.layout();
     let d = t.dim(2)?;
     let rows_contiguous = l.stride()[2] == 1 && (l.stride()[1] == d || t.dim(1)? <= 1);
-    let aligned = l.start_offset() % BF16_PER_COPY == 0 && l.stride()[0] % BF16_PER_COPY == 0;
+    let aligned = l.start_offset().is_multiple_of(BF16_PER_COPY) && l.stride()[0].is_multiple_of(BF16_PER_COPY);
     if rows_contiguous && aligned {
         Ok(t.clone())
     } else {

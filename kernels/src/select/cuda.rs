@@ -215,9 +215,10 @@ impl Gather {
             (Stored::F32, DType::BF16) => ("gather_rows_f32_bf16", d / 8),
             (stored, dtype) => candle_core::bail!("gather: rows stored as {stored:?} cannot be read as {dtype:?}"),
         };
-        let aligned = if same { d * self.dtype.size_in_bytes() % 16 == 0 } else { d % 8 == 0 };
+        let aligned = if same { (d * self.dtype.size_in_bytes()).is_multiple_of(16) } else { d % 8 == 0 };
         let src_align = if matches!(self.stored, Stored::Fp8 { .. }) { 8 } else { 16 };
-        if !aligned || self.src % src_align != 0 || self.scales % 4 != 0 || tail % 16 != 0 {
+        if !aligned || !self.src.is_multiple_of(src_align) || !self.scales.is_multiple_of(4) || !tail.is_multiple_of(16)
+        {
             candle_core::bail!("gather: rows of {d} {:?} values cannot be read 16 bytes at a time", self.stored);
         }
         let total = heads * sel * per_row;

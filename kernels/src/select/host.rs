@@ -7,10 +7,11 @@
 //! for V, added into the output. Rust does not reassociate a float sum, so `iter().sum()` adds
 //! one product at a time, and the baseline x86-64 target has 4-wide SSE2 only. The bodies below
 //! keep [`LANES`] independent partial sums (which the compiler vectorises without reordering
-//! anything) and are compiled three times — AVX-512, AVX2 + FMA and the baseline — the widest
+//! anything) and are compiled three times — AVX-512, AVX2 and the baseline — the widest
 //! the CPU has chosen when called (`is_x86_feature_detected!`, a cached flag). Rejected:
 //! `-C target-cpu=native` (a binary that faults on an older CPU), a SIMD crate (a dependency
-//! for three loops), `mul_add` (a libm call where the CPU has no FMA).
+//! for three loops), `mul_add` (a libm call where the CPU has no FMA; Rust never fuses a
+//! multiply and an add itself, so FMA is not asked for).
 //!
 //! The importance weight: MagicPIG's logit bias depends on the key only through its cosine
 //! with the query, so the caller gets `q·k` (already computed for the logit) rather than the
@@ -119,8 +120,8 @@ fn attend(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn Fn(usi
             // SAFETY: the CPU has AVX-512F (checked just above).
             return unsafe { attend_avx512(q, rows, pick, scale, bias) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
             return unsafe { attend_avx2(q, rows, pick, scale, bias) };
         }
     }
@@ -134,7 +135,7 @@ fn attend_avx512(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2")]
 fn attend_avx2(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn Fn(usize, f32) -> f32) -> Part {
     attend_rows(q, rows, pick, scale, bias)
 }
@@ -303,10 +304,23 @@ mod tests {
                     want.iter_mut().zip(row(p)).for_each(|(a, x)| *a += e * x);
                 }
                 let rows = Rows { k: &view, v: &view, head: 1 };
-                for (name, got) in [
+                let mut copies = vec![
                     ("dispatched", attend(&q, rows, &pick, scale, &bias)),
                     ("baseline", attend_rows(&q, rows, &pick, scale, &bias)),
-                ] {
+                ];
+                // Each wider copy the CPU can run, not only the one the dispatch picks.
+                #[cfg(target_arch = "x86_64")]
+                {
+                    if std::arch::is_x86_feature_detected!("avx512f") {
+                        // SAFETY: the CPU has AVX-512F.
+                        copies.push(("avx512", unsafe { attend_avx512(&q, rows, &pick, scale, &bias) }));
+                    }
+                    if std::arch::is_x86_feature_detected!("avx2") {
+                        // SAFETY: the CPU has AVX2.
+                        copies.push(("avx2", unsafe { attend_avx2(&q, rows, &pick, scale, &bias) }));
+                    }
+                }
+                for (name, got) in copies {
                     let diff = got.acc.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
                     assert!(diff < 1e-4 * sum.max(1.0), "seed {seed}: {name} {stored:?} d {d}: acc differs by {diff}");
                     assert!((got.max - max).abs() < 1e-5, "seed {seed}: {name} {stored:?} d {d}: max");

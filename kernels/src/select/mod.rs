@@ -207,7 +207,7 @@ impl HostRows {
             _ => true,
         };
         // The GPU's widening kernel reads 8 values at a time, in 16-byte (8-byte for fp8) loads.
-        let aligned = device.is_cpu() || (d % 8 == 0 && (host.bytes().as_ptr() as usize + at) % 16 == 0);
+        let aligned = device.is_cpu() || (d % 8 == 0 && (host.bytes().as_ptr() as usize + at).is_multiple_of(16));
         if !fits || !scales_ok || !aligned {
             candle_core::bail!(
                 "host rows: a view of {bytes} bytes ({stored:?}, [{heads}, {n}, {d}]) at byte {at} of {} does not fit, \

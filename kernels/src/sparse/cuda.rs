@@ -439,6 +439,6 @@ pub fn label_scores(
     let ql = ql.to_dtype(DType::F32)?.contiguous()?;
     let scale = scale.to_dtype(DType::F32)?.contiguous()?;
     // The kernel reads codes 16 at a time: a view starting mid-vector is copied first.
-    let codes = if codes.layout().start_offset() % 16 == 0 { codes.contiguous()? } else { codes.copy()? };
+    let codes = if codes.layout().start_offset().is_multiple_of(16) { codes.contiguous()? } else { codes.copy()? };
     ql.apply_op3_no_bwd(&codes, &scale, &CudaOnly(LabelScores { dims, bits }))
 }

@@ -254,7 +254,7 @@ impl Hip {
     fn stale(&self, built: Option<usize>, hi: usize, layer: usize) -> bool {
         let refresh = self.params.usize("refresh");
         let Some(built) = built else { return true };
-        built > hi || hi - built >= refresh || (hi > built && (hi + layer) % refresh == 0)
+        built > hi || hi - built >= refresh || (hi > built && (hi + layer).is_multiple_of(refresh))
     }
 
     /// The searched region `first..window_start` of the visible `lo..hi`: after the sinks, and

@@ -144,7 +144,7 @@ pub const MASS_STEP_STRIDE: usize = 8;
 
 /// Whether decode step `step` (0-based; its layer-0 call not yet counted) is weighed.
 fn weighs_step(step: usize) -> bool {
-    step < MASS_FULL_STEPS || step % MASS_STEP_STRIDE == 0
+    step < MASS_FULL_STEPS || step.is_multiple_of(MASS_STEP_STRIDE)
 }
 
 /// Where each of `positions` (sorted) falls: the span's index, or `None` outside them all.

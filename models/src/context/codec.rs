@@ -200,7 +200,7 @@ impl Codec {
         let kernel_takes = matches!(x.dtype(), DType::BF16 | DType::F32);
         let on_device = if raw {
             Some(x.clone())
-        } else if self == Self::Fp8 && x.device().is_cuda() && kernel_takes && head_dim % 4 == 0 {
+        } else if self == Self::Fp8 && x.device().is_cuda() && kernel_takes && head_dim.is_multiple_of(4) {
             Some(folio_kernels::encode::fp8_rows(&x.reshape((rows, head_dim))?)?)
         } else {
             None

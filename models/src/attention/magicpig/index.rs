@@ -42,8 +42,8 @@ pub(super) fn segments(n: usize) -> usize {
 /// Compact bucket lists: a table's keys sorted by (code, key) are stored as 2-byte offsets
 /// within their 64 Ki-key segment, with the start of every (code, segment) run — half the
 /// bytes of 4-byte key numbers, plus `2^K · segments` starts (3% at a million keys and
-/// K = 10). At a million tokens of a 7B shape and the paper's L ≈ 150 the tables are 34 GB
-/// instead of 68, which is what lets them sit beside 56 GiB of K/V in a 128 GiB host.
+/// K = 10). At a million tokens of a 7B shape and the paper's L ≈ 150 the tables are ~35 GiB
+/// instead of ~67, which is what lets them sit beside 56 GiB of K/V in a 128 GiB host.
 /// Rejected: per-key codes (1–2 bytes, but every query would scan all of them), delta- or
 /// bit-packed lists (a decode in the walk's inner loop).
 pub(super) struct HeadTables {
@@ -320,8 +320,8 @@ pub(super) struct BiasTable(Vec<f32>);
 
 impl BiasTable {
     /// The table for `K = bits`, `L = tables`; `None` where interpolating it would be off by
-    /// more than [`BIAS_TABLE_ERROR`] at some interval's midpoint (a small `K`, whose bias is
-    /// steep as cos → −1): those keys get the exact form.
+    /// more than [`BIAS_TABLE_ERROR`] at some interval's midpoint (a (K, L) whose bias is steep
+    /// near cos = ±1: a small K, or L = 2): those keys get the exact form.
     pub(super) fn new(bits: usize, tables: usize) -> Option<Self> {
         let at = |x: f64| -1.0 + 2.0 * x / BIAS_TABLE_STEPS as f64;
         let table = Self((0..=BIAS_TABLE_STEPS).map(|i| bias_of_cos(at(i as f64), bits, tables)).collect());
@@ -357,14 +357,14 @@ pub(super) fn available_host_memory() -> Option<u64> {
 }
 
 /// Refuses a build that needs more host memory than is available now, saying what to change:
-/// at a million tokens a layer's tables are GiBs (4·L bytes per key and KV head, L growing with
-/// the budget) and, layer after layer, would run the machine out of memory, where the OS kills
+/// at a million tokens a layer's tables are GiBs (2·L bytes per key and KV head kept, 6·L while
+/// building, L growing with the budget) and, layer after layer, would run the machine out of memory, where the OS kills
 /// the process instead of failing an allocation.
 pub(super) fn check_host_memory(needed: u64, available: Option<u64>, plan: &Plan) -> Result<()> {
     match available {
         Some(free) if needed > free => Err(Error::Invalid(format!(
             "magicpig: the hash tables of keys {}..{} ({} tables of {} bits) need {} of host memory, {} is \
-             available; lower the budget, or set tables= or bits= (each table costs 2 bytes per key and KV head)",
+             available; lower the budget, or set tables= or bits= (each table costs 6 bytes per key and KV head while built, 2 kept)",
             plan.first,
             plan.end,
             plan.tables,
@@ -430,7 +430,8 @@ impl LayerIndex {
                     let keys = SEGMENT_KEYS.min(n - (run % segs) * SEGMENT_KEYS);
                     m[s[run] as usize..s[run + 1] as usize].iter().all(|&x| (x as usize) < keys)
                 };
-                if s.windows(2).any(|w| w[0] > w[1])
+                if s.first() != Some(&0)
+                    || s.windows(2).any(|w| w[0] > w[1])
                     || s.last() != Some(&(n as u32))
                     || !(0..s.len() - 1).all(in_segment)
                 {

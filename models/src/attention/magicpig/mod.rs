@@ -117,6 +117,10 @@ const PARAMS: [ParamSpec; 6] = [
     ParamSpec { name: "seed", default: 0.0, min: 0.0, max: 4_294_967_295.0, integer: true, doc: "projection seed" },
 ];
 
+/// Bytes of a bucket-list entry walked (a 16-bit key offset), for the `searched` figure in
+/// key-row equivalents (a bf16 key row is 2·d bytes).
+const ENTRY_BYTES: f64 = 2.0;
+
 /// Most tables the budget rule will use (the paper's largest is 300; DRAM grows with L).
 const MAX_TABLES: usize = 1024;
 /// The authors' floor under `u` before the log: caps an importance weight at 1e4.
@@ -299,8 +303,7 @@ impl MagicPig {
         };
         let static_part = AttnOutput { out: out_g.unsqueeze(1)?, lse: lse_g.unsqueeze(1)? };
         let out = merge(&static_part, &sampled_part)?.out.to_dtype(call.q.dtype())?;
-        // Index entries are 4 bytes; a bf16 key row is 2·d.
-        let searched = walked as f64 * 4.0 / (2 * d) as f64 / heads as f64;
+        let searched = walked as f64 * ENTRY_BYTES / (2 * d) as f64 / heads as f64;
         Ok(Attended { out, read: Read::Rows(read), searched })
     }
 }
@@ -395,8 +398,7 @@ impl Attention for MagicPig {
                     pick
                 })
                 .collect();
-            // Index entries are 4 bytes; a bf16 key row is 2·d.
-            let searched = walked_total as f64 * 4.0 / (2 * rows.head_dim) as f64 / queries.len() as f64;
+            let searched = walked_total as f64 * ENTRY_BYTES / (2 * rows.head_dim) as f64 / queries.len() as f64;
             Ok((picks, searched))
         })
     }
@@ -550,6 +552,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A section holding several segments of keys decodes to the index it was encoded from,
+    /// and a member past its segment's keys (in the last, partial segment) is refused.
+    #[test]
+    fn sections_round_trip_and_refuse_members_past_their_segment() {
+        let seed = rand::random();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let (d, n, heads) = (4, 2 * 65_536 + 300, 1);
+        let k: Vec<f32> = (0..heads * n * d).map(|_| normal(&mut rng)).collect();
+        let rows = LayerRows { k: k.clone(), v: k, kv_heads: heads, len: n, head_dim: d };
+        let plan = Plan { first: 0, end: n, bits: 3, tables: 2, seed };
+        let ix = LayerIndex::build(&rows, &plan).unwrap();
+        let mut bytes = ix.encode();
+        let back = LayerIndex::decode(&bytes, "test", &plan, heads, d).unwrap();
+        let (a, b) = (&ix.heads[0], &back.heads[0]);
+        assert!(a.members == b.members && a.starts == b.starts && a.norms == b.norms && back.w == ix.w);
+        // Table 0's first member of a non-empty run in the last segment, where 300 keys lie.
+        let segs = super::index::segments(n);
+        let run = (0..1 << plan.bits).map(|c| c * segs + segs - 1).find(|&r| a.starts[0][r] < a.starts[0][r + 1]);
+        let at = 4 * (d * plan.bits * plan.tables + d + n + a.starts[0].len()) + 2 * a.starts[0][run.unwrap()] as usize;
+        bytes[at..at + 2].copy_from_slice(&300u16.to_le_bytes());
+        let err = LayerIndex::decode(&bytes, "test", &plan, heads, d).err().expect("a member past its segment");
+        assert!(err.to_string().contains("out of range"), "{err}");
     }
 
     /// A key's inclusion rate over fresh projections matches u = P[Bin(L, p^K) ≥ 2], and one
