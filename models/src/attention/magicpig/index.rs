@@ -3,6 +3,9 @@
 //! device codes), checked against the host memory it will take, and stored as a context-file
 //! section.
 
+use std::ops::Range;
+use std::sync::OnceLock;
+
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rayon::prelude::*;
@@ -75,17 +78,15 @@ impl HeadTables {
     }
 
     fn prefetch_bucket(&self, l: usize, c: u32) {
-        let segs = segments(self.norms.len());
-        let runs = c as usize * segs;
-        let (a, b) = (self.starts[l][runs] as usize, self.starts[l][runs + segs] as usize);
-        select::prefetch_lines(&self.members[l][a..b]);
+        select::prefetch_lines(&self.members[l][self.bucket_span(l, c)]);
     }
 
-    /// Members of table `l` with code `c`.
-    fn bucket_len(&self, l: usize, c: u32) -> usize {
+    /// Where table `l`'s members with code `c` lie in `members[l]`: its segments' runs are
+    /// consecutive.
+    fn bucket_span(&self, l: usize, c: u32) -> Range<usize> {
         let segs = segments(self.norms.len());
         let runs = c as usize * segs;
-        (self.starts[l][runs + segs] - self.starts[l][runs]) as usize
+        self.starts[l][runs] as usize..self.starts[l][runs + segs] as usize
     }
 }
 
@@ -98,9 +99,9 @@ pub(super) struct LayerIndex {
     pub(super) tables: usize,
     pub(super) w: Vec<f32>,
     pub(super) heads: Vec<HeadTables>,
-    /// The logit bias as a function of the cosine, for the fast path (`None`: see
-    /// [`BiasTable::new`]).
-    bias: Option<BiasTable>,
+    /// The logit bias as a function of the cosine, made on the fast path's first use (the
+    /// reference never reads it; `None`: see [`BiasTable::new`]).
+    bias: OnceLock<Option<BiasTable>>,
 }
 
 impl LayerIndex {
@@ -214,7 +215,7 @@ impl LayerIndex {
                 HeadTables { mean, norms, members, starts }
             })
             .collect();
-        Ok(Self { first, end, bits, tables, w, heads, bias: BiasTable::new(bits, tables) })
+        Ok(Self { first, end, bits, tables, w, heads, bias: OnceLock::new() })
     }
 
     /// The logit bias `−log(u + 1e-4)` of indexed key `i` (row `key`) sampled for query `q`
@@ -232,7 +233,7 @@ impl LayerIndex {
     /// the two sums.
     pub(super) fn logit_bias_from_dot(&self, t: &HeadTables, (qk, q_mean): (f32, f32), q_norm: f32, i: usize) -> f32 {
         let cos = (qk - q_mean) / (q_norm * t.norms[i].max(f32::MIN_POSITIVE));
-        match &self.bias {
+        match self.bias.get_or_init(|| BiasTable::new(self.bits, self.tables)) {
             Some(table) => table.get(cos),
             None => bias_of_cos(cos as f64, self.bits, self.tables),
         }
@@ -274,7 +275,7 @@ impl LayerIndex {
                 if let Some(&ahead) = qc.get(l + WALK_AHEAD) {
                     t.prefetch_bucket(l + WALK_AHEAD, ahead);
                 }
-                walked += t.bucket_len(l, c);
+                walked += t.bucket_span(l, c).len();
                 for i in t.bucket(l, c) {
                     let (w, bit) = (i / 64, 1u64 << (i % 64));
                     twice[w] |= once[w] & bit;
@@ -444,6 +445,6 @@ impl LayerIndex {
         }
         r.finish()?;
         let (first, end, bits, tables) = (plan.first, plan.end, plan.bits, plan.tables);
-        Ok(Self { first, end, bits, tables, w: planes, heads, bias: BiasTable::new(bits, tables) })
+        Ok(Self { first, end, bits, tables, w: planes, heads, bias: OnceLock::new() })
     }
 }
