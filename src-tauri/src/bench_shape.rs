@@ -45,7 +45,7 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::cli::Common;
-use crate::context_cmd::{parse_bytes, peak_rss};
+use crate::context_cmd::{huge_page_bytes, parse_bytes, peak_rss};
 
 /// Standard deviation of the random weights (transformers' `initializer_range` default).
 pub(crate) const INIT_STD: f64 = 0.02;
@@ -250,6 +250,8 @@ struct Report {
     /// How the context's K/V is stored (`--kv-dtype`), or none: page-locked in the compute dtype.
     kv_dtype: Option<&'static str>,
     peak_rss_bytes: Option<u64>,
+    /// Of the process's memory at the end of the run, how much is in 2 MiB pages.
+    huge_page_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     profile: Option<DecodeProfile>,
     /// A fresh conversation's first step (what builds the method's state over the context:
@@ -458,6 +460,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
             host_kv_bytes: kv.host_bytes(),
             kv_dtype: kv_dtype.map(KvDtype::name),
             peak_rss_bytes: peak_rss(),
+            huge_page_bytes: huge_page_bytes(),
             profile,
             first_step_profile,
         };
@@ -544,12 +547,13 @@ fn print_report(r: &Report, json: bool, steps: usize) -> Result<()> {
         r.pcie4_mean_ms
     );
     println!(
-        "  peak device memory {} (budget {}, planned {}); host K/V {}; peak RSS {}",
+        "  peak device memory {} (budget {}, planned {}); host K/V {}; peak RSS {} ({} in huge pages)",
         opt(r.peak_device_bytes),
         opt(r.vram_budget),
         human_bytes(r.planned_device_bytes),
         human_bytes(r.host_kv_bytes),
-        opt(r.peak_rss_bytes)
+        opt(r.peak_rss_bytes),
+        opt(r.huge_page_bytes)
     );
     if let Some(p) = &r.profile {
         println!(

@@ -299,6 +299,15 @@ pub(crate) fn peak_rss() -> Option<u64> {
     Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
 }
 
+/// This process's anonymous memory now in transparent huge pages (Linux `AnonHugePages` of
+/// `smaps_rollup`): whether a `MADV_HUGEPAGE` hint was honoured — the kernel may refuse it
+/// (`never`), or find no free 2 MiB pages, and the scattered reads of a host tier slow down.
+pub(crate) fn huge_page_bytes() -> Option<u64> {
+    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
+    let line = rollup.lines().find(|l| l.starts_with("AnonHugePages:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
 /// `4GiB`, `512MiB`, `2G`, `1.5GB`, `1000000`.
 pub(crate) fn parse_bytes(s: &str) -> Result<u64> {
     let t = s.trim();

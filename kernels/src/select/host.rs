@@ -23,8 +23,10 @@ use rayon::prelude::*;
 use super::{reference, HostRows, HostView, Stored};
 
 /// Picked rows per task of [`host_attention`]: a head's pick is split so that every core has
-/// work when there are fewer heads than cores (the parts merge by LSE).
-const HOST_ROWS_PER_TASK: usize = 2048;
+/// work when there are fewer heads than cores, and so that the cores finish together (28 heads
+/// of 2048 rows were two rounds on 16 cores, the second a quarter idle); the parts merge by
+/// LSE.
+const HOST_ROWS_PER_TASK: usize = 512;
 
 /// Rows ahead of the one being read whose loads are started ([`prefetch`]): the picks are
 /// scattered over GBs, so each row is a DRAM miss (and a TLB miss) that the hardware prefetcher
@@ -141,37 +143,41 @@ fn attend_avx2(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn F
 }
 
 /// One task: the logits of `pick`'s K rows (each decoded once), then the softmax-weighted sum
-/// of its V rows. Inlined into each instruction set's copy.
+/// of its V rows. Inlined into each instruction set's copy, with plain `for` loops only: an
+/// iterator chain ending in `collect` or `for_each` runs through `Iterator::fold`, a generic
+/// function of `core` that LLVM may keep out of line — compiled for the baseline target,
+/// outside the caller's instruction set (it did, and the K pass ran 4-wide).
 #[inline(always)]
 fn attend_rows(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn Fn(usize, f32) -> f32) -> Part {
     let d = q.len();
     let mut row = vec![0f32; d];
-    let ahead = |view: &HostView<'_>, j: usize| {
-        if let Some(&p) = pick.get(j + PREFETCH_ROWS) {
-            prefetch(view, rows.head, p as usize);
+    let mut logits = Vec::with_capacity(pick.len());
+    for &p in &pick[..PREFETCH_ROWS.min(pick.len())] {
+        prefetch(rows.k, rows.head, p as usize);
+    }
+    for (j, &p) in pick.iter().enumerate() {
+        if let Some(&ahead) = pick.get(j + PREFETCH_ROWS) {
+            prefetch(rows.k, rows.head, ahead as usize);
         }
-    };
-    (0..PREFETCH_ROWS.min(pick.len())).for_each(|j| prefetch(rows.k, rows.head, pick[j] as usize));
-    let logits: Vec<f32> = pick
-        .iter()
-        .enumerate()
-        .map(|(j, &p)| {
-            ahead(rows.k, j);
-            decode(rows.k, rows.head, p as usize, &mut row);
-            let qk = dot(q, &row);
-            scale * qk + bias(j, qk)
-        })
-        .collect();
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let qk = row_dot(rows.k, rows.head, p as usize, q, &mut row);
+        logits.push(scale * qk + bias(j, qk));
+    }
+    let mut max = f32::NEG_INFINITY;
+    for &z in &logits {
+        max = max.max(z);
+    }
     let (mut sum, mut acc) = (0f32, vec![0f32; d]);
     if max > f32::NEG_INFINITY {
-        (0..PREFETCH_ROWS.min(pick.len())).for_each(|j| prefetch(rows.v, rows.head, pick[j] as usize));
+        for &p in &pick[..PREFETCH_ROWS.min(pick.len())] {
+            prefetch(rows.v, rows.head, p as usize);
+        }
         for (j, (&p, &z)) in pick.iter().zip(&logits).enumerate() {
-            ahead(rows.v, j);
+            if let Some(&ahead) = pick.get(j + PREFETCH_ROWS) {
+                prefetch(rows.v, rows.head, ahead as usize);
+            }
             let e = (z - max).exp();
             sum += e;
-            decode(rows.v, rows.head, p as usize, &mut row);
-            acc.iter_mut().zip(&row).for_each(|(a, x)| *a += e * x);
+            row_axpy(rows.v, rows.head, p as usize, e, &mut acc, &mut row);
         }
     }
     Part { max, sum, acc }
@@ -204,40 +210,101 @@ pub fn prefetch_lines<T>(data: &[T]) {
     let _ = data;
 }
 
-/// Row `pos` of `head` as f32: bf16 widened by a shift (what `bf16::to_f32` computes), f32 as
-/// stored; fp8 through [`reference::stored_row`] (a table lookup per value, no wider form).
+/// `q · row` for row `pos` of `head`, widened as it is read: bf16 by a shift (what
+/// `bf16::to_f32` computes), f32 as stored — no decoded copy, whose stores a wide load right
+/// after would wait on; fp8 decoded into `scratch` by [`reference::stored_row`] (a table
+/// lookup per value, no wider form), then dotted.
 #[inline(always)]
-fn decode(view: &HostView<'_>, head: usize, pos: usize, out: &mut [f32]) {
+fn row_dot(view: &HostView<'_>, head: usize, pos: usize, q: &[f32], scratch: &mut [f32]) -> f32 {
     let row = head * view.n + pos;
-    let bytes = view.stored.row_bytes(view.d);
-    let raw = &view.bytes[row * bytes..(row + 1) * bytes];
     match view.stored {
-        Stored::Bf16 => {
-            for (o, c) in out.iter_mut().zip(raw.chunks_exact(2)) {
-                *o = f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
-            }
+        Stored::Bf16 => dot_stored::<2>(q, raw_row(view, row), widen_bf16),
+        Stored::F32 => dot_stored::<4>(q, raw_row(view, row), f32::from_le_bytes),
+        Stored::Fp8 { .. } => {
+            reference::stored_row(view.bytes, view.stored, row, view.d, scratch);
+            dot(q, scratch)
         }
-        Stored::F32 => {
-            for (o, c) in out.iter_mut().zip(raw.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        Stored::Fp8 { .. } => reference::stored_row(view.bytes, view.stored, row, view.d, out),
     }
 }
 
-/// Σ a·b over [`LANES`] partial sums (then the remainder), so that it vectorises.
+/// `acc += e · row` for row `pos` of `head`, widened as [`row_dot`] widens it.
+#[inline(always)]
+fn row_axpy(view: &HostView<'_>, head: usize, pos: usize, e: f32, acc: &mut [f32], scratch: &mut [f32]) {
+    let row = head * view.n + pos;
+    match view.stored {
+        Stored::Bf16 => axpy_stored::<2>(acc, e, raw_row(view, row), widen_bf16),
+        Stored::F32 => axpy_stored::<4>(acc, e, raw_row(view, row), f32::from_le_bytes),
+        Stored::Fp8 { .. } => {
+            reference::stored_row(view.bytes, view.stored, row, view.d, scratch);
+            for (a, &x) in acc.iter_mut().zip(scratch.iter()) {
+                *a += e * x;
+            }
+        }
+    }
+}
+
+/// The stored bytes of row `row` (bf16 or f32).
+#[inline(always)]
+fn raw_row<'a>(view: &HostView<'a>, row: usize) -> &'a [u8] {
+    let bytes = view.stored.row_bytes(view.d);
+    &view.bytes[row * bytes..(row + 1) * bytes]
+}
+
+#[inline(always)]
+fn widen_bf16(b: [u8; 2]) -> f32 {
+    f32::from_bits(u32::from(u16::from_le_bytes(b)) << 16)
+}
+
+/// Σ q·x over a row of `W`-byte values read by `load`, in [`LANES`] partial sums.
+#[inline(always)]
+fn dot_stored<const W: usize>(q: &[f32], raw: &[u8], load: impl Fn([u8; W]) -> f32) -> f32 {
+    let value = |r: &[u8], i: usize| load(r[i * W..(i + 1) * W].try_into().expect("W bytes"));
+    let (cq, cr) = (q.chunks_exact(LANES), raw.chunks_exact(LANES * W));
+    let (rest_q, rest_r) = (cq.remainder(), cr.remainder());
+    let mut lanes = [0f32; LANES];
+    for (x, r) in cq.zip(cr) {
+        for i in 0..LANES {
+            lanes[i] += x[i] * value(r, i);
+        }
+    }
+    let mut total = 0f32;
+    for l in lanes {
+        total += l;
+    }
+    for (i, x) in rest_q.iter().enumerate() {
+        total += x * value(rest_r, i);
+    }
+    total
+}
+
+/// `acc += e · x` over a row of `W`-byte values read by `load`.
+#[inline(always)]
+fn axpy_stored<const W: usize>(acc: &mut [f32], e: f32, raw: &[u8], load: impl Fn([u8; W]) -> f32) {
+    for (a, x) in acc.iter_mut().zip(raw.chunks_exact(W)) {
+        *a += e * load(x.try_into().expect("W bytes"));
+    }
+}
+
+/// Σ a·b over [`LANES`] partial sums (then the remainder), so that it vectorises; plain loops
+/// (see [`attend_rows`]).
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0f32; LANES];
     let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let rest: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    let mut rest = 0f32;
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        rest += x * y;
+    }
     for (x, y) in ca.zip(cb) {
         for i in 0..LANES {
             lanes[i] += x[i] * y[i];
         }
     }
-    lanes.iter().sum::<f32>() + rest
+    let mut total = 0f32;
+    for l in lanes {
+        total += l;
+    }
+    total + rest
 }
 
 #[cfg(test)]

@@ -28,12 +28,16 @@ pub(super) fn projection(d: usize, planes: usize, seed: u64) -> Vec<f32> {
     (0..d * planes).map(|_| normal(&mut rng)).collect()
 }
 
-/// Tables ahead of the one being walked whose bucket lists are prefetched.
-const WALK_AHEAD: usize = 4;
+/// Runs (one table's members in one segment, ~64 entries at a million keys and K = 10) ahead of
+/// the one being walked whose loads are started.
+const WALK_AHEAD: usize = 8;
 
 /// Keys per segment of a bucket list, whose members are stored as 16-bit offsets within their
 /// segment.
 const SEGMENT_KEYS: usize = 1 << 16;
+
+/// 64-bit words of a one-bit-per-key set over a segment.
+const SEGMENT_WORDS: usize = SEGMENT_KEYS / 64;
 
 /// Segments of `n` indexed keys.
 pub(super) fn segments(n: usize) -> usize {
@@ -53,40 +57,96 @@ pub(super) struct HeadTables {
     pub(super) mean: Vec<f32>,
     /// |k_i - mean| for each indexed key.
     pub(super) norms: Vec<f32>,
-    /// Per table: the keys' offsets within their segment, sorted by (code, key).
-    pub(super) members: Vec<Vec<u16>>,
-    /// Per table: where the run of code `c`, segment `s` starts in `members`, at
-    /// `c · segments + s` (`2^K · segments + 1` entries, the last `n`).
-    pub(super) starts: Vec<Vec<u32>>,
+    /// `[tables][n]`: per table, the keys' offsets within their segment, sorted by (code, key).
+    pub(super) members: HugePages<u16>,
+    /// `[tables][2^K · segments + 1]`: per table, where the run of code `c`, segment `s` starts
+    /// in its members, at `c · segments + s` (the last entry `n`).
+    pub(super) starts: HugePages<u32>,
+}
+
+/// `len` values of `T`, zeroed, in an anonymous map that asks for 2 MiB pages before anything
+/// is written to it (the kernel backs a page with a huge one when it is first touched, where
+/// transparent huge pages are on for `madvise`, the usual setting). Why: the walk reads ~1,000
+/// scattered runs of one head's tables a step, and the tables of a million keys are ~15 GB;
+/// on 4 KiB pages each run is a TLB miss whose page-table entry is itself a DRAM miss (30 MB
+/// of page tables), on 2 MiB pages the entries (60 KB) stay cached. A `Vec` cannot ask: its
+/// memory comes from the allocator, already touched or shared with other data. A hint:
+/// refused, the map has 4 KiB pages and the same contents.
+pub(super) struct HugePages<T> {
+    map: memmap2::MmapMut,
+    len: usize,
+    of: std::marker::PhantomData<T>,
+}
+
+impl<T: bytemuck::Pod> HugePages<T> {
+    pub(super) fn zeroed(len: usize) -> Result<Self> {
+        let bytes = len * std::mem::size_of::<T>();
+        let map = memmap2::MmapMut::map_anon(bytes.max(1))
+            .map_err(|e| Error::Invalid(format!("magicpig: {bytes} bytes of host memory for the tables: {e}")))?;
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::HugePage);
+        Ok(Self { map, len, of: std::marker::PhantomData })
+    }
+
+    /// The values from a slice.
+    pub(super) fn from_slice(xs: &[T]) -> Result<Self> {
+        let mut out = Self::zeroed(xs.len())?;
+        out.copy_from_slice(xs);
+        Ok(out)
+    }
+}
+
+impl<T: bytemuck::Pod> std::ops::Deref for HugePages<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // A map starts on a page: aligned for any `T`.
+        bytemuck::cast_slice(&self.map[..self.len * std::mem::size_of::<T>()])
+    }
+}
+
+impl<T: bytemuck::Pod> std::ops::DerefMut for HugePages<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        bytemuck::cast_slice_mut(&mut self.map[..self.len * std::mem::size_of::<T>()])
+    }
 }
 
 impl HeadTables {
-    /// Table `l`'s members with code `c`, as key offsets from `first`, ascending.
+    /// Table `l`'s members with code `c`, as key offsets from `first`, ascending (the tests'
+    /// view of a table).
+    #[cfg(test)]
     pub(super) fn bucket(&self, l: usize, c: u32) -> impl Iterator<Item = usize> + '_ {
-        let (members, starts) = (&self.members[l], &self.starts[l]);
-        let segs = segments(self.norms.len());
-        let runs = c as usize * segs;
-        (0..segs).flat_map(move |s| {
-            let run = &members[starts[runs + s] as usize..starts[runs + s + 1] as usize];
-            run.iter().map(move |&m| s * SEGMENT_KEYS + m as usize)
-        })
+        (0..segments(self.norms.len()))
+            .flat_map(move |s| self.run(l, c, s).iter().map(move |&m| s * SEGMENT_KEYS + m as usize))
     }
 
+    /// Tables stored.
+    pub(super) fn tables(&self) -> usize {
+        self.members.len() / self.norms.len().max(1)
+    }
+
+    /// Table `l`'s keys' offsets within their segments, sorted by (code, key).
+    pub(super) fn members(&self, l: usize) -> &[u16] {
+        let n = self.norms.len();
+        &self.members[l * n..(l + 1) * n]
+    }
+
+    /// Table `l`'s run starts.
+    pub(super) fn starts(&self, l: usize) -> &[u32] {
+        let per_table = self.starts.len() / self.tables().max(1);
+        &self.starts[l * per_table..(l + 1) * per_table]
+    }
+
+    /// Table `l`'s members with code `c` in segment `s`, as offsets within the segment.
+    fn run(&self, l: usize, c: u32, s: usize) -> &[u16] {
+        let at = c as usize * segments(self.norms.len()) + s;
+        let starts = self.starts(l);
+        &self.members(l)[starts[at] as usize..starts[at + 1] as usize]
+    }
+
+    /// Starts the loads of table `l`'s run starts for code `c` (every segment's).
     fn prefetch_starts(&self, l: usize, c: u32) {
         let segs = segments(self.norms.len());
-        select::prefetch_lines(&self.starts[l][c as usize * segs..][..segs + 1]);
-    }
-
-    fn prefetch_bucket(&self, l: usize, c: u32) {
-        select::prefetch_lines(&self.members[l][self.bucket_span(l, c)]);
-    }
-
-    /// Where table `l`'s members with code `c` lie in `members[l]`: its segments' runs are
-    /// consecutive.
-    fn bucket_span(&self, l: usize, c: u32) -> Range<usize> {
-        let segs = segments(self.norms.len());
-        let runs = c as usize * segs;
-        self.starts[l][runs] as usize..self.starts[l][runs + segs] as usize
+        select::prefetch_lines(&self.starts(l)[c as usize * segs..][..segs + 1]);
     }
 }
 
@@ -190,31 +250,30 @@ impl LayerIndex {
                 // A counting sort per table by (code, segment), the tables over the cores; keys
                 // go in ascending, so each run is sorted too.
                 let (runs, segs) = ((1usize << bits) * segments(n), segments(n));
-                let (members, starts): (Vec<Vec<u16>>, Vec<Vec<u32>>) = codes
+                let mut members = HugePages::<u16>::zeroed(tables * n)?;
+                let mut starts = HugePages::<u32>::zeroed(tables * (runs + 1))?;
+                codes
                     .par_chunks(n.max(1))
-                    .take(tables)
-                    .map(|table| {
+                    .zip(members.par_chunks_mut(n.max(1)))
+                    .zip(starts.par_chunks_mut(runs + 1))
+                    .for_each(|((table, members), count)| {
                         let run = |i: usize, c: u32| c as usize * segs + i / SEGMENT_KEYS;
-                        let mut count = vec![0u32; runs + 1];
                         for (i, &c) in table.iter().enumerate() {
                             count[run(i, c) + 1] += 1;
                         }
                         for r in 0..runs {
                             count[r + 1] += count[r];
                         }
-                        let mut next = count.clone();
-                        let mut members = vec![0u16; n];
+                        let mut next = count[..runs].to_vec();
                         for (i, &c) in table.iter().enumerate() {
                             let slot = &mut next[run(i, c)];
                             members[*slot as usize] = (i % SEGMENT_KEYS) as u16;
                             *slot += 1;
                         }
-                        (members, count)
-                    })
-                    .unzip();
-                HeadTables { mean, norms, members, starts }
+                    });
+                Ok(HeadTables { mean, norms, members, starts })
             })
-            .collect();
+            .collect::<Result<_>>()?;
         Ok(Self { first, end, bits, tables, w, heads, bias: OnceLock::new() })
     }
 
@@ -229,10 +288,11 @@ impl LayerIndex {
 
     /// [`Self::logit_bias`] for the fast path: from `q·key` (the logit's dot) and `q·mean` of
     /// the key's head, whose difference is the centred dot (the row is not read a second
-    /// time), through [`BiasTable`]. Within [`BIAS_TABLE_ERROR`] of it, plus the rounding of
-    /// the two sums.
-    pub(super) fn logit_bias_from_dot(&self, t: &HeadTables, (qk, q_mean): (f32, f32), q_norm: f32, i: usize) -> f32 {
-        let cos = (qk - q_mean) / (q_norm * t.norms[i].max(f32::MIN_POSITIVE));
+    /// time), and the key's stored norm `k_norm` (`norms[i]`, gathered by the caller in one
+    /// pass: loaded here, each would be a cache miss inside the row loop), through
+    /// [`BiasTable`]. Within [`BIAS_TABLE_ERROR`] of it, plus the rounding of the two sums.
+    pub(super) fn logit_bias_from_dot(&self, (qk, q_mean): (f32, f32), q_norm: f32, k_norm: f32) -> f32 {
+        let cos = (qk - q_mean) / (q_norm * k_norm.max(f32::MIN_POSITIVE));
         match self.bias.get_or_init(|| BiasTable::new(self.bits, self.tables)) {
             Some(table) => table.get(cos),
             None => bias_of_cos(cos as f64, self.bits, self.tables),
@@ -240,62 +300,68 @@ impl LayerIndex {
     }
 
     /// The query's code in every table.
-    fn query_codes(&self, q: &[f32]) -> Vec<u32> {
+    pub(super) fn query_codes(&self, q: &[f32]) -> Vec<u32> {
         sparse::reference::simhash_codes(q, &self.w, q.len(), self.bits, self.tables)
     }
 
     /// Offsets (from `first`) of the keys whose code equals `q`'s in at least two tables,
     /// ascending, and the index entries walked.
+    ///
+    /// The walk goes a segment at a time, every table's run for that segment, so that the
+    /// two bitsets (keys seen once, seen twice: one bit each) cover one segment — 16 KB, in a
+    /// core's L1, where a bitset of every key took 256 KB at a million keys — and so that a
+    /// head's walk splits into ranges of segments ([`Self::retrieve_segments`]). The bits are
+    /// set without a branch, and the sample is read off the second set in key order, the
+    /// order the caller reads rows and norms in (ascending addresses, not one cache and TLB
+    /// miss each).
     pub(super) fn retrieve(&self, head: usize, q: &[f32]) -> (Vec<usize>, usize) {
-        thread_local! {
-            /// Keys seen once and seen twice, one bit each, all clear between calls. Two bits a
-            /// key (256 KB at a million keys) stay in a core's L2, where a byte counter per key
-            /// (1 MB) did not; the walk sets them without a branch, and the sample is read off
-            /// the second set in key order, which is the order the caller reads rows and norms
-            /// in (ascending addresses, not one cache and TLB miss each).
-            static SEEN: std::cell::RefCell<(Vec<u64>, Vec<u64>)> =
-                const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-        }
+        self.retrieve_segments(head, &self.query_codes(q), 0..self.segments())
+    }
+
+    /// Segments of the indexed keys (of [`SEGMENT_KEYS`] each, the last partial).
+    pub(super) fn segments(&self) -> usize {
+        segments(self.end - self.first)
+    }
+
+    /// [`Self::retrieve`] over the keys of segments `segs` only, for a query whose codes are
+    /// `qc` (a head's walk can be split into parts that run on different cores).
+    pub(super) fn retrieve_segments(&self, head: usize, qc: &[u32], segs: Range<usize>) -> (Vec<usize>, usize) {
         let t = &self.heads[head];
-        let qc = self.query_codes(q);
-        SEEN.with_borrow_mut(|(once, twice)| {
-            let words = (self.end - self.first).div_ceil(64);
-            if once.len() < words {
-                once.resize(words, 0);
-                twice.resize(words, 0);
-            }
-            let (once, twice) = (&mut once[..words], &mut twice[..words]);
-            let mut walked = 0;
-            // Each bucket is a DRAM miss the hardware cannot predict: its run starts are loaded
-            // first (independent loads, in flight together), then each table's members while an
-            // earlier table is walked.
-            qc.iter().enumerate().for_each(|(l, &c)| t.prefetch_starts(l, c));
-            (0..WALK_AHEAD.min(qc.len())).for_each(|l| t.prefetch_bucket(l, qc[l]));
-            for (l, &c) in qc.iter().enumerate() {
-                if let Some(&ahead) = qc.get(l + WALK_AHEAD) {
-                    t.prefetch_bucket(l + WALK_AHEAD, ahead);
+        let tables = qc.len();
+        let (mut once, mut twice) = ([0u64; SEGMENT_WORDS], [0u64; SEGMENT_WORDS]);
+        let (mut out, mut walked) = (Vec::new(), 0);
+        // Each run is a DRAM miss the hardware cannot predict: every table's run starts are
+        // loaded first (independent loads, in flight together), then each run a few runs
+        // before it is walked.
+        qc.iter().enumerate().for_each(|(l, &c)| t.prefetch_starts(l, c));
+        let end = segs.end * tables;
+        let run = |k: usize| t.run(k % tables, qc[k % tables], k / tables);
+        (segs.start * tables..end).take(WALK_AHEAD).for_each(|k| select::prefetch_lines(run(k)));
+        for s in segs {
+            for l in 0..tables {
+                let k = s * tables + l;
+                if k + WALK_AHEAD < end {
+                    select::prefetch_lines(run(k + WALK_AHEAD));
                 }
-                walked += t.bucket_span(l, c).len();
-                for i in t.bucket(l, c) {
-                    let (w, bit) = (i / 64, 1u64 << (i % 64));
+                let members = run(k);
+                walked += members.len();
+                for &m in members {
+                    let (w, bit) = (m as usize / 64, 1u64 << (m % 64));
                     twice[w] |= once[w] & bit;
                     once[w] |= bit;
                 }
             }
-            let mut out = Vec::new();
             for (w, &bits) in twice.iter().enumerate() {
                 let mut rest = bits;
                 while rest != 0 {
-                    out.push(w * 64 + rest.trailing_zeros() as usize);
+                    out.push(s * SEGMENT_KEYS + w * 64 + rest.trailing_zeros() as usize);
                     rest &= rest - 1;
                 }
             }
-            // Clearing every word costs a memset of the bitsets (~10 µs at a million keys),
-            // less than a second walk over the touched ones.
             once.fill(0);
             twice.fill(0);
-            (out, walked)
-        })
+        }
+        (out, walked)
     }
 }
 
@@ -406,9 +472,9 @@ impl LayerIndex {
         for h in &self.heads {
             w.f32s(&h.mean);
             w.f32s(&h.norms);
-            for (starts, members) in h.starts.iter().zip(&h.members) {
-                w.u32s(starts.iter().copied());
-                w.u16s(members);
+            for l in 0..h.tables() {
+                w.u32s(h.starts(l).iter().copied());
+                w.u16s(h.members(l));
             }
         }
         w.0
@@ -438,9 +504,10 @@ impl LayerIndex {
                 {
                     return Err(Error::Invalid(format!("index section \"{name}\" has bucket lists out of range")));
                 }
-                starts.push(s);
-                members.push(m);
+                starts.extend(s);
+                members.extend(m);
             }
+            let (members, starts) = (HugePages::from_slice(&members)?, HugePages::from_slice(&starts)?);
             heads.push(HeadTables { mean, norms, members, starts });
         }
         r.finish()?;

@@ -21,6 +21,7 @@
 //! every token static: exact dense attention, the paper's own limit.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
 use candle_core::Tensor;
@@ -260,30 +261,46 @@ impl MagicPig {
         let idx = Tensor::from_vec(statics.repeat(heads), (heads, statics.len()), call.q.device())?;
         let (out_g, lse_g) = fast::selected_partial(call, kv, &idx, None)?;
         let dev = call.q.device();
-        // Per query head: index offsets of the sampled keys, visible ones only.
-        let (picks, walked): (Vec<Vec<u32>>, Vec<usize>) = span(dev, "attention: sample walk", || {
+        // Per query head: index offsets of the sampled keys, visible ones only, and each one's
+        // stored norm (for its weight), gathered here in a loop of independent loads. Each
+        // head's walk in up to WALK_PARTS ranges of segments, so that the heads' walks end
+        // together on the cores (28 whole walks were two rounds on 16 cores, the second a
+        // quarter idle); the parts of a head, in order, join in key order.
+        let (picks, norms, walked) = span(dev, "attention: sample walk", || {
             Ok(on_cpu_pool(|| {
-                (0..heads)
+                let codes: Vec<Vec<u32>> =
+                    (0..heads).into_par_iter().map(|h| ix.query_codes(&q_flat[h * d..(h + 1) * d])).collect();
+                let (segs, parts) = (ix.segments(), WALK_PARTS.min(ix.segments()));
+                let tasks: Vec<(usize, Range<usize>)> = (0..heads)
+                    .flat_map(|h| (0..parts).map(move |p| (h, p * segs / parts..(p + 1) * segs / parts)))
+                    .collect();
+                let found: Vec<(usize, Vec<u32>, Vec<f32>, usize)> = tasks
                     .into_par_iter()
-                    .map(|h| {
-                        let (found, walked) = ix.retrieve(h / groups, &q_flat[h * d..(h + 1) * d]);
-                        let visible = found.into_iter().map(|i| ix.first + i).filter(|&p| p >= lo);
-                        (visible.map(|p| p as u32).collect(), walked)
+                    .map(|(h, range)| {
+                        let (found, walked) = ix.retrieve_segments(h / groups, &codes[h], range);
+                        let visible: Vec<usize> = found.into_iter().filter(|&i| ix.first + i >= lo).collect();
+                        let norms = &ix.heads[h / groups].norms;
+                        let picked_norms = visible.iter().map(|&i| norms[i]).collect();
+                        (h, visible.into_iter().map(|i| (ix.first + i) as u32).collect(), picked_norms, walked)
                     })
-                    .unzip()
+                    .collect();
+                let (mut picks, mut norms) = (vec![Vec::new(); heads], vec![Vec::new(); heads]);
+                let mut walked = 0;
+                for (h, p, n, w) in found {
+                    picks[h].extend(p);
+                    norms[h].extend(n);
+                    walked += w;
+                }
+                (picks, norms, walked)
             }))
         })?;
-        let walked: usize = walked.iter().sum();
         let (out_s, lse_s) = span(dev, "attention: sample attention", || {
             let q_norms: Vec<f32> = (0..heads)
                 .map(|h| dot(&q_flat[h * d..(h + 1) * d], &q_flat[h * d..(h + 1) * d]).sqrt().max(f32::MIN_POSITIVE))
                 .collect();
             let q_means: Vec<f32> =
                 (0..heads).map(|h| dot(&q_flat[h * d..(h + 1) * d], &ix.heads[h / groups].mean)).collect();
-            let bias = |h: usize, j: usize, qk: f32| {
-                let i = picks[h][j] as usize - ix.first;
-                ix.logit_bias_from_dot(&ix.heads[h / groups], (qk, q_means[h]), q_norms[h], i)
-            };
+            let bias = |h: usize, j: usize, qk: f32| ix.logit_bias_from_dot((qk, q_means[h]), q_norms[h], norms[h][j]);
             Ok(on_cpu_pool(|| select::host_attention(&q_flat, (keys, values), &picks, scale, &bias))?)
         })?;
         // What each head read, as a sorted set (the harness's report): the sample is ascending
@@ -307,6 +324,9 @@ impl MagicPig {
         Ok(Attended { out, read: Read::Rows(read), searched })
     }
 }
+
+/// Parts (ranges of key segments) each query head's table walk is split into on the CPU pool.
+const WALK_PARTS: usize = 4;
 
 /// Runs `f` on MagicPIG's CPU pool: one thread per physical core (the paper's CPU side: its
 /// work is bound by memory bandwidth and FP units, which hyperthreads share), apart from the
@@ -491,7 +511,10 @@ mod tests {
             assert_eq!((parts.first, parts.end, &parts.w), (whole.first, whole.end, &whole.w));
             for (a, b) in parts.heads.iter().zip(&whole.heads) {
                 assert!(a.mean == b.mean && a.norms == b.norms, "seed {seed}");
-                assert!(a.members == b.members && a.starts == b.starts, "seed {seed}: chunks of {chunk_rows}");
+                assert!(
+                    a.members[..] == b.members[..] && a.starts[..] == b.starts[..],
+                    "seed {seed}: chunks of {chunk_rows}"
+                );
             }
         }
         let short = |a: usize, b: usize| -> Result<Tensor> { chunk(a, b - 1) };
@@ -544,6 +567,11 @@ mod tests {
                     let q = rand_vec(&mut rng, d);
                     // Ascending, as the fast path reads them.
                     let (got, _) = ix.retrieve(h, &q);
+                    // The same keys, walked one segment at a time (the fast path's parts).
+                    let parts: Vec<usize> = (0..ix.segments())
+                        .flat_map(|s| ix.retrieve_segments(h, &ix.query_codes(&q), s..s + 1).0)
+                        .collect();
+                    assert_eq!(parts, got, "seed {seed}: n {n}, walked in parts");
                     let qc = codes(&q, &ix.w, bits, tables);
                     let want: Vec<usize> = (0..end - first)
                         .filter(|&i| key_codes[i].iter().zip(&qc).filter(|(a, b)| a == b).count() >= 2)
@@ -568,11 +596,11 @@ mod tests {
         let mut bytes = ix.encode();
         let back = LayerIndex::decode(&bytes, "test", &plan, heads, d).unwrap();
         let (a, b) = (&ix.heads[0], &back.heads[0]);
-        assert!(a.members == b.members && a.starts == b.starts && a.norms == b.norms && back.w == ix.w);
+        assert!(a.members[..] == b.members[..] && a.starts[..] == b.starts[..] && a.norms == b.norms && back.w == ix.w);
         // Table 0's first member of a non-empty run in the last segment, where 300 keys lie.
         let segs = super::index::segments(n);
-        let run = (0..1 << plan.bits).map(|c| c * segs + segs - 1).find(|&r| a.starts[0][r] < a.starts[0][r + 1]);
-        let at = 4 * (d * plan.bits * plan.tables + d + n + a.starts[0].len()) + 2 * a.starts[0][run.unwrap()] as usize;
+        let run = (0..1 << plan.bits).map(|c| c * segs + segs - 1).find(|&r| a.starts(0)[r] < a.starts(0)[r + 1]);
+        let at = 4 * (d * plan.bits * plan.tables + d + n + a.starts(0).len()) + 2 * a.starts(0)[run.unwrap()] as usize;
         bytes[at..at + 2].copy_from_slice(&300u16.to_le_bytes());
         let err = LayerIndex::decode(&bytes, "test", &plan, heads, d).err().expect("a member past its segment");
         assert!(err.to_string().contains("out of range"), "{err}");
