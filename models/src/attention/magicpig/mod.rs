@@ -257,7 +257,7 @@ impl MagicPig {
         let scale = call.scale;
         // The static part on the device, every head the same positions: queued first, so the
         // GPU attends it while the CPU works on the sample.
-        let statics: Vec<u32> = (lo..ix.first.max(lo)).chain(ix.end.max(lo)..hi).map(|p| p as u32).collect();
+        let mut statics: Vec<u32> = (lo..ix.first.max(lo)).chain(ix.end.max(lo)..hi).map(|p| p as u32).collect();
         let idx = Tensor::from_vec(statics.repeat(heads), (heads, statics.len()), call.q.device())?;
         let (out_g, lse_g) = fast::selected_partial(call, kv, &idx, None)?;
         let dev = call.q.device();
@@ -303,17 +303,11 @@ impl MagicPig {
             let bias = |h: usize, j: usize, qk: f32| ix.logit_bias_from_dot((qk, q_means[h]), q_norms[h], norms[h][j]);
             Ok(on_cpu_pool(|| select::host_attention(&q_flat, (keys, values), &picks, scale, &bias))?)
         })?;
-        // What each head read, as a sorted set (the harness's report): the sample is ascending
-        // and lies between the sinks and the window.
-        let (before, after) = statics.split_at(statics.partition_point(|&p| (p as usize) < ix.first));
-        let read: Vec<Vec<usize>> = span(dev, "attention: sample report", || {
-            Ok(on_cpu_pool(|| {
-                picks
-                    .par_iter()
-                    .map(|pick| before.iter().chain(pick).chain(after).map(|&p| p as usize).collect())
-                    .collect()
-            }))
-        })?;
+        // What each head read (the harness's report), joined only if asked: the sample is
+        // ascending and lies between the sinks and the window.
+        let at = statics.partition_point(|&p| (p as usize) < ix.first);
+        let after = statics.split_off(at);
+        let read = Read::Sampled { before: statics, picks, after };
         let sampled_part = AttnOutput {
             out: Tensor::from_vec(out_s, (heads, 1, d), dev)?,
             lse: Tensor::from_vec(lse_s, (heads, 1), dev)?,
@@ -321,7 +315,7 @@ impl MagicPig {
         let static_part = AttnOutput { out: out_g.unsqueeze(1)?, lse: lse_g.unsqueeze(1)? };
         let out = merge(&static_part, &sampled_part)?.out.to_dtype(call.q.dtype())?;
         let searched = walked as f64 * ENTRY_BYTES / (2 * d) as f64 / heads as f64;
-        Ok(Attended { out, read: Read::Rows(read), searched })
+        Ok(Attended { out, read, searched })
     }
 }
 
