@@ -142,9 +142,10 @@ fn attend_avx2(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn F
     attend_rows(q, rows, pick, scale, bias)
 }
 
-/// One task: the logits of `pick`'s K rows (each decoded once), then the softmax-weighted sum
-/// of its V rows. Inlined into each instruction set's copy, with plain `for` loops only: an
-/// iterator chain ending in `collect` or `for_each` runs through `Iterator::fold`, a generic
+/// One task: the logits of `pick`'s K rows, then the softmax-weighted sum of its V rows (each
+/// row read once per pass, widened as it is read). Inlined into each instruction set's copy,
+/// with plain `for` loops only: an iterator chain ending in `collect` or `for_each` runs
+/// through `Iterator::fold`, a generic
 /// function of `core` that LLVM may keep out of line — compiled for the baseline target,
 /// outside the caller's instruction set (it did, and the K pass ran 4-wide).
 #[inline(always)]
@@ -199,11 +200,16 @@ pub fn prefetch_lines<T>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // Every line `data` touches: from the one holding its first byte (a 128-byte run that
+        // starts mid-line spans three lines, not two).
         let start = data.as_ptr() as *const i8;
-        for at in (0..std::mem::size_of_val(data)).step_by(CACHE_LINE) {
-            // SAFETY: SSE is part of the x86-64 baseline; the address lies within `data`, and a
-            // prefetch reads nothing back.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(at)) };
+        let skew = start as usize % CACHE_LINE;
+        let mut at = 0;
+        while at < skew + std::mem::size_of_val(data) {
+            // SAFETY: SSE is part of the x86-64 baseline; a prefetch reads nothing back and
+            // never faults, and the address is within the line of a byte of `data`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_sub(skew).wrapping_add(at)) };
+            at += CACHE_LINE;
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -62,6 +62,11 @@ pub(super) struct HeadTables {
     /// `[tables][2^K · segments + 1]`: per table, where the run of code `c`, segment `s` starts
     /// in its members, at `c · segments + s` (the last entry `n`).
     pub(super) starts: HugePages<u32>,
+    /// Tables, segments of keys, and run starts per table (`2^K · segments + 1`): the strides
+    /// of the two maps, kept rather than divided out at every run the walk reads.
+    tables: usize,
+    segments: usize,
+    per_table: usize,
 }
 
 /// `len` values of `T`, zeroed, in an anonymous map that asks for 2 MiB pages before anything
@@ -71,7 +76,8 @@ pub(super) struct HeadTables {
 /// on 4 KiB pages each run is a TLB miss whose page-table entry is itself a DRAM miss (30 MB
 /// of page tables), on 2 MiB pages the entries (60 KB) stay cached. A `Vec` cannot ask: its
 /// memory comes from the allocator, already touched or shared with other data. A hint:
-/// refused, the map has 4 KiB pages and the same contents.
+/// refused, the map has 4 KiB pages and the same contents (as do the partial 2 MiB at either end
+/// of a map the kernel did not place on a 2 MiB boundary).
 pub(super) struct HugePages<T> {
     map: memmap2::MmapMut,
     len: usize,
@@ -86,13 +92,6 @@ impl<T: bytemuck::Pod> HugePages<T> {
         #[cfg(target_os = "linux")]
         let _ = map.advise(memmap2::Advice::HugePage);
         Ok(Self { map, len, of: std::marker::PhantomData })
-    }
-
-    /// The values from a slice.
-    pub(super) fn from_slice(xs: &[T]) -> Result<Self> {
-        let mut out = Self::zeroed(xs.len())?;
-        out.copy_from_slice(xs);
-        Ok(out)
     }
 }
 
@@ -119,9 +118,18 @@ impl HeadTables {
             .flat_map(move |s| self.run(l, c, s).iter().map(move |&m| s * SEGMENT_KEYS + m as usize))
     }
 
-    /// Tables stored.
-    pub(super) fn tables(&self) -> usize {
-        self.members.len() / self.norms.len().max(1)
+    /// Tables `mean`/`norms` (`n` keys) and the maps of `tables` tables of `bits`-bit codes.
+    fn new(
+        mean: Vec<f32>,
+        norms: Vec<f32>,
+        (members, starts): (HugePages<u16>, HugePages<u32>),
+        bits: usize,
+        tables: usize,
+    ) -> Self {
+        let segments = segments(norms.len());
+        let per_table = (1 << bits) * segments + 1;
+        debug_assert!(members.len() == tables * norms.len() && starts.len() == tables * per_table);
+        Self { mean, norms, members, starts, tables, segments, per_table }
     }
 
     /// Table `l`'s keys' offsets within their segments, sorted by (code, key).
@@ -132,21 +140,20 @@ impl HeadTables {
 
     /// Table `l`'s run starts.
     pub(super) fn starts(&self, l: usize) -> &[u32] {
-        let per_table = self.starts.len() / self.tables().max(1);
-        &self.starts[l * per_table..(l + 1) * per_table]
+        &self.starts[l * self.per_table..(l + 1) * self.per_table]
     }
 
     /// Table `l`'s members with code `c` in segment `s`, as offsets within the segment.
     fn run(&self, l: usize, c: u32, s: usize) -> &[u16] {
-        let at = c as usize * segments(self.norms.len()) + s;
-        let starts = self.starts(l);
-        &self.members(l)[starts[at] as usize..starts[at + 1] as usize]
+        let at = l * self.per_table + c as usize * self.segments + s;
+        let n = self.norms.len();
+        &self.members[l * n + self.starts[at] as usize..l * n + self.starts[at + 1] as usize]
     }
 
     /// Starts the loads of table `l`'s run starts for code `c` (every segment's).
     fn prefetch_starts(&self, l: usize, c: u32) {
-        let segs = segments(self.norms.len());
-        select::prefetch_lines(&self.starts(l)[c as usize * segs..][..segs + 1]);
+        let at = l * self.per_table + c as usize * self.segments;
+        select::prefetch_lines(&self.starts[at..at + self.segments + 1]);
     }
 }
 
@@ -271,7 +278,7 @@ impl LayerIndex {
                             *slot += 1;
                         }
                     });
-                Ok(HeadTables { mean, norms, members, starts })
+                Ok(HeadTables::new(mean, norms, (members, starts), bits, tables))
             })
             .collect::<Result<_>>()?;
         Ok(Self { first, end, bits, tables, w, heads, bias: OnceLock::new() })
@@ -334,16 +341,22 @@ impl LayerIndex {
         // loaded first (independent loads, in flight together), then each run a few runs
         // before it is walked.
         qc.iter().enumerate().for_each(|(l, &c)| t.prefetch_starts(l, c));
-        let end = segs.end * tables;
-        let run = |k: usize| t.run(k % tables, qc[k % tables], k / tables);
-        (segs.start * tables..end).take(WALK_AHEAD).for_each(|k| select::prefetch_lines(run(k)));
-        for s in segs {
-            for l in 0..tables {
-                let k = s * tables + l;
-                if k + WALK_AHEAD < end {
-                    select::prefetch_lines(run(k + WALK_AHEAD));
+        // The next run to prefetch: table `pl` of segment `ps`, WALK_AHEAD runs ahead.
+        let (mut ps, mut pl, end) = (segs.start, 0, segs.end);
+        let mut prefetch_next = || {
+            if ps < end && tables > 0 {
+                select::prefetch_lines(t.run(pl, qc[pl], ps));
+                pl += 1;
+                if pl == tables {
+                    (ps, pl) = (ps + 1, 0);
                 }
-                let members = run(k);
+            }
+        };
+        (0..WALK_AHEAD).for_each(|_| prefetch_next());
+        for s in segs {
+            for (l, &c) in qc.iter().enumerate() {
+                prefetch_next();
+                let members = t.run(l, c, s);
                 walked += members.len();
                 for &m in members {
                     let (w, bit) = (m as usize / 64, 1u64 << (m % 64));
@@ -472,7 +485,7 @@ impl LayerIndex {
         for h in &self.heads {
             w.f32s(&h.mean);
             w.f32s(&h.norms);
-            for l in 0..h.tables() {
+            for l in 0..h.tables {
                 w.u32s(h.starts(l).iter().copied());
                 w.u16s(h.members(l));
             }
@@ -487,10 +500,12 @@ impl LayerIndex {
         let mut heads = Vec::with_capacity(kv_heads);
         for _ in 0..kv_heads {
             let (mean, norms) = (r.f32s(d)?, r.f32s(n)?);
-            let (mut starts, mut members) = (Vec::new(), Vec::new());
             let segs = segments(n);
-            for _ in 0..plan.tables {
-                let s = r.u32s((1 << plan.bits) * segs + 1)?;
+            let per_table = (1 << plan.bits) * segs + 1;
+            let mut members = HugePages::<u16>::zeroed(plan.tables * n)?;
+            let mut starts = HugePages::<u32>::zeroed(plan.tables * per_table)?;
+            for l in 0..plan.tables {
+                let s = r.u32s(per_table)?;
                 let m = r.u16s(n)?;
                 // Runs in order, ending at `n`, each within its segment's keys.
                 let in_segment = |run: usize| {
@@ -504,11 +519,10 @@ impl LayerIndex {
                 {
                     return Err(Error::Invalid(format!("index section \"{name}\" has bucket lists out of range")));
                 }
-                starts.extend(s);
-                members.extend(m);
+                starts[l * per_table..(l + 1) * per_table].copy_from_slice(&s);
+                members[l * n..(l + 1) * n].copy_from_slice(&m);
             }
-            let (members, starts) = (HugePages::from_slice(&members)?, HugePages::from_slice(&starts)?);
-            heads.push(HeadTables { mean, norms, members, starts });
+            heads.push(HeadTables::new(mean, norms, (members, starts), plan.bits, plan.tables));
         }
         r.finish()?;
         let (first, end, bits, tables) = (plan.first, plan.end, plan.bits, plan.tables);
