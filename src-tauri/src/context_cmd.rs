@@ -294,8 +294,13 @@ fn human_secs(s: f64) -> String {
 
 /// Peak resident set size of this process (Linux `VmHWM`).
 pub(crate) fn peak_rss() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    proc_kib("/proc/self/status", "VmHWM:")
+}
+
+/// The `key: N kB` line of a Linux /proc file, in bytes.
+fn proc_kib(file: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
     Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
 }
 
@@ -303,9 +308,7 @@ pub(crate) fn peak_rss() -> Option<u64> {
 /// `smaps_rollup`): whether a `MADV_HUGEPAGE` hint was honoured — the kernel may refuse it
 /// (`never`), or find no free 2 MiB pages, and the scattered reads of a host tier slow down.
 pub(crate) fn huge_page_bytes() -> Option<u64> {
-    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
-    let line = rollup.lines().find(|l| l.starts_with("AnonHugePages:"))?;
-    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+    proc_kib("/proc/self/smaps_rollup", "AnonHugePages:")
 }
 
 /// `4GiB`, `512MiB`, `2G`, `1.5GB`, `1000000`.

@@ -188,8 +188,7 @@ fn attend_rows(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn F
 /// apart and is left to the load).
 #[inline(always)]
 fn prefetch(view: &HostView<'_>, head: usize, pos: usize) {
-    let bytes = view.stored.row_bytes(view.d);
-    prefetch_lines(&view.bytes[(head * view.n + pos) * bytes..][..bytes]);
+    prefetch_lines(raw_row(view, head * view.n + pos));
 }
 
 /// Asks the CPU to start loading every cache line of `data` (for loads it will make soon that no
@@ -249,7 +248,7 @@ fn row_axpy(view: &HostView<'_>, head: usize, pos: usize, e: f32, acc: &mut [f32
     }
 }
 
-/// The stored bytes of row `row` (bf16 or f32).
+/// The stored bytes of row `row` (an fp8 row's scale lies apart).
 #[inline(always)]
 fn raw_row<'a>(view: &HostView<'a>, row: usize) -> &'a [u8] {
     let bytes = view.stored.row_bytes(view.d);

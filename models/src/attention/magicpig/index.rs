@@ -145,15 +145,13 @@ impl HeadTables {
 
     /// Table `l`'s members with code `c` in segment `s`, as offsets within the segment.
     fn run(&self, l: usize, c: u32, s: usize) -> &[u16] {
-        let at = l * self.per_table + c as usize * self.segments + s;
-        let n = self.norms.len();
-        &self.members[l * n + self.starts[at] as usize..l * n + self.starts[at + 1] as usize]
+        let (starts, at) = (self.starts(l), c as usize * self.segments + s);
+        &self.members(l)[starts[at] as usize..starts[at + 1] as usize]
     }
 
     /// Starts the loads of table `l`'s run starts for code `c` (every segment's).
     fn prefetch_starts(&self, l: usize, c: u32) {
-        let at = l * self.per_table + c as usize * self.segments;
-        select::prefetch_lines(&self.starts[at..at + self.segments + 1]);
+        select::prefetch_lines(&self.starts(l)[c as usize * self.segments..][..self.segments + 1]);
     }
 }
 

@@ -278,10 +278,13 @@ impl MagicPig {
                     .into_par_iter()
                     .map(|(h, range)| {
                         let (found, walked) = ix.retrieve_segments(h / groups, &codes[h], range);
-                        let visible: Vec<usize> = found.into_iter().filter(|&i| ix.first + i >= lo).collect();
                         let norms = &ix.heads[h / groups].norms;
-                        let picked_norms = visible.iter().map(|&i| norms[i]).collect();
-                        (h, visible.into_iter().map(|i| (ix.first + i) as u32).collect(), picked_norms, walked)
+                        let (mut pick, mut picked_norms) = (Vec::with_capacity(found.len()), Vec::new());
+                        for i in found.into_iter().filter(|&i| ix.first + i >= lo) {
+                            pick.push((ix.first + i) as u32);
+                            picked_norms.push(norms[i]);
+                        }
+                        (h, pick, picked_norms, walked)
                     })
                     .collect();
                 let (mut picks, mut norms) = (vec![Vec::new(); heads], vec![Vec::new(); heads]);
