@@ -208,9 +208,19 @@ fn drop_paths(d: &Driver, paths: &[&Path]) {
     assert_eq!(v, "ok", "simulate_drop: {v}");
 }
 
+/// Opens Settings and waits until its forms show what the engine has now: until then they are
+/// disabled (a late read would overwrite what is typed).
+fn open_settings(d: &Driver) {
+    d.click("[aria-label=Settings]");
+    d.wait("the settings loaded", |d| {
+        d.script("return document.querySelector('[data-testid=apply-generation]')?.matches(':enabled')", json!([]))
+            == json!(true)
+    });
+}
+
 /// Picks `method` in Settings (its default budget) and applies it.
 fn choose_method(d: &Driver, method: &str) {
-    d.click("[aria-label=Settings]");
+    open_settings(d);
     d.wait("the methods", |d| d.texts("[data-testid=method] option").len() >= 8);
     d.script(
         "const s = document.querySelector('[data-testid=method]'); s.value = arguments[0]; \
@@ -471,7 +481,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
 
     // 4. Turn on "resume when Folio starts" in Settings; prefill another folder and kill the
     //    app in the middle again: the next start resumes it with no click.
-    d.click("[aria-label=Settings]");
+    open_settings(&d);
     d.click("[data-testid=auto-resume]");
     d.wait("the setting saved", |d| {
         d.script("return document.querySelector('[data-testid=auto-resume]').checked", json!([])) == json!(true)
@@ -544,7 +554,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
         d.script("return document.querySelector('[data-testid=open-context]')?.disabled", json!([])) == json!(false)
     });
     // Settings lists the library's models; the demo model's folder, typed, loads it again.
-    d.click("[aria-label=Settings]");
+    open_settings(&d);
     d.wait("the library's models", |d| d.texts("[data-testid=model-switch] .models .model-name").len() == 2);
     std::thread::sleep(Duration::from_millis(500)); // the drawer's slide-in
     screenshot(&display, "11-models");
@@ -592,7 +602,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     assert!(compared.contains("top-1 agreement") && compared.contains("nats"), "{compared}");
     assert!(d.texts("[data-testid=job-progress]").is_empty(), "a comparison runs no prefill");
     screenshot(&display, "15-compare");
-    d.click("[aria-label=Settings]");
+    open_settings(&d);
     d.wait("the budget field", |d| d.element("[data-testid=budget]").is_some());
     d.type_into("[data-testid=budget]", "-5");
     d.script("document.querySelector('[data-testid=apply-method]').click()", json!([]));
@@ -614,7 +624,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     // device budget that holds no layer, and a host budget under the K/V, are refused with
     // what would fit; new contexts take the K/V dtype set here.
     let engine_apply = |d: &Driver, set: &dyn Fn(&Driver)| {
-        d.click("[aria-label=Settings]");
+        open_settings(d);
         d.wait("the engine form", |d| d.texts("[data-testid=device] option").len() >= 3);
         set(d);
         d.script("document.querySelector('[data-testid=apply-engine]').click()", json!([]));
@@ -674,7 +684,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     assert!(d.texts("[data-testid=job-progress]").is_empty(), "switching the tier runs no prefill");
     // magicpig's index stored in the file (with progress), then read by the next answer;
     // magicpig made the context's default, so a new chat over it starts with it.
-    d.click("[aria-label=Settings]");
+    open_settings(&d);
     d.wait("the context's method", |d| d.element("[data-testid=build-index]").is_some());
     d.script("document.querySelector('[data-testid=set-default-method]').click()", json!([]));
     d.wait("the default set", |d| d.texts("[data-testid=context-note]").concat().contains("start with magicpig"));
@@ -716,7 +726,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     assert_eq!(d.texts("[data-testid=comparison]").len(), 1, "the comparison is saved with its answer");
     d.wait("the chat over samples", |d| d.texts("[data-testid=open-context-chip]").concat().contains("samples"));
     // Its method came back with it; dense again for the follow-up.
-    d.click("[aria-label=Settings]");
+    open_settings(&d);
     d.wait("the chat's method", |d| {
         d.script("return document.querySelector('[data-testid=method]')?.value", json!([])) == json!("magicpig")
     });
@@ -775,7 +785,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.wait("the open button", |d| d.element("[data-testid=open-context]").is_some());
     d.click("[data-testid=open-context]");
     d.wait("the chat over samples", |d| d.texts("[data-testid=open-context-chip]").concat().contains("samples"));
-    d.click("[aria-label=Settings]");
+    open_settings(&d);
     d.wait("the context's default method", |d| {
         d.script("return document.querySelector('[data-testid=method]')?.value", json!([])) == json!("magicpig")
     });
