@@ -208,13 +208,17 @@ fn drop_paths(d: &Driver, paths: &[&Path]) {
     assert_eq!(v, "ok", "simulate_drop: {v}");
 }
 
-/// Opens Settings and waits until its forms show what the engine has now: until then they are
-/// disabled (a late read would overwrite what is typed).
+/// Opens Settings and waits until its forms show what the engine has now (until then they are
+/// disabled: a late read would overwrite what is typed) and the drawer has slid in (a click at
+/// coordinates during the slide lands beside its target).
 fn open_settings(d: &Driver) {
     d.click("[aria-label=Settings]");
     d.wait("the settings loaded", |d| {
-        d.script("return document.querySelector('[data-testid=apply-generation]')?.matches(':enabled')", json!([]))
-            == json!(true)
+        d.script(
+            "return document.querySelector('[data-testid=apply-generation]')?.matches(':enabled') \
+             && document.querySelector('.drawer[role=dialog]').getAnimations().length === 0",
+            json!([]),
+        ) == json!(true)
     });
 }
 
@@ -610,7 +614,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
         d.texts("[data-testid=method-error]").concat().contains("still answering with magicpig")
     });
     d.type_into("[data-testid=temperature]", "-1");
-    d.click("[data-testid=apply-generation]");
+    d.script("document.querySelector('[data-testid=apply-generation]').click()", json!([]));
     d.wait("the sampling error", |d| {
         d.texts("[data-testid=generation-error]").concat().contains("temperature must be >= 0")
     });
