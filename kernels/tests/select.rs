@@ -226,9 +226,10 @@ fn view_gather_matches_decode(device: &Device) -> Result<()> {
 test_device!(view_gather_matches_decode, view_gather_cpu, view_gather_cuda);
 
 /// Attention computed by the CPU over picked host rows (MagicPIG's side of a step) equals the
-/// definition's: per-query-head picks of different lengths (empty, one row, several tasks'
-/// worth), GQA, f32 and bf16 rows, a logit bias that depends on q·k; a position past the
-/// stored rows is refused.
+/// definition's: per-query-head picks of different lengths (empty, one row, most of the
+/// context), each attended in parts of random sizes (an empty part among them) whose partials
+/// are merged in a shuffled order; GQA, f32 and bf16 rows, a logit bias that depends on q·k.
+/// A position past the stored rows, and a KV head or query that does not exist, are refused.
 fn host_attention_matches_reference(device: &Device) -> Result<()> {
     let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
@@ -246,8 +247,9 @@ fn host_attention_matches_reference(device: &Device) -> Result<()> {
             Ok(host)
         };
         let (hk, hv) = (rows(&k)?, rows(&v)?);
+        let (kh, vh) = (hk.host()?, hv.host()?);
         let q = random(&mut rng, heads * d, 1.0);
-        // Pick lengths: empty, one row, and up to the whole context (several tasks).
+        // Pick lengths: empty, one row, and up to the whole context.
         let picks: Vec<Vec<u32>> = (0..heads)
             .map(|h| {
                 let len = match h % 3 {
@@ -265,7 +267,27 @@ fn host_attention_matches_reference(device: &Device) -> Result<()> {
             .collect();
         let bias = |h: usize, j: usize, qk: f32| 0.5 * qk.tanh() - 0.001 * ((h + j) % 7) as f32;
         let scale = 1.0 / (d as f32).sqrt();
-        let (out, lse) = select::host_attention(&q, (&hk, &hv), &picks, scale, &bias)?;
+        let mut partials = Vec::new();
+        for (h, pick) in picks.iter().enumerate() {
+            let mut start = 0;
+            loop {
+                let end = (start + rng.random_range(0..=pick.len() / 2 + 1)).min(pick.len());
+                let part = &pick[start..end];
+                let partial =
+                    select::attend_partial(&q[h * d..(h + 1) * d], (&kh, &vh), h / group, part, scale, &|j, qk| {
+                        bias(h, start + j, qk)
+                    })?;
+                partials.push((h, partial));
+                if end == pick.len() {
+                    break;
+                }
+                start = end;
+            }
+        }
+        for i in (1..partials.len()).rev() {
+            partials.swap(i, rng.random_range(0..=i));
+        }
+        let (out, lse) = select::merge_partials(heads, d, partials);
         for (h, pick) in picks.iter().enumerate() {
             // The reference for this head alone: its pick as a one-head selection.
             let g = h / group;
@@ -291,8 +313,14 @@ fn host_attention_matches_reference(device: &Device) -> Result<()> {
             }
         }
         println!("{device:?} host attention {heads}/{kv_heads} heads, n {n}, d {d}, {dtype:?}: within 1e-4");
-        let past = vec![vec![n as u32]; heads];
-        assert!(select::host_attention(&q, (&hk, &hv), &past, scale, &bias).is_err());
+        let no_bias = |_: usize, _: f32| 0.0;
+        let attend = |q: &[f32], kv_head: usize, pick: &[u32]| {
+            select::attend_partial(q, (&kh, &vh), kv_head, pick, scale, &no_bias).map(|_| ())
+        };
+        assert!(attend(&q[..d], 0, &[n as u32]).is_err(), "a position past the rows");
+        assert!(attend(&q[..d], kv_heads, &[0]).is_err(), "a KV head past the heads");
+        assert!(attend(&q[..d - 1], 0, &[0]).is_err(), "a short query");
+        assert!(attend(&q[..d], 0, &[0, n as u32 - 1]).is_ok());
     }
     Ok(())
 }

@@ -252,6 +252,9 @@ struct Report {
     peak_rss_bytes: Option<u64>,
     /// Of the process's memory at the end of the run, how much is in 2 MiB pages.
     huge_page_bytes: Option<u64>,
+    /// Threads of the CPU pool that walks MagicPIG's tables and attends its sample
+    /// (`FOLIO_HOST_THREADS`, else one per physical core).
+    host_threads: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     profile: Option<DecodeProfile>,
     /// A fresh conversation's first step (what builds the method's state over the context:
@@ -461,6 +464,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
             kv_dtype: kv_dtype.map(KvDtype::name),
             peak_rss_bytes: peak_rss(),
             huge_page_bytes: huge_page_bytes(),
+            host_threads: folio_models::attention::cpu_pool_threads(),
             profile,
             first_step_profile,
         };
@@ -547,13 +551,14 @@ fn print_report(r: &Report, json: bool, steps: usize) -> Result<()> {
         r.pcie4_mean_ms
     );
     println!(
-        "  peak device memory {} (budget {}, planned {}); host K/V {}; peak RSS {} ({} in huge pages)",
+        "  peak device memory {} (budget {}, planned {}); host K/V {}; peak RSS {} ({} in huge pages); {} CPU-pool threads",
         opt(r.peak_device_bytes),
         opt(r.vram_budget),
         human_bytes(r.planned_device_bytes),
         human_bytes(r.host_kv_bytes),
         opt(r.peak_rss_bytes),
-        opt(r.huge_page_bytes)
+        opt(r.huge_page_bytes),
+        r.host_threads
     );
     if let Some(p) = &r.profile {
         println!(

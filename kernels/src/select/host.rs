@@ -18,15 +18,8 @@
 //! row, and a second pass over the row is saved.
 
 use candle_core::Result;
-use rayon::prelude::*;
 
-use super::{reference, HostRows, HostView, Stored};
-
-/// Picked rows per task of [`host_attention`]: a head's pick is split so that every core has
-/// work when there are fewer heads than cores, and so that the cores finish together (28 heads
-/// of 2048 rows were two rounds on 16 cores, the second a quarter idle); the parts merge by
-/// LSE.
-const HOST_ROWS_PER_TASK: usize = 512;
+use super::{reference, HostView, Stored};
 
 /// Rows ahead of the one being read whose loads are started ([`prefetch`]): the picks are
 /// scattered over GBs, so each row is a DRAM miss (and a TLB miss) that the hardware prefetcher
@@ -40,67 +33,66 @@ const CACHE_LINE: usize = 64;
 /// AVX2 ones.
 const LANES: usize = 16;
 
-/// Attention of each query head `h` over its own picked rows `picks[h]` of KV head `h / group`
-/// (`group` = query heads per KV head), computed by the CPU straight from host memory: the
-/// logit of pick `j` is `scale·q·k + bias(h, j, q·k)` (MagicPIG's importance weight is a
-/// function of the key's cosine with the query). `q [heads·d]` f32. Runs on the calling rayon
-/// pool (a head's pick split into tasks of [`HOST_ROWS_PER_TASK`] rows, merged by LSE). Returns
-/// `out [heads·d]` and `lse [heads]`, zeros and −∞ for an empty pick:
-/// [`crate::attention::merge`] takes it as "no keys".
-pub fn host_attention(
+/// Query head `q`'s softmax partial over `pick`, rows of KV head `kv_head` (the logit of pick
+/// `j` is `scale·q·k + bias(j, q·k)`), computed by the CPU straight from host memory in the
+/// widest instruction set it has. A head's pick may be split into parts attended anywhere (on
+/// the cores, beside other work: MagicPIG attends each part of its sample as its table walk
+/// finds it); [`merge_partials`] joins them. A position past the stored rows is an error.
+pub fn attend_partial(
     q: &[f32],
-    (k, v): (&HostRows, &HostRows),
-    picks: &[Vec<u32>],
+    (k, v): (&HostView<'_>, &HostView<'_>),
+    kv_head: usize,
+    pick: &[u32],
     scale: f32,
-    bias: &(dyn Fn(usize, usize, f32) -> f32 + Sync),
-) -> Result<(Vec<f32>, Vec<f32>)> {
-    let (heads, d) = (picks.len(), k.d);
-    let group = heads / k.heads.max(1);
-    if q.len() != heads * d || group == 0 || heads != k.heads * group || (v.heads, v.n, v.d) != (k.heads, k.n, k.d) {
+    bias: &dyn Fn(usize, f32) -> f32,
+) -> Result<Partial> {
+    if q.len() != k.d || kv_head >= k.heads || (v.heads, v.n, v.d) != (k.heads, k.n, k.d) {
         candle_core::bail!(
-            "host attention: {} query values for {heads} picks over {} KV heads of dim {d}",
+            "host attention: a query of {} values for KV head {kv_head} of {} heads of dim {}",
             q.len(),
-            k.heads
+            k.heads,
+            k.d
         );
     }
-    if let Some(p) = picks.iter().flatten().find(|&&p| p as usize >= k.n) {
+    if let Some(p) = pick.iter().find(|&&p| p as usize >= k.n) {
         candle_core::bail!("host attention: position {p} is past the {} stored rows", k.n);
     }
-    let (kh, vh) = (k.host()?, v.host()?);
-    let tasks: Vec<(usize, usize)> = picks
-        .iter()
-        .enumerate()
-        .flat_map(|(h, p)| (0..p.len()).step_by(HOST_ROWS_PER_TASK).map(move |s| (h, s)))
-        .collect();
-    // Each task: (head, max logit, sum of exp(logit − max), Σ exp(logit − max)·v).
-    let parts: Vec<(usize, Part)> = tasks
-        .into_par_iter()
-        .map(|(h, start)| {
-            let pick = &picks[h][start..(start + HOST_ROWS_PER_TASK).min(picks[h].len())];
-            let rows = Rows { k: &kh, v: &vh, head: h / group };
-            (h, attend(&q[h * d..(h + 1) * d], rows, pick, scale, &|j, qk| bias(h, start + j, qk)))
-        })
-        .collect();
-    let (mut out, mut lse) = (vec![0f32; heads * d], vec![f32::NEG_INFINITY; heads]);
-    // Tasks come in head order: each head's parts are one run.
-    for mine in parts.chunk_by(|a, b| a.0 == b.0) {
-        let h = mine[0].0;
-        let m = mine.iter().map(|p| p.1.max).fold(f32::NEG_INFINITY, f32::max);
-        if m == f32::NEG_INFINITY {
-            continue;
-        }
-        let l: f32 = mine.iter().map(|p| p.1.sum * (p.1.max - m).exp()).sum();
-        for (_, p) in mine {
-            let w = (p.max - m).exp() / l;
-            out[h * d..(h + 1) * d].iter_mut().zip(&p.acc).for_each(|(o, a)| *o += w * a);
-        }
-        lse[h] = m + l.ln();
-    }
-    Ok((out, lse))
+    Ok(attend(q, Rows { k, v, head: kv_head }, pick, scale, bias))
 }
 
-/// A task's softmax partial: the largest logit, Σ exp(logit − max), Σ exp(logit − max)·v.
-struct Part {
+/// Joins each query head's [`attend_partial`]s (`(head, partial)`, in any order) into
+/// `out [heads·d]` and `lse [heads]`; a head with no partial, or only empty ones, gets zeros and
+/// −∞ ("no keys").
+pub fn merge_partials(heads: usize, d: usize, parts: Vec<(usize, Partial)>) -> (Vec<f32>, Vec<f32>) {
+    let mut joined: Vec<Option<Partial>> = (0..heads).map(|_| None).collect();
+    for (h, p) in parts {
+        if p.max == f32::NEG_INFINITY {
+            continue;
+        }
+        joined[h] = Some(match joined[h].take() {
+            None => p,
+            Some(mut a) => {
+                // Both rescaled to the larger max: Σ exp(z − m) over both parts.
+                let m = a.max.max(p.max);
+                let (wa, wp) = ((a.max - m).exp(), (p.max - m).exp());
+                a.acc.iter_mut().zip(&p.acc).for_each(|(x, y)| *x = *x * wa + y * wp);
+                Partial { max: m, sum: a.sum * wa + p.sum * wp, acc: a.acc }
+            }
+        });
+    }
+    let (mut out, mut lse) = (vec![0f32; heads * d], vec![f32::NEG_INFINITY; heads]);
+    for (h, p) in joined.into_iter().enumerate() {
+        if let Some(p) = p {
+            out[h * d..(h + 1) * d].iter_mut().zip(&p.acc).for_each(|(o, a)| *o = a / p.sum);
+            lse[h] = p.max + p.sum.ln();
+        }
+    }
+    (out, lse)
+}
+
+/// A softmax partial over some picked rows: the largest logit, Σ exp(logit − max) and
+/// Σ exp(logit − max)·v (max −∞ when there were none).
+pub struct Partial {
     max: f32,
     sum: f32,
     acc: Vec<f32>,
@@ -115,7 +107,7 @@ struct Rows<'a> {
 }
 
 /// [`attend_rows`] in the widest instruction set the CPU has.
-fn attend(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn Fn(usize, f32) -> f32) -> Part {
+fn attend(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn Fn(usize, f32) -> f32) -> Partial {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
@@ -132,13 +124,13 @@ fn attend(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn Fn(usi
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn attend_avx512(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn Fn(usize, f32) -> f32) -> Part {
+fn attend_avx512(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn Fn(usize, f32) -> f32) -> Partial {
     attend_rows(q, rows, pick, scale, bias)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn attend_avx2(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn Fn(usize, f32) -> f32) -> Part {
+fn attend_avx2(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn Fn(usize, f32) -> f32) -> Partial {
     attend_rows(q, rows, pick, scale, bias)
 }
 
@@ -149,7 +141,7 @@ fn attend_avx2(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn F
 /// function of `core` that LLVM may keep out of line — compiled for the baseline target,
 /// outside the caller's instruction set (it did, and the K pass ran 4-wide).
 #[inline(always)]
-fn attend_rows(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn Fn(usize, f32) -> f32) -> Part {
+fn attend_rows(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn Fn(usize, f32) -> f32) -> Partial {
     let d = q.len();
     let mut row = vec![0f32; d];
     let mut logits = Vec::with_capacity(pick.len());
@@ -181,7 +173,7 @@ fn attend_rows(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn F
             row_axpy(rows.v, rows.head, p as usize, e, &mut acc, &mut row);
         }
     }
-    Part { max, sum, acc }
+    Partial { max, sum, acc }
 }
 
 /// Asks the CPU to start loading row `pos` of `head` (its values; an fp8 row's scale lies
@@ -348,7 +340,7 @@ mod tests {
                     }
                 }
                 // Two heads of `n` rows; the task reads head 1's, as both K and V.
-                let view = HostView { bytes: &bytes, n, d, stored };
+                let view = HostView { bytes: &bytes, heads: 2, n, d, stored };
                 let q: Vec<f32> = (0..d).map(|_| rng.random_range(-1f32..1.0)).collect();
                 let pick: Vec<u32> = (0..n as u32).filter(|_| rng.random_bool(0.5)).collect();
                 let bias = |j: usize, qk: f32| 0.3 * qk.sin() - 0.01 * (j % 5) as f32;

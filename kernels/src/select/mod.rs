@@ -15,9 +15,9 @@
 //!   2048 scores is sorted in one block instead: one launch, not eight);
 //! * gather: `rows·sel·row_bytes` read over the host link (or device memory) and written to
 //!   device memory — bound by the host link's bandwidth when the source is host memory.
-//! * host attention ([`host_attention`]): the CPU's side of MagicPIG, attending a sample straight
-//!   from host memory so that the sample never crosses the link: 4·h·s·d FLOPs and
-//!   h·s·2·d·b bytes of host memory per call — bound by the host's memory bandwidth.
+//! * host attention ([`attend_partial`]): the CPU's side of MagicPIG, attending a sample straight
+//!   from host memory so that the sample never crosses the link: 4·s·d FLOPs and s·2·d·b
+//!   bytes of host memory per call over `s` rows — bound by the host's memory bandwidth.
 
 use std::sync::Arc;
 
@@ -28,7 +28,7 @@ use candle_core::{DType, Device, Result, Tensor};
 pub mod reference;
 
 mod host;
-pub use host::{host_attention, prefetch_lines};
+pub use host::{attend_partial, merge_partials, prefetch_lines, Partial};
 
 /// Positions `[rows, min(k, n)]` u32 of the `k` largest scores of each row of `scores [rows, n]`
 /// (f32). On the CPU they come sorted by position (the reference); on CUDA a row of at most
@@ -354,13 +354,14 @@ impl HostRows {
             HostMem::Mapped(m) => m.as_slice()?,
             HostMem::Shared { host, at } => &host.bytes()[*at..*at + self.bytes()],
         };
-        Ok(HostView { bytes, n: self.n, d: self.d, stored: self.stored })
+        Ok(HostView { bytes, heads: self.heads, n: self.n, d: self.d, stored: self.stored })
     }
 }
 
 /// Host rows `[heads, n, d]` borrowed for the CPU, in their stored dtype.
 pub struct HostView<'a> {
     bytes: &'a [u8],
+    heads: usize,
     n: usize,
     d: usize,
     stored: Stored,
@@ -377,7 +378,7 @@ impl HostView<'_> {
     }
 
     /// Row `pos` of `head` widened to f32 into `out` (`d` elements). Positions are checked by
-    /// the callers ([`host_attention`] refuses any past `n`).
+    /// the callers ([`attend_partial`] refuses any past `n`).
     pub fn row(&self, head: usize, pos: usize, out: &mut [f32]) {
         reference::stored_row(self.bytes, self.stored, head * self.n + pos, self.d, out);
     }

@@ -23,6 +23,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 use folio_kernels::attention::{merge, AttnOutput};
@@ -40,7 +41,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::kv::KvStore;
-use crate::profile::span;
+use crate::profile::{self, span};
 use crate::tier::DecodeTier;
 use index::{LayerIndex, Plan, INDEX_CHUNK};
 
@@ -261,22 +262,29 @@ impl MagicPig {
         let idx = Tensor::from_vec(statics.repeat(heads), (heads, statics.len()), call.q.device())?;
         let (out_g, lse_g) = fast::selected_partial(call, kv, &idx, None)?;
         let dev = call.q.device();
-        // Per query head: index offsets of the sampled keys, visible ones only, and each one's
-        // stored norm (for its weight), gathered here in a loop of independent loads. Each
-        // head's walk in up to WALK_PARTS ranges of segments, so that the heads' walks end
-        // together on the cores (28 whole walks were two rounds on 16 cores, the second a
-        // quarter idle); the parts of a head, in order, join in key order.
-        let (picks, norms, walked) = span(dev, "attention: sample walk", || {
-            Ok(on_cpu_pool(|| {
+        let (kh, vh) = (keys.host()?, values.host()?);
+        // Per query head, in up to WALK_PARTS ranges of segments: walk the tables, keep the
+        // visible keys, and attend them at once, from host memory, while they are this core's
+        // (each pick's stored norm for its weight, gathered in the walk). One task a (head,
+        // range), so that the heads end together on the cores (28 whole heads were two rounds
+        // on 16 cores, the second a quarter idle) and the pool is entered once a layer, not
+        // once to walk and once to attend; the parts, in key order, join by LSE.
+        let (picks, (out_s, lse_s), walked, (walking, attending)) = span(dev, "attention: sample", || {
+            on_cpu_pool(|| {
                 let codes: Vec<Vec<u32>> =
                     (0..heads).into_par_iter().map(|h| ix.query_codes(&q_flat[h * d..(h + 1) * d])).collect();
+                let q_of = |h: usize| &q_flat[h * d..(h + 1) * d];
+                let q_norms: Vec<f32> =
+                    (0..heads).map(|h| dot(q_of(h), q_of(h)).sqrt().max(f32::MIN_POSITIVE)).collect();
+                let q_means: Vec<f32> = (0..heads).map(|h| dot(q_of(h), &ix.heads[h / groups].mean)).collect();
                 let (segs, parts) = (ix.segments(), WALK_PARTS.min(ix.segments()));
                 let tasks: Vec<(usize, Range<usize>)> = (0..heads)
                     .flat_map(|h| (0..parts).map(move |p| (h, p * segs / parts..(p + 1) * segs / parts)))
                     .collect();
-                let found: Vec<(usize, Vec<u32>, Vec<f32>, usize)> = tasks
+                let done = tasks
                     .into_par_iter()
                     .map(|(h, range)| {
+                        let started = Instant::now();
                         let (found, walked) = ix.retrieve_segments(h / groups, &codes[h], range);
                         let norms = &ix.heads[h / groups].norms;
                         let (mut pick, mut picked_norms) = (Vec::with_capacity(found.len()), Vec::new());
@@ -284,28 +292,29 @@ impl MagicPig {
                             pick.push((ix.first + i) as u32);
                             picked_norms.push(norms[i]);
                         }
-                        (h, pick, picked_norms, walked)
+                        let attending = Instant::now();
+                        let bias =
+                            |j: usize, qk: f32| ix.logit_bias_from_dot((qk, q_means[h]), q_norms[h], picked_norms[j]);
+                        let part = select::attend_partial(q_of(h), (&kh, &vh), h / groups, &pick, scale, &bias)?;
+                        let times = (attending - started, attending.elapsed());
+                        Ok((h, pick, part, walked, times))
                     })
-                    .collect();
-                let (mut picks, mut norms) = (vec![Vec::new(); heads], vec![Vec::new(); heads]);
-                let mut walked = 0;
-                for (h, p, n, w) in found {
-                    picks[h].extend(p);
-                    norms[h].extend(n);
+                    .collect::<Result<Vec<_>>>()?;
+                let (mut picks, mut partials, mut walked) = (vec![Vec::new(); heads], Vec::new(), 0);
+                let (mut walking, mut attending) = (Duration::ZERO, Duration::ZERO);
+                for (h, pick, part, w, (walk, attend)) in done {
+                    picks[h].extend(pick);
+                    partials.push((h, part));
                     walked += w;
+                    (walking, attending) = (walking + walk, attending + attend);
                 }
-                (picks, norms, walked)
-            }))
+                Ok((picks, select::merge_partials(heads, d, partials), walked, (walking, attending)))
+            })
         })?;
-        let (out_s, lse_s) = span(dev, "attention: sample attention", || {
-            let q_norms: Vec<f32> = (0..heads)
-                .map(|h| dot(&q_flat[h * d..(h + 1) * d], &q_flat[h * d..(h + 1) * d]).sqrt().max(f32::MIN_POSITIVE))
-                .collect();
-            let q_means: Vec<f32> =
-                (0..heads).map(|h| dot(&q_flat[h * d..(h + 1) * d], &ix.heads[h / groups].mean)).collect();
-            let bias = |h: usize, j: usize, qk: f32| ix.logit_bias_from_dot((qk, q_means[h]), q_norms[h], norms[h][j]);
-            Ok(on_cpu_pool(|| select::host_attention(&q_flat, (keys, values), &picks, scale, &bias))?)
-        })?;
+        // The span's split between the walk and the attention, as the pool's threads spent it.
+        let threads = cpu_pool_threads() as u32;
+        profile::charge("attention: sample: walk (CPU time / threads)", walking / threads);
+        profile::charge("attention: sample: attend (CPU time / threads)", attending / threads);
         // What each head read (the harness's report), joined only if asked: the sample is
         // ascending and lies between the sinks and the window.
         let at = statics.partition_point(|&p| (p as usize) < ix.first);
@@ -325,15 +334,32 @@ impl MagicPig {
 /// Parts (ranges of key segments) each query head's table walk is split into on the CPU pool.
 const WALK_PARTS: usize = 4;
 
-/// Runs `f` on MagicPIG's CPU pool: one thread per physical core (the paper's CPU side: its
-/// work is bound by memory bandwidth and FP units, which hyperthreads share), apart from the
-/// global pool the rest of the engine uses. Should the pool fail to start, the global one runs it.
+/// Threads of MagicPIG's CPU pool: [`HOST_THREADS_VAR`] when set to a positive number, else one
+/// per physical core within the CPUs this process may use (a container's quota) — the paper's
+/// CPU side is bound by memory bandwidth and FP units, which hyperthreads share. The variable
+/// is there to measure the other choice: the walk and the sample's scattered rows wait on DRAM
+/// more than they compute, which a second thread per core may hide.
+pub fn cpu_pool_threads() -> usize {
+    static THREADS: OnceLock<usize> = OnceLock::new();
+    *THREADS.get_or_init(|| {
+        std::env::var(HOST_THREADS_VAR)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| num_cpus::get_physical().min(num_cpus::get()).max(1))
+    })
+}
+
+/// The environment variable that sets [`cpu_pool_threads`].
+pub const HOST_THREADS_VAR: &str = "FOLIO_HOST_THREADS";
+
+/// Runs `f` on MagicPIG's CPU pool ([`cpu_pool_threads`] threads), apart from the global pool
+/// the rest of the engine uses. Should the pool fail to start, the global one runs it.
 fn on_cpu_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
     let pool = POOL.get_or_init(|| {
-        // Physical cores, within the CPUs this process may use (a container's quota).
         rayon::ThreadPoolBuilder::new()
-            .num_threads(num_cpus::get_physical().min(num_cpus::get()).max(1))
+            .num_threads(cpu_pool_threads())
             .thread_name(|i| format!("folio-magicpig-{i}"))
             .build()
             .ok()
