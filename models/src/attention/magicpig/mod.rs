@@ -320,9 +320,11 @@ impl MagicPig {
         let at = statics.partition_point(|&p| (p as usize) < ix.first);
         let after = statics.split_off(at);
         let read = Read::Sampled { before: statics, picks, after };
+        // One copy to the device for both (each copy from pageable memory waits for itself).
+        let both = Tensor::from_vec([out_s, lse_s].concat(), heads * (d + 1), dev)?;
         let sampled_part = AttnOutput {
-            out: Tensor::from_vec(out_s, (heads, 1, d), dev)?,
-            lse: Tensor::from_vec(lse_s, (heads, 1), dev)?,
+            out: both.narrow(0, 0, heads * d)?.reshape((heads, 1, d))?,
+            lse: both.narrow(0, heads * d, heads)?.reshape((heads, 1))?,
         };
         let static_part = AttnOutput { out: out_g.unsqueeze(1)?, lse: lse_g.unsqueeze(1)? };
         let out = merge(&static_part, &sampled_part)?.out.to_dtype(call.q.dtype())?;
