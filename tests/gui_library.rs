@@ -208,14 +208,15 @@ fn drop_paths(d: &Driver, paths: &[&Path]) {
     assert_eq!(v, "ok", "simulate_drop: {v}");
 }
 
-/// Opens Settings and waits until its forms show what the engine has now (until then they are
-/// disabled: a late read would overwrite what is typed) and the drawer has slid in (a click at
-/// coordinates during the slide lands beside its target).
+/// Opens Settings and waits until its forms and the auto-resume toggle show what the engine has
+/// now (until then they are disabled: a late read would overwrite what is typed) and the drawer
+/// has slid in (a click at coordinates during the slide lands beside its target).
 fn open_settings(d: &Driver) {
     d.click("[aria-label=Settings]");
     d.wait("the settings loaded", |d| {
         d.script(
             "return document.querySelector('[data-testid=apply-generation]')?.matches(':enabled') \
+             && document.querySelector('[data-testid=auto-resume]')?.matches(':enabled') \
              && document.querySelector('.drawer[role=dialog]').getAnimations().length === 0",
             json!([]),
         ) == json!(true)
@@ -231,8 +232,8 @@ fn choose_method(d: &Driver, method: &str) {
          s.dispatchEvent(new Event('change', {bubbles: true}));",
         json!([method]),
     );
-    // Clicked from the page: the drawer may still slide in, and a click at coordinates then
-    // lands beside the button.
+    // Clicked from the page, as the drawer's other Apply buttons are: notes and errors that
+    // appear above a button move it, and a click at coordinates taken before lands beside it.
     d.script("document.querySelector('[data-testid=apply-method]').click()", json!([]));
     d.wait("the method applied", |d| {
         d.texts("[role=status]").concat().contains(&format!("The next answer uses {method}"))
@@ -490,7 +491,6 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.wait("the setting saved", |d| {
         d.script("return document.querySelector('[data-testid=auto-resume]').checked", json!([])) == json!(true)
     });
-    std::thread::sleep(Duration::from_millis(500)); // the drawer's slide-in
     let facts = d.texts("[data-testid=model-facts]").concat();
     assert!(facts.contains("llama") && facts.contains("Parameters") && facts.contains("K/V per token"), "{facts}");
     screenshot(&display, "7-settings");
@@ -560,7 +560,6 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     // Settings lists the library's models; the demo model's folder, typed, loads it again.
     open_settings(&d);
     d.wait("the library's models", |d| d.texts("[data-testid=model-switch] .models .model-name").len() == 2);
-    std::thread::sleep(Duration::from_millis(500)); // the drawer's slide-in
     screenshot(&display, "11-models");
     d.type_into("[data-testid=model-spec]", &format!("{}{ENTER}", demo.display()));
     d.wait("demo running again", |d| running(d) == "demo");
@@ -618,7 +617,6 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.wait("the sampling error", |d| {
         d.texts("[data-testid=generation-error]").concat().contains("temperature must be >= 0")
     });
-    std::thread::sleep(Duration::from_millis(500)); // the drawer's slide-in
     screenshot(&display, "13-method");
     d.click("[aria-label='Close settings']");
 

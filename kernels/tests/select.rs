@@ -227,7 +227,7 @@ test_device!(view_gather_matches_decode, view_gather_cpu, view_gather_cuda);
 
 /// Attention computed by the CPU over picked host rows (MagicPIG's side of a step) equals the
 /// definition's: per-query-head picks of different lengths (empty, one row, most of the
-/// context), each attended in parts of random sizes (an empty part among them) whose partials
+/// context), each attended in parts of random sizes (empty parts among them) whose partials
 /// are merged in a shuffled order; GQA, f32 and bf16 rows, a logit bias that depends on q·k.
 /// A position past the stored rows, and a KV head or query that does not exist, are refused.
 fn host_attention_matches_reference(device: &Device) -> Result<()> {
@@ -269,9 +269,12 @@ fn host_attention_matches_reference(device: &Device) -> Result<()> {
         let scale = 1.0 / (d as f32).sqrt();
         let mut partials = Vec::new();
         for (h, pick) in picks.iter().enumerate() {
-            let mut start = 0;
+            let (mut start, mut first) = (0, true);
             loop {
-                let end = (start + rng.random_range(0..=pick.len() / 2 + 1)).min(pick.len());
+                // Odd heads start with an empty part (merged into whatever follows).
+                let len = if first && h % 2 == 1 { 0 } else { rng.random_range(1..=pick.len() / 2 + 1) };
+                first = false;
+                let end = (start + len).min(pick.len());
                 let part = &pick[start..end];
                 let partial =
                     select::attend_partial(&q[h * d..(h + 1) * d], (&kh, &vh), h / group, part, scale, &|j, qk| {

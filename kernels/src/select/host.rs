@@ -66,6 +66,7 @@ pub fn attend_partial(
 pub fn merge_partials(heads: usize, d: usize, parts: Vec<(usize, Partial)>) -> (Vec<f32>, Vec<f32>) {
     let mut joined: Vec<Option<Partial>> = (0..heads).map(|_| None).collect();
     for (h, p) in parts {
+        debug_assert!(h < heads && p.acc.len() == d, "a partial of head {h} with {} values", p.acc.len());
         if p.max == f32::NEG_INFINITY {
             continue;
         }

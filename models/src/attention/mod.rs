@@ -46,7 +46,7 @@ pub use dense::Dense;
 pub use double_sparsity::{Channels, DoubleSparsity};
 pub use hip::Hip;
 pub use ivf::TopKIvf;
-pub use magicpig::{cpu_pool_threads, MagicPig, HOST_THREADS_VAR};
+pub use magicpig::{cpu_pool_threads, MagicPig};
 pub use params::{parse_params, Budget, ParamSpec, Params};
 pub use registry::{by_name, names, spec, DefaultBudget, MethodChoice, MethodSpec, Needs, Path, Tier, Tiers, REGISTRY};
 pub use select::IndexSource;

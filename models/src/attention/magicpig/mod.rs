@@ -267,9 +267,11 @@ impl MagicPig {
         // visible keys, and attend them at once, from host memory, while they are this core's
         // (each pick's stored norm for its weight, gathered in the walk). One task a (head,
         // range), so that the heads end together on the cores (28 whole heads were two rounds
-        // on 16 cores, the second a quarter idle) and the pool is entered once a layer, not
-        // once to walk and once to attend; the parts, in key order, join by LSE.
-        let (picks, (out_s, lse_s), walked, (walking, attending)) = span(dev, "attention: sample", || {
+        // on 16 cores, the second a quarter idle) and the walk and the attention share a round
+        // of the pool; a range's picks are attended ATTEND_ROWS_PER_TASK at a time as tasks of
+        // their own, which idle cores take, so that a range holding most of its head's sample
+        // (attention clusters) does not end the round alone. The parts join by LSE.
+        let sampled = span(dev, "attention: sample", || {
             on_cpu_pool(|| {
                 let codes: Vec<Vec<u32>> =
                     (0..heads).into_par_iter().map(|h| ix.query_codes(&q_flat[h * d..(h + 1) * d])).collect();
@@ -292,29 +294,46 @@ impl MagicPig {
                             pick.push((ix.first + i) as u32);
                             picked_norms.push(norms[i]);
                         }
-                        let attending = Instant::now();
-                        let bias =
-                            |j: usize, qk: f32| ix.logit_bias_from_dot((qk, q_means[h]), q_norms[h], picked_norms[j]);
-                        let part = select::attend_partial(q_of(h), (&kh, &vh), h / groups, &pick, scale, &bias)?;
-                        let times = (attending - started, attending.elapsed());
-                        Ok((h, pick, part, walked, times))
+                        let walk = started.elapsed();
+                        let attended = pick
+                            .par_chunks(ATTEND_ROWS_PER_TASK)
+                            .enumerate()
+                            .map(|(c, rows)| {
+                                let started = Instant::now();
+                                let norms = &picked_norms[c * ATTEND_ROWS_PER_TASK..];
+                                let bias =
+                                    |j: usize, qk: f32| ix.logit_bias_from_dot((qk, q_means[h]), q_norms[h], norms[j]);
+                                let part = select::attend_partial(q_of(h), (&kh, &vh), h / groups, rows, scale, &bias)?;
+                                Ok((part, started.elapsed()))
+                            })
+                            .collect::<Result<Vec<_>>>()?;
+                        Ok((h, pick, attended, walked, walk))
                     })
                     .collect::<Result<Vec<_>>>()?;
-                let (mut picks, mut partials, mut walked) = (vec![Vec::new(); heads], Vec::new(), 0);
-                let (mut walking, mut attending) = (Duration::ZERO, Duration::ZERO);
-                for (h, pick, part, w, (walk, attend)) in done {
-                    picks[h].extend(pick);
-                    partials.push((h, part));
-                    walked += w;
-                    (walking, attending) = (walking + walk, attending + attend);
+                let mut s = Sampled {
+                    picks: vec![Vec::new(); heads],
+                    threads: rayon::current_num_threads(),
+                    ..Default::default()
+                };
+                let mut partials = Vec::new();
+                for (h, pick, attended, walked, walk) in done {
+                    s.picks[h].extend(pick);
+                    s.walked += walked;
+                    s.walking += walk;
+                    for (part, took) in attended {
+                        partials.push((h, part));
+                        s.attending += took;
+                    }
                 }
-                Ok((picks, select::merge_partials(heads, d, partials), walked, (walking, attending)))
+                (s.out, s.lse) = select::merge_partials(heads, d, partials);
+                Ok(s)
             })
         })?;
         // The span's split between the walk and the attention, as the pool's threads spent it.
-        let threads = cpu_pool_threads() as u32;
-        profile::charge("attention: sample: walk (CPU time / threads)", walking / threads);
-        profile::charge("attention: sample: attend (CPU time / threads)", attending / threads);
+        let threads = sampled.threads.max(1) as u32;
+        profile::charge("attention: sample: walk (CPU time / threads)", sampled.walking / threads);
+        profile::charge("attention: sample: attend (CPU time / threads)", sampled.attending / threads);
+        let Sampled { picks, out: out_s, lse: lse_s, walked, .. } = sampled;
         // What each head read (the harness's report), joined only if asked: the sample is
         // ascending and lies between the sinks and the window.
         let at = statics.partition_point(|&p| (p as usize) < ix.first);
@@ -336,6 +355,25 @@ impl MagicPig {
 /// Parts (ranges of key segments) each query head's table walk is split into on the CPU pool.
 const WALK_PARTS: usize = 4;
 
+/// Picked rows attended per task: a walk part's picks are split into tasks of this many, so
+/// that the cores finish together however the sample falls across the parts (~500 picks a part
+/// at a 2048-token budget; ~2,500 at 1% of a million keys).
+const ATTEND_ROWS_PER_TASK: usize = 512;
+
+/// What the CPU's side of a step found and computed: each query head's sample (ascending), its
+/// attention over it (`out [heads·d]`, `lse [heads]`), the index entries walked, and the time
+/// the pool's `threads` spent walking and attending (summed over tasks).
+#[derive(Default)]
+struct Sampled {
+    picks: Vec<Vec<u32>>,
+    out: Vec<f32>,
+    lse: Vec<f32>,
+    walked: usize,
+    walking: Duration,
+    attending: Duration,
+    threads: usize,
+}
+
 /// Threads of MagicPIG's CPU pool: [`HOST_THREADS_VAR`] when set to a positive number, else one
 /// per physical core within the CPUs this process may use (a container's quota) — the paper's
 /// CPU side is bound by memory bandwidth and FP units, which hyperthreads share. The variable
@@ -353,7 +391,7 @@ pub fn cpu_pool_threads() -> usize {
 }
 
 /// The environment variable that sets [`cpu_pool_threads`].
-pub const HOST_THREADS_VAR: &str = "FOLIO_HOST_THREADS";
+const HOST_THREADS_VAR: &str = "FOLIO_HOST_THREADS";
 
 /// Runs `f` on MagicPIG's CPU pool ([`cpu_pool_threads`] threads), apart from the global pool
 /// the rest of the engine uses. Should the pool fail to start, the global one runs it.
