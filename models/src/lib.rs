@@ -30,6 +30,7 @@ pub mod error;
 pub mod eval;
 pub mod excerpt;
 pub mod generate;
+pub mod host_memory;
 pub mod kv;
 pub mod loader;
 pub mod model;

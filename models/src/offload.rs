@@ -134,12 +134,9 @@ impl OffloadKv {
                 end = (end + kv_dtype.section_bytes(kind, n, head_dim) as usize).next_multiple_of(PAGE as usize);
             }
         }
-        let mut mem = memmap2::MmapMut::map_anon(end.max(1))
+        // 2 MiB pages where the kernel has them: the CPU reads scattered rows (MagicPIG's sample).
+        let mut mem = crate::host_memory::anon_huge(end)
             .map_err(|e| Error::Invalid(format!("{end} bytes of host memory: {e}")))?;
-        // 2 MiB pages where the kernel has them: the CPU's reads of scattered rows (MagicPIG's
-        // sample) miss the TLB on nearly every row with 4 KiB pages. A hint; refused is fine.
-        #[cfg(target_os = "linux")]
-        let _ = mem.advise(memmap2::Advice::HugePage);
         for layer in 0..layers {
             for start in (0..saved).step_by(SCAN_CHUNK) {
                 let t = SCAN_CHUNK.min(saved - start);

@@ -31,7 +31,8 @@ use serde::Serialize;
 
 use crate::bench_shape::{bench_shape, ShapeBenchArgs};
 use crate::cli::Common;
-use crate::context_cmd::{parse_bytes, peak_rss};
+use crate::context_cmd::parse_bytes;
+use folio_models::host_memory::peak_rss;
 
 /// Bytes read to measure the disk's read rate (or the whole file, if smaller), in pieces of
 /// [`DISK_PROBE_PIECE`].

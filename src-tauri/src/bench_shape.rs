@@ -45,7 +45,8 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::cli::Common;
-use crate::context_cmd::{huge_page_bytes, parse_bytes, peak_rss};
+use crate::context_cmd::parse_bytes;
+use folio_models::host_memory::{huge_page_bytes, peak_rss};
 
 /// Standard deviation of the random weights (transformers' `initializer_range` default).
 pub(crate) const INIT_STD: f64 = 0.02;

@@ -179,7 +179,7 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    let peak = peak_rss();
+    let peak = folio_models::host_memory::peak_rss();
     if a.json {
         let skipped: Vec<_> = ingested.skipped.iter().map(|(p, r)| json!({"path": p, "reason": r})).collect();
         println!(
@@ -290,25 +290,6 @@ fn human_secs(s: f64) -> String {
         s if s >= 60 => format!("{}m{:02}s", s / 60, s % 60),
         s => format!("{s}s"),
     }
-}
-
-/// Peak resident set size of this process (Linux `VmHWM`).
-pub(crate) fn peak_rss() -> Option<u64> {
-    proc_kib("/proc/self/status", "VmHWM:")
-}
-
-/// The `key: N kB` line of a Linux /proc file, in bytes.
-fn proc_kib(file: &str, key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(file).ok()?;
-    let line = text.lines().find(|l| l.starts_with(key))?;
-    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
-}
-
-/// This process's anonymous memory now in transparent huge pages (Linux `AnonHugePages` of
-/// `smaps_rollup`): whether a `MADV_HUGEPAGE` hint was honoured — the kernel may refuse it
-/// (`never`), or find no free 2 MiB pages, and the scattered reads of a host tier slow down.
-pub(crate) fn huge_page_bytes() -> Option<u64> {
-    proc_kib("/proc/self/smaps_rollup", "AnonHugePages:")
 }
 
 /// `4GiB`, `512MiB`, `2G`, `1.5GB`, `1000000`.

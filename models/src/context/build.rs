@@ -784,7 +784,9 @@ impl Job<'_> {
             HiddenPlace::Files
         } else if budget.is_some_and(|b| working_set + both <= b) {
             HiddenPlace::Device
-        } else if available_ram().is_some_and(|free| free >= RAM_HIDDEN_COPIES * self.hidden_bytes() + RAM_HEADROOM) {
+        } else if crate::host_memory::available()
+            .is_some_and(|free| free >= RAM_HIDDEN_COPIES * self.hidden_bytes() + RAM_HEADROOM)
+        {
             HiddenPlace::Ram
         } else {
             HiddenPlace::Files
@@ -1023,13 +1025,6 @@ type StoreWriter<'scope> =
 enum StoreError {
     Encode(Error),
     Write(std::io::Error),
-}
-
-/// Bytes of free RAM the kernel reports (`MemAvailable`), or `None` where it cannot be read.
-fn available_ram() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib = info.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().strip_suffix("kB")?;
-    kib.trim().parse::<u64>().ok().map(|k| k * 1024)
 }
 
 /// `path` opened for reading, or `None` when it does not exist.

@@ -17,6 +17,7 @@ use super::{collision_probability, sampling_probability, U_FLOOR};
 use crate::attention::select::{dot, LayerRows, SectionReader, SectionWriter};
 use crate::attention::workload::normal;
 use crate::error::{human_bytes, Error, Result};
+use crate::host_memory;
 
 /// Keys hashed per chunk of an index build: 64 Ki rows per KV head (what the offloaded tier
 /// reads at a time).
@@ -69,15 +70,10 @@ pub(super) struct HeadTables {
     per_table: usize,
 }
 
-/// `len` values of `T`, zeroed, in an anonymous map that asks for 2 MiB pages before anything
-/// is written to it (the kernel backs a page with a huge one when it is first touched, where
-/// transparent huge pages are on for `madvise`, the usual setting). Why: the walk reads ~1,000
-/// scattered runs of one head's tables a step, and the tables of a million keys are ~15 GB;
-/// on 4 KiB pages each run is a TLB miss whose page-table entry is itself a DRAM miss (30 MB
-/// of page tables), on 2 MiB pages the entries (60 KB) stay cached. A `Vec` cannot ask: its
-/// memory comes from the allocator, already touched or shared with other data. A hint:
-/// refused, the map has 4 KiB pages and the same contents (as do the partial 2 MiB at either end
-/// of a map the kernel did not place on a 2 MiB boundary).
+/// `len` values of `T`, zeroed, in a map that asks for 2 MiB pages
+/// ([`crate::host_memory::anon_huge`]): the walk reads ~1,000 scattered runs of one head's
+/// tables a step, and the tables of a million keys are ~15 GB; on 4 KiB pages each run is a
+/// TLB miss (30 MB of page tables), on 2 MiB pages the entries (60 KB) stay cached.
 pub(super) struct HugePages<T> {
     map: memmap2::MmapMut,
     len: usize,
@@ -87,10 +83,8 @@ pub(super) struct HugePages<T> {
 impl<T: bytemuck::Pod> HugePages<T> {
     pub(super) fn zeroed(len: usize) -> Result<Self> {
         let bytes = len * std::mem::size_of::<T>();
-        let map = memmap2::MmapMut::map_anon(bytes.max(1))
+        let map = host_memory::anon_huge(bytes)
             .map_err(|e| Error::Invalid(format!("magicpig: {bytes} bytes of host memory for the tables: {e}")))?;
-        #[cfg(target_os = "linux")]
-        let _ = map.advise(memmap2::Advice::HugePage);
         Ok(Self { map, len, of: std::marker::PhantomData })
     }
 }
@@ -193,7 +187,7 @@ impl LayerIndex {
     ) -> Result<Self> {
         let Plan { first, end, bits, tables, seed } = *plan;
         let n = end - first;
-        check_host_memory(build_bytes(kv_heads, n, bits, tables), available_host_memory(), plan)?;
+        check_host_memory(build_bytes(kv_heads, n, bits, tables), host_memory::available(), plan)?;
         let w = projection(d, bits * tables, seed);
         // Per head: the mean (f64 sums in position order), then each key's centred norm.
         let centre: Vec<(Vec<f32>, Vec<f32>)> = (0..kv_heads)
@@ -425,13 +419,6 @@ pub(super) fn build_bytes(kv_heads: usize, n: usize, bits: usize, tables: usize)
     let starts = 4 * ((1u64 << bits) * segments(n) as u64 + 1);
     let per_head = tables as u64 * (6 * n as u64 + starts) + 4 * n as u64;
     kv_heads as u64 * per_head
-}
-
-/// `MemAvailable` of /proc/meminfo in bytes, where there is one.
-pub(super) fn available_host_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
 }
 
 /// Refuses a build that needs more host memory than is available now, saying what to change:
