@@ -65,7 +65,8 @@ const PERPLEXITY_CHUNK: usize = 512;
 pub fn parse_device(spec: &str) -> Result<Device> {
     match spec {
         "cpu" => Ok(Device::Cpu),
-        "auto" => Ok(Device::cuda_if_available(0).unwrap_or(Device::Cpu)),
+        "auto" if candle_core::utils::cuda_is_available() => Ok(cuda_device(0).unwrap_or(Device::Cpu)),
+        "auto" => Ok(Device::Cpu),
         _ => {
             let ordinal = match spec.strip_prefix("cuda") {
                 Some("") => 0,
@@ -80,9 +81,29 @@ pub fn parse_device(spec: &str) -> Result<Device> {
                     "device {spec} asked for, but this build of Folio has no CUDA support (build with --features cuda)"
                 )));
             }
-            Ok(Device::new_cuda(ordinal)?)
+            cuda_device(ordinal)
         }
     }
+}
+
+/// The CUDA device `ordinal` as the engine runs it: every operation on candle's one stream,
+/// without cudarc's per-allocation events. cudarc gives each device allocation a read and a
+/// write event (two `cuEventCreate` on allocation, two destroys on free) so that it can order
+/// uses across streams once a second stream exists; Folio never creates one, so stream order
+/// alone orders every use, the events are never waited on, and a decode step — hundreds of
+/// small allocations — paid for them on the host that queues the GPU's work. Page-locked host
+/// memory keeps its own event (the host waits on it before touching rows the GPU reads).
+pub fn cuda_device(ordinal: usize) -> Result<Device> {
+    let device = Device::new_cuda(ordinal)?;
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(cuda) = &device {
+        // SAFETY: no second stream is ever created on this device's context (see above), so
+        // the rules cudarc states for turning tracking off — no use of a tensor on another
+        // stream before its allocation or after its free, no concurrent writes from two
+        // streams — hold by construction.
+        unsafe { cuda.disable_event_tracking() };
+    }
+    Ok(device)
 }
 
 /// `f32`, `bf16`, `f16`, or `auto`: f32 on CPU (candle's CPU kernels are fastest and exact
