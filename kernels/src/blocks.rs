@@ -15,6 +15,12 @@
 //! References: [`reference::halve`], [`reference::block_max`] and [`reference::expand`] over
 //! plain slices, which the CPU runs and the tests hold the CUDA kernels (kernels/cuda/blocks.cu)
 //! to.
+//!
+//! A whole search ([`Search`]) runs round by round ([`search_by_rounds`]: these steps, with
+//! the caller's gather of each round's keys), or in one launch where the keys are rows the
+//! select kernels read where they lie ([`crate::select::HostRows::search_blocks`]: the
+//! `hip_search` kernel of kernels/cuda/select.cu, the same rounds inside one block per head,
+//! which the tests hold to [`search_by_rounds`] position for position).
 
 use candle_core::{DType, Result, Tensor};
 
@@ -104,6 +110,116 @@ pub mod reference {
         }
         pos
     }
+}
+
+/// A whole search's sizes: keep the best `n` of `blocks` blocks of `b` keys, the searched
+/// region starting at key `first`; the sinks `lo..first` come before it in every head's
+/// positions. A search needs more blocks than survivors (`blocks > n ≥ 1`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Search {
+    pub n: usize,
+    pub blocks: usize,
+    pub b: usize,
+    pub first: usize,
+    pub lo: usize,
+}
+
+impl Search {
+    /// Refuses a search with nothing to prune or no keys.
+    pub fn check(&self) -> Result<()> {
+        if self.n == 0 || self.blocks <= self.n || self.b == 0 || self.lo > self.first {
+            candle_core::bail!("block search: {self:?} (needs blocks > n ≥ 1, b ≥ 1, lo ≤ first)");
+        }
+        Ok(())
+    }
+
+    /// The first nodes' edges: node `j` is blocks `edge(j)..edge(j + 1)`, `n` near-equal ranges.
+    pub fn edge(&self, j: usize) -> u32 {
+        ((j * self.blocks) as f64 / self.n as f64).round() as u32
+    }
+
+    /// Rounds until every node is one block: ⌈log₂⌉ of the widest first node, at least one.
+    pub fn rounds(&self) -> usize {
+        let widest = (0..self.n).map(|j| self.edge(j + 1) - self.edge(j)).max().unwrap_or(1).max(1) as usize;
+        (usize::BITS as usize - (widest - 1).leading_zeros() as usize).max(1)
+    }
+
+    /// Positions each head reads after the search: the sinks, then `n` blocks of `b` keys.
+    pub fn picks(&self) -> usize {
+        self.first - self.lo + self.n * self.b
+    }
+
+    /// Key rows each head scores: every round scores both halves of every node.
+    pub fn scored(&self) -> usize {
+        self.rounds() * 2 * self.n * self.b
+    }
+}
+
+/// A search's positions `[heads, picks]` u32. One queued ahead on a GPU's side stream
+/// ([`crate::select::HostRows::search_blocks`] with `ahead`) is read only through
+/// [`Found::positions`], which first makes the device's own stream wait for it (the host does
+/// not wait); dropped unread, it orders the frees of its inputs after the search the same way.
+pub struct Found {
+    #[cfg(feature = "cuda")]
+    pending: Option<crate::select::Pending>,
+    idx: Tensor,
+}
+
+impl Found {
+    /// Positions already in the device's stream order (a search that ran on it, or on the CPU).
+    pub fn ready(idx: Tensor) -> Self {
+        Self {
+            #[cfg(feature = "cuda")]
+            pending: None,
+            idx,
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    pub(crate) fn queued(idx: Tensor, pending: Option<crate::select::Pending>) -> Self {
+        Self { pending, idx }
+    }
+
+    /// The positions, for work queued on the device's own stream from now on.
+    pub fn positions(self) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let Some(p) = &self.pending {
+            p.wait()?;
+        }
+        Ok(self.idx)
+    }
+}
+
+/// The search round by round for every head of `q [heads, d]` at once: nodes are `[heads, n, 2]`
+/// ranges of blocks; each round [`halve`]s every node (a one-block node is its own right half,
+/// its empty left half scores −∞), gets the representative blocks' keys of every half from
+/// `gather(pos [heads, 2n·b] u32) → [heads, 2n·b, d]`, scores each half by its best key
+/// ([`block_max`]), and keeps the `n` best per head with [`crate::select::topk`] (ties to the
+/// lower candidate; on a GPU past 2048 candidates a radix select, in no set order); [`expand`]
+/// turns the kept blocks into positions after the sinks. Nothing comes back to the host.
+/// Returns `[heads, picks]` u32 on `q`'s device.
+pub fn search_by_rounds(
+    q: &Tensor,
+    plan: &Search,
+    mut gather: impl FnMut(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    plan.check()?;
+    let heads = q.dim(0)?;
+    let (n, b) = (plan.n, plan.b);
+    let start: Vec<u32> = (0..heads).flat_map(|_| (0..n).flat_map(move |j| [plan.edge(j), plan.edge(j + 1)])).collect();
+    // Scored in f32 every round: cast once.
+    let q = q.to_dtype(DType::F32)?;
+    let mut nodes = Tensor::from_vec(start, (heads, n, 2), q.device())?;
+    let mut keep = None;
+    for _ in 0..plan.rounds() {
+        let (halves, pos) = halve(&nodes, keep.as_ref(), b, plan.first, plan.blocks * b)?;
+        let keys = gather(&pos)?;
+        let z = block_max(&q, &keys, &halves, b)?;
+        keep = Some(crate::select::topk(&z, n)?);
+        nodes = halves;
+    }
+    let keep = keep.ok_or_else(|| candle_core::Error::Msg("block search: no rounds".into()))?;
+    expand(&nodes, &keep, b, (plan.lo, plan.first))
 }
 
 /// See [`reference::halve`]: `nodes [heads, m, 2]` u32, `keep [heads, n]` u32 or none (then

@@ -329,3 +329,109 @@ fn host_attention_matches_reference(device: &Device) -> Result<()> {
 }
 
 test_device!(host_attention_matches_reference, host_attention_cpu, host_attention_cuda);
+
+/// HiP's whole block search over host rows (on a GPU one launch reading the keys where they
+/// lie; round by round past its shared memory) gives the round-by-round search's positions
+/// exactly: with small integer keys and queries (exact sums, ties everywhere) against that
+/// search over the decoded keys on the CPU, its definition; with random keys on the same
+/// device (the same f32 arithmetic), rows stored as fp8, bf16 and f32 and read as bf16 or f32,
+/// regions that run into the device tail, sinks, GQA, 2n at the kernel's limit and past it.
+fn search_blocks_matches_rounds(device: &Device) -> Result<()> {
+    use folio_kernels::blocks::{self, Search};
+    let seed = common::seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    #[rustfmt::skip]
+    let cases = [
+        // (kv heads, group, rows, tail, d, stored, read as, integers, plan)
+        (4, 7, 6000, 0, 128, DType::BF16, DType::BF16, true, Search { n: 256, blocks: 2900, b: 2, first: 4, lo: 0 }),
+        (2, 3, 1000, 50, 64, DType::F32, DType::F32, true, Search { n: 7, blocks: 255, b: 4, first: 20, lo: 3 }),
+        (2, 2, 3000, 10, 32, DType::BF16, DType::BF16, false, Search { n: 1024, blocks: 3005, b: 1, first: 0, lo: 0 }),
+        (1, 4, 5000, 0, 32, DType::F32, DType::BF16, false, Search { n: 1100, blocks: 4000, b: 1, first: 8, lo: 2 }),
+        (4, 7, 4000, 30, 128, DType::F8E4M3, DType::BF16, false, Search { n: 256, blocks: 2010, b: 2, first: 4, lo: 0 }),
+        (2, 2, 800, 5, 16, DType::F8E4M3, DType::F32, false, Search { n: 9, blocks: 800, b: 1, first: 2, lo: 1 }),
+    ];
+    for (kv_heads, group, n, tail_n, d, kind, dtype, integers, plan) in cases {
+        let heads = kv_heads * group;
+        let draw = |rng: &mut StdRng, len: usize, spread: i32| -> Vec<f32> {
+            if integers {
+                (0..len).map(|_| rng.random_range(-spread..=spread) as f32).collect()
+            } else {
+                random(rng, len, spread as f32)
+            }
+        };
+        let values = draw(&mut rng, kv_heads * n * d, 3);
+        let (section, stored, decoded) = stored_section(&values, d, kind);
+        let at = PageAligned::PAGE;
+        let mut bytes = vec![0u8; at];
+        bytes.extend(&section);
+        let shared = SharedHost::new(device, Arc::new(PageAligned::new(&bytes)))?;
+        let rows = HostRows::view(device, &shared, at, stored, (kv_heads, n, d), dtype)?;
+        let tail_f = draw(&mut rng, kv_heads * tail_n * d, 3);
+        // No tail tensor when it is empty: a zero-byte allocation is refused on the GPU.
+        let tail = (tail_n > 0)
+            .then(|| Tensor::from_vec(tail_f.clone(), (kv_heads, tail_n, d), device)?.to_dtype(dtype))
+            .transpose()?;
+        let tail = tail.as_ref();
+        let q = Tensor::from_vec(draw(&mut rng, heads * d, 2), (heads, d), device)?;
+        // Queued ahead (on a GPU's side stream), then the device's stream goes on with work
+        // of its own before it asks for the positions; and in the stream's order.
+        let ahead = rows.search_blocks(&q, group, tail, &plan, true)?;
+        let busy = q.matmul(&q.t()?)?.exp()?.sum_all()?;
+        let ahead = ahead.positions()?;
+        busy.to_scalar::<f32>()?;
+        let got = rows.search_blocks(&q, group, tail, &plan, false)?.positions()?;
+        assert_eq!(got.dims(), [heads, plan.picks()]);
+        // Past the one-launch kernel's 2048 candidates a GPU keeps each round's best with the
+        // radix select, whose picks come in no set order: compare each head's picks as a set
+        // there (random scores: no ties to break either way).
+        let sets = device.is_cuda() && 2 * plan.n > 2048;
+        let flat = |t: &Tensor| -> Result<Vec<u32>> {
+            let mut v: Vec<u32> = t.flatten_all()?.to_vec1()?;
+            if sets {
+                v.chunks_mut(plan.picks()).for_each(|head| head.sort_unstable());
+            }
+            Ok(v)
+        };
+        let got = flat(&got)?;
+        assert_eq!(flat(&ahead)?, got, "seed {seed}: queued ahead");
+        let want = if integers {
+            // The definition: the rounds on the CPU over the decoded keys, as the tier's dtype.
+            let keys: Vec<f32> = (0..kv_heads)
+                .flat_map(|g| [&decoded[g * n * d..(g + 1) * n * d], &tail_f[g * tail_n * d..(g + 1) * tail_n * d]])
+                .flatten()
+                .copied()
+                .collect();
+            let keys = Tensor::from_vec(keys, (kv_heads, n + tail_n, d), &Device::Cpu)?.to_dtype(dtype)?;
+            let q = q.to_device(&Device::Cpu)?;
+            let gather = |pos: &Tensor| -> Result<Tensor> {
+                let per_head = (0..heads)
+                    .map(|h| keys.get(h / group)?.index_select(&pos.get(h)?, 0))
+                    .collect::<Result<Vec<_>>>()?;
+                Tensor::stack(&per_head, 0)
+            };
+            blocks::search_by_rounds(&q, &plan, gather)?
+        } else {
+            // The same device's rounds, through this store's gather.
+            blocks::search_by_rounds(&q, &plan, |pos| rows.gather(pos, group, tail, Positions::Trusted))?
+        };
+        assert_eq!(got, flat(&want)?, "seed {seed}: {kind:?} as {dtype:?}, {plan:?}");
+        let sinks = plan.first - plan.lo;
+        for head in got.chunks(plan.picks()) {
+            assert!(head[..sinks].iter().copied().eq(plan.lo as u32..plan.first as u32), "seed {seed}: sinks");
+            let region = plan.first as u32..(plan.first + plan.blocks * plan.b) as u32;
+            assert!(head[sinks..].iter().all(|p| region.contains(p)), "seed {seed}: a pick outside the region");
+        }
+        println!("{device:?} block search {heads}/{kv_heads} heads, {kind:?} as {dtype:?}, {plan:?}: equal");
+    }
+    // Nothing to prune, and a query that does not match the rows, are refused.
+    let rows = HostRows::new(device, DType::F32, 1, 100, 16)?;
+    let q = Tensor::zeros((2, 16), DType::F32, device)?;
+    let all = Search { n: 50, blocks: 50, b: 2, first: 0, lo: 0 };
+    assert!(rows.search_blocks(&q, 2, None, &all, false).is_err(), "blocks ≤ n");
+    let fine = Search { n: 5, blocks: 50, b: 2, first: 0, lo: 0 };
+    assert!(rows.search_blocks(&q, 1, None, &fine, true).is_err(), "2 query heads for 1 KV head, group 1");
+    assert!(rows.search_blocks(&q, 2, None, &fine, true)?.positions().is_ok());
+    Ok(())
+}
+
+test_device!(search_blocks_matches_rounds, search_blocks_cpu, search_blocks_cuda);

@@ -384,6 +384,26 @@ impl DecodeTier for OffloadKv {
         Ok(k.gather(idx, group, tail.as_ref(), Positions::Trusted)?)
     }
 
+    /// The one-launch search reading the saved keys where they lie in host memory (the
+    /// representatives of a round are a few hundred scattered rows a head: the search is its
+    /// launches and its link reads, not its arithmetic).
+    fn search_blocks(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        plan: &folio_kernels::blocks::Search,
+        end: usize,
+        ahead: bool,
+    ) -> Result<folio_kernels::blocks::Found> {
+        let (k, _) = self.layer(layer)?;
+        let group = q.dim(0)? / self.kv_heads;
+        let tail = match self.tail.segments(layer, end)?.pop() {
+            Some(seg) => Some(seg.k.contiguous()?),
+            None => None,
+        };
+        Ok(k.search_blocks(q, group, tail.as_ref(), plan, ahead)?)
+    }
+
     /// A tail row is a view of the tail narrowed to it (the gather kernel would want the whole
     /// tail contiguous: a copy of every row the conversation wrote, per layer, per step).
     fn row(&self, layer: usize, pos: usize) -> Result<(Tensor, Tensor)> {

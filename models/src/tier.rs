@@ -16,6 +16,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use folio_kernels::attention::{attention_block, merge, Mask};
+use folio_kernels::blocks;
 use folio_kernels::select::HostRows;
 
 use crate::attention::AttnCall;
@@ -53,6 +54,25 @@ pub trait DecodeTier {
     fn gather(&self, layer: usize, idx: &Tensor, end: usize) -> Result<(Tensor, Tensor)>;
     /// K rows only, as [`DecodeTier::gather`] (a search scoring keys needs no values).
     fn gather_keys(&self, layer: usize, idx: &Tensor, end: usize) -> Result<Tensor>;
+    /// HiP's block search (`plan`) of every query head of `q [q_heads, d]` over the keys below
+    /// `end`: the positions each head reads, `[q_heads, plan.picks()]` u32 on the device. Round
+    /// by round through [`DecodeTier::gather_keys`] here, in the device's stream order; a tier
+    /// whose rows the one-launch search reads where they lie runs that instead (the same
+    /// positions), and with `ahead` may queue it where it overlaps the device's other work
+    /// until [`blocks::Found::positions`] is asked.
+    fn search_blocks(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        plan: &blocks::Search,
+        end: usize,
+        _ahead: bool,
+    ) -> Result<blocks::Found> {
+        let idx = blocks::search_by_rounds(q, plan, |pos| {
+            self.gather_keys(layer, pos, end).map_err(candle_core::Error::wrap)
+        })?;
+        Ok(blocks::Found::ready(idx))
+    }
     /// Exact q·k `[q_heads, end]` (f32) of one query `q [q_heads, d]` against every key below
     /// `end`: the exact top-k scan.
     fn scores(&self, layer: usize, q: &Tensor, end: usize) -> Result<Tensor>;

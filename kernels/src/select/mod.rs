@@ -272,6 +272,22 @@ impl HostRows {
         Ok(())
     }
 
+    /// Refuses a tail that does not continue these rows; its rows per head.
+    fn check_tail(&self, t: &Tensor) -> Result<usize> {
+        let (th, tn, td) = t.dims3()?;
+        if th != self.heads || td != self.d || t.dtype() != self.dtype || !t.device().same_device(&self.device) {
+            candle_core::bail!(
+                "host rows: tail {:?} {:?} does not continue [{}, n, {}] {:?}",
+                t.dims(),
+                t.dtype(),
+                self.heads,
+                self.d,
+                self.dtype
+            );
+        }
+        Ok(tn)
+    }
+
     /// `out [heads', sel, d]` on this store's device: `out[h, j] = rows[h / group][idx[h, j]]`,
     /// for `idx [heads', sel]` u32 positions (`heads' = heads · group`). Positions from the
     /// stored `n` on continue in `tail [heads, tail_n, d]` (same dtype, this device): the rows
@@ -283,21 +299,7 @@ impl HostRows {
             candle_core::bail!("host rows: gathering {:?} with group {group} from {} heads", idx.dims(), self.heads);
         }
         let tail_n = match tail {
-            Some(t) => {
-                let (th, tn, td) = t.dims3()?;
-                if th != self.heads || td != self.d || t.dtype() != self.dtype || !t.device().same_device(&self.device)
-                {
-                    candle_core::bail!(
-                        "host rows: tail {:?} {:?} does not continue [{}, n, {}] {:?}",
-                        t.dims(),
-                        t.dtype(),
-                        self.heads,
-                        self.d,
-                        self.dtype
-                    );
-                }
-                tn
-            }
+            Some(t) => self.check_tail(t)?,
             None => 0,
         };
         if sel == 0 {
@@ -344,7 +346,65 @@ impl HostRows {
     }
 }
 
+/// Candidates a head sorts in the one-launch search (SEARCH_MAX in the kernel: `2n` of them) and
+/// the widest head it holds in shared memory (SEARCH_MAX_D).
+#[cfg(feature = "cuda")]
+const SEARCH_MAX: usize = 2048;
+#[cfg(feature = "cuda")]
+const SEARCH_MAX_D: usize = 256;
+
 impl HostRows {
+    /// HiP's block search ([`crate::blocks::Search`]) over these rows as keys, for every head
+    /// of `q [heads · group, d]` at once, positions from the stored `n` on reading `tail` as in
+    /// [`HostRows::gather`]. On CUDA, where a head's `2n` candidates and its query fit the
+    /// kernel's shared memory, in one launch (`hip_search`), reading each representative key
+    /// where it lies — with `ahead`, on the device's side stream, overlapping whatever candle's
+    /// stream runs until the positions are asked for; otherwise round by round
+    /// ([`crate::blocks::search_by_rounds`]) with this store's gather. All give the same
+    /// positions: `[heads · group, picks]` u32.
+    pub fn search_blocks(
+        &self,
+        q: &Tensor,
+        group: usize,
+        tail: Option<&Tensor>,
+        plan: &crate::blocks::Search,
+        ahead: bool,
+    ) -> Result<crate::blocks::Found> {
+        plan.check()?;
+        let (qh, d) = q.dims2()?;
+        if group == 0 || qh != self.heads * group || d != self.d {
+            candle_core::bail!(
+                "host rows: searching for q {:?} with group {group} over [{}, n, {}]",
+                q.dims(),
+                self.heads,
+                self.d
+            );
+        }
+        #[cfg(feature = "cuda")]
+        if self.device.is_cuda() && 2 * plan.n <= SEARCH_MAX && d <= SEARCH_MAX_D {
+            let tail_n = tail.map(|t| self.check_tail(t)).transpose()?.unwrap_or(0);
+            let tail = tail.map(|t| t.contiguous()).transpose()?;
+            let q = q.to_dtype(DType::F32)?.contiguous()?;
+            let rows = (group, self.n, tail_n, d);
+            let source = match &self.mem {
+                HostMem::Mapped(m) => cuda::Source::Mapped(m),
+                HostMem::Shared { host, at } => {
+                    let registered = host.registered.as_ref().ok_or_else(|| {
+                        candle_core::Error::Msg("host rows: shared memory not registered with the GPU".into())
+                    })?;
+                    cuda::Source::Registered { registered, at: *at, stored: self.stored }
+                }
+                HostMem::Plain(_) => candle_core::bail!("host rows: plain memory on a GPU"),
+            };
+            let (idx, pending) = cuda::search(source, tail.as_ref(), &q, rows, self.dtype, plan, ahead)?;
+            return Ok(crate::blocks::Found::queued(idx, pending));
+        }
+        // Round by round (or on the CPU) the search runs in the device's order: nothing to queue.
+        let _ = ahead;
+        let idx = crate::blocks::search_by_rounds(q, plan, |pos| self.gather(pos, group, tail, Positions::Trusted))?;
+        Ok(crate::blocks::Found::ready(idx))
+    }
+
     /// The rows as the CPU reads them, from host memory (no device work: writes have landed
     /// when [`HostRows::write`] returns, and the saved rows are not written again).
     pub fn host(&self) -> Result<HostView<'_>> {
@@ -419,3 +479,5 @@ fn from_bytes(bytes: &[u8], dtype: DType, shape: (usize, usize, usize), device: 
 
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::Pending;

@@ -10,7 +10,12 @@
 //! earlier block); after ⌈log₂(N/n)⌉ rounds every branch is one block. Exact attention then
 //! runs over sinks ∪ chosen blocks ∪ window. Masks are refreshed every `refresh` decode steps
 //! and reused in between, the window growing from the refresh point (§2.4), each layer at its
-//! own turn so that no step searches them all (`Hip::stale`); the first
+//! own turn so that no step searches them all (`Hip::stale`). A mask searched at a turn takes
+//! over at the next step, the old one serving the turn's own step: each mask serves the
+//! `refresh` steps after the query that searched it, and on a GPU the search runs beside the
+//! rest of its step instead of before its layer (one step of lag where the paper's refresh
+//! already reuses a mask for eight). Where no mask can serve a step (the first, new sinks) the
+//! search is used at once. The first
 //! `dense_layers` layers stay dense (the paper's l_d = 3 for 7B models). With k covering the
 //! whole region nothing is pruned: dense.
 //!
@@ -20,13 +25,19 @@
 //! every head picks the same number of keys: one `[heads, s]` pick, no padding.
 //!
 //! The fast path keeps the search and the picked rows on the device: each refresh searches every
-//! head at once and expands the chosen blocks to positions there ([`search_on_device`]), gathers
-//! the picked rows and the window's into per-head buffers once, and each step in between
-//! gathers only its own new row into them (`Kept`): the picks cross the host link once per
-//! refresh, not once per step, and no step waits for a copy to the host.
+//! head at once and expands the chosen blocks to positions there ([`DecodeTier::search_blocks`]:
+//! on the offloaded tier one launch that reads each round's representative keys where they lie
+//! in host memory, elsewhere round by round with a gather), gathers the picked rows and the
+//! window's into per-head buffers once, and each step in between gathers only its own new row
+//! into them (`Kept`): the picks cross the host link once per refresh, not once per step, and
+//! no step waits for a copy to the host. The device search differs from the host's
+//! [`search_blocks`] in two ways: ties at the n-th score go to the lower candidate (left halves
+//! before right ones), not to the earlier block, and every round scores every half instead of
+//! reusing a parent's score.
 
-use candle_core::{DType, Tensor};
-use folio_kernels::{blocks, sparse};
+use candle_core::Tensor;
+use folio_kernels::blocks::{self, Found};
+use folio_kernels::sparse;
 
 use super::cost::{CostInput, StepCost};
 use super::registry::Tiers;
@@ -146,11 +157,25 @@ impl Kept {
     }
 }
 
+/// A layer's next mask on the fast path, searched at its turn with that step's query (queued
+/// ahead: on a GPU it runs beside the rest of the step) and taken up at the next step: the pick
+/// ([`Hip::pick`]'s), where its window starts, and the sinks, heads and step it was made for.
+struct Ahead {
+    picked: Option<Found>,
+    window_start: usize,
+    lo: usize,
+    heads: usize,
+    built_hi: usize,
+}
+
 pub struct Hip {
     budget: Budget,
     params: Params,
     masks: PerLayer<Vec<Mask>>,
+    /// The reference's next masks, as [`Ahead`] is the fast path's.
+    masks_ahead: PerLayer<Vec<Mask>>,
     kept: PerLayer<Kept>,
+    ahead: PerLayer<Ahead>,
 }
 
 /// The hierarchical search over blocks `0..blocks` for `n` survivors; `score(b)` scores block
@@ -239,7 +264,14 @@ pub fn search_blocks_batched(
 
 impl Budgeted for Hip {
     fn new(budget: Budget, params: Params) -> Result<Self> {
-        Ok(Self { budget, params, masks: PerLayer::new(), kept: PerLayer::new() })
+        Ok(Self {
+            budget,
+            params,
+            masks: PerLayer::new(),
+            masks_ahead: PerLayer::new(),
+            kept: PerLayer::new(),
+            ahead: PerLayer::new(),
+        })
     }
 }
 
@@ -291,99 +323,118 @@ impl Hip {
     }
 }
 
-/// [`search_blocks`] for every query head at once, on the device: nodes are `[heads, n, 2]`
-/// ranges of blocks; each round halves every node ([`folio_kernels::blocks::halve`]: a
-/// one-block node is its own right half, its empty left half scores −∞), gathers the
-/// representative block's keys of every half for all heads at once, scores each half by its
-/// best key ([`folio_kernels::blocks::block_max`]), and the top-k kernel keeps `n` per head;
-/// [`folio_kernels::blocks::expand`] turns the kept blocks into positions, after the sinks.
-/// Nothing comes back to the host: the search is queued and the caller goes on. Differences
-/// from the host search: ties at the n-th score go to the lower candidate (the top-k kernel's
-/// rule for up to 2048 candidates; arbitrary past that), not to the earlier block, and every
-/// round scores every half (`2·n` blocks per head) instead of reusing earlier scores. Needs
-/// more blocks than survivors (`blocks > n`). Returns each head's positions `[heads, (first −
-/// lo) + n·b]` and the key rows scored per head.
-fn search_on_device(
-    q: &Tensor,
-    kv: &dyn DecodeTier,
-    call: &AttnCall<'_>,
-    (lo, first, b): (usize, usize, usize),
-    blocks: usize,
-    n: usize,
-) -> Result<(Tensor, usize)> {
-    let heads = q.dim(0)?;
-    // The first nodes: n near-equal ranges of the blocks, the same for every head.
-    let edge = |j: usize| ((j * blocks) as f64 / n as f64).round() as u32;
-    let start: Vec<u32> = (0..heads).flat_map(|_| (0..n).flat_map(move |j| [edge(j), edge(j + 1)])).collect();
-    let widest = (0..n).map(|j| edge(j + 1) - edge(j)).max().unwrap_or(1).max(1) as usize;
-    let rounds = (usize::BITS as usize - (widest - 1).leading_zeros() as usize).max(1);
-    // Scored in f32 every round: cast once.
-    let q = q.to_dtype(DType::F32)?;
-    let mut nodes = Tensor::from_vec(start, (heads, n, 2), q.device())?;
-    let mut keep = None;
-    for _ in 0..rounds {
-        let (halves, pos) = blocks::halve(&nodes, keep.as_ref(), b, first, blocks * b)?;
-        let keys = kv.gather_keys(call.kv_layer, &pos, call.q_start + 1)?;
-        let z = blocks::block_max(&q, &keys, &halves, b)?;
-        keep = Some(folio_kernels::select::topk(&z, n)?);
-        nodes = halves;
-    }
-    let keep = keep.ok_or_else(|| crate::error::Error::Invalid("hip: a search of no rounds".into()))?;
-    Ok((blocks::expand(&nodes, &keep, b, (lo, first))?, rounds * 2 * n * b))
-}
-
 impl Hip {
-    /// The fast path over a decode tier (offloaded or resident): at a refresh, searches every
-    /// query head's blocks at once on the device ([`search_on_device`]) and gathers the picks
-    /// and the window into the layer's [`Kept`] buffers; between refreshes, gathers the rows
-    /// written since the last step into them. The row kernel then reads the buffers, the same
-    /// keys the reference reads (sinks, chosen blocks, window).
+    /// Whether rows kept (or masks built) at `built` can serve a step whose visible keys end at
+    /// `hi` under the same sinks: not from a later position, and no more than `refresh` steps
+    /// old — a mask is searched again at its layer's turn, at most `refresh` steps after it was
+    /// searched, and the rows searched then replace it a step later.
+    fn usable(&self, built: usize, hi: usize) -> bool {
+        built <= hi && hi - built <= self.params.usize("refresh")
+    }
+
+    /// A fresh mask's pick for the fast path at a step whose visible keys are `lo..hi`: the
+    /// search's positions (queued ahead when `ahead`), the whole region as one pick for every
+    /// head when it holds no more blocks than the budget, or none when the window covers every
+    /// visible key; then where the window starts and the key rows scored per head.
+    fn pick(
+        &self,
+        call: &AttnCall<'_>,
+        kv: &dyn DecodeTier,
+        q: &Tensor,
+        (lo, hi): (usize, usize),
+        ahead: bool,
+    ) -> Result<(Option<Found>, usize, usize)> {
+        let (first, window_start) = self.region(lo, hi);
+        let b = self.params.usize("block");
+        let blocks = (window_start - first) / b;
+        let n = self.budget.tokens(hi - lo).div_ceil(b).max(1);
+        let dev = q.device();
+        if blocks > n {
+            let plan = blocks::Search { n, blocks, b, first, lo };
+            let found =
+                span(dev, "attention: search", || kv.search_blocks(call.kv_layer, q, &plan, call.q_start + 1, ahead))?;
+            return Ok((Some(found), window_start, plan.scored()));
+        }
+        if window_start > lo {
+            let all: Vec<u32> = (lo as u32..window_start as u32).collect();
+            let idx = Tensor::from_vec(all, (1, window_start - lo), dev)?.repeat((q.dim(0)?, 1))?;
+            return Ok((Some(Found::ready(idx)), window_start, 0));
+        }
+        Ok((None, window_start, 0))
+    }
+
+    /// The layer's kept rows for a mask: the picked rows (`picked [heads, s]`), then the
+    /// window's from `window_start` up to the step's `hi`, then room for the rows of the
+    /// `refresh` steps the mask may still serve (the current row repeated, overwritten as the
+    /// steps come), gathered once into per-head buffers.
+    #[allow(clippy::too_many_arguments)]
+    fn keep(
+        &self,
+        call: &AttnCall<'_>,
+        kv: &dyn DecodeTier,
+        picked: Option<Tensor>,
+        window_start: usize,
+        (lo, hi): (usize, usize),
+        heads: usize,
+        built_hi: usize,
+    ) -> Result<Kept> {
+        let dev = kv.device();
+        let s = picked.as_ref().map_or(Ok(0), |p| p.dim(1))?;
+        let room = self.params.usize("refresh");
+        let tail: Vec<u32> =
+            (window_start as u32..hi as u32).chain(std::iter::repeat_n((hi - 1) as u32, room)).collect();
+        let tail = Tensor::from_vec(tail, (1, hi - window_start + room), dev)?.repeat((heads, 1))?;
+        let idx = match &picked {
+            Some(p) => Tensor::cat(&[p, &tail], 1)?,
+            None => tail,
+        };
+        let (k, v) = span(dev, "attention: gather", || kv.gather(call.kv_layer, &idx, hi))?;
+        Ok(Kept { idx: picked, k, v, s, filled: s + hi - window_start, lo, window_start, built_hi })
+    }
+
+    /// The fast path over a decode tier (offloaded or resident). At a layer's turn (see
+    /// [`Hip::stale`]) it searches every query head's blocks at once on the device
+    /// ([`DecodeTier::search_blocks`]); while the rows kept at its last turn can still serve
+    /// the step, the search is queued ahead (on a GPU's side stream, where it overlaps the rest
+    /// of the step: it reads the host link, the step reads the device's memory) and its rows
+    /// replace the kept ones at the next step — each mask serves the `refresh` steps after the
+    /// one whose query searched it. Otherwise (the first step, new sinks) it searches in
+    /// order and uses the result at once. Between turns it gathers the rows written since the
+    /// last step into the kept buffers. The row kernel then reads the buffers, the same keys
+    /// the reference reads (sinks, chosen blocks, window).
     fn attend_fast(&self, call: &AttnCall<'_>, kv: &dyn DecodeTier) -> Result<Attended> {
         let (lo, hi) = visible(call);
         let q = call.q.squeeze(1)?;
         let heads = q.dim(0)?;
         let dev = q.device().clone();
-        let (first, window_start) = self.region(lo, hi);
         let mut all = self.kept.lock();
-        let reusable = all.get(&call.layer).is_some_and(|k| {
-            // Kept rows stay valid while the steps go forward from them under the same sinks.
+        // The search queued at this layer's last turn takes over from this step.
+        if let Some(next) = self.ahead.lock().remove(&call.layer) {
+            if next.lo == lo && next.heads == heads && next.built_hi < hi && self.usable(next.built_hi, hi) {
+                let picked = next.picked.map(Found::positions).transpose()?;
+                let kept = self.keep(call, kv, picked, next.window_start, (lo, hi), heads, next.built_hi)?;
+                all.insert(call.layer, kept);
+            }
+        }
+        let usable = all.get(&call.layer).is_some_and(|k| {
+            let rows = hi.saturating_sub(k.next());
             k.lo == lo
                 && k.k.dim(0).ok() == Some(heads)
-                && k.next() < hi
-                && !self.stale(Some(k.built_hi), hi, call.layer)
+                && k.next() <= hi
+                && k.k.dim(1).is_ok_and(|capacity| k.filled + rows <= capacity)
+                && self.usable(k.built_hi, hi)
         });
         let mut searched = 0;
-        if !reusable {
-            let b = self.params.usize("block");
-            let blocks = (window_start - first) / b;
-            let n = self.budget.tokens(hi - lo).div_ceil(b).max(1);
-            let picked = if blocks > n {
-                let (idx, scored) = crate::profile::span(&dev, "attention: search", || {
-                    search_on_device(&q, kv, call, (lo, first, b), blocks, n)
-                })?;
-                searched = scored;
-                Some(idx)
-            } else if window_start > lo {
-                // Every block is kept: the whole region, as one pick for every head.
-                let all: Vec<u32> = (lo as u32..window_start as u32).collect();
-                Some(Tensor::from_vec(all, (1, window_start - lo), &dev)?.repeat((heads, 1))?)
+        if !usable || self.stale(all.get(&call.layer).map(|k| k.built_hi), hi, call.layer) {
+            let (picked, window_start, scored) = self.pick(call, kv, &q, (lo, hi), usable)?;
+            searched = scored;
+            if usable {
+                let next = Ahead { picked, window_start, lo, heads, built_hi: hi };
+                self.ahead.lock().insert(call.layer, next);
             } else {
-                None
-            };
-            let s = picked.as_ref().map_or(Ok(0), |p| p.dim(1))?;
-            // The window's rows, then room for the steps until the next refresh (the current
-            // row repeated, overwritten as the steps come).
-            let room = self.params.usize("refresh") - 1;
-            let tail: Vec<u32> =
-                (window_start as u32..hi as u32).chain(std::iter::repeat_n((hi - 1) as u32, room)).collect();
-            let tail = Tensor::from_vec(tail, (1, hi - window_start + room), &dev)?.repeat((heads, 1))?;
-            let idx = match &picked {
-                Some(p) => Tensor::cat(&[p, &tail], 1)?,
-                None => tail,
-            };
-            let (k, v) = span(&dev, "attention: gather", || kv.gather(call.kv_layer, &idx, hi))?;
-            let kept = Kept { idx: picked, k, v, s, filled: s + hi - window_start, lo, window_start, built_hi: hi };
-            all.insert(call.layer, kept);
+                let picked = picked.map(Found::positions).transpose()?;
+                all.insert(call.layer, self.keep(call, kv, picked, window_start, (lo, hi), heads, hi)?);
+            }
         }
         let kept = all.get_mut(&call.layer).ok_or_else(|| crate::error::Error::Invalid("hip: no kept rows".into()))?;
         let next = kept.next();
@@ -423,7 +474,9 @@ impl Attention for Hip {
 
     fn reset(&self) {
         self.masks.clear();
+        self.masks_ahead.clear();
         self.kept.clear();
+        self.ahead.clear();
     }
 
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
@@ -445,15 +498,18 @@ impl Attention for Hip {
             let (first, window_start) = self.region(lo, hi);
             let mut cache = self.masks.lock();
             let mut searched = 0;
-            // Masks built under other sinks (a model window moved them) are searched again, as
-            // the fast path's kept rows are.
-            let built = cache
-                .get(&call.layer)
-                .filter(|m| m.len() == queries.len())
-                .and_then(|m| m.first())
-                .filter(|m| m.lo == lo)
-                .map(|m| m.built_hi);
-            if self.stale(built, hi, call.layer) {
+            // Masks built under other sinks (a model window moved them), or for other heads, are
+            // searched again, as the fast path's kept rows are.
+            let fits = |m: &Vec<Mask>| m.len() == queries.len() && m.first().is_some_and(|m| m.lo == lo);
+            // The masks searched at this layer's last turn take over from this step.
+            if let Some(next) = self.masks_ahead.lock().remove(&call.layer) {
+                if fits(&next) && next[0].built_hi < hi && self.usable(next[0].built_hi, hi) {
+                    cache.insert(call.layer, next);
+                }
+            }
+            let built = cache.get(&call.layer).filter(|m| fits(m)).map(|m| m[0].built_hi);
+            let usable = built.is_some_and(|b| self.usable(b, hi));
+            if !usable || self.stale(built, hi, call.layer) {
                 let masks = queries
                     .iter()
                     .enumerate()
@@ -464,7 +520,13 @@ impl Attention for Hip {
                         m
                     })
                     .collect();
-                cache.insert(call.layer, masks);
+                // As the fast path: while the current masks serve this step, the new ones take
+                // over at the next.
+                if usable {
+                    self.masks_ahead.lock().insert(call.layer, masks);
+                } else {
+                    cache.insert(call.layer, masks);
+                }
             }
             let masks = &cache[&call.layer];
             let picks = masks
