@@ -86,21 +86,25 @@ pub fn parse_device(spec: &str) -> Result<Device> {
     }
 }
 
-/// The CUDA device `ordinal` as the engine runs it: every operation on candle's one stream,
-/// without cudarc's per-allocation events. cudarc gives each device allocation a read and a
-/// write event (two `cuEventCreate` on allocation, two destroys on free) so that it can order
-/// uses across streams once a second stream exists; Folio never creates one, so stream order
-/// alone orders every use, the events are never waited on, and a decode step — hundreds of
-/// small allocations — paid for them on the host that queues the GPU's work. Page-locked host
-/// memory keeps its own event (the host waits on it before touching rows the GPU reads).
+/// The CUDA device `ordinal` as the engine runs it: without cudarc's per-allocation events.
+/// cudarc gives each device allocation a read and a write event (two `cuEventCreate` on
+/// allocation, two destroys on free) so that, once a context has a second stream, every launch
+/// can order each buffer's uses across streams by recording and waiting on them. Folio runs
+/// everything on candle's one stream except HiP's search a step ahead, which orders its few
+/// buffers by hand (`folio_kernels::select::HostRows::search_blocks`: the side stream joins
+/// candle's before the launch, candle's waits on the search's event before reading its
+/// output, and its inputs live until then). With tracking on, a decode step — hundreds of small
+/// allocations — paid for the events on the host that queues the GPU's work, and, once the side
+/// stream existed, an event record and wait per buffer of every launch. Page-locked host memory
+/// keeps its own event (the host waits on it before touching rows the GPU reads).
 pub fn cuda_device(ordinal: usize) -> Result<Device> {
     let device = Device::new_cuda(ordinal)?;
     #[cfg(feature = "cuda")]
     if let Device::Cuda(cuda) = &device {
-        // SAFETY: no second stream is ever created on this device's context (see above), so
-        // the rules cudarc states for turning tracking off — no use of a tensor on another
+        // SAFETY: cudarc's rules for turning tracking off — no use of a buffer on another
         // stream before its allocation or after its free, no concurrent writes from two
-        // streams — hold by construction.
+        // streams — hold: candle's work is on one stream, and the one use of the second
+        // stream (above) orders its buffers with events and keeps them alive itself.
         unsafe { cuda.disable_event_tracking() };
     }
     Ok(device)
