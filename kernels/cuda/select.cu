@@ -391,10 +391,11 @@ __device__ void hip_search(const float* q, const char* src, const float* scales,
     }
 }
 
-#define HIP_SEARCH(name, S, O)                                                                                   \
-    extern "C" __global__ void name(const float* q, const char* src, const float* scales, const O* tail,          \
-                                    uint32_t* out, int group, int n_rows, int tail_n, int d, int n, int blocks,   \
-                                    int b, int first, int lo, int rounds) {                                      \
+#define SEARCH_THREADS 512
+#define HIP_SEARCH(name, S, O)                                                                            \
+    extern "C" __global__ void __launch_bounds__(SEARCH_THREADS)                                          \
+        name(const float* q, const char* src, const float* scales, const O* tail, uint32_t* out, int group, \
+             int n_rows, int tail_n, int d, int n, int blocks, int b, int first, int lo, int rounds) {      \
         hip_search<S, O>(q, src, scales, tail, out, group, n_rows, tail_n, d, n, blocks, b, first, lo, rounds); \
     }
 HIP_SEARCH(hip_search_f32_f32, 0, float)

@@ -334,23 +334,28 @@ test_device!(host_attention_matches_reference, host_attention_cpu, host_attentio
 /// lie; round by round past its shared memory) gives the round-by-round search's positions
 /// exactly: with small integer keys and queries (exact sums, ties everywhere) against that
 /// search over the decoded keys on the CPU, its definition; with random keys on the same
-/// device (the same f32 arithmetic), rows stored as fp8, bf16 and f32 and read as bf16 or f32,
-/// regions that run into the device tail, sinks, GQA, 2n at the kernel's limit and past it.
+/// device (the same f32 arithmetic), rows stored as fp8, bf16 and f32 and read as bf16 or f32
+/// (a context file's section read in place) or held in the tier's own page-locked copy, regions
+/// that run into the device tail, sinks, GQA, 2n at the kernel's limit and past it. Each search
+/// also runs queued ahead while the device's stream does other work.
 fn search_blocks_matches_rounds(device: &Device) -> Result<()> {
     use folio_kernels::blocks::{self, Search};
     let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
     #[rustfmt::skip]
     let cases = [
-        // (kv heads, group, rows, tail, d, stored, read as, integers, plan)
-        (4, 7, 6000, 0, 128, DType::BF16, DType::BF16, true, Search { n: 256, blocks: 2900, b: 2, first: 4, lo: 0 }),
-        (2, 3, 1000, 50, 64, DType::F32, DType::F32, true, Search { n: 7, blocks: 255, b: 4, first: 20, lo: 3 }),
-        (2, 2, 3000, 10, 32, DType::BF16, DType::BF16, false, Search { n: 1024, blocks: 3005, b: 1, first: 0, lo: 0 }),
-        (1, 4, 5000, 0, 32, DType::F32, DType::BF16, false, Search { n: 1100, blocks: 4000, b: 1, first: 8, lo: 2 }),
-        (4, 7, 4000, 30, 128, DType::F8E4M3, DType::BF16, false, Search { n: 256, blocks: 2010, b: 2, first: 4, lo: 0 }),
-        (2, 2, 800, 5, 16, DType::F8E4M3, DType::F32, false, Search { n: 9, blocks: 800, b: 1, first: 2, lo: 1 }),
+        // (kv heads, group, rows, tail, d, stored, read as, integers, page-locked copy, plan)
+        (4, 7, 6000, 0, 128, DType::BF16, DType::BF16, true, false, Search { n: 256, blocks: 2900, b: 2, first: 4, lo: 0 }),
+        (2, 3, 1000, 50, 64, DType::F32, DType::F32, true, true, Search { n: 7, blocks: 255, b: 4, first: 20, lo: 3 }),
+        (2, 2, 3000, 10, 32, DType::BF16, DType::BF16, false, true, Search { n: 1024, blocks: 3005, b: 1, first: 0, lo: 0 }),
+        (1, 4, 5000, 0, 32, DType::F32, DType::BF16, false, false, Search { n: 300, blocks: 4000, b: 1, first: 8, lo: 2 }),
+        (2, 3, 4000, 20, 64, DType::BF16, DType::F32, false, false, Search { n: 100, blocks: 2005, b: 2, first: 4, lo: 0 }),
+        (4, 7, 4000, 30, 128, DType::F8E4M3, DType::BF16, false, false, Search { n: 256, blocks: 2010, b: 2, first: 4, lo: 0 }),
+        (2, 2, 800, 5, 16, DType::F8E4M3, DType::F32, false, false, Search { n: 9, blocks: 800, b: 1, first: 2, lo: 1 }),
+        // Past the kernel's 2048 candidates: round by round everywhere.
+        (1, 4, 5000, 0, 32, DType::BF16, DType::BF16, false, false, Search { n: 1100, blocks: 4000, b: 1, first: 8, lo: 2 }),
     ];
-    for (kv_heads, group, n, tail_n, d, kind, dtype, integers, plan) in cases {
+    for (kv_heads, group, n, tail_n, d, kind, dtype, integers, pinned, plan) in cases {
         let heads = kv_heads * group;
         let draw = |rng: &mut StdRng, len: usize, spread: i32| -> Vec<f32> {
             if integers {
@@ -361,11 +366,19 @@ fn search_blocks_matches_rounds(device: &Device) -> Result<()> {
         };
         let values = draw(&mut rng, kv_heads * n * d, 3);
         let (section, stored, decoded) = stored_section(&values, d, kind);
-        let at = PageAligned::PAGE;
-        let mut bytes = vec![0u8; at];
-        bytes.extend(&section);
-        let shared = SharedHost::new(device, Arc::new(PageAligned::new(&bytes)))?;
-        let rows = HostRows::view(device, &shared, at, stored, (kv_heads, n, d), dtype)?;
+        let rows = if pinned {
+            // The tier's own copy (page-locked on a GPU), in the dtype it is read in.
+            let mut rows = HostRows::new(device, dtype, kv_heads, n, d)?;
+            rows.write(0, &Tensor::from_vec(decoded.clone(), (kv_heads, n, d), device)?.to_dtype(dtype)?)?;
+            rows
+        } else {
+            // A context file's section, read where it lies.
+            let at = PageAligned::PAGE;
+            let mut bytes = vec![0u8; at];
+            bytes.extend(&section);
+            let shared = SharedHost::new(device, Arc::new(PageAligned::new(&bytes)))?;
+            HostRows::view(device, &shared, at, stored, (kv_heads, n, d), dtype)?
+        };
         let tail_f = draw(&mut rng, kv_heads * tail_n * d, 3);
         // No tail tensor when it is empty: a zero-byte allocation is refused on the GPU.
         let tail = (tail_n > 0)
@@ -421,7 +434,9 @@ fn search_blocks_matches_rounds(device: &Device) -> Result<()> {
             let region = plan.first as u32..(plan.first + plan.blocks * plan.b) as u32;
             assert!(head[sinks..].iter().all(|p| region.contains(p)), "seed {seed}: a pick outside the region");
         }
-        println!("{device:?} block search {heads}/{kv_heads} heads, {kind:?} as {dtype:?}, {plan:?}: equal");
+        println!(
+            "{device:?} block search {heads}/{kv_heads} heads, {kind:?} as {dtype:?} (copy: {pinned}), {plan:?}: equal"
+        );
     }
     // Nothing to prune, and a query that does not match the rows, are refused.
     let rows = HostRows::new(device, DType::F32, 1, 100, 16)?;

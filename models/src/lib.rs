@@ -95,8 +95,9 @@ pub fn parse_device(spec: &str) -> Result<Device> {
 /// candle's before the launch, candle's waits on the search's event before reading its
 /// output, and its inputs live until then). With tracking on, a decode step — hundreds of small
 /// allocations — paid for the events on the host that queues the GPU's work, and, once the side
-/// stream existed, an event record and wait per buffer of every launch. Page-locked host memory
-/// keeps its own event (the host waits on it before touching rows the GPU reads).
+/// stream existed, an event record and wait per buffer of every launch. Page-locked host rows
+/// are written only while a tier is filled (each write synchronises) and freed after the
+/// context is synchronised (`Mapped`'s and `Registered`'s drops), so they need no event either.
 pub fn cuda_device(ordinal: usize) -> Result<Device> {
     let device = Device::new_cuda(ordinal)?;
     #[cfg(feature = "cuda")]

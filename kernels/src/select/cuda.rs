@@ -28,6 +28,16 @@ pub struct Mapped {
     ptr: u64,
 }
 
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // Every queued read of the rows finishes before the pages are freed: a search queued
+        // ahead on the side stream may still be reading them when the tier goes (the buffer's
+        // own event is recorded only while cudarc tracks uses across streams, which the engine
+        // turns off).
+        let _ = self.buf.context().synchronize();
+    }
+}
+
 impl Mapped {
     pub fn new(dev: &CudaDevice, bytes: usize) -> Result<Self> {
         let ctx = dev.cuda_stream().context().clone();
@@ -343,7 +353,8 @@ pub fn gather(
     }
 }
 
-/// Threads a block of `hip_search` (one block a query head): a warp scores a candidate, so 16
+/// Threads a block of `hip_search` (one block a query head; SEARCH_THREADS, its launch bound, in
+/// the kernel): a warp scores a candidate, so 16
 /// candidates' keys are in flight over the host link at a time, a block's worth of requests
 /// enough to keep the link busy with a few dozen heads.
 const SEARCH_THREADS: u32 = 512;
@@ -482,7 +493,15 @@ pub fn search(
     }?;
     let pending = match side {
         Some(side) => {
-            let done = side.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)).w()?;
+            let done = match side.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)) {
+                Ok(done) => done,
+                Err(e) => {
+                    // Nothing will order the frees of q, the tail and the output after the
+                    // search: wait for it here before they go.
+                    let _ = side.synchronize();
+                    return Err(e).w();
+                }
+            };
             let keep = std::iter::once(q.clone()).chain(tail.cloned()).collect();
             Some(Pending { done, main: dev.cuda_stream(), keep })
         }

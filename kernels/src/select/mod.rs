@@ -360,8 +360,9 @@ impl HostRows {
     /// kernel's shared memory, in one launch (`hip_search`), reading each representative key
     /// where it lies — with `ahead`, on the device's side stream, overlapping whatever candle's
     /// stream runs until the positions are asked for; otherwise round by round
-    /// ([`crate::blocks::search_by_rounds`]) with this store's gather. All give the same
-    /// positions: `[heads · group, picks]` u32.
+    /// ([`crate::blocks::search_by_rounds`]) with this store's gather. Where the kernel runs,
+    /// both give the same positions; past 2048 candidates a GPU's rounds keep each round's
+    /// best in no set order (ties arbitrary). `[heads · group, picks]` u32.
     pub fn search_blocks(
         &self,
         q: &Tensor,

@@ -27,7 +27,8 @@
 //! The fast path keeps the search and the picked rows on the device: each refresh searches every
 //! head at once and expands the chosen blocks to positions there ([`DecodeTier::search_blocks`]:
 //! on the offloaded tier one launch that reads each round's representative keys where they lie
-//! in host memory, elsewhere round by round with a gather), gathers the picked rows and the
+//! in host memory, up to 2048 candidates and 256 dimensions a head; otherwise round by round
+//! with a gather, past 2048 candidates with a top-k whose ties are arbitrary), gathers the picked rows and the
 //! window's into per-head buffers once, and each step in between gathers only its own new row
 //! into them (`Kept`): the picks cross the host link once per refresh, not once per step, and
 //! no step waits for a copy to the host. The device search differs from the host's
@@ -136,8 +137,8 @@ struct Mask {
 /// `idx [heads, s]` u32 on the device; `None` when the window covers every visible key) and
 /// per-head buffers `k`, `v` `[heads, capacity, d]` on the device holding those `s` rows, then
 /// the window's from `window_start`, `filled` rows in all. The capacity leaves room for the
-/// rows of the steps until the next refresh (`refresh − 1` of them at most: the mask is stale
-/// at the `refresh`-th). A store cut back must be followed by [`Attention::reset`], as every
+/// rows of the `refresh` steps a mask may still serve after it is kept ([`Hip::usable`]: the
+/// turn's own step included, while the search queued then runs). A store cut back must be followed by [`Attention::reset`], as every
 /// caller does before a generation: the kept rows are not checked against the store.
 struct Kept {
     idx: Option<Tensor>,
