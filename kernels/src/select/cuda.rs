@@ -293,23 +293,67 @@ impl CudaOp2 for Gather {
         tail: &CudaStorage,
         tl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let stream = idx.device().cuda_stream();
-        let offset = tl.start_offset();
-        let ptr = match tail.dtype() {
-            DType::F32 => tail.as_cuda_slice::<f32>()?.slice(offset..).device_ptr(&stream).0,
-            DType::BF16 => tail.as_cuda_slice::<half::bf16>()?.slice(offset..).device_ptr(&stream).0,
-            other => candle_core::bail!("gather: rows must be f32 or bf16, not {other:?}"),
-        };
+        let ptr = tail_ptr(tail, tl, &idx.device().cuda_stream(), "gather")?;
         self.launch(idx, il, ptr)
     }
 }
 
-/// Where [`gather`] reads the stored rows.
+/// Where [`gather`] and [`search`] read the stored rows.
 pub enum Source<'a> {
     /// A page-locked allocation of the rows' own dtype.
     Mapped(&'a Mapped),
     /// A section from byte `at` of registered shared memory, as `stored`.
     Registered { registered: &'a Registered, at: usize, stored: Stored },
+}
+
+impl Source<'_> {
+    /// The rows' device address, their fp8 scales' (0 without), and how they are stored (a
+    /// mapped allocation holds the dtype it is read in).
+    fn address(&self, dtype: DType) -> Result<(u64, u64, Stored)> {
+        match self {
+            Source::Mapped(m) => Ok((m.ptr, 0, Stored::of(dtype)?)),
+            Source::Registered { registered, at, stored } => {
+                let src = registered.ptr + *at as u64;
+                let scales = match stored {
+                    Stored::Fp8 { scales } => src + *scales as u64,
+                    _ => 0,
+                };
+                Ok((src, scales, *stored))
+            }
+        }
+    }
+
+    /// `launch`, a kernel reading the rows on `stream` through their device address, which
+    /// cudarc does not see. For a mapped allocation, a guard makes `stream` wait for the
+    /// buffer's last recorded use and records its event after the launch — where cudarc
+    /// tracks uses across streams (a device made with tracking on, as the tests' are, once a
+    /// second stream exists). The engine turns tracking off: then the buffer is written only
+    /// while the tier is filled (each write synchronises) and freed only after the context is
+    /// synchronised (`Mapped`'s drop). Registered memory is read-only and unregistered only
+    /// after the context is synchronised (`Registered`'s drop).
+    fn ordered<T>(&self, stream: &Arc<CudaStream>, launch: impl FnOnce() -> Result<T>) -> Result<T> {
+        match self {
+            Source::Mapped(m) => {
+                // SAFETY: the host view it returns is not touched; only the ordering is used, on
+                // `stream`, where `launch` goes.
+                let (_, ordered) = unsafe { m.buf.stream_synced_slice(stream) };
+                let out = launch();
+                drop(ordered);
+                out
+            }
+            Source::Registered { .. } => launch(),
+        }
+    }
+}
+
+/// A tail tensor's device address from its layout's start (f32 or bf16 rows), for `what`.
+fn tail_ptr(tail: &CudaStorage, tl: &Layout, stream: &Arc<CudaStream>, what: &str) -> Result<u64> {
+    let offset = tl.start_offset();
+    Ok(match tail.dtype() {
+        DType::F32 => tail.as_cuda_slice::<f32>()?.slice(offset..).device_ptr(stream).0,
+        DType::BF16 => tail.as_cuda_slice::<half::bf16>()?.slice(offset..).device_ptr(stream).0,
+        other => candle_core::bail!("{what}: rows must be f32 or bf16, not {other:?}"),
+    })
 }
 
 pub fn gather(
@@ -322,35 +366,12 @@ pub fn gather(
     let candle_core::Device::Cuda(dev) = idx.device() else { candle_core::bail!("gather: idx must be on the GPU") };
     let stream = dev.cuda_stream();
     let idx = idx.contiguous()?;
-    let apply = |op: Gather| match tail {
-        Some(t) => idx.apply_op2_no_bwd(t, &CudaOnly(op)),
-        None => idx.apply_op1_no_bwd(&CudaOnly(op)),
-    };
-    match source {
-        Source::Mapped(src) => {
-            let op = Gather { src: src.ptr, scales: 0, stored: Stored::of(dtype)?, dims, dtype };
-            // The kernel reads the rows through their device address, which cudarc does not see.
-            // This guard makes the stream wait for the rows' last recorded use and records their
-            // event after the launch, so a later host write (`as_mut_slice`) or free of the rows
-            // waits for this read to finish.
-            // SAFETY: the host view it returns is not touched; only the ordering is used, on
-            // `stream`, candle's stream, where the launch below goes.
-            let (_, ordered) = unsafe { src.buf.stream_synced_slice(&stream) };
-            let out = apply(op);
-            drop(ordered);
-            out
-        }
-        Source::Registered { registered, at, stored } => {
-            let src = registered.ptr + at as u64;
-            let scales = match stored {
-                Stored::Fp8 { scales } => src + scales as u64,
-                _ => 0,
-            };
-            // Read-only memory, never written while registered; the registration ends only
-            // after the device has finished (`Registered`'s drop).
-            apply(Gather { src, scales, stored, dims, dtype })
-        }
-    }
+    let (src, scales, stored) = source.address(dtype)?;
+    let op = CudaOnly(Gather { src, scales, stored, dims, dtype });
+    source.ordered(&stream, || match tail {
+        Some(t) => idx.apply_op2_no_bwd(t, &op),
+        None => idx.apply_op1_no_bwd(&op),
+    })
 }
 
 /// Threads a block of `hip_search` (one block a query head; SEARCH_THREADS, its launch bound, in
@@ -438,13 +459,7 @@ impl CudaOp2 for BlockSearch {
     const NAME: &'static str = "folio-block-search-tail";
 
     fn cuda_fwd(&self, q: &CudaStorage, ql: &Layout, tail: &CudaStorage, tl: &Layout) -> Result<(CudaStorage, Shape)> {
-        let stream = q.device().cuda_stream();
-        let offset = tl.start_offset();
-        let ptr = match tail.dtype() {
-            DType::F32 => tail.as_cuda_slice::<f32>()?.slice(offset..).device_ptr(&stream).0,
-            DType::BF16 => tail.as_cuda_slice::<half::bf16>()?.slice(offset..).device_ptr(&stream).0,
-            other => candle_core::bail!("block search: rows must be f32 or bf16, not {other:?}"),
-        };
+        let ptr = tail_ptr(tail, tl, &q.device().cuda_stream(), "block search")?;
         self.launch(q, ql, ptr)
     }
 }
@@ -464,33 +479,12 @@ pub fn search(
     let candle_core::Device::Cuda(dev) = q.device() else { candle_core::bail!("block search: q must be on the GPU") };
     let side = ahead.then(|| side_stream(dev)).transpose()?;
     let stream = side.clone().unwrap_or_else(|| dev.cuda_stream());
-    let apply = |op: BlockSearch| match tail {
-        Some(t) => q.apply_op2_no_bwd(t, &CudaOnly(op)),
-        None => q.apply_op1_no_bwd(&CudaOnly(op)),
-    };
-    let out = match source {
-        Source::Mapped(src) => {
-            let (stored, side) = (Stored::of(dtype)?, side.clone());
-            let op = BlockSearch { src: src.ptr, scales: 0, stored, dtype, rows, plan: *plan, side };
-            // As in `gather`: the stream the search runs on waits for the rows' last recorded
-            // use, and their event is recorded after the launch.
-            // SAFETY: the host view it returns is not touched; only the ordering is used, on
-            // `stream`, where the launch below goes.
-            let (_, ordered) = unsafe { src.buf.stream_synced_slice(&stream) };
-            let out = apply(op);
-            drop(ordered);
-            out
-        }
-        Source::Registered { registered, at, stored } => {
-            let src = registered.ptr + at as u64;
-            let scales = match stored {
-                Stored::Fp8 { scales } => src + scales as u64,
-                _ => 0,
-            };
-            // Read-only memory, never written while registered (see `gather`).
-            apply(BlockSearch { src, scales, stored, dtype, rows, plan: *plan, side: side.clone() })
-        }
-    }?;
+    let (src, scales, stored) = source.address(dtype)?;
+    let op = CudaOnly(BlockSearch { src, scales, stored, dtype, rows, plan: *plan, side: side.clone() });
+    let out = source.ordered(&stream, || match tail {
+        Some(t) => q.apply_op2_no_bwd(t, &op),
+        None => q.apply_op1_no_bwd(&op),
+    })?;
     let pending = match side {
         Some(side) => {
             let done = match side.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)) {
