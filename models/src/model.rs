@@ -20,12 +20,27 @@ use crate::loader::check_safetensors;
 use crate::profile::span;
 use crate::rope;
 
+/// Linear layers that read the same input, as one whose output rows are theirs in order (all
+/// with a bias, or none).
+fn stacked(parts: &[Linear]) -> Result<Linear> {
+    let weight = Tensor::cat(&parts.iter().map(Linear::weight).collect::<Vec<_>>(), 0)?;
+    let bias = match parts.iter().map(Linear::bias).collect::<Option<Vec<_>>>() {
+        Some(biases) => Some(Tensor::cat(&biases, 0)?),
+        None if parts.iter().any(|p| p.bias().is_some()) => {
+            return Err(Error::Invalid("stacked projections: some have a bias and some do not".into()))
+        }
+        None => None,
+    };
+    Ok(Linear::new(weight, bias))
+}
+
 struct Layer {
     input_norm: Tensor,
     post_attn_norm: Tensor,
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    /// The q, k and v projections as one product, their rows stacked in that order (one
+    /// matrix-vector product and one read of `h` a decode step instead of three; the pieces are
+    /// column ranges of its output).
+    qkv: Linear,
     o: Linear,
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
@@ -153,9 +168,11 @@ impl Model {
             layers.push(Layer {
                 input_norm: norm("input_layernorm", h)?,
                 post_attn_norm: norm("post_attention_layernorm", h)?,
-                q: linear(&format!("{p}.self_attn.q_proj"), nq, h, cfg.qkv_bias)?,
-                k: linear(&format!("{p}.self_attn.k_proj"), nkv, h, cfg.qkv_bias)?,
-                v: linear(&format!("{p}.self_attn.v_proj"), nkv, h, cfg.qkv_bias)?,
+                qkv: stacked(&[
+                    linear(&format!("{p}.self_attn.q_proj"), nq, h, cfg.qkv_bias)?,
+                    linear(&format!("{p}.self_attn.k_proj"), nkv, h, cfg.qkv_bias)?,
+                    linear(&format!("{p}.self_attn.v_proj"), nkv, h, cfg.qkv_bias)?,
+                ])?,
                 o: linear(&format!("{p}.self_attn.o_proj"), h, nq, false)?,
                 q_norm: if cfg.qk_norm { Some(norm("self_attn.q_norm", hd)?) } else { None },
                 k_norm: if cfg.qk_norm { Some(norm("self_attn.k_norm", hd)?) } else { None },
@@ -267,13 +284,23 @@ impl Model {
         let h = span(dev, "norms", || Ok(folio_kernels::norm::rms_norm(x, &layer.input_norm, eps)?))?;
         // [t, hidden] -> [heads, t, hd]: the product, then its bias and the move to heads in
         // one pass (folio_kernels::heads; candle's Linear would add the bias on its own).
-        let heads = |p: &Linear, n: usize| folio_kernels::heads::split(&h.matmul(&p.weight().t()?)?, p.bias(), n, hd);
+        let (nq, nkv) = (self.cfg.num_heads, self.cfg.num_kv_heads);
         let (mut q, mut k, v) = span(dev, "q/k/v projections", || {
-            Ok((
-                heads(&layer.q, self.cfg.num_heads)?,
-                heads(&layer.k, self.cfg.num_kv_heads)?,
-                heads(&layer.v, self.cfg.num_kv_heads)?,
-            ))
+            // One token (a decode step): one product, each projection a view of its columns.
+            // More (a prefill chunk): a product per projection over its rows of the stacked
+            // weight, whose outputs the head split reads as they are, where columns of one
+            // product would each be copied out first.
+            let whole = (h.dim(0)? == 1).then(|| h.matmul(&layer.qkv.weight().t()?)).transpose()?;
+            let heads = |at: usize, n: usize| -> candle_core::Result<Tensor> {
+                let (from, width) = (at * hd, n * hd);
+                let y = match &whole {
+                    Some(y) => y.narrow(1, from, width)?,
+                    None => h.matmul(&layer.qkv.weight().narrow(0, from, width)?.t()?)?,
+                };
+                let bias = layer.qkv.bias().map(|b| b.narrow(0, from, width)).transpose()?;
+                folio_kernels::heads::split(&y, bias.as_ref(), n, hd)
+            };
+            Ok((heads(0, nq)?, heads(nq, nkv)?, heads(nq + nkv, nkv)?))
         })?;
         if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
             (q, k) = span(dev, "norms", || {
