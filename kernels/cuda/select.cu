@@ -190,6 +190,11 @@ extern "C" __global__ void gather_rows(const uint4* src, const uint4* tail, cons
 // half exactly). Rounding to bf16 is to nearest even, as the CPU's f32 → bf16 cast. The tail
 // holds rows in the output's dtype. d % 8 == 0; src 16-byte aligned (8 for fp8).
 
+// An fp8 e4m3 code as the context file decodes it: widened to half (exact), times its row's scale.
+__device__ __forceinline__ float fp8_value(__nv_fp8_storage_t code, float scale) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3))) * scale;
+}
+
 template <int S>
 __device__ __forceinline__ void load8(const char* src, const float* scales, size_t row, int c, int d, float v[8]);
 template <>
@@ -217,7 +222,7 @@ __device__ __forceinline__ void load8<2>(const char* src, const float* scales, s
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const __nv_fp8_storage_t code = (w[i / 4] >> (8 * (i % 4))) & 0xff;
-        v[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3))) * s;
+        v[i] = fp8_value(code, s);
     }
 }
 
@@ -302,7 +307,7 @@ __device__ __forceinline__ float load1<1>(const char* src, const float*, size_t 
 template <>
 __device__ __forceinline__ float load1<2>(const char* src, const float* scales, size_t row, int i, int d) {
     const __nv_fp8_storage_t code = reinterpret_cast<const uint8_t*>(src)[row * d + i];
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3))) * scales[row];
+    return fp8_value(code, scales[row]);
 }
 
 // A value as the gather leaves it: rounded to the tier's dtype, read back as f32.

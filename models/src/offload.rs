@@ -246,6 +246,16 @@ impl OffloadKv {
         self.host.get(layer).ok_or_else(|| Error::Invalid(format!("offloaded store: no layer {layer}")))
     }
 
+    /// The tail's keys below `end` alone, contiguous (the kernels read a contiguous tail): a
+    /// search reads them every round, and copying the values beside them was half its device
+    /// copies.
+    fn tail_keys(&self, layer: usize, end: usize) -> Result<Option<Tensor>> {
+        Ok(match self.tail.segments(layer, end)?.pop() {
+            Some(seg) => Some(seg.k.contiguous()?),
+            None => None,
+        })
+    }
+
     fn copy_resident(&self, layer: usize) -> Result<()> {
         let mut resident = self.resident.lock().unwrap_or_else(|e| e.into_inner());
         if let std::collections::hash_map::Entry::Vacant(slot) = resident.entry(layer) {
@@ -375,13 +385,7 @@ impl DecodeTier for OffloadKv {
     fn gather_keys(&self, layer: usize, idx: &Tensor, end: usize) -> Result<Tensor> {
         let (k, _) = self.layer(layer)?;
         let group = idx.dim(0)? / self.kv_heads;
-        // The tail's keys alone: a search calls this every round, and copying the values
-        // beside them (the kernel reads a contiguous tail) was half its device copies.
-        let tail = match self.tail.segments(layer, end)?.pop() {
-            Some(seg) => Some(seg.k.contiguous()?),
-            None => None,
-        };
-        Ok(k.gather(idx, group, tail.as_ref(), Positions::Trusted)?)
+        Ok(k.gather(idx, group, self.tail_keys(layer, end)?.as_ref(), Positions::Trusted)?)
     }
 
     /// The one-launch search reading the saved keys where they lie in host memory (the
@@ -397,11 +401,7 @@ impl DecodeTier for OffloadKv {
     ) -> Result<folio_kernels::blocks::Found> {
         let (k, _) = self.layer(layer)?;
         let group = q.dim(0)? / self.kv_heads;
-        let tail = match self.tail.segments(layer, end)?.pop() {
-            Some(seg) => Some(seg.k.contiguous()?),
-            None => None,
-        };
-        Ok(k.search_blocks(q, group, tail.as_ref(), plan, ahead)?)
+        Ok(k.search_blocks(q, group, self.tail_keys(layer, end)?.as_ref(), plan, ahead)?)
     }
 
     /// A tail row is a view of the tail narrowed to it (the gather kernel would want the whole

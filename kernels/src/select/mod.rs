@@ -272,6 +272,22 @@ impl HostRows {
         Ok(())
     }
 
+    /// Where the GPU's kernels read these rows: the page-locked copy, or the registered
+    /// memory they are a view of.
+    #[cfg(feature = "cuda")]
+    fn source(&self) -> Result<cuda::Source<'_>> {
+        match &self.mem {
+            HostMem::Mapped(m) => Ok(cuda::Source::Mapped(m)),
+            HostMem::Shared { host, at } => {
+                let registered = host.registered.as_ref().ok_or_else(|| {
+                    candle_core::Error::Msg("host rows: shared memory not registered with the GPU".into())
+                })?;
+                Ok(cuda::Source::Registered { registered, at: *at, stored: self.stored })
+            }
+            HostMem::Plain(_) => candle_core::bail!("host rows: plain memory on a GPU"),
+        }
+    }
+
     /// Refuses a tail that does not continue these rows; its rows per head.
     fn check_tail(&self, t: &Tensor) -> Result<usize> {
         let (th, tn, td) = t.dims3()?;
@@ -317,17 +333,7 @@ impl HostRows {
         if self.device.is_cuda() {
             let tail = tail.map(|t| t.contiguous()).transpose()?;
             let dims = (ih, sel, group, self.n, tail_n, self.d);
-            return match &self.mem {
-                HostMem::Mapped(m) => cuda::gather(cuda::Source::Mapped(m), tail.as_ref(), idx, dims, self.dtype),
-                HostMem::Shared { host, at } => {
-                    let registered = host.registered.as_ref().ok_or_else(|| {
-                        candle_core::Error::Msg("host rows: shared memory not registered with the GPU".into())
-                    })?;
-                    let source = cuda::Source::Registered { registered, at: *at, stored: self.stored };
-                    cuda::gather(source, tail.as_ref(), idx, dims, self.dtype)
-                }
-                HostMem::Plain(_) => candle_core::bail!("host rows: plain memory on a GPU"),
-            };
+            return cuda::gather(self.source()?, tail.as_ref(), idx, dims, self.dtype);
         }
         let idx_v: Vec<u32> = idx.flatten_all()?.to_vec1()?;
         let view = self.host()?;
@@ -387,17 +393,7 @@ impl HostRows {
             let tail = tail.map(|t| t.contiguous()).transpose()?;
             let q = q.to_dtype(DType::F32)?.contiguous()?;
             let rows = (group, self.n, tail_n, d);
-            let source = match &self.mem {
-                HostMem::Mapped(m) => cuda::Source::Mapped(m),
-                HostMem::Shared { host, at } => {
-                    let registered = host.registered.as_ref().ok_or_else(|| {
-                        candle_core::Error::Msg("host rows: shared memory not registered with the GPU".into())
-                    })?;
-                    cuda::Source::Registered { registered, at: *at, stored: self.stored }
-                }
-                HostMem::Plain(_) => candle_core::bail!("host rows: plain memory on a GPU"),
-            };
-            let (idx, pending) = cuda::search(source, tail.as_ref(), &q, rows, self.dtype, plan, ahead)?;
+            let (idx, pending) = cuda::search(self.source()?, tail.as_ref(), &q, rows, self.dtype, plan, ahead)?;
             return Ok(crate::blocks::Found::queued(idx, pending));
         }
         // Round by round (or on the CPU) the search runs in the device's order: nothing to queue.
