@@ -61,3 +61,26 @@ extern "C" __global__ void merge_heads_bf16(const __nv_bfloat16* __restrict__ a,
     const uint4 x = *reinterpret_cast<const uint4*>(a + ((size_t)h * t + i) * hd + c * VEC);
     *reinterpret_cast<uint4*>(out + (size_t)v * VEC) = x;
 }
+
+// A decode step's new row into per-query-head buffers: dst[h][slot][c] = src[h / group][c] for
+// h < gridDim.x, c < d; `src` is the row of a [kv_heads][t][d] tensor at any strides (its
+// head stride `src_head`, a row's values contiguous), dst a contiguous [heads][cap][d]. T: the
+// dtype's bits (a copy moves them as they are). One launch for K or V instead of candle's
+// contiguous copy, broadcast copy and slice copy.
+template <typename T>
+__device__ __forceinline__ void place_row(const T* __restrict__ src, T* __restrict__ dst, long long src_head, int cap,
+                                          int slot, int d, int group) {
+    const int h = blockIdx.x;
+    const T* from = src + (long long)(h / group) * src_head;
+    T* to = dst + ((size_t)h * cap + slot) * d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) to[c] = from[c];
+}
+
+extern "C" __global__ void place_row_16(const uint16_t* src, uint16_t* dst, long long src_head, int cap, int slot,
+                                        int d, int group) {
+    place_row(src, dst, src_head, cap, slot, d, group);
+}
+extern "C" __global__ void place_row_32(const uint32_t* src, uint32_t* dst, long long src_head, int cap, int slot,
+                                        int d, int group) {
+    place_row(src, dst, src_head, cap, slot, d, group);
+}

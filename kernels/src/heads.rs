@@ -1,6 +1,7 @@
 //! A projection's output as attention heads: `[t, n * hd]` plus the projection's bias, if any,
 //! to `[n, t, hd]` ([`split`]), and attention's heads back as rows for the output projection
-//! ([`merge`]), each in one pass on CUDA.
+//! ([`merge`]), each in one pass on CUDA; and a decode step's new K or V row into per-query-head
+//! buffers ([`place_row`]), in one launch.
 //!
 //! Why: every layer of a prefill does this to Q, K and V, and back to its attention output.
 //! candle adds the bias in one pass and moves the heads in another, through its general strided
@@ -60,12 +61,47 @@ pub fn merge_reference(a: &Tensor) -> Result<Tensor> {
     a.transpose(0, 1)?.reshape((t, n * hd))
 }
 
+/// Writes row `row` of `src [kv_heads, t, d]` (any strides, a row's values contiguous) to slot
+/// `slot` of `dst [kv_heads · group, cap, d]` (contiguous, same dtype and device), KV head `h`'s
+/// row to query heads `h · group ..`: a decode step's new row into buffers kept per query head
+/// (HiP's kept rows) or per KV head (`group` 1: a streaming ring). On CUDA one launch (candle's
+/// way is three copies: the row made contiguous, broadcast over the group, set into the slot).
+pub fn place_row(dst: &Tensor, src: &Tensor, row: usize, slot: usize, group: usize) -> Result<()> {
+    let (heads, cap, d) = dst.dims3()?;
+    let (kv_heads, t, sd) = src.dims3()?;
+    if group == 0 || heads != kv_heads * group || sd != d || row >= t || slot >= cap || src.dtype() != dst.dtype() {
+        candle_core::bail!(
+            "place row: row {row} of {:?} into slot {slot} of {:?} ({:?}, {:?}), group {group}",
+            src.dims(),
+            dst.dims(),
+            src.dtype(),
+            dst.dtype()
+        );
+    }
+    #[cfg(feature = "cuda")]
+    if dst.device().is_cuda() && dst.is_contiguous() && src.layout().stride()[2] == 1 {
+        let width = dst.dtype().size_in_bytes();
+        if width == 2 || width == 4 {
+            let op = cuda::PlaceRow { row, slot, group, width };
+            return dst.inplace_op2(src, &op);
+        }
+    }
+    place_row_reference(dst, src, row, slot, group)
+}
+
+/// candle's ops for [`place_row`]: what the kernel is held to, and what every other case runs.
+pub fn place_row_reference(dst: &Tensor, src: &Tensor, row: usize, slot: usize, group: usize) -> Result<()> {
+    let (kv_heads, _, d) = src.dims3()?;
+    let one = src.narrow(1, row, 1)?.unsqueeze(1)?.broadcast_as((kv_heads, group, 1, d))?;
+    dst.slice_set(&one.reshape((kv_heads * group, 1, d))?.contiguous()?, 1, slot)
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::backend::BackendStorage;
     use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::cuda::WrapErr;
-    use candle_core::{CudaStorage, Layout, Result, Shape};
+    use candle_core::{CpuStorage, CudaStorage, InplaceOp2, Layout, Result, Shape};
 
     use crate::cuda_op::{CudaOp1, CudaOp2};
 
@@ -164,6 +200,65 @@ mod cuda {
 
         fn cuda_fwd(&self, y: &CudaStorage, yl: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
             self.launch((y, yl), Some((b, bl)))
+        }
+    }
+
+    /// [`super::place_row`]'s launch: `width` bytes a value, copied as they are.
+    pub struct PlaceRow {
+        pub row: usize,
+        pub slot: usize,
+        pub group: usize,
+        pub width: usize,
+    }
+
+    impl InplaceOp2 for PlaceRow {
+        fn name(&self) -> &'static str {
+            "folio-place-row"
+        }
+
+        fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<()> {
+            candle_core::bail!("place row runs on CUDA only: on the CPU its caller runs the reference")
+        }
+
+        fn cuda_fwd(&self, dst: &mut CudaStorage, dl: &Layout, src: &CudaStorage, sl: &Layout) -> Result<()> {
+            let (heads, cap, d) = dl.shape().dims3()?;
+            let head_stride = sl.stride()[0];
+            let from = sl.start_offset() + self.row * sl.stride()[1];
+            let ints = [cap, self.slot, d, self.group];
+            if ints.iter().any(|&x| x > i32::MAX as usize) {
+                candle_core::bail!("place row: sizes past the kernel's i32 arguments");
+            }
+            let ints = ints.map(|x| x as i32);
+            let dev = dst.device().clone();
+            let cfg = LaunchConfig {
+                grid_dim: (heads as u32, 1, 1),
+                block_dim: (d.min(THREADS) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            macro_rules! run {
+                ($t:ty, $name:expr) => {{
+                    let s = src.as_cuda_slice::<$t>()?.slice(from..);
+                    let o = dst.as_cuda_slice_mut::<$t>()?;
+                    let mut o = o.slice_mut(dl.start_offset()..);
+                    let func = dev.get_or_load_custom_func($name, MODULE, PTX)?;
+                    let mut b = func.builder();
+                    let stride = head_stride as i64;
+                    b.arg(&s).arg(&mut o).arg(&stride);
+                    for x in &ints {
+                        b.arg(x);
+                    }
+                    // SAFETY: src holds heads / group rows of d values `head_stride` apart from
+                    // `from`; dst is a contiguous [heads, cap, d] with slot < cap.
+                    unsafe { b.launch(cfg) }.w()?;
+                }};
+            }
+            match (self.width, dst.dtype()) {
+                (2, candle_core::DType::BF16) => run!(half::bf16, "place_row_16"),
+                (2, candle_core::DType::F16) => run!(half::f16, "place_row_16"),
+                (4, candle_core::DType::F32) => run!(f32, "place_row_32"),
+                (_, other) => candle_core::bail!("place row: {other:?} values"),
+            }
+            Ok(())
         }
     }
 }

@@ -85,3 +85,46 @@ fn merge_matches_reference(device: &Device) -> Result<()> {
 }
 
 test_device!(merge_matches_reference, merge_matches_reference_cpu, merge_matches_reference_cuda);
+
+/// A new row placed into per-query-head buffers equals candle's three copies and the definition
+/// (`dst[h][slot] = src[h / group][row]`, every other value untouched), bit for bit: rows of a
+/// strided view (a segment's row, as the offloaded tail holds it), groups of 1 and 7, bf16 and
+/// f32; a slot or row out of range is an error.
+fn place_row_matches_reference(device: &Device) -> Result<()> {
+    use folio_kernels::heads::{place_row, place_row_reference};
+    let seed = common::seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for (kv_heads, group, len, cap, d, dtype) in
+        [(4, 7, 9, 20, 128, DType::BF16), (2, 1, 5, 6, 64, DType::F32), (3, 2, 1, 3, 12, DType::BF16)]
+    {
+        let heads = kv_heads * group;
+        let draw = |rng: &mut StdRng, n: usize| -> Result<Tensor> {
+            Tensor::from_vec((0..n).map(|_| rng.random_range(-3f32..3.0)).collect::<Vec<_>>(), n, device)?
+                .to_dtype(dtype)
+        };
+        // The source: rows 2.. of a wider segment, so its head stride is not len · d.
+        let segment = draw(&mut rng, kv_heads * (len + 2) * d)?.reshape((kv_heads, len + 2, d))?;
+        let src = segment.narrow(1, 2, len)?;
+        let start = draw(&mut rng, heads * cap * d)?.reshape((heads, cap, d))?;
+        let (row, slot) = (len - 1, cap / 2);
+        let (fast, slow) = (start.copy()?, start.copy()?);
+        place_row(&fast, &src, row, slot, group)?;
+        place_row_reference(&slow, &src, row, slot, group)?;
+        let values = |t: &Tensor| -> Result<Vec<f32>> { t.to_dtype(DType::F32)?.flatten_all()?.to_vec1() };
+        let (got, want, before, s) = (values(&fast)?, values(&slow)?, values(&start)?, values(&src.contiguous()?)?);
+        assert!(got == want, "seed {seed}: {dtype:?} group {group}: differs from candle's copies");
+        for h in 0..heads {
+            for j in 0..cap {
+                for c in 0..d {
+                    let at = (h * cap + j) * d + c;
+                    let expect = if j == slot { s[((h / group) * len + row) * d + c] } else { before[at] };
+                    assert!(got[at] == expect, "seed {seed}: {dtype:?} head {h} slot {j} channel {c}");
+                }
+            }
+        }
+        assert!(place_row(&fast, &src, len, 0, group).is_err() && place_row(&fast, &src, 0, cap, group).is_err());
+    }
+    Ok(())
+}
+
+test_device!(place_row_matches_reference, place_row_cpu, place_row_cuda);

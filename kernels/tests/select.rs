@@ -450,3 +450,163 @@ fn search_blocks_matches_rounds(device: &Device) -> Result<()> {
 }
 
 test_device!(search_blocks_matches_rounds, search_blocks_cpu, search_blocks_cuda);
+
+/// Bucket lists laid out as MagicPIG's index lays them: per table, the keys sorted by (code, key)
+/// as offsets within their segment (`members`, u16), and where each (code, segment) run starts
+/// (`starts`, u32, at `code · segments + segment`), from each key's code in each table.
+fn bucket_lists(codes: &[Vec<u32>], n: usize, bits: usize) -> (Vec<u8>, Vec<u8>) {
+    let (seg, segs) = (select::lsh::SEGMENT_KEYS, select::lsh::segments(n));
+    let (mut members, mut starts) = (Vec::new(), Vec::new());
+    for table in codes {
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| (table[i], i));
+        let mut at = vec![0u32; (1 << bits) * segs + 1];
+        for i in 0..n {
+            at[table[i] as usize * segs + i / seg + 1] += 1;
+        }
+        for r in 1..at.len() {
+            at[r] += at[r - 1];
+        }
+        members.extend(order.iter().flat_map(|&i| ((i % seg) as u16).to_ne_bytes()));
+        starts.extend(at.iter().flat_map(|x| x.to_ne_bytes()));
+    }
+    (members, starts)
+}
+
+/// MagicPIG's sample where the device runs it (`select::lsh`): the walk finds exactly the keys
+/// whose code equals the query head's in two tables or more, from `skip` on, counted from each
+/// key's own codes (three segments of keys, the last partial; some heads sharing a KV head's
+/// lists); the attention over it equals the softmax of `scale·q·k + bias(cos)` in f64 over the
+/// stored rows, read from a registered view (bf16) and from page-locked rows (f32); an empty
+/// sample gives zeros and an LSE of −∞.
+fn lsh_sample_matches_definition(device: &Device) -> Result<()> {
+    use select::lsh;
+    let seed = common::seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (kv_heads, group, d, bits, tables) = (2, 3, 64, 5, 10);
+    let heads = kv_heads * group;
+    let n = 2 * lsh::SEGMENT_KEYS + 1000;
+    let (first, rows) = (5, 5 + n + 7);
+    let mut key_codes = Vec::new();
+    let mut lists = Vec::new();
+    for _ in 0..kv_heads {
+        let codes: Vec<Vec<u32>> =
+            (0..tables).map(|_| (0..n).map(|_| rng.random_range(0..1u32 << bits)).collect()).collect();
+        let (members, starts) = bucket_lists(&codes, n, bits);
+        let share = |b: &[u8]| SharedHost::new(device, Arc::new(PageAligned::new(b)));
+        lists.push((share(&members)?, share(&starts)?));
+        key_codes.push(codes);
+    }
+    let index = lsh::Tables::new(device, lists, (n, bits, tables))?;
+    let qc: Vec<u32> = (0..heads * tables).map(|_| rng.random_range(0..1u32 << bits)).collect();
+    let codes = Tensor::from_vec(qc.clone(), (heads, tables), device)?;
+    let want = |skip: usize| -> Vec<Vec<u32>> {
+        (0..heads)
+            .map(|h| {
+                let collide =
+                    |i: usize| (0..tables).filter(|&l| key_codes[h / group][l][i] == qc[h * tables + l]).count();
+                (skip..n).filter(|&i| collide(i) >= 2).map(|i| (first + i) as u32).collect()
+            })
+            .collect()
+    };
+    for skip in [0, 70_000, n] {
+        let got = index.walk(&codes, group, (first, skip))?.positions()?;
+        assert!(got == want(skip), "seed {seed}: skip {skip}: the walk's sample differs");
+    }
+    assert!(want(0).iter().all(|p| p.len() > 1000), "seed {seed}: samples this size exercise every warp");
+
+    // The attention, over the walk's sample and an empty one.
+    let (steps, scale) = (64, 0.125f32);
+    let table: Vec<f32> = (0..=steps).map(|_| rng.random_range(-3f32..3.0)).collect();
+    let norms: Vec<f32> =
+        (0..kv_heads * n).map(|i| if i % 997 == 0 { 0.0 } else { rng.random_range(0.1f32..3.0) }).collect();
+    let weights_t = Tensor::from_vec([table.clone(), norms.clone()].concat(), steps + 1 + kv_heads * n, device)?;
+    let weights = lsh::Weights { table_and_norms: &weights_t, steps, first, n };
+    for (dtype, view) in [(DType::BF16, true), (DType::F32, false)] {
+        let draw = |rng: &mut StdRng| -> Result<Vec<f32>> {
+            Tensor::from_vec(random(rng, kv_heads * rows * d, 1.0), kv_heads * rows * d, &Device::Cpu)?
+                .to_dtype(dtype)?
+                .to_dtype(DType::F32)?
+                .to_vec1()
+        };
+        let (k, v) = (draw(&mut rng)?, draw(&mut rng)?);
+        let host = |x: &[f32]| -> Result<HostRows> {
+            if view {
+                let (section, stored, _) = stored_section(x, d, dtype);
+                let mut bytes = vec![0u8; PageAligned::PAGE];
+                bytes.extend(&section);
+                let shared = SharedHost::new(device, Arc::new(PageAligned::new(&bytes)))?;
+                HostRows::view(device, &shared, PageAligned::PAGE, stored, (kv_heads, rows, d), dtype)
+            } else {
+                let mut host = HostRows::new(device, dtype, kv_heads, rows, d)?;
+                host.write(0, &Tensor::from_slice(x, (kv_heads, rows, d), device)?.to_dtype(dtype)?)?;
+                Ok(host)
+            }
+        };
+        let (hk, hv) = (host(&k)?, host(&v)?);
+        let q = random(&mut rng, heads * d, 1.0);
+        let means = random(&mut rng, heads, 2.0);
+        let query: Vec<f32> = (0..heads)
+            .flat_map(|h| {
+                let q = &q[h * d..(h + 1) * d];
+                let norm = q.iter().map(|x| x * x).sum::<f32>().sqrt();
+                q.iter().copied().chain([norm, means[h]]).collect::<Vec<_>>()
+            })
+            .collect();
+        let query_t = Tensor::from_vec(query.clone(), (heads, d + 2), device)?;
+        for skip in [0, n] {
+            let sample = index.walk(&codes, group, (first, skip))?;
+            let (out, lse) = lsh::attend(&query_t, &sample, (&hk, &hv), &weights, scale)?;
+            let (out, lse): (Vec<f32>, Vec<f32>) = (out.flatten_all()?.to_vec1()?, lse.to_vec1()?);
+            for (h, pick) in want(skip).iter().enumerate() {
+                let kvh = h / group;
+                let row = |p: u32| (kvh * rows + p as usize) * d;
+                let qh = &query[h * (d + 2)..(h + 1) * (d + 2)];
+                let logits: Vec<f64> = pick
+                    .iter()
+                    .map(|&p| {
+                        let at = row(p);
+                        let qk: f64 = (0..d).map(|c| qh[c] as f64 * k[at + c] as f64).sum();
+                        let kn = norms[kvh * n + p as usize - first].max(f32::MIN_POSITIVE) as f64;
+                        let cos = (qk - qh[d + 1] as f64) / (qh[d] as f64 * kn);
+                        scale as f64 * qk + lsh::interpolate(&table, cos as f32) as f64
+                    })
+                    .collect();
+                let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let got = &out[h * d..(h + 1) * d];
+                if pick.is_empty() {
+                    assert!(
+                        got.iter().all(|&x| x == 0.0) && lse[h] == f32::NEG_INFINITY,
+                        "seed {seed}: empty head {h}"
+                    );
+                    continue;
+                }
+                let sum: f64 = logits.iter().map(|z| (z - max).exp()).sum();
+                for c in 0..d {
+                    let o: f64 =
+                        pick.iter().zip(&logits).map(|(&p, z)| (z - max).exp() * v[row(p) + c] as f64).sum::<f64>()
+                            / sum;
+                    assert!(
+                        (got[c] as f64 - o).abs() < 1e-4,
+                        "seed {seed}: {dtype:?} head {h} channel {c}: {} vs {o}",
+                        got[c]
+                    );
+                }
+                let l = max + sum.ln();
+                assert!(
+                    (lse[h] as f64 - l).abs() < 1e-4 * l.abs().max(1.0),
+                    "seed {seed}: {dtype:?} head {h}: lse {} vs {l}",
+                    lse[h]
+                );
+            }
+        }
+    }
+    // The bias's interpolation: the table at its sample points, halfway between two in between.
+    let (a, b) = (lsh::interpolate(&table, -1.0), lsh::interpolate(&table, 1.0));
+    assert!(a == table[0] && (b - table[steps]).abs() < 1e-6, "the ends");
+    let mid = lsh::interpolate(&table, -1.0 + 2.0 * 10.5 / steps as f32);
+    assert!((mid - (table[10] + table[11]) / 2.0).abs() < 1e-5, "halfway: {mid}");
+    Ok(())
+}
+
+test_device!(lsh_sample_matches_definition, lsh_sample_cpu, lsh_sample_cuda);

@@ -416,7 +416,8 @@ impl DecodeTier for OffloadKv {
             .pop()
             .ok_or_else(|| Error::Invalid(format!("no row {pos} in layer {layer}'s tail")))?;
         let at = pos - seg.start;
-        Ok((seg.k.narrow(1, at, 1)?.contiguous()?, seg.v.narrow(1, at, 1)?.contiguous()?))
+        // Views of the segment: the callers place the row with one launch each, strides and all.
+        Ok((seg.k.narrow(1, at, 1)?, seg.v.narrow(1, at, 1)?))
     }
 
     /// The saved keys read in chunks over the link, the tail's on the device.

@@ -84,7 +84,8 @@ pub trait DecodeTier {
     /// Exact attention of a call over every key it sees, in the query's dtype.
     fn dense(&self, call: &AttnCall<'_>) -> Result<Tensor>;
     /// K and V `[kv_heads, 1, d]` of position `pos` of every KV head (a decode step's own row,
-    /// for a method that caches rows on the device: BUZZ, HiP, streaming).
+    /// for a method that caches rows on the device: BUZZ, HiP, streaming), possibly a view of
+    /// a larger tensor (any strides; [`folio_kernels::heads::place_row`] takes it as it is).
     fn row(&self, layer: usize, pos: usize) -> Result<(Tensor, Tensor)> {
         gather_row(self, layer, pos)
     }

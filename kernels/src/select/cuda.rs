@@ -10,7 +10,7 @@ use candle_core::cuda::{CudaDevice, DeviceId, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result, Shape, Tensor};
 
 use super::Stored;
-use crate::cuda_op::{CudaOnly, CudaOp1, CudaOp2};
+use crate::cuda_op::{CudaOnly, CudaOp1, CudaOp2, CudaOp3};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/select.ptx"));
 const MODULE: &str = "folio_select";
@@ -550,7 +550,7 @@ fn side_stream(dev: &CudaDevice) -> Result<Arc<CudaStream>> {
 /// space (`cuMemHostRegister`, read-only): a context file's mapping, read by the gather
 /// without a copy.
 pub struct Registered {
-    ptr: u64,
+    pub(super) ptr: u64,
     host: usize,
     ctx: std::sync::Arc<candle_core::cuda::cudarc::driver::CudaContext>,
 }
@@ -586,5 +586,155 @@ impl Drop for Registered {
         let _ = self.ctx.synchronize();
         // SAFETY: registered in `new`, unregistered once.
         unsafe { sys::cuMemHostUnregister(self.host as *mut std::ffi::c_void) };
+    }
+}
+
+const LSH_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/lsh.ptx"));
+const LSH_MODULE: &str = "folio_lsh";
+/// Threads of a walk block (WALK_THREADS in lsh.cu) and warps of an attention block
+/// (ATTEND_WARPS).
+const WALK_THREADS: u32 = 512;
+const ATTEND_WARPS: usize = 8;
+/// Attention blocks per query head: with 8 warps each, 64 picks in flight a head (each two rows
+/// over the host link), ~1,800 for a 28-head layer — well past what the link's latency needs
+/// (~100 KB in flight at 50 GB/s and 2 µs) — and 64 partials a head for the merge.
+const ATTEND_BLOCKS: usize = 8;
+
+/// MagicPIG's table walk (`lsh_walk`): `codes [heads, tables]` u32, `addresses [2 · kv_heads]`
+/// the lists' device addresses; `(n, bits, group, first, skip)`. The sample's buffer (see
+/// `lsh::Sample`).
+pub(super) fn lsh_walk(
+    codes: &Tensor,
+    addresses: &Tensor,
+    dims: (usize, usize, usize, usize, usize),
+) -> Result<Tensor> {
+    codes.apply_op2_no_bwd(addresses, &CudaOnly(LshWalk { dims }))
+}
+
+struct LshWalk {
+    dims: (usize, usize, usize, usize, usize),
+}
+
+impl CudaOp2 for LshWalk {
+    const NAME: &'static str = "folio-lsh-walk";
+
+    fn cuda_fwd(
+        &self,
+        codes: &CudaStorage,
+        cl: &Layout,
+        at: &CudaStorage,
+        al: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (n, bits, group, first, skip) = self.dims;
+        let (heads, tables) = cl.shape().dims2()?;
+        let segs = super::lsh::segments(n);
+        let dev = codes.device();
+        let codes_s = codes.as_cuda_slice::<u32>()?.slice(cl.start_offset()..);
+        let at_s = at.as_cuda_slice::<i64>()?.slice(al.start_offset()..);
+        let cap = heads * segs * super::lsh::SEGMENT_KEYS;
+        // SAFETY: the kernel writes every count, and each slot's picks up to its count (only
+        // those are read).
+        let out = unsafe { dev.alloc::<u32>(cap + heads * segs)? };
+        {
+            let (picks, counts) = (out.slice(..cap), out.slice(cap..));
+            let kvh = heads / group;
+            let (members, starts) = (at_s.slice(..kvh), at_s.slice(kvh..));
+            let ints = [n, segs, tables, bits, group, first, skip.min(n)];
+            if ints.iter().any(|&x| x > i32::MAX as usize) {
+                candle_core::bail!("lsh walk: sizes past the kernel's i32 arguments");
+            }
+            let ints = ints.map(|x| x as i32);
+            let f = dev.get_or_load_custom_func("lsh_walk", LSH_MODULE, LSH_PTX)?;
+            let mut b = f.builder();
+            b.arg(&members).arg(&starts).arg(&codes_s).arg(&picks).arg(&counts);
+            for x in &ints {
+                b.arg(x);
+            }
+            let cfg = LaunchConfig {
+                grid_dim: (segs as u32, heads as u32, 1),
+                block_dim: (WALK_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: codes hold heads × tables u32 (tables ≤ MAX_TABLES, segs ≤ MAX_SEGS:
+            // `lsh::Tables::new`); the lists are registered and hold what the tables say.
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), Shape::from(cap + heads * segs)))
+    }
+}
+
+/// The attention over a walk's sample (`lsh_attend_*`): `query [heads, d + 2]` f32, the
+/// sample's buffer, K and V where they lie (each read as stored: f32 or bf16), the weights
+/// (bias table, then norms); `dims = (heads, segments, d, rows, group, first, n, steps)`.
+/// `(out [heads, d], lse [heads])` f32.
+pub(super) fn lsh_attend(
+    query: &Tensor,
+    sample: &Tensor,
+    (k, v): (Source<'_>, Source<'_>),
+    (k_dtype, v_dtype): (DType, DType),
+    weights: &Tensor,
+    dims: (usize, usize, usize, usize, usize, usize, usize, usize),
+    scale: f32,
+) -> Result<(Tensor, Tensor)> {
+    let candle_core::Device::Cuda(dev) = query.device() else { candle_core::bail!("lsh attend: query not on the GPU") };
+    let stream = dev.cuda_stream();
+    let ((k_src, _, k_stored), (v_src, _, v_stored)) = (k.address(k_dtype)?, v.address(v_dtype)?);
+    let stored = match (k_stored, v_stored) {
+        (Stored::Bf16, Stored::Bf16) => Stored::Bf16,
+        (Stored::F32, Stored::F32) => Stored::F32,
+        other => candle_core::bail!("lsh attend: K and V stored as {other:?} (f32 or bf16, both alike, on the GPU)"),
+    };
+    let (heads, d) = (dims.0, dims.2);
+    let op = CudaOnly(LshAttend { src: (k_src, v_src), stored, dims, scale });
+    let both =
+        k.ordered(&stream, || v.ordered(&stream, || query.apply_op3_no_bwd(sample, &weights.contiguous()?, &op)))?;
+    Ok((both.narrow(0, 0, heads * d)?.reshape((heads, d))?, both.narrow(0, heads * d, heads)?))
+}
+
+struct LshAttend {
+    src: (u64, u64),
+    stored: Stored,
+    dims: (usize, usize, usize, usize, usize, usize, usize, usize),
+    scale: f32,
+}
+
+impl CudaOp3 for LshAttend {
+    const NAME: &'static str = "folio-lsh-attend";
+
+    fn cuda_fwd(&self, [(q, ql), (s, sl), (w, wl)]: [(&CudaStorage, &Layout); 3]) -> Result<(CudaStorage, Shape)> {
+        let (heads, segs, d, rows, group, first, n, steps) = self.dims;
+        let dev = q.device();
+        let q_s = q.as_cuda_slice::<f32>()?.slice(ql.start_offset()..);
+        let s_s = s.as_cuda_slice::<u32>()?.slice(sl.start_offset()..);
+        let w_s = w.as_cuda_slice::<f32>()?.slice(wl.start_offset()..);
+        let chunks = ATTEND_BLOCKS * ATTEND_WARPS;
+        // SAFETY: every warp writes its partial, empty or not.
+        let part = unsafe { dev.alloc::<f32>(heads * chunks * (d + 2))? };
+        let kernel = match self.stored {
+            Stored::Bf16 => "lsh_attend_bf16",
+            _ => "lsh_attend_f32",
+        };
+        let ints = [segs, d, rows, group, first, n, steps];
+        if ints.iter().any(|&x| x > i32::MAX as usize) {
+            candle_core::bail!("lsh attend: sizes past the kernel's i32 arguments");
+        }
+        let ints = ints.map(|x| x as i32);
+        let f = dev.get_or_load_custom_func(kernel, LSH_MODULE, LSH_PTX)?;
+        let mut b = f.builder();
+        b.arg(&self.src.0).arg(&self.src.1).arg(&q_s).arg(&s_s).arg(&w_s).arg(&part);
+        for x in &ints {
+            b.arg(x);
+        }
+        b.arg(&self.scale);
+        let cfg = LaunchConfig {
+            grid_dim: (ATTEND_BLOCKS as u32, heads as u32, 1),
+            block_dim: (32 * ATTEND_WARPS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the sample's positions are first..first + n ≤ rows (checked by `lsh::attend`)
+        // of heads / group KV heads of d values; query holds heads × (d + 2) f32, the weights
+        // steps + 1 + kv_heads × n.
+        unsafe { b.launch(cfg) }.w()?;
+        crate::sparse::cuda::merge_partials(dev, part, heads, chunks, d)
     }
 }

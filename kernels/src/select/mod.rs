@@ -28,6 +28,7 @@ use candle_core::{DType, Device, Result, Tensor};
 pub mod reference;
 
 mod host;
+pub mod lsh;
 pub use host::{attend_partial, merge_partials, prefetch_lines, Partial};
 
 /// Positions `[rows, min(k, n)]` u32 of the `k` largest scores of each row of `scores [rows, n]`
@@ -139,6 +140,15 @@ impl SharedHost {
         (*self.owner).as_ref()
     }
 
+    /// The memory's address in the device's address space (registered memory only).
+    #[cfg(feature = "cuda")]
+    fn device_address(&self) -> Result<u64> {
+        match &self.registered {
+            Some(r) => Ok(r.ptr),
+            None => candle_core::bail!("shared host memory is not registered with a GPU"),
+        }
+    }
+
     /// Whether the memory is registered with a GPU (else it serves the CPU).
     pub fn registered(&self) -> bool {
         #[cfg(feature = "cuda")]
@@ -220,6 +230,11 @@ impl HostRows {
         }
         let mem = HostMem::Shared { host: host.clone(), at };
         Ok(Self { heads, n, d, dtype, stored, device: device.clone(), mem })
+    }
+
+    /// How the rows are stored.
+    pub fn stored(&self) -> Stored {
+        self.stored
     }
 
     /// Bytes of host memory the rows take (a view's: the section's).

@@ -204,4 +204,4 @@ pub fn simhash_codes(x: &Tensor, w: &Tensor, bits: usize, tables: usize) -> Resu
 }
 
 #[cfg(feature = "cuda")]
-mod cuda;
+pub(crate) mod cuda;

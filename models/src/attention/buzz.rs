@@ -24,7 +24,7 @@
 //! (Remark 2), not once per forward as the authors' code; a long question is evicted at once.
 
 use candle_core::{DType, Device, Tensor};
-use folio_kernels::sparse;
+use folio_kernels::{heads, sparse};
 
 use std::collections::HashMap;
 
@@ -206,8 +206,8 @@ impl DeviceRows {
         if self.len == self.capacity() {
             self.reserve(self.len + ROW_SLACK.max(self.len / 8))?;
         }
-        self.k.slice_set(k, 1, self.len)?;
-        self.v.slice_set(v, 1, self.len)?;
+        heads::place_row(&self.k, k, 0, self.len, 1)?;
+        heads::place_row(&self.v, v, 0, self.len, 1)?;
         self.pos.slice_set(pos, 1, self.len)?;
         self.len += 1;
         Ok(())

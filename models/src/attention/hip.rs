@@ -38,7 +38,7 @@
 
 use candle_core::Tensor;
 use folio_kernels::blocks::{self, Found};
-use folio_kernels::sparse;
+use folio_kernels::{heads, sparse};
 
 use super::cost::{CostInput, StepCost};
 use super::registry::Tiers;
@@ -443,13 +443,11 @@ impl Hip {
         // head's row copied to its query heads' buffers.
         let group = heads / kv.kv_heads();
         for p in next..hi {
-            let (k, v) = span(&dev, "attention: gather", || kv.row(call.kv_layer, p))?;
-            let per_head = |x: Tensor| -> Result<Tensor> {
-                let (kvh, _, d) = x.dims3()?;
-                Ok(x.unsqueeze(1)?.broadcast_as((kvh, group, 1, d))?.reshape((heads, 1, d))?)
-            };
-            kept.k.slice_set(&per_head(k)?, 1, kept.filled)?;
-            kept.v.slice_set(&per_head(v)?, 1, kept.filled)?;
+            span(&dev, "attention: gather", || {
+                let (k, v) = kv.row(call.kv_layer, p)?;
+                heads::place_row(&kept.k, &k, 0, kept.filled, group)?;
+                Ok(heads::place_row(&kept.v, &v, 0, kept.filled, group)?)
+            })?;
             kept.filled += 1;
         }
         let (out, _lse) = span(&dev, "attention: kernel", || {

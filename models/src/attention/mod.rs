@@ -116,10 +116,26 @@ pub enum Read {
     PickedAndRange { idx: Tensor, range: (usize, usize) },
     /// The same ranges of positions for each of `heads` query heads (ascending, disjoint).
     Spans { heads: usize, spans: Vec<(usize, usize)> },
-    /// Per query head, the positions `picks[h]` a host-side sample read (ascending) between
-    /// positions every head read, `before` (each below any pick) and `after` (each above):
-    /// joined only when [`Read::rows`] asks (~2 ms a step at a million tokens otherwise).
-    Sampled { before: Vec<u32>, picks: Vec<Vec<u32>>, after: Vec<u32> },
+    /// Per query head, the positions `picks` a sample read (ascending) between positions every
+    /// head read, `before` (each below any pick) and `after` (each above): joined only when
+    /// [`Read::rows`] asks (~2 ms a step at a million tokens otherwise).
+    Sampled { before: Vec<u32>, picks: Drawn, after: Vec<u32> },
+}
+
+/// Per query head, the positions a sample read, ascending: drawn on the host, or still where a
+/// GPU drew them (copied to the host only when [`Read::rows`] asks).
+pub enum Drawn {
+    Host(Vec<Vec<u32>>),
+    Device(folio_kernels::select::lsh::Sample),
+}
+
+impl Drawn {
+    fn positions(&self) -> Result<std::borrow::Cow<'_, [Vec<u32>]>> {
+        Ok(match self {
+            Self::Host(picks) => std::borrow::Cow::Borrowed(picks),
+            Self::Device(sample) => std::borrow::Cow::Owned(sample.positions()?),
+        })
+    }
 }
 
 impl Read {
@@ -141,6 +157,7 @@ impl Read {
             }
             Self::Sampled { before, picks, after } => Some(std::borrow::Cow::Owned(
                 picks
+                    .positions()?
                     .iter()
                     .map(|pick| before.iter().chain(pick).chain(after).map(|&p| p as usize).collect())
                     .collect(),

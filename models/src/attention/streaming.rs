@@ -9,7 +9,7 @@
 //! step).
 
 use candle_core::Tensor;
-use folio_kernels::sparse;
+use folio_kernels::{heads, sparse};
 
 use super::cost::{per_kv_head, CostInput, StepCost};
 use super::registry::{budgeted, Budgeted};
@@ -136,10 +136,12 @@ impl Streaming {
         if keep {
             let ring = rings.get_mut(&call.layer).ok_or_else(|| crate::error::Error::Invalid("no ring".into()))?;
             for p in ring.next..hi {
-                let (k, v) = span(dev, "attention: gather", || kv.row(call.kv_layer, p))?;
                 let slot = ring.frame.slot(p);
-                ring.k.slice_set(&k, 1, slot)?;
-                ring.v.slice_set(&v, 1, slot)?;
+                span(dev, "attention: gather", || {
+                    let (k, v) = kv.row(call.kv_layer, p)?;
+                    heads::place_row(&ring.k, &k, 0, slot, 1)?;
+                    Ok(heads::place_row(&ring.v, &v, 0, slot, 1)?)
+                })?;
             }
             ring.next = hi;
             ring.frame.tail_start = frame.tail_start;

@@ -4,14 +4,15 @@
 //! section.
 
 use std::ops::Range;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rayon::prelude::*;
 
 use candle_core::{DType, Device, Tensor};
-use folio_kernels::{select, sparse};
+use folio_kernels::select::{self, lsh, SharedHost};
+use folio_kernels::sparse;
 
 use super::{collision_probability, sampling_probability, U_FLOOR};
 use crate::attention::select::{dot, LayerRows, SectionReader, SectionWriter};
@@ -34,16 +35,13 @@ pub(super) fn projection(d: usize, planes: usize, seed: u64) -> Vec<f32> {
 const WALK_AHEAD: usize = 8;
 
 /// Keys per segment of a bucket list, whose members are stored as 16-bit offsets within their
-/// segment.
-const SEGMENT_KEYS: usize = 1 << 16;
+/// segment: the device walk's layout too ([`lsh`]).
+const SEGMENT_KEYS: usize = lsh::SEGMENT_KEYS;
 
 /// 64-bit words of a one-bit-per-key set over a segment.
 const SEGMENT_WORDS: usize = SEGMENT_KEYS / 64;
 
-/// Segments of `n` indexed keys.
-pub(super) fn segments(n: usize) -> usize {
-    n.div_ceil(SEGMENT_KEYS).max(1)
-}
+pub(super) use lsh::segments;
 
 /// One KV head's tables over keys `first..first + n`.
 ///
@@ -59,10 +57,11 @@ pub(super) struct HeadTables {
     /// |k_i - mean| for each indexed key.
     pub(super) norms: Vec<f32>,
     /// `[tables][n]`: per table, the keys' offsets within their segment, sorted by (code, key).
-    pub(super) members: HugePages<u16>,
+    /// Shared: a GPU walks them in place ([`LayerIndex::on_device`]).
+    pub(super) members: Arc<HugePages<u16>>,
     /// `[tables][2^K · segments + 1]`: per table, where the run of code `c`, segment `s` starts
     /// in its members, at `c · segments + s` (the last entry `n`).
-    pub(super) starts: HugePages<u32>,
+    pub(super) starts: Arc<HugePages<u32>>,
     /// Tables, segments of keys, and run starts per table (`2^K · segments + 1`): the strides
     /// of the two maps, kept rather than divided out at every run the walk reads.
     tables: usize,
@@ -97,6 +96,13 @@ impl<T: bytemuck::Pod> std::ops::Deref for HugePages<T> {
     }
 }
 
+/// The bytes, for registering with a GPU ([`SharedHost`]).
+impl<T: bytemuck::Pod> AsRef<[u8]> for HugePages<T> {
+    fn as_ref(&self) -> &[u8] {
+        &self.map[..self.len * std::mem::size_of::<T>()]
+    }
+}
+
 impl<T: bytemuck::Pod> std::ops::DerefMut for HugePages<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         bytemuck::cast_slice_mut(&mut self.map[..self.len * std::mem::size_of::<T>()])
@@ -123,6 +129,7 @@ impl HeadTables {
         let segments = segments(norms.len());
         let per_table = (1 << bits) * segments + 1;
         debug_assert!(members.len() == tables * norms.len() && starts.len() == tables * per_table);
+        let (members, starts) = (Arc::new(members), Arc::new(starts));
         Self { mean, norms, members, starts, tables, segments, per_table }
     }
 
@@ -161,6 +168,17 @@ pub(super) struct LayerIndex {
     /// The logit bias as a function of the cosine, made on the fast path's first use (the
     /// reference never reads it; `None`: see [`BiasTable::new`]).
     bias: OnceLock<Option<BiasTable>>,
+    /// The index as a GPU walks it, made at its first device step ([`Self::on_device`]).
+    device: Mutex<Option<Arc<OnDevice>>>,
+}
+
+/// A layer's index where a GPU reads it: the bucket lists registered in place, and the bias
+/// table and the keys' norms on the device (`[table | norms of every KV head]`, f32: 16 MB a
+/// layer at a million keys and 4 KV heads).
+pub(super) struct OnDevice {
+    pub(super) tables: lsh::Tables,
+    pub(super) weights: Tensor,
+    pub(super) steps: usize,
 }
 
 impl LayerIndex {
@@ -273,7 +291,7 @@ impl LayerIndex {
                 Ok(HeadTables::new(mean, norms, (members, starts), bits, tables))
             })
             .collect::<Result<_>>()?;
-        Ok(Self { first, end, bits, tables, w, heads, bias: OnceLock::new() })
+        Ok(Self { first, end, bits, tables, w, heads, bias: OnceLock::new(), device: Mutex::new(None) })
     }
 
     /// The logit bias `−log(u + 1e-4)` of indexed key `i` (row `key`) sampled for query `q`
@@ -292,10 +310,54 @@ impl LayerIndex {
     /// [`BiasTable`]. Within [`BIAS_TABLE_ERROR`] of it, plus the rounding of the two sums.
     pub(super) fn logit_bias_from_dot(&self, (qk, q_mean): (f32, f32), q_norm: f32, k_norm: f32) -> f32 {
         let cos = (qk - q_mean) / (q_norm * k_norm.max(f32::MIN_POSITIVE));
-        match self.bias.get_or_init(|| BiasTable::new(self.bits, self.tables)) {
+        match self.bias_table() {
             Some(table) => table.get(cos),
             None => bias_of_cos(cos as f64, self.bits, self.tables),
         }
+    }
+
+    /// The bias table, made at its first use; `None` where it would be off by more than its
+    /// error ([`BiasTable::new`]).
+    fn bias_table(&self) -> Option<&BiasTable> {
+        self.bias.get_or_init(|| BiasTable::new(self.bits, self.tables)).as_ref()
+    }
+
+    /// The index as `device` (a GPU) walks it: registered, weights uploaded, at the first call;
+    /// `None` without a bias table (a (K, L) whose bias the fast paths compute exactly, on the
+    /// CPU).
+    pub(super) fn on_device(&self, device: &Device) -> Result<Option<Arc<OnDevice>>> {
+        let Some(bias) = self.bias_table() else { return Ok(None) };
+        let mut slot = self.device.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(on) = slot.as_ref().filter(|on| on.weights.device().same_device(device)) {
+            return Ok(Some(on.clone()));
+        }
+        let share = |owner: Arc<dyn AsRef<[u8]> + Send + Sync>| SharedHost::new(device, owner);
+        let lists = self
+            .heads
+            .iter()
+            .map(|h| Ok((share(h.members.clone())?, share(h.starts.clone())?)))
+            .collect::<Result<Vec<_>>>()?;
+        let n = self.end - self.first;
+        let tables = lsh::Tables::new(device, lists, (n, self.bits, self.tables))?;
+        let weights: Vec<f32> = bias.0.iter().chain(self.heads.iter().flat_map(|h| h.norms.iter())).copied().collect();
+        let weights = Tensor::from_vec(weights, bias.0.len() + self.heads.len() * n, device)?;
+        let on = Arc::new(OnDevice { tables, weights, steps: BIAS_TABLE_STEPS });
+        *slot = Some(on.clone());
+        Ok(Some(on))
+    }
+
+    /// Bucket-list entries a walk for codes `qc` reads in KV head `head`'s tables (every
+    /// segment's run of each table's code: two run starts a table).
+    pub(super) fn walked(&self, head: usize, qc: &[u32]) -> usize {
+        let t = &self.heads[head];
+        qc.iter()
+            .enumerate()
+            .map(|(l, &c)| {
+                let starts = t.starts(l);
+                let at = c as usize * t.segments;
+                (starts[at + t.segments] - starts[at]) as usize
+            })
+            .sum()
     }
 
     /// The query's code in every table.
@@ -405,11 +467,7 @@ impl BiasTable {
     }
 
     pub(super) fn get(&self, cos: f32) -> f32 {
-        let x = (cos.clamp(-1.0, 1.0) + 1.0) * 0.5 * BIAS_TABLE_STEPS as f32;
-        // A NaN cosine reads entry 0 and stays NaN through `frac`.
-        let i = (x as usize).min(BIAS_TABLE_STEPS - 1);
-        let frac = x - i as f32;
-        self.0[i] + frac * (self.0[i + 1] - self.0[i])
+        lsh::interpolate(&self.0, cos)
     }
 }
 
@@ -511,6 +569,6 @@ impl LayerIndex {
         }
         r.finish()?;
         let (first, end, bits, tables) = (plan.first, plan.end, plan.bits, plan.tables);
-        Ok(Self { first, end, bits, tables, w: planes, heads, bias: OnceLock::new() })
+        Ok(Self { first, end, bits, tables, w: planes, heads, bias: OnceLock::new(), device: Mutex::new(None) })
     }
 }

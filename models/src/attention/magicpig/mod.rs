@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 use folio_kernels::attention::{merge, AttnOutput};
-use folio_kernels::select::{self, HostRows};
+use folio_kernels::select::{self, lsh, HostRows, Stored};
 use rayon::prelude::*;
 
 use super::cost::{CostInput, StepCost};
@@ -36,14 +36,14 @@ use super::registry::Tiers;
 use super::registry::{budgeted, Budgeted};
 use super::select::{dot, index_base, query_rows, sparse_decode, visible, HeadPick, IndexSource, Indexes, LayerRows};
 use super::{
-    Attended, Attention, AttnCall, Budget, DefaultBudget, Dense, Knobs, MethodSpec, Needs, ParamSpec, Params, Path,
-    Read,
+    Attended, Attention, AttnCall, Budget, DefaultBudget, Dense, Drawn, Knobs, MethodSpec, Needs, ParamSpec, Params,
+    Path, Read,
 };
 use crate::error::{Error, Result};
 use crate::kv::KvStore;
 use crate::profile::{self, span};
 use crate::tier::DecodeTier;
-use index::{LayerIndex, Plan, INDEX_CHUNK};
+use index::{LayerIndex, OnDevice, Plan, INDEX_CHUNK};
 
 mod index;
 
@@ -73,23 +73,38 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
 };
 
 /// The dense layers read every row over the link; the others gather their static part (sinks
-/// and window) per query head on the device, while the CPU reads the sample in host memory.
+/// and window) per query head on the device, and their sample either in host memory by the CPU
+/// (`gpu=0`) or over the link too (the GPU's walk and attention, `gpu=1`: each table's bucket
+/// run, 2 bytes a member, then the sampled rows; the keys' norms kept on the device).
 fn cost(input: &CostInput<'_>) -> StepCost {
     let layers = input.shape.layers;
     // `dense_layers=1` keeps layers 0 and L/2 dense.
     let dense = if input.params.usize("dense_layers") == 1 { 2.min(layers) } else { 0 };
     let sparse = (layers - dense) as f64;
     let picked = input.params.usize("sinks") + input.params.usize("window");
-    let heads = input.shape.heads;
+    let (heads, kv_heads) = (input.shape.heads, input.shape.kv_heads);
+    let link = dense as f64 * input.rows(input.context, kv_heads) + sparse * input.rows(picked, heads);
+    let resident = input.rows(picked, heads) as u64;
+    let sample = sparse * input.rows(input.budget, heads);
+    if input.params.usize("gpu") == 0 {
+        return StepCost { device_bytes: 0.0, link_bytes: link, host_bytes: sample, resident_bytes: resident };
+    }
+    let indexed = input.context.saturating_sub(picked).max(1);
+    let (bits, tables) = match input.params.usize("tables") {
+        0 => tables_for(input.budget as f64 / indexed as f64, input.params.usize("bits")),
+        l => (input.params.usize("bits"), l),
+    };
+    let walked = sparse * (heads * tables) as f64 * (indexed >> bits) as f64 * ENTRY_BYTES;
+    let norms = 4 * indexed as u64 * kv_heads as u64 * (layers - dense) as u64;
     StepCost {
         device_bytes: 0.0,
-        link_bytes: dense as f64 * input.rows(input.context, input.shape.kv_heads) + sparse * input.rows(picked, heads),
-        host_bytes: sparse * input.rows(input.budget, heads),
-        resident_bytes: input.rows(picked, heads) as u64,
+        link_bytes: link + sample + walked,
+        host_bytes: 0.0,
+        resident_bytes: resident + norms,
     }
 }
 
-const PARAMS: [ParamSpec; 6] = [
+const PARAMS: [ParamSpec; 7] = [
     ParamSpec {
         name: "bits",
         default: 10.0,
@@ -117,6 +132,15 @@ const PARAMS: [ParamSpec; 6] = [
         doc: "1: layers 0 and L/2 attend densely (the paper's {0, 16}); 0: none",
     },
     ParamSpec { name: "seed", default: 0.0, min: 0.0, max: 4_294_967_295.0, integer: true, doc: "projection seed" },
+    ParamSpec {
+        name: "gpu",
+        default: 0.0,
+        min: 0.0,
+        max: 1.0,
+        integer: true,
+        doc: "1: a GPU walks the tables and attends the sample, reading both over the host link \
+              (0: the CPU does, in host memory, as the paper splits it; a CPU device always does)",
+    },
 ];
 
 /// Bytes of a bucket-list entry walked (a 16-bit key offset), for the `searched` figure in
@@ -227,11 +251,11 @@ impl MagicPig {
 }
 
 impl MagicPig {
-    /// A decode step over the offloaded tier, split as the paper splits it: the CPU walks the
-    /// tables and attends the sampled keys straight from host memory, on a pool of one thread
-    /// per physical core (so the sample, ~2% of a million rows per query head, never crosses
-    /// the host link), while the GPU attends the static part (sinks, window, the tokens after
-    /// the saved prefix); the two partials merge by LSE.
+    /// A decode step over the offloaded tier: the GPU attends the static part (sinks, window,
+    /// the tokens after the saved prefix) while the sample is drawn and attended — as the paper
+    /// splits it, by the CPU straight from host memory ([`Self::sample_on_host`]), or with
+    /// `gpu=1` by the GPU over the host link ([`Self::sample_on_device`]; rows the kernels do
+    /// not read, fp8, stay on the CPU); the two partials merge by LSE.
     fn attend_fast(
         &self,
         call: &AttnCall<'_>,
@@ -253,24 +277,57 @@ impl MagicPig {
         };
         let queries = query_rows(call)?;
         let (heads, d) = (queries.len(), kv.head_dim());
-        let groups = heads / kv.kv_heads();
         let q_flat: Vec<f32> = queries.iter().flat_map(|q| q[0].iter().copied()).collect();
-        let scale = call.scale;
         // The static part on the device, every head the same positions: queued first, so the
-        // GPU attends it while the CPU works on the sample.
+        // GPU attends it while the sample is drawn.
         let mut statics: Vec<u32> = (lo..ix.first.max(lo)).chain(ix.end.max(lo)..hi).map(|p| p as u32).collect();
         let idx = Tensor::from_vec(statics.repeat(heads), (heads, statics.len()), call.q.device())?;
         let (out_g, lse_g) = fast::selected_partial(call, kv, &idx, None)?;
         let dev = call.q.device();
+        let stored = (keys.stored(), values.stored());
+        let on_device = match stored {
+            (Stored::Bf16, Stored::Bf16) | (Stored::F32, Stored::F32)
+                if dev.is_cuda() && self.params.usize("gpu") == 1 && d <= lsh::MAX_HEAD_DIM && d % 4 == 0 =>
+            {
+                ix.on_device(dev)?
+            }
+            _ => None,
+        };
+        let (sampled_part, drawn, walked) = match on_device {
+            Some(on) => Self::sample_on_device(&ix, &on, (&q_flat, d), (keys, values), lo, call.scale)?,
+            None => Self::sample_on_host(&ix, (&q_flat, d), (keys, values), lo, call.scale, dev)?,
+        };
+        // What each head read (the harness's report), joined only if asked: the sample lies
+        // between the sinks and the window.
+        let at = statics.partition_point(|&p| (p as usize) < ix.first);
+        let after = statics.split_off(at);
+        let read = Read::Sampled { before: statics, picks: drawn, after };
+        let static_part = AttnOutput { out: out_g.unsqueeze(1)?, lse: lse_g.unsqueeze(1)? };
+        let out = merge(&static_part, &sampled_part)?.out.to_dtype(call.q.dtype())?;
+        let searched = walked as f64 * ENTRY_BYTES / (2 * d) as f64 / heads as f64;
+        Ok(Attended { out, read, searched })
+    }
+
+    /// The sample on the CPU, as the paper draws it: per query head, in up to WALK_PARTS ranges
+    /// of segments, walk the tables, keep the visible keys, and attend them at once from host
+    /// memory while they are this core's (each pick's stored norm for its weight, gathered in
+    /// the walk). One task a (head, range), so that the heads end together on the cores (28
+    /// whole heads were two rounds on 16 cores, the second a quarter idle) and the walk and the
+    /// attention share a round of the pool; a range's picks are attended ATTEND_ROWS_PER_TASK
+    /// at a time as tasks of their own, which idle cores take, so that a range holding most of
+    /// its head's sample (attention clusters) does not end the round alone. The parts join by
+    /// LSE. Returns the partial on `dev`, each head's picks, and the entries walked.
+    fn sample_on_host(
+        ix: &LayerIndex,
+        (q_flat, d): (&[f32], usize),
+        (keys, values): (&HostRows, &HostRows),
+        lo: usize,
+        scale: f32,
+        dev: &candle_core::Device,
+    ) -> Result<(AttnOutput, Drawn, usize)> {
+        let heads = q_flat.len() / d;
+        let groups = heads / ix.heads.len();
         let (kh, vh) = (keys.host()?, values.host()?);
-        // Per query head, in up to WALK_PARTS ranges of segments: walk the tables, keep the
-        // visible keys, and attend them at once, from host memory, while they are this core's
-        // (each pick's stored norm for its weight, gathered in the walk). One task a (head,
-        // range), so that the heads end together on the cores (28 whole heads were two rounds
-        // on 16 cores, the second a quarter idle) and the walk and the attention share a round
-        // of the pool; a range's picks are attended ATTEND_ROWS_PER_TASK at a time as tasks of
-        // their own, which idle cores take, so that a range holding most of its head's sample
-        // (attention clusters) does not end the round alone. The parts join by LSE.
         let sampled = span(dev, "attention: sample", || {
             on_cpu_pool(|| {
                 let codes: Vec<Vec<u32>> =
@@ -333,22 +390,63 @@ impl MagicPig {
         let threads = sampled.threads.max(1) as u32;
         profile::charge("attention: sample: walk (CPU time / threads)", sampled.walking / threads);
         profile::charge("attention: sample: attend (CPU time / threads)", sampled.attending / threads);
-        let Sampled { picks, out: out_s, lse: lse_s, walked, .. } = sampled;
-        // What each head read (the harness's report), joined only if asked: the sample is
-        // ascending and lies between the sinks and the window.
-        let at = statics.partition_point(|&p| (p as usize) < ix.first);
-        let after = statics.split_off(at);
-        let read = Read::Sampled { before: statics, picks, after };
+        let Sampled { picks, out, lse, walked, .. } = sampled;
         // One copy to the device for both (each copy from pageable memory waits for itself).
-        let both = Tensor::from_vec([out_s, lse_s].concat(), heads * (d + 1), dev)?;
-        let sampled_part = AttnOutput {
+        let both = Tensor::from_vec([out, lse].concat(), heads * (d + 1), dev)?;
+        let part = AttnOutput {
             out: both.narrow(0, 0, heads * d)?.reshape((heads, 1, d))?,
             lse: both.narrow(0, heads * d, heads)?.reshape((heads, 1))?,
         };
-        let static_part = AttnOutput { out: out_g.unsqueeze(1)?, lse: lse_g.unsqueeze(1)? };
-        let out = merge(&static_part, &sampled_part)?.out.to_dtype(call.q.dtype())?;
-        let searched = walked as f64 * ENTRY_BYTES / (2 * d) as f64 / heads as f64;
-        Ok(Attended { out, read, searched })
+        Ok((part, Drawn::Host(picks), walked))
+    }
+
+    /// The sample on the GPU ([`lsh`]): the query heads' codes, norms and `q·mean` on the CPU
+    /// (a few microseconds a head), then one launch walks every head's tables where they lie
+    /// and one attends the sample, reading its rows over the host link; nothing comes back to
+    /// the host, so the device's queue runs on into the rest of the layer. The same keys as
+    /// [`Self::sample_on_host`], the same weights.
+    fn sample_on_device(
+        ix: &LayerIndex,
+        on: &OnDevice,
+        (q_flat, d): (&[f32], usize),
+        (keys, values): (&HostRows, &HostRows),
+        lo: usize,
+        scale: f32,
+    ) -> Result<(AttnOutput, Drawn, usize)> {
+        let heads = q_flat.len() / d;
+        let groups = heads / ix.heads.len();
+        let dev = on.weights.device();
+        let (codes, query, walked) = span(dev, "attention: sample: codes (CPU)", || {
+            on_cpu_pool(|| {
+                let per_head: Vec<(Vec<u32>, Vec<f32>, usize)> = (0..heads)
+                    .into_par_iter()
+                    .map(|h| {
+                        let q = &q_flat[h * d..(h + 1) * d];
+                        let codes = ix.query_codes(q);
+                        let walked = ix.walked(h / groups, &codes);
+                        let norm = dot(q, q).sqrt().max(f32::MIN_POSITIVE);
+                        let row = q.iter().copied().chain([norm, dot(q, &ix.heads[h / groups].mean)]).collect();
+                        (codes, row, walked)
+                    })
+                    .collect();
+                let walked = per_head.iter().map(|p| p.2).sum::<usize>();
+                let (codes, query): (Vec<Vec<u32>>, Vec<Vec<f32>>) = per_head.into_iter().map(|p| (p.0, p.1)).unzip();
+                Ok((codes.concat(), query.concat(), walked))
+            })
+        })?;
+        let tables = codes.len() / heads;
+        let sample = span(dev, "attention: sample: walk (GPU)", || {
+            let codes = Tensor::from_vec(codes, (heads, tables), dev)?;
+            Ok(on.tables.walk(&codes, groups, (ix.first, lo.saturating_sub(ix.first)))?)
+        })?;
+        let (out, lse) = span(dev, "attention: sample: attend (GPU)", || {
+            let query = Tensor::from_vec(query, (heads, d + 2), dev)?;
+            let n = ix.end - ix.first;
+            let weights = lsh::Weights { table_and_norms: &on.weights, steps: on.steps, first: ix.first, n };
+            Ok(lsh::attend(&query, &sample, (keys, values), &weights, scale)?)
+        })?;
+        let part = AttnOutput { out: out.unsqueeze(1)?, lse: lse.unsqueeze(1)? };
+        Ok((part, Drawn::Device(sample), walked))
     }
 }
 
