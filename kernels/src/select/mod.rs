@@ -17,7 +17,9 @@
 //!   device memory — bound by the host link's bandwidth when the source is host memory.
 //! * host attention ([`attend_partial`]): the CPU's side of MagicPIG, attending a sample straight
 //!   from host memory so that the sample never crosses the link: 4·s·d FLOPs and s·2·d·b
-//!   bytes of host memory per call over `s` rows — bound by the host's memory bandwidth.
+//!   bytes of host memory per call over `s` rows — bound by the host's memory bandwidth;
+//! * MagicPIG's sample on the GPU instead ([`lsh`]): the table walk and the attention reading
+//!   tables and rows over the host link — bound by the link (see there).
 
 use std::sync::Arc;
 
