@@ -11,7 +11,7 @@
 #define WALK_THREADS 512
 // Members each thread of the walk loads before it sets their bits (loads in flight together).
 #define WALK_UNROLL 4
-// The most tables (MAX_WALK_TABLES) and segments (MAX_SEGMENTS) the kernels hold in shared memory.
+// The most tables (MAX_TABLES) and segments (MAX_SEGMENTS) the kernels hold in shared memory.
 #define MAX_TABLES 1024
 #define MAX_SEGS 2048
 #define ATTEND_WARPS 8
@@ -61,7 +61,9 @@ extern "C" __global__ void __launch_bounds__(WALK_THREADS)
         twice[w] = 0;
     }
     for (int l = t; l < tables; l += WALK_THREADS) {
-        const size_t at = l * per_table + (size_t)codes[(size_t)h * tables + l] * segs + s;
+        // A code past 2^bits would read past the lists: taken modulo 2^bits (codes are < 2^bits).
+        const uint32_t c = codes[(size_t)h * tables + l] & (uint32_t)(((size_t)1 << bits) - 1);
+        const size_t at = l * per_table + (size_t)c * segs + s;
         const uint32_t a = st[at], b = st[at + 1];
         from[l] = a;
         scan[l + 1] = b - a;
@@ -134,7 +136,8 @@ extern "C" __global__ void __launch_bounds__(WALK_THREADS)
     if (t == WALK_THREADS - 1) counts[(size_t)h * segs + s] = at;
 }
 
-// The bias table read by linear interpolation at `cos` (BiasTable::get's arithmetic).
+// The bias table read by linear interpolation at `cos` (lsh::interpolate's arithmetic; a NaN
+// cosine reads as −1 here, through fmaxf).
 __device__ __forceinline__ float interpolate(const float* table, int steps, float cos) {
     const float x = (fminf(fmaxf(cos, -1.f), 1.f) + 1.f) * 0.5f * (float)steps;
     const int i = min((int)x, steps - 1);

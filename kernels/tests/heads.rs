@@ -105,7 +105,8 @@ fn place_row_matches_reference(device: &Device) -> Result<()> {
         // The source: rows 2.. of a wider segment, so its head stride is not len · d.
         let segment = draw(&mut rng, kv_heads * (len + 2) * d)?.reshape((kv_heads, len + 2, d))?;
         let src = segment.narrow(1, 2, len)?;
-        let start = draw(&mut rng, heads * cap * d)?.reshape((heads, cap, d))?;
+        // The buffers: a view from the second head on (a start offset the kernel must honour).
+        let start = draw(&mut rng, (heads + 1) * cap * d)?.reshape((heads + 1, cap, d))?.narrow(0, 1, heads)?;
         let (row, slot) = (len - 1, cap / 2);
         let (fast, slow) = (start.copy()?, start.copy()?);
         place_row(&fast, &src, row, slot, group)?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use folio_models::attention::workload::{Case, Spec};
-use folio_models::attention::{by_name, parse_params, AttnCall, Channels, Resources};
+use folio_models::attention::{by_name, parse_params, AttnCall, Channels, Drawn, Read, Resources};
 use folio_models::kv::{DenseKv, KvSegment, KvStore, Reference};
 use folio_models::offload::OffloadKv;
 use folio_models::tier::{Resident, TierRef};
@@ -122,6 +122,11 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
                 let call = AttnCall { q: &q, kv: fast_kv, ..case.call(step, &reference_kv, (0, 1)) };
                 let got = fast.attend(&call)?;
                 assert_eq!(got.out.dims(), want.out.dims());
+                if label == "magicpig gpu=1" && tier == "offloaded" {
+                    // Drawn where asked: on a GPU by the kernels, on the CPU by the pool.
+                    let on_device = matches!(got.read, Read::Sampled { picks: Drawn::Device(_), .. });
+                    assert_eq!(on_device, device.is_cuda(), "{label}: the sample was drawn elsewhere");
+                }
                 worst = worst.max(max_diff(&got.out, &want.out)?);
                 match (got.read.rows()?, want.read.rows()?) {
                     (None, None) => {}

@@ -3,15 +3,16 @@
 //! it found, both reading the tables and the K/V rows where they lie in host memory, mapped
 //! into the device's address space.
 //!
-//! Why on the GPU, when the paper puts this on the CPU: the paper's split keeps the sampled
-//! rows off the host link; its CPU side (a walk that waits on DRAM for each bucket run, then
-//! scattered row reads) ran at ~16 GB/s of the host's ~90 on the 16-core host of the H100
-//! machine, 56 ms of an 84 ms step at a million tokens (docs/performance.md), where the GPU
-//! reads the same scattered rows over the link at ~50 GB/s with thousands of requests in
-//! flight and no thread of the host's. The CPU split stays, for hosts where the link is the
-//! slower side (the method's `host=1`). The tables' layout is the CPU walk's (bucket lists
-//! of 16-bit offsets within 64 Ki-key segments, a start per (code, segment) run), so one
-//! index serves both and neither needs a copy: the lists are registered in place.
+//! Why it exists beside the paper's split, which keeps the sampled rows off the host link: the
+//! CPU's side (a walk that waits on DRAM for each bucket run, then scattered row reads) is half
+//! of a step at a million tokens on the 16-core host of the H100 machine, and a GPU reads
+//! scattered rows over the link with thousands of requests in flight and no thread of the
+//! host's. Measured, it is the slower side there (docs/performance.md: 109.9 ms a token at
+//! 1M against the CPU's 92.8 on one H100; its reads ran at ~10 GB/s of the link's 55), so
+//! the method keeps the CPU by default and offers this as `gpu=1`. The tables' layout is the
+//! CPU walk's (bucket lists of 16-bit offsets within 64 Ki-key segments, a start per (code,
+//! segment) run), so one index serves both and neither needs a copy: the lists are registered
+//! in place.
 //!
 //! The walk runs a block per (segment, query head): the segment's two bitsets (seen once,
 //! seen twice) in shared memory, every table's run for the segment read and its members'
@@ -52,8 +53,8 @@ pub fn segments(n: usize) -> usize {
 }
 
 /// `table` (a function sampled at `table.len()` evenly spaced cosines over [−1, 1]) at `cos`,
-/// by linear interpolation: the fast paths' bias (MagicPIG's `BiasTable`); a NaN cosine stays
-/// NaN on the CPU.
+/// by linear interpolation: the fast paths' bias (MagicPIG's `BiasTable`). A NaN cosine stays
+/// NaN here; the kernel's clamp (`fmaxf`) reads it as −1.
 pub fn interpolate(table: &[f32], cos: f32) -> f32 {
     let steps = table.len() - 1;
     let x = (cos.clamp(-1.0, 1.0) + 1.0) * 0.5 * steps as f32;
@@ -131,7 +132,8 @@ impl Tables {
 
     /// Per query head of `codes [heads, tables]` (u32, on the tables' device; KV head
     /// `h / group`), the keys whose code equals the head's in at least two tables, from key
-    /// `skip` on, as positions `first + key`.
+    /// `skip` on, as positions `first + key` (a code is taken modulo `2^bits`, so that no code
+    /// reads past the lists).
     pub fn walk(&self, codes: &Tensor, group: usize, (first, skip): (usize, usize)) -> Result<Sample> {
         let (heads, tables) = codes.dims2()?;
         if tables != self.tables || group == 0 || heads != group * self.lists.len() || codes.dtype() != DType::U32 {
@@ -151,11 +153,12 @@ impl Tables {
         if let Some(addresses) = &self.addresses {
             let dims = (self.n, self.bits, group, first, skip);
             let buf = super::cuda::lsh_walk(&codes.contiguous()?, addresses, dims)?;
-            return Ok(Sample { buf, heads, segments: segs });
+            return Ok(Sample { buf, heads, segments: segs, first, n: self.n });
         }
         let host: Vec<u32> = codes.flatten_all()?.to_vec1()?;
         let buf = self.walk_reference(&host, heads, group, (first, skip));
-        Ok(Sample { buf: Tensor::from_vec(buf, buf_len(heads, segs), codes.device())?, heads, segments: segs })
+        let buf = Tensor::from_vec(buf, buf_len(heads, segs), codes.device())?;
+        Ok(Sample { buf, heads, segments: segs, first, n: self.n })
     }
 
     /// The definition: per query head and key, the tables whose bucket of the head's code holds
@@ -172,7 +175,7 @@ impl Tables {
             let start = |i: usize| u32::from_ne_bytes(starts[4 * i..4 * i + 4].try_into().expect("4 bytes")) as usize;
             let mut hits = vec![0u32; n];
             for l in 0..tables {
-                let c = codes[h * tables + l] as usize;
+                let c = codes[h * tables + l] as usize & ((1 << self.bits) - 1);
                 for s in 0..segs {
                     let at = l * per_table + c * segs + s;
                     for i in start(at)..start(at + 1) {
@@ -206,22 +209,34 @@ pub struct Sample {
     buf: Tensor,
     heads: usize,
     segments: usize,
+    /// The walk's keys: positions `first..first + n`.
+    first: usize,
+    n: usize,
 }
 
 impl Sample {
-    /// Each query head's positions, ascending (a copy to the host: for reports).
+    /// Each query head's positions, ascending (for reports): the counts copied to the host, then
+    /// only the slots' filled parts, gathered on the device into one copy.
     pub fn positions(&self) -> Result<Vec<Vec<u32>>> {
-        let all: Vec<u32> = self.buf.to_vec1()?;
         let cap = self.segments * SEGMENT_KEYS;
-        let counts = &all[self.heads * cap..];
+        let counts: Vec<u32> = self.buf.narrow(0, self.heads * cap, self.heads * self.segments)?.to_vec1()?;
+        let count = |h: usize, s: usize| counts[h * self.segments + s] as usize;
+        let at: Vec<u32> = (0..self.heads)
+            .flat_map(|h| {
+                (0..self.segments)
+                    .flat_map(move |s| (0..count(h, s)).map(move |j| (h * cap + s * SEGMENT_KEYS + j) as u32))
+            })
+            .collect();
+        let all: Vec<u32> = match at.len() {
+            0 => Vec::new(),
+            len => self.buf.index_select(&Tensor::from_vec(at, len, self.buf.device())?, 0)?.to_vec1()?,
+        };
+        let mut rest = all.as_slice();
         Ok((0..self.heads)
             .map(|h| {
-                (0..self.segments)
-                    .flat_map(|s| {
-                        let from = h * cap + s * SEGMENT_KEYS;
-                        all[from..from + counts[h * self.segments + s] as usize].iter().copied()
-                    })
-                    .collect()
+                let (mine, after) = rest.split_at((0..self.segments).map(|s| count(h, s)).sum());
+                rest = after;
+                mine.to_vec()
             })
             .collect())
     }
@@ -258,14 +273,17 @@ pub fn attend(
         && kv_heads > 0
         && heads % kv_heads == 0
         && weights.first + weights.n <= k.n
+        && (sample.first, sample.n) == (weights.first, weights.n)
         && weights.table_and_norms.elem_count() == weights.steps + 1 + kv_heads * weights.n
         && weights.steps >= 1;
     if !ok {
         candle_core::bail!(
-            "lsh attend: query {:?} {:?}, {} heads sampled, rows [{}, {}, {d}], keys {}..{} weighed",
+            "lsh attend: query {:?} {:?}, {} heads sampled from keys {}..{}, rows [{}, {}, {d}], keys {}..{} weighed",
             query.dims(),
             query.dtype(),
             sample.heads,
+            sample.first,
+            sample.first + sample.n,
             k.heads,
             k.n,
             weights.first,

@@ -331,6 +331,8 @@ impl LayerIndex {
         if let Some(on) = slot.as_ref().filter(|on| on.weights.device().same_device(device)) {
             return Ok(Some(on.clone()));
         }
+        // Another device's registration ends first: the same pages cannot be registered twice.
+        *slot = None;
         let share = |owner: Arc<dyn AsRef<[u8]> + Send + Sync>| SharedHost::new(device, owner);
         let lists = self
             .heads

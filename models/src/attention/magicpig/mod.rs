@@ -75,7 +75,8 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
 /// The dense layers read every row over the link; the others gather their static part (sinks
 /// and window) per query head on the device, and their sample either in host memory by the CPU
 /// (`gpu=0`) or over the link too (the GPU's walk and attention, `gpu=1`: each table's bucket
-/// run, 2 bytes a member, then the sampled rows; the keys' norms kept on the device).
+/// run, 2 bytes a member, then the sampled rows; the keys' norms kept on the device — counted
+/// so even where a step falls back to the CPU: a CPU device, fp8 rows).
 fn cost(input: &CostInput<'_>) -> StepCost {
     let layers = input.shape.layers;
     // `dense_layers=1` keeps layers 0 and L/2 dense.
