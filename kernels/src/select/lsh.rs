@@ -145,10 +145,11 @@ impl Tables {
                 self.tables
             );
         }
-        if first + self.n > u32::MAX as usize {
-            candle_core::bail!("lsh walk: positions past {} do not fit u32", u32::MAX);
-        }
         let segs = self.segments();
+        // Positions, and the slots' offsets the report gathers by, are u32.
+        if first + self.n > u32::MAX as usize || buf_len(heads, segs) > u32::MAX as usize {
+            candle_core::bail!("lsh walk: {heads} heads over keys {first}..{} are past u32 positions", first + self.n);
+        }
         #[cfg(feature = "cuda")]
         if let Some(addresses) = &self.addresses {
             let dims = (self.n, self.bits, group, first, skip);
