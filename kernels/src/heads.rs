@@ -79,12 +79,12 @@ pub fn place_row(dst: &Tensor, src: &Tensor, row: usize, slot: usize, group: usi
         );
     }
     #[cfg(feature = "cuda")]
-    if dst.device().is_cuda() && dst.is_contiguous() && src.layout().stride()[2] == 1 {
-        let width = dst.dtype().size_in_bytes();
-        if width == 2 || width == 4 {
-            let op = cuda::PlaceRow { row, slot, group, width };
-            return dst.inplace_op2(src, &op);
-        }
+    if dst.device().is_cuda()
+        && dst.is_contiguous()
+        && src.layout().stride()[2] == 1
+        && matches!(dst.dtype(), candle_core::DType::BF16 | candle_core::DType::F16 | candle_core::DType::F32)
+    {
+        return dst.inplace_op2(src, &cuda::PlaceRow { row, slot, group });
     }
     place_row_reference(dst, src, row, slot, group)
 }
@@ -203,12 +203,11 @@ mod cuda {
         }
     }
 
-    /// [`super::place_row`]'s launch: `width` bytes a value, copied as they are.
+    /// [`super::place_row`]'s launch: values copied as their bits.
     pub struct PlaceRow {
         pub row: usize,
         pub slot: usize,
         pub group: usize,
-        pub width: usize,
     }
 
     impl InplaceOp2 for PlaceRow {
@@ -252,11 +251,11 @@ mod cuda {
                     unsafe { b.launch(cfg) }.w()?;
                 }};
             }
-            match (self.width, dst.dtype()) {
-                (2, candle_core::DType::BF16) => run!(half::bf16, "place_row_16"),
-                (2, candle_core::DType::F16) => run!(half::f16, "place_row_16"),
-                (4, candle_core::DType::F32) => run!(f32, "place_row_32"),
-                (_, other) => candle_core::bail!("place row: {other:?} values"),
+            match dst.dtype() {
+                candle_core::DType::BF16 => run!(half::bf16, "place_row_16"),
+                candle_core::DType::F16 => run!(half::f16, "place_row_16"),
+                candle_core::DType::F32 => run!(f32, "place_row_32"),
+                other => candle_core::bail!("place row: {other:?} values"),
             }
             Ok(())
         }

@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use super::{HostRows, SharedHost};
+use super::{HostRows, SharedHost, Stored};
 
 /// Keys per segment of a bucket list, whose members are stored as 16-bit offsets within it
 /// (SEG_KEYS in kernels/cuda/lsh.cu).
@@ -243,6 +243,13 @@ impl Sample {
     }
 }
 
+/// Whether [`attend`] reads these rows on a GPU: K and V both bf16 or both f32 (fp8 rows stay
+/// on the CPU), a head dim that is a multiple of 4 up to [`MAX_HEAD_DIM`].
+pub fn reads(k: &HostRows, v: &HostRows) -> bool {
+    let alike = matches!((k.stored, v.stored), (Stored::Bf16, Stored::Bf16) | (Stored::F32, Stored::F32));
+    alike && k.d.is_multiple_of(4) && k.d <= MAX_HEAD_DIM
+}
+
 /// What weighs a sampled key, per layer: the bias sampled over the cosine (`steps + 1` values
 /// over [−1, 1], read by [`interpolate`]) and each indexed key's centred norm
 /// (`[kv_heads][n]`, keys `first..first + n`), as one f32 tensor on the rows' device.
@@ -294,8 +301,14 @@ pub fn attend(
     let group = heads / kv_heads;
     #[cfg(feature = "cuda")]
     if query.device().is_cuda() {
-        if d % 4 != 0 || d > MAX_HEAD_DIM || sample.segments > MAX_SEGMENTS {
-            candle_core::bail!("lsh attend: head dim {d} (a multiple of 4 up to {MAX_HEAD_DIM}) or sample too large");
+        if !reads(k, v) || sample.segments > MAX_SEGMENTS {
+            candle_core::bail!(
+                "lsh attend: rows stored as {:?} and {:?} of head dim {d} (bf16 or f32 alike, a multiple of 4 up to \
+                 {MAX_HEAD_DIM}), or a sample of {} segments (at most {MAX_SEGMENTS})",
+                k.stored,
+                v.stored,
+                sample.segments
+            );
         }
         let dims = (heads, sample.segments, d, k.n, group, weights.first, weights.n, weights.steps);
         return super::cuda::lsh_attend(

@@ -234,11 +234,6 @@ impl HostRows {
         Ok(Self { heads, n, d, dtype, stored, device: device.clone(), mem })
     }
 
-    /// How the rows are stored.
-    pub fn stored(&self) -> Stored {
-        self.stored
-    }
-
     /// Bytes of host memory the rows take (a view's: the section's).
     pub fn bytes(&self) -> usize {
         self.stored.section_bytes(self.heads * self.n, self.d)

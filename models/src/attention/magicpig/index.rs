@@ -178,7 +178,6 @@ pub(super) struct LayerIndex {
 pub(super) struct OnDevice {
     pub(super) tables: lsh::Tables,
     pub(super) weights: Tensor,
-    pub(super) steps: usize,
 }
 
 impl LayerIndex {
@@ -343,7 +342,7 @@ impl LayerIndex {
         let tables = lsh::Tables::new(device, lists, (n, self.bits, self.tables))?;
         let weights: Vec<f32> = bias.0.iter().chain(self.heads.iter().flat_map(|h| h.norms.iter())).copied().collect();
         let weights = Tensor::from_vec(weights, bias.0.len() + self.heads.len() * n, device)?;
-        let on = Arc::new(OnDevice { tables, weights, steps: BIAS_TABLE_STEPS });
+        let on = Arc::new(OnDevice { tables, weights });
         *slot = Some(on.clone());
         Ok(Some(on))
     }
@@ -360,6 +359,12 @@ impl LayerIndex {
                 (starts[at + t.segments] - starts[at]) as usize
             })
             .sum()
+    }
+
+    /// What weighs query `q`'s samples in KV head `head`: `|q|` (at least the smallest
+    /// positive f32) and `q·mean` of the head's keys ([`Self::logit_bias_from_dot`]).
+    pub(super) fn query_weights(&self, head: usize, q: &[f32]) -> (f32, f32) {
+        (dot(q, q).sqrt().max(f32::MIN_POSITIVE), dot(q, &self.heads[head].mean))
     }
 
     /// The query's code in every table.
@@ -441,7 +446,7 @@ pub(super) fn bias_of_cos(cos: f64, bits: usize, tables: usize) -> f32 {
 }
 
 /// Intervals of [`BiasTable`] over cos ∈ [−1, 1].
-const BIAS_TABLE_STEPS: usize = 1 << 13;
+pub(super) const BIAS_TABLE_STEPS: usize = 1 << 13;
 /// The most the table's linear interpolation is off the exact bias (a logit), checked by the
 /// tests over the (K, L) the budgets give: ~1e-5 of a weight.
 pub(super) const BIAS_TABLE_ERROR: f32 = 2e-5;

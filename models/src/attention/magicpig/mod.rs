@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 use folio_kernels::attention::{merge, AttnOutput};
-use folio_kernels::select::{self, lsh, HostRows, Stored};
+use folio_kernels::select::{self, lsh, HostRows};
 use rayon::prelude::*;
 
 use super::cost::{CostInput, StepCost};
@@ -43,7 +43,7 @@ use crate::error::{Error, Result};
 use crate::kv::KvStore;
 use crate::profile::{self, span};
 use crate::tier::DecodeTier;
-use index::{LayerIndex, OnDevice, Plan, INDEX_CHUNK};
+use index::{LayerIndex, OnDevice, Plan, BIAS_TABLE_STEPS, INDEX_CHUNK};
 
 mod index;
 
@@ -285,14 +285,10 @@ impl MagicPig {
         let idx = Tensor::from_vec(statics.repeat(heads), (heads, statics.len()), call.q.device())?;
         let (out_g, lse_g) = fast::selected_partial(call, kv, &idx, None)?;
         let dev = call.q.device();
-        let stored = (keys.stored(), values.stored());
-        let on_device = match stored {
-            (Stored::Bf16, Stored::Bf16) | (Stored::F32, Stored::F32)
-                if dev.is_cuda() && self.params.usize("gpu") == 1 && d <= lsh::MAX_HEAD_DIM && d % 4 == 0 =>
-            {
-                ix.on_device(dev)?
-            }
-            _ => None,
+        let on_device = if dev.is_cuda() && self.params.usize("gpu") == 1 && lsh::reads(keys, values) {
+            ix.on_device(dev)?
+        } else {
+            None
         };
         let (sampled_part, drawn, walked) = match on_device {
             Some(on) => Self::sample_on_device(&ix, &on, (&q_flat, d), (keys, values), lo, call.scale)?,
@@ -334,9 +330,7 @@ impl MagicPig {
                 let codes: Vec<Vec<u32>> =
                     (0..heads).into_par_iter().map(|h| ix.query_codes(&q_flat[h * d..(h + 1) * d])).collect();
                 let q_of = |h: usize| &q_flat[h * d..(h + 1) * d];
-                let q_norms: Vec<f32> =
-                    (0..heads).map(|h| dot(q_of(h), q_of(h)).sqrt().max(f32::MIN_POSITIVE)).collect();
-                let q_means: Vec<f32> = (0..heads).map(|h| dot(q_of(h), &ix.heads[h / groups].mean)).collect();
+                let weights: Vec<(f32, f32)> = (0..heads).map(|h| ix.query_weights(h / groups, q_of(h))).collect();
                 let (segs, parts) = (ix.segments(), WALK_PARTS.min(ix.segments()));
                 let tasks: Vec<(usize, Range<usize>)> = (0..heads)
                     .flat_map(|h| (0..parts).map(move |p| (h, p * segs / parts..(p + 1) * segs / parts)))
@@ -359,8 +353,8 @@ impl MagicPig {
                             .map(|(c, rows)| {
                                 let started = Instant::now();
                                 let norms = &picked_norms[c * ATTEND_ROWS_PER_TASK..];
-                                let bias =
-                                    |j: usize, qk: f32| ix.logit_bias_from_dot((qk, q_means[h]), q_norms[h], norms[j]);
+                                let (q_norm, q_mean) = weights[h];
+                                let bias = |j: usize, qk: f32| ix.logit_bias_from_dot((qk, q_mean), q_norm, norms[j]);
                                 let part = select::attend_partial(q_of(h), (&kh, &vh), h / groups, rows, scale, &bias)?;
                                 Ok((part, started.elapsed()))
                             })
@@ -425,8 +419,8 @@ impl MagicPig {
                         let q = &q_flat[h * d..(h + 1) * d];
                         let codes = ix.query_codes(q);
                         let walked = ix.walked(h / groups, &codes);
-                        let norm = dot(q, q).sqrt().max(f32::MIN_POSITIVE);
-                        let row = q.iter().copied().chain([norm, dot(q, &ix.heads[h / groups].mean)]).collect();
+                        let (norm, mean) = ix.query_weights(h / groups, q);
+                        let row = q.iter().copied().chain([norm, mean]).collect();
                         (codes, row, walked)
                     })
                     .collect();
@@ -443,7 +437,7 @@ impl MagicPig {
         let (out, lse) = span(dev, "attention: sample: attend (GPU)", || {
             let query = Tensor::from_vec(query, (heads, d + 2), dev)?;
             let n = ix.end - ix.first;
-            let weights = lsh::Weights { table_and_norms: &on.weights, steps: on.steps, first: ix.first, n };
+            let weights = lsh::Weights { table_and_norms: &on.weights, steps: BIAS_TABLE_STEPS, first: ix.first, n };
             Ok(lsh::attend(&query, &sample, (keys, values), &weights, scale)?)
         })?;
         let part = AttnOutput { out: out.unsqueeze(1)?, lse: lse.unsqueeze(1)? };
