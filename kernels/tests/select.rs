@@ -499,6 +499,9 @@ fn lsh_sample_matches_definition(device: &Device) -> Result<()> {
         lists.push((share(&members)?, share(&starts)?));
         key_codes.push(codes);
     }
+    // Lists shorter than the tables say are refused.
+    let short = lsh::Tables::new(device, lists.clone(), (n + 1, bits, tables)).err().expect("lists for n keys");
+    assert!(short.to_string().contains("lists of"), "{short}");
     let index = lsh::Tables::new(device, lists, (n, bits, tables))?;
     let qc: Vec<u32> = (0..heads * tables).map(|_| rng.random_range(0..1u32 << bits)).collect();
     let codes = Tensor::from_vec(qc.clone(), (heads, tables), device)?;
@@ -556,6 +559,10 @@ fn lsh_sample_matches_definition(device: &Device) -> Result<()> {
             })
             .collect();
         let query_t = Tensor::from_vec(query.clone(), (heads, d + 2), device)?;
+        // A sample walked over other keys than the weights cover is refused, not misread.
+        let shifted = index.walk(&codes, group, (first + 1, 0))?;
+        let err = lsh::attend(&query_t, &shifted, (&hk, &hv), &weights, scale).err().expect("keys 6.. against 5..");
+        assert!(err.to_string().contains("sampled from keys 6.."), "seed {seed}: {err}");
         for skip in [0, n] {
             let sample = index.walk(&codes, group, (first, skip))?;
             let (out, lse) = lsh::attend(&query_t, &sample, (&hk, &hv), &weights, scale)?;
