@@ -561,7 +561,7 @@ fn lsh_sample_matches_definition(device: &Device) -> Result<()> {
         let query_t = Tensor::from_vec(query.clone(), (heads, d + 2), device)?;
         // A sample walked over other keys than the weights cover is refused, not misread.
         let shifted = index.walk(&codes, group, (first + 1, 0))?;
-        let err = lsh::attend(&query_t, &shifted, (&hk, &hv), &weights, scale).err().expect("keys 6.. against 5..");
+        let err = lsh::attend(&query_t, &shifted, (&hk, &hv), &weights, scale).expect_err("keys 6.. against 5..");
         assert!(err.to_string().contains("sampled from keys 6.."), "seed {seed}: {err}");
         for skip in [0, n] {
             let sample = index.walk(&codes, group, (first, skip))?;
