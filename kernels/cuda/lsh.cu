@@ -15,6 +15,7 @@
 #define MAX_TABLES 1024
 #define MAX_SEGS 2048
 #define ATTEND_WARPS 8
+#define GATHER_THREADS 256
 // Values of a head a lane holds (head dims up to 32 · 8 = 256, four at a time).
 #define LANE_VALUES 8
 
@@ -159,6 +160,28 @@ __device__ __forceinline__ void load4(const __nv_bfloat16* p, float* x) {
     x[1] = __uint_as_float(u.x & 0xffff0000u);
     x[2] = __uint_as_float(u.y << 16);
     x[3] = __uint_as_float(u.y & 0xffff0000u);
+}
+
+// One block per (segment, query head h0 + blockIdx.y): the slot's picks copied to `out` after
+// those of every earlier (head, segment) of the range, head-major — each head's positions
+// ascending, the heads in order — for the host to read back in one copy. The offset is the sum
+// of the earlier counts (at most heads · MAX_SEGS), taken by each block.
+extern "C" __global__ void __launch_bounds__(GATHER_THREADS)
+    lsh_gather(const uint32_t* picks, const uint32_t* counts, uint32_t* out, int segs, int h0) {
+    __shared__ uint32_t warp_sums[GATHER_THREADS / 32];
+    const int s = blockIdx.x, h = h0 + blockIdx.y, t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const uint32_t* mine = counts + (size_t)h0 * segs;
+    const int before = blockIdx.y * segs + s;
+    uint32_t sum = 0;
+    for (int i = t; i < before; i += GATHER_THREADS) sum += mine[i];
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, o);
+    if (lane == 0) warp_sums[warp] = sum;
+    __syncthreads();
+    size_t at = 0;
+    for (int w = 0; w < GATHER_THREADS / 32; ++w) at += warp_sums[w];
+    const uint32_t n = mine[before];
+    const uint32_t* from = picks + ((size_t)h * segs + s) * SEG_KEYS;
+    for (uint32_t j = t; j < n; j += GATHER_THREADS) out[at + j] = from[j];
 }
 
 // Blocks (gridDim.x per head) × ATTEND_WARPS warps share each head's sample evenly, a warp a

@@ -515,9 +515,20 @@ fn lsh_sample_matches_definition(device: &Device) -> Result<()> {
         every.iter().map(|p| p.iter().copied().filter(|&x| x as usize >= first + skip).collect()).collect()
     };
     for skip in [0, 70_000, n] {
-        let got = index.walk(&codes, group, (first, skip))?.positions()?;
-        assert!(got == want(skip), "seed {seed}: skip {skip}: the walk's sample differs");
+        let sample = index.walk(&codes, group, (first, skip))?;
+        assert!(sample.positions()? == want(skip), "seed {seed}: skip {skip}: the walk's sample differs");
+        // The last KV head's query heads alone, and the first KV head's in a sample of their own.
+        let (rest, also) = sample.positions_with(group..heads, Some(&codes))?;
+        assert!(rest == want(skip)[group..], "seed {seed}: skip {skip}: heads {group}.. differ");
+        assert!(also == qc, "seed {seed}: the codes copied back with the counts differ");
+        let (none, also) = sample.positions_with(heads..heads, Some(&codes))?;
+        assert!(none.is_empty() && also == qc, "seed {seed}: an empty range");
+        let first_heads = sample.first_heads(group)?.positions()?;
+        assert!(first_heads == want(skip)[..group], "seed {seed}: skip {skip}: the first KV head's heads differ");
     }
+    // Part of a KV head's query heads, or heads past the sample's, are refused.
+    let sample = index.walk(&codes, group, (first, 0))?;
+    assert!(sample.first_heads(group - 1).is_err() && sample.positions_with(0..heads + 1, None).is_err());
     assert!(want(0).iter().all(|p| p.len() > 1000), "seed {seed}: samples this size exercise every warp");
 
     // The attention, over the walk's sample and an empty one.
@@ -567,6 +578,14 @@ fn lsh_sample_matches_definition(device: &Device) -> Result<()> {
             let sample = index.walk(&codes, group, (first, skip))?;
             let (out, lse) = lsh::attend(&query_t, &sample, (&hk, &hv), &weights, scale)?;
             let (out, lse): (Vec<f32>, Vec<f32>) = (out.flatten_all()?.to_vec1()?, lse.to_vec1()?);
+            // The first KV head's query heads attended alone give what they gave among all.
+            let (part_out, part_lse) =
+                lsh::attend(&query_t.narrow(0, 0, group)?, &sample.first_heads(group)?, (&hk, &hv), &weights, scale)?;
+            let (part_out, part_lse): (Vec<f32>, Vec<f32>) = (part_out.flatten_all()?.to_vec1()?, part_lse.to_vec1()?);
+            assert!(
+                part_out == out[..group * d] && part_lse == lse[..group],
+                "seed {seed}: {dtype:?}: the first KV head's heads attended alone differ"
+            );
             for (h, pick) in want(skip).iter().enumerate() {
                 let kvh = h / group;
                 let row = |p: u32| (kvh * rows + p as usize) * d;

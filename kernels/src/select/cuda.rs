@@ -663,6 +663,53 @@ impl CudaOp2 for LshWalk {
     }
 }
 
+/// A walk's picks of query heads `h0..h0 + heads` gathered into one run (`lsh_gather`):
+/// `sample` the walk's buffer of `all` heads over `segs` segments, `total` the range's picks
+/// (the sum of its counts, read by the caller). `[total]` u32, head-major, ascending per head.
+pub(super) fn lsh_gather(sample: &Tensor, dims: (usize, usize, usize, usize, usize)) -> Result<Tensor> {
+    sample.apply_op1_no_bwd(&CudaOnly(LshGather { dims }))
+}
+
+/// Threads of a gather block (GATHER_THREADS in kernels/cuda/lsh.cu).
+const GATHER_THREADS: u32 = 256;
+
+struct LshGather {
+    dims: (usize, usize, usize, usize, usize),
+}
+
+impl CudaOp1 for LshGather {
+    const NAME: &'static str = "folio-lsh-gather";
+
+    fn cuda_fwd(&self, sample: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (all, segs, h0, heads, total) = self.dims;
+        let cap = all * segs * super::lsh::SEGMENT_KEYS;
+        if layout.shape().elem_count() != cap + all * segs || h0 + heads > all || heads * segs > u32::MAX as usize {
+            candle_core::bail!("lsh gather: heads {h0}..{} of {all} over {segs} segments", h0 + heads);
+        }
+        let dev = sample.device();
+        let buf = sample.as_cuda_slice::<u32>()?.slice(layout.start_offset()..);
+        // SAFETY: the kernel writes every one of the range's picks, `total` of them (the
+        // caller's sum of the range's counts).
+        let out = unsafe { dev.alloc::<u32>(total)? };
+        if total > 0 && heads > 0 {
+            let (picks, counts) = (buf.slice(..cap), buf.slice(cap..));
+            let (segs_i, h0_i) = (segs as i32, h0 as i32);
+            let f = dev.get_or_load_custom_func("lsh_gather", LSH_MODULE, LSH_PTX)?;
+            let mut b = f.builder();
+            b.arg(&picks).arg(&counts).arg(&out).arg(&segs_i).arg(&h0_i);
+            let cfg = LaunchConfig {
+                grid_dim: (segs as u32, heads as u32, 1),
+                block_dim: (GATHER_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the buffer holds `all` heads' slots and counts (checked above); each
+            // block reads its range's counts and writes within `total`.
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), Shape::from(total)))
+    }
+}
+
 /// The attention over a walk's sample (`lsh_attend_*`): `query [heads, d + 2]` f32, the
 /// sample's buffer, K and V where they lie (each read as stored: f32 or bf16), the weights
 /// (bias table, then norms); `dims = (heads, segments, d, rows, group, first, n, steps)`.

@@ -4,12 +4,14 @@
 //! into the device's address space.
 //!
 //! Why it exists beside the paper's split, which keeps the sampled rows off the host link: the
-//! CPU's side (a walk that waits on DRAM for each bucket run, then scattered row reads) is half
-//! of a step at a million tokens on the 16-core host of the H100 machine, and a GPU reads
-//! scattered rows over the link with thousands of requests in flight and no thread of the
-//! host's. Measured, it is the slower side there (docs/performance.md: 109.9 ms a token at
-//! 1M against the CPU's 92.8 on one H100; its reads ran at ~10 GB/s of the link's 55), so
-//! the method keeps the CPU by default and offers this as `gpu=1`. The tables' layout is the
+//! CPU's side (a walk that waits on DRAM for each bucket run, then scattered row reads) is most
+//! of a step at a million tokens on the 16-core host of the H100 machine. The GPU walks the
+//! tables in a third of the pool's time (9 ms a step against 23); the host reads scattered rows
+//! faster than the link brings them (~30 GB/s against ~10). So MagicPIG's default splits the
+//! sample: the GPU walks every head's tables, then attends half the heads' samples over the
+//! link while the CPU attends the other half's in host memory ([`Sample::positions_with`],
+//! [`Sample::first_heads`]): 57.9 ms a token at 1M on one H100 against the CPU's 97.7 on the
+//! same host (docs/performance.md). The tables' layout is the
 //! CPU walk's (bucket lists of 16-bit offsets within 64 Ki-key segments, a start per (code,
 //! segment) run), so one index serves both and neither needs a copy: the lists are registered
 //! in place.
@@ -30,6 +32,7 @@
 //! Costs: the walk reads `Σ` over tables of a bucket run (2 bytes a member) per query head;
 //! the attention `2 · d · b` bytes a pick (K and V rows) over the host link — link-bound.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Result, Tensor};
@@ -154,12 +157,12 @@ impl Tables {
         if let Some(addresses) = &self.addresses {
             let dims = (self.n, self.bits, group, first, skip);
             let buf = super::cuda::lsh_walk(&codes.contiguous()?, addresses, dims)?;
-            return Ok(Sample { buf, heads, segments: segs, first, n: self.n });
+            return Ok(Sample { buf, heads, group, segments: segs, first, n: self.n });
         }
         let host: Vec<u32> = codes.flatten_all()?.to_vec1()?;
         let buf = self.walk_reference(&host, heads, group, (first, skip));
         let buf = Tensor::from_vec(buf, buf_len(heads, segs), codes.device())?;
-        Ok(Sample { buf, heads, segments: segs, first, n: self.n })
+        Ok(Sample { buf, heads, group, segments: segs, first, n: self.n })
     }
 
     /// The definition: per query head and key, the tables whose bucket of the head's code holds
@@ -209,6 +212,8 @@ fn buf_len(heads: usize, segs: usize) -> usize {
 pub struct Sample {
     buf: Tensor,
     heads: usize,
+    /// Query heads per KV head (head `h` walked KV head `h / group`'s tables).
+    group: usize,
     segments: usize,
     /// The walk's keys: positions `first..first + n`.
     first: usize,
@@ -216,30 +221,75 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// Each query head's positions, ascending (for reports): the counts copied to the host, then
-    /// only the slots' filled parts, gathered on the device into one copy.
+    /// Each query head's positions, ascending (for reports).
     pub fn positions(&self) -> Result<Vec<Vec<u32>>> {
-        let cap = self.segments * SEGMENT_KEYS;
-        let counts: Vec<u32> = self.buf.narrow(0, self.heads * cap, self.heads * self.segments)?.to_vec1()?;
-        let count = |h: usize, s: usize| counts[h * self.segments + s] as usize;
-        let at: Vec<u32> = (0..self.heads)
-            .flat_map(|h| {
-                (0..self.segments)
-                    .flat_map(move |s| (0..count(h, s)).map(move |j| (h * cap + s * SEGMENT_KEYS + j) as u32))
-            })
-            .collect();
-        let all: Vec<u32> = match at.len() {
-            0 => Vec::new(),
-            len => self.buf.index_select(&Tensor::from_vec(at, len, self.buf.device())?, 0)?.to_vec1()?,
+        Ok(self.positions_with(0..self.heads, None)?.0)
+    }
+
+    /// The positions of query heads `heads`, ascending, each head's, and `also` (u32 on the
+    /// sample's device, flattened) copied back in the same transfer as the range's counts;
+    /// then the range's picks gathered on the device into one run and copied. Two copies to
+    /// the host whatever the range, each a round trip that waits on the device: the first
+    /// version (counts, an index uploaded, a gather, the codes apart) took 1.0 ms a layer in
+    /// this span on the H100 machine, this one 0.4. Gathered, not narrowed: a view's copy
+    /// copies its whole buffer (candle's `to_vec1` takes the storage: 117 MB a layer at a
+    /// million keys, 107 ms).
+    pub fn positions_with(&self, heads: Range<usize>, also: Option<&Tensor>) -> Result<(Vec<Vec<u32>>, Vec<u32>)> {
+        if heads.start > heads.end || heads.end > self.heads {
+            candle_core::bail!("lsh sample: heads {heads:?} of {}", self.heads);
+        }
+        let (segs, cap) = (self.segments, self.segments * SEGMENT_KEYS);
+        let counts = self.buf.narrow(0, self.heads * cap + heads.start * segs, heads.len() * segs)?;
+        let copied: Vec<u32> = match (also, heads.is_empty()) {
+            (Some(also), false) => Tensor::cat(&[&counts, &also.flatten_all()?], 0)?.to_vec1()?,
+            (Some(also), true) => also.flatten_all()?.to_vec1()?,
+            (None, false) => counts.force_contiguous()?.to_vec1()?,
+            (None, true) => Vec::new(),
         };
+        let (counts, also) = copied.split_at(heads.len() * segs);
+        let all = self.gather(heads.start, counts)?;
         let mut rest = all.as_slice();
-        Ok((0..self.heads)
-            .map(|h| {
-                let (mine, after) = rest.split_at((0..self.segments).map(|s| count(h, s)).sum());
+        let picks = counts
+            .chunks(segs)
+            .map(|head| {
+                let (mine, after) = rest.split_at(head.iter().map(|&c| c as usize).sum());
                 rest = after;
                 mine.to_vec()
             })
-            .collect())
+            .collect();
+        Ok((picks, also.to_vec()))
+    }
+
+    /// The picks of the heads from `h0` on whose slots' `counts` these are, each slot's filled
+    /// part in turn: on a GPU gathered there into one run (`lsh_gather`), one copy back;
+    /// elsewhere slot by slot.
+    fn gather(&self, h0: usize, counts: &[u32]) -> Result<Vec<u32>> {
+        #[cfg(feature = "cuda")]
+        if self.buf.device().is_cuda() {
+            let total = counts.iter().map(|&c| c as usize).sum();
+            let dims = (self.heads, self.segments, h0, counts.len() / self.segments, total);
+            return super::cuda::lsh_gather(&self.buf, dims)?.to_vec1();
+        }
+        let mut all = Vec::new();
+        for (i, &c) in counts.iter().enumerate() {
+            let slot = (h0 * self.segments + i) * SEGMENT_KEYS;
+            all.extend(self.buf.narrow(0, slot, c as usize)?.to_vec1::<u32>()?);
+        }
+        Ok(all)
+    }
+
+    /// The sample of the first `heads` query heads, whole KV heads' worth (`heads` a multiple of
+    /// the group), in a buffer of its own: the counts lie after every head's slots, so a view
+    /// cannot hold them; the copy stays on the device (a GPU attends part of a layer's heads
+    /// while the CPU attends the rest, `MagicPIG`'s `gpu_attend`).
+    pub fn first_heads(&self, heads: usize) -> Result<Sample> {
+        if heads > self.heads || !heads.is_multiple_of(self.group) {
+            candle_core::bail!("lsh sample: the first {heads} of {} heads in groups of {}", self.heads, self.group);
+        }
+        let cap = self.segments * SEGMENT_KEYS;
+        let slots = self.buf.narrow(0, 0, heads * cap)?;
+        let counts = self.buf.narrow(0, self.heads * cap, heads * self.segments)?;
+        Ok(Sample { buf: Tensor::cat(&[slots, counts], 0)?, heads, ..*self })
     }
 }
 
@@ -263,7 +313,8 @@ pub struct Weights<'a> {
 /// Each query head's attention over its `sample`, rows read from `k`/`v` where they lie:
 /// logits `scale · q·k + bias(cos)` with `cos = (q·k − q·mean) / (|q| · max(|k − mean|, MIN))`,
 /// softmax over the sample. `query [heads, d + 2]` f32: `q`, then `|q|` and `q·mean` of its KV
-/// head's keys. Returns `(out [heads, d], lse [heads])` f32 (zeros and −∞ for an empty sample).
+/// head's keys (head `h` the walk's: KV head `h / group`, also of a [`Sample::first_heads`]).
+/// Returns `(out [heads, d], lse [heads])` f32 (zeros and −∞ for an empty sample).
 pub fn attend(
     query: &Tensor,
     sample: &Sample,
@@ -274,12 +325,13 @@ pub fn attend(
     let (heads, d2) = query.dims2()?;
     let d = k.d;
     let kv_heads = k.heads;
+    let group = sample.group;
     let ok = heads == sample.heads
         && d2 == d + 2
         && query.dtype() == DType::F32
         && (v.heads, v.n, v.d) == (k.heads, k.n, k.d)
-        && kv_heads > 0
-        && heads % kv_heads == 0
+        && heads > 0
+        && heads.div_ceil(group) <= kv_heads
         && weights.first + weights.n <= k.n
         && (sample.first, sample.n) == (weights.first, weights.n)
         && weights.table_and_norms.elem_count() == weights.steps + 1 + kv_heads * weights.n
@@ -298,7 +350,6 @@ pub fn attend(
             weights.first + weights.n
         );
     }
-    let group = heads / kv_heads;
     #[cfg(feature = "cuda")]
     if query.device().is_cuda() {
         if !reads(k, v) || sample.segments > MAX_SEGMENTS {

@@ -119,7 +119,16 @@ mod tests {
                 "magicpig" => {
                     let dense = 2.0 * p("dense_layers");
                     let picked = p("sinks") + p("window");
-                    (0.0, dense * rows(n, kv) + (l - dense) * rows(picked, h), (l - dense) * rows(b, h))
+                    let sparse = l - dense;
+                    // The default split: the GPU walks every query head's tables (2 bytes an
+                    // entry, 2^-K of the indexed keys a table) and attends the gpu_attend share
+                    // of the heads' samples over the link; the CPU reads the rest in host memory.
+                    let indexed = n - picked;
+                    let (bits, tables) = crate::attention::magicpig::tables_for(b / indexed, p("bits") as usize);
+                    let walked = sparse * h * tables as f64 * (indexed / 2f64.powi(bits as i32)).floor() * 2.0;
+                    let on_gpu = h * p("gpu_attend");
+                    let link = dense * rows(n, kv) + sparse * rows(picked, h) + walked + sparse * rows(b, on_gpu);
+                    (0.0, link, sparse * rows(b, h - on_gpu))
                 }
                 other => panic!("no formula for {other}"),
             };

@@ -172,12 +172,14 @@ pub(super) struct LayerIndex {
     device: Mutex<Option<Arc<OnDevice>>>,
 }
 
-/// A layer's index where a GPU reads it: the bucket lists registered in place, and the bias
+/// A layer's index where a GPU reads it: the bucket lists registered in place, the bias
 /// table and the keys' norms on the device (`[table | norms of every KV head]`, f32: 16 MB a
-/// layer at a million keys and 4 KV heads).
+/// layer at a million keys and 4 KV heads), and the SimHash projection (`[d, K·L]` f32), so
+/// that the queries' codes are taken where the queries are.
 pub(super) struct OnDevice {
     pub(super) tables: lsh::Tables,
     pub(super) weights: Tensor,
+    pub(super) projection: Tensor,
 }
 
 impl LayerIndex {
@@ -342,7 +344,9 @@ impl LayerIndex {
         let tables = lsh::Tables::new(device, lists, (n, self.bits, self.tables))?;
         let weights: Vec<f32> = bias.0.iter().chain(self.heads.iter().flat_map(|h| h.norms.iter())).copied().collect();
         let weights = Tensor::from_vec(weights, bias.0.len() + self.heads.len() * n, device)?;
-        let on = Arc::new(OnDevice { tables, weights });
+        let planes = self.bits * self.tables;
+        let projection = Tensor::from_vec(self.w.clone(), (self.w.len() / planes, planes), device)?;
+        let on = Arc::new(OnDevice { tables, weights, projection });
         *slot = Some(on.clone());
         Ok(Some(on))
     }

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 use folio_kernels::attention::{merge, AttnOutput};
 use folio_kernels::select::{self, lsh, HostRows};
+use folio_kernels::sparse;
 use rayon::prelude::*;
 
 use super::cost::{CostInput, StepCost};
@@ -49,7 +50,7 @@ mod index;
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
     name: "magicpig",
-    summary: "LSH sampling: SimHash tables pick keys, importance-weighted attention over the sample, on the CPU",
+    summary: "LSH sampling: SimHash tables pick keys, importance-weighted attention over the sample, the CPU and GPU sharing it",
     paper: "Chen et al., MagicPIG: LSH Sampling for Efficient LLM Generation (ICLR 2025)",
     default_budget: Some(DefaultBudget {
         budget: "1%",
@@ -74,9 +75,10 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
 
 /// The dense layers read every row over the link; the others gather their static part (sinks
 /// and window) per query head on the device, and their sample either in host memory by the CPU
-/// (`gpu=0`) or over the link too (the GPU's walk and attention, `gpu=1`: each table's bucket
-/// run, 2 bytes a member, then the sampled rows; the keys' norms kept on the device — counted
-/// so even where a step falls back to the CPU: a CPU device, fp8 rows).
+/// (`gpu=0`) or, with `gpu=1`, the GPU's walk over the link (each table's bucket run, 2 bytes a
+/// member; the keys' norms kept on the device) and the sampled rows of the `gpu_attend` share
+/// of heads over the link too, the rest's in host memory by the CPU — counted so even where a
+/// step falls back to the CPU: a CPU device, fp8 rows.
 fn cost(input: &CostInput<'_>) -> StepCost {
     let layers = input.shape.layers;
     // `dense_layers=1` keeps layers 0 and L/2 dense.
@@ -86,10 +88,11 @@ fn cost(input: &CostInput<'_>) -> StepCost {
     let (heads, kv_heads) = (input.shape.heads, input.shape.kv_heads);
     let link = dense as f64 * input.rows(input.context, kv_heads) + sparse * input.rows(picked, heads);
     let resident = input.rows(picked, heads) as u64;
-    let sample = sparse * input.rows(input.budget, heads);
+    let sample = |heads: usize| sparse * input.rows(input.budget, heads);
     if input.params.usize("gpu") == 0 {
-        return StepCost { device_bytes: 0.0, link_bytes: link, host_bytes: sample, resident_bytes: resident };
+        return StepCost { device_bytes: 0.0, link_bytes: link, host_bytes: sample(heads), resident_bytes: resident };
     }
+    let on_gpu = gpu_kv_heads(input.params.get("gpu_attend"), kv_heads) * (heads / kv_heads.max(1));
     let indexed = input.context.saturating_sub(picked).max(1);
     let (bits, tables) = match input.params.usize("tables") {
         0 => tables_for(input.budget as f64 / indexed as f64, input.params.usize("bits")),
@@ -99,13 +102,19 @@ fn cost(input: &CostInput<'_>) -> StepCost {
     let norms = 4 * indexed as u64 * kv_heads as u64 * (layers - dense) as u64;
     StepCost {
         device_bytes: 0.0,
-        link_bytes: link + sample + walked,
-        host_bytes: 0.0,
+        link_bytes: link + sample(on_gpu) + walked,
+        host_bytes: sample(heads - on_gpu),
         resident_bytes: resident + norms,
     }
 }
 
-const PARAMS: [ParamSpec; 7] = [
+/// KV heads whose sample the GPU attends, of `kv_heads`, for a `gpu_attend` share: the nearest
+/// whole number (a KV head's query heads share its rows and its sample's buffer).
+fn gpu_kv_heads(share: f64, kv_heads: usize) -> usize {
+    ((share.clamp(0.0, 1.0) * kv_heads as f64).round() as usize).min(kv_heads)
+}
+
+const PARAMS: [ParamSpec; 8] = [
     ParamSpec {
         name: "bits",
         default: 10.0,
@@ -135,14 +144,30 @@ const PARAMS: [ParamSpec; 7] = [
     ParamSpec { name: "seed", default: 0.0, min: 0.0, max: 4_294_967_295.0, integer: true, doc: "projection seed" },
     ParamSpec {
         name: "gpu",
-        default: 0.0,
+        default: 1.0,
         min: 0.0,
         max: 1.0,
         integer: true,
-        doc: "1: a GPU walks the tables and attends the sample, reading both over the host link \
-              (0: the CPU does, in host memory, as the paper splits it; a CPU device always does)",
+        doc: "1: a GPU takes the queries' codes, walks the tables over the host link and attends the \
+              gpu_attend share of the sample, the CPU the rest in host memory (0: the CPU walks and attends \
+              everything, as the paper splits it; a CPU device always does)",
+    },
+    ParamSpec {
+        name: "gpu_attend",
+        default: GPU_ATTEND,
+        min: 0.0,
+        max: 1.0,
+        integer: false,
+        doc: "with gpu=1, the share of KV heads whose sample the GPU attends over the host link, to whole \
+              heads; the CPU attends the rest's in host memory at the same time (1: all, 0: none)",
     },
 ];
+
+/// The share of KV heads whose sample the GPU attends by default (`gpu_attend`): where the
+/// two sides end together on the H100 machine at 1M — the GPU attends a head's sample over the
+/// link in ~1.7 ms a step, the 16-core host in ~1.5 (a quarter on the GPU: 11.8 ms against the
+/// CPU's 33; half: 30.7 against 19.9, the step 57.9 ms against 69.1; docs/performance.md).
+const GPU_ATTEND: f64 = 0.5;
 
 /// Bytes of a bucket-list entry walked (a 16-bit key offset), for the `searched` figure in
 /// key-row equivalents (a bf16 key row is 2·d bytes).
@@ -254,9 +279,9 @@ impl MagicPig {
 impl MagicPig {
     /// A decode step over the offloaded tier: the GPU attends the static part (sinks, window,
     /// the tokens after the saved prefix) while the sample is drawn and attended — as the paper
-    /// splits it, by the CPU straight from host memory ([`Self::sample_on_host`]), or with
-    /// `gpu=1` by the GPU over the host link ([`Self::sample_on_device`]; rows the kernels do
-    /// not read, fp8, stay on the CPU); the two partials merge by LSE.
+    /// splits it, by the CPU straight from host memory ([`Self::sample_on_host`], `gpu=0`), or
+    /// by default walked by the GPU and attended by both ([`Self::sample_on_device`]; rows the
+    /// kernels do not read, fp8, stay on the CPU); the partials merge by LSE.
     fn attend_fast(
         &self,
         call: &AttnCall<'_>,
@@ -291,7 +316,11 @@ impl MagicPig {
             None
         };
         let (sampled_part, drawn, walked) = match on_device {
-            Some(on) => Self::sample_on_device(&ix, &on, (&q_flat, d), (keys, values), lo, call.scale)?,
+            Some(on) => {
+                let q_dev = call.q.to_dtype(candle_core::DType::F32)?.reshape((heads, d))?;
+                let gpu_kv_heads = gpu_kv_heads(self.params.get("gpu_attend"), ix.heads.len());
+                Self::sample_on_device(&ix, &on, (&q_dev, &q_flat, d), (keys, values), lo, call.scale, gpu_kv_heads)?
+            }
             None => Self::sample_on_host(&ix, (&q_flat, d), (keys, values), lo, call.scale, dev)?,
         };
         // What each head read (the harness's report), joined only if asked: the sample lies
@@ -395,52 +424,88 @@ impl MagicPig {
         Ok((part, Drawn::Host(picks), walked))
     }
 
-    /// The sample on the GPU ([`lsh`]): the query heads' codes, norms and `q·mean` on the CPU
-    /// (a few microseconds a head), then one launch walks every head's tables where they lie
-    /// and one attends the sample, reading its rows over the host link; nothing comes back to
-    /// the host, so the device's queue runs on into the rest of the layer. The same keys as
-    /// [`Self::sample_on_host`], the same weights.
+    /// The sample walked on the GPU ([`lsh`]): the queries' codes from the projection on the
+    /// device, one launch walks every head's tables where they lie; then the query heads of
+    /// the first `gpu_kv_heads` KV heads are attended by the GPU, reading their rows over the
+    /// host link, while the CPU attends the others' in host memory (their picks copied back, a
+    /// few hundred KB a layer) — both sides at once, each at its own memory's rate: the walk
+    /// is the GPU's strength (~9 ms a step at 1M against the CPU pool's 23), scattered rows
+    /// the host's (~30 GB/s against ~10 over the link). Only the codes come back besides (for
+    /// the walked count), before the GPU's attention is queued, so that no copy waits on it.
+    /// The same keys as [`Self::sample_on_host`], the same weights.
     fn sample_on_device(
         ix: &LayerIndex,
         on: &OnDevice,
-        (q_flat, d): (&[f32], usize),
+        (q_dev, q_flat, d): (&Tensor, &[f32], usize),
         (keys, values): (&HostRows, &HostRows),
         lo: usize,
         scale: f32,
+        gpu_kv_heads: usize,
     ) -> Result<(AttnOutput, Drawn, usize)> {
         let heads = q_flat.len() / d;
         let groups = heads / ix.heads.len();
+        let on_gpu = (gpu_kv_heads * groups).min(heads);
         let dev = on.weights.device();
-        let (codes, query, walked) = span(dev, "attention: sample: codes (CPU)", || {
-            on_cpu_pool(|| {
-                let per_head: Vec<(Vec<u32>, Vec<f32>, usize)> = (0..heads)
-                    .into_par_iter()
-                    .map(|h| {
-                        let q = &q_flat[h * d..(h + 1) * d];
-                        let codes = ix.query_codes(q);
-                        let walked = ix.walked(h / groups, &codes);
-                        let (norm, mean) = ix.query_weights(h / groups, q);
-                        let row = q.iter().copied().chain([norm, mean]).collect();
-                        (codes, row, walked)
-                    })
-                    .collect();
-                let walked = per_head.iter().map(|p| p.2).sum::<usize>();
-                let (codes, query): (Vec<Vec<u32>>, Vec<Vec<f32>>) = per_head.into_iter().map(|p| (p.0, p.1)).unzip();
-                Ok((codes.concat(), query.concat(), walked))
-            })
+        let q_of = |h: usize| &q_flat[h * d..(h + 1) * d];
+        let weights: Vec<(f32, f32)> = (0..heads).map(|h| ix.query_weights(h / groups, q_of(h))).collect();
+        let (sample, codes) = span(dev, "attention: sample: walk (GPU)", || {
+            let codes = sparse::simhash_codes(q_dev, &on.projection, ix.bits, ix.tables)?;
+            let sample = on.tables.walk(&codes, groups, (ix.first, lo.saturating_sub(ix.first)))?;
+            Ok((sample, codes))
         })?;
-        let tables = codes.len() / heads;
-        let sample = span(dev, "attention: sample: walk (GPU)", || {
-            let codes = Tensor::from_vec(codes, (heads, tables), dev)?;
-            Ok(on.tables.walk(&codes, groups, (ix.first, lo.saturating_sub(ix.first)))?)
+        let (picks, codes) = span(dev, "attention: sample: picks to the host", || {
+            Ok(sample.positions_with(on_gpu..heads, Some(&codes))?)
         })?;
-        let (out, lse) = span(dev, "attention: sample: attend (GPU)", || {
-            let query = Tensor::from_vec(query, (heads, d + 2), dev)?;
-            let n = ix.end - ix.first;
-            let weights = lsh::Weights { table_and_norms: &on.weights, steps: BIAS_TABLE_STEPS, first: ix.first, n };
-            Ok(lsh::attend(&query, &sample, (keys, values), &weights, scale)?)
-        })?;
-        let part = AttnOutput { out: out.unsqueeze(1)?, lse: lse.unsqueeze(1)? };
+        let walked = codes.chunks(ix.tables).enumerate().map(|(h, c)| ix.walked(h / groups, c)).sum();
+        let device_part = match on_gpu {
+            0 => None,
+            _ => Some(span(dev, "attention: sample: attend (GPU)", || {
+                let query: Vec<f32> =
+                    (0..on_gpu).flat_map(|h| q_of(h).iter().copied().chain([weights[h].0, weights[h].1])).collect();
+                let query = Tensor::from_vec(query, (on_gpu, d + 2), dev)?;
+                let n = ix.end - ix.first;
+                let w = lsh::Weights { table_and_norms: &on.weights, steps: BIAS_TABLE_STEPS, first: ix.first, n };
+                let part = if on_gpu == heads { None } else { Some(sample.first_heads(on_gpu)?) };
+                Ok(lsh::attend(&query, part.as_ref().unwrap_or(&sample), (keys, values), &w, scale)?)
+            })?),
+        };
+        let host_part = if on_gpu == heads {
+            None
+        } else {
+            let (kh, vh) = (keys.host()?, values.host()?);
+            let (out, lse) = span(dev, "attention: sample: attend (CPU)", || {
+                on_cpu_pool(|| {
+                    let rows: usize = picks.iter().map(Vec::len).sum();
+                    let chunk =
+                        rows.div_ceil(ATTEND_ROUNDS * rayon::current_num_threads()).clamp(1, ATTEND_ROWS_PER_TASK);
+                    let tasks: Vec<(usize, &[u32])> = picks
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(i, p)| p.chunks(chunk).map(move |rows| (on_gpu + i, rows)))
+                        .collect();
+                    let parts = tasks
+                        .into_par_iter()
+                        .map(|(h, rows)| {
+                            let (kvh, (q_norm, q_mean)) = (h / groups, weights[h]);
+                            // Gathered first, as the CPU's walk gathers them: independent
+                            // loads in flight together, none in a row's chain of waits.
+                            let norms: Vec<f32> =
+                                rows.iter().map(|&p| ix.heads[kvh].norms[p as usize - ix.first]).collect();
+                            let bias = |j: usize, qk: f32| ix.logit_bias_from_dot((qk, q_mean), q_norm, norms[j]);
+                            let part = select::attend_partial(q_of(h), (&kh, &vh), kvh, rows, scale, &bias)?;
+                            Ok((h - on_gpu, part))
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    Ok(select::merge_partials(heads - on_gpu, d, parts))
+                })
+            })?;
+            let both = Tensor::from_vec([out, lse].concat(), (heads - on_gpu) * (d + 1), dev)?;
+            let split = (heads - on_gpu) * d;
+            Some((both.narrow(0, 0, split)?.reshape((heads - on_gpu, d))?, both.narrow(0, split, heads - on_gpu)?))
+        };
+        // The GPU's heads first, then the CPU's: the heads' order.
+        let (outs, lses): (Vec<Tensor>, Vec<Tensor>) = device_part.into_iter().chain(host_part).unzip();
+        let part = AttnOutput { out: Tensor::cat(&outs, 0)?.unsqueeze(1)?, lse: Tensor::cat(&lses, 0)?.unsqueeze(1)? };
         Ok((part, Drawn::Device(sample), walked))
     }
 }
@@ -452,6 +517,11 @@ const WALK_PARTS: usize = 4;
 /// that the cores finish together however the sample falls across the parts (~500 picks a part
 /// at a 2048-token budget; ~2,500 at 1% of a million keys).
 const ATTEND_ROWS_PER_TASK: usize = 512;
+
+/// Rounds of the CPU pool a sample walked on the GPU is attended in: its rows split into
+/// `ATTEND_ROUNDS × threads` tasks (at most [`ATTEND_ROWS_PER_TASK`] each), so that the cores
+/// end within a task of one another.
+const ATTEND_ROUNDS: usize = 4;
 
 /// What the CPU's side of a step found and computed: each query head's sample (ascending), its
 /// attention over it (`out [heads·d]`, `lse [heads]`), the index entries walked, and the time
