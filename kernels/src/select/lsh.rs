@@ -6,7 +6,7 @@
 //! Why it exists beside the paper's split, which keeps the sampled rows off the host link: the
 //! CPU's side (a walk that waits on DRAM for each bucket run, then scattered row reads) is most
 //! of a step at a million tokens on the 16-core host of the H100 machine. The GPU walks the
-//! tables in a third of the pool's time (9 ms a step against 23); the host reads scattered rows
+//! tables in two fifths of the pool's time (9 ms a step against 23); the host reads scattered rows
 //! faster than the link brings them (~30 GB/s against ~10). So MagicPIG's default splits the
 //! sample: the GPU walks every head's tables, then attends half the heads' samples over the
 //! link while the CPU attends the other half's in host memory ([`Sample::positions_with`],
@@ -264,9 +264,14 @@ impl Sample {
     /// part in turn: on a GPU gathered there into one run (`lsh_gather`), one copy back;
     /// elsewhere slot by slot.
     fn gather(&self, h0: usize, counts: &[u32]) -> Result<Vec<u32>> {
+        let total: usize = counts.iter().map(|&c| c as usize).sum();
+        if total == 0 {
+            // Nothing to copy (an empty range, or no key collided twice): no launch, no
+            // zero-byte allocation, no round trip.
+            return Ok(Vec::new());
+        }
         #[cfg(feature = "cuda")]
         if self.buf.device().is_cuda() {
-            let total = counts.iter().map(|&c| c as usize).sum();
             let dims = (self.heads, self.segments, h0, counts.len() / self.segments, total);
             return super::cuda::lsh_gather(&self.buf, dims)?.to_vec1();
         }

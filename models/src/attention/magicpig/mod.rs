@@ -163,10 +163,11 @@ const PARAMS: [ParamSpec; 8] = [
     },
 ];
 
-/// The share of KV heads whose sample the GPU attends by default (`gpu_attend`): where the
-/// two sides end together on the H100 machine at 1M — the GPU attends a head's sample over the
-/// link in ~1.7 ms a step, the 16-core host in ~1.5 (a quarter on the GPU: 11.8 ms against the
-/// CPU's 33; half: 30.7 against 19.9, the step 57.9 ms against 69.1; docs/performance.md).
+/// The share of KV heads whose sample the GPU attends by default (`gpu_attend`), measured
+/// best of the whole-head splits of the 7B shape's 4 KV heads on the H100 machine at 1M: a
+/// quarter on the GPU left the CPU 33.4 ms a step against the GPU's 12.0, a half gives 19.9
+/// against 30.7 (the even point lies between), and the step 57.9 ms against 69.1
+/// (docs/performance.md).
 const GPU_ATTEND: f64 = 0.5;
 
 /// Bytes of a bucket-list entry walked (a 16-bit key offset), for the `searched` figure in
