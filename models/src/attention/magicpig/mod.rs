@@ -665,6 +665,42 @@ mod tests {
         (0..d).map(|_| normal(rng)).collect()
     }
 
+    /// The GPU's share of the sample goes by whole KV heads, the same in the cost as in a step:
+    /// the host bytes are the CPU's heads' rows, the link carries the GPU's.
+    #[test]
+    fn the_split_goes_by_whole_kv_heads() {
+        use crate::attention::cost::Shape;
+        for (share, kv, want) in
+            [(0.0, 4, 0), (0.3, 4, 1), (0.5, 4, 2), (0.6, 4, 2), (1.0, 4, 4), (0.5, 1, 1), (0.4, 1, 0)]
+        {
+            assert_eq!(gpu_kv_heads(share, kv), want, "{share} of {kv}");
+        }
+        let shape = Shape { layers: 4, heads: 8, kv_heads: 4, head_dim: 16 };
+        let (context, elem, budget) = (1 << 16, 2, 256);
+        let cost = |given: &[&str]| {
+            let given: Vec<(String, String)> = given
+                .iter()
+                .map(|kv| {
+                    let (k, v) = kv.split_once('=').unwrap();
+                    (k.to_string(), v.to_string())
+                })
+                .collect();
+            let params = Params::parse("magicpig", &PARAMS, &given).unwrap();
+            cost(&CostInput { shape, context, elem, budget, params: &params })
+        };
+        // A query head's sample over every layer (all sparse with dense_layers=0): budget rows
+        // of K and V.
+        let sample_head = (shape.layers * budget * 2 * shape.head_dim * elem) as f64;
+        let cpu = cost(&["gpu=0", "dense_layers=0"]);
+        assert_eq!(cpu.host_bytes, 8.0 * sample_head);
+        for (share, gpu_heads) in [("0.3", 2.0), ("0.5", 4.0), ("1", 8.0)] {
+            let split = cost(&["dense_layers=0", &format!("gpu_attend={share}")]);
+            assert_eq!(split.host_bytes, (8.0 - gpu_heads) * sample_head, "gpu_attend={share}");
+            let walk_only = cost(&["dense_layers=0", "gpu_attend=0"]);
+            assert_eq!(split.link_bytes - walk_only.link_bytes, gpu_heads * sample_head, "gpu_attend={share}");
+        }
+    }
+
     /// The stable form equals the textbook one where the latter is accurate, and the
     /// budget rule inverts it.
     #[test]
