@@ -74,11 +74,11 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
 };
 
 /// The dense layers read every row over the link; the others gather their static part (sinks
-/// and window) per query head on the device, and their sample either in host memory by the CPU
-/// (`gpu=0`) or, with `gpu=1`, the GPU's walk over the link (each table's bucket run, 2 bytes a
-/// member; the keys' norms kept on the device) and the sampled rows of the `gpu_attend` share
-/// of heads over the link too, the rest's in host memory by the CPU — counted so even where a
-/// step falls back to the CPU: a CPU device, fp8 rows.
+/// and window) per query head on the device, walk each query head's tables (each table's
+/// bucket run, 2 bytes a member) and read its sample: with `gpu=0` both in host memory by the
+/// CPU, with `gpu=1` the walk over the link (the keys' norms kept on the device) and the sampled
+/// rows of the `gpu_attend` share of heads over the link too, the rest's in host memory by the
+/// CPU — counted so even where a step falls back to the CPU: a CPU device, fp8 rows.
 fn cost(input: &CostInput<'_>) -> StepCost {
     let layers = input.shape.layers;
     // `dense_layers=1` keeps layers 0 and L/2 dense.
@@ -89,16 +89,17 @@ fn cost(input: &CostInput<'_>) -> StepCost {
     let link = dense as f64 * input.rows(input.context, kv_heads) + sparse * input.rows(picked, heads);
     let resident = input.rows(picked, heads) as u64;
     let sample = |heads: usize| sparse * input.rows(input.budget, heads);
-    if input.params.usize("gpu") == 0 {
-        return StepCost { device_bytes: 0.0, link_bytes: link, host_bytes: sample(heads), resident_bytes: resident };
-    }
-    let on_gpu = gpu_kv_heads(input.params.get("gpu_attend"), kv_heads) * (heads / kv_heads.max(1));
     let indexed = input.context.saturating_sub(picked).max(1);
     let (bits, tables) = match input.params.usize("tables") {
         0 => tables_for(input.budget as f64 / indexed as f64, input.params.usize("bits")),
         l => (input.params.usize("bits"), l),
     };
     let walked = sparse * (heads * tables) as f64 * (indexed >> bits) as f64 * ENTRY_BYTES;
+    if input.params.usize("gpu") == 0 {
+        let host_bytes = sample(heads) + walked;
+        return StepCost { device_bytes: 0.0, link_bytes: link, host_bytes, resident_bytes: resident };
+    }
+    let on_gpu = gpu_kv_heads(input.params.get("gpu_attend"), kv_heads) * (heads / kv_heads.max(1));
     let norms = 4 * indexed as u64 * kv_heads as u64 * (layers - dense) as u64;
     StepCost {
         device_bytes: 0.0,
@@ -691,12 +692,15 @@ mod tests {
         // A query head's sample over every layer (all sparse with dense_layers=0): budget rows
         // of K and V.
         let sample_head = (shape.layers * budget * 2 * shape.head_dim * elem) as f64;
+        // The CPU split reads every head's sample and walk in host memory, the walk the bytes
+        // the GPU's walk brings over the link.
         let cpu = cost(&["gpu=0", "dense_layers=0"]);
-        assert_eq!(cpu.host_bytes, 8.0 * sample_head);
+        let walk_only = cost(&["dense_layers=0", "gpu_attend=0"]);
+        let walk = walk_only.link_bytes - cpu.link_bytes;
+        assert!(walk > 0.0 && cpu.host_bytes == 8.0 * sample_head + walk, "{} {walk}", cpu.host_bytes);
         for (share, gpu_heads) in [("0.3", 2.0), ("0.5", 4.0), ("1", 8.0)] {
             let split = cost(&["dense_layers=0", &format!("gpu_attend={share}")]);
             assert_eq!(split.host_bytes, (8.0 - gpu_heads) * sample_head, "gpu_attend={share}");
-            let walk_only = cost(&["dense_layers=0", "gpu_attend=0"]);
             assert_eq!(split.link_bytes - walk_only.link_bytes, gpu_heads * sample_head, "gpu_attend={share}");
         }
     }
