@@ -345,7 +345,7 @@ impl LayerIndex {
         let weights: Vec<f32> = bias.0.iter().chain(self.heads.iter().flat_map(|h| h.norms.iter())).copied().collect();
         let weights = Tensor::from_vec(weights, bias.0.len() + self.heads.len() * n, device)?;
         let planes = self.bits * self.tables;
-        let projection = Tensor::from_vec(self.w.clone(), (self.w.len() / planes, planes), device)?;
+        let projection = Tensor::from_slice(&self.w, (self.w.len() / planes, planes), device)?;
         let on = Arc::new(OnDevice { tables, weights, projection });
         *slot = Some(on.clone());
         Ok(Some(on))

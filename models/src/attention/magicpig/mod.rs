@@ -384,9 +384,8 @@ impl MagicPig {
                             .map(|(c, rows)| {
                                 let started = Instant::now();
                                 let norms = &picked_norms[c * ATTEND_ROWS_PER_TASK..];
-                                let (q_norm, q_mean) = weights[h];
-                                let bias = |j: usize, qk: f32| ix.logit_bias_from_dot((qk, q_mean), q_norm, norms[j]);
-                                let part = select::attend_partial(q_of(h), (&kh, &vh), h / groups, rows, scale, &bias)?;
+                                let query = (q_of(h), weights[h]);
+                                let part = attend_picked(ix, query, (&kh, &vh), h / groups, (rows, norms), scale)?;
                                 Ok((part, started.elapsed()))
                             })
                             .collect::<Result<Vec<_>>>()?;
@@ -417,12 +416,8 @@ impl MagicPig {
         profile::charge("attention: sample: walk (CPU time / threads)", sampled.walking / threads);
         profile::charge("attention: sample: attend (CPU time / threads)", sampled.attending / threads);
         let Sampled { picks, out, lse, walked, .. } = sampled;
-        // One copy to the device for both (each copy from pageable memory waits for itself).
-        let both = Tensor::from_vec([out, lse].concat(), heads * (d + 1), dev)?;
-        let part = AttnOutput {
-            out: both.narrow(0, 0, heads * d)?.reshape((heads, 1, d))?,
-            lse: both.narrow(0, heads * d, heads)?.reshape((heads, 1))?,
-        };
+        let (out, lse) = partial_to(dev, out, lse)?;
+        let part = AttnOutput { out: out.unsqueeze(1)?, lse: lse.unsqueeze(1)? };
         Ok((part, Drawn::Host(picks), walked))
     }
 
@@ -488,28 +483,49 @@ impl MagicPig {
                     let parts = tasks
                         .into_par_iter()
                         .map(|(h, rows)| {
-                            let (kvh, (q_norm, q_mean)) = (h / groups, weights[h]);
+                            let kvh = h / groups;
                             // Gathered first, as the CPU's walk gathers them: independent
                             // loads in flight together, none in a row's chain of waits.
                             let norms: Vec<f32> =
                                 rows.iter().map(|&p| ix.heads[kvh].norms[p as usize - ix.first]).collect();
-                            let bias = |j: usize, qk: f32| ix.logit_bias_from_dot((qk, q_mean), q_norm, norms[j]);
-                            let part = select::attend_partial(q_of(h), (&kh, &vh), kvh, rows, scale, &bias)?;
-                            Ok((h - on_gpu, part))
+                            let query = (q_of(h), weights[h]);
+                            Ok((h - on_gpu, attend_picked(ix, query, (&kh, &vh), kvh, (rows, &norms), scale)?))
                         })
                         .collect::<Result<Vec<_>>>()?;
                     Ok(select::merge_partials(heads - on_gpu, d, parts))
                 })
             })?;
-            let both = Tensor::from_vec([out, lse].concat(), (heads - on_gpu) * (d + 1), dev)?;
-            let split = (heads - on_gpu) * d;
-            Some((both.narrow(0, 0, split)?.reshape((heads - on_gpu, d))?, both.narrow(0, split, heads - on_gpu)?))
+            Some(partial_to(dev, out, lse)?)
         };
         // The GPU's heads first, then the CPU's: the heads' order.
         let (outs, lses): (Vec<Tensor>, Vec<Tensor>) = device_part.into_iter().chain(host_part).unzip();
         let part = AttnOutput { out: Tensor::cat(&outs, 0)?.unsqueeze(1)?, lse: Tensor::cat(&lses, 0)?.unsqueeze(1)? };
         Ok((part, Drawn::Device(sample), walked))
     }
+}
+
+/// The CPU's attention over picked `rows` of KV head `kvh` for `query` (`q`, then `|q|` and
+/// `q·mean` of the head's keys, [`LayerIndex::query_weights`]), each row weighted by the bias
+/// of its cosine from its centred norm in `norms` (one per row).
+fn attend_picked(
+    ix: &LayerIndex,
+    (q, (q_norm, q_mean)): (&[f32], (f32, f32)),
+    rows_kv: (&select::HostView<'_>, &select::HostView<'_>),
+    kvh: usize,
+    (rows, norms): (&[u32], &[f32]),
+    scale: f32,
+) -> Result<select::Partial> {
+    let bias = |j: usize, qk: f32| ix.logit_bias_from_dot((qk, q_mean), q_norm, norms[j]);
+    Ok(select::attend_partial(q, rows_kv, kvh, rows, scale, &bias)?)
+}
+
+/// The CPU's partial (`out [heads·d]`, `lse [heads]`) on `dev` as `[heads, d]` and `[heads]`,
+/// in one copy (each copy from pageable memory waits for itself).
+fn partial_to(dev: &candle_core::Device, out: Vec<f32>, lse: Vec<f32>) -> Result<(Tensor, Tensor)> {
+    let heads = lse.len();
+    let d = out.len() / heads.max(1);
+    let both = Tensor::from_vec([out, lse].concat(), heads * (d + 1), dev)?;
+    Ok((both.narrow(0, 0, heads * d)?.reshape((heads, d))?, both.narrow(0, heads * d, heads)?))
 }
 
 /// Parts (ranges of key segments) each query head's table walk is split into on the CPU pool.
