@@ -15,7 +15,7 @@
 #define MAX_TABLES 1024
 #define MAX_SEGS 2048
 #define ATTEND_WARPS 8
-#define GATHER_THREADS 256
+#define REPORT_THREADS 256
 // Values of a head a lane holds (head dims up to 32 · 8 = 256, four at a time).
 #define LANE_VALUES 8
 
@@ -162,43 +162,56 @@ __device__ __forceinline__ void load4(const __nv_bfloat16* p, float* x) {
     x[3] = __uint_as_float(u.y & 0xffff0000u);
 }
 
-// One block per (segment, query head h0 + blockIdx.y): the slot's picks copied to `out` after
-// those of every earlier (head, segment) of the range, head-major — each head's positions
-// ascending, the heads in order — for the host to read back in one copy. The offset is the sum
-// of the earlier counts (at most heads · MAX_SEGS), taken by each block.
-extern "C" __global__ void __launch_bounds__(GATHER_THREADS)
-    lsh_gather(const uint32_t* picks, const uint32_t* counts, uint32_t* out, int segs, int h0) {
-    __shared__ uint32_t warp_sums[GATHER_THREADS / 32];
-    const int s = blockIdx.x, h = h0 + blockIdx.y, t = threadIdx.x, lane = t & 31, warp = t >> 5;
+// One block per (segment, query head h0 + blockIdx.y) of a range of `heads` query heads: what
+// the host needs of a walk, written where it reads it (host memory mapped into the device's
+// address space: no copy to wait for, and the queue goes on to the GPU's own attention) — the
+// range's counts, then `n_also` words of `also`, then the range's picks, head-major, each head's
+// positions ascending, each slot's after those of every earlier (head, segment) of the range
+// (the sum of the earlier counts, at most heads · MAX_SEGS, taken by each block). Nothing is
+// written from word `cap` on: the host sums the counts and reports again into a larger buffer
+// when the picks did not fit. A range of no heads launches one row of blocks for `also`.
+extern "C" __global__ void __launch_bounds__(REPORT_THREADS)
+    lsh_report(const uint32_t* picks, const uint32_t* counts, const uint32_t* also, uint32_t* out, int segs, int h0,
+               int heads, int n_also, unsigned long long cap) {
+    __shared__ uint32_t warp_sums[REPORT_THREADS / 32];
+    const int s = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const uint32_t* mine = counts + (size_t)h0 * segs;
+    const size_t slots = (size_t)heads * segs, lead = slots + n_also;
+    if (s == 0 && blockIdx.y == 0) {
+        for (size_t i = t; i < slots && i < cap; i += REPORT_THREADS) out[i] = mine[i];
+        for (size_t i = t; i < (size_t)n_also && slots + i < cap; i += REPORT_THREADS) out[slots + i] = also[i];
+    }
+    if ((int)blockIdx.y >= heads) return;
+    const int h = h0 + blockIdx.y;
     const int before = blockIdx.y * segs + s;
     uint32_t sum = 0;
-    for (int i = t; i < before; i += GATHER_THREADS) sum += mine[i];
+    for (int i = t; i < before; i += REPORT_THREADS) sum += mine[i];
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, o);
     if (lane == 0) warp_sums[warp] = sum;
     __syncthreads();
-    size_t at = 0;
-    for (int w = 0; w < GATHER_THREADS / 32; ++w) at += warp_sums[w];
+    size_t at = lead;
+    for (int w = 0; w < REPORT_THREADS / 32; ++w) at += warp_sums[w];
     const uint32_t n = mine[before];
     const uint32_t* from = picks + ((size_t)h * segs + s) * SEG_KEYS;
-    for (uint32_t j = t; j < n; j += GATHER_THREADS) out[at + j] = from[j];
+    for (uint32_t j = t; j < n && at + j < cap; j += REPORT_THREADS) out[at + j] = from[j];
 }
 
 // Blocks (gridDim.x per head) × ATTEND_WARPS warps share each head's sample evenly, a warp a
 // contiguous share, a pick at a time: its K and V rows read where they lie, the logit
 // scale·q·k + bias(cos), cos = (q·k − q·mean) / (|q| · |k − mean|), and an online softmax. Each
 // warp writes its partial (Σ e·v over d channels, then the max and Σ e) for the merge.
+// The query heads are the first gridDim.y of the `sampled` heads the sample's buffer holds.
 // query [heads][d + 2]: q, then |q| and q·mean; weights: the bias table (steps + 1), then the
 // keys' centred norms [kv_heads][n_idx] of indexed keys first..first + n_idx.
 template <typename T>
 __device__ void lsh_attend(const T* k, const T* v, const float* query, const uint32_t* sample, const float* weights,
-                           float* part, int segs, int d, int rows, int group, int first, int n_idx, int steps,
-                           float scale) {
+                           float* part, int sampled, int segs, int d, int rows, int group, int first, int n_idx,
+                           int steps, float scale) {
     __shared__ uint32_t scan[MAX_SEGS + 1];
     const int h = blockIdx.y, kvh = h / group, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const size_t cap = (size_t)segs * SEG_KEYS;
     const uint32_t* picks = sample + h * cap;
-    const uint32_t* counts = sample + gridDim.y * cap + (size_t)h * segs;
+    const uint32_t* counts = sample + (size_t)sampled * cap + (size_t)h * segs;
     if (threadIdx.x == 0) {
         scan[0] = 0;
         for (int s = 0; s < segs; ++s) scan[s + 1] = scan[s] + counts[s];
@@ -282,8 +295,9 @@ __device__ void lsh_attend(const T* k, const T* v, const float* query, const uin
 #define LSH_ATTEND(name, T)                                                                                        \
     extern "C" __global__ void __launch_bounds__(32 * ATTEND_WARPS)                                                \
         name(const T* k, const T* v, const float* query, const uint32_t* sample, const float* weights, float* part, \
-             int segs, int d, int rows, int group, int first, int n_idx, int steps, float scale) {                 \
-        lsh_attend<T>(k, v, query, sample, weights, part, segs, d, rows, group, first, n_idx, steps, scale);       \
+             int sampled, int segs, int d, int rows, int group, int first, int n_idx, int steps, float scale) {    \
+        lsh_attend<T>(k, v, query, sample, weights, part, sampled, segs, d, rows, group, first, n_idx, steps,    \
+                      scale);                                                                                      \
     }
 
 LSH_ATTEND(lsh_attend_f32, float)

@@ -207,6 +207,16 @@ impl Queued {
         Ok(())
     }
 
+    /// Whether that work is done, without waiting (on the CPU it always is).
+    pub fn done(&self) -> Result<bool> {
+        #[cfg(feature = "cuda")]
+        if let Some(e) = &self.event {
+            use candle_core::cuda::WrapErr;
+            return e.try_is_complete().w();
+        }
+        Ok(true)
+    }
+
     /// Seconds the device spent between `earlier` and this point, once both are done (both
     /// [`Queued::timed`]); `None` on the CPU, where there is no queue to time.
     pub fn seconds_since(&self, earlier: &Queued) -> Result<Option<f64>> {

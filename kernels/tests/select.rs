@@ -517,18 +517,16 @@ fn lsh_sample_matches_definition(device: &Device) -> Result<()> {
     for skip in [0, 70_000, n] {
         let sample = index.walk(&codes, group, (first, skip))?;
         assert!(sample.positions()? == want(skip), "seed {seed}: skip {skip}: the walk's sample differs");
-        // The last KV head's query heads alone, and the first KV head's in a sample of their own.
-        let (rest, also) = sample.positions_with(group..heads, Some(&codes))?;
-        assert!(rest == want(skip)[group..], "seed {seed}: skip {skip}: heads {group}.. differ");
-        assert!(also == qc, "seed {seed}: the codes copied back with the counts differ");
-        let (none, also) = sample.positions_with(heads..heads, Some(&codes))?;
+        // The heads from the middle of the first KV head's on, with the codes; an empty range.
+        let (rest, also) = sample.report(group - 1..heads, Some(&codes))?.wait()?;
+        assert!(rest == want(skip)[group - 1..], "seed {seed}: skip {skip}: heads {}.. differ", group - 1);
+        assert!(also == qc, "seed {seed}: the codes reported with the picks differ");
+        let (none, also) = sample.report(heads..heads, Some(&codes))?.wait()?;
         assert!(none.is_empty() && also == qc, "seed {seed}: an empty range");
-        let first_heads = sample.first_heads(group)?.positions()?;
-        assert!(first_heads == want(skip)[..group], "seed {seed}: skip {skip}: the first KV head's heads differ");
     }
-    // Part of a KV head's query heads, or heads past the sample's, are refused.
+    // Heads past the sample's are refused.
     let sample = index.walk(&codes, group, (first, 0))?;
-    assert!(sample.first_heads(group - 1).is_err() && sample.positions_with(0..heads + 1, None).is_err());
+    assert!(sample.report(0..heads + 1, None).is_err() && sample.report(heads + 1..heads + 1, None).is_err());
     assert!(want(0).iter().all(|p| p.len() > 1000), "seed {seed}: samples this size exercise every warp");
 
     // The attention, over the walk's sample and an empty one.
@@ -578,14 +576,20 @@ fn lsh_sample_matches_definition(device: &Device) -> Result<()> {
             let sample = index.walk(&codes, group, (first, skip))?;
             let (out, lse) = lsh::attend(&query_t, &sample, (&hk, &hv), &weights, scale)?;
             let (out, lse): (Vec<f32>, Vec<f32>) = (out.flatten_all()?.to_vec1()?, lse.to_vec1()?);
-            // The first KV head's query heads attended alone give what they gave among all.
-            let (part_out, part_lse) =
-                lsh::attend(&query_t.narrow(0, 0, group)?, &sample.first_heads(group)?, (&hk, &hv), &weights, scale)?;
-            let (part_out, part_lse): (Vec<f32>, Vec<f32>) = (part_out.flatten_all()?.to_vec1()?, part_lse.to_vec1()?);
-            assert!(
-                part_out == out[..group * d] && part_lse == lse[..group],
-                "seed {seed}: {dtype:?}: the first KV head's heads attended alone differ"
-            );
+            // The first heads attended alone (part of a KV head's too) give what they gave
+            // among all; more query heads than sampled are refused.
+            for first_heads in [group, group + 1] {
+                let query_first = query_t.narrow(0, 0, first_heads)?;
+                let (part_out, part_lse) = lsh::attend(&query_first, &sample, (&hk, &hv), &weights, scale)?;
+                let (part_out, part_lse): (Vec<f32>, Vec<f32>) =
+                    (part_out.flatten_all()?.to_vec1()?, part_lse.to_vec1()?);
+                assert!(
+                    part_out == out[..first_heads * d] && part_lse == lse[..first_heads],
+                    "seed {seed}: {dtype:?}: the first {first_heads} heads attended alone differ"
+                );
+            }
+            let more = Tensor::cat(&[&query_t, &query_t.narrow(0, 0, 1)?], 0)?;
+            assert!(lsh::attend(&more, &sample, (&hk, &hv), &weights, scale).is_err(), "seed {seed}: {dtype:?}");
             for (h, pick) in want(skip).iter().enumerate() {
                 let kvh = h / group;
                 let row = |p: u32| (kvh * rows + p as usize) * d;

@@ -62,6 +62,12 @@ fn recording() -> bool {
     SPANS.with(|s| s.borrow().is_some())
 }
 
+/// Whether this thread's spans synchronise the device now ([`Clock::Device`] recording): what
+/// runs at once otherwise runs in turn, so timings taken meanwhile say nothing of a step.
+pub fn synchronising() -> bool {
+    recording() && SYNC.with(|s| s.get())
+}
+
 /// Runs `f`, charging its time on `device` to `name` when this thread is recording (with
 /// [`Clock::Device`] the device is synchronised before and after, so the span holds its own
 /// work only).

@@ -100,9 +100,10 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
         ("hip", Some("5%")),
         // The sample drawn and attended by the CPU, as the paper splits it.
         ("magicpig gpu=0", Some("5%")),
-        // Drawn by the GPU, one KV head's sample attended there and the other's by the CPU (the
-        // default; the CPU alone on a CPU device).
+        // Drawn by the GPU, half the query heads' samples attended there and the others' by the
+        // CPU (the default; the CPU alone on a CPU device); and with the split balanced.
         ("magicpig", Some("5%")),
+        ("magicpig balance=1", Some("5%")),
         // Drawn and attended by the GPU over the host link.
         ("magicpig gpu_attend=1", Some("5%")),
     ] {
@@ -112,6 +113,7 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
             "magicpig" => parse_params(&["dense_layers=0".into()])?,
             "magicpig gpu=0" => parse_params(&["dense_layers=0".into(), "gpu=0".into()])?,
             "magicpig gpu_attend=1" => parse_params(&["dense_layers=0".into(), "gpu_attend=1".into()])?,
+            "magicpig balance=1" => parse_params(&["dense_layers=0".into(), "balance=1".into()])?,
             _ => vec![],
         };
         let (label, name) = (name, name.split(' ').next().unwrap_or(name));

@@ -56,6 +56,16 @@ impl Mapped {
         Ok(Self { buf, ptr })
     }
 
+    /// The first `n` u32 words (native order) — what a kernel wrote here, once its event is
+    /// waited on.
+    fn words(&self, n: usize) -> Result<Vec<u32>> {
+        let bytes = self.buf.as_slice().w()?;
+        if 4 * n > bytes.len() {
+            candle_core::bail!("mapped buffer: {n} words asked of {} bytes", bytes.len());
+        }
+        Ok(bytes[..4 * n].chunks_exact(4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]])).collect())
+    }
+
     /// Copies `rows [heads, t, d]` (contiguous, on the device) to rows `pos..pos + t` of
     /// each head of an `[heads, n, d]` layout with `row_bytes` per row.
     pub fn write_rows(
@@ -596,8 +606,10 @@ const LSH_MODULE: &str = "folio_lsh";
 const WALK_THREADS: u32 = 512;
 const ATTEND_WARPS: usize = 8;
 /// Attention blocks per query head: with 8 warps each, 64 picks in flight a head (each two rows
-/// over the host link), ~1,800 for a 28-head layer — well past what the link's latency needs
-/// (~100 KB in flight at 50 GB/s and 2 µs) — and 64 partials a head for the merge.
+/// over the host link), ~900 for half a 28-head layer — and 64 partials a head for the merge.
+/// More in flight does not help: four picks at a time a warp read at the same 15 GB/s of the
+/// H100 machine's 55 (27.8 ms a step for 14 heads at 1M, either way): scattered 256-byte
+/// reads of host memory bind there, not the link's latency.
 const ATTEND_BLOCKS: usize = 8;
 
 /// MagicPIG's table walk (`lsh_walk`): `codes [heads, tables]` u32, `addresses [2 · kv_heads]`
@@ -663,56 +675,175 @@ impl CudaOp2 for LshWalk {
     }
 }
 
-/// A walk's picks of query heads `h0..h0 + heads` gathered into one run (`lsh_gather`):
-/// `sample` the walk's buffer of `all` heads over `segs` segments, `total` the range's picks
-/// (the sum of its counts, read by the caller). `[total]` u32, head-major, ascending per head.
-pub(super) fn lsh_gather(sample: &Tensor, dims: (usize, usize, usize, usize, usize)) -> Result<Tensor> {
-    sample.apply_op1_no_bwd(&CudaOnly(LshGather { dims }))
+/// Words of the first page-locked buffer a device reports walks into (16 KB); a report that
+/// needs more — the first of a million-key layer's, a few hundred KB at a 2048-token budget —
+/// reports again into one of twice its need, which is kept: one report grows it for good.
+const REPORT_WORDS: usize = 1 << 12;
+
+/// Threads of a report block (REPORT_THREADS in kernels/cuda/lsh.cu).
+const REPORT_THREADS: u32 = 256;
+
+/// The page-locked buffer each device reports walks into, kept between reports (page-locking
+/// megabytes afresh would take milliseconds a layer). A report takes it out for its life and
+/// puts it back once read, so that two reports at once never share one.
+static REPORTS: Mutex<Vec<(DeviceId, Mapped)>> = Mutex::new(Vec::new());
+
+/// A report buffer of at least `words` u32 for `dev`: the one kept, else a new one.
+fn report_buffer(dev: &CudaDevice, words: usize) -> Result<Mapped> {
+    let kept = {
+        let mut all = REPORTS.lock().unwrap_or_else(|e| e.into_inner());
+        all.iter().position(|(id, _)| *id == dev.id()).map(|i| all.swap_remove(i).1)
+    };
+    match kept {
+        Some(m) if m.buf.len() >= 4 * words => Ok(m),
+        _ => Mapped::new(dev, 4 * words.max(REPORT_WORDS)),
+    }
 }
 
-/// Threads of a gather block (GATHER_THREADS in kernels/cuda/lsh.cu).
-const GATHER_THREADS: u32 = 256;
-
-struct LshGather {
-    dims: (usize, usize, usize, usize, usize),
+/// What the host needs of a walk (`lsh_report`), queued on candle's stream into a page-locked
+/// buffer mapped into the device: query heads `h0..h0 + heads`'s counts, `also`'s words, their
+/// picks (see `lsh::Report`). The host reads it once the event recorded after the kernel is
+/// done ([`LshReport::wait`]); what candle's stream queues after it runs on meanwhile.
+pub(super) struct LshReport {
+    dev: CudaDevice,
+    sample: Tensor,
+    also: Option<Tensor>,
+    /// `(all, segs, h0, heads)`: the sample's heads and segments, the range.
+    dims: (usize, usize, usize, usize),
+    /// The buffer and the event after the kernel that writes it, until read.
+    queued: Option<(Mapped, CudaEvent)>,
 }
 
-impl CudaOp1 for LshGather {
-    const NAME: &'static str = "folio-lsh-gather";
+/// See [`LshReport`]: `sample` a walk's buffer of `all` heads over `segs` segments, `also` u32
+/// (contiguous) on the same device.
+pub(super) fn lsh_report(
+    sample: &Tensor,
+    also: Option<&Tensor>,
+    dims: (usize, usize, usize, usize),
+) -> Result<LshReport> {
+    let candle_core::Device::Cuda(dev) = sample.device() else { candle_core::bail!("lsh report: not on the GPU") };
+    let mut report = LshReport { dev: dev.clone(), sample: sample.clone(), also: also.cloned(), dims, queued: None };
+    report.queue(REPORT_WORDS)?;
+    Ok(report)
+}
 
-    fn cuda_fwd(&self, sample: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
-        let (all, segs, h0, heads, total) = self.dims;
+impl LshReport {
+    /// Words before the picks: the range's counts and `also`'s.
+    fn lead(&self) -> usize {
+        self.dims.1 * self.dims.3 + self.also.as_ref().map_or(0, |a| a.elem_count())
+    }
+
+    /// Queues the kernel into a buffer of at least `words` u32, and the event after it.
+    fn queue(&mut self, words: usize) -> Result<()> {
+        let (all, segs, h0, heads) = self.dims;
         let cap = all * segs * super::lsh::SEGMENT_KEYS;
-        if layout.shape().elem_count() != cap + all * segs || h0 + heads > all || heads * segs > u32::MAX as usize {
-            candle_core::bail!("lsh gather: heads {h0}..{} of {all} over {segs} segments", h0 + heads);
+        let (storage, layout) = self.sample.storage_and_layout();
+        let candle_core::Storage::Cuda(cs) = &*storage else { candle_core::bail!("lsh report: not on the GPU") };
+        if layout.shape().elem_count() != cap + all * segs
+            || !layout.is_contiguous()
+            || h0 + heads > all
+            || heads * segs > i32::MAX as usize
+        {
+            candle_core::bail!("lsh report: heads {h0}..{} of {all} over {segs} segments", h0 + heads);
         }
-        let dev = sample.device();
-        let buf = sample.as_cuda_slice::<u32>()?.slice(layout.start_offset()..);
-        // SAFETY: the kernel writes every one of the range's picks, `total` of them (the
-        // caller's sum of the range's counts).
-        let out = unsafe { dev.alloc::<u32>(total)? };
-        if total > 0 && heads > 0 {
-            let (picks, counts) = (buf.slice(..cap), buf.slice(cap..));
-            let (segs_i, h0_i) = (segs as i32, h0 as i32);
-            let f = dev.get_or_load_custom_func("lsh_gather", LSH_MODULE, LSH_PTX)?;
-            let mut b = f.builder();
-            b.arg(&picks).arg(&counts).arg(&out).arg(&segs_i).arg(&h0_i);
-            let cfg = LaunchConfig {
-                grid_dim: (segs as u32, heads as u32, 1),
-                block_dim: (GATHER_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: the buffer holds `all` heads' slots and counts (checked above); each
-            // block reads its range's counts and writes within `total`.
-            unsafe { b.launch(cfg) }.w()?;
+        let buf = cs.as_cuda_slice::<u32>()?.slice(layout.start_offset()..);
+        let (picks, counts) = (buf.slice(..cap), buf.slice(cap..));
+        let also = self.also.as_ref().map(|t| t.storage_and_layout());
+        let also_s = match &also {
+            Some((st, l)) => {
+                let candle_core::Storage::Cuda(a) = &**st else {
+                    candle_core::bail!("lsh report: also not on the GPU")
+                };
+                if !l.is_contiguous() {
+                    candle_core::bail!("lsh report: also must be contiguous");
+                }
+                Some(a.as_cuda_slice::<u32>()?.slice(l.start_offset()..))
+            }
+            None => None,
+        };
+        let n_also = self.also.as_ref().map_or(0, |a| a.elem_count());
+        let staging = report_buffer(&self.dev, words.max(self.lead()))?;
+        let words = (staging.buf.len() / 4) as u64;
+        let ints = [segs, h0, heads, n_also].map(|x| x as i32);
+        let f = self.dev.get_or_load_custom_func("lsh_report", LSH_MODULE, LSH_PTX)?;
+        let mut b = f.builder();
+        b.arg(&picks).arg(&counts);
+        match &also_s {
+            Some(a) => b.arg(a),
+            None => b.arg(&counts),
+        };
+        b.arg(&staging.ptr);
+        for x in &ints {
+            b.arg(x);
         }
-        Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), Shape::from(total)))
+        b.arg(&words);
+        let cfg = LaunchConfig {
+            grid_dim: (segs as u32, heads.max(1) as u32, 1),
+            block_dim: (REPORT_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the sample holds `all` heads' slots and counts (checked above), `also` n_also
+        // u32; the kernel writes the staging buffer below `words` only, which no one else
+        // touches until the event below is waited on (`wait`, or the drop).
+        unsafe { b.launch(cfg) }.w()?;
+        let done = match self.dev.cuda_stream().record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)) {
+            Ok(done) => done,
+            Err(e) => {
+                // No event to wait on: the buffer is released (its drop waits for the context).
+                drop(staging);
+                return Err(e).w();
+            }
+        };
+        self.queued = Some((staging, done));
+        Ok(())
+    }
+
+    /// The report's words once the device has written them — the range's counts, `also`, the
+    /// picks — waiting on the host alone; reported again into a larger buffer when the picks
+    /// did not fit.
+    pub(super) fn wait(mut self) -> Result<Vec<u32>> {
+        let (lead, slots) = (self.lead(), self.dims.1 * self.dims.3);
+        // Twice at most: the second buffer holds twice what the first report found.
+        for _ in 0..2 {
+            let Some((staging, done)) = self.queued.take() else { candle_core::bail!("lsh report: nothing queued") };
+            // A failed wait leaves the device maybe writing: the buffer's drop waits for the
+            // context, and it is not kept.
+            done.synchronize().w()?;
+            let read = Self::read(&staging, lead, slots);
+            REPORTS.lock().unwrap_or_else(|e| e.into_inner()).push((self.dev.id(), staging));
+            match read? {
+                Ok(words) => return Ok(words),
+                Err(need) => self.queue(2 * need)?,
+            }
+        }
+        candle_core::bail!("lsh report: the picks did not fit a buffer of twice their size")
+    }
+
+    /// The `lead` words and the picks after them, or the words the report needs when the
+    /// picks (the sum of the first `slots` words) did not fit `staging`.
+    fn read(staging: &Mapped, lead: usize, slots: usize) -> Result<std::result::Result<Vec<u32>, usize>> {
+        let counts = staging.words(slots)?;
+        let need = lead + counts.iter().map(|&c| c as usize).sum::<usize>();
+        Ok(if need <= staging.buf.len() / 4 { Ok(staging.words(need)?) } else { Err(need) })
+    }
+}
+
+impl Drop for LshReport {
+    fn drop(&mut self) {
+        // Dropped unread (an error on the way): the buffer is kept only once the device is done
+        // writing it; failing that its own drop waits for the context.
+        if let Some((staging, done)) = self.queued.take() {
+            if done.synchronize().is_ok() {
+                REPORTS.lock().unwrap_or_else(|e| e.into_inner()).push((self.dev.id(), staging));
+            }
+        }
     }
 }
 
 /// The attention over a walk's sample (`lsh_attend_*`): `query [heads, d + 2]` f32, the
 /// sample's buffer, K and V where they lie (each read as stored: f32 or bf16), the weights
-/// (bias table, then norms); `dims = (heads, segments, d, rows, group, first, n, steps)`.
+/// (bias table, then norms); `dims = (heads, sampled, segments, d, rows, group, first, n,
+/// steps)`: the query heads are the first `heads` of the `sampled` the buffer holds.
 /// `(out [heads, d], lse [heads])` f32.
 pub(super) fn lsh_attend(
     query: &Tensor,
@@ -720,7 +851,7 @@ pub(super) fn lsh_attend(
     (k, v): (Source<'_>, Source<'_>),
     (k_dtype, v_dtype): (DType, DType),
     weights: &Tensor,
-    dims: (usize, usize, usize, usize, usize, usize, usize, usize),
+    dims: (usize, usize, usize, usize, usize, usize, usize, usize, usize),
     scale: f32,
 ) -> Result<(Tensor, Tensor)> {
     let candle_core::Device::Cuda(dev) = query.device() else { candle_core::bail!("lsh attend: query not on the GPU") };
@@ -731,7 +862,7 @@ pub(super) fn lsh_attend(
         (Stored::F32, Stored::F32) => Stored::F32,
         other => candle_core::bail!("lsh attend: K and V stored as {other:?} (f32 or bf16, both alike, on the GPU)"),
     };
-    let (heads, d) = (dims.0, dims.2);
+    let (heads, d) = (dims.0, dims.3);
     let op = CudaOnly(LshAttend { src: (k_src, v_src), stored, dims, scale });
     let both =
         k.ordered(&stream, || v.ordered(&stream, || query.apply_op3_no_bwd(sample, &weights.contiguous()?, &op)))?;
@@ -741,7 +872,7 @@ pub(super) fn lsh_attend(
 struct LshAttend {
     src: (u64, u64),
     stored: Stored,
-    dims: (usize, usize, usize, usize, usize, usize, usize, usize),
+    dims: (usize, usize, usize, usize, usize, usize, usize, usize, usize),
     scale: f32,
 }
 
@@ -749,7 +880,7 @@ impl CudaOp3 for LshAttend {
     const NAME: &'static str = "folio-lsh-attend";
 
     fn cuda_fwd(&self, [(q, ql), (s, sl), (w, wl)]: [(&CudaStorage, &Layout); 3]) -> Result<(CudaStorage, Shape)> {
-        let (heads, segs, d, rows, group, first, n, steps) = self.dims;
+        let (heads, sampled, segs, d, rows, group, first, n, steps) = self.dims;
         let dev = q.device();
         let q_s = q.as_cuda_slice::<f32>()?.slice(ql.start_offset()..);
         let s_s = s.as_cuda_slice::<u32>()?.slice(sl.start_offset()..);
@@ -761,9 +892,9 @@ impl CudaOp3 for LshAttend {
             Stored::Bf16 => "lsh_attend_bf16",
             _ => "lsh_attend_f32",
         };
-        let ints = [segs, d, rows, group, first, n, steps];
-        if ints.iter().any(|&x| x > i32::MAX as usize) {
-            candle_core::bail!("lsh attend: sizes past the kernel's i32 arguments");
+        let ints = [sampled, segs, d, rows, group, first, n, steps];
+        if ints.iter().any(|&x| x > i32::MAX as usize) || heads > sampled {
+            candle_core::bail!("lsh attend: sizes past the kernel's i32 arguments, or more heads than sampled");
         }
         let ints = ints.map(|x| x as i32);
         let f = dev.get_or_load_custom_func(kernel, LSH_MODULE, LSH_PTX)?;

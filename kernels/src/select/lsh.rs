@@ -8,10 +8,11 @@
 //! of a step at a million tokens on the 16-core host of the H100 machine. The GPU walks the
 //! tables in two fifths of the pool's time (9 ms a step against 23); the host reads scattered rows
 //! faster than the link brings them (~30 GB/s against ~10). So MagicPIG's default splits the
-//! sample: the GPU walks every head's tables, then attends half the heads' samples over the
-//! link while the CPU attends the other half's in host memory ([`Sample::positions_with`],
-//! [`Sample::first_heads`]): 57.9 ms a token at 1M on one H100 against the CPU's 97.7 on the
-//! same host (docs/performance.md). The tables' layout is the
+//! sample: the GPU walks every head's tables, reports the codes and the CPU's heads' picks into
+//! host memory ([`Sample::report`]), then attends the first heads' samples over the link
+//! ([`attend`] of a head count) while the CPU attends the others' in host memory: 51.6–60.6 ms
+//! a token at 1M on one H100 on four hosts of five, against the CPU's 97.7 alone
+//! (docs/performance.md). The tables' layout is the
 //! CPU walk's (bucket lists of 16-bit offsets within 64 Ki-key segments, a start per (code,
 //! segment) run), so one index serves both and neither needs a copy: the lists are registered
 //! in place.
@@ -223,32 +224,73 @@ pub struct Sample {
 impl Sample {
     /// Each query head's positions, ascending (for reports).
     pub fn positions(&self) -> Result<Vec<Vec<u32>>> {
-        Ok(self.positions_with(0..self.heads, None)?.0)
+        Ok(self.report(0..self.heads, None)?.wait()?.0)
     }
 
-    /// The positions of query heads `heads`, ascending, each head's, and `also` (u32 on the
-    /// sample's device, flattened) copied back in the same transfer as the range's counts;
-    /// then the range's picks gathered on the device into one run and copied. Two copies to
-    /// the host whatever the range, each a round trip that waits on the device: the first
-    /// version (counts, an index uploaded, a gather, the codes apart) took 1.0 ms a layer in
-    /// this span on the H100 machine, this one 0.4. Gathered, not narrowed: a view's copy
-    /// copies its whole buffer (candle's `to_vec1` takes the storage: 117 MB a layer at a
-    /// million keys, 107 ms).
-    pub fn positions_with(&self, heads: Range<usize>, also: Option<&Tensor>) -> Result<(Vec<Vec<u32>>, Vec<u32>)> {
+    /// The positions of query heads `heads`, and `also` (u32 on the sample's device), on their
+    /// way to the host: on a GPU one kernel (`lsh_report`) writes the range's counts, `also`
+    /// and the picks packed head after head into page-locked host memory mapped into the
+    /// device, and the host waits for that kernel alone ([`Report::wait`]) — what is queued
+    /// after it, the GPU's own share of the attention, runs while the host reads. Elsewhere
+    /// copied at once. Neither narrowed views nor a copy per step: a view's copy copies its
+    /// whole buffer (candle's `to_vec1` takes the storage: 117 MB a layer at a million keys,
+    /// 107 ms), and the two copies of the first versions (counts with the codes, then the
+    /// picks gathered on the device) each waited on the whole queue, 0.4 ms a layer on the H100
+    /// machine.
+    pub fn report(&self, heads: Range<usize>, also: Option<&Tensor>) -> Result<Report> {
         if heads.start > heads.end || heads.end > self.heads {
             candle_core::bail!("lsh sample: heads {heads:?} of {}", self.heads);
         }
+        let also = also.map(|a| a.flatten_all()?.contiguous()).transpose()?;
+        let n_also = also.as_ref().map_or(0, Tensor::elem_count);
         let (segs, cap) = (self.segments, self.segments * SEGMENT_KEYS);
-        let counts = self.buf.narrow(0, self.heads * cap + heads.start * segs, heads.len() * segs)?;
-        let copied: Vec<u32> = match (also, heads.is_empty()) {
-            (Some(also), false) => Tensor::cat(&[&counts, &also.flatten_all()?], 0)?.to_vec1()?,
-            (Some(also), true) => also.flatten_all()?.to_vec1()?,
-            (None, false) => counts.force_contiguous()?.to_vec1()?,
-            (None, true) => Vec::new(),
+        let shape = (heads.len(), segs, n_also);
+        #[cfg(feature = "cuda")]
+        if self.buf.device().is_cuda() {
+            let dims = (self.heads, segs, heads.start, heads.len());
+            let queued = super::cuda::lsh_report(&self.buf, also.as_ref(), dims)?;
+            return Ok(Report { shape, words: Words::Queued(queued) });
+        }
+        let counts: Vec<u32> =
+            self.buf.narrow(0, self.heads * cap + heads.start * segs, heads.len() * segs)?.to_vec1()?;
+        let mut words = counts.clone();
+        if let Some(also) = &also {
+            words.extend(also.to_vec1::<u32>()?);
+        }
+        for (i, c) in counts.into_iter().enumerate() {
+            let slot = (heads.start * segs + i) * SEGMENT_KEYS;
+            words.extend(self.buf.narrow(0, slot, c as usize)?.to_vec1::<u32>()?);
+        }
+        Ok(Report { shape, words: Words::Ready(words) })
+    }
+}
+
+/// A [`Sample::report`] on its way to the host: `(heads, segments, also)` words' worth of
+/// counts and `also`, then the picks.
+pub struct Report {
+    shape: (usize, usize, usize),
+    words: Words,
+}
+
+enum Words {
+    Ready(Vec<u32>),
+    #[cfg(feature = "cuda")]
+    Queued(super::cuda::LshReport),
+}
+
+impl Report {
+    /// Each of the range's heads' positions, ascending, and `also`'s words.
+    pub fn wait(self) -> Result<(Vec<Vec<u32>>, Vec<u32>)> {
+        let (heads, segs, n_also) = self.shape;
+        // Without CUDA, `Words` has one variant.
+        #[allow(clippy::infallible_destructuring_match)]
+        let words = match self.words {
+            Words::Ready(words) => words,
+            #[cfg(feature = "cuda")]
+            Words::Queued(queued) => queued.wait()?,
         };
-        let (counts, also) = copied.split_at(heads.len() * segs);
-        let all = self.gather(heads.start, counts)?;
-        let mut rest = all.as_slice();
+        let (counts, rest) = words.split_at(heads * segs);
+        let (also, mut rest) = rest.split_at(n_also);
         let picks = counts
             .chunks(segs)
             .map(|head| {
@@ -258,43 +300,6 @@ impl Sample {
             })
             .collect();
         Ok((picks, also.to_vec()))
-    }
-
-    /// The picks of the heads from `h0` on whose slots' `counts` these are, each slot's filled
-    /// part in turn: on a GPU gathered there into one run (`lsh_gather`), one copy back;
-    /// elsewhere slot by slot.
-    fn gather(&self, h0: usize, counts: &[u32]) -> Result<Vec<u32>> {
-        let total: usize = counts.iter().map(|&c| c as usize).sum();
-        if total == 0 {
-            // Nothing to copy (an empty range, or no key collided twice): no launch, no
-            // zero-byte allocation, no round trip.
-            return Ok(Vec::new());
-        }
-        #[cfg(feature = "cuda")]
-        if self.buf.device().is_cuda() {
-            let dims = (self.heads, self.segments, h0, counts.len() / self.segments, total);
-            return super::cuda::lsh_gather(&self.buf, dims)?.to_vec1();
-        }
-        let mut all = Vec::new();
-        for (i, &c) in counts.iter().enumerate() {
-            let slot = (h0 * self.segments + i) * SEGMENT_KEYS;
-            all.extend(self.buf.narrow(0, slot, c as usize)?.to_vec1::<u32>()?);
-        }
-        Ok(all)
-    }
-
-    /// The sample of the first `heads` query heads, whole KV heads' worth (`heads` a multiple of
-    /// the group), in a buffer of its own: the counts lie after every head's slots, so a view
-    /// cannot hold them; the copy stays on the device (a GPU attends part of a layer's heads
-    /// while the CPU attends the rest, `MagicPIG`'s `gpu_attend`).
-    pub fn first_heads(&self, heads: usize) -> Result<Sample> {
-        if heads > self.heads || !heads.is_multiple_of(self.group) {
-            candle_core::bail!("lsh sample: the first {heads} of {} heads in groups of {}", self.heads, self.group);
-        }
-        let cap = self.segments * SEGMENT_KEYS;
-        let slots = self.buf.narrow(0, 0, heads * cap)?;
-        let counts = self.buf.narrow(0, self.heads * cap, heads * self.segments)?;
-        Ok(Sample { buf: Tensor::cat(&[slots, counts], 0)?, heads, ..*self })
     }
 }
 
@@ -318,8 +323,9 @@ pub struct Weights<'a> {
 /// Each query head's attention over its `sample`, rows read from `k`/`v` where they lie:
 /// logits `scale · q·k + bias(cos)` with `cos = (q·k − q·mean) / (|q| · max(|k − mean|, MIN))`,
 /// softmax over the sample. `query [heads, d + 2]` f32: `q`, then `|q|` and `q·mean` of its KV
-/// head's keys (head `h` the walk's: KV head `h / group`, also of a [`Sample::first_heads`]).
-/// Returns `(out [heads, d], lse [heads])` f32 (zeros and −∞ for an empty sample).
+/// head's keys, the first `heads` of the sample's (head `h` walked KV head `h / group`'s
+/// tables): the GPU attends a layer's first heads while the CPU attends the rest, `MagicPIG`'s
+/// `gpu_attend`. Returns `(out [heads, d], lse [heads])` f32 (zeros and −∞ for an empty sample).
 pub fn attend(
     query: &Tensor,
     sample: &Sample,
@@ -331,7 +337,7 @@ pub fn attend(
     let d = k.d;
     let kv_heads = k.heads;
     let group = sample.group;
-    let ok = heads == sample.heads
+    let ok = heads <= sample.heads
         && d2 == d + 2
         && query.dtype() == DType::F32
         && (v.heads, v.n, v.d) == (k.heads, k.n, k.d)
@@ -343,7 +349,7 @@ pub fn attend(
         && weights.steps >= 1;
     if !ok {
         candle_core::bail!(
-            "lsh attend: query {:?} {:?}, {} heads sampled from keys {}..{}, rows [{}, {}, {d}], keys {}..{} weighed",
+            "lsh attend: query {:?} {:?} (no more heads than sampled), {} heads sampled from keys {}..{}, rows [{}, {}, {d}], keys {}..{} weighed",
             query.dims(),
             query.dtype(),
             sample.heads,
@@ -366,7 +372,7 @@ pub fn attend(
                 sample.segments
             );
         }
-        let dims = (heads, sample.segments, d, k.n, group, weights.first, weights.n, weights.steps);
+        let dims = (heads, sample.heads, sample.segments, d, k.n, group, weights.first, weights.n, weights.steps);
         return super::cuda::lsh_attend(
             &query.contiguous()?,
             &sample.buf,
@@ -382,7 +388,7 @@ pub fn attend(
     let query: Vec<f32> = query.flatten_all()?.to_vec1()?;
     let w: Vec<f32> = weights.table_and_norms.flatten_all()?.to_vec1()?;
     let (table, norms) = w.split_at(weights.steps + 1);
-    let picks = sample.positions()?;
+    let picks = sample.report(0..heads, None)?.wait()?.0;
     let (mut out, mut lse) = (vec![0f32; heads * d], vec![f32::NEG_INFINITY; heads]);
     let (mut krow, mut vrow) = (vec![0f32; d], vec![0f32; d]);
     for (h, pick) in picks.iter().enumerate() {

@@ -126,7 +126,7 @@ mod tests {
                     let indexed = n - picked;
                     let (bits, tables) = crate::attention::magicpig::tables_for(b / indexed, p("bits") as usize);
                     let walked = sparse * h * tables as f64 * (indexed / 2f64.powi(bits as i32)).floor() * 2.0;
-                    let on_gpu = h * p("gpu_attend");
+                    let on_gpu = (h * p("gpu_attend")).round();
                     let link = dense * rows(n, kv) + sparse * rows(picked, h) + walked + sparse * rows(b, on_gpu);
                     (0.0, link, sparse * rows(b, h - on_gpu))
                 }

@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
@@ -99,7 +99,7 @@ fn cost(input: &CostInput<'_>) -> StepCost {
         let host_bytes = sample(heads) + walked;
         return StepCost { device_bytes: 0.0, link_bytes: link, host_bytes, resident_bytes: resident };
     }
-    let on_gpu = gpu_kv_heads(input.params.get("gpu_attend"), kv_heads) * (heads / kv_heads.max(1));
+    let on_gpu = gpu_heads(input.params.get("gpu_attend"), heads);
     let norms = 4 * indexed as u64 * kv_heads as u64 * (layers - dense) as u64;
     StepCost {
         device_bytes: 0.0,
@@ -109,13 +109,14 @@ fn cost(input: &CostInput<'_>) -> StepCost {
     }
 }
 
-/// KV heads whose sample the GPU attends, of `kv_heads`, for a `gpu_attend` share: the nearest
-/// whole number (a KV head's query heads share its rows and its sample's buffer).
-fn gpu_kv_heads(share: f64, kv_heads: usize) -> usize {
-    ((share.clamp(0.0, 1.0) * kv_heads as f64).round() as usize).min(kv_heads)
+/// Query heads whose sample the GPU attends (a layer's first), of `heads`, for a `gpu_attend`
+/// share: the nearest whole number. By query head, not KV head: the 7B shape's 4 KV heads
+/// would split a step only in quarters, too coarse to balance the two sides.
+fn gpu_heads(share: f64, heads: usize) -> usize {
+    ((share.clamp(0.0, 1.0) * heads as f64).round() as usize).min(heads)
 }
 
-const PARAMS: [ParamSpec; 8] = [
+const PARAMS: [ParamSpec; 9] = [
     ParamSpec {
         name: "bits",
         default: 10.0,
@@ -159,16 +160,26 @@ const PARAMS: [ParamSpec; 8] = [
         min: 0.0,
         max: 1.0,
         integer: false,
-        doc: "with gpu=1, the share of KV heads whose sample the GPU attends over the host link, to whole \
-              heads; the CPU attends the rest's in host memory at the same time (1: all, 0: none)",
+        doc: "with gpu=1, the share of query heads whose sample the GPU attends over the host link, to whole \
+              heads; the CPU attends the rest's in host memory at the same time (1: all, 0: none); with \
+              balance=1 where the split starts",
+    },
+    ParamSpec {
+        name: "balance",
+        default: 0.0,
+        min: 0.0,
+        max: 1.0,
+        integer: true,
+        doc: "with gpu=1 and both sides attending, 1: the split moves a query head at a time toward the side \
+              that finishes first, to this machine's even point; 0: gpu_attend stays",
     },
 ];
 
-/// The share of KV heads whose sample the GPU attends by default (`gpu_attend`), measured
-/// best of the whole-head splits of the 7B shape's 4 KV heads on the H100 machine at 1M: a
-/// quarter on the GPU left the CPU 33.4 ms a step against the GPU's 12.0, a half gives 19.9
-/// against 30.7 (the even point lies between), and the step 57.9 ms against 69.1
-/// (docs/performance.md).
+/// The share of query heads whose sample the GPU attends (`gpu_attend`; with `balance=1`
+/// where the split starts): 14 of the 7B shape's 28 heads on the H100 machine at 1M, the best
+/// record of the splits measured there — 51.6–60.6 ms a token on four hosts of five, 71.0 on
+/// one whose host memory read 59 GB/s (where 12 heads took 57.6); a quarter 69.1, three
+/// quarters 73.2 (docs/performance.md).
 const GPU_ATTEND: f64 = 0.5;
 
 /// Bytes of a bucket-list entry walked (a 16-bit key offset), for the `searched` figure in
@@ -218,6 +229,52 @@ pub struct MagicPig {
     budget: Budget,
     params: Params,
     index: Indexes<LayerIndex>,
+    balance: Mutex<Balance>,
+}
+
+/// Where the split of the sample between the GPU and the CPU stands (`balance=1`): the query
+/// heads the GPU attends, and the layers' votes since it last moved.
+///
+/// Why it moves: the two sides run at once, so a step waits for the slower, and which is
+/// slower is the machine's: the CPU's share took 19.6 to 32.9 ms a step on five hosts of the
+/// same H100 machine (host memory read at 59 to 89 GB/s), and a consumer PC's link is half an
+/// H100's. Each layer votes for the side that finished first (the GPU's part done when the
+/// CPU's is: one more head to the GPU; not done: one fewer); a net [`BALANCE_VOTES`] moves the
+/// split a head, so it settles within a few steps and then dithers by a head at most.
+/// Rejected: timing both sides and solving for the even point — the GPU's time needs a
+/// synchronising event per layer, and the ratio drifts with what else the machine does anyway.
+///
+/// Off by default: measured once at 1M (docs/performance.md), it settled at 13 of 28 heads and
+/// took 56.3 ms a token where the fixed half took 51.6 in the same run — but it ran first of
+/// the two, and whether a bench's first method pays for something the next does not (in
+/// another run half the heads took 71.0 first, 12 heads 57.6 second) is not settled.
+#[derive(Debug, Default)]
+struct Balance {
+    on_gpu: Option<usize>,
+    votes: i64,
+}
+
+/// Net votes of the layers (one a layer, for the side that finished first) that move the split
+/// a query head: about a 28-layer step's worth, so that one slow layer does not move it.
+const BALANCE_VOTES: i64 = 16;
+
+impl Balance {
+    /// The GPU's heads of `heads` for this layer: where the split stands, else `start`.
+    fn on_gpu(&mut self, heads: usize, start: usize) -> usize {
+        (*self.on_gpu.get_or_insert(start)).min(heads)
+    }
+
+    /// A layer's vote, with `heads` query heads: the GPU finished first or not. The split stays
+    /// within 1..heads − 1, each side a head at least, so that either can still vote.
+    fn vote(&mut self, heads: usize, gpu_first: bool) {
+        self.votes += if gpu_first { 1 } else { -1 };
+        if self.votes.abs() >= BALANCE_VOTES {
+            let at = self.on_gpu.unwrap_or(heads / 2);
+            let moved = if self.votes > 0 { at + 1 } else { at.saturating_sub(1) };
+            self.on_gpu = Some(moved.clamp(1, heads.saturating_sub(1).max(1)));
+            self.votes = 0;
+        }
+    }
 }
 
 impl Budgeted for MagicPig {
@@ -228,7 +285,7 @@ impl Budgeted for MagicPig {
                     .into(),
             ));
         }
-        Ok(Self { budget, params, index: Indexes::new() })
+        Ok(Self { budget, params, index: Indexes::new(), balance: Mutex::default() })
     }
 }
 
@@ -320,8 +377,17 @@ impl MagicPig {
         let (sampled_part, drawn, walked) = match on_device {
             Some(on) => {
                 let q_dev = call.q.to_dtype(candle_core::DType::F32)?.reshape((heads, d))?;
-                let gpu_kv_heads = gpu_kv_heads(self.params.get("gpu_attend"), ix.heads.len());
-                Self::sample_on_device(&ix, &on, (&q_dev, &q_flat, d), (keys, values), lo, call.scale, gpu_kv_heads)?
+                let start = gpu_heads(self.params.get("gpu_attend"), heads);
+                let balancing = self.params.usize("balance") == 1;
+                let lock = || self.balance.lock().unwrap_or_else(|e| e.into_inner());
+                let on_gpu = if balancing { lock().on_gpu(heads, start) } else { start };
+                let (part, drawn, walked, gpu_first) =
+                    Self::sample_on_device(&ix, &on, (&q_dev, &q_flat, d), (keys, values), lo, call.scale, on_gpu)?;
+                // Spans that synchronise run the two sides in turn: no vote then.
+                if let (true, Some(first), false) = (balancing, gpu_first, profile::synchronising()) {
+                    lock().vote(heads, first);
+                }
+                (part, drawn, walked)
             }
             None => Self::sample_on_host(&ix, (&q_flat, d), (keys, values), lo, call.scale, dev)?,
         };
@@ -422,14 +488,15 @@ impl MagicPig {
     }
 
     /// The sample walked on the GPU ([`lsh`]): the queries' codes from the projection on the
-    /// device, one launch walks every head's tables where they lie; then the query heads of
-    /// the first `gpu_kv_heads` KV heads are attended by the GPU, reading their rows over the
-    /// host link, while the CPU attends the others' in host memory (their picks copied back, a
-    /// few hundred KB a layer) — both sides at once, each at its own memory's rate: the walk
-    /// is the GPU's strength (~9 ms a step at 1M against the CPU pool's 23), scattered rows
-    /// the host's (~30 GB/s against ~10 over the link). Only the codes come back besides (for
-    /// the walked count), before the GPU's attention is queued, so that no copy waits on it.
-    /// The same keys as [`Self::sample_on_host`], the same weights.
+    /// device, one launch walks every head's tables where they lie, one more writes what the
+    /// host needs (the codes, for the walked count, and the CPU's heads' picks, a few hundred
+    /// KB a layer) into host memory; then the first `on_gpu` query heads are attended by the
+    /// GPU, reading their rows over the host link, while the CPU attends the others' in host
+    /// memory — both sides at once, each at its own memory's rate: the walk is the GPU's
+    /// strength (~9 ms a step at 1M against the CPU pool's 23), scattered rows the host's
+    /// (~30 GB/s against ~10 over the link). The host waits for the walk and the report alone:
+    /// the GPU's attention is queued behind them before the host waits. The same keys as
+    /// [`Self::sample_on_host`], the same weights.
     fn sample_on_device(
         ix: &LayerIndex,
         on: &OnDevice,
@@ -437,35 +504,41 @@ impl MagicPig {
         (keys, values): (&HostRows, &HostRows),
         lo: usize,
         scale: f32,
-        gpu_kv_heads: usize,
-    ) -> Result<(AttnOutput, Drawn, usize)> {
+        on_gpu: usize,
+    ) -> Result<(AttnOutput, Drawn, usize, Option<bool>)> {
         let heads = q_flat.len() / d;
         let groups = heads / ix.heads.len();
-        let on_gpu = (gpu_kv_heads * groups).min(heads);
         let dev = on.weights.device();
         let q_of = |h: usize| &q_flat[h * d..(h + 1) * d];
         let weights: Vec<(f32, f32)> = (0..heads).map(|h| ix.query_weights(h / groups, q_of(h))).collect();
-        let (sample, codes) = span(dev, "attention: sample: walk (GPU)", || {
-            let codes = sparse::simhash_codes(q_dev, &on.projection, ix.bits, ix.tables)?;
-            let sample = on.tables.walk(&codes, groups, (ix.first, lo.saturating_sub(ix.first)))?;
-            Ok((sample, codes))
-        })?;
-        let (picks, codes) = span(dev, "attention: sample: picks to the host", || {
-            Ok(sample.positions_with(on_gpu..heads, Some(&codes))?)
-        })?;
-        let walked = codes.chunks(ix.tables).enumerate().map(|(h, c)| ix.walked(h / groups, c)).sum();
-        let device_part = match on_gpu {
+        // The GPU's heads' queries uploaded before the walk: the queue holds nothing for the
+        // copy to wait on.
+        let gpu_query = match on_gpu {
             0 => None,
-            _ => Some(span(dev, "attention: sample: attend (GPU)", || {
+            _ => {
                 let query: Vec<f32> =
                     (0..on_gpu).flat_map(|h| q_of(h).iter().copied().chain([weights[h].0, weights[h].1])).collect();
-                let query = Tensor::from_vec(query, (on_gpu, d + 2), dev)?;
+                Some(Tensor::from_vec(query, (on_gpu, d + 2), dev)?)
+            }
+        };
+        let (sample, report) = span(dev, "attention: sample: walk (GPU)", || {
+            let codes = sparse::simhash_codes(q_dev, &on.projection, ix.bits, ix.tables)?;
+            let sample = on.tables.walk(&codes, groups, (ix.first, lo.saturating_sub(ix.first)))?;
+            // Queued before the GPU's attention, so that the host waits for the walk alone.
+            let report = sample.report(on_gpu..heads, Some(&codes))?;
+            Ok((sample, report))
+        })?;
+        let device_part = match &gpu_query {
+            None => None,
+            Some(query) => Some(span(dev, "attention: sample: attend (GPU)", || {
                 let n = ix.end - ix.first;
                 let w = lsh::Weights { table_and_norms: &on.weights, steps: BIAS_TABLE_STEPS, first: ix.first, n };
-                let part = if on_gpu == heads { None } else { Some(sample.first_heads(on_gpu)?) };
-                Ok(lsh::attend(&query, part.as_ref().unwrap_or(&sample), (keys, values), &w, scale)?)
+                let part = lsh::attend(query, &sample, (keys, values), &w, scale)?;
+                Ok((part, folio_kernels::device::Queued::now(dev)?))
             })?),
         };
+        let (picks, codes) = span(dev, "attention: sample: picks to the host", || Ok(report.wait()?))?;
+        let walked = codes.chunks(ix.tables).enumerate().map(|(h, c)| ix.walked(h / groups, c)).sum();
         let host_part = if on_gpu == heads {
             None
         } else {
@@ -495,12 +568,16 @@ impl MagicPig {
                     Ok(select::merge_partials(heads - on_gpu, d, parts))
                 })
             })?;
-            Some(partial_to(dev, out, lse)?)
+            // Whether the GPU's part was done when the CPU's was: the side that finished first.
+            let gpu_first = device_part.as_ref().map(|(_, queued)| queued.done()).transpose()?;
+            Some((partial_to(dev, out, lse)?, gpu_first))
         };
+        let gpu_first = host_part.as_ref().and_then(|(_, first)| *first);
         // The GPU's heads first, then the CPU's: the heads' order.
-        let (outs, lses): (Vec<Tensor>, Vec<Tensor>) = device_part.into_iter().chain(host_part).unzip();
+        let (outs, lses): (Vec<Tensor>, Vec<Tensor>) =
+            device_part.map(|(part, _)| part).into_iter().chain(host_part.map(|(part, _)| part)).unzip();
         let part = AttnOutput { out: Tensor::cat(&outs, 0)?.unsqueeze(1)?, lse: Tensor::cat(&lses, 0)?.unsqueeze(1)? };
-        Ok((part, Drawn::Device(sample), walked))
+        Ok((part, Drawn::Device(sample), walked, gpu_first))
     }
 }
 
@@ -596,6 +673,16 @@ impl Attention for MagicPig {
         Knobs::of(&SPEC, &self.budget, &self.params)
     }
 
+    /// The knobs, and where the balance has moved the split (`gpu_heads`, the query heads the
+    /// GPU attends) once a step has split the sample.
+    fn settings(&self) -> serde_json::Value {
+        let mut settings = serde_json::json!({ "method": SPEC.name, "budget": self.budget, "params": self.params });
+        if let Some(on_gpu) = self.balance.lock().unwrap_or_else(|e| e.into_inner()).on_gpu {
+            settings["gpu_heads"] = on_gpu.into();
+        }
+        settings
+    }
+
     fn reset(&self) {
         self.index.clear();
     }
@@ -682,15 +769,43 @@ mod tests {
         (0..d).map(|_| normal(rng)).collect()
     }
 
-    /// The GPU's share of the sample goes by whole KV heads, the same in the cost as in a step:
+    /// The split starts where it is given, moves a head only on a net BALANCE_VOTES layers'
+    /// votes for one side (mixed votes cancel), and keeps a head on each side.
+    #[test]
+    fn the_balance_moves_toward_the_side_that_finishes_first() {
+        let mut b = Balance::default();
+        assert_eq!(b.on_gpu(28, 12), 12);
+        assert_eq!(b.on_gpu(28, 20), 12, "the start is taken once");
+        for i in 0..3 * BALANCE_VOTES {
+            b.vote(28, i % 2 == 0);
+        }
+        assert_eq!(b.on_gpu(28, 12), 12, "mixed votes cancel");
+        for _ in 0..BALANCE_VOTES - 1 {
+            b.vote(28, true);
+        }
+        assert_eq!(b.on_gpu(28, 12), 12, "short of a net BALANCE_VOTES");
+        b.vote(28, true);
+        assert_eq!(b.on_gpu(28, 12), 13);
+        for _ in 0..40 * BALANCE_VOTES {
+            b.vote(28, true);
+        }
+        assert_eq!(b.on_gpu(28, 12), 27, "the CPU keeps a head");
+        for _ in 0..40 * BALANCE_VOTES {
+            b.vote(28, false);
+        }
+        assert_eq!(b.on_gpu(28, 12), 1, "the GPU keeps a head");
+        assert_eq!(b.on_gpu(1, 12), 1, "never more heads than the layer has");
+    }
+
+    /// The GPU's share of the sample goes by query heads, the same in the cost as in a step:
     /// the host bytes are the CPU's heads' rows, the link carries the GPU's.
     #[test]
-    fn the_split_goes_by_whole_kv_heads() {
+    fn the_split_goes_by_query_heads() {
         use crate::attention::cost::Shape;
-        for (share, kv, want) in
-            [(0.0, 4, 0), (0.3, 4, 1), (0.5, 4, 2), (0.6, 4, 2), (1.0, 4, 4), (0.5, 1, 1), (0.4, 1, 0)]
+        for (share, heads, want) in
+            [(0.0, 28, 0), (0.3, 28, 8), (0.4, 28, 11), (0.5, 28, 14), (1.0, 28, 28), (0.5, 1, 1), (0.4, 1, 0)]
         {
-            assert_eq!(gpu_kv_heads(share, kv), want, "{share} of {kv}");
+            assert_eq!(gpu_heads(share, heads), want, "{share} of {heads}");
         }
         let shape = Shape { layers: 4, heads: 8, kv_heads: 4, head_dim: 16 };
         let (context, elem, budget) = (1 << 16, 2, 256);
@@ -714,10 +829,10 @@ mod tests {
         let walk_only = cost(&["dense_layers=0", "gpu_attend=0"]);
         let walk = walk_only.link_bytes - cpu.link_bytes;
         assert!(walk > 0.0 && cpu.host_bytes == 8.0 * sample_head + walk, "{} {walk}", cpu.host_bytes);
-        for (share, gpu_heads) in [("0.3", 2.0), ("0.5", 4.0), ("1", 8.0)] {
+        for (share, on_gpu) in [("0.3", 2.0), ("0.4", 3.0), ("0.5", 4.0), ("1", 8.0)] {
             let split = cost(&["dense_layers=0", &format!("gpu_attend={share}")]);
-            assert_eq!(split.host_bytes, (8.0 - gpu_heads) * sample_head, "gpu_attend={share}");
-            assert_eq!(split.link_bytes - walk_only.link_bytes, gpu_heads * sample_head, "gpu_attend={share}");
+            assert_eq!(split.host_bytes, (8.0 - on_gpu) * sample_head, "gpu_attend={share}");
+            assert_eq!(split.link_bytes - walk_only.link_bytes, on_gpu * sample_head, "gpu_attend={share}");
         }
     }
 
