@@ -700,7 +700,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.wait("the answer over the stored index", |d| d.texts(".bubble.assistant.done .text").len() == 5);
     let stats = d.texts("[data-testid=answer-stats]");
     // Each answer says its method, budget and every knob in effect.
-    assert!(stats[4].starts_with("magicpig · budget 1% · bits=10 "), "{stats:?}");
+    assert!(stats[4].starts_with("magicpig · budget 1% · balance=0 bits=10 "), "{stats:?}");
     assert!(stats[4].contains(" · index from the file · "), "{stats:?}");
     assert!(d.texts(".bubble.assistant.done .text")[4].contains("5 2 9 8 1"));
     // A new context is stored as fp8.

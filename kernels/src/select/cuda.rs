@@ -739,10 +739,12 @@ impl LshReport {
         let cap = all * segs * super::lsh::SEGMENT_KEYS;
         let (storage, layout) = self.sample.storage_and_layout();
         let candle_core::Storage::Cuda(cs) = &*storage else { candle_core::bail!("lsh report: not on the GPU") };
+        let n_also = self.also.as_ref().map_or(0, |a| a.elem_count());
         if layout.shape().elem_count() != cap + all * segs
             || !layout.is_contiguous()
             || h0 + heads > all
             || heads * segs > i32::MAX as usize
+            || n_also > i32::MAX as usize
         {
             candle_core::bail!("lsh report: heads {h0}..{} of {all} over {segs} segments", h0 + heads);
         }
@@ -761,7 +763,6 @@ impl LshReport {
             }
             None => None,
         };
-        let n_also = self.also.as_ref().map_or(0, |a| a.elem_count());
         let staging = report_buffer(&self.dev, words.max(self.lead()))?;
         let words = (staging.buf.len() / 4) as u64;
         let ints = [segs, h0, heads, n_also].map(|x| x as i32);
