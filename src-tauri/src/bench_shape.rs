@@ -211,6 +211,9 @@ struct Report {
     context: usize,
     method: String,
     settings: serde_json::Value,
+    /// What the method set for itself while running (MagicPIG's balanced split), if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    learned: Option<serde_json::Value>,
     parameters: usize,
     /// The mean counts steps that rebuild a method's state (HiP's refresh every few steps).
     decode_ms_mean: f64,
@@ -432,6 +435,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
             context: a.context,
             method: name.to_string(),
             settings: method.settings(),
+            learned: method.learned(),
             parameters: param_count,
             decode_ms_mean: mean,
             decode_ms_median: median,

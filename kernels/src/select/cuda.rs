@@ -683,16 +683,20 @@ const REPORT_WORDS: usize = 1 << 12;
 /// Threads of a report block (REPORT_THREADS in kernels/cuda/lsh.cu).
 const REPORT_THREADS: u32 = 256;
 
-/// The page-locked buffer each device reports walks into, kept between reports (page-locking
+/// The page-locked buffer each GPU reports walks into, kept between reports (page-locking
 /// megabytes afresh would take milliseconds a layer). A report takes it out for its life and
-/// puts it back once read, so that two reports at once never share one.
-static REPORTS: Mutex<Vec<(DeviceId, Mapped)>> = Mutex::new(Vec::new());
+/// puts it back once read, so that two reports at once never share one. Kept by the GPU's
+/// ordinal, not candle's device id: every device made on a GPU shares its primary context,
+/// where the buffer is mapped, so a device made again (the engine reloaded) reuses it rather
+/// than leaving one behind.
+static REPORTS: Mutex<Vec<(usize, Mapped)>> = Mutex::new(Vec::new());
 
 /// A report buffer of at least `words` u32 for `dev`: the one kept, else a new one.
 fn report_buffer(dev: &CudaDevice, words: usize) -> Result<Mapped> {
+    let gpu = dev.cuda_stream().context().ordinal();
     let kept = {
         let mut all = REPORTS.lock().unwrap_or_else(|e| e.into_inner());
-        all.iter().position(|(id, _)| *id == dev.id()).map(|i| all.swap_remove(i).1)
+        all.iter().position(|(at, _)| *at == gpu).map(|i| all.swap_remove(i).1)
     };
     match kept {
         Some(m) if m.buf.len() >= 4 * words => Ok(m),
@@ -800,8 +804,10 @@ impl LshReport {
     }
 
     /// The report's words once the device has written them — the range's counts, `also`, the
-    /// picks — waiting on the host alone; reported again into a larger buffer when the picks
-    /// did not fit.
+    /// picks — waiting for the report alone; reported again into a larger buffer when the picks
+    /// did not fit, which waits for the whole queue (the report goes after what was queued
+    /// since, and the small buffer's drop synchronises): a process's first reports, and any
+    /// that needs more than twice the largest before it.
     pub(super) fn wait(mut self) -> Result<Vec<u32>> {
         let (lead, slots) = (self.lead(), self.dims.1 * self.dims.3);
         // Twice at most: the second buffer holds twice what the first report found.
@@ -811,7 +817,7 @@ impl LshReport {
             // context, and it is not kept.
             done.synchronize().w()?;
             let read = Self::read(&staging, lead, slots);
-            REPORTS.lock().unwrap_or_else(|e| e.into_inner()).push((self.dev.id(), staging));
+            keep_report_buffer(&self.dev, staging);
             match read? {
                 Ok(words) => return Ok(words),
                 Err(need) => self.queue(2 * need)?,
@@ -829,13 +835,19 @@ impl LshReport {
     }
 }
 
+/// Puts a report buffer back for `dev`'s GPU, once nothing writes it.
+fn keep_report_buffer(dev: &CudaDevice, staging: Mapped) {
+    let gpu = dev.cuda_stream().context().ordinal();
+    REPORTS.lock().unwrap_or_else(|e| e.into_inner()).push((gpu, staging));
+}
+
 impl Drop for LshReport {
     fn drop(&mut self) {
         // Dropped unread (an error on the way): the buffer is kept only once the device is done
         // writing it; failing that its own drop waits for the context.
         if let Some((staging, done)) = self.queued.take() {
             if done.synchronize().is_ok() {
-                REPORTS.lock().unwrap_or_else(|e| e.into_inner()).push((self.dev.id(), staging));
+                keep_report_buffer(&self.dev, staging);
             }
         }
     }

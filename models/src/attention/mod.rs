@@ -200,6 +200,13 @@ pub trait Attention: Send + Sync {
         }
     }
 
+    /// What the method has set for itself while running, for reports (MagicPIG's balanced
+    /// split); never part of [`Attention::settings`], which says whether two methods are the
+    /// same one (a session keeps its method, and its state, while they are equal).
+    fn learned(&self) -> Option<serde_json::Value> {
+        None
+    }
+
     /// The attention output of one layer's call and what it read.
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended>;
 

@@ -511,8 +511,8 @@ impl MagicPig {
         let dev = on.weights.device();
         let q_of = |h: usize| &q_flat[h * d..(h + 1) * d];
         let weights: Vec<(f32, f32)> = (0..heads).map(|h| ix.query_weights(h / groups, q_of(h))).collect();
-        // The GPU's heads' queries uploaded before the walk: the queue holds nothing for the
-        // copy to wait on.
+        // The GPU's heads' queries uploaded before the walk, not between the report and the
+        // attention, where a copy from pageable memory could wait on the walk.
         let gpu_query = match on_gpu {
             0 => None,
             _ => {
@@ -673,14 +673,11 @@ impl Attention for MagicPig {
         Knobs::of(&SPEC, &self.budget, &self.params)
     }
 
-    /// The knobs, and where the balance has moved the split (`gpu_heads`, the query heads the
-    /// GPU attends) once a step has split the sample.
-    fn settings(&self) -> serde_json::Value {
-        let mut settings = serde_json::json!({ "method": SPEC.name, "budget": self.budget, "params": self.params });
-        if let Some(on_gpu) = self.balance.lock().unwrap_or_else(|e| e.into_inner()).on_gpu {
-            settings["gpu_heads"] = on_gpu.into();
-        }
-        settings
+    /// Where the balance has moved the split (`gpu_heads`, the query heads the GPU attends),
+    /// once a step has split the sample with `balance=1`.
+    fn learned(&self) -> Option<serde_json::Value> {
+        let on_gpu = self.balance.lock().unwrap_or_else(|e| e.into_inner()).on_gpu?;
+        Some(serde_json::json!({ "gpu_heads": on_gpu }))
     }
 
     fn reset(&self) {
@@ -795,6 +792,19 @@ mod tests {
         }
         assert_eq!(b.on_gpu(28, 12), 1, "the GPU keeps a head");
         assert_eq!(b.on_gpu(1, 12), 1, "never more heads than the layer has");
+    }
+
+    /// What the balance learns is reported apart from the settings, which stay the method's
+    /// identity: a session keeps a method (and its tables) while a fresh one's settings equal it.
+    #[test]
+    fn the_balanced_split_is_learned_not_a_setting() {
+        let given = vec![("balance".to_string(), "1".to_string())];
+        let method = || MagicPig::new(Budget::Tokens(64), Params::parse("magicpig", &PARAMS, &given).unwrap()).unwrap();
+        let (used, fresh) = (method(), method());
+        assert!(used.learned().is_none());
+        used.balance.lock().unwrap().on_gpu = Some(13);
+        assert_eq!(used.settings(), fresh.settings());
+        assert_eq!(used.learned(), Some(serde_json::json!({ "gpu_heads": 13 })));
     }
 
     /// The GPU's share of the sample goes by query heads, the same in the cost as in a step:
