@@ -494,7 +494,7 @@ impl MagicPig {
     /// GPU, reading their rows over the host link, while the CPU attends the others' in host
     /// memory — both sides at once, each at its own memory's rate: the walk is the GPU's
     /// strength (~9 ms a step at 1M against the CPU pool's 23), scattered rows the host's
-    /// (~30 GB/s against ~10 over the link). The host waits for the walk and the report alone:
+    /// (~20–30 GB/s in its own memory against ~15 over the link). The host waits for the walk and the report alone:
     /// the GPU's attention is queued behind them before the host waits. The same keys as
     /// [`Self::sample_on_host`], the same weights.
     fn sample_on_device(
