@@ -7,7 +7,7 @@
 //! CPU's side (a walk that waits on DRAM for each bucket run, then scattered row reads) is most
 //! of a step at a million tokens on the 16-core host of the H100 machine. The GPU walks the
 //! tables in two fifths of the pool's time (9 ms a step against 23); the host reads scattered rows
-//! faster than the link brings them (~30 GB/s against ~10). So MagicPIG's default splits the
+//! faster than the link brings them (~20–30 GB/s against ~15). So MagicPIG's default splits the
 //! sample: the GPU walks every head's tables, reports the codes and the CPU's heads' picks into
 //! host memory ([`Sample::report`]), then attends the first heads' samples over the link
 //! ([`attend`] of a head count) while the CPU attends the others' in host memory: 51.6–60.6 ms

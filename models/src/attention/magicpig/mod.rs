@@ -381,10 +381,18 @@ impl MagicPig {
                 let balancing = self.params.usize("balance") == 1;
                 let lock = || self.balance.lock().unwrap_or_else(|e| e.into_inner());
                 let on_gpu = if balancing { lock().on_gpu(heads, start) } else { start };
-                let (part, drawn, walked, gpu_first) =
-                    Self::sample_on_device(&ix, &on, (&q_dev, &q_flat, d), (keys, values), lo, call.scale, on_gpu)?;
                 // Spans that synchronise run the two sides in turn: no vote then.
-                if let (true, Some(first), false) = (balancing, gpu_first, profile::synchronising()) {
+                let vote = balancing && !profile::synchronising();
+                let (part, drawn, walked, gpu_first) = Self::sample_on_device(
+                    &ix,
+                    &on,
+                    (&q_dev, &q_flat, d),
+                    (keys, values),
+                    lo,
+                    call.scale,
+                    (on_gpu, vote),
+                )?;
+                if let Some(first) = gpu_first {
                     lock().vote(heads, first);
                 }
                 (part, drawn, walked)
@@ -494,9 +502,10 @@ impl MagicPig {
     /// GPU, reading their rows over the host link, while the CPU attends the others' in host
     /// memory — both sides at once, each at its own memory's rate: the walk is the GPU's
     /// strength (~9 ms a step at 1M against the CPU pool's 23), scattered rows the host's
-    /// (~20–30 GB/s in its own memory against ~15 over the link). The host waits for the walk and the report alone:
-    /// the GPU's attention is queued behind them before the host waits. The same keys as
-    /// [`Self::sample_on_host`], the same weights.
+    /// (~20–30 GB/s in its own memory against ~15 over the link). The host waits for the walk
+    /// and the report alone: the GPU's attention is queued behind them before the host waits.
+    /// With `vote`, also whether the GPU's part was done when the CPU's was (for the balance;
+    /// `None` without both parts). The same keys as [`Self::sample_on_host`], the same weights.
     fn sample_on_device(
         ix: &LayerIndex,
         on: &OnDevice,
@@ -504,7 +513,7 @@ impl MagicPig {
         (keys, values): (&HostRows, &HostRows),
         lo: usize,
         scale: f32,
-        on_gpu: usize,
+        (on_gpu, vote): (usize, bool),
     ) -> Result<(AttnOutput, Drawn, usize, Option<bool>)> {
         let heads = q_flat.len() / d;
         let groups = heads / ix.heads.len();
@@ -534,7 +543,8 @@ impl MagicPig {
                 let n = ix.end - ix.first;
                 let w = lsh::Weights { table_and_norms: &on.weights, steps: BIAS_TABLE_STEPS, first: ix.first, n };
                 let part = lsh::attend(query, &sample, (keys, values), &w, scale)?;
-                Ok((part, folio_kernels::device::Queued::now(dev)?))
+                let done = vote.then(|| folio_kernels::device::Queued::now(dev)).transpose()?;
+                Ok((part, done))
             })?),
         };
         let (picks, codes) = span(dev, "attention: sample: picks to the host", || Ok(report.wait()?))?;
@@ -569,7 +579,7 @@ impl MagicPig {
                 })
             })?;
             // Whether the GPU's part was done when the CPU's was: the side that finished first.
-            let gpu_first = device_part.as_ref().map(|(_, queued)| queued.done()).transpose()?;
+            let gpu_first = device_part.as_ref().and_then(|(_, done)| done.as_ref()).map(|d| d.done()).transpose()?;
             Some((partial_to(dev, out, lse)?, gpu_first))
         };
         let gpu_first = host_part.as_ref().and_then(|(_, first)| *first);
