@@ -196,8 +196,9 @@ extern "C" __global__ void __launch_bounds__(REPORT_THREADS)
     for (uint32_t j = t; j < n && at + j < cap; j += REPORT_THREADS) out[at + j] = from[j];
 }
 
-// Blocks (gridDim.x per head) × ATTEND_WARPS warps share each head's sample evenly, a warp a
-// contiguous share, a pick at a time: its K and V rows read where they lie, the logit
+// Blocks (gridDim.x per head) × ATTEND_WARPS warps share each head's sample, warp c taking
+// picks c, c + W, c + 2W, … (W warps a head), a pick at a time: its K and V rows read where they
+// lie, the logit
 // scale·q·k + bias(cos), cos = (q·k − q·mean) / (|q| · |k − mean|), and an online softmax. Each
 // warp writes its partial (Σ e·v over d channels, then the max and Σ e) for the merge.
 // The query heads are the first gridDim.y of the `sampled` heads the sample's buffer holds.
@@ -218,9 +219,11 @@ __device__ void lsh_attend(const T* k, const T* v, const float* query, const uin
     }
     __syncthreads();
     const uint32_t total = scan[segs];
-    const int chunks = gridDim.x * ATTEND_WARPS, c = blockIdx.x * ATTEND_WARPS + warp;
-    const uint32_t a = (uint32_t)((unsigned long long)total * c / chunks);
-    const uint32_t b = (uint32_t)((unsigned long long)total * (c + 1) / chunks);
+    // Strided, not a contiguous share each: the picks are ascending, so a head's warps read
+    // neighbouring positions at the same time, and the translations of the few pages they touch
+    // serve them all. Contiguous shares read 64 places of ~1 GiB at once and bound the reads at
+    // ~21 GB/s against ~39 strided (H100, results/decode-2026-11-28-aba/zc-probe3.cu).
+    const uint32_t warps = gridDim.x * ATTEND_WARPS, c = blockIdx.x * ATTEND_WARPS + warp;
     const float* q = query + (size_t)h * (d + 2);
     const float q_norm = q[d], q_mean = q[d + 1];
     const float* table = weights;
@@ -238,7 +241,7 @@ __device__ void lsh_attend(const T* k, const T* v, const float* query, const uin
     }
     float mx = -INFINITY, sum = 0.f;
     int s = 0;
-    for (uint32_t j = a; j < b; ++j) {
+    for (uint32_t j = c; j < total; j += warps) {
         while (scan[s + 1] <= j) ++s;
         const uint32_t pos = picks[(size_t)s * SEG_KEYS + (j - scan[s])];
         const size_t row = ((size_t)kvh * rows + pos) * d;
@@ -277,7 +280,7 @@ __device__ void lsh_attend(const T* k, const T* v, const float* query, const uin
 #pragma unroll
         for (int i = 0; i < LANE_VALUES; ++i) acc[i] += e * vx[i];
     }
-    float* p = part + ((size_t)h * chunks + c) * (d + 2);
+    float* p = part + ((size_t)h * warps + c) * (d + 2);
 #pragma unroll
     for (int i = 0; i < LANE_VALUES; i += 4) {
         const int ch = lane * 4 + i * 32;

@@ -607,9 +607,9 @@ const WALK_THREADS: u32 = 512;
 const ATTEND_WARPS: usize = 8;
 /// Attention blocks per query head: with 8 warps each, 64 picks in flight a head (each two rows
 /// over the host link), ~900 for half a 28-head layer — and 64 partials a head for the merge.
-/// More in flight does not help: four picks at a time a warp read at the same 15 GB/s of the
-/// H100 machine's 55 (27.8 ms a step for 14 heads at 1M, either way): scattered 256-byte
-/// reads of host memory bind there, not the link's latency.
+/// More in flight does not help: four picks at a time a warp read at the same rate. What binds
+/// scattered 256-byte reads of host memory is where they fall: the warps take a head's picks
+/// strided, so that they read neighbouring positions together (lsh.cu).
 const ATTEND_BLOCKS: usize = 8;
 
 /// MagicPIG's table walk (`lsh_walk`): `codes [heads, tables]` u32, `addresses [2 · kv_heads]`

@@ -6,12 +6,13 @@
 //! Why it exists beside the paper's split, which keeps the sampled rows off the host link: the
 //! CPU's side (a walk that waits on DRAM for each bucket run, then scattered row reads) is most
 //! of a step at a million tokens on the 16-core host of the H100 machine. The GPU walks the
-//! tables in two fifths of the pool's time (9 ms a step against 23); the host reads scattered rows
-//! faster than the link brings them (~20–30 GB/s against ~15). So MagicPIG's default splits the
+//! tables in two fifths of the pool's time (9 ms a step against 23); the host and the link read
+//! scattered rows at ~20–30 GB/s each (the GPU's with its warps sweeping a head's picks
+//! together; ~15 when each warp read a contiguous share). So MagicPIG's default splits the
 //! sample: the GPU walks every head's tables, reports the codes and the CPU's heads' picks into
 //! host memory ([`Sample::report`]), then attends the first heads' samples over the link
-//! ([`attend`] of a head count) while the CPU attends the others' in host memory: 51.6–60.6 ms
-//! a token at 1M on one H100 on four hosts of five, against the CPU's 97.7 alone
+//! ([`attend`] of a head count) while the CPU attends the others' in host memory: 48.9 ms a
+//! token at 1M on one H100 (18 heads of 28 on the GPU), against the CPU's 97.7 alone
 //! (docs/performance.md). The tables' layout is the
 //! CPU walk's (bucket lists of 16-bit offsets within 64 Ki-key segments, a start per (code,
 //! segment) run), so one index serves both and neither needs a copy: the lists are registered
@@ -23,8 +24,10 @@
 //! slot of a `[heads, segments · SEGMENT_KEYS]` buffer, their number beside it — the slots are
 //! as long as a segment, so no sample is ever cut short, and no count crosses back to the host
 //! (which would stop the device's queue every layer). The attention gives each query head's
-//! sample to `ATTEND_BLOCKS × 8` warps, a warp a contiguous share, a pick at a time (its K and
-//! V rows loaded together), with an online softmax; the partials merge by LSE as the row
+//! sample to `ATTEND_BLOCKS × 8` warps, strided (warp c takes picks c, c + 64, …: the warps read
+//! neighbouring positions together, which doubled the rate over contiguous shares — what binds
+//! scattered reads of 56 GB of host memory is how far apart the reads in flight fall, not how
+//! many there are), a pick at a time (its K and V rows loaded together), with an online softmax; the partials merge by LSE as the row
 //! kernel's do.
 //!
 //! The reference is the definition: collisions counted per key over every table's bucket

@@ -176,11 +176,12 @@ const PARAMS: [ParamSpec; 9] = [
 ];
 
 /// The share of query heads whose sample the GPU attends (`gpu_attend`; with `balance=1`
-/// where the split starts): 14 of the 7B shape's 28 heads on the H100 machine at 1M, the best
-/// record of the splits measured there — 51.6–60.6 ms a token on four hosts of five, 71.0 on
-/// one whose host memory read 59 GB/s (where 12 heads took 57.6); a quarter 69.1, three
-/// quarters 73.2 (docs/performance.md).
-const GPU_ATTEND: f64 = 0.5;
+/// where the split starts): 18 of the 7B shape's 28 heads on the H100 machine at 1M. Since
+/// the GPU's warps read a head's picks strided (lsh.cu), its half reads ~1.9x faster, and the
+/// best split moved from 14 heads to 18–20: 55.4 (14), 53.0 (16), 48.9 (18) on one host,
+/// 48.0 (20) and 56.6 (22) on another (docs/performance.md). 18, not 20: further from the
+/// fall at 22, where the GPU's side becomes the longer.
+const GPU_ATTEND: f64 = 0.64;
 
 /// Bytes of a bucket-list entry walked (a 16-bit key offset), for the `searched` figure in
 /// key-row equivalents (a bf16 key row is 2·d bytes).
@@ -244,10 +245,9 @@ pub struct MagicPig {
 /// Rejected: timing both sides and solving for the even point — the GPU's time needs a
 /// synchronising event per layer, and the ratio drifts with what else the machine does anyway.
 ///
-/// Off by default: measured once at 1M (docs/performance.md), it settled at 13 of 28 heads and
-/// took 56.3 ms a token where the fixed half took 51.6 in the same run — but it ran first of
-/// the two, and whether a bench's first method pays for something the next does not (in
-/// another run half the heads took 71.0 first, 12 heads 57.6 second) is not settled.
+/// Off by default: at 1M (docs/performance.md) it settled at 13 of 28 heads and took 57.25 ms
+/// a token between two runs of the fixed split it started from, 54.04 and 54.13, in one command
+/// (an A-B-A order: a bench's first method pays nothing the later ones do not).
 #[derive(Debug, Default)]
 struct Balance {
     on_gpu: Option<usize>,
@@ -501,8 +501,8 @@ impl MagicPig {
     /// KB a layer) into host memory; then the first `on_gpu` query heads are attended by the
     /// GPU, reading their rows over the host link, while the CPU attends the others' in host
     /// memory — both sides at once, each at its own memory's rate: the walk is the GPU's
-    /// strength (~9 ms a step at 1M against the CPU pool's 23), scattered rows the host's
-    /// (~20–30 GB/s in its own memory against ~15 over the link). The host waits for the walk
+    /// strength (~9 ms a step at 1M against the CPU pool's 23); scattered rows both read at
+    /// ~20–30 GB/s, the host in its own memory, the GPU over the link. The host waits for the walk
     /// and the report alone: the GPU's attention is queued behind them before the host waits.
     /// With `vote`, also whether the GPU's part was done when the CPU's was (for the balance;
     /// `None` without both parts). The same keys as [`Self::sample_on_host`], the same weights.
