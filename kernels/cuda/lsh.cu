@@ -197,10 +197,10 @@ extern "C" __global__ void __launch_bounds__(REPORT_THREADS)
 }
 
 // Blocks (gridDim.x per head) × ATTEND_WARPS warps share each head's sample, warp c taking
-// picks c, c + W, c + 2W, … (W warps a head), a pick at a time: its K and V rows read where they
-// lie, the logit
-// scale·q·k + bias(cos), cos = (q·k − q·mean) / (|q| · |k − mean|), and an online softmax. Each
-// warp writes its partial (Σ e·v over d channels, then the max and Σ e) for the merge.
+// picks c, c + W, c + 2W, … (W warps a head), a pick at a time: its K and V rows read where
+// they lie, the logit scale·q·k + bias(cos), cos = (q·k − q·mean) / (|q| · |k − mean|), and
+// an online softmax. Each warp writes its partial (Σ e·v over d channels, then the max and
+// Σ e) for the merge.
 // The query heads are the first gridDim.y of the `sampled` heads the sample's buffer holds.
 // query [heads][d + 2]: q, then |q| and q·mean; weights: the bias table (steps + 1), then the
 // keys' centred norms [kv_heads][n_idx] of indexed keys first..first + n_idx.

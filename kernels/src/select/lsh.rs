@@ -27,14 +27,15 @@
 //! sample to `ATTEND_BLOCKS × 8` warps, strided (warp c takes picks c, c + 64, …: the warps read
 //! neighbouring positions together, which doubled the rate over contiguous shares — what binds
 //! scattered reads of 56 GB of host memory is how far apart the reads in flight fall, not how
-//! many there are), a pick at a time (its K and V rows loaded together), with an online softmax; the partials merge by LSE as the row
-//! kernel's do.
+//! many there are), a pick at a time (its K and V rows loaded together), with an online
+//! softmax; the partials merge by LSE as the row kernel's do.
 //!
 //! The reference is the definition: collisions counted per key over every table's bucket
 //! list, and the softmax of `scale · q·k + bias(cos)` over the sample in f64.
 //!
 //! Costs: the walk reads `Σ` over tables of a bucket run (2 bytes a member) per query head;
-//! the attention `2 · d · b` bytes a pick (K and V rows) over the host link — link-bound.
+//! the attention `2 · d · b` bytes a pick (K and V rows) over the host link, bound by where the
+//! reads fall (~23–27 GB/s of the link's 55 at 1M), not by the link.
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -177,7 +177,7 @@ const PARAMS: [ParamSpec; 9] = [
 
 /// The share of query heads whose sample the GPU attends (`gpu_attend`; with `balance=1`
 /// where the split starts): 18 of the 7B shape's 28 heads on the H100 machine at 1M. Since
-/// the GPU's warps read a head's picks strided (lsh.cu), its half reads ~1.9x faster, and the
+/// the GPU's warps read a head's picks strided (lsh.cu), its share reads ~1.9x faster, and the
 /// best split moved from 14 heads to 18–20: 55.4 (14), 53.0 (16), 48.9 (18) on one host,
 /// 48.0 (20) and 56.6 (22) on another (docs/performance.md). 18, not 20: further from the
 /// fall at 22, where the GPU's side becomes the longer.
@@ -246,8 +246,9 @@ pub struct MagicPig {
 /// synchronising event per layer, and the ratio drifts with what else the machine does anyway.
 ///
 /// Off by default: at 1M (docs/performance.md) it settled at 13 of 28 heads and took 57.25 ms
-/// a token between two runs of the fixed split it started from, 54.04 and 54.13, in one command
-/// (an A-B-A order: a bench's first method pays nothing the later ones do not).
+/// a token between two runs of the fixed split it started from (14 heads), 54.04 and 54.13, in
+/// one command (an A-B-A order: a bench's first method pays nothing the later ones do not).
+/// That was before the GPU's reads were strided; from today's 18 heads it is not yet measured.
 #[derive(Debug, Default)]
 struct Balance {
     on_gpu: Option<usize>,
