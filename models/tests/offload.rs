@@ -101,8 +101,9 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
         // The sample drawn and attended by the CPU, as the paper splits it.
         ("magicpig gpu=0", Some("5%")),
         // Drawn by the GPU, the first `gpu_attend` share of the query heads' samples attended
-        // there and the others' by the CPU (the default; the CPU alone on a CPU device); and the balanced path (votes taken,
-        // though one layer's steps here are too few to move the split: `Balance`'s unit test).
+        // there and the others' by the CPU (the default; the CPU alone on a CPU device); and
+        // the balanced path (votes taken, though one layer's steps here are too few to move the
+        // split: `Balance`'s unit test).
         ("magicpig", Some("5%")),
         ("magicpig balance=1", Some("5%")),
         // Drawn and attended by the GPU over the host link.

@@ -608,9 +608,9 @@ const ATTEND_WARPS: usize = 8;
 /// Attention blocks per query head: with 8 warps each, 64 picks in flight a head (each two rows
 /// over the host link), ~1,150 for the 18 GPU heads of a 28-head layer — and 64 partials a head
 /// for the merge. More in flight did not help (four picks at a time a warp read at the same
-/// rate, measured when each warp read a contiguous share). What binds
-/// scattered 256-byte reads of host memory is where they fall: the warps take a head's picks
-/// strided, so that they read neighbouring positions together (lsh.cu).
+/// rate, measured when each warp read a contiguous share). What binds scattered 256-byte reads
+/// of host memory is where they fall: the warps take a head's picks strided, so that they read
+/// neighbouring positions together (lsh.cu).
 const ATTEND_BLOCKS: usize = 8;
 
 /// MagicPIG's table walk (`lsh_walk`): `codes [heads, tables]` u32, `addresses [2 · kv_heads]`

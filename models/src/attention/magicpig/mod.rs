@@ -503,8 +503,8 @@ impl MagicPig {
     /// GPU, reading their rows over the host link, while the CPU attends the others' in host
     /// memory — both sides at once, each at its own memory's rate: the walk is the GPU's
     /// strength (~9 ms a step at 1M against the CPU pool's 23); scattered rows both read at
-    /// ~20–30 GB/s, the host in its own memory, the GPU over the link. The host waits for the walk
-    /// and the report alone: the GPU's attention is queued behind them before the host waits.
+    /// ~20–30 GB/s, the host in its own memory, the GPU over the link. The host waits for the
+    /// walk and the report alone: the GPU's attention is queued behind them before the host waits.
     /// With `vote`, also whether the GPU's part was done when the CPU's was (for the balance;
     /// `None` without both parts). The same keys as [`Self::sample_on_host`], the same weights.
     fn sample_on_device(
