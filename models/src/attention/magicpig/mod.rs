@@ -550,8 +550,8 @@ impl MagicPig {
         };
         let (picks, codes) = span(dev, "attention: sample: picks to the host", || Ok(report.wait()?))?;
         let walked = codes.chunks(ix.tables).enumerate().map(|(h, c)| ix.walked(h / groups, c)).sum();
-        let host_part = if on_gpu == heads {
-            None
+        let (host_part, gpu_first) = if on_gpu == heads {
+            (None, None)
         } else {
             let (kh, vh) = (keys.host()?, values.host()?);
             let (out, lse) = span(dev, "attention: sample: attend (CPU)", || {
@@ -581,12 +581,11 @@ impl MagicPig {
             })?;
             // Whether the GPU's part was done when the CPU's was: the side that finished first.
             let gpu_first = device_part.as_ref().and_then(|(_, done)| done.as_ref()).map(|d| d.done()).transpose()?;
-            Some((partial_to(dev, out, lse)?, gpu_first))
+            (Some(partial_to(dev, out, lse)?), gpu_first)
         };
-        let gpu_first = host_part.as_ref().and_then(|(_, first)| *first);
         // The GPU's heads first, then the CPU's: the heads' order.
         let (outs, lses): (Vec<Tensor>, Vec<Tensor>) =
-            device_part.map(|(part, _)| part).into_iter().chain(host_part.map(|(part, _)| part)).unzip();
+            device_part.map(|(part, _)| part).into_iter().chain(host_part).unzip();
         let part = AttnOutput { out: Tensor::cat(&outs, 0)?.unsqueeze(1)?, lse: Tensor::cat(&lses, 0)?.unsqueeze(1)? };
         Ok((part, Drawn::Device(sample), walked, gpu_first))
     }
