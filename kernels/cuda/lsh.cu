@@ -40,20 +40,22 @@ __device__ __forceinline__ uint32_t warp_inclusive(uint32_t x, int lane) {
     return x;
 }
 
-// One block per (segment, query head): the keys of segment `s` whose code equals the head's in
+// One block per (segment, query head h0 + blockIdx.y, its codes' row blockIdx.y; a walk may
+// cover a range of the heads): the keys of segment `s` whose code equals the head's in
 // at least two tables. Every table's run for the segment (its start and end in `starts`, then
 // its members) is read where it lies; each member sets its bit in `once`, or in `twice` when
 // `once` had it. The keys in `twice` from `skip` on are written ascending as positions
-// `first + key` from `picks[h][s · SEG_KEYS]` on, their number to `counts[h][s]`.
+// `first + key` from `picks[h][s · SEG_KEYS]` on, their number to `counts[h][s]` (h the row).
 // members[kvh], starts[kvh]: device addresses of KV head kvh's lists ([tables][n] u16 and
 // [tables][2^bits · segs + 1] u32).
 extern "C" __global__ void __launch_bounds__(WALK_THREADS)
     lsh_walk(const unsigned long long* members, const unsigned long long* starts, const uint32_t* codes,
-             uint32_t* picks, uint32_t* counts, int n, int segs, int tables, int bits, int group, int first, int skip) {
+             uint32_t* picks, uint32_t* counts, int n, int segs, int tables, int bits, int group, int h0, int first,
+             int skip) {
     __shared__ uint32_t once[SEG_WORDS], twice[SEG_WORDS];
     __shared__ uint32_t from[MAX_TABLES], scan[MAX_TABLES + 1];
     __shared__ uint32_t warp_sums[WALK_THREADS / 32];
-    const int s = blockIdx.x, h = blockIdx.y, kvh = h / group, t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int s = blockIdx.x, h = blockIdx.y, kvh = (h0 + h) / group, t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const uint16_t* mem = reinterpret_cast<const uint16_t*>(members[kvh]);
     const uint32_t* st = reinterpret_cast<const uint32_t*>(starts[kvh]);
     const size_t per_table = ((size_t)1 << bits) * segs + 1;

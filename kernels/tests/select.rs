@@ -515,7 +515,7 @@ fn lsh_sample_matches_definition(device: &Device) -> Result<()> {
         every.iter().map(|p| p.iter().copied().filter(|&x| x as usize >= first + skip).collect()).collect()
     };
     for skip in [0, 70_000, n] {
-        let sample = index.walk(&codes, group, (first, skip))?;
+        let sample = index.walk(&codes, group, 0..heads, (first, skip))?;
         // On a GPU the first report of the process (this one: no other test here reports) holds
         // ~28k picks, past the 4,096 words of a first report buffer: it reports again into a
         // larger one, and the comparison covers that path too.
@@ -526,9 +526,19 @@ fn lsh_sample_matches_definition(device: &Device) -> Result<()> {
         assert!(also == qc, "seed {seed}: the codes reported with the picks differ");
         let (none, also) = sample.report(heads..heads, Some(&codes))?.wait()?;
         assert!(none.is_empty() && also == qc, "seed {seed}: an empty range");
+        // A walk of a range of the heads (from mid-KV-head on; the first heads) is the sample of
+        // those heads alone.
+        for range in [group - 1..heads, 0..group + 1] {
+            let part = index.walk(&codes, group, range.clone(), (first, skip))?;
+            assert!(part.positions()? == want(skip)[range.clone()], "seed {seed}: skip {skip}: a walk of {range:?}");
+        }
+    }
+    // Empty, reversed and past-the-end ranges are refused.
+    for range in [1..1, heads..heads + 1, 0..heads + 1] {
+        assert!(index.walk(&codes, group, range.clone(), (first, 0)).is_err(), "seed {seed}: {range:?}");
     }
     // Heads past the sample's are refused.
-    let sample = index.walk(&codes, group, (first, 0))?;
+    let sample = index.walk(&codes, group, 0..heads, (first, 0))?;
     assert!(sample.report(0..heads + 1, None).is_err() && sample.report(heads + 1..heads + 1, None).is_err());
     assert!(want(0).iter().all(|p| p.len() > 1000), "seed {seed}: samples this size exercise every warp");
 
@@ -572,11 +582,11 @@ fn lsh_sample_matches_definition(device: &Device) -> Result<()> {
             .collect();
         let query_t = Tensor::from_vec(query.clone(), (heads, d + 2), device)?;
         // A sample walked over other keys than the weights cover is refused, not misread.
-        let shifted = index.walk(&codes, group, (first + 1, 0))?;
+        let shifted = index.walk(&codes, group, 0..heads, (first + 1, 0))?;
         let err = lsh::attend(&query_t, &shifted, (&hk, &hv), &weights, scale).expect_err("keys 6.. against 5..");
         assert!(err.to_string().contains("sampled from keys 6.."), "seed {seed}: {err}");
         for skip in [0, n] {
-            let sample = index.walk(&codes, group, (first, skip))?;
+            let sample = index.walk(&codes, group, 0..heads, (first, skip))?;
             let (out, lse) = lsh::attend(&query_t, &sample, (&hk, &hv), &weights, scale)?;
             let (out, lse): (Vec<f32>, Vec<f32>) = (out.flatten_all()?.to_vec1()?, lse.to_vec1()?);
             // The first heads attended alone (part of a KV head's too) give what they gave
@@ -593,6 +603,20 @@ fn lsh_sample_matches_definition(device: &Device) -> Result<()> {
             }
             let more = Tensor::cat(&[&query_t, &query_t.narrow(0, 0, 1)?], 0)?;
             assert!(lsh::attend(&more, &sample, (&hk, &hv), &weights, scale).is_err(), "seed {seed}: {dtype:?}");
+            // A walk of the first heads attends as the whole walk does; one of later heads is
+            // refused (the kernel reads KV head h / group for its head h).
+            let first_walk = index.walk(&codes, group, 0..group + 1, (first, skip))?;
+            let query_first = query_t.narrow(0, 0, group + 1)?;
+            let (part_out, part_lse) = lsh::attend(&query_first, &first_walk, (&hk, &hv), &weights, scale)?;
+            let (part_out, part_lse): (Vec<f32>, Vec<f32>) = (part_out.flatten_all()?.to_vec1()?, part_lse.to_vec1()?);
+            assert!(
+                part_out == out[..(group + 1) * d] && part_lse == lse[..group + 1],
+                "seed {seed}: {dtype:?}: a walk of the first heads attended differs"
+            );
+            let later = index.walk(&codes, group, 1..heads, (first, skip))?;
+            let err =
+                lsh::attend(&query_t.narrow(0, 1, 1)?, &later, (&hk, &hv), &weights, scale).expect_err("head 1 on");
+            assert!(err.to_string().contains(" from head 1 on "), "seed {seed}: {err}");
             for (h, pick) in want(skip).iter().enumerate() {
                 let kvh = h / group;
                 let row = |p: u32| (kvh * rows + p as usize) * d;

@@ -133,7 +133,7 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
                 assert_eq!(got.out.dims(), want.out.dims());
                 if name == "magicpig" && tier == "offloaded" {
                     // Drawn where asked: on a GPU by the kernels, on the CPU by the pool.
-                    let on_device = matches!(got.read, Read::Sampled { picks: Drawn::Device(_), .. });
+                    let on_device = matches!(got.read, Read::Sampled { picks: Drawn::Device { .. }, .. });
                     let asked = device.is_cuda() && label != "magicpig gpu=0";
                     assert_eq!(on_device, asked, "{label}: the sample was drawn elsewhere");
                 }

@@ -613,19 +613,20 @@ const ATTEND_WARPS: usize = 8;
 /// neighbouring positions together (lsh.cu).
 const ATTEND_BLOCKS: usize = 8;
 
-/// MagicPIG's table walk (`lsh_walk`): `codes [heads, tables]` u32, `addresses [2 · kv_heads]`
-/// the lists' device addresses; `(n, bits, group, first, skip)`. The sample's buffer (see
+/// MagicPIG's table walk (`lsh_walk`): `codes [heads, tables]` u32 of query heads `h0..h0 +
+/// heads`, `addresses [2 · kv_heads]` the lists' device addresses; `(n, bits, group, h0, first,
+/// skip)`. The sample's buffer (see
 /// `lsh::Sample`).
 pub(super) fn lsh_walk(
     codes: &Tensor,
     addresses: &Tensor,
-    dims: (usize, usize, usize, usize, usize),
+    dims: (usize, usize, usize, usize, usize, usize),
 ) -> Result<Tensor> {
     codes.apply_op2_no_bwd(addresses, &CudaOnly(LshWalk { dims }))
 }
 
 struct LshWalk {
-    dims: (usize, usize, usize, usize, usize),
+    dims: (usize, usize, usize, usize, usize, usize),
 }
 
 impl CudaOp2 for LshWalk {
@@ -638,7 +639,7 @@ impl CudaOp2 for LshWalk {
         at: &CudaStorage,
         al: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let (n, bits, group, first, skip) = self.dims;
+        let (n, bits, group, h0, first, skip) = self.dims;
         let (heads, tables) = cl.shape().dims2()?;
         let segs = super::lsh::segments(n);
         let dev = codes.device();
@@ -650,9 +651,9 @@ impl CudaOp2 for LshWalk {
         let out = unsafe { dev.alloc::<u32>(cap + heads * segs)? };
         {
             let (picks, counts) = (out.slice(..cap), out.slice(cap..));
-            let kvh = heads / group;
+            let kvh = al.shape().elem_count() / 2;
             let (members, starts) = (at_s.slice(..kvh), at_s.slice(kvh..));
-            let ints = [n, segs, tables, bits, group, first, skip.min(n)];
+            let ints = [n, segs, tables, bits, group, h0, first, skip.min(n)];
             if ints.iter().any(|&x| x > i32::MAX as usize) {
                 candle_core::bail!("lsh walk: sizes past the kernel's i32 arguments");
             }
@@ -669,7 +670,8 @@ impl CudaOp2 for LshWalk {
                 shared_mem_bytes: 0,
             };
             // SAFETY: codes hold heads × tables u32 (tables ≤ MAX_TABLES, segs ≤ MAX_SEGS:
-            // `lsh::Tables::new`); the lists are registered and hold what the tables say.
+            // `lsh::Tables::new`), and heads h0.. walk KV heads below kv_heads (`lsh::Tables::walk`);
+            // the lists are registered and hold what the tables say.
             unsafe { b.launch(cfg) }.w()?;
         }
         Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), Shape::from(cap + heads * segs)))

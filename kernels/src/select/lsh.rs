@@ -138,21 +138,36 @@ impl Tables {
         segments(self.n)
     }
 
-    /// Per query head of `codes [heads, tables]` (u32, on the tables' device; KV head
-    /// `h / group`), the keys whose code equals the head's in at least two tables, from key
-    /// `skip` on, as positions `first + key` (a code is taken modulo `2^bits`, so that no code
-    /// reads past the lists).
-    pub fn walk(&self, codes: &Tensor, group: usize, (first, skip): (usize, usize)) -> Result<Sample> {
-        let (heads, tables) = codes.dims2()?;
-        if tables != self.tables || group == 0 || heads != group * self.lists.len() || codes.dtype() != DType::U32 {
+    /// Per query head `h` of `range` (all of them: `0..heads`) of `codes [heads, tables]` (u32,
+    /// on the tables' device; KV head `h / group`), the keys whose code equals the head's in at
+    /// least two tables, from key `skip` on, as positions `first + key` (a code is taken modulo
+    /// `2^bits`, so that no code reads past the lists). A range's walk is the sample of those
+    /// heads alone (head `range.start` its first): MagicPIG walks the CPU's heads first, so that
+    /// the host can start on them while the GPU walks its own.
+    pub fn walk(
+        &self,
+        codes: &Tensor,
+        group: usize,
+        range: Range<usize>,
+        (first, skip): (usize, usize),
+    ) -> Result<Sample> {
+        let (all, tables) = codes.dims2()?;
+        let fits = range.start < range.end && range.end <= all;
+        if tables != self.tables
+            || group == 0
+            || all != group * self.lists.len()
+            || codes.dtype() != DType::U32
+            || !fits
+        {
             candle_core::bail!(
-                "lsh walk: codes {:?} {:?} with group {group} over {} KV heads of {} tables",
+                "lsh walk: heads {range:?} of codes {:?} {:?} with group {group} over {} KV heads of {} tables",
                 codes.dims(),
                 codes.dtype(),
                 self.lists.len(),
                 self.tables
             );
         }
+        let heads = range.len();
         let segs = self.segments();
         // Positions, and the slots' offsets the report gathers by, are u32.
         if first + self.n > u32::MAX as usize || buf_len(heads, segs) > u32::MAX as usize {
@@ -160,24 +175,32 @@ impl Tables {
         }
         #[cfg(feature = "cuda")]
         if let Some(addresses) = &self.addresses {
-            let dims = (self.n, self.bits, group, first, skip);
-            let buf = super::cuda::lsh_walk(&codes.contiguous()?, addresses, dims)?;
-            return Ok(Sample { buf, heads, group, segments: segs, first, n: self.n });
+            let dims = (self.n, self.bits, group, range.start, first, skip);
+            let buf = super::cuda::lsh_walk(&codes.narrow(0, range.start, heads)?.contiguous()?, addresses, dims)?;
+            return Ok(Sample { buf, heads, head0: range.start, group, segments: segs, first, n: self.n });
         }
         let host: Vec<u32> = codes.flatten_all()?.to_vec1()?;
-        let buf = self.walk_reference(&host, heads, group, (first, skip));
+        let buf = self.walk_reference(&host, range.clone(), group, (first, skip));
         let buf = Tensor::from_vec(buf, buf_len(heads, segs), codes.device())?;
-        Ok(Sample { buf, heads, group, segments: segs, first, n: self.n })
+        Ok(Sample { buf, heads, head0: range.start, group, segments: segs, first, n: self.n })
     }
 
-    /// The definition: per query head and key, the tables whose bucket of the head's code holds
-    /// the key, counted; the keys counted twice or more, ascending, in the sample's layout.
-    fn walk_reference(&self, codes: &[u32], heads: usize, group: usize, (first, skip): (usize, usize)) -> Vec<u32> {
+    /// The definition: per query head of `range` and key, the tables whose bucket of the head's
+    /// code holds the key, counted; the keys counted twice or more, ascending, in the layout of
+    /// the range's sample.
+    fn walk_reference(
+        &self,
+        codes: &[u32],
+        range: Range<usize>,
+        group: usize,
+        (first, skip): (usize, usize),
+    ) -> Vec<u32> {
         let (n, segs, tables) = (self.n, self.segments(), self.tables);
         let per_table = (1usize << self.bits) * segs + 1;
         let cap = segs * SEGMENT_KEYS;
+        let heads = range.len();
         let mut buf = vec![0u32; buf_len(heads, segs)];
-        for h in 0..heads {
+        for (row, h) in range.enumerate() {
             let (members, starts) = &self.lists[h / group];
             let (members, starts) = (members.bytes(), starts.bytes());
             let member = |i: usize| u16::from_ne_bytes([members[2 * i], members[2 * i + 1]]) as usize;
@@ -196,10 +219,10 @@ impl Tables {
                 let keys = (s * SEGMENT_KEYS..((s + 1) * SEGMENT_KEYS).min(n)).filter(|&i| i >= skip && hits[i] >= 2);
                 let mut count = 0;
                 for (j, i) in keys.enumerate() {
-                    buf[h * cap + s * SEGMENT_KEYS + j] = (first + i) as u32;
+                    buf[row * cap + s * SEGMENT_KEYS + j] = (first + i) as u32;
                     count = j + 1;
                 }
-                buf[heads * cap + h * segs + s] = count as u32;
+                buf[heads * cap + row * segs + s] = count as u32;
             }
         }
         buf
@@ -217,6 +240,8 @@ fn buf_len(heads: usize, segs: usize) -> usize {
 pub struct Sample {
     buf: Tensor,
     heads: usize,
+    /// The query head the sample's first is (a walk of a range of heads).
+    head0: usize,
     /// Query heads per KV head (head `h` walked KV head `h / group`'s tables).
     group: usize,
     segments: usize,
@@ -341,7 +366,9 @@ pub fn attend(
     let d = k.d;
     let kv_heads = k.heads;
     let group = sample.group;
+    // A sample of a range of heads from 0 on: the kernel reads KV head h / group for its head h.
     let ok = heads <= sample.heads
+        && sample.head0 == 0
         && d2 == d + 2
         && query.dtype() == DType::F32
         && (v.heads, v.n, v.d) == (k.heads, k.n, k.d)
@@ -353,12 +380,14 @@ pub fn attend(
         && weights.steps >= 1;
     if !ok {
         candle_core::bail!(
-            "lsh attend: query {:?} {:?} (no more heads than sampled), {} heads sampled from keys {}..{}, rows [{}, {}, {d}], keys {}..{} weighed",
+            "lsh attend: query {:?} {:?} (no more heads than sampled), {} heads sampled from keys {}..{} from head {} on \
+             (a sample of the first heads: 0), rows [{}, {}, {d}], keys {}..{} weighed",
             query.dims(),
             query.dtype(),
             sample.heads,
             sample.first,
             sample.first + sample.n,
+            sample.head0,
             k.heads,
             k.n,
             weights.first,

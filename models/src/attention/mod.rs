@@ -122,18 +122,22 @@ pub enum Read {
     Sampled { before: Vec<u32>, picks: Drawn, after: Vec<u32> },
 }
 
-/// Per query head, the positions a sample read, ascending: drawn on the host, or still where a
-/// GPU drew them (copied to the host only when [`Read::rows`] asks).
+/// Per query head, the positions a sample read, ascending: drawn on the host, or by a GPU —
+/// the first heads' still where it drew them (copied to the host only when [`Read::rows`]
+/// asks), the rest's already reported to the host for the CPU to attend.
 pub enum Drawn {
     Host(Vec<Vec<u32>>),
-    Device(folio_kernels::select::lsh::Sample),
+    Device { first: Option<folio_kernels::select::lsh::Sample>, rest: Vec<Vec<u32>> },
 }
 
 impl Drawn {
     fn positions(&self) -> Result<std::borrow::Cow<'_, [Vec<u32>]>> {
         Ok(match self {
             Self::Host(picks) => std::borrow::Cow::Borrowed(picks),
-            Self::Device(sample) => std::borrow::Cow::Owned(sample.positions()?),
+            Self::Device { first: None, rest } => std::borrow::Cow::Borrowed(rest),
+            Self::Device { first: Some(sample), rest } => {
+                std::borrow::Cow::Owned(sample.positions()?.into_iter().chain(rest.iter().cloned()).collect())
+            }
         })
     }
 }

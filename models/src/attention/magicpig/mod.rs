@@ -497,9 +497,10 @@ impl MagicPig {
     }
 
     /// The sample walked on the GPU ([`lsh`]): the queries' codes from the projection on the
-    /// device, one launch walks every head's tables where they lie, one more writes what the
-    /// host needs (the codes, for the walked count, and the CPU's heads' picks, a few hundred
-    /// KB a layer) into host memory; then the first `on_gpu` query heads are attended by the
+    /// device; one launch walks the CPU's heads' tables where they lie and one more writes what
+    /// the host needs (the codes, for the walked count, and those heads' picks, a few hundred
+    /// KB a layer) into host memory, so that the host starts while a third launch walks the
+    /// GPU's heads' tables; then the first `on_gpu` query heads are attended by the
     /// GPU, reading their rows over the host link, while the CPU attends the others' in host
     /// memory — both sides at once, each at its own memory's rate: the walk is the GPU's
     /// strength (~9 ms a step at 1M against the CPU pool's 23); scattered rows both read at
@@ -531,22 +532,40 @@ impl MagicPig {
                 Some(Tensor::from_vec(query, (on_gpu, d + 2), dev)?)
             }
         };
-        let (sample, report) = span(dev, "attention: sample: walk (GPU)", || {
+        let keys_walked = (ix.first, lo.saturating_sub(ix.first));
+        let (gpu_sample, report) = span(dev, "attention: sample: walk (GPU)", || {
             let codes = sparse::simhash_codes(q_dev, &on.projection, ix.bits, ix.tables)?;
-            let sample = on.tables.walk(&codes, groups, (ix.first, lo.saturating_sub(ix.first)))?;
-            // Queued before the GPU's attention, so that the host waits for the walk alone.
-            let report = sample.report(on_gpu..heads, Some(&codes))?;
-            Ok((sample, report))
+            // The CPU's heads walked and reported first, so that the host starts on them while
+            // the GPU walks its own; the report carries the codes (for the walked count).
+            let host_report = match on_gpu < heads {
+                true => Some(
+                    on.tables
+                        .walk(&codes, groups, on_gpu..heads, keys_walked)?
+                        .report(0..heads - on_gpu, Some(&codes))?,
+                ),
+                false => None,
+            };
+            let gpu_sample = match on_gpu {
+                0 => None,
+                _ => Some(on.tables.walk(&codes, groups, 0..on_gpu, keys_walked)?),
+            };
+            let report = match (host_report, &gpu_sample) {
+                (Some(report), _) => report,
+                // Every head on the GPU: a report of none of its heads, for the codes.
+                (None, Some(sample)) => sample.report(0..0, Some(&codes))?,
+                (None, None) => return Err(Error::Invalid("magicpig: a layer of no query heads".into())),
+            };
+            Ok((gpu_sample, report))
         })?;
-        let device_part = match &gpu_query {
-            None => None,
-            Some(query) => Some(span(dev, "attention: sample: attend (GPU)", || {
+        let device_part = match (&gpu_query, &gpu_sample) {
+            (Some(query), Some(sample)) => Some(span(dev, "attention: sample: attend (GPU)", || {
                 let n = ix.end - ix.first;
                 let w = lsh::Weights { table_and_norms: &on.weights, steps: BIAS_TABLE_STEPS, first: ix.first, n };
-                let part = lsh::attend(query, &sample, (keys, values), &w, scale)?;
+                let part = lsh::attend(query, sample, (keys, values), &w, scale)?;
                 let done = vote.then(|| folio_kernels::device::Queued::now(dev)).transpose()?;
                 Ok((part, done))
             })?),
+            _ => None,
         };
         let (picks, codes) = span(dev, "attention: sample: picks to the host", || Ok(report.wait()?))?;
         let walked = codes.chunks(ix.tables).enumerate().map(|(h, c)| ix.walked(h / groups, c)).sum();
@@ -587,7 +606,7 @@ impl MagicPig {
         let (outs, lses): (Vec<Tensor>, Vec<Tensor>) =
             device_part.map(|(part, _)| part).into_iter().chain(host_part).unzip();
         let part = AttnOutput { out: Tensor::cat(&outs, 0)?.unsqueeze(1)?, lse: Tensor::cat(&lses, 0)?.unsqueeze(1)? };
-        Ok((part, Drawn::Device(sample), walked, gpu_first))
+        Ok((part, Drawn::Device { first: gpu_sample, rest: picks }, walked, gpu_first))
     }
 }
 
