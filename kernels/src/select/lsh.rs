@@ -9,11 +9,13 @@
 //! tables in two fifths of the pool's time (9 ms a step against 23); the host and the link read
 //! scattered rows at ~20–30 GB/s each (the GPU's with its warps sweeping a head's picks
 //! together; ~15 when each warp read a contiguous share). So MagicPIG's default splits the
-//! sample: the GPU walks every head's tables, reports the codes and the CPU's heads' picks into
-//! host memory ([`Sample::report`]), then attends the first heads' samples over the link
-//! ([`attend`] of a head count) while the CPU attends the others' in host memory: 48.9 ms a
-//! token at 1M on one H100 (18 heads of 28 on the GPU), against the CPU's 97.7 alone
-//! (docs/performance.md). The tables' layout is the
+//! sample: the GPU walks the CPU's heads' tables ([`Tables::walk`] of a head range) and reports
+//! their picks and the codes into host memory ([`Sample::report`]), then walks the first heads'
+//! tables and attends their samples over the link ([`attend`]) while the CPU attends the
+//! others' in host memory: 44.8–53.2 ms a token at 1M across three H100 hosts (18 heads of 28
+//! on the GPU), against the CPU's 97.7 alone (docs/performance.md). The CPU's heads go first
+//! because the host waits for their report: walked after the GPU's heads, it came ~4 ms a
+//! step later (54.1 against 44.8 ms a token on one host). The tables' layout is the
 //! CPU walk's (bucket lists of 16-bit offsets within 64 Ki-key segments, a start per (code,
 //! segment) run), so one index serves both and neither needs a copy: the lists are registered
 //! in place.

@@ -179,8 +179,10 @@ const PARAMS: [ParamSpec; 9] = [
 /// where the split starts): 18 of the 7B shape's 28 heads on the H100 machine at 1M. Since
 /// the GPU's warps read a head's picks strided (lsh.cu), its share reads ~1.9x faster, and the
 /// best split moved from 14 heads to 18–20: 55.4 (14), 53.0 (16), 48.9 (18) on one host,
-/// 48.0 (20) and 56.6 (22) on another (docs/performance.md). 18, not 20: further from the
-/// fall at 22, where the GPU's side becomes the longer.
+/// 48.0 (20) and 56.6 (22) on another (docs/performance.md). With the CPU's heads walked
+/// first, 18 measured 44.8, 53.2 and 50.6 on three hosts; on the second, 20 heads 48.3 and
+/// 16 heads 53.3. 18, not 20: one host favours 20, and 22 fell off where the GPU's side
+/// became the longer; the next sweep decides.
 const GPU_ATTEND: f64 = 0.64;
 
 /// Bytes of a bucket-list entry walked (a 16-bit key offset), for the `searched` figure in
@@ -505,7 +507,9 @@ impl MagicPig {
     /// memory — both sides at once, each at its own memory's rate: the walk is the GPU's
     /// strength (~9 ms a step at 1M against the CPU pool's 23); scattered rows both read at
     /// ~20–30 GB/s, the host in its own memory, the GPU over the link. The host waits for the
-    /// walk and the report alone: the GPU's attention is queued behind them before the host waits.
+    /// CPU's heads' walk and their report alone: the GPU's walk of its own heads and its
+    /// attention are queued behind them before the host waits (walking every head first made
+    /// the host wait ~4 ms a step longer: 54.1 against 44.8 ms a token, docs/performance.md).
     /// With `vote`, also whether the GPU's part was done when the CPU's was (for the balance;
     /// `None` without both parts). The same keys as [`Self::sample_on_host`], the same weights.
     fn sample_on_device(
