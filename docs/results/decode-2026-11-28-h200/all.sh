@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU run (twenty-second session): every method at its default budget at 1M with the current code
-# (walk.tar.xz = HEAD's code), one process; then the select/offload/context GPU tests.
+# (walk.tar.xz = HEAD's code), one process; then the select/offload/context GPU tests. Run as
+# .gpu/all.sh (it finds the repository one folder up), with walk.tar.xz and t.tar.xz packed there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} RUST_BACKTRACE=0
