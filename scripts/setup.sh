@@ -18,7 +18,7 @@ fi
 
 # Tauri (webkit2gtk 4.1), the desktop tests (Xvfb, WebKitWebDriver for tauri-driver, xdotool to type,
 # ImageMagick for screenshots), xz for the GPU bundle, and Python with pip for
-# ../shared/tools/cuda-toolchain.sh (CUDA compiler wheels).
+# scripts/cuda-toolchain.sh (CUDA compiler wheels).
 FOLIO_APT_PACKAGES=(build-essential pkg-config curl file libssl-dev libwebkit2gtk-4.1-dev libxdo-dev
   libayatana-appindicator3-dev librsvg2-dev xvfb xauth xdotool imagemagick webkit2gtk-driver xz-utils
   python3 python3-pip)

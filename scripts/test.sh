@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command (README.md): installs what it needs, then formatting, lints, every test,
-# and a compile of the CUDA build (no GPU needed; see ../shared/tools/cuda-toolchain.sh).
+# and a compile of the CUDA build (no GPU needed: scripts/cuda-toolchain.sh).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$FOLIO_ROOT"
@@ -12,7 +12,7 @@ step "UI type check (svelte-check) and unit tests (vitest)"
 
 step "demo model data, tokenizer, template and eval spec (tools/test_demo.py)"
 # numpy, tokenizers and jinja2: from the system when present, else pip-installed into a cache
-# folder (the way ../shared/tools/cuda-toolchain.sh installs its wheels).
+# folder (the way scripts/cuda-toolchain.sh installs its wheels).
 py_deps="$HOME/.cache/folio-py"
 if ! python3 -c "import numpy, tokenizers, jinja2" 2>/dev/null; then
   # An earlier run's install is reused rather than downloaded again.
@@ -33,13 +33,7 @@ step "cargo test"
 cargo test --workspace --locked
 
 step "CUDA build (compile and link only: no GPU here)"
-toolchain=${FOLIO_CUDA_TOOLCHAIN:-$FOLIO_ROOT/../shared/tools/cuda-toolchain.sh}
-if [ ! -f "$toolchain" ]; then
-  echo "CUDA toolchain script not found at $toolchain (set FOLIO_CUDA_TOOLCHAIN)" >&2
-  exit 1
-fi
-# shellcheck disable=SC1090
-source "$toolchain"
+source scripts/cuda-toolchain.sh
 cargo clippy --workspace --no-default-features --features cuda --all-targets --locked -- -D warnings
 cargo build --workspace --no-default-features --features cuda --tests --locked
 echo

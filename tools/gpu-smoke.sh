@@ -3,7 +3,7 @@
 # run on the GPU machine. Two halves:
 #
 #   tools/gpu-smoke.sh pack    # here: after `cargo build --workspace --no-default-features
-#                              # --features cuda --tests` (with ../shared/tools/cuda-toolchain.sh
+#                              # --features cuda --tests` (with scripts/cuda-toolchain.sh
 #                              # sourced), copy the binaries into .gpu/ (ignored by git), stripped;
 #                              # FOLIO_PROFILE=release takes `folio` from a `cargo build --release
 #                              # -p folio --no-default-features --features cuda` instead
