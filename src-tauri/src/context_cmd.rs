@@ -3,7 +3,7 @@
 
 use std::io::IsTerminal;
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,15 +11,16 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use folio_models::context::format::SectionKind;
-use folio_models::context::{self, BuildOptions, ContextFile, KvDtype, Progress};
+use folio_models::context::staging;
+use folio_models::context::{
+    self, Bookkeeping, BuildOptions, BuildReport, Builder, Change, ContextFile, DocumentSpan, KvDtype, Progress,
+};
 use folio_models::error::human_bytes;
+use folio_models::Engine;
 use serde_json::json;
 
-use crate::change;
 use crate::cli::Common;
-use crate::ingest;
-use crate::library_cmd::Registrar;
-use crate::staging;
+use crate::{ingest, library_cmd, listing};
 
 #[derive(Args)]
 pub struct PrefillArgs {
@@ -84,71 +85,26 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
         return dry_run(common, &a);
     }
     let memory_budget = a.memory_budget.as_deref().map(parse_bytes).transpose()?;
-    let base = a.context.as_deref().map(ContextFile::open).transpose()?;
+    let explicit_dtype = a.kv_dtype.as_deref().map(KvDtype::parse).transpose()?;
     let out = a.out.clone().or_else(|| a.context.clone()).context("--out is required")?;
-    // Before anything opens it: opening a named pipe would wait for a writer forever.
-    folio_models::context::build::check_replaceable(&out)?;
-    // --context alone finishes an interrupted change of it.
-    let interrupted = match (&base, a.add.is_empty() && a.remove.is_none()) {
-        (Some(_), true) => match context::pending(&out)? {
-            Some(p) if p.base_tokens > 0 => Some(p),
-            _ => bail!(
-                "--context needs --add PATH... (documents to add) or --remove DOC (a document to take out); there \
-                 is no interrupted change of {} to finish",
-                out.display()
-            ),
-        },
-        _ => None,
-    };
-    let ingested = match &base {
-        Some(_) if a.add.is_empty() => ingest::Ingested::default(),
-        Some(_) => ingest::collect(&a.add)?,
-        None => ingest::collect(&a.docs)?,
-    };
-    for (path, why) in &ingested.skipped {
-        eprintln!("skipped {}: {why}", path.display());
+    let (engine, change, ingested) = what_to_make(common, &a, &out)?;
+    let mut builder = Builder::new(&engine, &out).restart(a.restart);
+    if let Some(base) = &a.context {
+        builder = builder.from(base);
     }
-    for (d, notes) in ingested.documents.iter().zip(&ingested.notes) {
-        for w in &notes.warnings {
-            eprintln!("warning {}: {w}", d.path);
-        }
+    let planned = builder.plan(change, &ingest::Files)?;
+    let rate_key = listing::rate_key(&engine, &common.device_label()?);
+    if planned.keep > 0 && !a.json {
+        let n = planned.computed();
+        let rate = crate::library_cmd::stored_rate(&rate_key);
+        let time = rate.map_or(String::new(), |r| format!(", about {} at {r:.0} tokens/s", human_secs(n as f64 / r)));
+        eprintln!("prefilling {n} tokens after the {} kept as saved{time}", planned.keep);
     }
-    // With a base: how many of its tokens stay as saved.
-    let mut keep = 0;
-    let (engine, plan, kv_dtype) = match &base {
-        Some(base) => {
-            let engine = common.engine_or(&base.header().model.source)?;
-            let kv_dtype = a.kv_dtype.as_deref().map(KvDtype::parse).transpose()?.unwrap_or(base.header().kv_dtype);
-            let planned = match (&interrupted, &a.remove) {
-                (Some(p), _) => change::resumed(&engine, base, &out, p)?,
-                (None, Some(doc)) => change::plan(&engine, base, &change::Change::Remove(doc.clone()))?,
-                (None, None) => change::plan(&engine, base, &change::Change::Add(ingested.documents.clone()))?,
-            };
-            keep = planned.keep;
-            if !a.json {
-                let n = planned.computed();
-                let rate = crate::library_cmd::stored_rate(&staging::rate_key(&engine, &common.device_label()?));
-                let time =
-                    rate.map_or(String::new(), |r| format!(", about {} at {r:.0} tokens/s", human_secs(n as f64 / r)));
-                eprintln!("prefilling {n} tokens after the {keep} kept as saved{time}");
-            }
-            (engine, planned.plan, kv_dtype)
-        }
-        None => {
-            let engine = common.engine()?;
-            let date = if a.restart { None } else { context::pending_date(&out) };
-            let plan = engine.plan_context(&ingested.documents, a.system.as_deref(), date)?;
-            (engine, plan, a.kv_dtype.as_deref().map(KvDtype::parse).transpose()?.unwrap_or(staging::DEFAULT_KV_DTYPE))
-        }
-    };
+    let kv_dtype = planned.kv_dtype(explicit_dtype, context::DEFAULT_KV_DTYPE);
     let opts = BuildOptions { kv_dtype, memory_budget, restart: a.restart, hidden_in: None };
     let stop = ctrl_c_flag();
     let bar = progress_bar(a.json);
-    let mut library = if a.no_library { None } else { Registrar::open(&out) };
     let mut on_progress = |p: &Progress| {
-        if let Some(lib) = library.as_mut() {
-            lib.started();
-        }
         if let Some(bar) = &bar {
             bar.set_position((p.fraction * 1000.0) as u64);
             let eta = p.eta_s.map_or(String::new(), |s| format!(", ETA {}", human_secs(s)));
@@ -167,64 +123,102 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
             ControlFlow::Continue(())
         }
     };
-    let base_kept = base.as_ref().map(|file| context::Base { file, keep });
-    let report = change::write(&engine, base_kept, &plan, &out, &opts, &mut on_progress);
-    if let Some(lib) = library {
-        if let Ok(r) = &report {
-            lib.record_rate(&staging::rate_key(&engine, &common.device_label()?), r.tokens_per_s);
-        }
-        lib.finished();
-    }
-    let report = report?;
+    let mut listing = if a.no_library { None } else { library_cmd::listing(rate_key, planned.base().is_some()) };
+    let book: &mut dyn Bookkeeping = match listing.as_mut() {
+        Some(l) => l,
+        None => &mut (),
+    };
+    let report = builder.run(&planned, &opts, book, &mut on_progress)?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    let peak = folio_models::host_memory::peak_rss();
-    if a.json {
-        let skipped: Vec<_> = ingested.skipped.iter().map(|(p, r)| json!({"path": p, "reason": r})).collect();
-        println!(
-            "{}",
-            json!({ "report": report, "peak_rss_bytes": peak, "skipped": skipped, "documents": plan.documents })
-        );
-    } else {
-        println!(
-            "{}: {} documents, {} tokens, {} K/V, {}",
-            report.path.display(),
-            report.documents,
-            report.tokens,
-            report.kv_dtype.name(),
-            human_bytes(report.file_bytes)
-        );
-        if report.computed_tokens < report.tokens {
-            println!("grown by {} tokens ({} documents in all)", report.computed_tokens, report.documents);
-        }
-        let resumed = if report.resumed_layers > 0 {
-            format!(" (resumed after layer {})", report.resumed_layers)
-        } else {
-            String::new()
-        };
-        println!(
-            "prefill {:.1} s, {:.0} tokens/s{resumed}; working set <= {}, peak RSS {}",
-            report.seconds,
-            report.tokens_per_s,
-            human_bytes(report.working_set_bytes),
-            peak.map_or("unknown".into(), human_bytes)
-        );
-    }
+    print_report(&report, &ingested, &planned.plan.documents, a.json);
     Ok(())
+}
+
+/// The engine and the change `folio prefill`'s flags ask for, with the documents read for it.
+fn what_to_make(common: &Common, a: &PrefillArgs, out: &Path) -> Result<(Engine, Change, ingest::Ingested)> {
+    let Some(base) = &a.context else {
+        let ingested = ingest::collect(&a.docs)?;
+        warn_about(&ingested);
+        let change = Change::New { documents: ingested.documents.clone(), system: a.system.clone() };
+        return Ok((common.engine()?, change, ingested));
+    };
+    let engine = common.engine_or(&ContextFile::open(base)?.header().model.source)?;
+    let change = match (&a.remove, a.add.is_empty()) {
+        (Some(doc), _) => Change::Remove(doc.clone()),
+        (None, false) => {
+            let ingested = ingest::collect(&a.add)?;
+            warn_about(&ingested);
+            return Ok((engine, Change::Add(ingested.documents.clone()), ingested));
+        }
+        // --context alone finishes an interrupted change of it.
+        (None, true) => match context::pending(out)? {
+            Some(p) if p.base_tokens > 0 => Change::Resume,
+            _ => bail!(
+                "--context needs --add PATH... (documents to add) or --remove DOC (a document to take out); there \
+                 is no interrupted change of {} to finish",
+                out.display()
+            ),
+        },
+    };
+    Ok((engine, change, ingest::Ingested::default()))
+}
+
+fn warn_about(ingested: &ingest::Ingested) {
+    for (path, why) in &ingested.skipped {
+        eprintln!("skipped {}: {why}", path.display());
+    }
+    for (d, notes) in ingested.documents.iter().zip(&ingested.notes) {
+        for w in &notes.warnings {
+            eprintln!("warning {}: {w}", d.path);
+        }
+    }
+}
+
+fn print_report(report: &BuildReport, ingested: &ingest::Ingested, documents: &[DocumentSpan], json: bool) {
+    let peak = folio_models::host_memory::peak_rss();
+    if json {
+        let skipped: Vec<_> = ingested.skipped.iter().map(|(p, r)| json!({"path": p, "reason": r})).collect();
+        println!("{}", json!({ "report": report, "peak_rss_bytes": peak, "skipped": skipped, "documents": documents }));
+        return;
+    }
+    println!(
+        "{}: {} documents, {} tokens, {} K/V, {}",
+        report.path.display(),
+        report.documents,
+        report.tokens,
+        report.kv_dtype.name(),
+        human_bytes(report.file_bytes)
+    );
+    if report.computed_tokens < report.tokens {
+        println!("grown by {} tokens ({} documents in all)", report.computed_tokens, report.documents);
+    }
+    let resumed = if report.resumed_layers > 0 {
+        format!(" (resumed after layer {})", report.resumed_layers)
+    } else {
+        String::new()
+    };
+    println!(
+        "prefill {:.1} s, {:.0} tokens/s{resumed}; working set <= {}, peak RSS {}",
+        report.seconds,
+        report.tokens_per_s,
+        human_bytes(report.working_set_bytes),
+        peak.map_or("unknown".into(), human_bytes)
+    );
 }
 
 /// `folio prefill --dry-run`: the staging sheet in the terminal.
 fn dry_run(common: &Common, a: &PrefillArgs) -> Result<()> {
     let engine = common.engine()?;
-    let kv_dtype = a.kv_dtype.as_deref().map(KvDtype::parse).transpose()?.unwrap_or(staging::DEFAULT_KV_DTYPE);
-    let staged = staging::stage(&engine, &a.docs, &|_, _, _| {});
+    let kv_dtype = a.kv_dtype.as_deref().map(KvDtype::parse).transpose()?.unwrap_or(context::DEFAULT_KV_DTYPE);
+    let staged = ingest::stage(&engine, &a.docs, &|_, _, _| {});
     let counted: usize = staged.documents.iter().map(|d| d.tokens).sum();
     let folder = match a.out.as_deref().and_then(std::path::Path::parent) {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
         _ => std::env::current_dir()?,
     };
-    let rate = crate::library_cmd::stored_rate(&staging::rate_key(&engine, &common.device_label()?));
+    let rate = library_cmd::stored_rate(&listing::rate_key(&engine, &common.device_label()?));
     let est = staging::estimate(&engine, &staged.documents, kv_dtype, &folder, rate)?;
     let tokens = est.tokens;
     if a.json {

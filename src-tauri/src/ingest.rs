@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 use folio_ingest::{Format, Limits};
 use folio_models::context::format::checksum;
-use folio_models::context::{DocumentSpan, DocumentText, TextPart};
+use folio_models::context::staging::{self, ReadNotes, Skip, Staged};
+use folio_models::context::{DocumentSpan, DocumentText, Reread, SavedDocuments, TextPart};
+use folio_models::Engine;
+use serde::Serialize;
 
 #[derive(Debug, Default)]
 pub struct Ingested {
@@ -56,16 +59,10 @@ pub fn collect_lenient(paths: &[PathBuf], on_read: &(dyn Fn(usize, usize) + Sync
     })
 }
 
-/// Why a document saved in a context cannot be read again as it was prefilled.
-pub enum Reread {
-    Unreadable { path: PathBuf, why: String },
-    Changed { path: String },
-}
-
 /// The documents of `spans` read again from their paths, each checked against the checksum
 /// it was prefilled with: what resuming a prefill, or re-prefilling the documents after a
 /// removed one, must compute from.
-pub fn reread_saved(spans: &[&DocumentSpan]) -> std::result::Result<Vec<DocumentText>, Reread> {
+fn reread_saved(spans: &[&DocumentSpan]) -> std::result::Result<Vec<DocumentText>, Reread> {
     let paths: Vec<PathBuf> = spans.iter().map(|s| PathBuf::from(&s.path)).collect();
     let found = collect_lenient(&paths, &|_, _| {});
     if let Some((path, why)) = found.skipped.into_iter().next() {
@@ -96,6 +93,41 @@ pub fn reread_saved(spans: &[&DocumentSpan]) -> std::result::Result<Vec<Document
         }
     }
     Ok(documents)
+}
+
+/// The engine's reader of saved documents: from their files, as `folio_ingest` reads them.
+pub struct Files;
+
+impl SavedDocuments for Files {
+    fn reread(&self, spans: &[&DocumentSpan]) -> std::result::Result<Vec<DocumentText>, Reread> {
+        reread_saved(spans)
+    }
+}
+
+/// What staging is doing, for its progress line.
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Reading,
+    Counting,
+}
+
+/// Reads `paths` and counts their tokens with `engine` (the window's staging sheet, `folio
+/// prefill --dry-run`); `on_progress(phase, done, total)` follows the reads, then the count.
+pub fn stage(engine: &Engine, paths: &[PathBuf], on_progress: &(dyn Fn(Phase, usize, usize) + Sync)) -> Staged {
+    let started = std::time::Instant::now();
+    let found = collect_lenient(paths, &|done, total| on_progress(Phase::Reading, done, total));
+    let total = found.documents.len();
+    let skipped =
+        found.skipped.iter().map(|(p, r)| Skip { path: p.display().to_string(), reason: r.clone() }).collect();
+    let notes: Vec<ReadNotes> = found
+        .notes
+        .iter()
+        .map(|n| ReadNotes { kind: n.format.name().to_owned(), file_bytes: n.file_bytes, warnings: n.warnings.clone() })
+        .collect();
+    staging::count(engine, &found.documents, &notes, skipped, started, &|done| {
+        on_progress(Phase::Counting, done, total)
+    })
 }
 
 fn gather(paths: &[PathBuf], strict: bool, on_read: &(dyn Fn(usize, usize) + Sync)) -> Result<Ingested> {
@@ -163,5 +195,24 @@ mod tests {
         assert!(e.contains("no readable documents") && e.contains("(2 skipped)"), "{e}");
         assert!(e.contains("logo.png: binary (a PNG image)") && e.contains("empty.txt: empty"), "{e}");
         Ok(())
+    }
+
+    /// Staging reads through folio-ingest and counts with the engine: the sheet's total is the
+    /// planned context's length for the same documents.
+    #[test]
+    fn staging_the_samples_counts_what_the_prefill_plans() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/models/demo");
+        let engine = Engine::load(dir, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap();
+        let samples = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/samples"));
+        let phases = std::sync::Mutex::new(Vec::new());
+        let staged = stage(&engine, std::slice::from_ref(&samples), &|phase, _, _| {
+            phases.lock().unwrap().push(format!("{phase:?}"));
+        });
+        assert_eq!(staged.documents.len(), 3, "{:?}", staged.skipped);
+        let plan = engine.plan_context(&collect(&[samples]).unwrap().documents, None, None).unwrap();
+        let total = staged.head_tokens + staged.documents.iter().map(|d| d.tokens).sum::<usize>();
+        assert_eq!(total, plan.tokens.len());
+        let phases = phases.into_inner().unwrap();
+        assert!(phases.first().is_some_and(|p| p == "Reading") && phases.last().is_some_and(|p| p == "Counting"));
     }
 }

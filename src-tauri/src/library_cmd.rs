@@ -1,13 +1,15 @@
 //! `folio library ...`: the library the window shows, from the terminal (list, show, remove,
 //! rename, rebuild), and the hook by which `folio prefill` registers what it makes.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use folio_library::{ContextInfo, Library, Status};
 use folio_models::error::human_bytes;
 use serde_json::json;
+
+use crate::listing::Listing;
 
 #[derive(Subcommand)]
 pub enum LibraryCommand {
@@ -247,59 +249,18 @@ async fn rebuild(a: RebuildArgs) -> Result<()> {
     Ok(())
 }
 
-/// How `folio prefill` keeps the library up to date: the context is listed as soon as its
-/// prefill has a checkpoint (so a kill shows it paused), and refreshed when it ends. The
-/// library is a convenience here: a library that cannot be opened or written costs a warning,
-/// never the prefill.
-pub(crate) struct Registrar {
-    rt: tokio::runtime::Runtime,
-    lib: Library,
-    out: PathBuf,
-    listed: bool,
+/// How `folio prefill` keeps the library up to date ([`Listing`]), on a runtime of its own;
+/// `None` (with a warning) when the library cannot be opened: it never costs the prefill.
+pub(crate) fn listing(rate_key: String, changes_a_file: bool) -> Option<Listing> {
+    let attempt = || -> Result<Listing> {
+        let rt = runtime()?;
+        let lib = rt.block_on(Library::open_default())?;
+        Ok(Listing::new(lib, Box::new(move |f| rt.block_on(f)), rate_key, changes_a_file))
+    };
+    attempt().map_err(|e| warn(&e)).ok()
 }
 
-impl Registrar {
-    pub(crate) fn open(out: &Path) -> Option<Self> {
-        let attempt = || -> Result<Self> {
-            let rt = runtime()?;
-            let lib = rt.block_on(Library::open_default())?;
-            Ok(Self { rt, lib, out: out.to_owned(), listed: false })
-        };
-        attempt().map_err(|e| warn(&e)).ok()
-    }
-
-    /// Once the prefill has written its checkpoint (its first progress report).
-    pub(crate) fn started(&mut self) {
-        if !self.listed {
-            self.listed = true;
-            if let Err(e) = self.rt.block_on(self.lib.add_context(&self.out)) {
-                warn(&e.into());
-            }
-        }
-    }
-
-    /// Stores a prefill's measured rate, which predicts the next one's time (staging).
-    pub(crate) fn record_rate(&self, key: &str, tokens_per_s: f64) {
-        if let Err(e) = self.rt.block_on(self.lib.set_setting(key, &json!(tokens_per_s))) {
-            warn(&e.into());
-        }
-    }
-
-    /// After the prefill: the finished file, or what is left to resume, or nothing.
-    pub(crate) fn finished(self) {
-        let result = self.rt.block_on(async {
-            if !self.lib.forget_if_gone(&self.out).await? {
-                self.lib.add_context(&self.out).await?;
-            }
-            Ok::<_, folio_library::Error>(())
-        });
-        if let Err(e) = result {
-            warn(&e.into());
-        }
-    }
-}
-
-/// The last prefill rate stored under `key` (see `staging::rate_key`), if the library has one.
+/// The last prefill rate stored under `key` (see `listing::rate_key`), if the library has one.
 pub(crate) fn stored_rate(key: &str) -> Option<f64> {
     let rt = runtime().ok()?;
     rt.block_on(async { Library::open_default().await.ok()?.setting(key).await.ok()? })?.as_f64()

@@ -11,7 +11,6 @@ mod bench;
 mod bench_ingest;
 mod bench_shape;
 mod calibrate_cmd;
-mod change;
 mod cli;
 mod context_cmd;
 mod eval;
@@ -21,7 +20,7 @@ mod eval_fidelity;
 mod gui;
 mod ingest;
 mod library_cmd;
-mod staging;
+mod listing;
 
 use clap::{Parser, Subcommand};
 

@@ -55,7 +55,7 @@ impl Default for EngineSettings {
             device: "auto".into(),
             device_budget: None,
             host_budget: None,
-            kv_dtype: crate::staging::DEFAULT_KV_DTYPE.name().into(),
+            kv_dtype: folio_models::context::DEFAULT_KV_DTYPE.name().into(),
             offload: false,
         }
     }

@@ -14,13 +14,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use folio_library::Library;
-use folio_models::context::{self, BuildOptions, ContextFile, DocumentText, PrefixPlan, Progress};
+use folio_models::context::staging::{Skip, StagedDocument};
+use folio_models::context::{self, Bookkeeping, BuildOptions, Builder, Change, DocumentText, Progress};
 use folio_models::Engine;
 use serde::{Deserialize, Serialize};
 
-use crate::change::{self, Change};
 use crate::ingest;
-use crate::staging::{rate_key, Skip, StagedDocument};
+use crate::listing::{rate_key, Block, Listing};
 
 /// Least time between two progress snapshots sent to the window.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(150);
@@ -323,13 +323,6 @@ fn worker_loop(shared: &Shared, w: &Worker) {
             (job, cancel)
         };
         shared.publish();
-        // Whether the job changes a saved file (an addition, a removal, or the resume of one),
-        // as opposed to making a new context.
-        let changes_a_file = match job.kind {
-            JobKind::Add { .. } | JobKind::Remove { .. } => true,
-            JobKind::New { .. } => false,
-            JobKind::Resume => context::pending(&job.out).ok().flatten().is_some_and(|p| p.base_tokens > 0),
-        };
         // A panic in a prefill fails its job, not the worker (the queue goes on).
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(shared, w, &job, &cancel)))
             .unwrap_or_else(|panic| {
@@ -346,21 +339,6 @@ fn worker_loop(shared: &Shared, w: &Worker) {
             Err(e) if resumable(e) => (JobState::Paused, Some(format!("{e:#}"))),
             Err(e) => (JobState::Failed, Some(format!("{e:#}"))),
         };
-        if let Some(lib) = w.library() {
-            // The library follows the disk: the finished file, the paused prefill, or nothing
-            // (a new context that never got a checkpoint). A change's context is never
-            // forgotten here: its file missing is the library's `missing` status, and its
-            // chats stay.
-            let synced = tauri::async_runtime::block_on(async {
-                if changes_a_file || !lib.forget_if_gone(&job.out).await? {
-                    lib.add_context(&job.out).await?;
-                }
-                Ok::<_, folio_library::Error>(())
-            });
-            if let Err(e) = synced {
-                eprintln!("folio: the library was not updated for {}: {e}", job.out.display());
-            }
-        }
         shared.update(job.id, |v| {
             v.state = state;
             v.message = message;
@@ -372,75 +350,25 @@ fn worker_loop(shared: &Shared, w: &Worker) {
 
 fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow::Result<()> {
     let engine = &job.engine;
-    let pending = match job.kind {
-        JobKind::Resume => Some(
-            context::pending(&job.out)?
-                .ok_or_else(|| anyhow::anyhow!("{} has no interrupted prefill to resume", job.out.display()))?,
-        ),
-        _ => None,
+    let change = match &job.kind {
+        JobKind::New { documents } => Change::New { documents: reread_noted(shared, job.id, documents)?, system: None },
+        JobKind::Add { documents } => Change::Add(reread_noted(shared, job.id, documents)?),
+        JobKind::Remove { document } => Change::Remove(document.clone()),
+        JobKind::Resume => Change::Resume,
     };
-    // A change's base: the saved context whose first `keep` tokens it keeps.
-    let changed = |change: Change| -> anyhow::Result<(Option<ContextFile>, PrefixPlan, usize)> {
-        let base = ContextFile::open(&job.out)?;
-        let planned = change::plan(engine, &base, &change)?;
-        Ok((Some(base), planned.plan, planned.keep))
-    };
-    let (base, plan, keep) = match (&job.kind, &pending) {
-        (JobKind::New { documents }, _) => {
-            let docs = reread_noted(shared, job.id, documents)?;
-            (None, engine.plan_context(&docs, None, context::pending_date(&job.out))?, 0)
-        }
-        (JobKind::Add { documents }, _) => changed(Change::Add(reread_noted(shared, job.id, documents)?))?,
-        (JobKind::Remove { document }, _) => changed(Change::Remove(document.clone()))?,
-        (JobKind::Resume, Some(p)) if p.base_tokens > 0 => {
-            let base = ContextFile::open(&job.out)?;
-            let planned = change::resumed(engine, &base, &job.out, p)?;
-            (Some(base), planned.plan, planned.keep)
-        }
-        (JobKind::Resume, p) => {
-            let p = p.as_ref().expect("a resume reads its checkpoint above");
-            let docs = resume_documents(&p.documents)?;
-            (
-                None,
-                engine.plan_context(&docs, p.header.prompt.system.as_deref(), Some(p.header.prompt.date.clone()))?,
-                0,
-            )
-        }
-    };
+    let builder = Builder::new(engine, &job.out);
+    let planned = builder.plan(change, &ingest::Files)?;
     // The engine settings as they are when the job starts: a new context's K/V dtype, and the
     // device budget as the prefill's memory budget.
     let settings = match w.library() {
         Some(lib) => tauri::async_runtime::block_on(super::engine::stored(&lib)),
         None => super::engine::EngineSettings::default(),
     };
-    let kv_dtype = match (&base, &pending) {
-        (Some(base), _) => base.header().kv_dtype,
-        (None, Some(p)) => p.header.kv_dtype,
-        (None, None) => settings.kv_dtype().map_err(anyhow::Error::msg)?,
-    };
-    // The device budget covers the weights too; a prefill's memory budget is what it may use
-    // beside them.
-    let weights = (engine.model.parameters() * engine.model.dtype().size_in_bytes()) as u64;
-    let memory_budget = match settings.budgets().map_err(anyhow::Error::msg)?.device {
-        Some(b) if b <= weights => anyhow::bail!(
-            "the device memory budget in Settings ({}) does not hold the model's weights ({}): raise it or clear it",
-            folio_models::error::human_bytes(b),
-            folio_models::error::human_bytes(weights)
-        ),
-        other => other.map(|b| b - weights),
-    };
-    let opts = BuildOptions { kv_dtype, memory_budget, restart: false, hidden_in: None };
-    let mut listed = false;
+    let kv_dtype = planned.kv_dtype(None, settings.kv_dtype().map_err(anyhow::Error::msg)?);
+    let opts =
+        BuildOptions { kv_dtype, memory_budget: memory_budget(engine, &settings)?, restart: false, hidden_in: None };
     let mut last = Instant::now() - PROGRESS_INTERVAL;
     let mut on_progress = |p: &Progress| {
-        if !listed {
-            listed = true;
-            if let Some(lib) = w.library() {
-                if let Err(e) = tauri::async_runtime::block_on(lib.add_context(&job.out)) {
-                    eprintln!("folio: {} is not listed in the library yet: {e}", job.out.display());
-                }
-            }
-        }
         if last.elapsed() >= PROGRESS_INTERVAL {
             last = Instant::now();
             shared.update(job.id, |v| v.progress = Some(p.clone()));
@@ -448,15 +376,29 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
         }
         super::until_stopped(cancel)
     };
-    let base = base.as_ref().map(|file| context::Base { file, keep });
-    let report = change::write(engine, base, &plan, &job.out, &opts, &mut on_progress)?;
-    if let Some(lib) = w.library() {
-        let rate = serde_json::json!(report.tokens_per_s);
-        let _ = tauri::async_runtime::block_on(
-            lib.set_setting(&rate_key(engine, &folio_models::device_name(engine.model.device())), &rate),
-        );
-    }
+    let rate_key = rate_key(engine, &folio_models::device_name(engine.model.device()));
+    let block: Block = Box::new(|f| tauri::async_runtime::block_on(f));
+    let mut listing = w.library().map(|lib| Listing::new(lib, block, rate_key, planned.base().is_some()));
+    let book: &mut dyn Bookkeeping = match listing.as_mut() {
+        Some(l) => l,
+        None => &mut (),
+    };
+    builder.run(&planned, &opts, book, &mut on_progress)?;
     Ok(())
+}
+
+/// What a prefill may use beside the model's weights: the device budget in Settings (which
+/// covers the weights too) less the weights.
+fn memory_budget(engine: &Engine, settings: &super::engine::EngineSettings) -> anyhow::Result<Option<u64>> {
+    let weights = (engine.model.parameters() * engine.model.dtype().size_in_bytes()) as u64;
+    match settings.budgets().map_err(anyhow::Error::msg)?.device {
+        Some(b) if b <= weights => anyhow::bail!(
+            "the device memory budget in Settings ({}) does not hold the model's weights ({}): raise it or clear it",
+            folio_models::error::human_bytes(b),
+            folio_models::error::human_bytes(weights)
+        ),
+        other => Ok(other.map(|b| b - weights)),
+    }
 }
 
 /// Whether a job's error left a prefill to resume (a cancel, or a failure after finished
@@ -495,21 +437,6 @@ pub(crate) fn reread(staged: &[StagedDocument]) -> (Vec<DocumentText>, Vec<Skip>
         }
     }
     (found.documents, notes)
-}
-
-/// The documents of an interrupted prefill, read again and checked against the checksums it
-/// started with (a resume must compute the same tokens).
-fn resume_documents(spans: &[context::DocumentSpan]) -> anyhow::Result<Vec<DocumentText>> {
-    match ingest::reread_saved(&spans.iter().collect::<Vec<_>>()) {
-        Ok(documents) => Ok(documents),
-        Err(ingest::Reread::Unreadable { path, why }) => anyhow::bail!(
-            "{} cannot be read ({why}): put it back to resume, or delete the paused context and prefill again",
-            path.display()
-        ),
-        Err(ingest::Reread::Changed { path }) => {
-            anyhow::bail!("{path} changed since its prefill started: delete the paused context and prefill again")
-        }
-    }
 }
 
 #[cfg(test)]
@@ -561,10 +488,13 @@ mod tests {
             xxh3: folio_models::context::format::checksum(text.as_bytes()),
             parts: Vec::new(),
         };
-        let err = resume_documents(&[spans(&kept, "as staged"), spans(&changed, "as staged")]).unwrap_err();
-        assert!(err.to_string().contains("changed since its prefill started"), "{err}");
-        let err = resume_documents(&[spans(&gone, "as staged")]).unwrap_err();
-        assert!(err.to_string().contains("put it back to resume"), "{err}");
+        use folio_models::context::{Reread, SavedDocuments};
+        let saved = [spans(&kept, "as staged"), spans(&changed, "as staged")];
+        let err = ingest::Files.reread(&saved.iter().collect::<Vec<_>>()).unwrap_err();
+        assert!(matches!(&err, Reread::Changed { path } if path.ends_with("c.txt")), "{err:?}");
+        let saved = [spans(&gone, "as staged")];
+        let err = ingest::Files.reread(&saved.iter().collect::<Vec<_>>()).unwrap_err();
+        assert!(matches!(&err, Reread::Unreadable { path, .. } if path.ends_with("b.txt")), "{err:?}");
     }
 
     fn demo() -> Arc<Engine> {

@@ -31,7 +31,8 @@ use candle_core::{DType, Device};
 use folio_library::{ContextInfo, DocumentInfo, Library};
 use folio_models::attention::MethodChoice;
 use folio_models::context::format::SectionKind;
-use folio_models::context::ContextFile;
+use folio_models::context::staging::{self, Estimate, StagedDocument};
+use folio_models::context::{self, Builder, Change};
 use folio_models::conversation::Conversation;
 use folio_models::session::{GenerationSettings, Session};
 use folio_models::{device_name, parse_device, parse_dtype, Engine};
@@ -39,8 +40,8 @@ use serde::{Deserialize, Serialize};
 use tauri::ipc::Channel;
 use tauri::{Manager, State};
 
-use crate::change::{self, Change};
-use crate::staging::{self, Estimate, StagedDocument};
+use crate::ingest;
+use crate::listing::rate_key;
 use jobs::{JobKind, JobView, Jobs, Worker};
 
 /// Longest answer the window asks for unless its settings say otherwise; the user can Stop
@@ -221,7 +222,7 @@ fn app_info(state: State<'_, AppState>) -> AppInfo {
                 max_context: cfg.max_position_embeddings,
                 kv_bytes_per_token: [SectionKind::Keys, SectionKind::Values]
                     .iter()
-                    .map(|&kind| staging::DEFAULT_KV_DTYPE.section_bytes(kind, cfg.num_kv_heads, cfg.head_dim))
+                    .map(|&kind| context::DEFAULT_KV_DTYPE.section_bytes(kind, cfg.num_kv_heads, cfg.head_dim))
                     .sum::<u64>()
                     * cfg.num_layers as u64,
                 fingerprint: e.stamp().ok().and_then(|st| serde_json::to_string(&st.fingerprint).ok()),
@@ -465,7 +466,7 @@ async fn rebuild_library(state: State<'_, AppState>) -> Result<Vec<ContextInfo>,
 
 #[derive(Clone, Serialize)]
 struct CountProgress {
-    phase: staging::Phase,
+    phase: ingest::Phase,
     done: usize,
     total: usize,
 }
@@ -479,7 +480,7 @@ async fn stage(
 ) -> Result<staging::Staged, String> {
     let engine = state.engine()?;
     tauri::async_runtime::spawn_blocking(move || {
-        staging::stage(&engine, &paths, &|phase, done, total| {
+        ingest::stage(&engine, &paths, &|phase, done, total| {
             let _ = on_progress.send(CountProgress { phase, done, total });
         })
     })
@@ -493,7 +494,7 @@ async fn estimate(state: State<'_, AppState>, documents: Vec<StagedDocument>) ->
     let engine = state.engine()?;
     let lib = state.library()?;
     let rate = lib
-        .setting(&staging::rate_key(&engine, &state.device_label()))
+        .setting(&rate_key(&engine, &state.device_label()))
         .await
         .map_err(|e| e.to_string())?
         .and_then(|v| v.as_f64());
@@ -559,29 +560,23 @@ async fn estimate_change(state: State<'_, AppState>, id: i64, change: ChangeRequ
     let info = changeable(&state, id).await?;
     let rate = state
         .library()?
-        .setting(&staging::rate_key(&engine, &state.device_label()))
+        .setting(&rate_key(&engine, &state.device_label()))
         .await
         .map_err(|e| e.to_string())?
         .and_then(|v| v.as_f64());
     tauri::async_runtime::spawn_blocking(move || {
-        let base = ContextFile::open(&info.path)?;
         let what = match change {
             ChangeRequest::Add { documents } => Change::Add(jobs::reread(&documents).0),
             ChangeRequest::Remove { document } => Change::Remove(document),
         };
-        let planned = change::plan(&engine, &base, &what)?;
-        let layout = staging::Layout {
-            tokens: planned.plan.tokens.len(),
-            computed: planned.computed(),
-            spans: &planned.plan.documents,
-            prompt: planned.plan.prompt.clone(),
-        };
+        let planned = Builder::new(&engine, &info.path).plan(what, &ingest::Files)?;
         let folder = info.path.parent().map(PathBuf::from).unwrap_or_default();
-        Ok(staging::estimate_layout(&engine, &layout, base.header().kv_dtype, &folder, rate)?)
+        let kv_dtype = planned.kv_dtype(None, context::DEFAULT_KV_DTYPE);
+        staging::estimate_planned(&engine, &planned, kv_dtype, &folder, rate)
     })
     .await
     .map_err(|e| e.to_string())?
-    .map_err(|e: anyhow::Error| format!("{e:#}"))
+    .map_err(|e| e.to_string())
 }
 
 /// Queues a change to context `id`; its file is replaced when the change is done.

@@ -1,25 +1,25 @@
-//! Staging: what a set of files and folders would make as a context — each document with its
-//! type, size and tokens, each skip with its reason, the total against the model's context
-//! length, and the file, memory and time a prefill needs — before anything is prefilled. The
-//! window's staging sheet shows it (counting off the UI thread, in parallel, with progress);
-//! `folio prefill --dry-run` prints it.
+//! Staging: what a set of documents would make as a context — each document with its type,
+//! size and tokens, each skip with its reason, the total against the model's context length,
+//! and the file, memory and time a prefill needs — before anything is prefilled. The window's
+//! staging sheet shows it; `folio prefill --dry-run` prints it. The product reads the files
+//! (folio-ingest) and hands the texts here: counting and estimating are the engine's, so the
+//! sheet's figures are the ones the prefill will meet.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::time::Instant;
 
-use folio_models::context::format::{DocumentSpan, Header, SpanPart};
-use folio_models::context::prompt::ANSWER_ROOM;
-use folio_models::context::{KvDtype, TokenCount};
-use folio_models::Engine;
 use serde::{Deserialize, Serialize};
 
-use crate::ingest;
-
-/// How contexts store K/V unless told otherwise (the window's, and `folio prefill`'s default).
-pub(crate) const DEFAULT_KV_DTYPE: KvDtype = KvDtype::Bf16;
+use super::builder::Planned;
+use super::codec::KvDtype;
+use super::format::{DocumentSpan, Header, PromptStamp, SpanPart};
+use super::prompt::{DocumentText, TokenCount, ANSWER_ROOM};
+use crate::error::Result;
+use crate::Engine;
 
 /// One document as the sheet lists it (and as `start_prefill` gets it back).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct StagedDocument {
+pub struct StagedDocument {
     pub path: String,
     pub title: String,
     /// Its type, from its content ("PDF", "DOCX", "text").
@@ -64,7 +64,7 @@ fn count_warnings(text_bytes: usize, count: TokenCount) -> Vec<String> {
     if text_bytes >= SHRINK_FLOOR_BYTES && text_bytes > BYTES_PER_TOKEN_WARNING * count.tokens {
         warnings.push(format!(
             "{} of text became only {} tokens: is it one repeated character or word?",
-            folio_ingest::bytes(text_bytes as u64),
+            crate::error::human_bytes(text_bytes as u64),
             count.tokens
         ));
     }
@@ -72,14 +72,14 @@ fn count_warnings(text_bytes: usize, count: TokenCount) -> Vec<String> {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct Skip {
+pub struct Skip {
     pub path: String,
     pub reason: String,
 }
 
 /// What staging found.
 #[derive(Debug, Serialize)]
-pub(crate) struct Staged {
+pub struct Staged {
     pub documents: Vec<StagedDocument>,
     pub skipped: Vec<Skip>,
     /// Tokens before the documents (chat template head or BOS).
@@ -90,7 +90,7 @@ pub(crate) struct Staged {
 
 /// What a prefill of staged documents needs, for the sheet's summary.
 #[derive(Debug, Serialize)]
-pub(crate) struct Estimate {
+pub struct Estimate {
     /// Tokens in the context file.
     pub tokens: usize,
     /// Tokens the prefill computes (fewer than `tokens` when a change keeps saved ones).
@@ -113,46 +113,59 @@ pub(crate) struct Estimate {
 /// What staging is doing, for its progress line.
 #[derive(Debug, Clone, Copy, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub(crate) enum Phase {
+pub enum Phase {
     Reading,
     Counting,
 }
 
-/// Reads and counts `paths`; `on_progress(phase, done, total)` follows the reads, then the count.
-pub(crate) fn stage(engine: &Engine, paths: &[PathBuf], on_progress: &(dyn Fn(Phase, usize, usize) + Sync)) -> Staged {
-    let started = std::time::Instant::now();
-    let found = ingest::collect_lenient(paths, &|done, total| on_progress(Phase::Reading, done, total));
-    let total = found.documents.len();
-    let mut skipped: Vec<Skip> =
-        found.skipped.iter().map(|(p, r)| Skip { path: p.display().to_string(), reason: r.clone() }).collect();
+/// What a reader noticed about a document beside its text.
+#[derive(Debug, Clone)]
+pub struct ReadNotes {
+    /// Its type, from its content ("PDF", "DOCX", "text").
+    pub kind: String,
+    /// Bytes of the file on disk.
+    pub file_bytes: u64,
+    pub warnings: Vec<String>,
+}
+
+/// Counts the tokens of documents the caller has read (`notes` beside each, in order; the
+/// reader's skips in `skipped`), as a context of `engine` will lay them out, in parallel;
+/// `on_counted(documents_done)` follows the count. A count that fails skips every document
+/// with its reason. `started` is when the caller began reading, for [`Staged::seconds`].
+pub fn count(
+    engine: &Engine,
+    documents: &[DocumentText],
+    notes: &[ReadNotes],
+    mut skipped: Vec<Skip>,
+    started: Instant,
+    on_counted: &(dyn Fn(usize) + Sync),
+) -> Staged {
     let head = engine.prompt_stamp(None, None).and_then(|p| engine.head_ids(&p)).map(|ids| ids.len());
-    let (documents, head_tokens) =
-        match (engine.document_tokens(&found.documents, &|done| on_progress(Phase::Counting, done, total)), head) {
-            (Ok(counts), Ok(head)) => {
-                let docs = found
-                    .documents
-                    .iter()
-                    .zip(&found.notes)
-                    .zip(counts)
-                    .map(|((d, notes), count)| StagedDocument {
-                        kind: notes.format.name().to_owned(),
-                        path: d.path.clone(),
-                        title: d.title.clone(),
-                        bytes: d.bytes,
-                        file_bytes: notes.file_bytes,
-                        xxh3: d.xxh3.clone(),
-                        tokens: count.tokens,
-                        parts: d.parts.iter().map(|p| p.label.clone()).collect(),
-                        warnings: notes.warnings.iter().cloned().chain(count_warnings(d.text.len(), count)).collect(),
-                    })
-                    .collect();
-                (docs, head)
-            }
-            (Err(e), _) | (_, Err(e)) => {
-                skipped.extend(found.documents.iter().map(|d| Skip { path: d.path.clone(), reason: e.to_string() }));
-                (Vec::new(), 0)
-            }
-        };
+    let (documents, head_tokens) = match (engine.document_tokens(documents, on_counted), head) {
+        (Ok(counts), Ok(head)) => {
+            let docs = documents
+                .iter()
+                .zip(notes)
+                .zip(counts)
+                .map(|((d, notes), count)| StagedDocument {
+                    kind: notes.kind.clone(),
+                    path: d.path.clone(),
+                    title: d.title.clone(),
+                    bytes: d.bytes,
+                    file_bytes: notes.file_bytes,
+                    xxh3: d.xxh3.clone(),
+                    tokens: count.tokens,
+                    parts: d.parts.iter().map(|p| p.label.clone()).collect(),
+                    warnings: notes.warnings.iter().cloned().chain(count_warnings(d.text.len(), count)).collect(),
+                })
+                .collect();
+            (docs, head)
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            skipped.extend(documents.iter().map(|d| Skip { path: d.path.clone(), reason: e.to_string() }));
+            (Vec::new(), 0)
+        }
+    };
     Staged { documents, skipped, head_tokens, seconds: started.elapsed().as_secs_f64() }
 }
 
@@ -160,13 +173,13 @@ pub(crate) fn stage(engine: &Engine, paths: &[PathBuf], on_progress: &(dyn Fn(Ph
 /// `folder` needs: the layout is the one `plan_context` will make (head, spans), so the file
 /// size is exact (but for a page more or less when the parts' token positions, which only the
 /// prefill knows, change the document table's length across a page boundary).
-pub(crate) fn estimate(
+pub fn estimate(
     engine: &Engine,
     documents: &[StagedDocument],
     kv_dtype: KvDtype,
     folder: &Path,
     rate: Option<f64>,
-) -> folio_models::Result<Estimate> {
+) -> Result<Estimate> {
     let prompt = engine.prompt_stamp(None, None)?;
     let mut tokens = engine.head_ids(&prompt)?.len();
     let mut spans = Vec::with_capacity(documents.len());
@@ -189,23 +202,23 @@ pub(crate) fn estimate(
 }
 
 /// A context file's layout as a prefill will write it.
-pub(crate) struct Layout<'a> {
+pub struct Layout<'a> {
     /// Tokens in the file.
     pub tokens: usize,
     /// Tokens the prefill computes: all of them, or those after what a change keeps.
     pub computed: usize,
     pub spans: &'a [DocumentSpan],
-    pub prompt: folio_models::context::format::PromptStamp,
+    pub prompt: PromptStamp,
 }
 
 /// What a prefill writing `layout` needs (the file's exact size, memory, disk, time).
-pub(crate) fn estimate_layout(
+pub fn estimate_layout(
     engine: &Engine,
     layout: &Layout<'_>,
     kv_dtype: KvDtype,
     folder: &Path,
     rate: Option<f64>,
-) -> folio_models::Result<Estimate> {
+) -> Result<Estimate> {
     let cfg = engine.config();
     let limit = cfg.max_position_embeddings.saturating_sub(ANSWER_ROOM);
     let shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim);
@@ -215,9 +228,8 @@ pub(crate) fn estimate_layout(
         Header::new(engine.stamp()?.clone(), kv_dtype, tokens.max(1), spans_bytes, shape, layout.prompt.clone())
             .file_bytes;
     let section = kv_dtype.max_section_bytes(cfg.num_kv_heads * tokens.max(1), cfg.head_dim);
-    let working_set_bytes = folio_models::prefill::plan_chunk(&engine.model, tokens.max(1), section, None)
-        .map(|p| p.working_set)
-        .unwrap_or(0);
+    let working_set_bytes =
+        crate::prefill::plan_chunk(&engine.model, tokens.max(1), section, None).map(|p| p.working_set).unwrap_or(0);
     let scratch_bytes = 2 * (layout.computed * cfg.hidden_size * engine.model.dtype().size_in_bytes()) as u64;
     let _ = std::fs::create_dir_all(folder);
     Ok(Estimate {
@@ -234,10 +246,22 @@ pub(crate) fn estimate_layout(
     })
 }
 
-/// The settings key of the last measured prefill rate of a model on a device (written by
-/// every prefill, the window's and the CLI's, read by the next estimate).
-pub(crate) fn rate_key(engine: &Engine, device: &str) -> String {
-    format!("prefill_rate/{}/{device}", engine.source)
+/// What the prefill of a planned change needs (see [`estimate_layout`]): the new file's
+/// tokens, and only those after what it keeps computed.
+pub fn estimate_planned(
+    engine: &Engine,
+    planned: &Planned,
+    kv_dtype: KvDtype,
+    folder: &Path,
+    rate: Option<f64>,
+) -> Result<Estimate> {
+    let layout = Layout {
+        tokens: planned.plan.tokens.len(),
+        computed: planned.computed(),
+        spans: &planned.plan.documents,
+        prompt: planned.plan.prompt.clone(),
+    };
+    estimate_layout(engine, &layout, kv_dtype, folder, rate)
 }
 
 #[cfg(test)]
@@ -249,16 +273,35 @@ mod tests {
         Engine::load(dir, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap()
     }
 
+    fn text(path: &str, text: String) -> DocumentText {
+        DocumentText {
+            title: path.rsplit('/').next().unwrap_or(path).into(),
+            path: path.into(),
+            bytes: text.len() as u64,
+            xxh3: crate::context::format::checksum(text.as_bytes()),
+            text,
+            parts: Vec::new(),
+        }
+    }
+
     /// The sheet's counts are the prefill's: head plus per-document tokens equal the planned
     /// context's length, and each document's count its span; a total past the model's context
     /// length is flagged (the sheet refuses it).
     #[test]
     fn staged_counts_are_the_planned_tokens_and_the_limit_is_flagged() {
         let e = demo();
-        let samples = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/samples"));
-        let staged = stage(&e, std::slice::from_ref(&samples), &|_, _, _| {});
+        let samples = concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/samples");
+        let docs: Vec<DocumentText> = ["field_notes.txt", "market_records.txt", "the_diary_of_greta.txt"]
+            .iter()
+            .map(|name| {
+                let path = format!("{samples}/{name}");
+                text(&path, std::fs::read_to_string(&path).unwrap())
+            })
+            .collect();
+        let notes: Vec<ReadNotes> =
+            docs.iter().map(|d| ReadNotes { kind: "text".into(), file_bytes: d.bytes, warnings: Vec::new() }).collect();
+        let staged = count(&e, &docs, &notes, Vec::new(), Instant::now(), &|_| {});
         assert_eq!(staged.documents.len(), 3);
-        let docs = ingest::collect(&[samples]).unwrap().documents;
         let plan = e.plan_context(&docs, None, None).unwrap();
         let total: usize = staged.head_tokens + staged.documents.iter().map(|d| d.tokens).sum::<usize>();
         assert_eq!(total, plan.tokens.len());
@@ -266,11 +309,11 @@ mod tests {
             assert_eq!(d.tokens, span.end - span.start, "{}", d.title);
         }
         let dir = tempfile::tempdir().unwrap();
-        let fits = estimate(&e, &staged.documents, DEFAULT_KV_DTYPE, dir.path(), None).unwrap();
+        let fits = estimate(&e, &staged.documents, KvDtype::Bf16, dir.path(), None).unwrap();
         assert!(fits.fits && fits.tokens == total && fits.predicted_seconds.is_none());
         let mut huge = staged.documents[0].clone();
         huge.tokens = fits.limit;
-        let over = estimate(&e, &[huge], DEFAULT_KV_DTYPE, dir.path(), Some(1000.0)).unwrap();
+        let over = estimate(&e, &[huge], KvDtype::Bf16, dir.path(), Some(1000.0)).unwrap();
         assert!(!over.fits);
         assert!((over.predicted_seconds.unwrap() - over.tokens as f64 / 1000.0).abs() < 1e-9);
     }
@@ -280,14 +323,7 @@ mod tests {
     #[test]
     fn shrunk_or_unknown_text_is_warned_about() {
         let e = demo();
-        let doc = |text: String| folio_models::context::DocumentText {
-            title: "t.txt".into(),
-            path: "t.txt".into(),
-            bytes: text.len() as u64,
-            xxh3: String::new(),
-            text,
-            parts: Vec::new(),
-        };
+        let doc = |t: String| text("t.txt", t);
         let docs = [
             doc("a".repeat(20 << 20)),
             doc("zebra quokka axolotl narwhal ".repeat(50)),
