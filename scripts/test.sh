@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command (README.md): installs what it needs, then formatting, lints, every test,
-# and a compile of the CUDA build (no GPU needed: scripts/cuda-toolchain.sh).
+# the code's measured shape, and a compile of the CUDA build (no GPU needed: scripts/cuda-toolchain.sh).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$FOLIO_ROOT"
@@ -22,6 +22,9 @@ if ! python3 -c "import numpy, tokenizers, jinja2" 2>/dev/null; then
   fi
 fi
 python3 tools/test_demo.py assets/models/demo | tail -n 3
+
+step "the code's shape: import cycles, upward imports, long files and functions (tools/shape.py)"
+python3 tools/shape.py
 
 step "cargo fmt --check"
 cargo fmt --all --check

@@ -8,8 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
+use crate::detect::{self, Format};
+use crate::document::{io_message, Document, Refusal};
+use crate::extract::extract;
 use crate::limits::{bytes, time_hit, Limit, LimitHit, Limits};
-use crate::{detect, extract, io_message, Document, Format, Refusal};
 
 /// Time a worker gets past the time limit before it is left behind: our own readers stop at
 /// the limit themselves and report it; this is for a third-party parser that does not return.

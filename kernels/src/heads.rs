@@ -23,10 +23,10 @@ pub fn split(y: &Tensor, bias: Option<&Tensor>, n: usize, hd: usize) -> Result<T
     }
     #[cfg(feature = "cuda")]
     if y.device().is_cuda() && y.dtype() == candle_core::DType::BF16 && hd.is_multiple_of(cuda::VEC) {
-        let y = crate::vector_aligned(y)?;
+        let y = crate::layout::vector_aligned(y)?;
         let op = crate::cuda_op::CudaOnly(cuda::SplitHeads { n, hd });
         return match bias {
-            Some(b) => y.apply_op2_no_bwd(&crate::vector_aligned(b)?, &op),
+            Some(b) => y.apply_op2_no_bwd(&crate::layout::vector_aligned(b)?, &op),
             None => y.apply_op1_no_bwd(&op),
         };
     }
@@ -49,7 +49,8 @@ pub fn merge(a: &Tensor) -> Result<Tensor> {
     if a.device().is_cuda() && a.dtype() == candle_core::DType::BF16 {
         let (n, _, hd) = a.dims3()?;
         if hd > 0 && hd % cuda::VEC == 0 && n > 0 {
-            return crate::vector_aligned(a)?.apply_op1_no_bwd(&crate::cuda_op::CudaOnly(cuda::MergeHeads { n, hd }));
+            return crate::layout::vector_aligned(a)?
+                .apply_op1_no_bwd(&crate::cuda_op::CudaOnly(cuda::MergeHeads { n, hd }));
         }
     }
     merge_reference(a)

@@ -22,7 +22,7 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     }
     #[cfg(feature = "cuda")]
     if gate.device().is_cuda() && gate.dtype() == candle_core::DType::BF16 {
-        let (g, u) = (crate::vector_aligned(gate)?, crate::vector_aligned(up)?);
+        let (g, u) = (crate::layout::vector_aligned(gate)?, crate::layout::vector_aligned(up)?);
         return g.apply_op2_no_bwd(&u, &crate::cuda_op::CudaOnly(cuda::Swiglu));
     }
     reference(gate, up)

@@ -23,8 +23,8 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
         if w.dims1()? != n {
             candle_core::bail!("rms norm: rows of {n} values and {} weights", w.elem_count());
         }
-        return crate::vector_aligned(x)?
-            .apply_op2_no_bwd(&crate::vector_aligned(w)?, &crate::cuda_op::CudaOnly(cuda::RmsNorm { eps }));
+        return crate::layout::vector_aligned(x)?
+            .apply_op2_no_bwd(&crate::layout::vector_aligned(w)?, &crate::cuda_op::CudaOnly(cuda::RmsNorm { eps }));
     }
     reference(x, w, eps)
 }

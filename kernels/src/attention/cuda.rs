@@ -214,7 +214,7 @@ fn rows_in_place(t: &Tensor) -> Result<Tensor> {
     if rows_contiguous && aligned {
         Ok(t.clone())
     } else {
-        crate::vector_aligned(t)
+        crate::layout::vector_aligned(t)
     }
 }
 
@@ -252,7 +252,8 @@ pub fn flash_prefill(
         window: mask.window.map_or(0, |w| w as i64),
         scale,
     };
-    let both = crate::vector_aligned(q)?.apply_op3_no_bwd(&rows_in_place(k)?, &rows_in_place(v)?, &CudaOnly(op))?;
+    let both =
+        crate::layout::vector_aligned(q)?.apply_op3_no_bwd(&rows_in_place(k)?, &rows_in_place(v)?, &CudaOnly(op))?;
     let rows = q_heads * q_len;
     Ok(AttnOutput {
         out: both.narrow(0, 0, rows * d)?.reshape((q_heads, q_len, d))?,

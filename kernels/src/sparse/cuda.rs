@@ -229,9 +229,9 @@ pub fn decode_attention_rows(
     let bf16 = [q, k, v].iter().all(|t| t.dtype() == DType::BF16);
     if bias.is_none() && bf16 && MMA_DIMS.contains(&d) {
         let op = DecodeRowsMma { dims, scale };
-        let both = crate::vector_aligned(q)?.apply_op3_no_bwd(
-            &crate::vector_aligned(k)?,
-            &crate::vector_aligned(v)?,
+        let both = crate::layout::vector_aligned(q)?.apply_op3_no_bwd(
+            &crate::layout::vector_aligned(k)?,
+            &crate::layout::vector_aligned(v)?,
             &CudaOnly(op),
         )?;
         return Ok((both.narrow(0, 0, heads * d)?.reshape((heads, d))?, both.narrow(0, heads * d, heads)?));
@@ -239,8 +239,8 @@ pub fn decode_attention_rows(
     let bias = bias.map(|b| b.to_dtype(DType::F32)?.contiguous()).transpose()?;
     let op = DecodeRows { bias, dims, scale };
     let both = q.to_dtype(DType::F32)?.contiguous()?.apply_op3_no_bwd(
-        &crate::vector_aligned(k)?,
-        &crate::vector_aligned(v)?,
+        &crate::layout::vector_aligned(k)?,
+        &crate::layout::vector_aligned(v)?,
         &CudaOnly(op),
     )?;
     Ok((both.narrow(0, 0, heads * d)?.reshape((heads, d))?, both.narrow(0, heads * d, heads)?))
@@ -328,7 +328,7 @@ pub fn attention_mass(
     let prev = prev.map(|p| p.to_dtype(DType::F32)?.contiguous()).transpose()?;
     let op = AttentionMass { prev, dims, rows, scale };
     q.to_dtype(DType::F32)?.contiguous()?.apply_op3_no_bwd(
-        &crate::vector_aligned(k)?,
+        &crate::layout::vector_aligned(k)?,
         &lse.to_dtype(DType::F32)?.contiguous()?,
         &CudaOnly(op),
     )
