@@ -156,6 +156,7 @@ class Module:
     file: str  # the file that holds it (inline modules share their file)
     children: dict[str, "Module"] = field(default_factory=dict)
     reexports: dict[str, list[str]] = field(default_factory=dict)  # name -> absolute path
+    external: set[str] = field(default_factory=set)  # names re-exported from other crates
     globs: list[list[str]] = field(default_factory=list)  # `pub use x::*` sources (absolute)
 
 
@@ -278,6 +279,8 @@ def collect_reexports(crate: Crate) -> None:
                 continue
             ab = absolute(crate, module.path, path)
             if ab is None:
+                if path and path[-1] != "*":
+                    module.external.add(alias or path[-1])
                 continue
             if ab[-1] == "*":
                 module.globs.append(ab[:-1])
@@ -296,6 +299,8 @@ def resolve(crate: Crate, ab: list[str], seen: int = 0) -> tuple[str | None, tup
     if i >= len(ab) or ab[i] == "*" or seen > 8:
         return m.file, written
     name = ab[i]
+    if name in m.external:
+        return None, written  # another crate's item, passed through: no file of this crate
     if name in m.reexports:
         target, _ = resolve(crate, m.reexports[name], seen + 1)
         return target or m.file, written

@@ -8,29 +8,7 @@
 
 use candle_core::{Result, Tensor};
 
-/// Largest finite e4m3 value: a row's largest magnitude is scaled to it.
-pub const FP8_E4M3_MAX: f32 = 448.0;
-
-/// Encodes one row into `codes` (e4m3 bits, round to nearest even, saturating) and returns its
-/// scale (`amax / 448`, or 1 for an all-zero row); `None` when the row holds a NaN or an
-/// infinity (fp8 cannot store them, and a scale of one would spoil the row).
-pub fn fp8_row(row: &[f32], codes: &mut [u8]) -> Option<f32> {
-    // (f32::max skips NaN, so finiteness is checked on the row itself.)
-    if !row.iter().all(|x| x.is_finite()) {
-        return None;
-    }
-    let amax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let scale = if amax > 0.0 { amax / FP8_E4M3_MAX } else { 1.0 };
-    codes.iter_mut().zip(row).for_each(|(c, x)| *c = float8::F8E4M3::from_f32(x / scale).to_bits());
-    Some(scale)
-}
-
-/// Every e4m3 code's value, so decoding a row is a table lookup and a multiply (the conversion
-/// goes through f16 in software; a reopen or MagicPIG's host attention decodes millions a step).
-pub fn fp8_values() -> &'static [f32; 256] {
-    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| std::array::from_fn(|c| float8::F8E4M3::from_bits(c as u8).to_f32()))
-}
+pub use folio_context_file::rows::{fp8_row, fp8_values, FP8_E4M3_MAX};
 
 /// On CUDA: the rows of `x` (`[rows, d]`, bf16 or f32, `d` a multiple of 4) as a u8 tensor of
 /// `rows * d` codes followed by `rows` f32 scales in little-endian bytes (NaN for a row with a

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use folio_models::context::{self, ContextFile, DocumentSpan, Header, Pending};
+use folio_context_file::{self as context, ContextFile, DocumentSpan, Header, Pending};
 use serde::{Deserialize, Serialize};
 use sqlx::{Row, Sqlite, Transaction};
 
@@ -60,7 +60,7 @@ pub struct ModelInfo {
     /// How to load it: a folder or a Hugging Face repo id.
     pub source: String,
     pub architecture: String,
-    /// `context::format::Fingerprint` as JSON: equal for models that make the same K/V.
+    /// `folio_context_file::Fingerprint` as JSON: equal for models that make the same K/V.
     pub fingerprint: String,
 }
 
@@ -148,9 +148,9 @@ impl OnDisk {
 }
 
 /// A context reader's message without the path it starts with (the row shows the path).
-fn problem(e: folio_models::error::Error) -> String {
+fn problem(e: folio_context_file::Error) -> String {
     match e {
-        folio_models::error::Error::Context { msg, .. } => msg,
+        folio_context_file::Error::Context { msg, .. } => msg,
         other => other.to_string(),
     }
 }

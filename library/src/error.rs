@@ -40,9 +40,9 @@ pub enum Error {
     #[error("{0}")]
     Refused(String),
     #[error(transparent)]
-    Context(#[from] folio_models::error::Error),
-    /// Not a `#[source]`, as `folio_models::Error::Io`: the message says it once.
-    #[error("{}: {}", path.display(), folio_models::error::io_message(error))]
+    Context(#[from] folio_context_file::Error),
+    /// Not a `#[source]`, as `folio_context_file::Error::Io`: the message says it once.
+    #[error("{}: {}", path.display(), folio_context_file::io_message(error))]
     Io { path: PathBuf, error: std::io::Error },
     #[error("library {}: {source}", path.display())]
     Database { path: PathBuf, source: sqlx::Error },

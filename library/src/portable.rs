@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use folio_models::context::ContextFile;
+use folio_context_file::ContextFile;
 
 use crate::contexts::{absolute, ContextInfo, Status};
 use crate::{Error, Library, Result};
@@ -79,7 +79,7 @@ impl Library {
                     }
                 },
             )
-            .find(|p| !p.exists() && !folio_models::context::partial_dir(p).exists())
+            .find(|p| !p.exists() && !folio_context_file::partial_dir(p).exists())
             .expect("an unbounded search finds a free name"))
     }
 }
@@ -92,7 +92,7 @@ fn copy_atomic(from: &Path, to: &Path) -> Result<()> {
     let result = (|| {
         std::fs::copy(from, &tmp).map_err(|e| Error::io(from, e))?;
         std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
-        folio_models::context::build::check_replaceable(to)?;
+        folio_context_file::atomic::check_replaceable(to)?;
         std::fs::rename(&tmp, to).map_err(|e| Error::io(to, e))?;
         let folder = to.parent().unwrap_or(Path::new("."));
         std::fs::File::open(folder).and_then(|f| f.sync_all()).map_err(|e| Error::io(folder, e))

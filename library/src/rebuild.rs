@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use folio_models::context::format::MAGIC;
+use folio_context_file::format::MAGIC;
 use serde::Serialize;
 
 use crate::contexts::{absolute, OnDisk, Status};

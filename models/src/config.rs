@@ -130,6 +130,28 @@ struct RawConfig {
 const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 
 impl ModelConfig {
+    /// The fingerprint of a model of this configuration with the given tokenizer and weight
+    /// hashes: what a context file records of the model that made its K/V.
+    pub fn fingerprint(&self, tokenizer: String, weights: String) -> Result<folio_context_file::Fingerprint> {
+        Ok(folio_context_file::Fingerprint {
+            architecture: self.arch.name().to_owned(),
+            layers: self.num_layers,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            heads: self.num_heads,
+            kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+            vocab_size: self.vocab_size,
+            rope_theta: self.rope_theta,
+            rope_scaling: serde_json::to_value(&self.rope_scaling).map_err(|e| Error::Invalid(e.to_string()))?,
+            sliding_window: self.sliding_window,
+            qkv_bias: self.qkv_bias,
+            qk_norm: self.qk_norm,
+            tokenizer,
+            weights,
+        })
+    }
+
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         Self::from_json(&text, path)

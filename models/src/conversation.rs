@@ -112,7 +112,7 @@ impl Conversation {
     /// Atomic: a crash while saving keeps the previous file.
     pub fn save(&self, path: &Path) -> Result<()> {
         let bytes = serde_json::to_vec_pretty(self).map_err(|e| Error::Invalid(e.to_string()))?;
-        crate::context::write_atomic(path, &bytes)
+        Ok(crate::context::write_atomic(path, &bytes)?)
     }
 
     /// A new conversation with the first `messages` of this one: a fork after an answer (to ask

@@ -132,19 +132,15 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
-/// An I/O error's message without the "(os error N)" its `Display` appends, lower-cased as
-/// part of a sentence ("permission denied").
-pub fn io_message(e: &std::io::Error) -> String {
-    let text = e.to_string();
-    let text = match e.raw_os_error() {
-        Some(code) => text.strip_suffix(&format!(" (os error {code})")).map(str::to_owned).unwrap_or(text),
-        None => text,
-    };
-    let mut chars = text.chars();
-    match (chars.next(), chars.next()) {
-        (Some(first), Some(second)) if first.is_uppercase() && second.is_lowercase() => {
-            first.to_lowercase().chain(text[first.len_utf8()..].chars()).collect()
+pub use folio_context_file::io_message;
+
+impl From<folio_context_file::Error> for Error {
+    /// The context-file crate's errors are the engine's, word for word.
+    fn from(e: folio_context_file::Error) -> Self {
+        match e {
+            folio_context_file::Error::Context { path, msg } => Self::Context { path, msg },
+            folio_context_file::Error::Invalid(msg) => Self::Invalid(msg),
+            folio_context_file::Error::Io { path, error } => Self::Io { path, error },
         }
-        _ => text,
     }
 }

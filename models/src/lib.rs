@@ -52,7 +52,7 @@ pub use error::{Error, Result};
 use crate::attention::{Attention, Dense};
 use crate::chat::{ChatTemplate, Message};
 use crate::config::ModelConfig;
-use crate::context::{ContextFile, Fingerprint, ModelStamp};
+use crate::context::{ContextFile, ModelStamp};
 use crate::generate::{GenerateParams, Generation, GenerationConfig};
 use crate::loader::{ModelFiles, ModelSource};
 use crate::model::Model;
@@ -192,9 +192,8 @@ impl Engine {
         let stamp = ModelStamp {
             name: self.name.clone(),
             source: self.source.clone(),
-            fingerprint: Fingerprint::of(
-                cfg,
-                crate::context::format::checksum(&tokenizer),
+            fingerprint: cfg.fingerprint(
+                folio_context_file::format::checksum(&tokenizer),
                 loader::weights_hash(&self.files.weights)?,
             )?,
         };
@@ -254,7 +253,7 @@ impl Engine {
             Some(dir) => {
                 let stamp = self.stamp()?;
                 let id = serde_json::to_vec(&stamp.fingerprint).map_err(|e| Error::Invalid(e.to_string()))?;
-                let id = context::format::checksum(&id);
+                let id = folio_context_file::format::checksum(&id);
                 Ok(dir.join(format!("{}-{}", stamp.name.replace(['/', '\\'], "_"), id)))
             }
             None => Ok(self.model_dir().to_owned()),

@@ -372,7 +372,7 @@ pub fn weights_hash(files: &[PathBuf]) -> Result<String> {
             h.update(&block[..n]);
         }
     }
-    Ok(crate::context::format::checksum_hex(h.digest()))
+    Ok(folio_context_file::format::checksum_hex(h.digest()))
 }
 
 #[cfg(test)]

@@ -24,14 +24,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::attention::AttnCall;
-use crate::context::format::{SectionKind, PAGE};
 use crate::context::ContextFile;
-use crate::context::KvDtype;
+use crate::context::{EncodeTensor, KvDtype};
 use crate::error::{Error, Result};
 use crate::kv::{KvSegment, KvStore, SavedTail};
 use crate::model::Model;
 use crate::prefill::prefill_layers;
 use crate::tier::{DecodeTier, TierRef};
+use folio_context_file::format::{SectionKind, PAGE};
 
 /// Rows per host chunk when a step must read everything (dense attention, the exact top-k
 /// scan, building an index): 64 Ki rows per KV head keeps a chunk's K+V at 64 MiB for a
@@ -99,7 +99,7 @@ impl OffloadKv {
     pub fn from_context(file: Arc<ContextFile>, dtype: DType, device: &Device) -> Result<Self> {
         let h = file.header();
         let sections = file.kv_sections()?;
-        let shared = match file.shared_host(device) {
+        let shared = match shared_host(&file, device) {
             Ok(shared) => shared,
             Err(_) if device.is_cuda() => return Self::copied(file, dtype, device),
             Err(e) => return Err(e),
@@ -516,4 +516,40 @@ impl DecodeTier for OffloadKv {
     fn host_rows(&self, layer: usize) -> Option<(&HostRows, &HostRows)> {
         self.host.get(layer).filter(|_| self.saved > 0).map(|(k, v)| (k, v))
     }
+}
+
+/// A context file's mapping as the bytes host rows view.
+struct Mapped(Arc<ContextFile>);
+
+impl AsRef<[u8]> for Mapped {
+    fn as_ref(&self) -> &[u8] {
+        self.0.mapped()
+    }
+}
+
+/// Every live registration of a context file's mapping: one per file, shared by every store
+/// over it, since a GPU refuses to register the same pages twice. Entries whose file or
+/// registration is gone are dropped on the next look.
+static SHARED: std::sync::Mutex<Vec<(std::sync::Weak<ContextFile>, std::sync::Weak<SharedHost>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// The mapping of `file` shared with `device`'s gathers (on a GPU registered in place,
+/// page-locked), the one a live store over this file already holds if there is one. Keeps the
+/// file open and mapped while any holder lives.
+fn shared_host(file: &Arc<ContextFile>, device: &Device) -> Result<Arc<SharedHost>> {
+    let mut all = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    all.retain(|(f, s)| f.strong_count() > 0 && s.strong_count() > 0);
+    let live = all
+        .iter()
+        .filter(|(f, _)| f.upgrade().is_some_and(|f| Arc::ptr_eq(&f, file)))
+        .find_map(|(_, s)| s.upgrade().filter(|s| s.registered() == device.is_cuda()));
+    if let Some(live) = live {
+        return Ok(live);
+    }
+    let shared = SharedHost::new(device, Arc::new(Mapped(file.clone()))).map_err(|e| Error::Context {
+        path: file.path().to_owned(),
+        msg: format!("sharing its mapping with the device: {e}"),
+    })?;
+    all.push((Arc::downgrade(file), Arc::downgrade(&shared)));
+    Ok(shared)
 }

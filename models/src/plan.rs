@@ -25,9 +25,9 @@ use serde::Serialize;
 use crate::attention::cost::{CostInput, Shape};
 use crate::attention::{MethodChoice, Tier};
 use crate::config::ModelConfig;
-use crate::context::format::Header;
 use crate::error::{human_bytes, Error, Result};
 use crate::session::RESIDENT_BUDGET;
+use folio_context_file::format::Header;
 
 /// Parameters of a decoder of this shape (what the weights take), and those a decode step reads
 /// (all but the embedding table, of which it reads one row, unless the LM head shares it).

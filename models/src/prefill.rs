@@ -105,16 +105,16 @@ impl FileHidden {
     }
 
     /// xxh3 of the first `rows` rows, when they were written in order since the last write
-    /// at row 0 (the format of `context::format::checksum`).
+    /// at row 0 (the format of `folio_context_file::format::checksum`).
     pub fn written_checksum(&self, rows: usize) -> Option<String> {
         let (h, next) = self.digest.as_ref()?;
-        (*next == rows).then(|| crate::context::format::checksum_hex(h.digest()))
+        (*next == rows).then(|| folio_context_file::format::checksum_hex(h.digest()))
     }
 
     /// xxh3 of the first `rows` rows as the file holds them now.
     pub fn stored_checksum(&self, rows: usize) -> Result<String> {
         let bytes = (rows * self.hidden * self.dtype.size_in_bytes()) as u64;
-        crate::context::format::file_checksum(&self.file, 0, bytes).map_err(|e| Error::io(&self.path, e))
+        folio_context_file::format::file_checksum(&self.file, 0, bytes).map_err(|e| Error::io(&self.path, e))
     }
 }
 
@@ -209,7 +209,7 @@ pub struct HiddenSnapshot(Vec<std::sync::Arc<Vec<u8>>>);
 
 impl HiddenSnapshot {
     /// Writes the rows to `file` from offset 0, returning their checksum (the format of
-    /// `context::format::checksum`).
+    /// `folio_context_file::format::checksum`).
     pub fn write_to(&self, file: &File) -> std::io::Result<String> {
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         let mut at = 0u64;
@@ -218,7 +218,7 @@ impl HiddenSnapshot {
             h.update(piece);
             at += piece.len() as u64;
         }
-        Ok(crate::context::format::checksum_hex(h.digest()))
+        Ok(folio_context_file::format::checksum_hex(h.digest()))
     }
 }
 

@@ -211,6 +211,7 @@ fn cuda_prefill_matches_cpu() -> Result<()> {
 #[test]
 fn encode_on_the_device_is_the_cpu_encode() -> Result<()> {
     use folio_models::context::format::SectionKind;
+    use folio_models::context::EncodeTensor;
     let gpu = Device::new_cuda(0)?;
     let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);

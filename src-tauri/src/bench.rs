@@ -19,7 +19,7 @@ use folio_kernels::device::MemorySampler;
 use folio_models::attention::{Dense, Tier};
 use folio_models::config::ModelConfig;
 use folio_models::context::{
-    self, BuildOptions, ContextKv, Fingerprint, HiddenPlace, KvDtype, ModelStamp, PrefixPlan, StageSeconds,
+    self, BuildOptions, ContextKv, HiddenPlace, KvDtype, ModelStamp, PrefixPlan, StageSeconds,
 };
 use folio_models::error::human_bytes;
 use folio_models::kv::KvStore;
@@ -549,7 +549,7 @@ impl Subject {
         let dtype = folio_models::parse_dtype(&common.dtype, &device)?;
         let model = folio_models::model::Model::random(&cfg, &device, dtype, crate::bench_shape::INIT_STD)?;
         let name = shape.file_stem().map_or("shape".into(), |s| s.to_string_lossy().into_owned());
-        let fingerprint = Fingerprint::of(&cfg, "none".into(), "random".into())?;
+        let fingerprint = cfg.fingerprint("none".into(), "random".into())?;
         let stamp = ModelStamp { name: name.clone(), source: shape.display().to_string(), fingerprint };
         Ok(Self { name: format!("{name} (random weights)"), stamp, made: Made::Random(Box::new(model)) })
     }

@@ -229,7 +229,7 @@ impl Gather {
         let (heads, sel, group, n, tail_n, d) = self.dims;
         let dev = idx.device();
         let idx_s = idx.as_cuda_slice::<u32>()?.slice(il.start_offset()..);
-        let same = self.stored.holds(self.dtype);
+        let same = super::holds(self.stored, self.dtype);
         // The copy moves 16-byte vectors of a row; the widening kernel 8 values of it.
         let (kernel, per_row) = match (self.stored, self.dtype) {
             _ if same => ("gather_rows", d * self.dtype.size_in_bytes() / 16),
@@ -321,7 +321,7 @@ impl Source<'_> {
     /// mapped allocation holds the dtype it is read in).
     fn address(&self, dtype: DType) -> Result<(u64, u64, Stored)> {
         match self {
-            Source::Mapped(m) => Ok((m.ptr, 0, Stored::of(dtype)?)),
+            Source::Mapped(m) => Ok((m.ptr, 0, super::stored_as(dtype)?)),
             Source::Registered { registered, at, stored } => {
                 let src = registered.ptr + *at as u64;
                 let scales = match stored {

@@ -59,55 +59,28 @@ pub fn topk(scores: &Tensor, k: usize) -> Result<Tensor> {
 }
 
 /// How [`HostRows`] hold their rows when that is not the dtype they are read in: a context
-/// file's sections, read where they lie ([`HostRows::view`]).
+/// file's sections, read where they lie ([`HostRows::view`]); the row format is the context
+/// file's (`folio_context_file::rows`).
 ///
 /// Why rows stay in the file's dtype: at a million tokens a 7B model's fp8 file is 31 GB, the
 /// same rows widened to bf16 57 GB, and page-locking fresh host memory ran at 2.4 GB/s on the
 /// GPU machine (23 s for 57 GB) where registering the file's mapping in place ran at 45 GB/s
 /// (docs/performance.md, "Reopen to the first token"). The gather widens what it moves, so the
 /// link carries the file's bytes too.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stored {
-    F32,
-    Bf16,
-    /// fp8 e4m3 codes, row after row, then one f32 scale per row from byte `scales` of the
-    /// section on (a value is its code times its row's scale).
-    Fp8 {
-        scales: usize,
-    },
+pub use folio_context_file::rows::Stored;
+
+/// How a `dtype` is stored as itself (f32 and bf16 only).
+fn stored_as(dtype: DType) -> Result<Stored> {
+    match dtype {
+        DType::F32 => Ok(Stored::F32),
+        DType::BF16 => Ok(Stored::Bf16),
+        other => candle_core::bail!("host rows hold f32 or bf16, not {other:?}"),
+    }
 }
 
-impl Stored {
-    /// How a `dtype` is stored as itself (f32 and bf16 only).
-    pub fn of(dtype: DType) -> Result<Self> {
-        match dtype {
-            DType::F32 => Ok(Self::F32),
-            DType::BF16 => Ok(Self::Bf16),
-            other => candle_core::bail!("host rows hold f32 or bf16, not {other:?}"),
-        }
-    }
-
-    /// Bytes of one row's values (an fp8 row's scale lies apart).
-    pub fn row_bytes(self, d: usize) -> usize {
-        match self {
-            Self::F32 => 4 * d,
-            Self::Bf16 => 2 * d,
-            Self::Fp8 { .. } => d,
-        }
-    }
-
-    /// Bytes of a section of `rows` rows, scales included.
-    pub fn section_bytes(self, rows: usize, d: usize) -> usize {
-        match self {
-            Self::Fp8 { scales } => scales + 4 * rows,
-            _ => rows * self.row_bytes(d),
-        }
-    }
-
-    /// Whether rows stored so are `dtype`'s own bytes (a gather copies them as they are).
-    fn holds(self, dtype: DType) -> bool {
-        matches!((self, dtype), (Self::F32, DType::F32) | (Self::Bf16, DType::BF16))
-    }
+/// Whether rows stored so are `dtype`'s own bytes (a gather copies them as they are).
+fn holds(stored: Stored, dtype: DType) -> bool {
+    matches!((stored, dtype), (Stored::F32, DType::F32) | (Stored::Bf16, DType::BF16))
 }
 
 /// Read-only host memory owned elsewhere (a memory-mapped context file), shared by the
@@ -190,7 +163,7 @@ enum HostMem {
 impl HostRows {
     /// Room for `n` rows of `d` elements of `dtype` per head, for `device` to gather from.
     pub fn new(device: &Device, dtype: DType, heads: usize, n: usize, d: usize) -> Result<Self> {
-        let stored = Stored::of(dtype)?;
+        let stored = stored_as(dtype)?;
         let bytes = stored.section_bytes(heads * n, d);
         let mem = match device {
             #[cfg(feature = "cuda")]
@@ -211,7 +184,7 @@ impl HostRows {
         (heads, n, d): (usize, usize, usize),
         dtype: DType,
     ) -> Result<Self> {
-        Stored::of(dtype)?;
+        stored_as(dtype)?;
         let bytes = stored.section_bytes(heads * n, d);
         let fits = at.checked_add(bytes).is_some_and(|end| end <= host.bytes().len());
         let scales_ok = match stored {
@@ -349,7 +322,7 @@ impl HostRows {
         }
         let idx_v: Vec<u32> = idx.flatten_all()?.to_vec1()?;
         let view = self.host()?;
-        if self.stored.holds(self.dtype) {
+        if holds(self.stored, self.dtype) {
             let tail_v = tail.map(|t| tensor_bytes(&t.contiguous()?)).transpose()?.unwrap_or_default();
             let out = reference::gather_rows(view.bytes, self.n, &tail_v, tail_n, &idx_v, sel, group, self.row_bytes());
             return from_bytes(&out, self.dtype, (ih, sel, self.d), &self.device);

@@ -1,4 +1,4 @@
-use super::{HostView, Stored};
+use super::HostView;
 
 /// Positions of the `min(k, n)` largest scores of each row of `scores [rows, n]`, ascending
 /// by position; among equal scores the lower position wins.
@@ -38,32 +38,9 @@ pub fn gather_rows(
     out
 }
 
-/// Row `row` of a section stored as `stored` (`d` values a row; little-endian bytes, as the
-/// context file and the GPU read them: Folio's targets are little-endian), as f32 into `out`:
-/// an fp8 code times its row's scale, as the context file decodes it.
-pub fn stored_row(section: &[u8], stored: Stored, row: usize, d: usize, out: &mut [f32]) {
-    let raw = &section[row * stored.row_bytes(d)..(row + 1) * stored.row_bytes(d)];
-    match stored {
-        Stored::F32 => {
-            for (o, c) in out.iter_mut().zip(raw.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        Stored::Bf16 => {
-            for (o, c) in out.iter_mut().zip(raw.chunks_exact(2)) {
-                *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
-            }
-        }
-        Stored::Fp8 { scales } => {
-            let s = &section[scales + 4 * row..scales + 4 * row + 4];
-            let scale = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-            let table = crate::encode::fp8_values();
-            for (o, &c) in out.iter_mut().zip(raw) {
-                *o = table[c as usize] * scale;
-            }
-        }
-    }
-}
+/// Row `row` of a section stored as `stored`, as f32 into `out`: the context file's definition
+/// of a stored row, which every gather here is held to.
+pub use folio_context_file::rows::stored_row;
 
 /// [`gather_rows`] of rows held in another dtype than the one they are read in, as f32
 /// (the caller casts): stored rows decoded by [`stored_row`], positions from the view's `n`

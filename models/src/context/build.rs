@@ -50,11 +50,15 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 use folio_kernels::device::Queued;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use super::codec::KvDtype;
-use super::file::ContextFile;
-use super::format::{checksum, file_checksum, Header, ModelStamp, SectionKind};
+use folio_context_file::atomic::{check_replaceable, sync_dir};
+use folio_context_file::partial::{
+    open_if_present, partial_dir, read_checkpoint, write_checkpoint, Checkpoint, CHECKPOINT_FORMAT, CHECKPOINT_VERSION,
+};
+use folio_context_file::{ContextFile, KvDtype};
+
+use super::encode::EncodeTensor;
 use super::prompt::PrefixPlan;
 use crate::error::{human_bytes, Error, Result};
 use crate::model::Model;
@@ -62,6 +66,7 @@ use crate::prefill::{
     layer_output, plan_chunk, run_layer, FileHidden, Hidden, HiddenSnapshot, HiddenStore, HostHidden, MemoryHidden,
     RopeTables,
 };
+use folio_context_file::format::{checksum, file_checksum, Header, ModelStamp, SectionKind};
 
 #[derive(Debug, Clone)]
 pub struct BuildOptions {
@@ -143,32 +148,6 @@ pub struct BuildReport {
     pub checkpoints: usize,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-struct Checkpoint {
-    format: String,
-    version: u32,
-    job: Header,
-    compute: String,
-    chunk: usize,
-    layers_done: usize,
-    /// Checksums of the sections written so far, in section-table order.
-    checksums: Vec<String>,
-    /// Checksum of the hidden states the next layer reads (empty at layer 0).
-    hidden: String,
-    /// Which hidden-state file holds them (0 or 1); version 3 checkpoints predate it and use
-    /// the file of the last finished layer's parity.
-    #[serde(default)]
-    hidden_file: Option<usize>,
-    /// Tokens taken from the saved context this prefill grows (0: a prefill of everything).
-    /// Version 2 checkpoints predate growing and read as 0.
-    #[serde(default)]
-    base_tokens: usize,
-}
-
-const CHECKPOINT_FORMAT: &str = "folio-prefill-checkpoint";
-const CHECKPOINT_VERSION: u32 = 4;
-/// Checkpoint versions this Folio resumes.
-const CHECKPOINT_VERSIONS: std::ops::RangeInclusive<u32> = 2..=CHECKPOINT_VERSION;
 /// Hidden states in RAM or on the device are written to a hidden file for a checkpoint when the
 /// work since the last one is at least this many times what a checkpoint costs (measured; at
 /// first estimated at [`INITIAL_PERSIST_RATE`]): a small model checkpoints about every layer, a
@@ -182,38 +161,8 @@ const RAM_HEADROOM: u64 = 4 << 30;
 /// Copies of the hidden states RAM must hold: two stores, and a checkpoint's snapshot still
 /// being written while its store is rewritten.
 const RAM_HIDDEN_COPIES: u64 = 3;
-/// The hidden-state files a checkpoint can name.
-const HIDDEN_FILES: usize = 2;
 /// Sections before the layers' K and V in a context file (token ids, document spans).
 const SECTIONS_BEFORE_LAYERS: usize = 2;
-
-/// The folder holding an interrupted or running prefill of `out`.
-pub fn partial_dir(out: &Path) -> PathBuf {
-    let mut name = out.file_name().unwrap_or_default().to_os_string();
-    name.push(".partial");
-    out.with_file_name(name)
-}
-
-/// The `date_string` of an interrupted prefill of `out`, so a resume renders the same prompt.
-pub fn pending_date(out: &Path) -> Option<String> {
-    Some(read_checkpoint(&partial_dir(out).join("checkpoint.json")).ok()??.job.prompt.date)
-}
-
-/// An interrupted or running prefill of an output, as its partial folder tells: what the
-/// library lists as "prefilling" or "paused at layer N" (resumed by running the same prefill).
-#[derive(Debug, Clone)]
-pub struct Pending {
-    /// The file the prefill writes (its K/V checksums blank until the end).
-    pub header: Header,
-    pub documents: Vec<super::format::DocumentSpan>,
-    pub layers_done: usize,
-    /// A process holds the folder's lock: the prefill is running now.
-    pub running: bool,
-    /// Tokens it takes from the saved context it grows (0: a prefill of everything).
-    pub base_tokens: usize,
-    /// When the checkpoint was last written.
-    pub updated: std::time::SystemTime,
-}
 
 /// Tries to take a partial folder's lock a few times: [`pending`] holds it for an instant to
 /// tell whether a prefill runs, which must not make a starting prefill give up.
@@ -227,48 +176,6 @@ fn take_lock(lock: &File) -> bool {
         std::thread::sleep(PAUSE);
     }
     false
-}
-
-/// The prefill of `out` waiting in (or running in) its partial folder, if there is one with a
-/// checkpoint this version reads. Reads the checkpoint and the spans already written to the
-/// future file (a few kilobytes), never the K/V.
-pub fn pending(out: &Path) -> Result<Option<Pending>> {
-    let dir = partial_dir(out);
-    let cp_path = dir.join("checkpoint.json");
-    let Some(cp) = read_checkpoint(&cp_path)? else { return Ok(None) };
-    let updated = std::fs::metadata(&cp_path).and_then(|m| m.modified()).map_err(|e| Error::io(&cp_path, e))?;
-    let running = match File::open(dir.join("lock")) {
-        Ok(lock) => {
-            let free = <File as fs4::FileExt>::try_lock_shared(&lock).is_ok();
-            if free {
-                let _ = <File as fs4::FileExt>::unlock(&lock);
-            }
-            !free
-        }
-        Err(_) => false,
-    };
-    let tmp = dir.join("context.tmp");
-    let spans = cp.job.section(SectionKind::Documents, None).zip(cp.checksums.get(1));
-    let documents = match (spans, open_if_present(&tmp)?) {
-        (Some((s, want)), Some(file)) => {
-            let mut bytes = vec![0u8; s.bytes as usize];
-            file.read_exact_at(&mut bytes, s.offset).map_err(|e| Error::io(&tmp, e))?;
-            if &checksum(&bytes) != want {
-                return Err(Error::Context { path: tmp, msg: "the document table is corrupted".into() });
-            }
-            serde_json::from_slice(&bytes)
-                .map_err(|e| Error::Context { path: tmp, msg: format!("the document table is unreadable: {e}") })?
-        }
-        _ => Vec::new(),
-    };
-    Ok(Some(Pending {
-        header: cp.job,
-        documents,
-        layers_done: cp.layers_done,
-        running,
-        updated,
-        base_tokens: cp.base_tokens,
-    }))
 }
 
 /// Prefills `plan` with `model` into the context file `out`. See the module docs.
@@ -1028,14 +935,6 @@ enum StoreError {
 }
 
 /// `path` opened for reading, or `None` when it does not exist.
-fn open_if_present(path: &Path) -> Result<Option<File>> {
-    match File::open(path) {
-        Ok(f) => Ok(Some(f)),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io(path, e)),
-    }
-}
-
 fn is_disk_full(e: &std::io::Error) -> bool {
     matches!(e.kind(), ErrorKind::StorageFull | ErrorKind::FileTooLarge | ErrorKind::QuotaExceeded)
 }
@@ -1062,76 +961,4 @@ fn start_write_back(_: &File, _: u64, _: usize) {}
 
 fn sync(file: &File, path: &Path) -> Result<()> {
     file.sync_all().map_err(|e| Error::io(path, e))
-}
-
-/// Makes a rename in `path`'s folder durable.
-fn sync_dir(path: &Path) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))
-}
-
-fn read_checkpoint(path: &Path) -> Result<Option<Checkpoint>> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok(serde_json::from_str::<Checkpoint>(&text)
-            .ok()
-            .filter(|cp| cp.format == CHECKPOINT_FORMAT && CHECKPOINT_VERSIONS.contains(&cp.version))
-            .filter(|cp| cp.hidden_file.is_none_or(|f| f < HIDDEN_FILES))),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io(path, e)),
-    }
-}
-
-fn write_checkpoint(path: &Path, cp: &Checkpoint) -> Result<()> {
-    write_atomic(path, &serde_json::to_vec_pretty(cp).map_err(|e| Error::Invalid(e.to_string()))?)
-}
-
-/// Replaces `path` with `bytes` so that a crash leaves the old or the new content, never a mix:
-/// temp file beside it, fsync, rename, fsync the folder.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".tmp");
-    let tmp = path.with_file_name(name);
-    std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
-    File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
-    check_replaceable(path)?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-    sync_dir(path)
-}
-
-/// Refuses to replace anything at `path` but a regular file: an atomic write renames a new
-/// file over the path, which would silently put a regular file in place of a device
-/// (`/dev/full`), a named pipe, a folder or a symbolic link (the link, not its target).
-pub fn check_replaceable(path: &Path) -> Result<()> {
-    use std::os::unix::fs::FileTypeExt;
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(path, e)),
-    };
-    let t = meta.file_type();
-    let what = if t.is_file() {
-        return Ok(());
-    } else if t.is_symlink() {
-        let target = std::fs::read_link(path).map(|t| t.display().to_string()).unwrap_or_default();
-        return Err(Error::Invalid(format!(
-            "{} is a symbolic link (to {target}): Folio would replace the link with a new file and leave its target \
-             as it is; name the target itself, or remove the link first",
-            path.display()
-        )));
-    } else if t.is_dir() {
-        "a folder"
-    } else if t.is_char_device() || t.is_block_device() {
-        "a device"
-    } else if t.is_fifo() {
-        "a named pipe"
-    } else {
-        "a special file"
-    };
-    Err(Error::Invalid(format!(
-        "{} is {what}, not a file: Folio writes a context only to a new file or over a regular one",
-        path.display()
-    )))
 }

@@ -21,10 +21,10 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use super::build::{check_replaceable, extend, partial_dir, pending, pending_date, Base, Pending};
-use super::codec::KvDtype;
-use super::file::ContextFile;
-use super::format::DocumentSpan;
+use folio_context_file::atomic::check_replaceable;
+use folio_context_file::{partial_dir, pending, pending_date, ContextFile, DocumentSpan, KvDtype, Pending};
+
+use super::build::{extend, Base};
 use super::prompt::{DocumentText, PrefixPlan};
 use super::{BuildOptions, BuildReport, Progress};
 use crate::error::{Error, Result};
@@ -310,8 +310,7 @@ fn removal(base: &ContextFile, doc: &str, saved: &dyn SavedDocuments) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::format::checksum;
-    use crate::context::{pending, ContextFile};
+    use folio_context_file::format::checksum;
 
     fn demo() -> Engine {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/models/demo");

@@ -19,12 +19,12 @@
 
 use serde_json::{Map, Value};
 
-use super::file::ContextFile;
-use super::format::{DocumentSpan, PromptKind, PromptStamp, SpanPart};
 use crate::chat::Message;
 use crate::error::{Error, Result};
 use crate::eval::spec::EvalSpec;
 use crate::Engine;
+use folio_context_file::format::{DocumentSpan, PromptKind, PromptStamp, SpanPart};
+use folio_context_file::ContextFile;
 
 /// Each document, wrapped with its title and path.
 pub const DEFAULT_DOCUMENT_TEMPLATE: &str = "<document title=\"{title}\" path=\"{path}\">\n{text}\n</document>\n\n";

@@ -10,9 +10,10 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use folio_context_file::format::{DocumentSpan, Header, PromptStamp, SpanPart};
+use folio_context_file::KvDtype;
+
 use super::builder::Planned;
-use super::codec::KvDtype;
-use super::format::{DocumentSpan, Header, PromptStamp, SpanPart};
 use super::prompt::{DocumentText, TokenCount, ANSWER_ROOM};
 use crate::error::Result;
 use crate::Engine;
@@ -278,7 +279,7 @@ mod tests {
             title: path.rsplit('/').next().unwrap_or(path).into(),
             path: path.into(),
             bytes: text.len() as u64,
-            xxh3: crate::context::format::checksum(text.as_bytes()),
+            xxh3: folio_context_file::format::checksum(text.as_bytes()),
             text,
             parts: Vec::new(),
         }

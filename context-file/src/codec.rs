@@ -16,90 +16,16 @@
 //! separate array after the section's data, so the data stays one contiguous `[rows, head_dim]`
 //! block a GPU gather can read as bytes.
 
-use candle_core::{DType, Device, Tensor};
-use folio_kernels::device::copy_to_host;
-use folio_kernels::select::reference::stored_row;
 use half::bf16;
-use serde::{Deserialize, Serialize};
 
-use super::format::SectionKind;
 use crate::error::{Error, Result};
+use crate::rows::{fp8_row, stored_row, Stored};
 
 /// Alignment of the scale array after fp8 data, so it can be read as `f32`s in place.
 const SCALE_ALIGN: u64 = 8;
 
 /// Fewest rows an encode task takes (smaller sections are not worth a thread).
-const MIN_ROWS_PER_TASK: usize = 4096;
-
-/// A context file's K/V storage (its header's `kv_dtype`): a codec for the keys and one for the
-/// values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum KvDtype {
-    #[serde(rename = "f32")]
-    F32,
-    #[serde(rename = "bf16")]
-    Bf16,
-    #[serde(rename = "fp8")]
-    Fp8,
-    /// Keys in bf16, values in fp8.
-    #[serde(rename = "bf16-fp8")]
-    Bf16Fp8,
-}
-
-impl KvDtype {
-    pub const NAMES: [&'static str; 4] = ["bf16", "bf16-fp8", "fp8", "f32"];
-
-    pub fn parse(s: &str) -> Result<Self> {
-        match s {
-            "f32" => Ok(Self::F32),
-            "bf16" => Ok(Self::Bf16),
-            "fp8" | "fp8-e4m3" => Ok(Self::Fp8),
-            "bf16-fp8" => Ok(Self::Bf16Fp8),
-            _ => Err(Error::Invalid(format!(
-                "bad KV dtype \"{s}\": use bf16 (default), bf16-fp8 (bf16 keys, fp8 values: about 3/4 the \
-                 size, nearly bf16's accuracy), fp8 (e4m3 with a scale per row: half the size) or f32"
-            ))),
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::Bf16 => "bf16",
-            Self::Fp8 => "fp8",
-            Self::Bf16Fp8 => "bf16-fp8",
-        }
-    }
-
-    /// The codec of a `Keys` or a `Values` section (the only kinds that hold K/V rows).
-    pub fn codec(self, kind: SectionKind) -> Codec {
-        debug_assert!(matches!(kind, SectionKind::Keys | SectionKind::Values), "{kind:?} holds no K/V rows");
-        match (self, kind) {
-            (Self::F32, _) => Codec::F32,
-            (Self::Bf16, _) | (Self::Bf16Fp8, SectionKind::Keys) => Codec::Bf16,
-            (Self::Fp8, _) | (Self::Bf16Fp8, _) => Codec::Fp8,
-        }
-    }
-
-    /// Bytes of a `kind` section holding `rows` rows of `head_dim` values.
-    pub fn section_bytes(self, kind: SectionKind, rows: usize, head_dim: usize) -> u64 {
-        self.codec(kind).section_bytes(rows, head_dim)
-    }
-
-    /// Bytes of a layer's K and V sections together, `rows` rows each.
-    pub fn kv_bytes(self, rows: usize, head_dim: usize) -> u64 {
-        self.section_bytes(SectionKind::Keys, rows, head_dim) + self.section_bytes(SectionKind::Values, rows, head_dim)
-    }
-
-    /// The larger of a layer's K and V sections (what one section's buffer must hold).
-    pub fn max_section_bytes(self, rows: usize, head_dim: usize) -> u64 {
-        [SectionKind::Keys, SectionKind::Values]
-            .map(|k| self.section_bytes(k, rows, head_dim))
-            .into_iter()
-            .max()
-            .unwrap_or(0)
-    }
-}
+pub const MIN_ROWS_PER_TASK: usize = 4096;
 
 /// How one K or V section's values are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,7 +36,7 @@ pub enum Codec {
 }
 
 impl Codec {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Self::F32 => "f32",
             Self::Bf16 => "bf16",
@@ -118,7 +44,7 @@ impl Codec {
         }
     }
 
-    fn elem_bytes(self) -> u64 {
+    pub fn elem_bytes(self) -> u64 {
         match self {
             Self::F32 => 4,
             Self::Bf16 => 2,
@@ -127,12 +53,12 @@ impl Codec {
     }
 
     /// Bytes of the row data of `rows` rows (the scales, if any, follow at this offset rounded up).
-    fn data_bytes(self, rows: usize, head_dim: usize) -> u64 {
+    pub fn data_bytes(self, rows: usize, head_dim: usize) -> u64 {
         rows as u64 * head_dim as u64 * self.elem_bytes()
     }
 
     /// Where an fp8 section's scales start: after the row data, aligned.
-    fn scales_offset(self, rows: usize, head_dim: usize) -> u64 {
+    pub fn scales_offset(self, rows: usize, head_dim: usize) -> u64 {
         self.data_bytes(rows, head_dim).next_multiple_of(SCALE_ALIGN)
     }
 
@@ -145,8 +71,7 @@ impl Codec {
     }
 
     /// How a section of `rows` rows lies, for the host tier to read it in place.
-    pub fn stored(self, rows: usize, head_dim: usize) -> folio_kernels::select::Stored {
-        use folio_kernels::select::Stored;
+    pub fn stored(self, rows: usize, head_dim: usize) -> Stored {
         match self {
             Self::F32 => Stored::F32,
             Self::Bf16 => Stored::Bf16,
@@ -179,44 +104,8 @@ impl Codec {
         Ok(out)
     }
 
-    /// Encodes the rows of `x` (`[.., head_dim]`, on any device, in its row-major order) into
-    /// a section's bytes, where they are: bf16 values into a bf16 section and f32 into an f32
-    /// one are their own bytes, and fp8 rows on a GPU are encoded there
-    /// (`folio_kernels::encode`), so a layer leaves the device at the file's size; anything
-    /// else goes through [`Self::encode`]. The bytes are [`Self::encode`]'s in every case.
-    pub fn encode_tensor(self, x: &Tensor, head_dim: usize) -> Result<Vec<u8>> {
-        let mut out = Vec::new();
-        self.start_encode(x, head_dim)?.finish_into(&mut out)?;
-        Ok(out)
-    }
-
-    /// The device's half of [`Self::encode_tensor`]: fp8 rows on a GPU are encoded there
-    /// and bf16 or f32 rows kept as they are, to be copied to the host by
-    /// [`PendingSection::finish_into`], which may run on another thread while this one queues
-    /// more work (a prefill's next layer); anything else is encoded on the host now.
-    pub fn start_encode(self, x: &Tensor, head_dim: usize) -> Result<PendingSection> {
-        let rows = x.elem_count() / head_dim.max(1);
-        let raw = matches!((self, x.dtype()), (Self::Bf16, DType::BF16) | (Self::F32, DType::F32));
-        let kernel_takes = matches!(x.dtype(), DType::BF16 | DType::F32);
-        let on_device = if raw {
-            Some(x.clone())
-        } else if self == Self::Fp8 && x.device().is_cuda() && kernel_takes && head_dim.is_multiple_of(4) {
-            Some(folio_kernels::encode::fp8_rows(&x.reshape((rows, head_dim))?)?)
-        } else {
-            None
-        };
-        let from = match on_device {
-            Some(t) => Pending::Device { queued: folio_kernels::device::Queued::now(t.device())?, t },
-            None => {
-                let values = x.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
-                Pending::Host(self.encode(&values, head_dim)?)
-            }
-        };
-        Ok(PendingSection { codec: self, rows, head_dim, from })
-    }
-
     /// A section's bytes split into its row data and (fp8) its scales, past the padding.
-    fn section_parts(self, section: &mut [u8], rows: usize, head_dim: usize) -> (&mut [u8], Option<&mut [u8]>) {
+    pub fn section_parts(self, section: &mut [u8], rows: usize, head_dim: usize) -> (&mut [u8], Option<&mut [u8]>) {
         let data_end = self.data_bytes(rows, head_dim) as usize;
         let (data, rest) = section.split_at_mut(data_end);
         let scales_at = self.scales_offset(rows, head_dim) as usize - data_end;
@@ -235,7 +124,7 @@ impl Codec {
                 let scales = scales.expect("fp8 rows come with their scales");
                 let rows = values.chunks_exact(head_dim).zip(data.chunks_exact_mut(head_dim));
                 for ((row, codes), scale_bytes) in rows.zip(scales.chunks_exact_mut(4)) {
-                    let scale = folio_kernels::encode::fp8_row(row, codes).ok_or_else(non_finite)?;
+                    let scale = fp8_row(row, codes).ok_or_else(non_finite)?;
                     scale_bytes.copy_from_slice(&scale.to_le_bytes());
                 }
             }
@@ -267,66 +156,15 @@ impl Codec {
     }
 }
 
-/// A section encoded where its rows are, not yet in host memory ([`Codec::start_encode`]).
-pub struct PendingSection {
-    codec: Codec,
-    rows: usize,
-    head_dim: usize,
-    from: Pending,
-}
-
-enum Pending {
-    /// The section's bytes in one tensor (fp8 rows encoded on the device: the data, then one f32
-    /// scale a row), ready once the work queued before `queued` is done.
-    Device { t: Tensor, queued: folio_kernels::device::Queued },
-    /// Encoded already.
-    Host(Vec<u8>),
-}
-
-impl PendingSection {
-    /// The section's bytes into `out`, resized to it, from any thread: a copy off the device
-    /// waits on this thread's stream for the work that made the rows, then runs beside what
-    /// the thread that queued it does next. A prefill hands each layer the previous layer's
-    /// buffers, whose pages are already mapped (a fresh buffer of tens of MB costs a page fault
-    /// per 4 KiB, which took longer than the copy off the GPU).
-    pub fn finish_into(self, out: &mut Vec<u8>) -> Result<()> {
-        let Self { codec, rows, head_dim, from } = self;
-        let (t, queued) = match from {
-            Pending::Host(bytes) => {
-                *out = bytes;
-                return Ok(());
-            }
-            Pending::Device { t, queued } => (t, queued),
-        };
-        queued.wait_here(t.device())?;
-        out.resize(codec.section_bytes(rows, head_dim) as usize, 0);
-        if codec != Codec::Fp8 {
-            // bf16 and f32 sections are their rows' bytes, nothing after them.
-            return Ok(copy_to_host(&t, out)?);
-        }
-        let data_end = codec.data_bytes(rows, head_dim) as usize;
-        let (data, scales) = codec.section_parts(out, rows, head_dim);
-        let scales = scales.expect("fp8 sections have scales");
-        copy_to_host(&t.narrow(0, 0, data_end)?, data)?;
-        copy_to_host(&t.narrow(0, data_end, rows * 4)?, scales)?;
-        if scales.chunks_exact(4).any(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_nan()) {
-            return Err(non_finite());
-        }
-        // The padding between the rows and the scales: zero, whatever the buffer held.
-        let scales_at = codec.scales_offset(rows, head_dim) as usize;
-        out[data_end..scales_at].fill(0);
-        Ok(())
-    }
-}
-
-fn non_finite() -> Error {
+/// The error of rows that fp8 cannot hold (a NaN or an infinity).
+pub fn non_finite() -> Error {
     Error::Invalid("the model produced non-finite keys or values; they cannot be stored as fp8".into())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use folio_kernels::encode::FP8_E4M3_MAX;
+    use crate::rows::FP8_E4M3_MAX;
     use rand::{rngs::StdRng, Rng, SeedableRng};
 
     fn rows(seed: u64, n: usize, d: usize) -> Vec<f32> {
@@ -401,30 +239,9 @@ mod tests {
         Ok(())
     }
 
-    /// `encode_tensor` (its own bytes for bf16 and f32, the codec otherwise) is `encode`.
     #[test]
-    fn encode_tensor_is_encode() -> Result<()> {
-        let seed = rand::random();
-        let (n, d) = (300, 16);
-        let x = rows(seed, n, d);
-        for dtype in [DType::F32, DType::BF16] {
-            let t = Tensor::from_vec(x.clone(), (2, n / 2, d), &Device::Cpu)?.to_dtype(dtype)?;
-            let held = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-            for codec in [Codec::F32, Codec::Bf16, Codec::Fp8] {
-                assert!(codec.encode_tensor(&t, d)? == codec.encode(&held, d)?, "seed {seed}: {dtype:?} {codec:?}");
-            }
-        }
-        Ok(())
-    }
-
-    #[test]
-    fn wrong_sizes_and_names_are_errors() {
+    fn wrong_sizes_are_errors() {
         assert!(Codec::Bf16.decode(&[0u8; 6], 2, 2).is_err());
-        assert!(KvDtype::parse("int4").unwrap_err().to_string().contains("bf16-fp8"));
-        // The mixed dtype: bf16 keys, fp8 values; every name parses back to itself.
-        assert_eq!(KvDtype::Bf16Fp8.codec(SectionKind::Keys), Codec::Bf16);
-        assert_eq!(KvDtype::Bf16Fp8.codec(SectionKind::Values), Codec::Fp8);
-        assert!(KvDtype::NAMES.iter().all(|n| KvDtype::parse(n).unwrap().name() == *n));
         assert!(Codec::Fp8.encode(&[f32::NAN, 1.0], 2).is_err());
     }
 }

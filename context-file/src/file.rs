@@ -8,20 +8,18 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
-use candle_core::Device;
-use folio_kernels::select::SharedHost;
 use memmap2::Mmap;
 use serde::Serialize;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::format::{
+use crate::atomic::{check_replaceable, sync_dir};
+use crate::error::{Error, Result};
+use crate::format::{
     checksum, DocumentSpan, Header, Section, SectionKind, FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION, PAGE,
     PREAMBLE_BYTES,
 };
-use crate::error::{Error, Result};
 
 pub struct ContextFile {
     path: PathBuf,
@@ -32,19 +30,6 @@ pub struct ContextFile {
     /// Per section: its checksum matched once, so a layer decoded again (after the resident
     /// tier dropped it) is not hashed again.
     verified: Vec<AtomicBool>,
-    /// This file's mapping as the offloaded tier's gathers read it ([`Self::shared_host`]): one
-    /// registration shared by every store over the file, since a GPU refuses to register the
-    /// same pages twice.
-    shared: Mutex<Weak<SharedHost>>,
-}
-
-/// A context file's mapping as the bytes host rows view.
-struct Mapped(Arc<ContextFile>);
-
-impl AsRef<[u8]> for Mapped {
-    fn as_ref(&self) -> &[u8] {
-        self.0.mapped()
-    }
 }
 
 /// Result of [`ContextFile::verify`].
@@ -110,15 +95,7 @@ impl ContextFile {
         }
         check_layout(&header).map_err(bad)?;
         let verified = header.sections.iter().map(|_| AtomicBool::new(false)).collect();
-        let mut ctx = Self {
-            path: path.to_owned(),
-            map,
-            header,
-            tokens: Vec::new(),
-            documents: Vec::new(),
-            verified,
-            shared: Mutex::new(Weak::new()),
-        };
+        let mut ctx = Self { path: path.to_owned(), map, header, tokens: Vec::new(), documents: Vec::new(), verified };
         let tokens = ctx.section_bytes(SectionKind::Tokens, None)?;
         ctx.tokens = tokens.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
         let docs = ctx.section_bytes(SectionKind::Documents, None)?;
@@ -211,24 +188,8 @@ impl ContextFile {
 
     /// The whole file as mapped: what the offloaded tier reads K/V sections from in place
     /// (a GPU registers it; see [`Self::kv_sections`]).
-    fn mapped(&self) -> &[u8] {
+    pub fn mapped(&self) -> &[u8] {
         &self.map
-    }
-
-    /// The mapping shared with `device`'s gathers (on a GPU registered in place, page-locked),
-    /// the one a live store over this file already holds if there is one. Keeps the file open
-    /// and mapped while any holder lives.
-    pub fn shared_host(self: &Arc<Self>, device: &Device) -> Result<Arc<SharedHost>> {
-        let mut slot = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(live) = slot.upgrade().filter(|s| s.registered() == device.is_cuda()) {
-            return Ok(live);
-        }
-        let shared = SharedHost::new(device, Arc::new(Mapped(self.clone()))).map_err(|e| Error::Context {
-            path: self.path.clone(),
-            msg: format!("sharing its mapping with the device: {e}"),
-        })?;
-        *slot = Arc::downgrade(&shared);
-        Ok(shared)
     }
 
     /// The index section `name` of `layer`, checksum verified; `None` if the file has none.
@@ -284,13 +245,10 @@ impl ContextFile {
             }
             f.set_len(header.file_bytes).map_err(io)?;
             f.sync_all().map_err(io)?;
-            super::build::check_replaceable(out)?;
+            check_replaceable(out)?;
             std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
             // The rename itself survives a crash once the folder is synced.
-            if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))?;
-            }
-            Ok(())
+            sync_dir(out)
         };
         write().inspect_err(|_| {
             let _ = std::fs::remove_file(&tmp);

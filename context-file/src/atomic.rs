@@ -1,0 +1,66 @@
+//! Writing without losing anything: a file is replaced by a complete, fsynced new one renamed
+//! over it (a crash leaves the old or the new content, never a mix), and only a regular file is
+//! ever replaced — renaming over a device, a named pipe, a folder or a symbolic link would put
+//! a regular file in its place silently.
+
+use std::fs::File;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// Fsyncs the folder holding `path`, so that a rename into it survives a crash.
+pub fn sync_dir(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))
+}
+
+/// Replaces `path` with `bytes` so that a crash leaves the old or the new content, never a mix:
+/// temp file beside it, fsync, rename, fsync the folder.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    let tmp = path.with_file_name(name);
+    std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
+    File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
+    check_replaceable(path)?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    sync_dir(path)
+}
+
+/// Refuses to replace anything at `path` but a regular file: an atomic write renames a new
+/// file over the path, which would silently put a regular file in place of a device
+/// (`/dev/full`), a named pipe, a folder or a symbolic link (the link, not its target).
+pub fn check_replaceable(path: &Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let t = meta.file_type();
+    let what = if t.is_file() {
+        return Ok(());
+    } else if t.is_symlink() {
+        let target = std::fs::read_link(path).map(|t| t.display().to_string()).unwrap_or_default();
+        return Err(Error::Invalid(format!(
+            "{} is a symbolic link (to {target}): Folio would replace the link with a new file and leave its target \
+             as it is; name the target itself, or remove the link first",
+            path.display()
+        )));
+    } else if t.is_dir() {
+        "a folder"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else if t.is_fifo() {
+        "a named pipe"
+    } else {
+        "a special file"
+    };
+    Err(Error::Invalid(format!(
+        "{} is {what}, not a file: Folio writes a context only to a new file or over a regular one",
+        path.display()
+    )))
+}
