@@ -14,8 +14,6 @@ mod calibrate_cmd;
 mod cli;
 mod context_cmd;
 mod eval;
-mod eval_attention;
-mod eval_fidelity;
 #[cfg(feature = "gui")]
 mod gui;
 mod ingest;

@@ -53,12 +53,6 @@ pub(super) async fn save_turn(
     lib.append_messages(id, &turn).await.map_err(|e| e.to_string())
 }
 
-/// The conversation on screen is no saved chat (yet): a new chat, another context or model.
-pub(super) fn forget_chat(state: &AppState) {
-    *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    *state.refusal.lock().unwrap_or_else(|e| e.into_inner()) = None;
-}
-
 #[tauri::command]
 pub(super) async fn list_chats(state: State<'_, AppState>, search: Option<String>) -> Result<Vec<ChatInfo>, String> {
     state.library()?.chats(search.as_deref()).await.map_err(|e| e.to_string())
@@ -159,7 +153,7 @@ pub(super) async fn delete_chat(state: State<'_, AppState>, id: i64) -> Result<(
     if *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) == Some(id) {
         // A new chat, as the window's "new chat" makes one (with the bare model after a chat
         // that could not continue).
-        super::new_chat(state)?;
+        state.new_conversation()?;
     }
     Ok(())
 }

@@ -91,7 +91,7 @@ pub(super) async fn install(state: &AppState, engine: Arc<Engine>, spec: Option<
     *state.model.write().unwrap_or_else(|e| e.into_inner()) = Loaded { engine: Some(engine.clone()), error: None };
     *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(Session::bare(engine.clone()), None));
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    super::chats::forget_chat(state);
+    state.forget_chat();
     let waiting = state.jobs.restore(&engine);
     if let (Some(spec), Ok(lib)) = (spec, state.library()) {
         if let Err(e) = lib.set_setting(LAST_MODEL, &serde_json::json!(spec)).await {

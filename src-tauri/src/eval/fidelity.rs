@@ -18,8 +18,8 @@ use folio_models::eval::fidelity::{self, Cell, Outcome, QuestionMode};
 use folio_models::eval::spec::EvalSpec;
 use folio_models::eval::tasks::{self, Task};
 
+use super::{human_length, parse_length, save_prompt, write_file};
 use crate::cli::Common;
-use crate::eval::{human_length, parse_length, save_prompt, write_file};
 
 #[derive(Args)]
 pub struct FidelityArgs {

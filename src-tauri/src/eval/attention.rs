@@ -135,7 +135,7 @@ pub fn eval_attention(common: &Common, a: AttentionArgs) -> Result<()> {
     });
     if let Some(dir) = &a.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        crate::eval::write_file(&dir.join("attention.json"), serde_json::to_string_pretty(&doc)?)?;
+        super::write_file(&dir.join("attention.json"), serde_json::to_string_pretty(&doc)?)?;
         chart(&dir.join("attention-error.svg"), &rows)?;
     }
     if a.json {

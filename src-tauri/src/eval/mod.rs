@@ -1,6 +1,9 @@
 //! `folio eval`: answer-quality measurements with a table on stdout, one JSON document with
 //! `--json`, and (with `--out DIR`) the JSON plus a heatmap image for docs and reports.
 
+mod attention;
+mod fidelity;
+
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -28,12 +31,12 @@ enum EvalKind {
     /// Every attention method at every budget against dense attention: relative error per
     /// layer, recall of the true top keys, KV rows read, KL of the next-token distribution;
     /// on synthetic workloads and on a saved context.
-    Attention(crate::eval_attention::AttentionArgs),
+    Attention(attention::AttentionArgs),
     /// Each method's answers against dense attention's on tasks whose answers read the
     /// documents while they are generated (chain, pair; needle as the baseline): accuracy, KL
     /// and top-1 agreement on dense's answer, rows read, time per token; a budget curve per
     /// method. `--question sparse` attends the question with the method too.
-    Fidelity(crate::eval_fidelity::FidelityArgs),
+    Fidelity(fidelity::FidelityArgs),
 }
 
 #[derive(Args)]
@@ -83,8 +86,8 @@ pub(crate) fn parse_length(s: &str) -> std::result::Result<usize, String> {
 pub fn eval(common: &Common, args: EvalArgs) -> Result<()> {
     match args.kind {
         EvalKind::Needle(a) => needle_eval(common, a),
-        EvalKind::Attention(a) => crate::eval_attention::eval_attention(common, a),
-        EvalKind::Fidelity(a) => crate::eval_fidelity::eval_fidelity(common, a),
+        EvalKind::Attention(a) => attention::eval_attention(common, a),
+        EvalKind::Fidelity(a) => fidelity::eval_fidelity(common, a),
     }
 }
 

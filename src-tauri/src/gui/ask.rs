@@ -1,0 +1,129 @@
+//! Answering in the window: a question asked of the open chat's session, its tokens streamed
+//! over a channel, Stop honoured between tokens, and the turn saved in the library chat it was
+//! asked in — even when the window has moved on to another chat meanwhile.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use folio_models::session::GenerationSettings;
+use serde::Serialize;
+use tauri::ipc::Channel;
+use tauri::State;
+
+use super::{chats, current_chat, until_stopped, AppState};
+
+#[derive(Clone, Serialize)]
+#[serde(tag = "event", content = "data", rename_all = "snake_case")]
+pub(super) enum ChatEvent {
+    Token { text: String },
+    Done { stop_reason: String, tokens: usize, tokens_per_second: f64 },
+}
+
+#[derive(Serialize)]
+pub(super) struct ChatDone {
+    stop_reason: String,
+    tokens: usize,
+    /// The library chat the turn was saved in.
+    chat: Option<folio_library::ChatInfo>,
+    /// How the answer was made, as saved with it (see [`answer_details`]).
+    details: serde_json::Value,
+    /// Why the turn was not saved (the library cannot be written): the answer stands.
+    unsaved: Option<String>,
+}
+
+/// What the library keeps with an answer: the method and its full settings, the generation
+/// settings and the answer's tokens (what a comparison with dense replays), timings, sources.
+pub(super) fn answer_details(
+    answer: &folio_models::session::Answer,
+    generation: &GenerationSettings,
+) -> serde_json::Value {
+    serde_json::json!({
+        "method": answer.method,
+        "settings": answer.settings,
+        "generation": generation,
+        "answer_tokens": answer.tokens,
+        "stop_reason": answer.stop_reason,
+        "tokens": answer.tokens.len(),
+        "timings": answer.timings,
+        "sources": answer.sources,
+        "index": answer.index,
+        "context": answer.context,
+        "reused_tokens": answer.reused_tokens,
+    })
+}
+
+#[tauri::command]
+pub(super) async fn chat(
+    state: State<'_, AppState>,
+    prompt: String,
+    on_event: Channel<ChatEvent>,
+) -> Result<ChatDone, String> {
+    let chat = current_chat(&state)?;
+    // Where this turn belongs, as it was asked (the window may move on while it answers).
+    let turn_of = chats::TurnOf {
+        chat: *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()),
+        context: *state.open_context.lock().unwrap_or_else(|e| e.into_inner()),
+    };
+    let asked_in = chat.clone();
+    let cancel = state.cancel.clone();
+    let question = prompt.clone();
+    let method = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut settings = state.generation.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    // A context answers with the system prompt it was prefilled with (Settings says so).
+    if state.open_context.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+        settings.system = None;
+    }
+    let generation = settings.clone();
+    let answer = tauri::async_runtime::spawn_blocking(move || {
+        // One answer at a time: a question sent while one runs waits here, and clears a Stop
+        // only once the answer it was meant for is over. A panic in an earlier answer leaves
+        // the session usable (every ask cuts the store back to what it holds).
+        let mut guard = chat.lock().unwrap_or_else(|e| e.into_inner());
+        cancel.store(false, Ordering::SeqCst);
+        let (session, conversation) = &mut *guard;
+        // A bare chat's system prompt is the settings' (cleared when they have none).
+        if session.context().is_none() {
+            conversation.system = settings.system.clone().filter(|s| !s.trim().is_empty());
+        }
+        let answer = session
+            .ask(conversation, &question, &method, &settings, |piece| {
+                let _ = on_event.send(ChatEvent::Token { text: piece.to_owned() });
+                until_stopped(&cancel)
+            })
+            .map_err(|e| e.to_string())?;
+        let _ = on_event.send(ChatEvent::Done {
+            stop_reason: stop_reason(&answer),
+            tokens: answer.tokens.len(),
+            tokens_per_second: answer.timings.decode_tokens_per_s.unwrap_or(0.0),
+        });
+        Ok::<_, String>(answer)
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let details = answer_details(&answer, &generation);
+    // Still the conversation on screen (not deleted, no other chat, context or model opened)?
+    let on_screen =
+        state.chat.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|c| Arc::ptr_eq(c, &asked_in))
+            && *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) == turn_of.chat;
+    let (saved, unsaved) = match chats::save_turn(&state, turn_of, on_screen, &prompt, &answer.text, &details).await {
+        Ok(chat) => (on_screen.then_some(chat), None),
+        Err(e) => (None, Some(format!("this turn is not saved in the library: {e}"))),
+    };
+    Ok(ChatDone { stop_reason: stop_reason(&answer), tokens: answer.tokens.len(), chat: saved, details, unsaved })
+}
+
+pub(super) fn stop_reason(answer: &folio_models::session::Answer) -> String {
+    serde_json::to_value(answer.stop_reason).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+#[tauri::command]
+pub(super) fn cancel_chat(state: State<'_, AppState>) {
+    state.cancel.store(true, Ordering::SeqCst);
+}
+
+/// Forgets the conversation: the next question starts a new chat (over the same context; with
+/// the bare model after a chat that could not continue).
+#[tauri::command]
+pub(super) fn new_chat(state: State<'_, AppState>) -> Result<(), String> {
+    state.new_conversation()
+}
