@@ -30,7 +30,7 @@ use std::collections::HashMap;
 
 use super::cost::{CostInput, StepCost};
 use super::fast;
-use super::registry::{budgeted, Budgeted};
+use super::method::{budgeted, Budgeted};
 use super::select::{dot, query_rows, LayerRows, PerLayer};
 use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Read, Tiers,

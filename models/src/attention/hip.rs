@@ -41,8 +41,8 @@ use folio_kernels::blocks::{self, Found};
 use folio_kernels::{heads, sparse};
 
 use super::cost::{CostInput, StepCost};
-use super::registry::Tiers;
-use super::registry::{budgeted, Budgeted};
+use super::method::Tiers;
+use super::method::{budgeted, Budgeted};
 use super::select::{dot, query_rows, sparse_decode, visible, HeadPick, LayerRows, PerLayer};
 use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Dense, Knobs, MethodSpec, Needs, ParamSpec, Params, Read,

@@ -21,8 +21,8 @@ use rand::seq::index::sample;
 use rand::SeedableRng;
 
 use super::cost::{CostInput, StepCost};
-use super::registry::Tiers;
-use super::registry::{budgeted, Budgeted};
+use super::method::Tiers;
+use super::method::{budgeted, Budgeted};
 use super::select::{
     dot, index_base, query_rows, sparse_decode, top_positions, HeadPick, IndexSource, Indexes, LayerRows,
     SectionReader, SectionWriter,

@@ -12,7 +12,7 @@ use candle_core::Tensor;
 use folio_kernels::{heads, sparse};
 
 use super::cost::{per_kv_head, CostInput, StepCost};
-use super::registry::{budgeted, Budgeted};
+use super::method::{budgeted, Budgeted};
 use super::select::{sparse_decode, visible, HeadPick, PerLayer};
 use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Read, Tiers,

@@ -11,7 +11,7 @@
 
 use super::cost::{CostInput, StepCost};
 use super::fast;
-use super::registry::{budgeted, Budgeted};
+use super::method::{budgeted, Budgeted};
 use super::select::{dot, query_rows, sparse_decode, top_positions, visible, HeadPick};
 use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Read, Tiers,

@@ -33,8 +33,8 @@ use rayon::prelude::*;
 
 use super::cost::{CostInput, StepCost};
 use super::fast;
-use super::registry::Tiers;
-use super::registry::{budgeted, Budgeted};
+use super::method::Tiers;
+use super::method::{budgeted, Budgeted};
 use super::select::{dot, index_base, query_rows, sparse_decode, visible, HeadPick, IndexSource, Indexes, LayerRows};
 use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Dense, Drawn, Knobs, MethodSpec, Needs, ParamSpec, Params,
