@@ -1,5 +1,5 @@
 //! What a source looks like when it is clicked: the document's text at the passages the
-//! attention read ([`crate::attention::reads::Passage`]), with some text either side, from the
+//! attention read ([`crate::attention::Passage`]), with some text either side, from the
 //! context file's own tokens.
 //!
 //! Why from the tokens and not the document on disk: the tokens are what the model read, they
@@ -13,7 +13,7 @@
 
 use serde::Serialize;
 
-use crate::attention::reads::Passage;
+use crate::attention::Passage;
 use crate::context::ContextFile;
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;

@@ -22,7 +22,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
-use crate::attention::cost::{CostInput, Shape};
+use crate::attention::{CostInput, Shape};
 use crate::attention::{MethodChoice, Tier};
 use crate::config::ModelConfig;
 use crate::error::{human_bytes, Error, Result};

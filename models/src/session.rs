@@ -31,8 +31,8 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::attention::reads::{Passage, ReadSummary, ReadTally};
 use crate::attention::{Attention, Dense, IndexSource, MethodChoice, Resources, Tier};
+use crate::attention::{Passage, ReadSummary, ReadTally};
 use crate::chat::Message;
 use crate::context::{ContextFile, ContextKv};
 use crate::conversation::Conversation;
@@ -500,13 +500,9 @@ impl Session {
             return Err(stopped());
         }
         let (reference, got, dense) = outcome?;
-        let kls: Vec<f64> =
-            reference.iter().zip(&got).map(|(p, q)| crate::eval::attention::kl_divergence(p, q)).collect();
-        let agree: Vec<bool> = reference
-            .iter()
-            .zip(&got)
-            .map(|(p, q)| crate::eval::attention::argmax(p) == crate::eval::attention::argmax(q))
-            .collect();
+        let kls: Vec<f64> = reference.iter().zip(&got).map(|(p, q)| crate::eval::kl_divergence(p, q)).collect();
+        let agree: Vec<bool> =
+            reference.iter().zip(&got).map(|(p, q)| crate::eval::argmax(p) == crate::eval::argmax(q)).collect();
         let steps = kls.len();
         let (max_kl_step, max_kl) =
             kls.iter().copied().enumerate().fold((0, 0.0), |best, (i, k)| if k > best.1 { (i, k) } else { best });

@@ -1,3 +1,8 @@
+//! The obviously-right attention every fast path is held to: plain loops over f32 slices, one
+//! query row at a time, scores and softmax accumulated in f64 with the max subtracted, the LSE
+//! returned so partial attentions merge exactly. Slow on purpose; the tests compare the fast
+//! paths against it on fresh random inputs.
+
 use super::Mask;
 
 /// Keys at positions `k_start..`; returns `(out [q_heads * q_len * head_dim], lse [q_heads * q_len])`,

@@ -929,6 +929,6 @@ impl CudaOp3 for LshAttend {
         // of heads / group KV heads of d values; query holds heads × (d + 2) f32, the weights
         // steps + 1 + kv_heads × n.
         unsafe { b.launch(cfg) }.w()?;
-        crate::sparse::cuda::merge_partials(dev, part, heads, chunks, d)
+        crate::sparse::merge_partials(dev, part, heads, chunks, d)
     }
 }

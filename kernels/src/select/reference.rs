@@ -1,3 +1,7 @@
+//! The obviously-right versions of picking and gathering rows: a sort for top-k, a copy per
+//! picked row, a decoded row for stored (fp8/bf16) sections. The CPU and CUDA gathers are
+//! compared against these on fresh random inputs.
+
 use super::HostView;
 
 /// Positions of the `min(k, n)` largest scores of each row of `scores [rows, n]`, ascending

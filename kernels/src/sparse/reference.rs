@@ -1,3 +1,7 @@
+//! The obviously-right sparse-decode primitives: attention over the picked rows of each query
+//! head with its LSE, the mass each row received, label scores (Double Sparsity's channels)
+//! and SimHash codes, as plain loops that the CUDA kernels and the CPU fast paths are held to.
+
 /// Attention of each query head `h` over the rows `idx[h]` of its KV head `h / (heads /
 /// kv_heads)`, logits `q·k·scale + bias`. Returns `out [heads, d]` and `lse [heads]`
 /// (`-inf` and zeros for an empty selection).

@@ -43,6 +43,7 @@ mod topk;
 pub mod workload;
 
 pub use buzz::Buzz;
+pub use cost::{CostInput, Shape, StepCost};
 pub use dense::Dense;
 pub use double_sparsity::{Channels, DoubleSparsity};
 pub use hip::Hip;
@@ -50,10 +51,13 @@ pub use ivf::TopKIvf;
 pub use magicpig::{cpu_pool_threads, MagicPig};
 pub use method::{DefaultBudget, MethodSpec, Needs, Path, Tier, Tiers};
 pub use params::{parse_params, Budget, ParamSpec, Params};
+pub use probe::{LayerTally, Probe};
+pub use reads::{Passage, ReadSummary, ReadTally};
 pub use registry::{by_name, names, spec, MethodChoice, REGISTRY};
 pub use select::IndexSource;
 pub use streaming::Streaming;
 pub use topk::TopK;
+pub use workload::{normal, Case};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -21,7 +21,7 @@ use serde_json::{Map, Value};
 
 use crate::chat::Message;
 use crate::error::{Error, Result};
-use crate::eval::spec::EvalSpec;
+use crate::eval::EvalSpec;
 use crate::Engine;
 use folio_context_file::format::{DocumentSpan, PromptKind, PromptStamp, SpanPart};
 use folio_context_file::ContextFile;

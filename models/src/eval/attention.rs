@@ -13,9 +13,8 @@ use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
 
-use crate::attention::probe::{LayerTally, Probe};
-use crate::attention::workload::Case;
 use crate::attention::{Attention, Dense};
+use crate::attention::{Case, LayerTally, Probe};
 use crate::context::{ContextFile, ContextKv};
 use crate::error::Result;
 use crate::model::Logits;

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use super::attention::{argmax, kl_divergence};
 use super::needle::{PromptStore, EXTRA_ANSWER_TOKENS};
 use super::tasks::{Task, TaskPrompt};
-use crate::attention::reads::ReadTally;
+use crate::attention::ReadTally;
 use crate::attention::{Attention, Dense, Tier};
 use crate::error::Result;
 use crate::generate::{self, GenerateParams, Generation, SamplingParams};

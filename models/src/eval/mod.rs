@@ -9,3 +9,7 @@ pub mod fidelity;
 pub mod needle;
 pub mod spec;
 pub mod tasks;
+
+pub(crate) use attention::argmax;
+pub use attention::kl_divergence;
+pub use spec::EvalSpec;

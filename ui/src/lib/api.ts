@@ -1,17 +1,16 @@
-// The single place the UI talks to the Rust side of Folio.
-//
-// Backend contract (src-tauri implements exactly this):
+// The single place the UI talks to the Rust side of Folio: `call` is the one wrapper of
+// Tauri's `invoke` (library.ts's commands go through it too), and the chat's own calls are here.
 //
 //   app_info()                      -> AppInfo
 //   chat({ prompt, onEvent })       -> ChatResult     (rejects with a string message)
 //       onEvent: Channel<ChatEvent>, messages tagged { event, data }
-//   cancel_chat()                   -> ()
+//   cancel_chat(), new_chat()       -> ()
 //
 // Tauri maps the JS argument `onEvent` to the Rust parameter `on_event`.
 //
 // Outside the Folio app (plain browser, `npm run dev` without Tauri) nothing
 // here throws at import time: app_info answers with a "not in the app" stub,
-// chat rejects with a readable message and cancel_chat is a no-op.
+// every other call rejects with a readable message and cancel_chat is a no-op.
 
 import { Channel, invoke } from '@tauri-apps/api/core';
 
@@ -115,10 +114,22 @@ export interface ChatResult {
   stop_reason: string;
   tokens: number;
   /** The library chat the turn was saved in (null when it could not be saved). */
-  chat: import('./library').ChatInfo | null;
+  chat: ChatInfo | null;
   details: AnswerDetails;
   /** Why the turn was not saved. */
   unsaved: string | null;
+}
+
+/** A chat saved in the library. */
+export interface ChatInfo {
+  id: number;
+  context_id: number | null;
+  context_name: string | null;
+  title: string;
+  created_at: string;
+  updated_at: string;
+  messages: number;
+  settings: unknown;
 }
 
 export type DoneInfo = Extract<ChatEvent, { event: 'done' }>['data'];
@@ -169,7 +180,7 @@ export async function appInfo(): Promise<AppInfo> {
       startup_notice: null,
     };
   }
-  return invoke<AppInfo>('app_info');
+  return call<AppInfo>('app_info');
 }
 
 /**
@@ -191,8 +202,18 @@ export async function chat(prompt: string, handlers: ChatHandlers): Promise<Chat
         break;
     }
   });
+  return call<ChatResult>('chat', { prompt, onEvent });
+}
+
+/**
+ * The one wrapper of Tauri's `invoke`: every command of the backend is called through it.
+ * Outside the app it rejects with a readable message; a rejection carries the backend's
+ * message as a string (the CLI's wording).
+ */
+export async function call<T>(name: string, args?: Record<string, unknown>): Promise<T> {
+  if (!inTauri()) throw NOT_IN_APP;
   try {
-    return await invoke<ChatResult>('chat', { prompt, onEvent });
+    return await invoke<T>(name, args);
   } catch (err) {
     throw errorMessage(err);
   }
@@ -201,11 +222,7 @@ export async function chat(prompt: string, handlers: ChatHandlers): Promise<Chat
 /** A command that takes nothing and returns nothing; a no-op outside the app. */
 async function command(name: string): Promise<void> {
   if (!inTauri()) return;
-  try {
-    await invoke<void>(name);
-  } catch (err) {
-    throw errorMessage(err);
-  }
+  await call<void>(name);
 }
 
 /** Ask the backend to stop the running generation; `chat` then resolves. */

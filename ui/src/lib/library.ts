@@ -1,9 +1,10 @@
-// The library, staging and prefill jobs: the UI side of src-tauri/src/gui (library_list,
-// stage, estimate, start_prefill, resume_context, cancel_job, watch, ...). Types mirror the
+// The library, staging and prefill jobs, settings, chats and sources: the UI side of
+// src-tauri/src/gui (library_list, stage, estimate, start_prefill, resume_context, cancel_job,
+// watch, ...), each command called through api.ts's one wrapper (`call`). Types mirror the
 // Rust structs serialised by serde; errors reject with the backend's message as a string.
 
-import { Channel, invoke } from '@tauri-apps/api/core';
-import { errorMessage, inTauri, type AppInfo } from './api';
+import { Channel } from '@tauri-apps/api/core';
+import { call, inTauri, type AnswerDetails, type AppInfo, type ChatInfo, type Comparison, type Passage } from './api';
 
 export type ContextStatus = 'prefilling' | 'paused' | 'ready' | 'damaged' | 'missing';
 
@@ -106,15 +107,6 @@ export type UiEvent =
   | { event: 'hover'; data: { over: boolean } }
   | { event: 'jobs'; data: { jobs: JobView[] } };
 
-async function call<T>(name: string, args?: Record<string, unknown>): Promise<T> {
-  if (!inTauri()) throw 'Not running inside the Folio app';
-  try {
-    return await invoke<T>(name, args);
-  } catch (err) {
-    throw errorMessage(err);
-  }
-}
-
 /** Opens the window's feed (drops, drag hover, job snapshots); call once. */
 export async function watch(onEvent: (e: UiEvent) => void): Promise<void> {
   if (!inTauri()) return;
@@ -215,23 +207,13 @@ export const currentGeneration = () => call<GenerationSettings>('generation');
 /** Checked as the decode loop checks them; refused, they stay what they were. */
 export const setGeneration = (settings: GenerationSettings) => call<GenerationSettings>('set_generation', { settings });
 
-/** A chat saved in the library. */
-export interface ChatInfo {
-  id: number;
-  context_id: number | null;
-  context_name: string | null;
-  title: string;
-  created_at: string;
-  updated_at: string;
-  messages: number;
-  settings: unknown;
-}
+export type { ChatInfo } from './api';
 
 export interface MessageRow {
   position: number;
   role: 'user' | 'assistant';
   content: string;
-  details: import('./api').AnswerDetails | null;
+  details: AnswerDetails | null;
   created_at: string;
 }
 
@@ -270,7 +252,7 @@ export interface DocumentExcerpts {
 
 /** The text of a source of an answer over the open context; refused when the context has
  *  changed since the answer (`context` is the version it read). */
-export const sourceExcerpts = (document: number, passages: import('./api').Passage[], context: string | null) =>
+export const sourceExcerpts = (document: number, passages: Passage[], context: string | null) =>
   call<DocumentExcerpts>('source_excerpts', { document, passages, context });
 
 /** Compares answer `position` of the chat on screen with dense attention (saved with it);
@@ -278,7 +260,7 @@ export const sourceExcerpts = (document: number, passages: import('./api').Passa
 export async function compareDense(
   position: number,
   onProgress: (done: number, total: number) => void,
-): Promise<import('./api').Comparison> {
+): Promise<Comparison> {
   const onEvent = new Channel<{ done: number; total: number }>((p) => onProgress(p.done, p.total));
   return call('compare_dense', { position, onEvent });
 }
