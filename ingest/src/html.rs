@@ -77,17 +77,9 @@ fn page_into(out: &mut Out, source: &str, budget: &Budget) -> Result<(), LimitHi
         .or(if articles.len() == 1 { articles.first().copied() } else { None })
         .or_else(|| element("body").next())
         .unwrap_or(root);
-
-    let mut para = String::new();
-    let mut heading: Option<usize> = None;
-    let mut lists: Vec<List> = Vec::new();
-    let mut item: Option<String> = None;
-    let (mut row, mut cell): (Vec<String>, Option<String>) = (Vec::new(), None);
-    let mut pre = 0usize;
-    let mut links: Vec<(usize, String)> = Vec::new();
+    let mut walk = Walk::default();
     let mut skip: Option<ego_tree::NodeId> = None;
     let mut depth = 0usize;
-
     for edge in start.traverse() {
         match edge {
             Edge::Open(node) => {
@@ -97,70 +89,9 @@ fn page_into(out: &mut Out, source: &str, budget: &Budget) -> Result<(), LimitHi
                     continue;
                 }
                 match node.value() {
-                    Node::Text(t) => {
-                        let target = cell.as_mut().unwrap_or(&mut para);
-                        if pre > 0 {
-                            target.push_str(t);
-                        } else {
-                            target.push_str(&t.replace('\n', " "));
-                        }
-                    }
-                    Node::Element(e) => {
-                        let name = e.name();
-                        let hidden = e.attr("hidden").is_some()
-                            || e.attr("aria-hidden") == Some("true")
-                            || e.attr("role") == Some("navigation");
-                        if DROPPED.contains(&name) || hidden {
-                            skip = Some(node.id());
-                            continue;
-                        }
-                        match name {
-                            "h1" | "h2" | "h3" | "h4" | "h5" | "h6" => {
-                                flush(out, &mut para, item.is_some())?;
-                                heading = Some(usize::from(name.as_bytes()[1] - b'0'));
-                            }
-                            "ul" | "ol" => {
-                                // An item's own text before its nested list is written as the item.
-                                match item.take() {
-                                    Some(marker) => {
-                                        let depth = lists.len().saturating_sub(1);
-                                        out.item(depth, &marker, &lines(&std::mem::take(&mut para)))?;
-                                    }
-                                    None => flush(out, &mut para, false)?,
-                                }
-                                lists.push(List { ordered: name == "ol", next: 1 });
-                            }
-                            "li" => {
-                                flush(out, &mut para, false)?;
-                                item = Some(match lists.last_mut() {
-                                    Some(List { ordered: true, next }) => {
-                                        *next += 1;
-                                        format!("{}.", *next - 1)
-                                    }
-                                    _ => "-".to_owned(),
-                                });
-                            }
-                            "table" => {
-                                flush(out, &mut para, false)?;
-                                out.end_block()?;
-                            }
-                            "tr" => row.clear(),
-                            "td" | "th" => cell = Some(String::new()),
-                            "pre" => {
-                                flush(out, &mut para, false)?;
-                                pre += 1;
-                            }
-                            "br" => cell.as_mut().unwrap_or(&mut para).push('\n'),
-                            "a" => links.push((para.len(), e.attr("href").unwrap_or("").to_owned())),
-                            "img" => {
-                                if let Some(alt) = e.attr("alt").filter(|a| !a.trim().is_empty()) {
-                                    para.push_str(&format!(" [image: {}] ", alt.trim()));
-                                }
-                            }
-                            n if BLOCKS.contains(&n) => flush(out, &mut para, item.is_some())?,
-                            _ => {}
-                        }
-                    }
+                    Node::Text(t) => walk.text(t),
+                    Node::Element(e) if is_dropped(e) => skip = Some(node.id()),
+                    Node::Element(e) => walk.open(out, e)?,
                     _ => {}
                 }
             }
@@ -168,56 +99,141 @@ fn page_into(out: &mut Out, source: &str, budget: &Budget) -> Result<(), LimitHi
                 depth -= 1;
                 if skip == Some(node.id()) {
                     skip = None;
-                    continue;
-                }
-                if skip.is_some() {
-                    continue;
-                }
-                let Node::Element(e) = node.value() else { continue };
-                match e.name() {
-                    "h1" | "h2" | "h3" | "h4" | "h5" | "h6" => {
-                        if let Some(level) = heading.take() {
-                            out.heading(level, &std::mem::take(&mut para))?;
-                        }
-                    }
-                    "li" => {
-                        let depth = lists.len().saturating_sub(1);
-                        if let Some(marker) = item.take() {
-                            out.item(depth, &marker, &lines(&std::mem::take(&mut para)))?;
-                        }
-                    }
-                    "ul" | "ol" => {
-                        flush(out, &mut para, false)?;
-                        lists.pop();
-                        if lists.is_empty() {
-                            out.end_block()?;
-                        }
-                    }
-                    "td" | "th" => row.extend(cell.take()),
-                    "tr" => out.row(&std::mem::take(&mut row))?,
-                    "table" => out.end_block()?,
-                    "pre" => {
-                        pre = pre.saturating_sub(1);
-                        if pre == 0 {
-                            out.verbatim(&std::mem::take(&mut para))?;
-                        }
-                    }
-                    "a" => {
-                        if let Some((at, href)) = links.pop() {
-                            let text = para.get(at..).unwrap_or("").trim().to_owned();
-                            let absolute = href.starts_with("http://") || href.starts_with("https://");
-                            if absolute && !text.is_empty() && text != href {
-                                para.push_str(&format!(" ({href})"));
-                            }
-                        }
-                    }
-                    n if BLOCKS.contains(&n) => flush(out, &mut para, item.is_some())?,
-                    _ => {}
+                } else if let (None, Node::Element(e)) = (skip, node.value()) {
+                    walk.close(out, e.name())?;
                 }
             }
         }
     }
-    flush(out, &mut para, false)
+    flush(out, &mut walk.para, false)
+}
+
+/// An element whose content is not the page's text: scripts, navigation, hidden parts.
+fn is_dropped(e: &scraper::node::Element) -> bool {
+    DROPPED.contains(&e.name())
+        || e.attr("hidden").is_some()
+        || e.attr("aria-hidden") == Some("true")
+        || e.attr("role") == Some("navigation")
+}
+
+/// Where a walk through a page stands: the paragraph being gathered, the heading, lists,
+/// list item, table row and cell, `<pre>` depth and open links it is inside.
+#[derive(Default)]
+struct Walk {
+    para: String,
+    heading: Option<usize>,
+    lists: Vec<List>,
+    item: Option<String>,
+    row: Vec<String>,
+    cell: Option<String>,
+    pre: usize,
+    links: Vec<(usize, String)>,
+}
+
+impl Walk {
+    fn text(&mut self, t: &str) {
+        let target = self.cell.as_mut().unwrap_or(&mut self.para);
+        if self.pre > 0 {
+            target.push_str(t);
+        } else {
+            target.push_str(&t.replace('\n', " "));
+        }
+    }
+
+    fn open(&mut self, out: &mut Out, e: &scraper::node::Element) -> Result<(), LimitHit> {
+        let name = e.name();
+        match name {
+            "h1" | "h2" | "h3" | "h4" | "h5" | "h6" => {
+                flush(out, &mut self.para, self.item.is_some())?;
+                self.heading = Some(usize::from(name.as_bytes()[1] - b'0'));
+            }
+            "ul" | "ol" => {
+                // An item's own text before its nested list is written as the item.
+                match self.item.take() {
+                    Some(marker) => {
+                        let depth = self.lists.len().saturating_sub(1);
+                        out.item(depth, &marker, &lines(&std::mem::take(&mut self.para)))?;
+                    }
+                    None => flush(out, &mut self.para, false)?,
+                }
+                self.lists.push(List { ordered: name == "ol", next: 1 });
+            }
+            "li" => {
+                flush(out, &mut self.para, false)?;
+                self.item = Some(match self.lists.last_mut() {
+                    Some(List { ordered: true, next }) => {
+                        *next += 1;
+                        format!("{}.", *next - 1)
+                    }
+                    _ => "-".to_owned(),
+                });
+            }
+            "table" => {
+                flush(out, &mut self.para, false)?;
+                out.end_block()?;
+            }
+            "tr" => self.row.clear(),
+            "td" | "th" => self.cell = Some(String::new()),
+            "pre" => {
+                flush(out, &mut self.para, false)?;
+                self.pre += 1;
+            }
+            "br" => self.cell.as_mut().unwrap_or(&mut self.para).push('\n'),
+            "a" => self.links.push((self.para.len(), e.attr("href").unwrap_or("").to_owned())),
+            "img" => {
+                if let Some(alt) = e.attr("alt").filter(|a| !a.trim().is_empty()) {
+                    self.para.push_str(&format!(" [image: {}] ", alt.trim()));
+                }
+            }
+            n if BLOCKS.contains(&n) => flush(out, &mut self.para, self.item.is_some())?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn close(&mut self, out: &mut Out, name: &str) -> Result<(), LimitHit> {
+        match name {
+            "h1" | "h2" | "h3" | "h4" | "h5" | "h6" => {
+                if let Some(level) = self.heading.take() {
+                    out.heading(level, &std::mem::take(&mut self.para))?;
+                }
+            }
+            "li" => {
+                let depth = self.lists.len().saturating_sub(1);
+                if let Some(marker) = self.item.take() {
+                    out.item(depth, &marker, &lines(&std::mem::take(&mut self.para)))?;
+                }
+            }
+            "ul" | "ol" => {
+                flush(out, &mut self.para, false)?;
+                self.lists.pop();
+                if self.lists.is_empty() {
+                    out.end_block()?;
+                }
+            }
+            "td" | "th" => self.row.extend(self.cell.take()),
+            "tr" => out.row(&std::mem::take(&mut self.row))?,
+            "table" => out.end_block()?,
+            "pre" => {
+                self.pre = self.pre.saturating_sub(1);
+                if self.pre == 0 {
+                    out.verbatim(&std::mem::take(&mut self.para))?;
+                }
+            }
+            "a" => {
+                if let Some((at, href)) = self.links.pop() {
+                    let text = self.para.get(at..).unwrap_or("").trim().to_owned();
+                    let absolute = href.starts_with("http://") || href.starts_with("https://");
+                    if absolute && !text.is_empty() && text != href {
+                        self.para.push_str(&format!(" ({href})"));
+                    }
+                }
+            }
+            n if BLOCKS.contains(&n) => flush(out, &mut self.para, self.item.is_some())?,
+            _ => {}
+        }
+        Ok(())
+    }
 }
 
 /// `source` parsed a piece at a time with the clock checked between pieces: html5ever's

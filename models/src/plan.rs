@@ -240,20 +240,8 @@ pub fn plan(
     };
     let device_total = weights + method_device + kv_device;
     if let Some(b) = budgets.device.filter(|&b| device_total > b && problems.is_empty()) {
-        problems.push(format!(
-            "a device budget of {} does not hold {}'s step: weights {}, {} method state {}, K/V {} — {} in all{}",
-            human_bytes(b),
-            spec.name,
-            human_bytes(weights),
-            spec.name,
-            human_bytes(method_device),
-            human_bytes(kv_device),
-            human_bytes(device_total),
-            match tier {
-                Tier::Offloaded => String::new(),
-                Tier::Resident => format!("; with offload on it needs {}", human_bytes(weights + method_device)),
-            }
-        ));
+        let needs = [weights, method_device, kv_device];
+        problems.push(over_device_budget(b, spec.name, needs, tier));
     }
     let binding = terms.iter().max_by(|a, b| a.ms.total_cmp(&b.ms)).map_or("device", |t| t.path);
     let floor_ms = terms.iter().map(|t| t.ms).fold(0.0, f64::max);
@@ -275,6 +263,23 @@ pub fn plan(
         binding,
         problems,
     })
+}
+
+/// Why a device budget `b` does not hold a step of `method` that needs `[weights, method
+/// state, K/V]` on the device.
+fn over_device_budget(b: u64, method: &str, [weights, state, kv]: [u64; 3], tier: Tier) -> String {
+    format!(
+        "a device budget of {} does not hold {method}'s step: weights {}, {method} method state {}, K/V {} — {} in all{}",
+        human_bytes(b),
+        human_bytes(weights),
+        human_bytes(state),
+        human_bytes(kv),
+        human_bytes(weights + state + kv),
+        match tier {
+            Tier::Offloaded => String::new(),
+            Tier::Resident => format!("; with offload on it needs {}", human_bytes(weights + state)),
+        }
+    )
 }
 
 /// The plan's first problem as an error (what refuses a setting).

@@ -8,8 +8,6 @@
 //! `folio_models::attention::REGISTRY` and call `folio_models::session`).
 
 mod bench;
-mod bench_ingest;
-mod bench_shape;
 mod calibrate_cmd;
 mod cli;
 mod context_cmd;

@@ -269,44 +269,7 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
                     let cell = Cell { task, length, depth, sample };
                     let got = fidelity::run_prompt(&engine, &prompt, cell, &attns, tier, &modes)?;
                     for (mode, got) in modes.iter().zip(got) {
-                        eprintln!(
-                            "{} {} tokens, depth {depth}, sample {sample}, {} question: dense {}; {}",
-                            task.name(),
-                            prompt.ids.len(),
-                            mode.name(),
-                            if got[0].dense_correct { "right" } else { "wrong" },
-                            runs.iter()
-                                .zip(&got)
-                                .skip(1)
-                                .map(|(r, o)| format!(
-                                    "{} {} (KL {:.3})",
-                                    r.label,
-                                    if o.correct { "right" } else { "wrong" },
-                                    o.mean_kl
-                                ))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        );
-                        for ((run, o), mine) in runs.iter().zip(got).zip(outcomes.iter_mut()) {
-                            if !o.correct {
-                                if let Some(dir) = &a.out {
-                                    let dir = dir.join(MISSES_DIR).join(run.choice.slug());
-                                    let name = format!(
-                                        "{}-{}-{}-{}-{}",
-                                        o.task.name(),
-                                        o.length,
-                                        o.depth,
-                                        o.sample,
-                                        o.question.name()
-                                    );
-                                    // The measurement is kept; a prompt that cannot be saved is worth a warning.
-                                    if let Err(e) = save_prompt(&dir, &name, &prompt.ids, &o) {
-                                        eprintln!("    warning: the missed prompt was not saved: {e:#}");
-                                    }
-                                }
-                            }
-                            mine.push(o);
-                        }
+                        record(&runs, *mode, got, &prompt.ids, a.out.as_deref(), &mut outcomes);
                     }
                     if let Some(dir) = &a.out {
                         // A long run (minutes per 1M-token prompt) keeps what it measured if cut short.
@@ -332,6 +295,47 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
         print!("{}", table(&last, &a.tasks));
     }
     Ok(())
+}
+
+/// One prompt's outcomes in one question mode (`got`, a run's each): told on stderr, a miss's
+/// prompt saved under `out`, and each kept with its run's outcomes.
+fn record(
+    runs: &[Run],
+    mode: QuestionMode,
+    got: Vec<Outcome>,
+    ids: &[u32],
+    out: Option<&Path>,
+    outcomes: &mut [Vec<Outcome>],
+) {
+    let first = &got[0];
+    let word = |right: bool| if right { "right" } else { "wrong" };
+    let methods: Vec<String> = runs
+        .iter()
+        .zip(&got)
+        .skip(1)
+        .map(|(r, o)| format!("{} {} (KL {:.3})", r.label, word(o.correct), o.mean_kl))
+        .collect();
+    eprintln!(
+        "{} {} tokens, depth {}, sample {}, {} question: dense {}; {}",
+        first.task.name(),
+        ids.len(),
+        first.depth,
+        first.sample,
+        mode.name(),
+        word(first.dense_correct),
+        methods.join(", ")
+    );
+    for ((run, o), mine) in runs.iter().zip(got).zip(outcomes.iter_mut()) {
+        if let (false, Some(dir)) = (o.correct, out) {
+            let dir = dir.join(MISSES_DIR).join(run.choice.slug());
+            let name = format!("{}-{}-{}-{}-{}", o.task.name(), o.length, o.depth, o.sample, o.question.name());
+            // The measurement is kept; a prompt that cannot be saved is worth a warning.
+            if let Err(e) = save_prompt(&dir, &name, ids, &o) {
+                eprintln!("    warning: the missed prompt was not saved: {e:#}");
+            }
+        }
+        mine.push(o);
+    }
 }
 
 /// One chart of earlier reports' outcomes, summarised together: a method's prompts from

@@ -31,7 +31,7 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Tensor};
 use clap::Args;
 use folio_kernels::device::{host_to_device_rate, keep_pool, MemorySampler};
-use folio_models::attention::cost::{CostInput, Shape};
+use folio_models::attention::cost::{CostInput, Shape, StepCost};
 use folio_models::attention::{Attention, Channels, MethodChoice, Resources, Tier};
 use folio_models::config::ModelConfig;
 use folio_models::context::KvDtype;
@@ -285,12 +285,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
         .shape
         .as_ref()
         .context("--shape is required: a model shape such as assets/shapes/qwen2.5-7b-instruct-1m.json")?;
-    for m in &a.methods {
-        m.spec()?.check_tier(Tier::Offloaded)?;
-    }
-    if a.context == 0 || a.context > u32::MAX as usize || a.steps == 0 {
-        anyhow::bail!("--context must be 1..=4294967295 tokens and --steps at least 1");
-    }
+    check_args(&a)?;
     let mut cfg = ModelConfig::from_file(shape)?;
     // Shapes are facts about cost: a context past the model's trained length is still measured.
     let profiled = if a.profile { 3 * PROFILE_STEPS } else { 0 };
@@ -305,83 +300,24 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
     let link_scale =
         kv_dtype.map_or(1.0, |k| k.kv_bytes(rows, cfg.head_dim) as f64 / (2 * rows * cfg.head_dim * elem) as f64);
     let mut rng = StdRng::seed_from_u64(0);
-    let resources = random_channels(&cfg, &mut rng);
-    let methods = a
-        .methods
-        .iter()
-        .map(|m| {
-            let method = m.build(&resources)?;
-            let params = m.params()?;
-            let budget = m.budget()?.map_or(0, |b| b.tokens(a.context));
-            let input = CostInput { shape: Shape::of(&cfg), context: a.context, elem, budget, params: &params };
-            Ok((m.clone(), method, (m.spec()?.cost)(&input)))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let methods = build_methods(&a.methods, &cfg, a.context, elem, &mut rng)?;
 
     // The plan, before any allocation.
     let sampler = MemorySampler::start(&device)?;
-    let (baseline, total_device) = match sampler.now()? {
-        Some((used, total)) => (used, Some(total)),
-        None => (0, None),
-    };
     let (param_count, read_params) = parameters(&cfg);
-    let weights = (param_count * elem) as u64;
     let index = methods.iter().map(|m| m.2.resident_bytes).max().unwrap_or(0);
     let tail = cfg.kv_bytes_per_token(elem) as u64 * (a.warmup + a.steps + profiled) as u64;
-    let scores = (cfg.num_heads * a.context * 4 * 2) as u64;
-    let planned = baseline + weights + index + tail + scores + WORKSPACE_BYTES;
-    let budget = a.vram_budget.as_deref().map(parse_bytes).transpose()?.or(total_device);
-    if let Some(b) = budget.filter(|&b| planned > b) {
-        anyhow::bail!(
-            "this run needs about {} of device memory, more than the {} budget: weights {}, index {}, \
-             conversation K/V {}, scores {}, workspace {}, already in use {}",
-            human_bytes(planned),
-            human_bytes(b),
-            human_bytes(weights),
-            human_bytes(index),
-            human_bytes(tail),
-            human_bytes(scores),
-            human_bytes(WORKSPACE_BYTES),
-            human_bytes(baseline)
-        );
-    }
+    let (planned, budget) = plan_memory(&sampler, &cfg, elem, index, tail, a.context, a.vram_budget.as_deref())?;
 
     if let Some(b) = budget {
         keep_pool(&device, b)?;
     }
-    let bandwidth_bytes = if device.is_cpu() { BANDWIDTH_BYTES / 16 } else { BANDWIDTH_BYTES };
-    let copy_bw = copy_bandwidth(&device, bandwidth_bytes, COPIES)?;
-    let link_bw = host_to_device_rate(&device, bandwidth_bytes)?;
-    let host_bw = host_read_bandwidth(bandwidth_bytes, COPIES);
+    let [copy_bw, link_bw, host_bw] = bandwidths(&device)?;
     // Peak RSS from here on (Linux resets VmHWM when "5" is written to clear_refs): the
     // bandwidth buffers above are not the run's memory.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     let model = Model::random(&cfg, &device, dtype, INIT_STD)?;
-    let fill_start = Instant::now();
-    let random_rows = |t: usize| -> candle_core::Result<(Tensor, Tensor)> {
-        let shape = (cfg.num_kv_heads, t, cfg.head_dim);
-        let k = Tensor::randn(0f32, 1.0, shape, &device)?.to_dtype(dtype)?;
-        Ok((k, Tensor::randn(0f32, 1.0, shape, &device)?.to_dtype(dtype)?))
-    };
-    let mut kv = match kv_dtype {
-        // Stored as a context file of that dtype stores it, read in place (the reopened file's tier).
-        Some(kv_dtype) => {
-            let shape = (cfg.num_layers, cfg.num_kv_heads, a.context, cfg.head_dim);
-            OffloadKv::stored(shape, kv_dtype, dtype, &device, |_, _, t| Ok(random_rows(t)?))?
-        }
-        None => {
-            let mut kv = OffloadKv::new(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, a.context, dtype, &device)?;
-            for layer in 0..cfg.num_layers {
-                for start in (0..a.context).step_by(FILL_CHUNK) {
-                    let (k, v) = random_rows(FILL_CHUNK.min(a.context - start))?;
-                    kv.fill(layer, start, &k, &v)?;
-                }
-            }
-            kv
-        }
-    };
-    device.synchronize()?;
-    let fill_s = fill_start.elapsed().as_secs_f64();
+    let (mut kv, fill_s) = fill_kv(&cfg, a.context, kv_dtype, dtype, &device)?;
     kv.reserve(longest)?;
 
     for (name, method, cost) in &methods {
@@ -391,19 +327,8 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
         // from an earlier method: an upper bound, never less than the method's own).
         sampler.reset();
         let _ = std::fs::write("/proc/self/clear_refs", "5");
-        let mut token = rng.random_range(0..cfg.vocab_size as u32);
-        let mut times = Vec::with_capacity(a.steps);
-        let mut first_step_s = 0.0;
-        for step in 0..a.warmup + a.steps {
-            let (next, _, secs) = decode_step(&model, &mut kv, method.as_ref(), token)?;
-            token = next;
-            if step == 0 {
-                first_step_s = secs;
-            }
-            if step >= a.warmup {
-                times.push(secs * 1e3);
-            }
-        }
+        let token = rng.random_range(0..cfg.vocab_size as u32);
+        let (mut times, first_step_s, token) = time_steps(&model, &mut kv, method.as_ref(), token, a.warmup, a.steps)?;
         times.sort_by(f64::total_cmp);
         let median = percentile(&times, 0.5);
         let mean = times.iter().sum::<f64>() / times.len() as f64;
@@ -411,22 +336,11 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
         let (link_bytes, host_bytes) = (cost.link_bytes * link_scale, cost.host_bytes);
         let weight_bytes = (read_params * elem) as f64;
         let device_bytes = weight_bytes + cost.device_bytes;
-        let floor = Floor {
-            device: device_bytes / copy_bw * 1e3,
-            link: link_bytes / link_bw * 1e3,
-            host: host_bytes / host_bw * 1e3,
-        };
-        let pcie4 = Floor { link: link_bytes / PCIE4_X16 * 1e3, ..floor };
+        let (floor, pcie4) = Floor::of([device_bytes, link_bytes, host_bytes], [copy_bw, link_bw, host_bw]);
         // The profile's steps (if any) run before the peak is read: they are held to the budget too.
-        let profile = if a.profile { Some(profile_decode(&model, &mut kv, method.as_ref(), token)?) } else { None };
-        let first_step_profile = if a.profile {
-            // A fresh conversation over the same context: its first step again, spans synchronised.
-            method.end_conversation();
-            kv.drop_resident();
-            kv.set_len(a.context)?;
-            Some(profile_first_step(&model, &mut kv, method.as_ref(), token)?)
-        } else {
-            None
+        let (profile, first_step_profile) = match a.profile {
+            true => profiles(&model, &mut kv, method.as_ref(), token, a.context).map(|(p, f)| (Some(p), Some(f)))?,
+            false => (None, None),
         };
         let peak = sampler.peak();
         let report = Report {
@@ -487,6 +401,164 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// The profile of a few steps from `token`, then of a fresh conversation's first step over
+/// the same context (spans synchronised).
+fn profiles(
+    model: &Model,
+    kv: &mut OffloadKv,
+    method: &dyn Attention,
+    token: u32,
+    context: usize,
+) -> Result<(DecodeProfile, FirstStepProfile)> {
+    let profile = profile_decode(model, kv, method, token)?;
+    method.end_conversation();
+    kv.drop_resident();
+    kv.set_len(context)?;
+    Ok((profile, profile_first_step(model, kv, method, token)?))
+}
+
+/// Refuses a run that cannot be made: a method the offloaded tier cannot run, an empty or
+/// oversized context, no timed step.
+fn check_args(a: &ShapeBenchArgs) -> Result<()> {
+    for m in &a.methods {
+        m.spec()?.check_tier(Tier::Offloaded)?;
+    }
+    if a.context == 0 || a.context > u32::MAX as usize || a.steps == 0 {
+        anyhow::bail!("--context must be 1..=4294967295 tokens and --steps at least 1");
+    }
+    Ok(())
+}
+
+/// Each method asked for, built (over random Double Sparsity channels), with the cost of its
+/// step at this shape and context.
+fn build_methods(
+    choices: &[MethodChoice],
+    cfg: &ModelConfig,
+    context: usize,
+    elem: usize,
+    rng: &mut StdRng,
+) -> Result<Vec<(MethodChoice, Box<dyn Attention>, StepCost)>> {
+    let resources = random_channels(cfg, rng);
+    choices
+        .iter()
+        .map(|m| {
+            let method = m.build(&resources)?;
+            let params = m.params()?;
+            let budget = m.budget()?.map_or(0, |b| b.tokens(context));
+            let input = CostInput { shape: Shape::of(cfg), context, elem, budget, params: &params };
+            Ok((m.clone(), method, (m.spec()?.cost)(&input)))
+        })
+        .collect()
+}
+
+/// The offloaded tier filled with random rows for every layer (as a context file of
+/// `kv_dtype` stores them when one is given, read in place), and the seconds the fill took.
+fn fill_kv(
+    cfg: &ModelConfig,
+    context: usize,
+    kv_dtype: Option<KvDtype>,
+    dtype: DType,
+    device: &candle_core::Device,
+) -> Result<(OffloadKv, f64)> {
+    let fill_start = Instant::now();
+    let random_rows = |t: usize| -> candle_core::Result<(Tensor, Tensor)> {
+        let shape = (cfg.num_kv_heads, t, cfg.head_dim);
+        let k = Tensor::randn(0f32, 1.0, shape, device)?.to_dtype(dtype)?;
+        Ok((k, Tensor::randn(0f32, 1.0, shape, device)?.to_dtype(dtype)?))
+    };
+    let kv = match kv_dtype {
+        // Stored as a context file of that dtype stores it, read in place (the reopened file's tier).
+        Some(kv_dtype) => {
+            let shape = (cfg.num_layers, cfg.num_kv_heads, context, cfg.head_dim);
+            OffloadKv::stored(shape, kv_dtype, dtype, device, |_, _, t| Ok(random_rows(t)?))?
+        }
+        None => {
+            let mut kv = OffloadKv::new(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, context, dtype, device)?;
+            for layer in 0..cfg.num_layers {
+                for start in (0..context).step_by(FILL_CHUNK) {
+                    let (k, v) = random_rows(FILL_CHUNK.min(context - start))?;
+                    kv.fill(layer, start, &k, &v)?;
+                }
+            }
+            kv
+        }
+    };
+    device.synchronize()?;
+    Ok((kv, fill_start.elapsed().as_secs_f64()))
+}
+
+/// `warmup + steps` decode steps from `token`: the timed steps' ms (after the warm-up), the
+/// first step's seconds, and the last token.
+fn time_steps(
+    model: &Model,
+    kv: &mut OffloadKv,
+    method: &dyn Attention,
+    mut token: u32,
+    warmup: usize,
+    steps: usize,
+) -> Result<(Vec<f64>, f64, u32)> {
+    let mut times = Vec::with_capacity(steps);
+    let mut first_step_s = 0.0;
+    for step in 0..warmup + steps {
+        let (next, _, secs) = decode_step(model, kv, method, token)?;
+        token = next;
+        if step == 0 {
+            first_step_s = secs;
+        }
+        if step >= warmup {
+            times.push(secs * 1e3);
+        }
+    }
+    Ok((times, first_step_s, token))
+}
+
+/// The device memory the run plans to use (what is in use already, weights, the largest
+/// index, the conversation's K/V `tail`, a layer's scores, a workspace) and the budget it is
+/// held to (`--vram-budget`, else the device's memory); a plan over the budget is refused
+/// before anything is allocated.
+fn plan_memory(
+    sampler: &MemorySampler,
+    cfg: &ModelConfig,
+    elem: usize,
+    index: u64,
+    tail: u64,
+    context: usize,
+    vram_budget: Option<&str>,
+) -> Result<(u64, Option<u64>)> {
+    let (baseline, total_device) = match sampler.now()? {
+        Some((used, total)) => (used, Some(total)),
+        None => (0, None),
+    };
+    let weights = (parameters(cfg).0 * elem) as u64;
+    let scores = (cfg.num_heads * context * 4 * 2) as u64;
+    let planned = baseline + weights + index + tail + scores + WORKSPACE_BYTES;
+    let budget = vram_budget.map(parse_bytes).transpose()?.or(total_device);
+    if let Some(b) = budget.filter(|&b| planned > b) {
+        anyhow::bail!(
+            "this run needs about {} of device memory, more than the {} budget: weights {}, index {}, \
+             conversation K/V {}, scores {}, workspace {}, already in use {}",
+            human_bytes(planned),
+            human_bytes(b),
+            human_bytes(weights),
+            human_bytes(index),
+            human_bytes(tail),
+            human_bytes(scores),
+            human_bytes(WORKSPACE_BYTES),
+            human_bytes(baseline)
+        );
+    }
+    Ok((planned, budget))
+}
+
+/// The device's copy bandwidth, the host link's page-locked copy rate and the host's read
+/// bandwidth, measured now (smaller buffers on the CPU).
+fn bandwidths(device: &candle_core::Device) -> Result<[f64; 3]> {
+    let bytes = if device.is_cpu() { BANDWIDTH_BYTES / 16 } else { BANDWIDTH_BYTES };
+    let copy = copy_bandwidth(device, bytes, COPIES)?;
+    let link = host_to_device_rate(device, bytes)?;
+    Ok([copy, link, host_read_bandwidth(bytes, COPIES)])
+}
+
 /// A step's floor: the time of each path's bytes at its bandwidth, ms.
 struct Floor {
     device: f64,
@@ -495,6 +567,14 @@ struct Floor {
 }
 
 impl Floor {
+    /// The floor of a step moving `[device, link, host]` bytes at `[copy, link, host]`
+    /// bandwidths, and the same step on a consumer card's link (PCIe 4.0 x16).
+    fn of([device, link, host]: [f64; 3], [copy_bw, link_bw, host_bw]: [f64; 3]) -> (Self, Self) {
+        let floor = Floor { device: device / copy_bw * 1e3, link: link / link_bw * 1e3, host: host / host_bw * 1e3 };
+        let pcie4 = Floor { link: link / PCIE4_X16 * 1e3, ..floor };
+        (floor, pcie4)
+    }
+
     /// The paths can overlap: the slowest one is the floor.
     fn ms(&self) -> f64 {
         self.device.max(self.link).max(self.host)

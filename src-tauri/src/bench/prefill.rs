@@ -1,11 +1,6 @@
-//! `folio bench`: commands that measure and print figures, each with its ratio to a limit
-//! (never timed tests).
-//!
-//! `bench prefill` prefills synthetic prompts (random token ids) of each requested length into
-//! a context file with the real builder, then reopens the file as a user would and produces the
-//! first token after a short question. It prints prefill tokens/s, the FLOP rate against a
-//! large matmul's on the same device (the compute limit in practice), peak RSS, file bytes, and
-//! reopen-to-first-token time with its ratio to the prefill time.
+//! `folio bench prefill`: synthetic prompts prefilled into context files with the real
+//! builder, then reopened as a user would, to the first token after a short question (see the
+//! parent module's docs for what is printed).
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -13,8 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use candle_core::{DType, Tensor};
-use clap::{Args, Subcommand};
+use clap::Args;
 use folio_kernels::device::MemorySampler;
 use folio_models::attention::{Dense, Tier};
 use folio_models::config::ModelConfig;
@@ -29,59 +23,19 @@ use folio_models::{device_name, Engine};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::bench_shape::{bench_shape, ShapeBenchArgs};
+use super::{matmul_flops, QUESTION_TOKENS, WARMUP_TOKENS};
 use crate::cli::Common;
 use crate::context_cmd::parse_bytes;
 use folio_models::host_memory::peak_rss;
 
 /// Bytes read to measure the disk's read rate (or the whole file, if smaller), in pieces of
 /// [`DISK_PROBE_PIECE`].
-const DISK_PROBE_BYTES: usize = 2 << 30;
-const DISK_PROBE_PIECE: usize = 16 << 20;
+pub(super) const DISK_PROBE_BYTES: usize = 2 << 30;
+pub(super) const DISK_PROBE_PIECE: usize = 16 << 20;
 
-/// Tokens of the question asked after reopening.
-const QUESTION_TOKENS: usize = 16;
-/// Side of the square matmul whose FLOP rate stands for the CPU's compute limit (a GPU's is
-/// [`GEMM_SIDE`]).
-const MATMUL_SIDE: usize = 1024;
 /// Device memory a prefill under `--vram-budget` leaves outside its chunk plan: cuBLAS
 /// workspaces, the allocator's rounding, the LM head's logits.
-const VRAM_MARGIN: u64 = 1 << 30;
-
-/// `folio bench --shape ...` (decode over an offloaded context with a model of a real shape), or
-/// one of the subcommands.
-#[derive(Args)]
-#[command(args_conflicts_with_subcommands = true)]
-pub struct BenchArgs {
-    #[command(subcommand)]
-    command: Option<BenchCommand>,
-    #[command(flatten)]
-    shape: ShapeBenchArgs,
-}
-
-#[derive(Subcommand)]
-pub enum BenchCommand {
-    /// Prefill speed, memory, file size and reopen-to-first-token time.
-    Prefill(PrefillBenchArgs),
-    /// The sparse-decode kernels (selected-row attention, label and block scores, top-k, the
-    /// host gather, SimHash codes) against the device's copy bandwidth, host link and f32 GEMM
-    /// rate measured in the same run.
-    Kernels(KernelBenchArgs),
-    /// Staging speed: documents read and tokens counted per second, per format.
-    Ingest(crate::bench_ingest::IngestBenchArgs),
-}
-
-#[derive(Args)]
-pub struct KernelBenchArgs {
-    /// Rows per KV head of the synthetic K/V (the context length).
-    #[arg(long, default_value_t = 1 << 20)]
-    context: usize,
-    /// Rows attended per KV head (shared by its group), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384,65536")]
-    select: Vec<usize>,
-    #[arg(long)]
-    json: bool,
-}
+pub(super) const VRAM_MARGIN: u64 = 1 << 30;
 
 #[derive(Args)]
 pub struct PrefillBenchArgs {
@@ -128,7 +82,7 @@ pub struct PrefillBenchArgs {
 
 /// Where one reopen's time went.
 #[derive(Serialize, Clone, Copy)]
-struct Reopen {
+pub(super) struct Reopen {
     /// Open to the first token's logits.
     seconds: f64,
     /// The file opened: header, token ids and document table verified, the model's fingerprint
@@ -147,7 +101,7 @@ struct Reopen {
 }
 
 #[derive(Serialize)]
-struct Row {
+pub(super) struct Row {
     tokens: usize,
     /// Layers this run computed (fewer than the model's when it resumed an interrupted one).
     layers_computed: usize,
@@ -186,7 +140,7 @@ struct Row {
 }
 
 #[derive(Serialize)]
-struct AppendRow {
+pub(super) struct AppendRow {
     new_tokens: usize,
     /// Growing the saved context: only the new tokens computed.
     append_seconds: f64,
@@ -199,333 +153,14 @@ struct AppendRow {
     work_share: f64,
 }
 
-pub fn bench(common: &Common, args: BenchArgs) -> Result<()> {
-    match args.command {
-        Some(BenchCommand::Prefill(a)) => bench_prefill(common, a),
-        Some(BenchCommand::Kernels(a)) => bench_kernels(common, a),
-        Some(BenchCommand::Ingest(a)) => crate::bench_ingest::bench_ingest(common, a),
-        None => bench_shape(common, args.shape),
-    }
-}
-
-/// Qwen2.5-7B's attention shape: query heads, KV heads, head dim.
-const KERNEL_SHAPE: (usize, usize, usize) = (28, 4, 128);
-/// Qwen2.5-7B's MLP: hidden and intermediate sizes.
-const MLP_SHAPE: (usize, usize) = (3584, 18_944);
-/// Tokens per MLP call timed: the chunk `bench prefill` runs that shape in under a 24 GiB cap
-/// (the CPU: fewer).
-const MLP_TOKENS: usize = 8192;
-const MLP_TOKENS_CPU: usize = 64;
-/// SimHash benchmark: rows hashed and the paper's (K, L) = (10, 150).
-const HASH_ROWS: usize = 65_536;
-const HASH_BITS_TABLES: (usize, usize) = (10, 150);
-const LABEL_BITS: usize = 4;
-/// Top-k benchmark: rows kept per query head (the decode benchmarks' budget).
-const TOPK_K: usize = 2048;
-/// Calls timed per figure after one warm-up (on the CPU the reference is slow: fewer), and
-/// bytes copied for the bandwidth figure.
-const KERNEL_REPS: usize = 50;
-const CPU_REPS: usize = 2;
-const COPY_BYTES: usize = 1 << 30;
-/// Side of the square GEMMs (f32, and bf16 on a GPU) that measure the arithmetic limits (large
-/// enough to saturate a GPU).
-const GEMM_SIDE: usize = 4096;
-/// Tokens of the causal prefill attention timed (one layer's query chunk over its keys); the
-/// CPU runs the f32 path, far slower.
-const PREFILL_TOKENS: usize = 32_768;
-const PREFILL_TOKENS_CPU: usize = 512;
-/// Tokens of `bench prefill`'s untimed warm-up (one chunk of the largest size, or a few under a
-/// tight budget).
-const WARMUP_TOKENS: usize = 8192;
-
-/// Seconds per call of `f`, averaged over [`KERNEL_REPS`] calls after a warm-up, synchronised.
-fn time_calls<T>(device: &candle_core::Device, mut f: impl FnMut() -> candle_core::Result<T>) -> Result<f64> {
-    let reps = if device.is_cpu() { CPU_REPS } else { KERNEL_REPS };
-    f()?;
-    device.synchronize()?;
-    let start = Instant::now();
-    for _ in 0..reps {
-        f()?;
-    }
-    device.synchronize()?;
-    Ok(start.elapsed().as_secs_f64() / reps as f64)
-}
-
-#[derive(Serialize)]
-struct KernelRow {
-    kernel: String,
-    seconds: f64,
-    bytes: f64,
-    flops: f64,
-    /// Achieved bytes/s or FLOP/s over the limit measured in the same run.
-    of_limit: f64,
-    limit: &'static str,
-}
-
-impl KernelRow {
-    /// A row that only moves bytes: its share of the bandwidth `rate` (bytes/s) named `limit`.
-    fn moving(kernel: String, seconds: f64, bytes: f64, rate: f64, limit: &'static str) -> Self {
-        Self { kernel, seconds, bytes, flops: 0.0, of_limit: bytes / seconds / rate, limit }
-    }
-}
-
-fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
-    use folio_kernels::sparse;
-    if a.context == 0 || a.context > u32::MAX as usize || a.select.contains(&0) {
-        anyhow::bail!("--context must be 1..=4294967295 rows and every --select at least 1");
-    }
-    let device = folio_models::parse_device(&common.device)?;
-    let (heads, kv_heads, d) = KERNEL_SHAPE;
-    let dtype = if device.is_cpu() { DType::F32 } else { DType::BF16 };
-    // The limits, measured here and now.
-    let block = Tensor::zeros(COPY_BYTES / 2, DType::BF16, &device)?;
-    let copy = time_calls(&device, || block.copy())?;
-    let bandwidth = 2.0 * COPY_BYTES as f64 / copy;
-    drop(block);
-    let gemm = matmul_flops(&device, DType::F32)?;
-    // The tensor-core limit: a bf16 GEMM (the f32 path's limit on the CPU).
-    let gemm16 = matmul_flops(&device, dtype)?;
-    let mut rows = prefill_rows(&device, dtype, gemm16)?;
-    rows.extend(mlp_rows(&device, dtype, gemm16, bandwidth)?);
-    let mut rng = StdRng::seed_from_u64(0);
-    let k = Tensor::randn(0f32, 1.0, (kv_heads, a.context, d), &device)?.to_dtype(dtype)?;
-    let v = Tensor::randn(0f32, 1.0, (kv_heads, a.context, d), &device)?.to_dtype(dtype)?;
-    // Queries in the model's dtype (bf16 on a GPU: the tensor-core kernel), and on a GPU f32
-    // queries too, which take the CUDA-core kernels.
-    let q = Tensor::randn(0f32, 1.0, (heads, d), &device)?.to_dtype(dtype)?;
-    let q32 = q.to_dtype(DType::F32)?;
-    let queries: &[(&Tensor, &str)] =
-        if device.is_cpu() { &[(&q, "")] } else { &[(&q, "tensor cores"), (&q32, "f32 queries, CUDA cores")] };
-    let elem = dtype.size_in_bytes() as f64;
-    for &sel in &a.select {
-        // A decode step's attention over `sel` rows of each KV head, shared by its group (a
-        // gathered pick, BUZZ's live rows): each row is read once per group.
-        let sel = sel.min(a.context);
-        for &(q, path) in queries {
-            let secs = time_calls(&device, || sparse::decode_attention_rows(q, &k, &v, sel, None, 0.088))?;
-            let bytes = (kv_heads * sel) as f64 * 2.0 * d as f64 * elem + (heads * d * 8) as f64;
-            let path = if path.is_empty() { String::new() } else { format!(", {path}") };
-            rows.push(KernelRow {
-                kernel: format!(
-                    "decode_attention_rows {heads} heads over {sel} rows of {kv_heads} KV heads (d {d}, {dtype:?}{path})"
-                ),
-                seconds: secs,
-                bytes,
-                flops: 4.0 * (heads * sel * d) as f64,
-                of_limit: bytes / secs / bandwidth,
-                limit: "copy bandwidth",
-            });
-        }
-    }
-    drop((k, v));
-    // Double Sparsity's label scan over the whole context: r = d/4 one-byte codes per token.
-    let r = d / 4;
-    let codes = Tensor::zeros((kv_heads, a.context, r), DType::U8, &device)?;
-    let scale = Tensor::ones((kv_heads, a.context, 2), DType::F32, &device)?;
-    let ql = Tensor::randn(0f32, 1.0, (heads, r), &device)?;
-    let secs = time_calls(&device, || sparse::label_scores(&ql, &codes, &scale, LABEL_BITS))?;
-    let bytes = (kv_heads * a.context * (r + 8) + heads * a.context * 4) as f64;
-    rows.push(KernelRow {
-        kernel: format!("label_scores {heads}x{} tokens, r {r}", a.context),
-        seconds: secs,
-        bytes,
-        flops: 2.0 * (heads * a.context * r) as f64,
-        of_limit: bytes / secs / bandwidth,
-        limit: "copy bandwidth (labels once per KV head)",
-    });
-    drop((codes, scale));
-    // Top-k over one layer's scores (a query head's row of the whole context), k = the
-    // budget the decode benchmarks use: four reads of the scores.
-    let scores = Tensor::randn(0f32, 1.0, (heads, a.context), &device)?;
-    let secs = time_calls(&device, || folio_kernels::select::topk(&scores, TOPK_K))?;
-    let bytes = 4.0 * (heads * a.context * 4) as f64;
-    rows.push(KernelRow::moving(
-        format!("topk {heads}x{} scores, k {TOPK_K}", a.context),
-        secs,
-        bytes,
-        bandwidth,
-        "copy bandwidth",
-    ));
-    drop(scores);
-    // The gather of picked rows from the host tier (K of one layer) into device memory.
-    let link = folio_kernels::device::host_to_device_rate(&device, COPY_BYTES)?;
-    let mut host = folio_kernels::select::HostRows::new(&device, dtype, kv_heads, a.context, d)?;
-    for start in (0..a.context).step_by(1 << 16) {
-        let t = (1usize << 16).min(a.context - start);
-        host.write(start, &Tensor::randn(0f32, 1.0, (kv_heads, t, d), &device)?.to_dtype(dtype)?)?;
-    }
-    for &sel in &a.select {
-        let idx: Vec<u32> = (0..heads * sel).map(|_| rng.random_range(0..a.context as u32)).collect();
-        let idx = Tensor::from_vec(idx, (heads, sel), &device)?;
-        let secs =
-            time_calls(&device, || host.gather(&idx, heads / kv_heads, None, folio_kernels::Positions::Trusted))?;
-        let bytes = (heads * sel * d) as f64 * elem;
-        let kernel = format!("gather {heads}x{sel} rows from host memory (d {d}, {dtype:?})");
-        rows.push(KernelRow::moving(kernel, secs, bytes, link, "host link (page-locked copy)"));
-    }
-    drop(host);
-    let (bits, tables) = HASH_BITS_TABLES;
-    let hash_rows = if device.is_cpu() { HASH_ROWS / 64 } else { HASH_ROWS };
-    let x = Tensor::randn(0f32, 1.0, (hash_rows, d), &device)?;
-    let w = Tensor::randn(0f32, 1.0, (d, bits * tables), &device)?;
-    let secs = time_calls(&device, || sparse::simhash_codes(&x, &w, bits, tables))?;
-    let flops = 2.0 * (hash_rows * d * bits * tables) as f64;
-    rows.push(KernelRow {
-        kernel: format!("simhash_codes {hash_rows} rows, d {d}, (K,L) = ({bits},{tables})"),
-        seconds: secs,
-        bytes: ((hash_rows * d + d * bits * tables + hash_rows * tables) * 4) as f64,
-        flops,
-        of_limit: flops / secs / gemm,
-        limit: "f32 GEMM rate",
-    });
-    if a.json {
-        println!(
-            "{}",
-            serde_json::json!({ "device": device_name(&device), "copy_bandwidth": bandwidth, "host_link": link,
-                                "f32_gemm_flops": gemm, "gemm_flops": gemm16, "gemm_dtype": format!("{dtype:?}"),
-                                "kernels": rows })
-        );
-        return Ok(());
-    }
-    println!(
-        "device {}: copy bandwidth {:.0} GB/s, host link {:.1} GB/s, f32 GEMM {:.2} TFLOP/s, {dtype:?} GEMM {:.2} \
-         TFLOP/s (measured now)",
-        device_name(&device),
-        bandwidth / 1e9,
-        link / 1e9,
-        gemm / 1e12,
-        gemm16 / 1e12
-    );
-    println!("{:<62} {:>10} {:>10} {:>10} {:>9}", "kernel", "µs/call", "GB/s", "GFLOP/s", "÷ limit");
-    for r in &rows {
-        println!(
-            "{:<62} {:>10.1} {:>10.1} {:>10.1} {:>8.1}%",
-            r.kernel,
-            r.seconds * 1e6,
-            r.bytes / r.seconds / 1e9,
-            r.flops / r.seconds / 1e9,
-            100.0 * r.of_limit
-        );
-    }
-    Ok(())
-}
-
-/// Causal attention of a prefill (Qwen2.5-7B's heads, every query over its keys so far): on a
-/// GPU in bf16 the tensor-core kernel, held to the bf16 GEMM rate `gemm` (same FLOPs per byte
-/// class: both are tensor-core bound at this size).
-/// The causal prefill attention, timed through the default path and, on a GPU, through each
-/// tensor-core kernel it has (`flash_kernels`): one row each.
-fn prefill_rows(device: &candle_core::Device, dtype: DType, gemm: f64) -> Result<Vec<KernelRow>> {
-    let (heads, kv_heads, d) = KERNEL_SHAPE;
-    let n = if device.is_cpu() { PREFILL_TOKENS_CPU } else { PREFILL_TOKENS };
-    let q = Tensor::randn(0f32, 1.0, (heads, n, d), device)?.to_dtype(dtype)?;
-    let k = Tensor::randn(0f32, 1.0, (kv_heads, n, d), device)?.to_dtype(dtype)?;
-    let v = Tensor::randn(0f32, 1.0, (kv_heads, n, d), device)?.to_dtype(dtype)?;
-    let scale = 1.0 / (d as f32).sqrt();
-    let mask = folio_kernels::Mask::causal(0);
-    // QKᵀ and PV over the n(n+1)/2 visible pairs; Q, K, V read once, f32 output and LSE written.
-    let flops = 4.0 * (d * heads) as f64 * (n * (n + 1) / 2) as f64;
-    let elem = dtype.size_in_bytes();
-    let bytes = ((heads + 2 * kv_heads) * n * d * elem + heads * n * (d + 1) * 4) as f64;
-    let row = |name: String, secs: f64| KernelRow {
-        kernel: format!("prefill attention {heads}/{kv_heads} heads x {n} tokens causal (d {d}, {dtype:?}){name}"),
-        seconds: secs,
-        bytes,
-        flops,
-        of_limit: flops / secs / gemm,
-        limit: "GEMM rate, same dtype",
-    };
-    let mut rows = vec![row(String::new(), time_calls(device, || folio_kernels::attention(&q, &k, &v, mask, scale))?)];
-    if dtype == DType::BF16 {
-        for kernel in folio_kernels::attention::flash_kernels(device, d) {
-            let secs = time_calls(device, || {
-                folio_kernels::attention::flash_attention_block(kernel, &q, &k, &v, 0, mask, scale)
-            })?;
-            rows.push(row(format!(", {kernel:?} kernel"), secs));
-        }
-    }
-    Ok(rows)
-}
-
-/// Qwen2.5's RMSNorm epsilon (the norm rows' cost does not depend on it).
-const NORM_EPS: f32 = 1e-6;
-
-/// The prefill's MLP as model.rs runs it (`x Wᵀ` per projection, the fused SiLU(gate) · up, the
-/// down projection and the residual), each part timed alone (the activation also as candle's
-/// two passes), the RMSNorm before it (also as candle's kernel), and then the whole: which of
-/// them keeps the MLP from the GEMM rate the run measured.
-fn mlp_rows(device: &candle_core::Device, dtype: DType, gemm: f64, bandwidth: f64) -> Result<Vec<KernelRow>> {
-    let (hidden, inter) = MLP_SHAPE;
-    let n = if device.is_cpu() { MLP_TOKENS_CPU } else { MLP_TOKENS };
-    let elem = dtype.size_in_bytes() as f64;
-    let randn = |rows: usize, cols: usize| -> Result<Tensor> {
-        Ok(Tensor::randn(0f32, 1.0, (rows, cols), device)?.to_dtype(dtype)?)
-    };
-    let (x, gate, up, down) = (randn(n, hidden)?, randn(inter, hidden)?, randn(inter, hidden)?, randn(hidden, inter)?);
-    let gemm_row = |name: &str, k: usize, m: usize, secs: f64| {
-        let flops = 2.0 * (n * k * m) as f64;
-        KernelRow {
-            kernel: format!("MLP {name}: {n}x{k} by {k}x{m} ({dtype:?})"),
-            seconds: secs,
-            bytes: ((n * k + k * m + n * m) as f64) * elem,
-            flops,
-            of_limit: flops / secs / gemm,
-            limit: "GEMM rate, same dtype",
-        }
-    };
-    let mut rows =
-        vec![gemm_row("gate (or up) projection", hidden, inter, time_calls(device, || x.matmul(&gate.t()?))?)];
-    let (g, u) = (randn(n, inter)?, randn(n, inter)?);
-    rows.push(gemm_row("down projection", inter, hidden, time_calls(device, || g.matmul(&down.t()?))?));
-    // The activation reads the gate and up once and writes once (3 values an element); candle's
-    // two passes also write and read back the gate's SiLU (5), but are charged 3 here too: the
-    // row says how far each is from what the activation must move.
-    let bytes = 3.0 * (n * inter) as f64 * elem;
-    for (name, secs) in [
-        ("fused (kernels/cuda/swiglu.cu)", time_calls(device, || folio_kernels::mlp::swiglu(&g, &u))?),
-        ("as candle's SiLU, then product", time_calls(device, || folio_kernels::mlp::reference(&g, &u))?),
-    ] {
-        let kernel = format!("MLP SiLU(gate) * up, {name}: {n}x{inter} ({dtype:?})");
-        rows.push(KernelRow::moving(kernel, secs, bytes, bandwidth, "copy bandwidth"));
-    }
-    drop((g, u));
-    // The norm before the MLP reads a row and writes it (2 values an element, the weight aside).
-    let w = Tensor::randn(0f32, 1.0, hidden, device)?.to_dtype(dtype)?;
-    let bytes = 2.0 * (n * hidden) as f64 * elem;
-    for (name, secs) in [
-        (
-            "one warp a row (kernels/cuda/rmsnorm.cu)",
-            time_calls(device, || folio_kernels::norm::rms_norm(&x, &w, NORM_EPS))?,
-        ),
-        ("candle's kernel", time_calls(device, || folio_kernels::norm::reference(&x, &w, NORM_EPS))?),
-    ] {
-        let kernel = format!("RMSNorm, {name}: {n}x{hidden} ({dtype:?})");
-        rows.push(KernelRow::moving(kernel, secs, bytes, bandwidth, "copy bandwidth"));
-    }
-    let secs = time_calls(device, || {
-        let gated = folio_kernels::mlp::swiglu(&x.matmul(&gate.t()?)?, &x.matmul(&up.t()?)?)?;
-        &x + gated.matmul(&down.t()?)?
-    })?;
-    let flops = 6.0 * (n * hidden * inter) as f64;
-    rows.push(KernelRow {
-        kernel: format!("MLP whole, residual included: {n} tokens, {hidden} -> {inter} -> {hidden} ({dtype:?})"),
-        seconds: secs,
-        bytes: ((3 * hidden * inter + 2 * n * hidden) as f64) * elem,
-        flops,
-        of_limit: flops / secs / gemm,
-        limit: "GEMM rate, same dtype",
-    });
-    Ok(rows)
-}
-
 /// What `bench prefill` prefills with: a loaded model, or random weights of a real shape.
-struct Subject {
+pub(super) struct Subject {
     name: String,
     stamp: ModelStamp,
     made: Made,
 }
 
-enum Made {
+pub(super) enum Made {
     Loaded(Box<Engine>),
     Random(Box<folio_models::model::Model>),
 }
@@ -547,7 +182,7 @@ impl Subject {
         cfg.max_position_embeddings = cfg.max_position_embeddings.max(longest);
         let device = folio_models::parse_device(&common.device)?;
         let dtype = folio_models::parse_dtype(&common.dtype, &device)?;
-        let model = folio_models::model::Model::random(&cfg, &device, dtype, crate::bench_shape::INIT_STD)?;
+        let model = folio_models::model::Model::random(&cfg, &device, dtype, super::shape::INIT_STD)?;
         let name = shape.file_stem().map_or("shape".into(), |s| s.to_string_lossy().into_owned());
         let fingerprint = cfg.fingerprint("none".into(), "random".into())?;
         let stamp = ModelStamp { name: name.clone(), source: shape.display().to_string(), fingerprint };
@@ -564,11 +199,11 @@ impl Subject {
 
 /// Positions a row of `n` tokens takes: its prompt, any growth, and the question asked after
 /// the reopen.
-fn positions_used(n: usize, a: &PrefillBenchArgs) -> usize {
+pub(super) fn positions_used(n: usize, a: &PrefillBenchArgs) -> usize {
     n + a.append.unwrap_or(0) + QUESTION_TOKENS
 }
 
-fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> {
+pub(super) fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> {
     let kv_dtype = KvDtype::parse(&a.kv_dtype)?;
     if let Some(d) = a.dir.as_ref().filter(|d| !d.is_dir()) {
         anyhow::bail!("--dir {}: no such folder (the context files are written there: create it first)", d.display());
@@ -691,7 +326,7 @@ fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> {
 /// Where one prefill's time went: each span of the forward pass with the device synchronised
 /// around it (`folio_models::profile`), and the stages outside the forward passes.
 #[derive(Serialize)]
-struct Profile {
+pub(super) struct Profile {
     tokens: usize,
     seconds: f64,
     spans: Vec<ProfileSpan>,
@@ -699,13 +334,13 @@ struct Profile {
 }
 
 #[derive(Serialize)]
-struct ProfileSpan {
+pub(super) struct ProfileSpan {
     name: &'static str,
     seconds: f64,
     calls: usize,
 }
 
-fn profile_prefill(
+pub(super) fn profile_prefill(
     subject: &Subject,
     n: usize,
     kv_dtype: KvDtype,
@@ -731,7 +366,7 @@ fn profile_prefill(
     })
 }
 
-fn print_profile(p: &Profile) {
+pub(super) fn print_profile(p: &Profile) {
     println!("\nprofile of a {}-token prefill (device synchronised around each op): {:.2} s", p.tokens, p.seconds);
     println!("  {:<28} {:>9} {:>7} {:>7}", "op", "seconds", "share", "calls");
     let st = &p.stages;
@@ -750,14 +385,14 @@ fn print_profile(p: &Profile) {
 /// What each timed row is measured against: the large-matmul rate, the device memory sampler,
 /// and the Ctrl-C flag that stops a row between chunks.
 #[derive(Clone, Copy)]
-struct Measure<'a> {
+pub(super) struct Measure<'a> {
     matmul: f64,
     sampler: &'a MemorySampler,
     stop: &'a std::sync::atomic::AtomicBool,
 }
 
 /// Where the bench's context files go: a temporary folder, or `--dir` kept for `--resume`.
-enum Scratch {
+pub(super) enum Scratch {
     Temp(tempfile::TempDir),
     Kept(PathBuf),
 }
@@ -771,7 +406,7 @@ impl Scratch {
     }
 }
 
-fn one(
+pub(super) fn one(
     subject: &Subject,
     n: usize,
     opts: &BuildOptions,
@@ -883,7 +518,7 @@ fn one(
 }
 
 /// Grows the context at `base` by `m` random tokens, and prefills the same tokens in one go.
-fn grow(
+pub(super) fn grow(
     subject: &Subject,
     base: &std::path::Path,
     m: usize,
@@ -916,7 +551,7 @@ fn grow(
     Ok(AppendRow { new_tokens: m, append_seconds, full_seconds, ratio: append_seconds / full_seconds, work_share })
 }
 
-fn print_row(r: &Row, first: bool, subject: &Subject, matmul: f64) {
+pub(super) fn print_row(r: &Row, first: bool, subject: &Subject, matmul: f64) {
     if first {
         println!(
             "model {} on {} ({:?}, {} threads); large-matmul rate {:.1} GFLOP/s",
@@ -990,7 +625,7 @@ fn print_row(r: &Row, first: bool, subject: &Subject, matmul: f64) {
 
 /// Multiply-adds ×2 of a layer-major prefill of `n` tokens: projections and MLP per token and
 /// layer, causal attention (QKᵀ and PV over n²/2 pairs), one LM-head row.
-fn prefill_flops(c: &ModelConfig, n: usize) -> f64 {
+pub(super) fn prefill_flops(c: &ModelConfig, n: usize) -> f64 {
     let (h, q, kv, i) = (
         c.hidden_size as f64,
         (c.num_heads * c.head_dim) as f64,
@@ -1003,17 +638,9 @@ fn prefill_flops(c: &ModelConfig, n: usize) -> f64 {
     c.num_layers as f64 * (per_token_layer * n + attention) + 2.0 * h * c.vocab_size as f64
 }
 
-/// FLOP/s of a large square matmul in `dtype` on `dev`: what the hardware delivers in practice
-/// for the dominant operation.
-fn matmul_flops(dev: &candle_core::Device, dtype: DType) -> Result<f64> {
-    let side = if dev.is_cpu() { MATMUL_SIDE } else { GEMM_SIDE };
-    let a = Tensor::randn(0f32, 1.0, (side, side), dev)?.to_dtype(dtype)?;
-    Ok(2.0 * (side as f64).powi(3) / time_calls(dev, || a.matmul(&a))?)
-}
-
 /// The disk's sequential read rate, bytes/s: the first [`DISK_PROBE_BYTES`] of `path` evicted
 /// from the page cache and read back in large pieces.
-fn disk_read_rate(path: &std::path::Path) -> Result<f64> {
+pub(super) fn disk_read_rate(path: &std::path::Path) -> Result<f64> {
     use std::io::Read;
     drop_page_cache(path);
     let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -1029,7 +656,7 @@ fn disk_read_rate(path: &std::path::Path) -> Result<f64> {
 }
 
 /// Evicts a fully written file from the page cache, so the reopen reads from disk as after a reboot.
-fn drop_page_cache(path: &std::path::Path) {
+pub(super) fn drop_page_cache(path: &std::path::Path) {
     use std::os::fd::AsRawFd;
     if let Ok(f) = std::fs::File::open(path) {
         // SAFETY: advisory call on a valid, open file descriptor.
