@@ -429,6 +429,9 @@ fn check_args(a: &ShapeBenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// A method to measure: as asked for, built, and the cost of its step.
+type Measured = (MethodChoice, Box<dyn Attention>, StepCost);
+
 /// Each method asked for, built (over random Double Sparsity channels), with the cost of its
 /// step at this shape and context.
 fn build_methods(
@@ -437,7 +440,7 @@ fn build_methods(
     context: usize,
     elem: usize,
     rng: &mut StdRng,
-) -> Result<Vec<(MethodChoice, Box<dyn Attention>, StepCost)>> {
+) -> Result<Vec<Measured>> {
     let resources = random_channels(cfg, rng);
     choices
         .iter()
