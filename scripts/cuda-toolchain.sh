@@ -51,7 +51,8 @@ _fc_make_stubs() {
 
 # Undefined CUDA symbols of every rlib/static lib under a target dir, added to the list.
 _fc_rescan() {
-  local dir=$1 tmp f
+  local dir tmp f
+  dir=$(cd "$1" && pwd) || return 1
   tmp=$(mktemp -d)
   (cd "$tmp" && find "$dir" \( -name '*.rlib' -o -name '*.a' \) 2>/dev/null | while read -r f; do
     mkdir -p x && (cd x && ar x "$f" 2>/dev/null; nm -u ./* 2>/dev/null | awk '{print $2}'; rm -f ./*)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_FILE_LINES = 700
 MAX_FN_LINES = 120
-CRATES = ["kernels", "models", "library", "ingest", "src-tauri", "context-file", "eval", "api"]
+CRATES = ["context-file", "kernels", "models", "library", "ingest", "src-tauri"]
 SOURCE_EXTS = (".rs", ".cu", ".cuh", ".ts", ".svelte", ".py")
 SKIP_DIRS = {"target", "node_modules", ".git", "dist", "gen", "results", "fixtures"}
 BASELINE = os.path.join(ROOT, "tools", "shape-baseline.txt")
@@ -163,20 +163,25 @@ class Module:
 MOD_RE = re.compile(r"(?:^|[;{}\]\s])(?:pub(?:\s*\([^)]*\))?\s+)?mod\s+(" + IDENT + r")\s*([;{])")
 
 
+def closing(code: str, open_at: int) -> int:
+    """Where the brace opened at `open_at` closes (the end of the code if it never does)."""
+    depth, j = 0, open_at
+    while j < len(code):
+        depth += code[j] == "{"
+        depth -= code[j] == "}"
+        if depth == 0:
+            break
+        j += 1
+    return j
+
+
 def inline_spans(code: str) -> list[tuple[int, int, str]]:
     """(start, end, name) of every inline `mod name { ... }` in a file's blanked code."""
     spans = []
     for m in MOD_RE.finditer(code):
         if m.group(2) == "{":
             open_at = m.end() - 1
-            depth, j = 0, open_at
-            while j < len(code):
-                depth += code[j] == "{"
-                depth -= code[j] == "}"
-                if depth == 0:
-                    break
-                j += 1
-            spans.append((open_at, j, m.group(1)))
+            spans.append((open_at, closing(code, open_at), m.group(1)))
     return spans
 
 
@@ -443,14 +448,7 @@ def long_functions(code: str) -> list[tuple[str, int, int]]:
         if j < 0 or j >= len(code):
             continue
         start_line = code.count("\n", 0, m.start()) + 1
-        d, k = 0, j
-        while k < len(code):
-            d += code[k] == "{"
-            d -= code[k] == "}"
-            if d == 0:
-                break
-            k += 1
-        end_line = code.count("\n", 0, k) + 1
+        end_line = code.count("\n", 0, closing(code, j)) + 1
         out.append((m.group(1), start_line, end_line - start_line + 1))
     return out
 

@@ -87,6 +87,9 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     let memory_budget = a.memory_budget.as_deref().map(parse_bytes).transpose()?;
     let explicit_dtype = a.kv_dtype.as_deref().map(KvDtype::parse).transpose()?;
     let out = a.out.clone().or_else(|| a.context.clone()).context("--out is required")?;
+    // Before anything opens it (a named pipe would wait for a writer forever), and before the
+    // model loads: a path that cannot be written is said at once.
+    context::check_replaceable(&out)?;
     let (engine, change, ingested) = what_to_make(common, &a, &out)?;
     let mut builder = Builder::new(&engine, &out).restart(a.restart);
     if let Some(base) = &a.context {
@@ -123,7 +126,10 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
             ControlFlow::Continue(())
         }
     };
-    let mut listing = if a.no_library { None } else { library_cmd::listing(rate_key, planned.base().is_some()) };
+    // A change written over the file it changes (not to another --out) keeps its library row
+    // whatever happens: a missing file is the row's `missing` status.
+    let changes_a_file = a.context.as_deref() == Some(out.as_path());
+    let mut listing = if a.no_library { None } else { library_cmd::listing(rate_key, changes_a_file) };
     let book: &mut dyn Bookkeeping = match listing.as_mut() {
         Some(l) => l,
         None => &mut (),
@@ -136,7 +142,8 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     Ok(())
 }
 
-/// The engine and the change `folio prefill`'s flags ask for, with the documents read for it.
+/// The engine and the change `folio prefill`'s flags ask for, with the documents read for it:
+/// the flags and the documents are checked before the model loads (which may take long).
 fn what_to_make(common: &Common, a: &PrefillArgs, out: &Path) -> Result<(Engine, Change, ingest::Ingested)> {
     let Some(base) = &a.context else {
         let ingested = ingest::collect(&a.docs)?;
@@ -144,17 +151,17 @@ fn what_to_make(common: &Common, a: &PrefillArgs, out: &Path) -> Result<(Engine,
         let change = Change::New { documents: ingested.documents.clone(), system: a.system.clone() };
         return Ok((common.engine()?, change, ingested));
     };
-    let engine = common.engine_or(&ContextFile::open(base)?.header().model.source)?;
-    let change = match (&a.remove, a.add.is_empty()) {
-        (Some(doc), _) => Change::Remove(doc.clone()),
+    let source = ContextFile::open(base)?.header().model.source.clone();
+    let (change, ingested) = match (&a.remove, a.add.is_empty()) {
+        (Some(doc), _) => (Change::Remove(doc.clone()), ingest::Ingested::default()),
         (None, false) => {
             let ingested = ingest::collect(&a.add)?;
             warn_about(&ingested);
-            return Ok((engine, Change::Add(ingested.documents.clone()), ingested));
+            (Change::Add(ingested.documents.clone()), ingested)
         }
         // --context alone finishes an interrupted change of it.
         (None, true) => match context::pending(out)? {
-            Some(p) if p.base_tokens > 0 => Change::Resume,
+            Some(p) if p.base_tokens > 0 => (Change::Resume, ingest::Ingested::default()),
             _ => bail!(
                 "--context needs --add PATH... (documents to add) or --remove DOC (a document to take out); there \
                  is no interrupted change of {} to finish",
@@ -162,7 +169,7 @@ fn what_to_make(common: &Common, a: &PrefillArgs, out: &Path) -> Result<(Engine,
             ),
         },
     };
-    Ok((engine, change, ingest::Ingested::default()))
+    Ok((common.engine_or(&source)?, change, ingested))
 }
 
 fn warn_about(ingested: &ingest::Ingested) {

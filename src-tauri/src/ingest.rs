@@ -3,6 +3,10 @@
 //! [`DocumentText`]: the text with its parts (pages, chapters, sections) and the checksum a
 //! resumed or re-prefilled context compares against.
 //!
+//! Beside reading: staging ([`stage`]: the files read here, their tokens counted by the engine's
+//! `context::staging`) and [`Files`], the engine's reader of a context's saved documents (what a
+//! removal or a resume reads again).
+//!
 //! The checksum is of the extracted text, not of the file: it is what the context's tokens
 //! were computed from, so a re-read that extracts the same text continues the same context.
 

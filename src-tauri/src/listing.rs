@@ -42,10 +42,22 @@ impl Listing {
     fn run<'f>(&self, what: &str, out: &Path, fut: impl Future<Output = folio_library::Result<()>> + Send + 'f) {
         if let Err(e) = (self.block)(Box::pin(fut)) {
             eprintln!(
-                "warning: the library was not updated ({what} {}: {e}); `folio library rebuild` adds the context later",
+                "folio: the library was not updated ({what} {}: {e}); `folio library rebuild` lists the context again",
                 out.display()
             );
         }
+    }
+
+    /// The library follows the disk: the finished file, the paused prefill, or nothing (a new
+    /// context that never got a checkpoint is forgotten).
+    pub(crate) fn refresh(&self, out: &Path) {
+        let (lib, changes_a_file) = (&self.lib, self.changes_a_file);
+        self.run("refreshing", out, async move {
+            if changes_a_file || !lib.forget_if_gone(out).await? {
+                lib.add_context(out).await?;
+            }
+            Ok(())
+        });
     }
 }
 
@@ -59,12 +71,6 @@ impl Bookkeeping for Listing {
             let rate = serde_json::json!(r.tokens_per_s);
             self.run("the rate of", out, self.lib.set_setting(&self.rate_key, &rate));
         }
-        let changes_a_file = self.changes_a_file;
-        self.run("refreshing", out, async {
-            if changes_a_file || !self.lib.forget_if_gone(out).await? {
-                self.lib.add_context(out).await?;
-            }
-            Ok(())
-        });
+        self.refresh(out);
     }
 }

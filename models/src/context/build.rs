@@ -934,7 +934,7 @@ enum StoreError {
     Write(std::io::Error),
 }
 
-/// `path` opened for reading, or `None` when it does not exist.
+/// An error that says the disk (or the user's quota) is full.
 fn is_disk_full(e: &std::io::Error) -> bool {
     matches!(e.kind(), ErrorKind::StorageFull | ErrorKind::FileTooLarge | ErrorKind::QuotaExceeded)
 }

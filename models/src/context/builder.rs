@@ -96,6 +96,12 @@ impl Planned {
         self.base.as_ref()
     }
 
+    /// The K/V dtype the saved file or the interrupted prefill already has (`None` for a new
+    /// context).
+    pub fn saved_kv_dtype(&self) -> Option<KvDtype> {
+        self.saved_kv_dtype
+    }
+
     /// The dtype to store K/V as: `explicit` when the user named one, else the one the saved
     /// file or the interrupted prefill has, else `default`.
     pub fn kv_dtype(&self, explicit: Option<KvDtype>, default: KvDtype) -> KvDtype {
@@ -124,15 +130,12 @@ impl<'a> Builder<'a> {
         self
     }
 
-    /// Discard an interrupted prefill of the output that does not match this one, instead of
-    /// refusing (and render a new context's prompt with today's date, not the interrupted one's).
+    /// Start over: a new context's prompt is rendered with today's date (not the interrupted
+    /// prefill's), and [`Self::run`] discards an interrupted prefill of the output that does not
+    /// match this one instead of refusing (as `BuildOptions::restart`).
     pub fn restart(mut self, restart: bool) -> Self {
         self.restart = restart;
         self
-    }
-
-    pub fn out(&self) -> &Path {
-        &self.out
     }
 
     /// Plans `change`: which tokens the new file has, which of them are kept as saved. Reads
@@ -197,6 +200,14 @@ impl<'a> Builder<'a> {
         };
         let stamp = self.engine.stamp()?;
         let model = &self.engine.model;
+        let restarted;
+        let opts = match self.restart && !opts.restart {
+            true => {
+                restarted = BuildOptions { restart: true, ..opts.clone() };
+                &restarted
+            }
+            false => opts,
+        };
         let report = match &planned.base {
             Some(file) => {
                 extend(model, stamp, Base { file, keep: planned.keep }, &planned.plan, &self.out, opts, &mut progress)

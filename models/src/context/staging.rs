@@ -111,14 +111,6 @@ pub struct Estimate {
     pub rate_tokens_per_s: Option<f64>,
 }
 
-/// What staging is doing, for its progress line.
-#[derive(Debug, Clone, Copy, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Phase {
-    Reading,
-    Counting,
-}
-
 /// What a reader noticed about a document beside its text.
 #[derive(Debug, Clone)]
 pub struct ReadNotes {

@@ -323,6 +323,13 @@ fn worker_loop(shared: &Shared, w: &Worker) {
             (job, cancel)
         };
         shared.publish();
+        // Whether the job changes a saved file (an addition, a removal, or the resume of one),
+        // as opposed to making a new context.
+        let changes_a_file = match job.kind {
+            JobKind::Add { .. } | JobKind::Remove { .. } => true,
+            JobKind::New { .. } => false,
+            JobKind::Resume => context::pending(&job.out).ok().flatten().is_some_and(|p| p.base_tokens > 0),
+        };
         // A panic in a prefill fails its job, not the worker (the queue goes on).
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(shared, w, &job, &cancel)))
             .unwrap_or_else(|panic| {
@@ -333,6 +340,15 @@ fn worker_loop(shared: &Shared, w: &Worker) {
                     .unwrap_or_default();
                 Err(anyhow::anyhow!("internal error in the prefill ({why}); its finished layers are kept"))
             });
+        if result.is_err() {
+            // The builder's bookkeeping brought the library up to date when the prefill ran to
+            // its end or stopped; a job that failed before it, or panicked inside it, is
+            // brought up to date here (the file, the paused prefill, or nothing).
+            if let Some(lib) = w.library() {
+                Listing::new(lib, Box::new(|f| tauri::async_runtime::block_on(f)), String::new(), changes_a_file)
+                    .refresh(&job.out);
+            }
+        }
         let (state, message) = match &result {
             Ok(()) => (JobState::Done, None),
             // Stopped with its finished layers kept: the same job resumes it.
@@ -364,7 +380,12 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
         Some(lib) => tauri::async_runtime::block_on(super::engine::stored(&lib)),
         None => super::engine::EngineSettings::default(),
     };
-    let kv_dtype = planned.kv_dtype(None, settings.kv_dtype().map_err(anyhow::Error::msg)?);
+    // A change or a resume keeps the dtype its file or checkpoint has: the setting is read (and
+    // a bad one refused) only for a new context.
+    let kv_dtype = match planned.saved_kv_dtype() {
+        Some(saved) => saved,
+        None => settings.kv_dtype().map_err(anyhow::Error::msg)?,
+    };
     let opts =
         BuildOptions { kv_dtype, memory_budget: memory_budget(engine, &settings)?, restart: false, hidden_in: None };
     let mut last = Instant::now() - PROGRESS_INTERVAL;

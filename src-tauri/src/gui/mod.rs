@@ -1,7 +1,8 @@
 //! The desktop window: a Tauri 2 shell around the Svelte UI in ui/.
 //!
-//! The UI talks to the engine only through the commands below, which call the engine's session
-//! API (`folio_models::session`) and the library (`folio_library`) as the CLI does. Streams go
+//! The UI talks to the engine only through the commands here and in the children — `ask`
+//! (questions), `contexts` and `chats` (the library), `prefill` (staging and jobs), `settings`,
+//! `engine`, `models`, `sources` — which call the engine's session API (`folio_models::session`) and the library (`folio_library`) as the CLI does. Streams go
 //! over `ipc::Channel`s (ordered, and they need no event permission): a chat answer's tokens,
 //! a staging count's progress, and the window's own feed ([`UiEvent`]: files dropped on the
 //! window, drag hover, prefill job snapshots), which the UI opens once with `watch`.
