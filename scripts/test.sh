@@ -24,6 +24,7 @@ fi
 python3 tools/test_demo.py assets/models/demo | tail -n 3
 
 step "the code's shape: import cycles, upward imports, long files and functions (tools/shape.py)"
+python3 tools/test_shape.py
 python3 tools/shape.py
 
 step "cargo fmt --check"
