@@ -39,6 +39,9 @@
 //! the attention `2 · d · b` bytes a pick (K and V rows) over the host link, bound by where the
 //! reads fall (~23–27 GB/s of the link's 55 at 1M), not by the link.
 
+#[cfg(feature = "cuda")]
+mod cuda;
+
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -178,7 +181,7 @@ impl Tables {
         #[cfg(feature = "cuda")]
         if let Some(addresses) = &self.addresses {
             let dims = (self.n, self.bits, group, range.start, first, skip);
-            let buf = super::cuda::lsh_walk(&codes.narrow(0, range.start, heads)?.contiguous()?, addresses, dims)?;
+            let buf = cuda::lsh_walk(&codes.narrow(0, range.start, heads)?.contiguous()?, addresses, dims)?;
             return Ok(Sample { buf, heads, head0: range.start, group, segments: segs, first, n: self.n });
         }
         let host: Vec<u32> = codes.flatten_all()?.to_vec1()?;
@@ -279,7 +282,7 @@ impl Sample {
         #[cfg(feature = "cuda")]
         if self.buf.device().is_cuda() {
             let dims = (self.heads, segs, heads.start, heads.len());
-            let queued = super::cuda::lsh_report(&self.buf, also.as_ref(), dims)?;
+            let queued = cuda::lsh_report(&self.buf, also.as_ref(), dims)?;
             return Ok(Report { shape, words: Words::Queued(queued) });
         }
         let counts: Vec<u32> =
@@ -306,7 +309,7 @@ pub struct Report {
 enum Words {
     Ready(Vec<u32>),
     #[cfg(feature = "cuda")]
-    Queued(super::cuda::LshReport),
+    Queued(cuda::LshReport),
 }
 
 impl Report {
@@ -408,7 +411,7 @@ pub fn attend(
             );
         }
         let dims = (heads, sample.heads, sample.segments, d, k.n, group, weights.first, weights.n, weights.steps);
-        return super::cuda::lsh_attend(
+        return cuda::lsh_attend(
             &query.contiguous()?,
             &sample.buf,
             (k.source()?, v.source()?),
