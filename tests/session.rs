@@ -220,8 +220,9 @@ fn chat_sources_weigh_what_was_read() {
 /// step's top token differs; Stop stops it, and the session answers as before afterwards.
 #[test]
 fn answers_compare_with_dense_on_the_same_turn() {
-    use folio_models::context::{ContextFile, ContextKv};
+    use folio_models::context::ContextFile;
     use folio_models::generate::teacher_forced;
+    use folio_models::kv_cache::ContextKv;
     let work = tempfile::tempdir().unwrap();
     let (demo, ctx) = (root().join("assets/models/demo"), samples_context(work.path()));
     let m = demo.to_str().unwrap();

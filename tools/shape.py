@@ -573,11 +573,53 @@ def key(finding: str) -> str:
     return re.sub(r" \(\d+ lines\)$", "", finding)
 
 
+MODULE_NOTE_CHARS = 200
+
+
+def module_note(file: str) -> str:
+    """The first sentence of a file's `//!` docs, links unwrapped, cut at a word near
+    MODULE_NOTE_CHARS: its line in docs/architecture.md's module tables."""
+    with open(file, encoding="utf-8") as f:
+        lines = []
+        for line in f:
+            if not line.startswith("//!"):
+                if lines:
+                    break
+                continue
+            lines.append(line[3:].strip())
+    text = " ".join(x for x in lines if x)
+    text = re.sub(r"\[`([^`]+)`\](\([^)]*\))?", r"`\1`", text)
+    text = re.sub(r"\[([^\]]+)\]\([^)]*\)", r"\1", text)
+    m = re.search(r"[.!?](\s|$)", text)
+    sentence = text[: m.start() + 1] if m else text
+    if len(sentence) > MODULE_NOTE_CHARS:
+        sentence = sentence[:MODULE_NOTE_CHARS].rsplit(" ", 1)[0] + " …"
+    return sentence.replace("|", "\\|")
+
+
+def module_tables() -> str:
+    """docs/architecture.md's "Modules" tables of the crates, one per crate, from the tree."""
+    out = []
+    for name, root in crate_roots():
+        crate = Crate(root, name)
+        out.append(f"### {name}\n\n| module | its room |\n|---|---|")
+        top = sorted(f for f in crate.files if os.path.dirname(f) == os.path.dirname(root))
+        nested = sorted(f for f in crate.files if f not in top)
+        for f in top + nested:
+            out.append(f"| `{rel(f)}` | {module_note(f)} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--write-baseline", action="store_true", help="record today's findings as known")
     ap.add_argument("--list", action="store_true", help="print every finding")
+    ap.add_argument("--modules", action="store_true", help="print docs/architecture.md's module tables")
     args = ap.parse_args()
+    if args.modules:
+        print(module_tables(), end="")
+        return 0
     findings, counts = measure()
     print(
         "shape: {crates} crates, {files} source files; import cycles {cycles}, upward imports {upward}, "

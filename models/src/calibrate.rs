@@ -17,7 +17,7 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use crate::attention::{Attended, Attention, AttnCall, Dense, Knobs};
+use crate::attention::{Attended, Attention, AttnCall, Channels, Dense, Knobs};
 use crate::context::{write_atomic, ModelStamp};
 use crate::error::{Error, Result};
 use crate::model::Logits;
@@ -29,41 +29,6 @@ pub const FILE: &str = "folio-channels.json";
 pub const BLOCK: usize = 512;
 /// Blocks measured by default: the authors' 256 documents of ≤ 512 tokens.
 pub const DEFAULT_BLOCKS: usize = 256;
-
-/// Channel order per layer and KV head, most important first: what Double Sparsity uses.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Channels {
-    /// `[layer][kv_head]`: every channel, most important first.
-    pub order: Vec<Vec<Vec<u16>>>,
-}
-
-impl Channels {
-    /// The order of a `[layer][kv_head][channel]` statistic, largest first (ties to the lower
-    /// channel).
-    pub fn from_statistic(stat: &[Vec<Vec<f64>>]) -> Self {
-        let order = stat
-            .iter()
-            .map(|layer| {
-                layer
-                    .iter()
-                    .map(|s| {
-                        let mut idx: Vec<u16> = (0..s.len() as u16).collect();
-                        idx.sort_by(|a, b| s[*b as usize].total_cmp(&s[*a as usize]).then(a.cmp(b)));
-                        idx
-                    })
-                    .collect()
-            })
-            .collect();
-        Self { order }
-    }
-
-    /// The `r` most important channels of `(layer, kv_head)`, ascending.
-    pub fn top(&self, layer: usize, kv_head: usize, r: usize) -> Vec<usize> {
-        let mut c: Vec<usize> = self.order[layer][kv_head].iter().take(r).map(|&x| x as usize).collect();
-        c.sort_unstable();
-        c
-    }
-}
 
 /// A model's calibration file: the channels and what they were measured on.
 #[derive(Debug, Clone, Serialize, Deserialize)]

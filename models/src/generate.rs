@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::attention::Attention;
 use crate::config::TokenIds;
 use crate::error::{Error, Result};
-use crate::kv::KvStore;
+use crate::kv_cache::KvStore;
 use crate::model::{Logits, Model};
 use crate::tokenizer::Tokenizer;
 

@@ -31,16 +31,14 @@ pub mod eval;
 pub mod excerpt;
 pub mod generate;
 pub mod host_memory;
-pub mod kv;
+pub mod kv_cache;
 pub mod loader;
 pub mod model;
-pub mod offload;
 pub mod plan;
 pub mod prefill;
 pub mod profile;
 pub mod rope;
 pub mod session;
-pub mod tier;
 pub mod tokenizer;
 
 use std::ops::ControlFlow;

@@ -15,7 +15,7 @@ use candle_nn::Linear;
 use crate::attention::{Attention, AttnCall};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::kv::{DenseKv, KvStore};
+use crate::kv_cache::{DenseKv, KvStore};
 use crate::loader::check_safetensors;
 use crate::profile::span;
 use crate::rope;

@@ -31,7 +31,8 @@ use folio_kernels::device::{copy_to_host, from_host_bytes, to_host_bytes};
 
 use crate::attention::Dense;
 use crate::error::{Error, Result};
-use crate::kv::{DenseKv, KvStore};
+use crate::kv_cache::OffloadKv;
+use crate::kv_cache::{DenseKv, KvStore};
 use crate::model::Model;
 use crate::profile::span;
 
@@ -502,6 +503,17 @@ pub fn prefill_in_memory(model: &Model, tokens: &[u32], chunk: usize) -> Result<
         Ok(())
     })?;
     Ok((layers, logits))
+}
+
+/// `tokens` prefilled layer-major on the model's device as an offloaded store's saved prefix,
+/// each layer's rows moved to host memory as soon as it is done: a context file's store without
+/// the file (the needle eval's offloaded tier). The device holds one layer's K/V at a time.
+pub fn prefill_offloaded(model: &Model, tokens: &[u32], chunk: usize) -> Result<OffloadKv> {
+    let cfg = model.config();
+    let mut kv =
+        OffloadKv::new(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, tokens.len(), model.dtype(), model.device())?;
+    prefill_layers(model, tokens, chunk, |layer, k, v| kv.fill(layer, 0, &k, &v))?;
+    Ok(kv)
 }
 
 /// The layer-major prefill with hidden states in memory, handing each layer's K and V

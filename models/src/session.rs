@@ -34,12 +34,13 @@ use serde::{Deserialize, Serialize};
 use crate::attention::{Attention, Dense, IndexSource, MethodChoice, Resources, Tier};
 use crate::attention::{Passage, ReadSummary, ReadTally};
 use crate::chat::Message;
-use crate::context::{ContextFile, ContextKv};
+use crate::context::ContextFile;
 use crate::conversation::Conversation;
 use crate::error::{Error, Result};
 use crate::generate::{generate, GenerateParams, PromptPass, SamplingParams, StopReason};
-use crate::kv::KvStore;
-use crate::offload::OffloadKv;
+use crate::kv_cache::ContextKv;
+use crate::kv_cache::KvStore;
+use crate::kv_cache::OffloadKv;
 use crate::Engine;
 
 /// Decoded context layers the resident tier keeps in device memory (the rest are decoded

@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device, Tensor};
 use folio_models::attention::{Attended, Attention, AttnCall, Dense, Knobs};
-use folio_models::context::{self, BuildOptions, ContextFile, ContextKv, HiddenPlace, KvDtype, PrefixPlan};
-use folio_models::kv::{KvStore, Reference};
+use folio_models::context::{self, BuildOptions, ContextFile, HiddenPlace, KvDtype, PrefixPlan};
+use folio_models::kv_cache::OffloadKv;
+use folio_models::kv_cache::{ContextKv, KvStore, Reference};
 use folio_models::model::Logits;
-use folio_models::offload::OffloadKv;
 use folio_models::prefill::{plan_chunk, prefill_in_memory};
 use folio_models::{Engine, Error, Result};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -358,7 +358,7 @@ fn read_overlap(want: &[Option<Vec<Vec<usize>>>], got: &[Option<Vec<Vec<usize>>>
 /// a step reads other rows, each later step must still read nearly the reference's rows.
 fn offloaded_decode_matches_resident(device: &Device) -> Result<()> {
     use folio_models::attention::{by_name, Channels, Resources};
-    use folio_models::offload::OffloadKv;
+    use folio_models::kv_cache::OffloadKv;
     /// Logit agreement while both paths read the same rows: f32 rounding of sums in another order.
     const SAME_READS_TOL: f32 = 1e-3;
     /// After a swap at a tie, the least share of the reference's rows a step must still read.

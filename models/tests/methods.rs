@@ -8,8 +8,8 @@ use std::sync::Arc;
 use folio_models::attention::workload::normal;
 use folio_models::attention::workload::{Case, Spec};
 use folio_models::attention::{by_name, parse_params, Attention, AttnCall, Channels, Dense, Resources};
-use folio_models::context::ContextKv;
-use folio_models::kv::{DenseKv, KvStore, Reference};
+use folio_models::kv_cache::ContextKv;
+use folio_models::kv_cache::{DenseKv, KvStore, Reference};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 // The kernels' shared test helpers (a replayable seed).

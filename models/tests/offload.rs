@@ -9,9 +9,9 @@ use candle_core::{DType, Device, Tensor};
 use folio_models::attention::workload::{Case, Spec};
 use folio_models::attention::{by_name, parse_params, AttnCall, Channels, Drawn, Read, Resources};
 use folio_models::context::EncodeTensor;
-use folio_models::kv::{DenseKv, KvSegment, KvStore, Reference};
-use folio_models::offload::OffloadKv;
-use folio_models::tier::{Resident, TierRef};
+use folio_models::kv_cache::OffloadKv;
+use folio_models::kv_cache::{DenseKv, KvSegment, KvStore, Reference};
+use folio_models::kv_cache::{Resident, TierRef};
 use folio_models::Result;
 
 // The kernels' one-body-per-device macro (and helpers), shared rather than written twice.

@@ -36,7 +36,7 @@ use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Read, Tiers,
 };
 use crate::error::{Error, Result};
-use crate::tier::DecodeTier;
+use crate::kv_cache::DecodeTier;
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
     name: "buzz",
@@ -589,7 +589,7 @@ mod tests {
         let mut spec = Spec::mixed(700);
         spec.steps = 300;
         let case = Case::generate(&spec, seed).unwrap();
-        let (kv, reference_kv) = (case.store().unwrap(), crate::kv::Reference(case.store().unwrap()));
+        let (kv, reference_kv) = (case.store().unwrap(), crate::kv_cache::Reference(case.store().unwrap()));
         let make = || Buzz::new(Budget::Tokens(120), Params::parse("buzz", &PARAMS, &[]).unwrap()).unwrap();
         let (fast, slow) = (make(), make());
         let (mut evictions, mut last_len) = (0, 0);

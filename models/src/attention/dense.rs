@@ -4,7 +4,7 @@
 use super::cost::{CostInput, StepCost};
 use super::{Attended, Attention, AttnCall, Knobs, MethodSpec, Needs, Tiers};
 use crate::error::Result;
-use crate::tier::dense_over_segments;
+use crate::kv_cache::dense_over_segments;
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
     name: "dense",
@@ -40,8 +40,8 @@ impl Attention for Dense {
     /// the link); without one, the attention kernel over the store's segments, merged by LSE.
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
         let out = match call.kv.tier() {
-            Some(tier) => tier.dense(call)?,
-            None => dense_over_segments(call)?,
+            Some(tier) => tier.dense(&call.exact())?,
+            None => dense_over_segments(call.kv, &call.exact())?,
         };
         Ok(Attended::dense(out))
     }

@@ -12,12 +12,12 @@
 //! label before scoring, so the current token is a candidate, not forced in).
 //! `bits=16` keeps labels unquantized: with every channel that is exactly top-k.
 
-pub use crate::calibrate::Channels;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_64;
+
+use serde::{Deserialize, Serialize};
 
 use candle_core::{DType, Tensor};
 use folio_kernels::sparse;
@@ -32,8 +32,44 @@ use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Read, Tiers,
 };
 use crate::error::{Error, Result};
-use crate::kv::KvStore;
-use crate::tier::DecodeTier;
+use crate::kv_cache::DecodeTier;
+use crate::kv_cache::KvStore;
+
+/// Channel order per layer and KV head, most important first: what Double Sparsity uses
+/// (measured by [`crate::calibrate`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Channels {
+    /// `[layer][kv_head]`: every channel, most important first.
+    pub order: Vec<Vec<Vec<u16>>>,
+}
+
+impl Channels {
+    /// The order of a `[layer][kv_head][channel]` statistic, largest first (ties to the lower
+    /// channel).
+    pub fn from_statistic(stat: &[Vec<Vec<f64>>]) -> Self {
+        let order = stat
+            .iter()
+            .map(|layer| {
+                layer
+                    .iter()
+                    .map(|s| {
+                        let mut idx: Vec<u16> = (0..s.len() as u16).collect();
+                        idx.sort_by(|a, b| s[*b as usize].total_cmp(&s[*a as usize]).then(a.cmp(b)));
+                        idx
+                    })
+                    .collect()
+            })
+            .collect();
+        Self { order }
+    }
+
+    /// The `r` most important channels of `(layer, kv_head)`, ascending.
+    pub fn top(&self, layer: usize, kv_head: usize, r: usize) -> Vec<usize> {
+        let mut c: Vec<usize> = self.order[layer][kv_head].iter().take(r).map(|&x| x as usize).collect();
+        c.sort_unstable();
+        c
+    }
+}
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
     name: "double-sparsity",

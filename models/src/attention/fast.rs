@@ -1,5 +1,5 @@
 //! The shared half of the methods' fast paths: attention over the rows a step picked, over any
-//! decode tier ([`crate::tier::DecodeTier`]: resident or offloaded). A method scores and picks
+//! decode tier ([`crate::kv_cache::DecodeTier`]: resident or offloaded). A method scores and picks
 //! with its own index; these gather the picks through the tier and run the kernel over the
 //! gathered rows (`folio_kernels::sparse::decode_attention_rows`), or, for a method that
 //! scores its cache by the attention it received (BUZZ), exact attention with the
@@ -12,8 +12,8 @@ use folio_kernels::attention::{merge, AttnOutput};
 
 use super::AttnCall;
 use crate::error::{Error, Result};
+use crate::kv_cache::DecodeTier;
 use crate::profile::span;
-use crate::tier::DecodeTier;
 
 /// Positions per chunk of [`attend_scored`] at most (64 Ki, as the tiers' scans).
 const SCAN_CHUNK: usize = 1 << 16;
@@ -284,8 +284,8 @@ mod tests {
     }
 
     fn open_positions_match(dev: &Device, dtype: DType, tolerance: f32) -> Result<()> {
-        use crate::kv::KvStore;
-        use crate::offload::OffloadKv;
+        use crate::kv_cache::KvStore;
+        use crate::kv_cache::OffloadKv;
         use rand::{rngs::StdRng, Rng, SeedableRng};
         let (kvh, group, d, saved) = (2, 7, 128, 70_000);
         let mut rng = StdRng::seed_from_u64(7);

@@ -25,10 +25,11 @@
 //! every head picks the same number of keys: one `[heads, s]` pick, no padding.
 //!
 //! The fast path keeps the search and the picked rows on the device: each refresh searches every
-//! head at once and expands the chosen blocks to positions there ([`DecodeTier::search_blocks`]:
-//! on the offloaded tier one launch that reads each round's representative keys where they lie
-//! in host memory, up to 2048 candidates and 256 dimensions a head; otherwise round by round
-//! with a gather, past 2048 candidates with a top-k whose ties are arbitrary), gathers the picked rows and the
+//! head at once and expands the chosen blocks to positions there (`search_on`: where the tier
+//! keeps the saved keys in host memory, [`DecodeTier::host_rows`], one launch that reads each
+//! round's representative keys where they lie, up to 2048 candidates and 256 dimensions a head;
+//! otherwise round by round with a gather, past 2048 candidates with a top-k whose ties are
+//! arbitrary), gathers the picked rows and the
 //! window's into per-head buffers once, and each step in between gathers only its own new row
 //! into them (`Kept`): the picks cross the host link once per refresh, not once per step, and
 //! no step waits for a copy to the host. The device search differs from the host's
@@ -48,8 +49,8 @@ use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Dense, Knobs, MethodSpec, Needs, ParamSpec, Params, Read,
 };
 use crate::error::Result;
+use crate::kv_cache::DecodeTier;
 use crate::profile::span;
-use crate::tier::DecodeTier;
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
     name: "hip",
@@ -324,6 +325,33 @@ impl Hip {
     }
 }
 
+/// The block search (`plan`) of every query head of `q [q_heads, d]` over the keys of `layer`
+/// below `end`: the positions each head reads, `[q_heads, plan.picks()]` u32 on the device.
+/// Where the tier keeps the saved keys in host memory, one launch reads each round's
+/// representatives where they lie (a round's representatives are a few hundred scattered rows
+/// a head: the search is its launches and its link reads, not its arithmetic), and with `ahead`
+/// may be queued where it overlaps the device's other work until [`Found::positions`] is asked;
+/// otherwise round by round through the tier's key gather, in the device's stream order. Both
+/// give the same positions.
+fn search_on(
+    kv: &dyn DecodeTier,
+    layer: usize,
+    q: &Tensor,
+    plan: &blocks::Search,
+    end: usize,
+    ahead: bool,
+) -> Result<Found> {
+    if let Some((keys, _)) = kv.host_rows(layer) {
+        let group = q.dim(0)? / kv.kv_heads();
+        let saved = kv.saved();
+        let tail = if end > saved { Some(kv.keys(layer, saved, end)?.contiguous()?) } else { None };
+        return Ok(keys.search_blocks(q, group, tail.as_ref(), plan, ahead)?);
+    }
+    let idx =
+        blocks::search_by_rounds(q, plan, |pos| kv.gather_keys(layer, pos, end).map_err(candle_core::Error::wrap))?;
+    Ok(Found::ready(idx))
+}
+
 impl Hip {
     /// Whether rows kept (or masks built) at `built` can serve a step whose visible keys end at
     /// `hi` under the same sinks: not from a later position, and no more than `refresh` steps
@@ -353,7 +381,7 @@ impl Hip {
         if blocks > n {
             let plan = blocks::Search { n, blocks, b, first, lo };
             let found =
-                span(dev, "attention: search", || kv.search_blocks(call.kv_layer, q, &plan, call.q_start + 1, ahead))?;
+                span(dev, "attention: search", || search_on(kv, call.kv_layer, q, &plan, call.q_start + 1, ahead))?;
             return Ok((Some(found), window_start, plan.scored()));
         }
         if window_start > lo {

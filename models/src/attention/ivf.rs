@@ -29,7 +29,7 @@ use super::select::{
 };
 use super::{Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Path};
 use crate::error::{Error, Result};
-use crate::kv::KvStore;
+use crate::kv_cache::KvStore;
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
     name: "topk-ivf",

@@ -28,7 +28,7 @@ impl Tier {
     }
 }
 
-/// How a tier runs a method: its fast path (`crate::tier::DecodeTier`), or its CPU reference
+/// How a tier runs a method: its fast path (`crate::kv_cache::DecodeTier`), or its CPU reference
 /// (with why) — or not at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "path", content = "why", rename_all = "lowercase")]

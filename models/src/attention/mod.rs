@@ -65,7 +65,8 @@ use std::sync::Arc;
 use candle_core::Tensor;
 
 use crate::error::Result;
-use crate::kv::KvStore;
+use crate::kv_cache::Exact;
+use crate::kv_cache::KvStore;
 
 /// One layer's attention call.
 pub struct AttnCall<'a> {
@@ -83,6 +84,13 @@ pub struct AttnCall<'a> {
     pub scale: f32,
     /// Sliding window (Mistral), counted with the query's own token.
     pub window: Option<usize>,
+}
+
+impl AttnCall<'_> {
+    /// The call as an exact attention over its store's layer ([`DecodeTier::dense`]).
+    pub fn exact(&self) -> Exact<'_> {
+        Exact { layer: self.kv_layer, q: self.q, q_start: self.q_start, scale: self.scale, window: self.window }
+    }
 }
 
 /// What one call computed and what it read.

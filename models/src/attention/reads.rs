@@ -35,7 +35,7 @@ use candle_core::{DType, Tensor};
 use super::select::visible;
 use super::{Attended, Attention, AttnCall, IndexSource, Knobs};
 use crate::error::Result;
-use crate::kv::KvStore;
+use crate::kv_cache::KvStore;
 
 /// Most visible rows for which a call's attention mass is computed (a `[heads, rows]`
 /// softmax beside the method's own attention).
@@ -415,7 +415,7 @@ impl Attention for ReadTally<'_> {
 mod tests {
     use super::*;
     use crate::attention::{by_name, Resources};
-    use crate::kv::DenseKv;
+    use crate::kv_cache::DenseKv;
     use candle_core::{DType, Device, Tensor};
 
     /// Dense counts every visible row by span; streaming's sinks and window land where they are.

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Attended, Attention, AttnCall, Dense, Read};
 use crate::error::{Error, Result};
-use crate::kv::KvStore;
+use crate::kv_cache::KvStore;
 
 /// The layer's keys and values for positions `0..end` as f32 on the CPU, `[kv_heads, end, d]`
 /// flattened row-major, with their shape.

@@ -18,8 +18,8 @@ use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Knobs, MethodSpec, Needs, ParamSpec, Params, Read, Tiers,
 };
 use crate::error::Result;
+use crate::kv_cache::DecodeTier;
 use crate::profile::span;
-use crate::tier::DecodeTier;
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
     name: "streaming",

@@ -22,7 +22,7 @@ use rand::{Rng, SeedableRng};
 
 use super::AttnCall;
 use crate::error::Result;
-use crate::kv::{DenseKv, KvStore};
+use crate::kv_cache::{DenseKv, KvStore};
 
 /// Shape and structure of a synthetic workload.
 #[derive(Debug, Clone, serde::Serialize)]

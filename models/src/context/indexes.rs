@@ -10,9 +10,10 @@ use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{ContextFile, ContextKv, Header};
+use super::{ContextFile, Header};
 use crate::attention::MethodChoice;
 use crate::error::{Error, Result};
+use crate::kv_cache::ContextKv;
 use crate::Engine;
 
 /// Device memory for the decoded layer an index is built from (one layer at a time).

@@ -16,7 +16,6 @@ pub mod build;
 pub mod builder;
 pub mod encode;
 pub mod indexes;
-pub mod kv;
 pub mod prompt;
 pub mod staging;
 
@@ -30,5 +29,4 @@ pub use folio_context_file::{
     ContextFile, DocumentSpan, Fingerprint, Header, KvDtype, ModelStamp, SpanPart, VerifyReport,
 };
 pub use indexes::StoredIndex;
-pub use kv::ContextKv;
 pub use prompt::{DocumentText, PrefixPlan, TextPart, TokenCount};

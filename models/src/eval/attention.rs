@@ -15,8 +15,9 @@ use candle_core::{DType, Tensor};
 
 use crate::attention::{Attention, Dense};
 use crate::attention::{Case, LayerTally, Probe};
-use crate::context::{ContextFile, ContextKv};
+use crate::context::ContextFile;
 use crate::error::Result;
+use crate::kv_cache::ContextKv;
 use crate::model::Logits;
 use crate::Engine;
 

@@ -15,8 +15,8 @@ use crate::attention::{Attention, Tier};
 use crate::chat::Message;
 use crate::error::{Error, Result};
 use crate::generate::{self, GenerateParams, PromptPass, SamplingParams, PREFILL_CHUNK};
-use crate::kv::KvStore;
-use crate::offload::OffloadKv;
+use crate::kv_cache::KvStore;
+use crate::kv_cache::OffloadKv;
 use crate::Engine;
 
 /// Tokens generated beyond the expected answer before giving up on it.
@@ -372,7 +372,9 @@ impl<'a> PromptStore<'a> {
         let started = Instant::now();
         let offloaded = match tier {
             Tier::Resident => None,
-            Tier::Offloaded => Some(Box::new(OffloadKv::prefill(&engine.model, &ids[..documents_end], PREFILL_CHUNK)?)),
+            Tier::Offloaded => {
+                Some(Box::new(crate::prefill::prefill_offloaded(&engine.model, &ids[..documents_end], PREFILL_CHUNK)?))
+            }
         };
         let prefill_seconds = if offloaded.is_some() { started.elapsed().as_secs_f64() } else { 0.0 };
         Ok((Self { engine, ids, documents_end, offloaded }, prefill_seconds))

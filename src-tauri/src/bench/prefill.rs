@@ -12,13 +12,11 @@ use clap::Args;
 use folio_kernels::device::MemorySampler;
 use folio_models::attention::{Dense, Tier};
 use folio_models::config::ModelConfig;
-use folio_models::context::{
-    self, BuildOptions, ContextKv, HiddenPlace, KvDtype, ModelStamp, PrefixPlan, StageSeconds,
-};
+use folio_models::context::{self, BuildOptions, HiddenPlace, KvDtype, ModelStamp, PrefixPlan, StageSeconds};
 use folio_models::error::human_bytes;
-use folio_models::kv::KvStore;
+use folio_models::kv_cache::OffloadKv;
+use folio_models::kv_cache::{ContextKv, KvStore};
 use folio_models::model::Logits;
-use folio_models::offload::OffloadKv;
 use folio_models::{device_name, Engine};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;

@@ -36,9 +36,9 @@ use folio_models::attention::{Attention, Channels, MethodChoice, Resources, Tier
 use folio_models::config::ModelConfig;
 use folio_models::context::KvDtype;
 use folio_models::error::human_bytes;
-use folio_models::kv::KvStore;
+use folio_models::kv_cache::KvStore;
+use folio_models::kv_cache::OffloadKv;
 use folio_models::model::{Logits, Model};
-use folio_models::offload::OffloadKv;
 use folio_models::plan::{copy_bandwidth, host_read_bandwidth, parameters};
 use folio_models::{device_name, parse_device};
 use rand::{rngs::StdRng, Rng, SeedableRng};

@@ -41,9 +41,9 @@ use super::{
     Path, Read,
 };
 use crate::error::{Error, Result};
-use crate::kv::KvStore;
+use crate::kv_cache::DecodeTier;
+use crate::kv_cache::KvStore;
 use crate::profile::{self, span};
-use crate::tier::DecodeTier;
 use index::{LayerIndex, OnDevice, Plan, BIAS_TABLE_STEPS, INDEX_CHUNK};
 
 mod index;

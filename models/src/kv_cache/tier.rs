@@ -2,12 +2,12 @@
 //! score keys, gather the rows they pick, attend exactly — behind one trait, so a method never
 //! looks for a concrete store and every store with rows on the compute path runs the fast paths.
 //!
-//! Two implementations: the offloaded tier ([`crate::offload::OffloadKv`]: saved rows in host
+//! Two implementations: the offloaded tier ([`crate::kv_cache::OffloadKv`]: saved rows in host
 //! memory, a pick gathered over the host link by the gather kernel) and the resident one here,
-//! over any store's segments on the model's device ([`crate::kv::DenseKv`], a context's
-//! [`crate::context::ContextKv`]): picks are gathered from device memory with `index_select`,
+//! over any store's segments on the model's device ([`crate::kv_cache::DenseKv`], a context's
+//! [`crate::kv_cache::ContextKv`]): picks are gathered from device memory with `index_select`,
 //! scores are one batched matmul per segment. A store offers its tier through
-//! [`KvStore::tier`]; one without (the [`crate::kv::Reference`] wrapper) runs each method's CPU
+//! [`KvStore::tier`]; one without (the [`crate::kv_cache::Reference`] wrapper) runs each method's CPU
 //! reference, which is how the tests hold the fast paths to them.
 //!
 //! Positions are absolute; a store's rows `0..saved()` are the saved prefix its indexes cover
@@ -16,12 +16,10 @@
 
 use candle_core::{DType, Device, Tensor};
 use folio_kernels::attention::{attention_block, merge, Mask};
-use folio_kernels::blocks;
 use folio_kernels::select::HostRows;
 
-use crate::attention::AttnCall;
+use super::{KvSegment, KvStore};
 use crate::error::{Error, Result};
-use crate::kv::{KvSegment, KvStore};
 
 /// A store's tier as [`KvStore::tier`] hands it out: the store itself, or a resident view of
 /// its segments made for the call.
@@ -41,6 +39,19 @@ impl<'a> std::ops::Deref for TierRef<'a> {
     }
 }
 
+/// One exact attention a tier computes ([`DecodeTier::dense`]): queries over every key they
+/// see.
+pub struct Exact<'a> {
+    /// The layer's index in the store.
+    pub layer: usize,
+    /// Post-RoPE queries `[q_heads, t, head_dim]` for positions `q_start..q_start + t`.
+    pub q: &'a Tensor,
+    pub q_start: usize,
+    pub scale: f32,
+    /// Sliding window, counted with the query's own token.
+    pub window: Option<usize>,
+}
+
 /// See the module docs.
 pub trait DecodeTier {
     fn kv_heads(&self) -> usize;
@@ -54,25 +65,6 @@ pub trait DecodeTier {
     fn gather(&self, layer: usize, idx: &Tensor, end: usize) -> Result<(Tensor, Tensor)>;
     /// K rows only, as [`DecodeTier::gather`] (a search scoring keys needs no values).
     fn gather_keys(&self, layer: usize, idx: &Tensor, end: usize) -> Result<Tensor>;
-    /// HiP's block search (`plan`) of every query head of `q [q_heads, d]` over the keys below
-    /// `end`: the positions each head reads, `[q_heads, plan.picks()]` u32 on the device. Round
-    /// by round through [`DecodeTier::gather_keys`] here, in the device's stream order; a tier
-    /// whose rows the one-launch search reads where they lie runs that instead (the same
-    /// positions), and with `ahead` may queue it where it overlaps the device's other work
-    /// until [`blocks::Found::positions`] is asked.
-    fn search_blocks(
-        &self,
-        layer: usize,
-        q: &Tensor,
-        plan: &blocks::Search,
-        end: usize,
-        _ahead: bool,
-    ) -> Result<blocks::Found> {
-        let idx = blocks::search_by_rounds(q, plan, |pos| {
-            self.gather_keys(layer, pos, end).map_err(candle_core::Error::wrap)
-        })?;
-        Ok(blocks::Found::ready(idx))
-    }
     /// Exact q·k `[q_heads, end]` (f32) of one query `q [q_heads, d]` against every key below
     /// `end`: the exact top-k scan.
     fn scores(&self, layer: usize, q: &Tensor, end: usize) -> Result<Tensor>;
@@ -81,21 +73,23 @@ pub trait DecodeTier {
     /// Keys of positions `0..end` in position order, in chunks `[kv_heads, c, d]`, for an index
     /// build.
     fn for_each_key_chunk(&self, layer: usize, end: usize, f: &mut dyn FnMut(&Tensor) -> Result<()>) -> Result<()>;
-    /// Exact attention of a call over every key it sees, in the query's dtype.
-    fn dense(&self, call: &AttnCall<'_>) -> Result<Tensor>;
+    /// Exact attention of `query` over every key it sees, in the query's dtype.
+    fn dense(&self, query: &Exact<'_>) -> Result<Tensor>;
     /// K and V `[kv_heads, 1, d]` of position `pos` of every KV head (a decode step's own row,
     /// for a method that caches rows on the device: BUZZ, HiP, streaming), possibly a view of
     /// a larger tensor (any strides; [`folio_kernels::heads::place_row`] takes it as it is).
     fn row(&self, layer: usize, pos: usize) -> Result<(Tensor, Tensor)> {
         gather_row(self, layer, pos)
     }
-    /// A method reads every row of `layer` at each step (HiP's dense layers): keep them on the
-    /// compute device. Nothing to do where they already are.
+    /// Keep every row of `layer` on the compute device from now on, for a method that reads
+    /// all of them at each step. Nothing to do where they already are.
     fn keep_resident(&self, _layer: usize) -> Result<()> {
         Ok(())
     }
-    /// The saved rows in host memory, where the tier keeps them there: for a method whose paper
-    /// attends on the CPU (MagicPIG's sample).
+    /// The saved rows `0..saved()` of `layer` (K, V) where the tier keeps them in host memory,
+    /// mapped for the device: for a method that reads them where they lie (a kernel reading
+    /// scattered rows over the link, or the CPU attending them). `None` when the rows are not
+    /// in host memory, or nothing is saved.
     fn host_rows(&self, _layer: usize) -> Option<(&HostRows, &HostRows)> {
         None
     }
@@ -235,23 +229,23 @@ impl DecodeTier for Resident<'_> {
         Ok(())
     }
 
-    fn dense(&self, call: &AttnCall<'_>) -> Result<Tensor> {
-        dense_over_segments(call)
+    fn dense(&self, query: &Exact<'_>) -> Result<Tensor> {
+        dense_over_segments(self.store, query)
     }
 }
 
-/// Exact attention of a call over its store's segments, each segment's partial merged by LSE.
-pub(crate) fn dense_over_segments(call: &AttnCall<'_>) -> Result<Tensor> {
-    let t = call.q.dim(1)?;
-    let mask = Mask { q_offset: call.q_start, window: call.window };
+/// Exact attention of `query` over `store`'s segments, each segment's partial merged by LSE.
+pub fn dense_over_segments(store: &dyn KvStore, query: &Exact<'_>) -> Result<Tensor> {
+    let t = query.q.dim(1)?;
+    let mask = Mask { q_offset: query.q_start, window: query.window };
     let mut acc = None;
-    for seg in call.kv.segments(call.kv_layer, call.q_start + t)? {
-        let part = attention_block(call.q, &seg.k, &seg.v, seg.start, mask, call.scale)?;
+    for seg in store.segments(query.layer, query.q_start + t)? {
+        let part = attention_block(query.q, &seg.k, &seg.v, seg.start, mask, query.scale)?;
         acc = Some(match acc {
             None => part,
             Some(prev) => merge(&prev, &part)?,
         });
     }
-    let out = acc.ok_or_else(|| Error::Invalid(format!("no keys stored for layer {}", call.layer)))?;
-    Ok(out.out.to_dtype(call.q.dtype())?)
+    let out = acc.ok_or_else(|| Error::Invalid(format!("no keys stored for layer {}", query.layer)))?;
+    Ok(out.out.to_dtype(query.q.dtype())?)
 }

@@ -5,7 +5,7 @@
 //! one head is contiguous and a sparse gather reads whole rows. Storage is preallocated and
 //! written in place (`slice_set`); it grows by doubling when a conversation outgrows it, never
 //! by concatenating per step. The tiered store over a saved context file
-//! ([`crate::context::ContextKv`]) implements the same trait.
+//! ([`crate::kv_cache::ContextKv`]) implements the same trait.
 //!
 //! A store hands out its rows as *segments* (runs of consecutive positions that live in one
 //! place: a saved prefix, an in-memory tail) rather than one tensor: attention runs on each and
@@ -15,7 +15,13 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
-use crate::tier::{Resident, TierRef};
+mod context;
+mod offload;
+mod tier;
+
+pub use context::ContextKv;
+pub use offload::OffloadKv;
+pub use tier::{dense_over_segments, DecodeTier, Exact, Resident, TierRef};
 
 /// Rows of positions `start..start + len` of one layer: K and V `[kv_heads, len, head_dim]`.
 #[derive(Debug, Clone)]
@@ -61,7 +67,7 @@ pub trait KvStore: Send {
         Ok(None)
     }
 
-    /// The decode tier the methods' fast paths run on ([`crate::tier`]); `None` runs their CPU
+    /// The decode tier the methods' fast paths run on ([`DecodeTier`]); `None` runs their CPU
     /// references.
     fn tier(&self) -> Option<TierRef<'_>> {
         None

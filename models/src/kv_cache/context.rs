@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device, Tensor};
 
+use super::tier::{self, TierRef};
+use super::{KvSegment, KvStore, SavedTail};
 use crate::error::{Error, Result};
-use crate::kv::{KvSegment, KvStore, SavedTail};
-use crate::tier::{self, TierRef};
 use folio_context_file::ContextFile;
 
 /// Where the prefix rows come from.

@@ -23,15 +23,12 @@ use folio_kernels::Positions;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::attention::AttnCall;
-use crate::context::ContextFile;
-use crate::context::{EncodeTensor, KvDtype};
+use super::tier::{DecodeTier, Exact, TierRef};
+use super::{KvSegment, KvStore, SavedTail};
+use crate::context::EncodeTensor;
 use crate::error::{Error, Result};
-use crate::kv::{KvSegment, KvStore, SavedTail};
-use crate::model::Model;
-use crate::prefill::prefill_layers;
-use crate::tier::{DecodeTier, TierRef};
 use folio_context_file::format::{SectionKind, PAGE};
+use folio_context_file::{ContextFile, KvDtype};
 
 /// Rows per host chunk when a step must read everything (dense attention, the exact top-k
 /// scan, building an index): 64 Ki rows per KV head keeps a chunk's K+V at 64 MiB for a
@@ -217,17 +214,6 @@ impl OffloadKv {
         self.in_place
     }
 
-    /// `tokens` prefilled layer-major on the model's device as the saved prefix, each layer's
-    /// rows moved to host memory as soon as it is done: a context file's store without the file
-    /// (the needle eval's offloaded tier). The device holds one layer's K/V at a time.
-    pub fn prefill(model: &Model, tokens: &[u32], chunk: usize) -> Result<Self> {
-        let cfg = model.config();
-        let mut kv =
-            Self::new(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, tokens.len(), model.dtype(), model.device())?;
-        prefill_layers(model, tokens, chunk, |layer, k, v| kv.fill(layer, 0, &k, &v))?;
-        Ok(kv)
-    }
-
     /// Writes saved rows `k`, `v` (`[kv_heads, t, head_dim]`) of `layer` at `pos..pos + t`.
     pub fn fill(&mut self, layer: usize, pos: usize, k: &Tensor, v: &Tensor) -> Result<()> {
         let (hk, hv) =
@@ -388,27 +374,11 @@ impl DecodeTier for OffloadKv {
         Ok(k.gather(idx, group, self.tail_keys(layer, end)?.as_ref(), Positions::Trusted)?)
     }
 
-    /// The one-launch search reading the saved keys where they lie in host memory (the
-    /// representatives of a round are a few hundred scattered rows a head: the search is its
-    /// launches and its link reads, not its arithmetic).
-    fn search_blocks(
-        &self,
-        layer: usize,
-        q: &Tensor,
-        plan: &folio_kernels::blocks::Search,
-        end: usize,
-        ahead: bool,
-    ) -> Result<folio_kernels::blocks::Found> {
-        let (k, _) = self.layer(layer)?;
-        let group = q.dim(0)? / self.kv_heads;
-        Ok(k.search_blocks(q, group, self.tail_keys(layer, end)?.as_ref(), plan, ahead)?)
-    }
-
     /// A tail row is a view of the tail narrowed to it (the gather kernel would want the whole
     /// tail contiguous: a copy of every row the conversation wrote, per layer, per step).
     fn row(&self, layer: usize, pos: usize) -> Result<(Tensor, Tensor)> {
         if pos < self.saved {
-            return crate::tier::gather_row(self, layer, pos);
+            return super::tier::gather_row(self, layer, pos);
         }
         let seg = self
             .tail
@@ -465,11 +435,11 @@ impl DecodeTier for OffloadKv {
 
     /// Exact attention reading the saved rows in chunks (each chunk's partial merged by LSE):
     /// dense decode, and the question's tokens for every method.
-    fn dense(&self, call: &AttnCall<'_>) -> Result<Tensor> {
-        let t = call.q.dim(1)?;
-        let end = call.q_start + t;
-        let mask = Mask { q_offset: call.q_start, window: call.window };
-        let first = call.window.map_or(0, |w| (call.q_start + 1).saturating_sub(w));
+    fn dense(&self, query: &Exact<'_>) -> Result<Tensor> {
+        let t = query.q.dim(1)?;
+        let end = query.q_start + t;
+        let mask = Mask { q_offset: query.q_start, window: query.window };
+        let first = query.window.map_or(0, |w| (query.q_start + 1).saturating_sub(w));
         let mut acc: Option<AttnOutput> = None;
         let mut add = |part: AttnOutput| -> Result<()> {
             acc = Some(match acc.take() {
@@ -480,11 +450,11 @@ impl DecodeTier for OffloadKv {
         };
         let saved_end = end.min(self.saved);
         let mut start = first / SCAN_CHUNK * SCAN_CHUNK;
-        let resident = self.resident_rows(call.kv_layer);
-        if let (Some((k, v)), 1, None, true) = (&resident, t, call.window, saved_end == self.saved) {
+        let resident = self.resident_rows(query.layer);
+        if let (Some((k, v)), 1, None, true) = (&resident, t, query.window, saved_end == self.saved) {
             // A decode step over a resident layer: every saved row through the row kernel, which
             // reads the bf16 rows as they are (no f32 working copies), once per KV group.
-            let (out, lse) = sparse::decode_attention_rows(&call.q.squeeze(1)?, k, v, self.saved, None, call.scale)?;
+            let (out, lse) = sparse::decode_attention_rows(&query.q.squeeze(1)?, k, v, self.saved, None, query.scale)?;
             add(AttnOutput { out: out.unsqueeze(1)?, lse: lse.unsqueeze(1)? })?;
             start = saved_end;
         }
@@ -494,16 +464,16 @@ impl DecodeTier for OffloadKv {
             let stop = (start + SCAN_CHUNK).min(saved_end);
             let (k, v) = match &resident {
                 Some((k, v)) => (k.narrow(1, start, stop - start)?, v.narrow(1, start, stop - start)?),
-                None => self.host_chunk(call.kv_layer, start, stop)?,
+                None => self.host_chunk(query.layer, start, stop)?,
             };
-            add(attention_block(call.q, &k, &v, start, mask, call.scale)?)?;
+            add(attention_block(query.q, &k, &v, start, mask, query.scale)?)?;
             start = stop;
         }
-        if let Some((k, v)) = self.tail_rows(call.kv_layer, end)? {
-            add(attention_block(call.q, &k, &v, self.saved, mask, call.scale)?)?;
+        if let Some((k, v)) = self.tail_rows(query.layer, end)? {
+            add(attention_block(query.q, &k, &v, self.saved, mask, query.scale)?)?;
         }
-        let out = acc.ok_or_else(|| Error::Invalid(format!("no keys stored for layer {}", call.layer)))?;
-        Ok(out.out.to_dtype(call.q.dtype())?)
+        let out = acc.ok_or_else(|| Error::Invalid(format!("no keys stored for layer {}", query.layer)))?;
+        Ok(out.out.to_dtype(query.q.dtype())?)
     }
 
     /// Copies `layer`'s saved rows to the device (once): dense attention over the layer then
