@@ -1,4 +1,5 @@
-//! Compiles kernels/cuda/*.cu to PTX with nvcc when the `cuda` feature is on; the PTX is
+//! Compiles the crate's cuda/*.cu to PTX with nvcc when the `cuda` feature is on (kernels/ and,
+//! through its `build` key, method-kernels/); the PTX is
 //! embedded in the crate and loaded by candle's CUDA device at first use. CPU builds need no
 //! CUDA toolkit. The target is `compute_$CUDA_COMPUTE_CAP`, default 80: PTX for a virtual
 //! architecture is JIT-compiled by the driver on that architecture and newer ones (Ampere,
@@ -18,6 +19,8 @@ const HOPPER_ARCH: &str = "compute_90a";
 
 fn main() {
     println!("cargo:rerun-if-changed=cuda");
+    // A crate that builds with this script (method-kernels) includes the kernels' shared headers.
+    println!("cargo:rerun-if-changed=../kernels/cuda");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {

@@ -48,7 +48,8 @@ case "${1:-}" in
     cp "$(newest heads)" .gpu/kernels-heads
     cp "$(newest norm)" .gpu/kernels-norm
     cp "$(newest transfer)" .gpu/kernels-transfer
-    cp "$(newest blocks)" .gpu/kernels-blocks
+    cp "$(newest hip)" .gpu/method-kernels-hip
+    cp "$(newest magicpig)" .gpu/method-kernels-magicpig
     cp "$(newest parity)" .gpu/models-parity
     cp "$(newest context)" .gpu/models-context
     cp "$(newest offload)" .gpu/models-offload
@@ -56,7 +57,7 @@ case "${1:-}" in
     strip .gpu/*
     # The binaries embed candle's PTX (text): xz shrinks them ~6x, under the device tool's 64 MiB.
     bins=(folio kernels-attention kernels-sparse kernels-select kernels-encode kernels-mlp kernels-heads kernels-norm kernels-transfer
-      kernels-blocks models-parity models-context models-offload)
+      method-kernels-hip method-kernels-magicpig models-parity models-context models-offload)
     tar -C .gpu -cf - "${bins[@]}" | xz -T2 -9 > .gpu/bundle.tar.xz
     (cd .gpu && rm "${bins[@]}")
     du -sh .gpu/bundle.tar.xz
@@ -102,7 +103,9 @@ case "${1:-}" in
       echo "== sparse-decode kernels vs their CPU references"
       .gpu/kernels-sparse --test-threads 1 --nocapture
       .gpu/kernels-select --test-threads 1 --nocapture
-      .gpu/kernels-blocks --nocapture
+      echo "== the methods' own kernels (HiP's block search, MagicPIG's sample) vs their references"
+      .gpu/method-kernels-hip --test-threads 1 --nocapture
+      .gpu/method-kernels-magicpig --test-threads 1 --nocapture
       echo "== the offloaded KV tier's fast paths vs the methods' CPU references"
       .gpu/models-offload --test-threads 1 --nocapture
       echo "== folio bench kernels (Qwen2.5-7B attention shape, 1M-row K/V)"
@@ -121,6 +124,8 @@ case "${1:-}" in
       .gpu/kernels-attention --test-threads 1
       .gpu/kernels-sparse --test-threads 1
       .gpu/kernels-select --test-threads 1
+      .gpu/method-kernels-hip --test-threads 1
+      .gpu/method-kernels-magicpig --test-threads 1
       echo "== every method's fast path on both tiers vs its reference (synthetic, then a demo-model context)"
       .gpu/models-offload --test-threads 1 --nocapture
       .gpu/models-context --test-threads 1 --nocapture offloaded_decode_matches_resident

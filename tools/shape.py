@@ -38,7 +38,16 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_FILE_LINES = 700
 MAX_FN_LINES = 120
-CRATES = ["context-file", "kernels", "models", "library", "ingest", "src-tauri"]
+
+
+def workspace_members() -> list[str]:
+    """The crates of the workspace, as Cargo.toml lists them (a new crate is measured at once)."""
+    with open(os.path.join(ROOT, "Cargo.toml"), encoding="utf-8") as f:
+        m = re.search(r"^members\s*=\s*\[([^\]]*)\]", f.read(), re.M)
+    return re.findall(r'"([^"]+)"', m.group(1)) if m else []
+
+
+CRATES = workspace_members()
 SOURCE_EXTS = (".rs", ".cu", ".cuh", ".ts", ".svelte", ".py")
 SKIP_DIRS = {"target", "node_modules", ".git", "dist", "gen", "results", "fixtures"}
 BASELINE = os.path.join(ROOT, "tools", "shape-baseline.txt")

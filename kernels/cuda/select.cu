@@ -1,5 +1,5 @@
 // Selection kernels: top-k of each row of scores, and the gather of selected K/V rows into a
-// compact device buffer. CPU references in kernels/src/select.rs; kernels/tests/select.rs holds
+// compact device buffer. CPU references in kernels/src/select/; kernels/tests/select.rs holds
 // them to those on fresh random inputs.
 //
 // topk: radix select, three digit levels (11, 11, 10 bits) of an order-preserving u32 key of
@@ -19,6 +19,8 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <stdint.h>
+
+#include "select.cuh"
 
 #define RADIX_BITS 11
 #define BINS (1 << RADIX_BITS)
@@ -122,34 +124,6 @@ extern "C" __global__ void topk_collect(const float* scores, const uint32_t* sta
 // select takes eight (four passes of two) and would spend most of a short row's time in them:
 // a HiP search round keeps the best half of a few hundred candidates per head.
 //   scores [rows, n] f32   out [rows, k] u32   p: a power of two >= n, q: one >= k
-#define SMALL_MAX 2048
-
-__device__ __forceinline__ uint32_t sortable(float f) {
-    const uint32_t u = __float_as_uint(f);
-    return u ^ ((u >> 31) ? 0xffffffffu : 0x80000000u);
-}
-
-// Sorts keys[0..p) (p a power of two) in shared memory, descending or ascending, with all the
-// block's threads; the caller syncs before reading the result.
-template <typename K>
-__device__ void bitonic_sort(K* keys, int p, bool descending) {
-    for (int size = 2; size <= p; size <<= 1) {
-        for (int stride = size / 2; stride > 0; stride >>= 1) {
-            __syncthreads();
-            for (int i = threadIdx.x; i < p / 2; i += blockDim.x) {
-                const int lo = 2 * stride * (i / stride) + i % stride, hi = lo + stride;
-                // Runs alternate direction until the last merge, which goes the asked way.
-                const bool down = ((lo & size) == 0) == descending;
-                const K a = keys[lo], b = keys[hi];
-                if ((a < b) == down && a != b) {
-                    keys[lo] = b;
-                    keys[hi] = a;
-                }
-            }
-        }
-    }
-}
-
 extern "C" __global__ void topk_small(const float* scores, uint32_t* out, int n, int k, int p, int q) {
     __shared__ unsigned long long s_key[SMALL_MAX];
     const float* row = scores + (size_t)blockIdx.x * n;
@@ -189,11 +163,6 @@ extern "C" __global__ void gather_rows(const uint4* src, const uint4* tail, cons
 // f32 scale per stored row in `scales` (value = code · scale, the file's decode; e4m3 widens to
 // half exactly). Rounding to bf16 is to nearest even, as the CPU's f32 → bf16 cast. The tail
 // holds rows in the output's dtype. d % 8 == 0; src 16-byte aligned (8 for fp8).
-
-// An fp8 e4m3 code as the context file decodes it: widened to half (exact), times its row's scale.
-__device__ __forceinline__ float fp8_value(__nv_fp8_storage_t code, float scale) {
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3))) * scale;
-}
 
 template <int S>
 __device__ __forceinline__ void load8(const char* src, const float* scales, size_t row, int c, int d, float v[8]);
@@ -278,134 +247,3 @@ GATHER_WIDE(gather_rows_fp8_bf16, 2, __nv_bfloat16)
 GATHER_WIDE(gather_rows_fp8_f32, 2, float)
 GATHER_WIDE(gather_rows_bf16_f32, 1, float)
 GATHER_WIDE(gather_rows_f32_bf16, 0, __nv_bfloat16)
-
-// hip_search: HiP's whole block search for one query head per block, in one launch: the
-// rounds kernels/src/blocks.rs composes from halve, a gather of the representatives' keys,
-// block_max and topk_small (its docs), here without leaving the block — the nodes, the
-// candidates' keys for the sort and the query stay in shared memory, and the representative
-// keys are read where they lie (host memory mapped into the device's address space, widened
-// as gather_rows_wide would, rounded to the tier's dtype O as its gather would). Each
-// candidate is scored by a warp with block_max's arithmetic and kept by topk_small's sort, so
-// the positions are the composed search's exactly. One launch instead of four a round: at a
-// million tokens a search is 11 rounds, and the launches and their hand-offs were a third of
-// its device time and nearly all of its host time.
-//   q [heads, d] f32   out [heads, (first - lo) + n * b] u32; rows as gather_wide's (group,
-//   n_rows, tail_n, d); n survivors of `blocks` blocks of b keys from key `first`; 2n <= SEARCH_MAX
-#define SEARCH_MAX SMALL_MAX
-#define SEARCH_MAX_D 256
-
-template <int S>
-__device__ __forceinline__ float load1(const char* src, const float* scales, size_t row, int i, int d);
-template <>
-__device__ __forceinline__ float load1<0>(const char* src, const float*, size_t row, int i, int d) {
-    return reinterpret_cast<const float*>(src)[row * d + i];
-}
-template <>
-__device__ __forceinline__ float load1<1>(const char* src, const float*, size_t row, int i, int d) {
-    return __uint_as_float((uint32_t)reinterpret_cast<const uint16_t*>(src)[row * d + i] << 16);
-}
-template <>
-__device__ __forceinline__ float load1<2>(const char* src, const float* scales, size_t row, int i, int d) {
-    const __nv_fp8_storage_t code = reinterpret_cast<const uint8_t*>(src)[row * d + i];
-    return fp8_value(code, scales[row]);
-}
-
-// A value as the gather leaves it: rounded to the tier's dtype, read back as f32.
-__device__ __forceinline__ float as_read(float v, const float*) { return v; }
-__device__ __forceinline__ float as_read(float v, const __nv_bfloat16*) {
-    return __bfloat162float(__float2bfloat16_rn(v));
-}
-__device__ __forceinline__ float wide(float v) { return v; }
-__device__ __forceinline__ float wide(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <int S, typename O>
-__device__ void hip_search(const float* q, const char* src, const float* scales, const O* tail, uint32_t* out,
-                           int group, int n_rows, int tail_n, int d, int n, int blocks, int b, int first, int lo,
-                           int rounds) {
-    __shared__ uint32_t cand[SEARCH_MAX * 2];
-    __shared__ uint32_t nodes[SEARCH_MAX];
-    __shared__ unsigned long long s_key[SEARCH_MAX];
-    __shared__ uint32_t s_pos[SEARCH_MAX / 2];
-    __shared__ float s_q[SEARCH_MAX_D];
-    const int h = blockIdx.x, t = threadIdx.x, lane = t % 32, warp = t / 32, warps = blockDim.x / 32;
-    const int g = h / group, c = 2 * n;
-    const int p = c <= 1 ? 1 : 1 << (32 - __clz(c - 1)), pn = n <= 1 ? 1 : 1 << (32 - __clz(n - 1));
-    const long long keys = (long long)blocks * b;
-    const uint32_t last_row = (uint32_t)(n_rows + tail_n - 1);
-    for (int i = t; i < d; i += blockDim.x) s_q[i] = q[(size_t)h * d + i];
-    // The first nodes: n near-equal ranges of the blocks (Search::edge's rounding).
-    for (int j = t; j < n; j += blockDim.x) {
-        nodes[2 * j] = (uint32_t)round((double)j * blocks / n);
-        nodes[2 * j + 1] = (uint32_t)round((double)(j + 1) * blocks / n);
-    }
-    __syncthreads();
-    for (int r = 0; r < rounds; ++r) {
-        // halve: node j's halves are candidates j and n + j.
-        for (int j = t; j < n; j += blockDim.x) {
-            const uint32_t f = nodes[2 * j], l = nodes[2 * j + 1], mid = f + (l - f) / 2;
-            cand[2 * j] = f;
-            cand[2 * j + 1] = mid;
-            cand[2 * (n + j)] = mid;
-            cand[2 * (n + j) + 1] = l;
-        }
-        for (int i = c + t; i < p; i += blockDim.x) s_key[i] = 0ull;
-        __syncthreads();
-        // block_max: a warp per candidate, its representative (middle) block's best key.
-        for (int k = warp; k < c; k += warps) {
-            const uint32_t f = cand[2 * k], l = cand[2 * k + 1], rep = f + (l - f) / 2;
-            const long long start = (long long)rep * b;
-            const long long last = (start + b < keys ? start + b : keys) - 1;
-            float best = -INFINITY;
-            for (int o = 0; o < b; ++o) {
-                const uint32_t pos = min((uint32_t)((start + o < last ? start + o : last) + first), last_row);
-                float dot = 0.f;
-                if (pos < (uint32_t)n_rows) {
-                    const size_t row = (size_t)g * n_rows + pos;
-#pragma unroll 4
-                    for (int i = lane; i < d; i += 32) dot += s_q[i] * as_read(load1<S>(src, scales, row, i, d), tail);
-                } else {
-                    const O* row = tail + ((size_t)g * tail_n + (pos - n_rows)) * d;
-#pragma unroll 4
-                    for (int i = lane; i < d; i += 32) dot += s_q[i] * wide(row[i]);
-                }
-                for (int s = 16; s > 0; s >>= 1) dot += __shfl_xor_sync(0xffffffff, dot, s);
-                best = fmaxf(best, dot);
-            }
-            if (lane == 0) {
-                const float z = l > f ? best : -INFINITY;
-                s_key[k] = ((unsigned long long)sortable(z) << 32) | (uint32_t)~k;
-            }
-        }
-        // topk_small: the n best candidates (the lower one among equals), ascending.
-        bitonic_sort(s_key, p, true);
-        __syncthreads();
-        for (int i = t; i < pn; i += blockDim.x) s_pos[i] = i < n ? ~(uint32_t)s_key[i] : 0xffffffffu;
-        bitonic_sort(s_pos, pn, false);
-        __syncthreads();
-        for (int j = t; j < n; j += blockDim.x) {
-            nodes[2 * j] = cand[2 * s_pos[j]];
-            nodes[2 * j + 1] = cand[2 * s_pos[j] + 1];
-        }
-        __syncthreads();
-    }
-    // expand: the sinks, then each kept node's b keys.
-    const int sinks = first - lo, s = sinks + n * b;
-    for (int slot = t; slot < s; slot += blockDim.x) {
-        const int j = (slot - sinks) / b, o = (slot - sinks) % b;
-        out[(size_t)h * s + slot] = slot < sinks ? (uint32_t)(lo + slot) : (uint32_t)first + nodes[2 * j] * (uint32_t)b + o;
-    }
-}
-
-#define SEARCH_THREADS 512
-#define HIP_SEARCH(name, S, O)                                                                            \
-    extern "C" __global__ void __launch_bounds__(SEARCH_THREADS)                                          \
-        name(const float* q, const char* src, const float* scales, const O* tail, uint32_t* out, int group, \
-             int n_rows, int tail_n, int d, int n, int blocks, int b, int first, int lo, int rounds) {      \
-        hip_search<S, O>(q, src, scales, tail, out, group, n_rows, tail_n, d, n, blocks, b, first, lo, rounds); \
-    }
-HIP_SEARCH(hip_search_f32_f32, 0, float)
-HIP_SEARCH(hip_search_f32_bf16, 0, __nv_bfloat16)
-HIP_SEARCH(hip_search_bf16_f32, 1, float)
-HIP_SEARCH(hip_search_bf16_bf16, 1, __nv_bfloat16)
-HIP_SEARCH(hip_search_fp8_f32, 2, float)
-HIP_SEARCH(hip_search_fp8_bf16, 2, __nv_bfloat16)

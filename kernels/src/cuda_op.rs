@@ -7,32 +7,32 @@ use candle_core::{CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, Layo
 
 /// The CUDA storage of a tensor an op carries beside its inputs (`what` names it in the error
 /// when it is elsewhere).
-pub(crate) fn cuda_storage<'a>(s: &'a Storage, what: &str) -> Result<&'a CudaStorage> {
+pub fn cuda_storage<'a>(s: &'a Storage, what: &str) -> Result<&'a CudaStorage> {
     match s {
         Storage::Cuda(c) => Ok(c),
         _ => candle_core::bail!("{what} must be on the CUDA device"),
     }
 }
 
-pub(crate) trait CudaOp1: Send + Sync {
+pub trait CudaOp1: Send + Sync {
     const NAME: &'static str;
     fn cuda_fwd(&self, a: &CudaStorage, al: &Layout) -> Result<(CudaStorage, Shape)>;
 }
 
-pub(crate) trait CudaOp2: Send + Sync {
+pub trait CudaOp2: Send + Sync {
     const NAME: &'static str;
     fn cuda_fwd(&self, a: &CudaStorage, al: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)>;
 }
 
 /// Three inputs, each with its layout (an array, so that the launches do not spell out six
 /// parameters each).
-pub(crate) trait CudaOp3: Send + Sync {
+pub trait CudaOp3: Send + Sync {
     const NAME: &'static str;
     fn cuda_fwd(&self, inputs: [(&CudaStorage, &Layout); 3]) -> Result<(CudaStorage, Shape)>;
 }
 
 /// An op of this crate as candle applies it: `tensor.apply_op1_no_bwd(&CudaOnly(op))`.
-pub(crate) struct CudaOnly<T>(pub T);
+pub struct CudaOnly<T>(pub T);
 
 fn refuse(name: &str) -> Result<(CpuStorage, Shape)> {
     candle_core::bail!("{name} runs on CUDA only: on the CPU its caller runs the reference")

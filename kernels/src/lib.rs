@@ -1,8 +1,9 @@
 //! Attention math for Folio, with no knowledge of models — and the few other device primitives
 //! a prefill needs fused or moved (the K/V codec in [`encode`], the MLP's activation in [`mlp`],
 //! RMSNorm in [`norm`], projections to heads and back in [`heads`], staged host copies and
-//! hand-offs between threads in [`device`], a hierarchical block search's steps in [`blocks`]),
-//! held to the same rules.
+//! hand-offs between threads in [`device`]), held to the same rules. An attention *method's*
+//! own kernels (HiP's block search, MagicPIG's LSH sample and CPU attention) live in
+//! folio-method-kernels, over the host rows and mapped memory of [`select`].
 //!
 //! Rules of this crate (docs/architecture.md):
 //!
@@ -28,9 +29,8 @@
 //! exactly by LSE, so the primitive has to expose it from day one.
 
 pub mod attention;
-pub mod blocks;
 #[cfg(feature = "cuda")]
-mod cuda_op;
+pub mod cuda_op;
 pub mod device;
 pub mod encode;
 pub mod heads;

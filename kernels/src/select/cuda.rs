@@ -1,12 +1,12 @@
 //! The kernels of kernels/cuda/select.cu, and the mapped host allocation.
 
 use candle_core::backend::BackendStorage;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use candle_core::cuda::cudarc::driver::{
-    sys, CudaEvent, CudaStream, DevicePtr, HostSlice, LaunchConfig, PinnedHostSlice, PushKernelArg,
+    sys, CudaStream, DevicePtr, HostSlice, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
-use candle_core::cuda::{CudaDevice, DeviceId, WrapErr};
+use candle_core::cuda::{CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result, Shape, Tensor};
 
 use super::Stored;
@@ -24,8 +24,8 @@ const TARGET_BLOCKS: usize = 1024;
 const MIN_SCORES_PER_BLOCK: usize = 4096;
 
 pub struct Mapped {
-    pub(super) buf: PinnedHostSlice<u8>,
-    pub(super) ptr: u64,
+    pub buf: PinnedHostSlice<u8>,
+    pub ptr: u64,
 }
 
 impl Drop for Mapped {
@@ -58,7 +58,7 @@ impl Mapped {
 
     /// The first `n` u32 words (native order) — what a kernel wrote here, once its event is
     /// waited on.
-    pub(super) fn words(&self, n: usize) -> Result<Vec<u32>> {
+    pub fn words(&self, n: usize) -> Result<Vec<u32>> {
         let bytes = self.buf.as_slice().w()?;
         if 4 * n > bytes.len() {
             candle_core::bail!("mapped buffer: {n} words asked of {} bytes", bytes.len());
@@ -319,7 +319,7 @@ pub enum Source<'a> {
 impl Source<'_> {
     /// The rows' device address, their fp8 scales' (0 without), and how they are stored (a
     /// mapped allocation holds the dtype it is read in).
-    pub(super) fn address(&self, dtype: DType) -> Result<(u64, u64, Stored)> {
+    pub fn address(&self, dtype: DType) -> Result<(u64, u64, Stored)> {
         match self {
             Source::Mapped(m) => Ok((m.ptr, 0, super::stored_as(dtype)?)),
             Source::Registered { registered, at, stored } => {
@@ -341,7 +341,7 @@ impl Source<'_> {
     /// while the tier is filled (each write synchronises) and freed only after the context is
     /// synchronised (`Mapped`'s drop). Registered memory is read-only and unregistered only
     /// after the context is synchronised (`Registered`'s drop).
-    pub(super) fn ordered<T>(&self, stream: &Arc<CudaStream>, launch: impl FnOnce() -> Result<T>) -> Result<T> {
+    pub fn ordered<T>(&self, stream: &Arc<CudaStream>, launch: impl FnOnce() -> Result<T>) -> Result<T> {
         match self {
             Source::Mapped(m) => {
                 // SAFETY: the host view it returns is not touched; only the ordering is used, on
@@ -357,7 +357,7 @@ impl Source<'_> {
 }
 
 /// A tail tensor's device address from its layout's start (f32 or bf16 rows), for `what`.
-fn tail_ptr(tail: &CudaStorage, tl: &Layout, stream: &Arc<CudaStream>, what: &str) -> Result<u64> {
+pub fn tail_ptr(tail: &CudaStorage, tl: &Layout, stream: &Arc<CudaStream>, what: &str) -> Result<u64> {
     let offset = tl.start_offset();
     Ok(match tail.dtype() {
         DType::F32 => tail.as_cuda_slice::<f32>()?.slice(offset..).device_ptr(stream).0,
@@ -384,183 +384,11 @@ pub fn gather(
     })
 }
 
-/// Threads a block of `hip_search` (one block a query head; SEARCH_THREADS, its launch bound, in
-/// the kernel): a warp scores a candidate, so 16
-/// candidates' keys are in flight over the host link at a time, a block's worth of requests
-/// enough to keep the link busy with a few dozen heads.
-const SEARCH_THREADS: u32 = 512;
-
-/// HiP's whole block search over rows read where they lie (`hip_search` in select.cu): `q`'s
-/// heads (f32, contiguous) each search `rows = (group, n, tail_n, d)`'s keys of head
-/// `h / group` as `plan` says; positions past `n` read `tail` (the rows' dtype `dtype`).
-struct BlockSearch {
-    src: u64,
-    scales: u64,
-    stored: Stored,
-    dtype: DType,
-    rows: (usize, usize, usize, usize),
-    plan: crate::blocks::Search,
-    /// Launch here after everything queued so far on candle's stream, instead of on it.
-    side: Option<Arc<CudaStream>>,
-}
-
-impl BlockSearch {
-    fn launch(&self, q: &CudaStorage, ql: &Layout, tail: u64) -> Result<(CudaStorage, Shape)> {
-        let (group, n, tail_n, d) = self.rows;
-        let plan = &self.plan;
-        let heads = ql.shape().dims2()?.0;
-        let dev = q.device();
-        let q_s = q.as_cuda_slice::<f32>()?.slice(ql.start_offset()..);
-        let kernel = match (self.stored, self.dtype) {
-            (Stored::F32, DType::F32) => "hip_search_f32_f32",
-            (Stored::F32, DType::BF16) => "hip_search_f32_bf16",
-            (Stored::Bf16, DType::F32) => "hip_search_bf16_f32",
-            (Stored::Bf16, DType::BF16) => "hip_search_bf16_bf16",
-            (Stored::Fp8 { .. }, DType::F32) => "hip_search_fp8_f32",
-            (Stored::Fp8 { .. }, DType::BF16) => "hip_search_fp8_bf16",
-            (stored, dtype) => {
-                candle_core::bail!("block search: rows stored as {stored:?} cannot be read as {dtype:?}")
-            }
-        };
-        let sizes = [group, n, tail_n, d, plan.n, plan.blocks, plan.b, plan.first, plan.lo, plan.rounds()];
-        let per_head = plan.picks();
-        if sizes.iter().chain([&heads, &(heads * per_head), &(n + tail_n)]).any(|&x| x > i32::MAX as usize) {
-            candle_core::bail!("block search: sizes past the kernel's i32 indices");
-        }
-        // SAFETY: the kernel writes every head's positions.
-        let out = unsafe { dev.alloc::<u32>((heads * per_head).max(1))? };
-        let Ok(grid) = u32::try_from(heads) else {
-            candle_core::bail!("block search: {heads} heads are more than one launch holds");
-        };
-        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (SEARCH_THREADS, 1, 1), shared_mem_bytes: 0 };
-        let ints = sizes.map(|x| x as i32);
-        let f = dev.get_or_load_custom_func(kernel, MODULE, PTX)?;
-        let mut b = match &self.side {
-            Some(side) => {
-                // After q, the tail and `out` exist: everything candle's stream queued so far.
-                side.join(&dev.cuda_stream()).w()?;
-                side.launch_builder(&f)
-            }
-            None => f.builder(),
-        };
-        b.arg(&q_s).arg(&self.src).arg(&self.scales).arg(&tail).arg(&out);
-        for x in &ints {
-            b.arg(x);
-        }
-        // SAFETY: q holds heads × d f32; src holds heads / group × n rows (and their scales),
-        // tail heads / group × tail_n; positions are clamped into those; 2·plan.n and d fit the
-        // kernel's shared arrays (checked by HostRows::search_blocks). On the side stream, q,
-        // the tail and out outlive the launch in its `Pending`, and nothing reads out before
-        // candle's stream has waited for it (`Pending::wait`).
-        unsafe { b.launch(cfg) }.w()?;
-        Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), Shape::from((heads, per_head))))
-    }
-}
-
-impl CudaOp1 for BlockSearch {
-    const NAME: &'static str = "folio-block-search";
-
-    fn cuda_fwd(&self, q: &CudaStorage, ql: &Layout) -> Result<(CudaStorage, Shape)> {
-        self.launch(q, ql, 0)
-    }
-}
-
-impl CudaOp2 for BlockSearch {
-    const NAME: &'static str = "folio-block-search-tail";
-
-    fn cuda_fwd(&self, q: &CudaStorage, ql: &Layout, tail: &CudaStorage, tl: &Layout) -> Result<(CudaStorage, Shape)> {
-        let ptr = tail_ptr(tail, tl, &q.device().cuda_stream(), "block search")?;
-        self.launch(q, ql, ptr)
-    }
-}
-
-/// See [`BlockSearch`]: `q [heads, d]` f32 contiguous on the GPU. With `ahead`, the search
-/// goes on the device's side stream and comes back with the [`Pending`] that candle's stream
-/// must wait on before it reads the positions.
-pub fn search(
-    source: Source<'_>,
-    tail: Option<&Tensor>,
-    q: &Tensor,
-    rows: (usize, usize, usize, usize),
-    dtype: DType,
-    plan: &crate::blocks::Search,
-    ahead: bool,
-) -> Result<(Tensor, Option<Pending>)> {
-    let candle_core::Device::Cuda(dev) = q.device() else { candle_core::bail!("block search: q must be on the GPU") };
-    let side = ahead.then(|| side_stream(dev)).transpose()?;
-    let stream = side.clone().unwrap_or_else(|| dev.cuda_stream());
-    let (src, scales, stored) = source.address(dtype)?;
-    let op = CudaOnly(BlockSearch { src, scales, stored, dtype, rows, plan: *plan, side: side.clone() });
-    let out = source.ordered(&stream, || match tail {
-        Some(t) => q.apply_op2_no_bwd(t, &op),
-        None => q.apply_op1_no_bwd(&op),
-    })?;
-    let pending = match side {
-        Some(side) => {
-            let done = match side.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)) {
-                Ok(done) => done,
-                Err(e) => {
-                    // Nothing will order the frees of q, the tail and the output after the
-                    // search: wait for it here before they go.
-                    let _ = side.synchronize();
-                    return Err(e).w();
-                }
-            };
-            let keep = std::iter::once(q.clone()).chain(tail.cloned()).collect();
-            Some(Pending { done, main: dev.cuda_stream(), keep })
-        }
-        None => None,
-    };
-    Ok((out, pending))
-}
-
-/// Work queued on the side stream: the event it records when done, candle's stream, and the
-/// inputs it reads, kept alive until candle's stream has waited for it (a tensor freed on
-/// candle's stream before that could be handed to a new allocation while the side stream
-/// still reads it: stream order alone does not cover the side stream).
-pub struct Pending {
-    done: CudaEvent,
-    main: Arc<CudaStream>,
-    keep: Vec<Tensor>,
-}
-
-impl Pending {
-    /// Makes candle's stream wait for the work (the host does not wait).
-    pub fn wait(&self) -> Result<()> {
-        self.main.wait(&self.done).w()
-    }
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        // Whatever the owner did with the result, what follows on candle's stream — the frees
-        // of `keep` and of the output among them — comes after the work.
-        let _ = self.main.wait(&self.done);
-        self.keep.clear();
-    }
-}
-
-/// The device's second stream (one per context, made on first use): work on it overlaps what
-/// candle's stream runs meanwhile. Folio's only user is HiP's search a step ahead; the engine
-/// turns cudarc's per-allocation events off (`folio_models::cuda_device`), so every use across
-/// the two streams is ordered by hand: the side stream joins candle's before a launch, candle's
-/// waits on [`Pending`] before it reads what the launch wrote.
-fn side_stream(dev: &CudaDevice) -> Result<Arc<CudaStream>> {
-    static SIDE: Mutex<Vec<(DeviceId, Arc<CudaStream>)>> = Mutex::new(Vec::new());
-    let mut all = SIDE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, s)) = all.iter().find(|(id, _)| *id == dev.id()) {
-        return Ok(s.clone());
-    }
-    let side = dev.cuda_stream().context().new_stream().w()?;
-    all.push((dev.id(), side.clone()));
-    Ok(side)
-}
-
 /// Host memory owned elsewhere, page-locked in place and mapped into the device's address
 /// space (`cuMemHostRegister`, read-only): a context file's mapping, read by the gather
 /// without a copy.
 pub struct Registered {
-    pub(super) ptr: u64,
+    pub ptr: u64,
     host: usize,
     ctx: std::sync::Arc<candle_core::cuda::cudarc::driver::CudaContext>,
 }

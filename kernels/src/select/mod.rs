@@ -29,10 +29,6 @@ use candle_core::{DType, Device, Result, Tensor};
 /// The plain-slice definitions the fast paths are held to.
 pub mod reference;
 
-mod host;
-pub mod lsh;
-pub use host::{attend_partial, merge_partials, prefetch_lines, Partial};
-
 /// Positions `[rows, min(k, n)]` u32 of the `k` largest scores of each row of `scores [rows, n]`
 /// (f32). On the CPU they come sorted by position (the reference); on CUDA a row of at most
 /// 2048 scores is sorted in one block and gives the reference's positions in its order, a
@@ -111,13 +107,14 @@ impl SharedHost {
         }))
     }
 
-    fn bytes(&self) -> &[u8] {
+    /// The shared bytes, as the CPU reads them.
+    pub fn bytes(&self) -> &[u8] {
         (*self.owner).as_ref()
     }
 
     /// The memory's address in the device's address space (registered memory only).
     #[cfg(feature = "cuda")]
-    fn device_address(&self) -> Result<u64> {
+    pub fn device_address(&self) -> Result<u64> {
         match &self.registered {
             Some(r) => Ok(r.ptr),
             None => candle_core::bail!("shared host memory is not registered with a GPU"),
@@ -207,6 +204,40 @@ impl HostRows {
         Ok(Self { heads, n, d, dtype, stored, device: device.clone(), mem })
     }
 
+    /// KV heads.
+    pub fn heads(&self) -> usize {
+        self.heads
+    }
+
+    /// Rows per head.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Elements per row.
+    pub fn dim(&self) -> usize {
+        self.d
+    }
+
+    /// The dtype gathers return.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// How the rows are stored.
+    pub fn stored(&self) -> Stored {
+        self.stored
+    }
+
+    /// The device the rows are gathered to.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// Bytes of host memory the rows take (a view's: the section's).
     pub fn bytes(&self) -> usize {
         self.stored.section_bytes(self.heads * self.n, self.d)
@@ -260,7 +291,7 @@ impl HostRows {
     /// Where the GPU's kernels read these rows: the page-locked copy, or the registered
     /// memory they are a view of.
     #[cfg(feature = "cuda")]
-    fn source(&self) -> Result<cuda::Source<'_>> {
+    pub fn source(&self) -> Result<cuda::Source<'_>> {
         match &self.mem {
             HostMem::Mapped(m) => Ok(cuda::Source::Mapped(m)),
             HostMem::Shared { host, at } => {
@@ -274,7 +305,7 @@ impl HostRows {
     }
 
     /// Refuses a tail that does not continue these rows; its rows per head.
-    fn check_tail(&self, t: &Tensor) -> Result<usize> {
+    pub fn check_tail(&self, t: &Tensor) -> Result<usize> {
         let (th, tn, td) = t.dims3()?;
         if th != self.heads || td != self.d || t.dtype() != self.dtype || !t.device().same_device(&self.device) {
             candle_core::bail!(
@@ -337,56 +368,7 @@ impl HostRows {
     }
 }
 
-/// Candidates a head sorts in the one-launch search (SEARCH_MAX in the kernel: `2n` of them) and
-/// the widest head it holds in shared memory (SEARCH_MAX_D).
-#[cfg(feature = "cuda")]
-const SEARCH_MAX: usize = 2048;
-#[cfg(feature = "cuda")]
-const SEARCH_MAX_D: usize = 256;
-
 impl HostRows {
-    /// HiP's block search ([`crate::blocks::Search`]) over these rows as keys, for every head
-    /// of `q [heads · group, d]` at once, positions from the stored `n` on reading `tail` as in
-    /// [`HostRows::gather`]. On CUDA, where a head's `2n` candidates and its query fit the
-    /// kernel's shared memory, in one launch (`hip_search`), reading each representative key
-    /// where it lies — with `ahead`, on the device's side stream, overlapping whatever candle's
-    /// stream runs until the positions are asked for; otherwise round by round
-    /// ([`crate::blocks::search_by_rounds`]) with this store's gather. Where the kernel runs,
-    /// both give the same positions; past 2048 candidates a GPU's rounds keep each round's
-    /// best in no set order (ties arbitrary). `[heads · group, picks]` u32.
-    pub fn search_blocks(
-        &self,
-        q: &Tensor,
-        group: usize,
-        tail: Option<&Tensor>,
-        plan: &crate::blocks::Search,
-        ahead: bool,
-    ) -> Result<crate::blocks::Found> {
-        plan.check()?;
-        let (qh, d) = q.dims2()?;
-        if group == 0 || qh != self.heads * group || d != self.d {
-            candle_core::bail!(
-                "host rows: searching for q {:?} with group {group} over [{}, n, {}]",
-                q.dims(),
-                self.heads,
-                self.d
-            );
-        }
-        #[cfg(feature = "cuda")]
-        if self.device.is_cuda() && 2 * plan.n <= SEARCH_MAX && d <= SEARCH_MAX_D {
-            let tail_n = tail.map(|t| self.check_tail(t)).transpose()?.unwrap_or(0);
-            let tail = tail.map(|t| t.contiguous()).transpose()?;
-            let q = q.to_dtype(DType::F32)?.contiguous()?;
-            let rows = (group, self.n, tail_n, d);
-            let (idx, pending) = cuda::search(self.source()?, tail.as_ref(), &q, rows, self.dtype, plan, ahead)?;
-            return Ok(crate::blocks::Found::queued(idx, pending));
-        }
-        // Round by round (or on the CPU) the search runs in the device's order: nothing to queue.
-        let _ = ahead;
-        let idx = crate::blocks::search_by_rounds(q, plan, |pos| self.gather(pos, group, tail, Positions::Trusted))?;
-        Ok(crate::blocks::Found::ready(idx))
-    }
-
     /// The rows as the CPU reads them, from host memory (no device work: writes have landed
     /// when [`HostRows::write`] returns, and the saved rows are not written again).
     pub fn host(&self) -> Result<HostView<'_>> {
@@ -409,7 +391,37 @@ pub struct HostView<'a> {
     stored: Stored,
 }
 
-impl HostView<'_> {
+impl<'a> HostView<'a> {
+    /// `[heads, n, d]` rows stored as `stored` in `bytes` (a section of exactly
+    /// `stored.section_bytes(heads · n, d)` bytes): rows the CPU reads where they lie.
+    pub fn new(bytes: &'a [u8], (heads, n, d): (usize, usize, usize), stored: Stored) -> Result<Self> {
+        let want = stored.section_bytes(heads * n, d);
+        if bytes.len() != want {
+            candle_core::bail!("host view: {} bytes for [{heads}, {n}, {d}] rows ({stored:?}) of {want}", bytes.len());
+        }
+        Ok(Self { bytes, heads, n, d, stored })
+    }
+
+    /// KV heads.
+    pub fn heads(&self) -> usize {
+        self.heads
+    }
+
+    /// Elements per row.
+    pub fn dim(&self) -> usize {
+        self.d
+    }
+
+    /// How the rows are stored.
+    pub fn stored(&self) -> Stored {
+        self.stored
+    }
+
+    /// The rows' bytes, `heads · n` rows in the stored format.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
     /// Rows per head.
     pub fn len(&self) -> usize {
         self.n
@@ -460,6 +472,4 @@ fn from_bytes(bytes: &[u8], dtype: DType, shape: (usize, usize, usize), device: 
 }
 
 #[cfg(feature = "cuda")]
-mod cuda;
-#[cfg(feature = "cuda")]
-pub(crate) use cuda::Pending;
+pub mod cuda;

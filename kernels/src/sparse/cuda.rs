@@ -33,7 +33,7 @@ const MERGE_CHANNELS: usize = 32;
 
 /// Merges `part`'s `heads × chunks` partials (d + 2 floats each) into each head's output and
 /// LSE, `[heads · d + heads]`.
-pub(crate) fn merge_partials(
+pub fn merge_partials(
     dev: &CudaDevice,
     part: CudaSlice<f32>,
     heads: usize,

@@ -206,4 +206,4 @@ pub fn simhash_codes(x: &Tensor, w: &Tensor, bits: usize, tables: usize) -> Resu
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 #[cfg(feature = "cuda")]
-pub(crate) use cuda::merge_partials;
+pub use cuda::merge_partials;

@@ -38,8 +38,8 @@
 //! reusing a parent's score.
 
 use candle_core::Tensor;
-use folio_kernels::blocks::{self, Found};
 use folio_kernels::{heads, sparse};
+use folio_method_kernels::hip::{self as blocks, Found};
 
 use super::cost::{CostInput, StepCost};
 use super::method::Tiers;
@@ -345,7 +345,7 @@ fn search_on(
         let group = q.dim(0)? / kv.kv_heads();
         let saved = kv.saved();
         let tail = if end > saved { Some(kv.keys(layer, saved, end)?.contiguous()?) } else { None };
-        return Ok(keys.search_blocks(q, group, tail.as_ref(), plan, ahead)?);
+        return Ok(blocks::search_host(keys, q, group, tail.as_ref(), plan, ahead)?);
     }
     let idx =
         blocks::search_by_rounds(q, plan, |pos| kv.gather_keys(layer, pos, end).map_err(candle_core::Error::wrap))?;

@@ -141,7 +141,13 @@ pub enum Read {
 /// asks), the rest's already reported to the host for the CPU to attend.
 pub enum Drawn {
     Host(Vec<Vec<u32>>),
-    Device { first: Option<folio_kernels::select::lsh::Sample>, rest: Vec<Vec<u32>> },
+    Device { first: Option<Box<dyn DeviceDraw>>, rest: Vec<Vec<u32>> },
+}
+
+/// Positions a method drew on its device and keeps there: read back only when asked.
+pub trait DeviceDraw: Send + Sync {
+    /// Each query head's positions, ascending.
+    fn positions(&self) -> Result<Vec<Vec<u32>>>;
 }
 
 impl Drawn {

@@ -11,8 +11,9 @@ use rand::SeedableRng;
 use rayon::prelude::*;
 
 use candle_core::{DType, Device, Tensor};
-use folio_kernels::select::{self, lsh, SharedHost};
+use folio_kernels::select::SharedHost;
 use folio_kernels::sparse;
+use folio_method_kernels::magicpig as lsh;
 
 use super::{collision_probability, sampling_probability, U_FLOOR};
 use crate::attention::select::{dot, LayerRows, SectionReader, SectionWriter};
@@ -152,7 +153,7 @@ impl HeadTables {
 
     /// Starts the loads of table `l`'s run starts for code `c` (every segment's).
     fn prefetch_starts(&self, l: usize, c: u32) {
-        select::prefetch_lines(&self.starts(l)[c as usize * self.segments..][..self.segments + 1]);
+        lsh::prefetch_lines(&self.starts(l)[c as usize * self.segments..][..self.segments + 1]);
     }
 }
 
@@ -410,7 +411,7 @@ impl LayerIndex {
         let (mut ps, mut pl, end) = (segs.start, 0, segs.end);
         let mut prefetch_next = || {
             if ps < end && tables > 0 {
-                select::prefetch_lines(t.run(pl, qc[pl], ps));
+                lsh::prefetch_lines(t.run(pl, qc[pl], ps));
                 pl += 1;
                 if pl == tables {
                     (ps, pl) = (ps + 1, 0);

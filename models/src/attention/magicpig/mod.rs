@@ -27,8 +27,9 @@ use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 use folio_kernels::attention::{merge, AttnOutput};
-use folio_kernels::select::{self, lsh, HostRows};
+use folio_kernels::select::{self, HostRows};
 use folio_kernels::sparse;
+use folio_method_kernels::magicpig as lsh;
 use rayon::prelude::*;
 
 use super::cost::{CostInput, StepCost};
@@ -178,7 +179,7 @@ const PARAMS: [ParamSpec; 9] = [
 
 /// The share of query heads whose sample the GPU attends (`gpu_attend`; with `balance=1`
 /// where the split starts): 18 of the 7B shape's 28 heads on the H100 machine at 1M. Since
-/// the GPU's warps read a head's picks strided (lsh.cu), its share reads ~1.9x faster, and the
+/// the GPU's warps read a head's picks strided (magicpig.cu), its share reads ~1.9x faster, and the
 /// best split moved from 14 heads to 18–20: 55.4 (14), 53.0 (16), 48.9 (18) on one host,
 /// 48.0 (20) and 56.6 (22) on another (docs/performance.md). With the CPU's heads walked
 /// first, 18 measured 44.8, 53.2 and 50.6 on three hosts; on the second, 20 heads 48.3 and

@@ -4,6 +4,8 @@
 //! path (the parent module) because it is the one part that knows where rows and tables lie.
 
 use super::*;
+use crate::attention::DeviceDraw;
+use lsh::Sample;
 
 impl MagicPig {
     /// A decode step over the offloaded tier: the GPU attends the static part (sinks, window,
@@ -151,7 +153,7 @@ impl MagicPig {
                         s.attending += took;
                     }
                 }
-                (s.out, s.lse) = select::merge_partials(heads, d, partials);
+                (s.out, s.lse) = lsh::merge_partials(heads, d, partials);
                 Ok(s)
             })
         })?;
@@ -266,7 +268,7 @@ impl MagicPig {
                             Ok((h - on_gpu, attend_picked(ix, query, (&kh, &vh), kvh, (rows, &norms), scale)?))
                         })
                         .collect::<Result<Vec<_>>>()?;
-                    Ok(select::merge_partials(heads - on_gpu, d, parts))
+                    Ok(lsh::merge_partials(heads - on_gpu, d, parts))
                 })
             })?;
             // Whether the GPU's part was done when the CPU's was: the side that finished first.
@@ -277,7 +279,8 @@ impl MagicPig {
         let (outs, lses): (Vec<Tensor>, Vec<Tensor>) =
             device_part.map(|(part, _)| part).into_iter().chain(host_part).unzip();
         let part = AttnOutput { out: Tensor::cat(&outs, 0)?.unsqueeze(1)?, lse: Tensor::cat(&lses, 0)?.unsqueeze(1)? };
-        Ok((part, Drawn::Device { first: gpu_sample, rest: picks }, walked, gpu_first))
+        let first = gpu_sample.map(|sample| Box::new(sample) as Box<dyn DeviceDraw>);
+        Ok((part, Drawn::Device { first, rest: picks }, walked, gpu_first))
     }
 }
 
@@ -291,9 +294,9 @@ fn attend_picked(
     kvh: usize,
     (rows, norms): (&[u32], &[f32]),
     scale: f32,
-) -> Result<select::Partial> {
+) -> Result<lsh::Partial> {
     let bias = |j: usize, qk: f32| ix.logit_bias_from_dot((qk, q_mean), q_norm, norms[j]);
-    Ok(select::attend_partial(q, rows_kv, kvh, rows, scale, &bias)?)
+    Ok(lsh::attend_partial(q, rows_kv, kvh, rows, scale, &bias)?)
 }
 
 /// The CPU's partial (`out [heads·d]`, `lse [heads]`) on `dev` as `[heads, d]` and `[heads]`,
@@ -303,4 +306,11 @@ fn partial_to(dev: &candle_core::Device, out: Vec<f32>, lse: Vec<f32>) -> Result
     let d = out.len() / heads.max(1);
     let both = Tensor::from_vec([out, lse].concat(), heads * (d + 1), dev)?;
     Ok((both.narrow(0, 0, heads * d)?.reshape((heads, d))?, both.narrow(0, heads * d, heads)?))
+}
+
+/// The GPU's sample stays on the device until a report asks for the positions it read.
+impl DeviceDraw for Sample {
+    fn positions(&self) -> Result<Vec<Vec<u32>>> {
+        Ok(Sample::positions(self)?)
+    }
 }

@@ -47,10 +47,13 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use super::{HostRows, SharedHost, Stored};
+use folio_kernels::select::{HostRows, SharedHost, Stored};
+
+mod host;
+pub use host::{attend_partial, merge_partials, prefetch_lines, Partial};
 
 /// Keys per segment of a bucket list, whose members are stored as 16-bit offsets within it
-/// (SEG_KEYS in kernels/cuda/lsh.cu).
+/// (SEG_KEYS in method-kernels/cuda/magicpig.cu).
 pub const SEGMENT_KEYS: usize = 1 << 16;
 
 /// The most tables and segments the kernels hold in shared memory (MAX_TABLES, MAX_SEGS).
@@ -340,8 +343,8 @@ impl Report {
 /// Whether [`attend`] reads these rows on a GPU: K and V both bf16 or both f32 (fp8 rows stay
 /// on the CPU), a head dim that is a multiple of 4 up to [`MAX_HEAD_DIM`].
 pub fn reads(k: &HostRows, v: &HostRows) -> bool {
-    let alike = matches!((k.stored, v.stored), (Stored::Bf16, Stored::Bf16) | (Stored::F32, Stored::F32));
-    alike && k.d.is_multiple_of(4) && k.d <= MAX_HEAD_DIM
+    let alike = matches!((k.stored(), v.stored()), (Stored::Bf16, Stored::Bf16) | (Stored::F32, Stored::F32));
+    alike && k.dim().is_multiple_of(4) && k.dim() <= MAX_HEAD_DIM
 }
 
 /// What weighs a sampled key, per layer: the bias sampled over the cosine (`steps + 1` values
@@ -368,18 +371,18 @@ pub fn attend(
     scale: f32,
 ) -> Result<(Tensor, Tensor)> {
     let (heads, d2) = query.dims2()?;
-    let d = k.d;
-    let kv_heads = k.heads;
+    let d = k.dim();
+    let kv_heads = k.heads();
     let group = sample.group;
     // A sample of a range of heads from 0 on: the kernel reads KV head h / group for its head h.
     let ok = heads <= sample.heads
         && sample.head0 == 0
         && d2 == d + 2
         && query.dtype() == DType::F32
-        && (v.heads, v.n, v.d) == (k.heads, k.n, k.d)
+        && (v.heads(), v.len(), v.dim()) == (k.heads(), k.len(), k.dim())
         && heads > 0
         && heads.div_ceil(group) <= kv_heads
-        && weights.first + weights.n <= k.n
+        && weights.first + weights.n <= k.len()
         && (sample.first, sample.n) == (weights.first, weights.n)
         && weights.table_and_norms.elem_count() == weights.steps + 1 + kv_heads * weights.n
         && weights.steps >= 1;
@@ -393,8 +396,8 @@ pub fn attend(
             sample.first,
             sample.first + sample.n,
             sample.head0,
-            k.heads,
-            k.n,
+            k.heads(),
+            k.len(),
             weights.first,
             weights.first + weights.n
         );
@@ -405,17 +408,17 @@ pub fn attend(
             candle_core::bail!(
                 "lsh attend: rows stored as {:?} and {:?} of head dim {d} (bf16 or f32 alike, a multiple of 4 up to \
                  {MAX_HEAD_DIM}), or a sample of {} segments (at most {MAX_SEGMENTS})",
-                k.stored,
-                v.stored,
+                k.stored(),
+                v.stored(),
                 sample.segments
             );
         }
-        let dims = (heads, sample.heads, sample.segments, d, k.n, group, weights.first, weights.n, weights.steps);
+        let dims = (heads, sample.heads, sample.segments, d, k.len(), group, weights.first, weights.n, weights.steps);
         return cuda::lsh_attend(
             &query.contiguous()?,
             &sample.buf,
             (k.source()?, v.source()?),
-            (k.dtype, v.dtype),
+            (k.dtype(), v.dtype()),
             weights.table_and_norms,
             dims,
             scale,

@@ -19,7 +19,7 @@
 
 use candle_core::Result;
 
-use super::{reference, HostView, Stored};
+use folio_kernels::select::{reference, HostView, Stored};
 
 /// Rows ahead of the one being read whose loads are started ([`prefetch`]): the picks are
 /// scattered over GBs, so each row is a DRAM miss (and a TLB miss) that the hardware prefetcher
@@ -46,16 +46,16 @@ pub fn attend_partial(
     scale: f32,
     bias: &dyn Fn(usize, f32) -> f32,
 ) -> Result<Partial> {
-    if q.len() != k.d || kv_head >= k.heads || (v.heads, v.n, v.d) != (k.heads, k.n, k.d) {
+    if q.len() != k.dim() || kv_head >= k.heads() || (v.heads(), v.len(), v.dim()) != (k.heads(), k.len(), k.dim()) {
         candle_core::bail!(
             "host attention: a query of {} values for KV head {kv_head} of {} heads of dim {}",
             q.len(),
-            k.heads,
-            k.d
+            k.heads(),
+            k.dim()
         );
     }
-    if let Some(p) = pick.iter().find(|&&p| p as usize >= k.n) {
-        candle_core::bail!("host attention: position {p} is past the {} stored rows", k.n);
+    if let Some(p) = pick.iter().find(|&&p| p as usize >= k.len()) {
+        candle_core::bail!("host attention: position {p} is past the {} stored rows", k.len());
     }
     Ok(attend(q, Rows { k, v, head: kv_head }, pick, scale, bias))
 }
@@ -181,7 +181,7 @@ fn attend_rows(q: &[f32], rows: Rows<'_>, pick: &[u32], scale: f32, bias: &dyn F
 /// apart and is left to the load).
 #[inline(always)]
 fn prefetch(view: &HostView<'_>, head: usize, pos: usize) {
-    prefetch_lines(raw_row(view, head * view.n + pos));
+    prefetch_lines(raw_row(view, head * view.len() + pos));
 }
 
 /// Asks the CPU to start loading every cache line of `data` (for loads it will make soon that no
@@ -214,12 +214,12 @@ pub fn prefetch_lines<T>(data: &[T]) {
 /// lookup per value, no wider form), then dotted.
 #[inline(always)]
 fn row_dot(view: &HostView<'_>, head: usize, pos: usize, q: &[f32], scratch: &mut [f32]) -> f32 {
-    let row = head * view.n + pos;
-    match view.stored {
+    let row = head * view.len() + pos;
+    match view.stored() {
         Stored::Bf16 => dot_stored::<2>(q, raw_row(view, row), widen_bf16),
         Stored::F32 => dot_stored::<4>(q, raw_row(view, row), f32::from_le_bytes),
         Stored::Fp8 { .. } => {
-            reference::stored_row(view.bytes, view.stored, row, view.d, scratch);
+            reference::stored_row(view.bytes(), view.stored(), row, view.dim(), scratch);
             dot(q, scratch)
         }
     }
@@ -228,12 +228,12 @@ fn row_dot(view: &HostView<'_>, head: usize, pos: usize, q: &[f32], scratch: &mu
 /// `acc += e · row` for row `pos` of `head`, widened as [`row_dot`] widens it.
 #[inline(always)]
 fn row_axpy(view: &HostView<'_>, head: usize, pos: usize, e: f32, acc: &mut [f32], scratch: &mut [f32]) {
-    let row = head * view.n + pos;
-    match view.stored {
+    let row = head * view.len() + pos;
+    match view.stored() {
         Stored::Bf16 => axpy_stored::<2>(acc, e, raw_row(view, row), widen_bf16),
         Stored::F32 => axpy_stored::<4>(acc, e, raw_row(view, row), f32::from_le_bytes),
         Stored::Fp8 { .. } => {
-            reference::stored_row(view.bytes, view.stored, row, view.d, scratch);
+            reference::stored_row(view.bytes(), view.stored(), row, view.dim(), scratch);
             for (a, &x) in acc.iter_mut().zip(scratch.iter()) {
                 *a += e * x;
             }
@@ -244,8 +244,8 @@ fn row_axpy(view: &HostView<'_>, head: usize, pos: usize, e: f32, acc: &mut [f32
 /// The stored bytes of row `row` (an fp8 row's scale lies apart).
 #[inline(always)]
 fn raw_row<'a>(view: &HostView<'a>, row: usize) -> &'a [u8] {
-    let bytes = view.stored.row_bytes(view.d);
-    &view.bytes[row * bytes..(row + 1) * bytes]
+    let bytes = view.stored().row_bytes(view.dim());
+    &view.bytes()[row * bytes..(row + 1) * bytes]
 }
 
 #[inline(always)]
@@ -318,7 +318,7 @@ mod tests {
     fn every_instruction_set_matches_the_definition() {
         let seed: u64 = rand::random();
         let mut rng = StdRng::seed_from_u64(seed);
-        let table = crate::encode::fp8_values();
+        let table = folio_kernels::encode::fp8_values();
         for (d, n) in [(128, 300), (80, 50), (7, 20)] {
             let scales_at = 2 * n * d;
             for stored in [Stored::F32, Stored::Bf16, Stored::Fp8 { scales: scales_at }] {
@@ -341,7 +341,7 @@ mod tests {
                     }
                 }
                 // Two heads of `n` rows; the task reads head 1's, as both K and V.
-                let view = HostView { bytes: &bytes, heads: 2, n, d, stored };
+                let view = HostView::new(&bytes, (2, n, d), stored).expect("a section of two heads");
                 let q: Vec<f32> = (0..d).map(|_| rng.random_range(-1f32..1.0)).collect();
                 let pick: Vec<u32> = (0..n as u32).filter(|_| rng.random_bool(0.5)).collect();
                 let bias = |j: usize, qk: f32| 0.3 * qk.sin() - 0.01 * (j % 5) as f32;

@@ -1,6 +1,6 @@
 // MagicPIG's sample on the GPU, over tables and rows that lie in host memory (mapped into the
 // device's address space): the table walk (`lsh_walk`) and the attention over what it found
-// (`lsh_attend_*`). Definitions and the reasons for this split: kernels/src/select/lsh.rs.
+// (`lsh_attend_*`). Definitions and the reasons for this split: method-kernels/src/magicpig/mod.rs.
 #include <cfloat>
 #include <cstdint>
 #include <cuda_bf16.h>

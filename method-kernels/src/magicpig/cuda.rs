@@ -1,4 +1,4 @@
-//! Launching MagicPIG's kernels (kernels/cuda/lsh.cu): the walk of a layer's LSH tables, the
+//! Launching MagicPIG's kernels (method-kernels/cuda/magicpig.cu): the walk of a layer's LSH tables, the
 //! report of the CPU's heads' picks into mapped host memory, and the importance-weighted
 //! attention over the GPU's heads' picks. Beside the sampler that calls them (`super`), apart
 //! from the generic select kernels.
@@ -10,13 +10,13 @@ use candle_core::cuda::cudarc::driver::{sys, CudaEvent, LaunchConfig, PushKernel
 use candle_core::cuda::{CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result, Shape, Tensor};
 
-use crate::cuda_op::{CudaOnly, CudaOp2, CudaOp3};
-use crate::select::cuda::{Mapped, Source};
-use crate::select::Stored;
+use folio_kernels::cuda_op::{CudaOnly, CudaOp2, CudaOp3};
+use folio_kernels::select::cuda::{Mapped, Source};
+use folio_kernels::select::Stored;
 
-const LSH_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/lsh.ptx"));
+const LSH_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/magicpig.ptx"));
 const LSH_MODULE: &str = "folio_lsh";
-/// Threads of a walk block (WALK_THREADS in lsh.cu) and warps of an attention block
+/// Threads of a walk block (WALK_THREADS in magicpig.cu) and warps of an attention block
 /// (ATTEND_WARPS).
 const WALK_THREADS: u32 = 512;
 const ATTEND_WARPS: usize = 8;
@@ -25,7 +25,7 @@ const ATTEND_WARPS: usize = 8;
 /// for the merge. More in flight did not help (four picks at a time a warp read at the same
 /// rate, measured when each warp read a contiguous share). What binds scattered 256-byte reads
 /// of host memory is where they fall: the warps take a head's picks strided, so that they read
-/// neighbouring positions together (lsh.cu).
+/// neighbouring positions together (magicpig.cu).
 const ATTEND_BLOCKS: usize = 8;
 
 /// MagicPIG's table walk (`lsh_walk`): `codes [heads, tables]` u32 of query heads `h0..h0 +
@@ -98,7 +98,7 @@ impl CudaOp2 for LshWalk {
 /// reports again into one of twice its need, which is kept: one report grows it for good.
 const REPORT_WORDS: usize = 1 << 12;
 
-/// Threads of a report block (REPORT_THREADS in kernels/cuda/lsh.cu).
+/// Threads of a report block (REPORT_THREADS in method-kernels/cuda/magicpig.cu).
 const REPORT_THREADS: u32 = 256;
 
 /// The page-locked buffer each GPU reports walks into, kept between reports (page-locking
@@ -344,6 +344,6 @@ impl CudaOp3 for LshAttend {
         // of heads / group KV heads of d values; query holds heads × (d + 2) f32, the weights
         // steps + 1 + kv_heads × n.
         unsafe { b.launch(cfg) }.w()?;
-        crate::sparse::merge_partials(dev, part, heads, chunks, d)
+        folio_kernels::sparse::merge_partials(dev, part, heads, chunks, d)
     }
 }

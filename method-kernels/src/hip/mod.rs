@@ -13,16 +13,18 @@
 //! candle version carried them in f32).
 //!
 //! References: [`reference::halve`], [`reference::block_max`] and [`reference::expand`] over
-//! plain slices, which the CPU runs and the tests hold the CUDA kernels (kernels/cuda/blocks.cu)
+//! plain slices, which the CPU runs and the tests hold the CUDA kernels (method-kernels/cuda/hip.cu)
 //! to.
 //!
 //! A whole search ([`Search`]) runs round by round ([`search_by_rounds`]: these steps, with
 //! the caller's gather of each round's keys), or in one launch where the keys are rows the
-//! select kernels read where they lie ([`crate::select::HostRows::search_blocks`]: the
-//! `hip_search` kernel of kernels/cuda/select.cu, the same rounds inside one block per head,
+//! select kernels read where they lie ([`search_host`]: the
+//! `hip_search` kernel of method-kernels/cuda/hip.cu, the same rounds inside one block per head,
 //! which the tests hold to [`search_by_rounds`] position for position).
 
 use candle_core::{DType, Result, Tensor};
+use folio_kernels::select::HostRows;
+use folio_kernels::Positions;
 
 /// The plain-slice definitions.
 pub mod reference {
@@ -156,12 +158,12 @@ impl Search {
 }
 
 /// A search's positions `[heads, picks]` u32. One queued ahead on a GPU's side stream
-/// ([`crate::select::HostRows::search_blocks`] with `ahead`) is read only through
+/// ([`search_host`] with `ahead`) is read only through
 /// [`Found::positions`], which first makes the device's own stream wait for it (the host does
 /// not wait); dropped unread, it orders the frees of its inputs after the search the same way.
 pub struct Found {
     #[cfg(feature = "cuda")]
-    pending: Option<crate::select::Pending>,
+    pending: Option<cuda::Pending>,
     idx: Tensor,
 }
 
@@ -176,7 +178,7 @@ impl Found {
     }
 
     #[cfg(feature = "cuda")]
-    pub(crate) fn queued(idx: Tensor, pending: Option<crate::select::Pending>) -> Self {
+    pub(crate) fn queued(idx: Tensor, pending: Option<cuda::Pending>) -> Self {
         Self { pending, idx }
     }
 
@@ -194,7 +196,7 @@ impl Found {
 /// ranges of blocks; each round [`halve`]s every node (a one-block node is its own right half,
 /// its empty left half scores −∞), gets the representative blocks' keys of every half from
 /// `gather(pos [heads, 2n·b] u32) → [heads, 2n·b, d]`, scores each half by its best key
-/// ([`block_max`]), and keeps the `n` best per head with [`crate::select::topk`] (ties to the
+/// ([`block_max`]), and keeps the `n` best per head with [`folio_kernels::select::topk`] (ties to the
 /// lower candidate; on a GPU past 2048 candidates a radix select, in no set order); [`expand`]
 /// turns the kept blocks into positions after the sinks. Nothing comes back to the host.
 /// Returns `[heads, picks]` u32 on `q`'s device.
@@ -215,7 +217,7 @@ pub fn search_by_rounds(
         let (halves, pos) = halve(&nodes, keep.as_ref(), b, plan.first, plan.blocks * b)?;
         let keys = gather(&pos)?;
         let z = block_max(&q, &keys, &halves, b)?;
-        keep = Some(crate::select::topk(&z, n)?);
+        keep = Some(folio_kernels::select::topk(&z, n)?);
         nodes = halves;
     }
     let keep = keep.ok_or_else(|| candle_core::Error::Msg("block search: no rounds".into()))?;
@@ -294,187 +296,54 @@ pub fn block_max(q: &Tensor, keys: &Tensor, cand: &Tensor, b: usize) -> Result<T
     }
 }
 
+/// Candidates a head sorts in the one-launch search (SEARCH_MAX in the kernel: `2n` of them) and
+/// the widest head it holds in shared memory (SEARCH_MAX_D).
 #[cfg(feature = "cuda")]
-mod cuda {
-    use candle_core::backend::BackendStorage;
-    use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
-    use candle_core::cuda::WrapErr;
-    use candle_core::{CudaStorage, DType, Layout, Result, Shape, Tensor};
+const SEARCH_MAX: usize = 2048;
+#[cfg(feature = "cuda")]
+const SEARCH_MAX_D: usize = 256;
 
-    use crate::cuda_op::{cuda_storage, CudaOnly, CudaOp1, CudaOp2};
-
-    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/blocks.ptx"));
-    const MODULE: &str = "folio_blocks";
-    /// Threads a block of `halve` (a node each) and of `expand` (a position each), and warps a
-    /// block of `block_max` (WARPS in the kernel, a candidate each).
-    const HALVE_THREADS: usize = 256;
-    const WARPS: usize = 4;
-
-    fn launch_grid(items: usize, per_block: usize, threads: usize, what: &str) -> Result<LaunchConfig> {
-        let Ok(blocks) = u32::try_from(items.div_ceil(per_block).max(1)) else {
-            candle_core::bail!("{what}: {items} items are more than one launch holds");
-        };
-        Ok(LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 })
+/// The block search ([`Search`]) over host rows `rows` as keys, for every head
+/// of `q [heads · group, d]` at once, positions from the stored `n` on reading `tail` as in
+/// [`HostRows::gather`]. On CUDA, where a head's `2n` candidates and its query fit the
+/// kernel's shared memory, in one launch (`hip_search`), reading each representative key
+/// where it lies — with `ahead`, on the device's side stream, overlapping whatever candle's
+/// stream runs until the positions are asked for; otherwise round by round
+/// ([`search_by_rounds`]) with the rows' gather. Where the kernel runs,
+/// both give the same positions; past 2048 candidates a GPU's rounds keep each round's
+/// best in no set order (ties arbitrary). `[heads · group, picks]` u32.
+pub fn search_host(
+    rows: &HostRows,
+    q: &Tensor,
+    group: usize,
+    tail: Option<&Tensor>,
+    plan: &Search,
+    ahead: bool,
+) -> Result<Found> {
+    plan.check()?;
+    let (qh, d) = q.dims2()?;
+    if group == 0 || qh != rows.heads() * group || d != rows.dim() {
+        candle_core::bail!(
+            "host rows: searching for q {:?} with group {group} over [{}, n, {}]",
+            q.dims(),
+            rows.heads(),
+            rows.dim()
+        );
     }
-
-    struct Halve {
-        keep: Option<Tensor>,
-        dims: (usize, usize, usize),
-        b: usize,
-        first: usize,
-        keys: usize,
+    #[cfg(feature = "cuda")]
+    if rows.device().is_cuda() && 2 * plan.n <= SEARCH_MAX && d <= SEARCH_MAX_D {
+        let tail_n = tail.map(|t| rows.check_tail(t)).transpose()?.unwrap_or(0);
+        let tail = tail.map(|t| t.contiguous()).transpose()?;
+        let q = q.to_dtype(DType::F32)?.contiguous()?;
+        let dims = (group, rows.len(), tail_n, d);
+        let (idx, pending) = cuda::search(rows.source()?, tail.as_ref(), &q, dims, rows.dtype(), plan, ahead)?;
+        return Ok(Found::queued(idx, pending));
     }
-
-    impl CudaOp1 for Halve {
-        const NAME: &'static str = "folio-halve";
-
-        fn cuda_fwd(&self, nodes: &CudaStorage, nl: &Layout) -> Result<(CudaStorage, Shape)> {
-            let (heads, m, n) = self.dims;
-            let dev = nodes.device().clone();
-            let ns = nodes.as_cuda_slice::<u32>()?.slice(nl.start_offset()..);
-            let keep_guard = self.keep.as_ref().map(|k| k.storage_and_layout());
-            let keep = match &keep_guard {
-                Some((s, l)) => Some(cuda_storage(s, "halve: keep")?.as_cuda_slice::<u32>()?.slice(l.start_offset()..)),
-                None => None,
-            };
-            let total = heads * 2 * n * (2 + self.b);
-            // SAFETY: a thread writes both halves and their positions for each node.
-            let out = unsafe { dev.alloc::<u32>(total.max(1))? };
-            let cfg = launch_grid(heads * n, HALVE_THREADS, HALVE_THREADS, "halve")?;
-            let null: u64 = 0;
-            let ints = [heads, m, n, self.b, self.first, self.keys].map(|x| x as i32);
-            let func = dev.get_or_load_custom_func("halve", MODULE, PTX)?;
-            let mut b = func.builder();
-            b.arg(&ns);
-            match &keep {
-                Some(k) => b.arg(k),
-                None => b.arg(&null),
-            };
-            b.arg(&out);
-            for x in &ints {
-                b.arg(x);
-            }
-            // SAFETY: shapes checked by the caller; keep's indices are < m (the top-k kernel's
-            // over 2·(last round's n) = m candidates).
-            unsafe { b.launch(cfg) }.w()?;
-            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(total)))
-        }
-    }
-
-    pub fn halve(
-        nodes: &Tensor,
-        keep: Option<&Tensor>,
-        dims: (usize, usize, usize),
-        b: usize,
-        first: usize,
-        keys: usize,
-    ) -> Result<(Tensor, Tensor)> {
-        let (heads, _, n) = dims;
-        if [dims.0, dims.1, dims.2, b, first, keys, heads * 2 * n * b].iter().any(|&x| x > i32::MAX as usize) {
-            candle_core::bail!("halve: sizes past the kernel's i32 indices");
-        }
-        let keep = keep.map(Tensor::contiguous).transpose()?;
-        let op = Halve { keep, dims, b, first, keys };
-        let both = nodes.contiguous()?.apply_op1_no_bwd(&CudaOnly(op))?;
-        let split = heads * 2 * n * 2;
-        Ok((
-            both.narrow(0, 0, split)?.reshape((heads, 2 * n, 2))?,
-            both.narrow(0, split, heads * 2 * n * b)?.reshape((heads, 2 * n * b))?,
-        ))
-    }
-
-    struct Expand {
-        keep: Tensor,
-        dims: (usize, usize, usize),
-        b: usize,
-        sinks: (usize, usize),
-    }
-
-    impl CudaOp1 for Expand {
-        const NAME: &'static str = "folio-expand";
-
-        fn cuda_fwd(&self, nodes: &CudaStorage, nl: &Layout) -> Result<(CudaStorage, Shape)> {
-            let (heads, m, n) = self.dims;
-            let dev = nodes.device().clone();
-            let ns = nodes.as_cuda_slice::<u32>()?.slice(nl.start_offset()..);
-            let (ks, kl) = self.keep.storage_and_layout();
-            let keep = cuda_storage(&ks, "expand: keep")?.as_cuda_slice::<u32>()?.slice(kl.start_offset()..);
-            let s = self.sinks.1 - self.sinks.0 + n * self.b;
-            // SAFETY: a thread writes each position.
-            let out = unsafe { dev.alloc::<u32>((heads * s).max(1))? };
-            let cfg = launch_grid(heads * s, HALVE_THREADS, HALVE_THREADS, "expand")?;
-            let ints = [heads, m, n, self.b, self.sinks.0, self.sinks.1].map(|x| x as i32);
-            let func = dev.get_or_load_custom_func("expand", MODULE, PTX)?;
-            let mut b = func.builder();
-            b.arg(&ns).arg(&keep).arg(&out);
-            for x in &ints {
-                b.arg(x);
-            }
-            // SAFETY: shapes checked by the caller; keep's indices are < m (the top-k kernel's
-            // over the m halves).
-            unsafe { b.launch(cfg) }.w()?;
-            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((heads, s))))
-        }
-    }
-
-    pub fn expand(
-        nodes: &Tensor,
-        keep: &Tensor,
-        dims: (usize, usize, usize),
-        b: usize,
-        sinks: (usize, usize),
-    ) -> Result<Tensor> {
-        let (heads, _, n) = dims;
-        let s = sinks.1 - sinks.0 + n * b;
-        if [dims.0, dims.1, dims.2, b, sinks.1, heads * s].iter().any(|&x| x > i32::MAX as usize) {
-            candle_core::bail!("expand: sizes past the kernel's i32 indices");
-        }
-        let op = Expand { keep: keep.contiguous()?, dims, b, sinks };
-        nodes.contiguous()?.apply_op1_no_bwd(&CudaOnly(op))
-    }
-
-    struct BlockMax {
-        cand: Tensor,
-        dims: (usize, usize, usize, usize),
-    }
-
-    impl CudaOp2 for BlockMax {
-        const NAME: &'static str = "folio-block-max";
-
-        fn cuda_fwd(&self, q: &CudaStorage, ql: &Layout, k: &CudaStorage, kl: &Layout) -> Result<(CudaStorage, Shape)> {
-            let (heads, c, b, d) = self.dims;
-            let dev = q.device().clone();
-            let qs = q.as_cuda_slice::<f32>()?.slice(ql.start_offset()..);
-            let (cs, cl) = self.cand.storage_and_layout();
-            let cand = cuda_storage(&cs, "block_max: cand")?.as_cuda_slice::<u32>()?.slice(cl.start_offset()..);
-            // SAFETY: a warp writes each candidate's score.
-            let z = unsafe { dev.alloc::<f32>((heads * c).max(1))? };
-            let cfg = launch_grid(heads * c, WARPS, WARPS * 32, "block_max")?;
-            let ints = [heads, c, b, d].map(|x| x as i32);
-            macro_rules! launch {
-                ($t:ty, $name:literal) => {{
-                    let ks = k.as_cuda_slice::<$t>()?.slice(kl.start_offset()..);
-                    let func = dev.get_or_load_custom_func($name, MODULE, PTX)?;
-                    let mut b = func.builder();
-                    b.arg(&qs).arg(&ks).arg(&cand).arg(&z);
-                    for x in &ints {
-                        b.arg(x);
-                    }
-                    // SAFETY: shapes checked by the caller.
-                    unsafe { b.launch(cfg) }.w()?;
-                }};
-            }
-            match k.dtype() {
-                DType::F32 => launch!(f32, "block_max_f32"),
-                DType::BF16 => launch!(half::bf16, "block_max_bf16"),
-                other => candle_core::bail!("block_max: keys must be f32 or bf16, not {other:?}"),
-            }
-            Ok((CudaStorage::wrap_cuda_slice(z, dev), Shape::from((heads, c))))
-        }
-    }
-
-    pub fn block_max(q: &Tensor, keys: &Tensor, cand: &Tensor, dims: (usize, usize, usize, usize)) -> Result<Tensor> {
-        let op = BlockMax { cand: cand.contiguous()?, dims };
-        q.to_dtype(DType::F32)?.contiguous()?.apply_op2_no_bwd(&keys.contiguous()?, &CudaOnly(op))
-    }
+    // Round by round (or on the CPU) the search runs in the device's order: nothing to queue.
+    let _ = ahead;
+    let idx = search_by_rounds(q, plan, |pos| rows.gather(pos, group, tail, Positions::Trusted))?;
+    Ok(Found::ready(idx))
 }
+
+#[cfg(feature = "cuda")]
+mod cuda;
