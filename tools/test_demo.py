@@ -24,7 +24,8 @@ sys.path.insert(0, str(HERE))
 
 import demo_grammar as G  # noqa: E402
 import demo_prompts as P  # noqa: E402
-from train_demo import MAX_POS, TrainData, distance_histogram, length_at, write_static_files  # noqa: E402
+from demo_data import MAX_POS, TrainData, distance_histogram, length_at  # noqa: E402
+from train_demo import write_static_files  # noqa: E402
 
 
 def jinja_render(template: str, messages, add_generation_prompt: bool, bos: str) -> str:
