@@ -18,6 +18,10 @@
 #   tools/gpu-smoke.sh peer S T [KV]    # there: the same with --profile, then Hugging Face transformers
 #                              # prefilling shape S at T tokens (tools/peer-prefill.py) and the ratio;
 #                              # JSON and log to $OUT
+#   tools/gpu-smoke.sh compare # there: two builds (.gpu/compare.tar.xz: before/ and after/, each
+#                              # packed as `pack` packs) run the same kernel and offload tests and
+#                              # the same benchmarks in one sitting; tools/compare_builds.py prints
+#                              # both builds' figures and their ratio; JSON and logs to $OUT
 #   tools/gpu-smoke.sh needle [L] [N]   # there: the demo model's needle eval, every offloaded method,
 #                              # one tar of reports and transformers' checks of the misses
 set -euo pipefail
@@ -111,6 +115,29 @@ case "${1:-}" in
       echo "== folio bench kernels (Qwen2.5-7B attention shape, 1M-row K/V)"
       .gpu/folio bench kernels --device cuda
     } 2>&1 | tee "${OUT:-/tmp}/gpu-kernels.log"
+    ;;
+  compare)
+    tar -C .gpu -xJf .gpu/compare.tar.xz
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    out=${OUT:-/tmp}
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+    for side in before after; do
+      d=.gpu/$side
+      {
+        for t in "$d"/kernels-* "$d"/method-kernels-* "$d"/models-offload; do
+          [ -x "$t" ] || continue
+          echo "== $(basename "$t")"
+          "$t" --test-threads 1 2>&1 | grep -E "^test result|FAILED|panicked" || true
+        done
+      } > "$out/$side-tests.log" 2>&1
+      "$d"/folio bench kernels --device cuda --json > "$out/$side-kernels.json" 2> "$out/$side-kernels.err" || true
+      "$d"/folio bench --device cuda --shape assets/shapes/qwen2.5-7b-instruct-1m.json --context "${CONTEXT:-131072}" \
+        --method "${METHODS:-dense,hip,magicpig,double-sparsity,buzz,streaming,topk}" --vram-budget 24GiB \
+        --steps "${STEPS:-16}" --warmup 4 --json > "$out/$side-shape.jsonl" 2> "$out/$side-shape.err" || true
+      "$d"/folio bench prefill --model assets/models/demo --device cpu --tokens 4096 --json \
+        > "$out/$side-prefill.json" 2> "$out/$side-prefill.err" || true
+    done
+    python3 tools/compare_builds.py "$out" | tee "$out/compare.txt"
     ;;
   tiers)
     # The decode tiers (issue #15): every method's fast path, resident and offloaded, against its

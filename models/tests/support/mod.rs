@@ -1,0 +1,58 @@
+//! What the engine's context tests share: the fixture models, plans of raw tokens, a build
+//! with no progress, the budget that buys the smallest chunk, and the samples as documents.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+use folio_models::context::{self, BuildOptions, KvDtype, PrefixPlan};
+use folio_models::prefill::plan_chunk;
+use folio_models::{Engine, Error};
+
+pub fn model_dir(name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    match name {
+        "demo" => root.join("assets/models/demo"),
+        _ => root.join("tests/fixtures/models").join(name),
+    }
+}
+
+pub fn engine(name: &str) -> Engine {
+    Engine::load(model_dir(name).to_str().unwrap(), &Device::Cpu, DType::F32).unwrap()
+}
+
+pub fn plan(tokens: Vec<u32>) -> PrefixPlan {
+    PrefixPlan::raw_tokens(tokens)
+}
+
+/// The budget that buys the smallest chunk: prefill goes through many chunks even on tiny prompts.
+pub fn smallest_budget(e: &Engine, tokens: usize, kv_dtype: KvDtype) -> u64 {
+    let section = kv_dtype.max_section_bytes(e.config().num_kv_heads * tokens, e.config().head_dim);
+    match plan_chunk(&e.model, tokens, section, Some(1)) {
+        Err(Error::MemoryBudget { needed, .. }) => needed,
+        other => panic!("a 1-byte budget must be refused, got {other:?}"),
+    }
+}
+
+pub fn build(e: &Engine, p: &PrefixPlan, out: &Path, kv_dtype: KvDtype, budget: Option<u64>) -> context::BuildReport {
+    let opts = BuildOptions { kv_dtype, memory_budget: budget, restart: false, hidden_in: None };
+    context::build(&e.model, e.stamp().unwrap(), p, out, &opts, &mut |_| ControlFlow::Continue(())).unwrap()
+}
+
+pub fn sample_documents() -> Vec<context::DocumentText> {
+    let samples = model_dir("demo").join("../../samples");
+    ["field_notes.txt", "market_records.txt", "the_diary_of_greta.txt"]
+        .iter()
+        .map(|name| {
+            let text = std::fs::read_to_string(samples.join(name)).unwrap();
+            context::DocumentText {
+                title: (*name).into(),
+                path: format!("samples/{name}"),
+                bytes: text.len() as u64,
+                xxh3: context::format::checksum(text.as_bytes()),
+                text,
+                parts: Vec::new(),
+            }
+        })
+        .collect()
+}
