@@ -205,35 +205,42 @@ impl HostRows {
     }
 
     /// KV heads.
+    #[inline]
     pub fn heads(&self) -> usize {
         self.heads
     }
 
     /// Rows per head.
+    #[inline]
     pub fn len(&self) -> usize {
         self.n
     }
 
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.n == 0
     }
 
     /// Elements per row.
+    #[inline]
     pub fn dim(&self) -> usize {
         self.d
     }
 
     /// The dtype gathers return.
+    #[inline]
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
     /// How the rows are stored.
+    #[inline]
     pub fn stored(&self) -> Stored {
         self.stored
     }
 
     /// The device the rows are gathered to.
+    #[inline]
     pub fn device(&self) -> &Device {
         &self.device
     }
@@ -403,30 +410,36 @@ impl<'a> HostView<'a> {
     }
 
     /// KV heads.
+    #[inline]
     pub fn heads(&self) -> usize {
         self.heads
     }
 
     /// Elements per row.
+    #[inline]
     pub fn dim(&self) -> usize {
         self.d
     }
 
     /// How the rows are stored.
+    #[inline]
     pub fn stored(&self) -> Stored {
         self.stored
     }
 
     /// The rows' bytes, `heads · n` rows in the stored format.
+    #[inline]
     pub fn bytes(&self) -> &'a [u8] {
         self.bytes
     }
 
     /// Rows per head.
+    #[inline]
     pub fn len(&self) -> usize {
         self.n
     }
 
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.n == 0
     }
