@@ -20,274 +20,110 @@
 //! the chat keeps its method across the restart.
 //! Screenshots of each screen go to the test's temp folder (docs/app.md keeps the current ones).
 
+#[path = "common/webdriver.rs"]
+mod webdriver;
 #[path = "common/xvfb.rs"]
 mod xvfb;
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
+use webdriver::{
+    choose_method, drop_paths, kill_after_a_layer, open_settings, screenshot, statuses, Driver, ENTER, ESC,
+};
 use xvfb::{start_xvfb, Reaped};
 
 use serde_json::{json, Value};
 
-/// A cold WebKit start under a software renderer, or a demo-model prefill of a few thousand
-/// tokens in a debug build.
-const STEP_TIMEOUT: Duration = Duration::from_secs(120);
-/// W3C WebDriver's key for an element reference.
-const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
-/// W3C WebDriver's Enter key.
-const ENTER: &str = "\u{E007}";
-const ESC: &str = "\u{E00C}";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// What the steps of the journey share: the X display, Folio's home, and the folders they drop.
+struct Journey {
+    display: String,
+    samples: PathBuf,
+    /// The three samples' text, repeated into the folders whose prefill is killed.
+    text: String,
+    big: PathBuf,
+    mixed: PathBuf,
+    // Fields drop in this order: `work`, then `home`, as the test's locals did.
+    work: tempfile::TempDir,
+    home: tempfile::TempDir,
 }
 
-/// A WebDriver session on the Folio app.
-struct Driver {
-    agent: ureq::Agent,
-    base: String,
-    session: String,
-}
-
-impl Driver {
-    fn start(base: &str) -> Self {
-        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        let app = env!("CARGO_BIN_EXE_folio");
-        let caps = json!({"capabilities": {"alwaysMatch": {
-            "tauri:options": {"application": app, "args": ["--device", "cpu"]}
-        }}});
-        let deadline = Instant::now() + STEP_TIMEOUT;
-        loop {
-            // tauri-driver takes a moment to listen.
-            match agent.post(&format!("{base}/session")).send_json(&caps) {
-                Ok(mut r) => {
-                    let v: Value = r.body_mut().read_json().unwrap();
-                    let session = v["value"]["sessionId"].as_str().unwrap_or_else(|| panic!("no session: {v}"));
-                    return Self { agent, base: base.to_owned(), session: session.to_owned() };
-                }
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
-                    std::thread::sleep(Duration::from_millis(250));
-                }
-                Err(e) => panic!("tauri-driver did not answer at {base}: {e}"),
-            }
-        }
+impl Journey {
+    /// Folio's home, and the big and mixed folders in a work folder.
+    fn new(display: String) -> Self {
+        let home = tempfile::tempdir().unwrap();
+        // A folder whose prefill takes a few seconds, to be killed in the middle.
+        let work = tempfile::tempdir().unwrap();
+        let big = work.path().join("long notes");
+        std::fs::create_dir(&big).unwrap();
+        let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/samples").canonicalize().unwrap();
+        let text: String = ["field_notes.txt", "market_records.txt", "the_diary_of_greta.txt"]
+            .iter()
+            .map(|f| std::fs::read_to_string(samples.join(f)).unwrap())
+            .collect();
+        // Long enough (about 12k tokens) that a chat answers while it prefills.
+        std::fs::write(big.join("notes.txt"), text.repeat(18)).unwrap();
+        // Dropped with the samples: what is skipped, each with its reason, and the rest proceeds.
+        let mixed = work.path().join("mixed");
+        std::fs::create_dir(&mixed).unwrap();
+        std::fs::write(mixed.join("paper.pdf"), b"%PDF-1.7 not really").unwrap();
+        std::fs::write(mixed.join("photo.jpg"), [0xff, 0xd8, 0xff, 0, 0x10]).unwrap();
+        std::fs::write(mixed.join("empty.txt"), b"").unwrap();
+        Self { display, samples, text, big, mixed, work, home }
     }
 
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
-        let url = format!("{}/session/{}{path}", self.base, self.session);
-        let mut r = match (method, body) {
-            ("GET", _) => self.agent.get(&url).call(),
-            ("DELETE", _) => self.agent.delete(&url).call(),
-            (_, b) => self.agent.post(&url).send_json(b.unwrap_or(json!({}))),
-        }
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-        let v: Value = r.body_mut().read_json().unwrap();
-        if v["value"].get("error").is_some() {
-            return json!({"error": v["value"]});
-        }
-        v["value"].clone()
+    /// Starts tauri-driver for the app on this display and home, logging to `log`: (it, its URL).
+    fn driver(&self, log: &str) -> (Reaped, String) {
+        webdriver::tauri_driver(&self.display, self.home.path(), log)
     }
-
-    fn script(&self, js: &str, args: Value) -> Value {
-        self.call("POST", "/execute/sync", Some(json!({"script": js, "args": args})))
-    }
-
-    /// Text content of every element matching `css`.
-    fn texts(&self, css: &str) -> Vec<String> {
-        let v = self.script(
-            "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.textContent.trim())",
-            json!([css]),
-        );
-        v.as_array().map(|a| a.iter().map(|s| s.as_str().unwrap_or("").to_owned()).collect()).unwrap_or_default()
-    }
-
-    fn element(&self, css: &str) -> Option<String> {
-        let v = self.call("POST", "/element", Some(json!({"using": "css selector", "value": css})));
-        v[ELEMENT].as_str().map(str::to_owned)
-    }
-
-    fn click(&self, css: &str) {
-        let id = self.element(css).unwrap_or_else(|| panic!("nothing matches {css}"));
-        let v = self.call("POST", &format!("/element/{id}/click"), Some(json!({})));
-        assert!(v.get("error").is_none(), "click {css}: {v}");
-    }
-
-    fn type_into(&self, css: &str, text: &str) {
-        let id = self.element(css).unwrap_or_else(|| panic!("nothing matches {css}"));
-        let v = self.call("POST", &format!("/element/{id}/value"), Some(json!({"text": text})));
-        assert!(v.get("error").is_none(), "type into {css}: {v}");
-    }
-
-    /// Waits until `ready` holds, or fails with `what` and the page's text.
-    fn wait(&self, what: &str, mut ready: impl FnMut(&Self) -> bool) {
-        let deadline = Instant::now() + STEP_TIMEOUT;
-        while !ready(self) {
-            if Instant::now() > deadline {
-                panic!("timed out waiting for {what}; the window shows: {:?}", self.texts("body"));
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    fn quit(self) {
-        let _ = self.agent.delete(&format!("{}/session/{}", self.base, self.session)).call();
-    }
-}
-
-/// The whole X screen as a PNG in the test's temp folder.
-fn screenshot(display: &str, name: &str) -> PathBuf {
-    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("app-{name}.png"));
-    let ok = Command::new("import").args(["-display", display, "-window", "root"]).arg(&shot).status();
-    assert!(ok.is_ok_and(|s| s.success()), "screenshot {name}");
-    println!("screenshot: {}", shot.display());
-    shot
-}
-
-/// Pids of running Folio windows whose FOLIO_HOME is `home`.
-fn app_pids(home: &Path) -> Vec<i32> {
-    let want = format!("FOLIO_HOME={}", home.display());
-    let exe = std::fs::canonicalize(env!("CARGO_BIN_EXE_folio")).unwrap();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == exe)
-                && std::fs::read(format!("/proc/{pid}/environ"))
-                    .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == want.as_bytes()))
-        })
-        .collect()
-}
-
-/// Waits until the prefill writing `partial` has checkpointed a layer, then kills the app
-/// (SIGKILL: no chance to clean up).
-fn kill_after_a_layer(home: &Path, partial: &Path) {
-    let deadline = Instant::now() + STEP_TIMEOUT;
-    loop {
-        let done = std::fs::read_to_string(partial.join("checkpoint.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .and_then(|v| v["layers_done"].as_u64());
-        if done.is_some_and(|n| n >= 1) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no layer checkpointed in {}", partial.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let pids = app_pids(home);
-    assert_eq!(pids.len(), 1, "one Folio window runs: {pids:?}");
-    // SAFETY: signalling a process this test started (through tauri-driver), found by its
-    // executable and FOLIO_HOME.
-    unsafe { libc::kill(pids[0], libc::SIGKILL) };
-}
-
-fn statuses(d: &Driver) -> Vec<(String, String)> {
-    let v = d.script(
-        "return Array.from(document.querySelectorAll('[data-testid=context]')).map(e => \
-         [e.querySelector('.ctx-name').textContent.trim(), e.dataset.status])",
-        json!([]),
-    );
-    v.as_array()
-        .map(|a| a.iter().map(|p| (p[0].as_str().unwrap().to_owned(), p[1].as_str().unwrap().to_owned())).collect())
-        .unwrap_or_default()
-}
-
-fn drop_paths(d: &Driver, paths: &[&Path]) {
-    let paths: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-    let v = d.call(
-        "POST",
-        "/execute/async",
-        Some(json!({"script": "const done = arguments[arguments.length - 1]; \
-            window.__TAURI_INTERNALS__.invoke('simulate_drop', {paths: arguments[0]}) \
-            .then(() => done('ok'), (e) => done('error: ' + e));", "args": [paths]})),
-    );
-    assert_eq!(v, "ok", "simulate_drop: {v}");
-}
-
-/// Opens Settings and waits until its forms and the auto-resume toggle show what the engine has
-/// now (until then they are disabled: a late read would overwrite what is typed) and the drawer
-/// has slid in (a click at coordinates during the slide lands beside its target).
-fn open_settings(d: &Driver) {
-    d.click("[aria-label=Settings]");
-    d.wait("the settings loaded", |d| {
-        d.script(
-            "return document.querySelector('[data-testid=apply-generation]')?.matches(':enabled') \
-             && document.querySelector('[data-testid=auto-resume]')?.matches(':enabled') \
-             && document.querySelector('.drawer[role=dialog]').getAnimations().length === 0",
-            json!([]),
-        ) == json!(true)
-    });
-}
-
-/// Picks `method` in Settings (its default budget) and applies it.
-fn choose_method(d: &Driver, method: &str) {
-    open_settings(d);
-    d.wait("the methods", |d| d.texts("[data-testid=method] option").len() >= 8);
-    d.script(
-        "const s = document.querySelector('[data-testid=method]'); s.value = arguments[0]; \
-         s.dispatchEvent(new Event('change', {bubbles: true}));",
-        json!([method]),
-    );
-    // Clicked from the page, as the drawer's other Apply buttons are: notes and errors that
-    // appear above a button move it, and a click at coordinates taken before lands beside it.
-    d.script("document.querySelector('[data-testid=apply-method]').click()", json!([]));
-    d.wait("the method applied", |d| {
-        d.texts("[role=status]").concat().contains(&format!("The next answer uses {method}"))
-    });
-    d.click("[aria-label='Close settings']");
 }
 
 #[test]
 fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     let (_xvfb, display) = start_xvfb();
-    let home = tempfile::tempdir().unwrap();
-    // A folder whose prefill takes a few seconds, to be killed in the middle.
-    let work = tempfile::tempdir().unwrap();
-    let big = work.path().join("long notes");
-    std::fs::create_dir(&big).unwrap();
-    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/samples").canonicalize().unwrap();
-    let text: String = ["field_notes.txt", "market_records.txt", "the_diary_of_greta.txt"]
-        .iter()
-        .map(|f| std::fs::read_to_string(samples.join(f)).unwrap())
-        .collect();
-    // Long enough (about 12k tokens) that a chat answers while it prefills.
-    std::fs::write(big.join("notes.txt"), text.repeat(18)).unwrap();
-    // Dropped with the samples: what is skipped, each with its reason, and the rest proceeds.
-    let mixed = work.path().join("mixed");
-    std::fs::create_dir(&mixed).unwrap();
-    std::fs::write(mixed.join("paper.pdf"), b"%PDF-1.7 not really").unwrap();
-    std::fs::write(mixed.join("photo.jpg"), [0xff, 0xd8, 0xff, 0, 0x10]).unwrap();
-    std::fs::write(mixed.join("empty.txt"), b"").unwrap();
-
-    // Each start gets its own ports: a driver killed with its window must not answer again.
-    let driver = |log: &str| {
-        let (port, native) = (free_port(), free_port());
-        let child = Command::new("tauri-driver")
-            .args(["--port", &port.to_string(), "--native-port", &native.to_string()])
-            .env("DISPLAY", &display)
-            .env("FOLIO_HOME", home.path())
-            .env("FOLIO_TEST_HOOKS", "1")
-            .env("WEBKIT_DISABLE_COMPOSITING_MODE", "1")
-            .env("LIBGL_ALWAYS_SOFTWARE", "1")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(log)).unwrap())
-            .process_group(0)
-            .spawn()
-            .expect("tauri-driver is needed for this test (scripts/setup.sh installs it)");
-        (Reaped(child), format!("http://127.0.0.1:{port}"))
-    };
-
-    // 1. Drop the samples folder: the staging sheet counts it; prefill; listed ready.
-    let (td, base) = driver("tauri-driver-1.log");
+    let j = Journey::new(display);
+    let (td, base) = j.driver("tauri-driver-1.log");
     let d = Driver::start(&base);
+    drop_and_prefill_the_samples(&j, &d);
+    samples_questions_get_their_answers(&j, &d);
+    add_a_document(&j, &d);
+    take_a_document_out(&j, &d);
+    export_then_import_with_a_damaged_copy(&j, &d);
+    let partial = chat_while_a_bigger_folder_prefills_then_kill(&j, &d);
+    drop(d);
+    drop(td);
+
+    let (td, base) = j.driver("tauri-driver-2.log");
+    let d = Driver::start(&base);
+    resume_the_killed_prefill_with_a_click(&j, &d, &partial);
+    resume_at_start_then_kill_another_prefill(&j, &d);
+    drop(d);
+    drop(td);
+    let demo = make_a_context_with_another_model(&j);
+
+    let (_td, base) = j.driver("tauri-driver-3.log");
+    let d = Driver::start(&base);
+    another_models_context_then_ask_ours(&j, &d, &demo);
+    switch_the_method_and_compare_with_dense(&j, &d);
+    engine_settings_and_the_memory_planner(&j, &d);
+    d.quit();
+    drop(_td);
+
+    let (_td, base) = j.driver("tauri-driver-4.log");
+    let d = Driver::start(&base);
+    reopen_the_chat_continue_fork_and_move_its_file(&j, &d);
+    a_new_chat_takes_the_default_method_and_double_sparsity(&j, &d);
+    d.quit();
+}
+
+/// Step 1: the samples folder (with the mixed one) is counted on the staging sheet, prefilled and listed ready.
+fn drop_and_prefill_the_samples(j: &Journey, d: &Driver) {
+    // 1. Drop the samples folder: the staging sheet counts it; prefill; listed ready.
     d.wait("the window", |d| d.element(".sidebar").is_some());
     d.wait("the library to load", |d| !d.texts("#contexts-heading").is_empty());
-    screenshot(&display, "1-empty");
-    drop_paths(&d, &[&samples, &mixed]);
+    screenshot(&j.display, "1-empty");
+    drop_paths(d, &[&j.samples, &j.mixed]);
     d.wait("three staged documents", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 3);
     d.wait("three skips", |d| d.texts("[data-testid=staging-skipped] li").len() == 3);
     let skips = d.texts("[data-testid=staging-skipped] li").join("\n");
@@ -297,16 +133,19 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.wait("the estimate", |d| d.texts("[data-testid=staging-summary]").concat().contains("File on disk"));
     let summary = d.texts("[data-testid=staging-summary]").concat();
     assert!(summary.contains("tokens in 3 documents"), "{summary}");
-    screenshot(&display, "2-staging");
+    screenshot(&j.display, "2-staging");
     d.click("[data-testid=start-prefill]");
     d.wait("samples listed ready", |d| statuses(d) == [("samples".into(), "ready".into())]);
     d.click("[data-testid=context] .ctx-button");
     d.wait("the context's documents", |d| d.texts("[data-testid=context-documents] tbody tr").len() == 3);
-    screenshot(&display, "3-library");
+    screenshot(&j.display, "3-library");
+}
 
+/// Step 1, continued: every assets/SAMPLES.md question gets its answer, its sources and its marked passages.
+fn samples_questions_get_their_answers(j: &Journey, d: &Driver) {
     // Every assets/SAMPLES.md question, each asked in a new chat over the new context, gets
     // its documented answer.
-    let table = std::fs::read_to_string(samples.join("../SAMPLES.md")).unwrap();
+    let table = std::fs::read_to_string(j.samples.join("../SAMPLES.md")).unwrap();
     let rows: Vec<Vec<String>> = table
         .lines()
         .filter(|l| l.starts_with("| what"))
@@ -339,7 +178,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
         println!("{}: marked {marked:?}", row[0]);
         assert!(!marked.is_empty(), "{}: nothing marked", row[0]);
         if row[0].contains("amber falcon") && row[2].ends_with(".txt") {
-            screenshot(&display, "14-source");
+            screenshot(&j.display, "14-source");
         }
         // A value of the answer is in a marked passage: the attention read the fact where it
         // is (the answer's sentences end "is 4 8 1 5 2 .").
@@ -355,30 +194,33 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
         d.click("header .leave");
         d.wait("the context's panel", |d| d.element("[data-testid=open-context]").is_some());
     }
+}
 
+/// Step 1b: a PDF staged and taken off the sheet, a Markdown file added, only its tokens prefilled.
+fn add_a_document(j: &Journey, d: &Driver) {
     // 1b. Grow it: "Add documents…" opens the sheet on it; a dropped file is counted, only its
     //     tokens are prefilled, and the context lists four documents.
     // First a real PDF (LibreOffice's, tests/ingest): read by page, its words largely unknown
     // to the demo model, which the sheet says; taken off the sheet again (the questions below
     // are about the samples), and a Markdown file added instead.
-    let pdf = work.path().join("report.pdf");
+    let pdf = j.work.path().join("report.pdf");
     std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/ingest/good/report.pdf"), &pdf).unwrap();
-    let extra = work.path().join("extra.md");
+    let extra = j.work.path().join("extra.md");
     std::fs::write(&extra, "# Extra\n\nThe ferry leaves at nine from the north pier.\n").unwrap();
-    let before = folio_models::context::ContextFile::open(&home.path().join("contexts/samples.folio")).unwrap();
+    let before = folio_models::context::ContextFile::open(&j.home.path().join("contexts/samples.folio")).unwrap();
     let saved_tokens = before.tokens().to_vec();
     d.click("[data-testid=add-documents]");
     d.wait("the sheet adding to samples", |d| d.texts("#staging-title").concat() == "Add to samples");
-    drop_paths(&d, &[&pdf]);
+    drop_paths(d, &[&pdf]);
     d.wait("one staged document", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 1);
     let row = d.texts("[data-testid=staged-documents] tbody tr").concat();
     assert!(row.contains("report.pdf") && row.contains("3 pages") && row.contains("PDF"), "{row}");
     let warning = d.texts("[data-testid=staged-warning]").concat();
     assert!(warning.contains("unknown to this model's tokenizer"), "{warning}");
     d.wait("the PDF's estimate", |d| d.texts("[data-testid=staging-summary]").concat().contains("File on disk"));
-    screenshot(&display, "9a-add-pdf");
+    screenshot(&j.display, "9a-add-pdf");
     d.click("[aria-label='Remove report.pdf']");
-    drop_paths(&d, &[&extra]);
+    drop_paths(d, &[&extra]);
     d.wait("the Markdown file staged", |d| {
         d.texts("[data-testid=staged-documents] tbody tr").concat().contains("extra.md")
     });
@@ -386,35 +228,41 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.wait("the addition's estimate", |d| d.texts("[data-testid=staging-summary]").concat().contains("File on disk"));
     let summary = d.texts("[data-testid=staging-summary]").concat();
     assert!(summary.contains(&format!("{} saved in 3 documents", saved_tokens.len())), "{summary}");
-    screenshot(&display, "9-add");
+    screenshot(&j.display, "9-add");
     d.click("[data-testid=start-prefill]");
     d.wait("four documents", |d| d.texts("[data-testid=context-documents] tbody tr").len() == 4);
-    let grown = folio_models::context::ContextFile::open(&home.path().join("contexts/samples.folio")).unwrap();
+    let grown = folio_models::context::ContextFile::open(&j.home.path().join("contexts/samples.folio")).unwrap();
     grown.verify().unwrap();
     assert!(grown.tokens().starts_with(&saved_tokens) && grown.tokens().len() > saved_tokens.len());
+}
 
+/// Step 1c: a document taken out, the other three kept and the ones after it prefilled again.
+fn take_a_document_out(j: &Journey, d: &Driver) {
     // 1c. Take a document out: the confirmation says what is prefilled again; the context
     //     lists the other three, with the documents after it re-prefilled.
     d.click("[aria-label='Take out market_records.txt']");
     d.wait("the removal's estimate", |d| {
         d.texts("[data-testid=confirm-remove-document]").concat().contains("prefills the")
     });
-    screenshot(&display, "10-remove");
+    screenshot(&j.display, "10-remove");
     d.click("[data-testid=confirm-remove]");
     d.wait("market_records.txt gone", |d| {
         let docs = d.texts("[data-testid=context-documents] tbody tr td:first-child");
         docs.len() == 3 && !docs.iter().any(|t| t == "market_records.txt")
     });
-    let shrunk = folio_models::context::ContextFile::open(&home.path().join("contexts/samples.folio")).unwrap();
+    let shrunk = folio_models::context::ContextFile::open(&j.home.path().join("contexts/samples.folio")).unwrap();
     shrunk.verify().unwrap();
     let titles: Vec<&str> = shrunk.documents().iter().map(|s| s.title.as_str()).collect();
     assert_eq!(titles, ["field_notes.txt", "the_diary_of_greta.txt", "extra.md"]);
     assert_eq!(shrunk.documents()[2].parts.len(), 1, "extra.md's heading");
+}
 
+/// Step 1d: the exported copy is imported, a damaged copy refused with the section named.
+fn export_then_import_with_a_damaged_copy(j: &Journey, d: &Driver) {
     // 1d. Export it (the hook behind "Export…" without its save dialog), then drop the copy
     //     and a damaged copy on the window: the copy is imported and listed, the damaged one
     //     refused with the section named; the rest of the library is untouched.
-    let portable = work.path().join("portable.folio");
+    let portable = j.work.path().join("portable.folio");
     let v = d.call(
         "POST",
         "/execute/async",
@@ -426,31 +274,34 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     );
     assert_eq!(v, "ok", "simulate_export: {v}");
     folio_models::context::ContextFile::open(&portable).unwrap().verify().unwrap();
-    let damaged = work.path().join("damaged.folio");
+    let damaged = j.work.path().join("damaged.folio");
     let mut bytes = std::fs::read(&portable).unwrap();
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     std::fs::write(&damaged, bytes).unwrap();
-    drop_paths(&d, &[&portable, &damaged]);
+    drop_paths(d, &[&portable, &damaged]);
     d.wait("the copy listed", |d| statuses(d).contains(&("portable".into(), "ready".into())));
     d.wait("the damaged copy refused", |d| {
         d.texts("[data-testid=notice]").concat().contains("damaged.folio was not imported")
     });
     let notice = d.texts("[data-testid=notice]").concat();
     assert!(notice.contains("checksum"), "{notice}");
-    assert_eq!(statuses(&d).len(), 2, "{:?}", statuses(&d));
-    screenshot(&display, "3b-import");
+    assert_eq!(statuses(d).len(), 2, "{:?}", statuses(d));
+    screenshot(&j.display, "3b-import");
     d.click("[data-testid=notice] button");
+}
 
+/// Step 2: a chat answers while a bigger folder prefills, then the app is killed; returns the partial folder.
+fn chat_while_a_bigger_folder_prefills_then_kill(j: &Journey, d: &Driver) -> PathBuf {
     // 2. A bigger folder. While it prefills, the window chats over samples (same device, one
     //    answer and one prefill at a time); then kill the app once a layer is checkpointed.
-    drop_paths(&d, &[&big]);
+    drop_paths(d, &[&j.big]);
     d.wait("one staged document", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 1);
     d.click("[data-testid=start-prefill]");
-    let partial = home.path().join("contexts/long notes.folio.partial");
+    let partial = j.home.path().join("contexts/long notes.folio.partial");
     d.wait("the prefill's progress", |d| !d.texts("[data-testid=job-progress]").is_empty());
-    screenshot(&display, "4-prefilling");
-    let row = statuses(&d).iter().position(|(n, _)| n == "samples").unwrap() + 1;
+    screenshot(&j.display, "4-prefilling");
+    let row = statuses(d).iter().position(|(n, _)| n == "samples").unwrap() + 1;
     d.click(&format!("[data-testid=context]:nth-child({row}) .ctx-button"));
     d.wait("the open button", |d| d.element("[data-testid=open-context]").is_some());
     d.click("[data-testid=open-context]");
@@ -467,26 +318,29 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
         !d.texts("[data-testid=job-progress]").is_empty() && layers(&partial).unwrap_or(0) < 4,
         "the prefill was still running when the answer came"
     );
-    kill_after_a_layer(home.path(), &partial);
-    drop(d);
-    drop(td);
+    kill_after_a_layer(j.home.path(), &partial);
+    partial
+}
 
+/// Step 3: the killed prefill is listed paused, resumes with one click, and its file verifies.
+fn resume_the_killed_prefill_with_a_click(j: &Journey, d: &Driver, partial: &Path) {
     // 3. Start again: listed paused; one click resumes; the file verifies.
-    let (td, base) = driver("tauri-driver-2.log");
-    let d = Driver::start(&base);
     let big_name = "long notes".to_owned();
     d.wait("the killed prefill listed paused", |d| statuses(d).contains(&(big_name.clone(), "paused".into())));
-    screenshot(&display, "5-paused");
+    screenshot(&j.display, "5-paused");
     d.click("[data-testid=resume]");
     d.wait("the resumed context ready", |d| statuses(d).iter().all(|(_, s)| s == "ready") && statuses(d).len() == 3);
-    let file = home.path().join("contexts").join(format!("{big_name}.folio"));
+    let file = j.home.path().join("contexts").join(format!("{big_name}.folio"));
     let ctx = folio_models::context::ContextFile::open(&file).unwrap();
     ctx.verify().unwrap();
     assert!(!partial.exists());
+}
 
+/// Step 4: "resume when Folio starts" turned on, a system prompt applied, another prefill killed.
+fn resume_at_start_then_kill_another_prefill(j: &Journey, d: &Driver) {
     // 4. Turn on "resume when Folio starts" in Settings; prefill another folder and kill the
     //    app in the middle again: the next start resumes it with no click.
-    open_settings(&d);
+    open_settings(d);
     // Clicked from the page, as the drawer's Apply buttons are: a section above it that fills
     // in late moves it between the click's coordinates and the click (CI once missed it).
     d.script("document.querySelector('[data-testid=auto-resume]').click()", json!([]));
@@ -495,25 +349,26 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     });
     let facts = d.texts("[data-testid=model-facts]").concat();
     assert!(facts.contains("llama") && facts.contains("Parameters") && facts.contains("K/V per token"), "{facts}");
-    screenshot(&display, "7-settings");
+    screenshot(&j.display, "7-settings");
     // With no context open, a system prompt for bare-model chats is offered and applied.
     d.type_into("[data-testid=system-prompt]", "you answer in one line .");
     d.script("document.querySelector('[data-testid=apply-generation]').click()", json!([]));
     d.wait("the system prompt applied", |d| d.texts("[role=status]").concat().contains("The next answer uses these"));
     d.click("[aria-label='Close settings']");
-    let more = work.path().join("more notes");
+    let more = j.work.path().join("more notes");
     std::fs::create_dir(&more).unwrap();
-    std::fs::write(more.join("notes.txt"), text.repeat(12)).unwrap();
-    drop_paths(&d, &[&more]);
+    std::fs::write(more.join("notes.txt"), j.text.repeat(12)).unwrap();
+    drop_paths(d, &[&more]);
     d.wait("one staged document", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 1);
     d.click("[data-testid=start-prefill]");
-    kill_after_a_layer(home.path(), &home.path().join("contexts/more notes.folio.partial"));
-    drop(d);
-    drop(td);
+    kill_after_a_layer(j.home.path(), &j.home.path().join("contexts/more notes.folio.partial"));
+}
 
+/// Between steps 4 and 5: a context made from the CLI by another model; returns the demo model's folder.
+fn make_a_context_with_another_model(j: &Journey) -> PathBuf {
     // A context made by another model (from the CLI, into the same library): the demo model
     // with another RoPE base, so another fingerprint.
-    let other = work.path().join("demo-rope");
+    let other = j.work.path().join("demo-rope");
     std::fs::create_dir(&other).unwrap();
     let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/models/demo").canonicalize().unwrap();
     for entry in std::fs::read_dir(&demo).unwrap() {
@@ -528,22 +383,24 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
         .args(["prefill", "--device", "cpu", "--model"])
         .arg(&other)
         .arg("--docs")
-        .arg(samples.join("field_notes.txt"))
+        .arg(j.samples.join("field_notes.txt"))
         .arg("--out")
-        .arg(home.path().join("contexts/other model.folio"))
-        .env("FOLIO_HOME", home.path())
+        .arg(j.home.path().join("contexts/other model.folio"))
+        .env("FOLIO_HOME", j.home.path())
         .output()
         .unwrap();
     assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    demo
+}
 
+/// Step 5: after a restart all five are listed; another model's context loads its model; one of ours answers.
+fn another_models_context_then_ask_ours(j: &Journey, d: &Driver, demo: &Path) {
     // 5. Restart: the interrupted prefill resumes by itself; all five are listed; the other
     //    model's context says which model made it; open one of ours and ask.
-    let (_td, base) = driver("tauri-driver-3.log");
-    let d = Driver::start(&base);
     d.wait("all five contexts ready, the interrupted one resumed at start", |d| {
         statuses(d).len() == 5 && statuses(d).iter().all(|(_, s)| s == "ready")
     });
-    let other_row = statuses(&d).iter().position(|(n, _)| n == "other model").unwrap() + 1;
+    let other_row = statuses(d).iter().position(|(n, _)| n == "other model").unwrap() + 1;
     d.click(&format!("[data-testid=context]:nth-child({other_row}) .ctx-button"));
     d.wait("the other model named", |d| {
         d.texts("[data-testid=other-model]").concat().contains("Made with demo-rope; Folio runs demo")
@@ -551,7 +408,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.wait("its document", |d| d.texts("[data-testid=context-documents] tbody tr").len() == 1);
     let open_disabled = d.script("return document.querySelector('[data-testid=open-context]').disabled", json!([]));
     assert_eq!(open_disabled, json!(true), "a context of another model cannot be opened here");
-    screenshot(&display, "8-other-model");
+    screenshot(&j.display, "8-other-model");
     // It offers the model that made it: loaded, the context opens.
     let running = |d: &Driver| d.texts(".model-name").first().cloned().unwrap_or_default();
     d.click("[data-testid=switch-model]");
@@ -560,14 +417,17 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
         d.script("return document.querySelector('[data-testid=open-context]')?.disabled", json!([])) == json!(false)
     });
     // Settings lists the library's models; the demo model's folder, typed, loads it again.
-    open_settings(&d);
+    open_settings(d);
     d.wait("the library's models", |d| d.texts("[data-testid=model-switch] .models .model-name").len() == 2);
-    screenshot(&display, "11-models");
+    screenshot(&j.display, "11-models");
     d.type_into("[data-testid=model-spec]", &format!("{}{ENTER}", demo.display()));
     d.wait("demo running again", |d| running(d) == "demo");
     d.click("[aria-label='Close settings']");
-    folio_models::context::ContextFile::open(&home.path().join("contexts/more notes.folio")).unwrap().verify().unwrap();
-    let samples_row = statuses(&d).iter().position(|(n, _)| n == "samples").unwrap() + 1;
+    folio_models::context::ContextFile::open(&j.home.path().join("contexts/more notes.folio"))
+        .unwrap()
+        .verify()
+        .unwrap();
+    let samples_row = statuses(d).iter().position(|(n, _)| n == "samples").unwrap() + 1;
     d.click(&format!("[data-testid=context]:nth-child({samples_row}) .ctx-button"));
     d.wait("the open button", |d| d.element("[data-testid=open-context]").is_some());
     d.click("[data-testid=open-context]");
@@ -577,13 +437,16 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     let answer = d.texts(".bubble.assistant .text").concat();
     // assets/SAMPLES.md: the demo model's answer from field_notes.txt.
     assert!(answer.contains("4 8 1 5 2"), "{answer}");
-    screenshot(&display, "6-chat");
+    screenshot(&j.display, "6-chat");
     d.wait("the chat saved", |d| {
         d.texts("[data-testid=chat] .chat-title").contains(&"what is the secret code of amber falcon ?".to_owned())
     });
     let stats = d.texts("[data-testid=answer-stats]").concat();
     assert!(stats.starts_with("dense · first token"), "the answer says how it was made: {stats}");
+}
 
+/// Step 5, continued: hip and magicpig answer on the same context with no prefill; bad values are refused inline.
+fn switch_the_method_and_compare_with_dense(j: &Journey, d: &Driver) {
     // Switch the method in Settings and ask again on the same context: hip, then magicpig,
     // each with its default budget; no prefill runs; each answer records its method. A bad
     // budget is refused inline and the method in use stays.
@@ -594,8 +457,8 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
         let stats = d.texts("[data-testid=answer-stats]");
         assert!(stats[n - 1].starts_with(&format!("{method} · budget")), "{stats:?}");
     };
-    ask_with(&d, "hip", 2);
-    ask_with(&d, "magicpig", 3);
+    ask_with(d, "hip", 2);
+    ask_with(d, "magicpig", 3);
     assert!(d.texts("[data-testid=job-progress]").is_empty(), "switching the method runs no prefill");
     // "Compare with dense" on the magicpig answer: replayed beside dense on the same turn,
     // next-token KL and top-1 agreement, and whether dense answers the same (saved with it).
@@ -606,8 +469,8 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     println!("magicpig vs dense: {compared}");
     assert!(compared.contains("top-1 agreement") && compared.contains("nats"), "{compared}");
     assert!(d.texts("[data-testid=job-progress]").is_empty(), "a comparison runs no prefill");
-    screenshot(&display, "15-compare");
-    open_settings(&d);
+    screenshot(&j.display, "15-compare");
+    open_settings(d);
     d.wait("the budget field", |d| d.element("[data-testid=budget]").is_some());
     d.type_into("[data-testid=budget]", "-5");
     d.script("document.querySelector('[data-testid=apply-method]').click()", json!([]));
@@ -619,9 +482,12 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.wait("the sampling error", |d| {
         d.texts("[data-testid=generation-error]").concat().contains("temperature must be >= 0")
     });
-    screenshot(&display, "13-method");
+    screenshot(&j.display, "13-method");
     d.click("[aria-label='Close settings']");
+}
 
+/// Step 5, continued: offload per method, budgets refused, an index stored in the file, fp8 for new contexts.
+fn engine_settings_and_the_memory_planner(j: &Journey, d: &Driver) {
     // Engine settings and the memory planner. A method with no offloaded path refuses offload
     // with the registry's reason; with magicpig, offload applies (the context reopens on the
     // offloaded tier, its conversation kept) and the planner puts the K/V in host memory; a
@@ -647,37 +513,37 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
         );
     };
     let engine_error = |d: &Driver| d.texts("[data-testid=engine-error]").concat();
-    choose_method(&d, "topk-ivf");
-    engine_apply(&d, &|d| offload(d, true));
+    choose_method(d, "topk-ivf");
+    engine_apply(d, &|d| offload(d, true));
     d.wait("offload refused for topk-ivf", |d| engine_error(d).contains("topk-ivf on the offloaded tier"));
     d.click("[aria-label='Close settings']");
-    choose_method(&d, "magicpig");
-    engine_apply(&d, &|d| offload(d, true));
+    choose_method(d, "magicpig");
+    engine_apply(d, &|d| offload(d, true));
     d.wait("offload applied", |d| d.texts("[data-testid=engine] [role=status]").concat().contains("Applied"));
     d.wait("the K/V in host memory", |d| d.texts("[data-testid=memory-plan]").concat().contains("K/V in host memory"));
     assert!(d.texts("[data-testid=plan-floor]").concat().starts_with("Floor"));
-    set_value(&d, "[data-testid=host-budget]", "1KiB");
+    set_value(d, "[data-testid=host-budget]", "1KiB");
     d.script("document.querySelector('[data-testid=apply-engine]').click()", json!([]));
     d.wait("the host budget refused", |d| engine_error(d).contains("host budget"));
-    set_value(&d, "[data-testid=host-budget]", "");
-    offload(&d, false);
-    set_value(&d, "[data-testid=device-budget]", "1KiB");
+    set_value(d, "[data-testid=host-budget]", "");
+    offload(d, false);
+    set_value(d, "[data-testid=device-budget]", "1KiB");
     d.script("document.querySelector('[data-testid=apply-engine]').click()", json!([]));
     d.wait("the device budget refused", |d| engine_error(d).contains("does not hold the weights"));
-    println!("refused: {}", engine_error(&d));
-    offload(&d, true);
-    set_value(&d, "[data-testid=device-budget]", "");
-    set_value(&d, "[data-testid=kv-dtype]", "fp8");
+    println!("refused: {}", engine_error(d));
+    offload(d, true);
+    set_value(d, "[data-testid=device-budget]", "");
+    set_value(d, "[data-testid=kv-dtype]", "fp8");
     d.script("document.querySelector('[data-testid=apply-engine]').click()", json!([]));
     d.wait("applied again", |d| {
         engine_error(d).is_empty() && d.texts("[data-testid=engine] [role=status]").concat().contains("Applied")
     });
     d.script("document.querySelector('[data-testid=memory-plan]').scrollIntoView()", json!([]));
     std::thread::sleep(Duration::from_millis(300));
-    screenshot(&display, "16-memory");
+    screenshot(&j.display, "16-memory");
     d.script("document.querySelector('[data-testid=engine]').scrollIntoView()", json!([]));
     std::thread::sleep(Duration::from_millis(300));
-    screenshot(&display, "16b-engine");
+    screenshot(&j.display, "16b-engine");
     d.click("[aria-label='Close settings']");
     // The same chat answers on the offloaded tier, with no prefill.
     // (market_records.txt was taken out in step 1c: the question is about the diary.)
@@ -688,7 +554,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     assert!(d.texts("[data-testid=job-progress]").is_empty(), "switching the tier runs no prefill");
     // magicpig's index stored in the file (with progress), then read by the next answer;
     // magicpig made the context's default, so a new chat over it starts with it.
-    open_settings(&d);
+    open_settings(d);
     d.wait("the context's method", |d| d.element("[data-testid=build-index]").is_some());
     d.script("document.querySelector('[data-testid=set-default-method]').click()", json!([]));
     d.wait("the default set", |d| d.texts("[data-testid=context-note]").concat().contains("start with magicpig"));
@@ -704,23 +570,22 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     assert!(stats[4].contains(" · index from the file · "), "{stats:?}");
     assert!(d.texts(".bubble.assistant.done .text")[4].contains("5 2 9 8 1"));
     // A new context is stored as fp8.
-    let tiny = work.path().join("tiny notes.md");
+    let tiny = j.work.path().join("tiny notes.md");
     std::fs::write(&tiny, "The lantern was very bright.\n").unwrap();
-    drop_paths(&d, &[&tiny]);
+    drop_paths(d, &[&tiny]);
     d.wait("one staged document", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 1);
     d.click("[data-testid=start-prefill]");
-    let tiny_file = home.path().join("contexts/tiny notes.folio");
+    let tiny_file = j.home.path().join("contexts/tiny notes.folio");
     d.wait("the fp8 context", |_| tiny_file.is_file());
     let header = folio_models::context::ContextFile::open(&tiny_file).unwrap().header().kv_dtype;
     assert_eq!(header.name(), "fp8");
-    d.quit();
-    drop(_td);
+}
 
+/// Step 6: after a restart the chat reopens with its method, continues, forks; with its file moved away it refuses.
+fn reopen_the_chat_continue_fork_and_move_its_file(j: &Journey, d: &Driver) {
     // 6. Restart: the chat is listed; opened, it shows its turn and continues on the saved
     //    context with no prefill; "Answer again" gives the same (greedy) answer; a fork keeps
     //    the first turn in a new chat; deleting the fork leaves the first chat.
-    let (_td, base) = driver("tauri-driver-4.log");
-    let d = Driver::start(&base);
     // Eleven chats: the nine samples questions (step 1), the one asked while a prefill ran
     // (step 2) and step 5's, newest first.
     d.wait("the saved chats listed", |d| d.texts("[data-testid=chat]").len() == 11);
@@ -730,21 +595,21 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     assert_eq!(d.texts("[data-testid=comparison]").len(), 1, "the comparison is saved with its answer");
     d.wait("the chat over samples", |d| d.texts("[data-testid=open-context-chip]").concat().contains("samples"));
     // Its method came back with it; dense again for the follow-up.
-    open_settings(&d);
+    open_settings(d);
     d.wait("the chat's method", |d| {
         d.script("return document.querySelector('[data-testid=method]')?.value", json!([])) == json!("magicpig")
     });
     assert!(d.script("return document.querySelector('[data-testid=offload]').checked", json!([])) == json!(true));
     assert_eq!(d.script("return document.querySelector('[data-testid=kv-dtype]').value", json!([])), json!("fp8"));
     d.click("[aria-label='Close settings']");
-    choose_method(&d, "dense");
+    choose_method(d, "dense");
     d.type_into("#composer-input", &format!("what is the room number of silver otter ?{ENTER}"));
     d.wait("the follow-up answered", |d| {
         let texts = d.texts(".bubble.assistant.done .text");
         texts.len() == 6 && texts[5].contains("3 0 7 1 9")
     });
     assert!(d.texts("[data-testid=job-progress]").is_empty(), "no prefill runs for a reopened chat");
-    assert!(std::fs::read_dir(home.path().join("contexts"))
+    assert!(std::fs::read_dir(j.home.path().join("contexts"))
         .unwrap()
         .flatten()
         .all(|e| { !e.file_name().to_string_lossy().ends_with(".partial") }));
@@ -756,7 +621,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
         let texts = d.texts(".bubble.assistant.done:not([data-old]) .text");
         texts.len() == 6 && texts[5].contains("3 0 7 1 9")
     });
-    screenshot(&display, "12-chats");
+    screenshot(&j.display, "12-chats");
     d.click("[data-testid=fork]");
     d.wait("the fork opened", |d| d.texts("[data-testid=chat]").len() == 12 && d.texts(".bubble.assistant").len() == 1);
     // Clicked from the page: with a scrolled sidebar WebKitWebDriver calls the (visible, see
@@ -767,8 +632,8 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
 
     // Its context file moved behind the library's back: the chat stays readable, asking is
     // refused with the reason; the file back, it continues.
-    let file = home.path().join("contexts/samples.folio");
-    let moved = work.path().join("samples.away");
+    let file = j.home.path().join("contexts/samples.folio");
+    let moved = j.work.path().join("samples.away");
     std::fs::rename(&file, &moved).unwrap();
     d.click("[data-testid=chat] .chat-button");
     d.wait("the refusal", |d| d.texts("[data-testid=chat-refused]").concat().contains("samples is missing"));
@@ -779,9 +644,13 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.click("[data-testid=chat]:nth-child(2) .chat-button");
     d.click("[data-testid=chat] .chat-button");
     d.wait("the chat continuing", |d| d.texts("[data-testid=chat-refused]").is_empty());
+}
+
+/// Step 6, continued: a new chat takes the context's default method; double-sparsity calibrates and answers.
+fn a_new_chat_takes_the_default_method_and_double_sparsity(j: &Journey, d: &Driver) {
     // A new chat over samples starts with its default method (magicpig, set above).
     d.click("header .leave");
-    let samples_row = statuses(&d).iter().position(|(n, _)| n == "samples").unwrap() + 1;
+    let samples_row = statuses(d).iter().position(|(n, _)| n == "samples").unwrap() + 1;
     d.script(
         &format!("document.querySelector('[data-testid=context]:nth-child({samples_row}) .ctx-button').click()"),
         json!([]),
@@ -789,7 +658,7 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     d.wait("the open button", |d| d.element("[data-testid=open-context]").is_some());
     d.click("[data-testid=open-context]");
     d.wait("the chat over samples", |d| d.texts("[data-testid=open-context-chip]").concat().contains("samples"));
-    open_settings(&d);
+    open_settings(d);
     d.wait("the context's default method", |d| {
         d.script("return document.querySelector('[data-testid=method]')?.value", json!([])) == json!("magicpig")
     });
@@ -806,10 +675,10 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     });
     d.script("document.querySelector('[data-testid=calibration]').scrollIntoView()", json!([]));
     std::thread::sleep(Duration::from_millis(300));
-    screenshot(&display, "17-calibration");
+    screenshot(&j.display, "17-calibration");
     d.script("document.querySelector('[data-testid=calibrate]').click()", json!([]));
     d.wait("calibrated", |d| d.texts("[data-testid=calibration]").concat().starts_with("Calibrated"));
-    let kept = std::fs::read_dir(home.path().join("calibrations")).unwrap().flatten().next().unwrap().path();
+    let kept = std::fs::read_dir(j.home.path().join("calibrations")).unwrap().flatten().next().unwrap().path();
     assert!(kept.join("folio-channels.json").is_file(), "{}", kept.display());
     // At its default 6.25% (30 of samples' 479 tokens, no recent window) the demo model loses
     // the thread (docs/quality.md); a quarter reads enough.
@@ -824,5 +693,4 @@ fn drop_prefill_kill_resume_and_reopen_in_the_real_window() {
     let answer = d.texts(".bubble.assistant.done .text").concat();
     assert!(answer.contains("9 0 4 1 7"), "{answer}");
     assert!(d.texts("[data-testid=answer-stats]")[0].starts_with("double-sparsity · budget 25%"));
-    d.quit();
 }
