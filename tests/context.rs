@@ -181,7 +181,6 @@ fn every_method_and_stored_indexes_on_one_file() {
     assert!(err.contains("folio calibrate"), "{err}");
     let err = err_text(folio(&["chat", "--context", c, question, "--method", "topk:5%:k=3"]));
     assert!(err.contains("unknown parameter \"k\"") && err.contains("window"), "{err}");
-
 }
 
 /// `folio prefill --dry-run` (the staging sheet in the terminal) counts what the prefill then

@@ -17,6 +17,7 @@ use crate::{Error, Library, Result};
 
 /// A chat as the window lists it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct ChatInfo {
     pub id: i64,
     /// The context it is over; `None` for the bare model.
@@ -33,6 +34,7 @@ pub struct ChatInfo {
 
 /// One message of a chat.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct MessageRow {
     pub position: u64,
     /// "user" or "assistant".

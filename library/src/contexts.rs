@@ -17,6 +17,7 @@ use crate::{Error, Library, Result};
 
 /// Where a context stands, as its file and partial folder say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// A prefill is writing it now (a process holds its partial folder's lock).
@@ -55,6 +56,7 @@ impl Status {
 
 /// The model a context was made with, as its file records it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct ModelInfo {
     pub name: String,
     /// How to load it: a folder or a Hugging Face repo id.
@@ -65,6 +67,7 @@ pub struct ModelInfo {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct ContextInfo {
     pub id: i64,
     /// The file's name without its extension.
@@ -89,6 +92,7 @@ pub struct ContextInfo {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct DocumentInfo {
     pub title: String,
     pub path: String,

@@ -26,6 +26,7 @@ pub const OPENING: usize = 2 * AROUND;
 
 /// A run of text: read by the attention (with the passage's share) or around what was.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Piece {
     pub text: String,
     /// The share of the document's weight of the passage this text is (of the passages, when
@@ -35,6 +36,7 @@ pub struct Piece {
 
 /// A stretch of the document: `start..end` in tokens from its first token.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Excerpt {
     pub start: usize,
     pub end: usize,
@@ -45,6 +47,7 @@ pub struct Excerpt {
 
 /// A document's excerpts, in document order.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct DocumentExcerpts {
     pub document: usize,
     pub title: String,

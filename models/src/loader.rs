@@ -232,6 +232,7 @@ impl Hub<'_> {
 
 /// A model the Hugging Face cache holds whole: it loads with no network.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct CachedModel {
     /// The repo id, what `--model` takes.
     pub repo: String,

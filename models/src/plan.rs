@@ -81,6 +81,7 @@ pub fn copy_bandwidth(device: &Device, bytes: usize, rounds: usize) -> Result<f6
 
 /// Bandwidths of this machine, measured: bytes/s.
 #[derive(Debug, Clone, Copy, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Bandwidths {
     /// Device memory (read + written by a copy).
     pub device: f64,
@@ -104,6 +105,7 @@ impl Bandwidths {
 
 /// The memory a step may use: device memory (VRAM on a GPU) and host memory; `None` is no cap.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Budgets {
     pub device: Option<u64>,
     pub host: Option<u64>,
@@ -111,6 +113,7 @@ pub struct Budgets {
 
 /// One path of a decode step: bytes over a bandwidth.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Term {
     pub path: &'static str,
     pub bytes: f64,
@@ -120,6 +123,7 @@ pub struct Term {
 
 /// Where a context's K/V and a method's state live, and what a step costs; see the module docs.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Plan {
     pub tier: &'static str,
     pub method: String,

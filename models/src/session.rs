@@ -57,6 +57,7 @@ pub const DEFAULT_MAX_TOKENS: usize = 512;
 /// How an answer is sampled: what the user sets; unset values come from the model's
 /// generation_config.json.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct GenerationSettings {
     pub max_tokens: usize,
     /// 0 is greedy.
@@ -120,6 +121,7 @@ impl GenerationSettings {
 
 /// Seconds and rates of one answer.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Timings {
     /// From the question to the first answer token (the new turn's tokens computed first).
     pub first_token_s: Option<f64>,
@@ -130,6 +132,7 @@ pub struct Timings {
 
 /// What the attention read in one document while answering.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct DocumentRead {
     pub document: usize,
     pub title: String,
@@ -147,6 +150,7 @@ pub struct DocumentRead {
 
 /// One answer and how it was made.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Answer {
     pub text: String,
     pub tokens: Vec<u32>,
@@ -172,6 +176,7 @@ pub struct Answer {
 /// An answer next to dense attention's on the same context and turn (see
 /// [`Session::compare_with_dense`]).
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Comparison {
     /// The answer's method, with its full settings.
     pub settings: serde_json::Value,

@@ -110,6 +110,7 @@ impl SavedDocuments for Files {
 
 /// What staging is doing, for its progress line.
 #[derive(Debug, Clone, Copy, Serialize)]
+#[cfg_attr(feature = "gui", derive(ts_rs::TS))]
 #[serde(rename_all = "lowercase")]
 pub enum Phase {
     Reading,

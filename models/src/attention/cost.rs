@@ -11,6 +11,7 @@ use super::Params;
 
 /// The facts of a model's shape a step's cost depends on.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Shape {
     pub layers: usize,
     pub heads: usize,
@@ -53,6 +54,7 @@ impl CostInput<'_> {
 
 /// One decode step's traffic beyond the weights, and the device memory the method holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct StepCost {
     /// Read in device memory: an index (labels), layers kept resident.
     pub device_bytes: f64,

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 
 /// Where a saved context's rows live while a conversation decodes over it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(rename_all = "lowercase")]
 pub enum Tier {
     /// Whole layers decoded into device memory as attention asks for them; picks are gathered
@@ -31,6 +32,7 @@ impl Tier {
 /// How a tier runs a method: its fast path (`crate::kv_cache::DecodeTier`), or its CPU reference
 /// (with why) — or not at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(tag = "path", content = "why", rename_all = "lowercase")]
 pub enum Path {
     Fast,
@@ -42,6 +44,7 @@ pub enum Path {
 
 /// How each tier runs a method.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Tiers {
     pub resident: Path,
     pub offloaded: Path,
@@ -54,6 +57,7 @@ impl Tiers {
 
 /// A method's budget when none is given, and where that number comes from.
 #[derive(Debug, serde::Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct DefaultBudget {
     pub budget: &'static str,
     pub source: &'static str,
@@ -61,6 +65,7 @@ pub struct DefaultBudget {
 
 /// What a method needs besides its knobs.
 #[derive(Debug, Default, serde::Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Needs {
     /// The model's outlier channels (`folio calibrate`): Double Sparsity.
     pub calibration: bool,
@@ -94,6 +99,7 @@ pub(super) type Build = fn(Option<Budget>, Params, &Resources) -> Result<Box<dyn
 
 /// One method, declared in its module.
 #[derive(serde::Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct MethodSpec {
     pub name: &'static str,
     /// One line, for a settings panel.

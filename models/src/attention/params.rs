@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 
 /// How many tokens a sparse method may read per step and head.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(rename_all = "lowercase")]
 pub enum Budget {
     Tokens(usize),
@@ -62,6 +63,7 @@ impl Budget {
 
 /// One knob of a method: name, the paper's default, the valid range, what it does.
 #[derive(Debug, serde::Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct ParamSpec {
     pub name: &'static str,
     pub default: f64,
@@ -73,6 +75,7 @@ pub struct ParamSpec {
 
 /// Validated knobs of one method: every spec'd name, given or defaulted.
 #[derive(Debug, Clone, serde::Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Params(BTreeMap<String, f64>);
 
 impl Params {

@@ -59,6 +59,7 @@ pub fn by_name(
 /// A method named with its budget and knobs, as a user writes it:
 /// `METHOD[:BUDGET][:KEY=VALUE]...` (see the module docs).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct MethodChoice {
     pub method: String,
     /// `None`: the method's default.

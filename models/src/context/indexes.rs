@@ -21,12 +21,14 @@ const BUILD_BUDGET: u64 = 1;
 
 /// What a stored index took.
 #[derive(Debug, Clone, serde::Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct StoredIndex {
     /// The method's full settings the index was built with.
     pub settings: serde_json::Value,
     pub sections: usize,
     pub index_bytes: u64,
     /// The file's header after the write.
+    #[cfg_attr(feature = "ts", ts(type = "unknown"))]
     pub header: Header,
 }
 

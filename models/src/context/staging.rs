@@ -20,6 +20,7 @@ use crate::Engine;
 
 /// One document as the sheet lists it (and as `start_prefill` gets it back).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct StagedDocument {
     pub path: String,
     pub title: String,
@@ -73,6 +74,7 @@ fn count_warnings(text_bytes: usize, count: TokenCount) -> Vec<String> {
 }
 
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Skip {
     pub path: String,
     pub reason: String,
@@ -80,6 +82,7 @@ pub struct Skip {
 
 /// What staging found.
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Staged {
     pub documents: Vec<StagedDocument>,
     pub skipped: Vec<Skip>,
@@ -91,6 +94,7 @@ pub struct Staged {
 
 /// What a prefill of staged documents needs, for the sheet's summary.
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Estimate {
     /// Tokens in the context file.
     pub tokens: usize,

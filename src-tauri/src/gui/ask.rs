@@ -12,14 +12,14 @@ use tauri::State;
 
 use super::{chats, current_chat, until_stopped, AppState};
 
-#[derive(Clone, Serialize)]
+#[derive(Clone, Serialize, ts_rs::TS)]
 #[serde(tag = "event", content = "data", rename_all = "snake_case")]
 pub(super) enum ChatEvent {
     Token { text: String },
     Done { stop_reason: String, tokens: usize, tokens_per_second: f64 },
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ts_rs::TS)]
 pub(super) struct ChatDone {
     stop_reason: String,
     tokens: usize,

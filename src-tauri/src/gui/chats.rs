@@ -59,7 +59,7 @@ pub(super) async fn list_chats(state: State<'_, AppState>, search: Option<String
 }
 
 /// A chat opened in the window.
-#[derive(Serialize)]
+#[derive(Serialize, ts_rs::TS)]
 pub(super) struct OpenedChat {
     chat: ChatInfo,
     messages: Vec<MessageRow>,
@@ -191,7 +191,7 @@ pub(super) async fn regenerate(state: State<'_, AppState>, id: i64) -> Result<St
 }
 
 /// How far a comparison with dense has got (answer steps of its three passes).
-#[derive(Clone, Serialize)]
+#[derive(Clone, Serialize, ts_rs::TS)]
 pub(super) struct CompareProgress {
     done: usize,
     total: usize,

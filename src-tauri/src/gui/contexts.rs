@@ -90,7 +90,7 @@ pub(super) async fn rebuild_library(state: State<'_, AppState>) -> Result<Vec<Co
 
 /// What an import of context files did: each file listed, or why not (one bad file never
 /// stops the others).
-#[derive(Serialize)]
+#[derive(Serialize, ts_rs::TS)]
 pub(super) struct Imported {
     imported: Vec<ContextInfo>,
     failed: Vec<staging::Skip>,

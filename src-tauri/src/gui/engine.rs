@@ -33,7 +33,7 @@ const BANDWIDTH_BYTES: usize = 64 << 20;
 const MAX_CUDA_DEVICES: usize = 8;
 
 /// What the window runs with; see the module docs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ts_rs::TS)]
 #[serde(default)]
 pub(crate) struct EngineSettings {
     /// auto, cpu, cuda or cuda:N (what `--device` takes).
@@ -103,7 +103,7 @@ pub(crate) async fn stored(library: &Library) -> EngineSettings {
 }
 
 /// A device the window can run on.
-#[derive(Serialize)]
+#[derive(Serialize, ts_rs::TS)]
 pub(super) struct DeviceChoice {
     spec: String,
     label: String,
@@ -141,7 +141,7 @@ fn devices() -> Vec<DeviceChoice> {
 }
 
 /// The settings, the device the model runs on now, and the choices.
-#[derive(Serialize)]
+#[derive(Serialize, ts_rs::TS)]
 pub(super) struct EngineView {
     settings: EngineSettings,
     running_on: Option<String>,
@@ -164,7 +164,7 @@ pub(super) fn engine_settings(state: State<'_, AppState>) -> EngineView {
 }
 
 /// What applying settings did, for the window to follow.
-#[derive(Serialize)]
+#[derive(Serialize, ts_rs::TS)]
 pub(super) struct Applied {
     engine: EngineView,
     /// The model was loaded again on another device (the chat started over).
@@ -285,7 +285,7 @@ pub(super) async fn open_session(
 }
 
 /// The planner's view of the open context with the chat's method, and the bandwidths it used.
-#[derive(Serialize)]
+#[derive(Serialize, ts_rs::TS)]
 pub(super) struct PlanView {
     plan: Plan,
     bandwidths: Bandwidths,

@@ -25,7 +25,7 @@ use crate::listing::{rate_key, Block, Listing};
 /// Least time between two progress snapshots sent to the window.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(150);
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ts_rs::TS)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum JobKind {
     /// A new context from staged documents.
@@ -39,7 +39,7 @@ pub(crate) enum JobKind {
     Resume,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ts_rs::TS)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum JobState {
     Queued,
@@ -50,7 +50,7 @@ pub(crate) enum JobState {
     Failed,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ts_rs::TS)]
 pub(crate) struct JobView {
     pub id: u64,
     pub name: String,
@@ -73,7 +73,7 @@ struct Queued {
 }
 
 /// A queued job as the queue file keeps it.
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, ts_rs::TS)]
 struct SavedJob {
     out: PathBuf,
     kind: JobKind,

@@ -17,6 +17,7 @@
 //! so the webview holds no dialog permission.
 
 mod ask;
+mod bindings;
 mod chats;
 mod contexts;
 mod engine;
@@ -174,7 +175,7 @@ impl AppState {
 }
 
 /// What the window's feed carries.
-#[derive(Clone, Serialize)]
+#[derive(Clone, Serialize, ts_rs::TS)]
 #[serde(tag = "event", content = "data", rename_all = "snake_case")]
 enum UiEvent {
     /// Files or folders dropped on the window.
@@ -199,7 +200,7 @@ fn send(feed: &Mutex<Option<Channel<UiEvent>>>, event: UiEvent) {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ts_rs::TS)]
 struct AppInfo {
     version: &'static str,
     model: Option<String>,
@@ -213,7 +214,7 @@ struct AppInfo {
 }
 
 /// The loaded model, as `folio info` describes it.
-#[derive(Serialize)]
+#[derive(Serialize, ts_rs::TS)]
 struct ModelFacts {
     /// How it was loaded (a folder or repo id): what `--model` takes.
     source: String,

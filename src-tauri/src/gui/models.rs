@@ -20,7 +20,7 @@ use super::{app_info, chat_of, AppInfo, AppState, Loaded};
 const LAST_MODEL: &str = "model.last";
 
 /// A model that made contexts in the library.
-#[derive(Serialize)]
+#[derive(Serialize, ts_rs::TS)]
 pub(super) struct LibraryModel {
     name: String,
     /// What loads it: a folder or a repo id.
@@ -32,7 +32,7 @@ pub(super) struct LibraryModel {
 }
 
 /// What the window offers to load.
-#[derive(Serialize)]
+#[derive(Serialize, ts_rs::TS)]
 pub(super) struct ModelChoices {
     /// Whole models in the Hugging Face cache (they load offline).
     cached: Vec<CachedModel>,

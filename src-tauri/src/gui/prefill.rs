@@ -19,7 +19,7 @@ use super::{send, test_hooks, AppState, UiEvent, AUTO_RESUME};
 use crate::ingest;
 use crate::listing::rate_key;
 
-#[derive(Clone, Serialize)]
+#[derive(Clone, Serialize, ts_rs::TS)]
 pub(super) struct CountProgress {
     phase: ingest::Phase,
     done: usize,
@@ -90,7 +90,7 @@ pub(super) async fn resume_context(state: State<'_, AppState>, id: i64) -> Resul
 }
 
 /// A change to a saved context, as the window asks for it.
-#[derive(Deserialize)]
+#[derive(Deserialize, ts_rs::TS)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub(super) enum ChangeRequest {
     /// Staged documents to add after its tokens.

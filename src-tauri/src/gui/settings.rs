@@ -107,7 +107,7 @@ pub(super) async fn context_method(state: &AppState, id: i64) -> Option<MethodCh
 }
 
 /// The context the chat is over (its library id), and its default method.
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, ts_rs::TS)]
 pub(super) struct ContextDefault {
     context: Option<i64>,
     method: Option<MethodChoice>,
@@ -134,7 +134,7 @@ pub(super) async fn set_context_method(state: State<'_, AppState>) -> Result<Met
 }
 
 /// How far an index build has got.
-#[derive(Clone, serde::Serialize)]
+#[derive(Clone, serde::Serialize, ts_rs::TS)]
 pub(super) struct IndexProgress {
     layer: usize,
     layers: usize,
@@ -189,7 +189,7 @@ pub(super) async fn build_index(
 }
 
 /// Whether the running model has Double Sparsity's channel calibration, and where.
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, ts_rs::TS)]
 pub(super) struct CalibrationStatus {
     /// The calibration file read, when there is one.
     found: Option<std::path::PathBuf>,
@@ -215,7 +215,7 @@ pub(super) async fn calibration(state: State<'_, AppState>) -> Result<Calibratio
 }
 
 /// How far a calibration has got, in blocks.
-#[derive(Clone, serde::Serialize)]
+#[derive(Clone, serde::Serialize, ts_rs::TS)]
 pub(super) struct CalibrationProgress {
     done: usize,
     total: usize,

@@ -13,48 +13,18 @@
 // every other call rejects with a readable message and cancel_chat is a no-op.
 
 import { Channel, invoke } from '@tauri-apps/api/core';
+import type { AppInfo } from './bindings/AppInfo';
+import type { ChatDone } from './bindings/ChatDone';
+import type { ModelFacts } from './bindings/ModelFacts';
+import type { ChatEvent } from './bindings/ChatEvent';
+import type { ChatInfo } from './bindings/ChatInfo';
 
-/** Result of `app_info`. */
-export interface AppInfo {
-  version: string;
-  /** Display name of the loaded model, or null when none is configured. */
-  model: string | null;
-  /** Compute device, e.g. "CUDA 0 (NVIDIA H100)" or "cpu". */
-  device: string;
-  /** Why no model is loaded, when there is a reason to tell. */
-  model_error: string | null;
-  /** The library's database file, or null when it could not be opened. */
-  library: string | null;
-  /** Why the library could not be opened (with what to do). */
-  library_error: string | null;
-  /** What the window shows of the loaded model. */
-  model_facts: ModelFacts | null;
-  /** What to tell: at start, the model run last no longer loads; after a model load, queued
-   *  prefills that still wait for their model. */
-  startup_notice: string | null;
-}
+// The types the Rust side sends and takes, generated from its structs (ui/src/lib/bindings,
+// src-tauri/src/gui/bindings.rs): re-exported so that components import them from here.
+export type { AppInfo, ModelFacts, ChatEvent, ChatInfo };
 
-/** The loaded model, as `folio info` describes it. */
-export interface ModelFacts {
-  /** How it was loaded (a folder or repo id): what `--model` takes. */
-  source: string;
-  architecture: string;
-  parameters: number;
-  layers: number;
-  max_context: number;
-  /** K/V bytes one token of context takes as the window stores it (bf16). */
-  kv_bytes_per_token: number;
-  /** What makes its K/V, as the library stores it for each context's model. */
-  fingerprint: string | null;
-}
 
-/** Events streamed over the `onEvent` channel during `chat`. */
-export type ChatEvent =
-  | { event: 'token'; data: { text: string } }
-  | {
-      event: 'done';
-      data: { stop_reason: string; tokens: number; tokens_per_second: number };
-    };
+
 
 /** A stretch of a document the attention read: context positions start..end. */
 export interface Passage {
@@ -66,8 +36,9 @@ export interface Passage {
   part?: string | null;
 }
 
-/** Value `chat` resolves with once generation ends. */
-/** How an answer was made, as the library keeps it with the answer. */
+/** How an answer was made, as the library keeps it with the answer. The Rust side builds it as
+ *  JSON (src-tauri/src/gui/chats.rs, `answer_details`), so it is typed here by hand, with
+ *  `Passage` and `Comparison`, until it is a Rust struct the bindings can follow. */
 export interface AnswerDetails {
   method: { method: string; budget?: string | null; params?: unknown };
   settings: { method: string; budget?: unknown; params?: Record<string, unknown> };
@@ -110,27 +81,9 @@ export interface Comparison {
   seconds: number;
 }
 
-export interface ChatResult {
-  stop_reason: string;
-  tokens: number;
-  /** The library chat the turn was saved in (null when it could not be saved). */
-  chat: ChatInfo | null;
-  details: AnswerDetails;
-  /** Why the turn was not saved. */
-  unsaved: string | null;
-}
+/** What `chat` resolves with: the generated `ChatDone`, its details typed (below). */
+export type ChatResult = Omit<ChatDone, 'details'> & { details: AnswerDetails };
 
-/** A chat saved in the library. */
-export interface ChatInfo {
-  id: number;
-  context_id: number | null;
-  context_name: string | null;
-  title: string;
-  created_at: string;
-  updated_at: string;
-  messages: number;
-  settings: unknown;
-}
 
 export type DoneInfo = Extract<ChatEvent, { event: 'done' }>['data'];
 

@@ -84,6 +84,7 @@ pub enum HiddenPlace {
 
 /// Where a prefill stands, after each chunk.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Progress {
     pub layer: usize,
     pub layers: usize,
