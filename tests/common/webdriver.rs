@@ -1,7 +1,8 @@
-//! The WebDriver side of the library window test (tests/gui_library.rs): tauri-driver on fresh
-//! ports, a session on the Folio app, screenshots of the X screen, the moves on the window that
-//! the test repeats (drops, Settings, the contexts' statuses), and the app killed mid-prefill.
-//! Expects the including file to declare `mod xvfb` (tests/common/xvfb.rs) beside it.
+//! The WebDriver side of the window tests (tests/gui_library.rs, tests/gui_chat.rs): tauri-driver
+//! on fresh ports, a session on the Folio app, screenshots of the X screen, the moves on the
+//! window that the tests repeat (drops, Settings, the contexts' statuses), and the app killed
+//! mid-prefill. Expects the including file to declare `mod xvfb` (tests/common/xvfb.rs) beside it.
+#![allow(dead_code)] // each window test uses its own share of these
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

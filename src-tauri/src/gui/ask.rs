@@ -4,6 +4,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use folio_models::session::GenerationSettings;
 use serde::Serialize;
@@ -66,6 +67,7 @@ pub(super) async fn chat(
     };
     let asked_in = chat.clone();
     let cancel = state.cancel.clone();
+    let delay = Duration::from_millis(state.token_delay_ms.load(Ordering::SeqCst));
     let question = prompt.clone();
     let method = state.method.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut settings = state.generation.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -87,6 +89,9 @@ pub(super) async fn chat(
         }
         let answer = session
             .ask(conversation, &question, &method, &settings, |piece| {
+                if !delay.is_zero() {
+                    std::thread::sleep(delay);
+                }
                 let _ = on_event.send(ChatEvent::Token { text: piece.to_owned() });
                 until_stopped(&cancel)
             })
@@ -122,8 +127,25 @@ pub(super) fn cancel_chat(state: State<'_, AppState>) {
 }
 
 /// Forgets the conversation: the next question starts a new chat (over the same context; with
-/// the bare model after a chat that could not continue).
+/// the bare model after a chat that could not continue), with the context's default method or
+/// dense, not the last chat's.
 #[tauri::command]
-pub(super) fn new_chat(state: State<'_, AppState>) -> Result<(), String> {
-    state.new_conversation()
+pub(super) async fn new_chat(state: State<'_, AppState>) -> Result<(), String> {
+    state.new_conversation()?;
+    let context = *state.open_context.lock().unwrap_or_else(|e| e.into_inner());
+    let method = match context {
+        Some(id) => super::settings::context_method(&state, id).await,
+        None => None,
+    };
+    *state.method.lock().unwrap_or_else(|e| e.into_inner()) = method.unwrap_or_default();
+    Ok(())
+}
+
+/// The test hook (see the module docs): each answer token waits `ms` before it is sent, so a
+/// test can press Esc mid-answer. Refused unless FOLIO_TEST_HOOKS=1.
+#[tauri::command]
+pub(super) fn simulate_slow_tokens(state: State<'_, AppState>, ms: u64) -> Result<(), String> {
+    super::test_hooks()?;
+    state.token_delay_ms.store(ms, Ordering::SeqCst);
+    Ok(())
 }

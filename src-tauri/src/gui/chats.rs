@@ -107,6 +107,11 @@ pub(super) async fn open_chat(state: State<'_, AppState>, id: i64) -> Result<Ope
         }
     };
     let mut refused = context.as_ref().and_then(|c| refusal(&state, c));
+    // A chat that stored no method (an older one) takes its context's default, or dense.
+    let default_method = match &context {
+        Some(c) => super::settings::context_method(&state, c.id).await.unwrap_or_default(),
+        None => MethodChoice::default(),
+    };
     let session = match (&context, refused.is_some()) {
         (_, true) => None,
         (Some(c), false) => {
@@ -115,7 +120,7 @@ pub(super) async fn open_chat(state: State<'_, AppState>, id: i64) -> Result<Ope
                 .settings
                 .as_ref()
                 .and_then(super::settings::stored_method)
-                .unwrap_or_else(|| state.method.lock().unwrap_or_else(|e| e.into_inner()).clone());
+                .unwrap_or_else(|| default_method.clone());
             // Its method on this tier, or the planner, may refuse: the chat stays readable.
             match super::engine::open_session(&state, &settings, engine.clone(), &c.path, &method).await {
                 Ok(session) => Some(session),
@@ -135,6 +140,8 @@ pub(super) async fn open_chat(state: State<'_, AppState>, id: i64) -> Result<Ope
     }
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = chat.context_id;
     *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
+    // Its stored method, else the default: the previous chat's never carries over.
+    *state.method.lock().unwrap_or_else(|e| e.into_inner()) = default_method;
     super::settings::restore(&state, chat.settings.as_ref());
     *state.refusal.lock().unwrap_or_else(|e| e.into_inner()) = refused.clone();
     Ok(OpenedChat { chat, messages, context, refused })

@@ -21,11 +21,9 @@ pub(super) async fn open_context(state: State<'_, AppState>, id: i64) -> Result<
         return Err(format!("{} is {}: only a ready context opens", info.name, info.status.as_str()));
     }
     let settings = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    // A new chat over a context starts with its default method, when it has one (and it opens).
-    let method = match settings::context_method(&state, id).await {
-        Some(default) => default,
-        None => state.method.lock().unwrap_or_else(|e| e.into_inner()).clone(),
-    };
+    // A new chat over a context starts with its default method, or dense: never with the method
+    // another chat last applied.
+    let method = settings::context_method(&state, id).await.unwrap_or_default();
     let session = engine::open_session(&state, &settings, engine, &info.path, &method).await?;
     *state.method.lock().unwrap_or_else(|e| e.into_inner()) = method;
     *state.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(session, None));

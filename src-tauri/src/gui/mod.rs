@@ -29,7 +29,7 @@ mod sources;
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use candle_core::{DType, Device};
@@ -83,6 +83,9 @@ struct AppState {
     method: Mutex<MethodChoice>,
     generation: Mutex<GenerationSettings>,
     cancel: Arc<AtomicBool>,
+    /// Milliseconds each answer token waits before it is sent (the `simulate_slow_tokens` test
+    /// hook: the demo model answers faster than a WebDriver round trip, so a Stop would race).
+    token_delay_ms: AtomicU64,
     /// Shared with the prefill worker: a rebuild replaces it for both.
     library: jobs::SharedLibrary,
     library_error: Mutex<Option<String>>,
@@ -141,6 +144,7 @@ impl AppState {
     /// Back to chatting with the bare model.
     fn close_context(&self) -> Result<(), String> {
         *self.chat.lock().unwrap_or_else(|e| e.into_inner()) = Some(chat_of(Session::bare(self.engine()?), None));
+        *self.method.lock().unwrap_or_else(|e| e.into_inner()) = MethodChoice::default();
         *self.open_context.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.forget_chat();
         Ok(())
@@ -373,6 +377,7 @@ fn start(model: Option<String>, fallback: Option<String>, device: &str, dtype: &
         method: Mutex::new(MethodChoice::default()),
         generation: Mutex::new(GenerationSettings { max_tokens: MAX_ANSWER_TOKENS, ..GenerationSettings::default() }),
         cancel: Arc::default(),
+        token_delay_ms: AtomicU64::new(0),
         library: shared_library,
         library_error: Mutex::new(library_error),
         jobs,
@@ -434,6 +439,7 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
             contexts::export_context,
             contexts::simulate_export,
             prefill::simulate_drop,
+            ask::simulate_slow_tokens,
             chats::list_chats,
             chats::open_chat,
             chats::rename_chat,

@@ -1,0 +1,115 @@
+//! Where a question goes, in the real window (issue #44): the composer names its target, a
+//! question typed under a context's panel is asked over that context in a new chat (never a
+//! hidden one), "New chat" and Ctrl+N start a chat over the same context with the context's
+//! default method (not the method another chat applied), and Esc stops an answer as the Stop
+//! button does. The app under Xvfb through WebDriver, keys pressed as a person presses them.
+
+#[path = "common/webdriver.rs"]
+mod webdriver;
+#[path = "common/xvfb.rs"]
+mod xvfb;
+
+use std::path::Path;
+
+use serde_json::json;
+use webdriver::{choose_method, drop_paths, open_settings, screenshot, statuses, tauri_driver, Driver, ENTER, ESC};
+use xvfb::start_xvfb;
+
+/// WebDriver's Control key, and the key that releases every modifier held.
+const CONTROL: &str = "\u{E009}";
+const RELEASE: &str = "\u{E000}";
+/// What the demo model answers to the samples' first question (assets/SAMPLES.md).
+const QUESTION: &str = "what is the secret code of amber falcon ?";
+const ANSWER: &str = "4 8 1 5 2";
+/// Milliseconds each answer token waits while the test stops an answer mid-way.
+const SLOW_TOKEN_MS: u64 = 400;
+
+fn target(d: &Driver) -> String {
+    d.texts("[data-testid=composer-target]").concat()
+}
+
+fn answers(d: &Driver) -> Vec<String> {
+    d.texts(".bubble.assistant.done .text")
+}
+
+fn slow_tokens(d: &Driver, ms: u64) {
+    let v = d.call(
+        "POST",
+        "/execute/async",
+        Some(json!({"script": "const done = arguments[arguments.length - 1]; \
+            window.__TAURI_INTERNALS__.invoke('simulate_slow_tokens', {ms: arguments[0]}) \
+            .then(() => done('ok'), (e) => done('error: ' + e));", "args": [ms]})),
+    );
+    assert_eq!(v, "ok", "simulate_slow_tokens: {v}");
+}
+
+fn method_in_settings(d: &Driver) -> String {
+    open_settings(d);
+    let method = d.script("return document.querySelector('[data-testid=method]').value", json!([]));
+    d.click("[aria-label='Close settings']");
+    method.as_str().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn questions_go_where_the_person_is_looking() {
+    let (_xvfb, display) = start_xvfb();
+    let home = tempfile::tempdir().unwrap();
+    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/samples").canonicalize().unwrap();
+    let (_td, base) = tauri_driver(&display, home.path(), "tauri-driver-chat.log");
+    let d = Driver::start(&base);
+    d.wait("the window", |d| d.element(".sidebar").is_some());
+    d.wait("the model", |d| !target(d).is_empty());
+
+    // Nothing open: the composer says the question goes to the model alone.
+    assert_eq!(target(&d), "Asks the model alone — no documents");
+    drop_paths(&d, &[&samples]);
+    d.wait("three staged documents", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 3);
+    d.click("[data-testid=start-prefill]");
+    d.wait("samples listed ready", |d| statuses(d) == [("samples".into(), "ready".into())]);
+
+    // The context's panel on screen: the question is asked over it, in a new chat, and the
+    // answer appears where the person looks.
+    d.click("[data-testid=context] .ctx-button");
+    d.wait("the context's documents", |d| d.texts("[data-testid=context-documents] tbody tr").len() == 3);
+    assert_eq!(target(&d), "Asks samples · new chat");
+    d.type_into("#composer-input", &format!("{QUESTION}{ENTER}"));
+    d.wait("the answer over samples", |d| answers(d).len() == 1);
+    assert!(answers(&d)[0].contains(ANSWER), "{:?}", answers(&d));
+    assert!(d.texts("[data-testid=open-context-chip]").concat().contains("samples"));
+    d.wait("the chat saved", |d| target(d).starts_with("Asks samples · in “"));
+    screenshot(&display, "18-composer-target");
+    // The paperclip adds to the context the chat is over, not a new one.
+    d.click("[aria-label='Add documents']");
+    d.wait("the sheet", |d| !d.texts("#staging-title").is_empty());
+    assert_eq!(d.texts("#staging-title").concat(), "Add to samples");
+    d.type_into("#composer-input", ESC);
+    d.wait("the sheet closed", |d| d.texts("#staging-title").is_empty());
+
+    // A method applied in this chat does not carry over: Ctrl+N starts a new chat over the
+    // same context with its default (none set: dense).
+    choose_method(&d, "hip");
+    d.type_into("#composer-input", &format!("{CONTROL}n{RELEASE}"));
+    d.wait("a new, empty chat", |d| d.texts(".bubble").is_empty());
+    assert!(d.texts("[data-testid=open-context-chip]").concat().contains("samples"));
+    assert_eq!(target(&d), "Asks samples · new chat");
+    assert_eq!(method_in_settings(&d), "dense");
+    // The header's New chat does the same.
+    d.type_into("#composer-input", &format!("{QUESTION}{ENTER}"));
+    d.wait("the answer", |d| answers(d).len() == 1);
+    assert!(
+        d.texts("[data-testid=answer-stats]")[0].starts_with("dense"),
+        "{:?}",
+        d.texts("[data-testid=answer-stats]")
+    );
+    d.click("[data-testid=new-chat]");
+    d.wait("a new, empty chat", |d| d.texts(".bubble").is_empty());
+
+    // Esc stops an answer, as the Stop button does.
+    slow_tokens(&d, SLOW_TOKEN_MS);
+    d.type_into("#composer-input", &format!("{QUESTION}{ENTER}"));
+    d.wait("the answer streaming", |d| !d.texts(".bubble.assistant.streaming .text").concat().trim().is_empty());
+    d.type_into("#composer-input", ESC);
+    d.wait("the answer stopped", |d| d.element(".bubble.assistant.stopped").is_some());
+    slow_tokens(&d, 0);
+    d.quit();
+}
