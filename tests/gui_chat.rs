@@ -10,6 +10,7 @@ mod webdriver;
 mod xvfb;
 
 use std::path::Path;
+use std::process::Command;
 
 use serde_json::json;
 use webdriver::{choose_method, drop_paths, open_settings, screenshot, statuses, tauri_driver, Driver, ENTER, ESC};
@@ -111,5 +112,28 @@ fn questions_go_where_the_person_is_looking() {
     d.type_into("#composer-input", ESC);
     d.wait("the answer stopped", |d| d.element(".bubble.assistant.stopped").is_some());
     slow_tokens(&d, 0);
+
+    // The context removed from a terminal while its chat is on screen: the window follows the
+    // library, keeps the chat readable and says so in words, never by an internal id.
+    d.click("[data-testid=new-chat]");
+    d.type_into("#composer-input", &format!("{QUESTION}{ENTER}"));
+    d.wait("the answer", |d| answers(d).len() == 1);
+    let file = home.path().join("contexts/samples.folio");
+    let removed = Command::new(env!("CARGO_BIN_EXE_folio"))
+        .args(["library", "remove", file.to_str().unwrap()])
+        .env("FOLIO_HOME", home.path())
+        .output()
+        .unwrap();
+    assert!(removed.status.success(), "{}", String::from_utf8_lossy(&removed.stderr));
+    d.wait("samples gone from the sidebar", |d| statuses(d).is_empty());
+    d.wait("the chat kept read-only", |d| {
+        d.texts("[data-testid=chat-refused]").concat()
+            == "samples was removed from the library; this chat is kept read-only"
+    });
+    assert_eq!(answers(&d).len(), 1, "the chat stays on screen");
+    screenshot(&display, "19-context-removed");
+    assert_eq!(target(&d), "Asks the model alone — no documents");
+    let page = d.texts("body").concat();
+    assert!(!page.contains("no chat") && !page.contains("no context"), "{page}");
     d.quit();
 }

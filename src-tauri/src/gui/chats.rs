@@ -38,7 +38,7 @@ pub(super) async fn save_turn(
     let id = match turn.chat {
         Some(id) => id,
         None => {
-            let made = lib.create_chat(turn.context, question).await.map_err(|e| e.to_string())?;
+            let made = lib.create_chat(turn.context, question).await.map_err(|e| in_words(e, GONE_CONTEXT))?;
             if on_screen {
                 *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(made.id);
                 super::settings::save(state).await?;
@@ -50,7 +50,20 @@ pub(super) async fn save_turn(
         NewMessage { role: "user", content: question, details: None },
         NewMessage { role: "assistant", content: answer, details: Some(details) },
     ];
-    lib.append_messages(id, &turn).await.map_err(|e| e.to_string())
+    lib.append_messages(id, &turn).await.map_err(|e| in_words(e, GONE_CHAT))
+}
+
+/// What the window says of a chat, or of a chat's context, the library no longer has (the
+/// library's own message names it by id, which is for the terminal).
+const GONE_CHAT: &str = "this chat is no longer in the library (it was deleted, or its context was removed)";
+const GONE_CONTEXT: &str = "its context is no longer in the library (it was removed)";
+
+/// A library error as the window shows it: `gone` for what is no longer there.
+fn in_words(e: folio_library::Error, gone: &str) -> String {
+    match e {
+        folio_library::Error::NotFound(_) => gone.to_owned(),
+        other => other.to_string(),
+    }
 }
 
 #[tauri::command]
@@ -91,8 +104,8 @@ fn refusal(state: &AppState, context: &ContextInfo) -> Option<String> {
 #[tauri::command]
 pub(super) async fn open_chat(state: State<'_, AppState>, id: i64) -> Result<OpenedChat, String> {
     let lib = state.library()?;
-    let chat = lib.chat(id).await.map_err(|e| e.to_string())?;
-    let messages = lib.messages(id).await.map_err(|e| e.to_string())?;
+    let chat = lib.chat(id).await.map_err(|e| in_words(e, GONE_CHAT))?;
+    let messages = lib.messages(id).await.map_err(|e| in_words(e, GONE_CHAT))?;
     let context = match chat.context_id {
         Some(c) => Some(lib.context(c).await.map_err(|e| e.to_string())?),
         None => None,

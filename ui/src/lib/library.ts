@@ -224,6 +224,8 @@ export function bytes(n: number): string {
 
 /** 12345 → "12,345". */
 export const count = (n: number): string => n.toLocaleString('en-US');
+/** `n` things, in the singular for one ("1 document", "3 documents"). */
+export const plural = (n: number, one: string, many = `${one}s`): string => `${count(n)} ${n === 1 ? one : many}`;
 
 /** 75 → "1m 15s". */
 export function duration(s: number): string {
