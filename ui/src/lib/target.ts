@@ -1,0 +1,41 @@
+// Where the composer's question goes, and how a saved chat's messages come back: plain functions
+// of the window's state, kept out of App.svelte so that the rule "a question goes where the
+// person is looking" is written once and read in one place.
+
+import type { ChatInfo, ContextInfo, OpenedChat } from './library';
+import type { Message } from './types';
+
+/** The composer's target: the context it asks over (its name, for the placeholder) and the line
+ *  shown above the box. `panel` is the context whose panel is on screen, `open` the one the
+ *  chat on screen is over. */
+export function composerTarget(
+  panel: ContextInfo | null,
+  open: ContextInfo | null,
+  chatId: number | null,
+  chats: ChatInfo[],
+): { name: string | null; line: string } {
+  const over = panel ?? open;
+  if (!over) return { name: null, line: 'Asks the model alone — no documents' };
+  const continues = over.id === open?.id && chatId !== null && !panel;
+  const title = continues ? chats.find((c) => c.id === chatId)?.title : null;
+  return { name: over.name, line: `Asks ${over.name} · ${title ? `in “${title}”` : 'new chat'}` };
+}
+
+/** A saved chat's messages as the message list shows them, numbered from `firstId`. */
+export function savedMessages(opened: OpenedChat, firstId: number): Message[] {
+  return opened.messages.map((m, i) => ({
+    id: firstId + i,
+    role: m.role,
+    text: m.content,
+    status: 'done' as const,
+    details: m.details ?? undefined,
+    saved: true,
+    stats: m.details
+      ? {
+          stop_reason: m.details.stop_reason,
+          tokens: m.details.tokens,
+          tokens_per_second: m.details.timings.decode_tokens_per_s ?? 0,
+        }
+      : undefined,
+  }));
+}
