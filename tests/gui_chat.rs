@@ -62,7 +62,7 @@ fn questions_go_where_the_person_is_looking() {
     d.wait("the model", |d| !target(d).is_empty());
 
     // Nothing open: the composer says the question goes to the model alone.
-    assert_eq!(target(&d), "Asks the model alone — no documents");
+    assert_eq!(target(&d), "Asks the model alone — no documents · new chat");
     drop_paths(&d, &[&samples]);
     d.wait("three staged documents", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 3);
     d.click("[data-testid=start-prefill]");
@@ -132,7 +132,7 @@ fn questions_go_where_the_person_is_looking() {
     });
     assert_eq!(answers(&d).len(), 1, "the chat stays on screen");
     screenshot(&display, "19-context-removed");
-    assert_eq!(target(&d), "Asks the model alone — no documents");
+    assert_eq!(target(&d), "Asks the model alone — no documents · new chat");
     let page = d.texts("body").concat();
     assert!(!page.contains("no chat") && !page.contains("no context"), "{page}");
     d.quit();

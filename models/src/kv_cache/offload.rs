@@ -414,8 +414,9 @@ impl DecodeTier for OffloadKv {
             parts.push(self.host_keys(layer, start, end.min(self.saved))?);
         }
         if end > self.saved {
-            let (k, _) =
-                self.tail_rows(layer, end)?.ok_or_else(|| Error::Invalid(format!("no rows past {}", self.saved)))?;
+            // The keys alone (a search scoring them wants no copy of the values).
+            let k =
+                self.tail_keys(layer, end)?.ok_or_else(|| Error::Invalid(format!("no rows past {}", self.saved)))?;
             let from = start.max(self.saved);
             parts.push(k.narrow(1, from - self.saved, end - from)?);
         }

@@ -128,9 +128,10 @@ pub(super) fn cancel_chat(state: State<'_, AppState>) {
 
 /// Forgets the conversation: the next question starts a new chat (over the same context; with
 /// the bare model after a chat that could not continue), with the context's default method or
-/// dense, not the last chat's.
+/// dense, not the last chat's. Returns the context the new chat is over (none after a chat that
+/// could not continue: the window then shows the model alone).
 #[tauri::command]
-pub(super) async fn new_chat(state: State<'_, AppState>) -> Result<(), String> {
+pub(super) async fn new_chat(state: State<'_, AppState>) -> Result<Option<i64>, String> {
     state.new_conversation()?;
     let context = *state.open_context.lock().unwrap_or_else(|e| e.into_inner());
     let method = match context {
@@ -138,7 +139,7 @@ pub(super) async fn new_chat(state: State<'_, AppState>) -> Result<(), String> {
         None => None,
     };
     *state.method.lock().unwrap_or_else(|e| e.into_inner()) = method.unwrap_or_default();
-    Ok(())
+    Ok(context)
 }
 
 /// The test hook (see the module docs): each answer token waits `ms` before it is sent, so a

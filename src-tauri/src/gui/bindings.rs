@@ -55,18 +55,27 @@ mod tests {
         Ok(())
     }
 
+    /// Every .ts file under `dir` (ts-rs puts library types in subfolders), by relative path.
     fn files(dir: &Path) -> BTreeMap<String, String> {
-        let Ok(entries) = std::fs::read_dir(dir) else { return BTreeMap::new() };
-        entries
-            .filter_map(|e| e.ok())
-            .filter(|e| e.path().extension().is_some_and(|x| x == "ts"))
-            .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read_to_string(e.path()).unwrap()))
-            .collect()
+        let mut out = BTreeMap::new();
+        let mut todo = vec![dir.to_path_buf()];
+        while let Some(d) = todo.pop() {
+            let Ok(entries) = std::fs::read_dir(&d) else { continue };
+            for path in entries.filter_map(|e| e.ok()).map(|e| e.path()) {
+                if path.is_dir() {
+                    todo.push(path);
+                } else if path.extension().is_some_and(|x| x == "ts") {
+                    let name = path.strip_prefix(dir).unwrap().to_string_lossy().into_owned();
+                    out.insert(name, std::fs::read_to_string(&path).unwrap());
+                }
+            }
+        }
+        out
     }
 
     #[test]
     fn bindings_are_the_generated_ones() {
-        if std::env::var_os("FOLIO_WRITE_BINDINGS").is_some() {
+        if std::env::var("FOLIO_WRITE_BINDINGS").as_deref() == Ok("1") {
             let dir = bindings_dir();
             for name in files(&dir).keys() {
                 std::fs::remove_file(dir.join(name)).unwrap();

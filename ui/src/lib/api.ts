@@ -181,5 +181,5 @@ async function command(name: string): Promise<void> {
 /** Ask the backend to stop the running generation; `chat` then resolves. */
 export const cancelChat = (): Promise<void> => command('cancel_chat');
 
-/** Start a new conversation: the backend forgets the earlier turns. */
-export const newChat = (): Promise<void> => command('new_chat');
+/** A new chat over the open context (the backend's: it answers which, null for the model alone). */
+export const newChat = async (): Promise<number | null> => (inTauri() ? call<number | null>('new_chat') : null);

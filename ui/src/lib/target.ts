@@ -13,12 +13,16 @@ export function composerTarget(
   open: ContextInfo | null,
   chatId: number | null,
   chats: ChatInfo[],
+  refused: boolean,
 ): { name: string | null; line: string } {
+  if (refused && !panel) return { name: null, line: 'This chat cannot be continued here — New chat (Ctrl+N) to ask' };
   const over = panel ?? open;
-  if (!over) return { name: null, line: 'Asks the model alone — no documents' };
-  const continues = over.id === open?.id && chatId !== null && !panel;
-  const title = continues ? chats.find((c) => c.id === chatId)?.title : null;
-  return { name: over.name, line: `Asks ${over.name} · ${title ? `in “${title}”` : 'new chat'}` };
+  // The chat on screen, by title when the (searched) list has it.
+  const inChat = chatId !== null && !panel;
+  const title = inChat ? chats.find((c) => c.id === chatId)?.title : null;
+  const where = inChat ? (title ? `in “${title}”` : 'in this chat') : 'new chat';
+  if (!over) return { name: null, line: `Asks the model alone — no documents · ${where}` };
+  return { name: over.name, line: `Asks ${over.name} · ${where}` };
 }
 
 /** A saved chat's messages as the message list shows them, numbered from `firstId`. */
