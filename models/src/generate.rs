@@ -26,7 +26,6 @@ const INITIAL_ANSWER_ROOM: usize = 4096;
 
 /// How the next token is chosen.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct SamplingParams {
     /// 0 means greedy (argmax).
     pub temperature: f64,
@@ -131,7 +130,6 @@ pub enum PromptPass {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(rename_all = "snake_case")]
 pub enum StopReason {
     /// The model produced an end-of-sequence token.
@@ -147,7 +145,6 @@ pub enum StopReason {
 }
 
 #[derive(Debug, Clone, Serialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Generation {
     /// Generated token ids, the EOS token included when generation ended on one.
     pub tokens: Vec<u32>,

@@ -121,7 +121,6 @@ impl GenerationSettings {
 
 /// Seconds and rates of one answer.
 #[derive(Debug, Clone, Serialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Timings {
     /// From the question to the first answer token (the new turn's tokens computed first).
     pub first_token_s: Option<f64>,
@@ -132,7 +131,6 @@ pub struct Timings {
 
 /// What the attention read in one document while answering.
 #[derive(Debug, Clone, Serialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct DocumentRead {
     pub document: usize,
     pub title: String,
@@ -150,7 +148,6 @@ pub struct DocumentRead {
 
 /// One answer and how it was made.
 #[derive(Debug, Clone, Serialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Answer {
     pub text: String,
     pub tokens: Vec<u32>,
@@ -176,7 +173,6 @@ pub struct Answer {
 /// An answer next to dense attention's on the same context and turn (see
 /// [`Session::compare_with_dense`]).
 #[derive(Debug, Clone, Serialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Comparison {
     /// The answer's method, with its full settings.
     pub settings: serde_json::Value,

@@ -11,7 +11,6 @@ use super::Params;
 
 /// The facts of a model's shape a step's cost depends on.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Shape {
     pub layers: usize,
     pub heads: usize,
@@ -54,7 +53,6 @@ impl CostInput<'_> {
 
 /// One decode step's traffic beyond the weights, and the device memory the method holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct StepCost {
     /// Read in device memory: an index (labels), layers kept resident.
     pub device_bytes: f64,

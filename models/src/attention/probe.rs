@@ -13,7 +13,6 @@ use crate::error::Result;
 
 /// Sums over the decode steps of one layer.
 #[derive(Debug, Default, Clone, serde::Serialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct LayerTally {
     /// Σ‖o − o_dense‖², Σ‖o_dense‖² over heads and steps.
     pub err_sq: f64,

@@ -49,7 +49,6 @@ pub const PASSAGES_KEPT: usize = 4;
 
 /// A stretch of a document the attention read, `start..end` in context positions.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Passage {
     pub start: usize,
     pub end: usize,
@@ -62,7 +61,6 @@ pub struct Passage {
 
 /// Rows read in one document span.
 #[derive(Debug, Clone, serde::Serialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct SpanReads {
     /// The span's index in the context's document table.
     pub document: usize,
@@ -82,7 +80,6 @@ pub struct SpanReads {
 
 /// Rows read per document span over an answer.
 #[derive(Debug, Clone, Default, serde::Serialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct ReadSummary {
     /// The spans read, most weighed (else most read) first.
     pub documents: Vec<SpanReads>,
