@@ -1,7 +1,7 @@
 //! Attention math for Folio, with no knowledge of models — and the few other device primitives
 //! a prefill needs fused or moved (the K/V codec in [`encode`], the MLP's activation in [`mlp`],
-//! RMSNorm in [`norm`], projections to heads and back in [`heads`], staged host copies and
-//! hand-offs between threads in [`device`]), held to the same rules. An attention *method's*
+//! RMSNorm in [`norm`], projections to heads and back in [`heads`]), held to the same rules
+//! (copies between host and device, and the device's memory readings, are folio-runtime's). An attention *method's*
 //! own kernels (HiP's block search, MagicPIG's LSH sample and CPU attention) live in
 //! folio-method-kernels, over the host rows and mapped memory of [`select`].
 //!
@@ -31,7 +31,6 @@
 pub mod attention;
 #[cfg(feature = "cuda")]
 pub mod cuda_op;
-pub mod device;
 pub mod encode;
 pub mod heads;
 mod layout;

@@ -131,7 +131,7 @@ impl Model {
                 // candle's CPU generator cannot be seeded: draw from a seeded one here.
                 let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed);
                 let n = shape.iter().product();
-                let x: Vec<f32> = (0..n).map(|_| crate::attention::normal(&mut rng) * init_std as f32).collect();
+                let x: Vec<f32> = (0..n).map(|_| crate::random::normal(&mut rng) * init_std as f32).collect();
                 Tensor::from_vec(x, shape, device)?
             } else {
                 device.set_seed(seed)?;

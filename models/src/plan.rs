@@ -97,7 +97,7 @@ impl Bandwidths {
         const ROUNDS: usize = 4;
         let link = match device.is_cpu() {
             true => None,
-            false => Some(folio_kernels::device::host_to_device_rate(device, bytes)?),
+            false => Some(folio_runtime::device::host_to_device_rate(device, bytes)?),
         };
         Ok(Self { device: copy_bandwidth(device, bytes, ROUNDS)?, link, host: host_read_bandwidth(bytes, ROUNDS) })
     }

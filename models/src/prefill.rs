@@ -27,7 +27,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use folio_kernels::device::{copy_to_host, from_host_bytes, to_host_bytes};
+use folio_runtime::device::{copy_to_host, from_host_bytes, to_host_bytes};
 
 use crate::attention::Dense;
 use crate::error::{Error, Result};

@@ -502,9 +502,12 @@ impl Session {
             return Err(stopped());
         }
         let (reference, got, dense) = outcome?;
-        let kls: Vec<f64> = reference.iter().zip(&got).map(|(p, q)| crate::eval::kl_divergence(p, q)).collect();
-        let agree: Vec<bool> =
-            reference.iter().zip(&got).map(|(p, q)| crate::eval::argmax(p) == crate::eval::argmax(q)).collect();
+        let kls: Vec<f64> = reference.iter().zip(&got).map(|(p, q)| crate::distribution::kl_divergence(p, q)).collect();
+        let agree: Vec<bool> = reference
+            .iter()
+            .zip(&got)
+            .map(|(p, q)| crate::distribution::argmax(p) == crate::distribution::argmax(q))
+            .collect();
         let steps = kls.len();
         let (max_kl_step, max_kl) =
             kls.iter().copied().enumerate().fold((0, 0.0), |best, (i, k)| if k > best.1 { (i, k) } else { best });

@@ -5,8 +5,8 @@
 use candle_core::{DType, Device, Tensor};
 use std::sync::Arc;
 
-use folio_models::attention::workload::normal;
-use folio_models::attention::workload::{Case, Spec};
+use folio_eval::workload::normal;
+use folio_eval::workload::{Case, Spec};
 use folio_models::attention::{by_name, parse_params, Attention, AttnCall, Channels, Dense, Resources};
 use folio_models::kv_cache::ContextKv;
 use folio_models::kv_cache::{DenseKv, KvStore, Reference};

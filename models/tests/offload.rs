@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
-use folio_models::attention::workload::{Case, Spec};
+use folio_eval::workload::{Case, Spec};
 use folio_models::attention::{by_name, parse_params, AttnCall, Channels, Drawn, Read, Resources};
 use folio_models::context::EncodeTensor;
 use folio_models::kv_cache::OffloadKv;

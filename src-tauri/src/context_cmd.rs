@@ -184,7 +184,7 @@ fn warn_about(ingested: &ingest::Ingested) {
 }
 
 fn print_report(report: &BuildReport, ingested: &ingest::Ingested, documents: &[DocumentSpan], json: bool) {
-    let peak = folio_models::host_memory::peak_rss();
+    let peak = folio_runtime::host_memory::peak_rss();
     if json {
         let skipped: Vec<_> = ingested.skipped.iter().map(|(p, r)| json!({"path": p, "reason": r})).collect();
         println!("{}", json!({ "report": report, "peak_rss_bytes": peak, "skipped": skipped, "documents": documents }));

@@ -155,7 +155,7 @@ pub fn attend_scored(
     }
     let masses = Tensor::cat(&masses, 1)?;
     let mut scores = vec![0f32; kvh * s];
-    folio_kernels::device::copy_to_host(&masses, bytemuck::cast_slice_mut(&mut scores))?;
+    folio_runtime::device::copy_to_host(&masses, bytemuck::cast_slice_mut(&mut scores))?;
     let out = out.reshape((heads, t, d))?.to_dtype(call.q.dtype())?;
     Ok((out, scores))
 }

@@ -34,13 +34,11 @@ mod ivf;
 mod magicpig;
 pub mod method;
 mod params;
-pub mod probe;
 pub mod reads;
 mod registry;
 mod select;
 mod streaming;
 mod topk;
-pub mod workload;
 
 pub use buzz::Buzz;
 pub use cost::{CostInput, Shape, StepCost};
@@ -51,13 +49,11 @@ pub use ivf::TopKIvf;
 pub use magicpig::{cpu_pool_threads, MagicPig};
 pub use method::{DefaultBudget, MethodSpec, Needs, Path, Tier, Tiers};
 pub use params::{parse_params, Budget, ParamSpec, Params};
-pub use probe::{LayerTally, Probe};
 pub use reads::{Passage, ReadSummary, ReadTally};
 pub use registry::{by_name, names, spec, MethodChoice, REGISTRY};
-pub use select::IndexSource;
+pub use select::{dot, query_rows, visible, IndexSource, LayerRows};
 pub use streaming::Streaming;
 pub use topk::TopK;
-pub use workload::{normal, Case};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -13,7 +13,7 @@ use crate::kv_cache::KvStore;
 
 /// The layer's keys and values for positions `0..end` as f32 on the CPU, `[kv_heads, end, d]`
 /// flattened row-major, with their shape.
-pub(super) struct LayerRows {
+pub struct LayerRows {
     pub k: Vec<f32>,
     pub v: Vec<f32>,
     pub kv_heads: usize,
@@ -48,12 +48,12 @@ impl LayerRows {
     }
 }
 
-pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// Query rows of a call as f32, `[q_heads][t][d]`.
-pub(super) fn query_rows(call: &AttnCall<'_>) -> Result<Vec<Vec<Vec<f32>>>> {
+pub fn query_rows(call: &AttnCall<'_>) -> Result<Vec<Vec<Vec<f32>>>> {
     Ok(call.q.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.to_vec3()?)
 }
 
@@ -111,7 +111,7 @@ fn attend_picks(call: &AttnCall<'_>, rows: &LayerRows, picks: &[HeadPick]) -> Re
 }
 
 /// The visible key range `lo..hi` of a one-token call (the sliding window applied).
-pub(super) fn visible(call: &AttnCall<'_>) -> (usize, usize) {
+pub fn visible(call: &AttnCall<'_>) -> (usize, usize) {
     let hi = call.q_start + 1;
     (call.window.map_or(0, |w| hi.saturating_sub(w)), hi)
 }

@@ -6,7 +6,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use folio_context_file::codec::{non_finite, Codec};
-use folio_kernels::device::copy_to_host;
+use folio_runtime::device::copy_to_host;
 
 use crate::error::Result;
 
@@ -43,7 +43,7 @@ impl EncodeTensor for Codec {
             None
         };
         let from = match on_device {
-            Some(t) => Pending::Device { queued: folio_kernels::device::Queued::now(t.device())?, t },
+            Some(t) => Pending::Device { queued: folio_runtime::device::Queued::now(t.device())?, t },
             None => {
                 let values = x.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
                 Pending::Host(self.encode(&values, head_dim)?)
@@ -64,7 +64,7 @@ pub struct PendingSection {
 enum Pending {
     /// The section's bytes in one tensor (fp8 rows encoded on the device: the data, then one f32
     /// scale a row), ready once the work queued before `queued` is done.
-    Device { t: Tensor, queued: folio_kernels::device::Queued },
+    Device { t: Tensor, queued: folio_runtime::device::Queued },
     /// Encoded already.
     Host(Vec<u8>),
 }

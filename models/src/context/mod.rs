@@ -9,13 +9,10 @@
 //!   planned, prefilled and handed to the library's bookkeeping.
 //! * [`staging`]: what a set of documents would make, counted and estimated before a prefill.
 //! * [`build`]: layer-major prefill into a file, checkpointed per layer, saved atomically.
-//! * [`kv`]: the KV store of a conversation over a saved context.
-//! * [`indexes`]: a method's index stored in a saved file.
 
 pub mod build;
 pub mod builder;
 pub mod encode;
-pub mod indexes;
 pub mod prompt;
 pub mod staging;
 
@@ -28,5 +25,4 @@ pub use folio_context_file::{partial_dir, pending, pending_date, Pending};
 pub use folio_context_file::{
     ContextFile, DocumentSpan, Fingerprint, Header, KvDtype, ModelStamp, SpanPart, VerifyReport,
 };
-pub use indexes::StoredIndex;
-pub use prompt::{DocumentText, PrefixPlan, TextPart, TokenCount};
+pub use prompt::{DocumentText, PrefixPlan, TextPart, TokenCount, ANSWER_ROOM, DEFAULT_DOCUMENT_TEMPLATE};

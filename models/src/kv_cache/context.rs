@@ -114,7 +114,7 @@ impl ContextKv {
         // and a single-threaded cast on the host made a 7B model's 128k-token reopen take 41 s.
         let load = |x: Vec<f32>| -> Result<Tensor> {
             let dims = [shape.0, shape.1, shape.2];
-            let t = folio_kernels::device::from_host_bytes(bytemuck::cast_slice(&x), DType::F32, &dims, &self.device)?;
+            let t = folio_runtime::device::from_host_bytes(bytemuck::cast_slice(&x), DType::F32, &dims, &self.device)?;
             Ok(t.to_dtype(self.dtype)?)
         };
         let kv = (load(k)?, load(v)?);

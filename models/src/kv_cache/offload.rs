@@ -132,7 +132,7 @@ impl OffloadKv {
             }
         }
         // 2 MiB pages where the kernel has them: the CPU reads scattered rows (MagicPIG's sample).
-        let mut mem = crate::host_memory::anon_huge(end)
+        let mut mem = folio_runtime::host_memory::anon_huge(end)
             .map_err(|e| Error::Invalid(format!("{end} bytes of host memory: {e}")))?;
         for layer in 0..layers {
             for start in (0..saved).step_by(SCAN_CHUNK) {

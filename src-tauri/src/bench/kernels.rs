@@ -124,7 +124,7 @@ pub(super) fn bench_kernels(common: &Common, a: KernelBenchArgs) -> Result<()> {
     ));
     drop(scores);
     // The gather of picked rows from the host tier (K of one layer) into device memory.
-    let link = folio_kernels::device::host_to_device_rate(&device, COPY_BYTES)?;
+    let link = folio_runtime::device::host_to_device_rate(&device, COPY_BYTES)?;
     let mut host = folio_kernels::select::HostRows::new(&device, dtype, kv_heads, a.context, d)?;
     for start in (0..a.context).step_by(1 << 16) {
         let t = (1usize << 16).min(a.context - start);

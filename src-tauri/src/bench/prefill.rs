@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use folio_kernels::device::MemorySampler;
 use folio_models::attention::{Dense, Tier};
 use folio_models::config::ModelConfig;
 use folio_models::context::{self, BuildOptions, HiddenPlace, KvDtype, ModelStamp, PrefixPlan, StageSeconds};
@@ -18,13 +17,14 @@ use folio_models::kv_cache::OffloadKv;
 use folio_models::kv_cache::{ContextKv, KvStore};
 use folio_models::model::Logits;
 use folio_models::{device_name, Engine};
+use folio_runtime::device::MemorySampler;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
 
 use super::{matmul_flops, QUESTION_TOKENS, WARMUP_TOKENS};
 use crate::cli::Common;
 use crate::context_cmd::parse_bytes;
-use folio_models::host_memory::peak_rss;
+use folio_runtime::host_memory::peak_rss;
 
 /// Bytes read to measure the disk's read rate (or the whole file, if smaller), in pieces of
 /// [`DISK_PROBE_PIECE`].
@@ -483,7 +483,7 @@ pub(super) fn one(
     let reopen_warm = reopen()?;
     // The reopen keeps every layer on the device; what the pool keeps of it afterwards is not
     // the next row's.
-    folio_kernels::device::trim_pool(model.device())?;
+    folio_runtime::device::trim_pool(model.device())?;
     let disk_read_bytes_per_s = disk_read_rate(&out)?;
     let append = append.map(|m| grow(subject, &out, m, opts, dir, &mut rng)).transpose()?;
     std::fs::remove_file(&out).with_context(|| format!("removing {}", out.display()))?;

@@ -30,7 +30,6 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor};
 use clap::Args;
-use folio_kernels::device::{host_to_device_rate, keep_pool, MemorySampler};
 use folio_models::attention::cost::{CostInput, Shape, StepCost};
 use folio_models::attention::{Attention, Channels, MethodChoice, Resources, Tier};
 use folio_models::config::ModelConfig;
@@ -41,12 +40,13 @@ use folio_models::kv_cache::OffloadKv;
 use folio_models::model::{Logits, Model};
 use folio_models::plan::{copy_bandwidth, host_read_bandwidth, parameters};
 use folio_models::{device_name, parse_device};
+use folio_runtime::device::{host_to_device_rate, keep_pool, MemorySampler};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::cli::Common;
 use crate::context_cmd::parse_bytes;
-use folio_models::host_memory::{huge_page_bytes, peak_rss};
+use folio_runtime::host_memory::{huge_page_bytes, peak_rss};
 
 /// Standard deviation of the random weights (transformers' `initializer_range` default).
 pub(crate) const INIT_STD: f64 = 0.02;

@@ -11,11 +11,11 @@ use clap::Args;
 use plotters::prelude::*;
 use serde_json::json;
 
-use folio_models::attention::workload::{Case, Spec};
+use folio_eval::attention::{on_context, synthetic, Candidate, Row};
+use folio_eval::workload::{Case, Spec};
 use folio_models::attention::{Channels, MethodChoice, Resources, REGISTRY};
 use folio_models::chat::Message;
 use folio_models::context::ContextFile;
-use folio_models::eval::attention::{on_context, synthetic, Candidate, Row};
 
 use crate::cli::Common;
 
@@ -99,7 +99,7 @@ pub fn eval_attention(common: &Common, a: AttentionArgs) -> Result<()> {
                 // Channels calibrated on another case of the same workload (held-out data).
                 let held_out = Case::generate(&spec, a.seed.wrapping_add(CALIBRATION_SEED_OFFSET))?;
                 let stat = held_out.qk_statistic()?;
-                let layers = vec![stat; folio_models::eval::attention::SYNTHETIC_LAYERS];
+                let layers = vec![stat; folio_eval::attention::SYNTHETIC_LAYERS];
                 resources.channels = Some(Arc::new(Channels::from_statistic(&layers)));
             }
             eprintln!("synthetic workload {}: {} keys, {} decode steps", spec.name, spec.context, spec.steps);

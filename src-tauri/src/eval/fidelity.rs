@@ -13,10 +13,10 @@ use clap::{Args, ValueEnum};
 use plotters::prelude::*;
 use serde_json::json;
 
+use folio_eval::fidelity::{self, Cell, Outcome, QuestionMode};
+use folio_eval::spec::EvalSpec;
+use folio_eval::tasks::{self, Task};
 use folio_models::attention::{Attention, MethodChoice, Tier};
-use folio_models::eval::fidelity::{self, Cell, Outcome, QuestionMode};
-use folio_models::eval::spec::EvalSpec;
-use folio_models::eval::tasks::{self, Task};
 
 use super::{human_length, parse_length, save_prompt, write_file};
 use crate::cli::Common;

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 
-use folio_models::eval::needle::{self, NeedleSample};
-use folio_models::eval::spec::EvalSpec;
+use folio_eval::needle::{self, NeedleSample};
+use folio_eval::spec::EvalSpec;
 use serde_json::json;
 
 use crate::cli::{Common, MethodArgs};

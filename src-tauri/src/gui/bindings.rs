@@ -49,7 +49,7 @@ mod tests {
         folio_models::attention::MethodChoice::export_all(&cfg)?;
         folio_models::context::staging::Staged::export_all(&cfg)?;
         folio_models::context::staging::Estimate::export_all(&cfg)?;
-        folio_models::context::StoredIndex::export_all(&cfg)?;
+        folio_models::engine::StoredIndex::export_all(&cfg)?;
         folio_models::session::GenerationSettings::export_all(&cfg)?;
         folio_models::excerpt::DocumentExcerpts::export_all(&cfg)?;
         Ok(())

@@ -148,7 +148,7 @@ pub(super) struct IndexProgress {
 pub(super) async fn build_index(
     state: State<'_, AppState>,
     on_event: tauri::ipc::Channel<IndexProgress>,
-) -> Result<folio_models::context::StoredIndex, String> {
+) -> Result<folio_models::engine::StoredIndex, String> {
     let info = state.open_context_info("open a context first").await?;
     let (id, path) = (info.id, info.path);
     super::not_being_written(&state, id).await?;

@@ -17,9 +17,9 @@ use folio_method_kernels::magicpig as lsh;
 
 use super::{collision_probability, sampling_probability, U_FLOOR};
 use crate::attention::select::{dot, LayerRows, SectionReader, SectionWriter};
-use crate::attention::workload::normal;
 use crate::error::{human_bytes, Error, Result};
-use crate::host_memory;
+use crate::random::normal;
+use folio_runtime::host_memory;
 
 /// Keys hashed per chunk of an index build: 64 Ki rows per KV head (what the offloaded tier
 /// reads at a time).
@@ -71,7 +71,7 @@ pub(super) struct HeadTables {
 }
 
 /// `len` values of `T`, zeroed, in a map that asks for 2 MiB pages
-/// ([`crate::host_memory::anon_huge`]): the walk reads ~1,000 scattered runs of one head's
+/// ([`folio_runtime::host_memory::anon_huge`]): the walk reads ~1,000 scattered runs of one head's
 /// tables a step, and the tables of a million keys are ~15 GB; on 4 KiB pages each run is a
 /// TLB miss (30 MB of page tables), on 2 MiB pages the entries (60 KB) stay cached.
 pub(super) struct HugePages<T> {

@@ -235,7 +235,7 @@ impl MagicPig {
                 let n = ix.end - ix.first;
                 let w = lsh::Weights { table_and_norms: &on.weights, steps: BIAS_TABLE_STEPS, first: ix.first, n };
                 let part = lsh::attend(query, sample, (keys, values), &w, scale)?;
-                let done = vote.then(|| folio_kernels::device::Queued::now(dev)).transpose()?;
+                let done = vote.then(|| folio_runtime::device::Queued::now(dev)).transpose()?;
                 Ok((part, done))
             })?),
             _ => None,

@@ -2,7 +2,7 @@
 
 use super::index::{bias_of_cos, build_bytes, check_host_memory, projection, BiasTable, BIAS_TABLE_ERROR};
 use super::*;
-use crate::attention::workload::normal;
+use crate::random::normal;
 use candle_core::Device;
 use folio_kernels::sparse;
 use rand::rngs::StdRng;

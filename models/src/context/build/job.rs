@@ -11,7 +11,7 @@ use candle_core::Tensor;
 use folio_context_file::atomic::{check_replaceable, sync_dir};
 use folio_context_file::format::{checksum, file_checksum};
 use folio_context_file::partial::{open_if_present, read_checkpoint, write_checkpoint, Checkpoint};
-use folio_kernels::device::Queued;
+use folio_runtime::device::Queued;
 
 use super::persist::{sync, Persist, StoreWriter};
 use super::{

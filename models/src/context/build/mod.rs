@@ -45,7 +45,7 @@ use std::fs::File;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use folio_kernels::device::Queued;
+use folio_runtime::device::Queued;
 use serde::Serialize;
 
 use folio_context_file::atomic::check_replaceable;

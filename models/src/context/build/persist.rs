@@ -12,7 +12,7 @@ use std::time::Instant;
 use candle_core::Tensor;
 use folio_context_file::format::{checksum, Header, SectionKind};
 use folio_context_file::partial::{write_checkpoint, Checkpoint, CHECKPOINT_FORMAT, CHECKPOINT_VERSION};
-use folio_kernels::device::Queued;
+use folio_runtime::device::Queued;
 
 use super::{HiddenPlace, Job, Ledger, Paths, StageSeconds, RAM_HEADROOM, RAM_HIDDEN_COPIES, SECTIONS_BEFORE_LAYERS};
 use crate::context::encode::EncodeTensor;
@@ -31,7 +31,7 @@ impl Job<'_> {
             HiddenPlace::Files
         } else if budget.is_some_and(|b| working_set + both <= b) {
             HiddenPlace::Device
-        } else if crate::host_memory::available()
+        } else if folio_runtime::host_memory::available()
             .is_some_and(|free| free >= RAM_HIDDEN_COPIES * self.hidden_bytes() + RAM_HEADROOM)
         {
             HiddenPlace::Ram

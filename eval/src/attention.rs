@@ -1,6 +1,6 @@
 //! The attention quality harness (`folio eval attention`): every method at every budget,
 //! measured against dense attention on the same keys, on real decode steps of a saved context
-//! and on synthetic workloads ([`crate::attention::workload`]).
+//! and on synthetic workloads ([`crate::workload`]).
 //!
 //! Context runs first decode `steps` tokens densely (greedy) after a question, keeping the
 //! dense next-token distributions; each method then replays the same tokens (teacher forcing),
@@ -13,13 +13,15 @@ use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
 
-use crate::attention::{Attention, Dense};
-use crate::attention::{Case, LayerTally, Probe};
-use crate::context::ContextFile;
-use crate::error::Result;
-use crate::kv_cache::ContextKv;
-use crate::model::Logits;
-use crate::Engine;
+use crate::probe::{LayerTally, Probe};
+use crate::workload::Case;
+use folio_models::attention::{Attention, Dense};
+use folio_models::context::ContextFile;
+use folio_models::distribution::{argmax, kl_divergence};
+use folio_models::error::Result;
+use folio_models::kv_cache::ContextKv;
+use folio_models::model::Logits;
+use folio_models::Engine;
 
 /// Synthetic calls are one layer deep in a 32-layer model, past every method's dense
 /// leading layers (HiP's 3, MagicPIG's {0, 16}).
@@ -113,25 +115,8 @@ pub fn synthetic(case: &Case, candidates: &[Candidate]) -> Result<Vec<Row>> {
 }
 
 /// Natural-log softmax of a logits row.
-fn log_softmax(x: &[f32]) -> Vec<f64> {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = max + x.iter().map(|v| (*v as f64 - max).exp()).sum::<f64>().ln();
-    x.iter().map(|v| *v as f64 - lse).collect()
-}
-
-/// KL(p ‖ q) of two logits rows, nats.
-pub fn kl_divergence(p_logits: &[f32], q_logits: &[f32]) -> f64 {
-    let (lp, lq) = (log_softmax(p_logits), log_softmax(q_logits));
-    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum::<f64>().max(0.0)
-}
-
 fn row(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?)
-}
-
-/// The index of the largest logit (the first of equals).
-pub(crate) fn argmax(x: &[f32]) -> u32 {
-    x.iter().enumerate().fold(0, |b, (i, v)| if *v > x[b] { i } else { b }) as u32
 }
 
 /// What a context run measured besides the rows: the dense answer it replayed.

@@ -10,14 +10,14 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::spec::EvalSpec;
-use crate::attention::{Attention, Tier};
-use crate::chat::Message;
-use crate::error::{Error, Result};
-use crate::generate::{self, GenerateParams, PromptPass, SamplingParams, PREFILL_CHUNK};
-use crate::kv_cache::KvStore;
-use crate::kv_cache::OffloadKv;
-use crate::Engine;
+use crate::spec::EvalSpec;
+use folio_models::attention::{Attention, Tier};
+use folio_models::chat::Message;
+use folio_models::error::{Error, Result};
+use folio_models::generate::{self, GenerateParams, PromptPass, SamplingParams, PREFILL_CHUNK};
+use folio_models::kv_cache::KvStore;
+use folio_models::kv_cache::OffloadKv;
+use folio_models::Engine;
 
 /// Tokens generated beyond the expected answer before giving up on it.
 pub(crate) const EXTRA_ANSWER_TOKENS: usize = 4;
@@ -372,9 +372,11 @@ impl<'a> PromptStore<'a> {
         let started = Instant::now();
         let offloaded = match tier {
             Tier::Resident => None,
-            Tier::Offloaded => {
-                Some(Box::new(crate::prefill::prefill_offloaded(&engine.model, &ids[..documents_end], PREFILL_CHUNK)?))
-            }
+            Tier::Offloaded => Some(Box::new(folio_models::prefill::prefill_offloaded(
+                &engine.model,
+                &ids[..documents_end],
+                PREFILL_CHUNK,
+            )?)),
         };
         let prefill_seconds = if offloaded.is_some() { started.elapsed().as_secs_f64() } else { 0.0 };
         Ok((Self { engine, ids, documents_end, offloaded }, prefill_seconds))

@@ -20,9 +20,10 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::AttnCall;
-use crate::error::Result;
-use crate::kv_cache::{DenseKv, KvStore};
+use folio_models::attention::AttnCall;
+use folio_models::error::Result;
+use folio_models::kv_cache::{DenseKv, KvStore};
+pub use folio_models::random::normal;
 
 /// Shape and structure of a synthetic workload.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -133,12 +134,6 @@ pub struct Case {
     pub v: Tensor,
     /// Step `s`: `[q_heads, 1, d]`, the query at position `context + s`.
     pub queries: Vec<Tensor>,
-}
-
-/// Gaussian samples over the workspace's `rand` (Box–Muller).
-pub fn normal(rng: &mut impl Rng) -> f32 {
-    let (u, v): (f32, f32) = (rng.random_range(1e-7..1.0), rng.random_range(0.0..1.0));
-    (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
 }
 
 fn unit(rng: &mut impl Rng, d: usize) -> Vec<f32> {

@@ -7,11 +7,11 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
+use folio_eval::fidelity::{self, Cell, QuestionMode};
+use folio_eval::spec::EvalSpec;
+use folio_eval::tasks::{self, Task};
 use folio_models::attention::reads::ReadTally;
 use folio_models::attention::{self, Attention, Dense, Resources, Tier};
-use folio_models::eval::fidelity::{self, Cell, QuestionMode};
-use folio_models::eval::spec::EvalSpec;
-use folio_models::eval::tasks::{self, Task};
 use folio_models::generate::{self, GenerateParams, PromptPass, SamplingParams};
 use folio_models::Engine;
 use rand::rngs::StdRng;
@@ -105,7 +105,7 @@ fn cells_are_reproducible_and_needle_cells_are_the_needle_evals() {
     assert_eq!(a.ids, b.ids);
     let c = tasks::cell_prompt(&engine, &spec, Task::Pair, (1024, 0.5, 1), 3).unwrap();
     assert_ne!(a.ids, c.ids);
-    let needle = folio_models::eval::needle::cell_prompt(&engine, &spec, (1024, 0.5, 1), 3).unwrap();
+    let needle = folio_eval::needle::cell_prompt(&engine, &spec, (1024, 0.5, 1), 3).unwrap();
     let task = tasks::cell_prompt(&engine, &spec, Task::Needle, (1024, 0.5, 1), 3).unwrap();
     assert_eq!(needle.ids, task.ids, "the needle task's prompts are `folio eval needle`'s");
     assert_eq!(task.values, vec![needle.value]);

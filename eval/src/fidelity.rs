@@ -1,6 +1,6 @@
 //! The fidelity report (issue #21): how far each attention method's *answers* are from dense
 //! attention's on prompts whose answers read the documents while they are generated
-//! ([`super::tasks`]).
+//! ([`crate::tasks`]).
 //!
 //! Per prompt, dense attention answers first (greedy); its answer is the reference. Each method
 //! then (1) answers the same prompt itself — exact accuracy, time to the first token, time per
@@ -29,14 +29,14 @@ use std::ops::ControlFlow;
 
 use serde::{Deserialize, Serialize};
 
-use super::attention::{argmax, kl_divergence};
-use super::needle::{PromptStore, EXTRA_ANSWER_TOKENS};
-use super::tasks::{Task, TaskPrompt};
-use crate::attention::ReadTally;
-use crate::attention::{Attention, Dense, Tier};
-use crate::error::Result;
-use crate::generate::{self, GenerateParams, Generation, SamplingParams};
-use crate::Engine;
+use crate::needle::{PromptStore, EXTRA_ANSWER_TOKENS};
+use crate::tasks::{Task, TaskPrompt};
+use folio_models::attention::ReadTally;
+use folio_models::attention::{Attention, Dense, Tier};
+use folio_models::distribution::{argmax, kl_divergence};
+use folio_models::error::Result;
+use folio_models::generate::{self, GenerateParams, Generation, SamplingParams};
+use folio_models::Engine;
 
 /// How the question (the prompt after the documents) is attended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

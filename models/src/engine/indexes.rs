@@ -10,11 +10,11 @@ use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{ContextFile, Header};
+use super::Engine;
 use crate::attention::MethodChoice;
+use crate::context::{ContextFile, Header};
 use crate::error::{Error, Result};
 use crate::kv_cache::ContextKv;
-use crate::Engine;
 
 /// Device memory for the decoded layer an index is built from (one layer at a time).
 const BUILD_BUDGET: u64 = 1;

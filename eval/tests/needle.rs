@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
+use folio_eval::needle::{self, build_prompt, value_match};
+use folio_eval::spec::EvalSpec;
 use folio_models::attention::{self, Attention, Dense, Resources, Tier};
-use folio_models::eval::needle::{self, build_prompt, value_match};
-use folio_models::eval::spec::EvalSpec;
 use folio_models::Engine;
 use rand::rngs::StdRng;
 use rand::SeedableRng;

@@ -9,7 +9,7 @@ use std::path::Path;
 use rand::Rng;
 use serde::Deserialize;
 
-use crate::error::{Error, Result};
+use folio_models::error::{Error, Result};
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct EvalSpec {

@@ -7,9 +7,8 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::select::{dot, query_rows, visible, LayerRows};
-use super::{Attended, Attention, AttnCall, Dense, Knobs};
-use crate::error::Result;
+use folio_models::attention::{dot, query_rows, visible, Attended, Attention, AttnCall, Dense, Knobs, LayerRows};
+use folio_models::error::Result;
 
 /// Sums over the decode steps of one layer.
 #[derive(Debug, Default, Clone, serde::Serialize)]

@@ -22,10 +22,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use super::needle::{self, assemble, Assembled, Parts, Place};
-use super::spec::EvalSpec;
-use crate::error::{Error, Result};
-use crate::Engine;
+use crate::needle::{self, assemble, Assembled, Parts, Place};
+use crate::spec::EvalSpec;
+use folio_models::error::{Error, Result};
+use folio_models::Engine;
 
 /// What a prompt asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

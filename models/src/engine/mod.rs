@@ -1,0 +1,182 @@
+//! [`Engine`]: a loaded model with its tokenizer, chat template and generation defaults —
+//! everything the CLI and the window need to chat with it, in one type whose methods all live
+//! in this folder: loading and identity here, documents laid out into a context's tokens in
+//! [`layout`], a method's index stored in a context file in [`indexes`], the channel
+//! calibration a method needs in [`calibration`].
+
+mod calibration;
+mod indexes;
+mod layout;
+
+use std::ops::ControlFlow;
+
+use candle_core::{DType, Device};
+
+pub use indexes::StoredIndex;
+
+use crate::attention::{Attention, Dense};
+use crate::chat::{ChatTemplate, Message};
+use crate::config::ModelConfig;
+use crate::context::{ContextFile, ModelStamp};
+use crate::error::{Error, Result};
+use crate::generate::{self, GenerateParams, Generation, GenerationConfig};
+use crate::loader::{self, ModelFiles, ModelSource};
+use crate::model::Model;
+use crate::tokenizer::Tokenizer;
+
+/// Tokens per forward pass when scoring a text (bounds the `[chunk, vocab]` logits).
+const PERPLEXITY_CHUNK: usize = 512;
+
+/// A loaded model with everything needed to chat with it.
+pub struct Engine {
+    pub name: String,
+    /// The model as it was asked for (a folder or repo id), recorded in context files.
+    pub source: String,
+    /// [`Engine::stamp`], computed on first use (it hashes the tokenizer and samples the weights).
+    stamp: std::sync::OnceLock<ModelStamp>,
+    /// A folder of channel calibrations kept outside model folders (the window's: Folio's
+    /// home), read when the model's folder has none; see [`Engine::calibration_dir`].
+    calibrations: std::sync::OnceLock<std::path::PathBuf>,
+    pub files: ModelFiles,
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+    pub generation_config: GenerationConfig,
+}
+
+impl Engine {
+    pub fn load(spec: &str, device: &Device, dtype: DType) -> Result<Self> {
+        let source = ModelSource::parse(spec)?;
+        let files = ModelFiles::resolve(&source)?;
+        let cfg = ModelConfig::from_file(&files.config)?;
+        let tokenizer = Tokenizer::from_file(&files.tokenizer, cfg.bos_token_id)?;
+        let chat_template = ChatTemplate::load(files.chat_template.as_deref(), files.tokenizer_config.as_deref())?;
+        let generation_config = match &files.generation_config {
+            Some(p) => GenerationConfig::from_file(p)?,
+            None => GenerationConfig::default(),
+        };
+        let model = Model::load(&cfg, &files.weights, device, dtype)?;
+        Ok(Self {
+            name: source.display_name(),
+            source: spec.to_owned(),
+            stamp: std::sync::OnceLock::new(),
+            calibrations: std::sync::OnceLock::new(),
+            files,
+            model,
+            tokenizer,
+            chat_template,
+            generation_config,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    /// What identifies this model in a context file.
+    /// The folder holding the model's config.json (and Folio's files about it).
+    pub fn model_dir(&self) -> &std::path::Path {
+        self.files.config.parent().unwrap_or(std::path::Path::new("."))
+    }
+
+    pub fn stamp(&self) -> Result<&ModelStamp> {
+        if let Some(stamp) = self.stamp.get() {
+            return Ok(stamp);
+        }
+        let cfg = self.config();
+        let tokenizer = std::fs::read(&self.files.tokenizer).map_err(|e| Error::io(&self.files.tokenizer, e))?;
+        let stamp = ModelStamp {
+            name: self.name.clone(),
+            source: self.source.clone(),
+            fingerprint: cfg.fingerprint(
+                folio_context_file::format::checksum(&tokenizer),
+                loader::weights_hash(&self.files.weights)?,
+            )?,
+        };
+        Ok(self.stamp.get_or_init(|| stamp))
+    }
+
+    /// Opens a saved context for this model: refused when another model made it.
+    pub fn open_context(&self, path: &std::path::Path) -> Result<ContextFile> {
+        let file = ContextFile::open(path)?;
+        self.check_context(&file)?;
+        Ok(file)
+    }
+
+    /// Refuses a context another model made, or whose tokens this model cannot embed.
+    pub fn check_context(&self, file: &ContextFile) -> Result<()> {
+        let made = &file.header().model;
+        let ours = self.stamp()?;
+        if made.fingerprint != ours.fingerprint {
+            return Err(Error::WrongModel {
+                made_by: made.name.clone(),
+                made_by_source: made.source.clone(),
+                loaded: ours.name.clone(),
+                differences: made.fingerprint.differences(&ours.fingerprint),
+            });
+        }
+        if let Some(&bad) = file.tokens().iter().find(|&&t| t as usize >= self.config().vocab_size) {
+            return Err(Error::Context {
+                path: file.path().to_owned(),
+                msg: format!("token id {bad} is outside the vocabulary"),
+            });
+        }
+        Ok(())
+    }
+
+    /// End-of-sequence ids: generation_config.json's, else config.json's.
+    pub fn eos_token_ids(&self) -> Vec<u32> {
+        let ids = self.generation_config.eos_token_ids();
+        if ids.is_empty() {
+            self.config().eos_token_ids.clone()
+        } else {
+            ids
+        }
+    }
+
+    /// Token ids of a chat prompt (rendered, generation prompt added, no extra special tokens).
+    pub fn chat_prompt(&self, messages: &[Message]) -> Result<Vec<u32>> {
+        let template = self.chat_template.as_ref().ok_or(Error::NoChatTemplate)?;
+        self.tokenizer.encode_prompt(&template.render(messages, true)?)
+    }
+
+    /// Generates from `prompt` with dense attention on a fresh KV store.
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        on_text: impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<Generation> {
+        self.generate_with(&Dense, prompt, params, on_text)
+    }
+
+    /// Generates from `prompt` with the attention method `attn` on a fresh KV store.
+    pub fn generate_with(
+        &self,
+        attn: &dyn Attention,
+        prompt: &[u32],
+        params: &GenerateParams,
+        on_text: impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<Generation> {
+        let mut kv = self.model.new_kv();
+        generate::generate(&self.model, &self.tokenizer, attn, &mut kv, prompt, params, on_text)
+    }
+
+    /// Perplexity of `ids` as transformers computes it with `labels=input_ids`: the mean
+    /// negative log-likelihood of tokens 1.. (the first token is not scored).
+    pub fn perplexity(&self, ids: &[u32]) -> Result<Perplexity> {
+        if ids.len() < 2 {
+            return Err(Error::Invalid(format!("perplexity needs at least 2 tokens, the text has {}", ids.len())));
+        }
+        let logp = self.model.token_log_probs(ids, PERPLEXITY_CHUNK, &Dense)?;
+        let mean_nll = -logp.iter().map(|&x| x as f64).sum::<f64>() / logp.len() as f64;
+        Ok(Perplexity { tokens: ids.len(), mean_nll, perplexity: mean_nll.exp() })
+    }
+}
+
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Perplexity {
+    pub tokens: usize,
+    pub mean_nll: f64,
+    pub perplexity: f64,
+}
