@@ -34,7 +34,6 @@ pub struct ChatInfo {
 
 /// One message of a chat.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct MessageRow {
     pub position: u64,
     /// "user" or "assistant".

@@ -120,7 +120,8 @@ impl GenerationSettings {
 }
 
 /// Seconds and rates of one answer.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Timings {
     /// From the question to the first answer token (the new turn's tokens computed first).
     pub first_token_s: Option<f64>,
@@ -130,7 +131,8 @@ pub struct Timings {
 }
 
 /// What the attention read in one document while answering.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct DocumentRead {
     pub document: usize,
     pub title: String,
@@ -140,9 +142,11 @@ pub struct DocumentRead {
     pub share: f64,
     /// Of the attention mass of every row read, when the session weighs sources
     /// ([`Session::weigh_sources`]) and the calls could be weighed.
+    #[serde(default)]
     pub mass_share: Option<f64>,
     /// Where in the document, heaviest first (a weighing session only; see
     /// [`crate::excerpt`] for their text).
+    #[serde(default)]
     pub passages: Vec<Passage>,
 }
 
@@ -172,9 +176,11 @@ pub struct Answer {
 
 /// An answer next to dense attention's on the same context and turn (see
 /// [`Session::compare_with_dense`]).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Comparison {
     /// The answer's method, with its full settings.
+    #[cfg_attr(feature = "ts", ts(type = "Record<string, unknown>"))]
     pub settings: serde_json::Value,
     /// Answer tokens compared (fewer than the answer's when stopped).
     pub steps: usize,

@@ -49,6 +49,7 @@ pub const PASSAGES_KEPT: usize = 4;
 
 /// A stretch of a document the attention read, `start..end` in context positions.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Passage {
     pub start: usize,
     pub end: usize,
@@ -56,6 +57,7 @@ pub struct Passage {
     pub share: f64,
     /// The page, chapter or section it is in ("p. 12"), when the document has parts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "ts", ts(optional))]
     pub part: Option<String>,
 }
 

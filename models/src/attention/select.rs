@@ -179,7 +179,8 @@ impl<T> PerLayer<T> {
 
 /// Where a layer's index came from: a context-file section, built from the keys, or rebuilt
 /// because the stored section was damaged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(rename_all = "lowercase")]
 pub enum IndexSource {
     File,

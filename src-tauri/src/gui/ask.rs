@@ -6,11 +6,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use folio_models::session::GenerationSettings;
 use serde::Serialize;
 use tauri::ipc::Channel;
 use tauri::State;
 
+use super::details::AnswerDetails;
 use super::{chats, current_chat, until_stopped, AppState};
 
 #[derive(Clone, Serialize, ts_rs::TS)]
@@ -26,31 +26,10 @@ pub(super) struct ChatDone {
     tokens: usize,
     /// The library chat the turn was saved in.
     chat: Option<folio_library::ChatInfo>,
-    /// How the answer was made, as saved with it (see [`answer_details`]).
-    details: serde_json::Value,
+    /// How the answer was made, as saved with it.
+    details: AnswerDetails,
     /// Why the turn was not saved (the library cannot be written): the answer stands.
     unsaved: Option<String>,
-}
-
-/// What the library keeps with an answer: the method and its full settings, the generation
-/// settings and the answer's tokens (what a comparison with dense replays), timings, sources.
-pub(super) fn answer_details(
-    answer: &folio_models::session::Answer,
-    generation: &GenerationSettings,
-) -> serde_json::Value {
-    serde_json::json!({
-        "method": answer.method,
-        "settings": answer.settings,
-        "generation": generation,
-        "answer_tokens": answer.tokens,
-        "stop_reason": answer.stop_reason,
-        "tokens": answer.tokens.len(),
-        "timings": answer.timings,
-        "sources": answer.sources,
-        "index": answer.index,
-        "context": answer.context,
-        "reused_tokens": answer.reused_tokens,
-    })
 }
 
 #[tauri::command]
@@ -105,7 +84,7 @@ pub(super) async fn chat(
     })
     .await
     .map_err(|e| e.to_string())??;
-    let details = answer_details(&answer, &generation);
+    let details = AnswerDetails::of(&answer, &generation);
     // Still the conversation on screen (not deleted, no other chat, context or model opened)?
     let on_screen =
         state.chat.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|c| Arc::ptr_eq(c, &asked_in))

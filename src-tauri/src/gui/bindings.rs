@@ -30,6 +30,7 @@ mod tests {
         gui::ask::ChatEvent::export_all(&cfg)?;
         gui::ask::ChatDone::export_all(&cfg)?;
         gui::chats::OpenedChat::export_all(&cfg)?;
+        gui::details::AnswerDetails::export_all(&cfg)?;
         gui::chats::CompareProgress::export_all(&cfg)?;
         gui::contexts::Imported::export_all(&cfg)?;
         gui::engine::EngineView::export_all(&cfg)?;

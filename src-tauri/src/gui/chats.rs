@@ -6,13 +6,14 @@
 
 use std::sync::atomic::Ordering;
 
-use folio_library::{ChatInfo, ContextInfo, MessageRow, NewMessage, Status};
+use folio_library::{ChatInfo, ContextInfo, NewMessage, Status};
 use folio_models::attention::MethodChoice;
 use folio_models::chat::Message;
-use folio_models::session::{GenerationSettings, Session};
+use folio_models::session::{Comparison, Session};
 use serde::Serialize;
 use tauri::State;
 
+use super::details::{AnswerDetails, ChatMessage};
 use super::AppState;
 
 /// Where a turn belongs, as it was when asked: its saved chat (`None` before the first
@@ -32,8 +33,9 @@ pub(super) async fn save_turn(
     on_screen: bool,
     question: &str,
     answer: &str,
-    details: &serde_json::Value,
+    details: &AnswerDetails,
 ) -> Result<ChatInfo, String> {
+    let details = serde_json::to_value(details).map_err(|e| e.to_string())?;
     let lib = state.library()?;
     let id = match turn.chat {
         Some(id) => id,
@@ -48,7 +50,7 @@ pub(super) async fn save_turn(
     };
     let turn = [
         NewMessage { role: "user", content: question, details: None },
-        NewMessage { role: "assistant", content: answer, details: Some(details) },
+        NewMessage { role: "assistant", content: answer, details: Some(&details) },
     ];
     lib.append_messages(id, &turn).await.map_err(|e| in_words(e, GONE_CHAT))
 }
@@ -75,7 +77,7 @@ pub(super) async fn list_chats(state: State<'_, AppState>, search: Option<String
 #[derive(Serialize, ts_rs::TS)]
 pub(super) struct OpenedChat {
     chat: ChatInfo,
-    messages: Vec<MessageRow>,
+    messages: Vec<ChatMessage>,
     /// The context it is over.
     context: Option<ContextInfo>,
     /// Why it cannot be continued here (it stays readable).
@@ -105,7 +107,8 @@ fn refusal(state: &AppState, context: &ContextInfo) -> Option<String> {
 pub(super) async fn open_chat(state: State<'_, AppState>, id: i64) -> Result<OpenedChat, String> {
     let lib = state.library()?;
     let chat = lib.chat(id).await.map_err(|e| in_words(e, GONE_CHAT))?;
-    let messages = lib.messages(id).await.map_err(|e| in_words(e, GONE_CHAT))?;
+    let rows = lib.messages(id).await.map_err(|e| in_words(e, GONE_CHAT))?;
+    let messages: Vec<ChatMessage> = rows.into_iter().map(ChatMessage::from).collect();
     let context = match chat.context_id {
         Some(c) => Some(lib.context(c).await.map_err(|e| e.to_string())?),
         None => None,
@@ -226,7 +229,7 @@ pub(super) async fn compare_dense(
     state: State<'_, AppState>,
     position: u64,
     on_event: tauri::ipc::Channel<CompareProgress>,
-) -> Result<serde_json::Value, String> {
+) -> Result<Comparison, String> {
     let id = state.chat_id.lock().unwrap_or_else(|e| e.into_inner()).ok_or("this answer is not saved in a chat")?;
     let chat = super::current_chat(&state)?;
     let lib = state.library()?;
@@ -237,18 +240,15 @@ pub(super) async fn compare_dense(
         _ => return Err("there is no answer at that place".into()),
     };
     let question = &asked.content;
-    let details = row.details.clone().ok_or("this answer has no record of how it was made")?;
-    let field = |key: &str| details.get(key).cloned().filter(|v| !v.is_null());
-    let method: MethodChoice = field("method")
-        .and_then(|m| serde_json::from_value(m).ok())
-        .ok_or("this answer has no record of its method")?;
-    let tokens: Vec<u32> = field("answer_tokens").and_then(|t| serde_json::from_value(t).ok()).ok_or(
+    let stored = row.details.clone().ok_or("this answer has no record of how it was made")?;
+    let details = AnswerDetails::read(&stored).ok_or("this answer's record of how it was made cannot be read")?;
+    let method = details.method;
+    let tokens = details.answer_tokens.ok_or(
         "this answer was saved by an earlier Folio, without its tokens: answer again, then compare the new answer",
     )?;
-    let generation: GenerationSettings = field("generation")
-        .and_then(|g| serde_json::from_value(g).ok())
-        .unwrap_or_else(|| state.generation.lock().unwrap_or_else(|e| e.into_inner()).clone());
-    let version: Option<String> = field("context").and_then(|c| serde_json::from_value(c).ok());
+    let generation =
+        details.generation.unwrap_or_else(|| state.generation.lock().unwrap_or_else(|e| e.into_inner()).clone());
+    let version = details.context;
     let turns: Vec<Message> = messages[..at - 1].iter().map(|m| Message::new(&m.role, &m.content)).collect();
     let (cancel, question) = (state.cancel.clone(), question.clone());
     let comparison = tauri::async_runtime::spawn_blocking(move || {
@@ -276,9 +276,9 @@ pub(super) async fn compare_dense(
     })
     .await
     .map_err(|e| e.to_string())??;
-    let comparison = serde_json::to_value(&comparison).map_err(|e| e.to_string())?;
-    let mut saved = details;
-    saved["comparison"] = comparison.clone();
+    // Written into the record as stored: fields an earlier or later Folio kept stay.
+    let mut saved = stored;
+    saved["comparison"] = serde_json::to_value(&comparison).map_err(|e| e.to_string())?;
     lib.set_message_details(id, position, &saved).await.map_err(|e| e.to_string())?;
     Ok(comparison)
 }

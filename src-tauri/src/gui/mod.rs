@@ -20,6 +20,7 @@ mod ask;
 mod bindings;
 mod chats;
 mod contexts;
+mod details;
 mod engine;
 mod jobs;
 mod models;

@@ -18,72 +18,19 @@ import type { ChatDone } from './bindings/ChatDone';
 import type { ModelFacts } from './bindings/ModelFacts';
 import type { ChatEvent } from './bindings/ChatEvent';
 import type { ChatInfo } from './bindings/ChatInfo';
+import type { AnswerDetails } from './bindings/AnswerDetails';
+import type { Comparison } from './bindings/Comparison';
+import type { Passage } from './bindings/Passage';
 
 // The types the Rust side sends and takes, generated from its structs (ui/src/lib/bindings,
 // src-tauri/src/gui/bindings.rs): re-exported so that components import them from here.
-export type { AppInfo, ModelFacts, ChatEvent, ChatInfo };
+export type { AppInfo, ModelFacts, ChatEvent, ChatInfo, AnswerDetails, Comparison, Passage };
 
 
 
 
-/** A stretch of a document the attention read: context positions start..end. */
-export interface Passage {
-  start: number;
-  end: number;
-  /** Of the document's weight. */
-  share: number;
-  /** The page, chapter or section it is in ("p. 12"), when the document has parts. */
-  part?: string | null;
-}
-
-/** How an answer was made, as the library keeps it with the answer. The Rust side builds it as
- *  JSON (src-tauri/src/gui/chats.rs, `answer_details`), so it is typed here by hand, with
- *  `Passage` and `Comparison`, until it is a Rust struct the bindings can follow. */
-export interface AnswerDetails {
-  method: { method: string; budget?: string | null; params?: unknown };
-  settings: { method: string; budget?: unknown; params?: Record<string, unknown> };
-  stop_reason: string;
-  tokens: number;
-  timings: { first_token_s: number | null; seconds: number; decode_tokens_per_s: number | null };
-  sources: {
-    document: number;
-    title: string;
-    path: string;
-    rows: number;
-    share: number;
-    /** Of the attention mass of every row read; null when it was not weighed. */
-    mass_share: number | null;
-    /** Where in the document, heaviest first (context positions). */
-    passages?: Passage[];
-  }[];
-  /** Where each layer's index came from (methods with one): read from the file, or built. */
-  index?: Record<string, 'file' | 'built' | 'rebuilt'>;
-  /** The id of the context version the answer read (its sources' positions refer to it). */
-  context?: string | null;
-  reused_tokens: number;
-  /** The answer's token ids (what a comparison with dense replays). */
-  answer_tokens?: number[];
-  /** Its comparison with dense attention, once made. */
-  comparison?: Comparison;
-}
-
-/** An answer next to dense attention's on the same context and turn. */
-export interface Comparison {
-  steps: number;
-  /** KL(dense ‖ method) of the next-token distributions along the answer, nats. */
-  mean_kl: number;
-  max_kl: number;
-  max_kl_step: number;
-  top1_agreement: number;
-  first_disagreement: number | null;
-  dense_answer: string;
-  same_answer: boolean;
-  seconds: number;
-}
-
-/** What `chat` resolves with: the generated `ChatDone`, its details typed (below). */
-export type ChatResult = Omit<ChatDone, 'details'> & { details: AnswerDetails };
-
+/** What `chat` resolves with. */
+export type ChatResult = ChatDone;
 
 export type DoneInfo = Extract<ChatEvent, { event: 'done' }>['data'];
 

@@ -4,8 +4,7 @@
 // Rust structs serialised by serde; errors reject with the backend's message as a string.
 
 import { Channel } from '@tauri-apps/api/core';
-import type { Role } from './types';
-import { call, inTauri, type AnswerDetails, type AppInfo, type ChatInfo, type Comparison, type Passage } from './api';
+import { call, inTauri, type AppInfo, type ChatInfo, type Comparison, type Passage } from './api';
 import type { ContextInfo } from './bindings/ContextInfo';
 import type { ParamSpec } from './bindings/ParamSpec';
 import type { Path } from './bindings/Path';
@@ -27,8 +26,8 @@ import type { Imported } from './bindings/Imported';
 import type { MethodChoice } from './bindings/MethodChoice';
 import type { MethodSpec } from './bindings/MethodSpec';
 import type { GenerationSettings } from './bindings/GenerationSettings';
-import type { MessageRow as StoredMessage } from './bindings/MessageRow';
-import type { OpenedChat as StoredChat } from './bindings/OpenedChat';
+import type { ChatMessage } from './bindings/ChatMessage';
+import type { OpenedChat } from './bindings/OpenedChat';
 import type { Piece } from './bindings/Piece';
 import type { DocumentExcerpts } from './bindings/DocumentExcerpts';
 import type { EngineSettings } from './bindings/EngineSettings';
@@ -43,13 +42,10 @@ import type { ModelChoices } from './bindings/ModelChoices';
 
 // The types the Rust side sends and takes, generated from its structs (ui/src/lib/bindings,
 // src-tauri/src/gui/bindings.rs): re-exported so that components import them from here.
-export type { ContextInfo, DocumentInfo, StagedDocument, Skip, Staged, Estimate, Progress, JobState, JobView, UiEvent, ChangeRequest, Imported, MethodChoice, MethodSpec, GenerationSettings, Piece, DocumentExcerpts, EngineSettings, DeviceChoice, EngineView, PlanView, StoredIndex, CalibrationStatus, CachedModel, LibraryModel, ModelChoices };
+export type { ContextInfo, DocumentInfo, StagedDocument, Skip, Staged, Estimate, Progress, JobState, JobView, UiEvent, ChangeRequest, Imported, MethodChoice, MethodSpec, GenerationSettings, OpenedChat, Piece, DocumentExcerpts, EngineSettings, DeviceChoice, EngineView, PlanView, StoredIndex, CalibrationStatus, CachedModel, LibraryModel, ModelChoices };
 
-/** A chat's message as the window reads it back: the library stores the role as text and the
- *  answer's details as JSON, both written by the window, which reads them as it wrote them. */
-export type MessageRow = Omit<StoredMessage, 'role' | 'details'> & { role: Role; details: AnswerDetails | null };
-/** A chat opened from the library, its messages as the window wrote them. */
-export type OpenedChat = Omit<StoredChat, 'messages'> & { messages: MessageRow[] };
+/** A chat's message as the window reads it back (details typed; an unreadable record is null). */
+export type MessageRow = ChatMessage;
 /** Names the window's code uses for generated types. */
 export type MethodParam = ParamSpec;
 export type TierPath = Path;
