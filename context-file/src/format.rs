@@ -178,6 +178,10 @@ pub struct DocumentSpan {
     /// Size and xxh3-64 of the source text, to tell later whether the file changed.
     pub bytes: u64,
     pub xxh3: String,
+    /// What the reader took it for ("PDF", "Markdown", "text"…), as staging named it; empty in
+    /// files made before it was kept (the library then names it by its extension).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kind: String,
     /// Where the document's pages, chapters or sections start, in order (none for plain
     /// text, and in files of format version 1).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -172,9 +172,14 @@ fn rfc3339(t: SystemTime) -> String {
     chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-/// The type shown for a document: its extension, lowercased ("txt" without one).
-fn document_kind(path: &str) -> String {
-    Path::new(path).extension().map_or_else(|| "txt".to_owned(), |e| e.to_string_lossy().to_lowercase())
+/// The type shown for a document: what the reader took it for, as the context file keeps it
+/// (the staging sheet's name too); for a file made before it was kept, its extension,
+/// lowercased ("text" without one).
+fn document_kind(doc: &DocumentSpan) -> String {
+    if !doc.kind.is_empty() {
+        return doc.kind.clone();
+    }
+    Path::new(&doc.path).extension().map_or_else(|| "text".to_owned(), |e| e.to_string_lossy().to_lowercase())
 }
 
 /// Longest name a context (its file's name without the extension) may have.
@@ -561,7 +566,7 @@ impl Library {
             .bind(position as i64)
             .bind(&doc.title)
             .bind(&doc.path)
-            .bind(document_kind(&doc.path))
+            .bind(document_kind(doc))
             .bind(doc.bytes as i64)
             .bind(&doc.xxh3)
             .bind(doc.start as i64)

@@ -24,6 +24,7 @@ fn document(title: &str, text: &str) -> DocumentText {
         text: text.into(),
         bytes: text.len() as u64,
         xxh3: context::format::checksum(text.as_bytes()),
+        kind: "text".into(),
         parts: Vec::new(),
     }
 }
@@ -38,7 +39,13 @@ fn docs() -> Vec<DocumentText> {
 /// Prefills `docs` into `out`; with `stop_after`, cancels once that many layers are done.
 fn prefill(e: &Engine, docs: &[DocumentText], out: &Path, stop_after: Option<usize>) {
     let plan = e.plan_context(docs, None, Some("25 Nov 2026".into())).unwrap();
-    let opts = BuildOptions { kv_dtype: KvDtype::Bf16, memory_budget: None, restart: false, hidden_in: None };
+    let opts = BuildOptions {
+        kv_dtype: KvDtype::Bf16,
+        memory_budget: None,
+        restart: false,
+        hidden_in: None,
+        prior_cost: None,
+    };
     let mut on_progress = |p: &context::Progress| match stop_after {
         Some(n) if p.layer >= n => ControlFlow::Break(()),
         _ => ControlFlow::Continue(()),
@@ -101,7 +108,7 @@ async fn contexts_follow_their_files() {
     let want: Vec<_> = file
         .documents()
         .iter()
-        .zip(["md", "txt"])
+        .zip(["text", "text"]) // what the reader named them (`document` says text), as staging does
         .map(|(d, kind)| (d.title.as_str(), kind, d.start as u64, d.end as u64))
         .collect();
     assert_eq!(spans, want);
@@ -295,7 +302,13 @@ async fn an_interrupted_addition_leaves_the_context_ready() {
     let before = lib.add_context(&out).await.unwrap();
     let base = context::ContextFile::open(&out).unwrap();
     let plan = e.plan_append(&base, &docs()[1..]).unwrap();
-    let opts = BuildOptions { kv_dtype: KvDtype::Bf16, memory_budget: None, restart: false, hidden_in: None };
+    let opts = BuildOptions {
+        kv_dtype: KvDtype::Bf16,
+        memory_budget: None,
+        restart: false,
+        hidden_in: None,
+        prior_cost: None,
+    };
     let mut stop =
         |p: &context::Progress| if p.layer >= 1 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) };
     assert!(context::append(&e.model, e.stamp().unwrap(), &base, &plan, &out, &opts, &mut stop).is_err());

@@ -66,6 +66,8 @@ pub struct PrefillArgs {
     /// prefill would need (what the window's staging sheet shows).
     #[arg(long, conflicts_with = "context")]
     dry_run: bool,
+    /// The report as JSON on stdout, and the progress as JSON lines on stderr
+    /// (`{"progress": {layer, layers, layer_tokens, tokens, fraction, tokens_per_s, eta_s}}`).
     #[arg(long)]
     json: bool,
 }
@@ -96,15 +98,17 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
         builder = builder.from(base);
     }
     let planned = builder.plan(change, &ingest::Files)?;
-    let rate_key = listing::rate_key(&engine, &common.device_label()?);
+    let keys = listing::PrefillKeys::new(&engine, &common.device_label()?);
+    let prior_cost = crate::library_cmd::stored_cost(&keys);
     if planned.keep > 0 && !a.json {
-        let n = planned.computed();
-        let rate = crate::library_cmd::stored_rate(&rate_key);
-        let time = rate.map_or(String::new(), |r| format!(", about {} at {r:.0} tokens/s", human_secs(n as f64 / r)));
-        eprintln!("prefilling {n} tokens after the {} kept as saved{time}", planned.keep);
+        let (keep, n) = (planned.keep, planned.computed());
+        let layers = engine.config().num_layers;
+        let time =
+            prior_cost.map_or(String::new(), |c| format!(", about {}", human_secs(c.seconds(layers, keep, keep + n))));
+        eprintln!("prefilling {n} tokens after the {keep} kept as saved{time}");
     }
     let kv_dtype = planned.kv_dtype(explicit_dtype, context::DEFAULT_KV_DTYPE);
-    let opts = BuildOptions { kv_dtype, memory_budget, restart: a.restart, hidden_in: None };
+    let opts = BuildOptions { kv_dtype, memory_budget, restart: a.restart, hidden_in: None, prior_cost };
     let stop = ctrl_c_flag();
     let bar = progress_bar(a.json);
     let mut on_progress = |p: &Progress| {
@@ -119,6 +123,9 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
                 p.tokens,
                 p.tokens_per_s
             ));
+        } else {
+            // With --json, progress is a feed too: one JSON line per chunk on stderr.
+            eprintln!("{}", json!({ "progress": p }));
         }
         if stop.load(Ordering::SeqCst) {
             ControlFlow::Break(())
@@ -129,7 +136,7 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     // A change written over the file it changes (not to another --out) keeps its library row
     // whatever happens: a missing file is the row's `missing` status.
     let changes_a_file = a.context.as_deref() == Some(out.as_path());
-    let mut listing = if a.no_library { None } else { library_cmd::listing(rate_key, changes_a_file) };
+    let mut listing = if a.no_library { None } else { library_cmd::listing(keys, changes_a_file) };
     let book: &mut dyn Bookkeeping = match listing.as_mut() {
         Some(l) => l,
         None => &mut (),
@@ -225,8 +232,8 @@ fn dry_run(common: &Common, a: &PrefillArgs) -> Result<()> {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
         _ => std::env::current_dir()?,
     };
-    let rate = library_cmd::stored_rate(&listing::rate_key(&engine, &common.device_label()?));
-    let est = staging::estimate(&engine, &staged.documents, kv_dtype, &folder, rate)?;
+    let cost = library_cmd::stored_cost(&listing::PrefillKeys::new(&engine, &common.device_label()?));
+    let est = staging::estimate(&engine, &staged.documents, kv_dtype, &folder, cost)?;
     let tokens = est.tokens;
     if a.json {
         println!("{}", json!({ "staged": staged, "estimate": est, "tokens": tokens }));
@@ -245,15 +252,18 @@ fn dry_run(common: &Common, a: &PrefillArgs) -> Result<()> {
             println!("skipped {}: {}", s.path, s.reason);
         }
         println!(
-            "{} documents, {tokens} tokens (the model reads up to {}); counted in {:.2} s, {:.0} tokens/s",
+            "{} documents, {tokens} tokens (up to {} fit: the model's {} less {} kept for the answer); \
+             counted in {:.2} s, {:.0} tokens/s",
             staged.documents.len(),
             est.limit,
+            est.context_length,
+            est.context_length - est.limit,
             staged.seconds,
             counted as f64 / staged.seconds.max(1e-9)
         );
         let time = match (est.predicted_seconds, est.rate_tokens_per_s) {
             (Some(s), Some(r)) => {
-                format!("about {} at {r:.0} tokens/s (the last prefill with this model here)", human_secs(s))
+                format!("about {} at {r:.0} tokens/s (fitted to the last prefill with this model here)", human_secs(s))
             }
             _ => "measured by the first prefill with this model here".into(),
         };

@@ -146,6 +146,7 @@ fn gather(paths: &[PathBuf], strict: bool, on_read: &(dyn Fn(usize, usize) + Syn
             path: d.path.display().to_string(),
             bytes: d.text.len() as u64,
             xxh3: checksum(d.text.as_bytes()),
+            kind: d.format.name().into(),
             parts: d.parts.into_iter().map(|p| TextPart { label: p.label, at: p.at }).collect(),
             text: d.text,
         });

@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use folio_library::{ContextInfo, Library, Status};
+use folio_models::context::PrefillCost;
 use folio_models::error::human_bytes;
 use serde_json::json;
 
-use crate::listing::Listing;
+use crate::listing::{Listing, PrefillKeys};
 
 #[derive(Subcommand)]
 pub enum LibraryCommand {
@@ -251,19 +252,19 @@ async fn rebuild(a: RebuildArgs) -> Result<()> {
 
 /// How `folio prefill` keeps the library up to date ([`Listing`]), on a runtime of its own;
 /// `None` (with a warning) when the library cannot be opened: it never costs the prefill.
-pub(crate) fn listing(rate_key: String, changes_a_file: bool) -> Option<Listing> {
+pub(crate) fn listing(keys: PrefillKeys, changes_a_file: bool) -> Option<Listing> {
     let attempt = || -> Result<Listing> {
         let rt = runtime()?;
         let lib = rt.block_on(Library::open_default())?;
-        Ok(Listing::new(lib, Box::new(move |f| rt.block_on(f)), rate_key, changes_a_file))
+        Ok(Listing::new(lib, Box::new(move |f| rt.block_on(f)), Some(keys), changes_a_file))
     };
     attempt().map_err(|e| warn(&e)).ok()
 }
 
-/// The last prefill rate stored under `key` (see `listing::rate_key`), if the library has one.
-pub(crate) fn stored_rate(key: &str) -> Option<f64> {
+/// The last prefill's cost under `keys`, if the library has one.
+pub(crate) fn stored_cost(keys: &PrefillKeys) -> Option<PrefillCost> {
     let rt = runtime().ok()?;
-    rt.block_on(async { Library::open_default().await.ok()?.setting(key).await.ok()? })?.as_f64()
+    rt.block_on(async { keys.read(&Library::open_default().await.ok()?).await.ok()? })
 }
 
 fn warn(e: &anyhow::Error) {

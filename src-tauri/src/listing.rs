@@ -1,6 +1,6 @@
 //! The library's side of a prefill, the same for `folio prefill` and the window's jobs: the
 //! context is listed as soon as its prefill has a checkpoint (so a kill shows it paused), the
-//! measured rate is kept (the next estimate's prediction), and when it ends the library
+//! measured cost is kept (the next estimate's prediction and ETA), and when it ends the library
 //! follows the disk — the finished file, the paused prefill, or nothing for a new context that
 //! never got a checkpoint. The library is a convenience here: one that cannot be written costs
 //! a warning, never the prefill.
@@ -10,7 +10,7 @@ use std::path::Path;
 use std::pin::Pin;
 
 use folio_library::Library;
-use folio_models::context::{Bookkeeping, BuildReport};
+use folio_models::context::{Bookkeeping, BuildReport, PrefillCost};
 use folio_models::Engine;
 
 /// A library call run to its end from the prefill's (blocking) thread.
@@ -18,25 +18,49 @@ pub(crate) type Block = Box<
     dyn for<'f> Fn(Pin<Box<dyn Future<Output = folio_library::Result<()>> + Send + 'f>>) -> folio_library::Result<()>,
 >;
 
-/// The settings key of the last measured prefill rate of a model on a device (written by
-/// every prefill, read by the next estimate).
-pub(crate) fn rate_key(engine: &Engine, device: &str) -> String {
-    format!("prefill_rate/{}/{device}", engine.source)
+/// The settings keys of what the last prefill of a model on a device measured (written by
+/// every prefill, read by the next estimate): the cost fitted to its chunks, and its rate —
+/// what earlier Folio versions kept and read, still written for them and read when no cost is.
+#[derive(Clone)]
+pub(crate) struct PrefillKeys {
+    cost: String,
+    rate: String,
+    layers: usize,
+}
+
+impl PrefillKeys {
+    pub(crate) fn new(engine: &Engine, device: &str) -> Self {
+        Self {
+            cost: format!("prefill_cost/{}/{device}", engine.source),
+            rate: format!("prefill_rate/{}/{device}", engine.source),
+            layers: engine.config().num_layers,
+        }
+    }
+
+    /// The last prefill's cost, else one from an earlier Folio's rate; `None` before any.
+    pub(crate) async fn read(&self, lib: &Library) -> folio_library::Result<Option<PrefillCost>> {
+        if let Some(cost) = lib.setting(&self.cost).await?.and_then(|v| serde_json::from_value(v).ok()) {
+            return Ok(Some(cost));
+        }
+        let rate = lib.setting(&self.rate).await?.and_then(|v| v.as_f64());
+        Ok(rate.and_then(|r| PrefillCost::from_rate(r, self.layers)))
+    }
 }
 
 /// [`Bookkeeping`] over the library.
 pub(crate) struct Listing {
     lib: Library,
     block: Block,
-    rate_key: String,
+    /// Where the measured cost is kept (`None`: a refresh only, nothing measured).
+    keys: Option<PrefillKeys>,
     /// The prefill changes a saved file (an addition, a removal or the resume of one): its
     /// context is never forgotten here, a missing file is the library's `missing` status.
     changes_a_file: bool,
 }
 
 impl Listing {
-    pub(crate) fn new(lib: Library, block: Block, rate_key: String, changes_a_file: bool) -> Self {
-        Self { lib, block, rate_key, changes_a_file }
+    pub(crate) fn new(lib: Library, block: Block, keys: Option<PrefillKeys>, changes_a_file: bool) -> Self {
+        Self { lib, block, keys, changes_a_file }
     }
 
     fn run<'f>(&self, what: &str, out: &Path, fut: impl Future<Output = folio_library::Result<()>> + Send + 'f) {
@@ -67,9 +91,12 @@ impl Bookkeeping for Listing {
     }
 
     fn finished(&mut self, out: &Path, report: Option<&BuildReport>) {
-        if let Some(r) = report {
+        if let (Some(r), Some(keys)) = (report, &self.keys) {
             let rate = serde_json::json!(r.tokens_per_s);
-            self.run("the rate of", out, self.lib.set_setting(&self.rate_key, &rate));
+            self.run("the rate of", out, self.lib.set_setting(&keys.rate, &rate));
+            if let Some(cost) = r.cost.and_then(|c| serde_json::to_value(c).ok()) {
+                self.run("the cost of", out, self.lib.set_setting(&keys.cost, &cost));
+            }
         }
         self.refresh(out);
     }

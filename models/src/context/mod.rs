@@ -7,17 +7,20 @@
 //! * [`prompt`]: documents → tokens and spans; a question → the tokens appended to them.
 //! * [`builder`]: the one call that makes or changes a context — new, add, remove, resume —
 //!   planned, prefilled and handed to the library's bookkeeping.
-//! * [`staging`]: what a set of documents would make, counted and estimated before a prefill.
+//! * [`staging`]: what a set of documents would make, counted and estimated before a prefill;
+//!   [`cost`]: a prefill's time, fitted to this machine's own timings.
 //! * [`build`]: layer-major prefill into a file, checkpointed per layer, saved atomically.
 
 pub mod build;
 pub mod builder;
+pub mod cost;
 pub mod encode;
 pub mod prompt;
 pub mod staging;
 
 pub use build::{append, build, extend, Base, BuildOptions, BuildReport, HiddenPlace, Progress, StageSeconds};
 pub use builder::{Bookkeeping, Builder, Change, Planned, Reread, SavedDocuments, DEFAULT_KV_DTYPE};
+pub use cost::PrefillCost;
 pub use encode::EncodeTensor;
 pub use folio_context_file::atomic::{check_replaceable, write_atomic};
 pub use folio_context_file::{codec, file, format};

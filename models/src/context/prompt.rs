@@ -36,6 +36,8 @@ pub struct DocumentText {
     pub text: String,
     pub bytes: u64,
     pub xxh3: String,
+    /// What the reader took it for ("PDF", "Markdown", "text"…), kept in the context's span.
+    pub kind: String,
     /// Where its pages, chapters or sections start in `text`, in order.
     pub parts: Vec<TextPart>,
 }
@@ -74,6 +76,7 @@ impl PrefixPlan {
             end: tokens.len(),
             bytes: 0,
             xxh3: String::new(),
+            kind: String::new(),
             parts: Vec::new(),
         };
         let prompt = PromptStamp {

@@ -14,6 +14,7 @@ use folio_context_file::format::{DocumentSpan, Header, PromptStamp, SpanPart};
 use folio_context_file::KvDtype;
 
 use super::builder::Planned;
+use super::cost::PrefillCost;
 use super::prompt::{DocumentText, TokenCount, ANSWER_ROOM};
 use crate::error::Result;
 use crate::Engine;
@@ -100,8 +101,11 @@ pub struct Estimate {
     pub tokens: usize,
     /// Tokens the prefill computes (fewer than `tokens` when a change keeps saved ones).
     pub computed_tokens: usize,
-    /// Most tokens the documents may take: the model's context length less room to answer.
+    /// Most tokens the context may hold (its head and documents): the model's context length
+    /// less [`ANSWER_ROOM`], kept for the question and the answer.
     pub limit: usize,
+    /// The model's context length.
+    pub context_length: usize,
     pub fits: bool,
     pub file_bytes: u64,
     /// Memory the prefill uses beyond the model weights.
@@ -110,7 +114,8 @@ pub struct Estimate {
     pub scratch_bytes: u64,
     /// Free space where the context will be written.
     pub disk_free_bytes: Option<u64>,
-    /// Seconds at `rate`, when a prefill with this model on this device was measured.
+    /// Seconds the prefill is predicted to take, by the cost fitted to the last prefill with
+    /// this model on this device (none before one).
     pub predicted_seconds: Option<f64>,
     pub rate_tokens_per_s: Option<f64>,
 }
@@ -175,7 +180,7 @@ pub fn estimate(
     documents: &[StagedDocument],
     kv_dtype: KvDtype,
     folder: &Path,
-    rate: Option<f64>,
+    cost: Option<PrefillCost>,
 ) -> Result<Estimate> {
     let prompt = engine.prompt_stamp(None, None)?;
     let mut tokens = engine.head_ids(&prompt)?.len();
@@ -188,6 +193,7 @@ pub fn estimate(
             end: tokens + d.tokens,
             bytes: d.bytes,
             xxh3: d.xxh3.clone(),
+            kind: d.kind.clone(),
             // Where each part starts is known once the prefill tokenizes the document: the
             // span's start stands in (as many digits, give or take one per part).
             parts: d.parts.iter().map(|label| SpanPart { label: label.clone(), start: tokens }).collect(),
@@ -195,7 +201,7 @@ pub fn estimate(
         tokens += d.tokens;
     }
     let layout = Layout { tokens, computed: tokens, spans: &spans, prompt };
-    estimate_layout(engine, &layout, kv_dtype, folder, rate)
+    estimate_layout(engine, &layout, kv_dtype, folder, cost)
 }
 
 /// A context file's layout as a prefill will write it.
@@ -214,7 +220,7 @@ pub fn estimate_layout(
     layout: &Layout<'_>,
     kv_dtype: KvDtype,
     folder: &Path,
-    rate: Option<f64>,
+    cost: Option<PrefillCost>,
 ) -> Result<Estimate> {
     let cfg = engine.config();
     let limit = cfg.max_position_embeddings.saturating_sub(ANSWER_ROOM);
@@ -229,17 +235,19 @@ pub fn estimate_layout(
         crate::prefill::plan_chunk(&engine.model, tokens.max(1), section, None).map(|p| p.working_set).unwrap_or(0);
     let scratch_bytes = 2 * (layout.computed * cfg.hidden_size * engine.model.dtype().size_in_bytes()) as u64;
     let _ = std::fs::create_dir_all(folder);
+    let predicted = cost.map(|c| c.seconds(cfg.num_layers, tokens - layout.computed, tokens));
     Ok(Estimate {
         tokens,
         computed_tokens: layout.computed,
         limit,
+        context_length: cfg.max_position_embeddings,
         fits: tokens <= limit,
         file_bytes,
         working_set_bytes,
         scratch_bytes,
         disk_free_bytes: fs4::available_space(folder).ok(),
-        predicted_seconds: rate.filter(|r| *r > 0.0).map(|r| layout.computed as f64 / r),
-        rate_tokens_per_s: rate,
+        predicted_seconds: predicted,
+        rate_tokens_per_s: predicted.filter(|s| *s > 0.0).map(|s| layout.computed as f64 / s),
     })
 }
 
@@ -250,7 +258,7 @@ pub fn estimate_planned(
     planned: &Planned,
     kv_dtype: KvDtype,
     folder: &Path,
-    rate: Option<f64>,
+    cost: Option<PrefillCost>,
 ) -> Result<Estimate> {
     let layout = Layout {
         tokens: planned.plan.tokens.len(),
@@ -258,7 +266,7 @@ pub fn estimate_planned(
         spans: &planned.plan.documents,
         prompt: planned.plan.prompt.clone(),
     };
-    estimate_layout(engine, &layout, kv_dtype, folder, rate)
+    estimate_layout(engine, &layout, kv_dtype, folder, cost)
 }
 
 #[cfg(test)]
@@ -276,6 +284,7 @@ mod tests {
             path: path.into(),
             bytes: text.len() as u64,
             xxh3: folio_context_file::format::checksum(text.as_bytes()),
+            kind: "text".into(),
             text,
             parts: Vec::new(),
         }
@@ -310,9 +319,12 @@ mod tests {
         assert!(fits.fits && fits.tokens == total && fits.predicted_seconds.is_none());
         let mut huge = staged.documents[0].clone();
         huge.tokens = fits.limit;
-        let over = estimate(&e, &[huge], KvDtype::Bf16, dir.path(), Some(1000.0)).unwrap();
+        // The time is the cost's: every layer over every token, attention's pairs included.
+        let cost = PrefillCost { per_token: 1e-4, per_pair: 1e-9 };
+        let over = estimate(&e, &[huge], KvDtype::Bf16, dir.path(), Some(cost)).unwrap();
         assert!(!over.fits);
-        assert!((over.predicted_seconds.unwrap() - over.tokens as f64 / 1000.0).abs() < 1e-9);
+        let layers = e.config().num_layers;
+        assert!((over.predicted_seconds.unwrap() - cost.seconds(layers, 0, over.tokens)).abs() < 1e-9);
     }
 
     /// A 20 MB file of one repeated letter (the demo model's tokenizer makes a handful of

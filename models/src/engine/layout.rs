@@ -90,6 +90,7 @@ impl Engine {
                 end: tokens.len(),
                 bytes: d.bytes,
                 xxh3: d.xxh3.clone(),
+                kind: d.kind.clone(),
                 parts: parts.into_iter().map(|(label, at)| SpanPart { label, start: start + at }).collect(),
             });
         }

@@ -35,7 +35,7 @@ pub fn smallest_budget(e: &Engine, tokens: usize, kv_dtype: KvDtype) -> u64 {
 }
 
 pub fn build(e: &Engine, p: &PrefixPlan, out: &Path, kv_dtype: KvDtype, budget: Option<u64>) -> context::BuildReport {
-    let opts = BuildOptions { kv_dtype, memory_budget: budget, restart: false, hidden_in: None };
+    let opts = BuildOptions { kv_dtype, memory_budget: budget, restart: false, hidden_in: None, prior_cost: None };
     context::build(&e.model, e.stamp().unwrap(), p, out, &opts, &mut |_| ControlFlow::Continue(())).unwrap()
 }
 
@@ -50,6 +50,7 @@ pub fn sample_documents() -> Vec<context::DocumentText> {
                 path: format!("samples/{name}"),
                 bytes: text.len() as u64,
                 xxh3: context::format::checksum(text.as_bytes()),
+                kind: "text".into(),
                 text,
                 parts: Vec::new(),
             }

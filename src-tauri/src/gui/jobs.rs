@@ -20,7 +20,7 @@ use folio_models::Engine;
 use serde::{Deserialize, Serialize};
 
 use crate::ingest;
-use crate::listing::{rate_key, Block, Listing};
+use crate::listing::{Block, Listing, PrefillKeys};
 
 /// Least time between two progress snapshots sent to the window.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(150);
@@ -345,7 +345,7 @@ fn worker_loop(shared: &Shared, w: &Worker) {
             // its end or stopped; a job that failed before it, or panicked inside it, is
             // brought up to date here (the file, the paused prefill, or nothing).
             if let Some(lib) = w.library() {
-                Listing::new(lib, Box::new(|f| tauri::async_runtime::block_on(f)), String::new(), changes_a_file)
+                Listing::new(lib, Box::new(|f| tauri::async_runtime::block_on(f)), None, changes_a_file)
                     .refresh(&job.out);
             }
         }
@@ -386,8 +386,10 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
         Some(saved) => saved,
         None => settings.kv_dtype().map_err(anyhow::Error::msg)?,
     };
-    let opts =
-        BuildOptions { kv_dtype, memory_budget: memory_budget(engine, &settings)?, restart: false, hidden_in: None };
+    let keys = PrefillKeys::new(engine, &folio_models::device_name(engine.model.device()));
+    let prior_cost = w.library().and_then(|lib| tauri::async_runtime::block_on(keys.read(&lib)).ok().flatten());
+    let memory_budget = memory_budget(engine, &settings)?;
+    let opts = BuildOptions { kv_dtype, memory_budget, restart: false, hidden_in: None, prior_cost };
     let mut last = Instant::now() - PROGRESS_INTERVAL;
     let mut on_progress = |p: &Progress| {
         if last.elapsed() >= PROGRESS_INTERVAL {
@@ -397,9 +399,8 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
         }
         super::until_stopped(cancel)
     };
-    let rate_key = rate_key(engine, &folio_models::device_name(engine.model.device()));
     let block: Block = Box::new(|f| tauri::async_runtime::block_on(f));
-    let mut listing = w.library().map(|lib| Listing::new(lib, block, rate_key, planned.base().is_some()));
+    let mut listing = w.library().map(|lib| Listing::new(lib, block, Some(keys), planned.base().is_some()));
     let book: &mut dyn Bookkeeping = match listing.as_mut() {
         Some(l) => l,
         None => &mut (),
@@ -507,6 +508,7 @@ mod tests {
             end: 1,
             bytes: text.len() as u64,
             xxh3: folio_models::context::format::checksum(text.as_bytes()),
+            kind: "text".into(),
             parts: Vec::new(),
         };
         use folio_models::context::{Reread, SavedDocuments};

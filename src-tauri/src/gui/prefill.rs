@@ -17,7 +17,7 @@ use tauri::State;
 use super::jobs::{self, JobKind, Jobs};
 use super::{send, test_hooks, AppState, UiEvent, AUTO_RESUME};
 use crate::ingest;
-use crate::listing::rate_key;
+use crate::listing::PrefillKeys;
 
 #[derive(Clone, Serialize, ts_rs::TS)]
 pub(super) struct CountProgress {
@@ -48,14 +48,10 @@ pub(super) async fn stage(
 pub(super) async fn estimate(state: State<'_, AppState>, documents: Vec<StagedDocument>) -> Result<Estimate, String> {
     let engine = state.engine()?;
     let lib = state.library()?;
-    let rate = lib
-        .setting(&rate_key(&engine, &state.device_label()))
-        .await
-        .map_err(|e| e.to_string())?
-        .and_then(|v| v.as_f64());
+    let cost = PrefillKeys::new(&engine, &state.device_label()).read(&lib).await.map_err(|e| e.to_string())?;
     let folder = lib.contexts_folder();
     let kv_dtype = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).kv_dtype()?;
-    tauri::async_runtime::spawn_blocking(move || staging::estimate(&engine, &documents, kv_dtype, &folder, rate))
+    tauri::async_runtime::spawn_blocking(move || staging::estimate(&engine, &documents, kv_dtype, &folder, cost))
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())
@@ -121,12 +117,8 @@ pub(super) async fn estimate_change(
 ) -> Result<Estimate, String> {
     let engine = state.engine()?;
     let info = changeable(&state, id).await?;
-    let rate = state
-        .library()?
-        .setting(&rate_key(&engine, &state.device_label()))
-        .await
-        .map_err(|e| e.to_string())?
-        .and_then(|v| v.as_f64());
+    let keys = PrefillKeys::new(&engine, &state.device_label());
+    let cost = keys.read(&state.library()?).await.map_err(|e| e.to_string())?;
     tauri::async_runtime::spawn_blocking(move || {
         let what = match change {
             ChangeRequest::Add { documents } => Change::Add(jobs::reread(&documents).0),
@@ -135,7 +127,7 @@ pub(super) async fn estimate_change(
         let planned = Builder::new(&engine, &info.path).plan(what, &ingest::Files)?;
         let folder = info.path.parent().map(PathBuf::from).unwrap_or_default();
         let kv_dtype = planned.kv_dtype(None, context::DEFAULT_KV_DTYPE);
-        staging::estimate_planned(&engine, &planned, kv_dtype, &folder, rate)
+        staging::estimate_planned(&engine, &planned, kv_dtype, &folder, cost)
     })
     .await
     .map_err(|e| e.to_string())?

@@ -18,6 +18,7 @@ use super::{
     Base, BuildOptions, BuildReport, HiddenPlace, Job, Ledger, Paths, Progress, StageSeconds, CHECKPOINT_COST_FACTOR,
     INITIAL_PERSIST_RATE,
 };
+use crate::context::cost::{PrefillCost, Timed};
 use crate::error::{human_bytes, Error, Result};
 use crate::prefill::{layer_output, run_layer, FileHidden, Hidden, HiddenStore, RopeTables};
 
@@ -111,13 +112,15 @@ impl Job<'_> {
             checkpoints: 0,
             marks: Vec::new(),
             spare: Default::default(),
+            timed: Vec::new(),
         };
         let (mut hidden, files) = self.hidden_stores(place, &paths, &mut ledger)?;
         let rope = RopeTables::new(self.model, t - n, n, self.chunk)?;
         let run_start = Instant::now();
         ledger.marks.push(Queued::timed(self.model.device())?);
         std::thread::scope(|scope| {
-            let mut run = LayerRun { place, files, hidden: &mut hidden, file: &file, paths: &paths, scope };
+            let prior = opts.prior_cost;
+            let mut run = LayerRun { place, files, hidden: &mut hidden, file: &file, paths: &paths, scope, prior };
             self.layers(&mut run, &mut ledger, &rope, run_start)
         })?;
         let finished = Finished { place, working_set, started, run_start };
@@ -211,7 +214,21 @@ impl Job<'_> {
             let prefix = self.prefix(layer)?;
             let done_before = (layer - ledger.resumed_layers) * n;
             let on_progress = &mut self.on_progress;
-            let mut report = |tokens: usize| on_progress(&progress(layer, layers, n, tokens, done_before, run_start));
+            let (timed, prior, base) = (&mut ledger.timed, run.prior, t - n);
+            let mut last = (0, Instant::now());
+            let mut report = |tokens: usize| {
+                // Each chunk's time, and the cost fitted to every chunk timed so far.
+                let now = Instant::now();
+                timed.push(Timed { from: base + last.0, to: base + tokens, seconds: (now - last.1).as_secs_f64() });
+                last = (tokens, now);
+                // The last run's cost until this one has timed two whole layers: the first
+                // layer runs alone, later ones beside the previous one's store, and on a small
+                // machine the two differ by a quarter (docs/engine.md, *Prefill time*).
+                let own = timed.iter().map(|t| t.to - t.from).sum::<usize>() >= TRUSTED_LAYERS * n;
+                let cost = if own || prior.is_none() { PrefillCost::fit(timed).or(prior) } else { prior };
+                let at = At { layer, layers, n, tokens, base };
+                on_progress(&progress(at, done_before, run_start, cost.as_ref()))
+            };
             let at = Instant::now();
             let computed = &self.plan.tokens[t - n..];
             let result = run_layer(self.model, layer, computed, prefix.as_ref(), run.hidden, rope, &mut report);
@@ -372,6 +389,7 @@ impl Job<'_> {
             stages: ledger.stages,
             hidden_in: run.place,
             checkpoints: ledger.checkpoints,
+            cost: PrefillCost::fit(&ledger.timed),
         })
     }
 }
@@ -385,7 +403,12 @@ pub(super) struct LayerRun<'a, 'scope, 'env> {
     file: &'scope File,
     paths: &'scope Paths,
     scope: &'scope std::thread::Scope<'scope, 'env>,
+    /// The last run's cost (the ETA's until this run has timed its own chunks).
+    prior: Option<PrefillCost>,
 }
+
+/// Whole layers a run times before its ETA follows its own cost rather than the last run's.
+const TRUSTED_LAYERS: usize = 2;
 
 /// What the finished report needs from the run's start.
 struct Finished {
@@ -395,12 +418,31 @@ struct Finished {
     run_start: Instant,
 }
 
-/// The progress of `layer` after `tokens` of its `n`: the fraction of the run, and its rate and
-/// ETA from the tokens computed since `run_start` (`done_before` in the earlier layers).
-fn progress(layer: usize, layers: usize, n: usize, tokens: usize, done_before: usize, run_start: Instant) -> Progress {
+/// Where a run stands: `tokens` of the `n` it computes done in `layer` of `layers`, the first
+/// of them at context position `base`.
+struct At {
+    layer: usize,
+    layers: usize,
+    n: usize,
+    tokens: usize,
+    base: usize,
+}
+
+/// The progress at `at`: the fraction of the run, its rate from the tokens computed since
+/// `run_start` (`done_before` in the earlier layers), and the ETA from `cost` — the rest of
+/// this layer, whose later tokens attend to more, then the layers left — or, with no cost yet,
+/// from the rate.
+fn progress(at: At, done_before: usize, run_start: Instant, cost: Option<&PrefillCost>) -> Progress {
+    let At { layer, layers, n, tokens, base } = at;
     let secs = run_start.elapsed().as_secs_f64().max(1e-9);
     let rate = (done_before + tokens) as f64 / secs;
     let left = ((layers - layer) * n - tokens) as f64;
+    let eta_s = match cost {
+        Some(c) => Some(
+            c.layer_seconds(base + tokens, base + n) + (layers - layer - 1) as f64 * c.layer_seconds(base, base + n),
+        ),
+        None => (rate > 0.0).then(|| left / rate),
+    };
     Progress {
         layer,
         layers,
@@ -408,6 +450,6 @@ fn progress(layer: usize, layers: usize, n: usize, tokens: usize, done_before: u
         tokens: n,
         fraction: (layer * n + tokens) as f64 / (layers * n) as f64,
         tokens_per_s: rate / layers as f64,
-        eta_s: (rate > 0.0).then(|| left / rate),
+        eta_s,
     }
 }

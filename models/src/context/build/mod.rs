@@ -53,6 +53,7 @@ use folio_context_file::format::{Header, ModelStamp};
 use folio_context_file::partial::{partial_dir, read_checkpoint, Checkpoint};
 use folio_context_file::{ContextFile, KvDtype};
 
+use super::cost::{PrefillCost, Timed};
 use super::prompt::PrefixPlan;
 use crate::error::{Error, Result};
 use crate::model::Model;
@@ -71,6 +72,9 @@ pub struct BuildOptions {
     /// Where the hidden states between layers live (`None`: the device when they fit the
     /// budget, else RAM when it has room, else files; see `crate::prefill`).
     pub hidden_in: Option<HiddenPlace>,
+    /// The cost fitted by the last prefill with this model on this device (the library keeps
+    /// it): the ETA until this run has timed enough of its own chunks.
+    pub prior_cost: Option<PrefillCost>,
 }
 
 /// Where a prefill keeps the hidden states between layers.
@@ -140,6 +144,8 @@ pub struct BuildReport {
     pub hidden_in: HiddenPlace,
     /// Checkpoints written by this run (resumable points; files mode writes one per layer).
     pub checkpoints: usize,
+    /// The cost fitted to this run's timed chunks: the next estimate's and ETA's.
+    pub cost: Option<PrefillCost>,
 }
 
 /// Hidden states in RAM or on the device are written to a hidden file for a checkpoint when the
@@ -375,6 +381,8 @@ pub(super) struct Ledger {
     pub(super) marks: Vec<Queued>,
     /// The K and V buffers of the previous layer, back from its writer for reuse.
     pub(super) spare: [Vec<u8>; 2],
+    /// The stretches of layers this run has timed (the ETA's cost is fitted to them).
+    pub(super) timed: Vec<Timed>,
 }
 
 impl Ledger {

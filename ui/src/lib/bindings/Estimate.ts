@@ -13,9 +13,14 @@ tokens: number,
  */
 computed_tokens: number, 
 /**
- * Most tokens the documents may take: the model's context length less room to answer.
+ * Most tokens the context may hold (its head and documents): the model's context length
+ * less [`ANSWER_ROOM`], kept for the question and the answer.
  */
-limit: number, fits: boolean, file_bytes: number, 
+limit: number, 
+/**
+ * The model's context length.
+ */
+context_length: number, fits: boolean, file_bytes: number, 
 /**
  * Memory the prefill uses beyond the model weights.
  */
