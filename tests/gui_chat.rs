@@ -2,7 +2,7 @@
 //! question typed under a context's panel is asked over that context in a new chat (never a
 //! hidden one), "New chat" and Ctrl+N start a chat over the same context with the context's
 //! default method (not the method another chat applied), and Esc stops an answer as the Stop
-//! button does. The app under Xvfb through WebDriver, keys pressed as a person presses them.
+//! button does, and a restart opens the chat shown last. The app under Xvfb through WebDriver, keys pressed as a person presses them.
 
 #[path = "common/webdriver.rs"]
 mod webdriver;
@@ -31,6 +31,10 @@ fn target(d: &Driver) -> String {
 
 fn answers(d: &Driver) -> Vec<String> {
     d.texts(".bubble.assistant.done .text")
+}
+
+fn stats(d: &Driver) -> Vec<String> {
+    d.texts("[data-testid=answer-stats]")
 }
 
 fn slow_tokens(d: &Driver, ms: u64) {
@@ -86,6 +90,26 @@ fn questions_go_where_the_person_is_looking() {
     d.type_into("#composer-input", ESC);
     d.wait("the sheet closed", |d| d.texts("#staging-title").is_empty());
 
+    // Settings in a person's words: the method's knobs wait under Advanced, and a budget
+    // larger than the context is applied with a note that the method reads every row.
+    open_settings(&d);
+    d.wait("the methods", |d| d.texts("[data-testid=method] option").len() >= 8);
+    d.script(
+        "const s = document.querySelector('[data-testid=method]'); s.value = 'hip'; \
+         s.dispatchEvent(new Event('change', {bubbles: true}));",
+        json!([]),
+    );
+    d.wait("hip's form", |d| d.element("[data-testid=advanced]").is_some());
+    let advanced = d.script("return document.querySelector('details.advanced').open", json!([]));
+    assert_eq!(advanced, json!(false), "the knobs are under Advanced, closed");
+    d.type_into("[data-testid=budget]", "99999999");
+    d.script("document.querySelector('[data-testid=apply-method]').click()", json!([]));
+    d.wait("the note on the budget", |d| {
+        d.texts("[data-testid=method-note]").concat().contains("99,999,999 tokens covers this whole context")
+    });
+    screenshot(&display, "20-budget-note");
+    d.click("[aria-label='Close settings']");
+
     // A method applied in this chat does not carry over: Ctrl+N starts a new chat over the
     // same context with its default (none set: dense).
     choose_method(&d, "hip");
@@ -112,6 +136,16 @@ fn questions_go_where_the_person_is_looking() {
     d.type_into("#composer-input", ESC);
     d.wait("the answer stopped", |d| d.element(".bubble.assistant.stopped").is_some());
     slow_tokens(&d, 0);
+    d.wait("the stopped turn saved", |d| target(d).starts_with("Asks samples · in “"));
+    let stopped_chat = target(&d);
+    assert!(stats(&d).last().is_some_and(|s| s.contains("Stopped · ")), "{:?}", stats(&d));
+
+    // A restart opens the chat shown last, its stopped answer read back as it was shown.
+    d.quit();
+    let d = Driver::start(&base);
+    d.wait("the last chat reopened", |d| d.element(".bubble.assistant").is_some());
+    assert_eq!(target(&d), stopped_chat);
+    assert!(stats(&d).last().is_some_and(|s| s.contains("Stopped · ")), "{:?}", stats(&d));
 
     // The context removed from a terminal while its chat is on screen: the window follows the
     // library, keeps the chat readable and says so in words, never by an internal id.

@@ -30,7 +30,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use webdriver::{
-    choose_method, drop_paths, kill_after_a_layer, open_settings, screenshot, statuses, Driver, ENTER, ESC,
+    choose_method, drop_paths, in_view, kill_after_a_layer, open_settings, screenshot, statuses, Driver, ENTER, ESC,
 };
 use xvfb::{start_xvfb, Reaped};
 
@@ -456,6 +456,8 @@ fn switch_the_method_and_compare_with_dense(j: &Journey, d: &Driver) {
         d.wait("its answer", |d| d.texts(".bubble.assistant.done .text").len() == n);
         let stats = d.texts("[data-testid=answer-stats]");
         assert!(stats[n - 1].starts_with(&format!("{method} · budget")), "{stats:?}");
+        // Only what applies: no knob was set, so none is named (every one is in the tooltip).
+        assert!(!stats[n - 1].contains('='), "{stats:?}");
     };
     ask_with(d, "hip", 2);
     ask_with(d, "magicpig", 3);
@@ -468,6 +470,7 @@ fn switch_the_method_and_compare_with_dense(j: &Journey, d: &Driver) {
     let compared = d.texts("[data-testid=comparison]").concat();
     println!("magicpig vs dense: {compared}");
     assert!(compared.contains("top-1 agreement") && compared.contains("nats"), "{compared}");
+    d.wait("the comparison scrolled into view", |d| in_view(d, "[data-testid=comparison]", ".scroller"));
     assert!(d.texts("[data-testid=job-progress]").is_empty(), "a comparison runs no prefill");
     screenshot(&j.display, "15-compare");
     open_settings(d);

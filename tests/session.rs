@@ -165,7 +165,7 @@ fn method_syntax_refuses_typos_and_methods_lists_the_registry() {
     let out = folio(&["chat", "--model", demo.to_str().unwrap(), "hi", "--method", "hip:refesh=4"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("unknown parameter \"refesh\" for hip") && err.contains("refresh ("), "{err}");
+    assert!(err.contains("unknown parameter \"refesh\" for hip: hip takes ") && err.contains("refresh"), "{err}");
     let listed = ok_json(folio(&["methods", "--json"]));
     let names: Vec<&str> = listed.as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
     assert_eq!(names, REGISTRY.iter().map(|m| m.name).collect::<Vec<_>>());

@@ -241,3 +241,12 @@ pub fn choose_method(d: &Driver, method: &str) {
     });
     d.click("[aria-label='Close settings']");
 }
+
+/// Whether the first `css` lies inside the first `frame` as it is scrolled now: what a person
+/// sees of it, not whether it exists.
+pub fn in_view(d: &Driver, css: &str, frame: &str) -> bool {
+    let script = "const c = document.querySelector(arguments[0]).getBoundingClientRect(); \
+                  const f = document.querySelector(arguments[1]).getBoundingClientRect(); \
+                  return c.top >= f.top - 1 && c.bottom <= f.bottom + 1";
+    d.script(script, json!([css, frame])) == json!(true)
+}

@@ -6,7 +6,7 @@
 //! model). Every method is declared once, by its [`MethodSpec`] in the [`REGISTRY`], and built
 //! from a [`MethodChoice`] — a name, a user-facing *budget* (tokens, or a fraction of the
 //! context; the paper's default when none is given) and `key=value` knobs, each validated
-//! against the method's [`ParamSpec`] table, so every bad value is refused with the valid ones.
+//! against the method's [`ParamSpec`] table, so a bad value is refused with the valid range.
 //!
 //! Sparse methods act on decode steps (one query token); a multi-token call (the question
 //! appended to a context) is dense, as the papers prefill their prompts densely — except

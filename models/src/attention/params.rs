@@ -1,6 +1,7 @@
 //! A method's user-facing settings: one *budget* (tokens, or a share of the context) and its
 //! knobs, each validated against the method's [`ParamSpec`] table (the papers' defaults and
-//! ranges), so every bad value is refused with the valid ones listed.
+//! ranges), so a bad value is refused with that knob's range and an unknown name with the knobs'
+//! names.
 //!
 //! [`Params::get`] panics on a name outside the method's table: a knob is read only by the
 //! method that declares it, so such a name is a typo in Folio's code (the tests exercise every
@@ -73,32 +74,29 @@ pub struct ParamSpec {
     pub doc: &'static str,
 }
 
+impl ParamSpec {
+    /// "block (an integer from 16 to 256, default 64): what it does".
+    pub fn range(&self) -> String {
+        let kind = if self.integer { "an integer" } else { "a number" };
+        format!("{} ({kind} from {} to {}, default {}): {}", self.name, self.min, self.max, self.default, self.doc)
+    }
+}
+
 /// Validated knobs of one method: every spec'd name, given or defaulted.
 #[derive(Debug, Clone, serde::Serialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Params(BTreeMap<String, f64>);
 
 impl Params {
+    /// Every knob of `specs`, defaulted, with `given` over them. A bad value is refused with
+    /// that knob's range and meaning only; an unknown name with the knobs' names (a person
+    /// who mistyped one needs the names, not every range).
     pub fn parse(method: &str, specs: &[ParamSpec], given: &[(String, String)]) -> Result<Self> {
-        let list = || {
+        let names = || {
             if specs.is_empty() {
                 format!("{method} takes no parameters")
             } else {
-                let items: Vec<String> = specs
-                    .iter()
-                    .map(|p| {
-                        format!(
-                            "{} ({}, {}..={}, default {}): {}",
-                            p.name,
-                            if p.integer { "integer" } else { "number" },
-                            p.min,
-                            p.max,
-                            p.default,
-                            p.doc
-                        )
-                    })
-                    .collect();
-                format!("{method} takes: {}", items.join("; "))
+                format!("{method} takes {}", specs.iter().map(|p| p.name).collect::<Vec<_>>().join(", "))
             }
         };
         let mut values: BTreeMap<String, f64> = specs.iter().map(|p| (p.name.to_owned(), p.default)).collect();
@@ -106,13 +104,13 @@ impl Params {
             let spec = specs
                 .iter()
                 .find(|p| p.name == k)
-                .ok_or_else(|| Error::Invalid(format!("unknown parameter \"{k}\" for {method}; {}", list())))?;
+                .ok_or_else(|| Error::Invalid(format!("unknown parameter \"{k}\" for {method}: {}", names())))?;
             let x: f64 = v
                 .trim()
                 .parse()
-                .map_err(|_| Error::Invalid(format!("parameter {k}={v} is not a number; {}", list())))?;
+                .map_err(|_| Error::Invalid(format!("parameter {k}={v} is not a number: {}", spec.range())))?;
             if !(x >= spec.min && x <= spec.max) || (spec.integer && x.fract() != 0.0) {
-                return Err(Error::Invalid(format!("parameter {k}={v} is out of range; {}", list())));
+                return Err(Error::Invalid(format!("parameter {k}={v} is out of range: {}", spec.range())));
             }
             values.insert(k.clone(), x);
         }

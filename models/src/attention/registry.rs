@@ -209,7 +209,11 @@ mod tests {
         let err = by_name("topk", Some("64"), &p("bogus=1"), &r).err().unwrap().to_string();
         assert!(err.contains("unknown parameter") && err.contains("window"), "{err}");
         let err = by_name("streaming", Some("64"), &p("sinks=-1"), &r).err().unwrap().to_string();
-        assert!(err.contains("out of range") && err.contains("sinks"), "{err}");
+        assert!(err.contains("out of range") && err.contains("sinks (an integer from"), "{err}");
+        // A bad value names that knob alone, not every knob of the method.
+        let err = by_name("hip", None, &p("block=0"), &r).err().unwrap().to_string();
+        assert!(err.contains("block (an integer from 1 to 256, default 2)"), "{err}");
+        assert!(!err.contains("refresh") && !err.contains("dense_layers"), "{err}");
         let err = by_name("magic", None, &[], &r).err().unwrap().to_string();
         assert!(err.contains(&format!("available: {}", names())), "{err}");
         assert!(by_name("dense", Some("10"), &[], &r).is_err());

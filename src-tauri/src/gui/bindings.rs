@@ -40,6 +40,7 @@ mod tests {
         gui::prefill::CountProgress::export_all(&cfg)?;
         gui::prefill::ChangeRequest::export_all(&cfg)?;
         gui::settings::ContextDefault::export_all(&cfg)?;
+        gui::settings::MethodApplied::export_all(&cfg)?;
         gui::settings::IndexProgress::export_all(&cfg)?;
         gui::settings::CalibrationStatus::export_all(&cfg)?;
         gui::settings::CalibrationProgress::export_all(&cfg)?;

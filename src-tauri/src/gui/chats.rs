@@ -44,6 +44,7 @@ pub(super) async fn save_turn(
             if on_screen {
                 *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(made.id);
                 super::settings::save(state).await?;
+                remember_last(&lib, made.id).await;
             }
             made.id
         }
@@ -53,6 +54,26 @@ pub(super) async fn save_turn(
         NewMessage { role: "assistant", content: answer, details: Some(&details) },
     ];
     lib.append_messages(id, &turn).await.map_err(|e| in_words(e, GONE_CHAT))
+}
+
+/// The library setting naming the chat the window showed last: a restart opens it again.
+const LAST_CHAT_KEY: &str = "window.last_chat";
+
+/// Remembers `id` as the chat on screen. Not remembering only costs the next start its chat,
+/// so a failure is not the person's concern here.
+async fn remember_last(lib: &folio_library::Library, id: i64) {
+    let _ = lib.set_setting(LAST_CHAT_KEY, &serde_json::json!(id)).await;
+}
+
+/// The chat the window showed last, when the library still has it: what a restart opens.
+#[tauri::command]
+pub(super) async fn last_chat(state: State<'_, AppState>) -> Result<Option<i64>, String> {
+    let lib = state.library()?;
+    let id = lib.setting(LAST_CHAT_KEY).await.map_err(|e| e.to_string())?.and_then(|v| v.as_i64());
+    match id {
+        Some(id) if lib.chat(id).await.is_ok() => Ok(Some(id)),
+        _ => Ok(None),
+    }
 }
 
 /// What the window says of a chat, or of a chat's context, the library no longer has (the
@@ -160,6 +181,7 @@ pub(super) async fn open_chat(state: State<'_, AppState>, id: i64) -> Result<Ope
     *state.method.lock().unwrap_or_else(|e| e.into_inner()) = default_method;
     super::settings::restore(&state, chat.settings.as_ref());
     *state.refusal.lock().unwrap_or_else(|e| e.into_inner()) = refused.clone();
+    remember_last(&lib, id).await;
     Ok(OpenedChat { chat, messages, context, refused })
 }
 

@@ -443,6 +443,7 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
             ask::simulate_slow_tokens,
             chats::list_chats,
             chats::open_chat,
+            chats::last_chat,
             chats::rename_chat,
             chats::delete_chat,
             chats::fork_chat,

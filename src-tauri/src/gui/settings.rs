@@ -5,7 +5,7 @@
 //! apply to its next answer over the same saved context, with no prefill: the engine's session
 //! builds the method (and its index, when it has one) from the saved K/V.
 
-use folio_models::attention::{MethodChoice, MethodSpec, REGISTRY};
+use folio_models::attention::{Budget, MethodChoice, MethodSpec, REGISTRY};
 use folio_models::session::GenerationSettings;
 use tauri::State;
 
@@ -27,10 +27,18 @@ pub(super) fn method(state: State<'_, AppState>) -> MethodChoice {
     state.method.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
+/// A method applied, and what the person should know about it.
+#[derive(serde::Serialize, ts_rs::TS)]
+pub(super) struct MethodApplied {
+    choice: MethodChoice,
+    /// Said beside Apply: a budget the open context cannot fill reads all of it (as dense).
+    note: Option<String>,
+}
+
 /// Sets the method of the chat on screen after checking it against the registry (and the
 /// session's tier); refused, the method stays what it was. Saved with the chat when it is one.
 #[tauri::command]
-pub(super) async fn set_method(state: State<'_, AppState>, choice: MethodChoice) -> Result<MethodChoice, String> {
+pub(super) async fn set_method(state: State<'_, AppState>, choice: MethodChoice) -> Result<MethodApplied, String> {
     let choice = MethodChoice {
         method: choice.method.trim().to_owned(),
         budget: choice.budget.map(|b| b.trim().to_owned()).filter(|b| !b.is_empty()),
@@ -38,14 +46,54 @@ pub(super) async fn set_method(state: State<'_, AppState>, choice: MethodChoice)
     };
     choice.check().map_err(|e| e.to_string())?;
     let chat = state.chat.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut note = None;
     if let Some(chat) = chat {
         // The session's tier decides which methods run; while it answers, it is busy.
         let session = chat.try_lock().map_err(|_| "wait for the answer to finish, then apply".to_owned())?;
         session.0.check_method(&choice).map_err(|e| e.to_string())?;
+        note = session.0.context().and_then(|file| whole_context(&choice, file.tokens().len()));
     }
     *state.method.lock().unwrap_or_else(|e| e.into_inner()) = choice.clone();
     save(&state).await?;
-    Ok(choice)
+    Ok(MethodApplied { choice, note })
+}
+
+/// What to say of a budget that covers a whole context of `tokens`: the engine reads at most
+/// every row (the budget is clamped), so the method reads what dense reads, at its own cost.
+fn whole_context(choice: &MethodChoice, tokens: usize) -> Option<String> {
+    let budget = choice.budget().ok()??;
+    let whole = match budget {
+        Budget::Tokens(n) => n >= tokens,
+        Budget::Fraction(f) => f >= 1.0,
+    };
+    whole.then(|| {
+        format!(
+            "A budget of {} covers this whole context ({} tokens): {} reads every row, as dense does",
+            human_budget(&budget),
+            thousands(tokens),
+            choice.method
+        )
+    })
+}
+
+fn human_budget(budget: &Budget) -> String {
+    match budget {
+        Budget::Tokens(n) => format!("{} tokens", thousands(*n)),
+        Budget::Fraction(_) => budget.text(),
+    }
+}
+
+/// 1234567 → "1,234,567", as the window writes counts.
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// The generation settings the next answer uses.
@@ -247,4 +295,27 @@ pub(super) async fn calibrate(
     })
     .await
     .map_err(|e| e.to_string())?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn choice(method: &str, budget: Option<&str>) -> MethodChoice {
+        MethodChoice { method: method.into(), budget: budget.map(Into::into), params: Vec::new() }
+    }
+
+    /// A budget the context cannot fill is said, in the window's numbers; one it can is not.
+    #[test]
+    fn a_budget_over_the_whole_context_is_said() {
+        let note = whole_context(&choice("hip", Some("99999999")), 723).unwrap();
+        assert!(
+            note.contains("99,999,999 tokens covers this whole context (723 tokens): hip reads every row"),
+            "{note}"
+        );
+        assert!(whole_context(&choice("hip", Some("100%")), 723).is_some());
+        assert!(whole_context(&choice("hip", Some("700")), 723).is_none());
+        assert!(whole_context(&choice("dense", None), 723).is_none(), "dense has no budget");
+        assert_eq!(thousands(1_179_648), "1,179,648");
+    }
 }

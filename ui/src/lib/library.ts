@@ -27,6 +27,7 @@ import type { MethodChoice } from './bindings/MethodChoice';
 import type { MethodSpec } from './bindings/MethodSpec';
 import type { GenerationSettings } from './bindings/GenerationSettings';
 import type { ChatMessage } from './bindings/ChatMessage';
+import type { MethodApplied } from './bindings/MethodApplied';
 import type { OpenedChat } from './bindings/OpenedChat';
 import type { Piece } from './bindings/Piece';
 import type { DocumentExcerpts } from './bindings/DocumentExcerpts';
@@ -109,7 +110,7 @@ export const isContextFile = (path: string) => /\.folio$/i.test(path);
 export const methods = () => call<MethodSpec[]>('methods');
 export const currentMethod = () => call<MethodChoice>('method');
 /** Checked like the CLI's --method; refused, the method stays what it was. */
-export const setMethod = (choice: MethodChoice) => call<MethodChoice>('set_method', { choice });
+export const setMethod = (choice: MethodChoice) => call<MethodApplied>('set_method', { choice });
 
 
 export const currentGeneration = () => call<GenerationSettings>('generation');
@@ -122,6 +123,8 @@ export type { ChatInfo } from './api';
 
 export const listChats = (search: string | null) => call<ChatInfo[]>('list_chats', { search });
 export const openChat = (id: number) => call<OpenedChat>('open_chat', { id });
+/** The chat the window showed last, if the library still has it (a restart opens it). */
+export const lastChat = () => call<number | null>('last_chat');
 export const renameChat = (id: number, title: string) => call<ChatInfo>('rename_chat', { id, title });
 export const deleteChat = (id: number) => call<void>('delete_chat', { id });
 /** A new chat with the first `keep` messages (whole turns), opened. */
@@ -224,6 +227,18 @@ export const count = (n: number): string => n.toLocaleString('en-US');
 export const plural = (n: number, one: string, many = `${one}s`): string => `${count(n)} ${n === 1 ? one : many}`;
 
 /** 75 → "1m 15s". */
+/** When a chat was last answered, as a person reads a list: "14:32" today, else "3 May"
+ *  (with the year when it is another). `at` is RFC 3339, as the library writes it. */
+export function when(at: string, now: Date = new Date()): string {
+  const t = new Date(at);
+  if (Number.isNaN(t.getTime())) return '';
+  if (t.toDateString() === now.toDateString()) {
+    return t.toLocaleTimeString('en-GB', { hour: '2-digit', minute: '2-digit' });
+  }
+  const year = t.getFullYear() === now.getFullYear() ? undefined : 'numeric';
+  return t.toLocaleDateString('en-GB', { day: 'numeric', month: 'short', year });
+}
+
 export function duration(s: number): string {
   if (s < 1) return 'under a second';
   const t = Math.round(s);

@@ -26,6 +26,8 @@ export interface Message {
   comparing?: { done: number; total: number };
   /** Why the comparison failed or stopped. */
   compareError?: string;
+  /** Its comparison landed in this window just now (scrolled into view once). */
+  justCompared?: boolean;
 }
 
 /** A source under an answer, as clicked: the document, and where and over which version of
