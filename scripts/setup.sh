@@ -12,7 +12,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/folio-target}
 # target dir was another, mark the files that read it as changed so that they are rebuilt.
 mkdir -p "$CARGO_TARGET_DIR"
 if [ "$(cat "$CARGO_TARGET_DIR/.folio-clone" 2>/dev/null)" != "$FOLIO_ROOT" ]; then
-  (cd "$FOLIO_ROOT" && { grep -rl --include='*.rs' --exclude-dir=target CARGO_MANIFEST_DIR kernels models src-tauri tests || true; } | xargs -r touch)
+  (cd "$FOLIO_ROOT" && { grep -rl --include='*.rs' --exclude-dir=target CARGO_MANIFEST_DIR context-file runtime kernels method-kernels models eval library ingest src-tauri tests || true; } | xargs -r touch)
   echo "$FOLIO_ROOT" >"$CARGO_TARGET_DIR/.folio-clone"
 fi
 

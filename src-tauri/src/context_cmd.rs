@@ -123,7 +123,7 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
                 p.tokens,
                 p.tokens_per_s
             ));
-        } else {
+        } else if a.json {
             // With --json, progress is a feed too: one JSON line per chunk on stderr.
             eprintln!("{}", json!({ "progress": p }));
         }

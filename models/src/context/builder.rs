@@ -229,7 +229,7 @@ impl<'a> Builder<'a> {
     /// resume must compute the same tokens), its prompt as it was rendered.
     fn resumed_new(&self, pending: &Pending, saved: &dyn SavedDocuments) -> Result<Planned> {
         let spans: Vec<&DocumentSpan> = pending.documents.iter().collect();
-        let documents = saved.reread(&spans).map_err(|e| {
+        let documents = reread_as_saved(saved, &spans).map_err(|e| {
             Error::Invalid(match e {
                 Reread::Unreadable { path, why } => format!(
                     "{} cannot be read ({why}): put it back to resume, or delete the paused context and prefill again",
@@ -262,7 +262,7 @@ impl<'a> Builder<'a> {
             )));
         }
         let again: Vec<&DocumentSpan> = pending.documents[kept..].iter().collect();
-        let documents = saved.reread(&again).map_err(|e| {
+        let documents = reread_as_saved(saved, &again).map_err(|e| {
             Error::Invalid(match e {
                 Reread::Unreadable { path, why } => format!(
                     "{} cannot be read ({why}): put it back to finish the change of {}, or delete {} to keep the \
@@ -281,6 +281,20 @@ impl<'a> Builder<'a> {
         let plan = self.engine.plan_keeping(&base, kept, &documents)?;
         Ok(Planned { keep, plan, saved_kv_dtype: Some(base.header().kv_dtype), base: Some(base) })
     }
+}
+
+/// The documents of `spans` read again by `saved`, each as it was saved: with the kind its span
+/// records (empty in files made before kinds were kept), whatever the reader would name it now,
+/// so that a resumed prefill plans — and checksums — the very job it started.
+fn reread_as_saved(
+    saved: &dyn SavedDocuments,
+    spans: &[&DocumentSpan],
+) -> std::result::Result<Vec<DocumentText>, Reread> {
+    let mut documents = saved.reread(spans)?;
+    for (d, span) in documents.iter_mut().zip(spans) {
+        d.kind.clone_from(&span.kind);
+    }
+    Ok(documents)
 }
 
 /// Taking `doc` (a path or title) out of `base`: how many documents stay as saved, and the
@@ -305,7 +319,7 @@ fn removal(base: &ContextFile, doc: &str, saved: &dyn SavedDocuments) -> Result<
     }
     let kept = if at + 1 == spans.len() { at - 1 } else { at };
     let again: Vec<_> = spans[kept..].iter().enumerate().filter(|(i, _)| kept + i != at).map(|(_, s)| s).collect();
-    match saved.reread(&again) {
+    match reread_as_saved(saved, &again) {
         Ok(documents) => Ok((kept, documents)),
         Err(Reread::Unreadable { path, why }) => Err(Error::Invalid(format!(
             "{} is prefilled again after the removed document but cannot be read ({why}); put it back, or prefill \

@@ -90,6 +90,21 @@ impl PrefillCost {
     }
 }
 
+impl PrefillCost {
+    /// The fit worth keeping for the next prefill: one over stretches that tell the two terms
+    /// apart (at least two different ones), else `None` — a change shorter than a chunk times
+    /// the same stretch in every layer, and its one-term fit would replace a better one.
+    pub fn fit_kept(timed: &[Timed]) -> Option<Self> {
+        let mut stretches: Vec<(usize, usize)> = timed.iter().map(|t| (t.from, t.to)).collect();
+        stretches.sort_unstable();
+        stretches.dedup();
+        if stretches.len() < 2 {
+            return None;
+        }
+        Self::fit(timed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,5 +140,9 @@ mod tests {
         assert_eq!(pairs(0, 3), 6.0);
         assert_eq!(pairs(2, 3), 3.0);
         assert_eq!(PrefillCost::from_rate(0.0, 4), None);
+        // One stretch timed in every layer cannot tell the terms apart: nothing to keep.
+        let same = [Timed { from: 0, to: 100, seconds: 1.0 }, Timed { from: 0, to: 100, seconds: 1.1 }];
+        assert!(PrefillCost::fit_kept(&same).is_none());
+        assert!(PrefillCost::fit_kept(&[same[0], Timed { from: 100, to: 200, seconds: 2.0 }]).is_some());
     }
 }

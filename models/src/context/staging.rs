@@ -117,6 +117,7 @@ pub struct Estimate {
     /// Seconds the prefill is predicted to take, by the cost fitted to the last prefill with
     /// this model on this device (none before one).
     pub predicted_seconds: Option<f64>,
+    /// The tokens computed over the predicted seconds: the prediction's average speed.
     pub rate_tokens_per_s: Option<f64>,
 }
 

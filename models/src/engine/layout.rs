@@ -16,6 +16,8 @@ use folio_context_file::ContextFile;
 /// The `format` of an eval_spec.json whose `document` section says how the model was trained
 /// to read documents (folio-eval reads the rest of it).
 const TRAINED_SPEC_FORMAT: &str = "folio-demo-eval-spec";
+/// The newest version of that format this reader knows (a newer spec may wrap otherwise).
+const TRAINED_SPEC_VERSION: u32 = 1;
 
 /// Stands for the documents while the chat template is rendered (private-use characters, which
 /// no template or question produces).
@@ -32,6 +34,7 @@ impl Engine {
         #[derive(serde::Deserialize)]
         struct Spec {
             format: String,
+            version: u32,
             document: Wrapping,
         }
         #[derive(serde::Deserialize)]
@@ -43,7 +46,9 @@ impl Engine {
         let path = self.model_dir().join("eval_spec.json");
         let spec = std::fs::read_to_string(path).ok().and_then(|text| serde_json::from_str::<Spec>(&text).ok());
         match spec {
-            Some(Spec { format, document: d }) if format == TRAINED_SPEC_FORMAT => {
+            Some(Spec { format, version, document: d })
+                if format == TRAINED_SPEC_FORMAT && version <= TRAINED_SPEC_VERSION =>
+            {
                 format!("{}{}{{text}}{}", d.header, d.header_separator, d.document_separator)
             }
             _ => DEFAULT_DOCUMENT_TEMPLATE.to_owned(),

@@ -68,7 +68,7 @@ fn whole_context(choice: &MethodChoice, tokens: usize) -> Option<String> {
     };
     whole.then(|| {
         format!(
-            "A budget of {} covers this whole context ({} tokens): {} reads every row, as dense does",
+            "A budget of {} covers this whole context ({} tokens): {} reads every row of the documents, as dense does",
             human_budget(&budget),
             thousands(tokens),
             choice.method

@@ -226,7 +226,6 @@ export const count = (n: number): string => n.toLocaleString('en-US');
 /** `n` things, in the singular for one ("1 document", "3 documents"). */
 export const plural = (n: number, one: string, many = `${one}s`): string => `${count(n)} ${n === 1 ? one : many}`;
 
-/** 75 → "1m 15s". */
 /** When a chat was last answered, as a person reads a list: "14:32" today, else "3 May"
  *  (with the year when it is another). `at` is RFC 3339, as the library writes it. */
 export function when(at: string, now: Date = new Date()): string {
@@ -239,6 +238,7 @@ export function when(at: string, now: Date = new Date()): string {
   return t.toLocaleDateString('en-GB', { day: 'numeric', month: 'short', year });
 }
 
+/** 75 → "1m 15s". */
 export function duration(s: number): string {
   if (s < 1) return 'under a second';
   const t = Math.round(s);

@@ -223,9 +223,15 @@ impl Job<'_> {
                 last = (tokens, now);
                 // The last run's cost until this one has timed two whole layers: the first
                 // layer runs alone, later ones beside the previous one's store, and on a small
-                // machine the two differ by a quarter (docs/engine.md, *Prefill time*).
-                let own = timed.iter().map(|t| t.to - t.from).sum::<usize>() >= TRUSTED_LAYERS * n;
-                let cost = if own || prior.is_none() { PrefillCost::fit(timed).or(prior) } else { prior };
+                // machine the two differ by a quarter (docs/engine.md, *Prefill time*). With no
+                // last run, the rate until a whole layer is timed (a few chunks fit badly).
+                let done = timed.iter().map(|t| t.to - t.from).sum::<usize>();
+                let cost = match prior {
+                    Some(_) if done < TRUSTED_LAYERS * n => prior,
+                    Some(_) => PrefillCost::fit(timed).or(prior),
+                    None if done >= n => PrefillCost::fit(timed),
+                    None => None,
+                };
                 let at = At { layer, layers, n, tokens, base };
                 on_progress(&progress(at, done_before, run_start, cost.as_ref()))
             };
@@ -389,7 +395,7 @@ impl Job<'_> {
             stages: ledger.stages,
             hidden_in: run.place,
             checkpoints: ledger.checkpoints,
-            cost: PrefillCost::fit(&ledger.timed),
+            cost: PrefillCost::fit_kept(&ledger.timed),
         })
     }
 }

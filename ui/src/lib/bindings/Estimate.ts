@@ -34,6 +34,11 @@ scratch_bytes: number,
  */
 disk_free_bytes: number | null, 
 /**
- * Seconds at `rate`, when a prefill with this model on this device was measured.
+ * Seconds the prefill is predicted to take, by the cost fitted to the last prefill with
+ * this model on this device (none before one).
  */
-predicted_seconds: number | null, rate_tokens_per_s: number | null, };
+predicted_seconds: number | null, 
+/**
+ * The tokens computed over the predicted seconds: the prediction's average speed.
+ */
+rate_tokens_per_s: number | null, };
