@@ -226,6 +226,16 @@ export const count = (n: number): string => n.toLocaleString('en-US');
 /** `n` things, in the singular for one ("1 document", "3 documents"). */
 export const plural = (n: number, one: string, many = `${one}s`): string => `${count(n)} ${n === 1 ? one : many}`;
 
+/** The name a new context takes from what was dropped or picked: a folder's name, a file's
+ *  without its extension ("notes.md" → "notes"; hidden names lose their dots), and several
+ *  files at once "notes and 2 more" — never the first alone, which would misname the rest. */
+export function contextName(paths: string[]): string {
+  const first = (paths[0] ?? '').replace(/\/+$/, '');
+  const base = (first.split('/').pop() ?? '').replace(/(.)\.[^.]+$/, '$1').replace(/^\.+/, '') || 'Documents';
+  const file = /[^/]\.[^./]+$/.test(first);
+  return file && paths.length > 1 ? `${base} and ${paths.length - 1} more` : base;
+}
+
 /** When a chat was last answered, as a person reads a list: "14:32" today, else "3 May"
  *  (with the year when it is another). `at` is RFC 3339, as the library writes it. */
 export function when(at: string, now: Date = new Date()): string {

@@ -43,3 +43,12 @@ export function savedMessages(opened: OpenedChat, firstId: number): Message[] {
       : undefined,
   }));
 }
+
+/** The title a chat on screen will be saved under: its first question's first line, shortened
+ *  (`null` before a question). */
+export function draftTitle(messages: Message[]): string | null {
+  const first = messages.find((m) => m.role === 'user');
+  if (!first) return null;
+  const line = first.text.split('\n', 1)[0] ?? '';
+  return line.length > 60 ? `${line.slice(0, 60)}…` : line;
+}
