@@ -39,13 +39,7 @@ fn docs() -> Vec<DocumentText> {
 /// Prefills `docs` into `out`; with `stop_after`, cancels once that many layers are done.
 fn prefill(e: &Engine, docs: &[DocumentText], out: &Path, stop_after: Option<usize>) {
     let plan = e.plan_context(docs, None, Some("25 Nov 2026".into())).unwrap();
-    let opts = BuildOptions {
-        kv_dtype: KvDtype::Bf16,
-        memory_budget: None,
-        restart: false,
-        hidden_in: None,
-        prior_cost: None,
-    };
+    let opts = BuildOptions::new(KvDtype::Bf16);
     let mut on_progress = |p: &context::Progress| match stop_after {
         Some(n) if p.layer >= n => ControlFlow::Break(()),
         _ => ControlFlow::Continue(()),
@@ -302,13 +296,7 @@ async fn an_interrupted_addition_leaves_the_context_ready() {
     let before = lib.add_context(&out).await.unwrap();
     let base = context::ContextFile::open(&out).unwrap();
     let plan = e.plan_append(&base, &docs()[1..]).unwrap();
-    let opts = BuildOptions {
-        kv_dtype: KvDtype::Bf16,
-        memory_budget: None,
-        restart: false,
-        hidden_in: None,
-        prior_cost: None,
-    };
+    let opts = BuildOptions::new(KvDtype::Bf16);
     let mut stop =
         |p: &context::Progress| if p.layer >= 1 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) };
     assert!(context::append(&e.model, e.stamp().unwrap(), &base, &plan, &out, &opts, &mut stop).is_err());

@@ -34,8 +34,7 @@ fn a_grown_context_is_the_one_prefilled_in_one_go() -> Result<()> {
     assert_eq!((&plan.tokens, &plan.documents), (&all.tokens, &all.documents));
     let err = e.plan_append(&base, &docs[1..2]).unwrap_err();
     assert!(err.to_string().contains("already in this context"), "{err}");
-    let opts =
-        BuildOptions { kv_dtype: KvDtype::F32, memory_budget: None, restart: false, hidden_in: None, prior_cost: None };
+    let opts = BuildOptions::new(KvDtype::F32);
     let wrong = BuildOptions { kv_dtype: KvDtype::Bf16, ..opts.clone() };
     let err = context::append(&e.model, e.stamp()?, &base, &plan, &grown, &wrong, &mut |_| ControlFlow::Continue(()))
         .unwrap_err();
@@ -63,8 +62,7 @@ fn a_resume_with_other_tokens_of_the_same_length_is_refused() -> Result<()> {
     let mut rng = StdRng::seed_from_u64(7);
     let mut tokens = |_: ()| -> Vec<u32> { (0..300).map(|_| rng.random_range(0..vocab)).collect() };
     let (first, second) = (plan(tokens(())), plan(tokens(())));
-    let opts =
-        BuildOptions { kv_dtype: KvDtype::F32, memory_budget: None, restart: false, hidden_in: None, prior_cost: None };
+    let opts = BuildOptions::new(KvDtype::F32);
     let mut stop =
         |p: &context::Progress| if p.layer >= 1 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) };
     assert!(context::build(&e.model, e.stamp()?, &first, &out, &opts, &mut stop).is_err());
@@ -89,11 +87,9 @@ fn hidden_states_anywhere_give_the_same_file_and_resume_across_places() -> Resul
     let tokens = plan((0..400).map(|_| rng.random_range(0..vocab)).collect());
     let budget = smallest_budget(&e, 400, KvDtype::Bf16);
     let opts = |place| BuildOptions {
-        kv_dtype: KvDtype::Bf16,
         memory_budget: Some(budget),
-        restart: false,
         hidden_in: Some(place),
-        prior_cost: None,
+        ..BuildOptions::new(KvDtype::Bf16)
     };
     let go = &mut |_: &context::Progress| ControlFlow::Continue(());
     let mut files = Vec::new();
@@ -145,8 +141,7 @@ fn a_context_cut_before_a_document_and_continued_is_the_one_without_it() -> Resu
     let base = context::ContextFile::open(&all)?;
     let plan = e.plan_keeping(&base, 1, &docs[2..])?;
     let keep = base.tokens_before(1);
-    let opts =
-        BuildOptions { kv_dtype: KvDtype::F32, memory_budget: None, restart: false, hidden_in: None, prior_cost: None };
+    let opts = BuildOptions::new(KvDtype::F32);
     let cut = dir.path().join("cut.folio");
     let report =
         context::extend(&e.model, e.stamp()?, context::Base { file: &base, keep }, &plan, &cut, &opts, &mut |_| {

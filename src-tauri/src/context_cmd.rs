@@ -108,7 +108,7 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
         eprintln!("prefilling {n} tokens after the {keep} kept as saved{time}");
     }
     let kv_dtype = planned.kv_dtype(explicit_dtype, context::DEFAULT_KV_DTYPE);
-    let opts = BuildOptions { kv_dtype, memory_budget, restart: a.restart, hidden_in: None, prior_cost };
+    let opts = BuildOptions { memory_budget, restart: a.restart, prior_cost, ..BuildOptions::new(kv_dtype) };
     let stop = ctrl_c_flag();
     let bar = progress_bar(a.json);
     let mut on_progress = |p: &Progress| {

@@ -387,13 +387,7 @@ mod tests {
         let added = dir.path().join("added.md");
         std::fs::write(&added, "# Added\n\nThe ferry leaves at nine from the north pier.\n").unwrap();
         let (first, second) = (samples.join("field_notes.txt"), samples.join("market_records.txt"));
-        let opts = BuildOptions {
-            kv_dtype: KvDtype::F32,
-            memory_budget: None,
-            restart: false,
-            hidden_in: None,
-            prior_cost: None,
-        };
+        let opts = BuildOptions::new(KvDtype::F32);
         let out = dir.path().join("ctx.folio");
         let builder = Builder::new(&e, &out);
         let go = &mut |_: &Progress| ControlFlow::Continue(());
@@ -449,13 +443,7 @@ mod tests {
         let names = ["field_notes.txt", "market_records.txt", "the_diary_of_greta.txt"];
         let paths: Vec<PathBuf> = names.iter().map(|n| samples.join(n)).collect();
         let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
-        let opts = BuildOptions {
-            kv_dtype: KvDtype::F32,
-            memory_budget: None,
-            restart: false,
-            hidden_in: None,
-            prior_cost: None,
-        };
+        let opts = BuildOptions::new(KvDtype::F32);
         let go = &mut |_: &Progress| ControlFlow::Continue(());
         let make = |out: &Path, docs: &[&Path]| {
             let b = Builder::new(&e, out);

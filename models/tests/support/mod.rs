@@ -35,7 +35,7 @@ pub fn smallest_budget(e: &Engine, tokens: usize, kv_dtype: KvDtype) -> u64 {
 }
 
 pub fn build(e: &Engine, p: &PrefixPlan, out: &Path, kv_dtype: KvDtype, budget: Option<u64>) -> context::BuildReport {
-    let opts = BuildOptions { kv_dtype, memory_budget: budget, restart: false, hidden_in: None, prior_cost: None };
+    let opts = BuildOptions { memory_budget: budget, ..BuildOptions::new(kv_dtype) };
     context::build(&e.model, e.stamp().unwrap(), p, out, &opts, &mut |_| ControlFlow::Continue(())).unwrap()
 }
 

@@ -249,7 +249,7 @@ pub(super) fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> 
     let warm_tokens = a.tokens.iter().copied().min().unwrap_or(0).min(WARMUP_TOKENS);
     let warmup = {
         let started = Instant::now();
-        let opts = BuildOptions { kv_dtype, memory_budget, restart: true, hidden_in: None, prior_cost: None };
+        let opts = BuildOptions { memory_budget, restart: true, ..BuildOptions::new(kv_dtype) };
         let n = warm_tokens;
         let out = dir.path().join("warm-up.folio");
         let plan = PrefixPlan::raw_tokens((0..n as u32).map(|i| i % model.config().vocab_size as u32).collect());
@@ -265,7 +265,7 @@ pub(super) fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> 
     let stop = crate::context_cmd::ctrl_c_flag();
     let mut rows = Vec::new();
     for &n in &a.tokens {
-        let opts = BuildOptions { kv_dtype, memory_budget, restart: !a.resume, hidden_in: None, prior_cost: None };
+        let opts = BuildOptions { memory_budget, restart: !a.resume, ..BuildOptions::new(kv_dtype) };
         let measure = Measure { matmul, sampler: &sampler, stop: &stop };
         rows.push(one(&subject, n, &opts, dir.path(), (a.append, a.offload), &measure)?);
         if !a.json {
@@ -350,7 +350,7 @@ pub(super) fn profile_prefill(
     let mut rng = StdRng::seed_from_u64(n as u64);
     let plan = PrefixPlan::raw_tokens((0..n).map(|_| rng.random_range(0..vocab)).collect());
     let out = dir.join(format!("profile-{n}.folio"));
-    let opts = BuildOptions { kv_dtype, memory_budget, restart: true, hidden_in: None, prior_cost: None };
+    let opts = BuildOptions { memory_budget, restart: true, ..BuildOptions::new(kv_dtype) };
     folio_models::profile::start(folio_models::profile::Clock::Device);
     let report = context::build(model, &subject.stamp, &plan, &out, &opts, &mut |_| ControlFlow::Continue(()));
     let spans = folio_models::profile::finish();

@@ -77,6 +77,14 @@ pub struct BuildOptions {
     pub prior_cost: Option<PrefillCost>,
 }
 
+impl BuildOptions {
+    /// A new context's prefill in `kv_dtype`: the default chunk, the hidden states where they
+    /// fit, no interrupted prefill discarded, no earlier cost known.
+    pub fn new(kv_dtype: KvDtype) -> Self {
+        Self { kv_dtype, memory_budget: None, restart: false, hidden_in: None, prior_cost: None }
+    }
+}
+
 /// Where a prefill keeps the hidden states between layers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
