@@ -13,7 +13,9 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::json;
-use webdriver::{choose_method, drop_paths, open_settings, screenshot, statuses, tauri_driver, Driver, ENTER, ESC};
+use webdriver::{
+    choose_method, drop_paths, invoke, open_settings, screenshot, statuses, tauri_driver, Driver, ENTER, ESC,
+};
 use xvfb::start_xvfb;
 
 /// WebDriver's Control key, and the key that releases every modifier held.
@@ -38,14 +40,7 @@ fn stats(d: &Driver) -> Vec<String> {
 }
 
 fn slow_tokens(d: &Driver, ms: u64) {
-    let v = d.call(
-        "POST",
-        "/execute/async",
-        Some(json!({"script": "const done = arguments[arguments.length - 1]; \
-            window.__TAURI_INTERNALS__.invoke('simulate_slow_tokens', {ms: arguments[0]}) \
-            .then(() => done('ok'), (e) => done('error: ' + e));", "args": [ms]})),
-    );
-    assert_eq!(v, "ok", "simulate_slow_tokens: {v}");
+    invoke(d, "simulate_slow_tokens", json!({ "ms": ms }));
 }
 
 fn method_in_settings(d: &Driver) -> String {

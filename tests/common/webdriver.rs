@@ -197,16 +197,22 @@ pub fn statuses(d: &Driver) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-pub fn drop_paths(d: &Driver, paths: &[&Path]) {
-    let paths: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+/// Calls the app's Tauri command `command` with `args` from the page, as the window's code does,
+/// and fails the test with the command's error.
+pub fn invoke(d: &Driver, command: &str, args: Value) {
     let v = d.call(
         "POST",
         "/execute/async",
         Some(json!({"script": "const done = arguments[arguments.length - 1]; \
-            window.__TAURI_INTERNALS__.invoke('simulate_drop', {paths: arguments[0]}) \
-            .then(() => done('ok'), (e) => done('error: ' + e));", "args": [paths]})),
+            window.__TAURI_INTERNALS__.invoke(arguments[0], arguments[1]) \
+            .then(() => done('ok'), (e) => done('error: ' + e));", "args": [command, args]})),
     );
-    assert_eq!(v, "ok", "simulate_drop: {v}");
+    assert_eq!(v, "ok", "{command}: {v}");
+}
+
+pub fn drop_paths(d: &Driver, paths: &[&Path]) {
+    let paths: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    invoke(d, "simulate_drop", json!({ "paths": paths }));
 }
 
 /// Opens Settings and waits until its forms and the auto-resume toggle show what the engine has
