@@ -632,3 +632,36 @@ fn prefill_bench_runs_a_shape() {
     assert!(err.contains("--tokens 1179648 leaves no room for the 16-token question"), "{err}");
     assert!(err.contains("at most 1179632 tokens"), "{err}");
 }
+
+/// `bench kernels` on the CPU: every kernel's row (prefill attention, the MLP's parts and
+/// whole, the decode rows at each selection, the label scan, top-k, the host gather, SimHash)
+/// with a positive time and its share of a limit measured in the same run, the limit named.
+#[test]
+fn kernel_bench_reports_each_kernel_against_a_measured_limit() {
+    let args = ["bench", "kernels", "--device", "cpu", "--context", "4096", "--select", "64,512", "--json"];
+    let out = folio(&args, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for limit in ["copy_bandwidth", "host_link", "f32_gemm_flops", "gemm_flops"] {
+        assert!(doc[limit].as_f64().is_some_and(|x| x > 0.0 && x.is_finite()), "{limit}: {doc}");
+    }
+    let rows = doc["kernels"].as_array().unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["kernel"].as_str().unwrap()).collect();
+    for want in ["prefill attention", "MLP whole", "label_scores", "topk", "simhash_codes"] {
+        assert_eq!(names.iter().filter(|n| n.starts_with(want)).count(), 1, "{want}: {names:?}");
+    }
+    // One decode row and one gather per selection.
+    for kernel in ["decode_attention_rows 28 heads over", "gather 28x"] {
+        for sel in ["64", "512"] {
+            let hit = |n: &&&str| n.starts_with(kernel) && n[kernel.len()..].trim_start().starts_with(sel);
+            assert_eq!(names.iter().filter(hit).count(), 1, "{kernel} {sel}: {names:?}");
+        }
+    }
+    for r in rows {
+        let share = r["of_limit"].as_f64().unwrap();
+        assert!(r["seconds"].as_f64().unwrap() > 0.0 && share > 0.0 && share.is_finite(), "{r}");
+        assert!(!r["limit"].as_str().unwrap().is_empty(), "{r}");
+    }
+    let err = err_text(folio(&["bench", "kernels", "--device", "cpu", "--select", "0"], &[]));
+    assert!(err.contains("every --select at least 1"), "{err}");
+}

@@ -44,7 +44,7 @@ REQUIRED_SHAPE_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hi
                        "num_attention_heads", "vocab_size")
 # Tokens of the untimed forward that loads the kernels and sizes cuBLAS's workspace.
 WARMUP_TOKENS = 1024
-# The GEMM Folio's `matmul_flops` times on a GPU (GEMM_SIDE and KERNEL_REPS in src-tauri/src/bench/mod.rs).
+# The GEMM Folio's `matmul_flops` times on a GPU (GEMM_SIDE and REPS in eval/src/bench/mod.rs).
 GEMM_SIDE = 4096
 GEMM_CALLS = 50
 # Standard deviation of the random weights (transformers' usual initializer_range).
@@ -113,7 +113,7 @@ def load_shape(path: Path) -> dict:
 
 
 def load_folio(path: Path) -> dict:
-    """The JSON document of `folio bench prefill --json` (keys: bench_prefill and Row in src-tauri/src/bench/prefill.rs)."""
+    """The JSON document of `folio bench prefill --json` (keys: PrefillReport and Row in eval/src/bench/prefill.rs)."""
     hint = "it should hold the stdout of `folio bench prefill --json`"
     try:
         doc = json.loads(path.read_text())
@@ -132,7 +132,7 @@ def load_folio(path: Path) -> dict:
 
 def prefill_flops(shape: dict, n: int) -> float:
     """FLOPs of prefilling n tokens. This is the formula of Folio's `prefill_flops`
-    (src-tauri/src/bench/prefill.rs), so both runs divide the same work by their seconds. Per layer and
+    (eval/src/bench/prefill.rs), so both runs divide the same work by their seconds. Per layer and
     token it counts the Q/K/V and output projections and the three MLP matmuls. Attention is
     QK^T and PV over the causal half of the n x n scores. The last term is the LM head of one row.
     Absent num_key_value_heads and head_dim default as in models/src/config.rs."""

@@ -11,7 +11,10 @@
 //! * [`needle`], [`tasks`], [`fidelity`]: answers, not logits — facts planted in long
 //!   synthetic documents for the retrieval-trained demo model ([`spec`]: its
 //!   `eval_spec.json`), and each method's answers to prompts that read the documents while
-//!   they are generated, against dense's (`folio eval needle`, `folio eval fidelity`).
+//!   they are generated, against dense's (`folio eval needle`, `folio eval fidelity`);
+//! * [`bench`]: speed and memory — decode over a long offloaded context with a model of a
+//!   real shape, prefill and reopen, the kernels — each figure beside the limit that binds it,
+//!   measured in the same run (`folio bench`).
 //!
 //! Why a crate of its own (docs/architecture.md): the engine (folio-models) answers questions
 //! and is what the window ships; this crate measures it and is what the CLI's `eval` runs and
@@ -21,12 +24,15 @@
 //!
 //! Rules of this crate:
 //!
-//! * it builds on folio-models' public API only (the attention seam, the stores, generation)
-//!   and never prints: reports are returned as values, the CLI renders them;
+//! * it builds on the public APIs of folio-models (the attention seam, the stores,
+//!   generation), folio-kernels and folio-runtime (the device's memory sampler and pool, the
+//!   host's memory readings) and never prints: reports are returned as values, or handed to a
+//!   callback as a long run makes them, and the CLI renders them;
 //! * every measurement is against dense attention on the same keys, and every random input
 //!   comes from a seed the report carries, so a figure can be replayed.
 
 pub mod attention;
+pub mod bench;
 pub mod fidelity;
 pub mod needle;
 pub mod probe;

@@ -20,6 +20,29 @@ pub fn huge_page_bytes() -> Option<u64> {
     proc_kib("/proc/self/smaps_rollup", "AnonHugePages:")
 }
 
+/// Starts [`peak_rss`] over from what is resident now (Linux resets `VmHWM` when "5" is
+/// written to `clear_refs`), so that a benchmark reads each run's peak, not the process's.
+pub fn reset_peak_rss() {
+    // Best effort: elsewhere than Linux (or in a sandbox that forbids it) the peak stays the
+    // process's, which is never less than the run's.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// Evicts a fully written file from the page cache, so that its next read comes from the disk
+/// as after a reboot (a cold reopen, the disk's read rate). Elsewhere than Linux: nothing.
+pub fn drop_page_cache(path: &std::path::Path) {
+    #[cfg(target_os = "linux")]
+    if let Ok(f) = std::fs::File::open(path) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: an advisory call on a valid, open file descriptor.
+        unsafe {
+            libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = path;
+}
+
 /// The `key: N kB` line of a /proc file, in bytes.
 fn proc_kib(file: &str, key: &str) -> Option<u64> {
     let text = std::fs::read_to_string(file).ok()?;

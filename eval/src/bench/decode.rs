@@ -1,4 +1,4 @@
-//! `folio bench --shape`: decode over a long offloaded context with a model of a real shape.
+//! Decode over a long offloaded context with a model of a real shape (`folio bench --shape`).
 //!
 //! Speed and memory depend on shapes, not weight values, so the model is built from the shape
 //! facts of a real config (assets/shapes/*.json) with random weights on the device, and the
@@ -6,7 +6,7 @@
 //! prefill: at a million tokens of a 7B shape that alone is many minutes; prefill has its own
 //! bench). Every figure comes with its limit, measured in the same run:
 //!
-//! * decode ms/token over `--steps` after `--warmup`: the mean first (what a user waits for on
+//! * decode ms/token over the timed steps after the warm-up: the mean first (what a user waits for on
 //!   average, HiP's refresh steps included), then the median, p10 and p90 and p90 ÷ mean (a
 //!   spike shows there), beside the *floor*: the bytes a step must move (the weights read and
 //!   the method's index on the device; the picked rows, or all rows for dense and the exact
@@ -19,7 +19,7 @@
 //!   is taken as not overlapped with anything (a step waits for its rows), so the projected
 //!   mean is the measured mean plus the extra link time;
 //! * peak device memory as the driver reports it (total − free, sampled every 0.5 ms), checked
-//!   against `--vram-budget`; host RSS; host bytes of the offloaded K/V.
+//!   against the VRAM budget; host RSS; host bytes of the offloaded K/V.
 //!
 //! The memory a run will need is planned before anything is allocated and refused, with the
 //! breakdown, when it exceeds the budget; the measured peak is then checked too.
@@ -27,29 +27,24 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
-use candle_core::{DType, Tensor};
-use clap::Args;
+use candle_core::{DType, Device, Tensor};
 use folio_models::attention::cost::{CostInput, Shape, StepCost};
 use folio_models::attention::{Attention, Channels, MethodChoice, Resources, Tier};
 use folio_models::config::ModelConfig;
 use folio_models::context::KvDtype;
-use folio_models::error::human_bytes;
+use folio_models::device_name;
+use folio_models::error::{human_bytes, Error, Result};
 use folio_models::kv_cache::KvStore;
 use folio_models::kv_cache::OffloadKv;
 use folio_models::model::{Logits, Model};
 use folio_models::plan::{copy_bandwidth, host_read_bandwidth, parameters};
-use folio_models::{device_name, parse_device};
 use folio_runtime::device::{host_to_device_rate, keep_pool, MemorySampler};
+use folio_runtime::host_memory::{huge_page_bytes, peak_rss, reset_peak_rss};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::cli::Common;
-use crate::context_cmd::parse_bytes;
-use folio_runtime::host_memory::{huge_page_bytes, peak_rss};
-
 /// Standard deviation of the random weights (transformers' `initializer_range` default).
-pub(crate) const INIT_STD: f64 = 0.02;
+pub const INIT_STD: f64 = 0.02;
 /// Rows per KV head written into the host tier at once while filling it.
 const FILL_CHUNK: usize = 1 << 16;
 /// Bytes copied to measure the device's and the host link's bandwidth, and device copies timed.
@@ -57,70 +52,57 @@ const BANDWIDTH_BYTES: usize = 1 << 30;
 const COPIES: usize = 20;
 /// What a consumer card's host link moves, bytes/s: PCIe 4.0 x16 (an RTX 4090's) delivers
 /// about 25 GB/s of its 31.5 GB/s raw rate to page-locked copies.
-const PCIE4_X16: f64 = 25e9;
+pub const PCIE4_X16: f64 = 25e9;
 /// Device memory for a step's transients beyond what the plan counts per token (cuBLAS
 /// workspace, logits, activations, the scan chunks of dense and exact top-k).
 const WORKSPACE_BYTES: u64 = 1 << 30;
 
-#[derive(Args)]
-pub struct ShapeBenchArgs {
+/// What a decode bench runs: the shape, the context, the methods in turn, and the budget.
+pub struct DecodeBench {
     /// A model shape: a real model's config.json facts (assets/shapes/*.json); weights are random.
-    #[arg(long)]
-    pub(crate) shape: Option<PathBuf>,
+    pub shape: PathBuf,
     /// Tokens of context in the offloaded K/V before decoding.
-    #[arg(long, default_value_t = 32_768)]
-    context: usize,
-    /// Methods, comma-separated, each as --method writes it (hip, hip:2048:refresh=16; without
-    /// a budget, the method's default): each decodes over the same model and context in turn.
-    #[arg(long = "method", value_delimiter = ',', value_parser = crate::cli::parse_method, default_values_t = [MethodChoice::default()])]
-    methods: Vec<MethodChoice>,
-    /// Device memory this run may use, e.g. 24GiB (a consumer card); default: the whole device.
-    #[arg(long)]
-    vram_budget: Option<String>,
-    /// Decode steps timed (their mean leads the report), after the warm-up steps.
-    #[arg(long, default_value_t = 32)]
-    steps: usize,
-    #[arg(long, default_value_t = 4)]
-    warmup: usize,
-    /// Store the context's K/V as a context file of this dtype stores it (bf16, bf16-fp8, fp8),
-    /// read in place and widened by the gathers, as a reopened file is; without it the rows are
-    /// page-locked in the compute dtype.
-    #[arg(long, value_parser = |s: &str| KvDtype::parse(s).map_err(|e| e.to_string()))]
-    kv_dtype: Option<KvDtype>,
-    /// After the timed steps, decode PROFILE_STEPS more three times: timing the host's share of
-    /// a step, then op by op on the host's clock, then with the device synchronised around each
-    /// op (`folio_models::profile`).
-    #[arg(long)]
-    profile: bool,
-    #[arg(long)]
-    json: bool,
+    pub context: usize,
+    /// Each decodes over the same model and context in turn.
+    pub methods: Vec<MethodChoice>,
+    /// Device memory the run may use; `None`: the whole device.
+    pub vram_budget: Option<u64>,
+    /// Decode steps timed (their mean leads the report), after `warmup` steps.
+    pub steps: usize,
+    pub warmup: usize,
+    /// The context's K/V stored as a context file of this dtype stores it, read in place and
+    /// widened by the gathers, as a reopened file is; `None`: page-locked in the compute dtype.
+    pub kv_dtype: Option<KvDtype>,
+    /// After the timed steps, [`PROFILE_STEPS`] more three times: the host's share of a step,
+    /// op by op on the host's clock, then with the device synchronised around each op.
+    pub profile: bool,
 }
 
 /// Steps a profiled method decodes in each of its three passes.
-const PROFILE_STEPS: usize = 8;
+pub const PROFILE_STEPS: usize = 8;
 
 /// Where a decode step's time goes.
 #[derive(Serialize)]
-struct DecodeProfile {
-    steps: usize,
+pub struct DecodeProfile {
+    pub steps: usize,
     /// ms from a step's start until the host has queued its work (the forward pass returned),
     /// and until its token is on the host: when they are close, the host's launches (and the
     /// waits the method makes) bound the step, not the device.
-    host_ms: f64,
-    step_ms: f64,
+    pub host_ms: f64,
+    pub step_ms: f64,
     /// Each span's ms per step: the host's time queueing it (nothing synchronised), and its own
     /// device time (synchronised around it); its calls per step.
-    spans: Vec<DecodeSpan>,
+    pub spans: Vec<DecodeSpan>,
     /// The step's ms in the synchronised pass, for the share outside the spans.
-    synced_step_ms: f64,
+    pub synced_step_ms: f64,
 }
 
 #[derive(Serialize)]
-struct DecodeSpan {
-    name: &'static str,
-    host_ms: f64,
-    device_ms: f64,
-    calls: f64,
+pub struct DecodeSpan {
+    pub name: &'static str,
+    pub host_ms: f64,
+    pub device_ms: f64,
+    pub calls: f64,
 }
 
 /// One greedy decode step after `token`: the next token, the seconds until the forward pass
@@ -173,19 +155,19 @@ fn profile_decode(model: &Model, kv: &mut OffloadKv, method: &dyn Attention, mut
     })
 }
 
-/// [`Report::first_step_profile`]: the step's seconds and each span's device-synchronised
+/// [`DecodeReport::first_step_profile`]: the step's seconds and each span's device-synchronised
 /// milliseconds and calls.
 #[derive(Serialize)]
-struct FirstStepProfile {
-    seconds: f64,
-    spans: Vec<FirstStepSpan>,
+pub struct FirstStepProfile {
+    pub seconds: f64,
+    pub spans: Vec<FirstStepSpan>,
 }
 
 #[derive(Serialize)]
-struct FirstStepSpan {
-    name: &'static str,
-    ms: f64,
-    calls: usize,
+pub struct FirstStepSpan {
+    pub name: &'static str,
+    pub ms: f64,
+    pub calls: usize,
 }
 
 /// One decode step of a fresh conversation with the device synchronised around each span.
@@ -205,66 +187,66 @@ fn profile_first_step(
 }
 
 #[derive(Serialize)]
-struct Report {
-    shape: String,
-    device: String,
-    context: usize,
-    method: String,
-    settings: serde_json::Value,
+pub struct DecodeReport {
+    pub shape: String,
+    pub device: String,
+    pub context: usize,
+    pub method: String,
+    pub settings: serde_json::Value,
     /// What the method set for itself while running (MagicPIG's balanced split), if anything.
     #[serde(skip_serializing_if = "Option::is_none")]
-    learned: Option<serde_json::Value>,
-    parameters: usize,
+    pub learned: Option<serde_json::Value>,
+    pub parameters: usize,
     /// The mean counts steps that rebuild a method's state (HiP's refresh every few steps).
-    decode_ms_mean: f64,
-    decode_ms_median: f64,
-    decode_ms_p10: f64,
-    decode_ms_p90: f64,
-    p90_over_mean: f64,
+    pub decode_ms_mean: f64,
+    pub decode_ms_median: f64,
+    pub decode_ms_p10: f64,
+    pub decode_ms_p90: f64,
+    pub p90_over_mean: f64,
     /// The first decode step, which builds the method's index over the context.
-    first_step_s: f64,
-    fill_s: f64,
-    floor_ms: f64,
+    pub first_step_s: f64,
+    pub fill_s: f64,
+    pub floor_ms: f64,
     /// The mean ÷ the floor.
-    measured_over_floor: f64,
-    median_over_floor: f64,
+    pub measured_over_floor: f64,
+    pub median_over_floor: f64,
     /// The floor's terms: device bytes (weights read, then the method's index) ÷ copy
     /// bandwidth, host-link bytes ÷ link rate, bytes the CPU reads in host memory ÷ its read
     /// bandwidth; `floor_binds` names the largest ("device", "link" or "host").
-    floor_device_ms: f64,
-    floor_weights_ms: f64,
-    floor_index_ms: f64,
-    floor_link_ms: f64,
-    floor_host_ms: f64,
-    floor_binds: &'static str,
+    pub floor_device_ms: f64,
+    pub floor_weights_ms: f64,
+    pub floor_index_ms: f64,
+    pub floor_link_ms: f64,
+    pub floor_host_ms: f64,
+    pub floor_binds: &'static str,
     /// The link's bytes at [`PCIE4_X16`]: their time, the floor and the mean with it.
-    pcie4_link_ms: f64,
-    pcie4_floor_ms: f64,
-    pcie4_mean_ms: f64,
-    device_bytes_per_step: f64,
-    link_bytes_per_step: f64,
-    host_bytes_per_step: f64,
-    copy_bandwidth: f64,
-    link_bandwidth: f64,
-    host_read_bandwidth: f64,
-    planned_device_bytes: u64,
-    peak_device_bytes: Option<u64>,
-    vram_budget: Option<u64>,
-    host_kv_bytes: u64,
+    pub pcie4_link_ms: f64,
+    pub pcie4_floor_ms: f64,
+    pub pcie4_mean_ms: f64,
+    pub device_bytes_per_step: f64,
+    pub link_bytes_per_step: f64,
+    pub host_bytes_per_step: f64,
+    pub copy_bandwidth: f64,
+    pub link_bandwidth: f64,
+    pub host_read_bandwidth: f64,
+    pub planned_device_bytes: u64,
+    pub peak_device_bytes: Option<u64>,
+    pub vram_budget: Option<u64>,
+    pub host_kv_bytes: u64,
     /// How the context's K/V is stored (`--kv-dtype`), or none: page-locked in the compute dtype.
-    kv_dtype: Option<&'static str>,
-    peak_rss_bytes: Option<u64>,
+    pub kv_dtype: Option<&'static str>,
+    pub peak_rss_bytes: Option<u64>,
     /// Of the process's memory at the end of the run, how much is in 2 MiB pages.
-    huge_page_bytes: Option<u64>,
+    pub huge_page_bytes: Option<u64>,
     /// Threads of the CPU pool that walks MagicPIG's tables and attends its sample
     /// (`FOLIO_HOST_THREADS`, else one per physical core).
-    host_threads: usize,
+    pub host_threads: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
-    profile: Option<DecodeProfile>,
+    pub profile: Option<DecodeProfile>,
     /// A fresh conversation's first step (what builds the method's state over the context:
     /// the wait before an answer's first token), with the device synchronised around each span.
     #[serde(skip_serializing_if = "Option::is_none")]
-    first_step_profile: Option<FirstStepProfile>,
+    pub first_step_profile: Option<FirstStepProfile>,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -280,18 +262,22 @@ fn random_channels(cfg: &ModelConfig, rng: &mut StdRng) -> Resources {
     Resources { channels: Some(std::sync::Arc::new(Channels::from_statistic(&stat))) }
 }
 
-pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
-    let shape = a
-        .shape
-        .as_ref()
-        .context("--shape is required: a model shape such as assets/shapes/qwen2.5-7b-instruct-1m.json")?;
-    check_args(&a)?;
+/// Decodes over the same random model and context with each of `a.methods` in turn on
+/// `device`, handing each method's report to `on_report` as soon as it is measured; a run that
+/// would not fit its budget is refused before anything is allocated, and one whose measured
+/// peak exceeded it fails after its report.
+pub fn run<E: From<Error>>(
+    device: &Device,
+    a: &DecodeBench,
+    mut on_report: impl FnMut(&DecodeReport) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
+    let shape = &a.shape;
+    check_args(a)?;
     let mut cfg = ModelConfig::from_file(shape)?;
     // Shapes are facts about cost: a context past the model's trained length is still measured.
     let profiled = if a.profile { 3 * PROFILE_STEPS } else { 0 };
     let longest = a.context + a.warmup + a.steps + profiled;
     cfg.max_position_embeddings = cfg.max_position_embeddings.max(longest);
-    let device = parse_device(&common.device)?;
     let dtype = if device.is_cpu() { DType::F32 } else { DType::BF16 };
     let elem = dtype.size_in_bytes();
     let kv_dtype = a.kv_dtype;
@@ -303,66 +289,127 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
     let methods = build_methods(&a.methods, &cfg, a.context, elem, &mut rng)?;
 
     // The plan, before any allocation.
-    let sampler = MemorySampler::start(&device)?;
+    let sampler = MemorySampler::start(device).map_err(Error::from)?;
     let (param_count, read_params) = parameters(&cfg);
     let index = methods.iter().map(|m| m.2.resident_bytes).max().unwrap_or(0);
     let tail = cfg.kv_bytes_per_token(elem) as u64 * (a.warmup + a.steps + profiled) as u64;
-    let (planned, budget) = plan_memory(&sampler, &cfg, elem, index, tail, a.context, a.vram_budget.as_deref())?;
+    let (planned, budget) = plan_memory(&sampler, &cfg, elem, index, tail, a.context, a.vram_budget)?;
 
     if let Some(b) = budget {
-        keep_pool(&device, b)?;
+        keep_pool(device, b).map_err(Error::from)?;
     }
-    let [copy_bw, link_bw, host_bw] = bandwidths(&device)?;
-    // Peak RSS from here on (Linux resets VmHWM when "5" is written to clear_refs): the
-    // bandwidth buffers above are not the run's memory.
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
-    let model = Model::random(&cfg, &device, dtype, INIT_STD)?;
-    let (mut kv, fill_s) = fill_kv(&cfg, a.context, kv_dtype, dtype, &device)?;
+    let bandwidths = bandwidths(device)?;
+    // Peak RSS from here on: the bandwidth buffers above are not the run's memory.
+    reset_peak_rss();
+    let model = Model::random(&cfg, device, dtype, INIT_STD)?;
+    let (mut kv, fill_s) = fill_kv(&cfg, a.context, kv_dtype, dtype, device)?;
     kv.reserve(longest)?;
-
-    for (name, method, cost) in &methods {
+    let facts = RunFacts {
+        shape: shape.display().to_string(),
+        device: device_name(device),
+        context: a.context,
+        parameters: param_count,
+        weight_bytes: (read_params * elem) as f64,
+        link_scale,
+        bandwidths,
+        planned,
+        budget,
+        fill_s,
+        kv_dtype,
+        host_kv_bytes: kv.host_bytes(),
+    };
+    for measured @ (_, method, _) in &methods {
         kv.set_len(a.context)?;
         method.reset();
         // Peaks per method, from what is in use now (which includes what the memory pool kept
         // from an earlier method: an upper bound, never less than the method's own).
         sampler.reset();
-        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        reset_peak_rss();
         let token = rng.random_range(0..cfg.vocab_size as u32);
         let (mut times, first_step_s, token) = time_steps(&model, &mut kv, method.as_ref(), token, a.warmup, a.steps)?;
         times.sort_by(f64::total_cmp);
-        let median = percentile(&times, 0.5);
-        let mean = times.iter().sum::<f64>() / times.len() as f64;
-        // Rows cross the link as they are stored (the method's cost counts them in the compute dtype).
-        let (link_bytes, host_bytes) = (cost.link_bytes * link_scale, cost.host_bytes);
-        let weight_bytes = (read_params * elem) as f64;
-        let device_bytes = weight_bytes + cost.device_bytes;
-        let (floor, pcie4) = Floor::of([device_bytes, link_bytes, host_bytes], [copy_bw, link_bw, host_bw]);
         // The profile's steps (if any) run before the peak is read: they are held to the budget too.
         let (profile, first_step_profile) = match a.profile {
             true => profiles(&model, &mut kv, method.as_ref(), token, a.context).map(|(p, f)| (Some(p), Some(f)))?,
             false => (None, None),
         };
-        let peak = sampler.peak();
-        let report = Report {
-            shape: shape.display().to_string(),
-            device: device_name(&device),
-            context: a.context,
+        let timed = Timed { times, first_step_s, peak: sampler.peak(), profile, first_step_profile };
+        let peak = timed.peak;
+        on_report(&facts.report(measured, timed))?;
+        // The next method starts from the weights and the host tier alone: this one's index
+        // and resident layers would otherwise count against its memory.
+        method.end_conversation();
+        kv.drop_resident();
+        if let (Some(p), Some(b)) = (peak, budget) {
+            if p > b {
+                let (p, b) = (human_bytes(p), human_bytes(b));
+                return Err(Error::Invalid(format!("peak device memory {p} exceeded the {b} budget")).into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What a run knows before its methods decode: the shape, the limits measured, the plan.
+struct RunFacts {
+    shape: String,
+    device: String,
+    context: usize,
+    parameters: usize,
+    /// Bytes of the weights a step reads.
+    weight_bytes: f64,
+    /// Bytes a stored K/V row takes over the compute dtype's.
+    link_scale: f64,
+    /// Copy bandwidth, link rate, host read bandwidth (bytes/s).
+    bandwidths: [f64; 3],
+    planned: u64,
+    budget: Option<u64>,
+    fill_s: f64,
+    kv_dtype: Option<KvDtype>,
+    host_kv_bytes: u64,
+}
+
+/// A method's timed steps (ms, sorted), its first step, its peak device memory and profiles.
+struct Timed {
+    times: Vec<f64>,
+    first_step_s: f64,
+    peak: Option<u64>,
+    profile: Option<DecodeProfile>,
+    first_step_profile: Option<FirstStepProfile>,
+}
+
+impl RunFacts {
+    /// The report of one method: its steps against the floor its cost gives at this run's
+    /// bandwidths, and on a consumer card's link.
+    fn report(&self, (name, method, cost): &Measured, t: Timed) -> DecodeReport {
+        let [copy_bw, link_bw, host_bw] = self.bandwidths;
+        let times = &t.times;
+        let median = percentile(times, 0.5);
+        let mean = times.iter().sum::<f64>() / times.len() as f64;
+        // Rows cross the link as they are stored (the method's cost counts them in the compute dtype).
+        let (link_bytes, host_bytes) = (cost.link_bytes * self.link_scale, cost.host_bytes);
+        let device_bytes = self.weight_bytes + cost.device_bytes;
+        let (floor, pcie4) = Floor::of([device_bytes, link_bytes, host_bytes], self.bandwidths);
+        DecodeReport {
+            shape: self.shape.clone(),
+            device: self.device.clone(),
+            context: self.context,
             method: name.to_string(),
             settings: method.settings(),
             learned: method.learned(),
-            parameters: param_count,
+            parameters: self.parameters,
             decode_ms_mean: mean,
             decode_ms_median: median,
-            decode_ms_p10: percentile(&times, 0.1),
-            decode_ms_p90: percentile(&times, 0.9),
-            p90_over_mean: percentile(&times, 0.9) / mean,
-            first_step_s,
-            fill_s,
+            decode_ms_p10: percentile(times, 0.1),
+            decode_ms_p90: percentile(times, 0.9),
+            p90_over_mean: percentile(times, 0.9) / mean,
+            first_step_s: t.first_step_s,
+            fill_s: self.fill_s,
             floor_ms: floor.ms(),
             measured_over_floor: mean / floor.ms(),
             median_over_floor: median / floor.ms(),
             floor_device_ms: floor.device,
-            floor_weights_ms: weight_bytes / copy_bw * 1e3,
+            floor_weights_ms: self.weight_bytes / copy_bw * 1e3,
             floor_index_ms: cost.device_bytes / copy_bw * 1e3,
             floor_link_ms: floor.link,
             floor_host_ms: floor.host,
@@ -376,29 +423,18 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
             copy_bandwidth: copy_bw,
             link_bandwidth: link_bw,
             host_read_bandwidth: host_bw,
-            planned_device_bytes: planned,
-            peak_device_bytes: peak,
-            vram_budget: budget,
-            host_kv_bytes: kv.host_bytes(),
-            kv_dtype: kv_dtype.map(KvDtype::name),
+            planned_device_bytes: self.planned,
+            peak_device_bytes: t.peak,
+            vram_budget: self.budget,
+            host_kv_bytes: self.host_kv_bytes,
+            kv_dtype: self.kv_dtype.map(KvDtype::name),
             peak_rss_bytes: peak_rss(),
             huge_page_bytes: huge_page_bytes(),
             host_threads: folio_models::attention::cpu_pool_threads(),
-            profile,
-            first_step_profile,
-        };
-        print_report(&report, a.json, a.steps)?;
-        // The next method starts from the weights and the host tier alone: this one's index
-        // and resident layers would otherwise count against its memory.
-        method.end_conversation();
-        kv.drop_resident();
-        if let (Some(p), Some(b)) = (peak, budget) {
-            if p > b {
-                anyhow::bail!("peak device memory {} exceeded the {} budget", human_bytes(p), human_bytes(b));
-            }
+            profile: t.profile,
+            first_step_profile: t.first_step_profile,
         }
     }
-    Ok(())
 }
 
 /// The profile of a few steps from `token`, then of a fresh conversation's first step over
@@ -419,12 +455,12 @@ fn profiles(
 
 /// Refuses a run that cannot be made: a method the offloaded tier cannot run, an empty or
 /// oversized context, no timed step.
-fn check_args(a: &ShapeBenchArgs) -> Result<()> {
+fn check_args(a: &DecodeBench) -> Result<()> {
     for m in &a.methods {
         m.spec()?.check_tier(Tier::Offloaded)?;
     }
     if a.context == 0 || a.context > u32::MAX as usize || a.steps == 0 {
-        anyhow::bail!("--context must be 1..=4294967295 tokens and --steps at least 1");
+        return Err(Error::Invalid("--context must be 1..=4294967295 tokens and --steps at least 1".into()));
     }
     Ok(())
 }
@@ -461,7 +497,7 @@ fn fill_kv(
     context: usize,
     kv_dtype: Option<KvDtype>,
     dtype: DType,
-    device: &candle_core::Device,
+    device: &Device,
 ) -> Result<(OffloadKv, f64)> {
     let fill_start = Instant::now();
     let random_rows = |t: usize| -> candle_core::Result<(Tensor, Tensor)> {
@@ -517,7 +553,7 @@ fn time_steps(
 
 /// The device memory the run plans to use (what is in use already, weights, the largest
 /// index, the conversation's K/V `tail`, a layer's scores, a workspace) and the budget it is
-/// held to (`--vram-budget`, else the device's memory); a plan over the budget is refused
+/// held to (`vram_budget`, else the device's memory); a plan over the budget is refused
 /// before anything is allocated.
 fn plan_memory(
     sampler: &MemorySampler,
@@ -526,7 +562,7 @@ fn plan_memory(
     index: u64,
     tail: u64,
     context: usize,
-    vram_budget: Option<&str>,
+    vram_budget: Option<u64>,
 ) -> Result<(u64, Option<u64>)> {
     let (baseline, total_device) = match sampler.now()? {
         Some((used, total)) => (used, Some(total)),
@@ -535,9 +571,9 @@ fn plan_memory(
     let weights = (parameters(cfg).0 * elem) as u64;
     let scores = (cfg.num_heads * context * 4 * 2) as u64;
     let planned = baseline + weights + index + tail + scores + WORKSPACE_BYTES;
-    let budget = vram_budget.map(parse_bytes).transpose()?.or(total_device);
+    let budget = vram_budget.or(total_device);
     if let Some(b) = budget.filter(|&b| planned > b) {
-        anyhow::bail!(
+        return Err(Error::Invalid(format!(
             "this run needs about {} of device memory, more than the {} budget: weights {}, index {}, \
              conversation K/V {}, scores {}, workspace {}, already in use {}",
             human_bytes(planned),
@@ -548,14 +584,14 @@ fn plan_memory(
             human_bytes(scores),
             human_bytes(WORKSPACE_BYTES),
             human_bytes(baseline)
-        );
+        )));
     }
     Ok((planned, budget))
 }
 
 /// The device's copy bandwidth, the host link's page-locked copy rate and the host's read
 /// bandwidth, measured now (smaller buffers on the CPU).
-fn bandwidths(device: &candle_core::Device) -> Result<[f64; 3]> {
+fn bandwidths(device: &Device) -> Result<[f64; 3]> {
     let bytes = if device.is_cpu() { BANDWIDTH_BYTES / 16 } else { BANDWIDTH_BYTES };
     let copy = copy_bandwidth(device, bytes, COPIES)?;
     let link = host_to_device_rate(device, bytes)?;
@@ -592,89 +628,4 @@ impl Floor {
             "device"
         }
     }
-}
-
-fn print_report(r: &Report, json: bool, steps: usize) -> Result<()> {
-    if json {
-        println!("{}", serde_json::to_string(r)?);
-        return Ok(());
-    }
-    let opt = |b: Option<u64>| b.map_or("n/a".into(), human_bytes);
-    println!(
-        "{} on {}: {} parameters, context {} tokens, {} ({})",
-        r.shape, r.device, r.parameters, r.context, r.method, r.settings
-    );
-    println!(
-        "  copy bandwidth {:.0} GB/s, host link {:.1} GB/s, host read {:.1} GB/s (measured now); K/V fill {:.1} s; first step {:.2} s",
-        r.copy_bandwidth / 1e9,
-        r.link_bandwidth / 1e9,
-        r.host_read_bandwidth / 1e9,
-        r.fill_s,
-        r.first_step_s
-    );
-    println!(
-        "  decode {:.2} ms/token mean (median {:.2}, p10 {:.2}, p90 {:.2} = {:.2}x the mean, {steps} steps): {:.1}x the floor",
-        r.decode_ms_mean,
-        r.decode_ms_median,
-        r.decode_ms_p10,
-        r.decode_ms_p90,
-        r.p90_over_mean,
-        r.measured_over_floor
-    );
-    println!(
-        "  floor {:.2} ms, bound by the {}: device {:.2} (weights {:.2} + index {:.2}), link {:.2}, host {:.2}",
-        r.floor_ms,
-        r.floor_binds,
-        r.floor_device_ms,
-        r.floor_weights_ms,
-        r.floor_index_ms,
-        r.floor_link_ms,
-        r.floor_host_ms
-    );
-    println!(
-        "  on a PCIe 4.0 x16 link ({:.0} GB/s): link {:.2} ms, floor {:.2} ms, mean about {:.2} ms",
-        PCIE4_X16 / 1e9,
-        r.pcie4_link_ms,
-        r.pcie4_floor_ms,
-        r.pcie4_mean_ms
-    );
-    println!(
-        "  peak device memory {} (budget {}, planned {}); host K/V {}; peak RSS {} ({} in huge pages); {} CPU-pool threads",
-        opt(r.peak_device_bytes),
-        opt(r.vram_budget),
-        human_bytes(r.planned_device_bytes),
-        human_bytes(r.host_kv_bytes),
-        opt(r.peak_rss_bytes),
-        opt(r.huge_page_bytes),
-        r.host_threads
-    );
-    if let Some(p) = &r.profile {
-        println!(
-            "  profile over {} steps: the host queued a step in {:.2} ms of its {:.2} ms; each op's host time to queue it, and its device time synchronised ({:.2} ms a step):",
-            p.steps, p.host_ms, p.step_ms, p.synced_step_ms
-        );
-        println!("    {:<30} {:>9} {:>9} {:>7}", "op", "host ms", "device ms", "calls");
-        // Parts of a span (`attention: gather`) after the spans, indented: their time is in
-        // their span's too.
-        let (parts, spans): (Vec<_>, Vec<_>) = p.spans.iter().partition(|s| folio_models::profile::is_part(s.name));
-        for s in &spans {
-            println!("    {:<30} {:>9.3} {:>9.3} {:>7.1}", s.name, s.host_ms, s.device_ms, s.calls);
-        }
-        for s in &parts {
-            println!("      {:<28} {:>9.3} {:>9.3} {:>7.1}", s.name, s.host_ms, s.device_ms, s.calls);
-        }
-        let inside: f64 = spans.iter().map(|s| s.device_ms).sum();
-        println!("    {:<30} {:>9} {:>9.3}", "outside the spans", "", p.synced_step_ms - inside);
-    }
-    if let Some(f) = &r.first_step_profile {
-        println!("  a fresh conversation's first step, device synchronised around each op: {:.3} s", f.seconds);
-        let (parts, spans): (Vec<_>, Vec<_>) = f.spans.iter().partition(|s| folio_models::profile::is_part(s.name));
-        for s in &spans {
-            println!("    {:<30} {:>9.1} ms {:>7}", s.name, s.ms, s.calls);
-        }
-        for s in &parts {
-            println!("      {:<28} {:>9.1} ms {:>7}", s.name, s.ms, s.calls);
-        }
-    }
-    Ok(())
 }
