@@ -11,14 +11,15 @@ step "UI type check (svelte-check) and unit tests (vitest)"
 (cd ui && npm run --silent check && npm run --silent test)
 
 step "demo model data, tokenizer, template and eval spec (tools/test_demo.py)"
-# numpy, tokenizers and jinja2: from the system when present, else pip-installed into a cache
+# numpy, tokenizers, jinja2 and openai: from the system when present, else pip-installed into a cache
 # folder (the way scripts/cuda-toolchain.sh installs its wheels).
 py_deps="$HOME/.cache/folio-py"
-if ! python3 -c "import numpy, tokenizers, jinja2" 2>/dev/null; then
+# openai: the official client tests/serve.rs runs against `folio serve`.
+if ! python3 -c "import numpy, tokenizers, jinja2, openai" 2>/dev/null; then
   # An earlier run's install is reused rather than downloaded again.
   export PYTHONPATH="$py_deps${PYTHONPATH:+:$PYTHONPATH}"
-  if ! python3 -c "import numpy, tokenizers, jinja2" 2>/dev/null; then
-    python3 -m pip install -q --disable-pip-version-check --target "$py_deps" numpy tokenizers jinja2 >&2
+  if ! python3 -c "import numpy, tokenizers, jinja2, openai" 2>/dev/null; then
+    python3 -m pip install -q --disable-pip-version-check --target "$py_deps" numpy tokenizers jinja2 openai >&2
   fi
 fi
 python3 tools/test_demo.py assets/models/demo | tail -n 3

@@ -398,3 +398,45 @@ fn rich_documents_answer_and_cite_their_page() {
         assert_eq!(top["passages"][0]["part"], part, "{question}: {top}");
     }
 }
+
+/// The log a person attaches to a problem report (docs/logs.md): a day's file in
+/// `$FOLIO_HOME/logs/` with each step and its figures — the model loaded, the context written
+/// (tokens, seconds, tokens/s), opened, the answer, a failed command with its error — and none
+/// of the documents' or the question's text.
+#[test]
+fn the_log_records_each_step_with_figures_and_no_text() {
+    let d = docs(1);
+    let home = tempfile::tempdir().unwrap();
+    let ctx = home.path().join("s.folio");
+    let (docs_dir, c) = (d.path().to_str().unwrap(), ctx.to_str().unwrap());
+    let run = |args: &[&str]| cli::folio_cmd(args).env("FOLIO_HOME", home.path()).output().unwrap();
+    let demo = demo();
+    assert!(run(&["prefill", "--model", &demo, "--docs", docs_dir, "--out", c]).status.success());
+    let asked = run(&["chat", "--context", c, "what is the secret code of amber falcon ?", "--max-tokens", "4"]);
+    assert!(asked.status.success(), "{}", String::from_utf8_lossy(&asked.stderr));
+    // A failure is in the log too (and on stderr once, as before).
+    let failed = run(&["chat", "--model", &demo, "--context", "/nowhere/x.folio", "hello"]);
+    assert_eq!(String::from_utf8_lossy(&failed.stderr).matches("nowhere").count(), 1);
+    let folder = home.path().join("logs");
+    let mut log = String::new();
+    for f in std::fs::read_dir(&folder).unwrap() {
+        let path = f.unwrap().path();
+        assert!(path.file_name().unwrap().to_str().unwrap().starts_with("folio."), "{}", path.display());
+        log.push_str(&std::fs::read_to_string(path).unwrap());
+    }
+    for want in [
+        "model loaded",
+        "context written",
+        "tokens_per_s=",
+        "context opened",
+        "answered",
+        "answer_tokens=",
+        "failed",
+        "/nowhere/x.folio",
+    ] {
+        assert!(log.contains(want), "{want} missing from the log:\n{log}");
+    }
+    for text in ["falcon", "amber", "secret code"] {
+        assert!(!log.contains(text), "the log holds text ({text}):\n{log}");
+    }
+}

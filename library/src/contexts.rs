@@ -185,6 +185,13 @@ fn document_kind(doc: &DocumentSpan) -> String {
 /// Longest name a context (its file's name without the extension) may have.
 const MAX_NAME_CHARS: usize = 200;
 
+/// The setting holding context `id`'s default method (a `MethodChoice` as JSON): what a new
+/// chat over it starts with in the window, and what the local server answers with when a
+/// request names no method.
+pub fn context_method_key(id: i64) -> String {
+    format!("context.{id}.method")
+}
+
 /// `name` trimmed, if it can name a context file: 1 to [`MAX_NAME_CHARS`] characters, no path
 /// separator, no leading '.' (a hidden file).
 pub fn context_name(name: &str) -> Result<&str> {

@@ -48,7 +48,7 @@ mod portable;
 mod rebuild;
 
 pub use chats::{ChatInfo, MessageRow, NewMessage};
-pub use contexts::{context_name, ContextInfo, DocumentInfo, ModelInfo, Status};
+pub use contexts::{context_method_key, context_name, ContextInfo, DocumentInfo, ModelInfo, Status};
 pub use database::{home, Library, BUSY_TIMEOUT, CONTEXTS_FOLDER, DATABASE_FILE};
 pub use error::{Error, Result};
 pub use rebuild::RebuildReport;

@@ -243,11 +243,16 @@ impl Session {
     /// [`Session::over`], keeping at most `resident_budget` bytes of decoded layers in device
     /// memory on the resident tier (one layer at least; `crate::plan` says how many fit).
     pub fn over_within(engine: Arc<Engine>, file: Arc<ContextFile>, tier: Tier, resident_budget: u64) -> Result<Self> {
+        let started = Instant::now();
         let (dtype, device) = (engine.model.dtype(), engine.model.device().clone());
         let kv: Box<dyn KvStore> = match tier {
             Tier::Resident => Box::new(ContextKv::new(file.clone(), dtype, &device, resident_budget)),
             Tier::Offloaded => Box::new(OffloadKv::from_context(file.clone(), dtype, &device)?),
         };
+        tracing::info!(
+            path = %file.path().display(), tokens = file.tokens().len(), tier = tier.name(),
+            seconds = started.elapsed().as_secs_f64(), "context opened"
+        );
         Ok(Self {
             engine,
             saved: Some(Saved { file, tier }),
@@ -386,6 +391,11 @@ impl Session {
             }
             _ => None,
         };
+        tracing::info!(
+            context = self.context().map(|f| f.context_id()), method = tally.name(), prompt_tokens = tail.len(),
+            reused_tokens = reused, answer_tokens = generation.tokens.len(), stop = ?generation.stop_reason,
+            first_token_s, seconds, "answered"
+        );
         turns.push(Message::new("assistant", &generation.text));
         conv.messages = turns;
         Ok(Answer {

@@ -39,7 +39,7 @@ impl Common {
         self.load(self.model.as_deref().unwrap_or(source))
     }
 
-    fn load(&self, spec: &str) -> Result<Engine> {
+    pub(crate) fn load(&self, spec: &str) -> Result<Engine> {
         let device = parse_device(&self.device)?;
         let dtype = parse_dtype(&self.dtype, &device)?;
         Ok(Engine::load(spec, &device, dtype)?)

@@ -17,6 +17,8 @@ mod gui;
 mod ingest;
 mod library_cmd;
 mod listing;
+mod logging;
+mod serve_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -60,14 +62,28 @@ enum Command {
     Methods(cli::MethodsArgs),
     /// Measure answer quality (needle-in-a-haystack accuracy per length and depth).
     Eval(eval::EvalArgs),
+    /// A local OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) over
+    /// the model and every saved context of the library (model id `context:NAME`).
+    Serve(serve_cmd::ServeArgs),
     /// Measure which channels of q·k carry the scores (for --method double-sparsity); writes
     /// folio-channels.json next to the model.
     Calibrate(calibrate_cmd::CalibrateArgs),
 }
 
+/// The log target of a command's failure: in the file, not again on stderr (printed there as
+/// `error: …` already).
+const EXIT_TARGET: &str = "folio::exit";
+/// What `folio serve` shows on stderr when `RUST_LOG` does not say: a line per request.
+const SERVE_STDERR_LOG: &str = "info,folio::exit=off";
+
 fn main() {
     ignore_file_size_signal();
     let args = Cli::parse();
+    let _log = logging::start(match &args.command {
+        None => None,
+        Some(Command::Serve(_)) => Some(SERVE_STDERR_LOG),
+        Some(_) => Some("off"),
+    });
     let result = match args.command {
         Some(cmd) => {
             let common = cli::Common { model: args.model, device: args.device, dtype: args.dtype };
@@ -82,11 +98,13 @@ fn main() {
                 Command::Methods(a) => cli::methods(a),
                 Command::Eval(a) => eval::eval(&common, a),
                 Command::Calibrate(a) => calibrate_cmd::calibrate(&common, a),
+                Command::Serve(a) => serve_cmd::serve(&common, a, BUNDLED_DEMO_MODEL),
             }
         }
         None => desktop(args.model, &args.device, &args.dtype),
     };
     if let Err(e) = result {
+        tracing::error!(target: EXIT_TARGET, error = format!("{e:#}"), "failed");
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
@@ -103,8 +121,8 @@ fn ignore_file_size_signal() {
 }
 
 /// The demo model shipped in the source tree (assets/models/demo), used by the desktop window
-/// when neither `--model` nor `FOLIO_MODEL` names one and no model was loaded in it before.
-#[cfg(feature = "gui")]
+/// and `folio serve` when neither `--model` nor `FOLIO_MODEL` names one (and, in the window, no
+/// model was loaded in it before).
 const BUNDLED_DEMO_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/models/demo");
 
 #[cfg(feature = "gui")]

@@ -46,6 +46,19 @@ pub struct Engine {
 
 impl Engine {
     pub fn load(spec: &str, device: &Device, dtype: DType) -> Result<Self> {
+        let started = std::time::Instant::now();
+        let loaded = Self::load_files(spec, device, dtype);
+        match &loaded {
+            Ok(e) => tracing::info!(
+                model = %e.name, source = spec, device = ?device.location(), ?dtype,
+                seconds = started.elapsed().as_secs_f64(), "model loaded"
+            ),
+            Err(error) => tracing::warn!(source = spec, %error, "model not loaded"),
+        }
+        loaded
+    }
+
+    fn load_files(spec: &str, device: &Device, dtype: DType) -> Result<Self> {
         let source = ModelSource::parse(spec)?;
         let files = ModelFiles::resolve(&source)?;
         let cfg = ModelConfig::from_file(&files.config)?;

@@ -355,6 +355,9 @@ fn worker_loop(shared: &Shared, w: &Worker) {
             Err(e) if resumable(e) => (JobState::Paused, Some(format!("{e:#}"))),
             Err(e) => (JobState::Failed, Some(format!("{e:#}"))),
         };
+        if let (JobState::Failed, Some(error)) = (state, &message) {
+            tracing::warn!(job = job.id, out = %job.out.display(), %error, "job failed");
+        }
         shared.update(job.id, |v| {
             v.state = state;
             v.message = message;

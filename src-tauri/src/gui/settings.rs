@@ -5,6 +5,7 @@
 //! apply to its next answer over the same saved context, with no prefill: the engine's session
 //! builds the method (and its index, when it has one) from the saved K/V.
 
+use folio_library::context_method_key;
 use folio_models::attention::{Budget, MethodChoice, MethodSpec, REGISTRY};
 use folio_models::session::GenerationSettings;
 use tauri::State;
@@ -141,11 +142,6 @@ pub(super) fn restore(state: &AppState, settings: Option<&serde_json::Value>) {
     if let Some(generation) = generation {
         *state.generation.lock().unwrap_or_else(|e| e.into_inner()) = generation;
     }
-}
-
-/// The library setting holding a context's default method (by context id).
-fn context_method_key(id: i64) -> String {
-    format!("context.{id}.method")
 }
 
 /// The default method of context `id`: what a new chat over it starts with.

@@ -195,7 +195,22 @@ pub fn build(
     opts: &BuildOptions,
     on_progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
 ) -> Result<BuildReport> {
-    build_job(model, stamp, None, plan, out, opts, on_progress)
+    logged("prefill", out, build_job(model, stamp, None, plan, out, opts, on_progress))
+}
+
+/// Logs how a prefill ended (its figures, never the documents' text) and passes it on.
+fn logged(kind: &str, out: &Path, report: Result<BuildReport>) -> Result<BuildReport> {
+    let path = out.display();
+    match &report {
+        Ok(r) => tracing::info!(
+            kind, %path, tokens = r.tokens, computed_tokens = r.computed_tokens, layers = r.layers,
+            resumed_layers = r.resumed_layers, documents = r.documents, kv_dtype = r.kv_dtype.name(),
+            seconds = r.seconds, tokens_per_s = r.tokens_per_s, file_bytes = r.file_bytes, "context written"
+        ),
+        Err(error @ (Error::Cancelled(_) | Error::Resumable { .. })) => tracing::info!(kind, %path, %error, "stopped"),
+        Err(error) => tracing::warn!(kind, %path, %error, "failed"),
+    }
+    report
 }
 
 /// Grows the saved context `base` into `out` (which may be `base`'s own path: the new version
@@ -228,6 +243,19 @@ pub struct Base<'a> {
 /// after `keep` are computed. [`append`] keeps every token; removing a document keeps the
 /// tokens before it and re-prefills the documents after it (`Engine::plan_keeping`).
 pub fn extend(
+    model: &Model,
+    stamp: &ModelStamp,
+    base: Base<'_>,
+    plan: &PrefixPlan,
+    out: &Path,
+    opts: &BuildOptions,
+    on_progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
+) -> Result<BuildReport> {
+    let kind = if base.keep == base.file.tokens().len() { "append" } else { "change" };
+    logged(kind, out, extend_job(model, stamp, base, plan, out, opts, on_progress))
+}
+
+fn extend_job(
     model: &Model,
     stamp: &ModelStamp,
     base: Base<'_>,
