@@ -239,7 +239,11 @@ fn hub_repo_ids_use_the_cache_and_fail_clearly_offline() {
     // that names the file, not a hang and not a panic.
     let unreachable: &[(&str, &Path)] = &[("HF_HOME", home.path()), ("HF_ENDPOINT", Path::new("http://127.0.0.1:9"))];
     let err = err_text(folio(&["info", "--model", "folio-test/not-cached"], unreachable));
-    assert!(err.contains("downloading folio-test/not-cached/config.json from the Hugging Face hub failed"), "{err}");
+    assert!(
+        err.contains("downloading folio-test/not-cached/(file list) from the Hugging Face hub failed")
+            && err.contains("the hub at http://127.0.0.1:9 cannot be reached"),
+        "{err}"
+    );
 
     // A cached repo (the hub's cache layout) loads with downloads forbidden.
     let repo = home.path().join("hub/models--folio-test--tiny-llama");

@@ -34,6 +34,7 @@ pub mod context;
 pub mod conversation;
 pub mod device;
 pub mod distribution;
+pub mod download;
 pub mod engine;
 pub mod error;
 pub mod excerpt;

@@ -11,10 +11,12 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use hf_hub::{Cache, Repo, RepoType};
 
+use crate::download::{DownloadProgress, Plan, Wanted};
 use crate::error::{Error, Result};
 
 pub const CONFIG: &str = "config.json";
@@ -80,9 +82,18 @@ pub struct ModelFiles {
 
 impl ModelFiles {
     pub fn resolve(source: &ModelSource) -> Result<Self> {
+        Self::resolve_with(source, &mut |_| ControlFlow::Continue(()))
+    }
+
+    /// [`ModelFiles::resolve`], a download's progress reported to `on_download` (`Break`
+    /// stops it, keeping what arrived for the next attempt).
+    pub fn resolve_with(
+        source: &ModelSource,
+        on_download: &mut dyn FnMut(&DownloadProgress) -> ControlFlow<()>,
+    ) -> Result<Self> {
         match source {
             ModelSource::Dir(dir) => Self::from_dir(dir),
-            ModelSource::Hub { repo, revision } => Self::from_hub(repo, revision.as_deref()),
+            ModelSource::Hub { repo, revision } => Self::from_hub(repo, revision.as_deref(), on_download),
         }
     }
 
@@ -113,39 +124,56 @@ impl ModelFiles {
         })
     }
 
-    fn from_hub(repo_id: &str, revision: Option<&str>) -> Result<Self> {
+    fn from_hub(
+        repo_id: &str,
+        revision: Option<&str>,
+        on_download: &mut dyn FnMut(&DownloadProgress) -> ControlFlow<()>,
+    ) -> Result<Self> {
         let repo = match revision {
             Some(rev) => Repo::with_revision(repo_id.to_owned(), RepoType::Model, rev.to_owned()),
             None => Repo::new(repo_id.to_owned(), RepoType::Model),
         };
-        let cache = Cache::from_env();
-        let mut hub = Hub {
-            cache,
-            repo,
-            repo_id,
-            offline: offline_from_env(),
-            complete: false,
-            listing: std::cell::OnceCell::new(),
-        };
+        let hub = Hub { cache: Cache::from_env(), repo, repo_id };
         // A repo whose config, tokenizer and weights list are cached was downloaded whole before:
         // its optional files are whatever the cache holds, and the network is not asked.
         let cached = |f: &str| hub.cached(f).is_some();
-        hub.complete = cached(CONFIG) && cached(TOKENIZER) && (cached(WEIGHTS_INDEX) || cached(WEIGHTS));
+        let complete = cached(CONFIG) && cached(TOKENIZER) && (cached(WEIGHTS_INDEX) || cached(WEIGHTS));
+        if !complete && !offline_from_env() {
+            download_plan(repo_id, revision.unwrap_or(DEFAULT_REVISION))?.download(on_download)?;
+        }
         let config = hub.required(CONFIG)?;
         let tokenizer = hub.required(TOKENIZER)?;
-        let weights = match hub.optional(WEIGHTS_INDEX)? {
+        let weights = match hub.cached(WEIGHTS_INDEX) {
             Some(index) => shard_names(&index)?.iter().map(|s| hub.required(s)).collect::<Result<Vec<_>>>()?,
             None => vec![hub.required(WEIGHTS)?],
         };
         Ok(Self {
             config,
             tokenizer,
-            tokenizer_config: hub.optional(TOKENIZER_CONFIG)?,
-            generation_config: hub.optional(GENERATION_CONFIG)?,
-            chat_template: hub.optional(CHAT_TEMPLATE)?,
+            tokenizer_config: hub.cached(TOKENIZER_CONFIG),
+            generation_config: hub.cached(GENERATION_CONFIG),
+            chat_template: hub.cached(CHAT_TEMPLATE),
             weights,
         })
     }
+}
+
+/// The revision a repo id without `@REVISION` names.
+pub const DEFAULT_REVISION: &str = "main";
+
+/// The files of a model repo Folio loads: config and tokenizer required, the rest when there.
+pub const MODEL_FILES: Wanted = Wanted {
+    config: CONFIG,
+    required: &[CONFIG, TOKENIZER],
+    optional: &[TOKENIZER_CONFIG, GENERATION_CONFIG, CHAT_TEMPLATE],
+    weights: WEIGHTS,
+    index: WEIGHTS_INDEX,
+    shards: shard_names,
+};
+
+/// What downloading the model `repo` at `revision` would take (its config fetched already).
+pub fn download_plan(repo: &str, revision: &str) -> Result<Plan> {
+    Plan::fetch(repo, revision, &MODEL_FILES)
 }
 
 /// `HF_HUB_OFFLINE` as huggingface_hub reads it: 1, on, yes or true (any case) forbid downloads.
@@ -154,15 +182,11 @@ fn offline_from_env() -> bool {
         .is_ok_and(|v| ["1", "on", "yes", "true"].contains(&v.trim().to_lowercase().as_str()))
 }
 
+/// A repo in the Hugging Face cache (downloads are `crate::download`'s).
 struct Hub<'a> {
     cache: Cache,
     repo: Repo,
     repo_id: &'a str,
-    offline: bool,
-    /// Whether the cache held the repo before this load started.
-    complete: bool,
-    /// The repo's file list, asked of the hub once, only when something must be downloaded.
-    listing: std::cell::OnceCell<Vec<String>>,
 }
 
 impl Hub<'_> {
@@ -170,63 +194,13 @@ impl Hub<'_> {
         self.cache.repo(self.repo.clone()).get(file)
     }
 
+    /// A file the model needs: from the cache (a download has put it there), or a clear error.
     fn required(&self, file: &str) -> Result<PathBuf> {
-        if let Some(p) = self.cached(file) {
-            return Ok(p);
-        }
-        if self.offline {
-            return Err(Error::ModelNotCached {
-                repo: self.repo_id.to_owned(),
-                file: file.to_owned(),
-                cache: self.cache.path().clone(),
-            });
-        }
-        self.download(file)
-    }
-
-    /// An optional file: from the cache; otherwise, unless the cache already held the repo or
-    /// downloads are off, from the hub if the repo's file list has it.
-    fn optional(&self, file: &str) -> Result<Option<PathBuf>> {
-        if let Some(p) = self.cached(file) {
-            return Ok(Some(p));
-        }
-        if self.offline || self.complete {
-            return Ok(None);
-        }
-        if !self.files()?.iter().any(|f| f == file) {
-            return Ok(None);
-        }
-        self.download(file).map(Some)
-    }
-
-    fn files(&self) -> Result<&Vec<String>> {
-        if let Some(files) = self.listing.get() {
-            return Ok(files);
-        }
-        let info = self
-            .api("(file list)")?
-            .repo(self.repo.clone())
-            .info()
-            .map_err(|e| self.download_error("(file list)", e))?;
-        Ok(self.listing.get_or_init(|| info.siblings.into_iter().map(|s| s.rfilename).collect()))
-    }
-
-    /// The hub client as huggingface_hub configures it: `HF_HOME`, `HF_ENDPOINT`, and the
-    /// token from `HF_TOKEN` or the cache's token file.
-    fn api(&self, file: &str) -> Result<hf_hub::api::sync::Api> {
-        let mut builder = hf_hub::api::sync::ApiBuilder::from_env().with_progress(true);
-        if let Ok(token) = std::env::var("HF_TOKEN") {
-            builder = builder.with_token(Some(token));
-        }
-        builder.build().map_err(|e| self.download_error(file, e))
-    }
-
-    fn download(&self, file: &str) -> Result<PathBuf> {
-        self.api(file)?.repo(self.repo.clone()).get(file).map_err(|e| self.download_error(file, e))
-    }
-
-    fn download_error(&self, file: &str, e: impl std::fmt::Display) -> Error {
-        Error::Download { repo: self.repo_id.to_owned(), file: file.to_owned(), msg: e.to_string() }
+        self.cached(file).ok_or_else(|| Error::ModelNotCached {
+            repo: self.repo_id.to_owned(),
+            file: file.to_owned(),
+            cache: self.cache.path().clone(),
+        })
     }
 }
 
@@ -273,7 +247,7 @@ pub fn cached_models_in(hub: &Path) -> Vec<CachedModel> {
 }
 
 /// The distinct shard files named by a `model.safetensors.index.json`, in order.
-fn shard_names(index: &Path) -> Result<Vec<String>> {
+pub(crate) fn shard_names(index: &Path) -> Result<Vec<String>> {
     #[derive(serde::Deserialize)]
     struct Index {
         weight_map: BTreeMap<String, String>,

@@ -39,10 +39,24 @@ impl Common {
         self.load(self.model.as_deref().unwrap_or(source))
     }
 
+    /// Loads `spec`; a repo id not cached yet downloads first, with a bar on stderr (bytes,
+    /// rate, time left) when stderr is a terminal.
     pub(crate) fn load(&self, spec: &str) -> Result<Engine> {
         let device = parse_device(&self.device)?;
         let dtype = parse_dtype(&self.dtype, &device)?;
-        Ok(Engine::load(spec, &device, dtype)?)
+        let bar = std::io::IsTerminal::is_terminal(&std::io::stderr()).then(download_bar).flatten();
+        let engine = Engine::load_with(spec, &device, dtype, &mut |p| {
+            if let Some(bar) = &bar {
+                bar.set_length(p.total);
+                bar.set_position(p.done);
+                bar.set_message(format!("{} {}", p.repo, p.file));
+            }
+            std::ops::ControlFlow::Continue(())
+        });
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        Ok(engine?)
     }
 }
 
@@ -379,4 +393,12 @@ pub fn methods(a: MethodsArgs) -> Result<()> {
     }
     println!("Name one as METHOD[:BUDGET][:KEY=VALUE]..., e.g. --method hip:2048:refresh=16");
     Ok(())
+}
+
+/// The bar of a model's download: bytes, rate and time left, as `huggingface-cli` shows them.
+fn download_bar() -> Option<indicatif::ProgressBar> {
+    let style =
+        indicatif::ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {bytes_per_sec} {eta} left  {msg}")
+            .ok()?;
+    Some(indicatif::ProgressBar::new(0).with_style(style))
 }

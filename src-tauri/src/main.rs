@@ -79,7 +79,7 @@ const SERVE_STDERR_LOG: &str = "info,folio::exit=off";
 fn main() {
     ignore_file_size_signal();
     let args = Cli::parse();
-    let _log = logging::start(match &args.command {
+    let log = logging::start(match &args.command {
         None => None,
         Some(Command::Serve(_)) => Some(SERVE_STDERR_LOG),
         Some(_) => Some("off"),
@@ -106,6 +106,8 @@ fn main() {
     if let Err(e) = result {
         tracing::error!(target: EXIT_TARGET, error = format!("{e:#}"), "failed");
         eprintln!("error: {e:#}");
+        // The log's writer thread flushes when its guard drops; `exit` runs no destructors.
+        drop(log);
         std::process::exit(1);
     }
 }

@@ -46,8 +46,19 @@ pub struct Engine {
 
 impl Engine {
     pub fn load(spec: &str, device: &Device, dtype: DType) -> Result<Self> {
+        Self::load_with(spec, device, dtype, &mut |_| std::ops::ControlFlow::Continue(()))
+    }
+
+    /// [`Engine::load`], a download from the hub (a repo id not cached yet) reporting its
+    /// progress to `on_download`; `Break` stops it, keeping what arrived for the next load.
+    pub fn load_with(
+        spec: &str,
+        device: &Device,
+        dtype: DType,
+        on_download: &mut dyn FnMut(&crate::download::DownloadProgress) -> std::ops::ControlFlow<()>,
+    ) -> Result<Self> {
         let started = std::time::Instant::now();
-        let loaded = Self::load_files(spec, device, dtype);
+        let loaded = Self::load_files(spec, device, dtype, on_download);
         match &loaded {
             Ok(e) => tracing::info!(
                 model = %e.name, source = spec, device = ?device.location(), ?dtype,
@@ -58,9 +69,14 @@ impl Engine {
         loaded
     }
 
-    fn load_files(spec: &str, device: &Device, dtype: DType) -> Result<Self> {
+    fn load_files(
+        spec: &str,
+        device: &Device,
+        dtype: DType,
+        on_download: &mut dyn FnMut(&crate::download::DownloadProgress) -> std::ops::ControlFlow<()>,
+    ) -> Result<Self> {
         let source = ModelSource::parse(spec)?;
-        let files = ModelFiles::resolve(&source)?;
+        let files = ModelFiles::resolve_with(&source, on_download)?;
         let cfg = ModelConfig::from_file(&files.config)?;
         let tokenizer = Tokenizer::from_file(&files.tokenizer, cfg.bos_token_id)?;
         let chat_template = ChatTemplate::load(files.chat_template.as_deref(), files.tokenizer_config.as_deref())?;

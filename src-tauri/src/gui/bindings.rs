@@ -44,6 +44,7 @@ mod tests {
         gui::settings::IndexProgress::export_all(&cfg)?;
         gui::settings::CalibrationStatus::export_all(&cfg)?;
         gui::settings::CalibrationProgress::export_all(&cfg)?;
+        gui::server::ServerStatus::export_all(&cfg)?;
         folio_library::ContextInfo::export_all(&cfg)?;
         folio_library::DocumentInfo::export_all(&cfg)?;
         folio_library::ChatInfo::export_all(&cfg)?;

@@ -68,11 +68,7 @@ pub(super) async fn remove_context(state: State<'_, AppState>, id: i64, delete_f
 pub(super) async fn reveal_context(state: State<'_, AppState>, id: i64) -> Result<(), String> {
     let info = state.library()?.context(id).await.map_err(|e| e.to_string())?;
     let folder = info.path.parent().map(PathBuf::from).unwrap_or_default();
-    std::process::Command::new("xdg-open")
-        .arg(&folder)
-        .spawn()
-        .map(|_| ())
-        .map_err(|e| format!("could not open {} in the file manager (xdg-open: {e})", folder.display()))
+    super::desktop::open_folder(&folder)
 }
 
 /// Sets a damaged library aside and makes a new one from the context files in its folder.

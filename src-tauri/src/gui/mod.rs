@@ -20,11 +20,13 @@ mod ask;
 mod bindings;
 mod chats;
 mod contexts;
+mod desktop;
 mod details;
 mod engine;
 mod jobs;
 mod models;
 mod prefill;
+mod server;
 mod settings;
 mod sources;
 
@@ -94,6 +96,8 @@ struct AppState {
     feed: Arc<Mutex<Option<Channel<UiEvent>>>>,
     /// What the window should tell at start (a last-used model that no longer loads).
     startup_notice: Option<String>,
+    /// The local API the window runs (Settings → Local API).
+    server: server::WindowServer,
 }
 
 /// The loaded model, or why there is none.
@@ -384,6 +388,7 @@ fn start(model: Option<String>, fallback: Option<String>, device: &str, dtype: &
         jobs,
         feed,
         startup_notice,
+        server: server::WindowServer::default(),
     })
 }
 
@@ -395,6 +400,12 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
     tauri::Builder::default()
         .plugin(tauri_plugin_dialog::init())
         .manage(state)
+        .setup(|app| {
+            // The local API, if it was on when the window last closed.
+            let handle = app.handle().clone();
+            tauri::async_runtime::spawn(async move { server::resume(&handle.state::<AppState>()).await });
+            Ok(())
+        })
         .on_window_event(|window, event| {
             if let tauri::WindowEvent::DragDrop(drag) = event {
                 let state = window.state::<AppState>();
@@ -466,6 +477,9 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
             models::models,
             models::load_model,
             models::pick_model_folder,
+            server::server_status,
+            server::set_server,
+            server::reveal_logs,
         ])
         .run(tauri::generate_context!())?;
     Ok(())

@@ -93,6 +93,7 @@ pub(super) async fn install(state: &AppState, engine: Arc<Engine>, spec: Option<
     *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) = None;
     state.forget_chat();
     let waiting = state.jobs.restore(&engine);
+    super::server::follow_model(state, engine.clone()).await;
     if let (Some(spec), Ok(lib)) = (spec, state.library()) {
         if let Err(e) = lib.set_setting(LAST_MODEL, &serde_json::json!(spec)).await {
             eprintln!("folio: {spec} is not remembered for the next start: {e}");

@@ -6,6 +6,7 @@
 import { Channel } from '@tauri-apps/api/core';
 import { call, inTauri, type AppInfo, type ChatInfo, type Comparison, type Passage } from './api';
 import type { ContextInfo } from './bindings/ContextInfo';
+import type { ServerStatus } from './bindings/ServerStatus';
 import type { ParamSpec } from './bindings/ParamSpec';
 import type { Path } from './bindings/Path';
 import type { Term } from './bindings/Term';
@@ -43,7 +44,7 @@ import type { ModelChoices } from './bindings/ModelChoices';
 
 // The types the Rust side sends and takes, generated from its structs (ui/src/lib/bindings,
 // src-tauri/src/gui/bindings.rs): re-exported so that components import them from here.
-export type { ContextInfo, DocumentInfo, StagedDocument, Skip, Staged, Estimate, Progress, JobState, JobView, UiEvent, ChangeRequest, Imported, MethodChoice, MethodSpec, GenerationSettings, OpenedChat, Piece, DocumentExcerpts, EngineSettings, DeviceChoice, EngineView, PlanView, StoredIndex, CalibrationStatus, CachedModel, LibraryModel, ModelChoices };
+export type { ContextInfo, DocumentInfo, StagedDocument, Skip, Staged, Estimate, Progress, JobState, JobView, UiEvent, ChangeRequest, Imported, MethodChoice, MethodSpec, GenerationSettings, OpenedChat, Piece, DocumentExcerpts, EngineSettings, DeviceChoice, EngineView, PlanView, StoredIndex, CalibrationStatus, CachedModel, LibraryModel, ModelChoices, ServerStatus };
 
 /** A chat's message as the window reads it back (details typed; an unreadable record is null). */
 export type MessageRow = ChatMessage;
@@ -93,6 +94,11 @@ export const autoResume = () => call<boolean>('auto_resume');
 /** The native file picker; what is picked arrives like a drop (the feed's `dropped`). */
 export const pickDocuments = (folders: boolean) => call<void>('pick_documents', { folders });
 export const setAutoResume = (on: boolean) => call<void>('set_auto_resume', { on });
+
+/** The local API (Settings → Local API) and the log's folder. */
+export const serverStatus = () => call<ServerStatus>('server_status');
+export const setServer = (on: boolean, port: number) => call<ServerStatus>('set_server', { on, port });
+export const revealLogs = () => call<void>('reveal_logs');
 
 /** Verifies context files, copies them into the library's folder and lists them. */
 export const importContexts = (paths: string[]) => call<Imported>('import_contexts', { paths });
