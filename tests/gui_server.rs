@@ -2,8 +2,12 @@
 //! and the library's contexts to any OpenAI client on this machine — switched on as a person
 //! does (a port typed, the switch clicked), asked from a real HTTP client over the context the
 //! window prefilled, switched off (nothing listens), remembered across a restart — and the log's
-//! folder is shown, with the window's own steps in it. The app under Xvfb through WebDriver.
+//! folder is shown, with the window's own steps in it. And a model from the hub: a repo id typed
+//! is looked up (its facts, the download's size), downloaded with progress, cancelled, resumed
+//! and loaded. The app under Xvfb through WebDriver.
 
+#[path = "common/hub.rs"]
+mod hub;
 #[path = "common/webdriver.rs"]
 mod webdriver;
 #[path = "common/xvfb.rs"]
@@ -13,7 +17,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use webdriver::{drop_paths, open_settings, screenshot, statuses, tauri_driver, Driver};
+use webdriver::{drop_paths, open_settings, screenshot, statuses, tauri_driver, tauri_driver_with, Driver};
 use xvfb::start_xvfb;
 
 /// What the demo model answers to the samples' first question (assets/SAMPLES.md).
@@ -103,5 +107,52 @@ fn the_window_serves_its_model_and_contexts_to_openai_clients() {
     d.click("[data-testid=server-switch]");
     d.wait("the API off", |d| shown_url(d).is_none());
     assert!(agent.get(format!("{url}/models")).call().is_err(), "still listening after the switch went off");
+    d.quit();
+}
+
+/// Settings → Change model with a repo id the cache lacks, against a hub on loopback that sends
+/// the weights slowly: the facts and the size first, then the download with its progress, a
+/// Cancel that keeps what arrived, a second Download that goes on from it, and the model loaded.
+#[test]
+fn the_window_downloads_a_model_with_progress_and_cancel() {
+    let (_xvfb, display) = start_xvfb();
+    let home = tempfile::tempdir().unwrap();
+    let hf = tempfile::tempdir().unwrap();
+    let llama = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/llama");
+    let faults = hub::Faults { slow: Some(Duration::from_millis(60)), ..hub::Faults::default() };
+    let hub = hub::Hub::start(&llama, "llama", faults);
+    let env = [("HF_HOME", hf.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())];
+    let (_td, base) = tauri_driver_with(&display, home.path(), "tauri-driver-download.log", &env);
+    let d = Driver::start(&base);
+    d.wait("the window", |d| d.element(".sidebar").is_some());
+    open_settings(&d);
+    d.script("document.querySelector('[data-testid=model-switch]').scrollIntoView()", json!([]));
+    d.type_into("[data-testid=model-spec]", "folio-test/llama");
+    d.click("[data-testid=load-model]");
+    d.wait("the download's facts", |d| d.element("[data-testid=download-card]").is_some());
+    let card = d.texts("[data-testid=download-card]").concat();
+    assert!(card.contains("folio-test/llama") && card.contains("llama") && card.contains("parameters"), "{card}");
+    assert!(d.texts("[data-testid=download-size]").concat().contains("6 files"), "{card}");
+    screenshot(&display, "22-download-facts");
+
+    // Download, with progress; Cancel keeps what arrived.
+    d.click("[data-testid=start-download]");
+    d.wait("a tenth of the weights", |d| {
+        d.script("return document.querySelector('[data-testid=download-progress]')?.value ?? 0", json!([]))
+            .as_f64()
+            .is_some_and(|v| v > 60_000.0)
+    });
+    screenshot(&display, "23-download-progress");
+    d.click("[data-testid=cancel-download]");
+    d.wait("the download stopped", |d| d.texts("[data-testid=download-note]").concat().contains("stopped"));
+    d.wait("what is left to fetch", |d| d.texts("[data-testid=download-size]").concat().contains("here already"));
+
+    // Download again: it goes on from what arrived, then the model loads.
+    d.click("[data-testid=start-download]");
+    d.wait("the downloaded model running, or why not", |d| {
+        d.texts(".model-name").concat().contains("llama") || !d.texts("[data-testid=download-note]").is_empty()
+    });
+    assert!(d.texts("[data-testid=download-note]").is_empty(), "{:?}", d.texts("[data-testid=download-note]"));
+    assert!(hub.ranges() >= 1, "the second download started over");
     d.quit();
 }

@@ -83,7 +83,7 @@ fn a_dropped_connection_goes_on_from_where_it_broke() {
 
 #[test]
 fn a_download_killed_midway_goes_on_from_where_it_stopped() {
-    let hub = Hub::start(&llama(), "llama", Faults { slow: true, ..Faults::default() });
+    let hub = Hub::start(&llama(), "llama", Faults { slow: Some(Duration::from_millis(20)), ..Faults::default() });
     let home = tempfile::tempdir().unwrap();
     let mut child = folio(&hub, home.path(), &["info", "--model", "folio-test/llama"]).spawn().unwrap();
     let blobs = repo_dir(home.path()).join("blobs");

@@ -134,11 +134,7 @@ impl ModelFiles {
             None => Repo::new(repo_id.to_owned(), RepoType::Model),
         };
         let hub = Hub { cache: Cache::from_env(), repo, repo_id };
-        // A repo whose config, tokenizer and weights list are cached was downloaded whole before:
-        // its optional files are whatever the cache holds, and the network is not asked.
-        let cached = |f: &str| hub.cached(f).is_some();
-        let complete = cached(CONFIG) && cached(TOKENIZER) && (cached(WEIGHTS_INDEX) || cached(WEIGHTS));
-        if !complete && !offline_from_env() {
+        if !hub.complete() && !offline_from_env() {
             download_plan(repo_id, revision.unwrap_or(DEFAULT_REVISION))?.download(on_download)?;
         }
         let config = hub.required(CONFIG)?;
@@ -189,7 +185,21 @@ struct Hub<'a> {
     repo_id: &'a str,
 }
 
+/// Whether the cache holds `repo` at `revision` (default `main`) whole: it loads offline.
+pub fn cached_whole(repo: &str, revision: Option<&str>) -> bool {
+    let repo_id =
+        Repo::with_revision(repo.to_owned(), RepoType::Model, revision.unwrap_or(DEFAULT_REVISION).to_owned());
+    Hub { cache: Cache::from_env(), repo: repo_id, repo_id: repo }.complete()
+}
+
 impl Hub<'_> {
+    /// A repo whose config, tokenizer and weights list are cached was downloaded whole before:
+    /// its optional files are whatever the cache holds, and the network is not asked.
+    fn complete(&self) -> bool {
+        let cached = |f: &str| self.cached(f).is_some();
+        cached(CONFIG) && cached(TOKENIZER) && (cached(WEIGHTS_INDEX) || cached(WEIGHTS))
+    }
+
     fn cached(&self, file: &str) -> Option<PathBuf> {
         self.cache.repo(self.repo.clone()).get(file)
     }

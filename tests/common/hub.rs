@@ -35,13 +35,13 @@ struct Repo {
 pub struct Faults {
     /// Drop the connection after this many bytes of the first GET of a weights file.
     pub drop_once: Option<usize>,
-    /// Send weights in small pieces with pauses (about 1.5 s for the tiny Llama's).
-    pub slow: bool,
+    /// Send weights in small pieces with this pause between them (20 ms: about 1.5 s for the
+    /// tiny Llama's).
+    pub slow: Option<std::time::Duration>,
 }
 
-/// Bytes and pause of a slow weights body.
+/// Bytes of each piece of a slow weights body.
 const SLOW_PIECE: usize = 8 << 10;
-const SLOW_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The server, stopped when dropped (its runtime goes with it).
 pub struct Hub {
@@ -144,14 +144,19 @@ async fn blob(State(repo): State<Arc<Repo>>, UrlPath(etag): UrlPath<String>, hea
     let from = headers
         .get(header::RANGE)
         .and_then(|r| r.to_str().ok()?.strip_prefix("bytes=")?.strip_suffix('-')?.parse::<usize>().ok());
-    if let Some(from) = from {
+    if from.is_some() {
         repo.ranges.fetch_add(1, Ordering::SeqCst);
+    }
+    if let Some(pause) = repo.faults.slow {
+        let (status, sent) = match from {
+            Some(at) => (StatusCode::PARTIAL_CONTENT, bytes.slice(at..)),
+            None => (StatusCode::OK, bytes.clone()),
+        };
+        return (status, [(header::CONTENT_LENGTH, sent.len().to_string())], slow_body(sent, pause)).into_response();
+    }
+    if let Some(from) = from {
         let range = format!("bytes {from}-{}/{}", bytes.len() - 1, bytes.len());
         return (StatusCode::PARTIAL_CONTENT, [(header::CONTENT_RANGE, range)], bytes.slice(from..)).into_response();
-    }
-    if repo.faults.slow {
-        return (StatusCode::OK, [(header::CONTENT_LENGTH, bytes.len().to_string())], slow_body(bytes.clone()))
-            .into_response();
     }
     match repo.faults.drop_once {
         Some(at) if !repo.dropped.swap(true, Ordering::SeqCst) => {
@@ -176,11 +181,11 @@ fn broken_body(head: Bytes) -> Body {
 }
 
 /// `bytes` in small pieces with pauses between them, from a thread of its own.
-fn slow_body(bytes: Bytes) -> Body {
+fn slow_body(bytes: Bytes, pause: std::time::Duration) -> Body {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     std::thread::spawn(move || {
         for at in (0..bytes.len()).step_by(SLOW_PIECE) {
-            std::thread::sleep(SLOW_PAUSE);
+            std::thread::sleep(pause);
             if tx.blocking_send(Ok(bytes.slice(at..(at + SLOW_PIECE).min(bytes.len())))).is_err() {
                 return;
             }

@@ -29,10 +29,16 @@ fn free_port() -> u16 {
 /// tauri-driver on fresh ports for the app on `display` with `home` as FOLIO_HOME, logging to `log`:
 /// the child (killed with its group on drop) and its URL.
 pub fn tauri_driver(display: &str, home: &Path, log: &str) -> (Reaped, String) {
+    tauri_driver_with(display, home, log, &[])
+}
+
+/// [`tauri_driver`], the app started with `env` too (a hub's address, a cache folder).
+pub fn tauri_driver_with(display: &str, home: &Path, log: &str, env: &[(&str, &str)]) -> (Reaped, String) {
     // Each start gets its own ports: a driver killed with its window must not answer again.
     let (port, native) = (free_port(), free_port());
     let child = Command::new("tauri-driver")
         .args(["--port", &port.to_string(), "--native-port", &native.to_string()])
+        .envs(env.iter().copied())
         .env("DISPLAY", display)
         .env("FOLIO_HOME", home)
         .env("FOLIO_TEST_HOOKS", "1")

@@ -45,6 +45,8 @@ mod tests {
         gui::settings::CalibrationStatus::export_all(&cfg)?;
         gui::settings::CalibrationProgress::export_all(&cfg)?;
         gui::server::ServerStatus::export_all(&cfg)?;
+        gui::download::Lookup::export_all(&cfg)?;
+        folio_models::download::DownloadProgress::export_all(&cfg)?;
         folio_library::ContextInfo::export_all(&cfg)?;
         folio_library::DocumentInfo::export_all(&cfg)?;
         folio_library::ChatInfo::export_all(&cfg)?;

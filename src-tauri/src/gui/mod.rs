@@ -22,6 +22,7 @@ mod chats;
 mod contexts;
 mod desktop;
 mod details;
+mod download;
 mod engine;
 mod jobs;
 mod models;
@@ -98,6 +99,8 @@ struct AppState {
     startup_notice: Option<String>,
     /// The local API the window runs (Settings → Local API).
     server: server::WindowServer,
+    /// Set by Cancel: the model download stops (`download.rs`).
+    download_stop: Arc<AtomicBool>,
 }
 
 /// The loaded model, or why there is none.
@@ -239,6 +242,15 @@ struct ModelFacts {
     fingerprint: Option<String>,
 }
 
+/// K/V bytes one token of context takes in `cfg`'s model, stored as the window stores it.
+fn kv_bytes_per_token(cfg: &folio_models::config::ModelConfig) -> u64 {
+    [SectionKind::Keys, SectionKind::Values]
+        .iter()
+        .map(|&kind| context::DEFAULT_KV_DTYPE.section_bytes(kind, cfg.num_kv_heads, cfg.head_dim))
+        .sum::<u64>()
+        * cfg.num_layers as u64
+}
+
 #[tauri::command]
 fn app_info(state: State<'_, AppState>) -> AppInfo {
     let library = state.library.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|l| l.database().to_owned());
@@ -259,11 +271,7 @@ fn app_info(state: State<'_, AppState>) -> AppInfo {
                 parameters: e.model.parameters(),
                 layers: cfg.num_layers,
                 max_context: cfg.max_position_embeddings,
-                kv_bytes_per_token: [SectionKind::Keys, SectionKind::Values]
-                    .iter()
-                    .map(|&kind| context::DEFAULT_KV_DTYPE.section_bytes(kind, cfg.num_kv_heads, cfg.head_dim))
-                    .sum::<u64>()
-                    * cfg.num_layers as u64,
+                kv_bytes_per_token: kv_bytes_per_token(cfg),
                 fingerprint: e.stamp().ok().and_then(|st| serde_json::to_string(&st.fingerprint).ok()),
             }
         }),
@@ -389,6 +397,7 @@ fn start(model: Option<String>, fallback: Option<String>, device: &str, dtype: &
         feed,
         startup_notice,
         server: server::WindowServer::default(),
+        download_stop: Arc::default(),
     })
 }
 
@@ -480,6 +489,9 @@ pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype:
             server::server_status,
             server::set_server,
             server::reveal_logs,
+            download::model_lookup,
+            download::download_model,
+            download::cancel_download,
         ])
         .run(tauri::generate_context!())?;
     Ok(())

@@ -7,6 +7,9 @@ import { Channel } from '@tauri-apps/api/core';
 import { call, inTauri, type AppInfo, type ChatInfo, type Comparison, type Passage } from './api';
 import type { ContextInfo } from './bindings/ContextInfo';
 import type { ServerStatus } from './bindings/ServerStatus';
+import type { Lookup } from './bindings/Lookup';
+import type { DownloadView } from './bindings/DownloadView';
+import type { DownloadProgress } from './bindings/DownloadProgress';
 import type { ParamSpec } from './bindings/ParamSpec';
 import type { Path } from './bindings/Path';
 import type { Term } from './bindings/Term';
@@ -44,7 +47,7 @@ import type { ModelChoices } from './bindings/ModelChoices';
 
 // The types the Rust side sends and takes, generated from its structs (ui/src/lib/bindings,
 // src-tauri/src/gui/bindings.rs): re-exported so that components import them from here.
-export type { ContextInfo, DocumentInfo, StagedDocument, Skip, Staged, Estimate, Progress, JobState, JobView, UiEvent, ChangeRequest, Imported, MethodChoice, MethodSpec, GenerationSettings, OpenedChat, Piece, DocumentExcerpts, EngineSettings, DeviceChoice, EngineView, PlanView, StoredIndex, CalibrationStatus, CachedModel, LibraryModel, ModelChoices, ServerStatus };
+export type { ContextInfo, DocumentInfo, StagedDocument, Skip, Staged, Estimate, Progress, JobState, JobView, UiEvent, ChangeRequest, Imported, MethodChoice, MethodSpec, GenerationSettings, OpenedChat, Piece, DocumentExcerpts, EngineSettings, DeviceChoice, EngineView, PlanView, StoredIndex, CalibrationStatus, CachedModel, LibraryModel, ModelChoices, ServerStatus, Lookup, DownloadView, DownloadProgress };
 
 /** A chat's message as the window reads it back (details typed; an unreadable record is null). */
 export type MessageRow = ChatMessage;
@@ -94,6 +97,15 @@ export const autoResume = () => call<boolean>('auto_resume');
 /** The native file picker; what is picked arrives like a drop (the feed's `dropped`). */
 export const pickDocuments = (folders: boolean) => call<void>('pick_documents', { folders });
 export const setAutoResume = (on: boolean) => call<void>('set_auto_resume', { on });
+
+/** A model typed in Change model: ready to load, or a hub repo to download (its facts and size). */
+export const modelLookup = (spec: string) => call<Lookup>('model_lookup', { spec });
+/** Downloads a hub repo into the Hugging Face cache, reporting progress; rejects when cancelled. */
+export function downloadModel(spec: string, onProgress: (p: DownloadProgress) => void): Promise<void> {
+  const onEvent = new Channel<DownloadProgress>(onProgress);
+  return call('download_model', { spec, onProgress: onEvent });
+}
+export const cancelDownload = () => call<void>('cancel_download');
 
 /** The local API (Settings → Local API) and the log's folder. */
 export const serverStatus = () => call<ServerStatus>('server_status');
