@@ -34,6 +34,10 @@ cargo fmt --all --check
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "the .deb of the debug build (scripts/package.sh; tests/install.rs installs it)"
+(cd ui && npm run --silent build)
+ui/node_modules/.bin/tauri build --debug --bundles deb
+
 step "cargo test"
 cargo test --workspace --locked
 

@@ -35,6 +35,10 @@ struct Cli {
     /// Compute dtype: auto (f32 on CPU, bf16 on GPU), f32, bf16 or f16.
     #[arg(long, global = true, default_value = "auto")]
     dtype: String,
+    /// Context files to open in the window (what the desktop passes when a .folio file is
+    /// opened): each is verified and imported into the library.
+    #[arg(value_name = "FILE.folio")]
+    files: Vec<std::path::PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -98,10 +102,10 @@ fn main() {
                 Command::Methods(a) => cli::methods(a),
                 Command::Eval(a) => eval::eval(&common, a),
                 Command::Calibrate(a) => calibrate_cmd::calibrate(&common, a),
-                Command::Serve(a) => serve_cmd::serve(&common, a, BUNDLED_DEMO_MODEL),
+                Command::Serve(a) => serve_cmd::serve(&common, a, bundled_demo_model()),
             }
         }
-        None => desktop(args.model, &args.device, &args.dtype),
+        None => desktop(args.model, &args.device, &args.dtype, args.files),
     };
     if let Err(e) = result {
         tracing::error!(target: EXIT_TARGET, error = format!("{e:#}"), "failed");
@@ -122,19 +126,41 @@ fn ignore_file_size_signal() {
     }
 }
 
-/// The demo model shipped in the source tree (assets/models/demo), used by the desktop window
-/// and `folio serve` when neither `--model` nor `FOLIO_MODEL` names one (and, in the window, no
-/// model was loaded in it before).
-const BUNDLED_DEMO_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/models/demo");
+/// The demo model as a build from source has it (assets/models/demo).
+const SOURCE_DEMO_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/models/demo");
+/// Where an installed package puts it beside the binary: `/usr/lib/Folio/models/demo` for
+/// `/usr/bin/folio` (the .deb; the AppImage's tree has the same shape under `$APPDIR/usr`).
+const INSTALLED_DEMO_MODEL: &str = "../lib/Folio/models/demo";
+
+/// The bundled demo model, used by the desktop window and `folio serve` when neither
+/// `--model` nor `FOLIO_MODEL` names one (and, in the window, no model was loaded in it
+/// before): an installed package's copy first, else the source tree's.
+fn bundled_demo_model() -> Option<String> {
+    let exe = std::env::current_exe().ok();
+    let installed = exe.as_deref().and_then(std::path::Path::parent).map(|bin| bin.join(INSTALLED_DEMO_MODEL));
+    installed
+        .into_iter()
+        .chain([std::path::PathBuf::from(SOURCE_DEMO_MODEL)])
+        .find(|p| p.join("config.json").is_file())
+        .map(|p| p.canonicalize().unwrap_or(p).display().to_string())
+}
 
 #[cfg(feature = "gui")]
-fn desktop(model: Option<String>, device: &str, dtype: &str) -> anyhow::Result<()> {
+fn desktop(model: Option<String>, device: &str, dtype: &str, files: Vec<std::path::PathBuf>) -> anyhow::Result<()> {
+    // A mistyped command reads as a file: say so rather than open the window on it.
+    let is_context =
+        |f: &std::path::Path| f.is_file() && f.extension().is_some_and(|e| e.eq_ignore_ascii_case("folio"));
+    if let Some(f) = files.iter().find(|f| !is_context(f)) {
+        anyhow::bail!(
+            "{}: neither a command nor a context file (.folio); `folio --help` lists the commands",
+            f.display()
+        );
+    }
     let model = model.or_else(|| std::env::var("FOLIO_MODEL").ok().filter(|m| !m.is_empty()));
-    let demo = std::path::Path::new(BUNDLED_DEMO_MODEL).is_dir().then(|| BUNDLED_DEMO_MODEL.to_owned());
-    gui::run(model, demo, device, dtype)
+    gui::run(model, bundled_demo_model(), device, dtype, files)
 }
 
 #[cfg(not(feature = "gui"))]
-fn desktop(_: Option<String>, _: &str, _: &str) -> anyhow::Result<()> {
+fn desktop(_: Option<String>, _: &str, _: &str, _: Vec<std::path::PathBuf>) -> anyhow::Result<()> {
     anyhow::bail!("this build of folio has no desktop window (built without the `gui` feature); run `folio --help` for the headless commands")
 }

@@ -50,18 +50,14 @@ pub struct ServeArgs {
 }
 
 /// The model `folio serve` loads: `--model`, else FOLIO_MODEL, else the bundled demo model.
-fn model_spec(common: &Common, demo: &str) -> Result<String> {
+fn model_spec(common: &Common, demo: Option<String>) -> Result<String> {
     if let Some(m) = common.model.clone().or_else(|| std::env::var("FOLIO_MODEL").ok().filter(|m| !m.is_empty())) {
         return Ok(m);
     }
-    anyhow::ensure!(
-        std::path::Path::new(demo).is_dir(),
-        "--model is required: a model folder or a Hugging Face repo id (the bundled demo model is not here)"
-    );
-    Ok(demo.to_owned())
+    demo.context("--model is required: a model folder or a Hugging Face repo id (the bundled demo model is not here)")
 }
 
-pub fn serve(common: &Common, a: ServeArgs, demo: &str) -> Result<()> {
+pub fn serve(common: &Common, a: ServeArgs, demo: Option<String>) -> Result<()> {
     anyhow::ensure!(a.queue >= 1, "--queue must be at least 1");
     let api_key = a.api_key.or_else(|| std::env::var(API_KEY_ENV).ok()).filter(|k| !k.is_empty());
     if !a.host.is_loopback() && api_key.is_none() {

@@ -61,10 +61,15 @@ pub struct Driver {
 
 impl Driver {
     pub fn start(base: &str) -> Self {
+        Self::start_app(base, env!("CARGO_BIN_EXE_folio"), &[])
+    }
+
+    /// A session on the app at `app` (an installed one), started with `args`.
+    pub fn start_app(base: &str, app: &str, args: &[&str]) -> Self {
         let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        let app = env!("CARGO_BIN_EXE_folio");
+        let args: Vec<&str> = ["--device", "cpu"].iter().chain(args).copied().collect();
         let caps = json!({"capabilities": {"alwaysMatch": {
-            "tauri:options": {"application": app, "args": ["--device", "cpu"]}
+            "tauri:options": {"application": app, "args": args}
         }}});
         let deadline = Instant::now() + STEP_TIMEOUT;
         loop {

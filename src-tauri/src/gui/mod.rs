@@ -101,6 +101,9 @@ struct AppState {
     server: server::WindowServer,
     /// Set by Cancel: the model download stops (`download.rs`).
     download_stop: Arc<AtomicBool>,
+    /// Context files the window was opened with (a .folio file opened on the desktop): sent
+    /// to the page as a drop once it watches, which imports them.
+    opened: Mutex<Vec<PathBuf>>,
 }
 
 /// The loaded model, or why there is none.
@@ -282,6 +285,10 @@ fn app_info(state: State<'_, AppState>) -> AppInfo {
 #[tauri::command]
 fn watch(state: State<'_, AppState>, on_event: Channel<UiEvent>) {
     let _ = on_event.send(UiEvent::Jobs { jobs: state.jobs.views() });
+    let opened = std::mem::take(&mut *state.opened.lock().unwrap_or_else(|e| e.into_inner()));
+    if !opened.is_empty() {
+        let _ = on_event.send(UiEvent::Dropped { paths: opened });
+    }
     *state.feed.lock().unwrap_or_else(|e| e.into_inner()) = Some(on_event);
 }
 
@@ -398,14 +405,22 @@ fn start(model: Option<String>, fallback: Option<String>, device: &str, dtype: &
         startup_notice,
         server: server::WindowServer::default(),
         download_stop: Arc::default(),
+        opened: Mutex::default(),
     })
 }
 
 /// Opens the window on `model` (`--model` or `FOLIO_MODEL`); without one, on the model last
 /// loaded in the window, else on `fallback` (the bundled demo model). A model that fails to
 /// load still opens the window, which says why and offers another.
-pub fn run(model: Option<String>, fallback: Option<String>, device: &str, dtype: &str) -> anyhow::Result<()> {
-    let state = start(model, fallback, device, dtype)?;
+pub fn run(
+    model: Option<String>,
+    fallback: Option<String>,
+    device: &str,
+    dtype: &str,
+    files: Vec<PathBuf>,
+) -> anyhow::Result<()> {
+    let mut state = start(model, fallback, device, dtype)?;
+    state.opened = Mutex::new(files);
     tauri::Builder::default()
         .plugin(tauri_plugin_dialog::init())
         .manage(state)
