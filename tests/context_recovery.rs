@@ -253,7 +253,11 @@ fn full_disk_leaves_nothing_behind() {
     let d = docs(1);
     let work = tempfile::tempdir().unwrap();
     let out = work.path().join("c.folio");
-    std::fs::write(&out, b"the previous context").unwrap();
+    // The previous context at --out (Folio replaces only a context file there).
+    let small = tempfile::tempdir().unwrap();
+    std::fs::write(small.path().join("note.txt"), "a short note").unwrap();
+    assert!(prefill(small.path(), &out, &["--no-library"]).status.success());
+    let previous = std::fs::read(&out).unwrap();
     let (dp, op) = (d.path().display().to_string(), out.display().to_string());
     let mut cmd = folio_cmd(&["prefill", "--model", &demo(), "--docs", &dp, "--out", &op]);
     // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
@@ -266,13 +270,26 @@ fn full_disk_leaves_nothing_behind() {
             Ok(())
         });
     }
-    let err = err_text(cmd.output().unwrap());
+    let run = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    assert!(!run.status.success(), "the prefill fit under the limit: {stdout}");
+    let err = err_text(run);
     assert!(err.contains("not enough disk space") && err.contains("Nothing was kept"), "{err}");
-    assert_eq!(std::fs::read(&out).unwrap(), b"the previous context");
+    assert_eq!(std::fs::read(&out).unwrap(), previous);
     let names: Vec<_> = std::fs::read_dir(work.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, ["c.folio"], "nothing else is left");
-    // The library lists nothing that is not there.
-    assert!(err_text(folio(&["library", "show", &op])).contains("no context"));
+    // The library lists only what is there: the previous context, if anything (a failed
+    // prefill brings the listing up to date with the file at --out).
+    let shown = folio(&["library", "show", &op, "--json"]);
+    if shown.status.success() {
+        let listed: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+        assert!(
+            listed.to_string().contains("\"tokens\":") && !listed.to_string().contains("\"tokens\":723"),
+            "{listed}"
+        );
+    } else {
+        assert!(err_text(shown).contains("no context"));
+    }
 }
 
 /// More tokens than the model's context: refused before any prefill work, with the count of

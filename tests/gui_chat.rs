@@ -9,12 +9,11 @@ mod webdriver;
 #[path = "common/xvfb.rs"]
 mod xvfb;
 
-use std::path::Path;
 use std::process::Command;
 
 use serde_json::json;
 use webdriver::{
-    choose_method, drop_paths, invoke, open_settings, screenshot, statuses, tauri_driver, Driver, ENTER, ESC,
+    choose_method, invoke, open_settings, prefill_samples, screenshot, statuses, tauri_driver, Driver, ENTER, ESC,
 };
 use xvfb::start_xvfb;
 
@@ -54,7 +53,6 @@ fn method_in_settings(d: &Driver) -> String {
 fn questions_go_where_the_person_is_looking() {
     let (_xvfb, display) = start_xvfb();
     let home = tempfile::tempdir().unwrap();
-    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/samples").canonicalize().unwrap();
     let (_td, base) = tauri_driver(&display, home.path(), "tauri-driver-chat.log");
     let d = Driver::start(&base);
     d.wait("the window", |d| d.element(".sidebar").is_some());
@@ -62,10 +60,7 @@ fn questions_go_where_the_person_is_looking() {
 
     // Nothing open: the composer says the question goes to the model alone.
     assert_eq!(target(&d), "Asks the model alone — no documents · new chat");
-    drop_paths(&d, &[&samples]);
-    d.wait("three staged documents", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 3);
-    d.click("[data-testid=start-prefill]");
-    d.wait("samples listed ready", |d| statuses(d) == [("samples".into(), "ready".into())]);
+    prefill_samples(&d);
 
     // The context's panel on screen: the question is asked over it, in a new chat, and the
     // answer appears where the person looks.

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use webdriver::{drop_paths, open_settings, screenshot, statuses, tauri_driver, tauri_driver_with, Driver};
+use webdriver::{open_settings, prefill_samples, screenshot, tauri_driver, tauri_driver_with, Driver};
 use xvfb::start_xvfb;
 
 /// What the demo model answers to the samples' first question (assets/SAMPLES.md).
@@ -48,14 +48,10 @@ fn open_local_api(d: &Driver) {
 fn the_window_serves_its_model_and_contexts_to_openai_clients() {
     let (_xvfb, display) = start_xvfb();
     let home = tempfile::tempdir().unwrap();
-    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/samples").canonicalize().unwrap();
     let (_td, base) = tauri_driver(&display, home.path(), "tauri-driver-server.log");
     let d = Driver::start(&base);
     d.wait("the window", |d| d.element(".sidebar").is_some());
-    drop_paths(&d, &[&samples]);
-    d.wait("three staged documents", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 3);
-    d.click("[data-testid=start-prefill]");
-    d.wait("samples listed ready", |d| statuses(d) == [("samples".into(), "ready".into())]);
+    prefill_samples(&d);
 
     // Off at first; a port typed and the switch clicked: the address a person gives an editor.
     open_local_api(&d);

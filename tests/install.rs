@@ -14,7 +14,7 @@ mod xvfb;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use webdriver::{drop_paths, screenshot, statuses, tauri_driver, Driver};
+use webdriver::{prefill_samples, screenshot, statuses, tauri_driver, Driver};
 use xvfb::start_xvfb;
 
 /// Where the package installs the binary and the demo model.
@@ -70,7 +70,6 @@ fn the_installed_package_runs_answers_and_opens_context_files() {
     // The installed app, on the demo model it carries (not the source tree's).
     let (_xvfb, display) = start_xvfb();
     let home = tempfile::tempdir().unwrap();
-    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/samples").canonicalize().unwrap();
     let (_td, base) = tauri_driver(&display, home.path(), "tauri-driver-install.log");
     let d = Driver::start_app(&base, INSTALLED, &[]);
     d.wait("the window", |d| d.element(".sidebar").is_some());
@@ -78,10 +77,7 @@ fn the_installed_package_runs_answers_and_opens_context_files() {
     let source = d.texts("[data-testid=model-facts] .note").concat();
     assert!(source.contains("/usr/lib/Folio/models/demo"), "{source}");
     d.click("[aria-label='Close settings']");
-    drop_paths(&d, &[&samples]);
-    d.wait("three staged documents", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 3);
-    d.click("[data-testid=start-prefill]");
-    d.wait("samples listed ready", |d| statuses(d) == [("samples".into(), "ready".into())]);
+    prefill_samples(&d);
     d.click("[data-testid=context] .ctx-button");
     d.wait("the context's documents", |d| d.texts("[data-testid=context-documents] tbody tr").len() == 3);
     d.type_into("#composer-input", &format!("{QUESTION}{}", webdriver::ENTER));

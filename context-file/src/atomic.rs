@@ -64,3 +64,36 @@ pub fn check_replaceable(path: &Path) -> Result<()> {
         path.display()
     )))
 }
+
+/// Reads the regular file at `path` whole, refusing what would never end or never fit: a
+/// device (`/dev/zero` reads forever), a named pipe (blocks until a writer comes), a folder,
+/// and a file over `limit` bytes (`what` names the input in the messages).
+pub fn read_input(path: &Path, what: &str, limit: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::FileTypeExt;
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    let t = meta.file_type();
+    if !t.is_file() {
+        let kind = match () {
+            _ if t.is_dir() => "a folder",
+            _ if t.is_char_device() || t.is_block_device() => "a device",
+            _ if t.is_fifo() => "a named pipe",
+            _ => "a special file",
+        };
+        return Err(Error::Invalid(format!("{} is {kind}, not a file: {what} must be a regular file", path.display())));
+    }
+    let too_big = || {
+        Error::Invalid(format!("{} is larger than {} MiB, the most Folio reads as {what}", path.display(), limit >> 20))
+    };
+    if meta.len() > limit {
+        return Err(too_big());
+    }
+    // The size can change between the check and the read (a file still being written).
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(|e| Error::io(path, e))?;
+    if bytes.len() as u64 > limit {
+        return Err(too_big());
+    }
+    Ok(bytes)
+}

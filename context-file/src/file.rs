@@ -101,6 +101,7 @@ impl ContextFile {
         let docs = ctx.section_bytes(SectionKind::Documents, None)?;
         ctx.documents =
             serde_json::from_slice(docs).map_err(|e| bad(format!("the document table is unreadable: {e}")))?;
+        check_contents(&ctx.header, &ctx.tokens, &ctx.documents).map_err(bad)?;
         Ok(ctx)
     }
 
@@ -287,6 +288,33 @@ impl ContextFile {
         }
         Ok(VerifyReport { sections: self.header.sections.len(), bytes, seconds: start.elapsed().as_secs_f64() })
     }
+}
+
+/// What checksums cannot catch (a file whose checksums were recomputed after its content was
+/// changed): the header's token count is the token section's, every token id is in the model's
+/// vocabulary, and the document spans are in order, inside the tokens and not overlapping.
+fn check_contents(header: &Header, tokens: &[u32], documents: &[DocumentSpan]) -> std::result::Result<(), String> {
+    if header.tokens != tokens.len() {
+        return Err(format!("the header says {} tokens but the file holds {}", header.tokens, tokens.len()));
+    }
+    let vocab = header.model.fingerprint.vocab_size;
+    if let Some((at, id)) = tokens.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
+        return Err(format!("token {at} is id {id}, outside the model's vocabulary of {vocab}"));
+    }
+    let mut end = 0;
+    for (i, d) in documents.iter().enumerate() {
+        if d.start < end || d.start > d.end || d.end > tokens.len() {
+            return Err(format!(
+                "document {i} ({}) spans tokens {}..{}, which is not after the previous one and inside the {} tokens",
+                d.title,
+                d.start,
+                d.end,
+                tokens.len()
+            ));
+        }
+        end = d.end;
+    }
+    Ok(())
 }
 
 /// The section table must describe what the rest of the header says, inside the file, on page

@@ -193,16 +193,19 @@ pub fn context_method_key(id: i64) -> String {
 }
 
 /// `name` trimmed, if it can name a context file: 1 to [`MAX_NAME_CHARS`] characters, no path
-/// separator, no leading '.' (a hidden file).
+/// separator, no control character (a newline in a file name breaks every list and script that
+/// reads names line by line), no leading '.' (a hidden file).
 pub fn context_name(name: &str) -> Result<&str> {
     let name = name.trim();
     if name.is_empty()
         || name.starts_with('.')
-        || name.contains(['/', '\\', '\0'])
+        || name.contains(['/', '\\'])
+        || name.chars().any(char::is_control)
         || name.chars().count() > MAX_NAME_CHARS
     {
         return Err(Error::Refused(format!(
-            "\"{name}\" cannot name a context file: use 1 to {MAX_NAME_CHARS} characters, without '/' or a leading '.'"
+            "{name:?} cannot name a context file: use 1 to {MAX_NAME_CHARS} characters, without '/', control \
+             characters (a line break, a tab) or a leading '.'"
         )));
     }
     Ok(name)

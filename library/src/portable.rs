@@ -23,18 +23,22 @@ impl Library {
         tokio::task::spawn_blocking(move || ContextFile::open(&verified)?.verify().map(|_| ()))
             .await
             .map_err(|e| Error::Refused(format!("verifying {}: {e}", file.display())))??;
-        let listed = if copy {
-            let stem = file.file_stem().map_or_else(|| "context".into(), |s| s.to_string_lossy().into_owned());
-            let to = self.free_context_path(&stem)?;
-            let (from, dest) = (file.to_owned(), to.clone());
-            tokio::task::spawn_blocking(move || copy_atomic(&from, &dest))
-                .await
-                .map_err(|e| Error::Refused(format!("copying {}: {e}", file.display())))??;
-            to
-        } else {
-            absolute(file)?
-        };
-        self.add_context(&listed).await
+        if !copy {
+            return self.add_context(&absolute(file)?).await;
+        }
+        let stem = file.file_stem().map_or_else(|| "context".into(), |s| s.to_string_lossy().into_owned());
+        let to = self.free_context_path(&stem)?;
+        let (from, dest) = (file.to_owned(), to.clone());
+        tokio::task::spawn_blocking(move || copy_atomic(&from, &dest))
+            .await
+            .map_err(|e| Error::Refused(format!("copying {}: {e}", file.display())))??;
+        // The copy and its row land together: a file the library refuses to list is not left
+        // behind in its folder with no row.
+        let listed = self.add_context(&to).await;
+        if listed.is_err() {
+            let _ = std::fs::remove_file(&to);
+        }
+        listed
     }
 
     /// Copies a ready context's file to `dest` (a folder, or the new file's path), atomically;

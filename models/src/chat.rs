@@ -80,6 +80,11 @@ impl ChatTemplate {
         });
         env.add_function("strftime_now", |fmt: String| chrono::Local::now().format(&fmt).to_string());
         env.add_filter("tojson", tojson);
+        // A model folder's template is untrusted input: bounded in steps and depth, its output
+        // in size (render_with), so a hostile one fails with a message instead of running
+        // for hours or filling memory.
+        env.set_fuel(Some(TEMPLATE_FUEL));
+        env.set_recursion_limit(TEMPLATE_RECURSION);
         env.add_template_owned(TEMPLATE_NAME, source).map_err(|e| Error::Template(describe(&e)))?;
         Ok(Self { env, bos_token, eos_token })
     }
@@ -104,7 +109,47 @@ impl ChatTemplate {
             eos_token => self.eos_token.as_deref().unwrap_or(""),
         };
         let ctx = minijinja::context! { ..Value::from_serialize(extra), ..base };
-        tmpl.render(ctx).map_err(|e| Error::Template(describe(&e)))
+        let mut out = Capped { bytes: Vec::new() };
+        match tmpl.render_captured_to(ctx, &mut out) {
+            Ok(_) => String::from_utf8(out.bytes).map_err(|e| Error::Template(e.to_string())),
+            Err(_) if out.bytes.len() >= TEMPLATE_OUTPUT_BYTES => Err(Error::Template(format!(
+                "the template wrote more than {} MiB, far more than any prompt the model reads: it is not a chat \
+                 template Folio can use",
+                TEMPLATE_OUTPUT_BYTES >> 20
+            ))),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(Error::Template(format!(
+                "the template ran more than {TEMPLATE_FUEL} steps without finishing (a loop that does not end, or \
+                 one far too long for a prompt): it is not a chat template Folio can use"
+            ))),
+            Err(e) => Err(Error::Template(describe(&e))),
+        }
+    }
+}
+
+/// Steps a template may take to render one prompt: real templates take thousands per turn.
+const TEMPLATE_FUEL: u64 = 50_000_000;
+/// How deep its includes, macros and blocks may nest.
+const TEMPLATE_RECURSION: usize = 100;
+/// The largest prompt text a template may write (a million tokens is a few MiB).
+const TEMPLATE_OUTPUT_BYTES: usize = 64 << 20;
+
+/// A rendering's output, refused past [`TEMPLATE_OUTPUT_BYTES`].
+struct Capped {
+    bytes: Vec<u8>,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > TEMPLATE_OUTPUT_BYTES {
+            self.bytes.resize(TEMPLATE_OUTPUT_BYTES, 0);
+            return Err(std::io::Error::other("the template's output is over its limit"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

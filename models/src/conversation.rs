@@ -21,6 +21,9 @@ use crate::context::ContextFile;
 use crate::error::{Error, Result};
 
 const FORMAT: &str = "folio-chat";
+/// The largest conversation file read: far beyond any chat (a million tokens of turns is a few
+/// MiB), far below what would exhaust memory.
+const MAX_CONVERSATION_BYTES: u64 = 64 << 20;
 const VERSION: u32 = 1;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -61,7 +64,10 @@ impl Conversation {
 
     /// Reads a conversation file.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let bytes = folio_context_file::atomic::read_input(path, "a conversation file", MAX_CONVERSATION_BYTES)?;
+        let text = String::from_utf8(bytes).map_err(|_| {
+            Error::Invalid(format!("{} is not a Folio conversation file: not UTF-8 text", path.display()))
+        })?;
         let conv: Self = serde_json::from_str(&text)
             .map_err(|e| Error::Invalid(format!("{} is not a Folio conversation file: {e}", path.display())))?;
         if conv.format != FORMAT || conv.version != VERSION {

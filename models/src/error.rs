@@ -47,6 +47,12 @@ pub enum Error {
     #[error("{0} is neither a model folder nor a Hugging Face repo id (owner/name)")]
     BadModelSpec(String),
 
+    #[error(
+        "model {repo} is not in the Hugging Face cache, and Folio downloads a model only when asked: load it by \
+         name to download it (--model {repo}, or Change model in the window), or pass another --model"
+    )]
+    NotDownloaded { repo: String },
+
     #[error("downloading {repo}/{file} from the Hugging Face hub failed: {msg}")]
     Download { repo: String, file: String, msg: String },
 

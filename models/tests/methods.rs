@@ -251,13 +251,23 @@ fn double_sparsity_with_all_channels_is_topk() {
     let ds = by_name("double-sparsity", Some("5%"), &[], &r).unwrap();
     let topk = by_name("topk", Some("5%"), &p(&["window=0"]), &r).unwrap();
     let window = by_name("streaming", Some("5%"), &[], &r).unwrap();
-    let (e_ds, e_topk) = (case_error(ds.as_ref(), &case).0, case_error(topk.as_ref(), &case).0);
-    let e_window = case_error(window.as_ref(), &case).0;
-    println!("5%: double-sparsity {e_ds:.4}, exact top-k {e_topk:.4}, streaming {e_window:.4}");
+    // Summed over a few draws: one draw's ratio ranges widely (0.52 was seen once, seed
+    // 8649853464862526554, where most draws stay under 0.32).
+    let (mut e_ds, mut e_topk, mut e_window) = (0.0, 0.0, 0.0);
+    for draw in 0..DS_DRAWS {
+        let case = Case::generate(&spec, seed.wrapping_add(draw)).unwrap();
+        e_ds += case_error(ds.as_ref(), &case).0;
+        e_topk += case_error(topk.as_ref(), &case).0;
+        e_window += case_error(window.as_ref(), &case).0;
+    }
+    println!("5%: double-sparsity {e_ds:.4}, exact top-k {e_topk:.4}, streaming {e_window:.4} ({DS_DRAWS} draws)");
     // Relative to the window of the same budget, not an absolute bound: the absolute error
-    // spans 0.05 to 0.55 over draws, the ratio stayed under 0.32 in 40 draws.
+    // spans 0.05 to 0.55 over draws.
     assert!(e_ds < 0.5 * e_window, "seed {seed}: double sparsity {e_ds}, streaming {e_window}");
 }
+
+/// Draws the 4-bit Double Sparsity check sums its errors over.
+const DS_DRAWS: u64 = 4;
 
 /// The IVF index scanning every list is the exact scan; probing few lists reads few keys.
 #[test]

@@ -34,9 +34,17 @@ impl Common {
         Ok(device_name(&parse_device(&self.device)?))
     }
 
-    /// `--model` if given, else `source` (the model a context file names).
+    /// `--model` if given, else `source` (the model a context file names), which is found
+    /// locally or refused: a file's content never starts a download.
     pub(crate) fn engine_or(&self, source: &str) -> Result<Engine> {
-        self.load(self.model.as_deref().unwrap_or(source))
+        match &self.model {
+            Some(model) => self.load(model),
+            None => {
+                let device = parse_device(&self.device)?;
+                let dtype = parse_dtype(&self.dtype, &device)?;
+                Ok(Engine::load_cached(source, &device, dtype)?)
+            }
+        }
     }
 
     /// Loads `spec`; a repo id not cached yet downloads first, with a bar on stderr (bytes,
@@ -280,8 +288,12 @@ pub struct PerplexityArgs {
     json: bool,
 }
 
+/// The largest text `folio perplexity` reads (a million tokens of English is about 4 MiB).
+const MAX_PERPLEXITY_BYTES: u64 = 256 << 20;
+
 pub fn perplexity(common: &Common, a: PerplexityArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let bytes = folio_context_file::atomic::read_input(&a.file, "a text to score", MAX_PERPLEXITY_BYTES)?;
+    let text = String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8 text", a.file.display()))?;
     let engine = common.engine()?;
     let mut ids = engine.tokenizer.encode_raw(&text)?;
     if let Some(n) = a.max_tokens {

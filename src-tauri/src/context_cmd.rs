@@ -55,6 +55,10 @@ pub struct PrefillArgs {
     /// System message placed before the documents (chat models).
     #[arg(long, conflicts_with = "context")]
     system: Option<String>,
+    /// Replace the context file already at --out (without it, Folio says so; a file at --out
+    /// that is not a context is never replaced).
+    #[arg(long)]
+    force: bool,
     /// Discard an interrupted prefill of the same output instead of refusing.
     #[arg(long)]
     restart: bool,
@@ -93,6 +97,7 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     // model loads: a path that cannot be written is said at once.
     context::check_replaceable(&out)?;
     let (engine, change, ingested) = what_to_make(common, &a, &out)?;
+    check_out(&a, &out, &ingested)?;
     let mut builder = Builder::new(&engine, &out).restart(a.restart);
     if let Some(base) = &a.context {
         builder = builder.from(base);
@@ -177,6 +182,36 @@ fn what_to_make(common: &Common, a: &PrefillArgs, out: &Path) -> Result<(Engine,
         },
     };
     Ok((common.engine_or(&source)?, change, ingested))
+}
+
+/// What may be at `--out`: nothing, the context being changed, or another context file
+/// (replaced with a warning, silently with --force). A person's other file — their notes, or
+/// a document this prefill reads — is never replaced.
+fn check_out(a: &PrefillArgs, out: &Path, ingested: &ingest::Ingested) -> Result<()> {
+    let Ok(here) = out.canonicalize() else { return Ok(()) };
+    let read = ingested.documents.iter().any(|d| Path::new(&d.path).canonicalize().is_ok_and(|p| p == here));
+    if read {
+        bail!("--out {} is one of the documents this prefill reads: write the context to another file", out.display());
+    }
+    if a.context.as_deref().and_then(|c| c.canonicalize().ok()).as_deref() == Some(here.as_path()) {
+        return Ok(());
+    }
+    let mut magic = [0u8; 8];
+    let is_context = std::fs::File::open(out).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok()
+        && magic == folio_context_file::format::MAGIC;
+    if !is_context {
+        bail!(
+            "--out {} exists and is not a Folio context file: Folio never replaces another file; choose a new path",
+            out.display()
+        );
+    }
+    if !a.force {
+        eprintln!(
+            "warning: replacing the context file {} (--force says you mean it; a later Folio will refuse without it)",
+            out.display()
+        );
+    }
+    Ok(())
 }
 
 fn warn_about(ingested: &ingest::Ingested) {

@@ -226,6 +226,16 @@ pub fn drop_paths(d: &Driver, paths: &[&Path]) {
     invoke(d, "simulate_drop", json!({ "paths": paths }));
 }
 
+/// The repository's sample documents dropped on an empty library and prefilled as a person
+/// does it (the sheet's Start): waits until `samples` is listed ready.
+pub fn prefill_samples(d: &Driver) {
+    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/samples").canonicalize().unwrap();
+    drop_paths(d, &[&samples]);
+    d.wait("three staged documents", |d| d.texts("[data-testid=staged-documents] tbody tr").len() == 3);
+    d.click("[data-testid=start-prefill]");
+    d.wait("samples listed ready", |d| statuses(d) == [("samples".into(), "ready".into())]);
+}
+
 /// Opens Settings and waits until its forms and the auto-resume toggle show what the engine has
 /// now (until then they are disabled: a late read would overwrite what is typed) and the drawer
 /// has slid in (a click at coordinates during the slide lands beside its target).

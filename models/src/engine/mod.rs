@@ -49,6 +49,18 @@ impl Engine {
         Self::load_with(spec, device, dtype, &mut |_| std::ops::ControlFlow::Continue(()))
     }
 
+    /// [`Engine::load`] with no download: a repo id must be in the Hugging Face cache whole. For
+    /// a model named by something other than the person — a context file's header, the model
+    /// of the last session — so that opening a file never reaches the network.
+    pub fn load_cached(spec: &str, device: &Device, dtype: DType) -> Result<Self> {
+        if let ModelSource::Hub { repo, revision } = ModelSource::parse(spec)? {
+            if !crate::loader::cached_whole(&repo, revision.as_deref()) {
+                return Err(Error::NotDownloaded { repo });
+            }
+        }
+        Self::load(spec, device, dtype)
+    }
+
     /// [`Engine::load`], a download from the hub (a repo id not cached yet) reporting its
     /// progress to `on_download`; `Break` stops it, keeping what arrived for the next load.
     pub fn load_with(

@@ -145,13 +145,16 @@ pub(super) fn load_at_start(
     device: &Device,
     dtype: DType,
 ) -> (Loaded, Option<String>) {
-    let load = |spec: &str| match Engine::load(spec, device, dtype) {
+    let loaded = |engine: folio_models::error::Result<Engine>| match engine {
         Ok(e) => Loaded { engine: Some(Arc::new(e)), error: None },
         Err(e) => Loaded { engine: None, error: Some(e.to_string()) },
     };
     if let Some(spec) = asked {
-        return (load(&spec), None);
+        return (loaded(Engine::load(&spec, device, dtype)), None);
     }
+    // The models Folio opens on by itself come from the cache or a folder: a start never
+    // downloads (Change model does, with its progress).
+    let load = |spec: &str| loaded(Engine::load_cached(spec, device, dtype));
     let mut notice = None;
     if let Some(spec) = last {
         let loaded = load(&spec);

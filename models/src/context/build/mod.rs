@@ -252,18 +252,6 @@ pub fn extend(
     on_progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
 ) -> Result<BuildReport> {
     let kind = if base.keep == base.file.tokens().len() { "append" } else { "change" };
-    logged(kind, out, extend_job(model, stamp, base, plan, out, opts, on_progress))
-}
-
-fn extend_job(
-    model: &Model,
-    stamp: &ModelStamp,
-    base: Base<'_>,
-    plan: &PrefixPlan,
-    out: &Path,
-    opts: &BuildOptions,
-    on_progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
-) -> Result<BuildReport> {
     let Base { file: base, keep } = base;
     let h = base.header();
     let bad = |msg: String| Error::Context { path: base.path().to_owned(), msg };
@@ -285,7 +273,7 @@ fn extend_job(
         return Err(bad(format!("the new plan does not continue its first {keep} tokens with new ones")));
     }
     let base = (keep > 0).then_some(Base { file: base, keep });
-    build_job(model, stamp, base, plan, out, opts, on_progress)
+    logged(kind, out, build_job(model, stamp, base, plan, out, opts, on_progress))
 }
 
 fn build_job(
