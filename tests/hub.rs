@@ -131,3 +131,28 @@ fn an_unknown_repo_and_a_full_disk_are_said_in_words() {
     ok(folio(&hub, home.path(), &["info", "--model", "folio-test/llama"]).output().unwrap());
     assert!(hub.ranges() >= 1);
 }
+
+/// A sharded model killed among its shards (the index and some shards in the cache) is not taken
+/// for a whole one: the next run goes on with the rest and loads it.
+#[test]
+fn a_sharded_download_killed_among_its_shards_goes_on() {
+    let qwen3 = cli::root().join("tests/fixtures/models/qwen3");
+    let hub = Hub::start(&qwen3, "qwen3", Faults { slow: Some(Duration::from_millis(20)), ..Faults::default() });
+    let home = tempfile::tempdir().unwrap();
+    let mut child = folio(&hub, home.path(), &["info", "--model", "folio-test/qwen3"]).spawn().unwrap();
+    let snapshot = home.path().join("hub/models--folio-test--qwen3/snapshots").join(COMMIT);
+    let started = Instant::now();
+    while !snapshot.join("model-00002-of-00005.safetensors").exists() {
+        assert!(started.elapsed() < Duration::from_secs(60), "the second shard never arrived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!snapshot.join("model-00005-of-00005.safetensors").exists(), "the download finished before the kill");
+    let info = ok(folio(&hub, home.path(), &["info", "--model", "folio-test/qwen3"])
+        .env("HF_HUB_OFFLINE", "0")
+        .output()
+        .unwrap());
+    assert!(info.contains("qwen3"), "{info}");
+    assert!(snapshot.join("model-00005-of-00005.safetensors").exists());
+}

@@ -158,6 +158,18 @@ fn refuses_with_openai_errors() {
     let (status, e) = server.post("/completions", &json!({ "model": SAMPLES, "prompt": "hi" }));
     assert_eq!(status, 400, "{e}");
     assert_eq!(server.get("/nowhere").0, 404);
+    // What a web page could send: another site's Host (DNS rebinding), a body that is not JSON.
+    let url = format!("{}/models", server.base);
+    let mut r = server.agent.get(&url).header("Host", "evil.example:8642").call().unwrap();
+    let e: Value = r.body_mut().read_json().unwrap();
+    assert_eq!(r.status().as_u16(), 400, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("this machine only"), "{e}");
+    let body = chat(SAMPLES, AMBER).to_string();
+    let chat_url = format!("{}/chat/completions", server.base);
+    let mut r = server.agent.post(&chat_url).header("Content-Type", "text/plain").send(&body).unwrap();
+    let e: Value = r.body_mut().read_json().unwrap();
+    assert_eq!(r.status().as_u16(), 400, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("as JSON"), "{e}");
     drop(server);
 
     // A prompt longer than the model reads: 413, nothing truncated.

@@ -81,8 +81,9 @@ impl ChatTemplate {
         env.add_function("strftime_now", |fmt: String| chrono::Local::now().format(&fmt).to_string());
         env.add_filter("tojson", tojson);
         // A model folder's template is untrusted input: bounded in steps and depth, its output
-        // in size (render_with), so a hostile one fails with a message instead of running
-        // for hours or filling memory.
+        // in size (render_with), so a hostile loop fails with a message instead of running for
+        // hours or writing gigabytes. Not bounded: a string doubled in a variable a few dozen
+        // times (minijinja's concatenation costs one step whatever its length).
         env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_recursion_limit(TEMPLATE_RECURSION);
         env.add_template_owned(TEMPLATE_NAME, source).map_err(|e| Error::Template(describe(&e)))?;

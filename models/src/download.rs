@@ -38,6 +38,8 @@ const REPORT_EVERY: Duration = Duration::from_millis(200);
 /// How long connecting, and then the first answer to a request, may take (a body has no
 /// limit: a large file takes what it takes, and a person can stop it).
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// A git commit hash in hex: what names a snapshot folder.
+const COMMIT_HEX: usize = 40;
 /// Room kept free on the cache's disk beyond the download.
 const DISK_MARGIN: u64 = 256 << 20;
 
@@ -163,6 +165,11 @@ impl Plan {
         }
         let info: serde_json::Value = r.body_mut().read_json().map_err(|e| fail(e.to_string()))?;
         let commit = info["sha"].as_str().ok_or_else(|| fail("the hub's answer has no commit".into()))?.to_owned();
+        // The commit names a folder of the cache: a hub (or HF_ENDPOINT) answering anything but
+        // a git hash could write elsewhere.
+        if commit.len() != COMMIT_HEX || !commit.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(fail(format!("the hub's commit {commit:?} is not a git hash")));
+        }
         let siblings = info["siblings"].as_array().cloned().unwrap_or_default();
         let size_of = |name: &str| -> Option<u64> {
             let s = siblings.iter().find(|s| s["rfilename"] == name)?;
@@ -185,9 +192,12 @@ impl Plan {
         let listed = wanted.required.iter().chain(wanted.optional).chain([&wanted.weights, &wanted.index]);
         let mut names: Vec<String> = listed.filter(|n| size_of(n).is_some()).map(|n| n.to_string()).collect();
         // The shards an index names, fetched with the small files first.
-        plan.config = plan.fetch_file(&agent, wanted.config, &mut |_| ControlFlow::Continue(()))?;
+        let size = |name: &str| size_of(name).unwrap_or(0);
+        plan.config =
+            plan.fetch_file(&agent, wanted.config, size(wanted.config), &mut |_| ControlFlow::Continue(()))?;
         if names.iter().any(|n| n == wanted.index) {
-            let index = plan.fetch_file(&agent, wanted.index, &mut |_| ControlFlow::Continue(()))?;
+            let index =
+                plan.fetch_file(&agent, wanted.index, size(wanted.index), &mut |_| ControlFlow::Continue(()))?;
             names.retain(|n| n != wanted.weights);
             names.extend((wanted.shards)(&index)?);
         }
@@ -237,6 +247,7 @@ impl Plan {
             .http_status_as_error(false)
             .max_redirects(0)
             .timeout_connect(Some(READ_TIMEOUT))
+            .timeout_recv_response(Some(READ_TIMEOUT))
             .build()
             .into();
         let mut request = no_redirect.head(&url);
@@ -268,6 +279,7 @@ impl Plan {
         &self,
         agent: &ureq::Agent,
         name: &str,
+        bytes: u64,
         on_piece: &mut dyn FnMut(u64) -> ControlFlow<()>,
     ) -> Result<PathBuf> {
         let snapshot = self.snapshot_file(name);
@@ -296,6 +308,13 @@ impl Plan {
                         return Err(fail(format!("{e} (after {RETRIES} resumed attempts; run it again to go on)")))
                     }
                 }
+            }
+            // A blob is kept only whole: a file of another length (two downloads writing the
+            // same partial file, a server that sent something else) is dropped, not trusted.
+            let got = std::fs::metadata(&partial).map(|m| m.len()).unwrap_or(0);
+            if got != bytes {
+                let _ = std::fs::remove_file(&partial);
+                return Err(fail(format!("{got} bytes arrived where the hub lists {bytes}; download it again")));
             }
             std::fs::rename(&partial, &blob).map_err(|e| Error::io(&blob, e))?;
         }
@@ -416,7 +435,7 @@ impl Plan {
                 let file = f.name.clone();
                 on_progress(&DownloadProgress { repo: self.repo.clone(), file, done: shown, total, rate, eta_s })
             };
-            self.fetch_file(&agent, &f.name, &mut progress)?;
+            self.fetch_file(&agent, &f.name, f.bytes, &mut progress)?;
         }
         tracing::info!(repo = %self.repo, bytes = total.saturating_sub(resumed), seconds = started.elapsed().as_secs_f64(), "model downloaded");
         Ok(())

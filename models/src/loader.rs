@@ -197,7 +197,13 @@ impl Hub<'_> {
     /// its optional files are whatever the cache holds, and the network is not asked.
     fn complete(&self) -> bool {
         let cached = |f: &str| self.cached(f).is_some();
-        cached(CONFIG) && cached(TOKENIZER) && (cached(WEIGHTS_INDEX) || cached(WEIGHTS))
+        // An index names shards: all of them must be here (a download stopped among the shards
+        // leaves the index and some shards, and must go on, not count as whole).
+        let weights = match self.cached(WEIGHTS_INDEX) {
+            Some(index) => shard_names(&index).is_ok_and(|shards| shards.iter().all(|s| cached(s))),
+            None => cached(WEIGHTS),
+        };
+        cached(CONFIG) && cached(TOKENIZER) && weights
     }
 
     fn cached(&self, file: &str) -> Option<PathBuf> {

@@ -25,6 +25,7 @@ pub mod routes;
 pub mod worker;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,6 +64,8 @@ pub struct AppState {
     library: Option<Library>,
     queue: worker::Queue,
     api_key: Option<Arc<str>>,
+    /// Listening on a loopback address: only this machine's host names are answered.
+    loopback: bool,
 }
 
 /// Serves `engine` (and the contexts of `library`, when there is one) on `config.addr` until
@@ -76,8 +79,16 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.addr).await?;
     on_listening(listener.local_addr()?);
-    let queue = worker::start(engine.clone(), config.queue, config.tier, config.token_delay);
-    let state = AppState { engine, library, queue, api_key: config.api_key.map(Into::into) };
+    let stopping = Arc::new(AtomicBool::new(false));
+    let queue = worker::start(engine.clone(), config.queue, config.tier, config.token_delay, stopping.clone());
+    let loopback = config.addr.ip().is_loopback();
+    let state = AppState { engine, library, queue, api_key: config.api_key.map(Into::into), loopback };
     let app = routes::router(state, &config.cors_origins);
+    // Once asked to stop, the running answer ends at its next token and the waiting ones are
+    // refused, so that the connections the graceful shutdown waits for close soon.
+    let shutdown = async move {
+        shutdown.await;
+        stopping.store(true, Ordering::SeqCst);
+    };
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }

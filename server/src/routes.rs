@@ -29,6 +29,8 @@ use folio_library::{context_method_key, ContextInfo, Status};
 use folio_models::attention::MethodChoice;
 use folio_models::session::GenerationSettings;
 
+/// The names a Host header may give when the server listens on loopback.
+const LOOPBACK_NAMES: [&str; 3] = ["127.0.0.1", "localhost", "[::1]"];
 /// The prefix of a saved context's model id.
 const CONTEXT_PREFIX: &str = "context:";
 /// Tokens of a completion when the request does not say (OpenAI's default).
@@ -60,8 +62,14 @@ pub fn router(state: AppState, cors_origins: &[String]) -> Router {
     )
 }
 
-/// Refuses a request without the server's key, when it has one.
+/// Refuses what a web page could send behind the person's back: a Host that is not this
+/// machine's when the server listens on loopback only (a DNS-rebinding page names its own),
+/// and a POST body that is not JSON (a page may send `text/plain` across origins without asking
+/// the browser); then a request without the server's key, when it has one.
 async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if let Some(refusal) = foreign(&state, &request) {
+        return refusal.into_response();
+    }
     if let Some(key) = &state.api_key {
         let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         if given.and_then(|v| v.strip_prefix("Bearer ")) != Some(&**key) {
@@ -69,6 +77,22 @@ async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Re
         }
     }
     next.run(request).await
+}
+
+/// Why a request may come from a web page rather than a program of this machine, if so.
+fn foreign(state: &AppState, request: &Request) -> Option<ApiError> {
+    let value = |h: header::HeaderName| request.headers().get(h).and_then(|v| v.to_str().ok());
+    if state.loopback {
+        let host = value(header::HOST).unwrap_or("");
+        let name =
+            host.rsplit_once(':').map_or(host, |(name, port)| if port.parse::<u16>().is_ok() { name } else { host });
+        if !LOOPBACK_NAMES.contains(&name) {
+            return Some(ApiError::bad(format!("this server answers this machine only, not Host {host:?}"), ""));
+        }
+    }
+    let json = value(header::CONTENT_TYPE).is_some_and(|t| t.trim_start().starts_with("application/json"));
+    (request.method() == Method::POST && !json)
+        .then(|| ApiError::bad("send the request as JSON (Content-Type: application/json)", ""))
 }
 
 /// Seconds since the epoch, as OpenAI's `created`.
@@ -107,7 +131,7 @@ async fn model_list(state: &AppState) -> Result<Vec<Value>, ApiError> {
         json!({ "kind": "model", "context_length": cfg.max_position_embeddings }),
     )];
     for c in contexts(state).await? {
-        let extra = json!({ "kind": "context", "tokens": c.tokens, "documents": c.documents, "path": c.path });
+        let extra = json!({ "kind": "context", "tokens": c.tokens, "documents": c.documents });
         list.push(model_object(&format!("{CONTEXT_PREFIX}{}", c.name), extra));
     }
     Ok(list)

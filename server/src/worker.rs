@@ -13,6 +13,7 @@
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -84,9 +85,9 @@ impl Queue {
 }
 
 /// Starts the worker thread over `engine`; it ends when every [`Queue`] is dropped.
-pub fn start(engine: Arc<Engine>, capacity: usize, tier: Tier, delay: Duration) -> Queue {
+pub fn start(engine: Arc<Engine>, capacity: usize, tier: Tier, delay: Duration, stopping: Arc<AtomicBool>) -> Queue {
     let (tx, rx) = sync_channel(capacity);
-    let worker = Worker { engine, tier, delay, bare: None, context: None };
+    let worker = Worker { engine, tier, delay, bare: None, context: None, stopping };
     std::thread::Builder::new()
         .name("folio-serve".into())
         .spawn(move || worker.run(rx))
@@ -101,6 +102,8 @@ struct Worker {
     bare: Option<Session>,
     /// The last context asked about, by path, open on `tier`.
     context: Option<(PathBuf, Session)>,
+    /// Set when the server stops: the running answer ends, the waiting ones are refused.
+    stopping: Arc<AtomicBool>,
 }
 
 impl Worker {
@@ -110,14 +113,24 @@ impl Worker {
                 tracing::info!("a request whose client had gone was dropped before it started");
                 continue;
             }
+            if self.stopping.load(Ordering::SeqCst) {
+                let _ = job.out.send(Event::Failed(ApiError::gone()));
+                continue;
+            }
             let queued_s = job.queued.elapsed().as_secs_f64();
             let out = job.out.clone();
-            let result = match job.work {
+            // A panic in the engine answers this request with an error and leaves the worker
+            // serving the next (the sessions are dropped: they may hold half a turn).
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job.work {
                 Work::Chat { context, turns, method, settings } => {
                     self.chat(context, turns, &method, settings, &job.out)
                 }
                 Work::Complete { prompt, settings } => self.complete(&prompt, &settings, &job.out),
-            };
+            }))
+            .unwrap_or_else(|_| {
+                (self.bare, self.context) = (None, None);
+                Err(ApiError::internal("the engine failed on this request (a panic; see the log)"))
+            });
             let _ = out.send(match result {
                 Ok(done) => Event::Done(Finished { queued_s, ..done }),
                 Err(e) => Event::Failed(e),
@@ -147,7 +160,7 @@ impl Worker {
         mut settings: GenerationSettings,
         out: &UnboundedSender<Event>,
     ) -> Result<Finished, ApiError> {
-        let delay = self.delay;
+        let (delay, stopping) = (self.delay, self.stopping.clone());
         let session = self.session(context)?;
         let mut conversation = session.new_conversation();
         conversation.messages = turns.history;
@@ -155,8 +168,8 @@ impl Worker {
         // was prefilled with, and the session refuses another by name.
         settings.system = turns.system;
         let saved = session.context().map_or(0, |f| f.tokens().len());
-        let answer =
-            session.ask(&mut conversation, &turns.question, method, &settings, |piece| send(out, piece, delay))?;
+        let answer = session
+            .ask(&mut conversation, &turns.question, method, &settings, |piece| send(out, piece, delay, &stopping))?;
         Ok(Finished {
             stop_reason: answer.stop_reason,
             prompt_tokens: saved + answer.tail_tokens.len(),
@@ -177,8 +190,8 @@ impl Worker {
     ) -> Result<Finished, ApiError> {
         let engine = &self.engine;
         let ids = engine.tokenizer.encode_raw(prompt)?;
-        let delay = self.delay;
-        let g = engine.generate(&ids, &settings.params(engine), |piece| send(out, piece, delay))?;
+        let (delay, stopping) = (self.delay, &self.stopping);
+        let g = engine.generate(&ids, &settings.params(engine), |piece| send(out, piece, delay, stopping))?;
         Ok(Finished {
             stop_reason: g.stop_reason,
             prompt_tokens: ids.len(),
@@ -192,10 +205,13 @@ impl Worker {
     }
 }
 
-/// Sends a piece of the answer; a client that has gone stops the answer.
-fn send(out: &UnboundedSender<Event>, piece: &str, delay: Duration) -> ControlFlow<()> {
+/// Sends a piece of the answer; a client that has gone, or the server stopping, stops it.
+fn send(out: &UnboundedSender<Event>, piece: &str, delay: Duration, stopping: &AtomicBool) -> ControlFlow<()> {
     if !delay.is_zero() {
         std::thread::sleep(delay);
+    }
+    if stopping.load(Ordering::SeqCst) {
+        return ControlFlow::Break(());
     }
     match out.send(Event::Text(piece.to_owned())) {
         Ok(()) => ControlFlow::Continue(()),

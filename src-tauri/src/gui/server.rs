@@ -30,6 +30,8 @@ pub(super) struct WindowServer {
 struct Running {
     addr: SocketAddr,
     stop: oneshot::Sender<()>,
+    /// The server's task: done once its listener is closed and its answers ended.
+    task: tauri::async_runtime::JoinHandle<()>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy)]
@@ -77,16 +79,19 @@ async fn status(state: &AppState) -> ServerStatus {
     }
 }
 
-/// Stops the running server, if any (its requests end; the port is free once it returns).
-fn stop(state: &AppState) {
-    if let Some(r) = state.server.running.lock().unwrap_or_else(|e| e.into_inner()).take() {
+/// Stops the running server, if any, and waits for it: its answers end at their next token
+/// and its port is free once this returns (a restart on the same port binds at once).
+async fn stop(state: &AppState) {
+    let running = state.server.running.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(r) = running {
         let _ = r.stop.send(());
+        let _ = r.task.await;
     }
 }
 
 /// Starts the server on 127.0.0.1:`port` over `engine`; the error says why it could not.
 async fn start(state: &AppState, engine: Arc<Engine>, port: u16) -> Result<(), String> {
-    stop(state);
+    stop(state).await;
     let offload = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).offload;
     let config = ServerConfig {
         addr: SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port),
@@ -106,7 +111,7 @@ async fn start(state: &AppState, engine: Arc<Engine>, port: u16) -> Result<(), S
             let _ = tx.send(Ok(addr));
         }
     };
-    tauri::async_runtime::spawn(async move {
+    let task = tauri::async_runtime::spawn(async move {
         let shutdown = async {
             let _ = stop_rx.await;
         };
@@ -121,7 +126,7 @@ async fn start(state: &AppState, engine: Arc<Engine>, port: u16) -> Result<(), S
         }
     });
     let addr = listening.await.map_err(|_| "the local API stopped before it listened".to_string())??;
-    *state.server.running.lock().unwrap_or_else(|e| e.into_inner()) = Some(Running { addr, stop: stop_tx });
+    *state.server.running.lock().unwrap_or_else(|e| e.into_inner()) = Some(Running { addr, stop: stop_tx, task });
     tracing::info!(%addr, model = %engine_name(state), "the window's local API listens");
     Ok(())
 }
@@ -145,7 +150,7 @@ pub(super) async fn set_server(state: State<'_, AppState>, on: bool, port: u16) 
             *state.server.error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
         }
     } else {
-        stop(&state);
+        stop(&state).await;
     }
     remember(&state, Remembered { on, port }).await?;
     Ok(status(&state).await)
@@ -165,7 +170,7 @@ pub(super) async fn resume(state: &AppState) {
 pub(super) async fn follow_model(state: &AppState, engine: Arc<Engine>) {
     let port = state.server.running.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|r| r.addr.port());
     if let Some(port) = port {
-        stop(state);
+        stop(state).await;
         if let Err(e) = start(state, engine, port).await {
             *state.server.error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
         }
