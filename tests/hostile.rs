@@ -49,10 +49,6 @@ fn refused(out: Output, says: &str) -> String {
     err
 }
 
-fn args(list: &[&str]) -> Command {
-    folio_cmd(list)
-}
-
 #[test]
 fn a_persons_files_are_never_overwritten() {
     let d = docs(1);
@@ -60,29 +56,18 @@ fn a_persons_files_are_never_overwritten() {
     // Their notes.
     let notes = work.path().join("notes.md");
     std::fs::write(&notes, "my notes").unwrap();
-    let out = limited(args(&[
-        "prefill",
-        "--model",
-        &demo(),
-        "--docs",
-        d.path().to_str().unwrap(),
-        "--out",
-        notes.to_str().unwrap(),
-    ]));
+    // A prefill of the documents onto `out`, under the limits.
+    let (docs_dir, model) = (d.path().to_str().unwrap(), demo());
+    let prefill_onto = |out: &Path| {
+        limited(folio_cmd(&["prefill", "--model", &model, "--docs", docs_dir, "--out", out.to_str().unwrap()]))
+    };
+    let out = prefill_onto(&notes);
     refused(out, "is not a Folio context file: Folio never replaces another file");
     assert_eq!(std::fs::read_to_string(&notes).unwrap(), "my notes");
     // A document the prefill reads.
     let own = d.path().join("field_notes.txt");
     let before = std::fs::read(&own).unwrap();
-    let out = limited(args(&[
-        "prefill",
-        "--model",
-        &demo(),
-        "--docs",
-        d.path().to_str().unwrap(),
-        "--out",
-        own.to_str().unwrap(),
-    ]));
+    let out = prefill_onto(&own);
     refused(out, "is one of the documents this prefill reads");
     assert_eq!(std::fs::read(&own).unwrap(), before);
     // Another context: replaced with a warning (and with --force, without).
@@ -102,8 +87,8 @@ fn devices_and_named_pipes_are_refused_as_inputs() {
     for input in [Path::new("/dev/zero"), fifo.as_path()] {
         let i = input.to_str().unwrap();
         let what = if input == fifo { "is a named pipe" } else { "is a device" };
-        refused(limited(args(&["perplexity", "--model", &demo(), "--file", i])), what);
-        refused(limited(args(&["chat", "--model", &demo(), "--continue", i, "hello"])), what);
+        refused(limited(folio_cmd(&["perplexity", "--model", &demo(), "--file", i])), what);
+        refused(limited(folio_cmd(&["chat", "--model", &demo(), "--continue", i, "hello"])), what);
     }
 }
 
@@ -125,7 +110,8 @@ fn hostile_chat_templates_fail_in_bounded_time_and_memory() {
     for (template, says) in [(loops, "steps without finishing"), (huge, "wrote more than 64 MiB")] {
         let model = model_with_template(template);
         let started = Instant::now();
-        let out = limited(args(&["chat", "--model", model.path().to_str().unwrap(), "hello", "--max-tokens", "1"]));
+        let out =
+            limited(folio_cmd(&["chat", "--model", model.path().to_str().unwrap(), "hello", "--max-tokens", "1"]));
         refused(out, says);
         assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
     }
@@ -137,7 +123,7 @@ fn a_name_with_a_line_break_is_refused() {
     let work = tempfile::tempdir().unwrap();
     let ctx = work.path().join("named.folio");
     assert!(prefill(d.path(), &ctx, &[]).status.success());
-    let out = limited(args(&["library", "rename", ctx.to_str().unwrap(), "line\nbreak"]));
+    let out = limited(folio_cmd(&["library", "rename", ctx.to_str().unwrap(), "line\nbreak"]));
     refused(out, "control characters");
     assert!(ctx.exists() && !work.path().join("line\nbreak.folio").exists());
 }
@@ -191,8 +177,8 @@ fn checksum_consistent_lies_are_refused_and_import_leaves_nothing() {
         bytes[at..at + n].copy_from_slice(&json);
     });
     for (file, says) in [(&bad_token, "outside the model's vocabulary"), (&bad_span, "inside the")] {
-        refused(limited(args(&["context", "info", file.to_str().unwrap(), "--verify"])), says);
-        refused(limited(args(&["library", "import", file.to_str().unwrap()])), says);
+        refused(limited(folio_cmd(&["context", "info", file.to_str().unwrap(), "--verify"])), says);
+        refused(limited(folio_cmd(&["library", "import", file.to_str().unwrap()])), says);
     }
     let contexts = cli::test_home().join("contexts");
     let left: Vec<PathBuf> = std::fs::read_dir(&contexts).into_iter().flatten().flatten().map(|e| e.path()).collect();
@@ -214,7 +200,7 @@ fn a_context_file_never_makes_folio_reach_the_network() {
         h["model"]["source"] = format!("evil-org/{}", "m".repeat(source - "evil-org/".len())).into();
     });
     let hf = tempfile::tempdir().unwrap();
-    let mut cmd = args(&["chat", "--context", evil.to_str().unwrap(), "hello"]);
+    let mut cmd = folio_cmd(&["chat", "--context", evil.to_str().unwrap(), "hello"]);
     cmd.env("HF_HOME", hf.path()).env("HF_ENDPOINT", "http://127.0.0.1:9").env_remove("HF_HUB_OFFLINE");
     refused(limited(cmd), "Folio downloads a model only when asked");
 }
