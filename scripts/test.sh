@@ -41,9 +41,10 @@ ui/node_modules/.bin/tauri build --debug --bundles deb
 step "cargo test"
 cargo test --workspace --locked
 
-step "CUDA build (compile and link only: no GPU here)"
+step "CUDA build: compiled here, and run here with no GPU (it must answer on the CPU and say why)"
 source scripts/cuda-toolchain.sh
 cargo clippy --workspace --no-default-features --features cuda --all-targets --locked -- -D warnings
 cargo build --workspace --no-default-features --features cuda --tests --locked
+cargo test -p folio --no-default-features --features cuda --test cuda_build --locked
 echo
 echo "all checks passed"

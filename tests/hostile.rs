@@ -92,6 +92,62 @@ fn devices_and_named_pipes_are_refused_as_inputs() {
     }
 }
 
+/// A document with a line of 1.4 MiB (a text export on one line) is read whole, not refused;
+/// one of 20 MiB that becomes a few hundred tokens is warned about in `prefill` itself, as in
+/// `--dry-run`, before the prefill starts.
+#[test]
+fn long_lines_are_read_and_a_shrinking_document_is_warned_about() {
+    let d = tempfile::tempdir().unwrap();
+    let word = "x".repeat(1000);
+    let one_line = vec![word.as_str(); 1500].join(" ");
+    std::fs::write(d.path().join("one-line.txt"), &one_line).unwrap();
+    std::fs::write(d.path().join("shrinks.txt"), format!("{}\n", "a".repeat(100_000)).repeat(200)).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let out = limited(folio_cmd(&[
+        "prefill",
+        "--model",
+        &demo(),
+        "--docs",
+        d.path().to_str().unwrap(),
+        "--out",
+        work.path().join("c.folio").to_str().unwrap(),
+        "--json",
+    ]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["skipped"], serde_json::json!([]), "{report}");
+    let spans = report["documents"].as_array().unwrap();
+    let tokens = |name: &str| {
+        let s = spans.iter().find(|s| s["path"].as_str().unwrap().ends_with(name)).unwrap();
+        s["end"].as_u64().unwrap() - s["start"].as_u64().unwrap()
+    };
+    // The demo model's words are whole words: 1500 of them, read in pieces, and a few wrapper tokens.
+    assert!((1500..1600).contains(&tokens("one-line.txt")), "{report}");
+    assert!(tokens("shrinks.txt") < 400, "{report}");
+    assert!(stderr.contains("shrinks.txt: 19.1 MiB of text became only"), "{stderr}");
+}
+
+/// A document whose name is not UTF-8 is kept by its exact bytes: removing another document
+/// afterwards reads it again from its own name (the lossy name would not open).
+#[test]
+fn a_name_that_is_not_utf8_is_kept_as_the_os_gives_it() {
+    use std::os::unix::ffi::OsStrExt;
+    let d = docs(1);
+    let odd = d.path().join(std::ffi::OsStr::from_bytes(b"bad-\xff\xfe-name.txt"));
+    std::fs::write(&odd, "the secret code of amber falcon is 4 8 1 5 2 .").unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let ctx = work.path().join("odd.folio");
+    let made = prefill(d.path(), &ctx, &[]);
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let c = ctx.to_str().unwrap();
+    let out = limited(folio_cmd(&["prefill", "--context", c, "--remove", "market_records.txt", "--json"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let info = limited(folio_cmd(&["context", "info", c, "--json"]));
+    let listed = String::from_utf8_lossy(&info.stdout);
+    assert!(listed.contains("-name.txt") && !listed.contains("market_records"), "{listed}");
+}
+
 /// A model folder whose chat template is `template`.
 fn model_with_template(template: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -115,6 +171,21 @@ fn hostile_chat_templates_fail_in_bounded_time_and_memory() {
         refused(out, says);
         assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
     }
+}
+
+/// A template that doubles a string forty times (a terabyte in forty steps: minijinja counts a
+/// concatenation as one step) stops the process at the allocator's bound for templates, with
+/// the reason, before the memory limit here.
+#[test]
+fn a_template_that_doubles_a_string_stops_at_its_memory_bound() {
+    let doubling = "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}";
+    let model = model_with_template(doubling);
+    let started = Instant::now();
+    let out = limited(folio_cmd(&["chat", "--model", model.path().to_str().unwrap(), "hello", "--max-tokens", "1"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !stderr.contains("panicked"), "{:?}: {stderr}", out.status);
+    assert!(stderr.contains("folio: stopped: the model's chat template took more than 1024 MiB of memory"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
 }
 
 #[test]

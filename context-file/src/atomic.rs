@@ -30,6 +30,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     sync_dir(path)
 }
 
+/// Moves `from` to `to` only if nothing is at `to`, with no window between the check and the
+/// move in which a file that appears there would be replaced: a hard link is made at `to` (which
+/// fails when anything is there) and `from` unlinked. On a file system without hard links (FAT,
+/// exFAT) the check and the rename are two steps. `AlreadyExists` when `to` is taken.
+pub fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
+    match std::fs::hard_link(from, to) {
+        Ok(()) => std::fs::remove_file(from),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(e),
+        Err(_) if std::fs::symlink_metadata(to).is_ok() => Err(std::io::ErrorKind::AlreadyExists.into()),
+        Err(_) => std::fs::rename(from, to),
+    }
+}
+
 /// Refuses to replace anything at `path` but a regular file: an atomic write renames a new
 /// file over the path, which would silently put a regular file in place of a device
 /// (`/dev/full`), a named pipe, a folder or a symbolic link (the link, not its target).

@@ -22,6 +22,7 @@ pub mod codec;
 mod error;
 pub mod file;
 pub mod format;
+pub mod os_path;
 pub mod partial;
 pub mod rows;
 

@@ -33,7 +33,6 @@ pub fn extract(bytes: &[u8], name: &str, limits: &Limits) -> Result<(Format, Ext
         Format::Zip => return Err(Refusal::Unsupported(ZIP_UNSUPPORTED.into())),
         Format::Binary(kind) => return Err(Refusal::Binary(kind.into())),
     };
-    budget.check_lines(&extracted.text)?;
     if extracted.text.trim().is_empty() {
         return Err(Refusal::NoText);
     }

@@ -14,10 +14,12 @@
 //!   or without a BOM, or a legacy encoding detected by `chardetng`; invalid UTF-8 in a mostly
 //!   UTF-8 file is replaced and the count is a warning. A document cut off by a limit says so.
 //! - **Bounded.** Every input is read under [`Limits`]: file size, unzipped size and ratio
-//!   (zip bombs), XML entity declarations (never expanded), nesting depth, line length,
+//!   (zip bombs), XML entity declarations (never expanded), nesting depth,
 //!   pages, text per document and time per document. The limit hit is named in the reason.
 //!   Parsers run on a worker thread: a panic is caught and reported, and a parser still
 //!   running at its time limit is left behind (its result dropped) so the batch goes on.
+//!   A long line is not a limit: a 1M-token text export or a minified file is a person's
+//!   document, read whole (the tokenizer takes a text with very long lines in pieces).
 //! - **Structure kept as text.** Headings become Markdown headings, lists `- ` items, tables
 //!   `| a | b |` rows, links their text with the address. Each document carries [`Part`]s —
 //!   PDF pages, EPUB chapters, heading sections — as byte offsets into its text, which the

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use quick_xml::events::Event;
 
-use crate::limits::{bytes, Budget, Limit, LimitHit};
+use crate::limits::{bytes, Budget, Limit, LimitHit, MAX_SPACE_RUN};
 use crate::out::{collapse, Out};
 use crate::plain::{attr, walk_xml, xml_reference};
 use crate::zipped::Container;
@@ -264,7 +264,7 @@ pub(crate) fn odt(bytes: &[u8], budget: &Budget) -> Result<Extracted, Refusal> {
             Event::Empty(e) if skip_from.is_none() && open > 0 => match e.local_name().as_ref() {
                 "s" => {
                     let n = attr(&e, "c").and_then(|c| c.parse::<usize>().ok()).unwrap_or(1);
-                    blocks.text(&" ".repeat(n.min(budget.limits.line_bytes)))?;
+                    blocks.text(&" ".repeat(n.min(MAX_SPACE_RUN)))?;
                 }
                 "tab" => blocks.text("\t")?,
                 "line-break" => blocks.text("\n")?,

@@ -27,8 +27,12 @@ pub(crate) fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, Refusa
     let mut out = Out::new(budget);
     let mut with_text = 0;
     let mut failed = Vec::new();
-    for &number in pages.keys() {
+    for (&number, &page_id) in &pages {
         budget.tick()?;
+        if let Some(why) = unreadable_content(&doc, page_id) {
+            failed.push((number, why));
+            continue;
+        }
         let mut text = String::new();
         // pdf-extract unwraps on some damaged pages: one such page is a failed page, not a
         // failed document.
@@ -74,6 +78,31 @@ pub(crate) fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, Refusa
         ));
     }
     Ok(out.finish())
+}
+
+/// Why a page's content cannot be read, when it cannot: a content stream the reader dropped
+/// (one whose /Length runs past the file's end) or cannot decompress. Such a page would read as
+/// empty — like a scan's, or a blank page — and be left out without a word.
+fn unreadable_content(doc: &lopdf::Document, page: lopdf::ObjectId) -> Option<String> {
+    // The page's own /Contents entry: the reader's list of a page's contents leaves out the
+    // objects it dropped.
+    let contents = doc.get_dictionary(page).ok()?.get(b"Contents").ok()?;
+    let ids: Vec<lopdf::ObjectId> = match contents {
+        lopdf::Object::Reference(id) => vec![*id],
+        lopdf::Object::Array(list) => list.iter().filter_map(|o| o.as_reference().ok()).collect(),
+        _ => Vec::new(),
+    };
+    for id in ids {
+        let why = match doc.get_object(id).and_then(lopdf::Object::as_stream) {
+            Err(e) => e.to_string(),
+            Ok(stream) => match stream.decompressed_content() {
+                Err(e) if stream.filters().is_ok_and(|f| !f.is_empty()) => e.to_string(),
+                _ => continue,
+            },
+        };
+        return Some(format!("its content (object {} {}) cannot be read: {why}", id.0, id.1));
+    }
+    None
 }
 
 fn damaged(e: &lopdf::Error) -> Refusal {

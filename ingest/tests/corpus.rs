@@ -130,9 +130,9 @@ fn encodings_are_detected_and_reported() {
     assert_eq!(no_bom.warnings, ["read as UTF-16LE (it has no byte order mark)"]);
 }
 
-/// Every bad file of the corpus, and the ones made here (a 50 MB one-line HTML, a symlink
-/// loop, an unreadable file, a named pipe), in one batch with a good file: each refused with
-/// its reason, the good one read.
+/// Every bad file of the corpus, and the ones made here (a symlink loop, an unreadable file, a
+/// named pipe), in one batch with good files: each refused with its reason, the good ones read
+/// — a 50 MB HTML page of one line among them, whole (a long line is no reason to refuse).
 #[test]
 fn every_bad_file_is_named_with_its_reason_and_the_batch_goes_on() {
     let dir = tempfile::tempdir().unwrap();
@@ -154,7 +154,9 @@ fn every_bad_file_is_named_with_its_reason_and_the_batch_goes_on() {
     let batch = without_file_permissions(|| read_paths(&paths, true, &Limits::default(), &|_, _| {}).unwrap());
 
     let read: Vec<&str> = batch.documents.iter().map(|d| d.title.as_str()).collect();
-    assert_eq!(read, ["invalid-utf8.txt", "utf16le-nobom.txt", "fine.txt"]);
+    assert_eq!(read, ["invalid-utf8.txt", "utf16le-nobom.txt", "one-line.html", "fine.txt"]);
+    let one_line = &batch.documents[2].text;
+    assert_eq!(one_line.trim_end().len(), "harbor, ".repeat(50 << 20 >> 3).trim_end().len(), "read whole");
     let reason = |name: &str| {
         let skip =
             batch.skipped.iter().find(|s| s.path.ends_with(name)).unwrap_or_else(|| panic!("{name} not skipped"));
@@ -169,7 +171,6 @@ fn every_bad_file_is_named_with_its_reason_and_the_batch_goes_on() {
         ("entities.xml", "(XML entity expansion limit)"),
         ("binary.txt", "binary (it holds NUL bytes"),
         ("empty.txt", "empty"),
-        ("one-line.html", "a line of 50.0 MiB exceeds 1.0 MiB (line length limit)"),
         ("loop", "cannot read it: too many levels of symbolic links"),
         ("secret.txt", "cannot read it: permission denied"),
         ("pipe.txt", "a named pipe (FIFO), not a regular file"),
@@ -247,4 +248,23 @@ fn a_file_that_changes_while_read_is_refused() {
         refusal
     });
     assert_eq!(refusal.as_deref(), Some("it changed while it was read; add it again once it is saved"));
+}
+
+/// A PDF whose page content stream declares a /Length past the file's end: the page would read
+/// as empty, like a blank page or a scan, and be left out without a word. It is a page that
+/// could not be read, named in a warning; with every page so, the file is a damaged PDF, not a
+/// scan.
+#[test]
+fn a_page_with_a_runaway_stream_length_is_named_not_dropped() {
+    let good = std::fs::read(corpus("good").join("report.pdf")).unwrap();
+    // The first page's content stream; the same length of text, so the file's offsets hold.
+    let at = good.windows(13).position(|w| w == b"/Length 3 0 R").expect("the first stream's length");
+    let mut bad = good.clone();
+    bad[at..at + 13].copy_from_slice(b"/Length 99999");
+    let (_, read) = folio_ingest::read_bytes(std::sync::Arc::new(bad), "runaway.pdf", &Limits::default()).unwrap();
+    assert!(
+        read.warnings.iter().any(|w| w.starts_with("1 of 3 pages could not be read (pages 1)")),
+        "{:?}",
+        read.warnings
+    );
 }

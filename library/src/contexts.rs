@@ -419,7 +419,12 @@ impl Library {
                 to.display()
             )));
         }
-        std::fs::rename(&info.path, &to).map_err(|e| Error::io(&info.path, e))?;
+        folio_context_file::atomic::rename_no_replace(&info.path, &to).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => {
+                Error::Refused(format!("{} already exists: pick another name", to.display()))
+            }
+            _ => Error::io(&info.path, e),
+        })?;
         let moved = sqlx::query("UPDATE contexts SET path = ? WHERE id = ?")
             .bind(to.to_string_lossy())
             .bind(id)

@@ -12,6 +12,8 @@ use crate::{Error, Library, Result};
 
 /// Suffix of a copy in progress.
 const COPYING_SUFFIX: &str = ".copying";
+/// Free names an import tries when other imports keep taking them first.
+const NAME_TRIES: usize = 8;
 
 impl Library {
     /// Lists the context file `file` after checking every checksum in it (a broken copy or
@@ -27,11 +29,20 @@ impl Library {
             return self.add_context(&absolute(file)?).await;
         }
         let stem = file.file_stem().map_or_else(|| "context".into(), |s| s.to_string_lossy().into_owned());
-        let to = self.free_context_path(&stem)?;
-        let (from, dest) = (file.to_owned(), to.clone());
-        tokio::task::spawn_blocking(move || copy_atomic(&from, &dest))
-            .await
-            .map_err(|e| Error::Refused(format!("copying {}: {e}", file.display())))??;
+        // Another import may take the free name first: the copy never replaces it, and the next
+        // free name is tried.
+        let mut tries = 0;
+        let to = loop {
+            let to = self.free_context_path(&stem)?;
+            let (from, dest) = (file.to_owned(), to.clone());
+            let copied = tokio::task::spawn_blocking(move || copy_atomic(&from, &dest))
+                .await
+                .map_err(|e| Error::Refused(format!("copying {}: {e}", file.display())))?;
+            match copied {
+                Err(e) if is_taken(&e) && tries < NAME_TRIES => tries += 1,
+                other => break other.map(|()| to)?,
+            }
+        };
         // The copy and its row land together: a file the library refuses to list is not left
         // behind in its folder with no row.
         let listed = self.add_context(&to).await;
@@ -60,10 +71,15 @@ impl Library {
             )));
         }
         let (from, dest) = (info.path.clone(), to.clone());
-        tokio::task::spawn_blocking(move || copy_atomic(&from, &dest))
+        let copied = tokio::task::spawn_blocking(move || copy_atomic(&from, &dest))
             .await
-            .map_err(|e| Error::Refused(format!("copying {}: {e}", info.path.display())))??;
-        Ok(to)
+            .map_err(|e| Error::Refused(format!("copying {}: {e}", info.path.display())))?;
+        match copied {
+            Err(e) if is_taken(&e) => {
+                Err(Error::Refused(format!("{} already exists: export elsewhere or remove it first", to.display())))
+            }
+            other => other.map(|()| to),
+        }
     }
 }
 
@@ -88,16 +104,24 @@ impl Library {
     }
 }
 
-/// Copies `from` to `to` through `to.copying`: copied, fsynced, renamed, the folder fsynced.
+/// Whether a copy failed because its destination appeared meanwhile.
+fn is_taken(e: &Error) -> bool {
+    matches!(e, Error::Io { error, .. } if error.kind() == std::io::ErrorKind::AlreadyExists)
+}
+
+/// Copies `from` to `to` through `to.copying-PID-N` (its own per copy, so that two copies to
+/// one name never write one file): copied, fsynced, moved to `to` unless something
+/// is there by then (never replaced: an `AlreadyExists` error), the folder fsynced.
 fn copy_atomic(from: &Path, to: &Path) -> Result<()> {
     let mut tmp = to.as_os_str().to_owned();
-    tmp.push(COPYING_SUFFIX);
+    static COPIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    tmp.push(format!("{COPYING_SUFFIX}-{}-{n}", std::process::id()));
     let tmp = PathBuf::from(tmp);
     let result = (|| {
         std::fs::copy(from, &tmp).map_err(|e| Error::io(from, e))?;
         std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
-        folio_context_file::atomic::check_replaceable(to)?;
-        std::fs::rename(&tmp, to).map_err(|e| Error::io(to, e))?;
+        folio_context_file::atomic::rename_no_replace(&tmp, to).map_err(|e| Error::io(to, e))?;
         let folder = to.parent().unwrap_or(Path::new("."));
         std::fs::File::open(folder).and_then(|f| f.sync_all()).map_err(|e| Error::io(folder, e))
     })();

@@ -82,8 +82,8 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         // A model folder's template is untrusted input: bounded in steps and depth, its output
         // in size (render_with), so a hostile loop fails with a message instead of running for
-        // hours or writing gigabytes. Not bounded: a string doubled in a variable a few dozen
-        // times (minijinja's concatenation costs one step whatever its length).
+        // hours or writing gigabytes; its memory by the allocator (a string doubled in a variable
+        // costs one step whatever its length: folio_runtime::alloc_guard).
         env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_recursion_limit(TEMPLATE_RECURSION);
         env.add_template_owned(TEMPLATE_NAME, source).map_err(|e| Error::Template(describe(&e)))?;
@@ -111,7 +111,10 @@ impl ChatTemplate {
         };
         let ctx = minijinja::context! { ..Value::from_serialize(extra), ..base };
         let mut out = Capped { bytes: Vec::new() };
-        match tmpl.render_captured_to(ctx, &mut out) {
+        let rendered = folio_runtime::alloc_guard::guarded(TEMPLATE_MEMORY_BYTES, "the model's chat template", || {
+            tmpl.render_captured_to(ctx, &mut out)
+        });
+        match rendered {
             Ok(_) => String::from_utf8(out.bytes).map_err(|e| Error::Template(e.to_string())),
             Err(_) if out.bytes.len() >= TEMPLATE_OUTPUT_BYTES => Err(Error::Template(format!(
                 "the template wrote more than {} MiB, far more than any prompt the model reads: it is not a chat \
@@ -133,6 +136,10 @@ const TEMPLATE_FUEL: u64 = 50_000_000;
 const TEMPLATE_RECURSION: usize = 100;
 /// The largest prompt text a template may write (a million tokens is a few MiB).
 const TEMPLATE_OUTPUT_BYTES: usize = 64 << 20;
+
+/// The memory a rendering may take, its output included: real templates take kilobytes per
+/// turn, a long conversation megabytes.
+const TEMPLATE_MEMORY_BYTES: usize = 1 << 30;
 
 /// A rendering's output, refused past [`TEMPLATE_OUTPUT_BYTES`].
 struct Capped {

@@ -3,27 +3,34 @@
 //! setting, so both refuse the same bad values with the same words.
 
 use candle_core::{DType, Device};
+use folio_runtime::gpu::cuda_devices;
 
 use crate::error::{Error, Result};
 
-/// `auto` (CUDA when built with it and a GPU answers, else CPU), `cpu`, `cuda` or `cuda:N`.
+/// `auto` (the first usable GPU, else the CPU), `cpu`, `cuda` or `cuda:N`. A GPU asked for by
+/// name that cannot be used is refused with the reason ([`folio_runtime::gpu::cuda_devices`]:
+/// no driver, a library missing, a driver too old, a GPU too old), never run on the CPU instead.
 pub fn parse_device(spec: &str) -> Result<Device> {
+    let bad = || Error::Invalid(format!("bad device \"{spec}\": use auto, cpu, cuda or cuda:N"));
     match spec {
         "cpu" => Ok(Device::Cpu),
-        "auto" if candle_core::utils::cuda_is_available() => Ok(cuda_device(0).unwrap_or(Device::Cpu)),
-        "auto" => Ok(Device::Cpu),
+        "auto" => match cuda_devices() {
+            Ok(gpus) => Ok(cuda_device(gpus[0].ordinal).unwrap_or(Device::Cpu)),
+            Err(_) => Ok(Device::Cpu),
+        },
         _ => {
-            let ordinal = match spec.strip_prefix("cuda") {
+            let ordinal: usize = match spec.strip_prefix("cuda") {
                 Some("") => 0,
-                Some(rest) => rest
-                    .strip_prefix(':')
-                    .and_then(|n| n.parse().ok())
-                    .ok_or_else(|| Error::Invalid(format!("bad device \"{spec}\": use auto, cpu, cuda or cuda:N")))?,
-                None => return Err(Error::Invalid(format!("bad device \"{spec}\": use auto, cpu, cuda or cuda:N"))),
+                Some(rest) => rest.strip_prefix(':').and_then(|n| n.parse().ok()).ok_or_else(bad)?,
+                None => return Err(bad()),
             };
-            if !candle_core::utils::cuda_is_available() {
+            let gpus =
+                cuda_devices().as_ref().map_err(|why| Error::Invalid(format!("device {spec} asked for, but {why}")))?;
+            if !gpus.iter().any(|g| g.ordinal == ordinal) {
+                let have: Vec<String> = gpus.iter().map(|g| format!("cuda:{} ({})", g.ordinal, g.name)).collect();
                 return Err(Error::Invalid(format!(
-                    "device {spec} asked for, but this build of Folio has no CUDA support (build with --features cuda)"
+                    "device {spec} asked for, but this machine's usable GPUs are {}",
+                    have.join(", ")
                 )));
             }
             cuda_device(ordinal)

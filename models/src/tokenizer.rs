@@ -10,6 +10,14 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
+/// A document text whose longest line is longer than this is tokenized in pieces (a 1M-token
+/// export, a minified file or a log of one line): the `tokenizers` crate holds a whole
+/// pre-tokenized text and its offsets at once, so one 50 MiB line would take gigabytes. Texts
+/// within it — every prose document — are tokenized whole, exactly as before.
+const LONG_LINE_BYTES: usize = 1 << 20;
+/// About how long each piece of such a text is.
+const PIECE_BYTES: usize = 64 << 10;
+
 /// How tokenizers name their unknown token.
 const UNKNOWN_TOKENS: [&str; 3] = ["<|unk|>", "<unk>", "[UNK]"];
 
@@ -51,7 +59,25 @@ impl Tokenizer {
 
     /// Document text: no special tokens added, and special-token strings in the text (a file
     /// that contains `<|im_end|>`) encoded as the text they are, never as control tokens.
+    /// A text with a line longer than [`LONG_LINE_BYTES`] is encoded in pieces
+    /// ([`text_pieces`]).
     pub fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
+        let longest = text.split('\n').map(str::len).max().unwrap_or(0);
+        if longest <= LONG_LINE_BYTES {
+            return self.encode_whole(text);
+        }
+        self.encode_in_pieces(text, PIECE_BYTES)
+    }
+
+    fn encode_in_pieces(&self, text: &str, size: usize) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        for piece in text_pieces(text, size) {
+            ids.extend(self.encode_whole(piece)?);
+        }
+        Ok(ids)
+    }
+
+    fn encode_whole(&self, text: &str) -> Result<Vec<u32>> {
         Ok(self.plain.encode(text, false).map_err(tok_err)?.get_ids().to_vec())
     }
 
@@ -71,5 +97,126 @@ impl Tokenizer {
 
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+}
+
+/// `text` cut into consecutive pieces of about `size` bytes (each at least one character),
+/// each cut where a run of whitespace other than a line break starts — where byte-level BPE
+/// pre-tokenizers (GPT-2's, Llama 3's, Qwen's patterns) split anyway: a word keeps its leading
+/// space in the next piece, a space run stays whole, and punctuation keeps the line breaks
+/// that follow it (`?[^\s\p{L}\p{N}]+[\r\n]*`), so the pieces' tokens are the whole text's.
+/// In a stretch of `size` bytes with no such place the cut is at a character boundary.
+pub fn text_pieces(text: &str, size: usize) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut end = rest.len();
+        if rest.len() > size {
+            let mut limit = size;
+            while !rest.is_char_boundary(limit) {
+                limit += 1;
+            }
+            end = whitespace_run_start(&rest[..limit]).unwrap_or(limit);
+        }
+        let (piece, tail) = rest.split_at(end);
+        rest = tail;
+        Some(piece)
+    })
+}
+
+/// The last byte offset (after the first character) where a whitespace run starts with a
+/// character other than a line break, after a non-whitespace one.
+fn whitespace_run_start(s: &str) -> Option<usize> {
+    let mut best = None;
+    let mut previous_white = true;
+    for (i, c) in s.char_indices() {
+        if is_cut_point(previous_white, c) && i > 0 {
+            best = Some(i);
+        }
+        previous_white = c.is_whitespace();
+    }
+    best
+}
+
+/// A cut may go before `c` when it starts a whitespace run with something other than a line
+/// break.
+fn is_cut_point(previous_white: bool, c: char) -> bool {
+    !previous_white && c.is_whitespace() && c != '\n' && c != '\r'
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_cut_point, text_pieces, Tokenizer};
+    use rand::{Rng, SeedableRng};
+
+    /// Whether `piece` has a cut point after its first character.
+    fn has_cut_point(piece: &str) -> bool {
+        let chars: Vec<char> = piece.chars().collect();
+        chars.windows(2).any(|w| is_cut_point(w[0].is_whitespace(), w[1]))
+    }
+
+    /// Random text of words, punctuation, digits, spaces, tabs and line breaks.
+    fn random_text(rng: &mut impl Rng, words: usize) -> String {
+        let parts =
+            ["harbor", "Ferry", " ", "  ", "\n", "\n\n", ".", "!\n", ", ", "42", "é", "日本", "\t", "'s", " -- "];
+        (0..words).map(|_| parts[rng.random_range(0..parts.len())]).collect()
+    }
+
+    /// Each byte-level BPE fixture (GPT-2's pattern: llama, mistral; Llama 3's and Qwen's:
+    /// qwen2, qwen3) gives a text's tokens in pieces exactly as whole, on fresh random texts
+    /// cut into pieces of 40 to 400 bytes wherever every cut is at a cut point (a forced cut,
+    /// inside a stretch with no whitespace, may split a word's tokens: not compared).
+    #[test]
+    fn pieces_tokenize_as_the_whole_text() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models");
+        let mut compared = 0;
+        for name in ["llama", "mistral", "qwen2", "qwen3"] {
+            let tokenizer = Tokenizer::from_file(&fixtures.join(name).join("tokenizer.json"), None).unwrap();
+            for _ in 0..50 {
+                let text = random_text(&mut rng, 600);
+                let size = rng.random_range(40..400);
+                let pieces: Vec<&str> = text_pieces(&text, size).collect();
+                let forced = pieces
+                    .windows(2)
+                    .any(|w| !is_cut_point(w[0].ends_with(char::is_whitespace), w[1].chars().next().expect("a piece")));
+                if forced {
+                    continue;
+                }
+                compared += 1;
+                let whole = tokenizer.encode_whole(&text).unwrap();
+                assert_eq!(
+                    tokenizer.encode_in_pieces(&text, size).unwrap(),
+                    whole,
+                    "{name}, pieces of {size}: {text:?}"
+                );
+            }
+        }
+        assert!(compared >= 100, "only {compared} of 200 texts were cut at cut points alone");
+    }
+
+    /// On fresh random texts of words, runs of spaces, newlines, long unbroken stretches and
+    /// multi-byte characters: the pieces join to the text, none is empty, none is much past the
+    /// size, and a cut not at the start of a whitespace run is one the piece left no choice for.
+    #[test]
+    fn pieces_cover_the_text_and_cut_where_whitespace_starts() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+        let long = "x".repeat(300);
+        for _ in 0..200 {
+            let (before, after) = (rng.random_range(0..200), rng.random_range(0..200));
+            let text = random_text(&mut rng, before) + &long + &random_text(&mut rng, after);
+            let size = rng.random_range(1..200);
+            let pieces: Vec<&str> = text_pieces(&text, size).collect();
+            assert_eq!(pieces.concat(), text);
+            for (i, piece) in pieces.iter().enumerate() {
+                assert!(!piece.is_empty());
+                assert!(piece.len() < size + 4, "{} bytes for size {size}", piece.len());
+                let Some(next) = pieces.get(i + 1).and_then(|p| p.chars().next()) else { continue };
+                let at_cut_point = is_cut_point(piece.ends_with(char::is_whitespace), next);
+                assert!(at_cut_point || !has_cut_point(piece), "cut after {piece:?} before {next:?}");
+            }
+        }
     }
 }

@@ -2,7 +2,9 @@
 //! sampled while work runs, the host link's copy rate, the caching allocator's pool, copies
 //! between host and device that are queued rather than waited for ([`device`]); and what the
 //! operating system says about host memory — free memory, this process's peak, huge pages —
-//! with the anonymous maps that ask for 2 MiB pages ([`host_memory`]).
+//! with the anonymous maps that ask for 2 MiB pages ([`host_memory`]); whether the CUDA build
+//! can use this machine's GPUs, and why not ([`gpu`]); a bound on the memory one thread's
+//! untrusted work may take ([`alloc_guard`]).
 //!
 //! Why a crate of its own: these are neither attention math (folio-kernels holds only kernels)
 //! nor the engine's logic (folio-models), and a port to another platform (#45: Windows, macOS)
@@ -16,5 +18,7 @@
 //! * a copy never outlives the buffers it reads: [`device::Queued`] is waited for before its
 //!   source or destination is reused.
 
+pub mod alloc_guard;
 pub mod device;
+pub mod gpu;
 pub mod host_memory;

@@ -338,6 +338,7 @@ pub fn info(common: &Common, a: InfoArgs) -> Result<()> {
         "device": device_name(engine.model.device()),
         "dtype": format!("{:?}", engine.model.dtype()).to_lowercase(),
         "chat_template": engine.chat_template.is_some(),
+        "gpu": gpu_facts(),
     });
     if a.json {
         println!("{doc}");
@@ -350,8 +351,30 @@ pub fn info(common: &Common, a: InfoArgs) -> Result<()> {
         println!("max context     {} tokens", cfg.max_position_embeddings);
         println!("KV per token    {} bytes (bf16)", cfg.kv_bytes_per_token(KV_STORAGE_BYTES));
         println!("device          {} ({})", device_name(engine.model.device()), doc["dtype"].as_str().unwrap_or(""));
+        match folio_runtime::gpu::cuda_devices() {
+            Ok(gpus) => gpus.iter().for_each(|g| {
+                let gib = g.memory_bytes as f64 / (1u64 << 30) as f64;
+                println!(
+                    "GPU             cuda:{} {} ({gib:.0} GiB, compute {}.{})",
+                    g.ordinal, g.name, g.compute.0, g.compute.1
+                )
+            }),
+            Err(why) => println!("GPU             none usable, Folio runs on the CPU: {why}"),
+        }
     }
     Ok(())
+}
+
+/// The usable GPUs, or why there is none, for `info --json`.
+fn gpu_facts() -> serde_json::Value {
+    match folio_runtime::gpu::cuda_devices() {
+        Ok(gpus) => json!(gpus
+            .iter()
+            .map(|g| json!({"ordinal": g.ordinal, "name": g.name, "memory_bytes": g.memory_bytes,
+                "compute": format!("{}.{}", g.compute.0, g.compute.1)}))
+            .collect::<Vec<_>>()),
+        Err(why) => json!({ "unavailable": why }),
+    }
 }
 
 fn human_count(n: usize) -> String {

@@ -103,6 +103,7 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
         builder = builder.from(base);
     }
     let planned = builder.plan(change, &ingest::Files)?;
+    warn_about_shrinking(&ingested, &planned.plan.documents);
     let keys = listing::PrefillKeys::new(&engine, &common.device_label()?);
     let prior_cost = crate::library_cmd::stored_cost(&keys);
     if planned.keep > 0 && !a.json {
@@ -189,7 +190,10 @@ fn what_to_make(common: &Common, a: &PrefillArgs, out: &Path) -> Result<(Engine,
 /// a document this prefill reads — is never replaced.
 fn check_out(a: &PrefillArgs, out: &Path, ingested: &ingest::Ingested) -> Result<()> {
     let Ok(here) = out.canonicalize() else { return Ok(()) };
-    let read = ingested.documents.iter().any(|d| Path::new(&d.path).canonicalize().is_ok_and(|p| p == here));
+    let read = ingested
+        .documents
+        .iter()
+        .any(|d| folio_context_file::os_path::from_stored(&d.path).canonicalize().is_ok_and(|p| p == here));
     if read {
         bail!("--out {} is one of the documents this prefill reads: write the context to another file", out.display());
     }
@@ -220,6 +224,17 @@ fn warn_about(ingested: &ingest::Ingested) {
     }
     for (d, notes) in ingested.documents.iter().zip(&ingested.notes) {
         for w in &notes.warnings {
+            eprintln!("warning {}: {w}", d.path);
+        }
+    }
+}
+
+/// `--dry-run`'s and the staging sheet's warning for a document that became far fewer tokens
+/// than its text would as prose, said before the prefill starts.
+fn warn_about_shrinking(ingested: &ingest::Ingested, spans: &[DocumentSpan]) {
+    for d in &ingested.documents {
+        let Some(span) = spans.iter().find(|s| s.path == d.path) else { continue };
+        if let Some(w) = staging::shrink_warning(d.text.len(), span.end - span.start) {
             eprintln!("warning {}: {w}", d.path);
         }
     }

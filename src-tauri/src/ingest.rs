@@ -10,9 +10,10 @@
 //! The checksum is of the extracted text, not of the file: it is what the context's tokens
 //! were computed from, so a re-read that extracts the same text continues the same context.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Result};
+use folio_context_file::os_path;
 use folio_ingest::{Format, Limits};
 use folio_models::context::format::checksum;
 use folio_models::context::staging::{self, ReadNotes, Skip, Staged};
@@ -67,14 +68,15 @@ pub fn collect_lenient(paths: &[PathBuf], on_read: &(dyn Fn(usize, usize) + Sync
 /// it was prefilled with: what resuming a prefill, or re-prefilling the documents after a
 /// removed one, must compute from.
 fn reread_saved(spans: &[&DocumentSpan]) -> std::result::Result<Vec<DocumentText>, Reread> {
-    let paths: Vec<PathBuf> = spans.iter().map(|s| PathBuf::from(&s.path)).collect();
+    let paths: Vec<PathBuf> = spans.iter().map(|s| os_path::from_stored(&s.path)).collect();
     let found = collect_lenient(&paths, &|_, _| {});
     if let Some((path, why)) = found.skipped.into_iter().next() {
         return Err(Reread::Unreadable { path, why });
     }
     if found.documents.len() != spans.len() {
         // A saved path that is a folder now gives several documents.
-        let path = spans.iter().find(|s| Path::new(&s.path).is_dir()).map_or_else(String::new, |s| s.path.clone());
+        let path =
+            spans.iter().find(|s| os_path::from_stored(&s.path).is_dir()).map_or_else(String::new, |s| s.path.clone());
         return Err(Reread::Changed { path });
     }
     let mut documents = Vec::with_capacity(spans.len());
@@ -143,7 +145,7 @@ fn gather(paths: &[PathBuf], strict: bool, on_read: &(dyn Fn(usize, usize) + Syn
         out.notes.push(Notes { format: d.format, file_bytes: d.file_bytes, warnings: d.warnings });
         out.documents.push(DocumentText {
             title: d.title,
-            path: d.path.display().to_string(),
+            path: os_path::to_stored(&d.path),
             bytes: d.text.len() as u64,
             xxh3: checksum(d.text.as_bytes()),
             kind: d.format.name().into(),

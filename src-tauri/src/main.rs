@@ -22,6 +22,11 @@ mod serve_cmd;
 
 use clap::{Parser, Subcommand};
 
+/// The system allocator, with a bound on what a model's chat template may take while it renders
+/// (folio_runtime::alloc_guard says why the allocator).
+#[global_allocator]
+static ALLOCATOR: folio_runtime::alloc_guard::GuardedAlloc = folio_runtime::alloc_guard::GuardedAlloc;
+
 #[derive(Parser)]
 #[command(name = "folio", version, about = "Chat with a local LLM over whole document collections")]
 struct Cli {

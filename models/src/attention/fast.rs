@@ -274,7 +274,8 @@ mod tests {
         #[allow(unused_mut)] // only a CUDA build adds the GPU's runs
         let mut runs = vec![(Device::Cpu, DType::F32, 1e-5f32)];
         #[cfg(feature = "cuda")]
-        if let Ok(gpu) = Device::new_cuda(0) {
+        if let Some(gpu) = folio_runtime::gpu::cuda_unavailable().is_none().then(|| Device::new_cuda(0).ok()).flatten()
+        {
             runs.extend([(gpu.clone(), DType::F32, 1e-4), (gpu, DType::BF16, 1e-2)]);
         }
         for (dev, dtype, tolerance) in runs {

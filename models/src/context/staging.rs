@@ -64,14 +64,19 @@ fn count_warnings(text_bytes: usize, count: TokenCount) -> Vec<String> {
             unknown * 100.0
         ));
     }
-    if text_bytes >= SHRINK_FLOOR_BYTES && text_bytes > BYTES_PER_TOKEN_WARNING * count.tokens {
-        warnings.push(format!(
-            "{} of text became only {} tokens: is it one repeated character or word?",
-            crate::error::human_bytes(text_bytes as u64),
-            count.tokens
-        ));
-    }
+    warnings.extend(shrink_warning(text_bytes, count.tokens));
     warnings
+}
+
+/// The warning for a text that became orders of magnitude fewer tokens than prose would: the
+/// same words in the staging sheet, `--dry-run` and the prefill itself.
+pub fn shrink_warning(text_bytes: usize, tokens: usize) -> Option<String> {
+    (text_bytes >= SHRINK_FLOOR_BYTES && text_bytes > BYTES_PER_TOKEN_WARNING * tokens).then(|| {
+        format!(
+            "{} of text became only {tokens} tokens: is it one repeated character or word?",
+            crate::error::human_bytes(text_bytes as u64)
+        )
+    })
 }
 
 #[derive(Debug, Clone, Serialize)]

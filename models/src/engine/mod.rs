@@ -74,6 +74,7 @@ impl Engine {
         match &loaded {
             Ok(e) => tracing::info!(
                 model = %e.name, source = spec, device = ?device.location(), ?dtype,
+                gpu = folio_runtime::gpu::cuda_unavailable().unwrap_or("usable"),
                 seconds = started.elapsed().as_secs_f64(), "model loaded"
             ),
             Err(error) => tracing::warn!(source = spec, %error, "model not loaded"),

@@ -1,5 +1,6 @@
 //! What the engine's context tests share: the fixture models, plans of raw tokens, a build
 //! with no progress, the budget that buys the smallest chunk, and the samples as documents.
+#![allow(dead_code)] // each test file uses its own share of these
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};

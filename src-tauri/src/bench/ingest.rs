@@ -73,7 +73,7 @@ pub fn bench_ingest(common: &Common, a: IngestBenchArgs) -> Result<()> {
     }
     let mut by_format: BTreeMap<&str, Vec<PathBuf>> = BTreeMap::new();
     for (d, notes) in found.documents.iter().zip(&found.notes) {
-        by_format.entry(notes.format.name()).or_default().push(PathBuf::from(&d.path));
+        by_format.entry(notes.format.name()).or_default().push(folio_context_file::os_path::from_stored(&d.path));
     }
     let mut rows = Vec::new();
     for (format, paths) in by_format {

@@ -12,7 +12,6 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_core::Device;
 use folio_library::Library;
 use folio_models::attention::{MethodChoice, Tier};
 use folio_models::context::{ContextFile, KvDtype};
@@ -29,8 +28,8 @@ use crate::context_cmd::parse_bytes;
 const ENGINE_KEY: &str = "engine";
 /// Buffer the planner's bandwidths are measured with (once per device and run).
 const BANDWIDTH_BYTES: usize = 64 << 20;
-/// CUDA ordinals the device list looks for.
-const MAX_CUDA_DEVICES: usize = 8;
+/// Bytes in the GiB a GPU's memory is shown in.
+const GIB: f64 = (1u64 << 30) as f64;
 
 /// What the window runs with; see the module docs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ts_rs::TS)]
@@ -117,26 +116,16 @@ fn devices() -> Vec<DeviceChoice> {
         DeviceChoice { spec: "auto".into(), label: format!("Automatic ({auto})"), unavailable: None },
         DeviceChoice { spec: "cpu".into(), label: "CPU".into(), unavailable: None },
     ];
-    if !candle_core::utils::cuda_is_available() {
-        list.push(DeviceChoice {
-            spec: "cuda".into(),
-            label: "CUDA GPU".into(),
-            unavailable: Some("this build of Folio has no CUDA support (build with --features cuda)".into()),
-        });
-        return list;
+    match folio_runtime::gpu::cuda_devices() {
+        Ok(gpus) => list.extend(gpus.iter().map(|g| DeviceChoice {
+            spec: format!("cuda:{}", g.ordinal),
+            label: format!("{} ({:.0} GiB)", g.name, g.memory_bytes as f64 / GIB),
+            unavailable: None,
+        })),
+        Err(why) => {
+            list.push(DeviceChoice { spec: "cuda".into(), label: "NVIDIA GPU".into(), unavailable: Some(why.clone()) })
+        }
     }
-    let found: Vec<DeviceChoice> = (0..MAX_CUDA_DEVICES)
-        .map_while(|i| Device::new_cuda(i).ok().map(|d| (i, d)))
-        .map(|(i, d)| DeviceChoice { spec: format!("cuda:{i}"), label: device_name(&d), unavailable: None })
-        .collect();
-    if found.is_empty() {
-        list.push(DeviceChoice {
-            spec: "cuda".into(),
-            label: "CUDA GPU".into(),
-            unavailable: Some("no CUDA device found (is the NVIDIA driver loaded?)".into()),
-        });
-    }
-    list.extend(found);
     list
 }
 

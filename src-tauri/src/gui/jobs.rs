@@ -446,7 +446,7 @@ fn reread_noted(shared: &Shared, id: u64, staged: &[StagedDocument]) -> anyhow::
 /// The staged documents read again: one deleted since is left out, one changed is read as it
 /// is now; each is noted for the window.
 pub(crate) fn reread(staged: &[StagedDocument]) -> (Vec<DocumentText>, Vec<Skip>) {
-    let paths: Vec<PathBuf> = staged.iter().map(|d| PathBuf::from(&d.path)).collect();
+    let paths: Vec<PathBuf> = staged.iter().map(|d| folio_context_file::os_path::from_stored(&d.path)).collect();
     let found = ingest::collect_lenient(&paths, &|_, _| {});
     let mut notes: Vec<Skip> = found
         .skipped

@@ -1,0 +1,235 @@
+//! Whether this machine can run Folio's CUDA code, which GPUs it has, and — when it cannot — why,
+//! in words a person can act on.
+//!
+//! Why here and first: Folio's CUDA build opens the NVIDIA libraries at run time (cudarc's
+//! `dynamic-loading`, third_party/README.md), so one build runs everywhere; but cudarc panics
+//! when a library it needs does not open, at whatever CUDA call comes first. Everything that
+//! picks a device asks [`cuda_devices`] before any CUDA call: it opens each library, checks that
+//! the driver is new enough for the kernels' PTX and that each GPU's compute capability is one
+//! the kernels are built for, and answers the usable GPUs or the reason there are none. The
+//! answer is worked out once per process.
+//!
+//! The CUDA libraries other than the driver's (cuBLAS, cuBLASLt, cuRAND, NVRTC) come with the
+//! CUDA toolkit, whose installers put them in `/usr/local/cuda/lib64` without always telling the
+//! dynamic loader; a library not found by its name is looked for there (and under `$CUDA_HOME`,
+//! `$CUDA_PATH`) and opened by its path, after which cudarc's open by name finds it loaded.
+
+use std::sync::OnceLock;
+
+/// A GPU Folio can run on.
+#[derive(Debug, Clone)]
+pub struct CudaGpu {
+    pub ordinal: usize,
+    pub name: String,
+    /// Compute capability, major and minor.
+    pub compute: (i32, i32),
+    pub memory_bytes: u64,
+}
+
+/// The usable GPUs (at least one), or why there is none.
+pub type CudaDevices = Result<Vec<CudaGpu>, String>;
+
+/// The lowest compute capability the kernels are built for (kernels/build.rs: PTX for
+/// `compute_80`, which the driver compiles for 8.0 and every newer GPU — Ampere, Ada, Hopper,
+/// Blackwell — on first use).
+pub const MIN_COMPUTE: (i32, i32) = (8, 0);
+
+/// The CUDA version of the toolkit that compiles the kernels (scripts/cuda-toolchain.sh pins
+/// nvcc 13.0): its PTX loads only on a driver that supports this version or a later one.
+pub const KERNELS_CUDA_VERSION: i32 = 13_000;
+
+/// The first NVIDIA driver release that supports [`KERNELS_CUDA_VERSION`].
+pub const KERNELS_MIN_DRIVER: &str = "580";
+
+/// The usable GPUs, or why there is none; worked out at the first call.
+pub fn cuda_devices() -> &'static CudaDevices {
+    static DEVICES: OnceLock<CudaDevices> = OnceLock::new();
+    DEVICES.get_or_init(probe)
+}
+
+/// Why the CUDA device cannot be used (a reason, not a sentence about the CPU: callers say what
+/// they do instead), or `None` when it can.
+pub fn cuda_unavailable() -> Option<&'static str> {
+    cuda_devices().as_ref().err().map(String::as_str)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn probe() -> CudaDevices {
+    Err("this build of Folio has no CUDA support (./scripts/run.sh builds one that has)".into())
+}
+
+#[cfg(feature = "cuda")]
+fn probe() -> CudaDevices {
+    cuda::probe()
+}
+
+/// A CUDA version as the driver API gives it (12040) in the words people use ("12.4").
+pub fn cuda_version_words(version: i32) -> String {
+    format!("{}.{}", version / 1000, (version % 1000) / 10)
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::cuda::cudarc;
+    use cudarc::driver::{result, sys};
+
+    use super::{cuda_version_words, CudaDevices, CudaGpu, KERNELS_CUDA_VERSION, KERNELS_MIN_DRIVER, MIN_COMPUTE};
+
+    /// A library cudarc opens by name: what a person would call it, cudarc's name for it, the
+    /// file a person would look for (Linux, CUDA 13), and cudarc's check that one of its
+    /// candidate names opens.
+    struct Library {
+        what: &'static str,
+        name: &'static str,
+        file: &'static str,
+        present: unsafe fn() -> bool,
+    }
+
+    const DRIVER: Library = Library {
+        what: "the NVIDIA driver",
+        name: "cuda",
+        file: "libcuda.so.1",
+        present: cudarc::driver::sys::is_culib_present,
+    };
+
+    /// The toolkit's libraries candle's CUDA backend calls.
+    const TOOLKIT: [Library; 4] = [
+        Library {
+            what: "cuBLAS",
+            name: "cublas",
+            file: "libcublas.so.13",
+            present: cudarc::cublas::sys::is_culib_present,
+        },
+        Library {
+            what: "cuBLASLt",
+            name: "cublasLt",
+            file: "libcublasLt.so.13",
+            present: cudarc::cublaslt::sys::is_culib_present,
+        },
+        Library {
+            what: "cuRAND",
+            name: "curand",
+            file: "libcurand.so.10",
+            present: cudarc::curand::sys::is_culib_present,
+        },
+        Library { what: "NVRTC", name: "nvrtc", file: "libnvrtc.so.13", present: cudarc::nvrtc::sys::is_culib_present },
+    ];
+
+    /// Where the CUDA toolkit's installers put its libraries, beside the loader's own paths.
+    #[cfg(unix)]
+    const TOOLKIT_DIRS: [&str; 3] = ["/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/lib/cuda/lib64"];
+
+    pub(super) fn probe() -> CudaDevices {
+        // SAFETY: cudarc's checks only try to open libraries by name and close them again.
+        if !unsafe { (DRIVER.present)() } {
+            return Err(format!("no NVIDIA driver found ({} does not open)", DRIVER.file));
+        }
+        for library in &TOOLKIT {
+            if !opens(library) {
+                return Err(format!(
+                    "the NVIDIA driver is installed but the CUDA toolkit's {} library ({}) was not found: install \
+                     the CUDA {} runtime libraries, or set LD_LIBRARY_PATH to the folder that has them",
+                    library.what,
+                    library.file,
+                    cuda_version_words(KERNELS_CUDA_VERSION)
+                ));
+            }
+        }
+        result::init().map_err(|e| format!("the NVIDIA driver did not start: {e}"))?;
+        let version = driver_version()?;
+        if version < KERNELS_CUDA_VERSION {
+            return Err(format!(
+                "the NVIDIA driver supports CUDA {}, Folio's GPU code needs CUDA {} (driver {KERNELS_MIN_DRIVER} \
+                 or newer): update the driver",
+                cuda_version_words(version),
+                cuda_version_words(KERNELS_CUDA_VERSION)
+            ));
+        }
+        let count = result::device::get_count().map_err(|e| format!("counting CUDA devices failed: {e}"))?;
+        let mut usable = Vec::new();
+        let mut too_old = None;
+        for ordinal in 0..count.max(0) {
+            let gpu = describe(ordinal)?;
+            if gpu.compute >= MIN_COMPUTE {
+                usable.push(gpu);
+            } else {
+                too_old.get_or_insert(gpu);
+            }
+        }
+        match (usable.is_empty(), too_old) {
+            (false, _) => Ok(usable),
+            (true, Some(gpu)) => Err(format!(
+                "{} is compute capability {}.{}; Folio's GPU code needs {}.{} (Ampere) or newer",
+                gpu.name, gpu.compute.0, gpu.compute.1, MIN_COMPUTE.0, MIN_COMPUTE.1
+            )),
+            (true, None) => Err("the NVIDIA driver is installed but reports no GPU".into()),
+        }
+    }
+
+    /// Whether `library` opens by name, or else from a toolkit folder.
+    fn opens(library: &Library) -> bool {
+        // SAFETY: cudarc's checks only try to open libraries by name and close them again.
+        let by_name = || unsafe { (library.present)() };
+        by_name() || (open_from_toolkit_dirs(library) && by_name())
+    }
+
+    fn driver_version() -> Result<i32, String> {
+        let mut version = 0;
+        // SAFETY: the driver is initialised; the call writes one int.
+        unsafe { sys::cuDriverGetVersion(&mut version) }
+            .result()
+            .map_err(|e| format!("asking the NVIDIA driver its version failed: {e}"))?;
+        Ok(version)
+    }
+
+    fn describe(ordinal: i32) -> Result<CudaGpu, String> {
+        let failed = |e: cudarc::driver::DriverError| format!("reading CUDA device {ordinal} failed: {e}");
+        let device = result::device::get(ordinal).map_err(failed)?;
+        let attribute = |a| {
+            // SAFETY: `device` came from cuDeviceGet.
+            unsafe { result::device::get_attribute(device, a) }.map_err(failed)
+        };
+        let major = attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        // SAFETY: as above.
+        let memory = unsafe { result::device::total_mem(device) }.map_err(failed)?;
+        Ok(CudaGpu {
+            ordinal: ordinal as usize,
+            name: result::device::get_name(device).map_err(failed)?,
+            compute: (major, minor),
+            memory_bytes: memory as u64,
+        })
+    }
+
+    /// Opens the first of cudarc's candidate files found in a toolkit folder, by its path, and
+    /// keeps it open: cudarc's later open by name then finds it loaded (the loader matches a
+    /// loaded library's soname). True when one opened.
+    #[cfg(unix)]
+    fn open_from_toolkit_dirs(library: &Library) -> bool {
+        let homes = ["CUDA_HOME", "CUDA_PATH"]
+            .into_iter()
+            .filter_map(std::env::var_os)
+            .map(|h| std::path::PathBuf::from(h).join("lib64"));
+        let dirs: Vec<std::path::PathBuf> = homes.chain(TOOLKIT_DIRS.iter().map(Into::into)).collect();
+        for dir in dirs {
+            for candidate in cudarc::get_lib_name_candidates(library.name) {
+                let path = dir.join(&candidate);
+                let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else { continue };
+                if !path.is_file() {
+                    continue;
+                }
+                // SAFETY: dlopen of a CUDA library, never closed (it stays for cudarc's use).
+                let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+                if !handle.is_null() {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    #[cfg(not(unix))]
+    fn open_from_toolkit_dirs(_library: &Library) -> bool {
+        false
+    }
+}
