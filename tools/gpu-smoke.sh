@@ -22,6 +22,9 @@
 #                              # packed as `pack` packs) run the same kernel and offload tests and
 #                              # the same benchmarks in one sitting; tools/compare_builds.py prints
 #                              # both builds' figures and their ratio; JSON and logs to $OUT
+#   tools/gpu-smoke.sh onebuild  # there: the one build on a GPU machine: the libraries it needs to
+#                              # start, the GPU found with no LD_LIBRARY_PATH, the reason when no
+#                              # GPU is visible, the samples answered on the GPU; log to $OUT
 #   tools/gpu-smoke.sh needle [L] [N]   # there: the demo model's needle eval, every offloaded method,
 #                              # one tar of reports and transformers' checks of the misses
 set -euo pipefail
@@ -90,6 +93,28 @@ case "${1:-}" in
       echo "== folio bench prefill on CUDA (bf16 compute, bf16 K/V)"
       .gpu/folio bench prefill --model assets/models/demo --device cuda --tokens ${BENCH_TOKENS:-8192,32768}
     } 2>&1 | tee "$log"
+    ;;
+  onebuild)
+    tar -C .gpu -xJf .gpu/bundle.tar.xz
+    out=${OUT:-/tmp}
+    demo=assets/models/demo
+    {
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+      echo "== the libraries the binary needs to start (no CUDA library among them)"
+      (readelf -d .gpu/folio 2>/dev/null || objdump -p .gpu/folio) | grep NEEDED
+      echo "== no LD_LIBRARY_PATH: the driver by name, the toolkit's libraries from /usr/local/cuda/lib64"
+      env -u LD_LIBRARY_PATH .gpu/folio info --model $demo
+      env -u LD_LIBRARY_PATH .gpu/folio info --model $demo --json > "$out/info.json"
+      echo "== no GPU visible (CUDA_VISIBLE_DEVICES empty): the CPU, and the reason"
+      CUDA_VISIBLE_DEVICES= .gpu/folio info --model $demo
+      echo "== --device cuda with no GPU visible: refused with the reason"
+      CUDA_VISIBLE_DEVICES= .gpu/folio info --model $demo --device cuda && echo "exit 0 (wrong)" || echo "exit $? (refused)"
+      echo "== the samples prefilled and asked with the default device (auto: the GPU)"
+      ctx=$(mktemp -d)/samples.folio
+      env -u LD_LIBRARY_PATH .gpu/folio prefill --model $demo --docs assets/samples --out "$ctx" --json > "$out/prefill.json"
+      env -u LD_LIBRARY_PATH .gpu/folio chat --context "$ctx" --temperature 0 --json \
+        "what is the room number of silver otter ?" | tee "$out/chat.json"
+    } 2>&1 | tee "$out/one-build.log"
     ;;
   kernels)
     tar -C .gpu -xJf .gpu/bundle.tar.xz

@@ -7,6 +7,7 @@ use std::fs::File;
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::platform::{special, Special};
 
 /// Fsyncs the folder holding `path`, so that a rename into it survives a crash.
 pub fn sync_dir(path: &Path) -> Result<()> {
@@ -36,7 +37,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// exFAT) the check and the rename are two steps. `AlreadyExists` when `to` is taken.
 pub fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
     match std::fs::hard_link(from, to) {
-        Ok(()) => std::fs::remove_file(from),
+        // Where `from` cannot be unlinked, the move is undone: one name, as before.
+        Ok(()) => std::fs::remove_file(from).inspect_err(|_| {
+            let _ = std::fs::remove_file(to);
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(e),
         Err(_) if std::fs::symlink_metadata(to).is_ok() => Err(std::io::ErrorKind::AlreadyExists.into()),
         Err(_) => std::fs::rename(from, to),
@@ -47,30 +51,23 @@ pub fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
 /// file over the path, which would silently put a regular file in place of a device
 /// (`/dev/full`), a named pipe, a folder or a symbolic link (the link, not its target).
 pub fn check_replaceable(path: &Path) -> Result<()> {
-    use std::os::unix::fs::FileTypeExt;
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(Error::io(path, e)),
     };
     let t = meta.file_type();
-    let what = if t.is_file() {
-        return Ok(());
-    } else if t.is_symlink() {
-        let target = std::fs::read_link(path).map(|t| t.display().to_string()).unwrap_or_default();
-        return Err(Error::Invalid(format!(
-            "{} is a symbolic link (to {target}): Folio would replace the link with a new file and leave its target \
-             as it is; name the target itself, or remove the link first",
-            path.display()
-        )));
-    } else if t.is_dir() {
-        "a folder"
-    } else if t.is_char_device() || t.is_block_device() {
-        "a device"
-    } else if t.is_fifo() {
-        "a named pipe"
-    } else {
-        "a special file"
+    let what = match special(&t) {
+        None => return Ok(()),
+        Some(Special::Link) => {
+            let target = std::fs::read_link(path).map(|t| t.display().to_string()).unwrap_or_default();
+            return Err(Error::Invalid(format!(
+                "{} is a symbolic link (to {target}): Folio would replace the link with a new file and leave its \
+                 target as it is; name the target itself, or remove the link first",
+                path.display()
+            )));
+        }
+        Some(kind) => kind.words(),
     };
     Err(Error::Invalid(format!(
         "{} is {what}, not a file: Folio writes a context only to a new file or over a regular one",
@@ -83,16 +80,9 @@ pub fn check_replaceable(path: &Path) -> Result<()> {
 /// and a file over `limit` bytes (`what` names the input in the messages).
 pub fn read_input(path: &Path, what: &str, limit: u64) -> Result<Vec<u8>> {
     use std::io::Read;
-    use std::os::unix::fs::FileTypeExt;
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-    let t = meta.file_type();
-    if !t.is_file() {
-        let kind = match () {
-            _ if t.is_dir() => "a folder",
-            _ if t.is_char_device() || t.is_block_device() => "a device",
-            _ if t.is_fifo() => "a named pipe",
-            _ => "a special file",
-        };
+    if let Some(kind) = special(&meta.file_type()) {
+        let kind = kind.words();
         return Err(Error::Invalid(format!("{} is {kind}, not a file: {what} must be a regular file", path.display())));
     }
     let too_big = || {

@@ -93,6 +93,7 @@ impl ContextFile {
                 header.file_bytes
             )));
         }
+        check_shape(&header, len).map_err(bad)?;
         check_layout(&header).map_err(bad)?;
         let verified = header.sections.iter().map(|_| AtomicBool::new(false)).collect();
         let mut ctx = Self { path: path.to_owned(), map, header, tokens: Vec::new(), documents: Vec::new(), verified };
@@ -313,6 +314,28 @@ fn check_contents(header: &Header, tokens: &[u32], documents: &[DocumentSpan]) -
             ));
         }
         end = d.end;
+    }
+    Ok(())
+}
+
+/// The header's counts must fit the file before anything multiplies them: a hostile header
+/// with 2^63 tokens or heads would overflow the section sizes computed from them (a panic, or a
+/// wrapped size that passes), or ask for more layers than it has sections.
+fn check_shape(h: &Header, len: u64) -> std::result::Result<(), String> {
+    let impossible = || {
+        format!(
+            "its shape is impossible for a file of {len} bytes ({} tokens, {} layers, {} K/V heads of {} values)",
+            h.tokens, h.layers, h.kv_heads, h.head_dim
+        )
+    };
+    let rows = h.kv_heads.checked_mul(h.tokens).ok_or_else(impossible)?;
+    let values = (rows as u64).checked_mul(h.head_dim as u64).ok_or_else(impossible)?;
+    // The largest a K or V section of that shape can be (4-byte values, or fp8's scales).
+    let scales = (rows as u64).checked_mul(4).ok_or_else(impossible)?;
+    let section = values.checked_mul(4).and_then(|b| b.checked_add(scales)).ok_or_else(impossible)?;
+    let tokens = (h.tokens as u64).checked_mul(4).ok_or_else(impossible)?;
+    if tokens > len || (h.layers > 0 && values > len) || section > u64::MAX / 2 || h.layers > h.sections.len() {
+        return Err(impossible());
     }
     Ok(())
 }

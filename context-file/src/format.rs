@@ -42,7 +42,7 @@ pub fn checksum(bytes: &[u8]) -> String {
 /// [`checksum`] of `len` bytes of `file` at `offset`, read a block at a time (a 7B model's layer
 /// section is a GiB at 1M tokens).
 pub fn file_checksum(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<String> {
-    use std::os::unix::fs::FileExt;
+    use crate::platform::PositionalIo;
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     let mut buf = vec![0u8; HASH_BLOCK_BYTES.min(len as usize)];
     let mut at = 0;

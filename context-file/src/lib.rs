@@ -24,6 +24,7 @@ pub mod file;
 pub mod format;
 pub mod os_path;
 pub mod partial;
+pub mod platform;
 pub mod rows;
 
 pub use codec::Codec;

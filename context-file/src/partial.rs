@@ -3,9 +3,9 @@
 //! module is that folder's format as every reader sees it: the engine's builder writes and
 //! resumes it, the library lists a context as "prefilling" or "paused at layer N" from it.
 
+use crate::platform::PositionalIo;
 use std::fs::File;
 use std::io::ErrorKind;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};

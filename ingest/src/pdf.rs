@@ -80,29 +80,35 @@ pub(crate) fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, Refusa
     Ok(out.finish())
 }
 
-/// Why a page's content cannot be read, when it cannot: a content stream the reader dropped
-/// (one whose /Length runs past the file's end) or cannot decompress. Such a page would read as
-/// empty — like a scan's, or a blank page — and be left out without a word.
+/// Why a page's content cannot be read, when it cannot: a content stream the reader dropped —
+/// one whose /Length runs past the file's end is not loaded — so that the page would read as
+/// empty, like a scan's or a blank page, and be left out without a word. (A stream whose filter
+/// the reader cannot decode is read raw by the text extractor, as it is, and is not counted.)
 fn unreadable_content(doc: &lopdf::Document, page: lopdf::ObjectId) -> Option<String> {
-    // The page's own /Contents entry: the reader's list of a page's contents leaves out the
-    // objects it dropped.
-    let contents = doc.get_dictionary(page).ok()?.get(b"Contents").ok()?;
-    let ids: Vec<lopdf::ObjectId> = match contents {
+    // The page's own /Contents entry — a stream, an array of streams, or a reference to either:
+    // the reader's list of a page's contents leaves out the objects it dropped.
+    let mut contents = doc.get_dictionary(page).ok()?.get(b"Contents").ok()?.clone();
+    if let lopdf::Object::Reference(id) = contents {
+        match doc.get_object(id) {
+            Ok(lopdf::Object::Array(list)) => contents = lopdf::Object::Array(list.clone()),
+            Ok(_) => {}
+            Err(e) => return Some(format!("its content (object {} {}) cannot be read: {e}", id.0, id.1)),
+        }
+    }
+    let ids: Vec<lopdf::ObjectId> = match &contents {
         lopdf::Object::Reference(id) => vec![*id],
         lopdf::Object::Array(list) => list.iter().filter_map(|o| o.as_reference().ok()).collect(),
         _ => Vec::new(),
     };
-    for id in ids {
-        let why = match doc.get_object(id).and_then(lopdf::Object::as_stream) {
+    ids.into_iter().find_map(|id| {
+        let why = match doc.get_object(id) {
+            Ok(lopdf::Object::Stream(_)) => return None,
+            // What the reader keeps of a stream whose /Length runs past the file: its dictionary.
+            Ok(other) => format!("it is a {} where a content stream belongs", other.enum_variant()),
             Err(e) => e.to_string(),
-            Ok(stream) => match stream.decompressed_content() {
-                Err(e) if stream.filters().is_ok_and(|f| !f.is_empty()) => e.to_string(),
-                _ => continue,
-            },
         };
-        return Some(format!("its content (object {} {}) cannot be read: {why}", id.0, id.1));
-    }
-    None
+        Some(format!("its content (object {} {}) cannot be read: {why}", id.0, id.1))
+    })
 }
 
 fn damaged(e: &lopdf::Error) -> Refusal {

@@ -347,7 +347,7 @@ const WEIGHT_SAMPLE_BYTES: usize = 4096;
 /// (a fine-tune, a re-quantisation) differ in the sampled bytes; a single changed weight may
 /// not, which is acceptable for its job: telling users they opened a context with another model.
 pub fn weights_hash(files: &[PathBuf]) -> Result<String> {
-    use std::os::unix::fs::FileExt;
+    use folio_context_file::platform::PositionalIo;
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     for path in files {
         let (file, len, header) = read_safetensors_header(path)?;

@@ -21,9 +21,9 @@
 //! K/V of a million tokens is 28–56 GiB; the hidden states 14 GiB); the files remain for a
 //! machine that has not.
 
+use folio_context_file::platform::PositionalIo;
 use std::fs::File;
 use std::ops::ControlFlow;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};

@@ -107,6 +107,7 @@ impl Tokenizer {
 /// that follow it (`?[^\s\p{L}\p{N}]+[\r\n]*`), so the pieces' tokens are the whole text's.
 /// In a stretch of `size` bytes with no such place the cut is at a character boundary.
 pub fn text_pieces(text: &str, size: usize) -> impl Iterator<Item = &str> {
+    let size = size.max(1);
     let mut rest = text;
     std::iter::from_fn(move || {
         if rest.is_empty() {

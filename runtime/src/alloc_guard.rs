@@ -35,16 +35,27 @@ thread_local! {
 /// Runs `f` with the memory this thread allocates in it bounded to `limit` bytes (net of what
 /// it frees); past the limit the process stops, saying that `what` took more than `limit`.
 /// Guards nest: the inner one counts alone while it runs, and what it kept counts to the outer
-/// one afterwards.
+/// one afterwards. The outer guard is back when `f` returns or unwinds (a caught panic leaves
+/// no guard armed on a thread that goes on serving).
 pub fn guarded<T>(limit: usize, what: &'static str, f: impl FnOnce() -> T) -> T {
     let limit = isize::try_from(limit).unwrap_or(isize::MAX);
     let outer = GUARD.with(|g| g.replace(Some(Guard { net: 0, limit, what })));
-    let result = f();
-    GUARD.with(|g| {
-        let kept = g.get().map_or(0, |inner| inner.net);
-        g.set(outer.map(|o| Guard { net: o.net.saturating_add(kept), ..o }));
-    });
-    result
+    let _restore = Restore { outer };
+    f()
+}
+
+/// Puts the outer guard back when dropped, adding what the inner one kept.
+struct Restore {
+    outer: Option<Guard>,
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = GUARD.try_with(|g| {
+            let kept = g.get().map_or(0, |inner| inner.net);
+            g.set(self.outer.map(|o| Guard { net: o.net.saturating_add(kept), ..o }));
+        });
+    }
 }
 
 /// Counts `bytes` more (or fewer, negative) against this thread's guard; false when that

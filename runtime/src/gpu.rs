@@ -29,10 +29,17 @@ pub struct CudaGpu {
 /// The usable GPUs (at least one), or why there is none.
 pub type CudaDevices = Result<Vec<CudaGpu>, String>;
 
-/// The lowest compute capability the kernels are built for (kernels/build.rs: PTX for
-/// `compute_80`, which the driver compiles for 8.0 and every newer GPU — Ampere, Ada, Hopper,
-/// Blackwell — on first use).
+/// The lowest compute capability the kernels can be built for (kernels/build.rs): PTX for
+/// `compute_80` is compiled by the driver for 8.0 and every newer GPU — Ampere, Ada, Hopper,
+/// Blackwell — on first use.
 pub const MIN_COMPUTE: (i32, i32) = (8, 0);
+
+/// The lowest compute capability this build's kernels run on: `CUDA_COMPUTE_CAP` as the build
+/// was given it (scripts/cuda-toolchain.sh: 80 unless set), else [`MIN_COMPUTE`].
+pub fn min_compute() -> (i32, i32) {
+    let cap: i32 = option_env!("CUDA_COMPUTE_CAP").and_then(|c| c.parse().ok()).unwrap_or(80);
+    (cap / 10, cap % 10).max(MIN_COMPUTE)
+}
 
 /// The CUDA version of the toolkit that compiles the kernels (scripts/cuda-toolchain.sh pins
 /// nvcc 13.0): its PTX loads only on a driver that supports this version or a later one.
@@ -73,46 +80,27 @@ mod cuda {
     use candle_core::cuda::cudarc;
     use cudarc::driver::{result, sys};
 
-    use super::{cuda_version_words, CudaDevices, CudaGpu, KERNELS_CUDA_VERSION, KERNELS_MIN_DRIVER, MIN_COMPUTE};
+    use super::{cuda_version_words, min_compute, CudaDevices, CudaGpu, KERNELS_CUDA_VERSION, KERNELS_MIN_DRIVER};
 
-    /// A library cudarc opens by name: what a person would call it, cudarc's name for it, the
-    /// file a person would look for (Linux, CUDA 13), and cudarc's check that one of its
-    /// candidate names opens.
+    /// A library cudarc opens by name: what a person would call it, its file for the CUDA major
+    /// version the build is for (Linux), and cudarc's check that one of its candidate names
+    /// opens (used where the exact file cannot be opened: not Unix).
     struct Library {
         what: &'static str,
-        name: &'static str,
         file: &'static str,
+        #[cfg_attr(unix, allow(dead_code))]
         present: unsafe fn() -> bool,
     }
 
-    const DRIVER: Library = Library {
-        what: "the NVIDIA driver",
-        name: "cuda",
-        file: "libcuda.so.1",
-        present: cudarc::driver::sys::is_culib_present,
-    };
+    const DRIVER: Library =
+        Library { what: "the NVIDIA driver", file: "libcuda.so.1", present: cudarc::driver::sys::is_culib_present };
 
     /// The toolkit's libraries candle's CUDA backend calls.
     const TOOLKIT: [Library; 4] = [
-        Library {
-            what: "cuBLAS",
-            name: "cublas",
-            file: "libcublas.so.13",
-            present: cudarc::cublas::sys::is_culib_present,
-        },
-        Library {
-            what: "cuBLASLt",
-            name: "cublasLt",
-            file: "libcublasLt.so.13",
-            present: cudarc::cublaslt::sys::is_culib_present,
-        },
-        Library {
-            what: "cuRAND",
-            name: "curand",
-            file: "libcurand.so.10",
-            present: cudarc::curand::sys::is_culib_present,
-        },
-        Library { what: "NVRTC", name: "nvrtc", file: "libnvrtc.so.13", present: cudarc::nvrtc::sys::is_culib_present },
+        Library { what: "cuBLAS", file: "libcublas.so.13", present: cudarc::cublas::sys::is_culib_present },
+        Library { what: "cuBLASLt", file: "libcublasLt.so.13", present: cudarc::cublaslt::sys::is_culib_present },
+        Library { what: "cuRAND", file: "libcurand.so.10", present: cudarc::curand::sys::is_culib_present },
+        Library { what: "NVRTC", file: "libnvrtc.so.13", present: cudarc::nvrtc::sys::is_culib_present },
     ];
 
     /// Where the CUDA toolkit's installers put its libraries, beside the loader's own paths.
@@ -120,8 +108,7 @@ mod cuda {
     const TOOLKIT_DIRS: [&str; 3] = ["/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/lib/cuda/lib64"];
 
     pub(super) fn probe() -> CudaDevices {
-        // SAFETY: cudarc's checks only try to open libraries by name and close them again.
-        if !unsafe { (DRIVER.present)() } {
+        if !opens(&DRIVER) {
             return Err(format!("no NVIDIA driver found ({} does not open)", DRIVER.file));
         }
         for library in &TOOLKIT {
@@ -149,8 +136,9 @@ mod cuda {
         let mut usable = Vec::new();
         let mut too_old = None;
         for ordinal in 0..count.max(0) {
-            let gpu = describe(ordinal)?;
-            if gpu.compute >= MIN_COMPUTE {
+            // A GPU that cannot be read is left out; the others may serve.
+            let Ok(gpu) = describe(ordinal) else { continue };
+            if gpu.compute >= min_compute() {
                 usable.push(gpu);
             } else {
                 too_old.get_or_insert(gpu);
@@ -159,18 +147,38 @@ mod cuda {
         match (usable.is_empty(), too_old) {
             (false, _) => Ok(usable),
             (true, Some(gpu)) => Err(format!(
-                "{} is compute capability {}.{}; Folio's GPU code needs {}.{} (Ampere) or newer",
-                gpu.name, gpu.compute.0, gpu.compute.1, MIN_COMPUTE.0, MIN_COMPUTE.1
+                "{} is compute capability {}.{}; this build of Folio's GPU code needs {}.{} or newer",
+                gpu.name,
+                gpu.compute.0,
+                gpu.compute.1,
+                min_compute().0,
+                min_compute().1
             )),
             (true, None) => Err("the NVIDIA driver is installed but reports no GPU".into()),
         }
     }
 
-    /// Whether `library` opens by name, or else from a toolkit folder.
+    /// Whether `library`'s own file (the build's CUDA major version: cudarc, left to itself, would
+    /// also take another major's, whose functions differ) opens by name, or else from a toolkit
+    /// folder; it is kept open, so that cudarc's open by name finds it loaded.
+    #[cfg(unix)]
     fn opens(library: &Library) -> bool {
-        // SAFETY: cudarc's checks only try to open libraries by name and close them again.
-        let by_name = || unsafe { (library.present)() };
-        by_name() || (open_from_toolkit_dirs(library) && by_name())
+        let homes = ["CUDA_HOME", "CUDA_PATH"]
+            .into_iter()
+            .filter_map(std::env::var_os)
+            .map(|h| std::path::PathBuf::from(h).join("lib64"));
+        let in_dirs = homes.chain(TOOLKIT_DIRS.iter().map(Into::into)).map(|d| d.join(library.file));
+        std::iter::once(std::path::PathBuf::from(library.file)).chain(in_dirs).any(|path| {
+            let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else { return false };
+            // SAFETY: dlopen of a CUDA library, never closed (it stays for cudarc's use).
+            !unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) }.is_null()
+        })
+    }
+
+    #[cfg(not(unix))]
+    fn opens(library: &Library) -> bool {
+        // SAFETY: cudarc's check only tries to open the library by its names and closes it.
+        unsafe { (library.present)() }
     }
 
     fn driver_version() -> Result<i32, String> {
@@ -199,37 +207,5 @@ mod cuda {
             compute: (major, minor),
             memory_bytes: memory as u64,
         })
-    }
-
-    /// Opens the first of cudarc's candidate files found in a toolkit folder, by its path, and
-    /// keeps it open: cudarc's later open by name then finds it loaded (the loader matches a
-    /// loaded library's soname). True when one opened.
-    #[cfg(unix)]
-    fn open_from_toolkit_dirs(library: &Library) -> bool {
-        let homes = ["CUDA_HOME", "CUDA_PATH"]
-            .into_iter()
-            .filter_map(std::env::var_os)
-            .map(|h| std::path::PathBuf::from(h).join("lib64"));
-        let dirs: Vec<std::path::PathBuf> = homes.chain(TOOLKIT_DIRS.iter().map(Into::into)).collect();
-        for dir in dirs {
-            for candidate in cudarc::get_lib_name_candidates(library.name) {
-                let path = dir.join(&candidate);
-                let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else { continue };
-                if !path.is_file() {
-                    continue;
-                }
-                // SAFETY: dlopen of a CUDA library, never closed (it stays for cudarc's use).
-                let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-                if !handle.is_null() {
-                    return true;
-                }
-            }
-        }
-        false
-    }
-
-    #[cfg(not(unix))]
-    fn open_from_toolkit_dirs(_library: &Library) -> bool {
-        false
     }
 }

@@ -33,6 +33,16 @@ fn memory_freed_inside_a_guard_counts_off_and_guards_nest() {
 }
 
 #[test]
+fn a_panic_inside_a_guard_leaves_no_guard_armed() {
+    // Room for the panic's own allocations (a backtrace, with RUST_BACKTRACE set).
+    const LIMIT: usize = 256 * MIB;
+    let caught = std::panic::catch_unwind(|| guarded(LIMIT, "the panicking work", || panic!("inside the guard")));
+    assert!(caught.is_err());
+    // The thread goes on with no bound: past the panicked guard's limit (zeroed: the system
+    // maps it lazily, so the test takes no such memory).
+    assert_eq!(std::hint::black_box(vec![0u8; 2 * LIMIT]).len(), 2 * LIMIT);
+}
+#[test]
 fn passing_the_limit_stops_the_process_with_the_reason() {
     if std::env::var_os(CHILD).is_some() {
         guarded(8 * MIB, "the doubling string", || {

@@ -87,7 +87,7 @@ fn reread_saved(spans: &[&DocumentSpan]) -> std::result::Result<Vec<DocumentText
         }
         // Contexts of format version 1 were prefilled from a text file's raw UTF-8 (CSV, JSON
         // and BOM-prefixed text read differently now): that text, if it is what was saved.
-        match std::fs::read(&d.path).ok().and_then(|b| String::from_utf8(b).ok()) {
+        match std::fs::read(os_path::from_stored(&d.path)).ok().and_then(|b| String::from_utf8(b).ok()) {
             Some(raw) if checksum(raw.as_bytes()) == span.xxh3 => documents.push(DocumentText {
                 bytes: raw.len() as u64,
                 xxh3: span.xxh3.clone(),
@@ -173,6 +173,7 @@ mod tests {
         std::fs::write(d.join("logo.png"), [0x89, b'P', b'N', b'G', 0, 0, 1])?;
         std::fs::write(d.join("paper.pdf"), "%PDF-1.7")?;
         std::fs::write(d.join("empty.txt"), "")?;
+        #[cfg(unix)]
         std::os::unix::fs::symlink(d.join("a.txt"), d.join("link.txt"))?;
         let got = collect(&[d.to_owned(), d.join("a.txt")])?;
         let titles: Vec<&str> = got.documents.iter().map(|x| x.title.as_str()).collect();

@@ -125,6 +125,7 @@ fn main() {
 /// ignored, the write fails with EFBIG instead, which Folio reports like a full disk and cleans
 /// up after (docs/architecture.md: a failed save leaves nothing half-written).
 fn ignore_file_size_signal() {
+    #[cfg(unix)]
     // SAFETY: setting a signal's disposition to SIG_IGN at start-up, before any thread exists.
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);

@@ -3,9 +3,9 @@
 //! a fresh folder preallocated (a full disk found before any work), and the errors that say
 //! which job a folder holds or that the disk is full.
 
+use folio_context_file::platform::PositionalIo;
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
