@@ -17,11 +17,12 @@ if [ "$(cat "$CARGO_TARGET_DIR/.folio-clone" 2>/dev/null)" != "$FOLIO_ROOT" ]; t
 fi
 
 # Tauri (webkit2gtk 4.1), the desktop tests (Xvfb, WebKitWebDriver for tauri-driver, xdotool to type,
-# ImageMagick for screenshots), xz for the GPU bundle, and Python with pip for
-# scripts/cuda-toolchain.sh (CUDA compiler wheels).
+# ImageMagick for screenshots), xz for the GPU bundle, Python with pip for
+# scripts/cuda-toolchain.sh (CUDA compiler wheels), and MinGW-w64 for the test command's Windows
+# compile check (the C and C++ of SQLite, ring and the tokenizer's suffix array, built for Windows).
 FOLIO_APT_PACKAGES=(build-essential pkg-config curl file libssl-dev libwebkit2gtk-4.1-dev libxdo-dev
   libayatana-appindicator3-dev librsvg2-dev xvfb xauth xdotool imagemagick webkit2gtk-driver xz-utils
-  python3 python3-pip)
+  python3 python3-pip gcc-mingw-w64-x86-64 g++-mingw-w64-x86-64)
 
 folio_missing_packages() {
   local p missing=()

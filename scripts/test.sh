@@ -34,6 +34,10 @@ cargo fmt --all --check
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "Windows compile check: every crate, the app included, for x86_64-pc-windows-gnu (docs/install.md)"
+rustup target list --installed | grep -qx x86_64-pc-windows-gnu || rustup target add x86_64-pc-windows-gnu
+cargo check --target x86_64-pc-windows-gnu --workspace --locked
+
 step "the .deb of the debug build (scripts/package.sh; tests/install.rs installs it)"
 (cd ui && npm run --silent build)
 ui/node_modules/.bin/tauri build --debug --bundles deb

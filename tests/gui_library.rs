@@ -546,7 +546,7 @@ fn engine_settings_and_the_memory_planner(j: &Journey, d: &Driver) {
     std::thread::sleep(Duration::from_millis(300));
     screenshot(&j.display, "16-memory");
     d.script("document.querySelector('[data-testid=engine]').scrollIntoView()", json!([]));
-    std::thread::sleep(Duration::from_millis(300));
+    d.wait("why no GPU", |d| d.texts("[data-testid=device-unavailable]").concat().starts_with("No NVIDIA GPU: "));
     screenshot(&j.display, "16b-engine");
     d.click("[aria-label='Close settings']");
     // The same chat answers on the offloaded tier, with no prefill.

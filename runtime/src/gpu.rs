@@ -122,7 +122,12 @@ mod cuda {
                 ));
             }
         }
-        result::init().map_err(|e| format!("the NVIDIA driver did not start: {e}"))?;
+        result::init().map_err(|e| match e.0 {
+            sys::cudaError_enum::CUDA_ERROR_NO_DEVICE => {
+                "the NVIDIA driver is installed but reports no GPU (is CUDA_VISIBLE_DEVICES hiding them?)".to_owned()
+            }
+            _ => format!("the NVIDIA driver did not start: {e}"),
+        })?;
         let version = driver_version()?;
         if version < KERNELS_CUDA_VERSION {
             return Err(format!(

@@ -3,11 +3,19 @@
 
 use std::path::Path;
 
+/// The desktop's command that opens a folder in its file manager.
+#[cfg(target_os = "windows")]
+const OPENER: &str = "explorer";
+#[cfg(target_os = "macos")]
+const OPENER: &str = "open";
+#[cfg(not(any(target_os = "windows", target_os = "macos")))]
+const OPENER: &str = "xdg-open";
+
 /// Opens `folder` in the desktop's file manager.
 pub(super) fn open_folder(folder: &Path) -> Result<(), String> {
-    std::process::Command::new("xdg-open")
+    std::process::Command::new(OPENER)
         .arg(folder)
         .spawn()
         .map(|_| ())
-        .map_err(|e| format!("could not open {} in the file manager (xdg-open: {e})", folder.display()))
+        .map_err(|e| format!("could not open {} in the file manager ({OPENER}: {e})", folder.display()))
 }
