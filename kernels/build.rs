@@ -3,7 +3,8 @@
 //! embedded in the crate and loaded by candle's CUDA device at first use. CPU builds need no
 //! CUDA toolkit. The target is `compute_$CUDA_COMPUTE_CAP`, default 80: PTX for a virtual
 //! architecture is JIT-compiled by the driver on that architecture and newer ones (Ampere,
-//! Ada, Hopper), never older; scripts/cuda-toolchain.sh sets 90 for the H100/H200.
+//! Ada, Hopper, Blackwell), never older; scripts/cuda-toolchain.sh keeps 80 unless told otherwise,
+//! so one binary serves every GPU from 8.0 on.
 //! 80 is also the floor: the prefill kernel (flash.cu) needs bf16 `mma.sync` and `cp.async`.
 //! A file named `*_sm90a.cu` uses Hopper-only instructions (`wgmma`) and is always compiled for
 //! `compute_90a`, whatever the target: it is loaded only on a device of compute capability 9.0.

@@ -35,8 +35,13 @@ step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "Windows compile check: every crate, the app included, for x86_64-pc-windows-gnu (docs/install.md)"
-rustup target list --installed | grep -qx x86_64-pc-windows-gnu || rustup target add x86_64-pc-windows-gnu
-cargo check --target x86_64-pc-windows-gnu --workspace --locked
+if command -v rustup >/dev/null; then
+  rustup target list --installed | grep -qx x86_64-pc-windows-gnu || rustup target add x86_64-pc-windows-gnu
+  # Warnings are errors in Folio's crates there too (dependencies' lints are capped by cargo).
+  CARGO_TARGET_X86_64_PC_WINDOWS_GNU_RUSTFLAGS="-D warnings" cargo check --target x86_64-pc-windows-gnu --workspace --locked
+else
+  echo "skipped: no rustup to add the Windows target to this Rust (docs/install.md)"
+fi
 
 step "the .deb of the debug build (scripts/package.sh; tests/install.rs installs it)"
 (cd ui && npm run --silent build)

@@ -37,10 +37,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// exFAT) the check and the rename are two steps. `AlreadyExists` when `to` is taken.
 pub fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
     match std::fs::hard_link(from, to) {
-        // Where `from` cannot be unlinked, the move is undone: one name, as before.
-        Ok(()) => std::fs::remove_file(from).inspect_err(|_| {
-            let _ = std::fs::remove_file(to);
-        }),
+        // Where `from` cannot be unlinked, the move is undone: one name, as before — unless
+        // `from` is gone already (moved meanwhile): `to` is then the only name left.
+        Ok(()) => match std::fs::remove_file(from) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => {
+                let _ = std::fs::remove_file(to);
+                Err(e)
+            }
+            Ok(()) => Ok(()),
+        },
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(e),
         Err(_) if std::fs::symlink_metadata(to).is_ok() => Err(std::io::ErrorKind::AlreadyExists.into()),
         Err(_) => std::fs::rename(from, to),

@@ -337,6 +337,15 @@ fn check_shape(h: &Header, len: u64) -> std::result::Result<(), String> {
     if tokens > len || (h.layers > 0 && values > len) || section > u64::MAX / 2 || h.layers > h.sections.len() {
         return Err(impossible());
     }
+    // The K/V's shape is the model's (what `Header::new` writes): a crafted header whose shape
+    // differs from its own fingerprint, or with rows of no values, reads nothing sensible.
+    let f = &h.model.fingerprint;
+    if h.head_dim == 0 || (h.layers, h.kv_heads, h.head_dim) != (f.layers, f.kv_heads, f.head_dim) {
+        return Err(format!(
+            "its K/V shape ({} layers, {} K/V heads of {} values) is not its model's ({} layers, {} K/V heads of {})",
+            h.layers, h.kv_heads, h.head_dim, f.layers, f.kv_heads, f.head_dim
+        ));
+    }
     Ok(())
 }
 

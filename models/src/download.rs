@@ -456,6 +456,7 @@ fn inside(name: &str) -> bool {
 /// A snapshot's file `name`: a relative link to its blob, as huggingface_hub makes it
 /// (`snapshots/COMMIT/NAME` → `../../blobs/ETAG`, one `..` more per folder in the name), or a
 /// copy where links cannot be made.
+#[cfg_attr(not(unix), allow(unused_variables))] // `name` places the link, which Unix alone makes
 fn link(blob: &Path, snapshot: &Path, name: &str) -> Result<()> {
     let _ = std::fs::remove_file(snapshot);
     #[cfg(unix)]

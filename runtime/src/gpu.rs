@@ -138,11 +138,16 @@ mod cuda {
             ));
         }
         let count = result::device::get_count().map_err(|e| format!("counting CUDA devices failed: {e}"))?;
-        let mut usable = Vec::new();
-        let mut too_old = None;
+        let (mut usable, mut too_old, mut unreadable) = (Vec::new(), None, None);
         for ordinal in 0..count.max(0) {
             // A GPU that cannot be read is left out; the others may serve.
-            let Ok(gpu) = describe(ordinal) else { continue };
+            let gpu = match describe(ordinal) {
+                Ok(gpu) => gpu,
+                Err(why) => {
+                    unreadable.get_or_insert(why);
+                    continue;
+                }
+            };
             if gpu.compute >= min_compute() {
                 usable.push(gpu);
             } else {
@@ -159,13 +164,17 @@ mod cuda {
                 min_compute().0,
                 min_compute().1
             )),
-            (true, None) => Err("the NVIDIA driver is installed but reports no GPU".into()),
+            (true, None) => {
+                Err(unreadable.unwrap_or_else(|| "the NVIDIA driver is installed but reports no GPU".into()))
+            }
         }
     }
 
     /// Whether `library`'s own file (the build's CUDA major version: cudarc, left to itself, would
     /// also take another major's, whose functions differ) opens by name, or else from a toolkit
-    /// folder; it is kept open, so that cudarc's open by name finds it loaded.
+    /// folder; it is kept open, so that cudarc's open by name finds it loaded. cudarc tries the
+    /// unversioned name (`libcublas.so`) first: where that name opens another library — a
+    /// development link to another major — cudarc would load that one, so it counts as not found.
     #[cfg(unix)]
     fn opens(library: &Library) -> bool {
         let homes = ["CUDA_HOME", "CUDA_PATH"]
@@ -173,11 +182,26 @@ mod cuda {
             .filter_map(std::env::var_os)
             .map(|h| std::path::PathBuf::from(h).join("lib64"));
         let in_dirs = homes.chain(TOOLKIT_DIRS.iter().map(Into::into)).map(|d| d.join(library.file));
-        std::iter::once(std::path::PathBuf::from(library.file)).chain(in_dirs).any(|path| {
-            let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else { return false };
-            // SAFETY: dlopen of a CUDA library, never closed (it stays for cudarc's use).
-            !unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) }.is_null()
-        })
+        let Some(handle) =
+            std::iter::once(std::path::PathBuf::from(library.file)).chain(in_dirs).find_map(|p| dlopen(&p))
+        else {
+            return false;
+        };
+        let unversioned = library.file.split(".so").next().map(|stem| format!("{stem}.so"));
+        match unversioned.and_then(|name| dlopen(std::path::Path::new(&name))) {
+            Some(other) => other == handle,
+            None => true,
+        }
+    }
+
+    /// `dlopen` of `path` (a name or a path), kept open; its handle, the same for a library
+    /// already loaded under that name or soname.
+    #[cfg(unix)]
+    fn dlopen(path: &std::path::Path) -> Option<usize> {
+        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+        // SAFETY: dlopen of a CUDA library, never closed (it stays for cudarc's use).
+        let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+        (!handle.is_null()).then_some(handle as usize)
     }
 
     #[cfg(not(unix))]
