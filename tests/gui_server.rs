@@ -21,6 +21,12 @@ use webdriver::{open_settings, prefill_samples, screenshot, tauri_driver, tauri_
 use xvfb::start_xvfb;
 
 /// What the demo model answers to the samples' first question (assets/SAMPLES.md).
+/// The two windows of this file run one after the other: side by side, the download test's
+/// second download (after a cancel) hung past its 120 s step in 2 of 5 runs on this 2-core
+/// machine and never alone (a hang under contention, not yet explained: the closing note of
+/// 2026-11-29 says what is known).
+static ONE_WINDOW_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 const QUESTION: &str = "what is the secret code of amber falcon ?";
 const ANSWER: &str = "the secret code of amber falcon is 4 8 1 5 2 .";
 
@@ -46,6 +52,7 @@ fn open_local_api(d: &Driver) {
 
 #[test]
 fn the_window_serves_its_model_and_contexts_to_openai_clients() {
+    let _one = ONE_WINDOW_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (_xvfb, display) = start_xvfb();
     let home = tempfile::tempdir().unwrap();
     let (_td, base) = tauri_driver(&display, home.path(), "tauri-driver-server.log");
@@ -111,6 +118,7 @@ fn the_window_serves_its_model_and_contexts_to_openai_clients() {
 /// Cancel that keeps what arrived, a second Download that goes on from it, and the model loaded.
 #[test]
 fn the_window_downloads_a_model_with_progress_and_cancel() {
+    let _one = ONE_WINDOW_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (_xvfb, display) = start_xvfb();
     let home = tempfile::tempdir().unwrap();
     let hf = tempfile::tempdir().unwrap();
