@@ -32,7 +32,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::attention::{Attention, Dense, IndexSource, MethodChoice, Resources, Tier};
-use crate::attention::{Passage, ReadSummary, ReadTally};
+use crate::attention::{Passage, ReadSummary, ReadTally, Weighing};
 use crate::chat::Message;
 use crate::context::ContextFile;
 use crate::conversation::Conversation;
@@ -215,8 +215,8 @@ pub struct Session {
     held: Vec<u32>,
     method: Option<Box<dyn Attention>>,
     resources: Resources,
-    /// Whether answers weigh what they read by attention mass (`attention::reads`).
-    weigh: bool,
+    /// How answers weigh what they read (`attention::reads`).
+    weigh: Weighing,
 }
 
 impl Session {
@@ -224,7 +224,12 @@ impl Session {
     /// count: what a sources panel shows. It costs a pass over the visible keys per decode
     /// call (resident tier, up to `reads::MASS_MAX_ROWS` rows), so it is off by default.
     pub fn weigh_sources(&mut self, on: bool) {
-        self.weigh = on;
+        self.weigh = if on { Weighing::Copied } else { Weighing::Off };
+    }
+
+    /// [`Session::weigh_sources`] with the way chosen: the eval compares them.
+    pub fn weigh_sources_by(&mut self, weighing: Weighing) {
+        self.weigh = weighing;
     }
 
     /// A session over the context file at `path` with its rows on `tier`; refused when
@@ -260,14 +265,22 @@ impl Session {
             held: Vec::new(),
             method: None,
             resources: Resources::default(),
-            weigh: false,
+            weigh: Weighing::Off,
         })
     }
 
     /// A session with the bare model (no documents).
     pub fn bare(engine: Arc<Engine>) -> Self {
         let kv = Box::new(engine.model.new_kv());
-        Self { engine, saved: None, kv, held: Vec::new(), method: None, resources: Resources::default(), weigh: false }
+        Self {
+            engine,
+            saved: None,
+            kv,
+            held: Vec::new(),
+            method: None,
+            resources: Resources::default(),
+            weigh: Weighing::Off,
+        }
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
@@ -336,9 +349,12 @@ impl Session {
         // A turn starts the method's conversation state afresh (BUZZ's cache), as a rebuilt
         // conversation does: the turns it kept are recomputed by the prompt pass.
         attn.end_conversation();
-        let tally = match self.weigh {
-            true => ReadTally::new(attn, spans).with_mass(),
-            false => ReadTally::new(attn, spans),
+        // The copy weighing reads the context's tokens: a handle, so the store can be borrowed.
+        let file = self.saved.as_ref().map(|s| s.file.clone());
+        let tally = match (self.weigh, &file) {
+            (Weighing::Copied, Some(f)) => ReadTally::new(attn, spans).with_mass().with_copies(f.tokens()),
+            (Weighing::Copied | Weighing::Mass, _) => ReadTally::new(attn, spans).with_mass(),
+            (Weighing::Off, _) => ReadTally::new(attn, spans),
         };
         let engine = &self.engine;
         let before = started.elapsed().as_secs_f64();
@@ -359,7 +375,7 @@ impl Session {
         let stored = self.kv.len() - saved;
         let keep = if tally.name() == Dense::KNOBS.spec.name { stored } else { tail.len().min(stored) };
         self.held = tail.iter().chain(&generation.tokens).copied().take(keep).collect();
-        let reads = tally.summary();
+        let reads = tally.summary_of(&generation.tokens);
         let sources = match self.context() {
             Some(file) => reads
                 .documents

@@ -49,7 +49,7 @@ pub use ivf::TopKIvf;
 pub use magicpig::{cpu_pool_threads, MagicPig};
 pub use method::{DefaultBudget, MethodSpec, Needs, Path, Tier, Tiers};
 pub use params::{parse_params, Budget, ParamSpec, Params};
-pub use reads::{Passage, ReadSummary, ReadTally};
+pub use reads::{Passage, ReadSummary, ReadTally, Weighing};
 pub use registry::{by_name, names, spec, MethodChoice, REGISTRY};
 pub use select::{dot, query_rows, visible, IndexSource, LayerRows};
 pub use streaming::Streaming;

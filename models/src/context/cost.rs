@@ -91,6 +91,38 @@ impl PrefillCost {
 }
 
 impl PrefillCost {
+    /// This cost's per-token term with the attention term fitted to `timed` (relative least
+    /// squares, at least zero): for a cost that has no attention term — a rate, or a fit of a
+    /// run too short to tell the terms apart (one chunk a layer, as a GPU prefills 4k tokens)
+    /// — the run's own first chunks give the term that grows with the context, which a rate
+    /// misses (it said 8 s of a 1M-token prefill that took 21 s). One term needs few chunks;
+    /// fitting both from a layer's first chunks was 87% off.
+    pub fn with_pairs_fitted(&self, timed: &[Timed]) -> Self {
+        let (mut num, mut den) = (0.0, 0.0);
+        for t in timed.iter().filter(|t| t.to > t.from && t.seconds > 0.0) {
+            let (x, y) = ((t.to - t.from) as f64 / t.seconds, pairs(t.from, t.to) / t.seconds);
+            num += y * (1.0 - self.per_token * x);
+            den += y * y;
+        }
+        let per_pair = if den > 0.0 { (num / den).max(0.0) } else { self.per_pair };
+        Self { per_token: self.per_token, per_pair }
+    }
+
+    /// This cost scaled to what `timed` took against what it says they take, the run's first
+    /// chunk left out (it carries the warm-up: a GPU compiles its kernels then) unless it is
+    /// the only one. A prior fitted on another run keeps its shape — how the time grows with
+    /// the context — but not always its level: a 4k-token run on a GPU, one chunk a layer
+    /// timed from the host, left fits that said 2 s and 42 s of a 21 s prefill on two runs.
+    pub fn scaled_to(&self, timed: &[Timed]) -> Self {
+        let skip = usize::from(timed.len() > 1);
+        let (took, says) =
+            timed[skip..].iter().fold((0.0, 0.0), |(a, b), t| (a + t.seconds, b + self.layer_seconds(t.from, t.to)));
+        match took > 0.0 && says > 0.0 {
+            true => Self { per_token: self.per_token * took / says, per_pair: self.per_pair * took / says },
+            false => *self,
+        }
+    }
+
     /// The fit worth keeping for the next prefill: one over stretches that tell the two terms
     /// apart (at least two different ones), else `None` — a change shorter than a chunk times
     /// the same stretch in every layer, and its one-term fit would replace a better one.
@@ -144,5 +176,54 @@ mod tests {
         let same = [Timed { from: 0, to: 100, seconds: 1.0 }, Timed { from: 0, to: 100, seconds: 1.1 }];
         assert!(PrefillCost::fit_kept(&same).is_none());
         assert!(PrefillCost::fit_kept(&[same[0], Timed { from: 100, to: 200, seconds: 2.0 }]).is_some());
+    }
+
+    fn i_sign(from: usize) -> f64 {
+        if (from / 65_536).is_multiple_of(2) {
+            1.0
+        } else {
+            -1.0
+        }
+    }
+
+    /// A per-token cost alone (a rate) and a few chunks of a run made by a known cost: the
+    /// attention term is fitted back from them, and the whole prefill predicted within 5%.
+    #[test]
+    fn a_rate_gets_its_attention_term_from_the_first_chunks() {
+        let truth = PrefillCost { per_token: 2e-6, per_pair: 3e-11 };
+        let chunks: Vec<Timed> = (0..4)
+            .map(|i| (i * 65_536, (i + 1) * 65_536))
+            .map(|(from, to)| Timed {
+                from,
+                to,
+                seconds: truth.layer_seconds(from, to) * (1.0 + 0.02 * (i_sign(from))),
+            })
+            .collect();
+        let rate = PrefillCost { per_token: 2.1e-6, per_pair: 0.0 };
+        let fitted = rate.with_pairs_fitted(&chunks);
+        let (want, got) = (truth.seconds(4, 0, 1 << 20), fitted.seconds(4, 0, 1 << 20));
+        assert!((got / want - 1.0).abs() < 0.05, "{fitted:?}: {got} s vs {want} s");
+        assert!(rate.seconds(4, 0, 1 << 20) < 0.5 * want, "the rate alone misses most of it");
+        assert_eq!(rate.with_pairs_fitted(&[]), rate);
+    }
+
+    /// A prior of the right shape at twice the level is brought to the run's own level by its
+    /// chunks after the first (which took ten times longer: the warm-up).
+    #[test]
+    fn a_prior_is_scaled_to_the_chunks_timed() {
+        let truth = PrefillCost { per_token: 2e-6, per_pair: 3e-11 };
+        let prior = PrefillCost { per_token: 4e-6, per_pair: 6e-11 };
+        let mut chunks: Vec<Timed> = (0..3)
+            .map(|i| Timed {
+                from: i * 65_536,
+                to: (i + 1) * 65_536,
+                seconds: truth.layer_seconds(i * 65_536, (i + 1) * 65_536),
+            })
+            .collect();
+        chunks[0].seconds *= 10.0;
+        let scaled = prior.scaled_to(&chunks);
+        let (want, got) = (truth.seconds(4, 0, 1 << 20), scaled.seconds(4, 0, 1 << 20));
+        assert!((got / want - 1.0).abs() < 1e-6, "{scaled:?}");
+        assert_eq!(prior.scaled_to(&[]), prior);
     }
 }

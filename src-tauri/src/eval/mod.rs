@@ -3,6 +3,7 @@
 
 mod attention;
 mod fidelity;
+mod sources;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,10 @@ enum EvalKind {
     /// and top-1 agreement on dense's answer, rows read, time per token; a budget curve per
     /// method. `--question sparse` attends the question with the method too.
     Fidelity(fidelity::FidelityArgs),
+    /// Whether each answer's first source passage holds the fact it was copied from: the
+    /// sample questions' facts planted once each in one long document, asked per method with
+    /// sources weighed as the window weighs them (exit status 1 when one does not).
+    Sources(sources::SourcesArgs),
 }
 
 #[derive(Args)]
@@ -88,6 +93,7 @@ pub fn eval(common: &Common, args: EvalArgs) -> Result<()> {
         EvalKind::Needle(a) => needle_eval(common, a),
         EvalKind::Attention(a) => attention::eval_attention(common, a),
         EvalKind::Fidelity(a) => fidelity::eval_fidelity(common, a),
+        EvalKind::Sources(a) => sources::eval_sources(common, a),
     }
 }
 

@@ -227,7 +227,10 @@ impl Job<'_> {
                 // last run, the rate until a whole layer is timed (a few chunks fit badly).
                 let done = timed.iter().map(|t| t.to - t.from).sum::<usize>();
                 let cost = match prior {
-                    Some(_) if done < TRUSTED_LAYERS * n => prior,
+                    // A prior without an attention term takes it from this run's chunks; one
+                    // with it keeps its shape at this run's level (cost.rs says why).
+                    Some(p) if done < TRUSTED_LAYERS * n && p.per_pair == 0.0 => Some(p.with_pairs_fitted(timed)),
+                    Some(p) if done < TRUSTED_LAYERS * n => Some(p.scaled_to(timed)),
                     Some(_) => PrefillCost::fit(timed).or(prior),
                     None if done >= n => PrefillCost::fit(timed),
                     None => None,

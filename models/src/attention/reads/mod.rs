@@ -26,8 +26,25 @@
 //! per passage instead; dense attention's unweighed reads cover every row alike and say nothing
 //! of where, so they add no passage. Blocks, not single rows: a row is a token, and a reader
 //! wants the sentence around it; a fixed grid keeps the tally one add per row read.
+//!
+//! Which passage the answer came from: most of a step's mass goes to rows that are not
+//! sources — attention sinks (a document's first tokens on a long context), the recent rows,
+//! and whatever the layers that do not copy look at — so raw mass marked a title and
+//! unrelated lists above the fact (issue #44; at 100k tokens the context's first passage came
+//! first in 5 of 27 answers). With [`ReadTally::with_copies`] each weighed call also keeps its
+//! [`COPY_ROWS`] heaviest document rows past the first [`SINK_ROWS`], and when the answer is
+//! known ([`ReadTally::summary_of`]) a step's rows count for the passages only where the
+//! document says what the step read and wrote: the row holds the step's output token after its
+//! input token, or the input token before the output (the two ways a copying head points, at
+//! the copied token or at the one before it). A pair, not the output token alone: an answer
+//! writes "the", "of" and "." too, which every passage holds. And a pair the documents hold
+//! many times (". the") is weak evidence of where: a row's weight is shared among the pair's
+//! places, so a pair held once (the fact's "falcon is", its digits) speaks for its passage
+//! alone. Mass elsewhere is left out of where; it still counts in the documents' shares.
+//! Passages fall back to raw mass when nothing the answer wrote was found in a document (an
+//! answer in the model's own words). Measured with `folio eval sources` (docs/quality.md).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use candle_core::{DType, Tensor};
@@ -38,14 +55,40 @@ use crate::error::Result;
 use crate::kv_cache::KvStore;
 
 /// Most visible rows for which a call's attention mass is computed (a `[heads, rows]`
-/// softmax beside the method's own attention).
-pub const MASS_MAX_ROWS: usize = 1 << 17;
+/// softmax beside the method's own attention): 2M, past the longest context a model here
+/// reads (the demo model's 1,179,648), so that dense answers at 1M tokens have sources too.
+/// Their cost grows with the rows; docs/engine.md has it measured at 30k, 115k and 1M.
+pub const MASS_MAX_ROWS: usize = 1 << 21;
 
 /// Positions per passage: the unit of "where in the document" a summary reports.
 pub const PASSAGE_ROWS: usize = 32;
 
 /// Passages kept per document in a summary, heaviest first.
 pub const PASSAGES_KEPT: usize = 4;
+
+/// Document rows kept per weighed call for the copy weighing: its heaviest, summed over query
+/// heads. A copying head's row is among a call's first few; the rest of the list is room for
+/// sinks and the layers that look elsewhere.
+pub const COPY_ROWS: usize = 256;
+
+/// The context's first rows, left out of the copy weighing: attention sinks, which most heads
+/// weigh whatever they look for (StreamingLLM keeps 4; a document's first words act as sinks
+/// too on a long context).
+pub const SINK_ROWS: usize = 16;
+
+/// How a session weighs its answers' sources (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Weighing {
+    /// Rows counted, nothing weighed: the cheapest, and what a CLI answer without sources needs.
+    #[default]
+    Off,
+    /// Passages by the attention mass of every row read ([`ReadTally::with_mass`]).
+    Mass,
+    /// Mass, and passages where the answer copied from ([`ReadTally::with_copies`]): what the
+    /// window shows.
+    Copied,
+}
 
 /// A stretch of a document the attention read, `start..end` in context positions.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -112,6 +155,9 @@ struct Tally {
     /// Per passage block (position / PASSAGE_ROWS): attention mass, and picked rows.
     block_mass: Vec<f64>,
     block_rows: Vec<f64>,
+    /// Per step (a tally that keeps copies): its calls' heaviest document rows, `(position,
+    /// weight)`; resolved against the answer by [`ReadTally::summary_of`].
+    step_rows: Vec<Vec<(u32, f32)>>,
 }
 
 impl Tally {
@@ -131,6 +177,8 @@ pub struct ReadTally<'a> {
     /// passage never mixes two documents.
     block_base: Vec<usize>,
     weigh: bool,
+    /// The context's tokens, when the copy weighing is on.
+    copies: Option<&'a [u32]>,
     tally: Mutex<Tally>,
 }
 
@@ -167,7 +215,7 @@ impl<'a> ReadTally<'a> {
                 Some(base)
             })
             .collect();
-        Self { method, spans, block_base, weigh: false, tally: Mutex::new(tally) }
+        Self { method, spans, block_base, weigh: false, copies: None, tally: Mutex::new(tally) }
     }
 
     /// The passage block of `pos` in span `span`.
@@ -179,6 +227,23 @@ impl<'a> ReadTally<'a> {
     pub fn with_mass(mut self) -> Self {
         self.weigh = true;
         self
+    }
+
+    /// Also finds which passages the answer copied from, `tokens` being the context's (see
+    /// the module docs); passages then follow [`ReadTally::summary_of`]'s answer.
+    pub fn with_copies(mut self, tokens: &'a [u32]) -> Self {
+        self.copies = Some(tokens);
+        self
+    }
+
+    /// The `COPY_ROWS` heaviest of `rows` that lie in a document and are not sinks.
+    fn heaviest(&self, mut rows: Vec<(u32, f32)>) -> Vec<(u32, f32)> {
+        rows.retain(|&(p, w)| w > 0.0 && p as usize >= SINK_ROWS && span_of(&self.spans, p as usize).is_some());
+        if rows.len() > COPY_ROWS {
+            rows.select_nth_unstable_by(COPY_ROWS, |a, b| b.1.total_cmp(&a.1));
+            rows.truncate(COPY_ROWS);
+        }
+        rows
     }
 
     fn add(&self, call: &AttnCall<'_>, got: &Attended) -> Result<()> {
@@ -200,7 +265,9 @@ impl<'a> ReadTally<'a> {
         t.calls += 1;
         t.visible_rows += ((hi - lo) * heads) as f64;
         let weighed = mass.is_some();
-        if let Some(Mass { per_span, other, in_spans }) = mass {
+        let mut heavy = Vec::new();
+        if let Some(Mass { per_span, other, in_spans, top }) = mass {
+            heavy = top;
             t.weighed_calls += 1;
             t.mass.iter_mut().zip(per_span).for_each(|(m, x)| *m += x);
             t.other_mass += other;
@@ -236,7 +303,17 @@ impl<'a> ReadTally<'a> {
                         }
                     }
                 }
+                if self.copies.is_some() && !weighed {
+                    // Not weighed: a row's weight is the number of heads that picked it.
+                    heavy = self.heaviest(per_row(sets.iter().flat_map(|set| set.iter().map(|&p| (p, 1.0)))));
+                }
             }
+        }
+        if self.copies.is_some() && !heavy.is_empty() {
+            if t.step_rows.len() <= step {
+                t.step_rows.resize(step + 1, Vec::new());
+            }
+            t.step_rows[step].extend(heavy);
         }
         Ok(())
     }
@@ -270,6 +347,8 @@ impl<'a> ReadTally<'a> {
         let scores = Tensor::cat(&parts, 1)?.narrow(1, lo, n)?.affine(call.scale as f64, 0.0)?;
         let p = candle_nn::ops::softmax_last_dim(&scores.contiguous()?)?;
         let (mut per_span, mut other, mut in_spans) = (vec![0.0; self.spans.len()], 0.0, Vec::new());
+        let keep_top = self.copies.is_some();
+        let mut top = Vec::new();
         let mut add = |pos: usize, m: f64| match span_of(&self.spans, pos) {
             Some(i) => {
                 per_span[i] += m;
@@ -283,6 +362,9 @@ impl<'a> ReadTally<'a> {
                 // device-side sum per span was slower (candle's index_add walks the positions
                 // in one thread; its cumsum is a matmul with an n×n triangle).
                 let column: Vec<f32> = p.sum(0)?.to_device(&candle_core::Device::Cpu)?.to_vec1()?;
+                if keep_top {
+                    top = self.heaviest(column.iter().enumerate().map(|(i, &m)| ((lo + i) as u32, m)).collect());
+                }
                 for (i, m) in column.into_iter().enumerate() {
                     add(lo + i, m as f64);
                 }
@@ -298,19 +380,29 @@ impl<'a> ReadTally<'a> {
                 let index = Tensor::from_vec(flat, picked.len(), p.device())?;
                 let weights: Vec<f32> =
                     p.flatten_all()?.index_select(&index, 0)?.to_device(&candle_core::Device::Cpu)?.to_vec1()?;
+                if keep_top {
+                    top = self.heaviest(per_row(picked.iter().zip(&weights).map(|(&(_, pos), &m)| (pos, m))));
+                }
                 for (&(_, pos), m) in picked.iter().zip(weights) {
                     add(pos, m as f64);
                 }
             }
         }
-        Ok(Some(Mass { per_span, other, in_spans }))
+        Ok(Some(Mass { per_span, other, in_spans, top }))
     }
 
     /// What was read so far: the documents most weighed first (most read when no call was
     /// weighed); unread ones left out.
     pub fn summary(&self) -> ReadSummary {
+        self.summary_of(&[])
+    }
+
+    /// [`ReadTally::summary`] once the answer's tokens are known: with copies kept, each
+    /// document's passages are where the answer copied from (see the module docs).
+    pub fn summary_of(&self, answer: &[u32]) -> ReadSummary {
         let guard = self.tally.lock().unwrap_or_else(|e| e.into_inner());
         let t = &*guard;
+        let copied = self.copied_blocks(t, answer);
         let total = t.rows.iter().sum::<f64>() + t.other_rows;
         let total_mass = t.mass.iter().sum::<f64>() + t.other_mass;
         let weighed = t.weighed_calls > 0 && total_mass > 0.0;
@@ -326,7 +418,7 @@ impl<'a> ReadTally<'a> {
                 share: rows / total,
                 mass,
                 mass_share: weighed.then(|| mass / total_mass),
-                passages: self.passages(t, document),
+                passages: self.passages(t, &copied, document),
             })
             .collect();
         documents.sort_by(|a, b| {
@@ -348,23 +440,84 @@ impl<'a> ReadTally<'a> {
     }
 }
 
-/// A weighed call's mass: per span, outside them, and each in-span row's `(block, mass)`.
+/// A weighed call's mass: per span, outside them, each in-span row's `(block, mass)`, and
+/// (when copies are kept) its heaviest document rows.
 struct Mass {
     per_span: Vec<f64>,
     other: f64,
     in_spans: Vec<(usize, f64)>,
+    top: Vec<(u32, f32)>,
+}
+
+/// Weights summed per position (a row read by several heads is one row).
+fn per_row(rows: impl Iterator<Item = (usize, f32)>) -> Vec<(u32, f32)> {
+    let mut all: Vec<(u32, f32)> = rows.map(|(p, w)| (p as u32, w)).collect();
+    all.sort_unstable_by_key(|r| r.0);
+    all.dedup_by(|next, kept| {
+        let same = next.0 == kept.0;
+        if same {
+            kept.1 += next.1;
+        }
+        same
+    });
+    all
 }
 
 impl ReadTally<'_> {
-    /// Span `document`'s heaviest passages: by mass where calls were weighed, else by picks.
-    fn passages(&self, t: &Tally, document: usize) -> Vec<Passage> {
+    /// Per passage block, the weight of the rows each step read that hold what the step wrote.
+    /// The answer's token `k` is the output of the step `answer.len() - k` from the end: the
+    /// last token is never run, and the steps before the answer's (a question read one token
+    /// at a time) wrote prompt tokens, which are not the answer.
+    fn copied_blocks(&self, t: &Tally, answer: &[u32]) -> Vec<f64> {
+        let mut blocks = Vec::new();
+        let Some(tokens) = self.copies else { return blocks };
+        // Each step's (read, wrote) pair: the step's input is the answer's previous token
+        // (unknown for its first, which is left out).
+        let step_pair = |i: usize| {
+            let k = (i + answer.len()).checked_sub(t.steps)?;
+            Some((answer[k.checked_sub(1)?], answer[k]))
+        };
+        // How often the documents hold each pair: a row holding a pair the documents hold a
+        // hundred times (". the") says little of where the answer came from; one they hold
+        // once says it all. A row's weight is shared among the pair's places.
+        let mut held: HashMap<(u32, u32), f64> =
+            (0..t.step_rows.len()).filter_map(step_pair).map(|p| (p, 0.0)).collect();
+        for &(start, end) in &self.spans {
+            for w in tokens[start.min(tokens.len())..end.min(tokens.len())].windows(2) {
+                if let Some(n) = held.get_mut(&(w[0], w[1])) {
+                    *n += 1.0;
+                }
+            }
+        }
+        for (i, rows) in t.step_rows.iter().enumerate() {
+            let Some((read, wrote)) = step_pair(i) else { continue };
+            let places = held.get(&(read, wrote)).copied().unwrap_or(0.0).max(1.0);
+            for &(p, w) in rows {
+                let p = p as usize;
+                let at = |q: Option<usize>| q.and_then(|q| tokens.get(q)).copied();
+                let holds = (at(Some(p)) == Some(wrote) && at(p.checked_sub(1)) == Some(read))
+                    || (at(Some(p)) == Some(read) && at(Some(p + 1)) == Some(wrote));
+                if let Some(span) = span_of(&self.spans, p).filter(|_| holds) {
+                    Tally::add_block(&mut blocks, self.block(span, p), w as f64 / places);
+                }
+            }
+        }
+        blocks
+    }
+
+    /// Span `document`'s heaviest passages: where the answer copied from when it did, else by
+    /// mass where calls were weighed, else by picks.
+    fn passages(&self, t: &Tally, copied: &[f64], document: usize) -> Vec<Passage> {
         let (start, end) = self.spans[document];
         let first = self.block_base[document];
         let of = |blocks: &[f64]| -> Vec<(usize, f64)> {
             let last = (first + (end - start).div_ceil(PASSAGE_ROWS)).min(blocks.len());
             (first..last).filter(|&b| blocks[b] > 0.0).map(|b| (b - first, blocks[b])).collect()
         };
-        let mut blocks = of(&t.block_mass);
+        let mut blocks = of(copied);
+        if blocks.is_empty() {
+            blocks = of(&t.block_mass);
+        }
         if blocks.is_empty() {
             blocks = of(&t.block_rows);
         }
@@ -414,173 +567,4 @@ impl Attention for ReadTally<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::attention::{by_name, Resources};
-    use crate::kv_cache::DenseKv;
-    use candle_core::{DType, Device, Tensor};
-
-    /// Dense counts every visible row by span; streaming's sinks and window land where they are.
-    #[test]
-    fn rows_land_in_their_spans() -> Result<()> {
-        let dev = Device::Cpu;
-        let (heads, d, t) = (2, 4, 40);
-        let mut kv = DenseKv::new(1, 1, d, DType::F32, &dev);
-        kv.write(0, 0, &Tensor::randn(0f32, 1.0, (1, t, d), &dev)?, &Tensor::randn(0f32, 1.0, (1, t, d), &dev)?)?;
-        kv.set_len(t)?;
-        let q = Tensor::randn(0f32, 1.0, (heads, 1, d), &dev)?;
-        let call =
-            AttnCall { layer: 0, layers: 1, kv_layer: 0, q: &q, q_start: t - 1, kv: &kv, scale: 0.5, window: None };
-        let spans = vec![(2, 10), (10, 30)];
-        let dense = by_name("dense", None, &[], &Resources::default())?;
-        let tally = ReadTally::new(dense.as_ref(), spans.clone());
-        tally.attend(&call)?;
-        let s = tally.summary();
-        assert_eq!((s.total_rows, s.other_rows, s.steps), ((t * heads) as f64, (12 * heads) as f64, 1));
-        assert_eq!(s.documents.iter().map(|r| (r.document, r.rows)).collect::<Vec<_>>(), [(1, 40.0), (0, 16.0)]);
-        // 4 sinks (positions 0..4: 2 outside, 2 in span 0) and a window of 4 (36..40: outside).
-        let streaming = by_name("streaming", Some("8"), &[], &Resources::default())?;
-        let tally = ReadTally::new(streaming.as_ref(), spans);
-        tally.attend(&call)?;
-        let s = tally.summary();
-        assert_eq!((s.total_rows, s.other_rows), ((8 * heads) as f64, (6 * heads) as f64));
-        assert_eq!(s.documents.len(), 1);
-        assert_eq!((s.documents[0].document, s.documents[0].share), (0, 0.25));
-        Ok(())
-    }
-
-    /// The weighed tally against a host reference on random keys: for dense, each span gets
-    /// the softmax weights of its rows summed over heads (all spans and the rest: one per
-    /// head); for streaming, only the rows it read count, at their exact weights.
-    #[test]
-    fn mass_is_the_exact_attention_weight_of_the_rows_read() -> Result<()> {
-        let dev = Device::Cpu;
-        let (heads, kv_heads, d, t) = (4, 2, 8, 50);
-        let mut kv = DenseKv::new(1, kv_heads, d, DType::F32, &dev);
-        let k = Tensor::randn(0f32, 1.0, (kv_heads, t, d), &dev)?;
-        kv.write(0, 0, &k, &Tensor::randn(0f32, 1.0, (kv_heads, t, d), &dev)?)?;
-        kv.set_len(t)?;
-        let q = Tensor::randn(0f32, 1.0, (heads, 1, d), &dev)?;
-        let call =
-            AttnCall { layer: 0, layers: 1, kv_layer: 0, q: &q, q_start: t - 1, kv: &kv, scale: 0.35, window: None };
-        // The reference: softmax over every visible key, per head, on the host.
-        let (qv, kv_rows): (Vec<Vec<f32>>, Vec<Vec<Vec<f32>>>) = (q.squeeze(1)?.to_vec2()?, k.to_vec3()?);
-        let weights: Vec<Vec<f64>> = (0..heads)
-            .map(|h| {
-                let g = h / (heads / kv_heads);
-                let z: Vec<f64> = (0..t)
-                    .map(|p| 0.35 * qv[h].iter().zip(&kv_rows[g][p]).map(|(a, b)| (a * b) as f64).sum::<f64>())
-                    .collect();
-                let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = z.iter().map(|x| (x - max).exp()).collect();
-                let sum: f64 = e.iter().sum();
-                e.into_iter().map(|x| x / sum).collect()
-            })
-            .collect();
-        let spans = vec![(2, 10), (10, 30)];
-        let want = |rows: &dyn Fn(usize) -> bool| -> Vec<f64> {
-            spans
-                .iter()
-                .map(|&(a, b)| {
-                    (0..heads).map(|h| (a..b).filter(|&p| rows(p)).map(|p| weights[h][p]).sum::<f64>()).sum()
-                })
-                .collect()
-        };
-        let close = |got: &[SpanReads], want: &[f64]| {
-            for r in got {
-                assert!(
-                    (r.mass - want[r.document]).abs() < 1e-5,
-                    "span {}: {} vs {}",
-                    r.document,
-                    r.mass,
-                    want[r.document]
-                );
-            }
-        };
-        let dense = by_name("dense", None, &[], &Resources::default())?;
-        let tally = ReadTally::new(dense.as_ref(), spans.clone()).with_mass();
-        tally.attend(&call)?;
-        let s = tally.summary();
-        assert_eq!((s.weighed_calls, s.calls), (1, 1));
-        close(&s.documents, &want(&|_| true));
-        let shares: f64 = s.documents.iter().map(|r| r.mass_share.unwrap()).sum();
-        let outside: f64 = (0..heads).map(|h| (0..2).chain(30..t).map(|p| weights[h][p]).sum::<f64>()).sum();
-        assert!((shares - (heads as f64 - outside) / heads as f64).abs() < 1e-5, "{shares}");
-        // Streaming reads sinks 0..4 and the window 42..50: span 0 gets positions 2 and 3.
-        let streaming = by_name("streaming", Some("12"), &[], &Resources::default())?;
-        let tally = ReadTally::new(streaming.as_ref(), spans.clone()).with_mass();
-        tally.attend(&call)?;
-        let s = tally.summary();
-        assert_eq!(s.documents.len(), 1);
-        close(&s.documents, &want(&|p| !(4..42).contains(&p)));
-        // Without with_mass nothing is weighed and rows order the documents.
-        let tally = ReadTally::new(dense.as_ref(), spans);
-        tally.attend(&call)?;
-        let s = tally.summary();
-        assert!(s.weighed_calls == 0 && s.documents.iter().all(|r| r.mass_share.is_none()));
-        // A long answer is weighed by a sample of its steps.
-        let weighed: Vec<usize> = (0..40).filter(|&s| weighs_step(s)).collect();
-        assert_eq!(weighed, (0..16).chain([16, 24, 32]).collect::<Vec<_>>());
-        Ok(())
-    }
-
-    /// Passages: with random keys and one key planted to match every query, the planted
-    /// row's block leads its document's passages, each passage's share is its blocks' exact
-    /// mass over the document's (host reference), and passages stay inside their span. A
-    /// sparse method not weighed reports where it picked.
-    #[test]
-    fn passages_say_where_the_weight_went() -> Result<()> {
-        let dev = Device::Cpu;
-        let (heads, kv_heads, d, t) = (2, 1, 8, 200);
-        let seed = match std::env::var("FOLIO_SEED") {
-            Ok(s) => s.parse().expect("FOLIO_SEED is a u64"),
-            Err(_) => rand::random(),
-        };
-        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed);
-        use rand::Rng;
-        let planted = rng.random_range(70..150);
-        let mut keys: Vec<f32> = (0..t * d).map(|_| rng.random_range(-0.3f32..0.3)).collect();
-        let q: Vec<f32> = (0..heads * d).map(|i| if i % d == 0 { 4.0 } else { 0.0 }).collect();
-        keys[planted * d] = 3.0;
-        let k = Tensor::from_vec(keys.clone(), (kv_heads, t, d), &dev)?;
-        let mut kv = DenseKv::new(1, kv_heads, d, DType::F32, &dev);
-        kv.write(0, 0, &k, &Tensor::randn(0f32, 1.0, (kv_heads, t, d), &dev)?)?;
-        kv.set_len(t)?;
-        let q = Tensor::from_vec(q, (heads, 1, d), &dev)?;
-        let call =
-            AttnCall { layer: 0, layers: 1, kv_layer: 0, q: &q, q_start: t - 1, kv: &kv, scale: 1.0, window: None };
-        let spans = vec![(10, 60), (60, 190)];
-        let dense = by_name("dense", None, &[], &Resources::default())?;
-        let tally = ReadTally::new(dense.as_ref(), spans.clone()).with_mass();
-        tally.attend(&call)?;
-        let s = tally.summary();
-        let doc = s.documents.iter().find(|r| r.document == 1).expect("span 1 read");
-        let first = &doc.passages[0];
-        assert!((first.start..first.end).contains(&planted), "seed {seed}: {:?} vs {planted}", doc.passages);
-        assert_eq!(doc.passages.len(), PASSAGES_KEPT);
-        // Host reference: softmax of q·k (every head has the same q), summed per block.
-        let z: Vec<f64> = (0..t).map(|p| 4.0 * keys[p * d] as f64).collect();
-        let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let e: Vec<f64> = z.iter().map(|x| (x - max).exp()).collect();
-        let sum: f64 = e.iter().sum();
-        let in_doc: f64 = (60..190).map(|p| e[p] / sum).sum();
-        for p in &doc.passages {
-            assert!(p.start >= 60 && p.end <= 190 && p.start < p.end, "{p:?}");
-            let want = (p.start..p.end).map(|x| e[x] / sum).sum::<f64>() / in_doc;
-            assert!((p.share - want).abs() < 1e-5, "seed {seed}: {p:?} vs {want}");
-        }
-        let span0 = s.documents.iter().find(|r| r.document == 0).expect("span 0 read");
-        assert!(span0.passages.iter().all(|p| p.start >= 10 && p.end <= 60));
-        // Not weighed: dense says nothing of where; a picking method says where it picked.
-        let tally = ReadTally::new(dense.as_ref(), spans.clone());
-        tally.attend(&call)?;
-        assert!(tally.summary().documents.iter().all(|r| r.passages.is_empty()));
-        let topk = by_name("topk", Some("8"), &[], &Resources::default())?;
-        let tally = ReadTally::new(topk.as_ref(), spans).with_mass();
-        tally.attend(&call)?;
-        let s = tally.summary();
-        let doc = s.documents.iter().find(|r| r.document == 1).expect("span 1 read");
-        assert!((doc.passages[0].start..doc.passages[0].end).contains(&planted), "seed {seed}: {:?}", doc.passages);
-        Ok(())
-    }
-}
+mod tests;
