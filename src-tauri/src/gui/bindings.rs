@@ -40,6 +40,8 @@ mod tests {
         gui::prefill::CountProgress::export_all(&cfg)?;
         gui::prefill::ChangeRequest::export_all(&cfg)?;
         gui::settings::ContextDefault::export_all(&cfg)?;
+        gui::choices::Choices::export_all(&cfg)?;
+        gui::choices::MeasureProgress::export_all(&cfg)?;
         gui::settings::MethodApplied::export_all(&cfg)?;
         gui::settings::IndexProgress::export_all(&cfg)?;
         gui::settings::CalibrationStatus::export_all(&cfg)?;

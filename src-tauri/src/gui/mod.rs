@@ -19,6 +19,7 @@
 mod ask;
 mod bindings;
 mod chats;
+mod choices;
 mod contexts;
 mod desktop;
 mod details;
@@ -489,6 +490,8 @@ pub fn run(
             settings::set_method,
             sources::source_excerpts,
             settings::open_context_method,
+            choices::method_choices,
+            choices::measure_methods,
             settings::set_context_method,
             settings::build_index,
             settings::calibration,

@@ -29,6 +29,9 @@ import type { ChangeRequest } from './bindings/ChangeRequest';
 import type { Imported } from './bindings/Imported';
 import type { MethodChoice } from './bindings/MethodChoice';
 import type { MethodSpec } from './bindings/MethodSpec';
+import type { Choices } from './bindings/Choices';
+import type { Choice } from './bindings/Choice';
+import type { MeasureProgress } from './bindings/MeasureProgress';
 import type { GenerationSettings } from './bindings/GenerationSettings';
 import type { ChatMessage } from './bindings/ChatMessage';
 import type { MethodApplied } from './bindings/MethodApplied';
@@ -47,7 +50,7 @@ import type { ModelChoices } from './bindings/ModelChoices';
 
 // The types the Rust side sends and takes, generated from its structs (ui/src/lib/bindings,
 // src-tauri/src/gui/bindings.rs): re-exported so that components import them from here.
-export type { ContextInfo, DocumentInfo, StagedDocument, Skip, Staged, Estimate, Progress, JobState, JobView, UiEvent, ChangeRequest, Imported, MethodChoice, MethodSpec, GenerationSettings, OpenedChat, Piece, DocumentExcerpts, EngineSettings, DeviceChoice, EngineView, PlanView, StoredIndex, CalibrationStatus, CachedModel, LibraryModel, ModelChoices, ServerStatus, Lookup, DownloadView, DownloadProgress };
+export type { ContextInfo, DocumentInfo, StagedDocument, Skip, Staged, Estimate, Progress, JobState, JobView, UiEvent, ChangeRequest, Imported, MethodChoice, MethodSpec, GenerationSettings, OpenedChat, Piece, DocumentExcerpts, EngineSettings, DeviceChoice, EngineView, PlanView, StoredIndex, CalibrationStatus, CachedModel, LibraryModel, ModelChoices, ServerStatus, Lookup, DownloadView, DownloadProgress, Choices, Choice, MeasureProgress };
 
 /** A chat's message as the window reads it back (details typed; an unreadable record is null). */
 export type MessageRow = ChatMessage;
@@ -200,6 +203,15 @@ export async function buildIndex(onProgress: (layer: number, layers: number) => 
 export const calibration = () => call<CalibrationStatus>('calibration');
 
 /** Calibrates the running model on the open context's documents (kept in Folio's home). */
+/** Each method's measured speed over the open context and answer quality, and the one recommended. */
+export const methodChoices = () => call<Choices>('method_choices');
+
+/** Times a short answer of each method not yet measured over the open context (Stop stops it). */
+export async function measureMethods(onProgress: (p: MeasureProgress) => void): Promise<Choices> {
+  const onEvent = new Channel<MeasureProgress>(onProgress);
+  return call('measure_methods', { onEvent });
+}
+
 export async function calibrate(onProgress: (done: number, total: number) => void): Promise<CalibrationStatus> {
   const onEvent = new Channel<{ done: number; total: number }>((p) => onProgress(p.done, p.total));
   return call('calibrate', { onEvent });
