@@ -54,6 +54,7 @@ fn a_new_users_first_session() {
     let d = Driver::start(&base);
     d.wait("the window", |d| d.element(".sidebar").is_some());
     d.wait("the welcome", |d| !d.texts("[data-testid=composer-target]").concat().is_empty());
+    assert_eq!(d.texts("[data-testid=composer-target]").concat(), "Asks the model alone — no documents · new chat");
     screenshot(&display, "new-user-1-first-start");
 
     prefill_samples(&d);
@@ -80,9 +81,12 @@ fn a_new_users_first_session() {
     assert!(d.texts("[data-testid=choice-hip] .speed").concat().contains("not measured"));
     d.script("document.querySelector('[data-testid=measure-methods]').click()", json!([]));
     d.wait("the speeds measured", |d| {
+        let failed = d.texts("[data-testid=method-choices] [role=alert]").concat();
+        assert!(failed.is_empty(), "measuring failed: {failed}");
         d.element("[data-testid=measure-progress]").is_none()
             && d.texts("[data-testid=choice-hip] .speed").concat().ends_with("tokens/s here")
     });
+    assert!(d.element("[data-testid=all-measured]").is_some(), "nothing is left to measure");
     for kept in ["topk", "magicpig"] {
         let speed = d.texts(&format!("[data-testid=choice-{kept}] .speed")).concat();
         assert!(speed.ends_with("tokens/s here"), "{kept}: {speed}");
@@ -114,6 +118,8 @@ fn a_new_users_first_session() {
     let (q, a) = &questions[0];
     ask(&d, q, a);
     assert_eq!(answers(&d).len(), 3);
+    let footer = d.texts("[data-testid=answer-stats]").pop().unwrap_or_default();
+    assert!(footer.starts_with("hip"), "the chat's method is back after the restart: {footer}");
     screenshot(&display, "new-user-4-after-restart");
     d.quit();
 }

@@ -345,6 +345,9 @@ fn sources_eval_marks_each_fact_first() {
         assert_eq!((m["answered"].as_u64(), m["first_holds_fact"].as_u64()), (Some(9), Some(9)), "{m}");
     }
     assert_eq!(doc["weighing"], "copied");
+    // Found by copies, not by the mass fallback (which also marks these facts at 6k).
+    let rows = doc["rows"].as_array().unwrap();
+    assert!(rows.iter().all(|r| r["by_copies"] == true), "{rows:?}");
     assert!(out.path().join("sources.json").is_file());
     let err = folio(&["eval", "sources", "--model", demo.to_str().unwrap(), "--length", "20"]);
     assert!(String::from_utf8_lossy(&err.stderr).contains("too short"), "{}", String::from_utf8_lossy(&err.stderr));

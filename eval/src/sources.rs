@@ -177,6 +177,8 @@ pub struct SourcesRow {
     pub first_holds_fact: bool,
     /// The rank (1-based) of the first shown passage that overlaps a fact, if any does.
     pub fact_rank: Option<usize>,
+    /// The passages are where the answer copied from (not the mass fallback).
+    pub by_copies: bool,
     pub seconds: f64,
 }
 
@@ -221,6 +223,7 @@ pub fn run(
                 answer: answer.text.trim().to_owned(),
                 first_holds_fact: passages.first().is_some_and(holds),
                 fact_rank: passages.iter().position(holds).map(|i| i + 1),
+                by_copies: answer.reads.copied,
                 passages,
                 facts,
                 seconds: answer.timings.seconds,

@@ -99,7 +99,9 @@ impl PrefillCost {
     /// fitting both from a layer's first chunks was 87% off.
     pub fn with_pairs_fitted(&self, timed: &[Timed]) -> Self {
         let (mut num, mut den) = (0.0, 0.0);
-        for t in timed.iter().filter(|t| t.to > t.from && t.seconds > 0.0) {
+        // The first chunk carries the warm-up (see `scaled_to`), unless it is the only one.
+        let skip = usize::from(timed.len() > 1);
+        for t in timed[skip..].iter().filter(|t| t.to > t.from && t.seconds > 0.0) {
             let (x, y) = ((t.to - t.from) as f64 / t.seconds, pairs(t.from, t.to) / t.seconds);
             num += y * (1.0 - self.per_token * x);
             den += y * y;

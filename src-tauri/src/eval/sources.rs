@@ -75,7 +75,14 @@ pub fn eval_sources(common: &Common, a: SourcesArgs) -> Result<()> {
     let temp = tempfile::tempdir()?;
     let path = a.context.clone().unwrap_or_else(|| temp.path().join("sources.folio"));
     let checksum = folio_models::context::format::checksum(doc.text.as_bytes());
-    let reused = ContextFile::open(&path).ok().filter(|f| f.documents().first().is_some_and(|d| d.xxh3 == checksum));
+    // Reused only when it is this run's document, prefilled by this model.
+    let reused = ContextFile::open(&path)
+        .ok()
+        .filter(|f| f.documents().len() == 1 && f.documents()[0].xxh3 == checksum && engine.check_context(f).is_ok());
+    let was_reused = reused.is_some();
+    if !was_reused && path.exists() {
+        eprintln!("{} holds another document's or model's context: prefilling it again", path.display());
+    }
     let started = Instant::now();
     let file = match reused {
         Some(f) => f,
@@ -89,12 +96,9 @@ pub fn eval_sources(common: &Common, a: SourcesArgs) -> Result<()> {
     let prefill_seconds = started.elapsed().as_secs_f64();
     let tokens = file.tokens().len();
     if !a.json {
-        println!(
-            "{} tokens, {} facts, {} questions; prefill {prefill_seconds:.1} s",
-            tokens,
-            doc.facts.len(),
-            questions.len()
-        );
+        let how =
+            if was_reused { "the saved context reused".to_owned() } else { format!("prefill {prefill_seconds:.1} s") };
+        println!("{} tokens, {} facts, {} questions; {how}", tokens, doc.facts.len(), questions.len());
         println!("{:<10} {:<6} {:<6} {:>5}  question", "method", "answer", "first", "rank");
     }
     let json = a.json;
@@ -135,6 +139,7 @@ pub fn eval_sources(common: &Common, a: SourcesArgs) -> Result<()> {
         "tier": tier,
         "weighing": a.weighing,
         "prefill_seconds": prefill_seconds,
+        "reused_context": was_reused,
         "summary": per_method,
         "rows": rows,
     });

@@ -89,14 +89,15 @@ pub(super) async fn chat(
     let on_screen =
         state.chat.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|c| Arc::ptr_eq(c, &asked_in))
             && *state.chat_id.lock().unwrap_or_else(|e| e.into_inner()) == turn_of.chat;
-    // What Settings → Attention shows as this method's speed over this context.
-    if let (Some(context), Some(rate)) = (turn_of.context, answer.timings.decode_tokens_per_s) {
-        super::choices::record_speed(&state, context, &answer.method.method, rate).await;
-    }
+    let asked_over = turn_of.context;
     let (saved, unsaved) = match chats::save_turn(&state, turn_of, on_screen, &prompt, &answer.text, &details).await {
         Ok(chat) => (on_screen.then_some(chat), None),
         Err(e) => (None, Some(format!("this turn is not saved in the library: {e}"))),
     };
+    // What Settings → Attention shows as this method's speed over this context.
+    if let (Some(context), Some(rate)) = (asked_over, answer.timings.decode_tokens_per_s) {
+        super::choices::record_speed(&state, context, &answer.method, rate).await;
+    }
     Ok(ChatDone { stop_reason: stop_reason(&answer), tokens: answer.tokens.len(), chat: saved, details, unsaved })
 }
 

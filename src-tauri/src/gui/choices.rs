@@ -3,9 +3,10 @@
 //!
 //! Why measured here and not predicted: a method's speed depends on the machine, the tier and
 //! the context's length together, and the window answers over one context at a time. Every
-//! answer over a context records its decode rate under the method that made it (a running
-//! mean in the library's settings, per context, dropped when the context's length changes),
-//! and "Measure" times the methods that have none yet with a short answer each. Quality is
+//! answer over a context at its method's default settings records its decode rate under that
+//! method (a running mean in the library's settings, per context; dropped when the context's
+//! file is written again or the device or tier changes), and "Measure" times the methods that
+//! have none yet with a short answer each. Quality is
 //! not measured per machine: it is docs/quality.md's fidelity table at 1M tokens (demo model,
 //! each method at its default budget), shown with where it comes from. The recommendation is
 //! issue #44's rule: dense where it answers at [`DENSE_ENOUGH`] tokens/s or more, else the
@@ -18,7 +19,8 @@ use serde::{Deserialize, Serialize};
 use tauri::ipc::Channel;
 use tauri::State;
 
-use folio_models::attention::{MethodChoice, REGISTRY};
+use folio_library::ContextInfo;
+use folio_models::attention::{MethodChoice, Tier, REGISTRY};
 use folio_models::session::GenerationSettings;
 
 use super::AppState;
@@ -66,10 +68,16 @@ pub(super) struct Speed {
     answers: u32,
 }
 
-/// The speeds kept for a context, valid while it has `tokens` tokens.
+/// The speeds kept for a context: valid for the file as it was saved at `saved_at` (a change
+/// of its documents writes it again; a removed context's id used again is another file) and
+/// for the device and tier in `setup`.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Speeds {
     tokens: u64,
+    #[serde(default)]
+    saved_at: String,
+    #[serde(default)]
+    setup: String,
     methods: BTreeMap<String, Speed>,
 }
 
@@ -81,6 +89,8 @@ pub(super) struct Choice {
     quality: Option<Quality>,
     /// Answered as many of the fidelity prompts as dense did.
     keeps_answers: Option<bool>,
+    /// It runs on the tier the context is open on (topk-ivf has no offloaded path).
+    runs_here: bool,
 }
 
 #[derive(Debug, Serialize, ts_rs::TS)]
@@ -115,33 +125,44 @@ fn quality(method: &str) -> Option<Quality> {
     })
 }
 
-/// The open context's library id and tokens.
-async fn open_context(state: &AppState) -> Result<Option<(i64, u64)>, String> {
-    let Some(id) = *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) else { return Ok(None) };
-    let info = state.library()?.context(id).await.map_err(|e| e.to_string())?;
-    Ok(Some((id, info.tokens)))
+/// The device and tier answers run on now, as the speeds record them.
+fn setup(state: &AppState) -> (String, Tier) {
+    let e = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner());
+    let tier = if e.offload { Tier::Offloaded } else { Tier::Resident };
+    (format!("{} {}", e.device, tier.name()), tier)
 }
 
-async fn read_speeds(state: &AppState, context: i64, tokens: u64) -> Speeds {
+/// The open context's library id and its entry.
+async fn open_context(state: &AppState) -> Result<Option<(i64, ContextInfo)>, String> {
+    let Some(id) = *state.open_context.lock().unwrap_or_else(|e| e.into_inner()) else { return Ok(None) };
+    match state.library()?.context(id).await {
+        Ok(info) => Ok(Some((id, info))),
+        Err(_) => Err("the open context is no longer in the library".into()),
+    }
+}
+
+async fn read_speeds(state: &AppState, context: i64, info: &ContextInfo) -> Speeds {
     let stored = match state.library() {
         Ok(lib) => lib.setting(&speeds_key(context)).await.ok().flatten(),
         Err(_) => None,
     };
+    let (setup, _) = setup(state);
     stored
         .and_then(|v| serde_json::from_value::<Speeds>(v).ok())
-        .filter(|s| s.tokens == tokens)
-        .unwrap_or(Speeds { tokens, methods: BTreeMap::new() })
+        .filter(|s| s.tokens == info.tokens && s.saved_at == info.saved_at && s.setup == setup)
+        .unwrap_or(Speeds { tokens: info.tokens, saved_at: info.saved_at.clone(), setup, methods: BTreeMap::new() })
 }
 
-/// Adds an answer's decode rate to its method's mean over `context`.
-pub(super) async fn record_speed(state: &AppState, context: i64, method: &str, tokens_per_s: f64) {
-    if !(tokens_per_s.is_finite() && tokens_per_s > 0.0) {
+/// Adds an answer's decode rate to its method's mean over `context` (an answer at the
+/// method's default settings: what a choice clicked in the list applies).
+pub(super) async fn record_speed(state: &AppState, context: i64, method: &MethodChoice, tokens_per_s: f64) {
+    if !(tokens_per_s.is_finite() && tokens_per_s > 0.0) || method.budget.is_some() || !method.params.is_empty() {
         return;
     }
     let Ok(lib) = state.library() else { return };
     let Ok(info) = lib.context(context).await else { return };
-    let tokens = info.tokens;
-    let mut speeds = read_speeds(state, context, tokens).await;
+    let mut speeds = read_speeds(state, context, &info).await;
+    let method = method.method.as_str();
     let s = speeds.methods.entry(method.to_owned()).or_default();
     s.tokens_per_s = (s.tokens_per_s * s.answers as f64 + tokens_per_s) / (s.answers + 1) as f64;
     s.answers += 1;
@@ -154,7 +175,7 @@ pub(super) async fn record_speed(state: &AppState, context: i64, method: &str, t
 
 /// The choices for the open context (see the module docs).
 async fn choices(state: &AppState) -> Result<Choices, String> {
-    let Some((context, tokens)) = open_context(state).await? else {
+    let Some((context, info)) = open_context(state).await? else {
         return Ok(Choices {
             tokens: None,
             choices: Vec::new(),
@@ -162,7 +183,8 @@ async fn choices(state: &AppState) -> Result<Choices, String> {
             why: "Open a context to compare the methods over it.".into(),
         });
     };
-    let speeds = read_speeds(state, context, tokens).await;
+    let speeds = read_speeds(state, context, &info).await;
+    let (_, tier) = setup(state);
     let choices: Vec<Choice> = REGISTRY
         .iter()
         .map(|spec| {
@@ -172,12 +194,13 @@ async fn choices(state: &AppState) -> Result<Choices, String> {
                 summary: spec.summary.to_owned(),
                 speed: speeds.methods.get(spec.name).cloned(),
                 keeps_answers: quality.as_ref().map(|q| q.answered >= q.dense),
+                runs_here: spec.check_tier(tier).is_ok(),
                 quality,
             }
         })
         .collect();
     let (recommended, why) = recommend(&choices);
-    Ok(Choices { tokens: Some(tokens), choices, recommended, why })
+    Ok(Choices { tokens: Some(info.tokens), choices, recommended, why })
 }
 
 /// Issue #44's rule (see the module docs), with the reason in words.
@@ -193,7 +216,7 @@ fn recommend(choices: &[Choice]) -> (Option<String>, String) {
         Some(r) => {
             let fastest = choices
                 .iter()
-                .filter(|c| c.method != "dense" && c.keeps_answers == Some(true))
+                .filter(|c| c.method != "dense" && c.keeps_answers == Some(true) && c.runs_here)
                 .filter_map(|c| rate(c).map(|s| (c, s)))
                 .max_by(|a, b| a.1.total_cmp(&b.1));
             match fastest {
@@ -219,8 +242,10 @@ pub(super) async fn method_choices(state: State<'_, AppState>) -> Result<Choices
 }
 
 /// Times a short answer of each method that has no speed yet over the open context (dense
-/// and the methods that keep its answers), on the open chat's session without touching its
-/// conversation; Stop stops between methods and answer tokens.
+/// and the methods that keep its answers and run on this tier), on the open chat's session.
+/// The chat's conversation is not touched, but the session's method and held turns are, as
+/// `compare_with_dense` leaves them: the chat's next answer builds its turns again. Stop stops
+/// between methods and answer tokens.
 #[tauri::command]
 pub(super) async fn measure_methods(
     state: State<'_, AppState>,
@@ -231,9 +256,12 @@ pub(super) async fn measure_methods(
     let todo: Vec<String> = before
         .choices
         .iter()
-        .filter(|c| c.speed.is_none() && (c.method == "dense" || c.keeps_answers == Some(true)))
+        .filter(|c| c.speed.is_none() && c.runs_here && (c.method == "dense" || c.keeps_answers == Some(true)))
         .map(|c| c.method.clone())
         .collect();
+    if todo.is_empty() {
+        return Ok(before);
+    }
     let chat = super::current_chat(&state)?;
     let cancel = state.cancel.clone();
     let total = todo.len();
@@ -252,7 +280,13 @@ pub(super) async fn measure_methods(
             let choice = MethodChoice { method: method.clone(), ..MethodChoice::default() };
             let mut scratch = session.new_conversation();
             match session.ask(&mut scratch, MEASURE_QUESTION, &choice, &settings, |_| super::until_stopped(&cancel)) {
-                Ok(answer) => measured.extend(answer.timings.decode_tokens_per_s.map(|rate| (method.clone(), rate))),
+                Ok(answer) => match answer.timings.decode_tokens_per_s {
+                    Some(rate) => measured.push((choice, rate)),
+                    None => {
+                        failed = Some(format!("{method} answered too briefly to time (one token)"));
+                        break;
+                    }
+                },
                 Err(e) => {
                     failed = Some(format!("measuring {method}: {e}"));
                     break;
@@ -264,8 +298,8 @@ pub(super) async fn measure_methods(
     .await
     .map_err(|e| e.to_string())?;
     let (measured, failed) = measured;
-    for (method, rate) in measured {
-        record_speed(&state, context, &method, rate).await;
+    for (choice, rate) in measured {
+        record_speed(&state, context, &choice, rate).await;
     }
     match failed {
         Some(why) => Err(why),
@@ -284,6 +318,7 @@ mod tests {
             summary: String::new(),
             speed: rate.map(|tokens_per_s| Speed { tokens_per_s, answers: 1 }),
             keeps_answers: quality.as_ref().map(|q| q.answered >= q.dense),
+            runs_here: method != "topk-ivf",
             quality,
         }
     }

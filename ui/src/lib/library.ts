@@ -202,7 +202,6 @@ export async function buildIndex(onProgress: (layer: number, layers: number) => 
 
 export const calibration = () => call<CalibrationStatus>('calibration');
 
-/** Calibrates the running model on the open context's documents (kept in Folio's home). */
 /** Each method's measured speed over the open context and answer quality, and the one recommended. */
 export const methodChoices = () => call<Choices>('method_choices');
 
@@ -212,6 +211,7 @@ export async function measureMethods(onProgress: (p: MeasureProgress) => void): 
   return call('measure_methods', { onEvent });
 }
 
+/** Calibrates the running model on the open context's documents (kept in Folio's home). */
 export async function calibrate(onProgress: (done: number, total: number) => void): Promise<CalibrationStatus> {
   const onEvent = new Channel<{ done: number; total: number }>((p) => onProgress(p.done, p.total));
   return call('calibrate', { onEvent });

@@ -57,8 +57,13 @@ use crate::kv_cache::KvStore;
 /// Most visible rows for which a call's attention mass is computed (a `[heads, rows]`
 /// softmax beside the method's own attention): 2M, past the longest context a model here
 /// reads (the demo model's 1,179,648), so that dense answers at 1M tokens have sources too.
-/// Their cost grows with the rows; docs/engine.md has it measured at 30k, 115k and 1M.
+/// Its cost grows with the rows (docs/engine.md: measured at 30k and 115k).
 pub const MASS_MAX_ROWS: usize = 1 << 21;
+
+/// Most bytes a call's weighing may take on the device: the layer's keys in f32 and the
+/// `[heads, rows]` scores. 1 GiB holds the demo model's 1M tokens (288 MiB); a 7B model's
+/// 1M-token layer (2.2 GiB) is not weighed, and counts rows only.
+pub const MASS_MAX_BYTES: usize = 1 << 30;
 
 /// Positions per passage: the unit of "where in the document" a summary reports.
 pub const PASSAGE_ROWS: usize = 32;
@@ -72,8 +77,8 @@ pub const PASSAGES_KEPT: usize = 4;
 pub const COPY_ROWS: usize = 256;
 
 /// The context's first rows, left out of the copy weighing: attention sinks, which most heads
-/// weigh whatever they look for (StreamingLLM keeps 4; a document's first words act as sinks
-/// too on a long context).
+/// weigh whatever they look for (StreamingLLM keeps 4; on a long context the first document's
+/// first words, after the chat head, weigh as sinks too). Later documents' first rows count.
 pub const SINK_ROWS: usize = 16;
 
 /// How a session weighs its answers' sources (see the module docs).
@@ -140,6 +145,9 @@ pub struct ReadSummary {
     /// The rows the decode calls could see, summed over calls and query heads: `total_rows`
     /// over it is the fraction of the cache read.
     pub visible_rows: f64,
+    /// The passages are where the answer copied from (else by mass or picks: see the module
+    /// docs).
+    pub copied: bool,
 }
 
 #[derive(Default)]
@@ -156,8 +164,11 @@ struct Tally {
     block_mass: Vec<f64>,
     block_rows: Vec<f64>,
     /// Per step (a tally that keeps copies): its calls' heaviest document rows, `(position,
-    /// weight)`; resolved against the answer by [`ReadTally::summary_of`].
+    /// weight)`, resolved against the answer by [`ReadTally::summary_of`] — by attention mass
+    /// where calls were weighed, else by the heads that picked them (a weak signal in other
+    /// units: used only when no call was weighed, as on the offloaded tier).
     step_rows: Vec<Vec<(u32, f32)>>,
+    step_picks: Vec<Vec<(u32, f32)>>,
 }
 
 impl Tally {
@@ -240,7 +251,8 @@ impl<'a> ReadTally<'a> {
     fn heaviest(&self, mut rows: Vec<(u32, f32)>) -> Vec<(u32, f32)> {
         rows.retain(|&(p, w)| w > 0.0 && p as usize >= SINK_ROWS && span_of(&self.spans, p as usize).is_some());
         if rows.len() > COPY_ROWS {
-            rows.select_nth_unstable_by(COPY_ROWS, |a, b| b.1.total_cmp(&a.1));
+            // Ties (rows picked by as many heads) go to the earlier row, the same on every run.
+            rows.select_nth_unstable_by(COPY_ROWS, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             rows.truncate(COPY_ROWS);
         }
         rows
@@ -310,10 +322,11 @@ impl<'a> ReadTally<'a> {
             }
         }
         if self.copies.is_some() && !heavy.is_empty() {
-            if t.step_rows.len() <= step {
-                t.step_rows.resize(step + 1, Vec::new());
+            let by_step = if weighed { &mut t.step_rows } else { &mut t.step_picks };
+            if by_step.len() <= step {
+                by_step.resize(step + 1, Vec::new());
             }
-            t.step_rows[step].extend(heavy);
+            by_step[step].extend(heavy);
         }
         Ok(())
     }
@@ -329,6 +342,13 @@ impl<'a> ReadTally<'a> {
         let q = call.q.squeeze(1)?.to_dtype(DType::F32)?;
         let (heads, d) = q.dims2()?;
         let segments = call.kv.segments(call.kv_layer, hi)?;
+        let kv_heads = match segments.first() {
+            Some(seg) => seg.k.dim(0)?,
+            None => 0,
+        };
+        if hi * (kv_heads * d + heads) * std::mem::size_of::<f32>() > MASS_MAX_BYTES {
+            return Ok(None);
+        }
         let mut parts = Vec::with_capacity(segments.len());
         let mut at = 0;
         for seg in &segments {
@@ -421,10 +441,20 @@ impl<'a> ReadTally<'a> {
                 passages: self.passages(t, &copied, document),
             })
             .collect();
+        // Where the answer copied from comes first: the panel's first line is its first
+        // source's first passage. Else the most weighed (most read) document.
+        let copied_in = |d: usize| -> f64 {
+            let (start, end) = self.spans[d];
+            let first = self.block_base[d];
+            let last = (first + (end - start).div_ceil(PASSAGE_ROWS)).min(copied.len());
+            copied.get(first..last).map_or(0.0, |b| b.iter().sum())
+        };
+        let by_copies = documents.iter().any(|r| copied_in(r.document) > 0.0);
         documents.sort_by(|a, b| {
-            match weighed {
-                true => b.mass.total_cmp(&a.mass),
-                false => b.rows.total_cmp(&a.rows),
+            match (by_copies, weighed) {
+                (true, _) => copied_in(b.document).total_cmp(&copied_in(a.document)),
+                (false, true) => b.mass.total_cmp(&a.mass),
+                (false, false) => b.rows.total_cmp(&a.rows),
             }
             .then(a.document.cmp(&b.document))
         });
@@ -436,6 +466,7 @@ impl<'a> ReadTally<'a> {
             weighed_calls: t.weighed_calls,
             calls: t.calls,
             visible_rows: t.visible_rows,
+            copied: by_copies,
         }
     }
 }
@@ -471,6 +502,7 @@ impl ReadTally<'_> {
     fn copied_blocks(&self, t: &Tally, answer: &[u32]) -> Vec<f64> {
         let mut blocks = Vec::new();
         let Some(tokens) = self.copies else { return blocks };
+        let by_step = if t.step_rows.iter().any(|r| !r.is_empty()) { &t.step_rows } else { &t.step_picks };
         // Each step's (read, wrote) pair: the step's input is the answer's previous token
         // (unknown for its first, which is left out).
         let step_pair = |i: usize| {
@@ -480,8 +512,7 @@ impl ReadTally<'_> {
         // How often the documents hold each pair: a row holding a pair the documents hold a
         // hundred times (". the") says little of where the answer came from; one they hold
         // once says it all. A row's weight is shared among the pair's places.
-        let mut held: HashMap<(u32, u32), f64> =
-            (0..t.step_rows.len()).filter_map(step_pair).map(|p| (p, 0.0)).collect();
+        let mut held: HashMap<(u32, u32), f64> = (0..by_step.len()).filter_map(step_pair).map(|p| (p, 0.0)).collect();
         for &(start, end) in &self.spans {
             for w in tokens[start.min(tokens.len())..end.min(tokens.len())].windows(2) {
                 if let Some(n) = held.get_mut(&(w[0], w[1])) {
@@ -489,7 +520,7 @@ impl ReadTally<'_> {
                 }
             }
         }
-        for (i, rows) in t.step_rows.iter().enumerate() {
+        for (i, rows) in by_step.iter().enumerate() {
             let Some((read, wrote)) = step_pair(i) else { continue };
             let places = held.get(&(read, wrote)).copied().unwrap_or(0.0).max(1.0);
             for &(p, w) in rows {

@@ -182,7 +182,15 @@ fn copies_mark_where_the_answer_was_copied_from() -> Result<()> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut tokens: Vec<u32> = (0..t).map(|_| rng.random_range(100..200)).collect();
     let mut keys: Vec<f32> = (0..t * d).map(|_| rng.random_range(-0.3f32..0.3)).collect();
-    let (wrote, other, recent, sink) = (rng.random_range(40..120), rng.random_range(200..240), t - 20, 3);
+    // The written rows and the rows before them in one passage each (a row before a written
+    // one holds the read token, which the other rule counts too).
+    let wrote = loop {
+        let w = rng.random_range(40..120);
+        if [w, w + 70].iter().all(|r| r % PASSAGE_ROWS != 0) {
+            break w;
+        }
+    };
+    let (other, recent, sink) = (rng.random_range(200..240), t - 20, 3);
     let written = [wrote, wrote + 70];
     for (p, strength) in [(written[0], 3.0), (written[1], 2.5), (other, 4.0), (recent, 5.0), (sink, 5.0)] {
         keys[p * d] = strength;

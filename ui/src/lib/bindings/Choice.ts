@@ -6,4 +6,8 @@ export type Choice = { method: string, summary: string, speed: Speed | null, qua
 /**
  * Answered as many of the fidelity prompts as dense did.
  */
-keeps_answers: boolean | null, };
+keeps_answers: boolean | null, 
+/**
+ * It runs on the tier the context is open on (topk-ivf has no offloaded path).
+ */
+runs_here: boolean, };
