@@ -15,16 +15,11 @@ use serde_json::json;
 use webdriver::{open_settings, prefill_samples, screenshot, tauri_driver, Driver, ENTER};
 use xvfb::start_xvfb;
 
-/// The questions and answers of assets/SAMPLES.md's table.
+/// The questions and answers of assets/SAMPLES.md's table, read as `folio eval sources` reads it.
 fn samples() -> Vec<(String, String)> {
     let table = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/SAMPLES.md")).unwrap();
-    let rows: Vec<(String, String)> = table
-        .lines()
-        .filter_map(|l| {
-            let cells: Vec<&str> = l.trim().strip_prefix('|')?.split('|').map(str::trim).collect();
-            (cells.len() >= 3 && cells[0].ends_with('?')).then(|| (cells[0].to_owned(), cells[1].to_owned()))
-        })
-        .collect();
+    let rows: Vec<(String, String)> =
+        folio_eval::sources::sample_questions(&table).unwrap().into_iter().map(|q| (q.question, q.answer)).collect();
     assert_eq!(rows.len(), 9, "SAMPLES.md's nine questions");
     rows
 }

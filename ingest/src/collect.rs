@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
+use folio_context_file::platform::{special, Special};
+
 use crate::detect::{self, Format};
 use crate::document::{io_message, Document, Refusal};
 use crate::extract::extract;
@@ -189,7 +191,9 @@ fn read_checked(path: &Path, limits: &Limits) -> Result<Vec<u8>, Refusal> {
     use std::io::Read;
     let before = std::fs::metadata(path).map_err(Refusal::Io)?;
     if !before.is_file() {
-        return Err(Refusal::Unsupported(format!("{}, not a regular file", file_kind(&before))));
+        // What it is, in the words the context files' checks use (one list of special files).
+        let what = special(&before.file_type()).map_or("a special file", Special::words);
+        return Err(Refusal::Unsupported(format!("{what}, not a regular file")));
     }
     if before.len() > limits.file_bytes {
         return Err(LimitHit::new(
@@ -212,27 +216,6 @@ fn read_checked(path: &Path, limits: &Limits) -> Result<Vec<u8>, Refusal> {
         return Err(Refusal::Changed);
     }
     Ok(data)
-}
-
-fn file_kind(meta: &std::fs::Metadata) -> &'static str {
-    let t = meta.file_type();
-    if t.is_dir() {
-        return "a folder";
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if t.is_fifo() {
-            return "a named pipe (FIFO)";
-        }
-        if t.is_socket() {
-            return "a socket";
-        }
-        if t.is_block_device() || t.is_char_device() {
-            return "a device";
-        }
-    }
-    "a special file"
 }
 
 /// [`extract`] on a thread of its own, as every file is read: a panic becomes

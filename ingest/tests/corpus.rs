@@ -173,7 +173,7 @@ fn every_bad_file_is_named_with_its_reason_and_the_batch_goes_on() {
         ("empty.txt", "empty"),
         ("loop", "cannot read it: too many levels of symbolic links"),
         ("secret.txt", "cannot read it: permission denied"),
-        ("pipe.txt", "a named pipe (FIFO), not a regular file"),
+        ("pipe.txt", "a named pipe, not a regular file"),
         ("report.rtf", "RTF is not read"),
         ("scanned.pdf", "no text layer (a scan or images of pages); Folio does not do OCR"),
     ] {
