@@ -166,7 +166,7 @@ pub(super) async fn record_speed(state: &AppState, context: i64, method: &Method
     let s = speeds.methods.entry(method.to_owned()).or_default();
     s.tokens_per_s = (s.tokens_per_s * s.answers as f64 + tokens_per_s) / (s.answers + 1) as f64;
     s.answers += 1;
-    if let (Ok(lib), Ok(value)) = (state.library(), serde_json::to_value(&speeds)) {
+    if let Ok(value) = serde_json::to_value(&speeds) {
         if let Err(e) = lib.set_setting(&speeds_key(context), &value).await {
             tracing::warn!("the method speeds are not saved: {e}");
         }

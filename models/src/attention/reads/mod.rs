@@ -234,6 +234,14 @@ impl<'a> ReadTally<'a> {
         self.block_base[span] + (pos - self.spans[span].0) / PASSAGE_ROWS
     }
 
+    /// Span `span`'s passage blocks, `first..last`, within a tally of `len` blocks (a tally
+    /// grows its blocks as rows land in them, so it may end before the span does).
+    fn blocks_of(&self, span: usize, len: usize) -> std::ops::Range<usize> {
+        let (start, end) = self.spans[span];
+        let first = self.block_base[span];
+        first.min(len)..(first + (end - start).div_ceil(PASSAGE_ROWS)).min(len)
+    }
+
     /// Also weighs what is read by its attention mass (see the module docs).
     pub fn with_mass(mut self) -> Self {
         self.weigh = true;
@@ -443,16 +451,12 @@ impl<'a> ReadTally<'a> {
             .collect();
         // Where the answer copied from comes first: the panel's first line is its first
         // source's first passage. Else the most weighed (most read) document.
-        let copied_in = |d: usize| -> f64 {
-            let (start, end) = self.spans[d];
-            let first = self.block_base[d];
-            let last = (first + (end - start).div_ceil(PASSAGE_ROWS)).min(copied.len());
-            copied.get(first..last).map_or(0.0, |b| b.iter().sum())
-        };
-        let by_copies = documents.iter().any(|r| copied_in(r.document) > 0.0);
+        let copied_in: Vec<f64> =
+            (0..self.spans.len()).map(|d| copied[self.blocks_of(d, copied.len())].iter().sum()).collect();
+        let by_copies = documents.iter().any(|r| copied_in[r.document] > 0.0);
         documents.sort_by(|a, b| {
             match (by_copies, weighed) {
-                (true, _) => copied_in(b.document).total_cmp(&copied_in(a.document)),
+                (true, _) => copied_in[b.document].total_cmp(&copied_in[a.document]),
                 (false, true) => b.mass.total_cmp(&a.mass),
                 (false, false) => b.rows.total_cmp(&a.rows),
             }
@@ -542,8 +546,10 @@ impl ReadTally<'_> {
         let (start, end) = self.spans[document];
         let first = self.block_base[document];
         let of = |blocks: &[f64]| -> Vec<(usize, f64)> {
-            let last = (first + (end - start).div_ceil(PASSAGE_ROWS)).min(blocks.len());
-            (first..last).filter(|&b| blocks[b] > 0.0).map(|b| (b - first, blocks[b])).collect()
+            self.blocks_of(document, blocks.len())
+                .filter(|&b| blocks[b] > 0.0)
+                .map(|b| (b - first, blocks[b]))
+                .collect()
         };
         let mut blocks = of(copied);
         if blocks.is_empty() {
