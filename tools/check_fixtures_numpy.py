@@ -69,9 +69,10 @@ def apply_rope(x, cos, sin):
     return x * cos + np.concatenate([-x[..., h:], x[..., :h]], -1) * sin
 
 
-def forward(d, ids):
-    cfg = json.load(open(os.path.join(d, "config.json")))
-    w = load_weights(d)
+def forward(d, ids, w=None, cfg=None):
+    """Logits of `ids` for the model in folder `d` (or of weights `w` with config `cfg`)."""
+    cfg = cfg or json.load(open(os.path.join(d, "config.json")))
+    w = w if w is not None else load_weights(d)
     n_h, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or cfg["hidden_size"] // n_h
     eps, t = cfg["rms_norm_eps"], len(ids)

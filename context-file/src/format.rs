@@ -84,6 +84,11 @@ pub struct Fingerprint {
     pub tokenizer: String,
     /// xxh3-64 of the safetensors headers and sampled weight bytes (the engine's loader computes it).
     pub weights: String,
+    /// A GGUF model's quantisation (`Q4_K_M`), so that a context made with other weights of the
+    /// same model names both; absent for safetensors models and in files from before it existed
+    /// (which therefore still match their model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<String>,
 }
 
 impl Fingerprint {

@@ -46,6 +46,9 @@ pub enum RopeScaling {
     Linear { factor: f64 },
     /// Llama 3.1's rule: long wavelengths divided by `factor`, short ones kept, a smooth ramp between.
     Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: usize },
+    /// Each frequency divided by its own factor: how GGUF files carry Llama 3's rule (a
+    /// `rope_freqs.weight` tensor).
+    Factors { factors: Vec<f64> },
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -132,7 +135,12 @@ const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 impl ModelConfig {
     /// The fingerprint of a model of this configuration with the given tokenizer and weight
     /// hashes: what a context file records of the model that made its K/V.
-    pub fn fingerprint(&self, tokenizer: String, weights: String) -> Result<folio_context_file::Fingerprint> {
+    pub fn fingerprint(
+        &self,
+        tokenizer: String,
+        weights: String,
+        quantization: Option<String>,
+    ) -> Result<folio_context_file::Fingerprint> {
         Ok(folio_context_file::Fingerprint {
             architecture: self.arch.name().to_owned(),
             layers: self.num_layers,
@@ -149,6 +157,7 @@ impl ModelConfig {
             qk_norm: self.qk_norm,
             tokenizer,
             weights,
+            quantization,
         })
     }
 

@@ -28,6 +28,9 @@ pub enum Error {
     #[error("{path}: invalid safetensors file: {msg}")]
     InvalidWeights { path: PathBuf, msg: String },
 
+    #[error("{path}: {msg}")]
+    Gguf { path: PathBuf, msg: String },
+
     #[error("tensor {name} is missing from the model weights")]
     MissingTensor { name: String },
 

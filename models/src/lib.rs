@@ -2,7 +2,8 @@
 //!
 //! * [`engine`]: [`Engine`], a loaded model — the one type the CLI and the window hold, with
 //!   every method of it in that folder; [`device`]: which device and dtype it runs on.
-//! * [`config`], [`loader`]: a Hugging Face model folder (or cached/hub repo) → config + files.
+//! * [`config`], [`loader`]: a Hugging Face model folder (or cached/hub repo) → config + files;
+//!   [`gguf`]: a llama.cpp GGUF file → the same config, tokenizer, template and (quantized) weights.
 //! * [`model`]: one generic decoder whose per-family differences are config flags.
 //! * [`kv_cache`], [`attention`]: the seam between the decoder and how K/V is stored (on the
 //!   device, offloaded to host memory, read from a saved context) and attended (dense and the
@@ -39,6 +40,7 @@ pub mod engine;
 pub mod error;
 pub mod excerpt;
 pub mod generate;
+pub mod gguf;
 pub mod kv_cache;
 pub mod loader;
 pub mod model;

@@ -31,15 +31,24 @@ pub const WEIGHTS_INDEX: &str = "model.safetensors.index.json";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelSource {
     Dir(PathBuf),
-    Hub { repo: String, revision: Option<String> },
+    /// A llama.cpp GGUF file: weights, tokenizer and chat template in one.
+    Gguf(PathBuf),
+    Hub {
+        repo: String,
+        revision: Option<String>,
+    },
 }
 
 impl ModelSource {
-    /// An existing folder is a folder; `owner/name` or `owner/name@revision` is a hub repo id.
+    /// An existing folder is a folder, a path ending in `.gguf` a GGUF file (whether it exists
+    /// is the loader's to say); `owner/name` or `owner/name@revision` is a hub repo id.
     pub fn parse(spec: &str) -> Result<Self> {
         let path = Path::new(spec);
         if path.is_dir() {
             return Ok(Self::Dir(path.to_owned()));
+        }
+        if crate::gguf::is_gguf(path) {
+            return Ok(Self::Gguf(path.to_owned()));
         }
         let (repo, revision) = match spec.split_once('@') {
             Some((r, rev)) => (r, Some(rev.to_owned())),
@@ -56,9 +65,12 @@ impl ModelSource {
         }
     }
 
-    /// A short display name (the folder name or the repo id).
+    /// A short display name (the folder name, the file name or the repo id).
     pub fn display_name(&self) -> String {
         match self {
+            Self::Gguf(p) => {
+                p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())
+            }
             Self::Dir(p) => p
                 .canonicalize()
                 .ok()
@@ -69,9 +81,18 @@ impl ModelSource {
     }
 }
 
-/// Paths of every file the engine reads, all local once resolved.
+/// The files of a model, all local once resolved.
 #[derive(Debug, Clone)]
-pub struct ModelFiles {
+pub enum ModelFiles {
+    /// A Hugging Face folder (or a repo in the cache).
+    Hf(HfFiles),
+    /// One GGUF file.
+    Gguf(PathBuf),
+}
+
+/// Paths of every file the engine reads from a Hugging Face model.
+#[derive(Debug, Clone)]
+pub struct HfFiles {
     pub config: PathBuf,
     pub tokenizer: PathBuf,
     pub tokenizer_config: Option<PathBuf>,
@@ -81,6 +102,15 @@ pub struct ModelFiles {
 }
 
 impl ModelFiles {
+    /// The folder the model lives in: where Folio keeps its files about it (a calibration).
+    pub fn dir(&self) -> &Path {
+        let file = match self {
+            Self::Hf(f) => &f.config,
+            Self::Gguf(p) => p,
+        };
+        file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
+    }
+
     pub fn resolve(source: &ModelSource) -> Result<Self> {
         Self::resolve_with(source, &mut |_| ControlFlow::Continue(()))
     }
@@ -92,11 +122,16 @@ impl ModelFiles {
         on_download: &mut dyn FnMut(&DownloadProgress) -> ControlFlow<()>,
     ) -> Result<Self> {
         match source {
-            ModelSource::Dir(dir) => Self::from_dir(dir),
-            ModelSource::Hub { repo, revision } => Self::from_hub(repo, revision.as_deref(), on_download),
+            ModelSource::Dir(dir) => HfFiles::from_dir(dir).map(Self::Hf),
+            ModelSource::Gguf(path) => Ok(Self::Gguf(path.clone())),
+            ModelSource::Hub { repo, revision } => {
+                HfFiles::from_hub(repo, revision.as_deref(), on_download).map(Self::Hf)
+            }
         }
     }
+}
 
+impl HfFiles {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let required = |file: &str| {
             let p = dir.join(file);

@@ -14,6 +14,7 @@ pub fn inv_freq(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> 
     let plain = (0..head_dim / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / head_dim as f32));
     match *scaling {
         RopeScaling::Default => plain.collect(),
+        RopeScaling::Factors { ref factors } => plain.zip(factors).map(|(f, d)| f / *d as f32).collect(),
         RopeScaling::Linear { factor } => plain.map(|f| f / factor as f32).collect(),
         RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
             let (factor, low, high) = (factor as f32, low_freq_factor as f32, high_freq_factor as f32);

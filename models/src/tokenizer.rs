@@ -36,9 +36,21 @@ impl Tokenizer {
     pub fn from_file(path: &Path, bos: Option<u32>) -> Result<Self> {
         let inner =
             tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        Ok(Self::from_inner(inner, bos))
+    }
+
+    fn from_inner(inner: tokenizers::Tokenizer, bos: Option<u32>) -> Self {
         let mut plain = inner.clone();
         plain.set_encode_special_tokens(true);
-        Ok(Self { inner, plain, bos })
+        Self { inner, plain, bos }
+    }
+
+    /// A tokenizer from a `tokenizer.json` document made in memory (a GGUF's vocabulary);
+    /// `origin` names where it came from in errors.
+    pub fn from_json(json: &str, origin: &Path, bos: Option<u32>) -> Result<Self> {
+        let inner: tokenizers::Tokenizer =
+            json.parse().map_err(|e| Error::Tokenizer(format!("{}: {e}", origin.display())))?;
+        Ok(Self::from_inner(inner, bos))
     }
 
     /// Raw text, with the BOS rule applied.

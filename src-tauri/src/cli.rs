@@ -338,6 +338,7 @@ pub fn info(common: &Common, a: InfoArgs) -> Result<()> {
         "device": device_name(engine.model.device()),
         "dtype": format!("{:?}", engine.model.dtype()).to_lowercase(),
         "chat_template": engine.chat_template.is_some(),
+        "weights": weights_facts(&engine),
         "gpu": gpu_facts(),
     });
     if a.json {
@@ -346,6 +347,20 @@ pub fn info(common: &Common, a: InfoArgs) -> Result<()> {
         println!("model           {}", engine.name);
         println!("architecture    {}", cfg.arch.name());
         println!("parameters      {}", human_count(engine.model.parameters()));
+        match engine.quantization() {
+            Some(q) => println!(
+                "weights         {} ({:.2} bits per weight, {}; {})",
+                q.name,
+                q.bits_per_weight,
+                folio_models::error::human_bytes(q.weight_bytes),
+                q.tensor_types.iter().map(|(t, n)| format!("{n} {t}")).collect::<Vec<_>>().join(", ")
+            ),
+            None => println!(
+                "weights         {} as saved, {} here",
+                cfg.saved_dtype.as_deref().unwrap_or("dtype unstated"),
+                doc["dtype"].as_str().unwrap_or("")
+            ),
+        }
         println!("layers          {}", cfg.num_layers);
         println!("heads           {} query / {} KV, head_dim {}", cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         println!("max context     {} tokens", cfg.max_position_embeddings);
@@ -363,6 +378,16 @@ pub fn info(common: &Common, a: InfoArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The weights' format for `info --json`: a GGUF's quantisation, bits per weight and bytes, or
+/// a safetensors checkpoint's saved dtype.
+fn weights_facts(engine: &folio_models::Engine) -> serde_json::Value {
+    match engine.quantization() {
+        Some(q) => json!({"format": "gguf", "quantization": q.name, "bits_per_weight": q.bits_per_weight,
+            "bytes": q.weight_bytes, "tensor_types": q.tensor_types}),
+        None => json!({"format": "safetensors", "saved_dtype": engine.config().saved_dtype}),
+    }
 }
 
 /// The usable GPUs, or why there is none, for `info --json`.

@@ -30,7 +30,7 @@ static ALLOCATOR: folio_runtime::alloc_guard::GuardedAlloc = folio_runtime::allo
 #[derive(Parser)]
 #[command(name = "folio", version, about = "Chat with a local LLM over whole document collections")]
 struct Cli {
-    /// Model: a Hugging Face model folder, or a repo id (owner/name[@revision]) from the HF
+    /// Model: a Hugging Face model folder, a GGUF file (llama.cpp's, e.g. model-Q4_K_M.gguf), or a repo id (owner/name[@revision]) from the HF
     /// cache or hub. The desktop window uses it too.
     #[arg(long, global = true)]
     model: Option<String>,

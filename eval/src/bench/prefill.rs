@@ -174,7 +174,7 @@ impl Subject {
         cfg.max_position_embeddings = cfg.max_position_embeddings.max(positions);
         let model = Model::random(&cfg, device, dtype, INIT_STD)?;
         let name = shape.file_stem().map_or("shape".into(), |s| s.to_string_lossy().into_owned());
-        let fingerprint = cfg.fingerprint("none".into(), "random".into())?;
+        let fingerprint = cfg.fingerprint("none".into(), "random".into(), None)?;
         let stamp = ModelStamp { name: name.clone(), source: shape.display().to_string(), fingerprint };
         Ok(Self { name: format!("{name} (random weights)"), stamp, made: Made::Random(Box::new(model)) })
     }

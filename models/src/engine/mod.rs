@@ -20,9 +20,16 @@ use crate::config::ModelConfig;
 use crate::context::{ContextFile, ModelStamp};
 use crate::error::{Error, Result};
 use crate::generate::{self, GenerateParams, Generation, GenerationConfig};
+use crate::gguf::{GgufFile, Quantization};
 use crate::loader::{self, ModelFiles, ModelSource};
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
+
+/// What a GGUF engine knows of its file beyond the model.
+struct GgufFacts {
+    quantization: Quantization,
+    tokenizer_checksum: String,
+}
 
 /// Tokens per forward pass when scoring a text (bounds the `[chunk, vocab]` logits).
 const PERPLEXITY_CHUNK: usize = 512;
@@ -38,6 +45,9 @@ pub struct Engine {
     /// home), read when the model's folder has none; see [`Engine::calibration_dir`].
     calibrations: std::sync::OnceLock<std::path::PathBuf>,
     pub files: ModelFiles,
+    /// A GGUF model's weights' quantisation and its tokenizer's checksum (the tokenizer has no
+    /// file of its own to hash); `None` for a Hugging Face model.
+    gguf: Option<GgufFacts>,
     pub model: Model,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
@@ -89,7 +99,11 @@ impl Engine {
         on_download: &mut dyn FnMut(&crate::download::DownloadProgress) -> std::ops::ControlFlow<()>,
     ) -> Result<Self> {
         let source = ModelSource::parse(spec)?;
-        let files = ModelFiles::resolve_with(&source, on_download)?;
+        let hf = match ModelFiles::resolve_with(&source, on_download)? {
+            ModelFiles::Hf(files) => files,
+            ModelFiles::Gguf(path) => return Self::load_gguf(&source, spec, &path, device, dtype),
+        };
+        let files = hf.clone();
         let cfg = ModelConfig::from_file(&files.config)?;
         let tokenizer = Tokenizer::from_file(&files.tokenizer, cfg.bos_token_id)?;
         let chat_template = ChatTemplate::load(files.chat_template.as_deref(), files.tokenizer_config.as_deref())?;
@@ -103,7 +117,8 @@ impl Engine {
             source: spec.to_owned(),
             stamp: std::sync::OnceLock::new(),
             calibrations: std::sync::OnceLock::new(),
-            files,
+            files: ModelFiles::Hf(hf),
+            gguf: None,
             model,
             tokenizer,
             chat_template,
@@ -111,29 +126,73 @@ impl Engine {
         })
     }
 
+    /// A GGUF file: its config, tokenizer and chat template from its metadata.
+    fn load_gguf(
+        source: &ModelSource,
+        spec: &str,
+        path: &std::path::Path,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self> {
+        let file = GgufFile::open(path)?;
+        let cfg = file.config()?;
+        let vocab = file.vocab()?;
+        let tokenizer = Tokenizer::from_json(&vocab.tokenizer_json, path, vocab.bos_for_text)?;
+        let chat_template = file
+            .chat_template()?
+            .map(|t| ChatTemplate::new(t, vocab.bos_token.clone(), vocab.eos_token.clone()))
+            .transpose()?;
+        let model = Model::load_gguf(&cfg, &file, device, dtype)?;
+        Ok(Self {
+            name: source.display_name(),
+            source: spec.to_owned(),
+            stamp: std::sync::OnceLock::new(),
+            calibrations: std::sync::OnceLock::new(),
+            files: ModelFiles::Gguf(path.to_owned()),
+            gguf: Some(GgufFacts {
+                quantization: file.quantization(),
+                tokenizer_checksum: folio_context_file::format::checksum(vocab.tokenizer_json.as_bytes()),
+            }),
+            model,
+            tokenizer,
+            chat_template,
+            generation_config: GenerationConfig::default(),
+        })
+    }
+
     pub fn config(&self) -> &ModelConfig {
         self.model.config()
     }
 
-    /// What identifies this model in a context file.
-    /// The folder holding the model's config.json (and Folio's files about it).
-    pub fn model_dir(&self) -> &std::path::Path {
-        self.files.config.parent().unwrap_or(std::path::Path::new("."))
+    /// A GGUF model's quantisation (`None` for a Hugging Face model, whose weights are what
+    /// config.json's dtype says).
+    pub fn quantization(&self) -> Option<&Quantization> {
+        self.gguf.as_ref().map(|g| &g.quantization)
     }
 
+    /// The folder holding the model (and Folio's files about it).
+    pub fn model_dir(&self) -> &std::path::Path {
+        self.files.dir()
+    }
+
+    /// What identifies this model in a context file.
     pub fn stamp(&self) -> Result<&ModelStamp> {
         if let Some(stamp) = self.stamp.get() {
             return Ok(stamp);
         }
         let cfg = self.config();
-        let tokenizer = std::fs::read(&self.files.tokenizer).map_err(|e| Error::io(&self.files.tokenizer, e))?;
+        let (tokenizer, weights) = match (&self.files, &self.gguf) {
+            (ModelFiles::Hf(files), _) => {
+                let tokenizer = std::fs::read(&files.tokenizer).map_err(|e| Error::io(&files.tokenizer, e))?;
+                (folio_context_file::format::checksum(&tokenizer), loader::weights_hash(&files.weights)?)
+            }
+            (ModelFiles::Gguf(path), Some(facts)) => (facts.tokenizer_checksum.clone(), crate::gguf::file_hash(path)?),
+            (ModelFiles::Gguf(_), None) => return Err(Error::Invalid("a GGUF engine without its facts".into())),
+        };
         let stamp = ModelStamp {
             name: self.name.clone(),
             source: self.source.clone(),
-            fingerprint: cfg.fingerprint(
-                folio_context_file::format::checksum(&tokenizer),
-                loader::weights_hash(&self.files.weights)?,
-            )?,
+            fingerprint: cfg.fingerprint(tokenizer, weights, self.quantization().map(|q| q.name.clone()))?,
         };
         Ok(self.stamp.get_or_init(|| stamp))
     }

@@ -214,7 +214,7 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
         bail!("depth {d} is outside 0..=1");
     }
     let engine = common.engine()?;
-    let model_dir = engine.files.config.parent().context("model folder")?.to_owned();
+    let model_dir = engine.model_dir().to_owned();
     let spec = EvalSpec::load(&model_dir)?;
     for &len in &a.lengths {
         engine.config().check_fits(len)?;

@@ -164,7 +164,7 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
     let engine = common.engine()?;
     let mut runs = method_runs(&a, &engine)?;
     let tier = if a.offload { Tier::Offloaded } else { Tier::Resident };
-    let model_dir = engine.files.config.parent().context("model folder")?.to_owned();
+    let model_dir = engine.model_dir().to_owned();
     let spec = EvalSpec::load(&model_dir)?;
     let defaults = spec.eval_defaults.clone();
     let lengths = a.lengths.or_else(|| defaults.as_ref().map(|d| d.lengths.clone())).context("give --lengths")?;

@@ -60,7 +60,7 @@ fn parse_weighing(s: &str) -> std::result::Result<Weighing, String> {
 
 pub fn eval_sources(common: &Common, a: SourcesArgs) -> Result<()> {
     let engine = Arc::new(common.engine()?);
-    let model_dir = engine.files.config.parent().context("model folder")?.to_owned();
+    let model_dir = engine.model_dir().to_owned();
     let spec = EvalSpec::load(&model_dir)?;
     let samples = a.samples.clone().unwrap_or_else(|| model_dir.join("../../SAMPLES.md"));
     let table = std::fs::read_to_string(&samples)

@@ -55,7 +55,7 @@ pub(super) async fn model_lookup(spec: String) -> Result<Lookup, String> {
     let spec = spec.trim().to_owned();
     tauri::async_runtime::spawn_blocking(move || {
         let (repo, revision) = match ModelSource::parse(&spec).map_err(|e| e.to_string())? {
-            ModelSource::Dir(_) => return Ok(Lookup { ready: true, download: None }),
+            ModelSource::Dir(_) | ModelSource::Gguf(_) => return Ok(Lookup { ready: true, download: None }),
             ModelSource::Hub { repo, revision } => (repo, revision),
         };
         if loader::cached_whole(&repo, revision.as_deref()) {

@@ -9,30 +9,20 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Device, Module, Tensor, D};
-use candle_nn::Linear;
+mod proj;
+mod sources;
+
+use candle_core::{DType, Device, Tensor, D};
 
 use crate::attention::{Attention, AttnCall};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
 use crate::kv_cache::{DenseKv, KvStore};
-use crate::loader::check_safetensors;
 use crate::profile::span;
 use crate::rope;
-
-/// Linear layers that read the same input, as one whose output rows are theirs in order (all
-/// with a bias, or none).
-fn stacked(parts: &[Linear]) -> Result<Linear> {
-    let weight = Tensor::cat(&parts.iter().map(Linear::weight).collect::<Vec<_>>(), 0)?;
-    let bias = match parts.iter().map(Linear::bias).collect::<Option<Vec<_>>>() {
-        Some(biases) => Some(Tensor::cat(&biases, 0)?),
-        None if parts.iter().any(|p| p.bias().is_some()) => {
-            return Err(Error::Invalid("stacked projections: some have a bias and some do not".into()))
-        }
-        None => None,
-    };
-    Ok(Linear::new(weight, bias))
-}
+use proj::{Proj, Qkv};
+use sources::{GgufWeights, RandomWeights, SafetensorsWeights, WeightSource};
 
 struct Layer {
     input_norm: Tensor,
@@ -40,13 +30,13 @@ struct Layer {
     /// The q, k and v projections as one product, their rows stacked in that order (one
     /// matrix-vector product and one read of `h` a decode step instead of three; the pieces are
     /// column ranges of its output).
-    qkv: Linear,
-    o: Linear,
+    qkv: Qkv,
+    o: Proj,
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+    gate: Proj,
+    up: Proj,
+    down: Proj,
 }
 
 /// Which positions' logits a forward pass returns.
@@ -63,128 +53,69 @@ pub struct Model {
     embed: Tensor,
     layers: Vec<Layer>,
     norm: Tensor,
-    lm_head: Linear,
+    lm_head: Proj,
     inv_freq: Vec<f32>,
     device: Device,
     dtype: DType,
     params: usize,
 }
 
-/// Reads tensors from a set of memory-mapped safetensors files, converting to one dtype.
-struct Weights {
-    st: candle_core::safetensors::MmapedSafetensors,
-    names: std::collections::BTreeSet<String>,
-    device: Device,
-    dtype: DType,
-}
-
-impl Weights {
-    fn get(&self, name: &str) -> Result<Tensor> {
-        if !self.names.contains(name) {
-            return Err(Error::MissingTensor { name: name.to_owned() });
-        }
-        Ok(self.st.load(name, &self.device)?.to_dtype(self.dtype)?)
-    }
-
-    fn get_shaped(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let t = self.get(name)?;
-        if t.dims() != shape {
-            return Err(Error::Invalid(format!(
-                "tensor {name} has shape {:?}, config.json implies {shape:?}",
-                t.dims()
-            )));
-        }
-        Ok(t)
-    }
-}
-
 impl Model {
     /// Loads weights from safetensors `files` (one file or all shards) onto `device` as `dtype`.
     pub fn load(cfg: &ModelConfig, files: &[impl AsRef<Path>], device: &Device, dtype: DType) -> Result<Self> {
-        let mut names = std::collections::BTreeSet::new();
-        let mut params = 0;
-        for f in files {
-            for (name, n) in check_safetensors(f.as_ref())? {
-                params += n;
-                names.insert(name);
-            }
-        }
-        // SAFETY: the files are opened read-only and checked above to be complete; Folio does
-        // not write model files while they are mapped.
-        let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(files)? };
-        let w = Weights { st, names, device: device.clone(), dtype };
-        Self::build(cfg, device, dtype, params, &|name, shape| w.get_shaped(name, shape))
+        let source = SafetensorsWeights::open(files, device, dtype)?;
+        let params = source.params;
+        Self::build(cfg, device, dtype, params, &source)
+    }
+
+    /// Loads a GGUF file's weights onto `device`: quantized matrices stay quantized, the rest
+    /// become `dtype`.
+    pub fn load_gguf(cfg: &ModelConfig, file: &GgufFile, device: &Device, dtype: DType) -> Result<Self> {
+        let params = file.tensor_names().filter_map(|n| file.tensor(n)).map(|t| t.dims.iter().product::<usize>()).sum();
+        Self::build(cfg, device, dtype, params, &GgufWeights::new(file, cfg, device, dtype))
     }
 
     /// A model of `cfg`'s shape with random weights (normal, std `init_std`; norms at 1), made
     /// on `device`: what `folio bench --shape` runs, since speed and memory depend on shapes
     /// only. Seeded per tensor name, so two runs build the same model.
     pub fn random(cfg: &ModelConfig, device: &Device, dtype: DType, init_std: f64) -> Result<Self> {
-        let params = std::cell::Cell::new(0usize);
-        let make = |name: &str, shape: &[usize]| -> Result<Tensor> {
-            params.set(params.get() + shape.iter().product::<usize>());
-            if name.ends_with("norm.weight") {
-                return Ok(Tensor::ones(shape, dtype, device)?);
-            }
-            let seed = xxhash_rust::xxh3::xxh3_64(name.as_bytes());
-            let t = if device.is_cpu() {
-                // candle's CPU generator cannot be seeded: draw from a seeded one here.
-                let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed);
-                let n = shape.iter().product();
-                let x: Vec<f32> = (0..n).map(|_| crate::random::normal(&mut rng) * init_std as f32).collect();
-                Tensor::from_vec(x, shape, device)?
-            } else {
-                device.set_seed(seed)?;
-                Tensor::randn(0f32, init_std as f32, shape, device)?
-            };
-            Ok(t.to_dtype(dtype)?)
-        };
-        let mut model = Self::build(cfg, device, dtype, 0, &make)?;
-        model.params = params.get();
+        let source = RandomWeights::new(device, dtype, init_std);
+        let mut model = Self::build(cfg, device, dtype, 0, &source)?;
+        model.params = source.params();
         Ok(model)
     }
 
     /// The decoder from a source of named weights of the shapes `cfg` implies.
-    fn build(
-        cfg: &ModelConfig,
-        device: &Device,
-        dtype: DType,
-        params: usize,
-        get: &dyn Fn(&str, &[usize]) -> Result<Tensor>,
-    ) -> Result<Self> {
+    fn build(cfg: &ModelConfig, device: &Device, dtype: DType, params: usize, src: &dyn WeightSource) -> Result<Self> {
         let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
         let (nq, nkv) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
-        let linear = |prefix: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
-            let w = get(&format!("{prefix}.weight"), &[out, inp])?;
-            let b = if bias { Some(get(&format!("{prefix}.bias"), &[out])?) } else { None };
-            Ok(Linear::new(w, b))
-        };
-        let embed = get("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+        let embed = src.tensor("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let p = format!("model.layers.{i}");
-            let norm = |n: &str, size: usize| get(&format!("{p}.{n}.weight"), &[size]);
+            let norm = |n: &str, size: usize| src.tensor(&format!("{p}.{n}.weight"), &[size]);
+            let linear = |n: &str, out: usize, inp: usize, bias: bool| src.linear(&format!("{p}.{n}"), out, inp, bias);
             layers.push(Layer {
                 input_norm: norm("input_layernorm", h)?,
                 post_attn_norm: norm("post_attention_layernorm", h)?,
-                qkv: stacked(&[
-                    linear(&format!("{p}.self_attn.q_proj"), nq, h, cfg.qkv_bias)?,
-                    linear(&format!("{p}.self_attn.k_proj"), nkv, h, cfg.qkv_bias)?,
-                    linear(&format!("{p}.self_attn.v_proj"), nkv, h, cfg.qkv_bias)?,
+                qkv: Qkv::new([
+                    linear("self_attn.q_proj", nq, h, cfg.qkv_bias)?,
+                    linear("self_attn.k_proj", nkv, h, cfg.qkv_bias)?,
+                    linear("self_attn.v_proj", nkv, h, cfg.qkv_bias)?,
                 ])?,
-                o: linear(&format!("{p}.self_attn.o_proj"), h, nq, false)?,
+                o: linear("self_attn.o_proj", h, nq, false)?,
                 q_norm: if cfg.qk_norm { Some(norm("self_attn.q_norm", hd)?) } else { None },
                 k_norm: if cfg.qk_norm { Some(norm("self_attn.k_norm", hd)?) } else { None },
-                gate: linear(&format!("{p}.mlp.gate_proj"), inter, h, false)?,
-                up: linear(&format!("{p}.mlp.up_proj"), inter, h, false)?,
-                down: linear(&format!("{p}.mlp.down_proj"), h, inter, false)?,
+                gate: linear("mlp.gate_proj", inter, h, false)?,
+                up: linear("mlp.up_proj", inter, h, false)?,
+                down: linear("mlp.down_proj", h, inter, false)?,
             });
         }
-        let norm = get("model.norm.weight", &[h])?;
+        let norm = src.tensor("model.norm.weight", &[h])?;
         let lm_head = if cfg.tie_word_embeddings {
-            Linear::new(embed.clone(), None)
+            src.tied_head(&embed, cfg.vocab_size, h)?
         } else {
-            Linear::new(get("lm_head.weight", &[cfg.vocab_size, h])?, None)
+            src.linear("lm_head", cfg.vocab_size, h, false)?
         };
         Ok(Self {
             inv_freq: rope::inv_freq(hd, cfg.rope_theta, &cfg.rope_scaling),
@@ -289,17 +220,26 @@ impl Model {
             // More (a prefill chunk): a product per projection over its rows of the stacked
             // weight, whose outputs the head split reads as they are, where columns of one
             // product would each be copied out first.
-            let whole = (h.dim(0)? == 1).then(|| h.matmul(&layer.qkv.weight().t()?)).transpose()?;
-            let heads = |at: usize, n: usize| -> candle_core::Result<Tensor> {
-                let (from, width) = (at * hd, n * hd);
-                let y = match &whole {
-                    Some(y) => y.narrow(1, from, width)?,
-                    None => h.matmul(&layer.qkv.weight().narrow(0, from, width)?.t()?)?,
-                };
-                let bias = layer.qkv.bias().map(|b| b.narrow(0, from, width)).transpose()?;
-                folio_kernels::heads::split(&y, bias.as_ref(), n, hd)
+            let whole = match &layer.qkv {
+                Qkv::Stacked(w) if h.dim(0)? == 1 => Some(h.matmul(&w.weight().t()?)?),
+                _ => None,
             };
-            Ok((heads(0, nq)?, heads(nq, nkv)?, heads(nq + nkv, nkv)?))
+            let (at, widths) = ([0, nq, nq + nkv], [nq, nkv, nkv]);
+            let heads = |part: usize| -> candle_core::Result<Tensor> {
+                let (from, width) = (at[part] * hd, widths[part] * hd);
+                let (y, bias) = match &layer.qkv {
+                    Qkv::Stacked(w) => {
+                        let y = match &whole {
+                            Some(y) => y.narrow(1, from, width)?,
+                            None => h.matmul(&w.weight().narrow(0, from, width)?.t()?)?,
+                        };
+                        (y, w.bias().map(|b| b.narrow(0, from, width)).transpose()?)
+                    }
+                    Qkv::Parts(parts) => (parts[part].product(&h)?, parts[part].bias().cloned()),
+                };
+                folio_kernels::heads::split(&y, bias.as_ref(), widths[part], hd)
+            };
+            Ok((heads(0)?, heads(1)?, heads(2)?))
         })?;
         if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
             (q, k) = span(dev, "norms", || {

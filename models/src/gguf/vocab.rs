@@ -1,0 +1,190 @@
+//! A GGUF's `tokenizer.*` metadata → a `tokenizers` tokenizer and the chat template, so a lone
+//! `.gguf` needs no other file.
+//!
+//! llama.cpp's converter stores a byte-level BPE vocabulary (`tokenizer.ggml.model = gpt2`,
+//! what Llama 3, Qwen2/2.5/3 and most current models use) as the token strings in id order, their
+//! types (control tokens are the special ones), the merges, and the name of the
+//! pre-tokenizer's split pattern (`tokenizer.ggml.pre`). That is everything a `tokenizer.json`
+//! holds, so the tokenizer is built as one: the same crate then tokenizes GGUF and safetensors
+//! models alike. The pattern is chosen by name from the ones written below (the names and
+//! patterns llama.cpp uses); an unknown name is refused rather than guessed, since a wrong split
+//! changes every token id. SentencePiece vocabularies (`llama`: Llama 2, Mistral 7B v0.1–0.3)
+//! are refused with that said.
+
+use serde_json::{json, Value as Json};
+
+use super::GgufFile;
+use crate::error::Result;
+
+/// GPT-2's split (what a byte-level pre-tokenizer with `use_regex` applies).
+const GPT2_PRE: &[&str] = &["gpt-2"];
+/// Qwen2's split: Llama 3's with single digits.
+const QWEN2_PATTERN: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Llama 3's split: digits in runs of up to three.
+const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// `tokenizer.ggml.pre` names whose split is one of the patterns above.
+const PATTERNS: &[(&str, &str)] = &[
+    ("qwen2", QWEN2_PATTERN),
+    ("llama-bpe", LLAMA3_PATTERN),
+    ("llama3", LLAMA3_PATTERN),
+    ("smaug-bpe", LLAMA3_PATTERN),
+];
+
+/// llama.cpp's token types (`llama_token_type`): control tokens are special, user-defined ones
+/// are matched whole but are text.
+const TYPE_CONTROL: i64 = 3;
+const TYPE_USER_DEFINED: i64 = 4;
+
+/// Control tokens that end a turn, as llama.cpp also ends generation on them by their text.
+const END_OF_TURN: [&str; 8] =
+    ["<|eot_id|>", "<|im_end|>", "<|end_of_text|>", "<|endoftext|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "</s>"];
+
+/// The tokenizer and what goes with it.
+pub struct Vocab {
+    /// A `tokenizer.json` document for the `tokenizers` crate.
+    pub tokenizer_json: String,
+    /// BOS to put in front of raw text (`tokenizer.ggml.add_bos_token`).
+    pub bos_for_text: Option<u32>,
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+}
+
+impl GgufFile {
+    fn strings(&self, key: &str) -> Result<Option<Vec<&str>>> {
+        let Some(v) = self.metadata(key) else { return Ok(None) };
+        let list = v.to_vec().map_err(|_| self.error(format!("metadata {key} is not a list")))?;
+        list.iter()
+            .map(|s| {
+                s.to_string().map(String::as_str).map_err(|_| self.error(format!("metadata {key} holds a non-string")))
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+
+    fn tokens(&self) -> Result<Vec<&str>> {
+        self.strings("tokenizer.ggml.tokens")?.ok_or_else(|| {
+            self.error(
+                "it has no tokenizer (no tokenizer.ggml.tokens in its metadata); Folio needs a GGUF that carries \
+                 its vocabulary, as llama.cpp's converter writes it"
+                    .into(),
+            )
+        })
+    }
+
+    /// `(bos, eos ids)`: the file's BOS, and its EOS with the end-of-turn control tokens.
+    pub fn special_ids(&self) -> Result<(Option<u32>, Vec<u32>)> {
+        let id = |key: &str| -> Result<Option<u32>> { Ok(self.uint(key)?.map(|n| n as u32)) };
+        let bos = id("tokenizer.ggml.bos_token_id")?;
+        let mut eos: Vec<u32> =
+            ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"]
+                .iter()
+                .map(|k| id(k))
+                .collect::<Result<Vec<_>>>()?
+                .into_iter()
+                .flatten()
+                .collect();
+        if let (Ok(tokens), Some(types)) = (self.tokens(), self.token_types()?) {
+            for (i, t) in tokens.iter().enumerate() {
+                if types.get(i) == Some(&TYPE_CONTROL) && END_OF_TURN.contains(t) && !eos.contains(&(i as u32)) {
+                    eos.push(i as u32);
+                }
+            }
+        }
+        Ok((bos, eos))
+    }
+
+    fn token_types(&self) -> Result<Option<Vec<i64>>> {
+        let Some(v) = self.metadata("tokenizer.ggml.token_type") else { return Ok(None) };
+        let list = v.to_vec().map_err(|_| self.error("metadata tokenizer.ggml.token_type is not a list".into()))?;
+        list.iter()
+            .map(|x| {
+                x.to_i32()
+                    .map(i64::from)
+                    .map_err(|_| self.error("tokenizer.ggml.token_type holds a non-integer".into()))
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+
+    /// The chat template (`tokenizer.chat_template`), if the file has one.
+    pub fn chat_template(&self) -> Result<Option<String>> {
+        Ok(self.string("tokenizer.chat_template")?.map(str::to_owned))
+    }
+
+    /// The tokenizer, built from the vocabulary, merges and pre-tokenizer name.
+    pub fn vocab(&self) -> Result<Vocab> {
+        let tokens = self.tokens()?;
+        let model = self.string("tokenizer.ggml.model")?.unwrap_or("gpt2");
+        if model != "gpt2" {
+            return Err(self.error(format!(
+                "its tokenizer is \"{model}\" (SentencePiece: Llama 2, Mistral 7B v0.1-v0.3); Folio reads GGUF \
+                 vocabularies of byte-level BPE (gpt2: Llama 3, Qwen2/2.5/3, Mistral Nemo) — use that model's \
+                 safetensors folder instead"
+            )));
+        }
+        let merges = self
+            .strings("tokenizer.ggml.merges")?
+            .ok_or_else(|| self.error("its BPE tokenizer has no merges (tokenizer.ggml.merges)".into()))?;
+        let types = self.token_types()?.unwrap_or_default();
+        let pre = self.string("tokenizer.ggml.pre")?.unwrap_or("(none: a file from before llama.cpp named them)");
+        let pre_tokenizer = pre_tokenizer(pre).ok_or_else(|| {
+            self.error(format!(
+                "its pre-tokenizer \"{pre}\" is not one Folio knows ({}); a guessed split would change every \
+                 token id",
+                GPT2_PRE.iter().chain(PATTERNS.iter().map(|(n, _)| n)).copied().collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        let vocab: serde_json::Map<String, Json> =
+            tokens.iter().enumerate().map(|(i, t)| ((*t).to_owned(), json!(i))).collect();
+        let added: Vec<Json> = types
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| **t == TYPE_CONTROL || **t == TYPE_USER_DEFINED)
+            .filter_map(|(i, t)| {
+                tokens.get(i).map(|s| {
+                    json!({"id": i, "content": s, "single_word": false, "lstrip": false, "rstrip": false,
+                           "normalized": false, "special": *t == TYPE_CONTROL})
+                })
+            })
+            .collect();
+        let doc = json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": null,
+            "pre_tokenizer": pre_tokenizer,
+            "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                      "vocab": vocab, "merges": merges},
+        });
+        let (bos, _) = self.special_ids()?;
+        let name = |id: Option<u32>| id.and_then(|i| tokens.get(i as usize)).map(|s| (*s).to_owned());
+        let eos = self.uint("tokenizer.ggml.eos_token_id")?.map(|n| n as u32);
+        let adds_bos = match self.metadata("tokenizer.ggml.add_bos_token") {
+            Some(v) => v.to_bool().map_err(|_| self.error("tokenizer.ggml.add_bos_token is not a bool".into()))?,
+            None => false,
+        };
+        Ok(Vocab {
+            tokenizer_json: doc.to_string(),
+            bos_for_text: bos.filter(|_| adds_bos),
+            bos_token: name(bos),
+            eos_token: name(eos),
+        })
+    }
+}
+
+/// The `tokenizers` pre-tokenizer for llama.cpp's pre-tokenizer name.
+fn pre_tokenizer(name: &str) -> Option<Json> {
+    if GPT2_PRE.contains(&name) {
+        return Some(json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}));
+    }
+    let (_, pattern) = PATTERNS.iter().find(|(n, _)| *n == name)?;
+    Some(json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+    ]}))
+}
