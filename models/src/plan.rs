@@ -43,6 +43,30 @@ pub fn parameters(cfg: &ModelConfig) -> (usize, usize) {
     (total, read)
 }
 
+/// Bytes of a decoder of this shape's weights with `elem`-byte values, the projections (and an
+/// LM head) in `quantize`'s blocks when given, as [`crate::model::Model::random`] makes them.
+pub fn weight_bytes(cfg: &ModelConfig, elem: usize, quantize: Option<crate::model::Quantize>) -> u64 {
+    let (total, _) = parameters(cfg);
+    let Some(q) = quantize else { return (total * elem) as u64 };
+    let (h, hd, inter, v) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size);
+    let (nq, nkv) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
+    let dtype = q.dtype();
+    let quantized = |inp: usize, values: usize| inp.is_multiple_of(dtype.block_size()).then_some(values);
+    let mut projections = cfg.num_layers
+        * [quantized(h, h * nq + 2 * h * nkv + 2 * h * inter), quantized(nq, nq * h), quantized(inter, inter * h)]
+            .into_iter()
+            .flatten()
+            .sum::<usize>();
+    // A tied head is quantized apart from the embedding table it shares (an extra copy).
+    let extra_head = if cfg.tie_word_embeddings { quantized(h, v * h).unwrap_or(0) } else { 0 };
+    if !cfg.tie_word_embeddings {
+        projections += quantized(h, v * h).unwrap_or(0);
+    }
+    let q_bytes = (projections + extra_head) / dtype.block_size() * dtype.type_size();
+    let plain = total - projections;
+    (plain * elem + q_bytes) as u64
+}
+
 /// Host memory read by every core at once (threads summing their share of a `bytes` buffer,
 /// `rounds` times after a warm-up), bytes/s: the limit of work the CPU does over host rows.
 pub fn host_read_bandwidth(bytes: usize, rounds: usize) -> f64 {

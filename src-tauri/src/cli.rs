@@ -21,6 +21,8 @@ pub struct Common {
     pub model: Option<String>,
     pub device: String,
     pub dtype: String,
+    /// `--quantize`: q8_0 or q4k, for a safetensors model.
+    pub quantize: Option<String>,
 }
 
 impl Common {
@@ -52,8 +54,9 @@ impl Common {
     pub(crate) fn load(&self, spec: &str) -> Result<Engine> {
         let device = parse_device(&self.device)?;
         let dtype = parse_dtype(&self.dtype, &device)?;
+        let quantize = self.quantize.as_deref().map(folio_models::model::Quantize::parse).transpose()?;
         let bar = std::io::IsTerminal::is_terminal(&std::io::stderr()).then(download_bar).flatten();
-        let engine = Engine::load_with(spec, &device, dtype, &mut |p| {
+        let engine = Engine::load_quantized(spec, &device, dtype, quantize, &mut |p| {
             if let Some(bar) = &bar {
                 bar.set_length(p.total);
                 bar.set_position(p.done);

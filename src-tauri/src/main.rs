@@ -30,8 +30,8 @@ static ALLOCATOR: folio_runtime::alloc_guard::GuardedAlloc = folio_runtime::allo
 #[derive(Parser)]
 #[command(name = "folio", version, about = "Chat with a local LLM over whole document collections")]
 struct Cli {
-    /// Model: a Hugging Face model folder, a GGUF file (llama.cpp's, e.g. model-Q4_K_M.gguf), or a repo id (owner/name[@revision]) from the HF
-    /// cache or hub. The desktop window uses it too.
+    /// Model: a Hugging Face model folder, a GGUF file (llama.cpp's, e.g. model-Q4_K_M.gguf), or
+    /// a repo id (owner/name[@revision]) from the HF cache or hub. The desktop window uses it too.
     #[arg(long, global = true)]
     model: Option<String>,
     /// auto, cpu, cuda or cuda:N.
@@ -40,6 +40,10 @@ struct Cli {
     /// Compute dtype: auto (f32 on CPU, bf16 on GPU), f32, bf16 or f16.
     #[arg(long, global = true, default_value = "auto")]
     dtype: String,
+    /// Quantize a safetensors model's projections as it loads: q8_0 (about half of bf16's
+    /// memory) or q4k (about 30%); a context made with them must be read with them.
+    #[arg(long, global = true)]
+    quantize: Option<String>,
     /// Context files to open in the window (what the desktop passes when a .folio file is
     /// opened): each is verified and imported into the library.
     #[arg(value_name = "FILE.folio")]
@@ -95,7 +99,8 @@ fn main() {
     });
     let result = match args.command {
         Some(cmd) => {
-            let common = cli::Common { model: args.model, device: args.device, dtype: args.dtype };
+            let common =
+                cli::Common { model: args.model, device: args.device, dtype: args.dtype, quantize: args.quantize };
             match cmd {
                 Command::Chat(a) => cli::chat(&common, a),
                 Command::Prefill(a) => context_cmd::prefill(&common, a),

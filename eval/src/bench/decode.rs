@@ -36,8 +36,8 @@ use folio_models::device_name;
 use folio_models::error::{human_bytes, Error, Result};
 use folio_models::kv_cache::KvStore;
 use folio_models::kv_cache::OffloadKv;
-use folio_models::model::{Logits, Model};
-use folio_models::plan::{copy_bandwidth, host_read_bandwidth, parameters};
+use folio_models::model::{Logits, Model, Quantize};
+use folio_models::plan::{copy_bandwidth, host_read_bandwidth, parameters, weight_bytes};
 use folio_runtime::device::{host_to_device_rate, keep_pool, MemorySampler};
 use folio_runtime::host_memory::{huge_page_bytes, peak_rss, reset_peak_rss};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -67,6 +67,9 @@ pub struct DecodeBench {
     pub methods: Vec<MethodChoice>,
     /// Device memory the run may use; `None`: the whole device.
     pub vram_budget: Option<u64>,
+    /// The weights each round of methods decodes with: `None` in the compute dtype, else the
+    /// projections quantized (`--weights bf16,q8_0,q4k`); one model at a time over the same K/V.
+    pub weights: Vec<Option<Quantize>>,
     /// Decode steps timed (their mean leads the report), after `warmup` steps.
     pub steps: usize,
     pub warmup: usize,
@@ -197,6 +200,10 @@ pub struct DecodeReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub learned: Option<serde_json::Value>,
     pub parameters: usize,
+    /// The weights' format (`bf16`, or the projections' quantisation `Q4_K`, `Q8_0`) and the
+    /// bytes of them a step reads (the floor's weights term).
+    pub weights: String,
+    pub weight_bytes_per_step: f64,
     /// The mean counts steps that rebuild a method's state (HiP's refresh every few steps).
     pub decode_ms_mean: f64,
     pub decode_ms_median: f64,
@@ -290,10 +297,11 @@ pub fn run<E: From<Error>>(
 
     // The plan, before any allocation.
     let sampler = MemorySampler::start(device).map_err(Error::from)?;
-    let (param_count, read_params) = parameters(&cfg);
+    let (param_count, _) = parameters(&cfg);
     let index = methods.iter().map(|m| m.2.resident_bytes).max().unwrap_or(0);
     let tail = cfg.kv_bytes_per_token(elem) as u64 * (a.warmup + a.steps + profiled) as u64;
-    let (planned, budget) = plan_memory(&sampler, &cfg, elem, index, tail, a.context, a.vram_budget)?;
+    let weights = a.weights.iter().map(|w| weight_bytes(&cfg, elem, *w)).max().unwrap_or(0);
+    let (planned, budget) = plan_memory(&sampler, &cfg, weights, index, tail, a.context, a.vram_budget)?;
 
     if let Some(b) = budget {
         keep_pool(device, b).map_err(Error::from)?;
@@ -301,15 +309,15 @@ pub fn run<E: From<Error>>(
     let bandwidths = bandwidths(device)?;
     // Peak RSS from here on: the bandwidth buffers above are not the run's memory.
     reset_peak_rss();
-    let model = Model::random(&cfg, device, dtype, INIT_STD)?;
     let (mut kv, fill_s) = fill_kv(&cfg, a.context, kv_dtype, dtype, device)?;
     kv.reserve(longest)?;
-    let facts = RunFacts {
+    let mut facts = RunFacts {
         shape: shape.display().to_string(),
         device: device_name(device),
         context: a.context,
         parameters: param_count,
-        weight_bytes: (read_params * elem) as f64,
+        weights: String::new(),
+        weight_bytes: 0.0,
         link_scale,
         bandwidths,
         planned,
@@ -318,32 +326,40 @@ pub fn run<E: From<Error>>(
         kv_dtype,
         host_kv_bytes: kv.host_bytes(),
     };
-    for measured @ (_, method, _) in &methods {
-        kv.set_len(a.context)?;
-        method.reset();
-        // Peaks per method, from what is in use now (which includes what the memory pool kept
-        // from an earlier method: an upper bound, never less than the method's own).
-        sampler.reset();
-        reset_peak_rss();
-        let token = rng.random_range(0..cfg.vocab_size as u32);
-        let (mut times, first_step_s, token) = time_steps(&model, &mut kv, method.as_ref(), token, a.warmup, a.steps)?;
-        times.sort_by(f64::total_cmp);
-        // The profile's steps (if any) run before the peak is read: they are held to the budget too.
-        let (profile, first_step_profile) = match a.profile {
-            true => profiles(&model, &mut kv, method.as_ref(), token, a.context).map(|(p, f)| (Some(p), Some(f)))?,
-            false => (None, None),
-        };
-        let timed = Timed { times, first_step_s, peak: sampler.peak(), profile, first_step_profile };
-        let peak = timed.peak;
-        on_report(&facts.report(measured, timed))?;
-        // The next method starts from the weights and the host tier alone: this one's index
-        // and resident layers would otherwise count against its memory.
-        method.end_conversation();
-        kv.drop_resident();
-        if let (Some(p), Some(b)) = (peak, budget) {
-            if p > b {
-                let (p, b) = (human_bytes(p), human_bytes(b));
-                return Err(Error::Invalid(format!("peak device memory {p} exceeded the {b} budget")).into());
+    for w in &a.weights {
+        let model = Model::random(&cfg, device, dtype, INIT_STD, *w)?;
+        facts.weights = w.map_or_else(|| format!("{dtype:?}").to_lowercase(), |q| q.name().to_owned());
+        facts.weight_bytes = model.weight_bytes_per_step() as f64;
+        for measured @ (_, method, _) in &methods {
+            kv.set_len(a.context)?;
+            method.reset();
+            // Peaks per method, from what is in use now (which includes what the memory pool kept
+            // from an earlier method: an upper bound, never less than the method's own).
+            sampler.reset();
+            reset_peak_rss();
+            let token = rng.random_range(0..cfg.vocab_size as u32);
+            let (mut times, first_step_s, token) =
+                time_steps(&model, &mut kv, method.as_ref(), token, a.warmup, a.steps)?;
+            times.sort_by(f64::total_cmp);
+            // The profile's steps (if any) run before the peak is read: they are held to the budget too.
+            let (profile, first_step_profile) = match a.profile {
+                true => {
+                    profiles(&model, &mut kv, method.as_ref(), token, a.context).map(|(p, f)| (Some(p), Some(f)))?
+                }
+                false => (None, None),
+            };
+            let timed = Timed { times, first_step_s, peak: sampler.peak(), profile, first_step_profile };
+            let peak = timed.peak;
+            on_report(&facts.report(measured, timed))?;
+            // The next method starts from the weights and the host tier alone: this one's index
+            // and resident layers would otherwise count against its memory.
+            method.end_conversation();
+            kv.drop_resident();
+            if let (Some(p), Some(b)) = (peak, budget) {
+                if p > b {
+                    let (p, b) = (human_bytes(p), human_bytes(b));
+                    return Err(Error::Invalid(format!("peak device memory {p} exceeded the {b} budget")).into());
+                }
             }
         }
     }
@@ -356,7 +372,8 @@ struct RunFacts {
     device: String,
     context: usize,
     parameters: usize,
-    /// Bytes of the weights a step reads.
+    /// The weights' format (`bf16`, `Q4_K`, `Q8_0`) and the bytes of them a step reads.
+    weights: String,
     weight_bytes: f64,
     /// Bytes a stored K/V row takes over the compute dtype's.
     link_scale: f64,
@@ -398,6 +415,8 @@ impl RunFacts {
             settings: method.settings(),
             learned: method.learned(),
             parameters: self.parameters,
+            weights: self.weights.clone(),
+            weight_bytes_per_step: self.weight_bytes,
             decode_ms_mean: mean,
             decode_ms_median: median,
             decode_ms_p10: percentile(times, 0.1),
@@ -558,7 +577,7 @@ fn time_steps(
 fn plan_memory(
     sampler: &MemorySampler,
     cfg: &ModelConfig,
-    elem: usize,
+    weights: u64,
     index: u64,
     tail: u64,
     context: usize,
@@ -568,7 +587,6 @@ fn plan_memory(
         Some((used, total)) => (used, Some(total)),
         None => (0, None),
     };
-    let weights = (parameters(cfg).0 * elem) as u64;
     let scores = (cfg.num_heads * context * 4 * 2) as u64;
     let planned = baseline + weights + index + tail + scores + WORKSPACE_BYTES;
     let budget = vram_budget.or(total_device);

@@ -172,7 +172,7 @@ impl Subject {
     pub fn random(shape: &Path, device: &Device, dtype: DType, positions: usize) -> Result<Self> {
         let mut cfg = ModelConfig::from_file(shape)?;
         cfg.max_position_embeddings = cfg.max_position_embeddings.max(positions);
-        let model = Model::random(&cfg, device, dtype, INIT_STD)?;
+        let model = Model::random(&cfg, device, dtype, INIT_STD, None)?;
         let name = shape.file_stem().map_or("shape".into(), |s| s.to_string_lossy().into_owned());
         let fingerprint = cfg.fingerprint("none".into(), "random".into(), None)?;
         let stamp = ModelStamp { name: name.clone(), source: shape.display().to_string(), fingerprint };

@@ -22,14 +22,8 @@ use crate::error::{Error, Result};
 use crate::generate::{self, GenerateParams, Generation, GenerationConfig};
 use crate::gguf::{GgufFile, Quantization};
 use crate::loader::{self, ModelFiles, ModelSource};
-use crate::model::Model;
+use crate::model::{Model, Quantize};
 use crate::tokenizer::Tokenizer;
-
-/// What a GGUF engine knows of its file beyond the model.
-struct GgufFacts {
-    quantization: Quantization,
-    tokenizer_checksum: String,
-}
 
 /// Tokens per forward pass when scoring a text (bounds the `[chunk, vocab]` logits).
 const PERPLEXITY_CHUNK: usize = 512;
@@ -45,9 +39,11 @@ pub struct Engine {
     /// home), read when the model's folder has none; see [`Engine::calibration_dir`].
     calibrations: std::sync::OnceLock<std::path::PathBuf>,
     pub files: ModelFiles,
-    /// A GGUF model's weights' quantisation and its tokenizer's checksum (the tokenizer has no
-    /// file of its own to hash); `None` for a Hugging Face model.
-    gguf: Option<GgufFacts>,
+    /// The weights' quantisation: a GGUF file's, or what `--quantize` made of a safetensors
+    /// model's; `None` for weights in the model's dtype.
+    quantization: Option<Quantization>,
+    /// A GGUF's tokenizer checksum (the tokenizer has no file of its own to hash).
+    gguf_tokenizer: Option<String>,
     pub model: Model,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
@@ -79,8 +75,20 @@ impl Engine {
         dtype: DType,
         on_download: &mut dyn FnMut(&crate::download::DownloadProgress) -> std::ops::ControlFlow<()>,
     ) -> Result<Self> {
+        Self::load_quantized(spec, device, dtype, None, on_download)
+    }
+
+    /// [`Engine::load_with`], a safetensors model's projections quantized to `quantize` as
+    /// they load (`--quantize`; a GGUF is quantized already and refuses it).
+    pub fn load_quantized(
+        spec: &str,
+        device: &Device,
+        dtype: DType,
+        quantize: Option<Quantize>,
+        on_download: &mut dyn FnMut(&crate::download::DownloadProgress) -> std::ops::ControlFlow<()>,
+    ) -> Result<Self> {
         let started = std::time::Instant::now();
-        let loaded = Self::load_files(spec, device, dtype, on_download);
+        let loaded = Self::load_files(spec, device, dtype, quantize, on_download);
         match &loaded {
             Ok(e) => tracing::info!(
                 model = %e.name, source = spec, device = ?device.location(), ?dtype,
@@ -96,12 +104,21 @@ impl Engine {
         spec: &str,
         device: &Device,
         dtype: DType,
+        quantize: Option<Quantize>,
         on_download: &mut dyn FnMut(&crate::download::DownloadProgress) -> std::ops::ControlFlow<()>,
     ) -> Result<Self> {
         let source = ModelSource::parse(spec)?;
         let hf = match ModelFiles::resolve_with(&source, on_download)? {
             ModelFiles::Hf(files) => files,
-            ModelFiles::Gguf(path) => return Self::load_gguf(&source, spec, &path, device, dtype),
+            ModelFiles::Gguf(path) if quantize.is_none() => {
+                return Self::load_gguf(&source, spec, &path, device, dtype)
+            }
+            ModelFiles::Gguf(path) => {
+                return Err(Error::Invalid(format!(
+                    "{} is a GGUF file, quantized already: --quantize applies to safetensors models",
+                    path.display()
+                )))
+            }
         };
         let files = hf.clone();
         let cfg = ModelConfig::from_file(&files.config)?;
@@ -111,14 +128,24 @@ impl Engine {
             Some(p) => GenerationConfig::from_file(p)?,
             None => GenerationConfig::default(),
         };
-        let model = Model::load(&cfg, &files.weights, device, dtype)?;
+        let model = Model::load(&cfg, &files.weights, device, dtype, quantize)?;
+        let quantization = quantize.map(|q| {
+            let census = model.weights();
+            Quantization {
+                name: format!("{} (quantized on load)", q.name()),
+                bits_per_weight: census.bits_per_weight(),
+                weight_bytes: census.bytes,
+                tensor_types: census.types,
+            }
+        });
         Ok(Self {
             name: source.display_name(),
             source: spec.to_owned(),
             stamp: std::sync::OnceLock::new(),
             calibrations: std::sync::OnceLock::new(),
             files: ModelFiles::Hf(hf),
-            gguf: None,
+            quantization,
+            gguf_tokenizer: None,
             model,
             tokenizer,
             chat_template,
@@ -149,10 +176,8 @@ impl Engine {
             stamp: std::sync::OnceLock::new(),
             calibrations: std::sync::OnceLock::new(),
             files: ModelFiles::Gguf(path.to_owned()),
-            gguf: Some(GgufFacts {
-                quantization: file.quantization(),
-                tokenizer_checksum: folio_context_file::format::checksum(vocab.tokenizer_json.as_bytes()),
-            }),
+            quantization: Some(file.quantization()),
+            gguf_tokenizer: Some(folio_context_file::format::checksum(vocab.tokenizer_json.as_bytes())),
             model,
             tokenizer,
             chat_template,
@@ -164,10 +189,10 @@ impl Engine {
         self.model.config()
     }
 
-    /// A GGUF model's quantisation (`None` for a Hugging Face model, whose weights are what
-    /// config.json's dtype says).
+    /// The weights' quantisation: a GGUF's, or `--quantize`'s (`None`: the weights are in the
+    /// model's dtype).
     pub fn quantization(&self) -> Option<&Quantization> {
-        self.gguf.as_ref().map(|g| &g.quantization)
+        self.quantization.as_ref()
     }
 
     /// The folder holding the model (and Folio's files about it).
@@ -181,13 +206,13 @@ impl Engine {
             return Ok(stamp);
         }
         let cfg = self.config();
-        let (tokenizer, weights) = match (&self.files, &self.gguf) {
+        let (tokenizer, weights) = match (&self.files, &self.gguf_tokenizer) {
             (ModelFiles::Hf(files), _) => {
                 let tokenizer = std::fs::read(&files.tokenizer).map_err(|e| Error::io(&files.tokenizer, e))?;
                 (folio_context_file::format::checksum(&tokenizer), loader::weights_hash(&files.weights)?)
             }
-            (ModelFiles::Gguf(path), Some(facts)) => (facts.tokenizer_checksum.clone(), crate::gguf::file_hash(path)?),
-            (ModelFiles::Gguf(_), None) => return Err(Error::Invalid("a GGUF engine without its facts".into())),
+            (ModelFiles::Gguf(path), Some(tokenizer)) => (tokenizer.clone(), crate::gguf::file_hash(path)?),
+            (ModelFiles::Gguf(_), None) => return Err(Error::Invalid("a GGUF engine without its tokenizer".into())),
         };
         let stamp = ModelStamp {
             name: self.name.clone(),

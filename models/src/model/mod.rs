@@ -10,6 +10,7 @@
 use std::path::Path;
 
 mod proj;
+mod quantize;
 mod sources;
 
 use candle_core::{DType, Device, Tensor, D};
@@ -22,6 +23,8 @@ use crate::kv_cache::{DenseKv, KvStore};
 use crate::profile::span;
 use crate::rope;
 use proj::{Proj, Qkv};
+pub use quantize::Quantize;
+use quantize::Quantizing;
 use sources::{GgufWeights, RandomWeights, SafetensorsWeights, WeightSource};
 
 struct Layer {
@@ -48,6 +51,46 @@ pub enum Logits {
     All,
 }
 
+/// Values, bytes and tensor types of a model's weights as they sit in memory.
+#[derive(Debug, Clone, Default)]
+pub struct WeightCensus {
+    pub values: usize,
+    pub bytes: u64,
+    /// Tensors of each type (`BF16`, `Q4_K`, …).
+    pub types: std::collections::BTreeMap<String, usize>,
+}
+
+impl WeightCensus {
+    fn add_tensor(&mut self, t: &Tensor) {
+        self.values += t.elem_count();
+        self.bytes += (t.elem_count() * t.dtype().size_in_bytes()) as u64;
+        *self.types.entry(format!("{:?}", t.dtype()).to_uppercase()).or_insert(0) += 1;
+    }
+
+    fn add(&mut self, p: &Proj) {
+        match p {
+            Proj::Dense(l) => self.add_tensor(l.weight()),
+            Proj::Quant { weight, .. } => {
+                self.values += weight.shape().elem_count();
+                self.bytes += weight.storage_size_in_bytes() as u64;
+                *self.types.entry(crate::gguf::dtype_name(weight.dtype()).to_owned()).or_insert(0) += 1;
+            }
+        }
+        if let Some(b) = p.bias() {
+            self.add_tensor(b);
+        }
+    }
+
+    /// Bits per weight over all of them.
+    pub fn bits_per_weight(&self) -> f64 {
+        if self.values == 0 {
+            0.0
+        } else {
+            8.0 * self.bytes as f64 / self.values as f64
+        }
+    }
+}
+
 pub struct Model {
     cfg: ModelConfig,
     embed: Tensor,
@@ -61,11 +104,21 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads weights from safetensors `files` (one file or all shards) onto `device` as `dtype`.
-    pub fn load(cfg: &ModelConfig, files: &[impl AsRef<Path>], device: &Device, dtype: DType) -> Result<Self> {
+    /// Loads weights from safetensors `files` (one file or all shards) onto `device` as `dtype`,
+    /// the projections quantized when `quantize` says so.
+    pub fn load(
+        cfg: &ModelConfig,
+        files: &[impl AsRef<Path>],
+        device: &Device,
+        dtype: DType,
+        quantize: Option<Quantize>,
+    ) -> Result<Self> {
         let source = SafetensorsWeights::open(files, device, dtype)?;
         let params = source.params;
-        Self::build(cfg, device, dtype, params, &source)
+        match quantize {
+            Some(q) => Self::build(cfg, device, dtype, params, &Quantizing::new(&source, q)),
+            None => Self::build(cfg, device, dtype, params, &source),
+        }
     }
 
     /// Loads a GGUF file's weights onto `device`: quantized matrices stay quantized, the rest
@@ -78,10 +131,21 @@ impl Model {
     /// A model of `cfg`'s shape with random weights (normal, std `init_std`; norms at 1), made
     /// on `device`: what `folio bench --shape` runs, since speed and memory depend on shapes
     /// only. Seeded per tensor name, so two runs build the same model.
-    pub fn random(cfg: &ModelConfig, device: &Device, dtype: DType, init_std: f64) -> Result<Self> {
+    /// With `quantize`, the projections are quantized, one draw per kind of projection copied
+    /// into every layer (quantizing is the slow part of making the model).
+    pub fn random(
+        cfg: &ModelConfig,
+        device: &Device,
+        dtype: DType,
+        init_std: f64,
+        quantize: Option<Quantize>,
+    ) -> Result<Self> {
         let source = RandomWeights::new(device, dtype, init_std);
-        let mut model = Self::build(cfg, device, dtype, 0, &source)?;
-        model.params = source.params();
+        let mut model = match quantize {
+            Some(q) => Self::build(cfg, device, dtype, 0, &Quantizing::sharing_draws(&source, q))?,
+            None => Self::build(cfg, device, dtype, 0, &source)?,
+        };
+        model.params = model.weights().values;
         Ok(model)
     }
 
@@ -145,6 +209,39 @@ impl Model {
     /// Parameters stored in the checkpoint.
     pub fn parameters(&self) -> usize {
         self.params
+    }
+
+    /// Bytes of the weights a decode step reads: all but the embedding table (one row of it),
+    /// unless the LM head is that table.
+    pub fn weight_bytes_per_step(&self) -> u64 {
+        let head_is_embed = self.cfg.tie_word_embeddings && self.lm_head.dense().is_some();
+        let embed = (self.embed.elem_count() * self.embed.dtype().size_in_bytes()) as u64;
+        self.weights().bytes - if head_is_embed { 0 } else { embed }
+    }
+
+    /// What the weights hold in memory: values, bytes, and tensors of each type.
+    pub fn weights(&self) -> WeightCensus {
+        let mut census = WeightCensus::default();
+        census.add_tensor(&self.embed);
+        census.add_tensor(&self.norm);
+        for l in &self.layers {
+            for t in [Some(&l.input_norm), Some(&l.post_attn_norm), l.q_norm.as_ref(), l.k_norm.as_ref()]
+                .into_iter()
+                .flatten()
+            {
+                census.add_tensor(t);
+            }
+            match &l.qkv {
+                Qkv::Stacked(w) => census.add(&Proj::Dense(w.clone())),
+                Qkv::Parts(parts) => parts.iter().for_each(|p| census.add(p)),
+            }
+            [&l.o, &l.gate, &l.up, &l.down].into_iter().for_each(|p| census.add(p));
+        }
+        // A tied head in the model's dtype is the embedding matrix itself.
+        if !(self.cfg.tie_word_embeddings && self.lm_head.dense().is_some()) {
+            census.add(&self.lm_head);
+        }
+        census
     }
 
     /// An empty dense KV store shaped for this model.

@@ -9,10 +9,14 @@
 use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor};
-use candle_core::{DType, Module, Tensor};
+use candle_core::{DType, Module, Tensor, D};
 use candle_nn::Linear;
 
 use crate::error::{Error, Result};
+
+/// Rows of activations up to which a GPU product runs candle's quantized matrix-vector kernels
+/// (its limit), above which the matrix is dequantized for cuBLAS.
+const GPU_VECTOR_ROWS: usize = 8;
 
 pub enum Proj {
     Dense(Linear),
@@ -26,13 +30,23 @@ impl Proj {
 
     /// `x @ W^T` without the bias, in `x`'s dtype.
     pub fn product(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match self {
-            Self::Dense(l) => x.matmul(&l.weight().t()?),
-            Self::Quant { weight, .. } => {
-                let y = QMatMul::QTensor(weight.clone()).forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
-                y.to_dtype(x.dtype())
-            }
+        let weight = match self {
+            Self::Dense(l) => return x.matmul(&l.weight().t()?),
+            Self::Quant { weight, .. } => weight,
+        };
+        let rows = x.elem_count() / x.dim(D::Minus1)?.max(1);
+        if x.device().is_cpu() {
+            // candle's CPU kernels read f32 activations.
+            let y = QMatMul::QTensor(weight.clone()).forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
+            return y.to_dtype(x.dtype());
         }
+        if rows <= GPU_VECTOR_ROWS {
+            // A decode step: candle's matrix-vector kernels read the blocks as stored.
+            return QMatMul::QTensor(weight.clone()).forward(&x.contiguous()?)?.to_dtype(x.dtype());
+        }
+        // A prefill chunk: the matrix dequantized once and multiplied by cuBLAS (llama.cpp does
+        // the same for large batches; candle's batched quantized kernel gave NaN here).
+        x.matmul(&weight.dequantize(x.device())?.to_dtype(x.dtype())?.t()?)
     }
 
     pub fn bias(&self) -> Option<&Tensor> {

@@ -30,6 +30,9 @@ pub trait WeightSource {
     fn tied_head(&self, embed: &Tensor, _vocab: usize, _hidden: usize) -> Result<Proj> {
         Ok(Proj::Dense(Linear::new(embed.clone(), None)))
     }
+
+    /// The device the weights are made on.
+    fn device(&self) -> Device;
 }
 
 fn check_shape(name: &str, t: Tensor, shape: &[usize], source: &str) -> Result<Tensor> {
@@ -74,29 +77,27 @@ impl WeightSource for SafetensorsWeights {
         let t = self.st.load(name, &self.device)?.to_dtype(self.dtype)?;
         check_shape(name, t, shape, "config.json")
     }
+
+    fn device(&self) -> Device {
+        self.device.clone()
+    }
 }
 
-/// Seeded normal weights (norms at 1), counting the parameters made.
+/// Seeded normal weights (norms at 1).
 pub struct RandomWeights {
     device: Device,
     dtype: DType,
     init_std: f64,
-    params: std::cell::Cell<usize>,
 }
 
 impl RandomWeights {
     pub fn new(device: &Device, dtype: DType, init_std: f64) -> Self {
-        Self { device: device.clone(), dtype, init_std, params: std::cell::Cell::new(0) }
-    }
-
-    pub fn params(&self) -> usize {
-        self.params.get()
+        Self { device: device.clone(), dtype, init_std }
     }
 }
 
 impl WeightSource for RandomWeights {
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        self.params.set(self.params.get() + shape.iter().product::<usize>());
         if name.ends_with("norm.weight") {
             return Ok(Tensor::ones(shape, self.dtype, &self.device)?);
         }
@@ -112,6 +113,10 @@ impl WeightSource for RandomWeights {
             Tensor::randn(0f32, self.init_std as f32, shape, &self.device)?
         };
         Ok(t.to_dtype(self.dtype)?)
+    }
+
+    fn device(&self) -> Device {
+        self.device.clone()
     }
 }
 
@@ -177,5 +182,9 @@ impl WeightSource for GgufWeights<'_> {
     /// The embedding matrix as stored (quantized in most files) multiplies the head.
     fn tied_head(&self, _embed: &Tensor, vocab: usize, hidden: usize) -> Result<Proj> {
         self.projection("token_embd.weight", None, &[vocab, hidden], None)
+    }
+
+    fn device(&self) -> Device {
+        self.device.clone()
     }
 }

@@ -10,6 +10,7 @@ use folio_eval::bench::decode::{self, DecodeBench, DecodeReport, PCIE4_X16};
 use folio_models::attention::MethodChoice;
 use folio_models::context::KvDtype;
 use folio_models::error::human_bytes;
+use folio_models::model::Quantize;
 
 use crate::cli::Common;
 use crate::context_cmd::parse_bytes;
@@ -29,6 +30,11 @@ pub struct ShapeBenchArgs {
     /// Device memory this run may use, e.g. 24GiB (a consumer card); default: the whole device.
     #[arg(long)]
     vram_budget: Option<String>,
+    /// The weights, comma-separated, each decoding every method in turn over the same K/V:
+    /// the compute dtype (bf16 on a GPU; `bf16` or `plain`), or random weights quantized as a
+    /// GGUF file holds them (q8_0, q4k: the projections in ggml blocks).
+    #[arg(long, value_delimiter = ',', default_values_t = [String::from("plain")])]
+    weights: Vec<String>,
     /// Decode steps timed (their mean leads the report), after the warm-up steps.
     #[arg(long, default_value_t = 32)]
     steps: usize,
@@ -56,6 +62,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
         context: a.context,
         methods: a.methods,
         vram_budget: a.vram_budget.as_deref().map(parse_bytes).transpose()?,
+        weights: a.weights.iter().map(|w| parse_weights(w)).collect::<Result<_>>()?,
         steps: a.steps,
         warmup: a.warmup,
         kv_dtype: a.kv_dtype,
@@ -65,6 +72,14 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
     decode::run(&device, &bench, |r| print_report(r, a.json, a.steps))
 }
 
+/// `plain`/`bf16`/`f32`: the compute dtype; otherwise a quantisation.
+fn parse_weights(s: &str) -> Result<Option<Quantize>> {
+    match s {
+        "plain" | "bf16" | "f32" | "f16" => Ok(None),
+        other => Ok(Some(Quantize::parse(other)?)),
+    }
+}
+
 fn print_report(r: &DecodeReport, json: bool, steps: usize) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string(r)?);
@@ -72,8 +87,15 @@ fn print_report(r: &DecodeReport, json: bool, steps: usize) -> Result<()> {
     }
     let opt = |b: Option<u64>| b.map_or("n/a".into(), human_bytes);
     println!(
-        "{} on {}: {} parameters, context {} tokens, {} ({})",
-        r.shape, r.device, r.parameters, r.context, r.method, r.settings
+        "{} on {}: {} parameters, {} weights ({} a step), context {} tokens, {} ({})",
+        r.shape,
+        r.device,
+        r.parameters,
+        r.weights,
+        human_bytes(r.weight_bytes_per_step as u64),
+        r.context,
+        r.method,
+        r.settings
     );
     println!(
         "  copy bandwidth {:.0} GB/s, host link {:.1} GB/s, host read {:.1} GB/s (measured now); K/V fill {:.1} s; first step {:.2} s",
