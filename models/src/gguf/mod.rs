@@ -15,6 +15,7 @@
 //! tensor's extent before anything is mapped.
 
 pub mod config;
+pub mod scan;
 pub mod tensors;
 pub mod vocab;
 

@@ -244,6 +244,9 @@ struct ModelFacts {
     /// Its fingerprint as the library stores it: a context whose model has another one was
     /// made by another model (and cannot be opened with this one).
     fingerprint: Option<String>,
+    /// A GGUF's (or `--quantize`'s) quantisation, bits per weight and bytes; `None` for weights
+    /// in the model's dtype.
+    quantization: Option<folio_models::gguf::Quantization>,
 }
 
 /// K/V bytes one token of context takes in `cfg`'s model, stored as the window stores it.
@@ -277,6 +280,7 @@ fn app_info(state: State<'_, AppState>) -> AppInfo {
                 max_context: cfg.max_position_embeddings,
                 kv_bytes_per_token: kv_bytes_per_token(cfg),
                 fingerprint: e.stamp().ok().and_then(|st| serde_json::to_string(&st.fingerprint).ok()),
+                quantization: e.quantization().cloned(),
             }
         }),
     }
@@ -504,6 +508,7 @@ pub fn run(
             models::models,
             models::load_model,
             models::pick_model_folder,
+            models::pick_model_file,
             server::server_status,
             server::set_server,
             server::reveal_logs,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use folio_library::Library;
+use folio_models::gguf::scan::{self, GgufListing};
 use folio_models::loader::{self, CachedModel};
 use folio_models::session::Session;
 use folio_models::Engine;
@@ -38,6 +39,9 @@ pub(super) struct ModelChoices {
     cached: Vec<CachedModel>,
     /// The models of the library's contexts.
     library: Vec<LibraryModel>,
+    /// GGUF files in LM Studio's and Jan's model folders, each with its facts or why Folio
+    /// cannot run it.
+    gguf: Vec<GgufListing>,
 }
 
 #[tauri::command]
@@ -47,8 +51,15 @@ pub(super) async fn models(state: State<'_, AppState>) -> Result<ModelChoices, S
         Err(_) => Vec::new(),
     };
     let cached = tauri::async_runtime::spawn_blocking(loader::cached_models).await.map_err(|e| e.to_string())?;
+    let gguf = tauri::async_runtime::spawn_blocking(|| match std::env::var_os("HOME") {
+        Some(home) => scan::scan(&scan::app_folders(std::path::Path::new(&home))),
+        None => Vec::new(),
+    })
+    .await
+    .map_err(|e| e.to_string())?;
     Ok(ModelChoices {
         cached,
+        gguf,
         library: library
             .into_iter()
             .map(|(m, contexts)| LibraryModel {
@@ -67,8 +78,8 @@ pub(super) async fn models(state: State<'_, AppState>) -> Result<ModelChoices, S
 pub(super) async fn load_model(state: State<'_, AppState>, spec: String) -> Result<AppInfo, String> {
     let spec = spec.trim().to_owned();
     if spec.is_empty() {
-        return Err("name a model: a folder with config.json, tokenizer.json and safetensors weights, or a \
-                    Hugging Face repo id (owner/name)"
+        return Err("name a model: a folder with config.json, tokenizer.json and safetensors weights, a GGUF \
+                    file, or a Hugging Face repo id (owner/name)"
             .into());
     }
     let (device, dtype) = state.compute()?;
@@ -126,6 +137,25 @@ pub(super) async fn pick_model_folder(
     .map_err(|e| e.to_string())?;
     match picked.and_then(|p| p.into_path().ok()) {
         Some(folder) => load_model(state, folder.display().to_string()).await.map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The native file dialog for a GGUF file, then [`load_model`] on it; `None` when cancelled.
+#[tauri::command]
+pub(super) async fn pick_model_file(app: tauri::AppHandle, state: State<'_, AppState>) -> Result<Option<AppInfo>, String> {
+    use tauri_plugin_dialog::DialogExt;
+    let picked = tauri::async_runtime::spawn_blocking(move || {
+        app.dialog()
+            .file()
+            .set_title("Choose a GGUF model file")
+            .add_filter("GGUF model", &[folio_models::gguf::EXTENSION])
+            .blocking_pick_file()
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    match picked.and_then(|p| p.into_path().ok()) {
+        Some(file) => load_model(state, file.display().to_string()).await.map(Some),
         None => Ok(None),
     }
 }

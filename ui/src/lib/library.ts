@@ -47,10 +47,11 @@ import type { CalibrationStatus } from './bindings/CalibrationStatus';
 import type { CachedModel } from './bindings/CachedModel';
 import type { LibraryModel } from './bindings/LibraryModel';
 import type { ModelChoices } from './bindings/ModelChoices';
+import type { GgufListing } from './bindings/GgufListing';
 
 // The types the Rust side sends and takes, generated from its structs (ui/src/lib/bindings,
 // src-tauri/src/gui/bindings.rs): re-exported so that components import them from here.
-export type { ContextInfo, DocumentInfo, StagedDocument, Skip, Staged, Estimate, Progress, JobState, JobView, UiEvent, ChangeRequest, Imported, MethodChoice, MethodSpec, GenerationSettings, OpenedChat, Piece, DocumentExcerpts, EngineSettings, DeviceChoice, EngineView, PlanView, StoredIndex, CalibrationStatus, CachedModel, LibraryModel, ModelChoices, ServerStatus, Lookup, DownloadView, DownloadProgress, Choices, Choice, MeasureProgress };
+export type { ContextInfo, DocumentInfo, StagedDocument, Skip, Staged, Estimate, Progress, JobState, JobView, UiEvent, ChangeRequest, Imported, MethodChoice, MethodSpec, GenerationSettings, OpenedChat, Piece, DocumentExcerpts, EngineSettings, DeviceChoice, EngineView, PlanView, StoredIndex, CalibrationStatus, CachedModel, LibraryModel, ModelChoices, GgufListing, ServerStatus, Lookup, DownloadView, DownloadProgress, Choices, Choice, MeasureProgress };
 
 /** A chat's message as the window reads it back (details typed; an unreadable record is null). */
 export type MessageRow = ChatMessage;
@@ -225,6 +226,10 @@ export const modelChoices = () => call<ModelChoices>('models');
 export const loadModel = (spec: string) => call<AppInfo>('load_model', { spec });
 /** The native folder dialog, then the load; null when cancelled. */
 export const pickModelFolder = () => call<AppInfo | null>('pick_model_folder');
+/** The native file dialog for a .gguf file, then the load; null when cancelled. */
+export const pickModelFile = () => call<AppInfo | null>('pick_model_file');
+/** Whether a dropped path is a GGUF model (loaded rather than staged as a document). */
+export const isModelFile = (path: string) => /\.gguf$/i.test(path);
 
 
 /** Reads and counts files and folders; `onProgress(phase, done, total)` follows the reads, then
