@@ -67,14 +67,8 @@ fn collect(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
 pub fn listing(path: &Path) -> GgufListing {
     let name = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
-    let mut out = GgufListing {
-        path: path.to_owned(),
-        name,
-        bytes,
-        architecture: None,
-        quantization: None,
-        problem: None,
-    };
+    let mut out =
+        GgufListing { path: path.to_owned(), name, bytes, architecture: None, quantization: None, problem: None };
     let prefix = format!("{}: ", path.display());
     let without_path = |e: crate::error::Error| e.to_string().trim_start_matches(&prefix).to_owned();
     match GgufFile::open(path) {

@@ -143,7 +143,10 @@ pub(super) async fn pick_model_folder(
 
 /// The native file dialog for a GGUF file, then [`load_model`] on it; `None` when cancelled.
 #[tauri::command]
-pub(super) async fn pick_model_file(app: tauri::AppHandle, state: State<'_, AppState>) -> Result<Option<AppInfo>, String> {
+pub(super) async fn pick_model_file(
+    app: tauri::AppHandle,
+    state: State<'_, AppState>,
+) -> Result<Option<AppInfo>, String> {
     use tauri_plugin_dialog::DialogExt;
     let picked = tauri::async_runtime::spawn_blocking(move || {
         app.dialog()

@@ -230,6 +230,12 @@ export const pickModelFolder = () => call<AppInfo | null>('pick_model_folder');
 export const pickModelFile = () => call<AppInfo | null>('pick_model_file');
 /** Whether a dropped path is a GGUF model (loaded rather than staged as a document). */
 export const isModelFile = (path: string) => /\.gguf$/i.test(path);
+/** A drop sorted: a GGUF model to run (the first), context files to import, documents to stage. */
+export const sortDrop = (paths: string[]) => ({
+  model: paths.find(isModelFile),
+  files: paths.filter(isContextFile),
+  documents: paths.filter((p) => !isContextFile(p) && !isModelFile(p)),
+});
 
 
 /** Reads and counts files and folders; `onProgress(phase, done, total)` follows the reads, then
