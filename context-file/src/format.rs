@@ -92,11 +92,19 @@ pub struct Fingerprint {
 }
 
 impl Fingerprint {
-    /// Names and values of the fields where `self` and `other` differ.
+    /// Names and values of the fields where `self` and `other` differ (a field only one of them
+    /// has differs too).
     pub fn differences(&self, other: &Self) -> Vec<String> {
         let (a, b) = (serde_json::to_value(self).unwrap_or_default(), serde_json::to_value(other).unwrap_or_default());
         let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return vec!["unreadable".into()] };
-        a.iter().filter(|(k, v)| b.get(*k) != Some(v)).map(|(k, v)| format!("{k} {v} vs {}", b[k])).collect()
+        // Both sides' keys: a field one side omits (`quantization` of plain weights) differs too.
+        let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+        let none = serde_json::Value::Null;
+        keys.into_iter()
+            .map(|k| (k, a.get(k).unwrap_or(&none), b.get(k).unwrap_or(&none)))
+            .filter(|(_, x, y)| x != y)
+            .map(|(k, x, y)| format!("{k} {x} vs {y}"))
+            .collect()
     }
 }
 
@@ -392,5 +400,37 @@ mod tests {
         assert_eq!(KvDtype::Bf16Fp8.codec(SectionKind::Keys), Codec::Bf16);
         assert_eq!(KvDtype::Bf16Fp8.codec(SectionKind::Values), Codec::Fp8);
         assert!(KvDtype::NAMES.iter().all(|n| KvDtype::parse(n).unwrap().name() == *n));
+    }
+
+    /// A field one fingerprint has and the other lacks is a difference (an old file's model
+    /// has no `quantization`; one loaded with `--quantize` has): nothing is appended across it.
+    #[test]
+    fn a_field_only_one_side_has_differs() {
+        let plain = Fingerprint {
+            architecture: "qwen2".into(),
+            layers: 2,
+            hidden_size: 64,
+            intermediate_size: 128,
+            heads: 4,
+            kv_heads: 4,
+            head_dim: 16,
+            vocab_size: 593,
+            rope_theta: 1e6,
+            rope_scaling: serde_json::json!({"rope_type": "default"}),
+            sliding_window: None,
+            qkv_bias: true,
+            qk_norm: false,
+            tokenizer: "t".into(),
+            weights: "w".into(),
+            quantization: None,
+        };
+        let quantized = Fingerprint { quantization: Some("Q8_0 (quantized on load)".into()), ..plain.clone() };
+        assert_eq!(plain.differences(&quantized), ["quantization null vs \"Q8_0 (quantized on load)\""]);
+        assert_eq!(quantized.differences(&plain), ["quantization \"Q8_0 (quantized on load)\" vs null"]);
+        assert!(plain.differences(&plain.clone()).is_empty());
+        // An old file's header (no such key) reads as None.
+        let old = serde_json::to_value(&plain).unwrap();
+        assert!(old.get("quantization").is_none());
+        assert_eq!(serde_json::from_value::<Fingerprint>(old).unwrap(), plain);
     }
 }

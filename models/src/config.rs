@@ -188,20 +188,9 @@ impl ModelConfig {
         if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "silu") {
             return Err(invalid(format!("hidden_act \"{act}\" is not supported (only \"silu\")")));
         }
-        if raw.num_attention_heads == 0 || raw.num_hidden_layers == 0 || raw.hidden_size == 0 {
-            return Err(invalid("num_attention_heads, num_hidden_layers and hidden_size must be > 0".into()));
-        }
         let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
-        if num_kv_heads == 0 || !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
-            return Err(invalid(format!(
-                "num_attention_heads ({}) must be a multiple of num_key_value_heads ({num_kv_heads})",
-                raw.num_attention_heads
-            )));
-        }
-        let head_dim = raw.head_dim.unwrap_or(raw.hidden_size / raw.num_attention_heads);
-        if !head_dim.is_multiple_of(2) {
-            return Err(invalid(format!("head_dim {head_dim} must be even for RoPE")));
-        }
+        // 0 when there are no heads, which `check_shape` below refuses.
+        let head_dim = raw.head_dim.unwrap_or(raw.hidden_size.checked_div(raw.num_attention_heads).unwrap_or(0));
         // transformers 5 folds rope_theta into rope_parameters; older configs keep them apart.
         let rope = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref());
         let rope_theta = raw
@@ -229,7 +218,7 @@ impl ModelConfig {
             Some(TokenIds::Many(ids)) => ids.first().copied(),
             None => None,
         };
-        Ok(Self {
+        let cfg = Self {
             arch,
             hidden_size: raw.hidden_size,
             intermediate_size: raw.intermediate_size,
@@ -252,7 +241,30 @@ impl ModelConfig {
             bos_token_id,
             eos_token_ids: raw.eos_token_id.map(|e| e.to_vec()).unwrap_or_default(),
             saved_dtype: raw.torch_dtype.or(raw.dtype),
-        })
+        };
+        cfg.check_shape().map_err(invalid)?;
+        Ok(cfg)
+    }
+
+    /// The checks every configuration passes, whatever file it came from (config.json or a
+    /// GGUF's metadata), so that a hostile value is refused here and not divided by later.
+    pub fn check_shape(&self) -> std::result::Result<(), String> {
+        if self.num_heads == 0 || self.num_layers == 0 || self.hidden_size == 0 || self.vocab_size == 0 {
+            return Err("the attention heads, layers, hidden size and vocabulary must be > 0".into());
+        }
+        if self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return Err(format!(
+                "the attention heads ({}) must be a multiple of the key/value heads ({})",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
+            return Err(format!("head_dim {} must be even (and > 0) for RoPE", self.head_dim));
+        }
+        if self.intermediate_size == 0 || self.max_position_embeddings == 0 {
+            return Err("the MLP width and the context length must be > 0".into());
+        }
+        Ok(())
     }
 
     /// Refuses `tokens` that do not fit the model's context (never a silent cut).
@@ -332,6 +344,9 @@ mod tests {
         let m = parse(&format!(r#"{{"model_type": "mistral", {BASE}, "sliding_window": 4096}}"#)).unwrap();
         assert_eq!(m.sliding_window, Some(4096));
         let bad = parse(&format!(r#"{{"model_type": "llama", {BASE}, "num_key_value_heads": 3}}"#));
-        assert!(bad.unwrap_err().to_string().contains("multiple of num_key_value_heads"));
+        assert!(bad
+            .unwrap_err()
+            .to_string()
+            .contains("attention heads (4) must be a multiple of the key/value heads (3)"));
     }
 }

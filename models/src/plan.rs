@@ -180,6 +180,9 @@ pub struct ModelFacts<'a> {
     pub config: &'a ModelConfig,
     /// Bytes of one element of the compute dtype (K/V are decoded to it).
     pub elem: usize,
+    /// The loaded weights' bytes and those a decode step reads, when known (quantized weights
+    /// take less than parameters × `elem`); `None`: parameters × `elem`.
+    pub weights: Option<(u64, u64)>,
 }
 
 /// Plans `choice` over the context `header` on `tier` within `budgets`.
@@ -194,7 +197,7 @@ pub fn plan(
     let spec = choice.spec()?;
     let (cfg, elem) = (model.config, model.elem);
     let (total_params, read_params) = parameters(cfg);
-    let weights = (total_params * elem) as u64;
+    let (weights, weights_read) = model.weights.unwrap_or(((total_params * elem) as u64, (read_params * elem) as u64));
     let tokens = header.tokens;
     let layer_bytes = (2 * header.kv_heads * tokens * header.head_dim * elem) as u64;
     let layers = header.layers;
@@ -207,7 +210,7 @@ pub fn plan(
     let mut problems = Vec::new();
     let link = bw.link.unwrap_or(bw.device);
     let term = |path, bytes: f64, bandwidth: f64| Term { path, bytes, bandwidth, ms: bytes / bandwidth * 1e3 };
-    let weights_read = (read_params * elem) as f64;
+    let weights_read = weights_read as f64;
     let (kv_device, resident_layers, kv_host, terms) = match tier {
         Tier::Resident => {
             // Whole layers are decoded into device memory up to the budget; one at least.

@@ -568,7 +568,7 @@ fn the_memory_planner_places_the_kv_and_prices_a_step() -> Result<()> {
     let file = context::ContextFile::open(&out)?;
     let h = file.header();
     let cfg = e.config();
-    let facts = ModelFacts { config: cfg, elem: 4 };
+    let facts = ModelFacts { config: cfg, elem: 4, weights: None };
     let bw = Bandwidths { device: 4e9, link: Some(1e9), host: 2e9 };
     let layer = (2 * h.kv_heads * h.tokens * h.head_dim * 4) as u64;
     let (total, read) = plan::parameters(cfg);

@@ -27,13 +27,21 @@ pub struct Common {
 
 impl Common {
     pub(crate) fn engine(&self) -> Result<Engine> {
-        let spec = self.model.as_deref().context("--model is required: a model folder or a Hugging Face repo id")?;
+        let spec = self
+            .model
+            .as_deref()
+            .context("--model is required: a model folder, a GGUF file or a Hugging Face repo id")?;
         self.load(spec)
     }
 
     /// The device as the library's prefill rates name it ("cpu", "CUDA 0 (…)").
     pub(crate) fn device_label(&self) -> Result<String> {
         Ok(device_name(&parse_device(&self.device)?))
+    }
+
+    /// `--quantize`, checked.
+    fn quantization(&self) -> Result<Option<folio_models::model::Quantize>> {
+        Ok(self.quantize.as_deref().map(folio_models::model::Quantize::parse).transpose()?)
     }
 
     /// `--model` if given, else `source` (the model a context file names), which is found
@@ -44,7 +52,7 @@ impl Common {
             None => {
                 let device = parse_device(&self.device)?;
                 let dtype = parse_dtype(&self.dtype, &device)?;
-                Ok(Engine::load_cached(source, &device, dtype)?)
+                Ok(Engine::load_cached(source, &device, dtype, self.quantization()?)?)
             }
         }
     }
@@ -54,7 +62,7 @@ impl Common {
     pub(crate) fn load(&self, spec: &str) -> Result<Engine> {
         let device = parse_device(&self.device)?;
         let dtype = parse_dtype(&self.dtype, &device)?;
-        let quantize = self.quantize.as_deref().map(folio_models::model::Quantize::parse).transpose()?;
+        let quantize = self.quantization()?;
         let bar = std::io::IsTerminal::is_terminal(&std::io::stderr()).then(download_bar).flatten();
         let engine = Engine::load_quantized(spec, &device, dtype, quantize, &mut |p| {
             if let Some(bar) = &bar {
@@ -386,10 +394,11 @@ pub fn info(common: &Common, a: InfoArgs) -> Result<()> {
 /// The weights' format for `info --json`: a GGUF's quantisation, bits per weight and bytes, or
 /// a safetensors checkpoint's saved dtype.
 fn weights_facts(engine: &folio_models::Engine) -> serde_json::Value {
+    let format = if folio_models::gguf::is_gguf(std::path::Path::new(&engine.source)) { "gguf" } else { "safetensors" };
     match engine.quantization() {
-        Some(q) => json!({"format": "gguf", "quantization": q.name, "bits_per_weight": q.bits_per_weight,
+        Some(q) => json!({"format": format, "quantization": q.name, "bits_per_weight": q.bits_per_weight,
             "bytes": q.weight_bytes, "tensor_types": q.tensor_types}),
-        None => json!({"format": "safetensors", "saved_dtype": engine.config().saved_dtype}),
+        None => json!({"format": format, "saved_dtype": engine.config().saved_dtype}),
     }
 }
 

@@ -169,14 +169,23 @@ impl Subject {
     /// Random weights of the shape at `shape` (assets/shapes/*.json), with room for
     /// `positions`: a shape is a fact about cost, so prompts past its trained length are still
     /// measured.
-    pub fn random(shape: &Path, device: &Device, dtype: DType, positions: usize) -> Result<Self> {
+    /// With `quantize`, the projections quantized (`folio bench prefill --weights`).
+    pub fn random(
+        shape: &Path,
+        device: &Device,
+        dtype: DType,
+        positions: usize,
+        quantize: Option<folio_models::model::Quantize>,
+    ) -> Result<Self> {
         let mut cfg = ModelConfig::from_file(shape)?;
         cfg.max_position_embeddings = cfg.max_position_embeddings.max(positions);
-        let model = Model::random(&cfg, device, dtype, INIT_STD, None)?;
+        let model = Model::random(&cfg, device, dtype, INIT_STD, quantize)?;
         let name = shape.file_stem().map_or("shape".into(), |s| s.to_string_lossy().into_owned());
-        let fingerprint = cfg.fingerprint("none".into(), "random".into(), None)?;
+        let weights = quantize.map(|q| q.name().to_owned());
+        let fingerprint = cfg.fingerprint("none".into(), "random".into(), weights.clone())?;
         let stamp = ModelStamp { name: name.clone(), source: shape.display().to_string(), fingerprint };
-        Ok(Self { name: format!("{name} (random weights)"), stamp, made: Made::Random(Box::new(model)) })
+        let described = weights.map_or_else(|| "random weights".to_owned(), |w| format!("random {w} weights"));
+        Ok(Self { name: format!("{name} ({described})"), stamp, made: Made::Random(Box::new(model)) })
     }
 
     /// The model's name as the report gives it.

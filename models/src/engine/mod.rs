@@ -25,6 +25,9 @@ use crate::loader::{self, ModelFiles, ModelSource};
 use crate::model::{Model, Quantize};
 use crate::tokenizer::Tokenizer;
 
+/// What a fingerprint's quantisation says after the type of weights quantized on load.
+const QUANTIZED_ON_LOAD: &str = " (quantized on load)";
+
 /// Tokens per forward pass when scoring a text (bounds the `[chunk, vocab]` logits).
 const PERPLEXITY_CHUNK: usize = 512;
 
@@ -58,13 +61,13 @@ impl Engine {
     /// [`Engine::load`] with no download: a repo id must be in the Hugging Face cache whole. For
     /// a model named by something other than the person — a context file's header, the model
     /// of the last session — so that opening a file never reaches the network.
-    pub fn load_cached(spec: &str, device: &Device, dtype: DType) -> Result<Self> {
+    pub fn load_cached(spec: &str, device: &Device, dtype: DType, quantize: Option<Quantize>) -> Result<Self> {
         if let ModelSource::Hub { repo, revision } = ModelSource::parse(spec)? {
             if !crate::loader::cached_whole(&repo, revision.as_deref()) {
                 return Err(Error::NotDownloaded { repo });
             }
         }
-        Self::load(spec, device, dtype)
+        Self::load_quantized(spec, device, dtype, quantize, &mut |_| ControlFlow::Continue(()))
     }
 
     /// [`Engine::load`], a download from the hub (a repo id not cached yet) reporting its
@@ -132,7 +135,7 @@ impl Engine {
         let quantization = quantize.map(|q| {
             let census = model.weights();
             Quantization {
-                name: format!("{} (quantized on load)", q.name()),
+                name: format!("{}{QUANTIZED_ON_LOAD}", q.name()),
                 bits_per_weight: census.bits_per_weight(),
                 weight_bytes: census.bytes,
                 tensor_types: census.types,
@@ -177,7 +180,7 @@ impl Engine {
             calibrations: std::sync::OnceLock::new(),
             files: ModelFiles::Gguf(path.to_owned()),
             quantization: Some(file.quantization()),
-            gguf_tokenizer: Some(folio_context_file::format::checksum(vocab.tokenizer_json.as_bytes())),
+            gguf_tokenizer: Some(vocab.checksum.clone()),
             model,
             tokenizer,
             chat_template,
@@ -234,9 +237,12 @@ impl Engine {
         let made = &file.header().model;
         let ours = self.stamp()?;
         if made.fingerprint != ours.fingerprint {
+            // A context of weights quantized on load is read with the same `--quantize`.
+            let on_load = made.fingerprint.quantization.as_deref().and_then(|q| q.strip_suffix(QUANTIZED_ON_LOAD));
+            let flag = on_load.and_then(Quantize::from_name).map(|q| format!(" --quantize {}", q.flag()));
             return Err(Error::WrongModel {
                 made_by: made.name.clone(),
-                made_by_source: made.source.clone(),
+                made_by_source: format!("{}{}", made.source, flag.unwrap_or_default()),
                 loaded: ours.name.clone(),
                 differences: made.fingerprint.differences(&ours.fingerprint),
             });

@@ -56,7 +56,7 @@ impl GgufFile {
         };
         let rope_theta = self.float(&format!("{prefix}.rope.freq_base"))?.unwrap_or(DEFAULT_ROPE_BASE);
         let (bos, eos) = self.special_ids()?;
-        Ok(ModelConfig {
+        let cfg = ModelConfig {
             arch,
             hidden_size,
             intermediate_size: need("feed_forward_length")?,
@@ -76,12 +76,14 @@ impl GgufFile {
             bos_token_id: bos,
             eos_token_ids: eos,
             saved_dtype: Some(self.quantization().name),
-        })
+        };
+        cfg.check_shape().map_err(|msg| self.error(msg))?;
+        Ok(cfg)
     }
 
     fn token_embd_rows(&self) -> Result<usize> {
         self.tensor("token_embd.weight")
-            .map(|t| t.dims[0])
+            .and_then(|t| t.dims.first().copied())
             .ok_or_else(|| self.error("no token_embd.weight tensor and no vocab_size in its metadata".into()))
     }
 

@@ -171,11 +171,19 @@ impl GgufFile {
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
         let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
         let mut reader = std::io::BufReader::new(file);
-        let content = Content::read(&mut reader).map_err(|e| header_error(path, len, &e))?;
+        // candle divides by the header's alignment, which a damaged file may give as 0: a panic
+        // in its reader is this file's error, not the app's end.
+        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Content::read(&mut reader)));
+        let content = match read {
+            Ok(read) => read.map_err(|e| header_error(path, len, &e))?,
+            Err(_) => return Err(gguf_error(path, "its header is damaged (a reader of it failed)".into())),
+        };
         let mut tensors = BTreeMap::new();
         for (name, info) in &content.tensor_infos {
             let dims = info.shape.dims().to_vec();
-            let elems: usize = dims.iter().product();
+            let too_big =
+                || gguf_error(path, format!("tensor {name} claims {dims:?} values, more than any file holds"));
+            let elems = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(too_big)?;
             let block = info.ggml_dtype.block_size();
             if !elems.is_multiple_of(block) {
                 return Err(gguf_error(
@@ -186,7 +194,7 @@ impl GgufFile {
                     ),
                 ));
             }
-            let bytes = (elems / block * info.ggml_dtype.type_size()) as u64;
+            let bytes = (elems / block).checked_mul(info.ggml_dtype.type_size()).ok_or_else(too_big)? as u64;
             let start = content.tensor_data_offset.saturating_add(info.offset);
             tensors.insert(name.clone(), TensorPlace { dtype: info.ggml_dtype, dims, start, bytes });
         }

@@ -79,7 +79,7 @@ pub fn listing(path: &Path) -> GgufListing {
             out.problem = if parts > 1 {
                 Some(format!("one part of a model split in {parts} files; Folio reads single-file GGUFs"))
             } else {
-                file.architecture().err().or_else(|| file.vocab().err()).map(without_path)
+                file.config().err().or_else(|| file.vocab().err()).map(without_path)
             };
         }
         Err(e) => out.problem = Some(without_path(e)),

@@ -219,6 +219,14 @@ fn bad_files_are_refused_each_with_its_own_reason() {
         m.insert("qwen2.feed_forward_length".into(), V::U32(256));
     });
     expect(shape, &["tensor blk.0.ffn_gate.weight has shape [128, 64]", "metadata implies [256, 64]"]);
+    let heads = edited(dir.path(), "heads.gguf", |m| {
+        m.insert("qwen2.attention.head_count_kv".into(), V::U32(3));
+    });
+    expect(heads, &["the attention heads (4) must be a multiple of the key/value heads (3)"]);
+    let aligned = edited(dir.path(), "alignment.gguf", |m| {
+        m.insert("general.alignment".into(), V::U32(0));
+    });
+    expect(aligned, &["its header is damaged"]);
     // The untouched file, rewritten the same way, loads: the edits are what is refused.
     Engine::load(edited(dir.path(), "same.gguf", |_| {}).to_str().unwrap(), &Device::Cpu, DType::F32).unwrap();
 }

@@ -30,6 +30,10 @@ const PATTERNS: &[(&str, &str)] = &[
     ("llama3", LLAMA3_PATTERN),
     ("smaug-bpe", LLAMA3_PATTERN),
 ];
+/// Pre-tokenizers of Llama 3's vocabulary: llama.cpp (as Hugging Face's tokenizer.json) takes a
+/// word that is itself a token whole before merging, and puts BOS before text unless the file
+/// says otherwise.
+const LLAMA3_PRE: &[&str] = &["llama-bpe", "llama3", "smaug-bpe"];
 
 /// llama.cpp's token types (`llama_token_type`): control tokens are special, user-defined ones
 /// are matched whole but are text.
@@ -44,6 +48,9 @@ const END_OF_TURN: [&str; 8] =
 pub struct Vocab {
     /// A `tokenizer.json` document for the `tokenizers` crate.
     pub tokenizer_json: String,
+    /// A checksum of the `tokenizer.*` metadata it was built from (what a context file's
+    /// fingerprint records: it changes with the file, not with how Folio builds the tokenizer).
+    pub checksum: String,
     /// BOS to put in front of raw text (`tokenizer.ggml.add_bos_token`).
     pub bos_for_text: Option<u32>,
     pub bos_token: Option<String>,
@@ -119,7 +126,7 @@ impl GgufFile {
         if model != "gpt2" {
             return Err(self.error(format!(
                 "its tokenizer is \"{model}\" (SentencePiece: Llama 2, Mistral 7B v0.1-v0.3); Folio reads GGUF \
-                 vocabularies of byte-level BPE (gpt2: Llama 3, Qwen2/2.5/3, Mistral Nemo) — use that model's \
+                 vocabularies of byte-level BPE (gpt2: Llama 3, Qwen2/2.5/3) — use that model's \
                  safetensors folder instead"
             )));
         }
@@ -158,7 +165,8 @@ impl GgufFile {
             "post_processor": null,
             "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
             "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                      "ignore_merges": LLAMA3_PRE.contains(&pre),
                       "vocab": vocab, "merges": merges},
         });
         let (bos, _) = self.special_ids()?;
@@ -166,10 +174,19 @@ impl GgufFile {
         let eos = self.uint("tokenizer.ggml.eos_token_id")?.map(|n| n as u32);
         let adds_bos = match self.metadata("tokenizer.ggml.add_bos_token") {
             Some(v) => v.to_bool().map_err(|_| self.error("tokenizer.ggml.add_bos_token is not a bool".into()))?,
-            None => false,
+            None => LLAMA3_PRE.contains(&pre),
         };
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for part in [&tokens, &merges] {
+            part.iter().for_each(|t| h.update(t.as_bytes()));
+            h.update(b"\0");
+        }
+        types.iter().for_each(|t| h.update(&t.to_le_bytes()));
+        h.update(pre.as_bytes());
+        h.update(&[u8::from(adds_bos)]);
         Ok(Vocab {
             tokenizer_json: doc.to_string(),
+            checksum: folio_context_file::format::checksum_hex(h.digest()),
             bos_for_text: bos.filter(|_| adds_bos),
             bos_token: name(bos),
             eos_token: name(eos),

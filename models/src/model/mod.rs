@@ -145,7 +145,7 @@ impl Model {
             Some(q) => Self::build(cfg, device, dtype, 0, &Quantizing::sharing_draws(&source, q))?,
             None => Self::build(cfg, device, dtype, 0, &source)?,
         };
-        model.params = model.weights().values;
+        model.params = crate::plan::parameters(cfg).0;
         Ok(model)
     }
 

@@ -44,9 +44,10 @@ impl Proj {
             // A decode step: candle's matrix-vector kernels read the blocks as stored.
             return QMatMul::QTensor(weight.clone()).forward(&x.contiguous()?)?.to_dtype(x.dtype());
         }
-        // A prefill chunk: the matrix dequantized once and multiplied by cuBLAS (llama.cpp does
-        // the same for large batches; candle's batched quantized kernel gave NaN here).
-        x.matmul(&weight.dequantize(x.device())?.to_dtype(x.dtype())?.t()?)
+        // A prefill chunk: the matrix dequantized (to f16: half of f32's transient bytes, and
+        // every quantized value is an f16) and multiplied by cuBLAS, as llama.cpp does for large
+        // batches; candle's batched quantized kernel gave NaN here.
+        x.matmul(&weight.dequantize_f16(x.device())?.to_dtype(x.dtype())?.t()?)
     }
 
     pub fn bias(&self) -> Option<&Tensor> {

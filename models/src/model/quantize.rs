@@ -35,6 +35,19 @@ impl Quantize {
         }
     }
 
+    /// The type from its ggml name (`Q8_0`, `Q4_K`), as [`Quantize::name`] writes it.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Q8_0, Self::Q4K].into_iter().find(|q| q.name() == name)
+    }
+
+    /// As `--quantize` spells it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Self::Q8_0 => Self::NAMES[0],
+            Self::Q4K => Self::NAMES[1],
+        }
+    }
+
     pub fn dtype(self) -> GgmlDType {
         match self {
             Self::Q8_0 => GgmlDType::Q8_0,

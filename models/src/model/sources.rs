@@ -179,9 +179,15 @@ impl WeightSource for GgufWeights<'_> {
         self.projection(&gguf, heads, &[out, inp], b)
     }
 
-    /// The embedding matrix as stored (quantized in most files) multiplies the head.
-    fn tied_head(&self, _embed: &Tensor, vocab: usize, hidden: usize) -> Result<Proj> {
-        self.projection("token_embd.weight", None, &[vocab, hidden], None)
+    /// A quantized embedding table multiplies the head as stored; a float one is the table
+    /// already loaded (one copy, as for safetensors).
+    fn tied_head(&self, embed: &Tensor, vocab: usize, hidden: usize) -> Result<Proj> {
+        match self.file.tensor("token_embd.weight").map(|t| t.dtype) {
+            Some(GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) => {
+                Ok(Proj::Dense(Linear::new(embed.clone(), None)))
+            }
+            _ => self.projection("token_embd.weight", None, &[vocab, hidden], None),
+        }
     }
 
     fn device(&self) -> Device {

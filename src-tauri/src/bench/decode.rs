@@ -72,10 +72,10 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
     decode::run(&device, &bench, |r| print_report(r, a.json, a.steps))
 }
 
-/// `plain`/`bf16`/`f32`: the compute dtype; otherwise a quantisation.
-fn parse_weights(s: &str) -> Result<Option<Quantize>> {
+/// `plain`/`bf16`: the compute dtype; otherwise a quantisation.
+pub(crate) fn parse_weights(s: &str) -> Result<Option<Quantize>> {
     match s {
-        "plain" | "bf16" | "f32" | "f16" => Ok(None),
+        "plain" | "bf16" => Ok(None),
         other => Ok(Some(Quantize::parse(other)?)),
     }
 }

@@ -52,6 +52,10 @@ pub struct PrefillBenchArgs {
     /// reopen goes there only when they would not fit what `--vram-budget` leaves.
     #[arg(long)]
     offload: bool,
+    /// With --shape: the weights, `plain` (the compute dtype) or `q8_0`, `q4k` (the projections
+    /// quantized as a GGUF holds them).
+    #[arg(long, default_value = "plain")]
+    weights: String,
     #[arg(long)]
     json: bool,
 }
@@ -75,7 +79,7 @@ pub(super) fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> 
             let device = folio_models::parse_device(&common.device)?;
             let dtype = folio_models::parse_dtype(&common.dtype, &device)?;
             let longest = bench.tokens.iter().map(|&n| bench.positions_used(n)).max().unwrap_or(0);
-            Subject::random(shape, &device, dtype, longest)?
+            Subject::random(shape, &device, dtype, longest, super::decode::parse_weights(&a.weights)?)?
         }
     };
     // Ctrl-C stops a long prefill between chunks with its last finished layer kept, so that

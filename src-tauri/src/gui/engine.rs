@@ -244,7 +244,11 @@ async fn plan_of(
     method: &MethodChoice,
 ) -> Result<Plan, String> {
     let bw = bandwidths(state, engine).await?;
-    let facts = ModelFacts { config: engine.config(), elem: engine.model.dtype().size_in_bytes() };
+    let facts = ModelFacts {
+        config: engine.config(),
+        elem: engine.model.dtype().size_in_bytes(),
+        weights: Some((engine.model.weights().bytes, engine.model.weight_bytes_per_step())),
+    };
     plan::plan(&facts, file.header(), method, settings.tier(), settings.budgets()?, &bw).map_err(|e| e.to_string())
 }
 

@@ -187,7 +187,7 @@ pub(super) fn load_at_start(
     }
     // The models Folio opens on by itself come from the cache or a folder: a start never
     // downloads (Change model does, with its progress).
-    let load = |spec: &str| loaded(Engine::load_cached(spec, device, dtype));
+    let load = |spec: &str| loaded(Engine::load_cached(spec, device, dtype, None));
     let mut notice = None;
     if let Some(spec) = last {
         let loaded = load(&spec);
