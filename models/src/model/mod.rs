@@ -145,7 +145,9 @@ impl Model {
             Some(q) => Self::build(cfg, device, dtype, 0, &Quantizing::sharing_draws(&source, q))?,
             None => Self::build(cfg, device, dtype, 0, &source)?,
         };
-        model.params = crate::plan::parameters(cfg).0;
+        // A quantized tied head is a copy of the embedding table, not parameters of its own.
+        let head_copy = cfg.tie_word_embeddings && model.lm_head.dense().is_none();
+        model.params = model.weights().values - if head_copy { cfg.vocab_size * cfg.hidden_size } else { 0 };
         Ok(model)
     }
 
