@@ -295,6 +295,10 @@ pub struct PerplexityArgs {
     /// Score only the file's first N tokens (counted after the BOS rule).
     #[arg(long)]
     max_tokens: Option<usize>,
+    /// Tokens per forward pass. 1 scores the text as a decode does, a token at a time (the
+    /// matrix-vector kernels), where the default scores it as a prefill does.
+    #[arg(long, default_value_t = folio_models::engine::PERPLEXITY_CHUNK)]
+    chunk: usize,
     #[arg(long)]
     json: bool,
 }
@@ -310,7 +314,7 @@ pub fn perplexity(common: &Common, a: PerplexityArgs) -> Result<()> {
     if let Some(n) = a.max_tokens {
         ids.truncate(n);
     }
-    let p = engine.perplexity(&ids)?;
+    let p = engine.perplexity_in_chunks(&ids, a.chunk)?;
     if a.json {
         println!("{}", serde_json::to_string(&p)?);
     } else {

@@ -29,7 +29,7 @@ use crate::tokenizer::Tokenizer;
 const QUANTIZED_ON_LOAD: &str = " (quantized on load)";
 
 /// Tokens per forward pass when scoring a text (bounds the `[chunk, vocab]` logits).
-const PERPLEXITY_CHUNK: usize = 512;
+pub const PERPLEXITY_CHUNK: usize = 512;
 
 /// A loaded model with everything needed to chat with it.
 pub struct Engine {
@@ -297,10 +297,15 @@ impl Engine {
     /// Perplexity of `ids` as transformers computes it with `labels=input_ids`: the mean
     /// negative log-likelihood of tokens 1.. (the first token is not scored).
     pub fn perplexity(&self, ids: &[u32]) -> Result<Perplexity> {
+        self.perplexity_in_chunks(ids, PERPLEXITY_CHUNK)
+    }
+
+    /// [`Engine::perplexity`] with `chunk` tokens per forward pass (1: as a decode runs).
+    pub fn perplexity_in_chunks(&self, ids: &[u32], chunk: usize) -> Result<Perplexity> {
         if ids.len() < 2 {
             return Err(Error::Invalid(format!("perplexity needs at least 2 tokens, the text has {}", ids.len())));
         }
-        let logp = self.model.token_log_probs(ids, PERPLEXITY_CHUNK, &Dense)?;
+        let logp = self.model.token_log_probs(ids, chunk, &Dense)?;
         let mean_nll = -logp.iter().map(|&x| x as f64).sum::<f64>() / logp.len() as f64;
         Ok(Perplexity { tokens: ids.len(), mean_nll, perplexity: mean_nll.exp() })
     }

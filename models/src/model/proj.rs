@@ -14,10 +14,6 @@ use candle_nn::Linear;
 
 use crate::error::{Error, Result};
 
-/// Rows of activations up to which a GPU product runs candle's quantized matrix-vector kernels
-/// (its limit), above which the matrix is dequantized for cuBLAS.
-const GPU_VECTOR_ROWS: usize = 8;
-
 pub enum Proj {
     Dense(Linear),
     Quant { weight: Arc<QTensor>, bias: Option<Tensor> },
@@ -40,9 +36,14 @@ impl Proj {
             let y = QMatMul::QTensor(weight.clone()).forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
             return y.to_dtype(x.dtype());
         }
-        if rows <= GPU_VECTOR_ROWS {
-            // A decode step: candle's matrix-vector kernels read the blocks as stored.
-            return QMatMul::QTensor(weight.clone()).forward(&x.contiguous()?)?.to_dtype(x.dtype());
+        if rows == 1 {
+            // A decode step: candle's dequantize-multiply kernel reads the blocks as stored, with
+            // f32 activations. Its newer q8_1 kernels (the default) gave NaN on every quantized
+            // fixture on an H200 (docs/gguf.md), so they are switched off.
+            #[cfg(feature = "cuda")]
+            candle_core::quantized::cuda::set_force_dmmv(true);
+            let y = QMatMul::QTensor(weight.clone()).forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
+            return y.to_dtype(x.dtype());
         }
         // A prefill chunk: the matrix dequantized (to f16: half of f32's transient bytes, and
         // every quantized value is an f16) and multiplied by cuBLAS, as llama.cpp does for large
