@@ -47,7 +47,7 @@ impl ModelSource {
         if path.is_dir() {
             return Ok(Self::Dir(path.to_owned()));
         }
-        if crate::gguf::is_gguf(path) {
+        if is_gguf(path) {
             return Ok(Self::Gguf(path.to_owned()));
         }
         let (repo, revision) = match spec.split_once('@') {
@@ -187,6 +187,14 @@ impl HfFiles {
             weights,
         })
     }
+}
+
+/// The file name extension Folio takes as a GGUF model (`crate::gguf` reads the file).
+pub const GGUF_EXTENSION: &str = "gguf";
+
+/// Whether `path` names a GGUF file (by its extension; `GgufFile::open` checks the magic).
+pub fn is_gguf(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case(GGUF_EXTENSION))
 }
 
 /// The revision a repo id without `@REVISION` names.
@@ -376,27 +384,39 @@ pub fn check_safetensors(path: &Path) -> Result<BTreeMap<String, usize>> {
 const WEIGHT_SAMPLES: u64 = 64;
 const WEIGHT_SAMPLE_BYTES: usize = 4096;
 
+/// Feeds `h` [`WEIGHT_SAMPLES`] blocks of [`WEIGHT_SAMPLE_BYTES`] spread evenly over bytes
+/// `from..len` of `file` (safetensors data here, a whole GGUF in `gguf::file_hash`).
+pub(crate) fn hash_spread(
+    h: &mut xxhash_rust::xxh3::Xxh3,
+    file: &std::fs::File,
+    path: &Path,
+    from: u64,
+    len: u64,
+) -> Result<()> {
+    use folio_context_file::platform::PositionalIo;
+    let span = len - from;
+    let mut block = vec![0u8; WEIGHT_SAMPLE_BYTES];
+    for i in 0..WEIGHT_SAMPLES {
+        let at = from + span * i / WEIGHT_SAMPLES;
+        let n = (WEIGHT_SAMPLE_BYTES as u64).min(len - at) as usize;
+        file.read_exact_at(&mut block[..n], at).map_err(|e| Error::io(path, e))?;
+        h.update(&block[..n]);
+    }
+    Ok(())
+}
+
 /// A fingerprint of a model's weights that costs milliseconds, not a read of every byte: the
 /// xxh3-64 of each file's length, its safetensors header (names, shapes, dtypes, offsets) and
 /// 64 blocks of 4 KiB spread evenly over its data. Two checkpoints of the same architecture
 /// (a fine-tune, a re-quantisation) differ in the sampled bytes; a single changed weight may
 /// not, which is acceptable for its job: telling users they opened a context with another model.
 pub fn weights_hash(files: &[PathBuf]) -> Result<String> {
-    use folio_context_file::platform::PositionalIo;
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     for path in files {
         let (file, len, header) = read_safetensors_header(path)?;
         h.update(&len.to_le_bytes());
         h.update(&header);
-        let data = 8 + header.len() as u64;
-        let span = len - data;
-        let mut block = vec![0u8; WEIGHT_SAMPLE_BYTES];
-        for i in 0..WEIGHT_SAMPLES {
-            let at = data + span * i / WEIGHT_SAMPLES;
-            let n = (WEIGHT_SAMPLE_BYTES as u64).min(len - at) as usize;
-            file.read_exact_at(&mut block[..n], at).map_err(|e| Error::io(path, e))?;
-            h.update(&block[..n]);
-        }
+        hash_spread(&mut h, &file, path, 8 + header.len() as u64, len)?;
     }
     Ok(folio_context_file::format::checksum_hex(h.digest()))
 }

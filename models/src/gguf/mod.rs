@@ -19,6 +19,7 @@ pub mod scan;
 pub mod tensors;
 pub mod vocab;
 
+pub use crate::loader::{is_gguf, GGUF_EXTENSION as EXTENSION};
 pub use tensors::gguf_name;
 
 #[cfg(test)]
@@ -31,9 +32,6 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::GgmlDType;
 
 use crate::error::{Error, Result};
-
-/// The file name extension Folio takes as a GGUF model.
-pub const EXTENSION: &str = "gguf";
 
 /// ggml's tensor type numbers (ggml.h) and names, for the types candle cannot multiply too, so
 /// that a file holding one is refused by its name.
@@ -123,11 +121,6 @@ pub fn dtype_name(dtype: GgmlDType) -> &'static str {
         GgmlDType::Q6K => "Q6_K",
         GgmlDType::Q8K => "Q8_K",
     }
-}
-
-/// Whether `path` names a GGUF file (by its extension; [`GgufFile::open`] checks the magic).
-pub fn is_gguf(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e.eq_ignore_ascii_case(EXTENSION))
 }
 
 /// What a person is told about a GGUF's weights (`folio info`, the window's model facts).
@@ -295,26 +288,15 @@ impl GgufFile {
     }
 }
 
-/// Blocks sampled from a GGUF for [`file_hash`], and their size.
-const HASH_SAMPLES: u64 = 64;
-const HASH_SAMPLE_BYTES: u64 = 4096;
-
 /// A fingerprint of a GGUF's weights that costs milliseconds: the xxh3 of its length and 64
 /// blocks of 4 KiB spread over it (the first holds the header). Two quantisations or two
 /// fine-tunes of one model differ in it, as `loader::weights_hash` for safetensors.
 pub fn file_hash(path: &Path) -> Result<String> {
-    use folio_context_file::platform::PositionalIo;
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(&len.to_le_bytes());
-    let mut block = vec![0u8; HASH_SAMPLE_BYTES as usize];
-    for i in 0..HASH_SAMPLES {
-        let at = len * i / HASH_SAMPLES;
-        let n = HASH_SAMPLE_BYTES.min(len - at) as usize;
-        file.read_exact_at(&mut block[..n], at).map_err(|e| Error::io(path, e))?;
-        h.update(&block[..n]);
-    }
+    crate::loader::hash_spread(&mut h, &file, path, 0, len)?;
     Ok(folio_context_file::format::checksum_hex(h.digest()))
 }
 

@@ -169,7 +169,7 @@ impl GgufFile {
                       "ignore_merges": LLAMA3_PRE.contains(&pre),
                       "vocab": vocab, "merges": merges},
         });
-        let (bos, _) = self.special_ids()?;
+        let bos = self.uint("tokenizer.ggml.bos_token_id")?.map(|n| n as u32);
         let name = |id: Option<u32>| id.and_then(|i| tokens.get(i as usize)).map(|s| (*s).to_owned());
         let eos = self.uint("tokenizer.ggml.eos_token_id")?.map(|n| n as u32);
         let adds_bos = match self.metadata("tokenizer.ggml.add_bos_token") {

@@ -130,15 +130,7 @@ pub(super) async fn pick_model_folder(
     state: State<'_, AppState>,
 ) -> Result<Option<AppInfo>, String> {
     use tauri_plugin_dialog::DialogExt;
-    let picked = tauri::async_runtime::spawn_blocking(move || {
-        app.dialog().file().set_title("Choose a model folder").blocking_pick_folder()
-    })
-    .await
-    .map_err(|e| e.to_string())?;
-    match picked.and_then(|p| p.into_path().ok()) {
-        Some(folder) => load_model(state, folder.display().to_string()).await.map(Some),
-        None => Ok(None),
-    }
+    pick_then_load(state, move || app.dialog().file().set_title("Choose a model folder").blocking_pick_folder()).await
 }
 
 /// The native file dialog for a GGUF file, then [`load_model`] on it; `None` when cancelled.
@@ -148,7 +140,7 @@ pub(super) async fn pick_model_file(
     state: State<'_, AppState>,
 ) -> Result<Option<AppInfo>, String> {
     use tauri_plugin_dialog::DialogExt;
-    let picked = tauri::async_runtime::spawn_blocking(move || {
+    pick_then_load(state, move || {
         app.dialog()
             .file()
             .set_title("Choose a GGUF model file")
@@ -156,9 +148,16 @@ pub(super) async fn pick_model_file(
             .blocking_pick_file()
     })
     .await
-    .map_err(|e| e.to_string())?;
+}
+
+/// Runs a blocking native dialog off the UI thread, then [`load_model`] on what was picked.
+async fn pick_then_load(
+    state: State<'_, AppState>,
+    dialog: impl FnOnce() -> Option<tauri_plugin_dialog::FilePath> + Send + 'static,
+) -> Result<Option<AppInfo>, String> {
+    let picked = tauri::async_runtime::spawn_blocking(dialog).await.map_err(|e| e.to_string())?;
     match picked.and_then(|p| p.into_path().ok()) {
-        Some(file) => load_model(state, file.display().to_string()).await.map(Some),
+        Some(path) => load_model(state, path.display().to_string()).await.map(Some),
         None => Ok(None),
     }
 }
