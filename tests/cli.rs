@@ -638,7 +638,8 @@ fn prefill_bench_runs_a_shape() {
 }
 
 /// `bench kernels` on the CPU: every kernel's row (prefill attention, the MLP's parts and
-/// whole, the decode rows at each selection, the label scan, top-k, the host gather, SimHash)
+/// whole, the decode rows at each selection, the label scan, top-k, the host gather, SimHash, a
+/// quantized projection per type)
 /// with a positive time and its share of a limit measured in the same run, the limit named.
 #[test]
 fn kernel_bench_reports_each_kernel_against_a_measured_limit() {
@@ -653,6 +654,17 @@ fn kernel_bench_reports_each_kernel_against_a_measured_limit() {
     let names: Vec<&str> = rows.iter().map(|r| r["kernel"].as_str().unwrap()).collect();
     for want in ["prefill attention", "MLP whole", "label_scores", "topk", "simhash_codes"] {
         assert_eq!(names.iter().filter(|n| n.starts_with(want)).count(), 1, "{want}: {names:?}");
+    }
+    // A decode step's quantized projection per type and shape (candle's CPU kernel), beside the plain one.
+    for want in [
+        "quantized matvec Q4_0",
+        "quantized matvec Q8_0",
+        "quantized matvec Q4_K",
+        "quantized matvec Q5_K",
+        "quantized matvec Q6_K",
+        "matvec 512x",
+    ] {
+        assert_eq!(names.iter().filter(|n| n.starts_with(want)).count(), 2, "{want}: {names:?}");
     }
     // One decode row and one gather per selection.
     for kernel in ["decode_attention_rows 28 heads over", "gather 28x"] {

@@ -13,6 +13,10 @@
 #                              # `folio bench kernels` (ratio to the limits measured in the run)
 #   tools/gpu-smoke.sh tiers   # there: both decode tiers' fast paths vs the CPU references on
 #                              # CUDA, then a chat per method on each tier over the samples
+#   tools/gpu-smoke.sh quant   # there: the quantized-weight kernels vs their CPU reference, the
+#                              # GGUF fixtures' perplexity on CUDA (decode and batched paths, f32
+#                              # and bf16) beside the CPU's, and the quantized rows of
+#                              # `folio bench kernels`; log and JSON to $OUT
 #   tools/gpu-smoke.sh shape N M     # there: `folio bench --shape` at context N, methods M (hip:2048,…)
 #   tools/gpu-smoke.sh prefill S T [KV] # there: `folio bench prefill` of model/shape S, T tokens, 24 GiB cap
 #   tools/gpu-smoke.sh peer S T [KV]    # there: the same with --profile, then Hugging Face transformers
@@ -54,6 +58,7 @@ case "${1:-}" in
     cp "$(newest mlp)" .gpu/kernels-mlp
     cp "$(newest heads)" .gpu/kernels-heads
     cp "$(newest norm)" .gpu/kernels-norm
+    cp "$(newest quant)" .gpu/kernels-quant
     cp "$(newest transfer)" .gpu/kernels-transfer
     cp "$(newest hip)" .gpu/method-kernels-hip
     cp "$(newest magicpig)" .gpu/method-kernels-magicpig
@@ -63,7 +68,7 @@ case "${1:-}" in
     cp "$target/../${FOLIO_PROFILE:-debug}/folio" .gpu/folio
     strip .gpu/*
     # The binaries embed candle's PTX (text): xz shrinks them ~6x, under the device tool's 64 MiB.
-    bins=(folio kernels-attention kernels-sparse kernels-select kernels-encode kernels-mlp kernels-heads kernels-norm kernels-transfer
+    bins=(folio kernels-attention kernels-sparse kernels-select kernels-encode kernels-mlp kernels-heads kernels-norm kernels-quant kernels-transfer
       method-kernels-hip method-kernels-magicpig models-parity models-context models-offload)
     tar -C .gpu -cf - "${bins[@]}" | xz -T2 -9 > .gpu/bundle.tar.xz
     (cd .gpu && rm "${bins[@]}")
@@ -128,6 +133,7 @@ case "${1:-}" in
       .gpu/kernels-mlp --nocapture
       .gpu/kernels-heads --nocapture
       .gpu/kernels-norm --nocapture
+      .gpu/kernels-quant --nocapture
       .gpu/kernels-transfer --nocapture
       echo "== sparse-decode kernels vs their CPU references"
       .gpu/kernels-sparse --test-threads 1 --nocapture
@@ -199,17 +205,42 @@ for m in json.load(sys.stdin):
       done <<< "$pairs"
     } 2>&1 | tee "${OUT:-/tmp}/gpu-tiers.log"
     ;;
+  quant)
+    [ -f .gpu/bundle.tar.xz ] && tar -C .gpu -xJf .gpu/bundle.tar.xz folio kernels-quant
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    out=${OUT:-/tmp}
+    {
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+      echo "== quantized-weight kernels vs the formats' CPU reference"
+      .gpu/kernels-quant --nocapture
+      echo "== GGUF fixtures: mean NLL over tests/fixtures/models/llama/ppl.txt, CPU then CUDA (decode path: --chunk 1; batched: --chunk 4)"
+      for f in tests/fixtures/gguf/*.gguf; do
+        # ppl CHUNK GLOBAL-FLAGS...: one line of JSON
+        ppl() { c=$1; shift; .gpu/folio --model "$f" "$@" perplexity --file tests/fixtures/models/llama/ppl.txt --chunk "$c" --json | tr -d '\n'; }
+        printf '%s cpu %s cuda-f32 %s cuda-bf16 %s cuda-bf16-chunk4 %s\n' "$(basename "$f")" "$(ppl 1 --device cpu)" \
+          "$(ppl 1 --device cuda --dtype f32)" "$(ppl 1 --device cuda --dtype bf16)" "$(ppl 4 --device cuda --dtype bf16)"
+      done
+      echo "== folio bench kernels (the quantized rows: kernels/cuda/quant.cu, candle's QMatMul, the plain bf16 matvec)"
+      .gpu/folio bench kernels --device cuda --context "${CONTEXT:-262144}" --json > "$out/bench-kernels.json"
+      python3 -c 'import json,sys
+d = json.load(open(sys.argv[1])); print("copy bandwidth %.0f GB/s" % (d["copy_bandwidth"] / 1e9))
+for r in d["kernels"]:
+    if "matvec" in r["kernel"]: print("%-90s %8.1f us %6.0f GB/s %5.1f%% of copy" % (r["kernel"], 1e6 * r["seconds"], r["bytes"] / r["seconds"] / 1e9, 100 * r["of_limit"]))' "$out/bench-kernels.json"
+    } 2>&1 | tee "$out/gpu-quant.log"
+    ;;
   shape)
     # folio bench --shape over one context length: `tools/gpu-smoke.sh shape <context> <methods>`,
     # methods as --method writes them (hip,buzz:2048,magicpig:2%:bits=9; without a budget, the
-    # method's default), Qwen2.5-7B-Instruct-1M's shape, capped to a 24 GiB card; JSON lines to $OUT.
+    # method's default), Qwen2.5-7B-Instruct-1M's shape, capped to a 24 GiB card ($VRAM), with the
+    # weights of $WEIGHTS (bf16,q8_0,q4k; default the shape's dtype); JSON=1 for JSON lines. Log to $OUT.
     tar -C .gpu -xJf .gpu/bundle.tar.xz folio
     export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     shape=${SHAPE:-assets/shapes/qwen2.5-7b-instruct-1m.json}
     {
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-      .gpu/folio bench --device cuda --shape "$shape" --context "$2" --method "$3" \
-        --vram-budget 24GiB --steps "${STEPS:-32}" --warmup 4
+      # shellcheck disable=SC2086  # WEIGHTS: the flag and its value, or nothing
+      .gpu/folio bench --device cuda --shape "$shape" --context "$2" --method "$3" ${WEIGHTS:+--weights $WEIGHTS} \
+        --vram-budget "${VRAM:-24GiB}" --steps "${STEPS:-32}" --warmup 4 ${JSON:+--json}
     } 2>&1 | tee -a "${OUT:-/tmp}/gpu-shape.log"
     ;;
   prefill)

@@ -36,6 +36,7 @@ pub mod heads;
 mod layout;
 pub mod mlp;
 pub mod norm;
+pub mod quant;
 pub mod select;
 pub mod sparse;
 

@@ -23,6 +23,17 @@ const HASH_BITS_TABLES: (usize, usize) = (10, 150);
 const LABEL_BITS: usize = 4;
 /// Top-k benchmark: rows kept per query head (the decode benchmarks' budget).
 const TOPK_K: usize = 2048;
+/// A decode step's quantized projections timed: Qwen2.5-7B's gate (rows × columns) and down
+/// projections; the CPU times a slice of the gate's rows.
+const QUANT_SHAPES: [(usize, usize); 2] = [(18_944, 3584), (3584, 18_944)];
+const QUANT_ROWS_CPU: usize = 512;
+/// The random blocks' seed (any: the speed does not depend on the values).
+const QUANT_SEED: u64 = 7;
+/// The ggml types timed: what Q4_0, Q4_K_M, Q5_K_M, Q6_K and Q8_0 files hold.
+const QUANT_TYPES: [candle_core::quantized::GgmlDType; 5] = {
+    use candle_core::quantized::GgmlDType as G;
+    [G::Q4_0, G::Q8_0, G::Q4K, G::Q5K, G::Q6K]
+};
 /// Bytes copied for the bandwidth figure.
 const COPY_BYTES: usize = 1 << 30;
 /// Tokens of the causal prefill attention timed (one layer's query chunk over its keys); the
@@ -84,6 +95,7 @@ pub fn run(device: &Device, context: usize, select: &[usize]) -> Result<KernelRe
     let gemm16 = matmul_flops(device, dtype)?;
     let mut rows = prefill_rows(device, dtype, gemm16)?;
     rows.extend(mlp_rows(device, dtype, gemm16, bandwidth)?);
+    rows.extend(quant_rows(device, dtype, bandwidth)?);
     rows.extend(decode_rows(device, dtype, context, select, bandwidth)?);
     let link = folio_runtime::device::host_to_device_rate(device, COPY_BYTES)?;
     rows.extend(gather_rows(device, dtype, context, select, link)?);
@@ -320,4 +332,61 @@ fn mlp_rows(device: &candle_core::Device, dtype: DType, gemm: f64, bandwidth: f6
         limit: "GEMM rate, same dtype",
     });
     Ok(rows)
+}
+
+/// A decode step's projection with quantized weights: Folio's kernel (CUDA), candle's `QMatMul`
+/// with f32 activations (the CPU's path; on CUDA its dequantize-multiply kernel, what ran before), and the plain matrix in the
+/// run's dtype, each against the copy bandwidth over the bytes it must read (the weights'; the
+/// activations are a rounding error). Random blocks: the speed does not depend on the values.
+fn quant_rows(device: &Device, dtype: DType, bandwidth: f64) -> Result<Vec<KernelRow>> {
+    use candle_core::quantized::{QMatMul, QStorage, QTensor};
+    use candle_core::Module;
+    let mut rng = StdRng::seed_from_u64(QUANT_SEED);
+    let mut out = Vec::new();
+    // candle's kernel as Folio runs it on CUDA for the formats with no kernel of its own (its
+    // default q8_1 kernels give NaN: docs/gguf.md).
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        candle_core::quantized::cuda::set_force_dmmv(true);
+    }
+    for (rows, cols) in QUANT_SHAPES {
+        let rows = if device.is_cpu() { rows.min(QUANT_ROWS_CPU) } else { rows };
+        let x = Tensor::randn(0f32, 1.0, (1, cols), device)?.to_dtype(dtype)?;
+        let plain = Tensor::randn(0f32, 1.0, (rows, cols), device)?.to_dtype(dtype)?;
+        let secs = time_calls(device, || x.matmul(&plain.t()?))?;
+        let bytes = (rows * cols * dtype.size_in_bytes()) as f64;
+        out.push(KernelRow::moving(
+            format!("matvec {rows}x{cols}, plain {dtype:?}"),
+            secs,
+            bytes,
+            bandwidth,
+            "copy bandwidth",
+        ));
+        drop(plain);
+        for ggml in QUANT_TYPES {
+            let format = folio_models::gguf::kernel_format(ggml).expect("every timed type has a kernel");
+            let name = format.name();
+            let blocks: Vec<u8> =
+                (0..rows * cols / format.block_weights() * format.block_bytes()).map(|_| rng.random()).collect();
+            let bytes = blocks.len() as f64;
+            if device.is_cuda() {
+                let q = folio_kernels::quant::QuantMatrix::new(&blocks, format, (rows, cols), device)?;
+                let xb = x.to_dtype(DType::BF16)?;
+                for group in [1, folio_kernels::quant::WIDE_GROUP] {
+                    let secs = time_calls(device, || q.matvec_grouped(&xb, group))?;
+                    let kernel = format!(
+                        "quantized matvec {name} {rows}x{cols}, kernels/cuda/quant.cu (bf16 activations, {group} rows a warp)"
+                    );
+                    out.push(KernelRow::moving(kernel, secs, bytes, bandwidth, "copy bandwidth"));
+                }
+            }
+            let storage = QStorage::from_data(std::borrow::Cow::Owned(blocks), device, ggml)?;
+            let q = QMatMul::QTensor(std::sync::Arc::new(QTensor::new(storage, (rows, cols))?));
+            let xf = x.to_dtype(DType::F32)?;
+            let secs = time_calls(device, || q.forward(&xf))?;
+            let kernel = format!("quantized matvec {name} {rows}x{cols}, candle QMatMul (f32 activations)");
+            out.push(KernelRow::moving(kernel, secs, bytes, bandwidth, "copy bandwidth"));
+        }
+    }
+    Ok(out)
 }

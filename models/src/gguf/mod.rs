@@ -123,6 +123,20 @@ pub fn dtype_name(dtype: GgmlDType) -> &'static str {
     }
 }
 
+/// The format of folio-kernels' quantized kernels for a ggml type, when it has one: the types
+/// GGUF files are made of (Q4_0, Q8_0, and the Q4_K, Q5_K, Q6_K of the K-quant mixes).
+pub fn kernel_format(dtype: GgmlDType) -> Option<folio_kernels::quant::BlockFormat> {
+    use folio_kernels::quant::BlockFormat;
+    match dtype {
+        GgmlDType::Q4_0 => Some(BlockFormat::Q4_0),
+        GgmlDType::Q8_0 => Some(BlockFormat::Q8_0),
+        GgmlDType::Q4K => Some(BlockFormat::Q4K),
+        GgmlDType::Q5K => Some(BlockFormat::Q5K),
+        GgmlDType::Q6K => Some(BlockFormat::Q6K),
+        _ => None,
+    }
+}
+
 /// What a person is told about a GGUF's weights (`folio info`, the window's model facts).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS))]

@@ -71,9 +71,10 @@ impl WeightCensus {
         match p {
             Proj::Dense(l) => self.add_tensor(l.weight()),
             Proj::Quant { weight, .. } => {
-                self.values += weight.shape().elem_count();
-                self.bytes += weight.storage_size_in_bytes() as u64;
-                *self.types.entry(crate::gguf::dtype_name(weight.dtype()).to_owned()).or_insert(0) += 1;
+                let ((rows, cols), bytes, name) = weight.facts();
+                self.values += rows * cols;
+                self.bytes += bytes as u64;
+                *self.types.entry(name.to_owned()).or_insert(0) += 1;
             }
         }
         if let Some(b) = p.bias() {

@@ -2,52 +2,106 @@
 //!
 //! Safetensors checkpoints and the F16/BF16 tensors of a GGUF give plain matrices in the
 //! model's dtype, multiplied by candle's matmul as before. Quantized GGUF tensors (Q4_K, Q8_0,
-//! …) stay in their blocks and multiply through `QMatMul`, which reads f32 activations: a
-//! quantized projection converts its input to f32 and its output back, so the rest of the
-//! decoder runs in one dtype whatever the weights are.
+//! …) stay in their blocks:
+//!
+//! * on CUDA, the formats GGUF files are made of (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) are Folio's own
+//!   [`QuantMatrix`]: a decode step reads the blocks with bf16 activations and no conversion, a
+//!   prefill chunk multiplies the matrix dequantized to bf16 (folio-kernels' quant module says why
+//!   candle's quantized CUDA kernels are not used);
+//! * on the CPU, and for the other formats on CUDA, candle's `QMatMul`, which reads f32
+//!   activations (on the CPU it matches llama.cpp's arithmetic: docs/gguf.md), so such a
+//!   projection converts its input to f32 and its output back.
 
 use std::sync::Arc;
 
-use candle_core::quantized::{QMatMul, QTensor};
-use candle_core::{DType, Module, Tensor, D};
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::Linear;
+use folio_kernels::quant::QuantMatrix;
 
 use crate::error::{Error, Result};
 
 pub enum Proj {
     Dense(Linear),
-    Quant { weight: Arc<QTensor>, bias: Option<Tensor> },
+    Quant { weight: QWeight, bias: Option<Tensor> },
+}
+
+/// A quantized matrix, held where its product runs.
+pub enum QWeight {
+    /// Folio's kernels (CUDA).
+    Blocks(QuantMatrix),
+    /// candle's quantized tensor (the CPU, and formats with no Folio kernel).
+    Candle(Arc<QTensor>),
+}
+
+impl QWeight {
+    /// The matrix's (rows, cols), bytes and ggml type name.
+    pub fn facts(&self) -> ((usize, usize), usize, &'static str) {
+        match self {
+            Self::Blocks(q) => (q.dims(), q.bytes(), q.format().name()),
+            Self::Candle(q) => {
+                let dims = q.shape().dims();
+                let cols = dims.last().copied().unwrap_or(1);
+                (
+                    (q.shape().elem_count() / cols.max(1), cols),
+                    q.storage_size_in_bytes(),
+                    crate::gguf::dtype_name(q.dtype()),
+                )
+            }
+        }
+    }
 }
 
 impl Proj {
-    pub fn quantized(weight: QTensor, bias: Option<Tensor>) -> Self {
-        Self::Quant { weight: Arc::new(weight), bias }
+    /// A quantized projection on `device` from its blocks as a GGUF file stores them (`rows`
+    /// rows of `cols` weights of `dtype`).
+    pub fn from_blocks(
+        bytes: Vec<u8>,
+        dtype: GgmlDType,
+        (rows, cols): (usize, usize),
+        bias: Option<Tensor>,
+        device: &Device,
+    ) -> Result<Self> {
+        if device.is_cuda() {
+            if let Some(format) = crate::gguf::kernel_format(dtype) {
+                let q = QuantMatrix::new(&bytes, format, (rows, cols), device)?;
+                return Ok(Self::Quant { weight: QWeight::Blocks(q), bias });
+            }
+            // candle's kernels for the rest: its dequantize-multiply one for a decode step (its
+            // q8_1 kernels, the default, gave NaN on every quantized fixture on an H200).
+            #[cfg(feature = "cuda")]
+            candle_core::quantized::cuda::set_force_dmmv(true);
+        }
+        let storage = QStorage::from_data(std::borrow::Cow::Owned(bytes), device, dtype)?;
+        let q = QTensor::new(storage, (rows, cols))?;
+        Ok(Self::Quant { weight: QWeight::Candle(Arc::new(q)), bias })
+    }
+
+    /// A quantized projection on `device` from candle's tensor of it (on any device).
+    pub fn quantized(q: QTensor, bias: Option<Tensor>, device: &Device) -> Result<Self> {
+        if device.is_cpu() && q.device().is_cpu() {
+            return Ok(Self::Quant { weight: QWeight::Candle(Arc::new(q)), bias });
+        }
+        let cols = q.shape().dims().last().copied().unwrap_or(1);
+        let rows = q.shape().elem_count() / cols.max(1);
+        Self::from_blocks(q.data()?.into_owned(), q.dtype(), (rows, cols), bias, device)
     }
 
     /// `x @ W^T` without the bias, in `x`'s dtype.
     pub fn product(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let weight = match self {
             Self::Dense(l) => return x.matmul(&l.weight().t()?),
-            Self::Quant { weight, .. } => weight,
+            Self::Quant { weight: QWeight::Blocks(q), .. } => return q.matvec(x),
+            Self::Quant { weight: QWeight::Candle(q), .. } => q,
         };
         let rows = x.elem_count() / x.dim(D::Minus1)?.max(1);
-        if x.device().is_cpu() {
-            // candle's CPU kernels read f32 activations.
+        if x.device().is_cpu() || rows == 1 {
+            // candle's kernels read f32 activations (on CUDA: its dequantize-multiply kernel).
             let y = QMatMul::QTensor(weight.clone()).forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
             return y.to_dtype(x.dtype());
         }
-        if rows == 1 {
-            // A decode step: candle's dequantize-multiply kernel reads the blocks as stored, with
-            // f32 activations. Its newer q8_1 kernels (the default) gave NaN on every quantized
-            // fixture on an H200 (docs/gguf.md), so they are switched off.
-            #[cfg(feature = "cuda")]
-            candle_core::quantized::cuda::set_force_dmmv(true);
-            let y = QMatMul::QTensor(weight.clone()).forward(&x.to_dtype(DType::F32)?.contiguous()?)?;
-            return y.to_dtype(x.dtype());
-        }
-        // A prefill chunk: the matrix dequantized (to f16: half of f32's transient bytes, and
-        // every quantized value is an f16) and multiplied by cuBLAS, as llama.cpp does for large
-        // batches; candle's batched quantized kernel gave NaN here.
+        // A prefill chunk on CUDA: the matrix dequantized (to f16: every quantized value is one)
+        // and multiplied by cuBLAS; candle's batched quantized kernel gave NaN here.
         x.matmul(&weight.dequantize_f16(x.device())?.to_dtype(x.dtype())?.t()?)
     }
 
@@ -130,7 +184,7 @@ mod tests {
             let plain = q.dequantize(&dev).unwrap();
             let bias = Tensor::randn(0f32, 1.0, 64, &dev).unwrap();
             let x = Tensor::randn(0f32, 1.0, (5, 256), &dev).unwrap();
-            let fast = Proj::quantized(q, Some(bias.clone())).forward(&x).unwrap();
+            let fast = Proj::quantized(q, Some(bias.clone()), &dev).unwrap().forward(&x).unwrap();
             let reference = Proj::Dense(Linear::new(plain, Some(bias))).forward(&x).unwrap();
             let diff = (fast - &reference).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             let scale = reference.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();

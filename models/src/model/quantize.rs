@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Tensor;
 
 use super::proj::Proj;
@@ -85,7 +85,7 @@ impl<'a> Quantizing<'a> {
     }
 
     fn quantized(&self, w: &Tensor, bias: Option<Tensor>) -> Result<Proj> {
-        Ok(Proj::quantized(QTensor::quantize(w, self.to)?, bias))
+        Proj::quantized(QTensor::quantize(w, self.to)?, bias, &self.inner.device())
     }
 
     /// Whether rows of `inp` values are whole blocks of the target type.
@@ -130,9 +130,7 @@ impl WeightSource for Quantizing<'_> {
                 bytes
             }
         };
-        let device = self.inner.device();
-        let storage = QStorage::from_data(std::borrow::Cow::Owned(bytes), &device, self.to)?;
-        Ok(Proj::quantized(QTensor::new(storage, (out, inp))?, b))
+        Proj::from_blocks(bytes, self.to, (out, inp), b, &self.inner.device())
     }
 
     fn tied_head(&self, embed: &Tensor, vocab: usize, hidden: usize) -> Result<Proj> {

@@ -146,31 +146,42 @@ impl<'a> GgufWeights<'a> {
         Ok((name, heads))
     }
 
-    fn read(&self, gguf: &str, heads: Option<usize>, shape: &[usize]) -> Result<candle_core::quantized::QTensor> {
+    /// Tensor `gguf` read onto `device`, checked against the shape the metadata implies.
+    fn read(
+        &self,
+        gguf: &str,
+        heads: Option<usize>,
+        shape: &[usize],
+        device: &Device,
+    ) -> Result<candle_core::quantized::QTensor> {
         let place = self.file.tensor(gguf).ok_or_else(|| Error::MissingTensor { name: gguf.to_owned() })?;
         if place.dims != shape {
             return Err(self
                 .file
                 .error(format!("tensor {gguf} has shape {:?}, the file's metadata implies {shape:?}", place.dims)));
         }
-        self.file.read_tensor_rows(gguf, heads, &self.device)
+        self.file.read_tensor_rows(gguf, heads, device)
     }
 
-    /// `gguf` as a projection: quantized types stay quantized.
+    /// `gguf` as a projection: quantized types stay quantized (read into host memory first:
+    /// [`Proj::quantized`] places their blocks where their kernel reads them).
     fn projection(&self, gguf: &str, heads: Option<usize>, shape: &[usize], bias: Option<Tensor>) -> Result<Proj> {
-        let q = self.read(gguf, heads, shape)?;
-        if matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
-            let w = q.dequantize(&self.device)?.to_dtype(self.dtype)?;
+        let float = self
+            .file
+            .tensor(gguf)
+            .is_some_and(|t| matches!(t.dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16));
+        if float {
+            let w = self.read(gguf, heads, shape, &self.device)?.dequantize(&self.device)?.to_dtype(self.dtype)?;
             return Ok(Proj::Dense(Linear::new(w, bias)));
         }
-        Ok(Proj::quantized(q, bias))
+        Proj::quantized(self.read(gguf, heads, shape, &Device::Cpu)?, bias, &self.device)
     }
 }
 
 impl WeightSource for GgufWeights<'_> {
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let (gguf, heads) = self.locate(name)?;
-        Ok(self.read(&gguf, heads, shape)?.dequantize(&self.device)?.to_dtype(self.dtype)?)
+        Ok(self.read(&gguf, heads, shape, &self.device)?.dequantize(&self.device)?.to_dtype(self.dtype)?)
     }
 
     fn linear(&self, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Proj> {

@@ -1,0 +1,318 @@
+// Quantized weights (the GGUF block formats) times bf16 activations, and the weights
+// dequantized to bf16, reading the blocks as stored.
+// CPU reference: kernels/src/quant/reference.rs (the formats' definitions, value by value);
+// kernels/tests/quant.rs holds both kernels to it on fresh random blocks: the dequantized values
+// bit for bit, the product within f32 summation order.
+//
+// Why: a decode step reads every weight once, so its projections are bound by the card's memory
+// rate over the weights' bytes; with Q4_K those are 0.56 of a byte per weight against bf16's 2.
+// candle's quantized CUDA products first quantize the activations to 8 bits (q8_1) and gave NaN
+// on every quantized fixture on an H200; its dequantize-multiply kernel reads f32 activations,
+// so each projection converted its input to f32 and back, and ran at a fraction of the rate
+// (docs/gguf.md). Here the activations stay bf16 (exact in f32) and no copy of them is made.
+//
+// The layout every format shares: one warp takes one output row; each step of its loop covers
+// 1024 weights (four K-quant super-blocks, or thirty-two 32-weight blocks of Q8_0/Q4_0), and
+// each lane takes 32 of them as two *runs* of 16 consecutive columns, each run with one scale
+// (and, for Q4_K/Q5_K, one min): w = d * (q - offset) - m. A run's quants are unpacked 4 to a
+// 32-bit word (one AND per 4 nibbles), each turned into an exact float by placing the byte in a
+// float's mantissa (one byte permute and one add: the integer-to-float instruction runs at a
+// quarter of the rate), and the product sums q * x over the run before the scale multiplies it:
+// about three instructions per weight, where the first version spent fifteen and ran at a fifth
+// of the memory rate. The dequantized value keeps the formula's two roundings apart (no fused
+// multiply-add), the reference's to the bit.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define WARP 32
+#define RUN 16          // weights per run
+#define STEP 1024       // weights a warp covers per step: 32 lanes x 2 runs x 16
+#define TILE 256        // weights per K-quant super-block
+#define LANES_PER_TILE 8
+
+// Format codes: kernels/src/quant/mod.rs, BlockFormat::kernel.
+#define FMT_Q4_0 0
+#define FMT_Q8_0 1
+#define FMT_Q4_K 2
+#define FMT_Q5_K 3
+#define FMT_Q6_K 4
+
+__device__ __forceinline__ float f16_at(const uint8_t* p) {
+    return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(p)));
+}
+
+// Four bytes from a 2-byte-aligned address (Q8_0, Q4_0 and Q6_K blocks are 34, 18 and 210 bytes).
+__device__ __forceinline__ uint32_t u32_at2(const uint8_t* p) {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+    return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+}
+
+// 16 bytes as 4 words, from a 16-byte-aligned address or (ALIGNED false) a 2-byte-aligned one.
+template <bool ALIGNED>
+__device__ __forceinline__ void words16(const uint8_t* p, uint32_t w[4]) {
+    if (ALIGNED) {
+        const uint4 v = *reinterpret_cast<const uint4*>(p);
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) w[i] = u32_at2(p + 4 * i);
+    }
+}
+
+// The K-quants' 6-bit scale and min of sub-block j (0..8) from their 12 packed bytes.
+__device__ __forceinline__ void scale_min_k4(int j, const uint8_t* s, int& sc, int& mn) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        mn = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// One run: 16 unsigned byte quants (4 to a word), the scale d, the min m (0 when the format has
+// none) and the first column. A weight is d * (q - OFFSET) - m.
+struct Run {
+    uint32_t q[4];
+    float d, m;
+    int col;
+};
+
+template <int FMT>
+struct Format;
+
+template <>
+struct Format<FMT_Q4_0> {
+    static constexpr float OFFSET = 8.0f;
+    static constexpr bool MINS = false;
+};
+template <>
+struct Format<FMT_Q8_0> {
+    static constexpr float OFFSET = 128.0f;  // the signed bytes with their top bit flipped
+    static constexpr bool MINS = false;
+};
+template <>
+struct Format<FMT_Q4_K> {
+    static constexpr float OFFSET = 0.0f;
+    static constexpr bool MINS = true;
+};
+template <>
+struct Format<FMT_Q5_K> {
+    static constexpr float OFFSET = 0.0f;
+    static constexpr bool MINS = true;
+};
+template <>
+struct Format<FMT_Q6_K> {
+    static constexpr float OFFSET = 32.0f;
+    static constexpr bool MINS = false;
+};
+
+// Lane `lane`'s two runs of step `step` of a row starting at `row` (k columns). False when the
+// step is the row's last and partial and this lane's block is past its end.
+template <int FMT>
+__device__ __forceinline__ bool lane_runs(const uint8_t* row, int step, int lane, int k, Run& A, Run& B) {
+    if (FMT == FMT_Q8_0 || FMT == FMT_Q4_0) {
+        // A lane is one 32-weight block.
+        const int blk = step * WARP + lane;
+        if (blk >= k / 32) return false;
+        const uint8_t* p = row + (size_t)blk * (FMT == FMT_Q8_0 ? 34 : 18);
+        A.d = B.d = f16_at(p);
+        A.m = B.m = 0.0f;
+        A.col = blk * 32;
+        B.col = A.col + RUN;
+        if (FMT == FMT_Q8_0) {
+            words16<false>(p + 2, A.q);
+            words16<false>(p + 18, B.q);
+#pragma unroll
+            for (int i = 0; i < 4; i++) A.q[i] ^= 0x80808080u, B.q[i] ^= 0x80808080u;
+        } else {
+            // Byte l holds weight l in its low nibble and weight l + 16 in its high one.
+            uint32_t w[4];
+            words16<false>(p + 2, w);
+#pragma unroll
+            for (int i = 0; i < 4; i++) A.q[i] = w[i] & 0x0F0F0F0Fu, B.q[i] = (w[i] >> 4) & 0x0F0F0F0Fu;
+        }
+        return true;
+    }
+    const int tile = step * (WARP / LANES_PER_TILE) + lane / LANES_PER_TILE, i = lane % LANES_PER_TILE;
+    if (tile >= k / TILE) return false;
+    if (FMT == FMT_Q4_K || FMT == FMT_Q5_K) {
+        // d, dmin, 12 bytes of scales, [Q5_K: 32 bytes of fifth bits,] 128 bytes of nibbles; 64
+        // weights j: 32 bytes whose low nibbles are sub-block 2j and high ones 2j + 1. Lane i
+        // takes bytes l0..l0+16 of group j = i / 2.
+        const uint8_t* p = row + (size_t)tile * (FMT == FMT_Q4_K ? 144 : 176);
+        const float d = f16_at(p), dmin = f16_at(p + 2);
+        const int j = i / 2, l0 = RUN * (i % 2);
+        int sc1, m1, sc2, m2;
+        scale_min_k4(2 * j, p + 4, sc1, m1);
+        scale_min_k4(2 * j + 1, p + 4, sc2, m2);
+        A.d = __fmul_rn(d, (float)sc1), A.m = __fmul_rn(dmin, (float)m1);
+        B.d = __fmul_rn(d, (float)sc2), B.m = __fmul_rn(dmin, (float)m2);
+        A.col = tile * TILE + 64 * j + l0;
+        B.col = A.col + 32;
+        uint32_t w[4];
+        words16<true>(p + (FMT == FMT_Q4_K ? 16 : 48) + 32 * j + l0, w);
+#pragma unroll
+        for (int b = 0; b < 4; b++) A.q[b] = w[b] & 0x0F0F0F0Fu, B.q[b] = (w[b] >> 4) & 0x0F0F0F0Fu;
+        if (FMT == FMT_Q5_K) {
+            uint32_t h[4];
+            words16<true>(p + 16 + l0, h);
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                A.q[b] |= ((h[b] >> (2 * j)) & 0x01010101u) << 4;
+                B.q[b] |= ((h[b] >> (2 * j + 1)) & 0x01010101u) << 4;
+            }
+        }
+        return true;
+    }
+    // Q6_K: ql[128], qh[64], scales[16] (signed, one per 16 weights), d. Each half n of 128
+    // weights: quarters 0 and 2 are the low and high nibbles of ql[0..32], quarters 1 and 3 those
+    // of ql[32..64]; qh byte l holds the four quarters' top two bits. Lane i takes bytes
+    // l0..l0+16 of quarter pair s = (i / 2) % 2 of half n = i / 4.
+    const uint8_t* p = row + (size_t)tile * 210;
+    const float d = f16_at(p + 208);
+    const int n = i / 4, s = (i / 2) % 2, l0 = RUN * (i % 2), is = i % 2;
+    uint32_t ql[4], qh[4];
+    words16<false>(p + 64 * n + 32 * s + l0, ql);
+    words16<false>(p + 128 + 32 * n + l0, qh);
+    const int8_t* scales = reinterpret_cast<const int8_t*>(p + 192 + 8 * n);
+    A.d = __fmul_rn(d, (float)scales[is + 2 * s]), B.d = __fmul_rn(d, (float)scales[is + 2 * s + 4]);
+    A.m = B.m = 0.0f;
+    A.col = tile * TILE + 128 * n + 32 * s + l0;
+    B.col = A.col + 64;
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        A.q[b] = (ql[b] & 0x0F0F0F0Fu) | (((qh[b] >> (2 * s)) & 0x03030303u) << 4);
+        B.q[b] = ((ql[b] >> 4) & 0x0F0F0F0Fu) | (((qh[b] >> (2 * s + 4)) & 0x03030303u) << 4);
+    }
+    return true;
+}
+
+// Quant e (0..16) of a run minus the format's offset, exactly, as a float: the byte placed in the
+// mantissa of 2^23 (0x4B000000), then 2^23 + offset taken away.
+template <int FMT>
+__device__ __forceinline__ float quant(const Run& r, int e) {
+    const uint32_t bits = __byte_perm(r.q[e / 4], 0x4B000000u, 0x7540u + (e % 4));
+    return __int_as_float(bits) - (8388608.0f + Format<FMT>::OFFSET);
+}
+
+// Sixteen bf16 activations from a 32-byte-aligned address, as floats.
+__device__ __forceinline__ void load16(const __nv_bfloat16* x, float v[RUN]) {
+    const uint4* p = reinterpret_cast<const uint4*>(x);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const uint4 u = p[h];
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            v[8 * h + 2 * i] = __uint_as_float(w[i] << 16);
+            v[8 * h + 2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+        }
+    }
+}
+
+// A run's sum of (q - offset) * x over activations already loaded.
+template <int FMT>
+__device__ __forceinline__ float run_sum(const Run& r, const float v[RUN]) {
+    float sq = 0.0f;
+#pragma unroll
+    for (int e = 0; e < RUN; e++) sq = fmaf(quant<FMT>(r, e), v[e], sq);
+    return sq;
+}
+
+// out[r, n] = sum_k x[r, k] * W[n, k]. Grid (ceil(N / (ROWS * warps per block)), R); each warp
+// takes ROWS consecutive rows, so that each activation it loads serves ROWS weights and ROWS
+// rows' loads are in flight at once (a short row's warp otherwise waits on one load at a time).
+// x: R rows of k bf16 (16-byte aligned, k a whole number of blocks); blocks: N rows of row_bytes.
+template <int FMT, int ROWS>
+__device__ void matvec(const uint8_t* __restrict__ blocks, const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ out,
+                       int n_rows, int k, int row_bytes) {
+    const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
+    const int n0 = (blockIdx.x * warps + threadIdx.x / WARP) * ROWS;
+    if (n0 >= n_rows) return;
+    const __nv_bfloat16* xr = x + (size_t)blockIdx.y * k;
+    const int steps = (k + STEP - 1) / STEP;
+    float acc[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
+    for (int t = 0; t < steps; t++) {
+        Run A[ROWS], B[ROWS];
+        bool live = true;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            // A row past the matrix reads row 0 again and is not written.
+            const int n = n0 + r < n_rows ? n0 + r : 0;
+            live = lane_runs<FMT>(blocks + (size_t)n * row_bytes, t, lane, k, A[r], B[r]);
+        }
+        if (!live) continue;  // every row's lane is past the end alike
+        float va[RUN], vb[RUN];
+        load16(xr + A[0].col, va);
+        load16(xr + B[0].col, vb);
+        float sxa = 0.0f, sxb = 0.0f;
+        if (Format<FMT>::MINS) {
+#pragma unroll
+            for (int e = 0; e < RUN; e++) sxa += va[e], sxb += vb[e];
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            const float sa = run_sum<FMT>(A[r], va), sb = run_sum<FMT>(B[r], vb);
+            if (Format<FMT>::MINS)
+                acc[r] += fmaf(A[r].d, sa, -A[r].m * sxa) + fmaf(B[r].d, sb, -B[r].m * sxb);
+            else
+                acc[r] += A[r].d * sa + B[r].d * sb;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+#pragma unroll
+        for (int o = WARP / 2; o > 0; o /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+        if (lane == 0 && n0 + r < n_rows) out[(size_t)blockIdx.y * n_rows + n0 + r] = __float2bfloat16(acc[r]);
+    }
+}
+
+__device__ __forceinline__ void store(__nv_bfloat16* o, float v) { *o = __float2bfloat16(v); }
+__device__ __forceinline__ void store(float* o, float v) { *o = v; }
+
+// W dequantized to bf16 or f32, N x k. One thread per lane-unit (32 weights); grid
+// ceil(N * steps * 32 / blockDim).
+template <int FMT, typename T>
+__device__ void dequantize(const uint8_t* __restrict__ blocks, T* __restrict__ out, int n_rows, int k, int row_bytes) {
+    const int steps = (k + STEP - 1) / STEP;
+    const unsigned long long unit = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (unit >= (unsigned long long)n_rows * steps * WARP) return;
+    const int n = (int)(unit / ((unsigned long long)steps * WARP));
+    const int rest = (int)(unit % ((unsigned long long)steps * WARP)), t = rest / WARP, lane = rest % WARP;
+    Run runs[2];
+    if (!lane_runs<FMT>(blocks + (size_t)n * row_bytes, t, lane, k, runs[0], runs[1])) return;
+    T* o = out + (size_t)n * k;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+#pragma unroll
+        for (int e = 0; e < RUN; e++) store(o + runs[r].col + e, __fsub_rn(__fmul_rn(runs[r].d, quant<FMT>(runs[r], e)), runs[r].m));
+    }
+}
+
+#define FORMAT_KERNELS(NAME, FMT)                                                                                      \
+    extern "C" __global__ void qmatvec1_##NAME(const uint8_t* blocks, const __nv_bfloat16* x, __nv_bfloat16* out,      \
+                                               int n_rows, int k, int row_bytes) {                                     \
+        matvec<FMT, 1>(blocks, x, out, n_rows, k, row_bytes);                                                          \
+    }                                                                                                                  \
+    extern "C" __global__ void qmatvec4_##NAME(const uint8_t* blocks, const __nv_bfloat16* x, __nv_bfloat16* out,      \
+                                               int n_rows, int k, int row_bytes) {                                     \
+        matvec<FMT, 4>(blocks, x, out, n_rows, k, row_bytes);                                                          \
+    }                                                                                                                  \
+    extern "C" __global__ void qdequant_bf16_##NAME(const uint8_t* blocks, __nv_bfloat16* out, int n_rows, int k,      \
+                                                    int row_bytes) {                                                   \
+        dequantize<FMT>(blocks, out, n_rows, k, row_bytes);                                                            \
+    }                                                                                                                  \
+    extern "C" __global__ void qdequant_f32_##NAME(const uint8_t* blocks, float* out, int n_rows, int k, int row_bytes) { \
+        dequantize<FMT>(blocks, out, n_rows, k, row_bytes);                                                            \
+    }
+
+FORMAT_KERNELS(q4_0, FMT_Q4_0)
+FORMAT_KERNELS(q8_0, FMT_Q8_0)
+FORMAT_KERNELS(q4_k, FMT_Q4_K)
+FORMAT_KERNELS(q5_k, FMT_Q5_K)
+FORMAT_KERNELS(q6_k, FMT_Q6_K)

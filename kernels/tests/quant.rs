@@ -1,0 +1,154 @@
+//! Quantized weights: the formats' reference (kernels/src/quant/reference.rs) against candle's own
+//! dequantization of the same random blocks, then the fast paths against the reference on every
+//! device — the dequantized matrix bit for bit (bf16 and f32), the product within f32 summation
+//! order and the output's bf16 rounding (the bf16 weights' rounding where a GEMM runs it) — over tiles whole and partial, one to several rows of
+//! activations, and activations that start off a 16-byte boundary.
+
+use std::borrow::Cow;
+
+use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+use candle_core::{DType, Device, Result, Tensor};
+use folio_kernels::quant::{reference, BlockFormat, QuantMatrix, MATVEC_MAX_ROWS, WIDE_GROUP};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+mod common;
+
+/// Where each format keeps its f16 scales, so random blocks get finite ones.
+fn f16_fields(format: BlockFormat) -> &'static [usize] {
+    match format {
+        BlockFormat::Q4_0 | BlockFormat::Q8_0 => &[0],
+        BlockFormat::Q4K | BlockFormat::Q5K => &[0, 2],
+        BlockFormat::Q6K => &[208],
+    }
+}
+
+fn ggml(format: BlockFormat) -> GgmlDType {
+    match format {
+        BlockFormat::Q4_0 => GgmlDType::Q4_0,
+        BlockFormat::Q8_0 => GgmlDType::Q8_0,
+        BlockFormat::Q4K => GgmlDType::Q4K,
+        BlockFormat::Q5K => GgmlDType::Q5K,
+        BlockFormat::Q6K => GgmlDType::Q6K,
+    }
+}
+
+/// Random blocks for `rows × cols` weights: random quants and scale bytes, finite f16 scales.
+fn random_blocks(rng: &mut StdRng, format: BlockFormat, rows: usize, cols: usize) -> Vec<u8> {
+    let blocks = rows * cols / format.block_weights();
+    let mut bytes: Vec<u8> = (0..blocks * format.block_bytes()).map(|_| rng.random()).collect();
+    for block in bytes.chunks_exact_mut(format.block_bytes()) {
+        for &at in f16_fields(format) {
+            let v = rng.random_range(-1.0f32..1.0) * 10f32.powi(rng.random_range(-4..0));
+            block[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+        }
+    }
+    bytes
+}
+
+/// Shapes: (rows, cols). The small formats also get a row that ends in a partial tile.
+fn shapes(format: BlockFormat) -> Vec<(usize, usize)> {
+    let mut s = vec![(1, 256), (5, 512), (13, 3584), (3, 2048)];
+    if format.block_weights() == 32 {
+        s.extend([(7, 224), (2, 96), (9, 32)]);
+    }
+    s
+}
+
+#[test]
+fn reference_matches_candles_dequantization() -> Result<()> {
+    let seed = common::seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for format in BlockFormat::ALL {
+        for (rows, cols) in shapes(format) {
+            let bytes = random_blocks(&mut rng, format, rows, cols);
+            let ours = reference::dequantize(format, &bytes, rows, cols);
+            let storage = QStorage::from_data(Cow::Borrowed(&bytes), &Device::Cpu, ggml(format))?;
+            let theirs =
+                QTensor::new(storage, (rows, cols))?.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+            let differ = ours.iter().zip(&theirs).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(
+                differ,
+                0,
+                "{}: {differ} of {} weights differ from candle's ({rows}x{cols}; seed {seed})",
+                format.name(),
+                rows * cols
+            );
+        }
+    }
+    Ok(())
+}
+
+fn fast_matches_reference(device: &Device) -> Result<()> {
+    let seed = common::seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for format in BlockFormat::ALL {
+        for (rows, cols) in shapes(format) {
+            let bytes = random_blocks(&mut rng, format, rows, cols);
+            let q = QuantMatrix::new(&bytes, format, (rows, cols), device)?;
+            let want = reference::dequantize(format, &bytes, rows, cols);
+            for dtype in [DType::BF16, DType::F32] {
+                let got = q.dequantize(dtype)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let rounded = Tensor::new(want.as_slice(), &Device::Cpu)?
+                    .to_dtype(dtype)?
+                    .to_dtype(DType::F32)?
+                    .to_vec1::<f32>()?;
+                let differ = got.iter().zip(&rounded).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(
+                    differ,
+                    0,
+                    "{} dequantized to {dtype:?} on {device:?}: {differ} differ ({rows}x{cols}; seed {seed})",
+                    format.name()
+                );
+            }
+            for m in [1, 3, MATVEC_MAX_ROWS + 2] {
+                // Activations from offset 1 of their buffer: off the kernels' 16-byte boundary.
+                let all = common::random(&mut rng, m * cols + 1, 2.0);
+                let x = Tensor::from_vec(all, m * cols + 1, device)?
+                    .to_dtype(DType::BF16)?
+                    .narrow(0, 1, m * cols)?
+                    .reshape((m, cols))?;
+                let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let want = reference::matvec(format, &bytes, rows, cols, &xs);
+                for group in [1, WIDE_GROUP] {
+                    let got = q.matvec_grouped(&x, group)?;
+                    assert_eq!(got.dims(), [m, rows]);
+                    let got = got.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                    // The kernel sums exact products in f32, the scaled quants and the mins each on
+                    // its own: within f32 rounding of their magnitudes. More rows (and the CPU)
+                    // multiply the matrix rounded to bf16, each weight within 2^-8 of its value.
+                    let (scaled, mins) = reference::dequantize_parts(format, &bytes, rows, cols);
+                    let w: Vec<f32> = scaled.iter().zip(&mins).map(|(s, m)| s.abs() + m.abs()).collect();
+                    let kernel = device.is_cuda() && m <= MATVEC_MAX_ROWS;
+                    let per_magnitude = if kernel { 1e-5 } else { 1.0 / 128.0 };
+                    for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+                        let (xr, wr) = (&xs[i / rows * cols..][..cols], &w[i % rows * cols..][..cols]);
+                        let magnitude: f64 = xr.iter().zip(wr).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                        let tol = magnitude * per_magnitude + r.abs() / 128.0 + 1e-30;
+                        assert!(
+                        (*g as f64 - r).abs() <= tol,
+                        "{} product on {device:?}, {group} rows a warp: output {i} is {g}, not {r} (tolerance {tol:e}; {m} x {rows}x{cols}; seed {seed})",
+                        format.name()
+                    );
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+test_device!(fast_matches_reference, fast_matches_reference_cpu, fast_matches_reference_cuda);
+
+#[test]
+fn bad_shapes_are_refused() {
+    let dev = Device::Cpu;
+    let e = QuantMatrix::new(&[0; 144], BlockFormat::Q4K, (1, 128), &dev).unwrap_err().to_string();
+    assert!(e.contains("not whole 256-weight blocks"), "{e}");
+    let e = QuantMatrix::new(&[0; 100], BlockFormat::Q4K, (1, 256), &dev).unwrap_err().to_string();
+    assert!(e.contains("take 144 bytes, not 100"), "{e}");
+    let q = QuantMatrix::new(&[0; 34], BlockFormat::Q8_0, (1, 32), &dev).unwrap();
+    let e = q.matvec(&Tensor::zeros((1, 64), DType::F32, &dev).unwrap()).unwrap_err().to_string();
+    assert!(e.contains("for 32 columns"), "{e}");
+    let e = q.matvec_grouped(&Tensor::zeros((1, 32), DType::F32, &dev).unwrap(), 3).unwrap_err().to_string();
+    assert!(e.contains("3 rows per warp"), "{e}");
+}
