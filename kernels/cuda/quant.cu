@@ -1,26 +1,27 @@
-// Quantized weights (the GGUF block formats) times bf16 activations, and the weights
-// dequantized to bf16, reading the blocks as stored.
-// CPU reference: kernels/src/quant/reference.rs (the formats' definitions, value by value);
-// kernels/tests/quant.rs holds both kernels to it on fresh random blocks: the dequantized values
-// bit for bit, the product within f32 summation order.
+// Quantized weights (the GGUF block formats) times activations, and the weights dequantized to
+// bf16 or f32, reading the blocks as stored.
+// CPU reference: kernels/src/quant/reference.rs (the formats' definitions, value by value, and
+// the activations' 8-bit quantization); kernels/tests/quant.rs holds the kernels to it on fresh
+// random blocks: the dequantized values bit for bit, the product within f32 summation order.
 //
-// Why: a decode step reads every weight once, so its projections are bound by the card's memory
-// rate over the weights' bytes; with Q4_K those are 0.56 of a byte per weight against bf16's 2.
-// candle's quantized CUDA products first quantize the activations to 8 bits (q8_1) and gave NaN
-// on every quantized fixture on an H200; its dequantize-multiply kernel reads f32 activations,
-// so each projection converted its input to f32 and back, and ran at a fraction of the rate
-// (docs/gguf.md). Here the activations stay bf16 (exact in f32) and no copy of them is made.
+// Why: a decode step reads every weight once, so its projections should run at the card's memory
+// rate over the weights' bytes (Q4_K: 0.56 of a byte per weight against bf16's 2). candle's
+// quantized CUDA products gave NaN on every quantized fixture on an H200, or (its dequantize-
+// multiply kernel) read f32 activations at a fifth of the rate (docs/gguf.md). A first version of
+// this kernel kept the activations in bf16 and dequantized each weight to f32: Nsight Compute
+// (H200) showed it at 81% of its L1 throughput (the activations, 2 bytes a weight) and 68% of its
+// issue slots (unpacking and converting, ~5 instructions a weight) with DRAM at 21%: ~31 us for a
+// 7B MLP matrix whatever its format. So the product quantizes the activations to 8 bits per 32 values first
+// (quantize_q8_bf16: what llama.cpp's CUDA backend and ggml's CPU kernels do, and what Folio's
+// CPU path already computed), and multiplies 4 quants at a time with dp4a: under one instruction
+// per weight, 1 byte of activations per weight.
 //
-// The layout every format shares: one warp takes one output row; each step of its loop covers
-// 1024 weights (four K-quant super-blocks, or thirty-two 32-weight blocks of Q8_0/Q4_0), and
-// each lane takes 32 of them as two *runs* of 16 consecutive columns, each run with one scale
-// (and, for Q4_K/Q5_K, one min): w = d * (q - offset) - m. A run's quants are unpacked 4 to a
-// 32-bit word (one AND per 4 nibbles), each turned into an exact float by placing the byte in a
-// float's mantissa (one byte permute and one add: the integer-to-float instruction runs at a
-// quarter of the rate), and the product sums q * x over the run before the scale multiplies it:
-// about three instructions per weight, where the first version spent fifteen and ran at a fifth
-// of the memory rate. The dequantized value keeps the formula's two roundings apart (no fused
-// multiply-add), the reference's to the bit.
+// The layout every format shares: one warp takes one output row; each step of
+// its loop covers 1024 weights (four K-quant super-blocks, or thirty-two 32-weight blocks of
+// Q8_0/Q4_0), and each lane takes 32 of them as two *runs* of 16 consecutive columns, each run
+// with one scale (and, for Q4_K/Q5_K, one min): w = d * (q - offset) - m. A run's quants are
+// unpacked 4 to a 32-bit word (one AND per 4 nibbles). The dequantized value keeps the formula's
+// two roundings apart (no fused multiply-add), the reference's to the bit.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -198,78 +199,75 @@ __device__ __forceinline__ float quant(const Run& r, int e) {
     return __int_as_float(bits) - (8388608.0f + Format<FMT>::OFFSET);
 }
 
-// Sixteen bf16 activations from a 32-byte-aligned address, as floats.
-__device__ __forceinline__ void load16(const __nv_bfloat16* x, float v[RUN]) {
-    const uint4* p = reinterpret_cast<const uint4*>(x);
+// The activations quantized to 8 bits per block of 32 (as llama.cpp's CUDA products and ggml's
+// CPU ones do): d = max|x| / 127, q = round(x / d) (half away from zero; all 0 when max|x| is
+// 0), and each 16 values' sum of q for the formats with mins. One warp per 32 values; grid
+// ceil(values / 32 / warps per block). x: `values` bf16, values a multiple of 32.
+extern "C" __global__ void quantize_q8_bf16(const __nv_bfloat16* __restrict__ x, int8_t* __restrict__ qx, float* __restrict__ dx,
+                                            int* __restrict__ s16, long long values) {
+    const int lane = threadIdx.x % WARP;
+    const long long blk = (long long)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (blk * 32 >= values) return;
+    const float v = __bfloat162float(x[blk * 32 + lane]);
+    float amax = fabsf(v);
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const uint4 u = p[h];
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    for (int o = WARP / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = __fdiv_rn(amax, 127.0f);
+    const int q = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v, d));
+    qx[blk * 32 + lane] = (int8_t)q;
+    int sum = q;
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            v[8 * h + 2 * i] = __uint_as_float(w[i] << 16);
-            v[8 * h + 2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-        }
-    }
+    for (int o = 8; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);  // within each half-warp
+    if (lane == 0) dx[blk] = d;
+    if (lane % 16 == 0) s16[blk * 2 + lane / 16] = sum;
 }
 
-// A run's sum of (q - offset) * x over activations already loaded.
+// A run's sum of (q - offset) * qx: its quants made signed bytes (q - offset, 4 at once) and
+// multiplied with the activations' bytes 4 at a time (dp4a).
 template <int FMT>
-__device__ __forceinline__ float run_sum(const Run& r, const float v[RUN]) {
-    float sq = 0.0f;
+__device__ __forceinline__ int run_dot(const Run& r, const uint4 xq) {
+    const uint32_t off = (uint32_t)Format<FMT>::OFFSET * 0x01010101u, xw[4] = {xq.x, xq.y, xq.z, xq.w};
+    int sum = 0;
 #pragma unroll
-    for (int e = 0; e < RUN; e++) sq = fmaf(quant<FMT>(r, e), v[e], sq);
-    return sq;
+    for (int i = 0; i < 4; i++) sum = __dp4a((int)__vsub4(r.q[i], off), (int)xw[i], sum);
+    return sum;
 }
 
-// out[r, n] = sum_k x[r, k] * W[n, k]. Grid (ceil(N / (ROWS * warps per block)), R); each warp
-// takes ROWS consecutive rows, so that each activation it loads serves ROWS weights and ROWS
-// rows' loads are in flight at once (a short row's warp otherwise waits on one load at a time).
-// x: R rows of k bf16 (16-byte aligned, k a whole number of blocks); blocks: N rows of row_bytes.
-template <int FMT, int ROWS>
-__device__ void matvec(const uint8_t* __restrict__ blocks, const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ out,
-                       int n_rows, int k, int row_bytes) {
+// A run's share of the product: d * dx * sum((q - offset) * qx) - m * dx * sum(qx).
+template <int FMT>
+__device__ __forceinline__ float run_share(const Run& r, const uint4 xq, float dx, int s) {
+    const float dot = r.d * dx * (float)run_dot<FMT>(r, xq);
+    return Format<FMT>::MINS ? dot - r.m * dx * (float)s : dot;
+}
+
+// out[r, n] = sum_k x̂[r, k] * W[n, k], x̂ the activations quantized by quantize_q8_bf16. Grid
+// (ceil(N / warps per block), R); each warp takes one row. (Four rows a warp, each activation
+// load serving four weights, measured slower at every 7B shape: fewer warps to hide latency.)
+// qx: R rows of k bytes; dx: R rows of k / 32 scales; s16: R rows of k / 16 sums; blocks: N rows
+// of row_bytes.
+template <int FMT>
+__device__ void matvec(const uint8_t* __restrict__ blocks, const int8_t* __restrict__ qx, const float* __restrict__ dx,
+                       const int* __restrict__ s16, __nv_bfloat16* __restrict__ out, int n_rows, int k, int row_bytes) {
     const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
-    const int n0 = (blockIdx.x * warps + threadIdx.x / WARP) * ROWS;
-    if (n0 >= n_rows) return;
-    const __nv_bfloat16* xr = x + (size_t)blockIdx.y * k;
+    const int n = blockIdx.x * warps + threadIdx.x / WARP;
+    if (n >= n_rows) return;
+    const uint8_t* row = blocks + (size_t)n * row_bytes;
+    const int8_t* xr = qx + (size_t)blockIdx.y * k;
+    const float* dr = dx + (size_t)blockIdx.y * (k / 32);
+    const int* sr = s16 + (size_t)blockIdx.y * (k / 16);
     const int steps = (k + STEP - 1) / STEP;
-    float acc[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
+    float acc = 0.0f;
+#pragma unroll 2
     for (int t = 0; t < steps; t++) {
-        Run A[ROWS], B[ROWS];
-        bool live = true;
-#pragma unroll
-        for (int r = 0; r < ROWS; r++) {
-            // A row past the matrix reads row 0 again and is not written.
-            const int n = n0 + r < n_rows ? n0 + r : 0;
-            live = lane_runs<FMT>(blocks + (size_t)n * row_bytes, t, lane, k, A[r], B[r]);
-        }
-        if (!live) continue;  // every row's lane is past the end alike
-        float va[RUN], vb[RUN];
-        load16(xr + A[0].col, va);
-        load16(xr + B[0].col, vb);
-        float sxa = 0.0f, sxb = 0.0f;
-        if (Format<FMT>::MINS) {
-#pragma unroll
-            for (int e = 0; e < RUN; e++) sxa += va[e], sxb += vb[e];
-        }
-#pragma unroll
-        for (int r = 0; r < ROWS; r++) {
-            const float sa = run_sum<FMT>(A[r], va), sb = run_sum<FMT>(B[r], vb);
-            if (Format<FMT>::MINS)
-                acc[r] += fmaf(A[r].d, sa, -A[r].m * sxa) + fmaf(B[r].d, sb, -B[r].m * sxb);
-            else
-                acc[r] += A[r].d * sa + B[r].d * sb;
-        }
+        Run A, B;
+        if (!lane_runs<FMT>(row, t, lane, k, A, B)) continue;
+        const uint4 xa = *reinterpret_cast<const uint4*>(xr + A.col), xb = *reinterpret_cast<const uint4*>(xr + B.col);
+        const int sa = Format<FMT>::MINS ? sr[A.col / 16] : 0, sb = Format<FMT>::MINS ? sr[B.col / 16] : 0;
+        acc += run_share<FMT>(A, xa, dr[A.col / 32], sa) + run_share<FMT>(B, xb, dr[B.col / 32], sb);
     }
 #pragma unroll
-    for (int r = 0; r < ROWS; r++) {
-#pragma unroll
-        for (int o = WARP / 2; o > 0; o /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-        if (lane == 0 && n0 + r < n_rows) out[(size_t)blockIdx.y * n_rows + n0 + r] = __float2bfloat16(acc[r]);
-    }
+    for (int o = WARP / 2; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) out[(size_t)blockIdx.y * n_rows + n] = __float2bfloat16(acc);
 }
 
 __device__ __forceinline__ void store(__nv_bfloat16* o, float v) { *o = __float2bfloat16(v); }
@@ -295,13 +293,9 @@ __device__ void dequantize(const uint8_t* __restrict__ blocks, T* __restrict__ o
 }
 
 #define FORMAT_KERNELS(NAME, FMT)                                                                                      \
-    extern "C" __global__ void qmatvec1_##NAME(const uint8_t* blocks, const __nv_bfloat16* x, __nv_bfloat16* out,      \
-                                               int n_rows, int k, int row_bytes) {                                     \
-        matvec<FMT, 1>(blocks, x, out, n_rows, k, row_bytes);                                                          \
-    }                                                                                                                  \
-    extern "C" __global__ void qmatvec4_##NAME(const uint8_t* blocks, const __nv_bfloat16* x, __nv_bfloat16* out,      \
-                                               int n_rows, int k, int row_bytes) {                                     \
-        matvec<FMT, 4>(blocks, x, out, n_rows, k, row_bytes);                                                          \
+    extern "C" __global__ void qmatvec_##NAME(const uint8_t* blocks, const int8_t* qx, const float* dx, const int* s16,  \
+                                              __nv_bfloat16* out, int n_rows, int k, int row_bytes) {                  \
+        matvec<FMT>(blocks, qx, dx, s16, out, n_rows, k, row_bytes);                                                   \
     }                                                                                                                  \
     extern "C" __global__ void qdequant_bf16_##NAME(const uint8_t* blocks, __nv_bfloat16* out, int n_rows, int k,      \
                                                     int row_bytes) {                                                   \

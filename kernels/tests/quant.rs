@@ -1,14 +1,15 @@
 //! Quantized weights: the formats' reference (kernels/src/quant/reference.rs) against candle's own
 //! dequantization of the same random blocks, then the fast paths against the reference on every
 //! device — the dequantized matrix bit for bit (bf16 and f32), the product within f32 summation
-//! order and the output's bf16 rounding (the bf16 weights' rounding where a GEMM runs it) — over tiles whole and partial, one to several rows of
+//! order and the output's bf16 rounding of the reference over the activations quantized to 8 bits
+//! (the CUDA kernel), or over the weights rounded to bf16 (where a GEMM runs it) — over tiles whole and partial, one to several rows of
 //! activations, and activations that start off a 16-byte boundary.
 
 use std::borrow::Cow;
 
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
-use folio_kernels::quant::{reference, BlockFormat, QuantMatrix, MATVEC_MAX_ROWS, WIDE_GROUP};
+use folio_kernels::quant::{reference, BlockFormat, QuantMatrix, MATVEC_MAX_ROWS};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 mod common;
@@ -101,36 +102,14 @@ fn fast_matches_reference(device: &Device) -> Result<()> {
                 );
             }
             for m in [1, 3, MATVEC_MAX_ROWS + 2] {
-                // Activations from offset 1 of their buffer: off the kernels' 16-byte boundary.
+                // Activations from offset 1 of their buffer (a view off any vector boundary).
                 let all = common::random(&mut rng, m * cols + 1, 2.0);
                 let x = Tensor::from_vec(all, m * cols + 1, device)?
                     .to_dtype(DType::BF16)?
                     .narrow(0, 1, m * cols)?
                     .reshape((m, cols))?;
                 let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                let want = reference::matvec(format, &bytes, rows, cols, &xs);
-                for group in [1, WIDE_GROUP] {
-                    let got = q.matvec_grouped(&x, group)?;
-                    assert_eq!(got.dims(), [m, rows]);
-                    let got = got.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                    // The kernel sums exact products in f32, the scaled quants and the mins each on
-                    // its own: within f32 rounding of their magnitudes. More rows (and the CPU)
-                    // multiply the matrix rounded to bf16, each weight within 2^-8 of its value.
-                    let (scaled, mins) = reference::dequantize_parts(format, &bytes, rows, cols);
-                    let w: Vec<f32> = scaled.iter().zip(&mins).map(|(s, m)| s.abs() + m.abs()).collect();
-                    let kernel = device.is_cuda() && m <= MATVEC_MAX_ROWS;
-                    let per_magnitude = if kernel { 1e-5 } else { 1.0 / 128.0 };
-                    for (i, (g, r)) in got.iter().zip(&want).enumerate() {
-                        let (xr, wr) = (&xs[i / rows * cols..][..cols], &w[i % rows * cols..][..cols]);
-                        let magnitude: f64 = xr.iter().zip(wr).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
-                        let tol = magnitude * per_magnitude + r.abs() / 128.0 + 1e-30;
-                        assert!(
-                        (*g as f64 - r).abs() <= tol,
-                        "{} product on {device:?}, {group} rows a warp: output {i} is {g}, not {r} (tolerance {tol:e}; {m} x {rows}x{cols}; seed {seed})",
-                        format.name()
-                    );
-                    }
-                }
+                check_product(&q, &x, &xs, &bytes, seed)?;
             }
         }
     }
@@ -138,6 +117,64 @@ fn fast_matches_reference(device: &Device) -> Result<()> {
 }
 
 test_device!(fast_matches_reference, fast_matches_reference_cpu, fast_matches_reference_cuda);
+
+/// The product of `q` (whose blocks are `bytes`) and `x` (`xs` its values) against the reference.
+/// The CUDA kernel (up to MATVEC_MAX_ROWS rows) multiplies the activations quantized to 8 bits,
+/// exactly as `reference::matvec_q8` defines them, and sums the scaled quants and the mins each on
+/// its own: within f32 rounding of their magnitudes. More rows (and the CPU) multiply the matrix
+/// rounded to bf16, each weight within 2^-8 of its value.
+fn check_product(q: &QuantMatrix, x: &Tensor, xs: &[f32], bytes: &[u8], seed: u64) -> Result<()> {
+    let (format, (rows, cols), device) = (q.format(), q.dims(), x.device());
+    let m = xs.len() / cols;
+    let kernel = device.is_cuda() && m <= MATVEC_MAX_ROWS;
+    let (want, per_magnitude, xs) = if kernel {
+        let (qx, d) = reference::quantize_q8(xs);
+        let xhat: Vec<f32> = qx.iter().enumerate().map(|(i, q)| d[i / reference::Q8_BLOCK] * *q as f32).collect();
+        (reference::matvec_q8(format, bytes, rows, cols, xs), 1e-5, xhat)
+    } else {
+        (reference::matvec(format, bytes, rows, cols, xs), 1.0 / 128.0, xs.to_vec())
+    };
+    let (scaled, mins) = reference::dequantize_parts(format, bytes, rows, cols);
+    let w: Vec<f32> = scaled.iter().zip(&mins).map(|(s, m)| s.abs() + m.abs()).collect();
+    {
+        let got = q.matvec(x)?;
+        assert_eq!(got.dims(), [m, rows]);
+        let got = got.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+            let (xr, wr) = (&xs[i / rows * cols..][..cols], &w[i % rows * cols..][..cols]);
+            let magnitude: f64 = xr.iter().zip(wr).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+            let tol = magnitude * per_magnitude + r.abs() / 128.0 + 1e-30;
+            assert!(
+                (*g as f64 - r).abs() <= tol,
+                "{} product on {device:?}: output {i} is {g}, not {r} (tolerance {tol:e}; {m} x {rows}x{cols}; seed {seed})",
+                format.name()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The activations' 8-bit quantization as the reference defines it: each block's largest value
+/// is ±127, every value within half a step of its original, a zero block all zeros.
+#[test]
+fn activations_quantize_to_8_bits_per_block() {
+    let seed = common::seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut x = common::random(&mut rng, 4 * reference::Q8_BLOCK, 3.0);
+    x[reference::Q8_BLOCK..2 * reference::Q8_BLOCK].fill(0.0);
+    let (q, d) = reference::quantize_q8(&x);
+    for (b, block) in x.chunks_exact(reference::Q8_BLOCK).enumerate() {
+        let qs = &q[b * reference::Q8_BLOCK..][..reference::Q8_BLOCK];
+        if b == 1 {
+            assert!(qs.iter().all(|q| *q == 0) && d[b] == 0.0);
+            continue;
+        }
+        assert_eq!(qs.iter().map(|q| q.unsigned_abs()).max(), Some(127), "seed {seed}");
+        for (v, q) in block.iter().zip(qs) {
+            assert!((v - d[b] * *q as f32).abs() <= d[b] * 0.5 + 1e-6, "{v} as {q} x {} (seed {seed})", d[b]);
+        }
+    }
+}
 
 #[test]
 fn bad_shapes_are_refused() {
@@ -149,6 +186,7 @@ fn bad_shapes_are_refused() {
     let q = QuantMatrix::new(&[0; 34], BlockFormat::Q8_0, (1, 32), &dev).unwrap();
     let e = q.matvec(&Tensor::zeros((1, 64), DType::F32, &dev).unwrap()).unwrap_err().to_string();
     assert!(e.contains("for 32 columns"), "{e}");
-    let e = q.matvec_grouped(&Tensor::zeros((1, 32), DType::F32, &dev).unwrap(), 3).unwrap_err().to_string();
-    assert!(e.contains("3 rows per warp"), "{e}");
+    let wide = QuantMatrix::new(&[0; 68], BlockFormat::Q8_0, (1, 64), &dev).unwrap();
+    let e = QuantMatrix::stack(&[&q, &wide]).unwrap_err().to_string();
+    assert!(e.contains("stacking 1 x 32 Q8_0 with 1 x 64 Q8_0"), "{e}");
 }

@@ -335,9 +335,10 @@ fn mlp_rows(device: &candle_core::Device, dtype: DType, gemm: f64, bandwidth: f6
 }
 
 /// A decode step's projection with quantized weights: Folio's kernel (CUDA), candle's `QMatMul`
-/// with f32 activations (the CPU's path; on CUDA its dequantize-multiply kernel, what ran before), and the plain matrix in the
-/// run's dtype, each against the copy bandwidth over the bytes it must read (the weights'; the
-/// activations are a rounding error). Random blocks: the speed does not depend on the values.
+/// with f32 activations (the CPU's path; on CUDA its dequantize-multiply kernel, what ran
+/// before), and the plain matrix in the run's dtype, each against the copy bandwidth over the
+/// bytes it must read (the weights'; the activations are a rounding error). Random blocks: the
+/// speed does not depend on the values.
 fn quant_rows(device: &Device, dtype: DType, bandwidth: f64) -> Result<Vec<KernelRow>> {
     use candle_core::quantized::{QMatMul, QStorage, QTensor};
     use candle_core::Module;
@@ -367,18 +368,15 @@ fn quant_rows(device: &Device, dtype: DType, bandwidth: f64) -> Result<Vec<Kerne
             let format = folio_models::gguf::kernel_format(ggml).expect("every timed type has a kernel");
             let name = format.name();
             let blocks: Vec<u8> =
-                (0..rows * cols / format.block_weights() * format.block_bytes()).map(|_| rng.random()).collect();
+                (0..rows * cols / format.block_weights() * format.block_bytes()).map(|_| rng.random::<u8>()).collect();
             let bytes = blocks.len() as f64;
             if device.is_cuda() {
                 let q = folio_kernels::quant::QuantMatrix::new(&blocks, format, (rows, cols), device)?;
                 let xb = x.to_dtype(DType::BF16)?;
-                for group in [1, folio_kernels::quant::WIDE_GROUP] {
-                    let secs = time_calls(device, || q.matvec_grouped(&xb, group))?;
-                    let kernel = format!(
-                        "quantized matvec {name} {rows}x{cols}, kernels/cuda/quant.cu (bf16 activations, {group} rows a warp)"
-                    );
-                    out.push(KernelRow::moving(kernel, secs, bytes, bandwidth, "copy bandwidth"));
-                }
+                let secs = time_calls(device, || q.matvec(&xb))?;
+                let kernel =
+                    format!("quantized matvec {name} {rows}x{cols}, kernels/cuda/quant.cu (8-bit activations)");
+                out.push(KernelRow::moving(kernel, secs, bytes, bandwidth, "copy bandwidth"));
             }
             let storage = QStorage::from_data(std::borrow::Cow::Owned(blocks), device, ggml)?;
             let q = QMatMul::QTensor(std::sync::Arc::new(QTensor::new(storage, (rows, cols))?));

@@ -2,12 +2,14 @@
 //!
 //! Why here: a decode step's projections read every weight once, so they run at the card's
 //! memory rate over the weights' bytes, and a Q4_K matrix is 0.56 of a byte per weight against
-//! bf16's 2. candle's quantized CUDA products quantize the activations to 8 bits first and
-//! returned NaN on an H200 (docs/gguf.md); its other kernel reads f32 activations, which cost a
-//! conversion each way per projection. [`QuantMatrix::matvec`] reads bf16 activations and the
-//! blocks as a GGUF file stores them, and writes bf16; [`QuantMatrix::dequantize`] gives the plain
-//! matrix for a prefill chunk's GEMM. Both have the formats' definitions in [`reference`] beside
-//! them, and the tests hold the kernels to it on fresh random blocks.
+//! bf16's 2. candle's quantized CUDA products returned NaN on an H200 (docs/gguf.md), or read f32
+//! activations at a fifth of the memory rate. [`QuantMatrix::matvec`] takes bf16 activations,
+//! quantizes them to 8 bits per 32 values (as llama.cpp's CUDA backend and ggml's CPU kernels
+//! do, and as Folio's CPU path through candle already did) and multiplies them with the blocks
+//! as a GGUF file stores them, writing bf16 (kernels/cuda/quant.cu says why 8-bit activations);
+//! [`QuantMatrix::dequantize`] gives the plain matrix for a prefill chunk's GEMM. Both have the
+//! formats' definitions in [`reference`] beside them, and the tests hold the kernels to it on
+//! fresh random blocks.
 //!
 //! The blocks are a plain `u8` tensor, `rows × row_bytes`: this crate knows the formats' bytes and
 //! nothing of candle's quantized types or of files (folio-models maps its tensors here).
@@ -33,11 +35,6 @@ const SMALL_BLOCK: usize = 32;
 /// Activation rows up to which a product reads the blocks once per row (a decode step, a few
 /// speculative tokens); more rows dequantize the matrix once for a GEMM.
 pub const MATVEC_MAX_ROWS: usize = 4;
-/// The product's kernel takes 1 or [`WIDE_GROUP`] weight rows per warp: a group of 4 loads each
-/// activation once for 4 rows and keeps 4 rows' loads in flight, but leaves a quarter of the
-/// warps; it is chosen from [`WIDE_GROUP_MIN_ROWS`] output rows on (a 7B model's MLP gate and up).
-pub const WIDE_GROUP: usize = 4;
-pub const WIDE_GROUP_MIN_ROWS: usize = 8192;
 
 impl BlockFormat {
     pub const ALL: [Self; 5] = [Self::Q4_0, Self::Q8_0, Self::Q4K, Self::Q5K, Self::Q6K];
@@ -116,6 +113,25 @@ impl QuantMatrix {
         Ok(Self { blocks, format, rows, cols })
     }
 
+    /// Matrices of one format and width as one whose rows are theirs in order: projections that
+    /// read the same input (q, k and v) become one product, one launch and one read of it.
+    pub fn stack(parts: &[&Self]) -> Result<Self> {
+        let Some(first) = parts.first() else { candle_core::bail!("stacking no quantized matrices") };
+        if let Some(odd) = parts.iter().find(|p| p.format != first.format || p.cols != first.cols) {
+            candle_core::bail!(
+                "stacking {} x {} {} with {} x {} {}",
+                first.rows,
+                first.cols,
+                first.format.name(),
+                odd.rows,
+                odd.cols,
+                odd.format.name()
+            );
+        }
+        let blocks = Tensor::cat(&parts.iter().map(|p| &p.blocks).collect::<Vec<_>>(), 0)?;
+        Ok(Self { blocks, format: first.format, rows: parts.iter().map(|p| p.rows).sum(), cols: first.cols })
+    }
+
     pub fn format(&self) -> BlockFormat {
         self.format
     }
@@ -131,19 +147,10 @@ impl QuantMatrix {
     }
 
     /// `x @ W^T` for `x` of `[.., cols]`, in `x`'s dtype. On CUDA with bf16 activations, up to
-    /// [`MATVEC_MAX_ROWS`] rows read the blocks directly; more rows, and every other case,
-    /// multiply the dequantized matrix.
+    /// [`MATVEC_MAX_ROWS`] rows read the blocks directly with `x` quantized to 8 bits
+    /// ([`reference::matvec_q8`] defines the result); more rows, and every other case, multiply
+    /// the dequantized matrix.
     pub fn matvec(&self, x: &Tensor) -> Result<Tensor> {
-        let group = if self.rows >= WIDE_GROUP_MIN_ROWS { WIDE_GROUP } else { 1 };
-        self.matvec_grouped(x, group)
-    }
-
-    /// [`QuantMatrix::matvec`] with `group` (1 or [`WIDE_GROUP`]) weight rows per warp of the
-    /// kernel, whatever the rows: for the tests and benchmarks that compare the two.
-    pub fn matvec_grouped(&self, x: &Tensor, group: usize) -> Result<Tensor> {
-        if group != 1 && group != WIDE_GROUP {
-            candle_core::bail!("quantized product: {group} rows per warp (1 or {WIDE_GROUP})");
-        }
         if x.dim(D::Minus1)? != self.cols {
             candle_core::bail!("quantized product: input of {:?} for {} columns", x.dims(), self.cols);
         }
@@ -152,9 +159,8 @@ impl QuantMatrix {
             let m = x.elem_count() / self.cols;
             let mut out_dims = x.dims().to_vec();
             *out_dims.last_mut().expect("x has a last dimension") = self.rows;
-            let flat = crate::layout::vector_aligned(&x.reshape((m, self.cols))?)?;
-            let op =
-                crate::cuda_op::CudaOnly(cuda::Matvec { format: self.format, rows: self.rows, cols: self.cols, group });
+            let flat = x.contiguous()?.reshape((m, self.cols))?;
+            let op = crate::cuda_op::CudaOnly(cuda::Matvec { format: self.format, rows: self.rows, cols: self.cols });
             return flat.apply_op2_no_bwd(&self.blocks, &op)?.reshape(out_dims);
         }
         let w = self.dequantize(if x.dtype() == DType::BF16 { DType::BF16 } else { DType::F32 })?;

@@ -131,3 +131,29 @@ pub fn matvec(format: BlockFormat, bytes: &[u8], rows: usize, cols: usize, x: &[
         })
         .collect()
 }
+
+/// Activations per 8-bit scale.
+pub const Q8_BLOCK: usize = 32;
+
+/// Activations quantized to 8 bits per block of [`Q8_BLOCK`], as the CUDA product reads them:
+/// `d = max|x| / 127`, `q = round(x / d)` (half away from zero), all 0 when the block is 0.
+/// Returns the quants and each block's `d`; `x̂ = d * q`.
+pub fn quantize_q8(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
+    assert!(x.len().is_multiple_of(Q8_BLOCK), "{} activations are not whole blocks of {Q8_BLOCK}", x.len());
+    let mut q = Vec::with_capacity(x.len());
+    let mut d = Vec::with_capacity(x.len() / Q8_BLOCK);
+    for block in x.chunks_exact(Q8_BLOCK) {
+        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let scale = amax / 127.0;
+        q.extend(block.iter().map(|v| if amax == 0.0 { 0 } else { (v / scale).round() as i8 }));
+        d.push(scale);
+    }
+    (q, d)
+}
+
+/// [`matvec`] over the activations as [`quantize_q8`] gives them: what the CUDA product computes.
+pub fn matvec_q8(format: BlockFormat, bytes: &[u8], rows: usize, cols: usize, x: &[f32]) -> Vec<f64> {
+    let (q, d) = quantize_q8(x);
+    let dequantized: Vec<f32> = q.iter().enumerate().map(|(i, q)| d[i / Q8_BLOCK] * *q as f32).collect();
+    matvec(format, bytes, rows, cols, &dequantized)
+}

@@ -6,7 +6,7 @@
 //! ([`tensors`]). Folio reads the architectures its decoder implements (llama — which
 //! llama.cpp's converter also uses for Mistral —, qwen2, qwen3) into the same [`ModelConfig`]
 //! and the same decoder as safetensors; quantized matrices stay quantized and multiply through
-//! candle's `QMatMul` (the ggml block formats, on the CPU and CUDA).
+//! folio-kernels' quantized kernels on CUDA ([`kernel_format`]) and candle's `QMatMul` on the CPU.
 //!
 //! Why parse with candle's `gguf_file` and check again here: candle bounds every length it
 //! reads, but a person needs to hear *which* thing is wrong — a file cut short, a quantisation

@@ -7,7 +7,8 @@
 //!   RoPE rotates interleaved pairs (its "normal" mode); the decoder rotates halves, as
 //!   transformers does. [`unpermute_rows`] moves whole rows back — a quantized row is a run of
 //!   whole blocks, so this works on any type's bytes without dequantizing;
-//! * matrices stay in their file type and multiply through `QMatMul`; F16/BF16/F32 matrices
+//! * matrices stay in their file type (`crate::model`'s projections multiply them: Folio's
+//!   kernels on CUDA, candle's `QMatMul` on the CPU); F16/BF16/F32 matrices
 //!   and every vector are converted to the model's dtype, the same tensors a safetensors
 //!   checkpoint gives.
 

@@ -235,7 +235,7 @@ impl Model {
                 census.add_tensor(t);
             }
             match &l.qkv {
-                Qkv::Stacked(w) => census.add(&Proj::Dense(w.clone())),
+                Qkv::Stacked(w) => census.add(w),
                 Qkv::Parts(parts) => parts.iter().for_each(|p| census.add(p)),
             }
             [&l.o, &l.gate, &l.up, &l.down].into_iter().for_each(|p| census.add(p));
@@ -317,11 +317,13 @@ impl Model {
         let (nq, nkv) = (self.cfg.num_heads, self.cfg.num_kv_heads);
         let (mut q, mut k, v) = span(dev, "q/k/v projections", || {
             // One token (a decode step): one product, each projection a view of its columns.
-            // More (a prefill chunk): a product per projection over its rows of the stacked
+            // More (a prefill chunk): a product per projection over its rows of a plain stacked
             // weight, whose outputs the head split reads as they are, where columns of one
-            // product would each be copied out first.
+            // product would each be copied out first (a quantized stack: one product, whose
+            // dequantized matrix is made once).
             let whole = match &layer.qkv {
-                Qkv::Stacked(w) if h.dim(0)? == 1 => Some(h.matmul(&w.weight().t()?)?),
+                Qkv::Stacked(Proj::Dense(w)) if h.dim(0)? == 1 => Some(h.matmul(&w.weight().t()?)?),
+                Qkv::Stacked(w @ Proj::Quant { .. }) => Some(w.product(&h)?),
                 _ => None,
             };
             let (at, widths) = ([0, nq, nq + nkv], [nq, nkv, nkv]);
@@ -329,9 +331,10 @@ impl Model {
                 let (from, width) = (at[part] * hd, widths[part] * hd);
                 let (y, bias) = match &layer.qkv {
                     Qkv::Stacked(w) => {
-                        let y = match &whole {
-                            Some(y) => y.narrow(1, from, width)?,
-                            None => h.matmul(&w.weight().narrow(0, from, width)?.t()?)?,
+                        let y = match (&whole, w.dense()) {
+                            (Some(y), _) => y.narrow(1, from, width)?,
+                            (None, Some(w)) => h.matmul(&w.weight().narrow(0, from, width)?.t()?)?,
+                            (None, None) => candle_core::bail!("a quantized q/k/v stack without its product"),
                         };
                         (y, w.bias().map(|b| b.narrow(0, from, width)).transpose()?)
                     }

@@ -5,9 +5,9 @@
 //! …) stay in their blocks:
 //!
 //! * on CUDA, the formats GGUF files are made of (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) are Folio's own
-//!   [`QuantMatrix`]: a decode step reads the blocks with bf16 activations and no conversion, a
-//!   prefill chunk multiplies the matrix dequantized to bf16 (folio-kernels' quant module says why
-//!   candle's quantized CUDA kernels are not used);
+//!   [`QuantMatrix`]: a decode step reads the blocks with the activations quantized to 8 bits
+//!   (as llama.cpp's CUDA backend does), a prefill chunk multiplies the matrix dequantized to bf16
+//!   (folio-kernels' quant module says why candle's quantized CUDA kernels are not used);
 //! * on the CPU, and for the other formats on CUDA, candle's `QMatMul`, which reads f32
 //!   activations (on the CPU it matches llama.cpp's arithmetic: docs/gguf.md), so such a
 //!   projection converts its input to f32 and its output back.
@@ -135,20 +135,45 @@ impl Proj {
     }
 }
 
-/// The q, k and v projections: one stacked matrix when all three are plain (one product and
-/// one read of the input a decode step instead of three), else each on its own (a quantized
-/// file may hold them in different types: Q4_K_M keeps v in Q6_K).
+/// The q, k and v projections: one stacked matrix when all three are plain, or quantized in one
+/// format with Folio's kernel (one product and one read of the input a decode step instead of
+/// three), else each on its own (a quantized file may hold them in different types: Q4_K_M keeps
+/// v in Q6_K).
 pub enum Qkv {
-    Stacked(Linear),
+    Stacked(Proj),
     Parts(Box<[Proj; 3]>),
 }
 
 impl Qkv {
     pub fn new(parts: [Proj; 3]) -> Result<Self> {
-        match parts.iter().map(Proj::dense).collect::<Option<Vec<_>>>() {
-            Some(plain) => Ok(Self::Stacked(stacked(&plain)?)),
-            None => Ok(Self::Parts(Box::new(parts))),
+        if let Some(plain) = parts.iter().map(Proj::dense).collect::<Option<Vec<_>>>() {
+            return Ok(Self::Stacked(Proj::Dense(stacked(&plain)?)));
         }
+        let blocks: Option<Vec<&QuantMatrix>> = parts
+            .iter()
+            .map(|p| match p {
+                Proj::Quant { weight: QWeight::Blocks(q), .. } => Some(q),
+                _ => None,
+            })
+            .collect();
+        match blocks {
+            Some(b) if b.iter().all(|q| q.format() == b[0].format() && q.dims().1 == b[0].dims().1) => {
+                let bias = stacked_bias(&parts.iter().map(Proj::bias).collect::<Vec<_>>())?;
+                Ok(Self::Stacked(Proj::Quant { weight: QWeight::Blocks(QuantMatrix::stack(&b)?), bias }))
+            }
+            _ => Ok(Self::Parts(Box::new(parts))),
+        }
+    }
+}
+
+/// The biases of stacked projections, in order: all of them or none.
+fn stacked_bias(biases: &[Option<&Tensor>]) -> Result<Option<Tensor>> {
+    match biases.iter().copied().collect::<Option<Vec<_>>>() {
+        Some(b) => Ok(Some(Tensor::cat(&b, 0)?)),
+        None if biases.iter().any(Option::is_some) => {
+            Err(Error::Invalid("stacked projections: some have a bias and some do not".into()))
+        }
+        None => Ok(None),
     }
 }
 
@@ -156,13 +181,7 @@ impl Qkv {
 /// with a bias, or none).
 fn stacked(parts: &[&Linear]) -> Result<Linear> {
     let weight = Tensor::cat(&parts.iter().map(|l| l.weight()).collect::<Vec<_>>(), 0)?;
-    let bias = match parts.iter().map(|l| l.bias()).collect::<Option<Vec<_>>>() {
-        Some(biases) => Some(Tensor::cat(&biases, 0)?),
-        None if parts.iter().any(|p| p.bias().is_some()) => {
-            return Err(Error::Invalid("stacked projections: some have a bias and some do not".into()))
-        }
-        None => None,
-    };
+    let bias = stacked_bias(&parts.iter().map(|l| l.bias()).collect::<Vec<_>>())?;
     Ok(Linear::new(weight, bias))
 }
 
