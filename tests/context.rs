@@ -1,6 +1,7 @@
 //! Context files end to end through the `folio` binary: prefill → info → chat → follow-ups,
 //! every method over one saved file with its stored indexes, a dry run's counts, a context grown
-//! in place, the samples' documented answers, mixed K/V dtypes, and rich documents cited by page.
+//! in place, the samples' documented answers, mixed K/V dtypes, rich documents cited by page, and
+//! a context read with other weights of its model.
 //! Real files, real processes, no mocks. Interrupted, damaged and refused runs are in
 //! context_recovery.rs.
 
@@ -439,4 +440,36 @@ fn the_log_records_each_step_with_figures_and_no_text() {
     for text in ["falcon", "amber", "secret code"] {
         assert!(!log.contains(text), "the log holds text ({text}):\n{log}");
     }
+}
+
+/// A context read with other weights of its model (the demo model's projections quantized on
+/// load): refused with both named and the flag that reads it; read with
+/// `--accept-other-weights`, a warning on stderr and the answer still found; never changed by
+/// them (an append is refused); another model stays refused whatever the flag.
+#[test]
+fn other_weights_are_refused_or_read_on_request() {
+    let d = docs(1);
+    let work = tempfile::tempdir().unwrap();
+    let ctx = work.path().join("plain.folio");
+    ok_json(prefill(d.path(), &ctx, &[]));
+    let c = ctx.display().to_string();
+    let question = "what is the secret code of amber falcon ?";
+    let err = err_text(folio(&["chat", "--context", &c, "--quantize", "q8_0", question]));
+    assert!(err.contains("other weights of this model"), "{err}");
+    assert!(err.contains("quantization null vs \"Q8_0 (quantized on load)\""), "{err}");
+    assert!(err.contains("--accept-other-weights"), "{err}");
+    let out = folio(&["chat", "--context", &c, "--quantize", "q8_0", "--accept-other-weights", question, "--json"]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let answer = ok_json(out);
+    assert!(stderr.contains("warning: this context was made with other weights"), "{stderr}");
+    assert!(answer["text"].as_str().unwrap_or_default().contains("4 8 1 5 2"), "{answer}");
+    let extra = work.path().join("extra.txt");
+    std::fs::write(&extra, "the lucky number of jade tiger is 9 0 4 5 5 .").unwrap();
+    let x = extra.display().to_string();
+    let err =
+        err_text(folio(&["prefill", "--context", &c, "--add", &x, "--quantize", "q8_0", "--accept-other-weights"]));
+    assert!(err.contains("does not change it"), "{err}");
+    let llama = root().join("tests/fixtures/models/llama").display().to_string();
+    let err = err_text(folio(&["chat", "--context", &c, "--model", &llama, "--accept-other-weights", question]));
+    assert!(err.contains("was made with model demo"), "{err}");
 }

@@ -14,9 +14,9 @@
 #   tools/gpu-smoke.sh tiers   # there: both decode tiers' fast paths vs the CPU references on
 #                              # CUDA, then a chat per method on each tier over the samples
 #   tools/gpu-smoke.sh quant   # there: the quantized-weight kernels vs their CPU reference, the
-#                              # GGUF fixtures' perplexity on CUDA (decode and batched paths, f32
-#                              # and bf16) beside the CPU's, and the quantized rows of
-#                              # `folio bench kernels`; log and JSON to $OUT
+#                              # GGUF fixtures' perplexity on CUDA (the decode path in f32 and
+#                              # bf16, the batched one: --chunk 16) beside the CPU's, and the
+#                              # quantized rows of `folio bench kernels`; log and JSON to $OUT
 #   tools/gpu-smoke.sh shape N M     # there: `folio bench --shape` at context N, methods M (hip:2048,…)
 #   tools/gpu-smoke.sh prefill S T [KV] # there: `folio bench prefill` of model/shape S, T tokens, 24 GiB cap
 #   tools/gpu-smoke.sh peer S T [KV]    # there: the same with --profile, then Hugging Face transformers
@@ -213,12 +213,12 @@ for m in json.load(sys.stdin):
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
       echo "== quantized-weight kernels vs the formats' CPU reference"
       .gpu/kernels-quant --nocapture
-      echo "== GGUF fixtures: mean NLL over tests/fixtures/models/llama/ppl.txt, CPU then CUDA (decode path: --chunk 1; batched: --chunk 4)"
+      echo "== GGUF fixtures: mean NLL over tests/fixtures/models/llama/ppl.txt, CPU then CUDA (decode path: --chunk 1; batched, dequantized for a GEMM: --chunk 16)"
       for f in tests/fixtures/gguf/*.gguf; do
         # ppl CHUNK GLOBAL-FLAGS...: one line of JSON
         ppl() { c=$1; shift; .gpu/folio --model "$f" "$@" perplexity --file tests/fixtures/models/llama/ppl.txt --chunk "$c" --json | tr -d '\n'; }
-        printf '%s cpu %s cuda-f32 %s cuda-bf16 %s cuda-bf16-chunk4 %s\n' "$(basename "$f")" "$(ppl 1 --device cpu)" \
-          "$(ppl 1 --device cuda --dtype f32)" "$(ppl 1 --device cuda --dtype bf16)" "$(ppl 4 --device cuda --dtype bf16)"
+        printf '%s cpu %s cuda-f32 %s cuda-bf16 %s cuda-bf16-chunk16 %s\n' "$(basename "$f")" "$(ppl 1 --device cpu)" \
+          "$(ppl 1 --device cuda --dtype f32)" "$(ppl 1 --device cuda --dtype bf16)" "$(ppl 16 --device cuda --dtype bf16)"
       done
       echo "== folio bench kernels (the quantized rows: kernels/cuda/quant.cu, candle's QMatMul, the plain bf16 matvec)"
       .gpu/folio bench kernels --device cuda --context "${CONTEXT:-262144}" --json > "$out/bench-kernels.json"

@@ -10,11 +10,12 @@
 // multiply kernel) read f32 activations at a fifth of the rate (docs/gguf.md). A first version of
 // this kernel kept the activations in bf16 and dequantized each weight to f32: Nsight Compute
 // (H200) showed it at 81% of its L1 throughput (the activations, 2 bytes a weight) and 68% of its
-// issue slots (unpacking and converting, ~5 instructions a weight) with DRAM at 21%: ~31 us for a
-// 7B MLP matrix whatever its format. So the product quantizes the activations to 8 bits per 32 values first
-// (quantize_q8_bf16: what llama.cpp's CUDA backend and ggml's CPU kernels do, and what Folio's
-// CPU path already computed), and multiplies 4 quants at a time with dp4a: under one instruction
-// per weight, 1 byte of activations per weight.
+// issue slots (unpacking and converting: 4-5 instructions a weight in its PTX) with DRAM at 21%,
+// 31-39 us for a 7B MLP matrix in every format. So the product quantizes the activations to 8
+// bits per 32 values first (quantize_q8_bf16, as llama.cpp's CUDA backend does; ggml's CPU
+// kernels, which Folio's CPU path runs through candle, do so per 32 for Q4_0/Q8_0 and per 256
+// for the K-quants) and multiplies 4 quants at a time with dp4a: under one instruction per
+// weight, 1 byte of activations per weight.
 //
 // The layout every format shares: one warp takes one output row; each step of
 // its loop covers 1024 weights (four K-quant super-blocks, or thirty-two 32-weight blocks of
@@ -32,6 +33,23 @@
 #define STEP 1024       // weights a warp covers per step: 32 lanes x 2 runs x 16
 #define TILE 256        // weights per K-quant super-block
 #define LANES_PER_TILE 8
+#define SMALL_BLOCK 32  // weights per Q4_0/Q8_0 block
+#define Q8_BLOCK 32     // activations per 8-bit scale (reference::Q8_BLOCK)
+#define Q8_SUM 16       // activations per sum of quants (reference::Q8_SUM)
+
+// Where each block keeps what (bytes from the block's start; the formats' definitions are in
+// kernels/src/quant/reference.rs). Q4_0 and Q8_0: the scale d, then the quants.
+#define SMALL_QS 2
+// Q4_K and Q5_K: d, dmin, 12 bytes of scales and mins, [Q5_K: 32 bytes of fifth bits,] nibbles.
+#define K_DMIN 2
+#define K_SCALES 4
+#define Q4K_QS 16
+#define Q5K_QH 16
+#define Q5K_QS 48
+// Q6_K: low nibbles, 2-bit highs, 16 signed scales, d.
+#define Q6K_QH 128
+#define Q6K_SCALES 192
+#define Q6K_D 208
 
 // Format codes: kernels/src/quant/mod.rs, BlockFormat::kernel.
 #define FMT_Q4_0 0
@@ -84,29 +102,35 @@ struct Run {
 template <int FMT>
 struct Format;
 
+// Each format's block bytes, its quants' offset and whether its weights have mins.
 template <>
 struct Format<FMT_Q4_0> {
-    static constexpr float OFFSET = 8.0f;
+    static constexpr int BLOCK_BYTES = 18;
+    static constexpr int OFFSET = 8;
     static constexpr bool MINS = false;
 };
 template <>
 struct Format<FMT_Q8_0> {
-    static constexpr float OFFSET = 128.0f;  // the signed bytes with their top bit flipped
+    static constexpr int BLOCK_BYTES = 34;
+    static constexpr int OFFSET = 128;  // the signed bytes with their top bit flipped
     static constexpr bool MINS = false;
 };
 template <>
 struct Format<FMT_Q4_K> {
-    static constexpr float OFFSET = 0.0f;
+    static constexpr int BLOCK_BYTES = 144;
+    static constexpr int OFFSET = 0;
     static constexpr bool MINS = true;
 };
 template <>
 struct Format<FMT_Q5_K> {
-    static constexpr float OFFSET = 0.0f;
+    static constexpr int BLOCK_BYTES = 176;
+    static constexpr int OFFSET = 0;
     static constexpr bool MINS = true;
 };
 template <>
 struct Format<FMT_Q6_K> {
-    static constexpr float OFFSET = 32.0f;
+    static constexpr int BLOCK_BYTES = 210;
+    static constexpr int OFFSET = 32;
     static constexpr bool MINS = false;
 };
 
@@ -117,21 +141,21 @@ __device__ __forceinline__ bool lane_runs(const uint8_t* row, int step, int lane
     if (FMT == FMT_Q8_0 || FMT == FMT_Q4_0) {
         // A lane is one 32-weight block.
         const int blk = step * WARP + lane;
-        if (blk >= k / 32) return false;
-        const uint8_t* p = row + (size_t)blk * (FMT == FMT_Q8_0 ? 34 : 18);
+        if (blk >= k / SMALL_BLOCK) return false;
+        const uint8_t* p = row + (size_t)blk * Format<FMT>::BLOCK_BYTES;
         A.d = B.d = f16_at(p);
         A.m = B.m = 0.0f;
-        A.col = blk * 32;
+        A.col = blk * SMALL_BLOCK;
         B.col = A.col + RUN;
         if (FMT == FMT_Q8_0) {
-            words16<false>(p + 2, A.q);
-            words16<false>(p + 18, B.q);
+            words16<false>(p + SMALL_QS, A.q);
+            words16<false>(p + SMALL_QS + RUN, B.q);
 #pragma unroll
             for (int i = 0; i < 4; i++) A.q[i] ^= 0x80808080u, B.q[i] ^= 0x80808080u;
         } else {
             // Byte l holds weight l in its low nibble and weight l + 16 in its high one.
             uint32_t w[4];
-            words16<false>(p + 2, w);
+            words16<false>(p + SMALL_QS, w);
 #pragma unroll
             for (int i = 0; i < 4; i++) A.q[i] = w[i] & 0x0F0F0F0Fu, B.q[i] = (w[i] >> 4) & 0x0F0F0F0Fu;
         }
@@ -143,23 +167,23 @@ __device__ __forceinline__ bool lane_runs(const uint8_t* row, int step, int lane
         // d, dmin, 12 bytes of scales, [Q5_K: 32 bytes of fifth bits,] 128 bytes of nibbles; 64
         // weights j: 32 bytes whose low nibbles are sub-block 2j and high ones 2j + 1. Lane i
         // takes bytes l0..l0+16 of group j = i / 2.
-        const uint8_t* p = row + (size_t)tile * (FMT == FMT_Q4_K ? 144 : 176);
-        const float d = f16_at(p), dmin = f16_at(p + 2);
+        const uint8_t* p = row + (size_t)tile * Format<FMT>::BLOCK_BYTES;
+        const float d = f16_at(p), dmin = f16_at(p + K_DMIN);
         const int j = i / 2, l0 = RUN * (i % 2);
         int sc1, m1, sc2, m2;
-        scale_min_k4(2 * j, p + 4, sc1, m1);
-        scale_min_k4(2 * j + 1, p + 4, sc2, m2);
+        scale_min_k4(2 * j, p + K_SCALES, sc1, m1);
+        scale_min_k4(2 * j + 1, p + K_SCALES, sc2, m2);
         A.d = __fmul_rn(d, (float)sc1), A.m = __fmul_rn(dmin, (float)m1);
         B.d = __fmul_rn(d, (float)sc2), B.m = __fmul_rn(dmin, (float)m2);
         A.col = tile * TILE + 64 * j + l0;
         B.col = A.col + 32;
         uint32_t w[4];
-        words16<true>(p + (FMT == FMT_Q4_K ? 16 : 48) + 32 * j + l0, w);
+        words16<true>(p + (FMT == FMT_Q4_K ? Q4K_QS : Q5K_QS) + 32 * j + l0, w);
 #pragma unroll
         for (int b = 0; b < 4; b++) A.q[b] = w[b] & 0x0F0F0F0Fu, B.q[b] = (w[b] >> 4) & 0x0F0F0F0Fu;
         if (FMT == FMT_Q5_K) {
             uint32_t h[4];
-            words16<true>(p + 16 + l0, h);
+            words16<true>(p + Q5K_QH + l0, h);
 #pragma unroll
             for (int b = 0; b < 4; b++) {
                 A.q[b] |= ((h[b] >> (2 * j)) & 0x01010101u) << 4;
@@ -172,13 +196,13 @@ __device__ __forceinline__ bool lane_runs(const uint8_t* row, int step, int lane
     // weights: quarters 0 and 2 are the low and high nibbles of ql[0..32], quarters 1 and 3 those
     // of ql[32..64]; qh byte l holds the four quarters' top two bits. Lane i takes bytes
     // l0..l0+16 of quarter pair s = (i / 2) % 2 of half n = i / 4.
-    const uint8_t* p = row + (size_t)tile * 210;
-    const float d = f16_at(p + 208);
+    const uint8_t* p = row + (size_t)tile * Format<FMT>::BLOCK_BYTES;
+    const float d = f16_at(p + Q6K_D);
     const int n = i / 4, s = (i / 2) % 2, l0 = RUN * (i % 2), is = i % 2;
     uint32_t ql[4], qh[4];
     words16<false>(p + 64 * n + 32 * s + l0, ql);
-    words16<false>(p + 128 + 32 * n + l0, qh);
-    const int8_t* scales = reinterpret_cast<const int8_t*>(p + 192 + 8 * n);
+    words16<false>(p + Q6K_QH + 32 * n + l0, qh);
+    const int8_t* scales = reinterpret_cast<const int8_t*>(p + Q6K_SCALES + 8 * n);
     A.d = __fmul_rn(d, (float)scales[is + 2 * s]), B.d = __fmul_rn(d, (float)scales[is + 2 * s + 4]);
     A.m = B.m = 0.0f;
     A.col = tile * TILE + 128 * n + 32 * s + l0;
@@ -196,40 +220,44 @@ __device__ __forceinline__ bool lane_runs(const uint8_t* row, int step, int lane
 template <int FMT>
 __device__ __forceinline__ float quant(const Run& r, int e) {
     const uint32_t bits = __byte_perm(r.q[e / 4], 0x4B000000u, 0x7540u + (e % 4));
-    return __int_as_float(bits) - (8388608.0f + Format<FMT>::OFFSET);
+    return __int_as_float(bits) - (8388608.0f + (float)Format<FMT>::OFFSET);
 }
 
-// The activations quantized to 8 bits per block of 32 (as llama.cpp's CUDA products and ggml's
-// CPU ones do): d = max|x| / 127, q = round(x / d) (half away from zero; all 0 when max|x| is
-// 0), and each 16 values' sum of q for the formats with mins. One warp per 32 values; grid
-// ceil(values / 32 / warps per block). x: `values` bf16, values a multiple of 32.
-extern "C" __global__ void quantize_q8_bf16(const __nv_bfloat16* __restrict__ x, int8_t* __restrict__ qx, float* __restrict__ dx,
-                                            int* __restrict__ s16, long long values) {
+// The activations quantized to 8 bits per block of Q8_BLOCK (as llama.cpp's CUDA products do):
+// d = max|x| / 127, q = round(x / d) (half away from zero; all 0 when max|x| is 0), and each
+// Q8_SUM values' sum of q for the formats with mins. One warp per block; grid
+// ceil(values / Q8_BLOCK / warps per block). x: `values` bf16, values a multiple of Q8_BLOCK.
+extern "C" __global__ void quantize_q8_bf16(const __nv_bfloat16* __restrict__ x, int8_t* __restrict__ qx,
+                                            float* __restrict__ dx, int* __restrict__ s16, long long values) {
     const int lane = threadIdx.x % WARP;
     const long long blk = (long long)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-    if (blk * 32 >= values) return;
-    const float v = __bfloat162float(x[blk * 32 + lane]);
+    if (blk * Q8_BLOCK >= values) return;
+    const float v = __bfloat162float(x[blk * Q8_BLOCK + lane]);
     float amax = fabsf(v);
 #pragma unroll
     for (int o = WARP / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float d = __fdiv_rn(amax, 127.0f);
     const int q = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v, d));
-    qx[blk * 32 + lane] = (int8_t)q;
+    qx[blk * Q8_BLOCK + lane] = (int8_t)q;
     int sum = q;
 #pragma unroll
-    for (int o = 8; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);  // within each half-warp
+    for (int o = Q8_SUM / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);  // within each half-warp
     if (lane == 0) dx[blk] = d;
-    if (lane % 16 == 0) s16[blk * 2 + lane / 16] = sum;
+    if (lane % Q8_SUM == 0) s16[blk * (Q8_BLOCK / Q8_SUM) + lane / Q8_SUM] = sum;
 }
 
-// A run's sum of (q - offset) * qx: its quants made signed bytes (q - offset, 4 at once) and
-// multiplied with the activations' bytes 4 at a time (dp4a).
+// A run's sum of (q - offset) * qx: its quants made signed bytes (q - offset, 4 at once; the
+// K-quants' are already) and multiplied with the activations' bytes 4 at a time (dp4a).
 template <int FMT>
 __device__ __forceinline__ int run_dot(const Run& r, const uint4 xq) {
-    const uint32_t off = (uint32_t)Format<FMT>::OFFSET * 0x01010101u, xw[4] = {xq.x, xq.y, xq.z, xq.w};
+    const uint32_t xw[4] = {xq.x, xq.y, xq.z, xq.w};
     int sum = 0;
 #pragma unroll
-    for (int i = 0; i < 4; i++) sum = __dp4a((int)__vsub4(r.q[i], off), (int)xw[i], sum);
+    for (int i = 0; i < 4; i++) {
+        uint32_t q = r.q[i];
+        if constexpr (Format<FMT>::OFFSET != 0) q = __vsub4(q, (uint32_t)Format<FMT>::OFFSET * 0x01010101u);
+        sum = __dp4a((int)q, (int)xw[i], sum);
+    }
     return sum;
 }
 
@@ -242,28 +270,31 @@ __device__ __forceinline__ float run_share(const Run& r, const uint4 xq, float d
 
 // out[r, n] = sum_k x̂[r, k] * W[n, k], x̂ the activations quantized by quantize_q8_bf16. Grid
 // (ceil(N / warps per block), R); each warp takes one row. (Four rows a warp, each activation
-// load serving four weights, measured slower at every 7B shape: fewer warps to hide latency.)
-// qx: R rows of k bytes; dx: R rows of k / 32 scales; s16: R rows of k / 16 sums; blocks: N rows
-// of row_bytes.
+// load serving four weights, measured slower at every 7B shape: docs/results/
+// 2026-11-30-quant-kernels/bench-kernels-dp4a-four-rows.json.)
+// qx: R rows of k bytes; dx: R rows of k / Q8_BLOCK scales; s16: R rows of k / Q8_SUM sums;
+// blocks: N rows of row_bytes.
 template <int FMT>
-__device__ void matvec(const uint8_t* __restrict__ blocks, const int8_t* __restrict__ qx, const float* __restrict__ dx,
-                       const int* __restrict__ s16, __nv_bfloat16* __restrict__ out, int n_rows, int k, int row_bytes) {
+__device__ void matvec(const uint8_t* __restrict__ blocks, const int8_t* __restrict__ qx,
+                       const float* __restrict__ dx, const int* __restrict__ s16, __nv_bfloat16* __restrict__ out,
+                       int n_rows, int k, int row_bytes) {
     const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
     const int n = blockIdx.x * warps + threadIdx.x / WARP;
     if (n >= n_rows) return;
     const uint8_t* row = blocks + (size_t)n * row_bytes;
     const int8_t* xr = qx + (size_t)blockIdx.y * k;
-    const float* dr = dx + (size_t)blockIdx.y * (k / 32);
-    const int* sr = s16 + (size_t)blockIdx.y * (k / 16);
+    const float* dr = dx + (size_t)blockIdx.y * (k / Q8_BLOCK);
+    const int* sr = s16 + (size_t)blockIdx.y * (k / Q8_SUM);
     const int steps = (k + STEP - 1) / STEP;
     float acc = 0.0f;
 #pragma unroll 2
     for (int t = 0; t < steps; t++) {
         Run A, B;
         if (!lane_runs<FMT>(row, t, lane, k, A, B)) continue;
-        const uint4 xa = *reinterpret_cast<const uint4*>(xr + A.col), xb = *reinterpret_cast<const uint4*>(xr + B.col);
-        const int sa = Format<FMT>::MINS ? sr[A.col / 16] : 0, sb = Format<FMT>::MINS ? sr[B.col / 16] : 0;
-        acc += run_share<FMT>(A, xa, dr[A.col / 32], sa) + run_share<FMT>(B, xb, dr[B.col / 32], sb);
+        const uint4 xa = *reinterpret_cast<const uint4*>(xr + A.col);
+        const uint4 xb = *reinterpret_cast<const uint4*>(xr + B.col);
+        const int sa = Format<FMT>::MINS ? sr[A.col / Q8_SUM] : 0, sb = Format<FMT>::MINS ? sr[B.col / Q8_SUM] : 0;
+        acc += run_share<FMT>(A, xa, dr[A.col / Q8_BLOCK], sa) + run_share<FMT>(B, xb, dr[B.col / Q8_BLOCK], sb);
     }
 #pragma unroll
     for (int o = WARP / 2; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -276,7 +307,8 @@ __device__ __forceinline__ void store(float* o, float v) { *o = v; }
 // W dequantized to bf16 or f32, N x k. One thread per lane-unit (32 weights); grid
 // ceil(N * steps * 32 / blockDim).
 template <int FMT, typename T>
-__device__ void dequantize(const uint8_t* __restrict__ blocks, T* __restrict__ out, int n_rows, int k, int row_bytes) {
+__device__ void dequantize(const uint8_t* __restrict__ blocks, T* __restrict__ out, int n_rows, int k,
+                           int row_bytes) {
     const int steps = (k + STEP - 1) / STEP;
     const unsigned long long unit = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (unit >= (unsigned long long)n_rows * steps * WARP) return;
@@ -288,21 +320,25 @@ __device__ void dequantize(const uint8_t* __restrict__ blocks, T* __restrict__ o
 #pragma unroll
     for (int r = 0; r < 2; r++) {
 #pragma unroll
-        for (int e = 0; e < RUN; e++) store(o + runs[r].col + e, __fsub_rn(__fmul_rn(runs[r].d, quant<FMT>(runs[r], e)), runs[r].m));
+        for (int e = 0; e < RUN; e++) {
+            store(o + runs[r].col + e, __fsub_rn(__fmul_rn(runs[r].d, quant<FMT>(runs[r], e)), runs[r].m));
+        }
     }
 }
 
-#define FORMAT_KERNELS(NAME, FMT)                                                                                      \
-    extern "C" __global__ void qmatvec_##NAME(const uint8_t* blocks, const int8_t* qx, const float* dx, const int* s16,  \
-                                              __nv_bfloat16* out, int n_rows, int k, int row_bytes) {                  \
-        matvec<FMT>(blocks, qx, dx, s16, out, n_rows, k, row_bytes);                                                   \
-    }                                                                                                                  \
-    extern "C" __global__ void qdequant_bf16_##NAME(const uint8_t* blocks, __nv_bfloat16* out, int n_rows, int k,      \
-                                                    int row_bytes) {                                                   \
-        dequantize<FMT>(blocks, out, n_rows, k, row_bytes);                                                            \
-    }                                                                                                                  \
-    extern "C" __global__ void qdequant_f32_##NAME(const uint8_t* blocks, float* out, int n_rows, int k, int row_bytes) { \
-        dequantize<FMT>(blocks, out, n_rows, k, row_bytes);                                                            \
+#define FORMAT_KERNELS(NAME, FMT)                                                                        \
+    extern "C" __global__ void qmatvec_##NAME(const uint8_t* blocks, const int8_t* qx, const float* dx,     \
+                                              const int* s16, __nv_bfloat16* out, int n_rows, int k,       \
+                                              int row_bytes) {                                             \
+        matvec<FMT>(blocks, qx, dx, s16, out, n_rows, k, row_bytes);                                     \
+    }                                                                                                    \
+    extern "C" __global__ void qdequant_bf16_##NAME(const uint8_t* blocks, __nv_bfloat16* out, int n_rows, \
+                                                    int k, int row_bytes) {                                \
+        dequantize<FMT>(blocks, out, n_rows, k, row_bytes);                                              \
+    }                                                                                                    \
+    extern "C" __global__ void qdequant_f32_##NAME(const uint8_t* blocks, float* out, int n_rows, int k,   \
+                                                   int row_bytes) {                                        \
+        dequantize<FMT>(blocks, out, n_rows, k, row_bytes);                                              \
     }
 
 FORMAT_KERNELS(q4_0, FMT_Q4_0)

@@ -84,6 +84,15 @@ pub enum Error {
     WrongModel { made_by: String, made_by_source: String, loaded: String, differences: Vec<String> },
 
     #[error(
+        "this context was made with other weights of this model ({made_by}; the loaded one is {loaded}; different: \
+         {}); chat with the weights that made it (--model {made_by_source}), prefill the documents again, or read it \
+         with these weights anyway (--accept-other-weights: its K/V stay the other weights', so answers differ \
+         from a prefill with these)",
+        differences.join("; ")
+    )]
+    OtherWeights { made_by: String, made_by_source: String, loaded: String, differences: Vec<String> },
+
+    #[error(
         "the documents are {tokens} tokens but the model's context length is {limit} ({room} kept free for the \
          question and answer): {}; nothing was prefilled: remove documents or use a model with a longer context",
         documents.iter().map(|(p, n)| format!("{p} {n} tokens")).collect::<Vec<_>>().join(", ")

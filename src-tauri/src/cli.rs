@@ -23,6 +23,8 @@ pub struct Common {
     pub dtype: String,
     /// `--quantize`: q8_0 or q4k, for a safetensors model.
     pub quantize: Option<String>,
+    /// `--accept-other-weights`: read a context made with other weights of the model.
+    pub accept_other_weights: bool,
 }
 
 impl Common {
@@ -52,7 +54,9 @@ impl Common {
             None => {
                 let device = parse_device(&self.device)?;
                 let dtype = parse_dtype(&self.dtype, &device)?;
-                Ok(Engine::load_cached(source, &device, dtype, self.quantization()?)?)
+                let engine = Engine::load_cached(source, &device, dtype, self.quantization()?)?;
+                engine.accept_other_weights(self.accept_other_weights);
+                Ok(engine)
             }
         }
     }
@@ -75,7 +79,20 @@ impl Common {
         if let Some(bar) = bar {
             bar.finish_and_clear();
         }
-        Ok(engine?)
+        let engine = engine?;
+        engine.accept_other_weights(self.accept_other_weights);
+        Ok(engine)
+    }
+}
+
+/// Tells the person on stderr that a context is read with other weights than made it.
+pub(crate) fn warn_other_weights(verdict: &folio_models::engine::ContextModel) {
+    if let folio_models::engine::ContextModel::OtherWeights(differences) = verdict {
+        eprintln!(
+            "warning: this context was made with other weights of the model ({}); answering from its K/V with \
+             these weights (--accept-other-weights)",
+            differences.join("; ")
+        );
     }
 }
 
@@ -191,7 +208,7 @@ pub fn chat(common: &Common, a: ChatArgs) -> Result<()> {
     let question = a.question.as_deref().context("give a question, or --raw TEXT")?;
     let mut session = match file {
         Some(f) => {
-            engine.check_context(&f)?;
+            warn_other_weights(&engine.check_context(&f)?);
             Session::over(engine.clone(), Arc::new(f), tier)?
         }
         None => Session::bare(engine.clone()),

@@ -44,6 +44,11 @@ struct Cli {
     /// memory) or q4k (about 30%); a context made with them must be read with them.
     #[arg(long, global = true)]
     quantize: Option<String>,
+    /// Read a context made with other weights of the same model (another quantisation or
+    /// fine-tune: same architecture, shapes and tokenizer) instead of refusing it. Its K/V stay
+    /// what those weights computed, so answers differ from a prefill with these.
+    #[arg(long, global = true)]
+    accept_other_weights: bool,
     /// Context files to open in the window (what the desktop passes when a .folio file is
     /// opened): each is verified and imported into the library.
     #[arg(value_name = "FILE.folio")]
@@ -99,8 +104,13 @@ fn main() {
     });
     let result = match args.command {
         Some(cmd) => {
-            let common =
-                cli::Common { model: args.model, device: args.device, dtype: args.dtype, quantize: args.quantize };
+            let common = cli::Common {
+                model: args.model,
+                device: args.device,
+                dtype: args.dtype,
+                quantize: args.quantize,
+                accept_other_weights: args.accept_other_weights,
+            };
             match cmd {
                 Command::Chat(a) => cli::chat(&common, a),
                 Command::Prefill(a) => context_cmd::prefill(&common, a),

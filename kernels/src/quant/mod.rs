@@ -146,22 +146,22 @@ impl QuantMatrix {
         self.blocks.elem_count()
     }
 
-    /// `x @ W^T` for `x` of `[.., cols]`, in `x`'s dtype. On CUDA with bf16 activations, up to
-    /// [`MATVEC_MAX_ROWS`] rows read the blocks directly with `x` quantized to 8 bits
-    /// ([`reference::matvec_q8`] defines the result); more rows, and every other case, multiply
-    /// the dequantized matrix.
+    /// `x @ W^T` for `x` of `[.., cols]`, in `x`'s dtype. On CUDA, up to [`MATVEC_MAX_ROWS`]
+    /// rows read the blocks directly with `x` quantized to 8 bits ([`reference::matvec_q8`]
+    /// defines the result; f32 and f16 activations are rounded to bf16 first, which the 8-bit
+    /// quantization makes moot); more rows, and the CPU, multiply the dequantized matrix.
     pub fn matvec(&self, x: &Tensor) -> Result<Tensor> {
         if x.dim(D::Minus1)? != self.cols {
             candle_core::bail!("quantized product: input of {:?} for {} columns", x.dims(), self.cols);
         }
         #[cfg(feature = "cuda")]
-        if x.device().is_cuda() && x.dtype() == DType::BF16 && x.elem_count() / self.cols <= MATVEC_MAX_ROWS {
+        if x.device().is_cuda() && x.elem_count() / self.cols <= MATVEC_MAX_ROWS {
             let m = x.elem_count() / self.cols;
             let mut out_dims = x.dims().to_vec();
             *out_dims.last_mut().expect("x has a last dimension") = self.rows;
-            let flat = x.contiguous()?.reshape((m, self.cols))?;
+            let flat = x.to_dtype(DType::BF16)?.contiguous()?.reshape((m, self.cols))?;
             let op = crate::cuda_op::CudaOnly(cuda::Matvec { format: self.format, rows: self.rows, cols: self.cols });
-            return flat.apply_op2_no_bwd(&self.blocks, &op)?.reshape(out_dims);
+            return flat.apply_op2_no_bwd(&self.blocks, &op)?.reshape(out_dims)?.to_dtype(x.dtype());
         }
         let w = self.dequantize(if x.dtype() == DType::BF16 { DType::BF16 } else { DType::F32 })?;
         x.broadcast_matmul(&w.to_dtype(x.dtype())?.t()?)
@@ -178,6 +178,23 @@ impl QuantMatrix {
         let w = reference::dequantize(self.format, &bytes, self.rows, self.cols);
         Tensor::from_vec(w, (self.rows, self.cols), self.blocks.device())?.to_dtype(dtype)
     }
+}
+
+/// The activations as the CUDA product quantizes them: each 32 values' quants and scale, and
+/// each 16 values' sum of quants — what [`reference::quantize_q8`] defines, for the tests that
+/// hold the kernel to it (on the CPU, the reference itself). `x` is whole blocks of 32.
+pub fn quantize_activations(x: &Tensor) -> Result<(Vec<i8>, Vec<f32>, Vec<i32>)> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        return cuda::quantize_activations(x);
+    }
+    let values = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    if !values.len().is_multiple_of(reference::Q8_BLOCK) {
+        candle_core::bail!("{} activations are not whole blocks of {}", values.len(), reference::Q8_BLOCK);
+    }
+    let (q, d) = reference::quantize_q8(&values);
+    let sums = q.chunks(reference::Q8_SUM).map(|c| c.iter().map(|&v| v as i32).sum()).collect();
+    Ok((q, d, sums))
 }
 
 #[cfg(feature = "cuda")]

@@ -22,16 +22,6 @@ fn scale_min(j: usize, s: &[u8]) -> (f32, f32) {
     (sc as f32, m as f32)
 }
 
-/// One block's weights: `block` holds `format.block_bytes()` bytes, `out` takes
-/// `format.block_weights()` values.
-pub fn dequantize_block(format: BlockFormat, block: &[u8], out: &mut [f32]) {
-    let mut mins = vec![0f32; out.len()];
-    block_parts(format, block, out, &mut mins);
-    for (w, m) in out.iter_mut().zip(mins) {
-        *w -= m;
-    }
-}
-
 /// One block's weights as two parts, `w = scaled - min`: the scaled quant (`d * q`, rounded to
 /// f32) and the min (Q4_K and Q5_K; 0 for the others). A product that sums each part on its own
 /// (as the kernel does) is exact to within f32 rounding of `|scaled| + |min|`, not of `|w|`.
@@ -134,6 +124,8 @@ pub fn matvec(format: BlockFormat, bytes: &[u8], rows: usize, cols: usize, x: &[
 
 /// Activations per 8-bit scale.
 pub const Q8_BLOCK: usize = 32;
+/// Activations per sum of quants (the K-quants' runs of 16 take their mins' share from it).
+pub const Q8_SUM: usize = 16;
 
 /// Activations quantized to 8 bits per block of [`Q8_BLOCK`], as the CUDA product reads them:
 /// `d = max|x| / 127`, `q = round(x / d)` (half away from zero), all 0 when the block is 0.

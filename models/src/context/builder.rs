@@ -221,7 +221,7 @@ impl<'a> Builder<'a> {
     /// The saved context a change starts from, made by this engine's model.
     fn open_base(&self) -> Result<ContextFile> {
         let base = ContextFile::open(self.base.as_deref().unwrap_or(&self.out))?;
-        self.engine.check_context(&base)?;
+        self.engine.check_context_to_change(&base)?;
         Ok(base)
     }
 

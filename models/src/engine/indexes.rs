@@ -44,7 +44,7 @@ impl Engine {
         mut on_layer: impl FnMut(usize, usize) -> ControlFlow<()>,
     ) -> Result<StoredIndex> {
         let file = Arc::new(ContextFile::open(path)?);
-        self.check_context(&file)?;
+        self.check_context_to_change(&file)?;
         let attn = choice.build(&self.resources(std::slice::from_ref(choice))?)?;
         let kv = ContextKv::new(file.clone(), self.model.dtype(), self.model.device(), BUILD_BUDGET);
         let layers = file.header().layers;

@@ -28,6 +28,19 @@ use crate::tokenizer::Tokenizer;
 /// What a fingerprint's quantisation says after the type of weights quantized on load.
 const QUANTIZED_ON_LOAD: &str = " (quantized on load)";
 
+/// The fingerprint fields in which other weights of one model differ (a re-quantisation, a
+/// fine-tune): a context whose model differs in these only can be read on request.
+const WEIGHT_FIELDS: [&str; 2] = ["weights", "quantization"];
+
+/// How a context's model compares with the loaded one ([`Engine::check_context`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContextModel {
+    Same,
+    /// Other weights of the same model, read because [`Engine::accept_other_weights`] asked
+    /// for it: the fingerprint fields that differ (`quantization "Q4_K_M" vs "Q8_0"`).
+    OtherWeights(Vec<String>),
+}
+
 /// Tokens per forward pass when scoring a text (bounds the `[chunk, vocab]` logits).
 pub const PERPLEXITY_CHUNK: usize = 512;
 
@@ -51,6 +64,8 @@ pub struct Engine {
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
     pub generation_config: GenerationConfig,
+    /// [`Engine::accept_other_weights`].
+    other_weights: std::sync::atomic::AtomicBool,
 }
 
 impl Engine {
@@ -153,6 +168,7 @@ impl Engine {
             tokenizer,
             chat_template,
             generation_config,
+            other_weights: Default::default(),
         })
     }
 
@@ -185,6 +201,7 @@ impl Engine {
             tokenizer,
             chat_template,
             generation_config: GenerationConfig::default(),
+            other_weights: Default::default(),
         })
     }
 
@@ -232,20 +249,37 @@ impl Engine {
         Ok(file)
     }
 
-    /// Refuses a context another model made, or whose tokens this model cannot embed.
-    pub fn check_context(&self, file: &ContextFile) -> Result<()> {
+    /// Whether a context made with other weights of this model — the same architecture, shapes
+    /// and tokenizer, another quantisation or fine-tune — is read (`--accept-other-weights`)
+    /// instead of refused. Its K/V were computed by those weights, so answers differ from a
+    /// prefill with these (docs/gguf.md measures by how much); the caller tells the person so.
+    pub fn accept_other_weights(&self, accept: bool) {
+        self.other_weights.store(accept, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Refuses a context another model made, or whose tokens this model cannot embed; a context
+    /// of this model's other weights is refused too unless [`Engine::accept_other_weights`].
+    pub fn check_context(&self, file: &ContextFile) -> Result<ContextModel> {
         let made = &file.header().model;
         let ours = self.stamp()?;
+        let mut verdict = ContextModel::Same;
         if made.fingerprint != ours.fingerprint {
+            let differences = made.fingerprint.differences(&ours.fingerprint);
+            let weights_only = differences
+                .iter()
+                .all(|d| WEIGHT_FIELDS.iter().any(|f| d.strip_prefix(f).is_some_and(|r| r.starts_with(' '))));
             // A context of weights quantized on load is read with the same `--quantize`.
             let on_load = made.fingerprint.quantization.as_deref().and_then(|q| q.strip_suffix(QUANTIZED_ON_LOAD));
             let flag = on_load.and_then(Quantize::from_name).map(|q| format!(" --quantize {}", q.flag()));
-            return Err(Error::WrongModel {
-                made_by: made.name.clone(),
-                made_by_source: format!("{}{}", made.source, flag.unwrap_or_default()),
-                loaded: ours.name.clone(),
-                differences: made.fingerprint.differences(&ours.fingerprint),
-            });
+            let (made_by, made_by_source, loaded) =
+                (made.name.clone(), format!("{}{}", made.source, flag.unwrap_or_default()), ours.name.clone());
+            if !weights_only {
+                return Err(Error::WrongModel { made_by, made_by_source, loaded, differences });
+            }
+            if !self.other_weights.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(Error::OtherWeights { made_by, made_by_source, loaded, differences });
+            }
+            verdict = ContextModel::OtherWeights(differences);
         }
         if let Some(&bad) = file.tokens().iter().find(|&&t| t as usize >= self.config().vocab_size) {
             return Err(Error::Context {
@@ -253,7 +287,22 @@ impl Engine {
                 msg: format!("token id {bad} is outside the vocabulary"),
             });
         }
-        Ok(())
+        Ok(verdict)
+    }
+
+    /// [`Engine::check_context`] for a change to the file (documents appended, an index
+    /// stored): other weights are refused even when reading them is accepted, so that one file
+    /// never holds two models' K/V under one model's name.
+    pub fn check_context_to_change(&self, file: &ContextFile) -> Result<()> {
+        match self.check_context(file)? {
+            ContextModel::Same => Ok(()),
+            ContextModel::OtherWeights(differences) => Err(Error::Invalid(format!(
+                "this context was made with other weights of the model ({}): --accept-other-weights reads it but \
+                 does not change it (appending documents or storing an index would mix two models' K/V in one \
+                 file); prefill the documents again with these weights",
+                differences.join("; ")
+            ))),
+        }
     }
 
     /// End-of-sequence ids: generation_config.json's, else config.json's.

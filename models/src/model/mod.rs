@@ -82,6 +82,17 @@ impl WeightCensus {
         }
     }
 
+    /// A stack of `parts` projections (q, k and v in one matrix): its values and bytes, and a
+    /// tensor of its type for each part.
+    fn add_stacked(&mut self, p: &Proj, parts: usize) {
+        self.add(p);
+        let name = match p {
+            Proj::Dense(l) => format!("{:?}", l.weight().dtype()).to_uppercase(),
+            Proj::Quant { weight, .. } => weight.facts().2.to_owned(),
+        };
+        *self.types.entry(name).or_insert(0) += parts - 1;
+    }
+
     /// Bits per weight over all of them.
     pub fn bits_per_weight(&self) -> f64 {
         if self.values == 0 {
@@ -235,7 +246,8 @@ impl Model {
                 census.add_tensor(t);
             }
             match &l.qkv {
-                Qkv::Stacked(w) => census.add(w),
+                // Three tensors, as the file and the CPU hold them, whatever the device stacked.
+                Qkv::Stacked(w) => census.add_stacked(w, 3),
                 Qkv::Parts(parts) => parts.iter().for_each(|p| census.add(p)),
             }
             [&l.o, &l.gate, &l.up, &l.down].into_iter().for_each(|p| census.add(p));

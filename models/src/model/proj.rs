@@ -156,9 +156,15 @@ impl Qkv {
                 _ => None,
             })
             .collect();
+        // One format and width, and a bias on all three or none: else three products.
+        let biases = parts.iter().map(Proj::bias).collect::<Vec<_>>();
+        let biased = biases.iter().filter(|b| b.is_some()).count();
         match blocks {
-            Some(b) if b.iter().all(|q| q.format() == b[0].format() && q.dims().1 == b[0].dims().1) => {
-                let bias = stacked_bias(&parts.iter().map(Proj::bias).collect::<Vec<_>>())?;
+            Some(b)
+                if b.iter().all(|q| q.format() == b[0].format() && q.dims().1 == b[0].dims().1)
+                    && (biased == 0 || biased == biases.len()) =>
+            {
+                let bias = stacked_bias(&biases)?;
                 Ok(Self::Stacked(Proj::Quant { weight: QWeight::Blocks(QuantMatrix::stack(&b)?), bias }))
             }
             _ => Ok(Self::Parts(Box::new(parts))),
