@@ -445,7 +445,7 @@ fn the_log_records_each_step_with_figures_and_no_text() {
 /// A context read with other weights of its model (the demo model's projections quantized on
 /// load): refused with both named and the flag that reads it; read with
 /// `--accept-other-weights`, a warning on stderr and the answer still found; never changed by
-/// them (an append is refused); another model stays refused whatever the flag.
+/// them (an append is refused, flag or not); another model stays refused whatever the flag.
 #[test]
 fn other_weights_are_refused_or_read_on_request() {
     let d = docs(1);
@@ -466,9 +466,12 @@ fn other_weights_are_refused_or_read_on_request() {
     let extra = work.path().join("extra.txt");
     std::fs::write(&extra, "the lucky number of jade tiger is 9 0 4 5 5 .").unwrap();
     let x = extra.display().to_string();
-    let err =
-        err_text(folio(&["prefill", "--context", &c, "--add", &x, "--quantize", "q8_0", "--accept-other-weights"]));
-    assert!(err.contains("does not change it"), "{err}");
+    for flag in [None, Some("--accept-other-weights")] {
+        let mut args = vec!["prefill", "--context", &c, "--add", &x, "--quantize", "q8_0"];
+        args.extend(flag);
+        let err = err_text(folio(&args));
+        assert!(err.contains("cannot be changed with these") && err.contains("--model"), "{flag:?}: {err}");
+    }
     let llama = root().join("tests/fixtures/models/llama").display().to_string();
     let err = err_text(folio(&["chat", "--context", &c, "--model", &llama, "--accept-other-weights", question]));
     assert!(err.contains("was made with model demo"), "{err}");

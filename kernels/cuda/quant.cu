@@ -11,7 +11,7 @@
 // this kernel kept the activations in bf16 and dequantized each weight to f32: Nsight Compute
 // (H200) showed it at 81% of its L1 throughput (the activations, 2 bytes a weight) and 68% of its
 // issue slots (unpacking and converting: 4-5 instructions a weight in its PTX) with DRAM at 21%,
-// 31-39 us for a 7B MLP matrix in every format. So the product quantizes the activations to 8
+// 31-39 us for a 7B MLP gate matrix in every format. So the product quantizes the activations to 8
 // bits per 32 values first (quantize_q8_bf16, as llama.cpp's CUDA backend does; ggml's CPU
 // kernels, which Folio's CPU path runs through candle, do so per 32 for Q4_0/Q8_0 and per 256
 // for the K-quants) and multiplies 4 quants at a time with dp4a: under one instruction per
@@ -270,7 +270,7 @@ __device__ __forceinline__ float run_share(const Run& r, const uint4 xq, float d
 
 // out[r, n] = sum_k x̂[r, k] * W[n, k], x̂ the activations quantized by quantize_q8_bf16. Grid
 // (ceil(N / warps per block), R); each warp takes one row. (Four rows a warp, each activation
-// load serving four weights, measured slower at every 7B shape: docs/results/
+// load serving four weights, measured slower at 9 of 10 7B shapes and formats: docs/results/
 // 2026-11-30-quant-kernels/bench-kernels-dp4a-four-rows.json.)
 // qx: R rows of k bytes; dx: R rows of k / Q8_BLOCK scales; s16: R rows of k / Q8_SUM sums;
 // blocks: N rows of row_bytes.

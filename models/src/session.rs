@@ -233,7 +233,7 @@ impl Session {
     }
 
     /// A session over the context file at `path` with its rows on `tier`; refused when
-    /// another model made it.
+    /// another model made it ([`Engine::check_context`]).
     pub fn open(engine: Arc<Engine>, path: &Path, tier: Tier) -> Result<Self> {
         let file = Arc::new(ContextFile::open(path)?);
         engine.check_context(&file)?;

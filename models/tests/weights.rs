@@ -3,8 +3,9 @@
 //! with f32 weights and with its projections quantized on load to Q8_0 and Q4_K: each makes a
 //! context of the samples; each answers every SAMPLES.md question greedily over its own context,
 //! and its answer is then teacher-forced over each other weights' context. Printed per pair: mean
-//! and largest KL(own ‖ other) over the answer tokens, and top-1 agreement — the figures
-//! docs/gguf.md cites (`cargo test -p folio-models --test weights -- --nocapture`).
+//! and largest KL(own ‖ other) over the answer tokens, and top-1 agreement (required at every
+//! step) — the figures docs/gguf.md cites (`cargo test -p folio-models --test weights --
+//! --nocapture`).
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -52,6 +53,12 @@ fn kl(p: &[f32], q: &[f32]) -> f64 {
     lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
 }
 
+/// The logits along `answer` after `tail`, `engine`'s weights reading `file`'s saved K/V.
+fn forced(engine: &Engine, file: &Arc<ContextFile>, tail: &[u32], answer: &[u32]) -> Result<Vec<Vec<f32>>> {
+    let mut kv = ContextKv::new(file.clone(), DType::F32, &Device::Cpu, u64::MAX);
+    teacher_forced(&engine.model, &Dense, &mut kv, tail, answer, PromptPass::Dense, |_, _| ControlFlow::Continue(()))
+}
+
 fn argmax(row: &[f32]) -> usize {
     row.iter().enumerate().fold(0, |best, (i, v)| if *v > row[best] { i } else { best })
 }
@@ -85,18 +92,14 @@ fn answers_over_other_weights_contexts_move_little() -> Result<()> {
                 session.ask(&mut conv, q, &MethodChoice::default(), &settings, |_| ControlFlow::Continue(()))?;
             turns.push((answer.tail_tokens, answer.tokens));
         }
+        let own_logits =
+            turns.iter().map(|(tail, answer)| forced(engine, own_file, tail, answer)).collect::<Result<Vec<_>>>()?;
         for (ctx_name, _, ctx_file) in &engines {
             let verdict = engine.check_context(ctx_file)?;
             assert_eq!(verdict == ContextModel::Same, ctx_name == own_name, "{own_name} over {ctx_name}: {verdict:?}");
             let (mut sum, mut worst, mut agree, mut steps) = (0.0, 0.0f64, 0, 0);
-            for (tail, answer) in &turns {
-                let forced = |file: &Arc<ContextFile>| -> Result<Vec<Vec<f32>>> {
-                    let mut kv = ContextKv::new(file.clone(), DType::F32, &Device::Cpu, u64::MAX);
-                    teacher_forced(&engine.model, &Dense, &mut kv, tail, answer, PromptPass::Dense, |_, _| {
-                        ControlFlow::Continue(())
-                    })
-                };
-                let (own, other) = (forced(own_file)?, forced(ctx_file)?);
+            for ((tail, answer), own) in turns.iter().zip(&own_logits) {
+                let other = forced(engine, ctx_file, tail, answer)?;
                 for (p, q) in own.iter().zip(&other) {
                     let d = kl(p, q);
                     (sum, worst, steps) = (sum + d, worst.max(d), steps + 1);
@@ -109,6 +112,7 @@ fn answers_over_other_weights_contexts_move_little() -> Result<()> {
                  top-1 {agree}/{steps}"
             );
             assert!(mean <= MEAN_KL_BOUND, "{own_name} over {ctx_name}: mean KL {mean}");
+            assert_eq!(agree, steps, "{own_name} over {ctx_name}: the most likely token changed");
         }
     }
     Ok(())

@@ -93,9 +93,11 @@ impl From<Error> for ApiError {
                 (a.param, a.code) = (Some("messages"), Some("context_length_exceeded"));
                 a
             }
-            Error::Invalid(_) | Error::Template(_) | Error::NoChatTemplate | Error::WrongModel { .. } => {
-                Self::new(StatusCode::BAD_REQUEST, message, "invalid_request_error")
-            }
+            Error::Invalid(_)
+            | Error::Template(_)
+            | Error::NoChatTemplate
+            | Error::WrongModel { .. }
+            | Error::OtherWeights { .. } => Self::new(StatusCode::BAD_REQUEST, message, "invalid_request_error"),
             _ => Self::new(StatusCode::INTERNAL_SERVER_ERROR, message, "server_error"),
         }
     }

@@ -3,13 +3,11 @@
 //! Why here: a decode step's projections read every weight once, so they run at the card's
 //! memory rate over the weights' bytes, and a Q4_K matrix is 0.56 of a byte per weight against
 //! bf16's 2. candle's quantized CUDA products returned NaN on an H200 (docs/gguf.md), or read f32
-//! activations at a fifth of the memory rate. [`QuantMatrix::matvec`] takes bf16 activations,
-//! quantizes them to 8 bits per 32 values (as llama.cpp's CUDA backend and ggml's CPU kernels
-//! do, and as Folio's CPU path through candle already did) and multiplies them with the blocks
-//! as a GGUF file stores them, writing bf16 (kernels/cuda/quant.cu says why 8-bit activations);
-//! [`QuantMatrix::dequantize`] gives the plain matrix for a prefill chunk's GEMM. Both have the
-//! formats' definitions in [`reference`] beside them, and the tests hold the kernels to it on
-//! fresh random blocks.
+//! activations at a fifth of the memory rate. [`QuantMatrix::matvec`] quantizes the activations
+//! to 8 bits per 32 values (as llama.cpp's CUDA backend does; kernels/cuda/quant.cu says why) and
+//! multiplies them with the blocks as a GGUF file stores them; [`QuantMatrix::dequantize`] gives
+//! the plain matrix for a prefill chunk's GEMM. Both have the formats' definitions in
+//! [`reference`] beside them, and the tests hold the kernels to it on fresh random blocks.
 //!
 //! The blocks are a plain `u8` tensor, `rows × row_bytes`: this crate knows the formats' bytes and
 //! nothing of candle's quantized types or of files (folio-models maps its tensors here).
@@ -148,8 +146,9 @@ impl QuantMatrix {
 
     /// `x @ W^T` for `x` of `[.., cols]`, in `x`'s dtype. On CUDA, up to [`MATVEC_MAX_ROWS`]
     /// rows read the blocks directly with `x` quantized to 8 bits ([`reference::matvec_q8`]
-    /// defines the result; f32 and f16 activations are rounded to bf16 first, which the 8-bit
-    /// quantization makes moot); more rows, and the CPU, multiply the dequantized matrix.
+    /// defines the result) and write bf16: f32 and f16 activations are rounded to bf16 on the
+    /// way in (finer than the 8-bit quantization after it) and their outputs come back as bf16
+    /// values. More rows, and the CPU, multiply the dequantized matrix.
     pub fn matvec(&self, x: &Tensor) -> Result<Tensor> {
         if x.dim(D::Minus1)? != self.cols {
             candle_core::bail!("quantized product: input of {:?} for {} columns", x.dims(), self.cols);
@@ -188,7 +187,8 @@ pub fn quantize_activations(x: &Tensor) -> Result<(Vec<i8>, Vec<f32>, Vec<i32>)>
     if x.device().is_cuda() {
         return cuda::quantize_activations(x);
     }
-    let values = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    // Rounded to bf16 first, as the CUDA kernel reads them.
+    let values = x.flatten_all()?.to_dtype(DType::BF16)?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
     if !values.len().is_multiple_of(reference::Q8_BLOCK) {
         candle_core::bail!("{} activations are not whole blocks of {}", values.len(), reference::Q8_BLOCK);
     }

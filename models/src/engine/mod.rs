@@ -17,7 +17,7 @@ pub use indexes::StoredIndex;
 use crate::attention::{Attention, Dense};
 use crate::chat::{ChatTemplate, Message};
 use crate::config::ModelConfig;
-use crate::context::{ContextFile, ModelStamp};
+use crate::context::{ContextFile, Fingerprint, ModelStamp};
 use crate::error::{Error, Result};
 use crate::generate::{self, GenerateParams, Generation, GenerationConfig};
 use crate::gguf::{GgufFile, Quantization};
@@ -27,10 +27,6 @@ use crate::tokenizer::Tokenizer;
 
 /// What a fingerprint's quantisation says after the type of weights quantized on load.
 const QUANTIZED_ON_LOAD: &str = " (quantized on load)";
-
-/// The fingerprint fields in which other weights of one model differ (a re-quantisation, a
-/// fine-tune): a context whose model differs in these only can be read on request.
-const WEIGHT_FIELDS: [&str; 2] = ["weights", "quantization"];
 
 /// How a context's model compares with the loaded one ([`Engine::check_context`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -242,7 +238,8 @@ impl Engine {
         Ok(self.stamp.get_or_init(|| stamp))
     }
 
-    /// Opens a saved context for this model: refused when another model made it.
+    /// Opens a saved context for this model: refused when another model made it, or other
+    /// weights of it unless [`Engine::accept_other_weights`] (see [`Engine::check_context`]).
     pub fn open_context(&self, path: &std::path::Path) -> Result<ContextFile> {
         let file = ContextFile::open(path)?;
         self.check_context(&file)?;
@@ -260,49 +257,70 @@ impl Engine {
     /// Refuses a context another model made, or whose tokens this model cannot embed; a context
     /// of this model's other weights is refused too unless [`Engine::accept_other_weights`].
     pub fn check_context(&self, file: &ContextFile) -> Result<ContextModel> {
-        let made = &file.header().model;
-        let ours = self.stamp()?;
-        let mut verdict = ContextModel::Same;
-        if made.fingerprint != ours.fingerprint {
-            let differences = made.fingerprint.differences(&ours.fingerprint);
-            let weights_only = differences
-                .iter()
-                .all(|d| WEIGHT_FIELDS.iter().any(|f| d.strip_prefix(f).is_some_and(|r| r.starts_with(' '))));
-            // A context of weights quantized on load is read with the same `--quantize`.
-            let on_load = made.fingerprint.quantization.as_deref().and_then(|q| q.strip_suffix(QUANTIZED_ON_LOAD));
-            let flag = on_load.and_then(Quantize::from_name).map(|q| format!(" --quantize {}", q.flag()));
-            let (made_by, made_by_source, loaded) =
-                (made.name.clone(), format!("{}{}", made.source, flag.unwrap_or_default()), ours.name.clone());
-            if !weights_only {
+        match self.compare_model(file)? {
+            None => Ok(ContextModel::Same),
+            Some(differences) if self.other_weights.load(std::sync::atomic::Ordering::Relaxed) => {
+                Ok(ContextModel::OtherWeights(differences))
+            }
+            Some(differences) => {
+                let (made_by, made_by_source, loaded) = self.makers(file)?;
+                Err(Error::OtherWeights { made_by, made_by_source, loaded, differences })
+            }
+        }
+    }
+
+    /// [`Engine::check_context`] for a change to the file (documents appended or removed, an
+    /// index stored): a context of other weights is refused whether or not reading it is
+    /// accepted, so that one file never holds two models' K/V under one model's name.
+    pub fn check_context_to_change(&self, file: &ContextFile) -> Result<()> {
+        match self.compare_model(file)? {
+            None => Ok(()),
+            Some(differences) => Err(Error::Context {
+                path: file.path().to_owned(),
+                msg: format!(
+                    "made with other weights of this model ({}): it cannot be changed with these (appending or \
+                     removing documents, or storing an index, would mix two models' K/V in one file); change it \
+                     with the weights that made it (--model {}) or prefill the documents again",
+                    differences.join("; "),
+                    self.makers(file)?.1
+                ),
+            }),
+        }
+    }
+
+    /// `None` when `file` was made by this model's weights, the fingerprint's differences when
+    /// by other weights of it (only the weights' hash and quantisation differ); refused when
+    /// another model made it or its tokens are outside this vocabulary.
+    fn compare_model(&self, file: &ContextFile) -> Result<Option<Vec<String>>> {
+        let (made, ours) = (&file.header().model.fingerprint, &self.stamp()?.fingerprint);
+        let differences = if made == ours {
+            None
+        } else {
+            let weights = ours.weights.clone();
+            let other_weights = Fingerprint { weights, quantization: ours.quantization.clone(), ..made.clone() };
+            if &other_weights != ours {
+                let (made_by, made_by_source, loaded) = self.makers(file)?;
+                let differences = made.differences(ours);
                 return Err(Error::WrongModel { made_by, made_by_source, loaded, differences });
             }
-            if !self.other_weights.load(std::sync::atomic::Ordering::Relaxed) {
-                return Err(Error::OtherWeights { made_by, made_by_source, loaded, differences });
-            }
-            verdict = ContextModel::OtherWeights(differences);
-        }
+            Some(made.differences(ours))
+        };
         if let Some(&bad) = file.tokens().iter().find(|&&t| t as usize >= self.config().vocab_size) {
             return Err(Error::Context {
                 path: file.path().to_owned(),
                 msg: format!("token id {bad} is outside the vocabulary"),
             });
         }
-        Ok(verdict)
+        Ok(differences)
     }
 
-    /// [`Engine::check_context`] for a change to the file (documents appended, an index
-    /// stored): other weights are refused even when reading them is accepted, so that one file
-    /// never holds two models' K/V under one model's name.
-    pub fn check_context_to_change(&self, file: &ContextFile) -> Result<()> {
-        match self.check_context(file)? {
-            ContextModel::Same => Ok(()),
-            ContextModel::OtherWeights(differences) => Err(Error::Invalid(format!(
-                "this context was made with other weights of the model ({}): --accept-other-weights reads it but \
-                 does not change it (appending documents or storing an index would mix two models' K/V in one \
-                 file); prefill the documents again with these weights",
-                differences.join("; ")
-            ))),
-        }
+    /// The model that made `file`, how to load it again (with `--quantize` when its weights were
+    /// quantized on load), and the loaded model's name.
+    fn makers(&self, file: &ContextFile) -> Result<(String, String, String)> {
+        let made = &file.header().model;
+        let on_load = made.fingerprint.quantization.as_deref().and_then(|q| q.strip_suffix(QUANTIZED_ON_LOAD));
+        let flag = on_load.and_then(Quantize::from_name).map(|q| format!(" --quantize {}", q.flag()));
+        Ok((made.name.clone(), format!("{}{}", made.source, flag.unwrap_or_default()), self.stamp()?.name.clone()))
     }
 
     /// End-of-sequence ids: generation_config.json's, else config.json's.

@@ -83,14 +83,13 @@ impl WeightCensus {
     }
 
     /// A stack of `parts` projections (q, k and v in one matrix): its values and bytes, and a
-    /// tensor of its type for each part.
+    /// tensor of its weight's type (and of its bias's) for each part, as three products count.
     fn add_stacked(&mut self, p: &Proj, parts: usize) {
+        let before = self.types.clone();
         self.add(p);
-        let name = match p {
-            Proj::Dense(l) => format!("{:?}", l.weight().dtype()).to_uppercase(),
-            Proj::Quant { weight, .. } => weight.facts().2.to_owned(),
-        };
-        *self.types.entry(name).or_insert(0) += parts - 1;
+        for (name, n) in self.types.iter_mut() {
+            *n += (*n - before.get(name).copied().unwrap_or(0)) * (parts - 1);
+        }
     }
 
     /// Bits per weight over all of them.

@@ -75,10 +75,11 @@ pub fn eval_sources(common: &Common, a: SourcesArgs) -> Result<()> {
     let temp = tempfile::tempdir()?;
     let path = a.context.clone().unwrap_or_else(|| temp.path().join("sources.folio"));
     let checksum = folio_models::context::format::checksum(doc.text.as_bytes());
-    // Reused only when it is this run's document, prefilled by this model.
+    // Reused only when it is this run's document, prefilled by this model and these weights.
+    let ours = |f: &ContextFile| matches!(engine.check_context(f), Ok(folio_models::engine::ContextModel::Same));
     let reused = ContextFile::open(&path)
         .ok()
-        .filter(|f| f.documents().len() == 1 && f.documents()[0].xxh3 == checksum && engine.check_context(f).is_ok());
+        .filter(|f| f.documents().len() == 1 && f.documents()[0].xxh3 == checksum && ours(f));
     let was_reused = reused.is_some();
     if !was_reused && path.exists() {
         eprintln!("{} holds another document's or model's context: prefilling it again", path.display());
