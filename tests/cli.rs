@@ -681,3 +681,13 @@ fn kernel_bench_reports_each_kernel_against_a_measured_limit() {
     let err = err_text(folio(&["bench", "kernels", "--device", "cpu", "--select", "0"], &[]));
     assert!(err.contains("every --select at least 1"), "{err}");
 }
+
+/// `--accept-other-weights` where it could do nothing (the window, the server) is refused, not
+/// ignored.
+#[test]
+fn accepting_other_weights_is_refused_where_it_would_do_nothing() {
+    for args in [&["--accept-other-weights"][..], &["serve", "--accept-other-weights"]] {
+        let err = err_text(folio(args, &[]));
+        assert!(err.contains("open only contexts made with the weights they load"), "{args:?}: {err}");
+    }
+}

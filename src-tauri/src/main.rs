@@ -103,6 +103,12 @@ fn main() {
         Some(_) => Some("off"),
     });
     let result = match args.command {
+        // The window and the server open only contexts of the weights they load: the flag would
+        // do nothing there, so it is refused rather than ignored.
+        None | Some(Command::Serve(_)) if args.accept_other_weights => Err(anyhow::anyhow!(
+            "--accept-other-weights is for the commands that read one context (chat, eval); the window and \
+             `folio serve` open only contexts made with the weights they load"
+        )),
         Some(cmd) => {
             let common = cli::Common {
                 model: args.model,
