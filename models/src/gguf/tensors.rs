@@ -84,6 +84,14 @@ impl GgufFile {
     /// Tensor `name` on `device`, its rows put back in rotate-half order for `heads` heads when
     /// given (llama-architecture q and k).
     pub fn read_tensor_rows(&self, name: &str, unpermute_heads: Option<usize>, device: &Device) -> Result<QTensor> {
+        let (data, place) = self.tensor_rows_bytes(name, unpermute_heads)?;
+        let storage = QStorage::from_data(Cow::Owned(data), device, place.dtype)?;
+        Ok(QTensor::new(storage, place.dims.as_slice())?)
+    }
+
+    /// The bytes of tensor `name` as [`GgufFile::read_tensor_rows`] places them, and where it is
+    /// described: for a caller that puts the blocks on a device itself.
+    pub fn tensor_rows_bytes(&self, name: &str, unpermute_heads: Option<usize>) -> Result<(Vec<u8>, &TensorPlace)> {
         let place = self.tensor(name).ok_or_else(|| crate::error::Error::MissingTensor { name: name.to_owned() })?;
         let mut data = self.bytes(place)?;
         if let Some(heads) = unpermute_heads {
@@ -93,7 +101,6 @@ impl GgufFile {
             }
             data = unpermute_rows(&data, heads, rows, place.bytes as usize / rows);
         }
-        let storage = QStorage::from_data(Cow::Owned(data), device, place.dtype)?;
-        Ok(QTensor::new(storage, place.dims.as_slice())?)
+        Ok((data, place))
     }
 }

@@ -39,17 +39,15 @@ impl QWeight {
     pub fn facts(&self) -> ((usize, usize), usize, &'static str) {
         match self {
             Self::Blocks(q) => (q.dims(), q.bytes(), q.format().name()),
-            Self::Candle(q) => {
-                let dims = q.shape().dims();
-                let cols = dims.last().copied().unwrap_or(1);
-                (
-                    (q.shape().elem_count() / cols.max(1), cols),
-                    q.storage_size_in_bytes(),
-                    crate::gguf::dtype_name(q.dtype()),
-                )
-            }
+            Self::Candle(q) => (matrix_dims(q), q.storage_size_in_bytes(), crate::gguf::dtype_name(q.dtype())),
         }
     }
+}
+
+/// A quantized tensor as a matrix: its rows (every dimension but the last) and columns.
+fn matrix_dims(q: &QTensor) -> (usize, usize) {
+    let cols = q.shape().dims().last().copied().unwrap_or(1);
+    (q.shape().elem_count() / cols.max(1), cols)
 }
 
 impl Proj {
@@ -82,9 +80,7 @@ impl Proj {
         if device.is_cpu() && q.device().is_cpu() {
             return Ok(Self::Quant { weight: QWeight::Candle(Arc::new(q)), bias });
         }
-        let cols = q.shape().dims().last().copied().unwrap_or(1);
-        let rows = q.shape().elem_count() / cols.max(1);
-        Self::from_blocks(q.data()?.into_owned(), q.dtype(), (rows, cols), bias, device)
+        Self::from_blocks(q.data()?.into_owned(), q.dtype(), matrix_dims(&q), bias, device)
     }
 
     /// `x @ W^T` without the bias, in `x`'s dtype.

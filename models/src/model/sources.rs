@@ -12,7 +12,7 @@ use candle_nn::Linear;
 use super::proj::Proj;
 use crate::config::{Arch, ModelConfig};
 use crate::error::{Error, Result};
-use crate::gguf::{gguf_name, GgufFile};
+use crate::gguf::{gguf_name, GgufFile, TensorPlace};
 use crate::loader::check_safetensors;
 
 pub trait WeightSource {
@@ -146,42 +146,39 @@ impl<'a> GgufWeights<'a> {
         Ok((name, heads))
     }
 
-    /// Tensor `gguf` read onto `device`, checked against the shape the metadata implies.
-    fn read(
-        &self,
-        gguf: &str,
-        heads: Option<usize>,
-        shape: &[usize],
-        device: &Device,
-    ) -> Result<candle_core::quantized::QTensor> {
+    /// Where tensor `gguf` is, checked against the shape the metadata implies.
+    fn place(&self, gguf: &str, shape: &[usize]) -> Result<&TensorPlace> {
         let place = self.file.tensor(gguf).ok_or_else(|| Error::MissingTensor { name: gguf.to_owned() })?;
         if place.dims != shape {
             return Err(self
                 .file
                 .error(format!("tensor {gguf} has shape {:?}, the file's metadata implies {shape:?}", place.dims)));
         }
-        self.file.read_tensor_rows(gguf, heads, device)
+        Ok(place)
     }
 
-    /// `gguf` as a projection: quantized types stay quantized (read into host memory first:
-    /// [`Proj::quantized`] places their blocks where their kernel reads them).
+    /// Tensor `gguf` read onto the device, checked against the shape the metadata implies.
+    fn read(&self, gguf: &str, heads: Option<usize>, shape: &[usize]) -> Result<candle_core::quantized::QTensor> {
+        self.place(gguf, shape)?;
+        self.file.read_tensor_rows(gguf, heads, &self.device)
+    }
+
+    /// `gguf` as a projection: quantized types stay quantized, their bytes read once and placed
+    /// where their kernel reads them ([`Proj::from_blocks`]).
     fn projection(&self, gguf: &str, heads: Option<usize>, shape: &[usize], bias: Option<Tensor>) -> Result<Proj> {
-        let float = self
-            .file
-            .tensor(gguf)
-            .is_some_and(|t| matches!(t.dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16));
-        if float {
-            let w = self.read(gguf, heads, shape, &self.device)?.dequantize(&self.device)?.to_dtype(self.dtype)?;
+        if matches!(self.place(gguf, shape)?.dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
+            let w = self.read(gguf, heads, shape)?.dequantize(&self.device)?.to_dtype(self.dtype)?;
             return Ok(Proj::Dense(Linear::new(w, bias)));
         }
-        Proj::quantized(self.read(gguf, heads, shape, &Device::Cpu)?, bias, &self.device)
+        let (bytes, place) = self.file.tensor_rows_bytes(gguf, heads)?;
+        Proj::from_blocks(bytes, place.dtype, (shape[0], shape[1]), bias, &self.device)
     }
 }
 
 impl WeightSource for GgufWeights<'_> {
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let (gguf, heads) = self.locate(name)?;
-        Ok(self.read(&gguf, heads, shape, &self.device)?.dequantize(&self.device)?.to_dtype(self.dtype)?)
+        Ok(self.read(&gguf, heads, shape)?.dequantize(&self.device)?.to_dtype(self.dtype)?)
     }
 
     fn linear(&self, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Proj> {
