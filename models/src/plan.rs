@@ -43,15 +43,21 @@ pub fn parameters(cfg: &ModelConfig) -> (usize, usize) {
     (total, read)
 }
 
-/// Bytes of a decoder of this shape's weights with `elem`-byte values, the projections (and an
-/// LM head) in `quantize`'s blocks when given, as [`crate::model::Model::random`] makes them.
-pub fn weight_bytes(cfg: &ModelConfig, elem: usize, quantize: Option<crate::model::Quantize>) -> u64 {
+/// Bytes of a decoder of this shape's weights in `device`'s memory with `dtype` values, the
+/// projections (and an LM head) in `quantize`'s blocks when given, as
+/// [`crate::model::Model::random`] makes them: on a GPU the embedding table is in host memory
+/// unless the head multiplies by it ([`crate::model::embedding_on_host`]).
+pub fn weight_bytes(cfg: &ModelConfig, dtype: DType, quantize: Option<crate::model::Quantize>, device: &Device) -> u64 {
     let (total, _) = parameters(cfg);
-    let Some(q) = quantize else { return (total * elem) as u64 };
+    let elem = dtype.size_in_bytes();
     let (h, hd, inter, v) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size);
+    let quantized =
+        |inp: usize, values: usize| quantize.and_then(|q| inp.is_multiple_of(q.dtype().block_size()).then_some(values));
+    let head_is_table = cfg.tie_word_embeddings && quantized(h, v * h).is_none();
+    let table = if crate::model::embedding_on_host(device, dtype, head_is_table) { (v * h * elem) as u64 } else { 0 };
+    let Some(q) = quantize else { return (total * elem) as u64 - table };
     let (nq, nkv) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
-    let dtype = q.dtype();
-    let quantized = |inp: usize, values: usize| inp.is_multiple_of(dtype.block_size()).then_some(values);
+    let blocks = q.dtype();
     let mut projections = cfg.num_layers
         * [quantized(h, h * nq + 2 * h * nkv + 2 * h * inter), quantized(nq, nq * h), quantized(inter, inter * h)]
             .into_iter()
@@ -62,9 +68,9 @@ pub fn weight_bytes(cfg: &ModelConfig, elem: usize, quantize: Option<crate::mode
     if !cfg.tie_word_embeddings {
         projections += quantized(h, v * h).unwrap_or(0);
     }
-    let q_bytes = (projections + extra_head) / dtype.block_size() * dtype.type_size();
+    let q_bytes = (projections + extra_head) / blocks.block_size() * blocks.type_size();
     let plain = total - projections;
-    (plain * elem + q_bytes) as u64
+    (plain * elem + q_bytes) as u64 - table
 }
 
 /// Host memory read by every core at once (threads summing their share of a `bytes` buffer,
@@ -180,8 +186,9 @@ pub struct ModelFacts<'a> {
     pub config: &'a ModelConfig,
     /// Bytes of one element of the compute dtype (K/V are decoded to it).
     pub elem: usize,
-    /// The loaded weights' bytes and those a decode step reads, when known (quantized weights
-    /// take less than parameters × `elem`); `None`: parameters × `elem`.
+    /// The loaded weights' bytes in device memory and those a decode step reads, when known
+    /// (quantized weights take less than parameters × `elem`, a table in host memory is not
+    /// counted); `None`: parameters × `elem`.
     pub weights: Option<(u64, u64)>,
 }
 

@@ -300,7 +300,7 @@ pub fn run<E: From<Error>>(
     let (param_count, _) = parameters(&cfg);
     let index = methods.iter().map(|m| m.2.resident_bytes).max().unwrap_or(0);
     let tail = cfg.kv_bytes_per_token(elem) as u64 * (a.warmup + a.steps + profiled) as u64;
-    let weights = a.weights.iter().map(|w| weight_bytes(&cfg, elem, *w)).max().unwrap_or(0);
+    let weights = a.weights.iter().map(|w| weight_bytes(&cfg, dtype, *w, device)).max().unwrap_or(0);
     let (planned, budget) = plan_memory(&sampler, &cfg, weights, index, tail, a.context, a.vram_budget)?;
 
     if let Some(b) = budget {

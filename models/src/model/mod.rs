@@ -9,6 +9,7 @@
 
 use std::path::Path;
 
+mod embedding;
 mod proj;
 mod quantize;
 mod sources;
@@ -22,6 +23,7 @@ use crate::gguf::GgufFile;
 use crate::kv_cache::{DenseKv, KvStore};
 use crate::profile::span;
 use crate::rope;
+pub use embedding::{embedding_on_host, Embedding};
 use proj::{Proj, Qkv};
 pub use quantize::Quantize;
 use quantize::Quantizing;
@@ -56,15 +58,23 @@ pub enum Logits {
 pub struct WeightCensus {
     pub values: usize,
     pub bytes: u64,
+    /// Of `bytes`, those held in host memory rather than on the model's GPU (the embedding
+    /// table, see [`embedding_on_host`]); zero on the CPU.
+    pub host_bytes: u64,
     /// Tensors of each type (`BF16`, `Q4_K`, …).
     pub types: std::collections::BTreeMap<String, usize>,
 }
 
 impl WeightCensus {
     fn add_tensor(&mut self, t: &Tensor) {
-        self.values += t.elem_count();
-        self.bytes += (t.elem_count() * t.dtype().size_in_bytes()) as u64;
-        *self.types.entry(format!("{:?}", t.dtype()).to_uppercase()).or_insert(0) += 1;
+        self.add_values(t.elem_count(), t.dtype());
+    }
+
+    /// A tensor of `values` values of `dtype`.
+    fn add_values(&mut self, values: usize, dtype: DType) {
+        self.values += values;
+        self.bytes += (values * dtype.size_in_bytes()) as u64;
+        *self.types.entry(format!("{dtype:?}").to_uppercase()).or_insert(0) += 1;
     }
 
     fn add(&mut self, p: &Proj) {
@@ -93,6 +103,11 @@ impl WeightCensus {
     }
 
     /// Bits per weight over all of them.
+    /// Bytes the weights take in the model device's memory.
+    pub fn device_bytes(&self) -> u64 {
+        self.bytes - self.host_bytes
+    }
+
     pub fn bits_per_weight(&self) -> f64 {
         if self.values == 0 {
             0.0
@@ -104,7 +119,7 @@ impl WeightCensus {
 
 pub struct Model {
     cfg: ModelConfig,
-    embed: Tensor,
+    embed: Embedding,
     layers: Vec<Layer>,
     norm: Tensor,
     lm_head: Proj,
@@ -194,6 +209,7 @@ impl Model {
         } else {
             src.linear("lm_head", cfg.vocab_size, h, false)?
         };
+        let embed = Embedding::place(embed, device, cfg.tie_word_embeddings && lm_head.dense().is_some())?;
         Ok(Self {
             inv_freq: rope::inv_freq(hd, cfg.rope_theta, &cfg.rope_scaling),
             cfg: cfg.clone(),
@@ -228,14 +244,16 @@ impl Model {
     /// unless the LM head is that table.
     pub fn weight_bytes_per_step(&self) -> u64 {
         let head_is_embed = self.cfg.tie_word_embeddings && self.lm_head.dense().is_some();
-        let embed = (self.embed.elem_count() * self.embed.dtype().size_in_bytes()) as u64;
-        self.weights().bytes - if head_is_embed { 0 } else { embed }
+        self.weights().bytes - if head_is_embed { 0 } else { self.embed.bytes() }
     }
 
     /// What the weights hold in memory: values, bytes, and tensors of each type.
     pub fn weights(&self) -> WeightCensus {
         let mut census = WeightCensus::default();
-        census.add_tensor(&self.embed);
+        census.add_values(self.embed.values(), self.embed.dtype());
+        if self.embed.on_host() {
+            census.host_bytes += self.embed.bytes();
+        }
         census.add_tensor(&self.norm);
         for l in &self.layers {
             for t in [Some(&l.input_norm), Some(&l.post_attn_norm), l.q_norm.as_ref(), l.k_norm.as_ref()]
@@ -290,7 +308,7 @@ impl Model {
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.cfg.vocab_size) {
             return Err(Error::Invalid(format!("token id {bad} is outside the vocabulary ({})", self.cfg.vocab_size)));
         }
-        Ok(self.embed.index_select(&Tensor::new(ids, &self.device)?, 0)?)
+        self.embed.rows(ids, &self.device)
     }
 
     /// RoPE cos/sin tables for positions `pos..pos + t`.

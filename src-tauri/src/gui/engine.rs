@@ -247,7 +247,7 @@ async fn plan_of(
     let facts = ModelFacts {
         config: engine.config(),
         elem: engine.model.dtype().size_in_bytes(),
-        weights: Some((engine.model.weights().bytes, engine.model.weight_bytes_per_step())),
+        weights: Some((engine.model.weights().device_bytes(), engine.model.weight_bytes_per_step())),
     };
     plan::plan(&facts, file.header(), method, settings.tier(), settings.budgets()?, &bw).map_err(|e| e.to_string())
 }

@@ -415,7 +415,7 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
 /// What a prefill may use beside the model's weights: the device budget in Settings (which
 /// covers the weights too) less the weights.
 fn memory_budget(engine: &Engine, settings: &super::engine::EngineSettings) -> anyhow::Result<Option<u64>> {
-    let weights = engine.model.weights().bytes;
+    let weights = engine.model.weights().device_bytes();
     match settings.budgets().map_err(anyhow::Error::msg)?.device {
         Some(b) if b <= weights => anyhow::bail!(
             "the device memory budget in Settings ({}) does not hold the model's weights ({}): raise it or clear it",

@@ -1,0 +1,74 @@
+//! The token embedding table and where it lives.
+//!
+//! A decode step reads one row of the table (7 KiB for a 7B model in bf16) and a prefill chunk
+//! one row a token, yet on the device the whole table holds 1 GiB of a 7B model's memory: a
+//! twelfth of a 12 GiB card, for reads the host link carries in microseconds. So on a GPU the
+//! table is page-locked host memory mapped into the device's address space ([`HostRows`]) and the
+//! GPU gathers the rows it needs over the link, as it gathers an offloaded context's K/V rows —
+//! no copy through the CPU, no synchronisation. It stays on the device where the LM head
+//! multiplies by the table itself (a tied head in the model's dtype), and for a dtype host rows
+//! do not hold (f16).
+
+use candle_core::{DType, Device, Tensor};
+use folio_kernels::select::HostRows;
+use folio_kernels::Positions;
+
+use crate::error::Result;
+
+/// Whether the embedding table of a model on `device` in `dtype` lives in host memory.
+pub fn embedding_on_host(device: &Device, dtype: DType, head_is_table: bool) -> bool {
+    device.is_cuda() && matches!(dtype, DType::F32 | DType::BF16) && !head_is_table
+}
+
+/// The table `[vocab, hidden]`: a tensor on the model's device, or rows in host memory.
+pub enum Embedding {
+    Here(Tensor),
+    Host(HostRows),
+}
+
+impl Embedding {
+    /// `table` (on `device`) kept there, or moved to host memory when [`embedding_on_host`].
+    pub fn place(table: Tensor, device: &Device, head_is_table: bool) -> Result<Self> {
+        if !embedding_on_host(device, table.dtype(), head_is_table) {
+            return Ok(Self::Here(table));
+        }
+        let (vocab, hidden) = table.dims2()?;
+        let mut rows = HostRows::new(device, table.dtype(), 1, vocab, hidden)?;
+        rows.write(0, &table.unsqueeze(0)?)?;
+        Ok(Self::Host(rows))
+    }
+
+    /// Rows `ids` (each below the vocabulary size: the caller checks) as `[t, hidden]` on
+    /// `device`.
+    pub fn rows(&self, ids: &[u32], device: &Device) -> Result<Tensor> {
+        let idx = Tensor::new(ids, device)?;
+        Ok(match self {
+            Self::Here(t) => t.index_select(&idx, 0)?,
+            Self::Host(rows) => rows.gather(&idx.unsqueeze(0)?, 1, None, Positions::Trusted)?.squeeze(0)?,
+        })
+    }
+
+    /// Values in the table.
+    pub fn values(&self) -> usize {
+        match self {
+            Self::Here(t) => t.elem_count(),
+            Self::Host(rows) => rows.len() * rows.dim(),
+        }
+    }
+
+    pub fn dtype(&self) -> DType {
+        match self {
+            Self::Here(t) => t.dtype(),
+            Self::Host(rows) => rows.dtype(),
+        }
+    }
+
+    /// Bytes of the table, wherever it is.
+    pub fn bytes(&self) -> u64 {
+        (self.values() * self.dtype().size_in_bytes()) as u64
+    }
+
+    pub fn on_host(&self) -> bool {
+        matches!(self, Self::Host(_))
+    }
+}

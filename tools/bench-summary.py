@@ -1,0 +1,32 @@
+#!/usr/bin/env python3
+"""One line per method of `folio bench --shape --json` output (mean, median, p90, floor, peak and
+planned VRAM), and with `--profile` where a step's time goes: the host's time queueing the step
+against the step, and the spans with the most device time.
+
+usage: python3 tools/bench-summary.py BENCH.jsonl...
+"""
+import json
+import sys
+
+SPANS = 12  # spans listed per profiled method
+
+for path in sys.argv[1:]:
+    print("==", path)
+    for line in open(path):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        d = json.loads(line)
+        if "decode_ms_mean" not in d:
+            print(line[:300])
+            continue
+        print("%-6s %-10s vram %-6s mean %6.2f med %6.2f p90 %6.2f floor %5.2f peakVRAM %5.2f GiB planned %5.2f GiB" % (
+            d.get("weights"), d["method"], round(d.get("vram_budget", 0) / 2**30, 1), d["decode_ms_mean"],
+            d["decode_ms_median"], d["decode_ms_p90"], d["floor_ms"], d["peak_device_bytes"] / 2**30,
+            d["planned_device_bytes"] / 2**30))
+        p = d.get("profile")
+        if p:
+            print("   profile: host queued %.2f ms of step %.2f ms; synced step %.2f ms"
+                  % (p["host_ms"], p["step_ms"], p["synced_step_ms"]))
+            for s in sorted(p["spans"], key=lambda s: -s["device_ms"])[:SPANS]:
+                print("     %-40s host %6.3f dev %6.3f calls %5.1f" % (s["name"], s["host_ms"], s["device_ms"], s["calls"]))
