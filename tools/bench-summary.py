@@ -21,9 +21,9 @@ for path in sys.argv[1:]:
             print(line[:300])
             continue
         print("%-6s %-10s vram %-6s mean %6.2f med %6.2f p90 %6.2f floor %5.2f peakVRAM %5.2f GiB planned %5.2f GiB" % (
-            d.get("weights"), d["method"], round(d.get("vram_budget", 0) / 2**30, 1), d["decode_ms_mean"],
-            d["decode_ms_median"], d["decode_ms_p90"], d["floor_ms"], d["peak_device_bytes"] / 2**30,
-            d["planned_device_bytes"] / 2**30))
+            d.get("weights"), d["method"], round((d.get("vram_budget") or 0) / 2**30, 1), d["decode_ms_mean"],
+            d["decode_ms_median"], d["decode_ms_p90"], d["floor_ms"], (d.get("peak_device_bytes") or 0) / 2**30,
+            (d.get("planned_device_bytes") or 0) / 2**30))
         p = d.get("profile")
         if p:
             print("   profile: host queued %.2f ms of step %.2f ms; synced step %.2f ms"

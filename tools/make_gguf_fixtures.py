@@ -12,6 +12,12 @@ What it makes (under ``--out``, default ``tests/fixtures/gguf``)
   vocabulary as ``tokenizer.ggml.*`` (model ``gpt2``, pre-tokenizer ``gpt-2``
   or ``qwen2``), the chat template in ``tokenizer.chat_template``.
 * ``qwen2-bf16.gguf``: the qwen2 fixture in BF16.
+* ``mistral-spm-f16.gguf``: the mistral fixture's weights with a SentencePiece
+  vocabulary (``tokenizer.ggml.model = llama``, as Llama 2's and Mistral 7B's
+  files have it): ``<unk>``, ``<s>``, ``</s>``, the 256 byte pieces, single
+  characters, and pieces grown from the fixture's BPE merges (spaces as ``▁``),
+  each with a score (later merges lower). ``--only spm`` makes just this file
+  and adds its entry to an existing ``reference.json``.
 * ``llama256-{Q4_0,Q4_K_M,Q5_K_M,Q6_K,Q8_0}.gguf``: a llama-architecture model
   whose rows are 256 wide (k-quants quantize blocks of 256, so the 64-wide
   fixtures would fall back to other types), random weights from a seed, the
@@ -67,6 +73,66 @@ TOKEN_CASES = [
     "  two  spaces,\nnew lines\n\n and tabs\there 12345 67!",
     "<|im_start|>user\nHi<|im_end|>",
 ]
+# SentencePiece cases: the space in front, runs of spaces, characters only bytes cover (byte
+# fallback), control tokens with text after them (a space in front again).
+SPM_CASES = [
+    "The old captain carried a basket of apples to the market.",
+    "  two  spaces,\nnew lines\n\n and tabs\there 12345 67!",
+    "caf\u00e9 na\u00efve \u65e5\u672c \U0001f642 end",
+    "<s>[INST] Hi there [/INST] Hello</s>",
+    "the theater then",
+]
+SPM_FILE = "mistral-spm-f16.gguf"
+SPACE_MARK = "\u2581"
+SPM_CHARS = SPACE_MARK + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'-:;()[]/<>"
+
+
+def byte_level_text(token: str):
+    """A byte-level BPE token's text (GPT-2's byte-to-character map undone), or None when its
+    bytes are not whole UTF-8."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + n)] = b
+            n += 1
+    try:
+        return bytes(chars[c] for c in token).decode("utf-8")
+    except (KeyError, UnicodeDecodeError):
+        return None
+
+
+def spm_vocab(folder: Path, n: int):
+    """A SentencePiece vocabulary of ``n`` pieces: tokens, scores, types."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    scores = [0.0] * len(tokens)
+    pieces = set()
+    for c in SPM_CHARS:
+        tokens.append(c)
+        types.append(gguf.TokenType.NORMAL)
+        scores.append(-1e4 - len(tokens))
+        pieces.add(c)
+    merges = json.loads((folder / "tokenizer.json").read_text())["model"]["merges"]
+    for m in merges:
+        a, b = m.split(" ") if isinstance(m, str) else m
+        left, right = byte_level_text(a), byte_level_text(b)
+        if left is None or right is None:
+            continue
+        left, right = left.replace(" ", SPACE_MARK), right.replace(" ", SPACE_MARK)
+        piece = left + right
+        if left in pieces and right in pieces and piece not in pieces and len(tokens) < n:
+            tokens.append(piece)
+            types.append(gguf.TokenType.NORMAL)
+            scores.append(-float(len(tokens)))
+            pieces.add(piece)
+    while len(tokens) < n:
+        tokens.append(f"<unused{len(tokens)}>")
+        types.append(gguf.TokenType.UNUSED)
+        scores.append(-1e9)
+    return tokens, scores, types
 
 
 def hf_weights(folder: Path) -> dict:
@@ -151,7 +217,7 @@ def chat_template(folder: Path):
     return json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
 
 
-def write_gguf(out: Path, model_type: str, cfg: dict, weights: dict, tok_folder: Path, dtype: str):
+def write_gguf(out: Path, model_type: str, cfg: dict, weights: dict, tok_folder: Path, dtype: str, spm=False):
     arch = ARCH[model_type]
     w = gguf.GGUFWriter(str(out), arch)
     hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -171,12 +237,21 @@ def write_gguf(out: Path, model_type: str, cfg: dict, weights: dict, tok_folder:
         w.add_value_length(hd)
     w.add_vocab_size(cfg["vocab_size"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.MOSTLY_BF16)
-    tokens, token_types, merges, adds_bos = vocab(tok_folder, cfg)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(PRE[model_type])
-    w.add_token_list(tokens)
-    w.add_token_types(token_types)
-    w.add_token_merges(merges)
+    if spm:
+        tokens, scores, token_types = spm_vocab(tok_folder, cfg["vocab_size"])
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(token_types)
+        w.add_add_space_prefix(True)
+        adds_bos = True
+    else:
+        tokens, token_types, merges, adds_bos = vocab(tok_folder, cfg)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(PRE[model_type])
+        w.add_token_list(tokens)
+        w.add_token_types(token_types)
+        w.add_token_merges(merges)
     if cfg.get("bos_token_id") is not None:
         w.add_bos_token_id(cfg["bos_token_id"])
     eos = cfg.get("eos_token_id")
@@ -289,14 +364,14 @@ def dequantized_logits(path: Path, cfg: dict, ids: list) -> np.ndarray:
     return check_fixtures_numpy.forward(None, ids, weights, dict(cfg, sliding_window=None))
 
 
-def run_llama(path: Path, logits_ids: list, chat_ids: list) -> dict:
+def run_llama(path: Path, logits_ids: list, chat_ids: list, cases=TOKEN_CASES) -> dict:
     # One token a batch: this llama.cpp build crashes multiplying quantized matrices by batches
     # of tokens on this CPU; a batch of one takes its matrix-vector path, the same arithmetic.
     # K/V kept in f32 (llama.cpp's default is f16), so its logits differ from the float64
     # reference by the weights' rounding and its own arithmetic only.
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, n_batch=1, logits_all=True, verbose=False,
                           n_threads=2, seed=0, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
-    cases = [{"text": t, "ids": llm.tokenize(t.encode(), add_bos=False, special=True)} for t in TOKEN_CASES]
+    cases = [{"text": t, "ids": llm.tokenize(t.encode(), add_bos=False, special=True)} for t in cases]
     llm.reset()
     llm.eval(logits_ids)
     scores = np.array(llm.scores[: len(logits_ids)], dtype=np.float32)
@@ -316,8 +391,12 @@ def run_llama(path: Path, logits_ids: list, chat_ids: list) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "tests/fixtures/gguf")
+    ap.add_argument("--only", choices=["spm"], help="make only this fixture, its entry added to reference.json")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.only == "spm":
+        spm_fixture(args.out)
+        return
     tmp = args.out / "tmp"
     tmp.mkdir(exist_ok=True)
     files, exact = {}, {}
@@ -380,6 +459,31 @@ def main():
     for f in tmp.iterdir():
         f.unlink()
     tmp.rmdir()
+
+
+def spm_fixture(out: Path):
+    """``mistral-spm-f16.gguf`` and its reference entry, beside the existing ones."""
+    folder = HF / "mistral"
+    cfg = json.loads((folder / "config.json").read_text())
+    weights = hf_weights(folder)
+    hf_ref = json.loads((folder / "reference.json").read_text())
+    ids, chat_ids = hf_ref["logits"]["input_ids"], hf_ref["greedy"]["prompt_ids"]
+    write_gguf(out / SPM_FILE, "mistral", cfg, weights, folder, "f16", spm=True)
+    run = run_llama(out / SPM_FILE, ids, chat_ids, SPM_CASES)
+    exact = numpy_logits(weights, cfg, "f16", ids)
+    rows = lambda a: [[float(f"{x:.7g}") for x in row] for row in a[-LOGIT_ROWS:]]
+    reference = json.loads((out / "reference.json").read_text())
+    reference["files"][SPM_FILE] = {
+        "model_type": "mistral",
+        "tokens": run["tokens"],
+        "logits": {"input_ids": ids, "last_rows": rows(run["logits_all"]), "numpy_last_rows": rows(exact)},
+        "greedy": {"prompt_ids": chat_ids, "new_tokens": run["greedy"],
+                   "top2_margins": [round(m, 5) for m in run["greedy_margins"]]},
+        "llama_cpp_max_abs_vs_numpy": float(np.abs(run["logits_all"] - exact).max()),
+    }
+    (out / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
+    for case in run["tokens"]:
+        print(f"{SPM_FILE}: {case['text']!r} -> {case['ids']}")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ pub fn weight_bytes(cfg: &ModelConfig, dtype: DType, quantize: Option<crate::mod
     let quantized =
         |inp: usize, values: usize| quantize.and_then(|q| inp.is_multiple_of(q.dtype().block_size()).then_some(values));
     let head_is_table = cfg.tie_word_embeddings && quantized(h, v * h).is_none();
-    let table = if crate::model::embedding_on_host(device, dtype, head_is_table) { (v * h * elem) as u64 } else { 0 };
+    let table =
+        if crate::model::embedding_on_host(device, dtype, h, head_is_table) { (v * h * elem) as u64 } else { 0 };
     let Some(q) = quantize else { return (total * elem) as u64 - table };
     let (nq, nkv) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
     let blocks = q.dtype();

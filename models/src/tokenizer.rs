@@ -25,6 +25,9 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// The same tokenizer with special tokens matched as plain text (for document text).
     plain: tokenizers::Tokenizer,
+    /// `plain` for a piece that continues a longer text, where it differs (a SentencePiece
+    /// vocabulary's tokenizer puts `▁` in front of a text, which a continuation must not get).
+    continued: Option<tokenizers::Tokenizer>,
     bos: Option<u32>,
 }
 
@@ -42,15 +45,23 @@ impl Tokenizer {
     fn from_inner(inner: tokenizers::Tokenizer, bos: Option<u32>) -> Self {
         let mut plain = inner.clone();
         plain.set_encode_special_tokens(true);
-        Self { inner, plain, bos }
+        Self { inner, plain, continued: None, bos }
     }
 
-    /// A tokenizer from a `tokenizer.json` document made in memory (a GGUF's vocabulary);
-    /// `origin` names where it came from in errors.
-    pub fn from_json(json: &str, origin: &Path, bos: Option<u32>) -> Result<Self> {
-        let inner: tokenizers::Tokenizer =
-            json.parse().map_err(|e| Error::Tokenizer(format!("{}: {e}", origin.display())))?;
-        Ok(Self::from_inner(inner, bos))
+    /// A tokenizer from a `tokenizer.json` document made in memory (a GGUF's vocabulary), with
+    /// the document for continuations where it differs; `origin` names where it came from in
+    /// errors.
+    pub fn from_json(json: &str, continuation: Option<&str>, origin: &Path, bos: Option<u32>) -> Result<Self> {
+        let parse = |json: &str| -> Result<tokenizers::Tokenizer> {
+            json.parse().map_err(|e| Error::Tokenizer(format!("{}: {e}", origin.display())))
+        };
+        let mut tokenizer = Self::from_inner(parse(json)?, bos);
+        if let Some(json) = continuation {
+            let mut continued = parse(json)?;
+            continued.set_encode_special_tokens(true);
+            tokenizer.continued = Some(continued);
+        }
+        Ok(tokenizer)
     }
 
     /// Raw text, with the BOS rule applied.
@@ -83,8 +94,9 @@ impl Tokenizer {
 
     fn encode_in_pieces(&self, text: &str, size: usize) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
-        for piece in text_pieces(text, size) {
-            ids.extend(self.encode_whole(piece)?);
+        for (i, piece) in text_pieces(text, size).enumerate() {
+            let tokenizer = if i > 0 { self.continued.as_ref().unwrap_or(&self.plain) } else { &self.plain };
+            ids.extend(tokenizer.encode(piece, false).map_err(tok_err)?.get_ids());
         }
         Ok(ids)
     }

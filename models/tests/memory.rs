@@ -27,7 +27,7 @@ fn planned_bytes_match_the_model(device: &Device, dtype: DType) {
             assert_eq!(planned, census.device_bytes(), "{name} {quantize:?} on {device:?}: planned device bytes");
             let table = (cfg.vocab_size * cfg.hidden_size * dtype.size_in_bytes()) as u64;
             let head_quantized = quantize.is_some_and(|q| cfg.hidden_size.is_multiple_of(q.dtype().block_size()));
-            let on_host = embedding_on_host(device, dtype, cfg.tie_word_embeddings && !head_quantized);
+            let on_host = embedding_on_host(device, dtype, cfg.hidden_size, cfg.tie_word_embeddings && !head_quantized);
             assert_eq!(census.host_bytes, if on_host { table } else { 0 }, "{name} {quantize:?}: bytes in host memory");
         }
     }
@@ -47,7 +47,7 @@ fn planned_weight_bytes_match_the_model_on_the_cpu() {
 /// `cuda_logits_match_cpu` holds whole forward passes over such tables to the CPU's).
 #[cfg(feature = "cuda")]
 #[test]
-fn planned_weight_bytes_match_the_model_on_the_gpu() {
+fn planned_weight_bytes_match_the_model_and_host_rows_the_table_on_the_gpu() {
     use folio_models::model::Embedding;
     use rand::{Rng, SeedableRng};
     let gpu = Device::new_cuda(0).expect("a CUDA device");
@@ -57,7 +57,8 @@ fn planned_weight_bytes_match_the_model_on_the_gpu() {
     let model = Model::random(&cfg, &gpu, DType::BF16, INIT_STD, None).unwrap();
     let table = (cfg.vocab_size * cfg.hidden_size * 2) as u64;
     assert_eq!(model.weights().host_bytes, table, "the demo model's untied table is in host memory");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random::<u64>());
+    let seed = rand::random::<u64>();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     for dtype in [DType::BF16, DType::F32] {
         let (vocab, hidden) = (cfg.vocab_size, cfg.hidden_size);
         let table = candle_core::Tensor::randn(0f32, 1.0, (vocab, hidden), &gpu).unwrap().to_dtype(dtype).unwrap();
@@ -65,7 +66,10 @@ fn planned_weight_bytes_match_the_model_on_the_gpu() {
         let here = Embedding::place(table, &gpu, true).unwrap();
         assert!(host.on_host() && !here.on_host());
         for t in [1, 7, 300] {
-            let ids: Vec<u32> = (0..t).map(|_| rng.random_range(0..vocab as u32)).collect();
+            // The table's first and last rows, and random ones.
+            let mut ids: Vec<u32> = (0..t).map(|_| rng.random_range(0..vocab as u32)).collect();
+            ids[0] = 0;
+            ids[t - 1] = vocab as u32 - 1;
             let (a, b) = (host.rows(&ids, &gpu).unwrap(), here.rows(&ids, &gpu).unwrap());
             assert_eq!(a.dims(), [t, hidden]);
             assert_eq!(a.device().location(), gpu.location());
@@ -77,7 +81,7 @@ fn planned_weight_bytes_match_the_model_on_the_gpu() {
                 .unwrap()
                 .to_scalar::<f32>()
                 .unwrap();
-            assert_eq!(diff, 0.0, "{dtype:?}, {t} ids: rows gathered from host memory differ");
+            assert_eq!(diff, 0.0, "{dtype:?}, {t} ids (seed {seed}): rows gathered from host memory differ");
         }
     }
 }

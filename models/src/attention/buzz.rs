@@ -136,7 +136,7 @@ impl LayerCache {
 /// The growth is by this many slots, not by a share of the cache: the live set exceeds its
 /// bound by one row at most and the bound grows with the context (a tenth of a token a step at
 /// 10%), so a geometric growth would only hold device memory the cache never uses (an eighth of
-/// it: 0.8 GiB of a 7B model's at a million tokens).
+/// it: 0.7 GiB of a 7B model's at a million tokens).
 const ROW_SLACK: usize = 1024;
 
 /// A layer's live rows on the compute device: slot `j` of KV head `g` holds the K and V row of

@@ -179,7 +179,8 @@ impl Engine {
         let file = GgufFile::open(path)?;
         let cfg = file.config()?;
         let vocab = file.vocab()?;
-        let tokenizer = Tokenizer::from_json(&vocab.tokenizer_json, path, vocab.bos_for_text)?;
+        let tokenizer =
+            Tokenizer::from_json(&vocab.tokenizer_json, vocab.continuation_json.as_deref(), path, vocab.bos_for_text)?;
         let chat_template = file
             .chat_template()?
             .map(|t| ChatTemplate::new(t, vocab.bos_token.clone(), vocab.eos_token.clone()))

@@ -16,6 +16,7 @@
 
 pub mod config;
 pub mod scan;
+mod spm;
 pub mod tensors;
 pub mod vocab;
 

@@ -24,6 +24,10 @@ const QUANT_TOLERANCE: f32 = 0.25;
 const MIN_MARGIN: f32 = 1e-2;
 /// Folio's distance from the dequantized weights' logits, at most this times llama.cpp's.
 const FAITHFUL_RATIO: f32 = 2.0;
+/// The fixture with a SentencePiece vocabulary.
+const SPM_FIXTURE: &str = "mistral-spm-f16.gguf";
+/// Copies of a 58-byte sentence in one line past the 1 MiB a text is tokenized whole within.
+const LONG_LINE_REPEATS: usize = 18_500;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gguf")
@@ -137,6 +141,25 @@ fn the_tokenizer_from_metadata_tokenizes_as_llama_cpp() {
     }
 }
 
+/// The SentencePiece fixture: its tokens decode back to the text (the `▁` in front taken off,
+/// bytes fused back into characters), and a text with a line too long to tokenize whole is
+/// tokenized in pieces to the same ids as whole (no `▁` put in front of a continuation).
+#[test]
+fn a_sentencepiece_vocabulary_decodes_and_tokenizes_long_lines_as_whole() {
+    let engine = load(SPM_FIXTURE);
+    let t = &engine.tokenizer;
+    let r = reference();
+    let cases = r["files"][SPM_FIXTURE]["tokens"].as_array().expect("the SentencePiece fixture's cases");
+    for case in cases.iter().map(|c| c["text"].as_str().unwrap()).filter(|c| !c.contains("<s>")) {
+        let ids = t.encode_prompt(case).unwrap();
+        assert_eq!(t.decode(&ids, false).unwrap(), case, "{ids:?}");
+    }
+    let sentence = cases[0]["text"].as_str().unwrap();
+    let long = std::iter::repeat_n(sentence, LONG_LINE_REPEATS).collect::<Vec<_>>().join("  ");
+    assert!(!long.contains('\n') && long.len() > (1 << 20), "one line longer than the whole-text limit");
+    assert_eq!(t.encode_text(&long).unwrap(), t.encode_prompt(&long).unwrap());
+}
+
 /// A copy of the qwen2 fixture with its metadata edited, written by candle's GGUF writer.
 fn edited(
     dir: &Path,
@@ -214,7 +237,11 @@ fn bad_files_are_refused_each_with_its_own_reason() {
     let spm = edited(dir.path(), "spm.gguf", |m| {
         m.insert("tokenizer.ggml.model".into(), V::String("llama".into()));
     });
-    expect(spm, &["SentencePiece"]);
+    expect(spm, &["SentencePiece vocabulary has no scores", "tokenizer.ggml.scores"]);
+    let rwkv = edited(dir.path(), "rwkv.gguf", |m| {
+        m.insert("tokenizer.ggml.model".into(), V::String("rwkv".into()));
+    });
+    expect(rwkv, &["its tokenizer is \"rwkv\"", "byte-level BPE", "SentencePiece"]);
     let shape = edited(dir.path(), "shape.gguf", |m| {
         m.insert("qwen2.feed_forward_length".into(), V::U32(256));
     });

@@ -9,7 +9,7 @@
 //! models alike. The pattern is chosen by name from the ones written below (the names and
 //! patterns llama.cpp uses); an unknown name is refused rather than guessed, since a wrong split
 //! changes every token id. SentencePiece vocabularies (`llama`: Llama 2, Mistral 7B v0.1–0.3)
-//! are refused with that said.
+//! become a BPE tokenizer too ([`super::spm`]).
 
 use serde_json::{json, Value as Json};
 
@@ -37,6 +37,7 @@ const LLAMA3_PRE: &[&str] = &["llama-bpe", "llama3", "smaug-bpe"];
 
 /// llama.cpp's token types (`llama_token_type`): control tokens are special, user-defined ones
 /// are matched whole but are text.
+const TYPE_UNKNOWN: i64 = 2;
 const TYPE_CONTROL: i64 = 3;
 const TYPE_USER_DEFINED: i64 = 4;
 
@@ -44,10 +45,16 @@ const TYPE_USER_DEFINED: i64 = 4;
 const END_OF_TURN: [&str; 8] =
     ["<|eot_id|>", "<|im_end|>", "<|end_of_text|>", "<|endoftext|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "</s>"];
 
+/// Top-level parts of a `tokenizer.json` document, by name.
+pub(super) type Parts = serde_json::Map<String, Json>;
+
 /// The tokenizer and what goes with it.
 pub struct Vocab {
     /// A `tokenizer.json` document for the `tokenizers` crate.
     pub tokenizer_json: String,
+    /// The same for text that continues a piece of a longer text, where it differs (a
+    /// SentencePiece vocabulary puts a `▁` in front of a text, not of a continuation).
+    pub continuation_json: Option<String>,
     /// A checksum of the `tokenizer.*` metadata it was built from (what a context file's
     /// fingerprint records: it changes with the file, not with how Folio builds the tokenizer).
     pub checksum: String,
@@ -119,21 +126,89 @@ impl GgufFile {
         Ok(self.string("tokenizer.chat_template")?.map(str::to_owned))
     }
 
-    /// The tokenizer, built from the vocabulary, merges and pre-tokenizer name.
+    /// The tokenizer, built from the vocabulary (and for byte-level BPE its merges and
+    /// pre-tokenizer name, for SentencePiece its scores).
     pub fn vocab(&self) -> Result<Vocab> {
         let tokens = self.tokens()?;
+        let types = self.token_types()?.unwrap_or_default();
         let model = self.string("tokenizer.ggml.model")?.unwrap_or("gpt2");
-        if model != "gpt2" {
-            return Err(self.error(format!(
-                "its tokenizer is \"{model}\" (SentencePiece: Llama 2, Mistral 7B v0.1-v0.3); Folio reads GGUF \
-                 vocabularies of byte-level BPE (gpt2: Llama 3, Qwen2/2.5/3) — use that model's \
-                 safetensors folder instead"
-            )));
-        }
+        // The checksum's order (tokens, merges, types, the pre-tokenizer's name, the BOS rule) is
+        // what saved contexts of byte-level BPE files recorded: kept, with a SentencePiece
+        // file's scores where a BPE file's name goes.
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        tokens.iter().for_each(|t| h.update(t.as_bytes()));
+        h.update(b"\0");
+        let hash_types = |h: &mut xxhash_rust::xxh3::Xxh3| types.iter().for_each(|t| h.update(&t.to_le_bytes()));
+        let (parts, continuation, adds_bos_default) = match model {
+            "gpt2" => {
+                let (parts, pre, merges) = self.bpe(&tokens)?;
+                merges.iter().for_each(|m| h.update(m.as_bytes()));
+                h.update(b"\0");
+                hash_types(&mut h);
+                h.update(pre.as_bytes());
+                (parts, None, LLAMA3_PRE.contains(&pre))
+            }
+            "llama" => {
+                let unknown = types.iter().position(|t| *t == TYPE_UNKNOWN).and_then(|i| tokens.get(i).copied());
+                let spm = self.spm(&tokens, &types, unknown)?;
+                hash_types(&mut h);
+                h.update(&spm.hashed);
+                (spm.parts, Some(spm.continuation_normalizer), true)
+            }
+            other => {
+                return Err(self.error(format!(
+                    "its tokenizer is \"{other}\"; Folio reads GGUF vocabularies of byte-level BPE (gpt2: Llama 3, \
+                     Qwen2/2.5/3) and SentencePiece (llama: Llama 2, Mistral 7B) — use that model's safetensors \
+                     folder instead"
+                )))
+            }
+        };
+        let added: Vec<Json> = types
+            .iter()
+            .enumerate()
+            // A SentencePiece file's unknown piece is special too (as Llama 2's tokenizer.json has it).
+            .filter(|(_, t)| {
+                [TYPE_CONTROL, TYPE_USER_DEFINED].contains(t) || (continuation.is_some() && **t == TYPE_UNKNOWN)
+            })
+            .filter_map(|(i, t)| {
+                tokens.get(i).map(|s| {
+                    json!({"id": i, "content": s, "single_word": false, "lstrip": false, "rstrip": false,
+                           "normalized": false, "special": *t != TYPE_USER_DEFINED})
+                })
+            })
+            .collect();
+        let mut doc = json!({"version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+                             "post_processor": null});
+        doc.as_object_mut().expect("an object").extend(parts);
+        let continuation_json = continuation.map(|normalizer| {
+            let mut c = doc.clone();
+            c["normalizer"] = normalizer;
+            c.to_string()
+        });
+        let bos = self.uint("tokenizer.ggml.bos_token_id")?.map(|n| n as u32);
+        let name = |id: Option<u32>| id.and_then(|i| tokens.get(i as usize)).map(|s| (*s).to_owned());
+        let eos = self.uint("tokenizer.ggml.eos_token_id")?.map(|n| n as u32);
+        let adds_bos = match self.metadata("tokenizer.ggml.add_bos_token") {
+            Some(v) => v.to_bool().map_err(|_| self.error("tokenizer.ggml.add_bos_token is not a bool".into()))?,
+            None => adds_bos_default,
+        };
+        h.update(&[u8::from(adds_bos)]);
+        Ok(Vocab {
+            tokenizer_json: doc.to_string(),
+            continuation_json,
+            checksum: folio_context_file::format::checksum_hex(h.digest()),
+            bos_for_text: bos.filter(|_| adds_bos),
+            bos_token: name(bos),
+            eos_token: name(eos),
+        })
+    }
+
+    /// A byte-level BPE vocabulary's `model`, `normalizer`, `pre_tokenizer` and `decoder`, its
+    /// pre-tokenizer's name and its merges (both go into the checksum).
+    fn bpe(&self, tokens: &[&str]) -> Result<(Parts, &str, Vec<&str>)> {
         let merges = self
             .strings("tokenizer.ggml.merges")?
             .ok_or_else(|| self.error("its BPE tokenizer has no merges (tokenizer.ggml.merges)".into()))?;
-        let types = self.token_types()?.unwrap_or_default();
         let pre = self.string("tokenizer.ggml.pre")?.unwrap_or("(none: a file from before llama.cpp named them)");
         let pre_tokenizer = pre_tokenizer(pre).ok_or_else(|| {
             self.error(format!(
@@ -144,53 +219,19 @@ impl GgufFile {
         })?;
         let vocab: serde_json::Map<String, Json> =
             tokens.iter().enumerate().map(|(i, t)| ((*t).to_owned(), json!(i))).collect();
-        let added: Vec<Json> = types
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| **t == TYPE_CONTROL || **t == TYPE_USER_DEFINED)
-            .filter_map(|(i, t)| {
-                tokens.get(i).map(|s| {
-                    json!({"id": i, "content": s, "single_word": false, "lstrip": false, "rstrip": false,
-                           "normalized": false, "special": *t == TYPE_CONTROL})
-                })
-            })
-            .collect();
-        let doc = json!({
-            "version": "1.0",
-            "truncation": null,
-            "padding": null,
-            "added_tokens": added,
+        let parts = json!({
             "normalizer": null,
             "pre_tokenizer": pre_tokenizer,
-            "post_processor": null,
             "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
             "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
                       "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
                       "ignore_merges": LLAMA3_PRE.contains(&pre),
                       "vocab": vocab, "merges": merges},
         });
-        let bos = self.uint("tokenizer.ggml.bos_token_id")?.map(|n| n as u32);
-        let name = |id: Option<u32>| id.and_then(|i| tokens.get(i as usize)).map(|s| (*s).to_owned());
-        let eos = self.uint("tokenizer.ggml.eos_token_id")?.map(|n| n as u32);
-        let adds_bos = match self.metadata("tokenizer.ggml.add_bos_token") {
-            Some(v) => v.to_bool().map_err(|_| self.error("tokenizer.ggml.add_bos_token is not a bool".into()))?,
-            None => LLAMA3_PRE.contains(&pre),
-        };
-        let mut h = xxhash_rust::xxh3::Xxh3::new();
-        for part in [&tokens, &merges] {
-            part.iter().for_each(|t| h.update(t.as_bytes()));
-            h.update(b"\0");
+        match parts {
+            Json::Object(map) => Ok((map, pre, merges)),
+            _ => unreachable!("a JSON object literal"),
         }
-        types.iter().for_each(|t| h.update(&t.to_le_bytes()));
-        h.update(pre.as_bytes());
-        h.update(&[u8::from(adds_bos)]);
-        Ok(Vocab {
-            tokenizer_json: doc.to_string(),
-            checksum: folio_context_file::format::checksum_hex(h.digest()),
-            bos_for_text: bos.filter(|_| adds_bos),
-            bos_token: name(bos),
-            eos_token: name(eos),
-        })
     }
 }
 

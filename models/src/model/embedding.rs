@@ -6,8 +6,9 @@
 //! table is page-locked host memory mapped into the device's address space ([`HostRows`]) and the
 //! GPU gathers the rows it needs over the link, as it gathers an offloaded context's K/V rows —
 //! no copy through the CPU, no synchronisation. It stays on the device where the LM head
-//! multiplies by the table itself (a tied head in the model's dtype), and for a dtype host rows
-//! do not hold (f16).
+//! multiplies by the table itself (a tied head in the model's dtype), for a dtype host rows
+//! do not hold (f16) or rows the gather cannot read 16 bytes at a time, and where the system
+//! refuses to page-lock the table (it is then where it was, and the census says so).
 
 use candle_core::{DType, Device, Tensor};
 use folio_kernels::select::HostRows;
@@ -15,9 +16,16 @@ use folio_kernels::Positions;
 
 use crate::error::Result;
 
-/// Whether the embedding table of a model on `device` in `dtype` lives in host memory.
-pub fn embedding_on_host(device: &Device, dtype: DType, head_is_table: bool) -> bool {
-    device.is_cuda() && matches!(dtype, DType::F32 | DType::BF16) && !head_is_table
+/// The gather reads rows in loads of this many bytes.
+const GATHER_LOAD_BYTES: usize = 16;
+
+/// Whether the embedding table (rows of `hidden` values) of a model on `device` in `dtype`
+/// lives in host memory.
+pub fn embedding_on_host(device: &Device, dtype: DType, hidden: usize, head_is_table: bool) -> bool {
+    device.is_cuda()
+        && matches!(dtype, DType::F32 | DType::BF16)
+        && (hidden * dtype.size_in_bytes()).is_multiple_of(GATHER_LOAD_BYTES)
+        && !head_is_table
 }
 
 /// The table `[vocab, hidden]`: a tensor on the model's device, or rows in host memory.
@@ -29,11 +37,14 @@ pub enum Embedding {
 impl Embedding {
     /// `table` (on `device`) kept there, or moved to host memory when [`embedding_on_host`].
     pub fn place(table: Tensor, device: &Device, head_is_table: bool) -> Result<Self> {
-        if !embedding_on_host(device, table.dtype(), head_is_table) {
+        let (vocab, hidden) = table.dims2()?;
+        if !embedding_on_host(device, table.dtype(), hidden, head_is_table) {
             return Ok(Self::Here(table));
         }
-        let (vocab, hidden) = table.dims2()?;
-        let mut rows = HostRows::new(device, table.dtype(), 1, vocab, hidden)?;
+        // Page-locked memory can be refused (a locked-memory limit): the table then stays.
+        let Ok(mut rows) = HostRows::new(device, table.dtype(), 1, vocab, hidden) else {
+            return Ok(Self::Here(table));
+        };
         rows.write(0, &table.unsqueeze(0)?)?;
         Ok(Self::Host(rows))
     }

@@ -102,12 +102,12 @@ impl WeightCensus {
         }
     }
 
-    /// Bits per weight over all of them.
     /// Bytes the weights take in the model device's memory.
     pub fn device_bytes(&self) -> u64 {
         self.bytes - self.host_bytes
     }
 
+    /// Bits per weight over all of them.
     pub fn bits_per_weight(&self) -> f64 {
         if self.values == 0 {
             0.0
@@ -182,6 +182,14 @@ impl Model {
         let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
         let (nq, nkv) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
         let embed = src.tensor("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+        // The head and the table first: a table bound for host memory leaves the device before
+        // the layers arrive, so loading never needs more device memory than the plan counts.
+        let lm_head = if cfg.tie_word_embeddings {
+            src.tied_head(&embed, cfg.vocab_size, h)?
+        } else {
+            src.linear("lm_head", cfg.vocab_size, h, false)?
+        };
+        let embed = Embedding::place(embed, device, cfg.tie_word_embeddings && lm_head.dense().is_some())?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let p = format!("model.layers.{i}");
@@ -204,12 +212,6 @@ impl Model {
             });
         }
         let norm = src.tensor("model.norm.weight", &[h])?;
-        let lm_head = if cfg.tie_word_embeddings {
-            src.tied_head(&embed, cfg.vocab_size, h)?
-        } else {
-            src.linear("lm_head", cfg.vocab_size, h, false)?
-        };
-        let embed = Embedding::place(embed, device, cfg.tie_word_embeddings && lm_head.dense().is_some())?;
         Ok(Self {
             inv_freq: rope::inv_freq(hd, cfg.rope_theta, &cfg.rope_scaling),
             cfg: cfg.clone(),
