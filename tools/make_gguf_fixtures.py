@@ -18,6 +18,9 @@ What it makes (under ``--out``, default ``tests/fixtures/gguf``)
   characters, and pieces grown from the fixture's BPE merges (spaces as ``▁``),
   each with a score (later merges lower). ``--only spm`` makes just this file
   and adds its entry to an existing ``reference.json``.
+* ``mistral-tekken-f16.gguf``: the mistral fixture with the pre-tokenizer name
+  ``tekken`` (Mistral Nemo's and Mistral Small 3's split: words by case, single
+  digits); ``--only tekken`` as ``--only spm``.
 * ``llama256-{Q4_0,Q4_K_M,Q5_K_M,Q6_K,Q8_0}.gguf``: a llama-architecture model
   whose rows are 256 wide (k-quants quantize blocks of 256, so the 64-wide
   fixtures would fall back to other types), random weights from a seed, the
@@ -83,6 +86,13 @@ SPM_CASES = [
     "the theater then",
 ]
 SPM_FILE = "mistral-spm-f16.gguf"
+TEKKEN_FILE = "mistral-tekken-f16.gguf"
+# Tekken's split: words by case (CamelCase, ACRONYMWords), single digits, "/" kept after
+# punctuation.
+TEKKEN_CASES = TOKEN_CASES[:2] + [
+    "HelloWorld and CamelCaseWords, HTTPServer 2024/11/30 path/to/file.txt",
+    "<s>[INST] ALL CAPS here [/INST]</s>",
+]
 SPACE_MARK = "\u2581"
 SPM_CHARS = SPACE_MARK + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'-:;()[]/<>"
 
@@ -217,7 +227,8 @@ def chat_template(folder: Path):
     return json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
 
 
-def write_gguf(out: Path, model_type: str, cfg: dict, weights: dict, tok_folder: Path, dtype: str, spm=False):
+def write_gguf(out: Path, model_type: str, cfg: dict, weights: dict, tok_folder: Path, dtype: str, spm=False,
+               pre=None):
     arch = ARCH[model_type]
     w = gguf.GGUFWriter(str(out), arch)
     hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -248,7 +259,7 @@ def write_gguf(out: Path, model_type: str, cfg: dict, weights: dict, tok_folder:
     else:
         tokens, token_types, merges, adds_bos = vocab(tok_folder, cfg)
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre(PRE[model_type])
+        w.add_tokenizer_pre(pre or PRE[model_type])
         w.add_token_list(tokens)
         w.add_token_types(token_types)
         w.add_token_merges(merges)
@@ -391,11 +402,11 @@ def run_llama(path: Path, logits_ids: list, chat_ids: list, cases=TOKEN_CASES) -
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "tests/fixtures/gguf")
-    ap.add_argument("--only", choices=["spm"], help="make only this fixture, its entry added to reference.json")
+    ap.add_argument("--only", choices=["spm", "tekken"], help="make only this fixture, its entry added to reference.json")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.only == "spm":
-        spm_fixture(args.out)
+    if args.only:
+        one_fixture(args.out, args.only)
         return
     tmp = args.out / "tmp"
     tmp.mkdir(exist_ok=True)
@@ -461,19 +472,24 @@ def main():
     tmp.rmdir()
 
 
-def spm_fixture(out: Path):
-    """``mistral-spm-f16.gguf`` and its reference entry, beside the existing ones."""
+def one_fixture(out: Path, which: str):
+    """The SentencePiece or the tekken fixture and its reference entry, beside the existing ones."""
     folder = HF / "mistral"
     cfg = json.loads((folder / "config.json").read_text())
     weights = hf_weights(folder)
     hf_ref = json.loads((folder / "reference.json").read_text())
     ids, chat_ids = hf_ref["logits"]["input_ids"], hf_ref["greedy"]["prompt_ids"]
-    write_gguf(out / SPM_FILE, "mistral", cfg, weights, folder, "f16", spm=True)
-    run = run_llama(out / SPM_FILE, ids, chat_ids, SPM_CASES)
+    if which == "spm":
+        file, cases = SPM_FILE, SPM_CASES
+        write_gguf(out / file, "mistral", cfg, weights, folder, "f16", spm=True)
+    else:
+        file, cases = TEKKEN_FILE, TEKKEN_CASES
+        write_gguf(out / file, "mistral", cfg, weights, folder, "f16", pre="tekken")
+    run = run_llama(out / file, ids, chat_ids, cases)
     exact = numpy_logits(weights, cfg, "f16", ids)
     rows = lambda a: [[float(f"{x:.7g}") for x in row] for row in a[-LOGIT_ROWS:]]
     reference = json.loads((out / "reference.json").read_text())
-    reference["files"][SPM_FILE] = {
+    reference["files"][file] = {
         "model_type": "mistral",
         "tokens": run["tokens"],
         "logits": {"input_ids": ids, "last_rows": rows(run["logits_all"]), "numpy_last_rows": rows(exact)},
@@ -483,7 +499,7 @@ def spm_fixture(out: Path):
     }
     (out / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
     for case in run["tokens"]:
-        print(f"{SPM_FILE}: {case['text']!r} -> {case['ids']}")
+        print(f"{file}: {case['text']!r} -> {case['ids']}")
 
 
 if __name__ == "__main__":

@@ -25,9 +25,11 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// The same tokenizer with special tokens matched as plain text (for document text).
     plain: tokenizers::Tokenizer,
-    /// `plain` for a piece that continues a longer text, where it differs (a SentencePiece
-    /// vocabulary's tokenizer puts `▁` in front of a text, which a continuation must not get).
-    continued: Option<tokenizers::Tokenizer>,
+    /// `inner` and `plain` for text that continues a longer text, where they differ: a
+    /// SentencePiece vocabulary's tokenizer puts `▁` in front of a text (as llama.cpp in front of
+    /// a prompt), which a continuation — a piece of a long line, a document after the prompt's
+    /// head, the question after the documents — must not get.
+    continued: Option<(tokenizers::Tokenizer, tokenizers::Tokenizer)>,
     bos: Option<u32>,
 }
 
@@ -57,9 +59,10 @@ impl Tokenizer {
         };
         let mut tokenizer = Self::from_inner(parse(json)?, bos);
         if let Some(json) = continuation {
-            let mut continued = parse(json)?;
-            continued.set_encode_special_tokens(true);
-            tokenizer.continued = Some(continued);
+            let inner = parse(json)?;
+            let mut plain = inner.clone();
+            plain.set_encode_special_tokens(true);
+            tokenizer.continued = Some((inner, plain));
         }
         Ok(tokenizer)
     }
@@ -80,22 +83,50 @@ impl Tokenizer {
         Ok(self.inner.encode(text, false).map_err(tok_err)?.get_ids().to_vec())
     }
 
+    /// [`Tokenizer::encode_prompt`] for text that continues a prompt (what follows its head).
+    pub fn encode_prompt_continued(&self, text: &str) -> Result<Vec<u32>> {
+        let t = self.continued.as_ref().map_or(&self.inner, |c| &c.0);
+        Ok(t.encode(text, false).map_err(tok_err)?.get_ids().to_vec())
+    }
+
+    /// [`Tokenizer::encode_text`] for text that continues a prompt (a document's title, path and
+    /// text after the head and the template's own text).
+    pub fn encode_text_continued(&self, text: &str) -> Result<Vec<u32>> {
+        if !self.in_pieces(text) {
+            let t = self.continued.as_ref().map_or(&self.plain, |c| &c.1);
+            return Ok(t.encode(text, false).map_err(tok_err)?.get_ids().to_vec());
+        }
+        self.encode_in_pieces(text, PIECE_BYTES, true)
+    }
+
+    /// Whether `text` is tokenized in pieces: a line over [`LONG_LINE_BYTES`]; with a
+    /// SentencePiece vocabulary, the whole text over it (it has no pre-tokenizer, so all text
+    /// between special tokens is one word to its BPE, of 48 bytes of state a byte).
+    fn in_pieces(&self, text: &str) -> bool {
+        if self.continued.is_some() {
+            return text.len() > LONG_LINE_BYTES;
+        }
+        text.split('\n').map(str::len).max().unwrap_or(0) > LONG_LINE_BYTES
+    }
+
     /// Document text: no special tokens added, and special-token strings in the text (a file
     /// that contains `<|im_end|>`) encoded as the text they are, never as control tokens.
     /// A text with a line longer than [`LONG_LINE_BYTES`] is encoded in pieces
     /// ([`text_pieces`]).
     pub fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
-        let longest = text.split('\n').map(str::len).max().unwrap_or(0);
-        if longest <= LONG_LINE_BYTES {
+        if !self.in_pieces(text) {
             return self.encode_whole(text);
         }
-        self.encode_in_pieces(text, PIECE_BYTES)
+        self.encode_in_pieces(text, PIECE_BYTES, false)
     }
 
-    fn encode_in_pieces(&self, text: &str, size: usize) -> Result<Vec<u32>> {
+    /// `text` a piece at a time; the pieces after the first (all of them when `continued`)
+    /// continue it.
+    fn encode_in_pieces(&self, text: &str, size: usize, continued: bool) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
         for (i, piece) in text_pieces(text, size).enumerate() {
-            let tokenizer = if i > 0 { self.continued.as_ref().unwrap_or(&self.plain) } else { &self.plain };
+            let later = self.continued.as_ref().map_or(&self.plain, |c| &c.1);
+            let tokenizer = if i > 0 || continued { later } else { &self.plain };
             ids.extend(tokenizer.encode(piece, false).map_err(tok_err)?.get_ids());
         }
         Ok(ids)
@@ -213,7 +244,7 @@ mod tests {
                 compared += 1;
                 let whole = tokenizer.encode_whole(&text).unwrap();
                 assert_eq!(
-                    tokenizer.encode_in_pieces(&text, size).unwrap(),
+                    tokenizer.encode_in_pieces(&text, size, false).unwrap(),
                     whole,
                     "{name}, pieces of {size}: {text:?}"
                 );

@@ -195,6 +195,8 @@ impl Engine {
     /// stays one token), the title, path and text without. A text with parts is tokenized a
     /// part at a time, so each part starts on a token (parts start at line starts, where the
     /// tokenizers' pre-tokenizers split anyway).
+    /// Every piece continues the prompt (the head comes first): a SentencePiece vocabulary puts
+    /// no `▁` in front of each ([`crate::tokenizer::Tokenizer::encode_text_continued`]).
     fn encode_document(&self, template: &str, d: &DocumentText) -> Result<(Vec<u32>, Vec<PartStart>)> {
         let mut ids = Vec::new();
         let mut parts = Vec::new();
@@ -206,18 +208,18 @@ impl Engine {
                 None => (rest, None, ""),
             };
             if !literal.is_empty() {
-                ids.extend(self.tokenizer.encode_prompt(literal)?);
+                ids.extend(self.tokenizer.encode_prompt_continued(literal)?);
             }
             match field {
-                Some("{title}") => ids.extend(self.tokenizer.encode_text(&d.title)?),
-                Some("{path}") => ids.extend(self.tokenizer.encode_text(&d.path)?),
+                Some("{title}") => ids.extend(self.tokenizer.encode_text_continued(&d.title)?),
+                Some("{path}") => ids.extend(self.tokenizer.encode_text_continued(&d.path)?),
                 Some(_) => {
                     for (label, piece) in pieces(d)? {
                         if let Some(label) = label {
                             parts.push((label.to_owned(), ids.len()));
                         }
                         if !piece.is_empty() {
-                            ids.extend(self.tokenizer.encode_text(piece)?);
+                            ids.extend(self.tokenizer.encode_text_continued(piece)?);
                         }
                     }
                 }
@@ -235,7 +237,7 @@ impl Engine {
         match prompt.kind {
             PromptKind::Raw => {
                 let text: Vec<&str> = turns.iter().map(|m| m.content.as_str()).collect();
-                self.tokenizer.encode_text(&text.join("\n"))
+                self.tokenizer.encode_text_continued(&text.join("\n"))
             }
             PromptKind::Chat => {
                 let (head, tail) = self.render_split(prompt.system.as_deref(), &prompt.date, turns)?;
@@ -246,7 +248,7 @@ impl Engine {
                             .into(),
                     ));
                 }
-                self.tokenizer.encode_prompt(&tail)
+                self.tokenizer.encode_prompt_continued(&tail)
             }
         }
     }

@@ -12,8 +12,11 @@
 //! alike, and the fixture's tokens are held to llama.cpp's own (tests:
 //! `the_tokenizer_from_metadata_tokenizes_as_llama_cpp`). Where the two could part: two
 //! different pieces of equal score within one word (llama.cpp joins the leftmost, the ranks the
-//! lower id) — SentencePiece's own trainer gives every piece its own score — and a byte piece
-//! made by joining others (`<0x4` + `1>`), which no vocabulary has.
+//! lower id) — SentencePiece's own trainer gives every piece its own score; a piece made of
+//! characters that are not pieces themselves (`日本` without `日`: llama.cpp joins the
+//! characters, the BPE has turned them into bytes first) — a trained vocabulary holds its
+//! pieces' characters; and a byte piece made by joining others (`<0x4` + `1>`), which no
+//! vocabulary has.
 
 use serde_json::{json, Value as Json};
 
@@ -31,8 +34,9 @@ const MAX_PIECE_CHARS: usize = 256;
 pub(super) struct Spm {
     /// `model`, `normalizer`, `pre_tokenizer` and `decoder` of the document.
     pub parts: Parts,
-    /// The normalizer for text that continues a piece of a longer text: no `▁` in front.
-    pub continuation_normalizer: Json,
+    /// The normalizer for text that continues a longer text (no `▁` in front), where it
+    /// differs from the text's.
+    pub continuation_normalizer: Option<Json>,
     /// The scores and the space-prefix rule, for the vocabulary's checksum.
     pub hashed: Vec<u8>,
 }
@@ -84,7 +88,7 @@ impl GgufFile {
         );
         let mut hashed: Vec<u8> = scores.iter().flat_map(|s| s.to_le_bytes()).collect();
         hashed.push(u8::from(space_prefix));
-        Ok(Spm { parts, continuation_normalizer: replace, hashed })
+        Ok(Spm { parts, continuation_normalizer: space_prefix.then_some(replace), hashed })
     }
 
     fn scores(&self) -> Result<Option<Vec<f32>>> {

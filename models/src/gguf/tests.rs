@@ -141,8 +141,8 @@ fn the_tokenizer_from_metadata_tokenizes_as_llama_cpp() {
     }
 }
 
-/// The SentencePiece fixture: its tokens decode back to the text (the `▁` in front taken off,
-/// bytes fused back into characters), and a text with a line too long to tokenize whole is
+/// The SentencePiece fixture: its tokens decode back to the text for every case without control
+/// tokens (the `▁` in front taken off, bytes fused back into characters), and a text with a line too long to tokenize whole is
 /// tokenized in pieces to the same ids as whole (no `▁` put in front of a continuation).
 #[test]
 fn a_sentencepiece_vocabulary_decodes_and_tokenizes_long_lines_as_whole() {
@@ -158,6 +158,30 @@ fn a_sentencepiece_vocabulary_decodes_and_tokenizes_long_lines_as_whole() {
     let long = std::iter::repeat_n(sentence, LONG_LINE_REPEATS).collect::<Vec<_>>().join("  ");
     assert!(!long.contains('\n') && long.len() > (1 << 20), "one line longer than the whole-text limit");
     assert_eq!(t.encode_text(&long).unwrap(), t.encode_prompt(&long).unwrap());
+}
+
+/// A document in a context of the SentencePiece fixture takes the tokens of its text: each piece
+/// (the template's text, the title, the path, the text) continues the prompt, so no `▁` is put
+/// in front of each — the document's tokens are those of the template filled in, tokenized as a
+/// continuation (the fixture's 512-token context is too short for a whole context's plan).
+#[test]
+fn a_sentencepiece_document_has_no_spaces_between_its_pieces() {
+    let engine = load(SPM_FIXTURE);
+    let text = "Hello world.\nThe theater then.";
+    let doc = crate::context::DocumentText {
+        title: "Notes".into(),
+        path: "notes/a.txt".into(),
+        bytes: text.len() as u64,
+        xxh3: crate::context::format::checksum(text.as_bytes()),
+        kind: "text".into(),
+        text: text.into(),
+        parts: Vec::new(),
+    };
+    let counted = engine.document_tokens(std::slice::from_ref(&doc), &|_| {}).unwrap()[0].tokens;
+    let filled =
+        engine.document_template().replace("{title}", &doc.title).replace("{path}", &doc.path).replace("{text}", text);
+    let whole = engine.tokenizer.encode_prompt_continued(&filled).unwrap();
+    assert_eq!(counted, whole.len(), "{filled:?}: {:?}", engine.tokenizer.decode(&whole, false));
 }
 
 /// A copy of the qwen2 fixture with its metadata edited, written by candle's GGUF writer.

@@ -23,17 +23,23 @@ const QWEN2_PATTERN: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Llama 3's split: digits in runs of up to three.
 const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Mistral Nemo's and Mistral Small 3's split (`tekken`): words by case (capitals then lower
+/// case, or a run of capitals), single digits, a `/` kept after punctuation — the pattern of
+/// their tokenizer.json (llama.cpp approximates its letter classes with ASCII ranges; the two
+/// agree on ASCII text).
+const TEKKEN_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// `tokenizer.ggml.pre` names whose split is one of the patterns above.
 const PATTERNS: &[(&str, &str)] = &[
     ("qwen2", QWEN2_PATTERN),
     ("llama-bpe", LLAMA3_PATTERN),
     ("llama3", LLAMA3_PATTERN),
     ("smaug-bpe", LLAMA3_PATTERN),
+    ("tekken", TEKKEN_PATTERN),
 ];
-/// Pre-tokenizers of Llama 3's vocabulary: llama.cpp (as Hugging Face's tokenizer.json) takes a
-/// word that is itself a token whole before merging, and puts BOS before text unless the file
-/// says otherwise.
-const LLAMA3_PRE: &[&str] = &["llama-bpe", "llama3", "smaug-bpe"];
+/// Pre-tokenizers of Llama 3's and Mistral's tekken vocabularies: llama.cpp (as Hugging Face's
+/// tokenizer.json) takes a word that is itself a token whole before merging, and puts BOS
+/// before text unless the file says otherwise.
+const WHOLE_WORD_PRE: &[&str] = &["llama-bpe", "llama3", "smaug-bpe", "tekken"];
 
 /// llama.cpp's token types (`llama_token_type`): control tokens are special, user-defined ones
 /// are matched whole but are text.
@@ -132,9 +138,9 @@ impl GgufFile {
         let tokens = self.tokens()?;
         let types = self.token_types()?.unwrap_or_default();
         let model = self.string("tokenizer.ggml.model")?.unwrap_or("gpt2");
-        // The checksum's order (tokens, merges, types, the pre-tokenizer's name, the BOS rule) is
-        // what saved contexts of byte-level BPE files recorded: kept, with a SentencePiece
-        // file's scores where a BPE file's name goes.
+        // The checksum's order for byte-level BPE files (tokens, merges, types, the
+        // pre-tokenizer's name, the BOS rule) is what their saved contexts recorded: kept. A
+        // SentencePiece file's is tokens, types, scores, the space-prefix rule, the BOS rule.
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         tokens.iter().for_each(|t| h.update(t.as_bytes()));
         h.update(b"\0");
@@ -146,14 +152,14 @@ impl GgufFile {
                 h.update(b"\0");
                 hash_types(&mut h);
                 h.update(pre.as_bytes());
-                (parts, None, LLAMA3_PRE.contains(&pre))
+                (parts, None, WHOLE_WORD_PRE.contains(&pre))
             }
             "llama" => {
                 let unknown = types.iter().position(|t| *t == TYPE_UNKNOWN).and_then(|i| tokens.get(i).copied());
                 let spm = self.spm(&tokens, &types, unknown)?;
                 hash_types(&mut h);
                 h.update(&spm.hashed);
-                (spm.parts, Some(spm.continuation_normalizer), true)
+                (spm.parts, spm.continuation_normalizer, true)
             }
             other => {
                 return Err(self.error(format!(
@@ -167,9 +173,7 @@ impl GgufFile {
             .iter()
             .enumerate()
             // A SentencePiece file's unknown piece is special too (as Llama 2's tokenizer.json has it).
-            .filter(|(_, t)| {
-                [TYPE_CONTROL, TYPE_USER_DEFINED].contains(t) || (continuation.is_some() && **t == TYPE_UNKNOWN)
-            })
+            .filter(|(_, t)| [TYPE_CONTROL, TYPE_USER_DEFINED].contains(t) || (model == "llama" && **t == TYPE_UNKNOWN))
             .filter_map(|(i, t)| {
                 tokens.get(i).map(|s| {
                     json!({"id": i, "content": s, "single_word": false, "lstrip": false, "rstrip": false,
@@ -225,7 +229,7 @@ impl GgufFile {
             "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
             "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
                       "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                      "ignore_merges": LLAMA3_PRE.contains(&pre),
+                      "ignore_merges": WHOLE_WORD_PRE.contains(&pre),
                       "vocab": vocab, "merges": merges},
         });
         match parts {

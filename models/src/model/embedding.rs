@@ -41,9 +41,15 @@ impl Embedding {
         if !embedding_on_host(device, table.dtype(), hidden, head_is_table) {
             return Ok(Self::Here(table));
         }
-        // Page-locked memory can be refused (a locked-memory limit): the table then stays.
-        let Ok(mut rows) = HostRows::new(device, table.dtype(), 1, vocab, hidden) else {
-            return Ok(Self::Here(table));
+        // Page-locked memory can be refused (a locked-memory limit): the table then stays, and
+        // the log says why the device holds more than the plan counted.
+        let mut rows = match HostRows::new(device, table.dtype(), 1, vocab, hidden) {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(%e, bytes = table.elem_count() * table.dtype().size_in_bytes(),
+                    "the embedding table stays in device memory: host memory could not be page-locked");
+                return Ok(Self::Here(table));
+            }
         };
         rows.write(0, &table.unsqueeze(0)?)?;
         Ok(Self::Host(rows))
