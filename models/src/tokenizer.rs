@@ -92,11 +92,12 @@ impl Tokenizer {
     /// [`Tokenizer::encode_text`] for text that continues a prompt (a document's title, path and
     /// text after the head and the template's own text).
     pub fn encode_text_continued(&self, text: &str) -> Result<Vec<u32>> {
-        if !self.in_pieces(text) {
-            let t = self.continued.as_ref().map_or(&self.plain, |c| &c.1);
-            return Ok(t.encode(text, false).map_err(tok_err)?.get_ids().to_vec());
-        }
-        self.encode_in_pieces(text, PIECE_BYTES, true)
+        self.encode_document_text(text, true)
+    }
+
+    /// `plain` for text that continues a longer text.
+    fn plain_continued(&self) -> &tokenizers::Tokenizer {
+        self.continued.as_ref().map_or(&self.plain, |c| &c.1)
     }
 
     /// Whether `text` is tokenized in pieces: a line over [`LONG_LINE_BYTES`]; with a
@@ -114,10 +115,15 @@ impl Tokenizer {
     /// A text with a line longer than [`LONG_LINE_BYTES`] is encoded in pieces
     /// ([`text_pieces`]).
     pub fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode_document_text(text, false)
+    }
+
+    /// Document text, whole or in pieces, continuing a longer text or not.
+    fn encode_document_text(&self, text: &str, continued: bool) -> Result<Vec<u32>> {
         if !self.in_pieces(text) {
-            return self.encode_whole(text);
+            return self.encode_whole(text, continued);
         }
-        self.encode_in_pieces(text, PIECE_BYTES, false)
+        self.encode_in_pieces(text, PIECE_BYTES, continued)
     }
 
     /// `text` a piece at a time; the pieces after the first (all of them when `continued`)
@@ -125,15 +131,15 @@ impl Tokenizer {
     fn encode_in_pieces(&self, text: &str, size: usize, continued: bool) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
         for (i, piece) in text_pieces(text, size).enumerate() {
-            let later = self.continued.as_ref().map_or(&self.plain, |c| &c.1);
-            let tokenizer = if i > 0 || continued { later } else { &self.plain };
-            ids.extend(tokenizer.encode(piece, false).map_err(tok_err)?.get_ids());
+            ids.extend(self.encode_whole(piece, i > 0 || continued)?);
         }
         Ok(ids)
     }
 
-    fn encode_whole(&self, text: &str) -> Result<Vec<u32>> {
-        Ok(self.plain.encode(text, false).map_err(tok_err)?.get_ids().to_vec())
+    /// Document text in one piece.
+    fn encode_whole(&self, text: &str, continued: bool) -> Result<Vec<u32>> {
+        let tokenizer = if continued { self.plain_continued() } else { &self.plain };
+        Ok(tokenizer.encode(text, false).map_err(tok_err)?.get_ids().to_vec())
     }
 
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
@@ -242,7 +248,7 @@ mod tests {
                     continue;
                 }
                 compared += 1;
-                let whole = tokenizer.encode_whole(&text).unwrap();
+                let whole = tokenizer.encode_whole(&text, false).unwrap();
                 assert_eq!(
                     tokenizer.encode_in_pieces(&text, size, false).unwrap(),
                     whole,

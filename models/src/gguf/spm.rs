@@ -42,8 +42,8 @@ pub(super) struct Spm {
 }
 
 impl GgufFile {
-    /// The SentencePiece tokenizer of `tokens` (with llama.cpp's token `types`).
-    pub(super) fn spm(&self, tokens: &[&str], types: &[i64], unknown: Option<&str>) -> Result<Spm> {
+    /// The SentencePiece tokenizer of `tokens` (their ids in `vocab`, llama.cpp's token `types`).
+    pub(super) fn spm(&self, tokens: &[&str], vocab: Parts, types: &[i64], unknown: Option<&str>) -> Result<Spm> {
         let scores = self.scores()?.ok_or_else(|| {
             self.error(
                 "its SentencePiece vocabulary has no scores (tokenizer.ggml.scores), which order its merges".into(),
@@ -60,8 +60,7 @@ impl GgufFile {
             Some(v) => v.to_bool().map_err(|_| self.error("tokenizer.ggml.add_space_prefix is not a bool".into()))?,
             None => true,
         };
-        let vocab: serde_json::Map<String, Json> =
-            tokens.iter().enumerate().map(|(i, t)| ((*t).to_owned(), json!(i))).collect();
+        let merges = merges(tokens, &vocab, types, &scores);
         let replace = json!({"type": "Replace", "pattern": {"String": " "}, "content": SPACE_MARK});
         let normalizer = if space_prefix {
             json!({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SPACE_MARK}, replace.clone()]})
@@ -84,7 +83,7 @@ impl GgufFile {
             "model".into(),
             json!({"type": "BPE", "dropout": null, "unk_token": unknown, "continuing_subword_prefix": null,
                    "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
-                   "vocab": vocab, "merges": merges(tokens, types, &scores)}),
+                   "vocab": vocab, "merges": merges}),
         );
         let mut hashed: Vec<u8> = scores.iter().flat_map(|s| s.to_le_bytes()).collect();
         hashed.push(u8::from(space_prefix));
@@ -104,9 +103,8 @@ impl GgufFile {
 /// Every pair of pieces whose concatenation is a piece, ranked by that piece's score (highest
 /// first; equal scores by the piece's id, then by where the pair splits it). Byte pieces
 /// (`<0xXX>`, type 6) are only a fallback and are never joined into.
-fn merges(tokens: &[&str], types: &[i64], scores: &[f32]) -> Vec<[String; 2]> {
+fn merges(tokens: &[&str], vocab: &Parts, types: &[i64], scores: &[f32]) -> Vec<[String; 2]> {
     const TYPE_BYTE: i64 = 6;
-    let ids: std::collections::HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (*t, i)).collect();
     let mut pairs: Vec<(usize, usize, [String; 2])> = Vec::new();
     for (id, piece) in tokens.iter().enumerate() {
         if types.get(id) == Some(&TYPE_BYTE) || piece.chars().count() > MAX_PIECE_CHARS {
@@ -114,7 +112,7 @@ fn merges(tokens: &[&str], types: &[i64], scores: &[f32]) -> Vec<[String; 2]> {
         }
         for (at, _) in piece.char_indices().skip(1) {
             let (left, right) = piece.split_at(at);
-            if ids.contains_key(left) && ids.contains_key(right) {
+            if vocab.contains_key(left) && vocab.contains_key(right) {
                 pairs.push((id, at, [left.to_owned(), right.to_owned()]));
             }
         }

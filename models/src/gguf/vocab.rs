@@ -145,9 +145,11 @@ impl GgufFile {
         tokens.iter().for_each(|t| h.update(t.as_bytes()));
         h.update(b"\0");
         let hash_types = |h: &mut xxhash_rust::xxh3::Xxh3| types.iter().for_each(|t| h.update(&t.to_le_bytes()));
+        // Piece → id, the `model.vocab` of either kind of tokenizer.
+        let vocab: Parts = tokens.iter().enumerate().map(|(i, t)| ((*t).to_owned(), json!(i))).collect();
         let (parts, continuation, adds_bos_default) = match model {
             "gpt2" => {
-                let (parts, pre, merges) = self.bpe(&tokens)?;
+                let (parts, pre, merges) = self.bpe(vocab)?;
                 merges.iter().for_each(|m| h.update(m.as_bytes()));
                 h.update(b"\0");
                 hash_types(&mut h);
@@ -156,7 +158,7 @@ impl GgufFile {
             }
             "llama" => {
                 let unknown = types.iter().position(|t| *t == TYPE_UNKNOWN).and_then(|i| tokens.get(i).copied());
-                let spm = self.spm(&tokens, &types, unknown)?;
+                let spm = self.spm(&tokens, vocab, &types, unknown)?;
                 hash_types(&mut h);
                 h.update(&spm.hashed);
                 (spm.parts, spm.continuation_normalizer, true)
@@ -209,7 +211,7 @@ impl GgufFile {
 
     /// A byte-level BPE vocabulary's `model`, `normalizer`, `pre_tokenizer` and `decoder`, its
     /// pre-tokenizer's name and its merges (both go into the checksum).
-    fn bpe(&self, tokens: &[&str]) -> Result<(Parts, &str, Vec<&str>)> {
+    fn bpe(&self, vocab: Parts) -> Result<(Parts, &str, Vec<&str>)> {
         let merges = self
             .strings("tokenizer.ggml.merges")?
             .ok_or_else(|| self.error("its BPE tokenizer has no merges (tokenizer.ggml.merges)".into()))?;
@@ -221,8 +223,6 @@ impl GgufFile {
                 GPT2_PRE.iter().chain(PATTERNS.iter().map(|(n, _)| n)).copied().collect::<Vec<_>>().join(", ")
             ))
         })?;
-        let vocab: serde_json::Map<String, Json> =
-            tokens.iter().enumerate().map(|(i, t)| ((*t).to_owned(), json!(i))).collect();
         let parts = json!({
             "normalizer": null,
             "pre_tokenizer": pre_tokenizer,
