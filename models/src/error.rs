@@ -135,6 +135,16 @@ impl Error {
     }
 }
 
+/// A hold of host memory the budget refused, with what a person can change.
+impl From<folio_runtime::host_budget::Refused> for Error {
+    fn from(r: folio_runtime::host_budget::Refused) -> Self {
+        Error::Invalid(format!(
+            "{r}; raise the host budget (--host-budget, or Settings → Engine in the window), or store the context's K/V \
+             in fp8 (--kv-dtype fp8 when it is built: half of bf16)"
+        ))
+    }
+}
+
 /// `1.5 GiB`, `512 KiB`, `12 B`.
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

@@ -167,13 +167,24 @@ pub struct Plan {
     pub kv_device_bytes: u64,
     pub resident_layers: usize,
     pub layers: usize,
-    /// K/V in host memory (offloaded tier), at the compute dtype.
+    /// K/V in host memory (offloaded tier): the context file's mapping, page-locked in place.
     pub kv_host_bytes: u64,
     /// What the method keeps in device memory beside the K/V (labels, resident layers,
     /// gathers).
     pub method_device_bytes: u64,
     pub device_bytes: u64,
+    /// What the method keeps in host memory (MagicPIG's hash tables).
+    pub method_host_bytes: u64,
+    /// The weights in host memory (the embedding table on a GPU).
+    pub weights_host_bytes: u64,
+    /// The rest of this process in host memory now: the app, the model's tokenizer, buffers
+    /// (its resident set less the engine's held allocations).
+    pub process_host_bytes: u64,
+    /// Host memory in all: the K/V, the method's state, the weights' and the process's.
     pub host_bytes: u64,
+    /// The host budget the step is held to (`--host-budget`, else the default: what the machine
+    /// has, less a margin); `None`: the platform says nothing.
+    pub host_budget: Option<u64>,
     /// The step's paths and their times; the floor is the slowest.
     pub terms: Vec<Term>,
     pub floor_ms: f64,
@@ -191,6 +202,8 @@ pub struct ModelFacts<'a> {
     /// (quantized weights take less than parameters × `elem`, a table in host memory is not
     /// counted); `None`: parameters × `elem`.
     pub weights: Option<(u64, u64)>,
+    /// The weights' bytes in host memory (the embedding table on a GPU).
+    pub weights_host: u64,
 }
 
 /// Plans `choice` over the context `header` on `tier` within `budgets`.
@@ -256,19 +269,10 @@ pub fn plan(
         }
         Tier::Offloaded => {
             // The file's K/V sections, read in place (`OffloadKv::from_context`): page-locked in
-            // the page cache, and crossing the link in the file's dtype.
-            let host = layers as u64 * header.kv_dtype.kv_bytes(header.kv_heads * tokens, header.head_dim);
-            let file_per_compute = host as f64 / (layer_bytes * layers as u64).max(1) as f64;
-            if let Some(b) = budgets.host.filter(|&b| host > b) {
-                problems.push(format!(
-                    "the offloaded tier keeps this context's K/V in host memory: {} (the file's, read in place), over \
-                     the {} host budget; raise it to {}, or turn offload off (layers are then read from the file as \
-                     used)",
-                    human_bytes(host),
-                    human_bytes(b),
-                    human_bytes(host)
-                ));
-            }
+            // the page cache with the rest of its mapping, and crossing the link in the file's dtype.
+            let kv = layers as u64 * header.kv_dtype.kv_bytes(header.kv_heads * tokens, header.head_dim);
+            let host = header.file_bytes.max(kv);
+            let file_per_compute = kv as f64 / (layer_bytes * layers as u64).max(1) as f64;
             let terms = vec![
                 term("device", weights_read + cost.device_bytes, bw.device),
                 term("link", cost.link_bytes * file_per_compute, link),
@@ -277,6 +281,13 @@ pub fn plan(
             (0, 0, host, terms)
         }
     };
+    let host_budget = budgets.host.or_else(folio_runtime::host_budget::default_budget);
+    let process = folio_runtime::host_memory::rss().unwrap_or(0).saturating_sub(folio_runtime::host_budget::held());
+    let host_parts = [kv_host, cost.host_state_bytes, model.weights_host, process];
+    let host_total: u64 = host_parts.iter().sum();
+    if let Some(b) = host_budget.filter(|&b| host_total > b && problems.is_empty()) {
+        problems.push(over_host_budget(b, spec.name, host_parts, budgets.host.is_none(), tier));
+    }
     let device_total = weights + method_device + kv_device;
     if let Some(b) = budgets.device.filter(|&b| device_total > b && problems.is_empty()) {
         let needs = [weights, method_device, kv_device];
@@ -296,7 +307,11 @@ pub fn plan(
         kv_host_bytes: kv_host,
         method_device_bytes: method_device,
         device_bytes: device_total,
-        host_bytes: kv_host,
+        method_host_bytes: cost.host_state_bytes,
+        weights_host_bytes: model.weights_host,
+        process_host_bytes: process,
+        host_bytes: host_total,
+        host_budget,
         terms: terms.into_iter().filter(|t| t.bytes > 0.0).collect(),
         floor_ms,
         binding,
@@ -318,6 +333,31 @@ fn over_device_budget(b: u64, method: &str, [weights, state, kv]: [u64; 3], tier
             Tier::Offloaded => String::new(),
             Tier::Resident => format!("; with offload on it needs {}", human_bytes(weights + state)),
         }
+    )
+}
+
+/// Why a host budget `b` does not hold a step of `method` that keeps `[K/V, method state,
+/// weights, the rest of the process]` in host memory.
+fn over_host_budget(
+    b: u64,
+    method: &str,
+    [kv, state, weights, process]: [u64; 4],
+    default: bool,
+    tier: Tier,
+) -> String {
+    format!(
+        "the {}host budget of {} does not hold {method}'s step: K/V {}{}, {method} method state {}, weights {}, the \
+         rest of Folio {} — {} in all; raise it (--host-budget, or Settings → Engine){}, or store the context's K/V \
+         in fp8",
+        if default { "default " } else { "" },
+        human_bytes(b),
+        human_bytes(kv),
+        if tier == Tier::Offloaded { " (the context file, read in place)" } else { "" },
+        human_bytes(state),
+        human_bytes(weights),
+        human_bytes(process),
+        human_bytes(kv + state + weights + process),
+        if tier == Tier::Offloaded { ", turn offload off (layers are then read from the file as used)" } else { "" },
     )
 }
 

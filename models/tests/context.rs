@@ -568,7 +568,7 @@ fn the_memory_planner_places_the_kv_and_prices_a_step() -> Result<()> {
     let file = context::ContextFile::open(&out)?;
     let h = file.header();
     let cfg = e.config();
-    let facts = ModelFacts { config: cfg, elem: 4, weights: None };
+    let facts = ModelFacts { config: cfg, elem: 4, weights: None, weights_host: 0 };
     let bw = Bandwidths { device: 4e9, link: Some(1e9), host: 2e9 };
     let layer = (2 * h.kv_heads * h.tokens * h.head_dim * 4) as u64;
     let (total, read) = plan::parameters(cfg);
@@ -576,9 +576,14 @@ fn the_memory_planner_places_the_kv_and_prices_a_step() -> Result<()> {
 
     let hip = MethodChoice::parse("hip:64").unwrap();
     let p = plan::plan(&facts, h, &hip, Tier::Offloaded, Budgets::default(), &bw)?;
-    // The file's K/V sections (bf16) are what the host holds, and what a row costs on the link.
+    // The file, read in place, is what the host holds for the K/V; its K/V sections (bf16) are
+    // what a row costs on the link. The host's total adds the rest of the process.
     let file_kv = (h.layers * 2 * h.kv_heads * h.tokens * h.head_dim * 2) as u64;
-    assert_eq!((p.kv_host_bytes, p.kv_device_bytes, p.resident_layers), (file_kv, 0, 0));
+    assert!(h.file_bytes > file_kv);
+    assert_eq!((p.kv_host_bytes, p.kv_device_bytes, p.resident_layers), (h.file_bytes, 0, 0));
+    assert!(p.process_host_bytes > 0 && p.method_host_bytes == 0);
+    assert_eq!(p.host_bytes, p.kv_host_bytes + p.process_host_bytes);
+    assert_eq!(p.host_budget, folio_runtime::host_budget::budget());
     let params = hip.params()?;
     let cost = (hip.spec()?.cost)(&CostInput {
         shape: Shape::of(cfg),
@@ -607,6 +612,14 @@ fn the_memory_planner_places_the_kv_and_prices_a_step() -> Result<()> {
     assert!(plan::check(&p).is_err());
     let p = plan::plan(&facts, h, &hip, Tier::Offloaded, tight, &bw)?;
     assert!(p.problems[0].contains("host budget"), "{:?}", p.problems);
+    // A budget that holds the file but not the rest of the process beside it; MagicPIG's
+    // tables count to the host.
+    let file_only = Budgets { device: None, host: Some(h.file_bytes + 1) };
+    let p = plan::plan(&facts, h, &hip, Tier::Offloaded, file_only, &bw)?;
+    assert!(p.problems[0].contains("the rest of Folio") && p.problems[0].contains("in all"), "{:?}", p.problems);
+    let magicpig = MethodChoice::parse("magicpig:64").unwrap();
+    let p = plan::plan(&facts, h, &magicpig, Tier::Offloaded, Budgets::default(), &bw)?;
+    assert!(p.method_host_bytes > 0 && p.host_bytes > p.kv_host_bytes + p.method_host_bytes, "{p:?}");
     Ok(())
 }
 

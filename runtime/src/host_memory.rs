@@ -8,6 +8,17 @@ pub fn available() -> Option<u64> {
     proc_kib("/proc/meminfo", "MemAvailable:")
 }
 
+/// `MemTotal` of /proc/meminfo: the machine's memory.
+pub fn total() -> Option<u64> {
+    proc_kib("/proc/meminfo", "MemTotal:")
+}
+
+/// Resident set size of this process now (`VmRSS`): its heap, maps and page-locked memory
+/// touched, file pages mapped and read.
+pub fn rss() -> Option<u64> {
+    proc_kib("/proc/self/status", "VmRSS:")
+}
+
 /// Peak resident set size of this process (`VmHWM`).
 pub fn peak_rss() -> Option<u64> {
     proc_kib("/proc/self/status", "VmHWM:")
@@ -74,6 +85,9 @@ mod tests {
         if cfg!(target_os = "linux") {
             let (free, peak) = (available().unwrap(), peak_rss().unwrap());
             assert!(free > 0 && peak > 0, "{free} {peak}");
+            let (total, now) = (total().unwrap(), rss().unwrap());
+            // (VmHWM is updated lazily: it can read below VmRSS for a moment.)
+            assert!(total >= free && now > 0, "{total} {now}");
             assert!(huge_page_bytes().is_some());
         }
         let mut map = anon_huge(3 * 4096 + 5).unwrap();

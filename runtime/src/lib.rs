@@ -2,7 +2,8 @@
 //! sampled while work runs, the host link's copy rate, the caching allocator's pool, copies
 //! between host and device that are queued rather than waited for ([`device`]); and what the
 //! operating system says about host memory — free memory, this process's peak, huge pages —
-//! with the anonymous maps that ask for 2 MiB pages ([`host_memory`]); whether the CUDA build
+//! with the anonymous maps that ask for 2 MiB pages ([`host_memory`]); the process's host-memory
+//! budget and the ledger its large allocations hold their bytes from ([`host_budget`]); whether the CUDA build
 //! can use this machine's GPUs, and why not ([`gpu`]); a bound on the memory one thread's
 //! untrusted work may take ([`alloc_guard`]).
 //!
@@ -21,4 +22,5 @@
 pub mod alloc_guard;
 pub mod device;
 pub mod gpu;
+pub mod host_budget;
 pub mod host_memory;

@@ -49,6 +49,12 @@ struct Cli {
     /// what those weights computed, so answers differ from a prefill with these.
     #[arg(long, global = true)]
     accept_other_weights: bool,
+    /// Host memory the whole process may take (4GiB, 60GiB): the K/V in host memory, a
+    /// method's state (MagicPIG's tables), pinned buffers and the app. What would pass it is
+    /// refused with what is in use. Default: what the machine has, less the larger of 2 GiB and
+    /// a tenth of its memory. The window's Settings → Engine overrides it when set there.
+    #[arg(long, global = true, value_name = "SIZE")]
+    host_budget: Option<String>,
     /// Context files to open in the window (what the desktop passes when a .folio file is
     /// opened): each is verified and imported into the library.
     #[arg(value_name = "FILE.folio")]
@@ -102,7 +108,26 @@ fn main() {
         Some(Command::Serve(_)) => Some(SERVE_STDERR_LOG),
         Some(_) => Some("off"),
     });
-    let result = match args.command {
+    let budget = args.host_budget.as_deref().map(context_cmd::parse_bytes).transpose();
+    let result = match budget {
+        Err(e) => Err(e.context("--host-budget")),
+        Ok(budget) => {
+            folio_runtime::host_budget::set_budget(budget);
+            run(args)
+        }
+    };
+    if let Err(e) = result {
+        tracing::error!(target: EXIT_TARGET, error = format!("{e:#}"), "failed");
+        eprintln!("error: {e:#}");
+        // The log's writer thread flushes when its guard drops; `exit` runs no destructors.
+        drop(log);
+        std::process::exit(1);
+    }
+}
+
+/// The command `args` name, or the window.
+fn run(args: Cli) -> anyhow::Result<()> {
+    match args.command {
         // The window and the server open only contexts of the weights they load: the flag would
         // do nothing there, so it is refused rather than ignored.
         None | Some(Command::Serve(_)) if args.accept_other_weights => Err(anyhow::anyhow!(
@@ -132,13 +157,6 @@ fn main() {
             }
         }
         None => desktop(args.model, &args.device, &args.dtype, args.files),
-    };
-    if let Err(e) = result {
-        tracing::error!(target: EXIT_TARGET, error = format!("{e:#}"), "failed");
-        eprintln!("error: {e:#}");
-        // The log's writer thread flushes when its guard drops; `exit` runs no destructors.
-        drop(log);
-        std::process::exit(1);
     }
 }
 

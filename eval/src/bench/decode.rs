@@ -39,6 +39,7 @@ use folio_models::kv_cache::OffloadKv;
 use folio_models::model::{Logits, Model, Quantize};
 use folio_models::plan::{copy_bandwidth, host_read_bandwidth, parameters, weight_bytes};
 use folio_runtime::device::{host_to_device_rate, keep_pool, MemorySampler};
+use folio_runtime::host_budget;
 use folio_runtime::host_memory::{huge_page_bytes, peak_rss, reset_peak_rss};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
@@ -243,6 +244,10 @@ pub struct DecodeReport {
     /// How the context's K/V is stored (`--kv-dtype`), or none: page-locked in the compute dtype.
     pub kv_dtype: Option<&'static str>,
     pub peak_rss_bytes: Option<u64>,
+    /// Host memory planned before the run, and the host budget the peak is held to
+    /// (`--host-budget`, else the default: what the machine has, less a margin).
+    pub planned_host_bytes: u64,
+    pub host_budget: Option<u64>,
     /// Of the process's memory at the end of the run, how much is in 2 MiB pages.
     pub huge_page_bytes: Option<u64>,
     /// Threads of the CPU pool that walks MagicPIG's tables and attends its sample
@@ -302,6 +307,11 @@ pub fn run<E: From<Error>>(
     let tail = cfg.kv_bytes_per_token(elem) as u64 * (a.warmup + a.steps + profiled) as u64;
     let weights = a.weights.iter().map(|w| weight_bytes(&cfg, dtype, *w, device)).max().unwrap_or(0);
     let (planned, budget) = plan_memory(&sampler, &cfg, weights, index, tail, a.context, a.vram_budget)?;
+    let host_state = methods.iter().map(|m| m.2.host_state_bytes).max().unwrap_or(0);
+    let table = weight_bytes(&cfg, dtype, None, &Device::Cpu) - weight_bytes(&cfg, dtype, None, device);
+    let kv_host = kv_dtype.map_or(2 * (rows * cfg.head_dim * elem) as u64, |k| k.kv_bytes(rows, cfg.head_dim))
+        * cfg.num_layers as u64;
+    let planned_host = plan_host(kv_host, host_state, table)?;
 
     if let Some(b) = budget {
         keep_pool(device, b).map_err(Error::from)?;
@@ -325,6 +335,7 @@ pub fn run<E: From<Error>>(
         fill_s,
         kv_dtype,
         host_kv_bytes: kv.host_bytes(),
+        planned_host,
     };
     for w in &a.weights {
         let model = Model::random(&cfg, device, dtype, INIT_STD, *w)?;
@@ -351,6 +362,14 @@ pub fn run<E: From<Error>>(
             let timed = Timed { times, first_step_s, peak: sampler.peak(), profile, first_step_profile };
             let peak = timed.peak;
             on_report(&facts.report(measured, timed))?;
+            if let (Some(p), Some(b)) = (peak_rss(), host_budget::budget()) {
+                if p > b {
+                    let (p, b) = (human_bytes(p), human_bytes(b));
+                    return Err(
+                        Error::Invalid(format!("peak host memory (RSS) {p} exceeded the {b} host budget")).into()
+                    );
+                }
+            }
             // The next method starts from the weights and the host tier alone: this one's index
             // and resident layers would otherwise count against its memory.
             method.end_conversation();
@@ -384,6 +403,9 @@ struct RunFacts {
     fill_s: f64,
     kv_dtype: Option<KvDtype>,
     host_kv_bytes: u64,
+    /// Host memory the run plans to use (the K/V, the largest method state, the embedding
+    /// table, the process before the run).
+    planned_host: u64,
 }
 
 /// A method's timed steps (ms, sorted), its first step, its peak device memory and profiles.
@@ -448,6 +470,8 @@ impl RunFacts {
             host_kv_bytes: self.host_kv_bytes,
             kv_dtype: self.kv_dtype.map(KvDtype::name),
             peak_rss_bytes: peak_rss(),
+            planned_host_bytes: self.planned_host,
+            host_budget: host_budget::budget(),
             huge_page_bytes: huge_page_bytes(),
             host_threads: folio_models::attention::cpu_pool_threads(),
             profile: t.profile,
@@ -605,6 +629,28 @@ fn plan_memory(
         )));
     }
     Ok((planned, budget))
+}
+
+/// The host memory the run plans to use — the K/V in host memory, the largest method state
+/// (MagicPIG's tables), the embedding table, the process as it is — held to the host budget
+/// (`--host-budget`, else the default); over it, refused before anything is allocated.
+fn plan_host(kv: u64, state: u64, table: u64) -> Result<u64> {
+    let process = folio_runtime::host_memory::rss().unwrap_or(0);
+    let planned = kv + state + table + process;
+    if let Some(b) = host_budget::budget().filter(|&b| planned > b) {
+        return Err(Error::Invalid(format!(
+            "this run needs about {} of host memory, more than the {}{} host budget: K/V {}, method state {}, \
+             embedding table {}, the process {}; raise --host-budget or store the K/V in fp8 (--kv-dtype fp8)",
+            human_bytes(planned),
+            if host_budget::is_set() { "" } else { "default " },
+            human_bytes(b),
+            human_bytes(kv),
+            human_bytes(state),
+            human_bytes(table),
+            human_bytes(process)
+        )));
+    }
+    Ok(planned)
 }
 
 /// The device's copy bandwidth, the host link's page-locked copy rate and the host's read

@@ -158,6 +158,11 @@ enum HostMem {
 }
 
 impl HostRows {
+    /// Bytes [`Self::new`] takes for `n` rows of `d` elements of `dtype` per head.
+    pub fn bytes_for(dtype: DType, heads: usize, n: usize, d: usize) -> Result<usize> {
+        Ok(stored_as(dtype)?.section_bytes(heads * n, d))
+    }
+
     /// Room for `n` rows of `d` elements of `dtype` per head, for `device` to gather from.
     pub fn new(device: &Device, dtype: DType, heads: usize, n: usize, d: usize) -> Result<Self> {
         let stored = stored_as(dtype)?;

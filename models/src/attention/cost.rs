@@ -62,6 +62,8 @@ pub struct StepCost {
     pub host_bytes: f64,
     /// Device memory the method keeps while decoding (labels, resident layers, gathers).
     pub resident_bytes: u64,
+    /// Host memory the method keeps while decoding (MagicPIG's hash tables).
+    pub host_state_bytes: u64,
 }
 
 /// Streaming: one set of `picked` positions per KV head, kept on the device and read there once

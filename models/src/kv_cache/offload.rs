@@ -29,6 +29,7 @@ use crate::context::EncodeTensor;
 use crate::error::{Error, Result};
 use folio_context_file::format::{SectionKind, PAGE};
 use folio_context_file::{ContextFile, KvDtype};
+use folio_runtime::host_budget::{self, Held, Hold};
 
 /// Rows per host chunk when a step must read everything (dense attention, the exact top-k
 /// scan, building an index): 64 Ki rows per KV head keeps a chunk's K+V at 64 MiB for a
@@ -38,6 +39,9 @@ const SCAN_CHUNK: usize = 1 << 16;
 /// A saved prefix in host memory plus a device tail.
 pub struct OffloadKv {
     host: Vec<(HostRows, HostRows)>,
+    /// The host budget's hold on rows of this store's own (views hold theirs with the memory
+    /// they share).
+    _hold: Option<Hold>,
     /// The context file the prefix came from: its stored index sections serve the methods.
     file: Option<Arc<ContextFile>>,
     /// Whether `host` views shared memory in place (a file's mapping, [`Self::stored`]'s rows),
@@ -65,6 +69,8 @@ impl OffloadKv {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
+        let bytes = 2 * layers as u64 * HostRows::bytes_for(dtype, kv_heads, saved, head_dim)? as u64;
+        let hold = host_budget::hold(bytes, "the offloaded K/V")?;
         let host = (0..layers)
             .map(|_| {
                 Ok((
@@ -75,6 +81,7 @@ impl OffloadKv {
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             host,
+            _hold: Some(hold),
             file: None,
             in_place: false,
             resident: Mutex::new(HashMap::new()),
@@ -98,7 +105,8 @@ impl OffloadKv {
         let sections = file.kv_sections()?;
         let shared = match shared_host(&file, device) {
             Ok(shared) => shared,
-            Err(_) if device.is_cuda() => return Self::copied(file, dtype, device),
+            // Refused registration (not the host budget's refusal: a copy would take more).
+            Err(Error::Context { .. }) if device.is_cuda() => return Self::copied(file, dtype, device),
             Err(e) => return Err(e),
         };
         let offsets: Vec<usize> = sections.iter().map(|&(at, _)| at).collect();
@@ -131,6 +139,7 @@ impl OffloadKv {
                 end = (end + kv_dtype.section_bytes(kind, n, head_dim) as usize).next_multiple_of(PAGE as usize);
             }
         }
+        let hold = host_budget::hold(end as u64, "the offloaded K/V")?;
         // 2 MiB pages where the kernel has them: the CPU reads scattered rows (MagicPIG's sample).
         let mut mem = folio_runtime::host_memory::anon_huge(end)
             .map_err(|e| Error::Invalid(format!("{end} bytes of host memory: {e}")))?;
@@ -154,8 +163,8 @@ impl OffloadKv {
                 }
             }
         }
-        let shared =
-            SharedHost::new(device, Arc::new(mem.make_read_only().map_err(|e| Error::Invalid(e.to_string()))?))?;
+        let mem = mem.make_read_only().map_err(|e| Error::Invalid(e.to_string()))?;
+        let shared = SharedHost::new(device, Arc::new(Held::new(mem, hold)))?;
         Self::viewing(&shared, &offsets, kv_dtype, (layers, kv_heads, saved, head_dim), dtype, device)
     }
 
@@ -179,6 +188,7 @@ impl OffloadKv {
         }
         Ok(Self {
             host,
+            _hold: None,
             file: None,
             in_place: true,
             resident: Mutex::new(HashMap::new()),
@@ -489,8 +499,10 @@ impl DecodeTier for OffloadKv {
     }
 }
 
-/// A context file's mapping as the bytes host rows view.
-struct Mapped(Arc<ContextFile>);
+/// A context file's mapping as the bytes host rows view, and the host budget's hold on them: on
+/// a GPU the whole mapping is page-locked in place; on the CPU the pages a step reads stay
+/// resident (dense attention reads them all).
+struct Mapped(Arc<ContextFile>, #[allow(dead_code)] Hold);
 
 impl AsRef<[u8]> for Mapped {
     fn as_ref(&self) -> &[u8] {
@@ -517,7 +529,9 @@ fn shared_host(file: &Arc<ContextFile>, device: &Device) -> Result<Arc<SharedHos
     if let Some(live) = live {
         return Ok(live);
     }
-    let shared = SharedHost::new(device, Arc::new(Mapped(file.clone()))).map_err(|e| Error::Context {
+    let what = format!("the K/V of {} (read in place)", file.path().display());
+    let hold = host_budget::hold(file.mapped().len() as u64, &what)?;
+    let shared = SharedHost::new(device, Arc::new(Mapped(file.clone(), hold))).map_err(|e| Error::Context {
         path: file.path().to_owned(),
         msg: format!("sharing its mapping with the device: {e}"),
     })?;

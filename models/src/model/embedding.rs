@@ -8,11 +8,13 @@
 //! no copy through the CPU, no synchronisation. It stays on the device where the LM head
 //! multiplies by the table itself (a tied head in the model's dtype), for a dtype host rows
 //! do not hold (f16) or rows the gather cannot read 16 bytes at a time, and where the system
-//! refuses to page-lock the table (it is then where it was, and the census says so).
+//! refuses to page-lock the table or the host budget cannot hold it (it is then where it was,
+//! and the census says so).
 
 use candle_core::{DType, Device, Tensor};
 use folio_kernels::select::HostRows;
 use folio_kernels::Positions;
+use folio_runtime::host_budget::{self, Hold};
 
 use crate::error::Result;
 
@@ -31,7 +33,8 @@ pub fn embedding_on_host(device: &Device, dtype: DType, hidden: usize, head_is_t
 /// The table `[vocab, hidden]`: a tensor on the model's device, or rows in host memory.
 pub enum Embedding {
     Here(Tensor),
-    Host(HostRows),
+    /// With the host budget's hold on its bytes.
+    Host(HostRows, Hold),
 }
 
 impl Embedding {
@@ -41,18 +44,22 @@ impl Embedding {
         if !embedding_on_host(device, table.dtype(), hidden, head_is_table) {
             return Ok(Self::Here(table));
         }
-        // Page-locked memory can be refused (a locked-memory limit): the table then stays, and
-        // the log says why the device holds more than the plan counted.
-        let mut rows = match HostRows::new(device, table.dtype(), 1, vocab, hidden) {
-            Ok(rows) => rows,
+        // Page-locked memory can be refused (a locked-memory limit, the host budget): the table
+        // then stays, and the log says why the device holds more than the plan counted.
+        let bytes = table.elem_count() * table.dtype().size_in_bytes();
+        let placed =
+            host_budget::hold(bytes as u64, "the embedding table").map_err(|e| e.to_string()).and_then(|hold| {
+                Ok((HostRows::new(device, table.dtype(), 1, vocab, hidden).map_err(|e| e.to_string())?, hold))
+            });
+        let (mut rows, hold) = match placed {
+            Ok(placed) => placed,
             Err(e) => {
-                tracing::warn!(%e, bytes = table.elem_count() * table.dtype().size_in_bytes(),
-                    "the embedding table stays in device memory: host memory could not be page-locked");
+                tracing::warn!(%e, bytes, "the embedding table stays in device memory: host memory could not be page-locked");
                 return Ok(Self::Here(table));
             }
         };
         rows.write(0, &table.unsqueeze(0)?)?;
-        Ok(Self::Host(rows))
+        Ok(Self::Host(rows, hold))
     }
 
     /// Rows `ids` (each below the vocabulary size: the caller checks) as `[t, hidden]` on
@@ -61,7 +68,7 @@ impl Embedding {
         let idx = Tensor::new(ids, device)?;
         Ok(match self {
             Self::Here(t) => t.index_select(&idx, 0)?,
-            Self::Host(rows) => rows.gather(&idx.unsqueeze(0)?, 1, None, Positions::Trusted)?.squeeze(0)?,
+            Self::Host(rows, _) => rows.gather(&idx.unsqueeze(0)?, 1, None, Positions::Trusted)?.squeeze(0)?,
         })
     }
 
@@ -69,14 +76,14 @@ impl Embedding {
     pub fn values(&self) -> usize {
         match self {
             Self::Here(t) => t.elem_count(),
-            Self::Host(rows) => rows.len() * rows.dim(),
+            Self::Host(rows, _) => rows.len() * rows.dim(),
         }
     }
 
     pub fn dtype(&self) -> DType {
         match self {
             Self::Here(t) => t.dtype(),
-            Self::Host(rows) => rows.dtype(),
+            Self::Host(rows, _) => rows.dtype(),
         }
     }
 
@@ -86,6 +93,6 @@ impl Embedding {
     }
 
     pub fn on_host(&self) -> bool {
-        matches!(self, Self::Host(_))
+        matches!(self, Self::Host(..))
     }
 }

@@ -18,6 +18,7 @@ use folio_models::context::{ContextFile, KvDtype};
 use folio_models::plan::{self, Bandwidths, Budgets, ModelFacts, Plan};
 use folio_models::session::{Session, RESIDENT_BUDGET};
 use folio_models::{device_name, parse_device, Engine};
+use folio_runtime::host_budget;
 use serde::{Deserialize, Serialize};
 use tauri::State;
 
@@ -40,7 +41,8 @@ pub(crate) struct EngineSettings {
     /// Device memory the window's work may use: decoded layers kept, prefill chunks. `None`:
     /// no cap beyond the device's.
     pub device_budget: Option<String>,
-    /// Host memory the offloaded tier's K/V may take.
+    /// Host memory the whole process may take (the K/V tier, method state, pinned buffers,
+    /// the app); `None`: the default, what the machine has less a margin.
     pub host_budget: Option<String>,
     /// How new contexts store K/V (`folio prefill --kv-dtype`).
     pub kv_dtype: String,
@@ -95,6 +97,16 @@ impl EngineSettings {
     }
 }
 
+/// Makes `settings`' host budget the process's, unless `--host-budget` set one already: then
+/// that one is shown in the settings (what the user asked for now).
+pub(super) fn apply_host_budget(settings: &mut EngineSettings) {
+    if host_budget::is_set() {
+        settings.host_budget = host_budget::budget().map(|b| format!("{:.2}GiB", b as f64 / GIB));
+    } else if let Ok(budgets) = settings.budgets() {
+        host_budget::set_budget(budgets.host);
+    }
+}
+
 /// The settings stored in `library` (the defaults when none or unreadable).
 pub(crate) async fn stored(library: &Library) -> EngineSettings {
     let value = library.setting(ENGINE_KEY).await.ok().flatten();
@@ -136,6 +148,8 @@ pub(super) struct EngineView {
     running_on: Option<String>,
     devices: Vec<DeviceChoice>,
     kv_dtypes: &'static [&'static str],
+    /// The host budget without a setting: what the machine has, less a margin.
+    default_host_budget: Option<u64>,
 }
 
 fn view(state: &AppState) -> EngineView {
@@ -144,6 +158,7 @@ fn view(state: &AppState) -> EngineView {
         running_on: state.engine().ok().map(|e| device_name(e.model.device())),
         devices: devices(),
         kv_dtypes: &KvDtype::NAMES,
+        default_host_budget: host_budget::default_budget(),
     }
 }
 
@@ -167,6 +182,18 @@ pub(super) async fn set_engine_settings(
     settings: EngineSettings,
 ) -> Result<Applied, String> {
     let settings = settings.normalized()?;
+    let old = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    // The new host budget holds what opens from here on; refused, the old one is back.
+    host_budget::set_budget(settings.budgets()?.host);
+    let applied = apply(state, settings).await;
+    if applied.is_err() {
+        host_budget::set_budget(old.budgets()?.host);
+    }
+    applied
+}
+
+/// [`set_engine_settings`] with the new host budget in force.
+async fn apply(state: State<'_, AppState>, settings: EngineSettings) -> Result<Applied, String> {
     let old = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut info = None;
     let open = *state.open_context.lock().unwrap_or_else(|e| e.into_inner());
@@ -248,6 +275,7 @@ async fn plan_of(
         config: engine.config(),
         elem: engine.model.dtype().size_in_bytes(),
         weights: Some((engine.model.weights().device_bytes(), engine.model.weight_bytes_per_step())),
+        weights_host: engine.model.weights().host_bytes,
     };
     plan::plan(&facts, file.header(), method, settings.tier(), settings.budgets()?, &bw).map_err(|e| e.to_string())
 }

@@ -353,6 +353,8 @@ fn start(model: Option<String>, fallback: Option<String>, device: &str, dtype: &
     if device != "auto" {
         settings.device = device.to_owned();
     }
+    // So is `--host-budget` (already the process's); else the settings' host budget holds.
+    engine::apply_host_budget(&mut settings);
     let (device, mut device_notice) = match parse_device(&settings.device) {
         Ok(d) => (d, None),
         Err(e) if device == "auto" => {

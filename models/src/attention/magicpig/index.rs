@@ -19,6 +19,7 @@ use super::{collision_probability, sampling_probability, U_FLOOR};
 use crate::attention::select::{dot, LayerRows, SectionReader, SectionWriter};
 use crate::error::{human_bytes, Error, Result};
 use crate::random::normal;
+use folio_runtime::host_budget::{self, Hold};
 use folio_runtime::host_memory;
 
 /// Keys hashed per chunk of an index build: 64 Ki rows per KV head (what the offloaded tier
@@ -76,6 +77,7 @@ pub(super) struct HeadTables {
 /// TLB miss (30 MB of page tables), on 2 MiB pages the entries (60 KB) stay cached.
 pub(super) struct HugePages<T> {
     map: memmap2::MmapMut,
+    _hold: Hold,
     len: usize,
     of: std::marker::PhantomData<T>,
 }
@@ -83,9 +85,10 @@ pub(super) struct HugePages<T> {
 impl<T: bytemuck::Pod> HugePages<T> {
     pub(super) fn zeroed(len: usize) -> Result<Self> {
         let bytes = len * std::mem::size_of::<T>();
+        let hold = host_budget::hold(bytes as u64, "magicpig's hash tables")?;
         let map = host_memory::anon_huge(bytes)
             .map_err(|e| Error::Invalid(format!("magicpig: {bytes} bytes of host memory for the tables: {e}")))?;
-        Ok(Self { map, len, of: std::marker::PhantomData })
+        Ok(Self { map, _hold: hold, len, of: std::marker::PhantomData })
     }
 }
 
@@ -208,6 +211,9 @@ impl LayerIndex {
         let Plan { first, end, bits, tables, seed } = *plan;
         let n = end - first;
         check_host_memory(build_bytes(kv_heads, n, bits, tables), host_memory::available(), plan)?;
+        // The codes, held while the tables are sorted from them (the tables hold their own).
+        let codes_bytes = (kv_heads * tables * n * std::mem::size_of::<u32>()) as u64;
+        let _codes_hold = host_budget::hold(codes_bytes, "magicpig's hash codes while its tables are built")?;
         let w = projection(d, bits * tables, seed);
         // Per head: the mean (f64 sums in position order), then each key's centred norm.
         let centre: Vec<(Vec<f32>, Vec<f32>)> = (0..kv_heads)
@@ -489,6 +495,13 @@ pub(super) fn build_bytes(kv_heads: usize, n: usize, bits: usize, tables: usize)
     let starts = 4 * ((1u64 << bits) * segments(n) as u64 + 1);
     let per_head = tables as u64 * (6 * n as u64 + starts) + 4 * n as u64;
     kv_heads as u64 * per_head
+}
+
+/// Host bytes a layer's index keeps once built: per KV head and table, the bucket list (2 bytes
+/// a key) and the run starts; per key its norm.
+pub(super) fn kept_bytes(kv_heads: usize, n: usize, bits: usize, tables: usize) -> u64 {
+    let starts = 4 * ((1u64 << bits) * segments(n) as u64 + 1);
+    kv_heads as u64 * (tables as u64 * (2 * n as u64 + starts) + 4 * n as u64)
 }
 
 /// Refuses a build that needs more host memory than is available now, saying what to change:

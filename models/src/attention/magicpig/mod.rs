@@ -97,9 +97,16 @@ fn cost(input: &CostInput<'_>) -> StepCost {
         l => (input.params.usize("bits"), l),
     };
     let walked = sparse * (heads * tables) as f64 * (indexed >> bits) as f64 * ENTRY_BYTES;
+    let host_state_bytes = (layers - dense) as u64 * index::kept_bytes(kv_heads, indexed, bits, tables);
     if input.params.usize("gpu") == 0 {
         let host_bytes = sample(heads) + walked;
-        return StepCost { device_bytes: 0.0, link_bytes: link, host_bytes, resident_bytes: resident };
+        return StepCost {
+            device_bytes: 0.0,
+            link_bytes: link,
+            host_bytes,
+            resident_bytes: resident,
+            host_state_bytes,
+        };
     }
     let on_gpu = gpu_heads(input.params.get("gpu_attend"), heads);
     let norms = 4 * indexed as u64 * kv_heads as u64 * (layers - dense) as u64;
@@ -108,6 +115,7 @@ fn cost(input: &CostInput<'_>) -> StepCost {
         link_bytes: link + sample(on_gpu) + walked,
         host_bytes: sample(heads - on_gpu),
         resident_bytes: resident + norms,
+        host_state_bytes,
     }
 }
 

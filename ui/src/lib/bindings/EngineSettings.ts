@@ -14,7 +14,8 @@ device: string,
  */
 device_budget: string | null, 
 /**
- * Host memory the offloaded tier's K/V may take.
+ * Host memory the whole process may take (the K/V tier, method state, pinned buffers,
+ * the app); `None`: the default, what the machine has less a margin.
  */
 host_budget: string | null, 
 /**

@@ -5,4 +5,8 @@ import type { EngineSettings } from "./EngineSettings";
 /**
  * The settings, the device the model runs on now, and the choices.
  */
-export type EngineView = { settings: EngineSettings, running_on: string | null, devices: Array<DeviceChoice>, kv_dtypes: Array<string>, };
+export type EngineView = { settings: EngineSettings, running_on: string | null, devices: Array<DeviceChoice>, kv_dtypes: Array<string>, 
+/**
+ * The host budget without a setting: what the machine has, less a margin.
+ */
+default_host_budget: number | null, };

@@ -18,14 +18,36 @@ weights_bytes: number,
  */
 kv_device_bytes: number, resident_layers: number, layers: number, 
 /**
- * K/V in host memory (offloaded tier), at the compute dtype.
+ * K/V in host memory (offloaded tier): the context file's mapping, page-locked in place.
  */
 kv_host_bytes: number, 
 /**
  * What the method keeps in device memory beside the K/V (labels, resident layers,
  * gathers).
  */
-method_device_bytes: number, device_bytes: number, host_bytes: number, 
+method_device_bytes: number, device_bytes: number, 
+/**
+ * What the method keeps in host memory (MagicPIG's hash tables).
+ */
+method_host_bytes: number, 
+/**
+ * The weights in host memory (the embedding table on a GPU).
+ */
+weights_host_bytes: number, 
+/**
+ * The rest of this process in host memory now: the app, the model's tokenizer, buffers
+ * (its resident set less the engine's held allocations).
+ */
+process_host_bytes: number, 
+/**
+ * Host memory in all: the K/V, the method's state, the weights' and the process's.
+ */
+host_bytes: number, 
+/**
+ * The host budget the step is held to (`--host-budget`, else the default: what the machine
+ * has, less a margin); `None`: the platform says nothing.
+ */
+host_budget: number | null, 
 /**
  * The step's paths and their times; the floor is the slowest.
  */

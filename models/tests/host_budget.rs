@@ -1,0 +1,60 @@
+//! The process's host budget (`--host-budget`) holds the engine's large host allocations: the
+//! offloaded K/V (rows of its own, a stored layout, a context file read in place) is refused
+//! before it is allocated when the budget cannot hold it beside the rest of the process, with
+//! what is in use and what to change; what is granted goes back when the store goes.
+//!
+//! A binary of its own: the budget is the process's, and the other tests' stores must not see
+//! the small budgets set here.
+
+mod support;
+
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+use folio_models::context::{ContextFile, KvDtype};
+use folio_models::kv_cache::OffloadKv;
+use folio_runtime::host_budget;
+use support::{build, engine, plan};
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn the_host_budget_refuses_what_it_cannot_hold_and_gets_back_what_goes() {
+    let cpu = Device::Cpu;
+    let rss = folio_runtime::host_memory::rss().unwrap_or(0);
+    host_budget::set_budget(Some(rss + 256 * MIB));
+    let start = host_budget::held();
+
+    // 2 layers × K and V × 2 heads × 1M rows × 32 f32: 1 GiB, refused, nothing allocated.
+    let err = OffloadKv::new(2, 2, 32, 1 << 20, DType::F32, &cpu).err().expect("1 GiB in a 256 MiB budget").to_string();
+    assert!(err.starts_with("the offloaded K/V needs 1.00 GiB of host memory, and the host budget of"), "{err}");
+    assert!(err.contains("--host-budget") && err.contains("fp8"), "{err}");
+    assert_eq!(host_budget::held(), start);
+    // Stored as an fp8 file stores it: half a GiB and the scales, refused before a row is made.
+    let rows = |_: usize, _: usize, _: usize| -> folio_models::Result<(Tensor, Tensor)> { panic!("never asked for") };
+    let err = OffloadKv::stored((2, 2, 1 << 21, 32), KvDtype::Fp8, DType::F32, &cpu, rows).err().unwrap().to_string();
+    assert!(err.starts_with("the offloaded K/V needs 0.5"), "{err}");
+
+    // What fits is held while the store lives, and given back when it goes.
+    let kv = OffloadKv::new(2, 2, 32, 4096, DType::F32, &cpu).unwrap();
+    assert_eq!(host_budget::held(), start + kv.host_bytes());
+    drop(kv);
+    assert_eq!(host_budget::held(), start);
+
+    // A context file read in place: its whole mapping is held.
+    let e = engine("demo");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("c.folio");
+    build(&e, &plan((0..600).map(|i| 3 + i % 200).collect()), &out, KvDtype::Bf16, None);
+    let file = Arc::new(ContextFile::open(&out).unwrap());
+    let bytes = std::fs::metadata(&out).unwrap().len();
+    let kv = OffloadKv::from_context(file.clone(), DType::F32, &cpu).unwrap();
+    assert_eq!(host_budget::held(), start + bytes);
+    drop(kv);
+    let now = folio_runtime::host_memory::rss().unwrap_or(0);
+    host_budget::set_budget(Some(now + bytes / 2));
+    let err = OffloadKv::from_context(file, DType::F32, &cpu).err().unwrap().to_string();
+    assert!(err.contains("c.folio (read in place) needs") && err.contains("host budget"), "{err}");
+    assert_eq!(host_budget::held(), start);
+    host_budget::set_budget(None);
+}
