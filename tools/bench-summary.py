@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """One line per method of `folio bench --shape --json` output (mean, median, p90, floor, peak and
-planned VRAM), and with `--profile` where a step's time goes: the host's time queueing the step
+planned VRAM; the K/V dtype, the emulated link, peak RSS against the host budget), and with `--profile` where a step's time goes: the host's time queueing the step
 against the step, and the spans with the most device time.
 
 usage: python3 tools/bench-summary.py BENCH.jsonl...
@@ -24,6 +24,12 @@ for path in sys.argv[1:]:
             d.get("weights"), d["method"], round((d.get("vram_budget") or 0) / 2**30, 1), d["decode_ms_mean"],
             d["decode_ms_median"], d["decode_ms_p90"], d["floor_ms"], (d.get("peak_device_bytes") or 0) / 2**30,
             (d.get("planned_device_bytes") or 0) / 2**30))
+        link = d.get("emulated_link")
+        print("       kv %-5s link %-10s peakRSS %5.2f GiB of host budget %s; floor link %.2f ms, pcie4 floor %.2f ms" % (
+            d.get("kv_dtype") or "tier", "%.1f GB/s" % (link / 1e9) if link else "as is",
+            (d.get("peak_rss_bytes") or 0) / 2**30,
+            "%.2f GiB" % (d["host_budget"] / 2**30) if d.get("host_budget") else "-",
+            d.get("floor_link_ms", 0), d.get("pcie4_floor_ms", 0)))
         p = d.get("profile")
         if p:
             print("   profile: host queued %.2f ms of step %.2f ms; synced step %.2f ms"

@@ -34,6 +34,7 @@ pub mod cuda_op;
 pub mod encode;
 pub mod heads;
 mod layout;
+pub mod link;
 pub mod mlp;
 pub mod norm;
 pub mod quant;

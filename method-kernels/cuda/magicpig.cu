@@ -51,7 +51,7 @@ __device__ __forceinline__ uint32_t warp_inclusive(uint32_t x, int lane) {
 extern "C" __global__ void __launch_bounds__(WALK_THREADS)
     lsh_walk(const unsigned long long* members, const unsigned long long* starts, const uint32_t* codes,
              uint32_t* picks, uint32_t* counts, int n, int segs, int tables, int bits, int group, int h0, int first,
-             int skip) {
+             int skip, unsigned long long* link_bytes) {
     __shared__ uint32_t once[SEG_WORDS], twice[SEG_WORDS];
     __shared__ uint32_t from[MAX_TABLES], scan[MAX_TABLES + 1];
     __shared__ uint32_t warp_sums[WALK_THREADS / 32];
@@ -86,6 +86,8 @@ extern "C" __global__ void __launch_bounds__(WALK_THREADS)
     }
     __syncthreads();
     const uint32_t total = scan[tables];
+    // What crossed the link: the runs' members and each table's two starts (kernels/src/link).
+    if (link_bytes != nullptr && t == 0) atomicAdd(link_bytes, 2ull * total + 8ull * tables);
     for (uint32_t j0 = t; j0 < total; j0 += WALK_THREADS * WALK_UNROLL) {
         uint32_t m[WALK_UNROLL];
 #pragma unroll
@@ -209,7 +211,7 @@ extern "C" __global__ void __launch_bounds__(REPORT_THREADS)
 template <typename T>
 __device__ void lsh_attend(const T* k, const T* v, const float* query, const uint32_t* sample, const float* weights,
                            float* part, int sampled, int segs, int d, int rows, int group, int first, int n_idx,
-                           int steps, float scale) {
+                           int steps, float scale, unsigned long long* link_bytes) {
     __shared__ uint32_t scan[MAX_SEGS + 1];
     const int h = blockIdx.y, kvh = h / group, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const size_t cap = (size_t)segs * SEG_KEYS;
@@ -221,6 +223,9 @@ __device__ void lsh_attend(const T* k, const T* v, const float* query, const uin
     }
     __syncthreads();
     const uint32_t total = scan[segs];
+    // What crosses the link: the sample's K and V rows, counted once a head (kernels/src/link).
+    if (link_bytes != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
+        atomicAdd(link_bytes, 2ull * total * d * sizeof(T));
     // Strided, not a contiguous share each: the picks are ascending, so a head's warps read
     // neighbouring positions at the same time, and the translations of the few pages they touch
     // serve them all. Contiguous shares read 64 places of ~1 GiB at once and bound the reads at
@@ -300,9 +305,10 @@ __device__ void lsh_attend(const T* k, const T* v, const float* query, const uin
 #define LSH_ATTEND(name, T)                                                                                        \
     extern "C" __global__ void __launch_bounds__(32 * ATTEND_WARPS)                                                \
         name(const T* k, const T* v, const float* query, const uint32_t* sample, const float* weights, float* part, \
-             int sampled, int segs, int d, int rows, int group, int first, int n_idx, int steps, float scale) {    \
+             int sampled, int segs, int d, int rows, int group, int first, int n_idx, int steps, float scale,     \
+             unsigned long long* link_bytes) {                                                                     \
         lsh_attend<T>(k, v, query, sample, weights, part, sampled, segs, d, rows, group, first, n_idx, steps,    \
-                      scale);                                                                                      \
+                      scale, link_bytes);                                                                          \
     }
 
 LSH_ATTEND(lsh_attend_f32, float)

@@ -128,7 +128,11 @@ impl Bandwidths {
         const ROUNDS: usize = 4;
         let link = match device.is_cpu() {
             true => None,
-            false => Some(folio_runtime::device::host_to_device_rate(device, bytes)?),
+            // An emulated slower link (`--link-gbps`) is the link the step gets.
+            false => {
+                let measured = folio_runtime::device::host_to_device_rate(device, bytes)?;
+                Some(folio_kernels::link::rate().map_or(measured, |r| r.min(measured)))
+            }
         };
         Ok(Self { device: copy_bandwidth(device, bytes, ROUNDS)?, link, host: host_read_bandwidth(bytes, ROUNDS) })
     }
@@ -182,8 +186,8 @@ pub struct Plan {
     pub process_host_bytes: u64,
     /// Host memory in all: the K/V, the method's state, the weights' and the process's.
     pub host_bytes: u64,
-    /// The host budget the step is held to (`--host-budget`, else the default: what the machine
-    /// has, less a margin); `None`: the platform says nothing.
+    /// The host budget the step is held to (the budgets', else the process's: `--host-budget`
+    /// or the default, what the machine has less a margin); `None`: the platform says nothing.
     pub host_budget: Option<u64>,
     /// The step's paths and their times; the floor is the slowest.
     pub terms: Vec<Term>,
@@ -281,7 +285,7 @@ pub fn plan(
             (0, 0, host, terms)
         }
     };
-    let host_budget = budgets.host.or_else(folio_runtime::host_budget::default_budget);
+    let host_budget = budgets.host.or_else(folio_runtime::host_budget::budget);
     let process = folio_runtime::host_memory::rss().unwrap_or(0).saturating_sub(folio_runtime::host_budget::held());
     let host_parts = [kv_host, cost.host_state_bytes, model.weights_host, process];
     let host_total: u64 = host_parts.iter().sum();

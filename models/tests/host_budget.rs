@@ -53,8 +53,24 @@ fn the_host_budget_refuses_what_it_cannot_hold_and_gets_back_what_goes() {
     drop(kv);
     let now = folio_runtime::host_memory::rss().unwrap_or(0);
     host_budget::set_budget(Some(now + bytes / 2));
-    let err = OffloadKv::from_context(file, DType::F32, &cpu).err().unwrap().to_string();
+    let err = OffloadKv::from_context(file.clone(), DType::F32, &cpu).err().unwrap().to_string();
     assert!(err.contains("c.folio (read in place) needs") && err.contains("host budget"), "{err}");
+    // On a GPU too: refused by the budget, the file is not copied instead (a copy takes more).
+    #[cfg(feature = "cuda")]
+    {
+        let gpu = Device::new_cuda(0).unwrap();
+        let err = OffloadKv::from_context(file.clone(), DType::BF16, &gpu).err().unwrap().to_string();
+        assert!(err.contains("c.folio (read in place) needs") && err.contains("host budget"), "{err}");
+    }
     assert_eq!(host_budget::held(), start);
+    // Opened twice (a session reopened while the old one lives), a file is held once.
     host_budget::set_budget(None);
+    let again = Arc::new(ContextFile::open(&out).unwrap());
+    let (a, b) = (
+        OffloadKv::from_context(file, DType::F32, &cpu).unwrap(),
+        OffloadKv::from_context(again, DType::F32, &cpu).unwrap(),
+    );
+    assert_eq!(host_budget::held(), start + bytes);
+    drop((a, b));
+    assert_eq!(host_budget::held(), start);
 }

@@ -1,8 +1,8 @@
 //! The process's host-memory budget (`--host-budget`, the window's engine setting): one ledger
 //! that every large host allocation of the engine takes its bytes from before it allocates —
 //! the offloaded K/V tier, a context file's pages locked in place, MagicPIG's tables while
-//! built and kept, the embedding table in page-locked memory, the copy staging buffers — and
-//! that refuses, with what is in use, an allocation the budget cannot hold.
+//! built and kept, the embedding table in page-locked memory — and that refuses, with what is
+//! in use, an allocation the budget cannot hold.
 //!
 //! Why a ledger and not the global allocator: the large allocations are not heap allocations
 //! (page-locked memory from the driver, anonymous and file maps), so an allocator sees none of
@@ -16,8 +16,10 @@
 //! whose peak passed it.
 //!
 //! The default budget is what the machine can give this process when first asked (its
-//! available memory plus what the process already holds) less [`MARGIN`] for the system and the
-//! programs beside it. Where the platform gives no reading the default is no cap.
+//! available memory plus the anonymous memory the process already holds — its file pages are
+//! in the available memory already — and no more than its cgroup's limit, in a container) less
+//! [`MARGIN`] for the system and the programs beside it. Where the platform gives no reading
+//! the default is no cap.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -61,9 +63,10 @@ pub fn is_set() -> bool {
 pub fn default_budget() -> Option<u64> {
     *DEFAULT.get_or_init(|| {
         let (available, total) = (crate::host_memory::available()?, crate::host_memory::total()?);
-        let own = crate::host_memory::rss().unwrap_or(0);
+        let own = crate::host_memory::anonymous().unwrap_or(0);
+        let total = crate::host_memory::cgroup_limit().map_or(total, |l| l.min(total));
         let margin = MARGIN_MIN.max((total as f64 * MARGIN_FRACTION) as u64);
-        Some((available + own).saturating_sub(margin).max(1))
+        Some((available + own).min(total).saturating_sub(margin).max(1))
     })
 }
 
@@ -152,11 +155,12 @@ fn gib(bytes: u64) -> String {
 /// room for them beside what is held and the rest of the process; else says why not.
 pub fn hold(bytes: u64, what: &str) -> Result<Hold, Refused> {
     let budget = budget();
-    let other = || crate::host_memory::rss().unwrap_or(0).saturating_sub(held());
+    let rss = || crate::host_memory::rss().unwrap_or(0);
     let mut now = HELD.load(Ordering::SeqCst);
     loop {
         if let Some(b) = budget {
-            let other = other();
+            // The rest of the process, from the same count of held bytes as the check.
+            let other = rss().saturating_sub(now);
             if now.saturating_add(other).saturating_add(bytes) > b {
                 return Err(Refused { what: what.to_owned(), bytes, budget: b, held: now, other, default: !is_set() });
             }

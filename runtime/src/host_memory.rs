@@ -19,6 +19,23 @@ pub fn rss() -> Option<u64> {
     proc_kib("/proc/self/status", "VmRSS:")
 }
 
+/// This process's resident anonymous and shared memory (`RssAnon` + `RssShmem`): what it holds
+/// that the machine's available memory does not count (its file pages are reclaimable cache).
+pub fn anonymous() -> Option<u64> {
+    Some(proc_kib("/proc/self/status", "RssAnon:")? + proc_kib("/proc/self/status", "RssShmem:").unwrap_or(0))
+}
+
+/// The memory limit of this process's cgroup (v2 `memory.max`, else v1
+/// `memory.limit_in_bytes`), where there is one: inside a container the machine's memory is
+/// not what the process may take.
+pub fn cgroup_limit() -> Option<u64> {
+    let read = |p: &str| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok();
+    // v1 reports "no limit" as a number near 2^63.
+    read("/sys/fs/cgroup/memory.max")
+        .or_else(|| read("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+        .filter(|&l| l < 1 << 60)
+}
+
 /// Peak resident set size of this process (`VmHWM`).
 pub fn peak_rss() -> Option<u64> {
     proc_kib("/proc/self/status", "VmHWM:")
@@ -88,6 +105,7 @@ mod tests {
             let (total, now) = (total().unwrap(), rss().unwrap());
             // (VmHWM is updated lazily: it can read below VmRSS for a moment.)
             assert!(total >= free && now > 0, "{total} {now}");
+            assert!(anonymous().is_some_and(|a| a > 0 && a <= now + (64 << 20)));
             assert!(huge_page_bytes().is_some());
         }
         let mut map = anon_huge(3 * 4096 + 5).unwrap();

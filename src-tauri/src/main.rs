@@ -55,6 +55,12 @@ struct Cli {
     /// a tenth of its memory. The window's Settings → Engine overrides it when set there.
     #[arg(long, global = true, value_name = "SIZE")]
     host_budget: Option<String>,
+    /// Emulate a slower host link, in GB/s (25: PCIe 4.0 x16, an RTX 4090's): every read of host
+    /// memory over the link (the offloaded tier's gathers, HiP's search, MagicPIG's walk and
+    /// sample) is held on the GPU until its bytes would have crossed a link of this rate. For
+    /// measuring a consumer machine on a faster one (`folio bench link` checks the rate).
+    #[arg(long, global = true, value_name = "GBPS")]
+    link_gbps: Option<f64>,
     /// Context files to open in the window (what the desktop passes when a .folio file is
     /// opened): each is verified and imported into the library.
     #[arg(value_name = "FILE.folio")]
@@ -97,6 +103,9 @@ enum Command {
 /// The log target of a command's failure: in the file, not again on stderr (printed there as
 /// `error: …` already).
 const EXIT_TARGET: &str = "folio::exit";
+/// The slowest link `--link-gbps` emulates: slower, a step's wait would pass the pace kernel's
+/// bound (kernels/cuda/link.cu) and stop being the rate asked for.
+const MIN_LINK_GBPS: f64 = 0.1;
 /// What `folio serve` shows on stderr when `RUST_LOG` does not say: a line per request.
 const SERVE_STDERR_LOG: &str = "info,folio::exit=off";
 
@@ -111,8 +120,12 @@ fn main() {
     let budget = args.host_budget.as_deref().map(context_cmd::parse_bytes).transpose();
     let result = match budget {
         Err(e) => Err(e.context("--host-budget")),
+        Ok(_) if args.link_gbps.is_some_and(|r| !(r.is_finite() && r >= MIN_LINK_GBPS)) => {
+            Err(anyhow::anyhow!("--link-gbps must be a rate of at least {MIN_LINK_GBPS} GB/s (25: PCIe 4.0 x16)"))
+        }
         Ok(budget) => {
             folio_runtime::host_budget::set_budget(budget);
+            folio_kernels::link::set_rate(args.link_gbps.map(|r| r * 1e9));
             run(args)
         }
     };

@@ -44,6 +44,9 @@ use folio_runtime::host_memory::{huge_page_bytes, peak_rss, reset_peak_rss};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
 
+mod plan;
+use plan::{plan_host, plan_memory};
+
 /// Standard deviation of the random weights (transformers' `initializer_range` default).
 pub const INIT_STD: f64 = 0.02;
 /// Rows per KV head written into the host tier at once while filling it.
@@ -248,6 +251,9 @@ pub struct DecodeReport {
     /// (`--host-budget`, else the default: what the machine has, less a margin).
     pub planned_host_bytes: u64,
     pub host_budget: Option<u64>,
+    /// The host link's emulated rate, bytes/s (`--link-gbps`): every read over the link paced
+    /// to it, and the floor's link term at it.
+    pub emulated_link: Option<f64>,
     /// Of the process's memory at the end of the run, how much is in 2 MiB pages.
     pub huge_page_bytes: Option<u64>,
     /// Threads of the CPU pool that walks MagicPIG's tables and attends its sample
@@ -308,7 +314,7 @@ pub fn run<E: From<Error>>(
     let weights = a.weights.iter().map(|w| weight_bytes(&cfg, dtype, *w, device)).max().unwrap_or(0);
     let (planned, budget) = plan_memory(&sampler, &cfg, weights, index, tail, a.context, a.vram_budget)?;
     let host_state = methods.iter().map(|m| m.2.host_state_bytes).max().unwrap_or(0);
-    let table = weight_bytes(&cfg, dtype, None, &Device::Cpu) - weight_bytes(&cfg, dtype, None, device);
+    let table = weight_bytes(&cfg, dtype, None, &Device::Cpu).saturating_sub(weight_bytes(&cfg, dtype, None, device));
     let kv_host = kv_dtype.map_or(2 * (rows * cfg.head_dim * elem) as u64, |k| k.kv_bytes(rows, cfg.head_dim))
         * cfg.num_layers as u64;
     let planned_host = plan_host(kv_host, host_state, table)?;
@@ -471,6 +477,7 @@ impl RunFacts {
             kv_dtype: self.kv_dtype.map(KvDtype::name),
             peak_rss_bytes: peak_rss(),
             planned_host_bytes: self.planned_host,
+            emulated_link: folio_kernels::link::rate().filter(|_| self.device != "cpu"),
             host_budget: host_budget::budget(),
             huge_page_bytes: huge_page_bytes(),
             host_threads: folio_models::attention::cpu_pool_threads(),
@@ -594,71 +601,14 @@ fn time_steps(
     Ok((times, first_step_s, token))
 }
 
-/// The device memory the run plans to use (what is in use already, weights, the largest
-/// index, the conversation's K/V `tail`, a layer's scores, a workspace) and the budget it is
-/// held to (`vram_budget`, else the device's memory); a plan over the budget is refused
-/// before anything is allocated.
-fn plan_memory(
-    sampler: &MemorySampler,
-    cfg: &ModelConfig,
-    weights: u64,
-    index: u64,
-    tail: u64,
-    context: usize,
-    vram_budget: Option<u64>,
-) -> Result<(u64, Option<u64>)> {
-    let (baseline, total_device) = match sampler.now()? {
-        Some((used, total)) => (used, Some(total)),
-        None => (0, None),
-    };
-    let scores = (cfg.num_heads * context * 4 * 2) as u64;
-    let planned = baseline + weights + index + tail + scores + WORKSPACE_BYTES;
-    let budget = vram_budget.or(total_device);
-    if let Some(b) = budget.filter(|&b| planned > b) {
-        return Err(Error::Invalid(format!(
-            "this run needs about {} of device memory, more than the {} budget: weights {}, index {}, \
-             conversation K/V {}, scores {}, workspace {}, already in use {}",
-            human_bytes(planned),
-            human_bytes(b),
-            human_bytes(weights),
-            human_bytes(index),
-            human_bytes(tail),
-            human_bytes(scores),
-            human_bytes(WORKSPACE_BYTES),
-            human_bytes(baseline)
-        )));
-    }
-    Ok((planned, budget))
-}
-
-/// The host memory the run plans to use — the K/V in host memory, the largest method state
-/// (MagicPIG's tables), the embedding table, the process as it is — held to the host budget
-/// (`--host-budget`, else the default); over it, refused before anything is allocated.
-fn plan_host(kv: u64, state: u64, table: u64) -> Result<u64> {
-    let process = folio_runtime::host_memory::rss().unwrap_or(0);
-    let planned = kv + state + table + process;
-    if let Some(b) = host_budget::budget().filter(|&b| planned > b) {
-        return Err(Error::Invalid(format!(
-            "this run needs about {} of host memory, more than the {}{} host budget: K/V {}, method state {}, \
-             embedding table {}, the process {}; raise --host-budget or store the K/V in fp8 (--kv-dtype fp8)",
-            human_bytes(planned),
-            if host_budget::is_set() { "" } else { "default " },
-            human_bytes(b),
-            human_bytes(kv),
-            human_bytes(state),
-            human_bytes(table),
-            human_bytes(process)
-        )));
-    }
-    Ok(planned)
-}
-
-/// The device's copy bandwidth, the host link's page-locked copy rate and the host's read
-/// bandwidth, measured now (smaller buffers on the CPU).
+/// The device's copy bandwidth, the host link's page-locked copy rate (the emulated rate
+/// where it is lower: `--link-gbps`) and the host's read bandwidth, measured now (smaller
+/// buffers on the CPU).
 fn bandwidths(device: &Device) -> Result<[f64; 3]> {
     let bytes = if device.is_cpu() { BANDWIDTH_BYTES / 16 } else { BANDWIDTH_BYTES };
     let copy = copy_bandwidth(device, bytes, COPIES)?;
     let link = host_to_device_rate(device, bytes)?;
+    let link = folio_kernels::link::rate().filter(|_| device.is_cuda()).map_or(link, |r| r.min(link));
     Ok([copy, link, host_read_bandwidth(bytes, COPIES)])
 }
 

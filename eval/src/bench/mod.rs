@@ -8,7 +8,9 @@
 //! * [`prefill`]: synthetic prompts prefilled into context files with the real builder, then
 //!   reopened as a person would, to the first token after a short question;
 //! * [`kernels`]: the sparse-decode and prefill kernels against the copy bandwidth, host link
-//!   and GEMM rates measured in the same run.
+//!   and GEMM rates measured in the same run;
+//! * [`link`]: the host link as decode reads it, as it is and at each emulated rate
+//!   (`--link-gbps`), against the rate asked for.
 //!
 //! Why here and not in the CLI: these are measurements of the engine, made through its public
 //! API like every other yardstick of this crate; the CLI keeps its arguments and its tables.
@@ -17,6 +19,7 @@
 
 pub mod decode;
 pub mod kernels;
+pub mod link;
 pub mod prefill;
 
 use std::time::Instant;

@@ -378,10 +378,20 @@ pub fn gather(
     let idx = idx.contiguous()?;
     let (src, scales, stored) = source.address(dtype)?;
     let op = CudaOnly(Gather { src, scales, stored, dims, dtype });
-    source.ordered(&stream, || match tail {
-        Some(t) => idx.apply_op2_no_bwd(t, &op),
-        None => idx.apply_op1_no_bwd(&op),
+    let (heads, sel, d) = (dims.0, dims.1, dims.5);
+    // Every picked row counted as a host row (the tail's few are on the device).
+    let bytes = (heads * sel * link_row_bytes(stored, d)) as u64;
+    crate::link::paced(dev, &stream, bytes, |_| {
+        source.ordered(&stream, || match tail {
+            Some(t) => idx.apply_op2_no_bwd(t, &op),
+            None => idx.apply_op1_no_bwd(&op),
+        })
     })
+}
+
+/// Bytes a row of `d` values stored so moves over the link: its values, and an fp8 row's scale.
+pub fn link_row_bytes(stored: Stored, d: usize) -> usize {
+    stored.row_bytes(d) + if matches!(stored, Stored::Fp8 { .. }) { 4 } else { 0 }
 }
 
 /// Host memory owned elsewhere, page-locked in place and mapped into the device's address

@@ -37,11 +37,17 @@ pub(super) fn lsh_walk(
     addresses: &Tensor,
     dims: (usize, usize, usize, usize, usize, usize),
 ) -> Result<Tensor> {
-    codes.apply_op2_no_bwd(addresses, &CudaOnly(LshWalk { dims }))
+    let candle_core::Device::Cuda(dev) = codes.device() else { candle_core::bail!("lsh walk: codes not on the GPU") };
+    // The walk counts the bytes of the runs it reads (only the device knows them).
+    folio_kernels::link::paced(dev, &dev.cuda_stream(), 0, |link_bytes| {
+        codes.apply_op2_no_bwd(addresses, &CudaOnly(LshWalk { dims, link_bytes }))
+    })
 }
 
 struct LshWalk {
     dims: (usize, usize, usize, usize, usize, usize),
+    /// Where the walk adds the bytes it read over the link (0: not counted).
+    link_bytes: u64,
 }
 
 impl CudaOp2 for LshWalk {
@@ -79,6 +85,7 @@ impl CudaOp2 for LshWalk {
             for x in &ints {
                 b.arg(x);
             }
+            b.arg(&self.link_bytes);
             let cfg = LaunchConfig {
                 grid_dim: (segs as u32, heads as u32, 1),
                 block_dim: (WALK_THREADS, 1, 1),
@@ -294,9 +301,12 @@ pub(super) fn lsh_attend(
         other => candle_core::bail!("lsh attend: K and V stored as {other:?} (f32 or bf16, both alike, on the GPU)"),
     };
     let (heads, d) = (dims.0, dims.3);
-    let op = CudaOnly(LshAttend { src: (k_src, v_src), stored, dims, scale });
-    let both =
-        k.ordered(&stream, || v.ordered(&stream, || query.apply_op3_no_bwd(sample, &weights.contiguous()?, &op)))?;
+    let weights = weights.contiguous()?;
+    // The attention counts the bytes of the sample's rows it reads (only the device knows them).
+    let both = folio_kernels::link::paced(dev, &stream, 0, |link_bytes| {
+        let op = CudaOnly(LshAttend { src: (k_src, v_src), stored, dims, scale, link_bytes });
+        k.ordered(&stream, || v.ordered(&stream, || query.apply_op3_no_bwd(sample, &weights, &op)))
+    })?;
     Ok((both.narrow(0, 0, heads * d)?.reshape((heads, d))?, both.narrow(0, heads * d, heads)?))
 }
 
@@ -305,6 +315,8 @@ struct LshAttend {
     stored: Stored,
     dims: (usize, usize, usize, usize, usize, usize, usize, usize, usize),
     scale: f32,
+    /// Where the attention adds the bytes it read over the link (0: not counted).
+    link_bytes: u64,
 }
 
 impl CudaOp3 for LshAttend {
@@ -334,7 +346,7 @@ impl CudaOp3 for LshAttend {
         for x in &ints {
             b.arg(x);
         }
-        b.arg(&self.scale);
+        b.arg(&self.scale).arg(&self.link_bytes);
         let cfg = LaunchConfig {
             grid_dim: (ATTEND_BLOCKS as u32, heads as u32, 1),
             block_dim: (32 * ATTEND_WARPS as u32, 1, 1),

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use super::tier::{DecodeTier, Exact, TierRef};
 use super::{KvSegment, KvStore, SavedTail};
 use crate::context::EncodeTensor;
-use crate::error::{Error, Result};
+use crate::error::{kv_refused, Error, Result};
 use folio_context_file::format::{SectionKind, PAGE};
 use folio_context_file::{ContextFile, KvDtype};
 use folio_runtime::host_budget::{self, Held, Hold};
@@ -70,7 +70,7 @@ impl OffloadKv {
         device: &Device,
     ) -> Result<Self> {
         let bytes = 2 * layers as u64 * HostRows::bytes_for(dtype, kv_heads, saved, head_dim)? as u64;
-        let hold = host_budget::hold(bytes, "the offloaded K/V")?;
+        let hold = host_budget::hold(bytes, "the offloaded K/V").map_err(kv_refused)?;
         let host = (0..layers)
             .map(|_| {
                 Ok((
@@ -139,7 +139,7 @@ impl OffloadKv {
                 end = (end + kv_dtype.section_bytes(kind, n, head_dim) as usize).next_multiple_of(PAGE as usize);
             }
         }
-        let hold = host_budget::hold(end as u64, "the offloaded K/V")?;
+        let hold = host_budget::hold(end as u64, "the offloaded K/V").map_err(kv_refused)?;
         // 2 MiB pages where the kernel has them: the CPU reads scattered rows (MagicPIG's sample).
         let mut mem = folio_runtime::host_memory::anon_huge(end)
             .map_err(|e| Error::Invalid(format!("{end} bytes of host memory: {e}")))?;
@@ -502,12 +502,32 @@ impl DecodeTier for OffloadKv {
 /// A context file's mapping as the bytes host rows view, and the host budget's hold on them: on
 /// a GPU the whole mapping is page-locked in place; on the CPU the pages a step reads stay
 /// resident (dense attention reads them all).
-struct Mapped(Arc<ContextFile>, #[allow(dead_code)] Hold);
+struct Mapped(Arc<ContextFile>, #[allow(dead_code)] Arc<Hold>);
 
 impl AsRef<[u8]> for Mapped {
     fn as_ref(&self) -> &[u8] {
         self.0.mapped()
     }
+}
+
+/// The host budget's hold on each context file read in place, by the file's path: a file opened
+/// again (a session reopened on new settings while the old one lives) maps the same pages of
+/// the page cache, so it is held once.
+static FILE_HOLDS: std::sync::Mutex<Vec<(std::path::PathBuf, std::sync::Weak<Hold>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// The hold on `file`'s mapping: a live one on the same file, else a new one.
+fn file_hold(file: &ContextFile) -> Result<Arc<Hold>> {
+    let path = file.path().canonicalize().unwrap_or_else(|_| file.path().to_owned());
+    let mut all = FILE_HOLDS.lock().unwrap_or_else(|e| e.into_inner());
+    all.retain(|(_, h)| h.strong_count() > 0);
+    if let Some(live) = all.iter().filter(|(p, _)| *p == path).find_map(|(_, h)| h.upgrade()) {
+        return Ok(live);
+    }
+    let what = format!("the K/V of {} (read in place)", file.path().display());
+    let hold = Arc::new(host_budget::hold(file.mapped().len() as u64, &what).map_err(kv_refused)?);
+    all.push((path, Arc::downgrade(&hold)));
+    Ok(hold)
 }
 
 /// Every live registration of a context file's mapping: one per file, shared by every store
@@ -529,11 +549,8 @@ fn shared_host(file: &Arc<ContextFile>, device: &Device) -> Result<Arc<SharedHos
     if let Some(live) = live {
         return Ok(live);
     }
-    let what = format!("the K/V of {} (read in place)", file.path().display());
-    let hold = host_budget::hold(file.mapped().len() as u64, &what)?;
-    let shared = SharedHost::new(device, Arc::new(Mapped(file.clone(), hold))).map_err(|e| Error::Context {
-        path: file.path().to_owned(),
-        msg: format!("sharing its mapping with the device: {e}"),
+    let shared = SharedHost::new(device, Arc::new(Mapped(file.clone(), file_hold(file)?))).map_err(|e| {
+        Error::Context { path: file.path().to_owned(), msg: format!("sharing its mapping with the device: {e}") }
     })?;
     all.push((Arc::downgrade(file), Arc::downgrade(&shared)));
     Ok(shared)

@@ -6,6 +6,7 @@
 mod decode;
 mod ingest;
 mod kernels;
+mod link;
 mod prefill;
 
 use anyhow::Result;
@@ -35,6 +36,9 @@ pub enum BenchCommand {
     Kernels(kernels::KernelBenchArgs),
     /// Staging speed: documents read and tokens counted per second, per format.
     Ingest(ingest::IngestBenchArgs),
+    /// The host link as decode reads it (gathers of random rows), as it is and at each
+    /// emulated rate (`--link-gbps`), with the rate achieved ÷ the rate asked for (a GPU).
+    Link(link::LinkBenchArgs),
 }
 
 pub fn bench(common: &Common, args: BenchArgs) -> Result<()> {
@@ -42,6 +46,7 @@ pub fn bench(common: &Common, args: BenchArgs) -> Result<()> {
         Some(BenchCommand::Prefill(a)) => prefill::bench_prefill(common, a),
         Some(BenchCommand::Kernels(a)) => kernels::bench_kernels(common, a),
         Some(BenchCommand::Ingest(a)) => ingest::bench_ingest(common, a),
+        Some(BenchCommand::Link(a)) => link::bench_link(common, a),
         None => bench_shape(common, args.shape),
     }
 }

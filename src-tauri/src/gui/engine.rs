@@ -97,14 +97,11 @@ impl EngineSettings {
     }
 }
 
-/// Makes `settings`' host budget the process's, unless `--host-budget` set one already: then
-/// that one is shown in the settings (what the user asked for now).
-pub(super) fn apply_host_budget(settings: &mut EngineSettings) {
-    if host_budget::is_set() {
-        settings.host_budget = host_budget::budget().map(|b| format!("{:.2}GiB", b as f64 / GIB));
-    } else if let Ok(budgets) = settings.budgets() {
-        host_budget::set_budget(budgets.host);
-    }
+/// Makes `settings`' host budget the process's; where they name none, `--host-budget`'s
+/// (`cli`), else the default.
+pub(super) fn apply_host_budget(settings: &EngineSettings, cli: Option<u64>) {
+    let set = settings.budgets().ok().and_then(|b| b.host);
+    host_budget::set_budget(set.or(cli));
 }
 
 /// The settings stored in `library` (the defaults when none or unreadable).
@@ -148,7 +145,8 @@ pub(super) struct EngineView {
     running_on: Option<String>,
     devices: Vec<DeviceChoice>,
     kv_dtypes: &'static [&'static str],
-    /// The host budget without a setting: what the machine has, less a margin.
+    /// The host budget without a setting: `--host-budget`'s, else what the machine has less a
+    /// margin.
     default_host_budget: Option<u64>,
 }
 
@@ -158,7 +156,7 @@ fn view(state: &AppState) -> EngineView {
         running_on: state.engine().ok().map(|e| device_name(e.model.device())),
         devices: devices(),
         kv_dtypes: &KvDtype::NAMES,
-        default_host_budget: host_budget::default_budget(),
+        default_host_budget: state.cli_host_budget.or_else(host_budget::default_budget),
     }
 }
 
@@ -184,10 +182,11 @@ pub(super) async fn set_engine_settings(
     let settings = settings.normalized()?;
     let old = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).clone();
     // The new host budget holds what opens from here on; refused, the old one is back.
-    host_budget::set_budget(settings.budgets()?.host);
+    let cli = state.cli_host_budget;
+    apply_host_budget(&settings, cli);
     let applied = apply(state, settings).await;
     if applied.is_err() {
-        host_budget::set_budget(old.budgets()?.host);
+        apply_host_budget(&old, cli);
     }
     applied
 }

@@ -74,6 +74,8 @@ struct AppState {
     engine_settings: Mutex<engine::EngineSettings>,
     /// The memory planner's bandwidths of a device, once measured.
     bandwidths: Mutex<Option<(String, folio_models::plan::Bandwidths)>>,
+    /// `--host-budget` as given at start: the host budget while the settings name none.
+    cli_host_budget: Option<u64>,
     /// The session answering now (the bare model, or an opened context) and its conversation.
     chat: Mutex<Option<Chat>>,
     /// The library id of the context the chat is over.
@@ -353,8 +355,9 @@ fn start(model: Option<String>, fallback: Option<String>, device: &str, dtype: &
     if device != "auto" {
         settings.device = device.to_owned();
     }
-    // So is `--host-budget` (already the process's); else the settings' host budget holds.
-    engine::apply_host_budget(&mut settings);
+    // The settings' host budget, when there is one, holds; else `--host-budget`'s, else the default.
+    let cli_host_budget = folio_runtime::host_budget::is_set().then(folio_runtime::host_budget::budget).flatten();
+    engine::apply_host_budget(&settings, cli_host_budget);
     let (device, mut device_notice) = match parse_device(&settings.device) {
         Ok(d) => (d, None),
         Err(e) if device == "auto" => {
@@ -397,6 +400,7 @@ fn start(model: Option<String>, fallback: Option<String>, device: &str, dtype: &
         dtype_spec,
         engine_settings: Mutex::new(settings),
         bandwidths: Mutex::new(None),
+        cli_host_budget,
         chat: Mutex::new(bare),
         open_context: Mutex::new(None),
         chat_id: Mutex::new(None),

@@ -85,7 +85,7 @@ pub(super) struct HugePages<T> {
 impl<T: bytemuck::Pod> HugePages<T> {
     pub(super) fn zeroed(len: usize) -> Result<Self> {
         let bytes = len * std::mem::size_of::<T>();
-        let hold = host_budget::hold(bytes as u64, "magicpig's hash tables")?;
+        let hold = host_budget::hold(bytes as u64, "magicpig's hash tables").map_err(tables_refused)?;
         let map = host_memory::anon_huge(bytes)
             .map_err(|e| Error::Invalid(format!("magicpig: {bytes} bytes of host memory for the tables: {e}")))?;
         Ok(Self { map, _hold: hold, len, of: std::marker::PhantomData })
@@ -213,7 +213,8 @@ impl LayerIndex {
         check_host_memory(build_bytes(kv_heads, n, bits, tables), host_memory::available(), plan)?;
         // The codes, held while the tables are sorted from them (the tables hold their own).
         let codes_bytes = (kv_heads * tables * n * std::mem::size_of::<u32>()) as u64;
-        let _codes_hold = host_budget::hold(codes_bytes, "magicpig's hash codes while its tables are built")?;
+        let _codes_hold = host_budget::hold(codes_bytes, "magicpig's hash codes while its tables are built")
+            .map_err(tables_refused)?;
         let w = projection(d, bits * tables, seed);
         // Per head: the mean (f64 sums in position order), then each key's centred norm.
         let centre: Vec<(Vec<f32>, Vec<f32>)> = (0..kv_heads)
@@ -502,6 +503,14 @@ pub(super) fn build_bytes(kv_heads: usize, n: usize, bits: usize, tables: usize)
 pub(super) fn kept_bytes(kv_heads: usize, n: usize, bits: usize, tables: usize) -> u64 {
     let starts = 4 * ((1u64 << bits) * segments(n) as u64 + 1);
     kv_heads as u64 * (tables as u64 * (2 * n as u64 + starts) + 4 * n as u64)
+}
+
+/// A refused hold of the tables' host memory, with their own remedy beside the budget's.
+fn tables_refused(r: host_budget::Refused) -> Error {
+    match Error::from(r) {
+        Error::Invalid(m) => Error::Invalid(format!("{m}, or lower magicpig's budget, tables= or bits=")),
+        other => other,
+    }
 }
 
 /// Refuses a build that needs more host memory than is available now, saying what to change:

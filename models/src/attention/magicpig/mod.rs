@@ -97,7 +97,9 @@ fn cost(input: &CostInput<'_>) -> StepCost {
         l => (input.params.usize("bits"), l),
     };
     let walked = sparse * (heads * tables) as f64 * (indexed >> bits) as f64 * ENTRY_BYTES;
-    let host_state_bytes = (layers - dense) as u64 * index::kept_bytes(kv_heads, indexed, bits, tables);
+    // The tables kept, and one layer's codes while its tables are built.
+    let host_state_bytes = (layers - dense) as u64 * index::kept_bytes(kv_heads, indexed, bits, tables)
+        + (4 * kv_heads * tables * indexed) as u64;
     if input.params.usize("gpu") == 0 {
         let host_bytes = sample(heads) + walked;
         return StepCost {

@@ -7,6 +7,7 @@ import type { EngineSettings } from "./EngineSettings";
  */
 export type EngineView = { settings: EngineSettings, running_on: string | null, devices: Array<DeviceChoice>, kv_dtypes: Array<string>, 
 /**
- * The host budget without a setting: what the machine has, less a margin.
+ * The host budget without a setting: `--host-budget`'s, else what the machine has less a
+ * margin.
  */
 default_host_budget: number | null, };

@@ -44,8 +44,8 @@ process_host_bytes: number,
  */
 host_bytes: number, 
 /**
- * The host budget the step is held to (`--host-budget`, else the default: what the machine
- * has, less a margin); `None`: the platform says nothing.
+ * The host budget the step is held to (the budgets', else the process's: `--host-budget`
+ * or the default, what the machine has less a margin); `None`: the platform says nothing.
  */
 host_budget: number | null, 
 /**
