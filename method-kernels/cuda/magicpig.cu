@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cuda_bf16.h>
 
+#include "../../kernels/cuda/select.cuh"
+
 // Keys per segment of a bucket list (members are 16-bit offsets within it): SEGMENT_KEYS.
 #define SEG_KEYS 65536
 #define SEG_WORDS (SEG_KEYS / 32)
@@ -166,6 +168,29 @@ __device__ __forceinline__ void load4(const __nv_bfloat16* p, float* x) {
     x[3] = __uint_as_float(u.y & 0xffff0000u);
 }
 
+// Where the attention reads a head's rows: values of the compute dtype (f32, bf16), or a context
+// file's fp8 e4m3 codes with one f32 scale per row (value = code · scale, the file's decode).
+// `load` gives the 4 values from channel `ch` of row `row` (of d values); `row_bytes` is what a
+// row moves over the link.
+template <typename T>
+struct PlainRows {
+    const T* p;
+    __device__ __forceinline__ void load(size_t row, int d, int ch, float* x) const { load4(p + row * d + ch, x); }
+    __device__ __forceinline__ static unsigned long long row_bytes(int d) { return (unsigned long long)d * sizeof(T); }
+};
+
+struct Fp8Rows {
+    const uint8_t* codes;
+    const float* scales;
+    __device__ __forceinline__ void load(size_t row, int d, int ch, float* x) const {
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(codes + row * d + ch);
+        const float s = scales[row];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) x[j] = fp8_value((__nv_fp8_storage_t)((w >> (8 * j)) & 0xff), s);
+    }
+    __device__ __forceinline__ static unsigned long long row_bytes(int d) { return (unsigned long long)d + 4; }
+};
+
 // One block per (segment, query head h0 + blockIdx.y) of a range of `heads` query heads: what
 // the host needs of a walk, written where it reads it (host memory mapped into the device's
 // address space: no copy to wait for, and the queue goes on to the GPU's own attention) — the
@@ -208,8 +233,8 @@ extern "C" __global__ void __launch_bounds__(REPORT_THREADS)
 // The query heads are the first gridDim.y of the `sampled` heads the sample's buffer holds.
 // query [heads][d + 2]: q, then |q| and q·mean; weights: the bias table (steps + 1), then the
 // keys' centred norms [kv_heads][n_idx] of indexed keys first..first + n_idx.
-template <typename T>
-__device__ void lsh_attend(const T* k, const T* v, const float* query, const uint32_t* sample, const float* weights,
+template <typename R>
+__device__ void lsh_attend(const R k, const R v, const float* query, const uint32_t* sample, const float* weights,
                            float* part, int sampled, int segs, int d, int rows, int group, int first, int n_idx,
                            int steps, float scale, unsigned long long* link_bytes) {
     __shared__ uint32_t scan[MAX_SEGS + 1];
@@ -225,7 +250,7 @@ __device__ void lsh_attend(const T* k, const T* v, const float* query, const uin
     const uint32_t total = scan[segs];
     // What crosses the link: the sample's K and V rows, counted once a head (kernels/src/link).
     if (link_bytes != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
-        atomicAdd(link_bytes, 2ull * total * d * sizeof(T));
+        atomicAdd(link_bytes, 2ull * total * R::row_bytes(d));
     // Strided, not a contiguous share each: the picks are ascending, so a head's warps read
     // neighbouring positions at the same time, and the translations of the few pages they touch
     // serve them all. Contiguous shares read 64 places of ~1 GiB at once and bound the reads at
@@ -251,14 +276,14 @@ __device__ void lsh_attend(const T* k, const T* v, const float* query, const uin
     for (uint32_t j = c; j < total; j += warps) {
         while (scan[s + 1] <= j) ++s;
         const uint32_t pos = picks[(size_t)s * SEG_KEYS + (j - scan[s])];
-        const size_t row = ((size_t)kvh * rows + pos) * d;
+        const size_t row = (size_t)kvh * rows + pos;
         float kx[LANE_VALUES], vx[LANE_VALUES];
 #pragma unroll
         for (int i = 0; i < LANE_VALUES; i += 4) {
             const int ch = lane * 4 + i * 32;
             if (ch < d) {
-                load4(k + row + ch, kx + i);
-                load4(v + row + ch, vx + i);
+                k.load(row, d, ch, kx + i);
+                v.load(row, d, ch, vx + i);
             } else {
 #pragma unroll
                 for (int u = 0; u < 4; ++u) kx[i + u] = vx[i + u] = 0.f;
@@ -302,14 +327,17 @@ __device__ void lsh_attend(const T* k, const T* v, const float* query, const uin
     }
 }
 
-#define LSH_ATTEND(name, T)                                                                                        \
+// k_scales and v_scales: each row's scale of fp8 rows (unread for f32 and bf16).
+#define LSH_ATTEND(name, T, ROWS, K, V)                                                                            \
     extern "C" __global__ void __launch_bounds__(32 * ATTEND_WARPS)                                                \
-        name(const T* k, const T* v, const float* query, const uint32_t* sample, const float* weights, float* part, \
-             int sampled, int segs, int d, int rows, int group, int first, int n_idx, int steps, float scale,     \
-             unsigned long long* link_bytes) {                                                                     \
-        lsh_attend<T>(k, v, query, sample, weights, part, sampled, segs, d, rows, group, first, n_idx, steps,    \
-                      scale, link_bytes);                                                                          \
+        name(const T* k, const T* v, const float* k_scales, const float* v_scales, const float* query,            \
+             const uint32_t* sample, const float* weights, float* part, int sampled, int segs, int d, int rows,   \
+             int group, int first, int n_idx, int steps, float scale, unsigned long long* link_bytes) {            \
+        lsh_attend<ROWS>(K, V, query, sample, weights, part, sampled, segs, d, rows, group, first, n_idx, steps,  \
+                         scale, link_bytes);                                                                       \
     }
 
-LSH_ATTEND(lsh_attend_f32, float)
-LSH_ATTEND(lsh_attend_bf16, __nv_bfloat16)
+LSH_ATTEND(lsh_attend_f32, float, PlainRows<float>, PlainRows<float>{k}, PlainRows<float>{v})
+LSH_ATTEND(lsh_attend_bf16, __nv_bfloat16, PlainRows<__nv_bfloat16>, PlainRows<__nv_bfloat16>{k},
+           PlainRows<__nv_bfloat16>{v})
+LSH_ATTEND(lsh_attend_fp8, uint8_t, Fp8Rows, (Fp8Rows{k, k_scales}), (Fp8Rows{v, v_scales}))

@@ -244,8 +244,8 @@ fn lsh_walk_matches_definition(device: &Device) -> Result<()> {
 test_device!(lsh_walk_matches_definition, lsh_walk_cpu, lsh_walk_cuda);
 
 /// MagicPIG's attention of the walk's sample where the device runs it equals the softmax of
-/// `scale·q·k + bias(cos)` in f64 over the stored rows, read from a registered view (bf16) and
-/// from page-locked rows (f32); an empty sample gives zeros and an LSE of −∞; the first heads
+/// `scale·q·k + bias(cos)` in f64 over the stored rows, read from a registered view (bf16, and
+/// a context file's fp8 codes with a scale a row) and from page-locked rows (f32); an empty sample gives zeros and an LSE of −∞; the first heads
 /// attended alone give what they gave among all; a sample over other keys, more heads than
 /// sampled and a walk of later heads are refused; the bias's interpolation hits its table.
 fn lsh_attention_matches_definition(device: &Device) -> Result<()> {
@@ -262,28 +262,31 @@ fn lsh_attention_matches_definition(device: &Device) -> Result<()> {
         (0..kv_heads * n).map(|i| if i % 997 == 0 { 0.0 } else { rng.random_range(0.1f32..3.0) }).collect();
     let weights_t = Tensor::from_vec([table.clone(), norms.clone()].concat(), steps + 1 + kv_heads * n, device)?;
     let weights = magicpig::Weights { table_and_norms: &weights_t, steps, first, n };
-    for (dtype, view) in [(DType::BF16, true), (DType::F32, false)] {
+    // Stored as, read as, and whether a view of stored rows (a context file's) or rows of their own.
+    for (kind, dtype, view) in
+        [(DType::BF16, DType::BF16, true), (DType::F32, DType::F32, false), (DType::F8E4M3, DType::F32, true)]
+    {
         let draw = |rng: &mut StdRng| -> Result<Vec<f32>> {
             Tensor::from_vec(random(rng, kv_heads * rows * d, 1.0), kv_heads * rows * d, &Device::Cpu)?
                 .to_dtype(dtype)?
                 .to_dtype(DType::F32)?
                 .to_vec1()
         };
-        let (k, v) = (draw(&mut rng)?, draw(&mut rng)?);
-        let host = |x: &[f32]| -> Result<HostRows> {
+        // The rows, and their values as read (an fp8 row: its codes × its scale).
+        let host = |x: &[f32]| -> Result<(HostRows, Vec<f32>)> {
             if view {
-                let (section, stored, _) = stored_section(x, d, dtype);
+                let (section, stored, read) = stored_section(x, d, kind);
                 let mut bytes = vec![0u8; PageAligned::PAGE];
                 bytes.extend(&section);
                 let shared = SharedHost::new(device, Arc::new(PageAligned::new(&bytes)))?;
-                HostRows::view(device, &shared, PageAligned::PAGE, stored, (kv_heads, rows, d), dtype)
+                Ok((HostRows::view(device, &shared, PageAligned::PAGE, stored, (kv_heads, rows, d), dtype)?, read))
             } else {
                 let mut host = HostRows::new(device, dtype, kv_heads, rows, d)?;
                 host.write(0, &Tensor::from_slice(x, (kv_heads, rows, d), device)?.to_dtype(dtype)?)?;
-                Ok(host)
+                Ok((host, x.to_vec()))
             }
         };
-        let (hk, hv) = (host(&k)?, host(&v)?);
+        let ((hk, k), (hv, v)) = (host(&draw(&mut rng)?)?, host(&draw(&mut rng)?)?);
         let q = random(&mut rng, heads * d, 1.0);
         let means = random(&mut rng, heads, 2.0);
         let query: Vec<f32> = (0..heads)
@@ -311,11 +314,11 @@ fn lsh_attention_matches_definition(device: &Device) -> Result<()> {
                     (part_out.flatten_all()?.to_vec1()?, part_lse.to_vec1()?);
                 assert!(
                     part_out == out[..first_heads * d] && part_lse == lse[..first_heads],
-                    "seed {seed}: {dtype:?}: the first {first_heads} heads attended alone differ"
+                    "seed {seed}: {kind:?}: the first {first_heads} heads attended alone differ"
                 );
             }
             let more = Tensor::cat(&[&query_t, &query_t.narrow(0, 0, 1)?], 0)?;
-            assert!(magicpig::attend(&more, &sample, (&hk, &hv), &weights, scale).is_err(), "seed {seed}: {dtype:?}");
+            assert!(magicpig::attend(&more, &sample, (&hk, &hv), &weights, scale).is_err(), "seed {seed}: {kind:?}");
             // A walk of the first heads attends as the whole walk does; one of later heads is
             // refused (the kernel reads KV head h / group for its head h).
             let first_walk = index.walk(codes, group, 0..group + 1, (first, skip))?;
@@ -324,14 +327,14 @@ fn lsh_attention_matches_definition(device: &Device) -> Result<()> {
             let (part_out, part_lse): (Vec<f32>, Vec<f32>) = (part_out.flatten_all()?.to_vec1()?, part_lse.to_vec1()?);
             assert!(
                 part_out == out[..(group + 1) * d] && part_lse == lse[..group + 1],
-                "seed {seed}: {dtype:?}: a walk of the first heads attended differs"
+                "seed {seed}: {kind:?}: a walk of the first heads attended differs"
             );
             let later = index.walk(codes, group, 1..heads, (first, skip))?;
             let err = magicpig::attend(&query_t.narrow(0, 1, 1)?, &later, (&hk, &hv), &weights, scale)
                 .expect_err("head 1 on");
             assert!(err.to_string().contains(" from head 1 on "), "seed {seed}: {err}");
             let inputs = Inputs { query: &query, k: &k, v: &v, norms: &norms, table: &table, scale };
-            check_definition(&w, &inputs, skip, (&out, &lse), &format!("seed {seed}: {dtype:?}"));
+            check_definition(&w, &inputs, skip, (&out, &lse), &format!("seed {seed}: {kind:?}"));
         }
     }
     // The bias's interpolation: the table at its sample points, halfway between two in between.

@@ -228,8 +228,14 @@ pub fn plan(
     let layers = header.layers;
     let budget_tokens = choice.budget()?.map(|b| b.tokens(tokens));
     let params = choice.params()?;
-    let input =
-        CostInput { shape: Shape::of(cfg), context: tokens, elem, budget: budget_tokens.unwrap_or(0), params: &params };
+    let input = CostInput {
+        shape: Shape::of(cfg),
+        context: tokens,
+        elem,
+        budget: budget_tokens.unwrap_or(0),
+        params: &params,
+        fp8_rows: header.kv_dtype == folio_context_file::KvDtype::Fp8,
+    };
     let cost = (spec.cost)(&input);
     let method_device = cost.resident_bytes;
     let mut problems = Vec::new();

@@ -591,6 +591,7 @@ fn the_memory_planner_places_the_kv_and_prices_a_step() -> Result<()> {
         elem: 4,
         budget: 64,
         params: &params,
+        fp8_rows: false,
     });
     assert!((ms_of(&p, "device") - ((read * 4) as f64 + cost.device_bytes) / 4e9 * 1e3).abs() < 1e-9);
     assert!((ms_of(&p, "link") - cost.link_bytes / 2.0 / 1e9 * 1e3).abs() < 1e-9, "bf16 rows cross, not f32");

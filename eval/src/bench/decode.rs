@@ -304,7 +304,8 @@ pub fn run<E: From<Error>>(
     let link_scale =
         kv_dtype.map_or(1.0, |k| k.kv_bytes(rows, cfg.head_dim) as f64 / (2 * rows * cfg.head_dim * elem) as f64);
     let mut rng = StdRng::seed_from_u64(0);
-    let methods = build_methods(&a.methods, &cfg, a.context, elem, &mut rng)?;
+    let fp8_rows = kv_dtype == Some(KvDtype::Fp8);
+    let methods = build_methods(&a.methods, &cfg, (a.context, elem, fp8_rows), &mut rng)?;
 
     // The plan, before any allocation.
     let sampler = MemorySampler::start(device).map_err(Error::from)?;
@@ -523,8 +524,7 @@ type Measured = (MethodChoice, Box<dyn Attention>, StepCost);
 fn build_methods(
     choices: &[MethodChoice],
     cfg: &ModelConfig,
-    context: usize,
-    elem: usize,
+    (context, elem, fp8_rows): (usize, usize, bool),
     rng: &mut StdRng,
 ) -> Result<Vec<Measured>> {
     let resources = random_channels(cfg, rng);
@@ -534,7 +534,7 @@ fn build_methods(
             let method = m.build(&resources)?;
             let params = m.params()?;
             let budget = m.budget()?.map_or(0, |b| b.tokens(context));
-            let input = CostInput { shape: Shape::of(cfg), context, elem, budget, params: &params };
+            let input = CostInput { shape: Shape::of(cfg), context, elem, budget, params: &params, fp8_rows };
             Ok((m.clone(), method, (m.spec()?.cost)(&input)))
         })
         .collect()

@@ -294,17 +294,21 @@ pub(super) fn lsh_attend(
 ) -> Result<(Tensor, Tensor)> {
     let candle_core::Device::Cuda(dev) = query.device() else { candle_core::bail!("lsh attend: query not on the GPU") };
     let stream = dev.cuda_stream();
-    let ((k_src, _, k_stored), (v_src, _, v_stored)) = (k.address(k_dtype)?, v.address(v_dtype)?);
+    let ((k_src, k_scales, k_stored), (v_src, v_scales, v_stored)) = (k.address(k_dtype)?, v.address(v_dtype)?);
     let stored = match (k_stored, v_stored) {
         (Stored::Bf16, Stored::Bf16) => Stored::Bf16,
         (Stored::F32, Stored::F32) => Stored::F32,
-        other => candle_core::bail!("lsh attend: K and V stored as {other:?} (f32 or bf16, both alike, on the GPU)"),
+        (Stored::Fp8 { scales }, Stored::Fp8 { .. }) => Stored::Fp8 { scales },
+        other => {
+            candle_core::bail!("lsh attend: K and V stored as {other:?} (f32, bf16 or fp8, both alike, on the GPU)")
+        }
     };
     let (heads, d) = (dims.0, dims.3);
     let weights = weights.contiguous()?;
     // The attention counts the bytes of the sample's rows it reads (only the device knows them).
     let both = folio_kernels::link::paced(dev, &stream, 0, |link_bytes| {
-        let op = CudaOnly(LshAttend { src: (k_src, v_src), stored, dims, scale, link_bytes });
+        let op =
+            CudaOnly(LshAttend { src: (k_src, v_src), scales: (k_scales, v_scales), stored, dims, scale, link_bytes });
         k.ordered(&stream, || v.ordered(&stream, || query.apply_op3_no_bwd(sample, &weights, &op)))
     })?;
     Ok((both.narrow(0, 0, heads * d)?.reshape((heads, d))?, both.narrow(0, heads * d, heads)?))
@@ -312,6 +316,8 @@ pub(super) fn lsh_attend(
 
 struct LshAttend {
     src: (u64, u64),
+    /// K's and V's per-row scales (fp8 rows; 0 otherwise).
+    scales: (u64, u64),
     stored: Stored,
     dims: (usize, usize, usize, usize, usize, usize, usize, usize, usize),
     scale: f32,
@@ -333,7 +339,8 @@ impl CudaOp3 for LshAttend {
         let part = unsafe { dev.alloc::<f32>(heads * chunks * (d + 2))? };
         let kernel = match self.stored {
             Stored::Bf16 => "lsh_attend_bf16",
-            _ => "lsh_attend_f32",
+            Stored::Fp8 { .. } => "lsh_attend_fp8",
+            Stored::F32 => "lsh_attend_f32",
         };
         let ints = [sampled, segs, d, rows, group, first, n, steps];
         if ints.iter().any(|&x| x > i32::MAX as usize) || heads > sampled {
@@ -342,7 +349,8 @@ impl CudaOp3 for LshAttend {
         let ints = ints.map(|x| x as i32);
         let f = dev.get_or_load_custom_func(kernel, LSH_MODULE, LSH_PTX)?;
         let mut b = f.builder();
-        b.arg(&self.src.0).arg(&self.src.1).arg(&q_s).arg(&s_s).arg(&w_s).arg(&part);
+        b.arg(&self.src.0).arg(&self.src.1).arg(&self.scales.0).arg(&self.scales.1);
+        b.arg(&q_s).arg(&s_s).arg(&w_s).arg(&part);
         for x in &ints {
             b.arg(x);
         }

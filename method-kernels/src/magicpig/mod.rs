@@ -343,7 +343,10 @@ impl Report {
 /// Whether [`attend`] reads these rows on a GPU: K and V both bf16 or both f32 (fp8 rows stay
 /// on the CPU), a head dim that is a multiple of 4 up to [`MAX_HEAD_DIM`].
 pub fn reads(k: &HostRows, v: &HostRows) -> bool {
-    let alike = matches!((k.stored(), v.stored()), (Stored::Bf16, Stored::Bf16) | (Stored::F32, Stored::F32));
+    let alike = matches!(
+        (k.stored(), v.stored()),
+        (Stored::Bf16, Stored::Bf16) | (Stored::F32, Stored::F32) | (Stored::Fp8 { .. }, Stored::Fp8 { .. })
+    );
     alike && k.dim().is_multiple_of(4) && k.dim() <= MAX_HEAD_DIM
 }
 
@@ -406,8 +409,8 @@ pub fn attend(
     if query.device().is_cuda() {
         if !reads(k, v) || sample.segments > MAX_SEGMENTS {
             candle_core::bail!(
-                "lsh attend: rows stored as {:?} and {:?} of head dim {d} (bf16 or f32 alike, a multiple of 4 up to \
-                 {MAX_HEAD_DIM}), or a sample of {} segments (at most {MAX_SEGMENTS})",
+                "lsh attend: rows stored as {:?} and {:?} of head dim {d} (bf16, f32 or fp8 alike, a multiple of 4 up \
+                 to {MAX_HEAD_DIM}), or a sample of {} segments (at most {MAX_SEGMENTS})",
                 k.stored(),
                 v.stored(),
                 sample.segments

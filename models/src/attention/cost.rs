@@ -32,6 +32,9 @@ pub struct CostInput<'a> {
     pub elem: usize,
     pub budget: usize,
     pub params: &'a Params,
+    /// Whether the saved rows are a context file's fp8 codes (MagicPIG splits its sample
+    /// otherwise there).
+    pub fp8_rows: bool,
 }
 
 impl CostInput<'_> {
@@ -92,7 +95,7 @@ mod tests {
         for spec in REGISTRY {
             let params = spec.params(&[]).unwrap();
             let p = |k: &str| params.get(k);
-            let got = (spec.cost)(&CostInput { shape, context, elem, budget, params: &params });
+            let got = (spec.cost)(&CostInput { shape, context, elem, budget, params: &params, fp8_rows: false });
             let b = budget as f64;
             let (device, link, host) = match spec.name {
                 "dense" => (0.0, l * rows(n, kv), 0.0),

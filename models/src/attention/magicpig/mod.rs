@@ -110,7 +110,7 @@ fn cost(input: &CostInput<'_>) -> StepCost {
             host_state_bytes,
         };
     }
-    let on_gpu = gpu_heads(input.params.get("gpu_attend"), heads);
+    let on_gpu = gpu_heads(gpu_share(input.params, input.fp8_rows), heads);
     let norms = 4 * indexed as u64 * kv_heads as u64 * (layers - dense) as u64;
     StepCost {
         device_bytes: 0.0,
@@ -128,7 +128,7 @@ fn gpu_heads(share: f64, heads: usize) -> usize {
     ((share.clamp(0.0, 1.0) * heads as f64).round() as usize).min(heads)
 }
 
-const PARAMS: [ParamSpec; 9] = [
+const PARAMS: [ParamSpec; 10] = [
     ParamSpec {
         name: "bits",
         default: 10.0,
@@ -177,6 +177,15 @@ const PARAMS: [ParamSpec; 9] = [
               balance=1 where the split starts",
     },
     ParamSpec {
+        name: "gpu_attend_fp8",
+        default: GPU_ATTEND_FP8,
+        min: 0.0,
+        max: 1.0,
+        integer: false,
+        doc: "gpu_attend where the rows are a context file's fp8 codes, which the CPU widens value by value \
+              (on the GPU they cross the link at half the bytes)",
+    },
+    ParamSpec {
         name: "balance",
         default: 0.0,
         min: 0.0,
@@ -196,6 +205,18 @@ const PARAMS: [ParamSpec; 9] = [
 /// 16 heads 53.3. 18, not 20: one host favours 20, and 22 fell off where the GPU's side
 /// became the longer; the next sweep decides.
 const GPU_ATTEND: f64 = 0.64;
+
+/// `gpu_attend` over fp8 rows (a context file's compact K/V): all heads on the GPU. The CPU
+/// widens fp8 codes value by value: at 1M of the 7B shape on the H200 its 10 heads took 45.4 ms
+/// a step against 17.2 ms in bf16, while the GPU reads fp8 at half the link bytes; with
+/// `--host-budget 60GiB --link-gbps 25`, 18 heads on the GPU gave 81.47 ms a token, 24 gave
+/// 57.91, all 28 gave 49.97 (docs/results/2026-11-30-consumer-envelope/).
+const GPU_ATTEND_FP8: f64 = 1.0;
+
+/// The share of query heads whose sample the GPU attends, for rows stored as fp8 or not.
+fn gpu_share(params: &Params, fp8_rows: bool) -> f64 {
+    params.get(if fp8_rows { "gpu_attend_fp8" } else { "gpu_attend" })
+}
 
 /// Bytes of a bucket-list entry walked (a 16-bit key offset), for the `searched` figure in
 /// key-row equivalents (a bf16 key row is 2·d bytes).

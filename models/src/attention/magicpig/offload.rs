@@ -49,7 +49,8 @@ impl MagicPig {
         let (sampled_part, drawn, walked) = match on_device {
             Some(on) => {
                 let q_dev = call.q.to_dtype(candle_core::DType::F32)?.reshape((heads, d))?;
-                let start = gpu_heads(self.params.get("gpu_attend"), heads);
+                let fp8_rows = matches!(keys.stored(), folio_kernels::select::Stored::Fp8 { .. });
+                let start = gpu_heads(gpu_share(&self.params, fp8_rows), heads);
                 let balancing = self.params.usize("balance") == 1;
                 let lock = || self.balance.lock().unwrap_or_else(|e| e.into_inner());
                 let on_gpu = if balancing { lock().on_gpu(heads, start) } else { start };

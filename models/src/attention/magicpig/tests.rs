@@ -74,7 +74,7 @@ fn the_split_goes_by_query_heads() {
             })
             .collect();
         let params = Params::parse("magicpig", &PARAMS, &given).unwrap();
-        cost(&CostInput { shape, context, elem, budget, params: &params })
+        cost(&CostInput { shape, context, elem, budget, params: &params, fp8_rows: false })
     };
     // A query head's sample over every layer (all sparse with dense_layers=0): budget rows
     // of K and V.
