@@ -14,7 +14,10 @@ __device__ __forceinline__ unsigned long long global_ns() {
     return t;
 }
 
+// Also clears the count: bytes a reader counted whose pace never came (a launch that failed
+// after it) are not charged to the next.
 extern "C" __global__ void link_stamp(unsigned long long* slots) {
+    slots[0] = 0;
     slots[1] = global_ns();
 }
 

@@ -1,5 +1,6 @@
 //! The pacing kernels of kernels/cuda/link.cu and the device words they keep.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -12,43 +13,45 @@ const MODULE: &str = "folio_link";
 /// Picoseconds in a second: the pace kernel takes the rate as picoseconds a byte.
 const PS_PER_S: f64 = 1e12;
 
-/// Device words: per (context, stream, thread) its counter and reader's start, per context when
-/// the link is next free (see link.cu). Kept for the process's life: a few bytes each. The
-/// thread is in the key because candle's per-thread default stream has one handle in every
-/// thread and context.
-struct Words {
-    streams: HashMap<(usize, usize, std::thread::ThreadId), CudaSlice<u64>>,
-    links: HashMap<usize, CudaSlice<u64>>,
+/// The link word of each context: when the emulated link is next free (see link.cu), shared
+/// by every stream and thread. Kept for the process's life: 8 bytes a GPU.
+static LINKS: Mutex<Vec<(usize, CudaSlice<u64>)>> = Mutex::new(Vec::new());
+
+thread_local! {
+    /// This thread's counter and reader's start per (context, stream): a thread's own, since
+    /// candle's per-thread default stream has one handle in every thread and context. Freed
+    /// with the thread (the window decodes on pool threads that come and go).
+    static PAIRS: RefCell<HashMap<(usize, usize), CudaSlice<u64>>> = RefCell::new(HashMap::new());
 }
 
-static WORDS: Mutex<Option<Words>> = Mutex::new(None);
-
-/// The device addresses of `stream`'s pair and its context's link word, made zeroed at first
-/// use (and the zeroing waited for: another stream may read the link word next).
+/// The device addresses of `stream`'s pair on this thread and its context's link word, made
+/// zeroed at first use (and the zeroing waited for, outside the lock: another stream may read
+/// the link word next).
 fn words(stream: &Arc<CudaStream>) -> Result<(u64, u64)> {
-    let mut all = WORDS.lock().unwrap_or_else(|e| e.into_inner());
-    let all = all.get_or_insert_with(|| Words { streams: HashMap::new(), links: HashMap::new() });
     let ctx = stream.context().cu_ctx() as usize;
-    let key = (ctx, stream.cu_stream() as usize, std::thread::current().id());
-    use std::collections::hash_map::Entry;
-    let mut made = false;
-    let mut zeroed = |words: usize| -> Result<CudaSlice<u64>> {
-        made = true;
-        stream.alloc_zeros::<u64>(words).w()
+    let (pair, made_pair) = PAIRS.with(|pairs| -> Result<(u64, bool)> {
+        let mut pairs = pairs.borrow_mut();
+        let key = (ctx, stream.cu_stream() as usize);
+        let made = !pairs.contains_key(&key);
+        if made {
+            pairs.insert(key, stream.alloc_zeros::<u64>(2).w()?);
+        }
+        let at = pairs[&key].device_ptr(stream).0;
+        Ok((at, made))
+    })?;
+    let (link, made_link) = {
+        let mut links = LINKS.lock().unwrap_or_else(|e| e.into_inner());
+        match links.iter().find(|(c, _)| *c == ctx) {
+            Some((_, w)) => (w.device_ptr(stream).0, false),
+            None => {
+                let w = stream.alloc_zeros::<u64>(1).w()?;
+                let at = w.device_ptr(stream).0;
+                links.push((ctx, w));
+                (at, true)
+            }
+        }
     };
-    let pair = match all.streams.entry(key) {
-        Entry::Occupied(e) => e.into_mut(),
-        Entry::Vacant(e) => e.insert(zeroed(2)?),
-    }
-    .device_ptr(stream)
-    .0;
-    let link = match all.links.entry(ctx) {
-        Entry::Occupied(e) => e.into_mut(),
-        Entry::Vacant(e) => e.insert(zeroed(1)?),
-    }
-    .device_ptr(stream)
-    .0;
-    if made {
+    if made_pair || made_link {
         stream.synchronize().w()?;
     }
     Ok((pair, link))

@@ -279,7 +279,8 @@ impl Drop for LshReport {
 }
 
 /// The attention over a walk's sample (`lsh_attend_*`): `query [heads, d + 2]` f32, the
-/// sample's buffer, K and V where they lie (each read as stored: f32 or bf16), the weights
+/// sample's buffer, K and V where they lie (each read as stored: f32, bf16, or fp8 codes with
+/// a scale a row), the weights
 /// (bias table, then norms); `dims = (heads, sampled, segments, d, rows, group, first, n,
 /// steps)`: the query heads are the first `heads` of the `sampled` the buffer holds.
 /// `(out [heads, d], lse [heads])` f32.

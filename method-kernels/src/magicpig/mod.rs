@@ -340,8 +340,9 @@ impl Report {
     }
 }
 
-/// Whether [`attend`] reads these rows on a GPU: K and V both bf16 or both f32 (fp8 rows stay
-/// on the CPU), a head dim that is a multiple of 4 up to [`MAX_HEAD_DIM`].
+/// Whether [`attend`] reads these rows on a GPU: K and V both bf16, both f32 or both fp8 (rows
+/// of mixed dtypes, a bf16-fp8 file's, stay on the CPU), a head dim that is a multiple of 4 up
+/// to [`MAX_HEAD_DIM`].
 pub fn reads(k: &HostRows, v: &HostRows) -> bool {
     let alike = matches!(
         (k.stored(), v.stored()),

@@ -510,23 +510,25 @@ impl AsRef<[u8]> for Mapped {
     }
 }
 
-/// The host budget's hold on each context file read in place, by the file's path: a file opened
-/// again (a session reopened on new settings while the old one lives) maps the same pages of
-/// the page cache, so it is held once.
-static FILE_HOLDS: std::sync::Mutex<Vec<(std::path::PathBuf, std::sync::Weak<Hold>)>> =
-    std::sync::Mutex::new(Vec::new());
+/// The host budget's hold on each context file read in place, by the file's path and mapped
+/// length: a file opened again (a session reopened on new settings while the old one lives)
+/// maps the same pages of the page cache, so it is held once; a file replaced at that path (an
+/// index stored: a new, longer file) is held anew.
+type FileKey = (std::path::PathBuf, usize);
+static FILE_HOLDS: std::sync::Mutex<Vec<(FileKey, std::sync::Weak<Hold>)>> = std::sync::Mutex::new(Vec::new());
 
 /// The hold on `file`'s mapping: a live one on the same file, else a new one.
 fn file_hold(file: &ContextFile) -> Result<Arc<Hold>> {
     let path = file.path().canonicalize().unwrap_or_else(|_| file.path().to_owned());
+    let key = (path, file.mapped().len());
     let mut all = FILE_HOLDS.lock().unwrap_or_else(|e| e.into_inner());
     all.retain(|(_, h)| h.strong_count() > 0);
-    if let Some(live) = all.iter().filter(|(p, _)| *p == path).find_map(|(_, h)| h.upgrade()) {
+    if let Some(live) = all.iter().filter(|(k, _)| *k == key).find_map(|(_, h)| h.upgrade()) {
         return Ok(live);
     }
     let what = format!("the K/V of {} (read in place)", file.path().display());
     let hold = Arc::new(host_budget::hold(file.mapped().len() as u64, &what).map_err(kv_refused)?);
-    all.push((path, Arc::downgrade(&hold)));
+    all.push((key, Arc::downgrade(&hold)));
     Ok(hold)
 }
 

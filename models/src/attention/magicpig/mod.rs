@@ -79,8 +79,9 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
 /// and window) per query head on the device, walk each query head's tables (each table's
 /// bucket run, 2 bytes a member) and read its sample: with `gpu=0` both in host memory by the
 /// CPU, with `gpu=1` the walk over the link (the keys' norms kept on the device) and the sampled
-/// rows of the `gpu_attend` share of heads over the link too, the rest's in host memory by the
-/// CPU — counted so even where a step falls back to the CPU: a CPU device, fp8 rows.
+/// rows of the `gpu_attend` share of heads (`gpu_attend_fp8` over fp8 rows) over the link too,
+/// the rest's in host memory by the CPU — counted so even where a step falls back to the CPU:
+/// a CPU device, a bf16-fp8 file's mixed rows.
 fn cost(input: &CostInput<'_>) -> StepCost {
     let layers = input.shape.layers;
     // `dense_layers=1` keeps layers 0 and L/2 dense.
@@ -183,7 +184,8 @@ const PARAMS: [ParamSpec; 10] = [
         max: 1.0,
         integer: false,
         doc: "gpu_attend where the rows are a context file's fp8 codes, which the CPU widens value by value \
-              (on the GPU they cross the link at half the bytes)",
+              (on the GPU they cross the link at half the bytes); at 1 no CPU part is left for balance=1 \
+              to move toward",
     },
     ParamSpec {
         name: "balance",

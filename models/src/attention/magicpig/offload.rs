@@ -12,7 +12,8 @@ impl MagicPig {
     /// the tokens after the saved prefix) while the sample is drawn and attended — as the paper
     /// splits it, by the CPU straight from host memory ([`Self::sample_on_host`], `gpu=0`), or
     /// by default walked by the GPU and attended by both ([`Self::sample_on_device`]; rows the
-    /// kernels do not read, fp8, stay on the CPU); the partials merge by LSE.
+    /// the kernels do not read, a bf16-fp8 file's mixed K and V, stay on the CPU); the partials
+    /// merge by LSE.
     pub(super) fn attend_fast(
         &self,
         call: &AttnCall<'_>,

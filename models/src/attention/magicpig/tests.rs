@@ -65,7 +65,7 @@ fn the_split_goes_by_query_heads() {
     }
     let shape = Shape { layers: 4, heads: 8, kv_heads: 4, head_dim: 16 };
     let (context, elem, budget) = (1 << 16, 2, 256);
-    let cost = |given: &[&str]| {
+    let cost_of = |given: &[&str], fp8_rows: bool| {
         let given: Vec<(String, String)> = given
             .iter()
             .map(|kv| {
@@ -74,8 +74,9 @@ fn the_split_goes_by_query_heads() {
             })
             .collect();
         let params = Params::parse("magicpig", &PARAMS, &given).unwrap();
-        cost(&CostInput { shape, context, elem, budget, params: &params, fp8_rows: false })
+        cost(&CostInput { shape, context, elem, budget, params: &params, fp8_rows })
     };
+    let cost = |given: &[&str]| cost_of(given, false);
     // A query head's sample over every layer (all sparse with dense_layers=0): budget rows
     // of K and V.
     let sample_head = (shape.layers * budget * 2 * shape.head_dim * elem) as f64;
@@ -90,6 +91,11 @@ fn the_split_goes_by_query_heads() {
         assert_eq!(split.host_bytes, (8.0 - on_gpu) * sample_head, "gpu_attend={share}");
         assert_eq!(split.link_bytes - walk_only.link_bytes, on_gpu * sample_head, "gpu_attend={share}");
     }
+    // Over fp8 rows the share is gpu_attend_fp8's (every head by default), not gpu_attend's.
+    let fp8 = cost_of(&["dense_layers=0", "gpu_attend=0.3"], true);
+    assert_eq!((fp8.host_bytes, fp8.link_bytes - walk_only.link_bytes), (0.0, 8.0 * sample_head));
+    let fp8_half = cost_of(&["dense_layers=0", "gpu_attend_fp8=0.5"], true);
+    assert_eq!(fp8_half.host_bytes, 4.0 * sample_head);
 }
 
 /// The stable form equals the textbook one where the latter is accurate, and the
