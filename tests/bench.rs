@@ -142,6 +142,18 @@ fn the_host_budget_holds_a_decode_run() {
     assert!(err_text(bench("lots")).contains("--host-budget: bad size \"lots\""));
 }
 
+/// `--link-gbps` below the slowest rate it emulates is refused, and `bench link` measures a GPU's
+/// link: on the CPU (no link) it says so rather than print rates of nothing.
+#[test]
+fn link_emulation_is_checked_up_front() {
+    for rate in ["0", "0.01", "-3", "inf"] {
+        let err = err_text(folio(&[&format!("--link-gbps={rate}"), "bench", "link"]));
+        assert!(err.contains("--link-gbps must be a rate of at least 0.1 GB/s"), "{rate}: {err}");
+    }
+    let err = err_text(folio(&["--link-gbps", "25", "bench", "link"]));
+    assert!(err.contains("bench link measures the host link of a GPU: run it with --device cuda"), "{err}");
+}
+
 /// `bench prefill --shape`: random weights of a shape, prefilled through the real builder
 /// (every layer computed, a file written, the reopen timed), up to the shape's whole trained
 /// length (its question after the reopen included); resumable into a kept folder; a model and
