@@ -135,25 +135,25 @@ impl Error {
     }
 }
 
-/// A hold of host memory the budget refused, with what a person can change (callers add what
-/// else would do: a compact K/V dtype, fewer tables).
+/// A hold of host memory the budget refused, with what a person can change.
 impl From<folio_runtime::host_budget::Refused> for Error {
     fn from(r: folio_runtime::host_budget::Refused) -> Self {
-        Error::Invalid(format!("{r}; raise the host budget (--host-budget, or Settings → Engine in the window)"))
+        refused(r, "")
     }
+}
+
+/// A refused hold with what else would do beside raising the budget (`remedy`, e.g. ", or
+/// store the K/V in fp8"; empty: the budget alone).
+pub fn refused(r: folio_runtime::host_budget::Refused, remedy: &str) -> Error {
+    Error::Invalid(format!("{r}; raise the host budget (--host-budget, or Settings → Engine in the window){remedy}"))
+}
+
+/// A refused hold of the K/V's host memory: a compact dtype would do too.
+pub fn kv_refused(r: folio_runtime::host_budget::Refused) -> Error {
+    refused(r, ", or store the context's K/V in fp8 (--kv-dtype fp8: half of bf16)")
 }
 
 /// `1.5 GiB`, `512 KiB`, `12 B`.
-/// A refused hold of the K/V's host memory, with its own remedy beside the budget's.
-pub fn kv_refused(r: folio_runtime::host_budget::Refused) -> Error {
-    match Error::from(r) {
-        Error::Invalid(m) => {
-            Error::Invalid(format!("{m}, or store the context's K/V in fp8 (--kv-dtype fp8: half of bf16)"))
-        }
-        other => other,
-    }
-}
-
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut x = n as f64;

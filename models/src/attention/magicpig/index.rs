@@ -507,10 +507,7 @@ pub(super) fn kept_bytes(kv_heads: usize, n: usize, bits: usize, tables: usize) 
 
 /// A refused hold of the tables' host memory, with their own remedy beside the budget's.
 fn tables_refused(r: host_budget::Refused) -> Error {
-    match Error::from(r) {
-        Error::Invalid(m) => Error::Invalid(format!("{m}, or lower magicpig's budget, tables= or bits=")),
-        other => other,
-    }
+    crate::error::refused(r, ", or lower magicpig's budget, tables= or bits=")
 }
 
 /// Refuses a build that needs more host memory than is available now, saying what to change:
