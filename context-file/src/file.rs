@@ -159,17 +159,22 @@ impl ContextFile {
             return Ok(bytes);
         }
         if checksum(bytes) != s.xxh3 {
-            return Err(Error::Context {
-                path: self.path.clone(),
-                msg: format!(
-                    "section \"{}\" is corrupted (checksum mismatch): the file was damaged after it was saved; \
-                     prefill the documents again",
-                    s.label()
-                ),
-            });
+            return Err(self.corrupted(i));
         }
         self.verified[i].store(true, Ordering::Relaxed);
         Ok(bytes)
+    }
+
+    /// Section `i`'s checksum did not match.
+    fn corrupted(&self, i: usize) -> Error {
+        Error::Context {
+            path: self.path.clone(),
+            msg: format!(
+                "section \"{}\" is corrupted (checksum mismatch): the file was damaged after it was saved; \
+                 prefill the documents again",
+                self.header.sections[i].label()
+            ),
+        }
     }
 
     /// Where each layer's K and V sections lie in [`Self::mapped`], `(offset, bytes)`, K then
@@ -182,6 +187,35 @@ impl ContextFile {
             .flat_map(|l| [SectionKind::Keys, SectionKind::Values].map(|kind| self.section_index(kind, Some(l))))
             .collect::<Result<Vec<usize>>>()?;
         wanted.par_iter().try_for_each(|&i| self.checked(i, false).map(|_| ()))?;
+        Ok(wanted
+            .iter()
+            .map(|&i| (self.header.sections[i].offset as usize, self.header.sections[i].bytes as usize))
+            .collect())
+    }
+
+    /// [`Self::kv_sections`] with each section verified by reading the file (a bounded buffer
+    /// at a time, sections over the machine's cores) rather than through the mapping: the
+    /// file tier's way, which keeps the rows on disk — pages of the mapping once read stay in
+    /// the process's resident set until the system reclaims them, more than a host budget
+    /// smaller than the file can hold.
+    pub fn kv_sections_read(&self) -> Result<Vec<(usize, usize)>> {
+        use rayon::prelude::*;
+        let wanted = (0..self.header.layers)
+            .flat_map(|l| [SectionKind::Keys, SectionKind::Values].map(|kind| self.section_index(kind, Some(l))))
+            .collect::<Result<Vec<usize>>>()?;
+        let file = std::fs::File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        wanted.par_iter().try_for_each(|&i| -> Result<()> {
+            if self.verified[i].load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            let s = &self.header.sections[i];
+            let sum = crate::format::file_checksum(&file, s.offset, s.bytes).map_err(|e| Error::io(&self.path, e))?;
+            if sum != s.xxh3 {
+                return Err(self.corrupted(i));
+            }
+            self.verified[i].store(true, Ordering::Relaxed);
+            Ok(())
+        })?;
         Ok(wanted
             .iter()
             .map(|&i| (self.header.sections[i].offset as usize, self.header.sections[i].bytes as usize))

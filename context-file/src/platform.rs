@@ -7,9 +7,69 @@
 //! (`std::os::unix::fs::FileExt`); Windows reads and writes at an offset through
 //! `seek_read`/`seek_write`, which move the file's cursor (Folio never uses a file's cursor and
 //! a positional call at once) and may return short counts, so they are looped.
+//!
+//! The context file's lowest tier reads rows with the page cache bypassed
+//! ([`open_unbuffered`]): the rows it keeps are counted by the host budget in its own cache, and
+//! a second copy in the page cache would be memory the budget does not see and a disk rate the
+//! benchmarks could not measure (a re-read served from memory).
 
 use std::fs::{File, FileType};
 use std::io;
+use std::path::Path;
+
+/// What reads that bypass the page cache ask of their buffer's address, their offset and their
+/// length (O_DIRECT on Linux: the disk's logical block, 512 B or 4 KiB; 4 KiB covers both).
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// `path` opened for reading with the page cache bypassed where the system and the file
+/// system allow it (O_DIRECT on Linux), and whether they do: a file system that refuses it
+/// (tmpfs) gets a plain read-only open. Reads of a file opened unbuffered must use buffers,
+/// offsets and lengths that are multiples of [`DIRECT_ALIGN`] ([`read_aligned`] does).
+pub fn open_unbuffered(path: &Path) -> io::Result<(File, bool)> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
+            Ok(file) => return Ok((file, true)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((File::open(path)?, false))
+}
+
+/// Reads `need` bytes of `file` from `offset` into `buf` (at least `need` long), where
+/// `offset` and `buf.len()` are multiples of [`DIRECT_ALIGN`] and `buf` is aligned to it: the
+/// read may stop at the end of the file past `need` (a file's last section is not padded to a
+/// block), not before. An end before `need` is `UnexpectedEof`.
+pub fn read_aligned(file: &File, buf: &mut [u8], offset: u64, need: usize) -> io::Result<()> {
+    let mut got = 0;
+    while got < need {
+        let n = read_at(file, &mut buf[got..], offset + got as u64)?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("the file ends {got} bytes after offset {offset}, before the {need} bytes asked"),
+            ));
+        }
+        got += n;
+    }
+    Ok(())
+}
+
+/// One positional read (it may be short); interrupted reads are retried.
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    loop {
+        #[cfg(unix)]
+        let r = std::os::unix::fs::FileExt::read_at(file, buf, offset);
+        #[cfg(windows)]
+        let r = std::os::windows::fs::FileExt::seek_read(file, buf, offset);
+        match r {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            other => return other,
+        }
+    }
+}
 
 /// Reads and writes at an offset, whole.
 pub trait PositionalIo {
@@ -119,7 +179,7 @@ pub fn special(t: &FileType) -> Option<Special> {
 
 #[cfg(test)]
 mod tests {
-    use super::{special, PositionalIo, Special};
+    use super::{open_unbuffered, read_aligned, special, PositionalIo, Special, DIRECT_ALIGN};
     use rand::{Rng, SeedableRng};
 
     /// Writes at random offsets, read back at random offsets, equal a plain in-memory copy
@@ -153,6 +213,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Aligned reads through an unbuffered open give the file's bytes, also across its unaligned
+    /// end; a read wanting bytes past the end is `UnexpectedEof`.
+    #[test]
+    fn unbuffered_aligned_reads_give_the_files_bytes() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let bytes: Vec<u8> = (0..3 * DIRECT_ALIGN + 100).map(|_| rng.random()).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let (file, _) = open_unbuffered(&path).unwrap();
+        // An anonymous map: page-aligned, as unbuffered reads want.
+        let mut map = memmap2::MmapMut::map_anon(2 * DIRECT_ALIGN).unwrap();
+        let buf = &mut map[..];
+        read_aligned(&file, buf, DIRECT_ALIGN as u64, 2 * DIRECT_ALIGN).unwrap();
+        assert_eq!(buf[..], bytes[DIRECT_ALIGN..3 * DIRECT_ALIGN]);
+        read_aligned(&file, buf, 2 * DIRECT_ALIGN as u64, DIRECT_ALIGN + 100).unwrap();
+        assert_eq!(buf[..DIRECT_ALIGN + 100], bytes[2 * DIRECT_ALIGN..]);
+        let err = read_aligned(&file, buf, 2 * DIRECT_ALIGN as u64, DIRECT_ALIGN + 101).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
     }
 
     #[test]

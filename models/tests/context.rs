@@ -316,8 +316,9 @@ fn read_overlap(want: &[Option<Vec<Vec<usize>>>], got: &[Option<Vec<Vec<usize>>>
 }
 
 /// Decoding over a saved context through each tier's fast paths — offloaded (rows in host
-/// memory, read by what each method picks) and resident (rows on the device); on a GPU, the
-/// kernels — gives the CPU references' logits at every step of their greedy answer,
+/// memory, read by what each method picks), the file tier (rows left in the file, read through
+/// a cache a few blocks large: most reads miss, some pass it by) and resident (rows on the
+/// device); on a GPU, the kernels — gives the CPU references' logits at every step of their greedy answer,
 /// teacher-forced, for each method with a fast path.
 ///
 /// A method that ranks keys by a score the fast path sums in another order (or, for
@@ -361,7 +362,8 @@ fn offloaded_decode_matches_resident(device: &Device) -> Result<()> {
     ] {
         let offloaded: Box<dyn KvStore> = Box::new(OffloadKv::from_context(file.clone(), DType::F32, device)?);
         let resident: Box<dyn KvStore> = Box::new(ContextKv::new(file.clone(), DType::F32, device, u64::MAX));
-        for (tier, mut got_kv) in [("offloaded", offloaded), ("resident", resident)] {
+        let on_file: Box<dyn KvStore> = Box::new(OffloadKv::on_file(file.clone(), 6 << 16, DType::F32, device)?);
+        for (tier, mut got_kv) in [("offloaded", offloaded), ("file", on_file), ("resident", resident)] {
             let reference = Recorded::new(by_name(name, budget, &[], &resources)?);
             let method = Recorded::new(by_name(name, budget, &[], &resources)?);
             let mut want_kv = Reference(ContextKv::new(file.clone(), DType::F32, &Device::Cpu, u64::MAX));

@@ -66,9 +66,43 @@ impl KvStore for SavedDense {
     }
 }
 
+/// The case's rows up to `saved` left in a file at `path`, read through a cache of 8 blocks of
+/// the 48 the rows take (most picks miss, and a gather wanting more than 8 blocks reads the rest
+/// past the cache), the rest of the case's rows written as its tail; and the bytes of a block.
+fn on_file(case: &Case, saved: usize, path: &std::path::Path, device: &Device) -> Result<(OffloadKv, usize)> {
+    let (kv_heads, d, len) = (case.k.dim(0)?, case.k.dim(2)?, case.k.dim(1)?);
+    let block = folio_models::kv_cache::BLOCK_ROWS * d * 4;
+    let on = |t: Tensor| t.to_device(device);
+    let mut kv = OffloadKv::stored_file(
+        path,
+        (1, kv_heads, saved, d),
+        (folio_models::context::KvDtype::F32, DType::F32),
+        device,
+        |_, start, t| Ok((on(case.k.narrow(1, start, t)?)?, on(case.v.narrow(1, start, t)?)?)),
+        8 * block as u64,
+    )?;
+    kv.write(0, saved, &on(case.k.narrow(1, saved, len - saved)?)?, &on(case.v.narrow(1, saved, len - saved)?)?)?;
+    kv.set_len(len)?;
+    Ok((kv, block))
+}
+
+/// The knobs each labelled method runs with here: one layer, which HiP's and MagicPIG's dense
+/// layers would cover.
+fn knobs(label: &str) -> Result<Vec<(String, String)>> {
+    Ok(match label {
+        "hip" => parse_params(&["dense_layers=0".into(), "refresh=3".into()])?,
+        "magicpig" => parse_params(&["dense_layers=0".into()])?,
+        "magicpig gpu=0" => parse_params(&["dense_layers=0".into(), "gpu=0".into()])?,
+        "magicpig gpu_attend=1" => parse_params(&["dense_layers=0".into(), "gpu_attend=1".into()])?,
+        "magicpig balance=1" => parse_params(&["dense_layers=0".into(), "balance=1".into()])?,
+        _ => vec![],
+    })
+}
+
 /// Every method with an offloaded path gives its reference's output on each decode step of a
 /// mixed workload (a saved prefix on the host, a tail of question tokens on the device), and a
-/// multi-token call (the question) is exact dense attention.
+/// multi-token call (the question) is exact dense attention; on the offloaded tier with the rows
+/// in host memory, on the file tier and on the resident tier.
 fn offloaded_matches_reference(device: &Device) -> Result<()> {
     let seed = common::seed();
     let spec = Spec { q_heads: 8, kv_heads: 2, head_dim: 64, ..Spec::mixed(3000) };
@@ -87,7 +121,8 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
     kv.write(0, saved, &on(case.k.narrow(1, saved, len - saved)?)?, &on(case.v.narrow(1, saved, len - saved)?)?)?;
     kv.set_len(len)?;
     assert!(kv.write(0, saved - 1, &on(case.k.narrow(1, 0, 1)?)?, &on(case.v.narrow(1, 0, 1)?)?).is_err());
-
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let (file_kv, block) = on_file(&case, saved, &dir.path().join("rows"), device)?;
     let channels = Arc::new(Channels::from_statistic(&[case.qk_statistic()?]));
     let resources = Resources { channels: Some(channels) };
     for (name, budget) in [
@@ -110,18 +145,11 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
         // Drawn and attended by the GPU over the host link.
         ("magicpig gpu_attend=1", Some("5%")),
     ] {
-        // One layer here: HiP's and MagicPIG's dense layers would cover it.
-        let params = match name {
-            "hip" => parse_params(&["dense_layers=0".into(), "refresh=3".into()])?,
-            "magicpig" => parse_params(&["dense_layers=0".into()])?,
-            "magicpig gpu=0" => parse_params(&["dense_layers=0".into(), "gpu=0".into()])?,
-            "magicpig gpu_attend=1" => parse_params(&["dense_layers=0".into(), "gpu_attend=1".into()])?,
-            "magicpig balance=1" => parse_params(&["dense_layers=0".into(), "balance=1".into()])?,
-            _ => vec![],
-        };
+        let params = knobs(name)?;
         let (label, name) = (name, name.split(' ').next().unwrap_or(name));
         let reference = by_name(name, budget, &params, &resources)?;
-        for (tier, fast_kv) in [("offloaded", &kv as &dyn KvStore), ("resident", &resident_kv)] {
+        let tiers = [("offloaded", &kv as &dyn KvStore), ("file", &file_kv), ("resident", &resident_kv)];
+        for (tier, fast_kv) in tiers {
             let fast = by_name(name, budget, &params, &resources)?;
             let mut worst = 0f32;
             // Rows the reference read that the fast path read too, and rows the reference read.
@@ -177,13 +205,19 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
     let want = dense.attend(&call(&q, &reference_kv))?.out;
     let qd = q.to_device(device)?;
     for name in ["dense", "topk", "double-sparsity", "buzz"] {
-        for (tier, fast_kv) in [("offloaded", &kv as &dyn KvStore), ("resident", &resident_kv)] {
+        for (tier, fast_kv) in [("offloaded", &kv as &dyn KvStore), ("file", &file_kv), ("resident", &resident_kv)] {
             let method = by_name(name, (name != "dense").then_some("2%"), &[], &resources)?;
             let diff = max_diff(&method.attend(&call(&qd, fast_kv))?.out, &want)?;
             println!("{device:?} {name}, {tier}, 5-token call: max |fast - dense| = {diff:.2e}");
             assert!(diff < 1e-4, "seed {seed}: {name} question on the {tier} tier differs by {diff}");
         }
     }
+    // The file tier read what the steps picked through its cache: hits, and misses read from
+    // the file.
+    let stats = file_kv.file_stats().expect("rows on the file tier");
+    println!("{device:?} file tier: {stats:?}");
+    assert!(stats.hits > 0 && stats.blocks_read > 0 && stats.bytes_read > 0, "{stats:?}");
+    assert_eq!(stats.cache_bytes, 8 * block as u64);
     Ok(())
 }
 
@@ -195,22 +229,43 @@ test_device!(offloaded_matches_reference, offloaded_cpu, offloaded_cuda);
 fn stored_rows_read_as_the_file_decodes(device: &Device) -> Result<()> {
     use folio_models::context::format::SectionKind;
     use folio_models::context::KvDtype;
-    use rand::{rngs::StdRng, SeedableRng};
+    use folio_models::kv_cache::DecodeTier;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
     let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
     let (layers, kv_heads, saved, d) = (2, 2, 70_000, 32);
     // The fill is asked for every layer's chunks; the rows are kept to decode them here too.
     let rows: Vec<Vec<f32>> = (0..2 * layers).map(|_| common::random(&mut rng, kv_heads * saved * d, 3.0)).collect();
     let dtype = if device.is_cuda() { DType::BF16 } else { DType::F32 };
+    let fill = |layer: usize, start: usize, t: usize| -> Result<(Tensor, Tensor)> {
+        let part = |x: &[f32]| -> candle_core::Result<Tensor> {
+            let all = Tensor::from_vec(x.to_vec(), (kv_heads, saved, d), device)?;
+            all.narrow(1, start, t)?.contiguous()?.to_dtype(dtype)
+        };
+        Ok((part(&rows[2 * layer])?, part(&rows[2 * layer + 1])?))
+    };
+    let dir = tempfile::tempdir().expect("a temporary folder");
     for kv_dtype in [KvDtype::Fp8, KvDtype::Bf16Fp8, KvDtype::Bf16, KvDtype::F32] {
-        let kv = OffloadKv::stored((layers, kv_heads, saved, d), kv_dtype, dtype, device, |layer, start, t| {
-            let part = |x: &[f32]| -> candle_core::Result<Tensor> {
-                let all = Tensor::from_vec(x.to_vec(), (kv_heads, saved, d), device)?;
-                all.narrow(1, start, t)?.contiguous()?.to_dtype(dtype)
-            };
-            Ok((part(&rows[2 * layer])?, part(&rows[2 * layer + 1])?))
-        })?;
+        let shape = (layers, kv_heads, saved, d);
+        let kv = OffloadKv::stored(shape, kv_dtype, dtype, device, fill)?;
         assert!(kv.in_place());
+        // The same layout in a file, on the file tier with a cache of 3 blocks: a scan (the
+        // segments) and random picks give the in-memory rows bit for bit.
+        let path = dir.path().join(kv_dtype.name());
+        let on_file = OffloadKv::stored_file(&path, shape, (kv_dtype, dtype), device, fill, 3 << 16)?;
+        for layer in 0..layers {
+            let (a, b) = (&kv.segments(layer, saved)?[0], &on_file.segments(layer, saved)?[0]);
+            for (x, y) in [(&a.k, &b.k), (&a.v, &b.v)] {
+                assert_eq!(max_diff(x, y)?, 0.0, "seed {seed}: {} layer {layer}: a scan of the file", kv_dtype.name());
+            }
+            let picks: Vec<u32> = (0..2 * kv_heads * 300).map(|_| rng.random_range(0..saved as u32)).collect();
+            let idx = Tensor::from_vec(picks, (2 * kv_heads, 300), device)?;
+            let (a, b) =
+                (DecodeTier::gather(&kv, layer, &idx, saved)?, DecodeTier::gather(&on_file, layer, &idx, saved)?);
+            for (x, y) in [(&a.0, &b.0), (&a.1, &b.1)] {
+                assert_eq!(max_diff(x, y)?, 0.0, "seed {seed}: {} layer {layer}: picks from the file", kv_dtype.name());
+            }
+        }
         for layer in 0..layers {
             let got = kv.segments(layer, saved)?;
             for (i, (kind, t)) in

@@ -151,6 +151,15 @@ fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
+/// Bytes a hold could be granted now: the budget less what is held and the rest of the
+/// process; `None` with no cap.
+pub fn room() -> Option<u64> {
+    let b = budget()?;
+    let now = HELD.load(Ordering::SeqCst);
+    let other = crate::host_memory::rss().unwrap_or(0).saturating_sub(now);
+    Some(b.saturating_sub(now.saturating_add(other)))
+}
+
 /// Holds `bytes` for `what` (named in a refusal: "the offloaded K/V", …) when the budget has
 /// room for them beside what is held and the rest of the process; else says why not.
 pub fn hold(bytes: u64, what: &str) -> Result<Hold, Refused> {
@@ -195,6 +204,7 @@ mod tests {
         assert!(text.starts_with("the offloaded K/V needs 0.19 GiB of host memory, and the host budget"), "{text}");
         drop((a, std::hint::black_box(touched)));
         assert_eq!(held(), start);
+        assert!(room().is_some_and(|r| r <= 256 * MIB), "{:?}", room());
         drop(hold(192 * MIB, "b").unwrap());
         set_budget(None);
         assert!(!is_set());

@@ -16,10 +16,12 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
 mod context;
+mod file;
 mod offload;
 mod tier;
 
 pub use context::ContextKv;
+pub use file::{FileRows, FileStats, BLOCK_ROWS};
 pub use offload::OffloadKv;
 pub use tier::{dense_over_segments, DecodeTier, Exact, Resident, TierRef};
 

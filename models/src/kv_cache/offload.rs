@@ -23,6 +23,7 @@ use folio_kernels::Positions;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::file::{self as file_tier, FileRows, FileStats};
 use super::tier::{DecodeTier, Exact, TierRef};
 use super::{KvSegment, KvStore, SavedTail};
 use crate::context::EncodeTensor;
@@ -36,6 +37,14 @@ use folio_runtime::host_budget::{self, Held, Hold};
 /// 4-KV-head, 128-dim bf16 layer.
 const SCAN_CHUNK: usize = 1 << 16;
 
+/// The share of the host budget's room a context file's cache takes when its rows stay on disk:
+/// the rest is for what comes after the open (a method's tables, a step's buffers, the app).
+pub const FILE_CACHE_SHARE: f64 = 0.75;
+
+/// The smallest cache the file tier opens with (a few blocks of each head: less, and a step's
+/// picks pass the cache by); less room than that is a refusal.
+const FILE_CACHE_MIN: u64 = 1 << 20;
+
 /// A saved prefix in host memory plus a device tail.
 pub struct OffloadKv {
     host: Vec<(HostRows, HostRows)>,
@@ -47,6 +56,8 @@ pub struct OffloadKv {
     /// Whether `host` views shared memory in place (a file's mapping, [`Self::stored`]'s rows),
     /// rather than rows copied or filled into its own page-locked memory.
     in_place: bool,
+    /// The saved rows when they stay in the context file (the file tier: `host` is empty).
+    file_rows: Option<FileRows>,
     /// Saved layers copied to the device because a method reads all of their rows every step
     /// (HiP's dense leading layers): `(k, v)` `[kv_heads, saved, d]`.
     resident: Mutex<HashMap<usize, (Tensor, Tensor)>>,
@@ -84,6 +95,7 @@ impl OffloadKv {
             _hold: Some(hold),
             file: None,
             in_place: false,
+            file_rows: None,
             resident: Mutex::new(HashMap::new()),
             saved,
             tail: SavedTail::new(saved, layers, kv_heads, head_dim, dtype, device),
@@ -99,11 +111,25 @@ impl OffloadKv {
     /// `dtype` by the gathers on `device`. On a GPU the mapping is registered (page-locked in
     /// place): no copy of the rows is made, and a step moves the file's bytes over the link.
     /// A GPU that refuses to register it (read-only registration is a device capability) gets
-    /// [`Self::copied`] instead; [`Self::in_place`] says which.
+    /// [`Self::copied`] instead; [`Self::in_place`] says which. When the host budget cannot
+    /// hold the file's mapping, the rows stay on disk: the file tier ([`Self::on_file`]) with a
+    /// cache of [`FILE_CACHE_SHARE`] of what the budget has left.
     pub fn from_context(file: Arc<ContextFile>, dtype: DType, device: &Device) -> Result<Self> {
         let h = file.header();
+        let hold = match file_hold(&file) {
+            Ok(hold) => hold,
+            Err(refused) => {
+                let kv_bytes = h.layers as u64 * h.kv_dtype.kv_bytes(h.kv_heads * h.tokens, h.head_dim);
+                let room = host_budget::room().unwrap_or(kv_bytes);
+                let cache = ((room as f64 * FILE_CACHE_SHARE) as u64).min(kv_bytes);
+                if cache < FILE_CACHE_MIN {
+                    return Err(kv_refused(refused));
+                }
+                return Self::on_file(file, cache, dtype, device);
+            }
+        };
         let sections = file.kv_sections()?;
-        let shared = match shared_host(&file, device) {
+        let shared = match shared_host(&file, device, hold) {
             Ok(shared) => shared,
             // Refused registration (not the host budget's refusal: a copy would take more).
             Err(Error::Context { .. }) if device.is_cuda() => return Self::copied(file, dtype, device),
@@ -123,49 +149,83 @@ impl OffloadKv {
     /// `start..start + t` of a layer given by `rows(layer, start, t)` as `[kv_heads, t, d]` K and
     /// V: the file's tier without the file (`folio bench --shape --kv-dtype`).
     pub fn stored(
-        (layers, kv_heads, saved, head_dim): (usize, usize, usize, usize),
+        shape: (usize, usize, usize, usize),
         kv_dtype: KvDtype,
         dtype: DType,
         device: &Device,
-        mut rows: impl FnMut(usize, usize, usize) -> Result<(Tensor, Tensor)>,
+        rows: impl FnMut(usize, usize, usize) -> Result<(Tensor, Tensor)>,
     ) -> Result<Self> {
-        let n = kv_heads * saved;
-        let kinds = [SectionKind::Keys, SectionKind::Values];
-        let mut offsets = Vec::with_capacity(2 * layers);
-        let mut end = 0usize;
-        for _ in 0..layers {
-            for kind in kinds {
-                offsets.push(end);
-                end = (end + kv_dtype.section_bytes(kind, n, head_dim) as usize).next_multiple_of(PAGE as usize);
-            }
-        }
+        let (offsets, end) = stored_layout(shape, kv_dtype);
         let hold = host_budget::hold(end as u64, "the offloaded K/V").map_err(kv_refused)?;
         // 2 MiB pages where the kernel has them: the CPU reads scattered rows (MagicPIG's sample).
         let mut mem = folio_runtime::host_memory::anon_huge(end)
             .map_err(|e| Error::Invalid(format!("{end} bytes of host memory: {e}")))?;
-        for layer in 0..layers {
-            for start in (0..saved).step_by(SCAN_CHUNK) {
-                let t = SCAN_CHUNK.min(saved - start);
-                let (k, v) = rows(layer, start, t)?;
-                for (i, (kind, x)) in kinds.into_iter().zip([k, v]).enumerate() {
-                    let codec = kv_dtype.codec(kind);
-                    let (whole, part) = (codec.stored(n, head_dim), codec.stored(t, head_dim));
-                    let section = &mut mem[offsets[2 * layer + i]..];
-                    for head in 0..kv_heads {
-                        let bytes = codec.encode_tensor(&x.get(head)?, head_dim)?;
-                        let (row_bytes, first) = (whole.row_bytes(head_dim), head * saved + start);
-                        section[first * row_bytes..(first + t) * row_bytes].copy_from_slice(&bytes[..t * row_bytes]);
-                        if let (Stored::Fp8 { scales }, Stored::Fp8 { scales: from }) = (whole, part) {
-                            section[scales + 4 * first..scales + 4 * (first + t)]
-                                .copy_from_slice(&bytes[from..from + 4 * t]);
-                        }
-                    }
-                }
-            }
-        }
+        encode_stored(shape, kv_dtype, &offsets, rows, |at, bytes| {
+            mem[at..at + bytes.len()].copy_from_slice(bytes);
+            Ok(())
+        })?;
         let mem = mem.make_read_only().map_err(|e| Error::Invalid(e.to_string()))?;
         let shared = SharedHost::new(device, Arc::new(Held::new(mem, hold)))?;
-        Self::viewing(&shared, &offsets, kv_dtype, (layers, kv_heads, saved, head_dim), dtype, device)
+        Self::viewing(&shared, &offsets, kv_dtype, shape, dtype, device)
+    }
+
+    /// [`Self::stored`]'s rows written to the file at `path` (its sections as [`Self::stored`]
+    /// lays them out, no header) and read on the file tier with a cache of `cache_bytes`: the
+    /// file tier's benchmark and tests without a prefill.
+    pub fn stored_file(
+        path: &std::path::Path,
+        shape: (usize, usize, usize, usize),
+        (kv_dtype, dtype): (KvDtype, DType),
+        device: &Device,
+        rows: impl FnMut(usize, usize, usize) -> Result<(Tensor, Tensor)>,
+        cache_bytes: u64,
+    ) -> Result<Self> {
+        use folio_context_file::platform::PositionalIo;
+        let (offsets, end) = stored_layout(shape, kv_dtype);
+        let out = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
+        out.set_len(end as u64).map_err(|e| Error::io(path, e))?;
+        encode_stored(shape, kv_dtype, &offsets, rows, |at, bytes| {
+            out.write_all_at(bytes, at as u64).map_err(|e| Error::io(path, e))
+        })?;
+        out.sync_all().map_err(|e| Error::io(path, e))?;
+        let (layers, kv_heads, saved, head_dim) = shape;
+        let sections = offsets.iter().map(|&at| at as u64).collect();
+        let rows = FileRows::open(path, sections, kv_dtype, (kv_heads, saved, head_dim), cache_bytes)?;
+        Ok(Self::over_file(rows, None, (layers, kv_heads, saved, head_dim), dtype, device))
+    }
+
+    /// A saved context's rows left in its file: read a block at a time through a cache of
+    /// `cache_bytes` held in the host budget (the file tier, [`FileRows`]), every K/V section
+    /// verified first by reading the file (not its mapping: the pages would stay resident).
+    pub fn on_file(file: Arc<ContextFile>, cache_bytes: u64, dtype: DType, device: &Device) -> Result<Self> {
+        let h = file.header();
+        let shape = (h.layers, h.kv_heads, h.tokens, h.head_dim);
+        let sections = file.kv_sections_read()?.iter().map(|&(at, _)| at as u64).collect();
+        let rows = FileRows::open(file.path(), sections, h.kv_dtype, (h.kv_heads, h.tokens, h.head_dim), cache_bytes)?;
+        Ok(Self::over_file(rows, Some(file), shape, dtype, device))
+    }
+
+    fn over_file(
+        rows: FileRows,
+        file: Option<Arc<ContextFile>>,
+        (layers, kv_heads, saved, head_dim): (usize, usize, usize, usize),
+        dtype: DType,
+        device: &Device,
+    ) -> Self {
+        Self {
+            host: Vec::new(),
+            _hold: None,
+            file,
+            in_place: false,
+            file_rows: Some(rows),
+            resident: Mutex::new(HashMap::new()),
+            saved,
+            tail: SavedTail::new(saved, layers, kv_heads, head_dim, dtype, device),
+            kv_heads,
+            head_dim,
+            dtype,
+            device: device.clone(),
+        }
     }
 
     /// Views of each layer's K and V sections at `offsets` (K then V, layer by layer) of
@@ -191,6 +251,7 @@ impl OffloadKv {
             _hold: None,
             file: None,
             in_place: true,
+            file_rows: None,
             resident: Mutex::new(HashMap::new()),
             saved: tokens,
             tail: SavedTail::new(tokens, layers, kv_heads, head_dim, dtype, device),
@@ -233,13 +294,37 @@ impl OffloadKv {
         Ok(())
     }
 
-    /// Host bytes held for the saved prefix (K and V of every layer).
+    /// Host bytes held for the saved prefix (K and V of every layer; on the file tier its cache).
     pub fn host_bytes(&self) -> u64 {
-        self.host.iter().map(|(k, v)| (k.bytes() + v.bytes()) as u64).sum()
+        let cache = self.file_rows.as_ref().map_or(0, FileRows::cache_bytes);
+        cache + self.host.iter().map(|(k, v)| (k.bytes() + v.bytes()) as u64).sum::<u64>()
+    }
+
+    /// What the file tier has read so far, when the saved rows are on it.
+    pub fn file_stats(&self) -> Option<FileStats> {
+        self.file_rows.as_ref().map(FileRows::stats)
     }
 
     fn layer(&self, layer: usize) -> Result<&(HostRows, HostRows)> {
         self.host.get(layer).ok_or_else(|| Error::Invalid(format!("offloaded store: no layer {layer}")))
+    }
+
+    /// The saved K (`kind` 0) or V (1) rows of `layer` at `idx` (`[rows, s]`, row `r` of KV head
+    /// `r / group`), positions past the saved ones from `tail`: from host memory, or from the
+    /// file tier (`keep`: a step's picks, cached; else a scan, passed through).
+    fn read(
+        &self,
+        (layer, kind): (usize, usize),
+        idx: &Tensor,
+        group: usize,
+        tail: Option<&Tensor>,
+        keep: bool,
+    ) -> Result<Tensor> {
+        if let Some(rows) = &self.file_rows {
+            return file_tier::gather(rows, (layer, kind), idx, group, tail, (self.dtype, &self.device), keep);
+        }
+        let (k, v) = self.layer(layer)?;
+        Ok([k, v][kind].gather(idx, group, tail, Positions::Trusted)?)
     }
 
     /// The tail's keys below `end` alone, contiguous (the kernels read a contiguous tail): a
@@ -288,15 +373,13 @@ impl OffloadKv {
 
     /// Rows `[kv_heads, end - start, d]` of positions `start..end` (all below the saved length).
     fn host_chunk(&self, layer: usize, start: usize, end: usize) -> Result<(Tensor, Tensor)> {
-        let (k, v) = self.layer(layer)?;
         let idx = self.chunk_positions(start, end)?;
-        Ok((k.gather(&idx, 1, None, Positions::Trusted)?, v.gather(&idx, 1, None, Positions::Trusted)?))
+        Ok((self.read((layer, 0), &idx, 1, None, false)?, self.read((layer, 1), &idx, 1, None, false)?))
     }
 
     /// Keys only of [`Self::host_chunk`]: a scan or an index build needs no values.
     fn host_keys(&self, layer: usize, start: usize, end: usize) -> Result<Tensor> {
-        let (k, _) = self.layer(layer)?;
-        Ok(k.gather(&self.chunk_positions(start, end)?, 1, None, Positions::Trusted)?)
+        self.read((layer, 0), &self.chunk_positions(start, end)?, 1, None, false)
     }
 
     /// `[kv_heads, end - start]` u32: positions `start..end` for every KV head.
@@ -326,7 +409,11 @@ impl KvStore for OffloadKv {
         Ok(segs)
     }
 
+    /// A forward pass ended: on the file tier, the next lookups are the next step's.
     fn set_len(&mut self, len: usize) -> Result<()> {
+        if let Some(rows) = &self.file_rows {
+            rows.end_step();
+        }
         self.tail.set_len(len)
     }
 
@@ -371,17 +458,15 @@ impl DecodeTier for OffloadKv {
     }
 
     fn gather(&self, layer: usize, idx: &Tensor, end: usize) -> Result<(Tensor, Tensor)> {
-        let (k, v) = self.layer(layer)?;
         let group = idx.dim(0)? / self.kv_heads;
         let tail = self.tail_rows(layer, end)?;
         let (tk, tv) = (tail.as_ref().map(|t| &t.0), tail.as_ref().map(|t| &t.1));
-        Ok((k.gather(idx, group, tk, Positions::Trusted)?, v.gather(idx, group, tv, Positions::Trusted)?))
+        Ok((self.read((layer, 0), idx, group, tk, true)?, self.read((layer, 1), idx, group, tv, true)?))
     }
 
     fn gather_keys(&self, layer: usize, idx: &Tensor, end: usize) -> Result<Tensor> {
-        let (k, _) = self.layer(layer)?;
         let group = idx.dim(0)? / self.kv_heads;
-        Ok(k.gather(idx, group, self.tail_keys(layer, end)?.as_ref(), Positions::Trusted)?)
+        self.read((layer, 0), idx, group, self.tail_keys(layer, end)?.as_ref(), true)
     }
 
     /// A tail row is a view of the tail narrowed to it (the gather kernel would want the whole
@@ -499,6 +584,56 @@ impl DecodeTier for OffloadKv {
     }
 }
 
+/// Where [`OffloadKv::stored`] lays out the K and V sections of `(layers, kv_heads, saved, d)`
+/// rows stored as `kv_dtype` (as a context file does, page-aligned), and the bytes in all.
+fn stored_layout(
+    (layers, kv_heads, saved, head_dim): (usize, usize, usize, usize),
+    kv_dtype: KvDtype,
+) -> (Vec<usize>, usize) {
+    let mut offsets = Vec::with_capacity(2 * layers);
+    let mut end = 0usize;
+    for _ in 0..layers {
+        for kind in [SectionKind::Keys, SectionKind::Values] {
+            offsets.push(end);
+            end = (end + kv_dtype.section_bytes(kind, kv_heads * saved, head_dim) as usize)
+                .next_multiple_of(PAGE as usize);
+        }
+    }
+    (offsets, end)
+}
+
+/// Encodes the rows `rows(layer, start, t)` gives ([`OffloadKv::stored`]) a fill chunk at a
+/// time, handing each head's piece to `write(byte offset, bytes)` at its place in the layout.
+fn encode_stored(
+    (layers, kv_heads, saved, head_dim): (usize, usize, usize, usize),
+    kv_dtype: KvDtype,
+    offsets: &[usize],
+    mut rows: impl FnMut(usize, usize, usize) -> Result<(Tensor, Tensor)>,
+    mut write: impl FnMut(usize, &[u8]) -> Result<()>,
+) -> Result<()> {
+    let n = kv_heads * saved;
+    for layer in 0..layers {
+        for start in (0..saved).step_by(SCAN_CHUNK) {
+            let t = SCAN_CHUNK.min(saved - start);
+            let (k, v) = rows(layer, start, t)?;
+            for (i, (kind, x)) in [SectionKind::Keys, SectionKind::Values].into_iter().zip([k, v]).enumerate() {
+                let codec = kv_dtype.codec(kind);
+                let (whole, part) = (codec.stored(n, head_dim), codec.stored(t, head_dim));
+                let section = offsets[2 * layer + i];
+                for head in 0..kv_heads {
+                    let bytes = codec.encode_tensor(&x.get(head)?, head_dim)?;
+                    let (row_bytes, first) = (whole.row_bytes(head_dim), head * saved + start);
+                    write(section + first * row_bytes, &bytes[..t * row_bytes])?;
+                    if let (Stored::Fp8 { scales }, Stored::Fp8 { scales: from }) = (whole, part) {
+                        write(section + scales + 4 * first, &bytes[from..from + 4 * t])?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A context file's mapping as the bytes host rows view, and the host budget's hold on them: on
 /// a GPU the whole mapping is page-locked in place; on the CPU the pages a step reads stay
 /// resident (dense attention reads them all).
@@ -518,7 +653,7 @@ type FileKey = (std::path::PathBuf, usize);
 static FILE_HOLDS: std::sync::Mutex<Vec<(FileKey, std::sync::Weak<Hold>)>> = std::sync::Mutex::new(Vec::new());
 
 /// The hold on `file`'s mapping: a live one on the same file, else a new one.
-fn file_hold(file: &ContextFile) -> Result<Arc<Hold>> {
+fn file_hold(file: &ContextFile) -> std::result::Result<Arc<Hold>, host_budget::Refused> {
     let path = file.path().canonicalize().unwrap_or_else(|_| file.path().to_owned());
     let key = (path, file.mapped().len());
     let mut all = FILE_HOLDS.lock().unwrap_or_else(|e| e.into_inner());
@@ -527,7 +662,7 @@ fn file_hold(file: &ContextFile) -> Result<Arc<Hold>> {
         return Ok(live);
     }
     let what = format!("the K/V of {} (read in place)", file.path().display());
-    let hold = Arc::new(host_budget::hold(file.mapped().len() as u64, &what).map_err(kv_refused)?);
+    let hold = Arc::new(host_budget::hold(file.mapped().len() as u64, &what)?);
     all.push((key, Arc::downgrade(&hold)));
     Ok(hold)
 }
@@ -541,7 +676,7 @@ static SHARED: std::sync::Mutex<Vec<(std::sync::Weak<ContextFile>, std::sync::We
 /// The mapping of `file` shared with `device`'s gathers (on a GPU registered in place,
 /// page-locked), the one a live store over this file already holds if there is one. Keeps the
 /// file open and mapped while any holder lives.
-fn shared_host(file: &Arc<ContextFile>, device: &Device) -> Result<Arc<SharedHost>> {
+fn shared_host(file: &Arc<ContextFile>, device: &Device, hold: Arc<Hold>) -> Result<Arc<SharedHost>> {
     let mut all = SHARED.lock().unwrap_or_else(|e| e.into_inner());
     all.retain(|(f, s)| f.strong_count() > 0 && s.strong_count() > 0);
     let live = all
@@ -551,8 +686,9 @@ fn shared_host(file: &Arc<ContextFile>, device: &Device) -> Result<Arc<SharedHos
     if let Some(live) = live {
         return Ok(live);
     }
-    let shared = SharedHost::new(device, Arc::new(Mapped(file.clone(), file_hold(file)?))).map_err(|e| {
-        Error::Context { path: file.path().to_owned(), msg: format!("sharing its mapping with the device: {e}") }
+    let shared = SharedHost::new(device, Arc::new(Mapped(file.clone(), hold))).map_err(|e| Error::Context {
+        path: file.path().to_owned(),
+        msg: format!("sharing its mapping with the device: {e}"),
     })?;
     all.push((Arc::downgrade(file), Arc::downgrade(&shared)));
     Ok(shared)

@@ -1,0 +1,203 @@
+//! The file tier's cache: a fixed number of slots of host memory, each holding one block of a
+//! context file's rows (a head's run of [`super::BLOCK_ROWS`] consecutive positions of one K or
+//! V section), found by the block's key, evicted by CLOCK.
+//!
+//! Why blocks and CLOCK: a sparse step picks rows that cluster (a window, a search's leaf
+//! blocks, heavy hitters) and mostly the rows the step before picked, so caching blocks keeps
+//! what the method keeps coming back to, and a block is a read the disk serves at its rate (a
+//! 128-byte row alone would cost a 4 KiB read). CLOCK approximates least-recently-used with one
+//! bit a slot and no list to reorder on every hit. A slot used by the gather in flight is never
+//! evicted by that gather ([`BlockCache::take`]): its rows are copied out after every miss is
+//! read.
+
+use std::collections::HashMap;
+
+use folio_runtime::host_budget::Hold;
+
+/// No key: a slot never filled.
+const EMPTY: u64 = u64::MAX;
+
+/// Slots of `slot_bytes` each; see the module docs.
+pub(super) struct BlockCache {
+    slot_bytes: usize,
+    mem: memmap2::MmapMut,
+    /// The host budget's hold on `mem`.
+    _hold: Hold,
+    map: HashMap<u64, u32>,
+    keys: Vec<u64>,
+    /// CLOCK's bit: used since the hand last passed.
+    referenced: Vec<bool>,
+    /// The gather that last used the slot (a slot of the gather in flight is not evicted).
+    used_by: Vec<u64>,
+    /// The step that last used the slot, and the step before that one's use: what measures
+    /// how much of a step's picks the previous step picked too.
+    step_used: Vec<u64>,
+    hand: usize,
+}
+
+/// A block the cache was asked for: where its bytes are, or that it must be read.
+pub(super) enum Found {
+    /// In this slot already.
+    Hit(usize),
+    /// Not cached: read it into this slot.
+    Fill(usize),
+    /// Not cached and no slot free of the gather in flight: read it to a buffer of its own.
+    Pass,
+}
+
+/// What one step's lookups found: blocks used again from the step before, and blocks used.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Reuse {
+    pub again: u64,
+    pub distinct: u64,
+}
+
+impl BlockCache {
+    /// `slots` slots of `slot_bytes` in host memory held by `hold`.
+    pub(super) fn new(slots: usize, slot_bytes: usize, hold: Hold) -> std::io::Result<Self> {
+        let mem = folio_runtime::host_memory::anon_huge(slots * slot_bytes)?;
+        Ok(Self {
+            slot_bytes,
+            mem,
+            _hold: hold,
+            map: HashMap::with_capacity(slots),
+            keys: vec![EMPTY; slots],
+            referenced: vec![false; slots],
+            used_by: vec![0; slots],
+            step_used: vec![u64::MAX; slots],
+            hand: 0,
+        })
+    }
+
+    /// Block `key`'s slot for gather number `gather` of step `step` (gathers are numbered from
+    /// 1), a slot to fill when it is not cached (evicting by CLOCK a block no slot of this
+    /// gather holds), or [`Found::Pass`] when every slot is this gather's. `reuse` counts the
+    /// block once a step, as used in the step before or not.
+    pub(super) fn take(&mut self, key: u64, gather: u64, step: u64, reuse: &mut Reuse) -> Found {
+        if let Some(&slot) = self.map.get(&key) {
+            let slot = slot as usize;
+            self.referenced[slot] = true;
+            self.used_by[slot] = gather;
+            if self.step_used[slot] != step {
+                reuse.distinct += 1;
+                reuse.again += u64::from(step > 0 && self.step_used[slot] == step - 1);
+                self.step_used[slot] = step;
+            }
+            return Found::Hit(slot);
+        }
+        reuse.distinct += 1;
+        let Some(slot) = self.victim(gather) else {
+            return Found::Pass;
+        };
+        if self.keys[slot] != EMPTY {
+            self.map.remove(&self.keys[slot]);
+        }
+        self.keys[slot] = key;
+        self.map.insert(key, slot as u32);
+        self.referenced[slot] = true;
+        self.used_by[slot] = gather;
+        self.step_used[slot] = step;
+        Found::Fill(slot)
+    }
+
+    /// Block `key`'s slot when it is cached (a scan's lookup: it takes no slot and counts no
+    /// step's reuse).
+    pub(super) fn find(&mut self, key: u64, gather: u64) -> Option<usize> {
+        let slot = *self.map.get(&key)? as usize;
+        self.used_by[slot] = gather;
+        Some(slot)
+    }
+
+    /// CLOCK: the first slot from the hand on whose bit is clear, clearing bits on the way;
+    /// slots of gather `gather` are skipped. Two turns find one if any slot is not the gather's.
+    fn victim(&mut self, gather: u64) -> Option<usize> {
+        let n = self.keys.len();
+        for _ in 0..2 * n {
+            let slot = self.hand;
+            self.hand = (self.hand + 1) % n;
+            if self.used_by[slot] == gather {
+                continue;
+            }
+            if self.referenced[slot] {
+                self.referenced[slot] = false;
+            } else {
+                return Some(slot);
+            }
+        }
+        None
+    }
+
+    /// Forgets a block whose read failed (its slot holds no rows).
+    pub(super) fn forget(&mut self, slot: usize) {
+        if self.keys[slot] != EMPTY {
+            self.map.remove(&self.keys[slot]);
+            self.keys[slot] = EMPTY;
+        }
+    }
+
+    pub(super) fn slot(&self, slot: usize) -> &[u8] {
+        &self.mem[slot * self.slot_bytes..(slot + 1) * self.slot_bytes]
+    }
+
+    pub(super) fn slot_mut(&mut self, slot: usize) -> &mut [u8] {
+        &mut self.mem[slot * self.slot_bytes..(slot + 1) * self.slot_bytes]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache(slots: usize) -> BlockCache {
+        let hold = folio_runtime::host_budget::hold(0, "a test cache").unwrap();
+        BlockCache::new(slots, 64, hold).unwrap()
+    }
+
+    /// Against a plain model of CLOCK on random keys: the same hits and misses, no slot of the
+    /// gather in flight evicted, a full gather passes, reuse counted once a step.
+    #[test]
+    fn clock_keeps_what_is_used_and_never_evicts_the_gathers_own() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+        let mut c = cache(8);
+        let mut reuse = Reuse::default();
+        // Gather 1 of step 0 fills slots 0..8; a ninth block of the same gather passes.
+        for key in 0..8 {
+            assert!(matches!(c.take(key, 1, 0, &mut reuse), Found::Fill(s) if s == key as usize));
+        }
+        assert!(matches!(c.take(100, 1, 0, &mut reuse), Found::Pass));
+        assert_eq!((reuse.distinct, reuse.again), (9, 0));
+        // Step 1 uses keys 0 and 1 again (hits, reused from the step before) and a new key,
+        // which evicts a block other than 0 and 1.
+        let mut reuse = Reuse::default();
+        for key in [0, 1, 0] {
+            assert!(matches!(c.take(key, 2, 1, &mut reuse), Found::Hit(_)));
+        }
+        assert!(matches!(c.take(50, 2, 1, &mut reuse), Found::Fill(_)));
+        assert_eq!((reuse.distinct, reuse.again), (3, 2));
+        assert!(c.map.contains_key(&0) && c.map.contains_key(&1));
+        // Random gathers: a block taken stays found within its gather; the map and the keys agree.
+        for gather in 3..200 {
+            let keys: Vec<u64> = (0..rng.random_range(1..12)).map(|_| rng.random_range(0..20)).collect();
+            let mut mine = Vec::new();
+            for &key in &keys {
+                match c.take(key, gather, gather, &mut Reuse::default()) {
+                    Found::Hit(s) | Found::Fill(s) => mine.push((key, s)),
+                    Found::Pass => assert!(c.used_by.iter().all(|&g| g == gather)),
+                }
+            }
+            for (key, s) in mine {
+                assert_eq!((c.map[&key] as usize, c.keys[s]), (s, key), "gather {gather}");
+            }
+            assert_eq!(c.map.len(), c.keys.iter().filter(|&&k| k != EMPTY).count());
+        }
+        // A scan finds what is cached and takes nothing.
+        let cached = c.keys[5];
+        assert_eq!(c.find(cached, 500), Some(5));
+        assert_eq!(c.find(1000, 500), None);
+        assert!(!c.map.contains_key(&1000));
+        c.forget(3);
+        assert_eq!(c.keys[3], EMPTY);
+        assert_eq!(c.slot(3).len(), 64);
+    }
+}

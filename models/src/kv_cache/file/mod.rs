@@ -1,0 +1,428 @@
+//! The context file as the K/V's lowest tier: when the host budget cannot hold a context's rows,
+//! they stay on disk and a step reads the blocks of rows it picks, through a cache of the
+//! blocks it keeps picking, in the file's compact dtype.
+//!
+//! Why: a million tokens of a 7B model are 28 GiB of fp8 K/V and 56 GiB of bf16, more than a
+//! 32 GiB laptop can hold beside the OS, the app and the model's embedding table; but a sparse
+//! step reads a few thousand rows a head, mostly the rows the step before read (a window that
+//! moves by one, a search's leaves that change little between refreshes), so a cache of row
+//! blocks far smaller than the file serves nearly every row and the disk serves the rest.
+//!
+//! How: a block is [`BLOCK_ROWS`] consecutive positions of one head of one K or V section (for
+//! fp8, the codes and the block's scales, which lie apart in the section). A gather maps its
+//! positions to blocks, takes each from the cache ([`cache::BlockCache`]) or a slot to fill,
+//! reads the misses in file order — runs of consecutive blocks coalesced into one read, runs
+//! read in parallel (a disk serves many requests at once), with the page cache bypassed so
+//! that the host budget sees every byte held and the benchmarks the disk's own rate — and
+//! widens the rows it was asked for. A scan (dense attention, an index build) passes through
+//! without caching: a pass over the whole file would evict every block the steps keep.
+//!
+//! Rows past the saved prefix (the conversation's) are the offloaded tier's device tail, as
+//! on the host tier ([`gather`] merges them).
+
+mod cache;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use folio_context_file::format::SectionKind;
+use folio_context_file::platform::{open_unbuffered, read_aligned, DIRECT_ALIGN};
+use folio_context_file::rows::{stored_row, Stored};
+use folio_context_file::KvDtype;
+use folio_runtime::host_budget;
+use rayon::prelude::*;
+
+use crate::error::{kv_refused, Error, Result};
+use cache::{BlockCache, Found, Reuse};
+
+/// Rows of one head in a block: 32 KiB of fp8 rows (64 KiB of bf16) at 128 values a row, a read
+/// an NVMe disk serves near its rate, and at most 4× the rows a 64-row pick (HiP's leaf) wants.
+pub const BLOCK_ROWS: usize = 256;
+
+/// Consecutive blocks read in one call at most: 2 MiB of fp8 rows, large enough for the disk's
+/// sequential rate, small enough that a scan's runs spread over the cores.
+const RUN_BLOCKS: usize = 64;
+
+/// KV heads a block's key has room for.
+const MAX_HEADS: usize = 0xff;
+
+/// What the tier has done since it opened (a step's figures are the difference of two readings).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct FileStats {
+    /// Bytes of the block cache.
+    pub cache_bytes: u64,
+    /// Whether reads bypass the page cache (else the file system refused it: its rate may be
+    /// the page cache's).
+    pub direct: bool,
+    /// Blocks asked for (once per gather), and those the cache held.
+    pub blocks: u64,
+    pub hits: u64,
+    /// Blocks read from the file, the reads they took and their bytes (alignment included).
+    pub blocks_read: u64,
+    pub reads: u64,
+    pub bytes_read: u64,
+    /// Seconds spent reading the file.
+    pub read_seconds: f64,
+    /// Distinct blocks the steps' picks used, and those the step before had used too.
+    pub step_blocks: u64,
+    pub step_again: u64,
+}
+
+/// The saved rows of a context laid out as a context file lays them out, read from disk; see the
+/// module docs.
+pub struct FileRows {
+    path: PathBuf,
+    file: File,
+    /// Byte offset of each K/V section in the file: K then V of layer 0, then layer 1, …
+    sections: Vec<u64>,
+    /// How K and V sections store their rows.
+    stored: [Stored; 2],
+    heads: usize,
+    n: usize,
+    d: usize,
+    state: Mutex<State>,
+}
+
+struct State {
+    cache: BlockCache,
+    /// Gathers and steps so far (a gather's slots are not evicted by itself).
+    gathers: u64,
+    step: u64,
+    stats: FileStats,
+}
+
+/// A run of consecutive blocks of one head of one section, read with one call.
+struct Run {
+    section: usize,
+    head: usize,
+    first: usize,
+    blocks: usize,
+}
+
+impl FileRows {
+    /// The rows of the file at `path`, `kv_dtype` sections at `sections` (K then V of each
+    /// layer), `[heads, n, d]` each, with a cache of at most `cache_bytes` (rounded down to
+    /// whole blocks, at least one) held in the host budget.
+    pub fn open(
+        path: &Path,
+        sections: Vec<u64>,
+        kv_dtype: KvDtype,
+        (heads, n, d): (usize, usize, usize),
+        cache_bytes: u64,
+    ) -> Result<Self> {
+        if heads > MAX_HEADS {
+            return Err(Error::Invalid(format!("the file tier reads at most {MAX_HEADS} KV heads, not {heads}")));
+        }
+        let (file, direct) = open_unbuffered(path).map_err(|e| Error::io(path, e))?;
+        let stored = [SectionKind::Keys, SectionKind::Values].map(|k| kv_dtype.codec(k).stored(heads * n, d));
+        let slot_bytes = stored.iter().map(|s| s.row_bytes(d) * BLOCK_ROWS + scale_bytes(*s)).max().unwrap_or(0);
+        let slots = (cache_bytes / slot_bytes as u64).max(1) as usize;
+        let what = format!("the K/V cache of {}", path.display());
+        let hold = host_budget::hold((slots * slot_bytes) as u64, &what).map_err(kv_refused)?;
+        let cache = BlockCache::new(slots, slot_bytes, hold).map_err(|e| Error::io(path, e))?;
+        let stats = FileStats { cache_bytes: (slots * slot_bytes) as u64, direct, ..FileStats::default() };
+        Ok(Self {
+            path: path.to_owned(),
+            file,
+            sections,
+            stored,
+            heads,
+            n,
+            d,
+            state: Mutex::new(State { cache, gathers: 0, step: 0, stats }),
+        })
+    }
+
+    /// Saved positions per head.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Bytes of host memory the cache holds.
+    pub fn cache_bytes(&self) -> u64 {
+        self.lock().stats.cache_bytes
+    }
+
+    /// What the tier has done so far.
+    pub fn stats(&self) -> FileStats {
+        self.lock().stats
+    }
+
+    /// A decode step ended: the next lookups count as the next step's.
+    pub fn end_step(&self) {
+        self.lock().step += 1;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Rows of `layer`'s K (`kind` 0) or V (1) at the positions `idx` (`rows · sel` of them;
+    /// row `r` of head `r / group`), widened to f32, `d` values each in `idx`'s order; a
+    /// position at or past the saved length gives zeros (the caller's tail has it). `keep`:
+    /// the blocks read go into the cache (a step's picks), or pass through it (a scan).
+    pub fn rows(
+        &self,
+        layer: usize,
+        kind: usize,
+        idx: &[u32],
+        sel: usize,
+        group: usize,
+        keep: bool,
+    ) -> Result<Vec<f32>> {
+        let section = 2 * layer + kind;
+        if section >= self.sections.len() || kind > 1 {
+            return Err(Error::Invalid(format!("the file tier has no section {kind} of layer {layer}")));
+        }
+        let mut keys: Vec<u64> = idx
+            .iter()
+            .enumerate()
+            .filter(|&(_, &p)| (p as usize) < self.n)
+            .map(|(i, &p)| block_key(section, i / sel / group, p as usize / BLOCK_ROWS))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut state = self.lock();
+        state.gathers += 1;
+        let (gather, step) = (state.gathers, state.step);
+        let mut reuse = Reuse::default();
+        // Where each block's bytes are: a slot, or a buffer of its own (a scan's, or past the cache).
+        let mut at: Vec<Place> = Vec::with_capacity(keys.len());
+        let mut missing: Vec<(u64, Option<usize>)> = Vec::new();
+        for &key in &keys {
+            let found = if keep {
+                state.cache.take(key, gather, step, &mut reuse)
+            } else {
+                state.cache.find(key, gather).map_or(Found::Pass, Found::Hit)
+            };
+            let place = match found {
+                Found::Hit(slot) => Place::Slot(slot),
+                Found::Fill(slot) => {
+                    missing.push((key, Some(slot)));
+                    Place::Slot(slot)
+                }
+                Found::Pass => {
+                    missing.push((key, None));
+                    Place::Own(missing.len() - 1)
+                }
+            };
+            at.push(place);
+        }
+        let read = self.read_blocks(&missing, &mut state);
+        let own = match read {
+            Ok(own) => own,
+            Err(e) => {
+                missing.iter().filter_map(|&(_, s)| s).for_each(|s| state.cache.forget(s));
+                return Err(e);
+            }
+        };
+        let s = &mut state.stats;
+        s.blocks += keys.len() as u64;
+        s.hits += (keys.len() - missing.len()) as u64;
+        if keep {
+            s.step_blocks += reuse.distinct;
+            s.step_again += reuse.again;
+        }
+        let (d, cache) = (self.d, &state.cache);
+        let block_of = |key: u64| -> &[u8] {
+            match at[keys.binary_search(&key).expect("every position's block was looked up")] {
+                Place::Slot(slot) => cache.slot(slot),
+                Place::Own(i) => &own[i],
+            }
+        };
+        let stored = self.slot_stored(kind);
+        let mut out = vec![0f32; idx.len() * d];
+        out.par_chunks_mut(d).zip(idx.par_iter()).enumerate().for_each(|(i, (o, &p))| {
+            let p = p as usize;
+            if p < self.n {
+                let bytes = block_of(block_key(section, i / sel / group, p / BLOCK_ROWS));
+                stored_row(bytes, stored, p % BLOCK_ROWS, d, o);
+            }
+        });
+        Ok(out)
+    }
+
+    /// How a slot holds a block of `kind`'s rows: the rows, then (fp8) their scales.
+    fn slot_stored(&self, kind: usize) -> Stored {
+        match self.stored[kind] {
+            Stored::Fp8 { .. } => Stored::Fp8 { scales: BLOCK_ROWS * self.d },
+            other => other,
+        }
+    }
+
+    /// Reads the `missing` blocks (in key order: the file's order) into their slots, or into
+    /// buffers of their own (returned, in `missing`'s order, empty for a slot's).
+    fn read_blocks(&self, missing: &[(u64, Option<usize>)], state: &mut State) -> Result<Vec<Vec<u8>>> {
+        let mut runs: Vec<Run> = Vec::new();
+        for &(key, _) in missing {
+            let (section, head, block) = split_key(key);
+            match runs.last_mut() {
+                Some(r)
+                    if r.section == section
+                        && r.head == head
+                        && r.first + r.blocks == block
+                        && r.blocks < RUN_BLOCKS =>
+                {
+                    r.blocks += 1
+                }
+                _ => runs.push(Run { section, head, first: block, blocks: 1 }),
+            }
+        }
+        let started = Instant::now();
+        let read: Vec<(Vec<u8>, u64, u64)> =
+            runs.par_iter().map(|run| self.read_run(run)).collect::<std::io::Result<_>>().map_err(|e| {
+                Error::Context { path: self.path.clone(), msg: format!("reading its K/V rows from disk: {e}") }
+            })?;
+        let seconds = started.elapsed().as_secs_f64();
+        // Block by block out of the runs, in `missing`'s order (runs were cut in it).
+        let mut own = Vec::with_capacity(missing.len());
+        let mut next = missing.iter();
+        for ((bytes, _, _), run) in read.iter().zip(&runs) {
+            let block_bytes = bytes.len() / run.blocks;
+            for piece in bytes.chunks_exact(block_bytes) {
+                let (_, slot) = next.next().expect("one block of a run for each missing block");
+                match slot {
+                    Some(slot) => {
+                        state.cache.slot_mut(*slot)[..block_bytes].copy_from_slice(piece);
+                        own.push(Vec::new());
+                    }
+                    None => own.push(piece.to_vec()),
+                }
+            }
+        }
+        let s = &mut state.stats;
+        s.blocks_read += missing.len() as u64;
+        s.reads += read.iter().map(|r| r.2).sum::<u64>();
+        s.bytes_read += read.iter().map(|r| r.1).sum::<u64>();
+        s.read_seconds += seconds;
+        Ok(own)
+    }
+
+    /// A run's blocks, each laid out as a slot holds it (rows, then scales; a head's last block
+    /// padded), with the bytes read and the reads made.
+    fn read_run(&self, run: &Run) -> std::io::Result<(Vec<u8>, u64, u64)> {
+        let kind = run.section % 2;
+        let stored = self.stored[kind];
+        let rb = stored.row_bytes(self.d);
+        let slot = rb * BLOCK_ROWS + scale_bytes(stored);
+        let first_row = run.head * self.n + run.first * BLOCK_ROWS;
+        let rows = (run.blocks * BLOCK_ROWS).min(self.n - run.first * BLOCK_ROWS);
+        let base = self.sections[run.section];
+        let mut out = vec![0u8; slot * run.blocks];
+        let (mut bytes, mut reads) = (0u64, 1u64);
+        let values = self.read_span(base + (first_row * rb) as u64, rows * rb)?;
+        bytes += values.1;
+        for (b, chunk) in values.0.chunks(BLOCK_ROWS * rb).enumerate() {
+            out[b * slot..b * slot + chunk.len()].copy_from_slice(chunk);
+        }
+        if let Stored::Fp8 { scales } = stored {
+            let s = self.read_span(base + (scales + 4 * first_row) as u64, 4 * rows)?;
+            (bytes, reads) = (bytes + s.1, reads + 1);
+            for (b, chunk) in s.0.chunks(4 * BLOCK_ROWS).enumerate() {
+                out[b * slot + BLOCK_ROWS * rb..b * slot + BLOCK_ROWS * rb + chunk.len()].copy_from_slice(chunk);
+            }
+        }
+        Ok((out, bytes, reads))
+    }
+
+    /// `len` bytes from `offset`, read aligned for an unbuffered file; and the bytes read.
+    fn read_span(&self, offset: u64, len: usize) -> std::io::Result<(Vec<u8>, u64)> {
+        let start = offset / DIRECT_ALIGN as u64 * DIRECT_ALIGN as u64;
+        let skip = (offset - start) as usize;
+        let span = (skip + len).next_multiple_of(DIRECT_ALIGN);
+        // An anonymous map: page-aligned, as unbuffered reads want.
+        let mut buf = memmap2::MmapMut::map_anon(span)?;
+        read_aligned(&self.file, &mut buf, start, skip + len)?;
+        Ok((buf[skip..skip + len].to_vec(), span as u64))
+    }
+}
+
+/// Where a gather finds a block's bytes.
+enum Place {
+    Slot(usize),
+    Own(usize),
+}
+
+/// Bytes of a block's scales (fp8 rows), 0 for rows without.
+fn scale_bytes(stored: Stored) -> usize {
+    match stored {
+        Stored::Fp8 { .. } => 4 * BLOCK_ROWS,
+        _ => 0,
+    }
+}
+
+/// A block's key: section, head, block, in the file's order.
+fn block_key(section: usize, head: usize, block: usize) -> u64 {
+    ((section as u64) << 40) | ((head as u64) << 32) | block as u64
+}
+
+fn split_key(key: u64) -> (usize, usize, usize) {
+    ((key >> 40) as usize, ((key >> 32) & 0xff) as usize, (key & 0xffff_ffff) as usize)
+}
+
+/// `out [rows, sel, d]` in `dtype` on `device`: `rows`'s saved rows of `layer`'s `kind` at
+/// `idx [rows, sel]` (row `r` reads head `r / group`), positions from the saved length on read
+/// from `tail [heads, tail_n, d]` (the device tail); `keep` as [`FileRows::rows`]. The file tier's [`folio_kernels::select::HostRows::gather`].
+pub(crate) fn gather(
+    rows: &FileRows,
+    (layer, kind): (usize, usize),
+    idx: &Tensor,
+    group: usize,
+    tail: Option<&Tensor>,
+    (dtype, device): (DType, &Device),
+    keep: bool,
+) -> Result<Tensor> {
+    let (ih, sel) = idx.dims2()?;
+    if group == 0 || ih != rows.heads * group {
+        return Err(Error::Invalid(format!(
+            "file tier: gathering {:?} with group {group} from {} heads",
+            idx.dims(),
+            rows.heads
+        )));
+    }
+    let tail_n = match tail {
+        Some(t) => {
+            let (th, tn, td) = t.dims3()?;
+            if th != rows.heads || td != rows.d || t.dtype() != dtype {
+                return Err(Error::Invalid(format!(
+                    "file tier: tail {:?} {:?} does not continue its rows",
+                    t.dims(),
+                    t.dtype()
+                )));
+            }
+            tn
+        }
+        None => 0,
+    };
+    let d = rows.d;
+    if sel == 0 {
+        return Ok(Tensor::zeros((ih, 0, d), dtype, device)?);
+    }
+    let pos: Vec<u32> = idx.flatten_all()?.to_vec1()?;
+    if let Some(&bad) = pos.iter().find(|&&p| p as usize >= rows.n + tail_n) {
+        return Err(Error::Invalid(format!("file tier: position {bad} is past the {} stored rows", rows.n + tail_n)));
+    }
+    let saved = rows.rows(layer, kind, &pos, sel, group, keep)?;
+    let out = Tensor::from_vec(saved, (ih, sel, d), &Device::Cpu)?.to_dtype(dtype)?.to_device(device)?;
+    let Some(tail) = tail.filter(|_| pos.iter().any(|&p| p as usize >= rows.n)) else {
+        return Ok(out);
+    };
+    // The tail's rows where the positions are past the saved ones, one selection on the device.
+    let from: Vec<u32> = pos
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| if p as usize >= rows.n { ((i / sel / group) * tail_n + p as usize - rows.n) as u32 } else { 0 })
+        .collect();
+    let mask: Vec<u8> = pos.iter().map(|&p| u8::from(p as usize >= rows.n)).collect();
+    let flat = tail.contiguous()?.reshape((rows.heads * tail_n, d))?;
+    let picked = flat.index_select(&Tensor::from_vec(from, ih * sel, device)?, 0)?.reshape((ih, sel, d))?;
+    let mask = Tensor::from_vec(mask, (ih, sel, 1), device)?.broadcast_as((ih, sel, d))?;
+    Ok(mask.where_cond(&picked, &out)?)
+}
