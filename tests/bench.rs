@@ -142,6 +142,39 @@ fn the_host_budget_holds_a_decode_run() {
     assert!(err_text(bench("lots")).contains("--host-budget: bad size \"lots\""));
 }
 
+/// `--kv-on-disk`: a context larger than the host budget decodes on the file tier — its rows in
+/// a file, read through a cache within the budget — and reports the disk's rate and each step's
+/// disk bytes, cache hits and overlap with the step before (HiP searching every step over a
+/// cache smaller than its search's reach); the file goes when the run ends. (HiP without dense
+/// layers: on the CPU the "device" a dense layer is copied to is host memory too.)
+#[test]
+fn a_context_larger_than_the_host_budget_decodes_from_disk() {
+    let shape = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/shapes/tiny.json");
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--host-budget", "200MiB", "bench", "--shape", shape.to_str().unwrap(), "--kv-dtype", "f32"];
+    let methods = "streaming:1%,hip:1%:dense_layers=0:refresh=1";
+    let rest = ["--context", "200000", "--method", methods, "--steps", "3", "--warmup", "1"];
+    let out = folio(&[&args[..], &rest[..], &["--kv-on-disk", dir.path().to_str().unwrap(), "--json"]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 2);
+    for r in &rows {
+        let f = &r["file"];
+        assert_eq!(r["kv_tier"], "file", "{r}");
+        let cache = f["cache_bytes"].as_u64().unwrap();
+        // 2 layers × 2 KV heads × 200,000 tokens × 32 f32 × K and V: 195.3 MiB, in a cache of less.
+        assert!(cache > 0 && cache < 150 << 20 && r["host_kv_bytes"].as_u64() == Some(cache), "{r}");
+        assert!(r["peak_rss_bytes"].as_u64().unwrap() <= 200 << 20, "{r}");
+        assert!(f["disk_bandwidth"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let hip = &rows[1]["file"];
+    assert!(hip["disk_bytes_per_step"].as_f64().unwrap() > 0.0 && hip["disk_reads_per_step"].as_f64().unwrap() > 0.0);
+    let (hits, overlap) = (hip["hit_rate"].as_f64().unwrap(), hip["step_overlap"].as_f64().unwrap());
+    assert!(hits > 0.0 && hits < 1.0 && overlap > 0.5, "{hip}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the rows file is removed");
+}
+
 /// `--link-gbps` below the slowest rate it emulates is refused, and `bench link` measures a GPU's
 /// link: on the CPU (no link) it says so rather than print rates of nothing.
 #[test]

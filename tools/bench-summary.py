@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """One line per method of `folio bench --shape --json` output (mean, median, p90, floor, peak and
-planned VRAM; the K/V dtype, the emulated link, peak RSS against the host budget), and with `--profile` where a step's time goes: the host's time queueing the step
+planned VRAM; the K/V dtype, the emulated link, peak RSS against the host budget; on the file
+tier its cache, the disk's rate and each step's disk bytes, hits and overlap), and with `--profile` where a step's time goes: the host's time queueing the step
 against the step, and the spans with the most device time.
 
 usage: python3 tools/bench-summary.py BENCH.jsonl...
@@ -30,6 +31,12 @@ for path in sys.argv[1:]:
             (d.get("peak_rss_bytes") or 0) / 2**30,
             "%.2f GiB" % (d["host_budget"] / 2**30) if d.get("host_budget") else "-",
             d.get("floor_link_ms", 0), d.get("pcie4_floor_ms", 0)))
+        f = d.get("file")
+        if f:
+            print("       file tier: cache %.2f GiB%s, disk %.2f GB/s seq; per step %.1f MiB in %.1f reads, %.2f ms reading (%.2f GB/s), hits %.1f%%, overlap with the step before %.1f%%" % (
+                f["cache_bytes"] / 2**30, "" if f["direct"] else " (page cache not bypassed)", f["disk_bandwidth"] / 1e9,
+                f["disk_bytes_per_step"] / 2**20, f["disk_reads_per_step"], f["disk_read_ms_per_step"],
+                f["disk_rate"] / 1e9, 100 * f["hit_rate"], 100 * f["step_overlap"]))
         p = d.get("profile")
         if p:
             print("   profile: host queued %.2f ms of step %.2f ms; synced step %.2f ms"

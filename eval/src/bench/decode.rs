@@ -4,7 +4,9 @@
 //! facts of a real config (assets/shapes/*.json) with random weights on the device, and the
 //! context's K/V rows are random rows written straight into the offloaded host tier (no
 //! prefill: at a million tokens of a 7B shape that alone is many minutes; prefill has its own
-//! bench). Every figure comes with its limit, measured in the same run:
+//! bench); with `--kv-on-disk` they are written to a file and read on the file tier instead
+//! (`file`: a context larger than the host budget). Every figure comes with its limit,
+//! measured in the same run:
 //!
 //! * decode ms/token over the timed steps after the warm-up: the mean first (what a user waits for on
 //!   average, HiP's refresh steps included), then the median, p10 and p90 and p90 ÷ mean (a
@@ -19,7 +21,9 @@
 //!   is taken as not overlapped with anything (a step waits for its rows), so the projected
 //!   mean is the measured mean plus the extra link time;
 //! * peak device memory as the driver reports it (total − free, sampled every 0.5 ms), checked
-//!   against the VRAM budget; host RSS; host bytes of the offloaded K/V.
+//!   against the VRAM budget; host RSS; host bytes of the offloaded K/V;
+//! * on the file tier, the disk's sequential read rate (its limit) and each step's disk bytes,
+//!   reads, cache hits and overlap with the step before.
 //!
 //! The memory a run will need is planned before anything is allocated and refused, with the
 //! breakdown, when it exceeds the budget; the measured peak is then checked too.
@@ -27,7 +31,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use folio_models::attention::cost::{CostInput, Shape, StepCost};
 use folio_models::attention::{Attention, Channels, MethodChoice, Resources, Tier};
 use folio_models::config::ModelConfig;
@@ -35,7 +39,7 @@ use folio_models::context::KvDtype;
 use folio_models::device_name;
 use folio_models::error::{human_bytes, Error, Result};
 use folio_models::kv_cache::KvStore;
-use folio_models::kv_cache::OffloadKv;
+use folio_models::kv_cache::{FileStats, OffloadKv};
 use folio_models::model::{Logits, Model, Quantize};
 use folio_models::plan::{copy_bandwidth, host_read_bandwidth, parameters, weight_bytes};
 use folio_runtime::device::{host_to_device_rate, keep_pool, MemorySampler};
@@ -44,13 +48,15 @@ use folio_runtime::host_memory::{huge_page_bytes, peak_rss, reset_peak_rss};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
 
+mod file;
+mod fill;
 mod plan;
+pub use file::FileSteps;
+use fill::fill_tier;
 use plan::{plan_host, plan_memory};
 
 /// Standard deviation of the random weights (transformers' `initializer_range` default).
 pub const INIT_STD: f64 = 0.02;
-/// Rows per KV head written into the host tier at once while filling it.
-const FILL_CHUNK: usize = 1 << 16;
 /// Bytes copied to measure the device's and the host link's bandwidth, and device copies timed.
 const BANDWIDTH_BYTES: usize = 1 << 30;
 const COPIES: usize = 20;
@@ -80,6 +86,10 @@ pub struct DecodeBench {
     /// The context's K/V stored as a context file of this dtype stores it, read in place and
     /// widened by the gathers, as a reopened file is; `None`: page-locked in the compute dtype.
     pub kv_dtype: Option<KvDtype>,
+    /// Leave the rows in a file in this folder (stored as `kv_dtype`, bf16 without one) and read
+    /// them on the file tier, through a cache of what the host budget leaves: a context larger
+    /// than the host budget. The file is removed when the run ends.
+    pub kv_on_disk: Option<PathBuf>,
     /// After the timed steps, [`PROFILE_STEPS`] more three times: the host's share of a step,
     /// op by op on the host's clock, then with the device synchronised around each op.
     pub profile: bool,
@@ -246,6 +256,11 @@ pub struct DecodeReport {
     pub host_kv_bytes: u64,
     /// How the context's K/V is stored (`--kv-dtype`), or none: page-locked in the compute dtype.
     pub kv_dtype: Option<&'static str>,
+    /// Where the saved rows are read from: host memory, or the file tier (`--kv-on-disk`), and
+    /// what the file tier did per timed step.
+    pub kv_tier: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<FileSteps>,
     pub peak_rss_bytes: Option<u64>,
     /// Host memory planned before the run, and the host budget the peak is held to
     /// (`--host-budget`, else the default: what the machine has, less a margin).
@@ -298,7 +313,11 @@ pub fn run<E: From<Error>>(
     cfg.max_position_embeddings = cfg.max_position_embeddings.max(longest);
     let dtype = if device.is_cpu() { DType::F32 } else { DType::BF16 };
     let elem = dtype.size_in_bytes();
-    let kv_dtype = a.kv_dtype;
+    // On disk, the rows are a file's: stored as asked, bf16 by default.
+    let kv_dtype = match &a.kv_on_disk {
+        Some(_) => Some(a.kv_dtype.unwrap_or(KvDtype::Bf16)),
+        None => a.kv_dtype,
+    };
     // Bytes a stored K/V row takes over the compute dtype's (K and V averaged: bf16-fp8 differs).
     let rows = cfg.num_kv_heads * a.context;
     let link_scale =
@@ -318,7 +337,11 @@ pub fn run<E: From<Error>>(
     let table = weight_bytes(&cfg, dtype, None, &Device::Cpu).saturating_sub(weight_bytes(&cfg, dtype, None, device));
     let kv_host = kv_dtype.map_or(2 * (rows * cfg.head_dim * elem) as u64, |k| k.kv_bytes(rows, cfg.head_dim))
         * cfg.num_layers as u64;
-    let planned_host = plan_host(kv_host, host_state, table)?;
+    let kv_planned = match a.kv_on_disk {
+        Some(_) => file::cache_bytes(kv_host, table, host_state),
+        None => kv_host,
+    };
+    let planned_host = plan_host(kv_planned, host_state, table)?;
 
     if let Some(b) = budget {
         keep_pool(device, b).map_err(Error::from)?;
@@ -326,7 +349,7 @@ pub fn run<E: From<Error>>(
     let bandwidths = bandwidths(device)?;
     // Peak RSS from here on: the bandwidth buffers above are not the run's memory.
     reset_peak_rss();
-    let (mut kv, fill_s) = fill_kv(&cfg, a.context, kv_dtype, dtype, device)?;
+    let (mut kv, fill_s, _rows_file, disk_bandwidth) = fill_tier(a, &cfg, (kv_dtype, dtype), device, kv_planned)?;
     kv.reserve(longest)?;
     let mut facts = RunFacts {
         shape: shape.display().to_string(),
@@ -343,6 +366,7 @@ pub fn run<E: From<Error>>(
         kv_dtype,
         host_kv_bytes: kv.host_bytes(),
         planned_host,
+        disk_bandwidth,
     };
     for w in &a.weights {
         let model = Model::random(&cfg, device, dtype, INIT_STD, *w)?;
@@ -356,9 +380,13 @@ pub fn run<E: From<Error>>(
             sampler.reset();
             reset_peak_rss();
             let token = rng.random_range(0..cfg.vocab_size as u32);
-            let (mut times, first_step_s, token) =
+            let (mut times, first_step_s, token, before) =
                 time_steps(&model, &mut kv, method.as_ref(), token, a.warmup, a.steps)?;
             times.sort_by(f64::total_cmp);
+            let file = match (before, kv.file_stats(), disk_bandwidth) {
+                (Some(b), Some(after), Some(bw)) => Some(file::per_step(&b, &after, a.steps, bw)),
+                _ => None,
+            };
             // The profile's steps (if any) run before the peak is read: they are held to the budget too.
             let (profile, first_step_profile) = match a.profile {
                 true => {
@@ -366,7 +394,7 @@ pub fn run<E: From<Error>>(
                 }
                 false => (None, None),
             };
-            let timed = Timed { times, first_step_s, peak: sampler.peak(), profile, first_step_profile };
+            let timed = Timed { times, first_step_s, peak: sampler.peak(), profile, first_step_profile, file };
             let peak = timed.peak;
             on_report(&facts.report(measured, timed))?;
             if let (Some(p), Some(b)) = (peak_rss(), host_budget::budget()) {
@@ -410,9 +438,11 @@ struct RunFacts {
     fill_s: f64,
     kv_dtype: Option<KvDtype>,
     host_kv_bytes: u64,
-    /// Host memory the run plans to use (the K/V, the largest method state, the embedding
-    /// table, the process before the run).
+    /// Host memory the run plans to use (the K/V or the file tier's cache, the largest method
+    /// state, the embedding table, the process before the run).
     planned_host: u64,
+    /// The disk's sequential read rate when the rows are on the file tier.
+    disk_bandwidth: Option<f64>,
 }
 
 /// A method's timed steps (ms, sorted), its first step, its peak device memory and profiles.
@@ -422,6 +452,7 @@ struct Timed {
     peak: Option<u64>,
     profile: Option<DecodeProfile>,
     first_step_profile: Option<FirstStepProfile>,
+    file: Option<FileSteps>,
 }
 
 impl RunFacts {
@@ -476,6 +507,8 @@ impl RunFacts {
             vram_budget: self.budget,
             host_kv_bytes: self.host_kv_bytes,
             kv_dtype: self.kv_dtype.map(KvDtype::name),
+            kv_tier: if self.disk_bandwidth.is_some() { "file" } else { "host" },
+            file: t.file,
             peak_rss_bytes: peak_rss(),
             planned_host_bytes: self.planned_host,
             emulated_link: folio_kernels::link::rate().filter(|_| self.device != "cpu"),
@@ -540,44 +573,8 @@ fn build_methods(
         .collect()
 }
 
-/// The offloaded tier filled with random rows for every layer (as a context file of
-/// `kv_dtype` stores them when one is given, read in place), and the seconds the fill took.
-fn fill_kv(
-    cfg: &ModelConfig,
-    context: usize,
-    kv_dtype: Option<KvDtype>,
-    dtype: DType,
-    device: &Device,
-) -> Result<(OffloadKv, f64)> {
-    let fill_start = Instant::now();
-    let random_rows = |t: usize| -> candle_core::Result<(Tensor, Tensor)> {
-        let shape = (cfg.num_kv_heads, t, cfg.head_dim);
-        let k = Tensor::randn(0f32, 1.0, shape, device)?.to_dtype(dtype)?;
-        Ok((k, Tensor::randn(0f32, 1.0, shape, device)?.to_dtype(dtype)?))
-    };
-    let kv = match kv_dtype {
-        // Stored as a context file of that dtype stores it, read in place (the reopened file's tier).
-        Some(kv_dtype) => {
-            let shape = (cfg.num_layers, cfg.num_kv_heads, context, cfg.head_dim);
-            OffloadKv::stored(shape, kv_dtype, dtype, device, |_, _, t| Ok(random_rows(t)?))?
-        }
-        None => {
-            let mut kv = OffloadKv::new(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, context, dtype, device)?;
-            for layer in 0..cfg.num_layers {
-                for start in (0..context).step_by(FILL_CHUNK) {
-                    let (k, v) = random_rows(FILL_CHUNK.min(context - start))?;
-                    kv.fill(layer, start, &k, &v)?;
-                }
-            }
-            kv
-        }
-    };
-    device.synchronize()?;
-    Ok((kv, fill_start.elapsed().as_secs_f64()))
-}
-
 /// `warmup + steps` decode steps from `token`: the timed steps' ms (after the warm-up), the
-/// first step's seconds, and the last token.
+/// first step's seconds, the last token, and the file tier's counts when the timed steps began.
 fn time_steps(
     model: &Model,
     kv: &mut OffloadKv,
@@ -585,10 +582,13 @@ fn time_steps(
     mut token: u32,
     warmup: usize,
     steps: usize,
-) -> Result<(Vec<f64>, f64, u32)> {
+) -> Result<(Vec<f64>, f64, u32, Option<FileStats>)> {
     let mut times = Vec::with_capacity(steps);
-    let mut first_step_s = 0.0;
+    let (mut first_step_s, mut before) = (0.0, None);
     for step in 0..warmup + steps {
+        if step == warmup {
+            before = kv.file_stats();
+        }
         let (next, _, secs) = decode_step(model, kv, method, token)?;
         token = next;
         if step == 0 {
@@ -598,7 +598,7 @@ fn time_steps(
             times.push(secs * 1e3);
         }
     }
-    Ok((times, first_step_s, token))
+    Ok((times, first_step_s, token, before))
 }
 
 /// The device's copy bandwidth, the host link's page-locked copy rate (the emulated rate

@@ -23,7 +23,7 @@ pub use builder::{Bookkeeping, Builder, Change, Planned, Reread, SavedDocuments,
 pub use cost::PrefillCost;
 pub use encode::EncodeTensor;
 pub use folio_context_file::atomic::{check_replaceable, write_atomic};
-pub use folio_context_file::{codec, file, format};
+pub use folio_context_file::{codec, file, format, platform};
 pub use folio_context_file::{partial_dir, pending, pending_date, Pending};
 pub use folio_context_file::{
     ContextFile, DocumentSpan, Fingerprint, Header, KvDtype, ModelStamp, SpanPart, VerifyReport,

@@ -45,6 +45,12 @@ pub struct ShapeBenchArgs {
     /// page-locked in the compute dtype.
     #[arg(long, value_parser = |s: &str| KvDtype::parse(s).map_err(|e| e.to_string()))]
     kv_dtype: Option<KvDtype>,
+    /// Leave the rows in a file in this folder (an NVMe disk's, as a laptop's context would
+    /// be) stored as --kv-dtype (bf16 without it), and read them on the file tier through a
+    /// cache of what the host budget leaves (--host-budget): a context larger than host memory.
+    /// The file is removed when the run ends.
+    #[arg(long, value_name = "DIR")]
+    kv_on_disk: Option<PathBuf>,
     /// After the timed steps, decode a few more three times: timing the host's share of
     /// a step, then op by op on the host's clock, then with the device synchronised around each
     /// op (`folio_models::profile`).
@@ -66,6 +72,7 @@ pub fn bench_shape(common: &Common, a: ShapeBenchArgs) -> Result<()> {
         steps: a.steps,
         warmup: a.warmup,
         kv_dtype: a.kv_dtype,
+        kv_on_disk: a.kv_on_disk,
         profile: a.profile,
     };
     let device = folio_models::parse_device(&common.device)?;
@@ -141,6 +148,22 @@ fn print_report(r: &DecodeReport, json: bool, steps: usize) -> Result<()> {
         opt(r.huge_page_bytes),
         r.host_threads
     );
+    if let Some(f) = &r.file {
+        println!(
+            "  file tier: cache {}{}, disk {:.2} GB/s sequential (measured now); a step read {} in {:.1} reads ({:.2} ms reading, {:.2} GB/s; {:.2} ms at the sequential rate), {:.0} blocks, {:.1}% from the cache, {:.1}% used by the step before",
+            human_bytes(f.cache_bytes),
+            if f.direct { "" } else { " (the page cache was not bypassed)" },
+            f.disk_bandwidth / 1e9,
+            human_bytes(f.disk_bytes_per_step as u64),
+            f.disk_reads_per_step,
+            f.disk_read_ms_per_step,
+            f.disk_rate / 1e9,
+            f.disk_floor_ms,
+            f.blocks_per_step,
+            100.0 * f.hit_rate,
+            100.0 * f.step_overlap
+        );
+    }
     if let Some(p) = &r.profile {
         println!(
             "  profile over {} steps: the host queued a step in {:.2} ms of its {:.2} ms; each op's host time to queue it, and its device time synchronised ({:.2} ms a step):",

@@ -29,9 +29,6 @@ pub(super) struct BlockCache {
     referenced: Vec<bool>,
     /// The gather that last used the slot (a slot of the gather in flight is not evicted).
     used_by: Vec<u64>,
-    /// The step that last used the slot, and the step before that one's use: what measures
-    /// how much of a step's picks the previous step picked too.
-    step_used: Vec<u64>,
     hand: usize,
 }
 
@@ -43,13 +40,6 @@ pub(super) enum Found {
     Fill(usize),
     /// Not cached and no slot free of the gather in flight: read it to a buffer of its own.
     Pass,
-}
-
-/// What one step's lookups found: blocks used again from the step before, and blocks used.
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct Reuse {
-    pub again: u64,
-    pub distinct: u64,
 }
 
 impl BlockCache {
@@ -64,28 +54,20 @@ impl BlockCache {
             keys: vec![EMPTY; slots],
             referenced: vec![false; slots],
             used_by: vec![0; slots],
-            step_used: vec![u64::MAX; slots],
             hand: 0,
         })
     }
 
-    /// Block `key`'s slot for gather number `gather` of step `step` (gathers are numbered from
-    /// 1), a slot to fill when it is not cached (evicting by CLOCK a block no slot of this
-    /// gather holds), or [`Found::Pass`] when every slot is this gather's. `reuse` counts the
-    /// block once a step, as used in the step before or not.
-    pub(super) fn take(&mut self, key: u64, gather: u64, step: u64, reuse: &mut Reuse) -> Found {
+    /// Block `key`'s slot for gather number `gather` (gathers are numbered from 1), a slot to
+    /// fill when it is not cached (evicting by CLOCK a block no slot of this gather holds), or
+    /// [`Found::Pass`] when every slot is this gather's.
+    pub(super) fn take(&mut self, key: u64, gather: u64) -> Found {
         if let Some(&slot) = self.map.get(&key) {
             let slot = slot as usize;
             self.referenced[slot] = true;
             self.used_by[slot] = gather;
-            if self.step_used[slot] != step {
-                reuse.distinct += 1;
-                reuse.again += u64::from(step > 0 && self.step_used[slot] == step - 1);
-                self.step_used[slot] = step;
-            }
             return Found::Hit(slot);
         }
-        reuse.distinct += 1;
         let Some(slot) = self.victim(gather) else {
             return Found::Pass;
         };
@@ -96,12 +78,10 @@ impl BlockCache {
         self.map.insert(key, slot as u32);
         self.referenced[slot] = true;
         self.used_by[slot] = gather;
-        self.step_used[slot] = step;
         Found::Fill(slot)
     }
 
-    /// Block `key`'s slot when it is cached (a scan's lookup: it takes no slot and counts no
-    /// step's reuse).
+    /// Block `key`'s slot when it is cached (a scan's lookup: it takes no slot).
     pub(super) fn find(&mut self, key: u64, gather: u64) -> Option<usize> {
         let slot = *self.map.get(&key)? as usize;
         self.used_by[slot] = gather;
@@ -135,6 +115,10 @@ impl BlockCache {
         }
     }
 
+    pub(super) fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
     pub(super) fn slot(&self, slot: usize) -> &[u8] {
         &self.mem[slot * self.slot_bytes..(slot + 1) * self.slot_bytes]
     }
@@ -153,35 +137,30 @@ mod tests {
         BlockCache::new(slots, 64, hold).unwrap()
     }
 
-    /// Against a plain model of CLOCK on random keys: the same hits and misses, no slot of the
-    /// gather in flight evicted, a full gather passes, reuse counted once a step.
+    /// CLOCK's rules on random keys: no slot of the gather in flight evicted, a full gather
+    /// passes, what is used again is kept, the map and the keys agree.
     #[test]
     fn clock_keeps_what_is_used_and_never_evicts_the_gathers_own() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
         let mut c = cache(8);
-        let mut reuse = Reuse::default();
-        // Gather 1 of step 0 fills slots 0..8; a ninth block of the same gather passes.
+        // Gather 1 fills slots 0..8; a ninth block of the same gather passes.
         for key in 0..8 {
-            assert!(matches!(c.take(key, 1, 0, &mut reuse), Found::Fill(s) if s == key as usize));
+            assert!(matches!(c.take(key, 1), Found::Fill(s) if s == key as usize));
         }
-        assert!(matches!(c.take(100, 1, 0, &mut reuse), Found::Pass));
-        assert_eq!((reuse.distinct, reuse.again), (9, 0));
-        // Step 1 uses keys 0 and 1 again (hits, reused from the step before) and a new key,
-        // which evicts a block other than 0 and 1.
-        let mut reuse = Reuse::default();
+        assert!(matches!(c.take(100, 1), Found::Pass));
+        // Gather 2 uses keys 0 and 1 again (hits) and a new key, which evicts another block.
         for key in [0, 1, 0] {
-            assert!(matches!(c.take(key, 2, 1, &mut reuse), Found::Hit(_)));
+            assert!(matches!(c.take(key, 2), Found::Hit(_)));
         }
-        assert!(matches!(c.take(50, 2, 1, &mut reuse), Found::Fill(_)));
-        assert_eq!((reuse.distinct, reuse.again), (3, 2));
+        assert!(matches!(c.take(50, 2), Found::Fill(_)));
         assert!(c.map.contains_key(&0) && c.map.contains_key(&1));
         // Random gathers: a block taken stays found within its gather; the map and the keys agree.
         for gather in 3..200 {
             let keys: Vec<u64> = (0..rng.random_range(1..12)).map(|_| rng.random_range(0..20)).collect();
             let mut mine = Vec::new();
             for &key in &keys {
-                match c.take(key, gather, gather, &mut Reuse::default()) {
+                match c.take(key, gather) {
                     Found::Hit(s) | Found::Fill(s) => mine.push((key, s)),
                     Found::Pass => assert!(c.used_by.iter().all(|&g| g == gather)),
                 }
@@ -193,8 +172,8 @@ mod tests {
         }
         // A scan finds what is cached and takes nothing.
         let cached = c.keys[5];
-        assert_eq!(c.find(cached, 500), Some(5));
-        assert_eq!(c.find(1000, 500), None);
+        assert_eq!(c.find(cached, 2000), Some(5));
+        assert_eq!(c.find(1000, 2000), None);
         assert!(!c.map.contains_key(&1000));
         c.forget(3);
         assert_eq!(c.keys[3], EMPTY);

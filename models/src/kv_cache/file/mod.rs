@@ -36,7 +36,7 @@ use folio_runtime::host_budget;
 use rayon::prelude::*;
 
 use crate::error::{kv_refused, Error, Result};
-use cache::{BlockCache, Found, Reuse};
+use cache::{BlockCache, Found};
 
 /// Rows of one head in a block: 32 KiB of fp8 rows (64 KiB of bf16) at 128 values a row, a read
 /// an NVMe disk serves near its rate, and at most 4× the rows a 64-row pick (HiP's leaf) wants.
@@ -45,6 +45,11 @@ pub const BLOCK_ROWS: usize = 256;
 /// Consecutive blocks read in one call at most: 2 MiB of fp8 rows, large enough for the disk's
 /// sequential rate, small enough that a scan's runs spread over the cores.
 const RUN_BLOCKS: usize = 64;
+
+/// Bytes of blocks read before they are placed and the next are read (at most; a small cache
+/// reads less at once): bounds what a gather holds in flight (a cold step misses GBs) while
+/// keeping dozens of reads in parallel.
+const READ_BATCH_BYTES: usize = 32 << 20;
 
 /// KV heads a block's key has room for.
 const MAX_HEADS: usize = 0xff;
@@ -66,7 +71,8 @@ pub struct FileStats {
     pub bytes_read: u64,
     /// Seconds spent reading the file.
     pub read_seconds: f64,
-    /// Distinct blocks the steps' picks used, and those the step before had used too.
+    /// Distinct blocks the steps' picks used, and those the previous step that read their
+    /// section (layer, K or V) had used too.
     pub step_blocks: u64,
     pub step_again: u64,
 }
@@ -90,8 +96,34 @@ struct State {
     cache: BlockCache,
     /// Gathers and steps so far (a gather's slots are not evicted by itself).
     gathers: u64,
-    step: u64,
+    step: u32,
+    /// The step that last picked each block of the file (`NEVER`: none), and per section the
+    /// last step that picked in it and the one before: how much of a step's picks the
+    /// section's previous picks had too, whatever the cache kept.
+    picked: Vec<u32>,
+    section_steps: Vec<(u32, u32)>,
     stats: FileStats,
+}
+
+/// No step.
+const NEVER: u32 = u32::MAX;
+
+impl State {
+    /// Counts block `key` (`at` in [`State::picked`]) as picked by this step: once a step, as
+    /// picked by its section's previous picking step or not.
+    fn count_pick(&mut self, section: usize, at: usize) {
+        let step = self.step;
+        let seen = &mut self.section_steps[section];
+        if seen.0 != step {
+            *seen = (step, seen.0);
+        }
+        let before = seen.1;
+        if self.picked[at] != step {
+            self.stats.step_blocks += 1;
+            self.stats.step_again += u64::from(before != NEVER && self.picked[at] == before);
+            self.picked[at] = step;
+        }
+    }
 }
 
 /// A run of consecutive blocks of one head of one section, read with one call.
@@ -124,6 +156,7 @@ impl FileRows {
         let hold = host_budget::hold((slots * slot_bytes) as u64, &what).map_err(kv_refused)?;
         let cache = BlockCache::new(slots, slot_bytes, hold).map_err(|e| Error::io(path, e))?;
         let stats = FileStats { cache_bytes: (slots * slot_bytes) as u64, direct, ..FileStats::default() };
+        let (picked_sections, picked_len) = (sections.len(), sections.len() * heads * n.div_ceil(BLOCK_ROWS));
         Ok(Self {
             path: path.to_owned(),
             file,
@@ -132,7 +165,14 @@ impl FileRows {
             heads,
             n,
             d,
-            state: Mutex::new(State { cache, gathers: 0, step: 0, stats }),
+            state: Mutex::new(State {
+                cache,
+                gathers: 0,
+                step: 0,
+                picked: vec![NEVER; picked_len],
+                section_steps: vec![(NEVER, NEVER); picked_sections],
+                stats,
+            }),
         })
     }
 
@@ -157,7 +197,9 @@ impl FileRows {
 
     /// A decode step ended: the next lookups count as the next step's.
     pub fn end_step(&self) {
-        self.lock().step += 1;
+        let mut state = self.lock();
+        // (After 4 billion steps the stamps wrap: the overlap reads low for one step.)
+        state.step = state.step.wrapping_add(1) % NEVER;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -181,71 +223,63 @@ impl FileRows {
         if section >= self.sections.len() || kind > 1 {
             return Err(Error::Invalid(format!("the file tier has no section {kind} of layer {layer}")));
         }
-        let mut keys: Vec<u64> = idx
+        // The positions by block (in the file's order), one group of positions a block.
+        let mut order: Vec<(u64, u32)> = idx
             .iter()
             .enumerate()
             .filter(|&(_, &p)| (p as usize) < self.n)
-            .map(|(i, &p)| block_key(section, i / sel / group, p as usize / BLOCK_ROWS))
+            .map(|(i, &p)| (block_key(section, i / sel / group, p as usize / BLOCK_ROWS), i as u32))
             .collect();
-        keys.sort_unstable();
-        keys.dedup();
+        order.sort_unstable();
+        let groups: Vec<(u64, std::ops::Range<usize>)> = order
+            .chunk_by(|a, b| a.0 == b.0)
+            .scan(0, |at, g| {
+                let range = *at..*at + g.len();
+                *at += g.len();
+                Some((g[0].0, range))
+            })
+            .collect();
+        let mut out = vec![0f32; idx.len() * self.d];
+        let rows_out = RowsOut { ptr: out.as_mut_ptr(), d: self.d };
+        let stored = self.slot_stored(kind);
+        // Widens the rows of group `g` from its block's bytes.
+        let widen = |g: usize, bytes: &[u8]| {
+            for &(_, i) in &order[groups[g].1.clone()] {
+                let p = idx[i as usize] as usize;
+                // SAFETY: `i` is in one group only, once: no two threads write the same row.
+                stored_row(bytes, stored, p % BLOCK_ROWS, self.d, unsafe { rows_out.row(i as usize) });
+            }
+        };
         let mut state = self.lock();
         state.gathers += 1;
-        let (gather, step) = (state.gathers, state.step);
-        let mut reuse = Reuse::default();
-        // Where each block's bytes are: a slot, or a buffer of its own (a scan's, or past the cache).
-        let mut at: Vec<Place> = Vec::with_capacity(keys.len());
-        let mut missing: Vec<(u64, Option<usize>)> = Vec::new();
-        for &key in &keys {
-            let found = if keep {
-                state.cache.take(key, gather, step, &mut reuse)
-            } else {
-                state.cache.find(key, gather).map_or(Found::Pass, Found::Hit)
-            };
-            let place = match found {
-                Found::Hit(slot) => Place::Slot(slot),
-                Found::Fill(slot) => {
-                    missing.push((key, Some(slot)));
-                    Place::Slot(slot)
+        let gather = state.gathers;
+        let blocks_per_head = self.n.div_ceil(BLOCK_ROWS);
+        let (mut hits, mut missing) = (Vec::new(), Vec::new());
+        for (g, &(key, _)) in groups.iter().enumerate() {
+            let found = match keep {
+                true => {
+                    let (_, head, block) = split_key(key);
+                    state.count_pick(section, (section * self.heads + head) * blocks_per_head + block);
+                    state.cache.take(key, gather)
                 }
-                Found::Pass => {
-                    missing.push((key, None));
-                    Place::Own(missing.len() - 1)
-                }
+                false => state.cache.find(key, gather).map_or(Found::Pass, Found::Hit),
             };
-            at.push(place);
-        }
-        let read = self.read_blocks(&missing, &mut state);
-        let own = match read {
-            Ok(own) => own,
-            Err(e) => {
-                missing.iter().filter_map(|&(_, s)| s).for_each(|s| state.cache.forget(s));
-                return Err(e);
+            match found {
+                Found::Hit(slot) => hits.push((g, slot)),
+                Found::Fill(slot) => missing.push((key, Some(slot), g)),
+                Found::Pass => missing.push((key, None, g)),
             }
-        };
+        }
+        let cache = &state.cache;
+        hits.par_iter().for_each(|&(g, slot)| widen(g, cache.slot(slot)));
+        if let Err(e) = self.read_blocks(&missing, &mut state, &widen) {
+            missing.iter().filter_map(|&(_, slot, _)| slot).for_each(|slot| state.cache.forget(slot));
+            return Err(e);
+        }
         let s = &mut state.stats;
-        s.blocks += keys.len() as u64;
-        s.hits += (keys.len() - missing.len()) as u64;
-        if keep {
-            s.step_blocks += reuse.distinct;
-            s.step_again += reuse.again;
-        }
-        let (d, cache) = (self.d, &state.cache);
-        let block_of = |key: u64| -> &[u8] {
-            match at[keys.binary_search(&key).expect("every position's block was looked up")] {
-                Place::Slot(slot) => cache.slot(slot),
-                Place::Own(i) => &own[i],
-            }
-        };
-        let stored = self.slot_stored(kind);
-        let mut out = vec![0f32; idx.len() * d];
-        out.par_chunks_mut(d).zip(idx.par_iter()).enumerate().for_each(|(i, (o, &p))| {
-            let p = p as usize;
-            if p < self.n {
-                let bytes = block_of(block_key(section, i / sel / group, p / BLOCK_ROWS));
-                stored_row(bytes, stored, p % BLOCK_ROWS, d, o);
-            }
-        });
+        s.blocks += groups.len() as u64;
+        s.hits += hits.len() as u64;
+        drop(state);
         Ok(out)
     }
 
@@ -257,11 +291,16 @@ impl FileRows {
         }
     }
 
-    /// Reads the `missing` blocks (in key order: the file's order) into their slots, or into
-    /// buffers of their own (returned, in `missing`'s order, empty for a slot's).
-    fn read_blocks(&self, missing: &[(u64, Option<usize>)], state: &mut State) -> Result<Vec<Vec<u8>>> {
+    /// Reads the `missing` blocks (`(key, slot, group)`, in key order: the file's order), puts
+    /// each into its slot if it has one, and hands its bytes to `widen(group, bytes)`.
+    fn read_blocks(
+        &self,
+        missing: &[(u64, Option<usize>, usize)],
+        state: &mut State,
+        widen: &(dyn Fn(usize, &[u8]) + Sync),
+    ) -> Result<()> {
         let mut runs: Vec<Run> = Vec::new();
-        for &(key, _) in missing {
+        for &(key, _, _) in missing {
             let (section, head, block) = split_key(key);
             match runs.last_mut() {
                 Some(r)
@@ -275,34 +314,49 @@ impl FileRows {
                 _ => runs.push(Run { section, head, first: block, blocks: 1 }),
             }
         }
-        let started = Instant::now();
-        let read: Vec<(Vec<u8>, u64, u64)> =
-            runs.par_iter().map(|run| self.read_run(run)).collect::<std::io::Result<_>>().map_err(|e| {
-                Error::Context { path: self.path.clone(), msg: format!("reading its K/V rows from disk: {e}") }
-            })?;
-        let seconds = started.elapsed().as_secs_f64();
-        // Block by block out of the runs, in `missing`'s order (runs were cut in it).
-        let mut own = Vec::with_capacity(missing.len());
+        // Read a batch of runs at a time (in parallel within it) and placed before the next:
+        // what a gather holds in flight is a batch, however many blocks it misses.
         let mut next = missing.iter();
-        for ((bytes, _, _), run) in read.iter().zip(&runs) {
-            let block_bytes = bytes.len() / run.blocks;
-            for piece in bytes.chunks_exact(block_bytes) {
-                let (_, slot) = next.next().expect("one block of a run for each missing block");
-                match slot {
-                    Some(slot) => {
-                        state.cache.slot_mut(*slot)[..block_bytes].copy_from_slice(piece);
-                        own.push(Vec::new());
+        let (mut bytes_read, mut reads, mut seconds) = (0u64, 0u64, 0f64);
+        let mut rest = &runs[..];
+        // A batch in flight is held twice (the aligned reads and the blocks cut from them): at
+        // most an eighth of the cache beside it, within the budget's room the cache left.
+        let slot_bytes = state.cache.slot_bytes();
+        let batch_limit = (state.stats.cache_bytes as usize / 16).clamp(slot_bytes, READ_BATCH_BYTES);
+        while !rest.is_empty() {
+            let mut take = 0;
+            let mut batch_bytes = 0;
+            while take < rest.len() && (take == 0 || batch_bytes < batch_limit) {
+                batch_bytes += rest[take].blocks * slot_bytes;
+                take += 1;
+            }
+            let (batch, after) = rest.split_at(take);
+            rest = after;
+            let started = Instant::now();
+            let read: Vec<(Vec<u8>, u64, u64)> =
+                batch.par_iter().map(|run| self.read_run(run)).collect::<std::io::Result<_>>().map_err(|e| {
+                    Error::Context { path: self.path.clone(), msg: format!("reading its K/V rows from disk: {e}") }
+                })?;
+            seconds += started.elapsed().as_secs_f64();
+            let mut pieces = Vec::new();
+            for ((bytes, n, r), run) in read.iter().zip(batch) {
+                (bytes_read, reads) = (bytes_read + n, reads + r);
+                for piece in bytes.chunks_exact(bytes.len() / run.blocks) {
+                    let &(_, slot, g) = next.next().expect("one block of a run for each missing block");
+                    if let Some(slot) = slot {
+                        state.cache.slot_mut(slot)[..piece.len()].copy_from_slice(piece);
                     }
-                    None => own.push(piece.to_vec()),
+                    pieces.push((g, piece));
                 }
             }
+            pieces.par_iter().for_each(|&(g, piece)| widen(g, piece));
         }
         let s = &mut state.stats;
         s.blocks_read += missing.len() as u64;
-        s.reads += read.iter().map(|r| r.2).sum::<u64>();
-        s.bytes_read += read.iter().map(|r| r.1).sum::<u64>();
+        s.reads += reads;
+        s.bytes_read += bytes_read;
         s.read_seconds += seconds;
-        Ok(own)
+        Ok(())
     }
 
     /// A run's blocks, each laid out as a slot holds it (rows, then scales; a head's last block
@@ -317,37 +371,52 @@ impl FileRows {
         let base = self.sections[run.section];
         let mut out = vec![0u8; slot * run.blocks];
         let (mut bytes, mut reads) = (0u64, 1u64);
-        let values = self.read_span(base + (first_row * rb) as u64, rows * rb)?;
-        bytes += values.1;
-        for (b, chunk) in values.0.chunks(BLOCK_ROWS * rb).enumerate() {
+        let (values, skip) = self.read_span(base + (first_row * rb) as u64, rows * rb)?;
+        bytes += values.len() as u64;
+        for (b, chunk) in values[skip..skip + rows * rb].chunks(BLOCK_ROWS * rb).enumerate() {
             out[b * slot..b * slot + chunk.len()].copy_from_slice(chunk);
         }
         if let Stored::Fp8 { scales } = stored {
-            let s = self.read_span(base + (scales + 4 * first_row) as u64, 4 * rows)?;
-            (bytes, reads) = (bytes + s.1, reads + 1);
-            for (b, chunk) in s.0.chunks(4 * BLOCK_ROWS).enumerate() {
+            let (s, skip) = self.read_span(base + (scales + 4 * first_row) as u64, 4 * rows)?;
+            (bytes, reads) = (bytes + s.len() as u64, reads + 1);
+            for (b, chunk) in s[skip..skip + 4 * rows].chunks(4 * BLOCK_ROWS).enumerate() {
                 out[b * slot + BLOCK_ROWS * rb..b * slot + BLOCK_ROWS * rb + chunk.len()].copy_from_slice(chunk);
             }
         }
         Ok((out, bytes, reads))
     }
 
-    /// `len` bytes from `offset`, read aligned for an unbuffered file; and the bytes read.
-    fn read_span(&self, offset: u64, len: usize) -> std::io::Result<(Vec<u8>, u64)> {
+    /// `len` bytes from `offset`, read aligned for an unbuffered file: a page-aligned buffer and
+    /// where the bytes start in it; its length is the bytes read.
+    fn read_span(&self, offset: u64, len: usize) -> std::io::Result<(memmap2::MmapMut, usize)> {
         let start = offset / DIRECT_ALIGN as u64 * DIRECT_ALIGN as u64;
         let skip = (offset - start) as usize;
-        let span = (skip + len).next_multiple_of(DIRECT_ALIGN);
         // An anonymous map: page-aligned, as unbuffered reads want.
-        let mut buf = memmap2::MmapMut::map_anon(span)?;
+        let mut buf = memmap2::MmapMut::map_anon((skip + len).next_multiple_of(DIRECT_ALIGN))?;
         read_aligned(&self.file, &mut buf, start, skip + len)?;
-        Ok((buf[skip..skip + len].to_vec(), span as u64))
+        Ok((buf, skip))
     }
 }
 
-/// Where a gather finds a block's bytes.
-enum Place {
-    Slot(usize),
-    Own(usize),
+/// A gather's output rows, written by several threads: each row by one.
+struct RowsOut {
+    ptr: *mut f32,
+    d: usize,
+}
+
+// SAFETY: the rows are disjoint; `row`'s callers write each row from one thread.
+unsafe impl Sync for RowsOut {}
+
+impl RowsOut {
+    /// Row `i` (`d` values).
+    ///
+    /// # Safety
+    /// `i` is within the output, and no other reference to row `i` is alive.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn row(&self, i: usize) -> &mut [f32] {
+        // SAFETY: as the caller promises.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.d), self.d) }
+    }
 }
 
 /// Bytes of a block's scales (fp8 rows), 0 for rows without.
@@ -364,7 +433,7 @@ fn block_key(section: usize, head: usize, block: usize) -> u64 {
 }
 
 fn split_key(key: u64) -> (usize, usize, usize) {
-    ((key >> 40) as usize, ((key >> 32) & 0xff) as usize, (key & 0xffff_ffff) as usize)
+    ((key >> 40) as usize, ((key >> 32) & MAX_HEADS as u64) as usize, (key & 0xffff_ffff) as usize)
 }
 
 /// `out [rows, sel, d]` in `dtype` on `device`: `rows`'s saved rows of `layer`'s `kind` at
