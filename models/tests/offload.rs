@@ -66,10 +66,26 @@ impl KvStore for SavedDense {
     }
 }
 
-/// The case's rows up to `saved` left in a file at `path`, read through a cache of 8 blocks of
-/// the 48 the rows take (most picks miss, and a gather wanting more than 8 blocks reads the rest
-/// past the cache), the rest of the case's rows written as its tail; and the bytes of a block.
-fn on_file(case: &Case, saved: usize, path: &std::path::Path, device: &Device) -> Result<(OffloadKv, usize)> {
+/// The case's rows on the device, reporting `saved` as the saved length: the resident tier.
+fn resident(case: &Case, saved: usize, device: &Device) -> Result<SavedDense> {
+    let (kv_heads, d, len) = (case.k.dim(0)?, case.k.dim(2)?, case.k.dim(1)?);
+    let mut rows = DenseKv::new(1, kv_heads, d, DType::F32, device);
+    rows.write(0, 0, &case.k.narrow(1, 0, len)?.to_device(device)?, &case.v.narrow(1, 0, len)?.to_device(device)?)?;
+    rows.set_len(len)?;
+    Ok(SavedDense { rows, saved, shape: (kv_heads, d), device: device.clone() })
+}
+
+/// The case's rows up to `saved` left in a file at `path`, read through `blocks` blocks of host
+/// memory (few: most picks miss, and a gather wanting more reads the rest past the cache; many:
+/// the keys are read into memory and the rest caches values), the rest of the case's rows
+/// written as its tail; and the bytes of a block.
+fn on_file(
+    case: &Case,
+    saved: usize,
+    path: &std::path::Path,
+    blocks: usize,
+    device: &Device,
+) -> Result<(OffloadKv, usize)> {
     let (kv_heads, d, len) = (case.k.dim(0)?, case.k.dim(2)?, case.k.dim(1)?);
     let block = folio_models::kv_cache::BLOCK_ROWS * d * 4;
     let on = |t: Tensor| t.to_device(device);
@@ -79,7 +95,7 @@ fn on_file(case: &Case, saved: usize, path: &std::path::Path, device: &Device) -
         (folio_models::context::KvDtype::F32, DType::F32),
         device,
         |_, start, t| Ok((on(case.k.narrow(1, start, t)?)?, on(case.v.narrow(1, start, t)?)?)),
-        8 * block as u64,
+        (blocks * block) as u64,
     )?;
     kv.write(0, saved, &on(case.k.narrow(1, saved, len - saved)?)?, &on(case.v.narrow(1, saved, len - saved)?)?)?;
     kv.set_len(len)?;
@@ -112,17 +128,20 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
     let shape = (spec.kv_heads, spec.head_dim);
     let reference_kv = Reference(SavedDense { rows: case.store()?, saved, shape, device: Device::Cpu });
     let on = |t: Tensor| t.to_device(device);
-    let mut resident = DenseKv::new(1, spec.kv_heads, spec.head_dim, DType::F32, device);
-    resident.write(0, 0, &on(case.k.narrow(1, 0, len)?)?, &on(case.v.narrow(1, 0, len)?)?)?;
-    resident.set_len(len)?;
-    let resident_kv = SavedDense { rows: resident, saved, shape, device: device.clone() };
+    let resident_kv = resident(&case, saved, device)?;
     let mut kv = OffloadKv::new(1, spec.kv_heads, spec.head_dim, saved, DType::F32, device)?;
     kv.fill(0, 0, &case.k.narrow(1, 0, saved)?, &case.v.narrow(1, 0, saved)?)?;
     kv.write(0, saved, &on(case.k.narrow(1, saved, len - saved)?)?, &on(case.v.narrow(1, saved, len - saved)?)?)?;
     kv.set_len(len)?;
     assert!(kv.write(0, saved - 1, &on(case.k.narrow(1, 0, 1)?)?, &on(case.v.narrow(1, 0, 1)?)?).is_err());
     let dir = tempfile::tempdir().expect("a temporary folder");
-    let (file_kv, block) = on_file(&case, saved, &dir.path().join("rows"), device)?;
+    // 8 blocks of the 48 the rows take; and 40, which hold the keys (24 blocks) in memory.
+    let (file_kv, block) = on_file(&case, saved, &dir.path().join("rows"), 8, device)?;
+    let (keys_kv, _) = on_file(&case, saved, &dir.path().join("keyed"), 40, device)?;
+    let in_memory = |kv: &OffloadKv| kv.file_stats().is_some_and(|s| s.keys_in_memory > 0);
+    assert!(!in_memory(&file_kv) && in_memory(&keys_kv));
+    let tiers =
+        [("offloaded", &kv as &dyn KvStore), ("file", &file_kv), ("file+keys", &keys_kv), ("resident", &resident_kv)];
     let channels = Arc::new(Channels::from_statistic(&[case.qk_statistic()?]));
     let resources = Resources { channels: Some(channels) };
     for (name, budget) in [
@@ -148,7 +167,6 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
         let params = knobs(name)?;
         let (label, name) = (name, name.split(' ').next().unwrap_or(name));
         let reference = by_name(name, budget, &params, &resources)?;
-        let tiers = [("offloaded", &kv as &dyn KvStore), ("file", &file_kv), ("resident", &resident_kv)];
         for (tier, fast_kv) in tiers {
             let fast = by_name(name, budget, &params, &resources)?;
             let mut worst = 0f32;
@@ -205,7 +223,7 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
     let want = dense.attend(&call(&q, &reference_kv))?.out;
     let qd = q.to_device(device)?;
     for name in ["dense", "topk", "double-sparsity", "buzz"] {
-        for (tier, fast_kv) in [("offloaded", &kv as &dyn KvStore), ("file", &file_kv), ("resident", &resident_kv)] {
+        for (tier, fast_kv) in tiers {
             let method = by_name(name, (name != "dense").then_some("2%"), &[], &resources)?;
             let diff = max_diff(&method.attend(&call(&qd, fast_kv))?.out, &want)?;
             println!("{device:?} {name}, {tier}, 5-token call: max |fast - dense| = {diff:.2e}");
@@ -215,9 +233,8 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
     // The file tier read what the steps picked through its cache: hits, and misses read from
     // the file.
     let stats = file_kv.file_stats().expect("rows on the file tier");
-    println!("{device:?} file tier: {stats:?}");
-    assert!(stats.hits > 0 && stats.blocks_read > 0 && stats.bytes_read > 0, "{stats:?}");
-    assert_eq!(stats.cache_bytes, 8 * block as u64);
+    let read = stats.hits > 0 && stats.blocks_read > 0 && stats.bytes_read > 0;
+    assert!(read && stats.cache_bytes == 8 * block as u64, "{stats:?}");
     Ok(())
 }
 
@@ -253,17 +270,23 @@ fn stored_rows_read_as_the_file_decodes(device: &Device) -> Result<()> {
         // segments) and random picks give the in-memory rows bit for bit.
         let path = dir.path().join(kv_dtype.name());
         let on_file = OffloadKv::stored_file(&path, shape, (kv_dtype, dtype), device, fill, 3 << 16)?;
+        // And with 64 MiB: the keys (at most 36 MB) read into memory, the values from the file.
+        let keyed = OffloadKv::stored_file(&path, shape, (kv_dtype, dtype), device, fill, 64 << 20)?;
+        assert!(keyed.file_stats().is_some_and(|s| s.keys_in_memory > 0));
         for layer in 0..layers {
-            let (a, b) = (&kv.segments(layer, saved)?[0], &on_file.segments(layer, saved)?[0]);
-            for (x, y) in [(&a.k, &b.k), (&a.v, &b.v)] {
-                assert_eq!(max_diff(x, y)?, 0.0, "seed {seed}: {} layer {layer}: a scan of the file", kv_dtype.name());
-            }
             let picks: Vec<u32> = (0..2 * kv_heads * 300).map(|_| rng.random_range(0..saved as u32)).collect();
             let idx = Tensor::from_vec(picks, (2 * kv_heads, 300), device)?;
-            let (a, b) =
-                (DecodeTier::gather(&kv, layer, &idx, saved)?, DecodeTier::gather(&on_file, layer, &idx, saved)?);
-            for (x, y) in [(&a.0, &b.0), (&a.1, &b.1)] {
-                assert_eq!(max_diff(x, y)?, 0.0, "seed {seed}: {} layer {layer}: picks from the file", kv_dtype.name());
+            for (tier, file_kv) in [("file", &on_file), ("file+keys", &keyed)] {
+                let name = format!("seed {seed}: {} layer {layer} on the {tier} tier", kv_dtype.name());
+                let (a, b) = (&kv.segments(layer, saved)?[0], &file_kv.segments(layer, saved)?[0]);
+                for (x, y) in [(&a.k, &b.k), (&a.v, &b.v)] {
+                    assert_eq!(max_diff(x, y)?, 0.0, "{name}: a scan");
+                }
+                let (a, b) =
+                    (DecodeTier::gather(&kv, layer, &idx, saved)?, DecodeTier::gather(file_kv, layer, &idx, saved)?);
+                for (x, y) in [(&a.0, &b.0), (&a.1, &b.1)] {
+                    assert_eq!(max_diff(x, y)?, 0.0, "{name}: picks");
+                }
             }
         }
         for layer in 0..layers {

@@ -26,7 +26,7 @@
 //!
 //! The fast path keeps the search and the picked rows on the device: each refresh searches every
 //! head at once and expands the chosen blocks to positions there (`search_on`: where the tier
-//! keeps the saved keys in host memory, [`DecodeTier::host_rows`], one launch that reads each
+//! keeps the saved keys in host memory, [`DecodeTier::host_keys`], one launch that reads each
 //! round's representative keys where they lie, up to 2048 candidates and 256 dimensions a head;
 //! otherwise round by round with a gather, past 2048 candidates with a top-k whose ties are
 //! arbitrary), gathers the picked rows and the
@@ -342,7 +342,7 @@ fn search_on(
     end: usize,
     ahead: bool,
 ) -> Result<Found> {
-    if let Some((keys, _)) = kv.host_rows(layer) {
+    if let Some(keys) = kv.host_keys(layer) {
         let group = q.dim(0)? / kv.kv_heads();
         let saved = kv.saved();
         let tail = if end > saved { Some(kv.keys(layer, saved, end)?.contiguous()?) } else { None };

@@ -93,6 +93,13 @@ pub trait DecodeTier {
     fn host_rows(&self, _layer: usize) -> Option<(&HostRows, &HostRows)> {
         None
     }
+    /// The saved keys `0..saved()` of `layer` where the tier keeps them in host memory, mapped
+    /// for the device — with the values ([`DecodeTier::host_rows`]) or without them (the file
+    /// tier with the keys read into memory) — for a method that reads keys alone where they lie
+    /// (HiP's search).
+    fn host_keys(&self, layer: usize) -> Option<&HostRows> {
+        self.host_rows(layer).map(|(k, _)| k)
+    }
 }
 
 /// [`DecodeTier::row`] through [`DecodeTier::gather`]: what a tier does for a row it cannot

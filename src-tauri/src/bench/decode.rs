@@ -150,7 +150,8 @@ fn print_report(r: &DecodeReport, json: bool, steps: usize) -> Result<()> {
     );
     if let Some(f) = &r.file {
         println!(
-            "  file tier: cache {}{}, disk {:.2} GB/s sequential (measured now); a step read {} in {:.1} reads ({:.2} ms reading, {:.2} GB/s; {:.2} ms at the sequential rate), {:.0} blocks, {:.1}% from the cache, {:.1}% used by the step before",
+            "  file tier: keys in memory {}, cache {}{}, disk {:.2} GB/s sequential (measured now); a step read {} in {:.1} reads ({:.2} ms reading, {:.2} GB/s; {:.2} ms at the sequential rate), {:.0} blocks, {:.1}% from the cache, {:.1}% used by the step before",
+            human_bytes(f.keys_in_memory),
             human_bytes(f.cache_bytes),
             if f.direct { "" } else { " (the page cache was not bypassed)" },
             f.disk_bandwidth / 1e9,

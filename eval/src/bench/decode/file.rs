@@ -94,6 +94,8 @@ pub(super) fn disk_rate(path: &Path) -> Result<f64> {
 #[derive(Serialize)]
 pub struct FileSteps {
     pub cache_bytes: u64,
+    /// Of the host memory the tier took, the keys read into it (the cache then holds values).
+    pub keys_in_memory: u64,
     /// Reads bypassed the page cache (else the file system refused: the rate may be memory's).
     pub direct: bool,
     /// The disk's sequential read rate measured in this run, bytes/s.
@@ -120,6 +122,7 @@ pub(super) fn per_step(before: &FileStats, after: &FileStats, steps: usize, disk
     let seconds = after.read_seconds - before.read_seconds;
     FileSteps {
         cache_bytes: after.cache_bytes,
+        keys_in_memory: after.keys_in_memory,
         direct: after.direct,
         disk_bandwidth,
         disk_bytes_per_step: per(after.bytes_read, before.bytes_read),

@@ -59,6 +59,8 @@ const MAX_HEADS: usize = 0xff;
 pub struct FileStats {
     /// Bytes of the block cache.
     pub cache_bytes: u64,
+    /// Bytes of the keys read into host memory (then the cache holds value blocks only).
+    pub keys_in_memory: u64,
     /// Whether reads bypass the page cache (else the file system refused it: its rate may be
     /// the page cache's).
     pub direct: bool,

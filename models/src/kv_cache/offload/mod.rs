@@ -16,21 +16,24 @@
 
 use candle_core::{DType, Device, Tensor};
 use folio_kernels::attention::{attention_block, merge, AttnOutput, Mask};
-use folio_kernels::select::{HostRows, SharedHost, Stored};
+use folio_kernels::select::{HostRows, SharedHost};
 use folio_kernels::sparse;
 use folio_kernels::Positions;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+mod on_file;
+
 use super::file::{self as file_tier, FileRows, FileStats};
 use super::tier::{DecodeTier, Exact, TierRef};
 use super::{KvSegment, KvStore, SavedTail};
-use crate::context::EncodeTensor;
 use crate::error::{kv_refused, Error, Result};
-use folio_context_file::format::{SectionKind, PAGE};
+use folio_context_file::format::SectionKind;
 use folio_context_file::{ContextFile, KvDtype};
 use folio_runtime::host_budget::{self, Held, Hold};
+pub use on_file::KEYS_IN_MEMORY_SHARE;
+use on_file::{encode_stored, stored_layout};
 
 /// Rows per host chunk when a step must read everything (dense attention, the exact top-k
 /// scan, building an index): 64 Ki rows per KV head keeps a chunk's K+V at 64 MiB for a
@@ -56,8 +59,10 @@ pub struct OffloadKv {
     /// Whether `host` views shared memory in place (a file's mapping, [`Self::stored`]'s rows),
     /// rather than rows copied or filled into its own page-locked memory.
     in_place: bool,
-    /// The saved rows when they stay in the context file (the file tier: `host` is empty).
+    /// The saved rows when they stay in the context file (the file tier: `host` is empty), and
+    /// on it each layer's keys when they were read into host memory (then the file serves values).
     file_rows: Option<FileRows>,
+    host_keys: Vec<HostRows>,
     /// Saved layers copied to the device because a method reads all of their rows every step
     /// (HiP's dense leading layers): `(k, v)` `[kv_heads, saved, d]`.
     resident: Mutex<HashMap<usize, (Tensor, Tensor)>>,
@@ -96,6 +101,7 @@ impl OffloadKv {
             file: None,
             in_place: false,
             file_rows: None,
+            host_keys: Vec::new(),
             resident: Mutex::new(HashMap::new()),
             saved,
             tail: SavedTail::new(saved, layers, kv_heads, head_dim, dtype, device),
@@ -169,65 +175,6 @@ impl OffloadKv {
         Self::viewing(&shared, &offsets, kv_dtype, shape, dtype, device)
     }
 
-    /// [`Self::stored`]'s rows written to the file at `path` (its sections as [`Self::stored`]
-    /// lays them out, no header) and read on the file tier with a cache of `cache_bytes`: the
-    /// file tier's benchmark and tests without a prefill.
-    pub fn stored_file(
-        path: &std::path::Path,
-        shape: (usize, usize, usize, usize),
-        (kv_dtype, dtype): (KvDtype, DType),
-        device: &Device,
-        rows: impl FnMut(usize, usize, usize) -> Result<(Tensor, Tensor)>,
-        cache_bytes: u64,
-    ) -> Result<Self> {
-        use folio_context_file::platform::PositionalIo;
-        let (offsets, end) = stored_layout(shape, kv_dtype);
-        let out = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
-        out.set_len(end as u64).map_err(|e| Error::io(path, e))?;
-        encode_stored(shape, kv_dtype, &offsets, rows, |at, bytes| {
-            out.write_all_at(bytes, at as u64).map_err(|e| Error::io(path, e))
-        })?;
-        out.sync_all().map_err(|e| Error::io(path, e))?;
-        let (layers, kv_heads, saved, head_dim) = shape;
-        let sections = offsets.iter().map(|&at| at as u64).collect();
-        let rows = FileRows::open(path, sections, kv_dtype, (kv_heads, saved, head_dim), cache_bytes)?;
-        Ok(Self::over_file(rows, None, (layers, kv_heads, saved, head_dim), dtype, device))
-    }
-
-    /// A saved context's rows left in its file: read a block at a time through a cache of
-    /// `cache_bytes` held in the host budget (the file tier, [`FileRows`]), every K/V section
-    /// verified first by reading the file (not its mapping: the pages would stay resident).
-    pub fn on_file(file: Arc<ContextFile>, cache_bytes: u64, dtype: DType, device: &Device) -> Result<Self> {
-        let h = file.header();
-        let shape = (h.layers, h.kv_heads, h.tokens, h.head_dim);
-        let sections = file.kv_sections_read()?.iter().map(|&(at, _)| at as u64).collect();
-        let rows = FileRows::open(file.path(), sections, h.kv_dtype, (h.kv_heads, h.tokens, h.head_dim), cache_bytes)?;
-        Ok(Self::over_file(rows, Some(file), shape, dtype, device))
-    }
-
-    fn over_file(
-        rows: FileRows,
-        file: Option<Arc<ContextFile>>,
-        (layers, kv_heads, saved, head_dim): (usize, usize, usize, usize),
-        dtype: DType,
-        device: &Device,
-    ) -> Self {
-        Self {
-            host: Vec::new(),
-            _hold: None,
-            file,
-            in_place: false,
-            file_rows: Some(rows),
-            resident: Mutex::new(HashMap::new()),
-            saved,
-            tail: SavedTail::new(saved, layers, kv_heads, head_dim, dtype, device),
-            kv_heads,
-            head_dim,
-            dtype,
-            device: device.clone(),
-        }
-    }
-
     /// Views of each layer's K and V sections at `offsets` (K then V, layer by layer) of
     /// `shared`, stored as `kv_dtype`, gathered as `dtype`.
     fn viewing(
@@ -252,6 +199,7 @@ impl OffloadKv {
             file: None,
             in_place: true,
             file_rows: None,
+            host_keys: Vec::new(),
             resident: Mutex::new(HashMap::new()),
             saved: tokens,
             tail: SavedTail::new(tokens, layers, kv_heads, head_dim, dtype, device),
@@ -297,12 +245,14 @@ impl OffloadKv {
     /// Host bytes held for the saved prefix (K and V of every layer; on the file tier its cache).
     pub fn host_bytes(&self) -> u64 {
         let cache = self.file_rows.as_ref().map_or(0, FileRows::cache_bytes);
-        cache + self.host.iter().map(|(k, v)| (k.bytes() + v.bytes()) as u64).sum::<u64>()
+        let keys = self.host_keys.iter().map(|k| k.bytes() as u64).sum::<u64>();
+        cache + keys + self.host.iter().map(|(k, v)| (k.bytes() + v.bytes()) as u64).sum::<u64>()
     }
 
     /// What the file tier has read so far, when the saved rows are on it.
     pub fn file_stats(&self) -> Option<FileStats> {
-        self.file_rows.as_ref().map(FileRows::stats)
+        let keys = self.host_keys.iter().map(|k| k.bytes() as u64).sum();
+        self.file_rows.as_ref().map(|rows| FileStats { keys_in_memory: keys, ..rows.stats() })
     }
 
     fn layer(&self, layer: usize) -> Result<&(HostRows, HostRows)> {
@@ -320,6 +270,9 @@ impl OffloadKv {
         tail: Option<&Tensor>,
         keep: bool,
     ) -> Result<Tensor> {
+        if let (0, Some(keys)) = (kind, self.host_keys.get(layer)) {
+            return Ok(keys.gather(idx, group, tail, Positions::Trusted)?);
+        }
         if let Some(rows) = &self.file_rows {
             return file_tier::gather(rows, (layer, kind), idx, group, tail, (self.dtype, &self.device), keep);
         }
@@ -582,56 +535,15 @@ impl DecodeTier for OffloadKv {
     fn host_rows(&self, layer: usize) -> Option<(&HostRows, &HostRows)> {
         self.host.get(layer).filter(|_| self.saved > 0).map(|(k, v)| (k, v))
     }
-}
 
-/// Where [`OffloadKv::stored`] lays out the K and V sections of `(layers, kv_heads, saved, d)`
-/// rows stored as `kv_dtype` (as a context file does, page-aligned), and the bytes in all.
-fn stored_layout(
-    (layers, kv_heads, saved, head_dim): (usize, usize, usize, usize),
-    kv_dtype: KvDtype,
-) -> (Vec<usize>, usize) {
-    let mut offsets = Vec::with_capacity(2 * layers);
-    let mut end = 0usize;
-    for _ in 0..layers {
-        for kind in [SectionKind::Keys, SectionKind::Values] {
-            offsets.push(end);
-            end = (end + kv_dtype.section_bytes(kind, kv_heads * saved, head_dim) as usize)
-                .next_multiple_of(PAGE as usize);
+    /// On the file tier, the keys read into host memory (the values stay in the file).
+    fn host_keys(&self, layer: usize) -> Option<&HostRows> {
+        match self.host.get(layer) {
+            Some((k, _)) => Some(k),
+            None => self.host_keys.get(layer),
         }
+        .filter(|_| self.saved > 0)
     }
-    (offsets, end)
-}
-
-/// Encodes the rows `rows(layer, start, t)` gives ([`OffloadKv::stored`]) a fill chunk at a
-/// time, handing each head's piece to `write(byte offset, bytes)` at its place in the layout.
-fn encode_stored(
-    (layers, kv_heads, saved, head_dim): (usize, usize, usize, usize),
-    kv_dtype: KvDtype,
-    offsets: &[usize],
-    mut rows: impl FnMut(usize, usize, usize) -> Result<(Tensor, Tensor)>,
-    mut write: impl FnMut(usize, &[u8]) -> Result<()>,
-) -> Result<()> {
-    let n = kv_heads * saved;
-    for layer in 0..layers {
-        for start in (0..saved).step_by(SCAN_CHUNK) {
-            let t = SCAN_CHUNK.min(saved - start);
-            let (k, v) = rows(layer, start, t)?;
-            for (i, (kind, x)) in [SectionKind::Keys, SectionKind::Values].into_iter().zip([k, v]).enumerate() {
-                let codec = kv_dtype.codec(kind);
-                let (whole, part) = (codec.stored(n, head_dim), codec.stored(t, head_dim));
-                let section = offsets[2 * layer + i];
-                for head in 0..kv_heads {
-                    let bytes = codec.encode_tensor(&x.get(head)?, head_dim)?;
-                    let (row_bytes, first) = (whole.row_bytes(head_dim), head * saved + start);
-                    write(section + first * row_bytes, &bytes[..t * row_bytes])?;
-                    if let (Stored::Fp8 { scales }, Stored::Fp8 { scales: from }) = (whole, part) {
-                        write(section + scales + 4 * first, &bytes[from..from + 4 * t])?;
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A context file's mapping as the bytes host rows view, and the host budget's hold on them: on
