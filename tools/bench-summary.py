@@ -36,7 +36,8 @@ for path in sys.argv[1:]:
             print("       file tier: keys in memory %.2f GiB, cache %.2f GiB%s, disk %.2f GB/s seq; per step %.1f MiB in %.1f reads, %.2f ms reading (%.2f GB/s), hits %.1f%%, overlap with the step before %.1f%%" % (
                 f.get("keys_in_memory", 0) / 2**30, f["cache_bytes"] / 2**30, "" if f["direct"] else " (page cache not bypassed)", f["disk_bandwidth"] / 1e9,
                 f["disk_bytes_per_step"] / 2**20, f["disk_reads_per_step"], f["disk_read_ms_per_step"],
-                f["disk_rate"] / 1e9, 100 * f["hit_rate"], 100 * f["step_overlap"]))
+                f["disk_rate"] / 1e9, 100 * (f["hit_rate"] if f["hit_rate"] is not None else float("nan")),
+                100 * (f["step_overlap"] if f["step_overlap"] is not None else float("nan"))))
         p = d.get("profile")
         if p:
             print("   profile: host queued %.2f ms of step %.2f ms; synced step %.2f ms"

@@ -23,6 +23,9 @@ use crate::format::{
 
 pub struct ContextFile {
     path: PathBuf,
+    /// Which file was opened (the path may later name another: an index stored renames a new
+    /// file over it); a reopen by path is checked against it.
+    identity: Identity,
     map: Mmap,
     header: Header,
     tokens: Vec<u32>,
@@ -30,6 +33,26 @@ pub struct ContextFile {
     /// Per section: its checksum matched once, so a layer decoded again (after the resident
     /// tier dropped it) is not hashed again.
     verified: Vec<AtomicBool>,
+}
+
+/// What tells one file from another at the same path: the device and inode on Unix; elsewhere
+/// the length and the last write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Identity(u64, u64);
+
+impl Identity {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            Self(meta.dev(), meta.ino())
+        }
+        #[cfg(not(unix))]
+        {
+            let written = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+            Self(meta.len(), written.map_or(0, |d| d.as_nanos() as u64))
+        }
+    }
 }
 
 /// Result of [`ContextFile::verify`].
@@ -52,7 +75,8 @@ impl ContextFile {
             return Err(bad("not a regular file: a context file is a file on disk".into()));
         }
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        let opened = file.metadata().map_err(|e| Error::io(path, e))?;
+        let (len, identity) = (opened.len(), Identity::of(&opened));
         if len < PREAMBLE_BYTES {
             return Err(bad(format!("not a Folio context file (only {len} bytes)")));
         }
@@ -96,7 +120,8 @@ impl ContextFile {
         check_shape(&header, len).map_err(bad)?;
         check_layout(&header).map_err(bad)?;
         let verified = header.sections.iter().map(|_| AtomicBool::new(false)).collect();
-        let mut ctx = Self { path: path.to_owned(), map, header, tokens: Vec::new(), documents: Vec::new(), verified };
+        let mut ctx =
+            Self { path: path.to_owned(), identity, map, header, tokens: Vec::new(), documents: Vec::new(), verified };
         let tokens = ctx.section_bytes(SectionKind::Tokens, None)?;
         ctx.tokens = tokens.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
         let docs = ctx.section_bytes(SectionKind::Documents, None)?;
@@ -108,6 +133,19 @@ impl ContextFile {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Refuses `other` (the path opened again) when it is not the file this one opened.
+    pub fn check_same(&self, other: &std::fs::File) -> Result<()> {
+        let meta = other.metadata().map_err(|e| Error::io(&self.path, e))?;
+        if Identity::of(&meta) != self.identity {
+            return Err(Error::Context {
+                path: self.path.clone(),
+                msg: "the file was replaced since it was opened (an index stored, or a copy over it); open it again"
+                    .into(),
+            });
+        }
+        Ok(())
     }
 
     pub fn header(&self) -> &Header {
@@ -204,6 +242,7 @@ impl ContextFile {
             .flat_map(|l| [SectionKind::Keys, SectionKind::Values].map(|kind| self.section_index(kind, Some(l))))
             .collect::<Result<Vec<usize>>>()?;
         let file = std::fs::File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        self.check_same(&file)?;
         wanted.par_iter().try_for_each(|&i| -> Result<()> {
             if self.verified[i].load(Ordering::Relaxed) {
                 return Ok(());

@@ -55,8 +55,9 @@ pub fn file_checksum(file: &std::fs::File, offset: u64, len: u64) -> std::io::Re
     Ok(checksum_hex(h.digest()))
 }
 
-/// Bytes read at a time by [`file_checksum`].
-const HASH_BLOCK_BYTES: usize = 64 << 20;
+/// Bytes read at a time by [`file_checksum`]: a buffer per thread when the file tier verifies
+/// every section at once, so small beside a budget the file tier exists for.
+const HASH_BLOCK_BYTES: usize = 8 << 20;
 
 /// [`checksum`]'s text of an xxh3-64 digest (of bytes hashed in pieces).
 pub fn checksum_hex(digest: u64) -> String {

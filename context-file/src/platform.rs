@@ -23,14 +23,19 @@ pub const DIRECT_ALIGN: usize = 4096;
 
 /// `path` opened for reading with the page cache bypassed where the system and the file
 /// system allow it (O_DIRECT on Linux), and whether they do: a file system that refuses it
-/// (tmpfs) gets a plain read-only open. Reads of a file opened unbuffered must use buffers,
+/// (tmpfs), at the open or at a first read, gets a plain read-only open. Reads of a file opened unbuffered must use buffers,
 /// offsets and lengths that are multiples of [`DIRECT_ALIGN`] ([`read_aligned`] does).
 pub fn open_unbuffered(path: &Path) -> io::Result<(File, bool)> {
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::fs::OpenOptionsExt;
         match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
-            Ok(file) => return Ok((file, true)),
+            // Some file systems take the flag and refuse every read: one read tells.
+            Ok(file) => match memmap2::MmapMut::map_anon(DIRECT_ALIGN).and_then(|mut b| read_at(&file, &mut b, 0)) {
+                Ok(_) => return Ok((file, true)),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                Err(e) => return Err(e),
+            },
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
             Err(e) => return Err(e),
         }

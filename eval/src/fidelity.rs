@@ -29,10 +29,10 @@ use std::ops::ControlFlow;
 
 use serde::{Deserialize, Serialize};
 
-use crate::needle::{PromptStore, EXTRA_ANSWER_TOKENS};
+use crate::needle::{PromptStore, PromptTier, EXTRA_ANSWER_TOKENS};
 use crate::tasks::{Task, TaskPrompt};
 use folio_models::attention::ReadTally;
-use folio_models::attention::{Attention, Dense, Tier};
+use folio_models::attention::{Attention, Dense};
 use folio_models::distribution::{argmax, kl_divergence};
 use folio_models::error::Result;
 use folio_models::generate::{self, GenerateParams, Generation, SamplingParams};
@@ -112,7 +112,7 @@ pub fn run_prompt(
     prompt: &TaskPrompt,
     cell: Cell,
     attns: &[&dyn Attention],
-    tier: Tier,
+    tier: &PromptTier,
     questions: &[QuestionMode],
 ) -> Result<Vec<Vec<Outcome>>> {
     let (mut store, prefill_seconds) = PromptStore::new(engine, &prompt.ids, prompt.documents_end, tier)?;

@@ -4,6 +4,8 @@
 //! docs/demo-model.md), so they come from the distribution the demo model was trained on.
 
 use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use rand::rngs::StdRng;
@@ -13,11 +15,15 @@ use serde::Serialize;
 use crate::spec::EvalSpec;
 use folio_models::attention::{Attention, Tier};
 use folio_models::chat::Message;
+use folio_models::context::{self, BuildOptions, ContextFile, PrefixPlan};
 use folio_models::error::{Error, Result};
 use folio_models::generate::{self, GenerateParams, PromptPass, SamplingParams, PREFILL_CHUNK};
 use folio_models::kv_cache::KvStore;
 use folio_models::kv_cache::OffloadKv;
 use folio_models::Engine;
+
+/// The context file a prompt's documents are prefilled into in `--kv-on-disk`'s folder.
+const PROMPT_FILE: &str = "folio-eval-prompt.folio";
 
 /// Tokens generated beyond the expected answer before giving up on it.
 pub(crate) const EXTRA_ANSWER_TOKENS: usize = 4;
@@ -282,6 +288,32 @@ pub struct NeedleSample {
     /// The documents' prefill before it on the offloaded tier, shared by the methods run on the
     /// prompt (0 on the resident tier).
     pub prefill_seconds: f64,
+    /// Bytes this method's run read from the context file, when the documents' rows are on the
+    /// file tier (`--kv-on-disk` with a host budget smaller than them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+}
+
+/// Where a prompt's documents are held while the methods decode after them: on the device (the
+/// whole prompt each run: the resident tier), prefilled once into the offloaded tier in host
+/// memory (`--offload`), or prefilled once into a context file in a folder and opened as the
+/// app opens one — on the file tier when the host budget cannot hold it (`--kv-on-disk DIR`), or
+/// on the file tier with a cache of the given bytes whatever the budget (`--kv-cache SIZE`).
+#[derive(Debug, Clone)]
+pub enum PromptTier {
+    Resident,
+    Offloaded,
+    OnDisk(PathBuf, Option<u64>),
+}
+
+impl PromptTier {
+    /// The decode tier the methods run on.
+    pub fn tier(&self) -> Tier {
+        match self {
+            Self::Resident => Tier::Resident,
+            Self::Offloaded | Self::OnDisk(..) => Tier::Offloaded,
+        }
+    }
 }
 
 /// The seed of one (length, depth, sample) cell: every cell reproducible on its own.
@@ -315,7 +347,7 @@ pub fn run_sample(
     engine: &Engine,
     prompt: &NeedlePrompt,
     attns: &[&dyn Attention],
-    tier: Tier,
+    tier: &PromptTier,
     (length, depth, sample): (usize, f64, usize),
 ) -> Result<Vec<NeedleSample>> {
     let expected = if prompt.prefilled { &prompt.value } else { &prompt.answer };
@@ -326,7 +358,7 @@ pub fn run_sample(
         eos_token_ids: engine.eos_token_ids(),
         prompt_pass: Default::default(),
     };
-    let scored = |text: String, prefill_seconds: f64, start: Instant| NeedleSample {
+    let scored = |text: String, prefill_seconds: f64, start: Instant, disk_bytes| NeedleSample {
         length,
         depth,
         sample,
@@ -336,20 +368,22 @@ pub fn run_sample(
         output: text,
         seconds: start.elapsed().as_secs_f64(),
         prefill_seconds,
+        disk_bytes,
     };
     let quiet = |_: &str| ControlFlow::Continue(());
     let (mut store, prefill_seconds) = PromptStore::new(engine, &prompt.ids, prompt.documents_end, tier)?;
     attns
         .iter()
         .map(|&attn| {
-            let start = Instant::now();
+            let (start, read_before) = (Instant::now(), store.disk_bytes());
             let g = store.run(false, |kv, input, pass| {
                 let params = GenerateParams { prompt_pass: pass, ..params.clone() };
                 generate::generate(&engine.model, &engine.tokenizer, attn, kv, input, &params, quiet)
             });
             // The next prompt is another conversation; the method's device memory goes now.
             attn.end_conversation();
-            Ok(scored(g?.text, prefill_seconds, start))
+            let disk_bytes = store.disk_bytes().zip(read_before).map(|(after, before)| after - before);
+            Ok(scored(g?.text, prefill_seconds, start, disk_bytes))
         })
         .collect()
 }
@@ -364,22 +398,55 @@ pub(crate) struct PromptStore<'a> {
     documents_end: usize,
     /// The documents' rows on the offloaded tier; `None` on the resident one.
     offloaded: Option<Box<OffloadKv>>,
+    /// The context file they were prefilled into (`--kv-on-disk`), removed with the store.
+    file: Option<PathBuf>,
+}
+
+impl Drop for PromptStore<'_> {
+    fn drop(&mut self) {
+        if let Some(path) = &self.file {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 impl<'a> PromptStore<'a> {
     /// The store and the seconds its documents' prefill took (0 on the resident tier).
-    pub(crate) fn new(engine: &'a Engine, ids: &'a [u32], documents_end: usize, tier: Tier) -> Result<(Self, f64)> {
+    pub(crate) fn new(
+        engine: &'a Engine,
+        ids: &'a [u32],
+        documents_end: usize,
+        tier: &PromptTier,
+    ) -> Result<(Self, f64)> {
         let started = Instant::now();
-        let offloaded = match tier {
-            Tier::Resident => None,
-            Tier::Offloaded => Some(Box::new(folio_models::prefill::prefill_offloaded(
-                &engine.model,
-                &ids[..documents_end],
-                PREFILL_CHUNK,
-            )?)),
+        let documents = &ids[..documents_end];
+        let (offloaded, file) = match tier {
+            PromptTier::Resident => (None, None),
+            PromptTier::Offloaded => {
+                (Some(folio_models::prefill::prefill_offloaded(&engine.model, documents, PREFILL_CHUNK)?), None)
+            }
+            PromptTier::OnDisk(dir, cache) => {
+                let path = dir.join(PROMPT_FILE);
+                let plan = PrefixPlan::raw_tokens(documents.to_vec());
+                let opts = BuildOptions::new(context::DEFAULT_KV_DTYPE);
+                let stamp = engine.stamp()?;
+                context::build(&engine.model, stamp, &plan, &path, &opts, &mut |_| ControlFlow::Continue(()))?;
+                let file = Arc::new(ContextFile::open(&path)?);
+                let (dtype, device) = (engine.model.dtype(), engine.model.device());
+                let kv = match cache {
+                    Some(bytes) => OffloadKv::on_file(file, *bytes, dtype, device)?,
+                    None => OffloadKv::from_context(file, dtype, device)?,
+                };
+                (Some(kv), Some(path))
+            }
         };
         let prefill_seconds = if offloaded.is_some() { started.elapsed().as_secs_f64() } else { 0.0 };
-        Ok((Self { engine, ids, documents_end, offloaded }, prefill_seconds))
+        Ok((Self { engine, ids, documents_end, offloaded: offloaded.map(Box::new), file }, prefill_seconds))
+    }
+
+    /// Bytes read from the context file so far, when the rows are on the file tier.
+    pub(crate) fn disk_bytes(&self) -> Option<u64> {
+        self.offloaded.as_ref()?.file_stats().map(|s| s.bytes_read)
     }
 
     /// Calls `f` with a store that holds what precedes its input, the input (the whole prompt,

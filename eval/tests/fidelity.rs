@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
 use folio_eval::fidelity::{self, Cell, QuestionMode};
+use folio_eval::needle::PromptTier;
 use folio_eval::spec::EvalSpec;
 use folio_eval::tasks::{self, Task};
 use folio_models::attention::reads::ReadTally;
-use folio_models::attention::{self, Attention, Dense, Resources, Tier};
+use folio_models::attention::{self, Attention, Dense, Resources};
 use folio_models::generate::{self, GenerateParams, PromptPass, SamplingParams};
 use folio_models::Engine;
 use rand::rngs::StdRng;
@@ -120,7 +121,8 @@ fn the_report_measures_against_dense() {
     let attns: [&dyn Attention; 2] = [&Dense, streaming.as_ref()];
     let cell = Cell { task: Task::Chain, length: 1024, depth: 0.25, sample: 0 };
     let prompt = tasks::cell_prompt(&engine, &spec, cell.task, (cell.length, cell.depth, cell.sample), 0).unwrap();
-    let got = fidelity::run_prompt(&engine, &prompt, cell, &attns, Tier::Resident, &[QuestionMode::Dense]).unwrap();
+    let got =
+        fidelity::run_prompt(&engine, &prompt, cell, &attns, &PromptTier::Resident, &[QuestionMode::Dense]).unwrap();
     let (dense, sparse) = (&got[0][0], &got[0][1]);
     println!("dense {:?}\nstreaming {:?}", dense.output, sparse.output);
     assert!(dense.correct && dense.dense_correct, "the demo model answers this chain: {:?}", dense.output);
@@ -181,8 +183,8 @@ fn the_offloaded_tier_gives_the_resident_answers() {
     let cell = Cell { task: Task::Pair, length: 1024, depth: 0.75, sample: 0 };
     let prompt = tasks::cell_prompt(&engine, &spec, cell.task, (cell.length, cell.depth, cell.sample), 0).unwrap();
     let modes = [QuestionMode::Dense, QuestionMode::Sparse];
-    let resident = fidelity::run_prompt(&engine, &prompt, cell, &attns, Tier::Resident, &modes).unwrap();
-    let offloaded = fidelity::run_prompt(&engine, &prompt, cell, &attns, Tier::Offloaded, &modes).unwrap();
+    let resident = fidelity::run_prompt(&engine, &prompt, cell, &attns, &PromptTier::Resident, &modes).unwrap();
+    let offloaded = fidelity::run_prompt(&engine, &prompt, cell, &attns, &PromptTier::Offloaded, &modes).unwrap();
     for ((mode, resident), offloaded) in modes.iter().zip(&resident).zip(&offloaded) {
         for (r, o) in resident.iter().zip(offloaded) {
             assert_eq!((r.question, o.question), (*mode, *mode));

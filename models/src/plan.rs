@@ -171,8 +171,12 @@ pub struct Plan {
     pub kv_device_bytes: u64,
     pub resident_layers: usize,
     pub layers: usize,
-    /// K/V in host memory (offloaded tier): the context file's mapping, page-locked in place.
+    /// K/V in host memory (offloaded tier): the context file's mapping, page-locked in place;
+    /// or, on the file tier ([`Plan::kv_on_disk`]), the host memory its keys and its cache take.
     pub kv_host_bytes: u64,
+    /// The context's rows stay in the file (the file tier): the host budget cannot hold the
+    /// mapping beside the rest; a step reads what its cache does not hold from disk.
+    pub kv_on_disk: bool,
     /// What the method keeps in device memory beside the K/V (labels, resident layers,
     /// gathers).
     pub method_device_bytes: u64,
@@ -242,7 +246,9 @@ pub fn plan(
     let link = bw.link.unwrap_or(bw.device);
     let term = |path, bytes: f64, bandwidth: f64| Term { path, bytes, bandwidth, ms: bytes / bandwidth * 1e3 };
     let weights_read = weights_read as f64;
-    let (kv_device, resident_layers, kv_host, terms) = match tier {
+    let host_budget = budgets.host.or_else(folio_runtime::host_budget::budget);
+    let process = folio_runtime::host_memory::rss().unwrap_or(0).saturating_sub(folio_runtime::host_budget::held());
+    let (kv_device, resident_layers, kv_host, terms, kv_on_disk) = match tier {
         Tier::Resident => {
             // Whole layers are decoded into device memory up to the budget; one at least.
             let room = budgets.device.map(|b| b.saturating_sub(weights + method_device));
@@ -275,28 +281,34 @@ pub fn plan(
                 terms.push(term("host", again * 2.0 * file_layer, bw.host));
                 terms.push(term("link", again * layer_bytes as f64, link));
             }
-            (layer_bytes * kept as u64, kept, 0, terms)
+            (layer_bytes * kept as u64, kept, 0, terms, false)
         }
         Tier::Offloaded => {
             // The file's K/V sections, read in place (`OffloadKv::from_context`): page-locked in
-            // the page cache with the rest of its mapping, and crossing the link in the file's dtype.
+            // the page cache with the rest of its mapping, and crossing the link in the file's
+            // dtype; or, when the budget cannot hold the mapping beside the rest, left on disk
+            // with the file tier's share of the budget (its keys and a cache of row blocks).
             let kv = layers as u64 * header.kv_dtype.kv_bytes(header.kv_heads * tokens, header.head_dim);
-            let host = header.file_bytes.max(kv);
+            let in_place = header.file_bytes.max(kv);
+            let beside = cost.host_state_bytes + model.weights_host + process;
+            let file_tier = host_budget.filter(|&b| beside + in_place > b).map(|b| {
+                let room = b.saturating_sub(model.weights_host + process);
+                ((room as f64 * crate::kv_cache::FILE_CACHE_SHARE) as u64).min(kv)
+            });
+            let host = file_tier.filter(|&c| c >= crate::kv_cache::FILE_CACHE_MIN).unwrap_or(in_place);
             let file_per_compute = kv as f64 / (layer_bytes * layers as u64).max(1) as f64;
             let terms = vec![
                 term("device", weights_read + cost.device_bytes, bw.device),
                 term("link", cost.link_bytes * file_per_compute, link),
                 term("host", cost.host_bytes, bw.host),
             ];
-            (0, 0, host, terms)
+            (0, 0, host, terms, host != in_place)
         }
     };
-    let host_budget = budgets.host.or_else(folio_runtime::host_budget::budget);
-    let process = folio_runtime::host_memory::rss().unwrap_or(0).saturating_sub(folio_runtime::host_budget::held());
     let host_parts = [kv_host, cost.host_state_bytes, model.weights_host, process];
     let host_total: u64 = host_parts.iter().sum();
     if let Some(b) = host_budget.filter(|&b| host_total > b && problems.is_empty()) {
-        problems.push(over_host_budget(b, spec.name, host_parts, budgets.host.is_none(), tier));
+        problems.push(over_host_budget(b, spec.name, host_parts, budgets.host.is_none(), (tier, kv_on_disk)));
     }
     let device_total = weights + method_device + kv_device;
     if let Some(b) = budgets.device.filter(|&b| device_total > b && problems.is_empty()) {
@@ -315,6 +327,7 @@ pub fn plan(
         resident_layers,
         layers,
         kv_host_bytes: kv_host,
+        kv_on_disk,
         method_device_bytes: method_device,
         device_bytes: device_total,
         method_host_bytes: cost.host_state_bytes,
@@ -353,7 +366,7 @@ fn over_host_budget(
     method: &str,
     [kv, state, weights, process]: [u64; 4],
     default: bool,
-    tier: Tier,
+    (tier, on_disk): (Tier, bool),
 ) -> String {
     format!(
         "the {}host budget of {} does not hold {method}'s step: K/V {}{}, {method} method state {}, weights {}, the \
@@ -362,12 +375,20 @@ fn over_host_budget(
         if default { "default " } else { "" },
         human_bytes(b),
         human_bytes(kv),
-        if tier == Tier::Offloaded { " (the context file, read in place)" } else { "" },
+        match (tier, on_disk) {
+            (Tier::Offloaded, true) => " (the file tier's keys and cache: its rows stay on disk)",
+            (Tier::Offloaded, false) => " (the context file, read in place)",
+            _ => "",
+        },
         human_bytes(state),
         human_bytes(weights),
         human_bytes(process),
         human_bytes(kv + state + weights + process),
-        if tier == Tier::Offloaded { ", turn offload off (layers are then read from the file as used)" } else { "" },
+        if tier == Tier::Offloaded && !on_disk {
+            ", turn offload off (layers are then read from the file as used)"
+        } else {
+            ""
+        },
     )
 }
 

@@ -557,7 +557,8 @@ fn excerpts_show_the_passages_read_in_their_text() -> Result<()> {
 /// every layer in host memory and its step's terms are the method's own cost over each path;
 /// the resident tier keeps as many whole layers as the device budget holds and decodes the
 /// others from the file each step; a budget that holds no layer, or host memory below the
-/// K/V, is a problem that names what would fit.
+/// K/V, is a problem that names what would fit — unless the file tier's share of it can hold
+/// the rows' keys and cache (a context twice the budget's room stays on disk).
 #[test]
 fn the_memory_planner_places_the_kv_and_prices_a_step() -> Result<()> {
     use folio_models::attention::cost::{CostInput, Shape};
@@ -582,7 +583,7 @@ fn the_memory_planner_places_the_kv_and_prices_a_step() -> Result<()> {
     // what a row costs on the link. The host's total adds the rest of the process.
     let file_kv = (h.layers * 2 * h.kv_heads * h.tokens * h.head_dim * 2) as u64;
     assert!(h.file_bytes > file_kv);
-    assert_eq!((p.kv_host_bytes, p.kv_device_bytes, p.resident_layers), (h.file_bytes, 0, 0));
+    assert_eq!((p.kv_host_bytes, p.kv_device_bytes, p.resident_layers, p.kv_on_disk), (h.file_bytes, 0, 0, false));
     assert!(p.process_host_bytes > 0 && p.method_host_bytes == 0);
     assert_eq!(p.host_bytes, p.kv_host_bytes + p.process_host_bytes);
     assert_eq!(p.host_budget, folio_runtime::host_budget::budget());
@@ -620,6 +621,16 @@ fn the_memory_planner_places_the_kv_and_prices_a_step() -> Result<()> {
     let file_only = Budgets { device: None, host: Some(h.file_bytes + 1) };
     let p = plan::plan(&facts, h, &hip, Tier::Offloaded, file_only, &bw)?;
     assert!(p.problems[0].contains("the rest of Folio") && p.problems[0].contains("in all"), "{:?}", p.problems);
+    // A million tokens of this shape with room for half its file beside the process: the rows
+    // stay on disk (the file tier), its share of the room in host memory, no problem.
+    let mut big = h.clone();
+    big.tokens = 1 << 20;
+    big.file_bytes = big.layers as u64 * big.kv_dtype.kv_bytes(big.kv_heads * big.tokens, big.head_dim);
+    let process = folio_runtime::host_memory::rss().unwrap_or(0);
+    let half = Budgets { device: None, host: Some(process + big.file_bytes / 2) };
+    let p = plan::plan(&facts, &big, &hip, Tier::Offloaded, half, &bw)?;
+    assert!(p.kv_on_disk && p.problems.is_empty(), "{p:?}");
+    assert!(p.kv_host_bytes <= big.file_bytes * 3 / 8 + (1 << 20) && p.host_bytes <= process + big.file_bytes / 2);
     let magicpig = MethodChoice::parse("magicpig:64").unwrap();
     let p = plan::plan(&facts, h, &magicpig, Tier::Offloaded, Budgets::default(), &bw)?;
     assert!(p.method_host_bytes > 0 && p.host_bytes > p.kv_host_bytes + p.method_host_bytes, "{p:?}");

@@ -271,7 +271,8 @@ fn stored_rows_read_as_the_file_decodes(device: &Device) -> Result<()> {
         let path = dir.path().join(kv_dtype.name());
         let on_file = OffloadKv::stored_file(&path, shape, (kv_dtype, dtype), device, fill, 3 << 16)?;
         // And with 64 MiB: the keys (at most 36 MB) read into memory, the values from the file.
-        let keyed = OffloadKv::stored_file(&path, shape, (kv_dtype, dtype), device, fill, 64 << 20)?;
+        let keyed_path = dir.path().join(format!("{}-keyed", kv_dtype.name()));
+        let keyed = OffloadKv::stored_file(&keyed_path, shape, (kv_dtype, dtype), device, fill, 64 << 20)?;
         assert!(keyed.file_stats().is_some_and(|s| s.keys_in_memory > 0));
         for layer in 0..layers {
             let picks: Vec<u32> = (0..2 * kv_heads * 300).map(|_| rng.random_range(0..saved as u32)).collect();

@@ -150,7 +150,7 @@ fn print_report(r: &DecodeReport, json: bool, steps: usize) -> Result<()> {
     );
     if let Some(f) = &r.file {
         println!(
-            "  file tier: keys in memory {}, cache {}{}, disk {:.2} GB/s sequential (measured now); a step read {} in {:.1} reads ({:.2} ms reading, {:.2} GB/s; {:.2} ms at the sequential rate), {:.0} blocks, {:.1}% from the cache, {:.1}% used by the step before",
+            "  file tier: keys in memory {}, cache {}{}, disk {:.2} GB/s sequential (measured now); a step read {} in {:.1} reads ({:.2} ms reading, {:.2} GB/s; {:.2} ms at the sequential rate), {:.0} blocks, {}% from the cache, {}% picked by the previous picks",
             human_bytes(f.keys_in_memory),
             human_bytes(f.cache_bytes),
             if f.direct { "" } else { " (the page cache was not bypassed)" },
@@ -161,8 +161,8 @@ fn print_report(r: &DecodeReport, json: bool, steps: usize) -> Result<()> {
             f.disk_rate / 1e9,
             f.disk_floor_ms,
             f.blocks_per_step,
-            100.0 * f.hit_rate,
-            100.0 * f.step_overlap
+            f.hit_rate.map_or("-".into(), |r| format!("{:.1}", 100.0 * r)),
+            f.step_overlap.map_or("-".into(), |r| format!("{:.1}", 100.0 * r))
         );
     }
     if let Some(p) = &r.profile {

@@ -14,9 +14,10 @@ use plotters::prelude::*;
 use serde_json::json;
 
 use folio_eval::fidelity::{self, Cell, Outcome, QuestionMode};
+use folio_eval::needle::PromptTier;
 use folio_eval::spec::EvalSpec;
 use folio_eval::tasks::{self, Task};
-use folio_models::attention::{Attention, MethodChoice, Tier};
+use folio_models::attention::{Attention, MethodChoice};
 
 use super::{human_length, parse_length, save_prompt, write_file};
 use crate::cli::Common;
@@ -100,7 +101,7 @@ struct Run {
 /// The runs asked for: dense first, then each method at its budget, at each of `budgets`, or
 /// at its default.
 fn runs(a: &FidelityArgs, engine: &folio_models::Engine) -> Result<Vec<Run>> {
-    let tier = if a.offload { Tier::Offloaded } else { Tier::Resident };
+    let tier = if a.offload { PromptTier::Offloaded } else { PromptTier::Resident };
     let mut choices = vec![MethodChoice::default()];
     for m in &a.methods {
         if m.budget.is_some() || a.budgets.is_empty() || m.spec()?.default_budget.is_none() {
@@ -112,7 +113,7 @@ fn runs(a: &FidelityArgs, engine: &folio_models::Engine) -> Result<Vec<Run>> {
     let resources = engine.resources(&choices)?;
     let mut out: Vec<Run> = Vec::with_capacity(choices.len());
     for choice in choices {
-        choice.spec()?.check_tier(tier)?;
+        choice.spec()?.check_tier(tier.tier())?;
         let label = choice.to_string();
         if out.iter().any(|r| r.label == label) {
             bail!("{label} is measured twice (dense always runs, as the reference)");
@@ -221,7 +222,7 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
     }
     let runs = runs(&a, &engine)?;
     let labels: Vec<Label> = runs.iter().map(Run::label).collect();
-    let tier = if a.offload { Tier::Offloaded } else { Tier::Resident };
+    let tier = if a.offload { PromptTier::Offloaded } else { PromptTier::Resident };
     let modes = a.question.modes();
     // outcomes[r]: run r's, over every prompt and question mode
     let mut outcomes: Vec<Vec<Outcome>> = runs.iter().map(|_| Vec::new()).collect();
@@ -260,14 +261,14 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
     let warm = tasks::cell_prompt(&engine, &spec, a.tasks[0], (warm_length, a.depths[0], 0), a.seed)?;
     eprintln!("warming up on a {}-token {} prompt", warm.ids.len(), a.tasks[0].name());
     let warm_cell = Cell { task: a.tasks[0], length: warm_length, depth: a.depths[0], sample: 0 };
-    fidelity::run_prompt(&engine, &warm, warm_cell, &attns, tier, &modes)?;
+    fidelity::run_prompt(&engine, &warm, warm_cell, &attns, &tier, &modes)?;
     for &length in &a.lengths {
         for &task in &a.tasks {
             for &depth in &a.depths {
                 for sample in 0..a.samples {
                     let prompt = tasks::cell_prompt(&engine, &spec, task, (length, depth, sample), a.seed)?;
                     let cell = Cell { task, length, depth, sample };
-                    let got = fidelity::run_prompt(&engine, &prompt, cell, &attns, tier, &modes)?;
+                    let got = fidelity::run_prompt(&engine, &prompt, cell, &attns, &tier, &modes)?;
                     for (mode, got) in modes.iter().zip(got) {
                         record(&runs, *mode, got, &prompt.ids, a.out.as_deref(), &mut outcomes);
                     }

@@ -11,12 +11,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 
-use folio_eval::needle::{self, NeedleSample};
+use folio_eval::needle::{self, NeedleSample, PromptTier};
 use folio_eval::spec::EvalSpec;
 use serde_json::json;
 
 use crate::cli::{Common, MethodArgs};
-use folio_models::attention::{Attention, MethodChoice, Tier};
+use folio_models::attention::{Attention, MethodChoice};
+use folio_models::error::human_bytes;
 
 #[derive(Args)]
 pub struct EvalArgs {
@@ -69,6 +70,16 @@ pub struct NeedleArgs {
     /// memory (the resident tier).
     #[arg(long)]
     offload: bool,
+    /// Prefill each prompt's documents into a context file in this folder (removed after the
+    /// prompt) and open it as the app opens one: on the file tier when --host-budget cannot
+    /// hold its rows (each sample then reports the bytes it read from the file). Implies
+    /// --offload.
+    #[arg(long, value_name = "DIR")]
+    kv_on_disk: Option<PathBuf>,
+    /// With --kv-on-disk: keep the rows in the file and read them through a cache of this size
+    /// (e.g. 64MiB: most rows then come from the file), whatever the host budget.
+    #[arg(long, value_name = "SIZE", requires = "kv_on_disk")]
+    kv_cache: Option<String>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Also write needle.json and needle-heatmap.svg into this folder.
@@ -136,9 +147,19 @@ impl MethodRun {
     }
 }
 
+/// Where the prompts' documents are held: `--kv-on-disk`, `--offload`, or the device.
+fn prompt_tier(a: &NeedleArgs) -> Result<PromptTier> {
+    let cache = a.kv_cache.as_deref().map(crate::context_cmd::parse_bytes).transpose()?;
+    Ok(match (&a.kv_on_disk, a.offload) {
+        (Some(dir), _) => PromptTier::OnDisk(dir.clone(), cache),
+        (None, true) => PromptTier::Offloaded,
+        (None, false) => PromptTier::Resident,
+    })
+}
+
 /// The runs `--method` or `--methods` asks for, each with its report folder.
 fn method_runs(a: &NeedleArgs, engine: &folio_models::Engine) -> Result<Vec<MethodRun>> {
-    let tier = if a.offload { Tier::Offloaded } else { Tier::Resident };
+    let tier = prompt_tier(a)?.tier();
     let several = !a.methods.is_empty();
     let choices = if several { a.methods.clone() } else { vec![a.attention.method.clone()] };
     let resources = engine.resources(&choices)?;
@@ -163,7 +184,7 @@ fn method_runs(a: &NeedleArgs, engine: &folio_models::Engine) -> Result<Vec<Meth
 fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
     let engine = common.engine()?;
     let mut runs = method_runs(&a, &engine)?;
-    let tier = if a.offload { Tier::Offloaded } else { Tier::Resident };
+    let tier = prompt_tier(&a)?;
     let model_dir = engine.model_dir().to_owned();
     let spec = EvalSpec::load(&model_dir)?;
     let defaults = spec.eval_defaults.clone();
@@ -186,7 +207,10 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
             "method": run.method.method,
             "budget": run.budget,
             "attention": run.attn.settings(),
-            "offload": a.offload,
+            "offload": a.offload || a.kv_on_disk.is_some(),
+            "kv_on_disk": a.kv_on_disk.is_some(),
+            "kv_cache": a.kv_cache,
+            "host_budget": folio_runtime::host_budget::budget(),
             "prefilled_answer_prefix": spec.chat.prefill_answer_prefix,
             "seed": a.seed,
             "samples_per_cell": samples,
@@ -226,7 +250,7 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
             let cell: Vec<Vec<NeedleSample>> = prompts
                 .iter()
                 .enumerate()
-                .map(|(s, prompt)| needle::run_sample(&engine, prompt, &attns, tier, (length, depth, s)))
+                .map(|(s, prompt)| needle::run_sample(&engine, prompt, &attns, &tier, (length, depth, s)))
                 .collect::<std::result::Result<_, _>>()?;
             for (m, run) in runs.iter_mut().enumerate() {
                 let mine: Vec<NeedleSample> = cell.iter().map(|per_method| per_method[m].clone()).collect();
@@ -235,8 +259,15 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
                 let (secs, prefill) = (mean(|s| s.prefill_seconds + s.seconds), mean(|s| s.prefill_seconds));
                 let who =
                     if several { format!("{:<title_width$}", format!("{}:", run.title())) } else { String::new() };
-                let shared =
-                    if a.offload { format!(", {prefill:.2} s of it the documents' prefill") } else { String::new() };
+                let disk: u64 = mine.iter().filter_map(|s| s.disk_bytes).sum();
+                let from_disk = match mine.iter().any(|s| s.disk_bytes.is_some()) {
+                    true => format!(", {} read from the file tier", human_bytes(disk / mine.len().max(1) as u64)),
+                    false => String::new(),
+                };
+                let shared = match tier {
+                    PromptTier::Resident => String::new(),
+                    _ => format!(", {prefill:.2} s of it the documents' prefill{from_disk}"),
+                };
                 eprintln!("{who}{length:>8} tokens, depth {depth:.2}: {correct}/{samples} correct ({secs:.2} s/prompt{shared})");
                 run.results.extend(mine.iter().cloned());
                 // A long run (minutes per 1M-token prompt) keeps what it measured if it is cut short.

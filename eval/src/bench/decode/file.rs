@@ -108,16 +108,17 @@ pub struct FileSteps {
     /// The disk bytes at the measured sequential rate: the step's floor on this tier.
     pub disk_floor_ms: f64,
     pub blocks_per_step: f64,
-    /// Blocks found in the cache ÷ blocks asked for.
-    pub hit_rate: f64,
-    /// Of the blocks a step's picks used, the share the step before used too.
-    pub step_overlap: f64,
+    /// Blocks found in the cache ÷ blocks asked for (none when no block was asked for).
+    pub hit_rate: Option<f64>,
+    /// Of the blocks a step's picks used, the share the section's previous picks used too
+    /// (none when no block was picked).
+    pub step_overlap: Option<f64>,
 }
 
 /// [`FileSteps`] from the tier's counts before and after `steps` timed steps.
 pub(super) fn per_step(before: &FileStats, after: &FileStats, steps: usize, disk_bandwidth: f64) -> FileSteps {
     let per = |a: u64, b: u64| (a - b) as f64 / steps as f64;
-    let ratio = |a: u64, b: u64| if b == 0 { 1.0 } else { a as f64 / b as f64 };
+    let ratio = |a: u64, b: u64| (b > 0).then(|| a as f64 / b as f64);
     let bytes = after.bytes_read - before.bytes_read;
     let seconds = after.read_seconds - before.read_seconds;
     FileSteps {

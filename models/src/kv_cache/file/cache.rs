@@ -107,6 +107,13 @@ impl BlockCache {
         None
     }
 
+    /// Forgets every block (after a gather that took slots and never filled them).
+    pub(super) fn clear(&mut self) {
+        self.map.clear();
+        self.keys.fill(EMPTY);
+        self.referenced.fill(false);
+    }
+
     /// Forgets a block whose read failed (its slot holds no rows).
     pub(super) fn forget(&mut self, slot: usize) {
         if self.keys[slot] != EMPTY {
@@ -142,7 +149,9 @@ mod tests {
     #[test]
     fn clock_keeps_what_is_used_and_never_evicts_the_gathers_own() {
         use rand::{Rng, SeedableRng};
-        let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+        let seed = rand::random();
+        println!("seed {seed}");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let mut c = cache(8);
         // Gather 1 fills slots 0..8; a ninth block of the same gather passes.
         for key in 0..8 {
@@ -178,5 +187,8 @@ mod tests {
         c.forget(3);
         assert_eq!(c.keys[3], EMPTY);
         assert_eq!(c.slot(3).len(), 64);
+        c.clear();
+        assert!(c.map.is_empty() && c.keys.iter().all(|&k| k == EMPTY));
+        assert!(matches!(c.take(cached, 3000), Found::Fill(_)));
     }
 }

@@ -35,7 +35,7 @@ use folio_context_file::KvDtype;
 use folio_runtime::host_budget;
 use rayon::prelude::*;
 
-use crate::error::{kv_refused, Error, Result};
+use crate::error::{human_bytes, kv_refused, Error, Result};
 use cache::{BlockCache, Found};
 
 /// Rows of one head in a block: 32 KiB of fp8 rows (64 KiB of bf16) at 128 values a row, a read
@@ -156,7 +156,12 @@ impl FileRows {
         let slots = (cache_bytes / slot_bytes as u64).max(1) as usize;
         let what = format!("the K/V cache of {}", path.display());
         let hold = host_budget::hold((slots * slot_bytes) as u64, &what).map_err(kv_refused)?;
-        let cache = BlockCache::new(slots, slot_bytes, hold).map_err(|e| Error::io(path, e))?;
+        let cache = BlockCache::new(slots, slot_bytes, hold).map_err(|e| {
+            Error::Invalid(format!(
+                "{} of host memory for the K/V cache: {e}",
+                human_bytes((slots * slot_bytes) as u64)
+            ))
+        })?;
         let stats = FileStats { cache_bytes: (slots * slot_bytes) as u64, direct, ..FileStats::default() };
         let (picked_sections, picked_len) = (sections.len(), sections.len() * heads * n.div_ceil(BLOCK_ROWS));
         Ok(Self {
@@ -178,13 +183,9 @@ impl FileRows {
         })
     }
 
-    /// Saved positions per head.
-    pub fn len(&self) -> usize {
-        self.n
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.n == 0
+    /// The file the rows are read from.
+    pub fn file(&self) -> &File {
+        &self.file
     }
 
     /// Bytes of host memory the cache holds.
@@ -205,7 +206,17 @@ impl FileRows {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        match self.state.lock() {
+            Ok(state) => state,
+            Err(poisoned) => {
+                // A gather panicked between taking slots and filling them: no cached block is
+                // trusted after it.
+                let mut state = poisoned.into_inner();
+                state.cache.clear();
+                self.state.clear_poison();
+                state
+            }
+        }
     }
 
     /// Rows of `layer`'s K (`kind` 0) or V (1) at the positions `idx` (`rows · sel` of them;
@@ -337,7 +348,13 @@ impl FileRows {
             let started = Instant::now();
             let read: Vec<(Vec<u8>, u64, u64)> =
                 batch.par_iter().map(|run| self.read_run(run)).collect::<std::io::Result<_>>().map_err(|e| {
-                    Error::Context { path: self.path.clone(), msg: format!("reading its K/V rows from disk: {e}") }
+                    Error::Context {
+                        path: self.path.clone(),
+                        msg: format!(
+                            "reading its K/V rows from disk: {e}; if the file was changed or cut short since it \
+                             was opened, open it again (or prefill again)"
+                        ),
+                    }
                 })?;
             seconds += started.elapsed().as_secs_f64();
             let mut pieces = Vec::new();

@@ -1,6 +1,7 @@
-//! The offloaded KV tier: a saved context's rows in host memory, the conversation's on the
-//! device; a [`DecodeTier`] the methods' fast paths run on (crate::attention's `fast` module
-//! holds what they share).
+//! The offloaded KV tier: a saved context's rows in host memory — or, past the host budget,
+//! left in the context file (the file tier: [`on_file`], `crate::kv_cache::FileRows`) — the
+//! conversation's on the device; a [`DecodeTier`] the methods' fast paths run on
+//! (crate::attention's `fast` module holds what they share).
 //!
 //! Why this shape: at a million tokens a 7B model's K/V is ~57 GB, twice a consumer GPU, while a
 //! decode step of a sparse method reads a few thousand rows per head. So the saved prefix lives
@@ -9,7 +10,10 @@
 //! step moves only what the method picked: the GPU scores with its index, selects with the
 //! top-k kernel, and the gather kernel pulls the chosen rows over the host link straight into
 //! the buffer the attention kernel reads. The question and answer tokens (the *tail*) are
-//! written on the device, as the methods' papers keep generated tokens there.
+//! written on the device, as the methods' papers keep generated tokens there. When even a
+//! compact dtype's rows do not fit the host budget, they are read from the file a block at a
+//! time through a cache of what the steps keep picking, the keys kept in host memory when they
+//! fit (the file tier's module docs say why).
 //!
 //! On the CPU device the same code runs over plain host buffers with the kernels' references,
 //! which is how CI checks the offloaded paths against the methods' CPU references.
@@ -46,9 +50,9 @@ pub const FILE_CACHE_SHARE: f64 = 0.75;
 
 /// The smallest cache the file tier opens with (a few blocks of each head: less, and a step's
 /// picks pass the cache by); less room than that is a refusal.
-const FILE_CACHE_MIN: u64 = 1 << 20;
+pub const FILE_CACHE_MIN: u64 = 1 << 20;
 
-/// A saved prefix in host memory plus a device tail.
+/// A saved prefix in host memory (or in its file, on the file tier) plus a device tail.
 pub struct OffloadKv {
     host: Vec<(HostRows, HostRows)>,
     /// The host budget's hold on rows of this store's own (views hold theirs with the memory

@@ -57,6 +57,10 @@ impl OffloadKv {
         let shape = (h.layers, h.kv_heads, h.tokens, h.head_dim);
         let sections = file.kv_sections_read()?.iter().map(|&(at, _)| at as u64).collect();
         let mut kv = Self::over_file(file.path(), sections, (h.kv_dtype, dtype), shape, cache_bytes, device)?;
+        // Opened last: if the path named another file by then, what was read may be its.
+        if let Some(rows) = &kv.file_rows {
+            file.check_same(rows.file())?;
+        }
         kv.file = Some(file);
         Ok(kv)
     }

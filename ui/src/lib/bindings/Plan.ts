@@ -18,9 +18,15 @@ weights_bytes: number,
  */
 kv_device_bytes: number, resident_layers: number, layers: number, 
 /**
- * K/V in host memory (offloaded tier): the context file's mapping, page-locked in place.
+ * K/V in host memory (offloaded tier): the context file's mapping, page-locked in place;
+ * or, on the file tier ([`Plan::kv_on_disk`]), the host memory its keys and its cache take.
  */
 kv_host_bytes: number, 
+/**
+ * The context's rows stay in the file (the file tier): the host budget cannot hold the
+ * mapping beside the rest; a step reads what its cache does not hold from disk.
+ */
+kv_on_disk: boolean, 
 /**
  * What the method keeps in device memory beside the K/V (labels, resident layers,
  * gathers).
