@@ -289,20 +289,14 @@ pub fn plan(
             // dtype; or, when the budget cannot hold the mapping beside the rest, left on disk
             // with the file tier's share of the budget (its keys and a cache of row blocks).
             let kv = layers as u64 * header.kv_dtype.kv_bytes(header.kv_heads * tokens, header.head_dim);
-            let in_place = header.file_bytes.max(kv);
-            let beside = cost.host_state_bytes + model.weights_host + process;
-            let file_tier = host_budget.filter(|&b| beside + in_place > b).map(|b| {
-                let room = b.saturating_sub(model.weights_host + process);
-                ((room as f64 * crate::kv_cache::FILE_CACHE_SHARE) as u64).min(kv)
-            });
-            let host = file_tier.filter(|&c| c >= crate::kv_cache::FILE_CACHE_MIN).unwrap_or(in_place);
+            let host = offloaded_host(header, kv, host_budget, [cost.host_state_bytes, model.weights_host, process]);
             let file_per_compute = kv as f64 / (layer_bytes * layers as u64).max(1) as f64;
             let terms = vec![
                 term("device", weights_read + cost.device_bytes, bw.device),
                 term("link", cost.link_bytes * file_per_compute, link),
                 term("host", cost.host_bytes, bw.host),
             ];
-            (0, 0, host, terms, host != in_place)
+            (0, 0, host, terms, host != header.file_bytes.max(kv))
         }
     };
     let host_parts = [kv_host, cost.host_state_bytes, model.weights_host, process];
@@ -340,6 +334,20 @@ pub fn plan(
         binding,
         problems,
     })
+}
+
+/// The host memory the offloaded tier takes for a context of `kv` bytes of rows: the file's
+/// mapping, read in place; or, when `budget` cannot hold it beside `[method state, weights,
+/// the rest of the process]`, the file tier's share of the room those leave (its keys and a
+/// cache of row blocks), as `OffloadKv::from_context` opens it — when that share is no less
+/// than the file tier's smallest cache.
+fn offloaded_host(header: &Header, kv: u64, budget: Option<u64>, [state, weights, process]: [u64; 3]) -> u64 {
+    let in_place = header.file_bytes.max(kv);
+    let file_tier = budget.filter(|&b| state + weights + process + in_place > b).map(|b| {
+        let room = b.saturating_sub(weights + process);
+        ((room as f64 * crate::kv_cache::FILE_CACHE_SHARE) as u64).min(kv)
+    });
+    file_tier.filter(|&c| c >= crate::kv_cache::FILE_CACHE_MIN).unwrap_or(in_place)
 }
 
 /// Why a device budget `b` does not hold a step of `method` that needs `[weights, method

@@ -147,6 +147,23 @@ impl MethodRun {
     }
 }
 
+/// A cell's time per prompt for the progress line: the mean seconds, the documents' prefill's
+/// share on the offloaded tiers, and the bytes read from the file tier.
+fn cell_timing(samples: &[NeedleSample], tier: &PromptTier) -> String {
+    let n = samples.len().max(1);
+    let mean = |f: fn(&NeedleSample) -> f64| samples.iter().map(f).sum::<f64>() / n as f64;
+    let (secs, prefill) = (mean(|s| s.prefill_seconds + s.seconds), mean(|s| s.prefill_seconds));
+    let disk: u64 = samples.iter().filter_map(|s| s.disk_bytes).sum();
+    let from_disk = match samples.iter().any(|s| s.disk_bytes.is_some()) {
+        true => format!(", {} read from the file tier", human_bytes(disk / n as u64)),
+        false => String::new(),
+    };
+    match tier {
+        PromptTier::Resident => format!("{secs:.2} s/prompt"),
+        _ => format!("{secs:.2} s/prompt, {prefill:.2} s of it the documents' prefill{from_disk}"),
+    }
+}
+
 /// Where the prompts' documents are held: `--kv-on-disk`, `--offload`, or the device.
 fn prompt_tier(a: &NeedleArgs) -> Result<PromptTier> {
     let cache = a.kv_cache.as_deref().map(crate::context_cmd::parse_bytes).transpose()?;
@@ -255,20 +272,10 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
             for (m, run) in runs.iter_mut().enumerate() {
                 let mine: Vec<NeedleSample> = cell.iter().map(|per_method| per_method[m].clone()).collect();
                 let correct = mine.iter().filter(|s| s.correct).count();
-                let mean = |f: fn(&NeedleSample) -> f64| mine.iter().map(f).sum::<f64>() / mine.len().max(1) as f64;
-                let (secs, prefill) = (mean(|s| s.prefill_seconds + s.seconds), mean(|s| s.prefill_seconds));
                 let who =
                     if several { format!("{:<title_width$}", format!("{}:", run.title())) } else { String::new() };
-                let disk: u64 = mine.iter().filter_map(|s| s.disk_bytes).sum();
-                let from_disk = match mine.iter().any(|s| s.disk_bytes.is_some()) {
-                    true => format!(", {} read from the file tier", human_bytes(disk / mine.len().max(1) as u64)),
-                    false => String::new(),
-                };
-                let shared = match tier {
-                    PromptTier::Resident => String::new(),
-                    _ => format!(", {prefill:.2} s of it the documents' prefill{from_disk}"),
-                };
-                eprintln!("{who}{length:>8} tokens, depth {depth:.2}: {correct}/{samples} correct ({secs:.2} s/prompt{shared})");
+                let timing = cell_timing(&mine, &tier);
+                eprintln!("{who}{length:>8} tokens, depth {depth:.2}: {correct}/{samples} correct ({timing})");
                 run.results.extend(mine.iter().cloned());
                 // A long run (minutes per 1M-token prompt) keeps what it measured if it is cut short.
                 save(run, false)?;
