@@ -99,9 +99,15 @@ impl OffloadKv {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
-            host,
-            _hold: Some(hold),
+        Ok(Self { host, _hold: Some(hold), ..Self::empty((layers, kv_heads, saved, head_dim), dtype, device) })
+    }
+
+    /// A store of `saved` rows per head with no rows yet (none in host memory, no file) and an
+    /// empty tail: what each way of holding the rows fills in.
+    fn empty((layers, kv_heads, saved, head_dim): (usize, usize, usize, usize), dtype: DType, device: &Device) -> Self {
+        Self {
+            host: Vec::new(),
+            _hold: None,
             file: None,
             in_place: false,
             file_rows: None,
@@ -113,7 +119,7 @@ impl OffloadKv {
             head_dim,
             dtype,
             device: device.clone(),
-        })
+        }
     }
 
     /// A saved context's rows, read in place from the file's mapping (every K/V section's
@@ -197,21 +203,7 @@ impl OffloadKv {
         if host.len() != layers {
             return Err(Error::Invalid(format!("{} K/V sections for {layers} layers", offsets.len())));
         }
-        Ok(Self {
-            host,
-            _hold: None,
-            file: None,
-            in_place: true,
-            file_rows: None,
-            host_keys: Vec::new(),
-            resident: Mutex::new(HashMap::new()),
-            saved: tokens,
-            tail: SavedTail::new(tokens, layers, kv_heads, head_dim, dtype, device),
-            kv_heads,
-            head_dim,
-            dtype,
-            device: device.clone(),
-        })
+        Ok(Self { host, in_place: true, ..Self::empty((layers, kv_heads, tokens, head_dim), dtype, device) })
     }
 
     /// A saved context's rows decoded from the file (checksums verified) into host memory of

@@ -2,9 +2,8 @@
 //! its keys in host memory when the budget has room for them; and the layout a context file
 //! gives its K/V sections, for rows stored without a prefill (the benchmarks and tests).
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use folio_context_file::format::{SectionKind, PAGE};
@@ -15,7 +14,7 @@ use folio_runtime::host_budget::{self, Held};
 use super::{OffloadKv, SCAN_CHUNK};
 use crate::context::EncodeTensor;
 use crate::error::{kv_refused, Error, Result};
-use crate::kv_cache::{FileRows, SavedTail};
+use crate::kv_cache::FileRows;
 
 /// The most of the file tier's host memory its keys may take to be read into it (the rest
 /// caches value blocks): below a quarter left for values, a step's picks would miss more than
@@ -99,21 +98,8 @@ impl OffloadKv {
         };
         let blocks = if in_memory { cache_bytes - keys_bytes } else { cache_bytes };
         let rows = FileRows::open(path, sections, kv_dtype, (kv_heads, saved, head_dim), blocks)?;
-        Ok(Self {
-            host: Vec::new(),
-            _hold: None,
-            file: None,
-            in_place: false,
-            file_rows: Some(rows),
-            host_keys,
-            resident: Mutex::new(HashMap::new()),
-            saved,
-            tail: SavedTail::new(saved, layers, kv_heads, head_dim, dtype, device),
-            kv_heads,
-            head_dim,
-            dtype,
-            device: device.clone(),
-        })
+        let shape = (layers, kv_heads, saved, head_dim);
+        Ok(Self { file_rows: Some(rows), host_keys, ..Self::empty(shape, dtype, device) })
     }
 }
 
