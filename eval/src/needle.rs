@@ -404,6 +404,9 @@ pub(crate) struct PromptStore<'a> {
 
 impl Drop for PromptStore<'_> {
     fn drop(&mut self) {
+        // The store first: its mapping of the file goes before the file (Windows refuses to
+        // delete a mapped file).
+        self.offloaded = None;
         if let Some(path) = &self.file {
             let _ = std::fs::remove_file(path);
         }

@@ -626,11 +626,12 @@ fn the_memory_planner_places_the_kv_and_prices_a_step() -> Result<()> {
     let mut big = h.clone();
     big.tokens = 1 << 20;
     big.file_bytes = big.layers as u64 * big.kv_dtype.kv_bytes(big.kv_heads * big.tokens, big.head_dim);
-    let process = folio_runtime::host_memory::rss().unwrap_or(0);
-    let half = Budgets { device: None, host: Some(process + big.file_bytes / 2) };
-    let p = plan::plan(&facts, &big, &hip, Tier::Offloaded, half, &bw)?;
+    let b = folio_runtime::host_memory::rss().unwrap_or(0) + big.file_bytes / 2;
+    let p = plan::plan(&facts, &big, &hip, Tier::Offloaded, Budgets { device: None, host: Some(b) }, &bw)?;
     assert!(p.kv_on_disk && p.problems.is_empty(), "{p:?}");
-    assert!(p.kv_host_bytes <= big.file_bytes * 3 / 8 + (1 << 20) && p.host_bytes <= process + big.file_bytes / 2);
+    // (The plan reads the process as it is then: other tests' holds come and go beside it.)
+    let share = (b - p.process_host_bytes - p.weights_host_bytes) as f64 * folio_models::kv_cache::FILE_CACHE_SHARE;
+    assert!(p.kv_host_bytes < big.file_bytes && p.kv_host_bytes.abs_diff(share as u64) <= 1 && p.host_bytes <= b);
     let magicpig = MethodChoice::parse("magicpig:64").unwrap();
     let p = plan::plan(&facts, h, &magicpig, Tier::Offloaded, Budgets::default(), &bw)?;
     assert!(p.method_host_bytes > 0 && p.host_bytes > p.kv_host_bytes + p.method_host_bytes, "{p:?}");
