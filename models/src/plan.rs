@@ -345,7 +345,7 @@ fn offloaded_host(header: &Header, kv: u64, budget: Option<u64>, [state, weights
     let in_place = header.file_bytes.max(kv);
     let file_tier = budget.filter(|&b| state + weights + process + in_place > b).map(|b| {
         let room = b.saturating_sub(weights + process);
-        ((room as f64 * crate::kv_cache::FILE_CACHE_SHARE) as u64).min(kv)
+        crate::kv_cache::file_tier_bytes(room, kv)
     });
     file_tier.filter(|&c| c >= crate::kv_cache::FILE_CACHE_MIN).unwrap_or(in_place)
 }

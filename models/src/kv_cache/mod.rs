@@ -22,7 +22,7 @@ mod tier;
 
 pub use context::ContextKv;
 pub use file::{FileRows, FileStats, BLOCK_ROWS};
-pub use offload::{OffloadKv, FILE_CACHE_MIN, FILE_CACHE_SHARE, KEYS_IN_MEMORY_SHARE};
+pub use offload::{file_tier_bytes, OffloadKv, FILE_CACHE_MIN, FILE_CACHE_SHARE, KEYS_IN_MEMORY_SHARE};
 pub use tier::{dense_over_segments, DecodeTier, Exact, Resident, TierRef};
 
 /// Rows of positions `start..start + len` of one layer: K and V `[kv_heads, len, head_dim]`.

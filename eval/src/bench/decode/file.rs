@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Tensor};
 use folio_models::config::ModelConfig;
 use folio_models::context::KvDtype;
 use folio_models::error::{Error, Result};
-use folio_models::kv_cache::{FileStats, OffloadKv, FILE_CACHE_SHARE};
+use folio_models::kv_cache::{file_tier_bytes, FileStats, OffloadKv};
 use folio_runtime::host_budget;
 use rayon::prelude::*;
 use serde::Serialize;
@@ -37,13 +37,13 @@ impl Drop for RowsFile {
     }
 }
 
-/// The cache the file tier gets in this run: [`FILE_CACHE_SHARE`] of the host budget's room
+/// The cache the file tier gets in this run: `FILE_CACHE_SHARE` of the host budget's room
 /// once the process, the embedding table and the largest method state are counted, at most
 /// the rows' bytes — what a context opened past the budget gets.
 pub(super) fn cache_bytes(kv_bytes: u64, table: u64, state: u64) -> u64 {
     let process = folio_runtime::host_memory::rss().unwrap_or(0);
     let room = host_budget::budget().map_or(kv_bytes, |b| b.saturating_sub(process + table + state));
-    ((room as f64 * FILE_CACHE_SHARE) as u64).min(kv_bytes)
+    file_tier_bytes(room, kv_bytes)
 }
 
 /// The rows file in `dir` filled with random rows stored as `kv_dtype`, on the file tier with

@@ -48,6 +48,13 @@ const SCAN_CHUNK: usize = 1 << 16;
 /// the rest is for what comes after the open (a method's tables, a step's buffers, the app).
 pub const FILE_CACHE_SHARE: f64 = 0.75;
 
+/// The host memory the file tier takes for `kv` bytes of rows when the host budget has `room`
+/// left: its share of the room, no more than the rows (what `from_context`, the planner and the
+/// bench all size it by).
+pub fn file_tier_bytes(room: u64, kv: u64) -> u64 {
+    ((room as f64 * FILE_CACHE_SHARE) as u64).min(kv)
+}
+
 /// The smallest cache the file tier opens with (a few blocks of each head: less, and a step's
 /// picks pass the cache by); less room than that is a refusal.
 pub const FILE_CACHE_MIN: u64 = 1 << 20;
@@ -137,7 +144,7 @@ impl OffloadKv {
             Err(refused) => {
                 let kv_bytes = h.layers as u64 * h.kv_dtype.kv_bytes(h.kv_heads * h.tokens, h.head_dim);
                 let room = host_budget::room().unwrap_or(kv_bytes);
-                let cache = ((room as f64 * FILE_CACHE_SHARE) as u64).min(kv_bytes);
+                let cache = file_tier_bytes(room, kv_bytes);
                 if cache < FILE_CACHE_MIN {
                     return Err(kv_refused(refused));
                 }
