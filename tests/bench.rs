@@ -177,6 +177,39 @@ fn a_context_larger_than_the_host_budget_decodes_from_disk() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the rows file is removed");
 }
 
+/// `--disk-gbps` and `--disk-iops`: the file tier's reads held to an emulated disk — the disk
+/// rate the run measures is at most the rate asked for, a step's reads take at least their count
+/// at the IOPS asked for, and the report names the disk emulated; one flag without the other, or
+/// a rate of nothing, is refused.
+#[test]
+fn an_emulated_disk_paces_the_file_tier() {
+    let shape = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/shapes/tiny.json");
+    let dir = tempfile::tempdir().unwrap();
+    let (rate, iops) = (0.2e9, 20_000.0);
+    let disk = ["--disk-gbps", "0.2", "--disk-iops", "20000", "--host-budget", "200MiB"];
+    let args = ["bench", "--shape", shape.to_str().unwrap(), "--kv-dtype", "f32", "--context", "200000"];
+    let rest = ["--method", "hip:1%:dense_layers=0:refresh=1", "--steps", "3", "--warmup", "1", "--json"];
+    let out = folio(&[&disk[..], &args[..], &rest[..], &["--kv-on-disk", dir.path().to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    let f = &r["file"];
+    assert_eq!((f["emulated_disk"][0].as_f64(), f["emulated_disk"][1].as_f64()), (Some(rate), Some(iops)), "{r}");
+    assert_eq!(f["direct"], false, "the emulated disk's medium is the page cache: {r}");
+    let measured = f["disk_bandwidth"].as_f64().unwrap();
+    assert!(measured <= rate * 1.01 && measured > rate / 4.0, "{measured} for {rate}: {r}");
+    let (reads, ms) = (f["disk_reads_per_step"].as_f64().unwrap(), f["disk_read_ms_per_step"].as_f64().unwrap());
+    assert!(reads > 0.0 && ms >= reads / iops * 1e3 * 0.99, "{reads} reads in {ms} ms: {r}");
+    for (flags, says) in [
+        (&["--disk-gbps", "5"][..], "--disk-iops"),
+        (&["--disk-iops", "500000"][..], "--disk-gbps"),
+        (&["--disk-gbps", "0", "--disk-iops", "1"][..], "--disk-gbps and --disk-iops must be positive rates"),
+        (&["--disk-gbps=-1", "--disk-iops", "1"][..], "--disk-gbps and --disk-iops must be positive rates"),
+    ] {
+        let err = err_text(folio(&[flags, &["bench", "link"][..]].concat()));
+        assert!(err.contains(says), "{flags:?}: {err}");
+    }
+}
+
 /// `--link-gbps` below the slowest rate it emulates is refused, and `bench link` measures a GPU's
 /// link: on the CPU (no link) it says so rather than print rates of nothing.
 #[test]

@@ -135,9 +135,10 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
     kv.set_len(len)?;
     assert!(kv.write(0, saved - 1, &on(case.k.narrow(1, 0, 1)?)?, &on(case.v.narrow(1, 0, 1)?)?).is_err());
     let dir = tempfile::tempdir().expect("a temporary folder");
-    // 8 blocks of the 48 the rows take; and 40, which hold the keys (24 blocks) in memory.
-    let (file_kv, block) = on_file(&case, saved, &dir.path().join("rows"), 8, device)?;
-    let (keys_kv, _) = on_file(&case, saved, &dir.path().join("keyed"), 40, device)?;
+    // 40 blocks' bytes for the 372 blocks the rows take; and 300, which hold the keys (186
+    // blocks) in memory.
+    let (file_kv, block) = on_file(&case, saved, &dir.path().join("rows"), 40, device)?;
+    let (keys_kv, _) = on_file(&case, saved, &dir.path().join("keyed"), 300, device)?;
     let in_memory = |kv: &OffloadKv| kv.file_stats().is_some_and(|s| s.keys_in_memory > 0);
     assert!(!in_memory(&file_kv) && in_memory(&keys_kv));
     let tiers =
@@ -234,7 +235,8 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
     // the file.
     let stats = file_kv.file_stats().expect("rows on the file tier");
     let read = stats.hits > 0 && stats.blocks_read > 0 && stats.bytes_read > 0;
-    assert!(read && stats.cache_bytes == 8 * block as u64, "{stats:?}");
+    // Its records take a little of the bytes: a block's worth here.
+    assert!(read && stats.cache_bytes <= 40 * block as u64 && stats.slots >= 38, "{stats:?}");
     Ok(())
 }
 
@@ -266,8 +268,9 @@ fn stored_rows_read_as_the_file_decodes(device: &Device) -> Result<()> {
         let shape = (layers, kv_heads, saved, d);
         let kv = OffloadKv::stored(shape, kv_dtype, dtype, device, fill)?;
         assert!(kv.in_place());
-        // The same layout in a file, on the file tier with a cache of 3 blocks: a scan (the
-        // segments) and random picks give the in-memory rows bit for bit.
+        // The same layout in a file, on the file tier with 192 KiB (less than the fp8 scales:
+        // one block of cache): a scan (the segments) and random picks give the in-memory rows
+        // bit for bit.
         let path = dir.path().join(kv_dtype.name());
         let on_file = OffloadKv::stored_file(&path, shape, (kv_dtype, dtype), device, fill, 3 << 16)?;
         // And with 64 MiB: the keys (at most 36 MB) read into memory, the values from the file.

@@ -5,7 +5,8 @@
 //! with the anonymous maps that ask for 2 MiB pages ([`host_memory`]); the process's host-memory
 //! budget and the ledger its large allocations hold their bytes from ([`host_budget`]); whether the CUDA build
 //! can use this machine's GPUs, and why not ([`gpu`]); a bound on the memory one thread's
-//! untrusted work may take ([`alloc_guard`]).
+//! untrusted work may take ([`alloc_guard`]); another disk, emulated, for the file tier's
+//! reads ([`disk`]).
 //!
 //! Why a crate of its own: these are neither attention math (folio-kernels holds only kernels)
 //! nor the engine's logic (folio-models), and a port to another platform (#45: Windows, macOS)
@@ -21,6 +22,7 @@
 
 pub mod alloc_guard;
 pub mod device;
+pub mod disk;
 pub mod gpu;
 pub mod host_budget;
 pub mod host_memory;

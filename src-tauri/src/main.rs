@@ -61,6 +61,15 @@ struct Cli {
     /// measuring a consumer machine on a faster one (`folio bench link` checks the rate).
     #[arg(long, global = true, value_name = "GBPS")]
     link_gbps: Option<f64>,
+    /// Emulate another disk for the context file's reads, in GB/s (with --disk-iops; 5 and
+    /// 500000: a laptop's PCIe 4.0 NVMe): the file is read through the page cache and each read
+    /// held until such a disk would have served it. For measuring a laptop on a machine without
+    /// an NVMe (the file must fit in the page cache; `folio bench` reports reads it served late).
+    #[arg(long, global = true, value_name = "GBPS", requires = "disk_iops")]
+    disk_gbps: Option<f64>,
+    /// The emulated disk's random reads a second (with --disk-gbps).
+    #[arg(long, global = true, value_name = "READS", requires = "disk_gbps")]
+    disk_iops: Option<f64>,
     /// Context files to open in the window (what the desktop passes when a .folio file is
     /// opened): each is verified and imported into the library.
     #[arg(value_name = "FILE.folio")]
@@ -123,9 +132,16 @@ fn main() {
         Ok(_) if args.link_gbps.is_some_and(|r| !(r.is_finite() && r >= MIN_LINK_GBPS)) => {
             Err(anyhow::anyhow!("--link-gbps must be a rate of at least {MIN_LINK_GBPS} GB/s (25: PCIe 4.0 x16)"))
         }
+        Ok(_) if [args.disk_gbps, args.disk_iops].iter().flatten().any(|r| !(r.is_finite() && *r > 0.0)) => {
+            Err(anyhow::anyhow!("--disk-gbps and --disk-iops must be positive rates (5 and 500000: a PCIe 4.0 NVMe)"))
+        }
         Ok(budget) => {
             folio_runtime::host_budget::set_budget(budget);
             folio_kernels::link::set_rate(args.link_gbps.map(|r| r * 1e9));
+            let disk = args.disk_gbps.zip(args.disk_iops);
+            folio_runtime::disk::set_rate(
+                disk.map(|(rate, iops)| folio_runtime::disk::DiskRate { bytes_per_s: rate * 1e9, reads_per_s: iops }),
+            );
             run(args)
         }
     };

@@ -21,7 +21,7 @@ mod offload;
 mod tier;
 
 pub use context::ContextKv;
-pub use file::{FileRows, FileStats, BLOCK_ROWS};
+pub use file::{open_for_reads, read_paced, FileRows, FileStats, BLOCK_ROWS};
 pub use offload::{file_tier_bytes, OffloadKv, FILE_CACHE_MIN, FILE_CACHE_SHARE, KEYS_IN_MEMORY_SHARE};
 pub use tier::{dense_over_segments, DecodeTier, Exact, Resident, TierRef};
 

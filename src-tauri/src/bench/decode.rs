@@ -150,11 +150,23 @@ fn print_report(r: &DecodeReport, json: bool, steps: usize) -> Result<()> {
     );
     if let Some(f) = &r.file {
         println!(
-            "  file tier: keys in memory {}, cache {}{}, disk {:.2} GB/s sequential (measured now); a step read {} in {:.1} reads ({:.2} ms reading, {:.2} GB/s; {:.2} ms at the sequential rate), {:.0} blocks, {}% from the cache, {}% picked by the previous picks",
+            "  file tier: keys in memory {}, cache {} ({} blocks, {} of scales){}, disk {:.2} GB/s sequential (measured now{}); a step read {} in {:.1} reads ({:.2} ms reading, {:.2} GB/s; {:.2} ms at the sequential rate), {:.0} blocks, {}% from the cache, {}% picked by the previous picks",
             human_bytes(f.keys_in_memory),
             human_bytes(f.cache_bytes),
-            if f.direct { "" } else { " (the page cache was not bypassed)" },
+            f.slots,
+            human_bytes(f.scales_in_memory),
+            match (f.direct, f.emulated_disk) {
+                (_, Some(_)) => "",
+                (true, None) => "",
+                (false, None) => " (the page cache was not bypassed)",
+            },
             f.disk_bandwidth / 1e9,
+            f.emulated_disk.map_or(String::new(), |(rate, iops)| format!(
+                ", emulating {:.2} GB/s and {:.0}k reads/s, {} reads slower than it",
+                rate / 1e9,
+                iops / 1e3,
+                f.late_reads
+            )),
             human_bytes(f.disk_bytes_per_step as u64),
             f.disk_reads_per_step,
             f.disk_read_ms_per_step,

@@ -69,11 +69,11 @@ pub(super) fn fill(
     Ok((kv, file, started.elapsed().as_secs_f64()))
 }
 
-/// The disk's sequential read rate (bytes/s) over `path` with the page cache bypassed, as the
-/// file tier reads.
+/// The disk's sequential read rate (bytes/s) over `path`, read as the file tier reads (the
+/// page cache bypassed; at the emulated disk's pace where one is).
 pub(super) fn disk_rate(path: &Path) -> Result<f64> {
-    use folio_models::context::platform::{open_unbuffered, read_aligned};
-    let (file, _) = open_unbuffered(path).map_err(|e| Error::io(path, e))?;
+    use folio_models::kv_cache::{open_for_reads, read_paced};
+    let (file, _) = open_for_reads(path).map_err(|e| Error::io(path, e))?;
     let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     let reads = (PROBE_BYTES.min(len) / PROBE_READ as u64).max(1) as usize;
     let started = Instant::now();
@@ -83,7 +83,7 @@ pub(super) fn disk_rate(path: &Path) -> Result<f64> {
             let buf = buf.as_mut().map_err(|e| Error::Invalid(format!("a read buffer: {e}")))?;
             let at = i as u64 * PROBE_READ as u64;
             let need = (len - at).min(PROBE_READ as u64) as usize;
-            read_aligned(&file, buf, at, need).map_err(|e| Error::io(path, e))
+            read_paced(&file, buf, at, need).map_err(|e| Error::io(path, e))
         },
     )?;
     let bytes = (reads as u64 * PROBE_READ as u64).min(len);
@@ -96,8 +96,18 @@ pub struct FileSteps {
     pub cache_bytes: u64,
     /// Of the host memory the tier took, the keys read into it (the cache then holds values).
     pub keys_in_memory: u64,
-    /// Reads bypassed the page cache (else the file system refused: the rate may be memory's).
+    /// Of it, the fp8 rows' scales (read into memory when the tier opened), and the blocks the
+    /// cache holds.
+    pub scales_in_memory: u64,
+    pub slots: u64,
+    /// Reads bypassed the page cache (else a disk was emulated, or the file system refused: the
+    /// rate may be memory's).
     pub direct: bool,
+    /// The disk emulated (`--disk-gbps`, `--disk-iops`): its rate in bytes/s and reads/s; and
+    /// the reads in the timed steps that took longer than it would have (the file was not all
+    /// in the page cache: the emulation ran slower than asked).
+    pub emulated_disk: Option<(f64, f64)>,
+    pub late_reads: u64,
     /// The disk's sequential read rate measured in this run, bytes/s.
     pub disk_bandwidth: f64,
     pub disk_bytes_per_step: f64,
@@ -124,7 +134,11 @@ pub(super) fn per_step(before: &FileStats, after: &FileStats, steps: usize, disk
     FileSteps {
         cache_bytes: after.cache_bytes,
         keys_in_memory: after.keys_in_memory,
+        scales_in_memory: after.scales_in_memory,
+        slots: after.slots,
         direct: after.direct,
+        emulated_disk: folio_runtime::disk::rate().map(|r| (r.bytes_per_s, r.reads_per_s)),
+        late_reads: after.late_reads - before.late_reads,
         disk_bandwidth,
         disk_bytes_per_step: per(after.bytes_read, before.bytes_read),
         disk_reads_per_step: per(after.reads, before.reads),

@@ -8,14 +8,19 @@
 //! moves by one, a search's leaves that change little between refreshes), so a cache of row
 //! blocks far smaller than the file serves nearly every row and the disk serves the rest.
 //!
-//! How: a block is [`BLOCK_ROWS`] consecutive positions of one head of one K or V section (for
-//! fp8, the codes and the block's scales, which lie apart in the section). A gather maps its
-//! positions to blocks, takes each from the cache ([`cache::BlockCache`]) or a slot to fill,
-//! reads the misses in file order — runs of consecutive blocks coalesced into one read, runs
-//! read in parallel (a disk serves many requests at once), with the page cache bypassed so
-//! that the host budget sees every byte held and the benchmarks the disk's own rate — and
-//! widens the rows it was asked for. A scan (dense attention, an index build) passes through
-//! without caching: a pass over the whole file would evict every block the steps keep.
+//! How: a block is [`BLOCK_ROWS`] consecutive positions of one head of one K or V section: for
+//! fp8 rows of 128 values, 4 KiB, the page a disk reads anyway. The fp8 rows' scales (4 bytes a
+//! row, apart from the codes in the section) are read into memory when the tier opens, so that
+//! a block is one read, not two. A gather maps its positions to blocks, takes each from the
+//! cache ([`cache::BlockCache`]) or a slot to fill, reads the misses in file order — runs of
+//! consecutive blocks coalesced into one read, runs read in parallel by [`IO_THREADS`] threads
+//! (an NVMe serves its rate only with dozens of reads in flight; a thread waiting on the disk
+//! takes no core), with the page cache bypassed so that the host budget sees every byte held
+//! and the benchmarks the disk's own rate — and widens the rows it was asked for. A scan (dense
+//! attention, an index build) passes through without caching: a pass over the whole file would
+//! evict every block the steps keep. Where another disk is emulated
+//! ([`folio_runtime::disk`]), the file is read through the page cache and each read held to
+//! that disk's pace.
 //!
 //! Rows past the saved prefix (the conversation's) are the offloaded tier's device tail, as
 //! on the host tier ([`gather`] merges them).
@@ -24,27 +29,38 @@ mod cache;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use folio_context_file::format::SectionKind;
 use folio_context_file::platform::{open_unbuffered, read_aligned, DIRECT_ALIGN};
-use folio_context_file::rows::{stored_row, Stored};
+use folio_context_file::rows::{fp8_values, stored_row, Stored};
 use folio_context_file::KvDtype;
-use folio_runtime::host_budget;
+use folio_runtime::disk;
+use folio_runtime::host_budget::{self, Hold};
 use rayon::prelude::*;
 
 use crate::error::{human_bytes, kv_refused, Error, Result};
 use cache::{BlockCache, Found};
 
-/// Rows of one head in a block: 32 KiB of fp8 rows (64 KiB of bf16) at 128 values a row, a read
-/// an NVMe disk serves near its rate, and at most 4× the rows a 64-row pick (HiP's leaf) wants.
-pub const BLOCK_ROWS: usize = 256;
+/// Rows of one head in a block: 4 KiB of fp8 rows (8 KiB of bf16) at 128 values a row — a disk
+/// reads no less than a 4 KiB page, and a larger block reads rows no one picked (at 256 rows,
+/// HiP's 64-row leaves read 4× their bytes and missed the cache more, a block holding rows
+/// the next search did not keep).
+pub const BLOCK_ROWS: usize = 32;
 
-/// Consecutive blocks read in one call at most: 2 MiB of fp8 rows, large enough for the disk's
-/// sequential rate, small enough that a scan's runs spread over the cores.
-const RUN_BLOCKS: usize = 64;
+/// Bytes of consecutive blocks read in one call at most: 2 MiB, large enough for a disk's
+/// sequential rate, small enough that a scan's runs spread over the threads.
+const RUN_BYTES: usize = 2 << 20;
+
+/// Threads that read the file, each one read at a time: the reads a disk has in flight. 64: a
+/// PCIe 4.0 NVMe serves its 4 KiB rate at a queue depth of 32 to 64.
+pub const IO_THREADS: usize = 64;
+
+/// Host bytes a cache slot costs beside its rows (its key, CLOCK's bit, its gather, its entry
+/// in the key map), held in the host budget with the rows.
+const SLOT_META_BYTES: usize = 32;
 
 /// Bytes of blocks read before they are placed and the next are read (at most; a small cache
 /// reads less at once): bounds what a gather holds in flight (a cold step misses GBs) while
@@ -57,8 +73,11 @@ const MAX_HEADS: usize = 0xff;
 /// What the tier has done since it opened (a step's figures are the difference of two readings).
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct FileStats {
-    /// Bytes of the block cache.
+    /// Bytes of host memory the tier holds: its block cache, the fp8 rows' scales, its records.
     pub cache_bytes: u64,
+    /// Blocks the cache holds, and the bytes of scales read into memory.
+    pub slots: u64,
+    pub scales_in_memory: u64,
     /// Bytes of the keys read into host memory (then the cache holds value blocks only).
     pub keys_in_memory: u64,
     /// Whether reads bypass the page cache (else the file system refused it: its rate may be
@@ -73,6 +92,9 @@ pub struct FileStats {
     pub bytes_read: u64,
     /// Seconds spent reading the file.
     pub read_seconds: f64,
+    /// The process's reads so far that took longer than the emulated disk would have
+    /// ([`folio_runtime::disk::late_reads`]; 0 when none is emulated).
+    pub late_reads: u64,
     /// Distinct blocks the steps' picks used, and those the previous step that read their
     /// section (layer, K or V) had used too.
     pub step_blocks: u64,
@@ -91,6 +113,12 @@ pub struct FileRows {
     heads: usize,
     n: usize,
     d: usize,
+    /// Whether key sections are read here (else the keys are in host memory beside the tier).
+    keys: bool,
+    /// Each section's fp8 row scales (`heads · n`; empty for sections without scales or not
+    /// read here), and the host budget's hold on them and the step stamps.
+    scales: Vec<Vec<f32>>,
+    _hold: Hold,
     state: Mutex<State>,
 }
 
@@ -138,48 +166,69 @@ struct Run {
 
 impl FileRows {
     /// The rows of the file at `path`, `kv_dtype` sections at `sections` (K then V of each
-    /// layer), `[heads, n, d]` each, with a cache of at most `cache_bytes` (rounded down to
-    /// whole blocks, at least one) held in the host budget.
+    /// layer), `[heads, n, d]` each, keys read here or not (`keys`), in at most `cache_bytes`
+    /// of host memory held in the host budget: the scales and the records first, the rest a
+    /// cache of whole blocks (at least one).
     pub fn open(
         path: &Path,
         sections: Vec<u64>,
         kv_dtype: KvDtype,
         (heads, n, d): (usize, usize, usize),
-        cache_bytes: u64,
+        (cache_bytes, keys): (u64, bool),
     ) -> Result<Self> {
         if heads > MAX_HEADS {
             return Err(Error::Invalid(format!("the file tier reads at most {MAX_HEADS} KV heads, not {heads}")));
         }
-        let (file, direct) = open_unbuffered(path).map_err(|e| Error::io(path, e))?;
+        let (file, direct) = open_for_reads(path).map_err(|e| Error::io(path, e))?;
         let stored = [SectionKind::Keys, SectionKind::Values].map(|k| kv_dtype.codec(k).stored(heads * n, d));
-        let slot_bytes = stored.iter().map(|s| s.row_bytes(d) * BLOCK_ROWS + scale_bytes(*s)).max().unwrap_or(0);
-        let slots = (cache_bytes / slot_bytes as u64).max(1) as usize;
+        let picked_len = sections.len() * heads * n.div_ceil(BLOCK_ROWS);
+        let with_scales = |s: usize| (keys || s % 2 == 1) && matches!(stored[s % 2], Stored::Fp8 { .. });
+        let scales_bytes = (0..sections.len()).filter(|&s| with_scales(s)).count() as u64 * 4 * (heads * n) as u64;
+        let side = scales_bytes + 4 * picked_len as u64;
+        let hold = host_budget::hold(side, &format!("the K/V scales of {}", path.display())).map_err(kv_refused)?;
+        let scales = sections
+            .par_iter()
+            .enumerate()
+            .map(|(s, &base)| match (with_scales(s), stored[s % 2]) {
+                (true, Stored::Fp8 { scales }) => read_scales(&file, base + scales as u64, heads * n),
+                _ => Ok(Vec::new()),
+            })
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| Error::Context { path: path.to_owned(), msg: format!("reading its K/V scales: {e}") })?;
+        let slot_bytes = stored.iter().map(|s| s.row_bytes(d) * BLOCK_ROWS).max().unwrap_or(0);
+        let slots = (cache_bytes.saturating_sub(side) / (slot_bytes + SLOT_META_BYTES) as u64).max(1) as usize;
+        let slots_held = (slots * (slot_bytes + SLOT_META_BYTES)) as u64;
         let what = format!("the K/V cache of {}", path.display());
-        let hold = host_budget::hold((slots * slot_bytes) as u64, &what).map_err(kv_refused)?;
-        let cache = BlockCache::new(slots, slot_bytes, hold).map_err(|e| {
-            Error::Invalid(format!(
-                "{} of host memory for the K/V cache: {e}",
-                human_bytes((slots * slot_bytes) as u64)
-            ))
+        let cache_hold = host_budget::hold(slots_held, &what).map_err(kv_refused)?;
+        let cache = BlockCache::new(slots, slot_bytes, cache_hold).map_err(|e| {
+            Error::Invalid(format!("{} of host memory for the K/V cache: {e}", human_bytes(slots_held)))
         })?;
-        let stats = FileStats { cache_bytes: (slots * slot_bytes) as u64, direct, ..FileStats::default() };
-        let (picked_sections, picked_len) = (sections.len(), sections.len() * heads * n.div_ceil(BLOCK_ROWS));
+        let stats = FileStats {
+            cache_bytes: slots_held + side,
+            slots: slots as u64,
+            scales_in_memory: scales_bytes,
+            direct,
+            ..FileStats::default()
+        };
         Ok(Self {
             path: path.to_owned(),
             file,
-            sections,
             stored,
             heads,
             n,
             d,
+            keys,
+            scales,
+            _hold: hold,
             state: Mutex::new(State {
                 cache,
                 gathers: 0,
                 step: 0,
                 picked: vec![NEVER; picked_len],
-                section_steps: vec![(NEVER, NEVER); picked_sections],
+                section_steps: vec![(NEVER, NEVER); sections.len()],
                 stats,
             }),
+            sections,
         })
     }
 
@@ -195,7 +244,7 @@ impl FileRows {
 
     /// What the tier has done so far.
     pub fn stats(&self) -> FileStats {
-        self.lock().stats
+        FileStats { late_reads: disk::late_reads(), ..self.lock().stats }
     }
 
     /// A decode step ended: the next lookups count as the next step's.
@@ -233,8 +282,8 @@ impl FileRows {
         keep: bool,
     ) -> Result<Vec<f32>> {
         let section = 2 * layer + kind;
-        if section >= self.sections.len() || kind > 1 {
-            return Err(Error::Invalid(format!("the file tier has no section {kind} of layer {layer}")));
+        if section >= self.sections.len() || kind > 1 || (kind == 0 && !self.keys) {
+            return Err(Error::Invalid(format!("the file tier reads no section {kind} of layer {layer}")));
         }
         // The positions by block (in the file's order), one group of positions a block.
         let mut order: Vec<(u64, u32)> = idx
@@ -254,13 +303,15 @@ impl FileRows {
             .collect();
         let mut out = vec![0f32; idx.len() * self.d];
         let rows_out = RowsOut { ptr: out.as_mut_ptr(), d: self.d };
-        let stored = self.slot_stored(kind);
+        let (stored, scales) = (self.stored[kind], &self.scales[section]);
         // Widens the rows of group `g` from its block's bytes.
         let widen = |g: usize, bytes: &[u8]| {
+            let head = split_key(groups[g].0).1;
             for &(_, i) in &order[groups[g].1.clone()] {
                 let p = idx[i as usize] as usize;
                 // SAFETY: `i` is in one group only, once: no two threads write the same row.
-                stored_row(bytes, stored, p % BLOCK_ROWS, self.d, unsafe { rows_out.row(i as usize) });
+                let out = unsafe { rows_out.row(i as usize) };
+                widen_row(bytes, stored, p % BLOCK_ROWS, scales.get(head * self.n + p).copied(), out);
             }
         };
         let mut state = self.lock();
@@ -296,14 +347,6 @@ impl FileRows {
         Ok(out)
     }
 
-    /// How a slot holds a block of `kind`'s rows: the rows, then (fp8) their scales.
-    fn slot_stored(&self, kind: usize) -> Stored {
-        match self.stored[kind] {
-            Stored::Fp8 { .. } => Stored::Fp8 { scales: BLOCK_ROWS * self.d },
-            other => other,
-        }
-    }
-
     /// Reads the `missing` blocks (`(key, slot, group)`, in key order: the file's order), puts
     /// each into its slot if it has one, and hands its bytes to `widen(group, bytes)`.
     fn read_blocks(
@@ -315,12 +358,13 @@ impl FileRows {
         let mut runs: Vec<Run> = Vec::new();
         for &(key, _, _) in missing {
             let (section, head, block) = split_key(key);
+            let run_blocks = RUN_BYTES / (self.stored[section % 2].row_bytes(self.d) * BLOCK_ROWS);
             match runs.last_mut() {
                 Some(r)
                     if r.section == section
                         && r.head == head
                         && r.first + r.blocks == block
-                        && r.blocks < RUN_BLOCKS =>
+                        && r.blocks < run_blocks =>
                 {
                     r.blocks += 1
                 }
@@ -346,20 +390,19 @@ impl FileRows {
             let (batch, after) = rest.split_at(take);
             rest = after;
             let started = Instant::now();
-            let read: Vec<(Vec<u8>, u64, u64)> =
-                batch.par_iter().map(|run| self.read_run(run)).collect::<std::io::Result<_>>().map_err(|e| {
-                    Error::Context {
-                        path: self.path.clone(),
-                        msg: format!(
-                            "reading its K/V rows from disk: {e}; if the file was changed or cut short since it \
+            let read: Vec<(Vec<u8>, u64)> = io_pool()
+                .install(|| batch.par_iter().map(|run| self.read_run(run)).collect::<std::io::Result<_>>())
+                .map_err(|e| Error::Context {
+                    path: self.path.clone(),
+                    msg: format!(
+                        "reading its K/V rows from disk: {e}; if the file was changed or cut short since it \
                              was opened, open it again (or prefill again)"
-                        ),
-                    }
+                    ),
                 })?;
             seconds += started.elapsed().as_secs_f64();
             let mut pieces = Vec::new();
-            for ((bytes, n, r), run) in read.iter().zip(batch) {
-                (bytes_read, reads) = (bytes_read + n, reads + r);
+            for ((bytes, n), run) in read.iter().zip(batch) {
+                (bytes_read, reads) = (bytes_read + n, reads + 1);
                 for piece in bytes.chunks_exact(bytes.len() / run.blocks) {
                     let &(_, slot, g) = next.next().expect("one block of a run for each missing block");
                     if let Some(slot) = slot {
@@ -378,42 +421,77 @@ impl FileRows {
         Ok(())
     }
 
-    /// A run's blocks, each laid out as a slot holds it (rows, then scales; a head's last block
-    /// padded), with the bytes read and the reads made.
-    fn read_run(&self, run: &Run) -> std::io::Result<(Vec<u8>, u64, u64)> {
-        let kind = run.section % 2;
-        let stored = self.stored[kind];
-        let rb = stored.row_bytes(self.d);
-        let slot = rb * BLOCK_ROWS + scale_bytes(stored);
+    /// A run's blocks (a head's last block padded), with the bytes read (one read).
+    fn read_run(&self, run: &Run) -> std::io::Result<(Vec<u8>, u64)> {
+        let rb = self.stored[run.section % 2].row_bytes(self.d);
         let first_row = run.head * self.n + run.first * BLOCK_ROWS;
         let rows = (run.blocks * BLOCK_ROWS).min(self.n - run.first * BLOCK_ROWS);
-        let base = self.sections[run.section];
-        let mut out = vec![0u8; slot * run.blocks];
-        let (mut bytes, mut reads) = (0u64, 1u64);
-        let (values, skip) = self.read_span(base + (first_row * rb) as u64, rows * rb)?;
-        bytes += values.len() as u64;
-        for (b, chunk) in values[skip..skip + rows * rb].chunks(BLOCK_ROWS * rb).enumerate() {
-            out[b * slot..b * slot + chunk.len()].copy_from_slice(chunk);
-        }
-        if let Stored::Fp8 { scales } = stored {
-            let (s, skip) = self.read_span(base + (scales + 4 * first_row) as u64, 4 * rows)?;
-            (bytes, reads) = (bytes + s.len() as u64, reads + 1);
-            for (b, chunk) in s[skip..skip + 4 * rows].chunks(4 * BLOCK_ROWS).enumerate() {
-                out[b * slot + BLOCK_ROWS * rb..b * slot + BLOCK_ROWS * rb + chunk.len()].copy_from_slice(chunk);
+        let mut out = vec![0u8; rb * BLOCK_ROWS * run.blocks];
+        let (read, skip) = read_span(&self.file, self.sections[run.section] + (first_row * rb) as u64, rows * rb)?;
+        out[..rows * rb].copy_from_slice(&read[skip..skip + rows * rb]);
+        Ok((out, read.len() as u64))
+    }
+}
+
+/// The file at `path` opened for the tier's reads, and whether they bypass the page cache: they
+/// do unless another disk is emulated (whose medium is the page cache) or the file system
+/// refuses.
+pub fn open_for_reads(path: &Path) -> std::io::Result<(File, bool)> {
+    match disk::rate() {
+        Some(_) => Ok((File::open(path)?, false)),
+        None => open_unbuffered(path),
+    }
+}
+
+/// Reads `need` bytes at `offset` (a multiple of [`DIRECT_ALIGN`]) of a file from
+/// [`open_for_reads`] into `buf` (page-aligned), at the emulated disk's pace where one is.
+pub fn read_paced(file: &File, buf: &mut [u8], offset: u64, need: usize) -> std::io::Result<()> {
+    let issued = Instant::now();
+    read_aligned(file, buf, offset, need)?;
+    disk::pace(issued, buf.len().min(need.next_multiple_of(DIRECT_ALIGN)) as u64);
+    Ok(())
+}
+
+/// `len` bytes from `offset` of `file`, read aligned for an unbuffered file: a page-aligned
+/// buffer and where the bytes start in it; its length is the bytes read.
+fn read_span(file: &File, offset: u64, len: usize) -> std::io::Result<(memmap2::MmapMut, usize)> {
+    let start = offset / DIRECT_ALIGN as u64 * DIRECT_ALIGN as u64;
+    let skip = (offset - start) as usize;
+    // An anonymous map: page-aligned, as unbuffered reads want.
+    let mut buf = memmap2::MmapMut::map_anon((skip + len).next_multiple_of(DIRECT_ALIGN))?;
+    read_paced(file, &mut buf, start, skip + len)?;
+    Ok((buf, skip))
+}
+
+/// The `rows` fp8 scales at `offset` of `file`.
+fn read_scales(file: &File, offset: u64, rows: usize) -> std::io::Result<Vec<f32>> {
+    let (bytes, skip) = read_span(file, offset, 4 * rows)?;
+    Ok(bytes[skip..skip + 4 * rows].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+/// The pool of [`IO_THREADS`] that reads the file (the cores' pool widens what they read).
+fn io_pool() -> &'static rayon::ThreadPool {
+    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(IO_THREADS)
+            .thread_name(|i| format!("folio-disk-{i}"))
+            .build()
+            .expect("the file tier's read threads")
+    })
+}
+
+/// Row `r` of a block's `bytes` stored as `stored` into `out`; an fp8 row with its `scale`.
+fn widen_row(bytes: &[u8], stored: Stored, r: usize, scale: Option<f32>, out: &mut [f32]) {
+    match (stored, scale) {
+        (Stored::Fp8 { .. }, Some(scale)) => {
+            let table = fp8_values();
+            let d = out.len();
+            for (o, &c) in out.iter_mut().zip(&bytes[r * d..(r + 1) * d]) {
+                *o = table[c as usize] * scale;
             }
         }
-        Ok((out, bytes, reads))
-    }
-
-    /// `len` bytes from `offset`, read aligned for an unbuffered file: a page-aligned buffer and
-    /// where the bytes start in it; its length is the bytes read.
-    fn read_span(&self, offset: u64, len: usize) -> std::io::Result<(memmap2::MmapMut, usize)> {
-        let start = offset / DIRECT_ALIGN as u64 * DIRECT_ALIGN as u64;
-        let skip = (offset - start) as usize;
-        // An anonymous map: page-aligned, as unbuffered reads want.
-        let mut buf = memmap2::MmapMut::map_anon((skip + len).next_multiple_of(DIRECT_ALIGN))?;
-        read_aligned(&self.file, &mut buf, start, skip + len)?;
-        Ok((buf, skip))
+        _ => stored_row(bytes, stored, r, out.len(), out),
     }
 }
 
@@ -435,14 +513,6 @@ impl RowsOut {
     unsafe fn row(&self, i: usize) -> &mut [f32] {
         // SAFETY: as the caller promises.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.d), self.d) }
-    }
-}
-
-/// Bytes of a block's scales (fp8 rows), 0 for rows without.
-fn scale_bytes(stored: Stored) -> usize {
-    match stored {
-        Stored::Fp8 { .. } => 4 * BLOCK_ROWS,
-        _ => 0,
     }
 }
 

@@ -97,23 +97,24 @@ impl OffloadKv {
             false => Vec::new(),
         };
         let blocks = if in_memory { cache_bytes - keys_bytes } else { cache_bytes };
-        let rows = FileRows::open(path, sections, kv_dtype, (kv_heads, saved, head_dim), blocks)?;
+        let rows = FileRows::open(path, sections, kv_dtype, (kv_heads, saved, head_dim), (blocks, !in_memory))?;
         let shape = (layers, kv_heads, saved, head_dim);
         Ok(Self { file_rows: Some(rows), host_keys, ..Self::empty(shape, dtype, device) })
     }
 }
 
-/// Sections of `len` bytes at the offsets `at` of the file at `path`, read (page cache
-/// bypassed, in reads of [`READ_BYTES`] over the cores) into host memory held in the host
-/// budget, each from a page boundary, and shared with `device` (registered in place on a GPU).
+/// Sections of `len` bytes at the offsets `at` of the file at `path`, read as the file tier
+/// reads (page cache bypassed, in reads of [`READ_BYTES`] over the cores) into host memory
+/// held in the host budget, each from a page boundary, and shared with `device` (registered
+/// in place on a GPU).
 fn read_sections(path: &Path, at: &[u64], len: usize, device: &Device) -> Result<Arc<SharedHost>> {
-    use folio_context_file::platform::{open_unbuffered, read_aligned};
+    use crate::kv_cache::file::{open_for_reads, read_paced};
     use rayon::prelude::*;
     let step = len.next_multiple_of(PAGE as usize);
     let what = format!("the keys of {} in host memory", path.display());
     let hold = host_budget::hold((step * at.len()) as u64, &what).map_err(kv_refused)?;
     let mut mem = folio_runtime::host_memory::anon_huge(step * at.len()).map_err(|e| Error::io(path, e))?;
-    let (file, _) = open_unbuffered(path).map_err(|e| Error::io(path, e))?;
+    let (file, _) = open_for_reads(path).map_err(|e| Error::io(path, e))?;
     // Disjoint pieces of the memory, each with the file's bytes it gets.
     let mut jobs = Vec::new();
     let mut rest: &mut [u8] = &mut mem;
@@ -130,7 +131,7 @@ fn read_sections(path: &Path, at: &[u64], len: usize, device: &Device) -> Result
         }
     }
     jobs.into_par_iter()
-        .try_for_each(|(piece, offset, need)| read_aligned(&file, piece, offset, need))
+        .try_for_each(|(piece, offset, need)| read_paced(&file, piece, offset, need))
         .map_err(|e| Error::Context { path: path.to_owned(), msg: format!("reading its keys into memory: {e}") })?;
     let mem = mem.make_read_only().map_err(|e| Error::io(path, e))?;
     Ok(SharedHost::new(device, Arc::new(Held::new(mem, hold)))?)
