@@ -38,6 +38,12 @@ for path in sys.argv[1:]:
                 f["disk_bytes_per_step"] / 2**20, f["disk_reads_per_step"], f["disk_read_ms_per_step"],
                 f["disk_rate"] / 1e9, 100 * (f["hit_rate"] if f["hit_rate"] is not None else float("nan")),
                 100 * (f["step_overlap"] if f["step_overlap"] is not None else float("nan"))))
+            if f.get("emulated_disk") or f.get("device_gathers") is not None:
+                e = f.get("emulated_disk")
+                print("       %s; late reads %d; gathers by the device from the cache %s" % (
+                    "disk emulated at %.2f GB/s, %.0fk reads/s" % (e[0] / 1e9, e[1] / 1e3) if e else "the machine's disk",
+                    f.get("late_reads", 0),
+                    "%.1f%%" % (100 * f["device_gathers"]) if f.get("device_gathers") is not None else "-"))
         p = d.get("profile")
         if p:
             print("   profile: host queued %.2f ms of step %.2f ms; synced step %.2f ms"

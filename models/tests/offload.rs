@@ -231,13 +231,20 @@ fn offloaded_matches_reference(device: &Device) -> Result<()> {
             assert!(diff < 1e-4, "seed {seed}: {name} question on the {tier} tier differs by {diff}");
         }
     }
-    // The file tier read what the steps picked through its cache: hits, and misses read from
-    // the file.
+    read_through_the_cache(&file_kv, &keys_kv, block);
+    Ok(())
+}
+
+/// The file tier read what the steps picked through its cache: hits, and misses read from the
+/// file, in a cache of about 40 blocks' bytes (its records take a little: a block's worth here);
+/// gathers whose blocks all had a slot were read from the cache by the device, the others
+/// widened by the CPU.
+fn read_through_the_cache(file_kv: &OffloadKv, keys_kv: &OffloadKv, block: usize) {
     let stats = file_kv.file_stats().expect("rows on the file tier");
     let read = stats.hits > 0 && stats.blocks_read > 0 && stats.bytes_read > 0;
-    // Its records take a little of the bytes: a block's worth here.
     assert!(read && stats.cache_bytes <= 40 * block as u64 && stats.slots >= 38, "{stats:?}");
-    Ok(())
+    let keyed = keys_kv.file_stats().expect("rows on the file tier");
+    assert!(keyed.device_gathers > 0 && stats.device_gathers < stats.gathers, "{stats:?} {keyed:?}");
 }
 
 test_device!(offloaded_matches_reference, offloaded_cpu, offloaded_cuda);
@@ -293,6 +300,8 @@ fn stored_rows_read_as_the_file_decodes(device: &Device) -> Result<()> {
                 }
             }
         }
+        // The picks from the 64 MiB cache were gathered by the device from its slots.
+        assert!(keyed.file_stats().is_some_and(|s| s.device_gathers > 0), "{}", kv_dtype.name());
         for layer in 0..layers {
             let got = kv.segments(layer, saved)?;
             for (i, (kind, t)) in

@@ -118,6 +118,9 @@ pub struct FileSteps {
     /// The disk bytes at the measured sequential rate: the step's floor on this tier.
     pub disk_floor_ms: f64,
     pub blocks_per_step: f64,
+    /// Of the steps' gathers, the share the device read from the cache (their blocks all had a
+    /// slot; the others were widened by the CPU); none when no gather was asked for.
+    pub device_gathers: Option<f64>,
     /// Blocks found in the cache ÷ blocks asked for (none when no block was asked for).
     pub hit_rate: Option<f64>,
     /// Of the blocks a step's picks used, the share the section's previous picks used too
@@ -146,6 +149,7 @@ pub(super) fn per_step(before: &FileStats, after: &FileStats, steps: usize, disk
         disk_read_ms_per_step: seconds * 1e3 / steps as f64,
         disk_floor_ms: per(after.bytes_read, before.bytes_read) / disk_bandwidth * 1e3,
         blocks_per_step: per(after.blocks, before.blocks),
+        device_gathers: ratio(after.device_gathers - before.device_gathers, after.gathers - before.gathers),
         hit_rate: ratio(after.hits - before.hits, after.blocks - before.blocks),
         step_overlap: ratio(after.step_again - before.step_again, after.step_blocks - before.step_blocks),
     }

@@ -9,10 +9,20 @@
 //! bit a slot and no list to reorder on every hit. A slot used by the gather in flight is never
 //! evicted by that gather ([`BlockCache::take`]): its rows are copied out after every miss is
 //! read.
+//!
+//! The slots are shared with the device's gathers ([`SharedHost`]: registered in place on a
+//! GPU), followed by a region of fp8 scales, a slot's beside it: a step's picks are then
+//! gathered from the slots by the device over the host link and widened there, as the host tier
+//! gathers from a context file's mapping, instead of widened by the CPU and copied as f32. A slot
+//! is written only after the device has finished every gather queued before
+//! ([`BlockCache::write`]).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use folio_runtime::host_budget::Hold;
+use candle_core::Device;
+use folio_kernels::select::SharedHost;
+use folio_runtime::host_budget::{Held, Hold};
 
 /// No key: a slot never filled.
 const EMPTY: u64 = u64::MAX;
@@ -20,9 +30,13 @@ const EMPTY: u64 = u64::MAX;
 /// Slots of `slot_bytes` each; see the module docs.
 pub(super) struct BlockCache {
     slot_bytes: usize,
-    mem: memmap2::MmapMut,
-    /// The host budget's hold on `mem`.
-    _hold: Hold,
+    /// Bytes of a slot's scales in the region after the slots.
+    scale_bytes: usize,
+    /// The slots, then the scales, held in the host budget and shared with the device.
+    mem: Arc<SharedHost>,
+    /// Where `mem` lies, for [`BlockCache::write`].
+    base: Base,
+    device: Device,
     map: HashMap<u64, u32>,
     keys: Vec<u64>,
     /// CLOCK's bit: used since the hand last passed.
@@ -42,14 +56,33 @@ pub(super) enum Found {
     Pass,
 }
 
+/// The cache memory's address: written through only by [`BlockCache::write`], under the
+/// `&mut` of the cache (the tier's lock).
+struct Base(*mut u8);
+
+// SAFETY: the address is of memory the cache owns (through `mem`) for as long as it lives; it
+// is written only through `&mut BlockCache`, so sharing `&BlockCache` shares no writer.
+unsafe impl Send for Base {}
+unsafe impl Sync for Base {}
+
 impl BlockCache {
-    /// `slots` slots of `slot_bytes` in host memory held by `hold`.
-    pub(super) fn new(slots: usize, slot_bytes: usize, hold: Hold) -> std::io::Result<Self> {
-        let mem = folio_runtime::host_memory::anon_huge(slots * slot_bytes)?;
+    /// `slots` slots of `slot_bytes` and `scale_bytes` of scales each in host memory held by
+    /// `hold`, shared with `device`.
+    pub(super) fn new(
+        slots: usize,
+        (slot_bytes, scale_bytes): (usize, usize),
+        hold: Hold,
+        device: &Device,
+    ) -> candle_core::Result<Self> {
+        let mut map = folio_runtime::host_memory::anon_huge(slots * (slot_bytes + scale_bytes))?;
+        let base = Base(map.as_mut_ptr());
+        let mem = SharedHost::new(device, Arc::new(Held::new(map, hold)))?;
         Ok(Self {
             slot_bytes,
+            scale_bytes,
             mem,
-            _hold: hold,
+            base,
+            device: device.clone(),
             map: HashMap::with_capacity(slots),
             keys: vec![EMPTY; slots],
             referenced: vec![false; slots],
@@ -126,12 +159,34 @@ impl BlockCache {
         self.slot_bytes
     }
 
-    pub(super) fn slot(&self, slot: usize) -> &[u8] {
-        &self.mem[slot * self.slot_bytes..(slot + 1) * self.slot_bytes]
+    /// The memory the device gathers from: the slots, then their scales.
+    pub(super) fn shared(&self) -> &Arc<SharedHost> {
+        &self.mem
     }
 
-    pub(super) fn slot_mut(&mut self, slot: usize) -> &mut [u8] {
-        &mut self.mem[slot * self.slot_bytes..(slot + 1) * self.slot_bytes]
+    pub(super) fn slot(&self, slot: usize) -> &[u8] {
+        &self.mem.bytes()[slot * self.slot_bytes..(slot + 1) * self.slot_bytes]
+    }
+
+    /// Waits for the device to finish every gather queued from the slots: before a slot is
+    /// written (a queued gather may read a slot a later gather evicted).
+    pub(super) fn quiesce(&self) -> candle_core::Result<()> {
+        self.device.synchronize()
+    }
+
+    /// Fills `slot` with a block's `rows` and (fp8) `scales` (at most a slot's bytes each),
+    /// once [`Self::quiesce`] has returned since the device was last given a gather.
+    pub(super) fn write(&mut self, slot: usize, rows: &[u8], scales: &[u8]) {
+        assert!(rows.len() <= self.slot_bytes && scales.len() <= self.scale_bytes && slot < self.keys.len());
+        let scales_at = self.keys.len() * self.slot_bytes + slot * self.scale_bytes;
+        // SAFETY: both ranges lie within the cache's memory (checked above), which lives as
+        // long as `self`; `&mut self` excludes every other writer and every CPU reader of it
+        // (readers borrow `self`), and the device reads nothing queued before the caller's
+        // `quiesce`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(rows.as_ptr(), self.base.0.add(slot * self.slot_bytes), rows.len());
+            std::ptr::copy_nonoverlapping(scales.as_ptr(), self.base.0.add(scales_at), scales.len());
+        }
     }
 }
 
@@ -141,7 +196,7 @@ mod tests {
 
     fn cache(slots: usize) -> BlockCache {
         let hold = folio_runtime::host_budget::hold(0, "a test cache").unwrap();
-        BlockCache::new(slots, 64, hold).unwrap()
+        BlockCache::new(slots, (64, 8), hold, &Device::Cpu).unwrap()
     }
 
     /// CLOCK's rules on random keys: no slot of the gather in flight evicted, a full gather
@@ -186,7 +241,9 @@ mod tests {
         assert!(!c.map.contains_key(&1000));
         c.forget(3);
         assert_eq!(c.keys[3], EMPTY);
-        assert_eq!(c.slot(3).len(), 64);
+        c.write(3, &[7; 64], &[9; 8]);
+        assert_eq!(c.slot(3), &[7; 64]);
+        assert_eq!(&c.shared().bytes()[8 * 64 + 3 * 8..8 * 64 + 4 * 8], &[9; 8]);
         c.clear();
         assert!(c.map.is_empty() && c.keys.iter().all(|&k| k == EMPTY));
         assert!(matches!(c.take(cached, 3000), Found::Fill(_)));

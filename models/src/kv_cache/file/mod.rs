@@ -13,7 +13,7 @@
 //! row, apart from the codes in the section) are read into memory when the tier opens, so that
 //! a block is one read, not two. A gather maps its positions to blocks, takes each from the
 //! cache ([`cache::BlockCache`]) or a slot to fill, reads the misses in file order — runs of
-//! consecutive blocks coalesced into one read, runs read in parallel by [`IO_THREADS`] threads
+//! consecutive blocks coalesced into one read, runs read in parallel by [`io::IO_THREADS`] threads
 //! (an NVMe serves its rate only with dozens of reads in flight; a thread waiting on the disk
 //! takes no core), with the page cache bypassed so that the host budget sees every byte held
 //! and the benchmarks the disk's own rate — and widens the rows it was asked for. A scan (dense
@@ -26,23 +26,26 @@
 //! on the host tier ([`gather`] merges them).
 
 mod cache;
+mod io;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use folio_context_file::format::SectionKind;
-use folio_context_file::platform::{open_unbuffered, read_aligned, DIRECT_ALIGN};
 use folio_context_file::rows::{fp8_values, stored_row, Stored};
 use folio_context_file::KvDtype;
+use folio_kernels::select::HostRows;
+use folio_kernels::Positions;
 use folio_runtime::disk;
 use folio_runtime::host_budget::{self, Hold};
 use rayon::prelude::*;
 
 use crate::error::{human_bytes, kv_refused, Error, Result};
 use cache::{BlockCache, Found};
+pub use io::{open_for_reads, read_paced};
 
 /// Rows of one head in a block: 4 KiB of fp8 rows (8 KiB of bf16) at 128 values a row — a disk
 /// reads no less than a 4 KiB page, and a larger block reads rows no one picked (at 256 rows,
@@ -53,10 +56,6 @@ pub const BLOCK_ROWS: usize = 32;
 /// Bytes of consecutive blocks read in one call at most: 2 MiB, large enough for a disk's
 /// sequential rate, small enough that a scan's runs spread over the threads.
 const RUN_BYTES: usize = 2 << 20;
-
-/// Threads that read the file, each one read at a time: the reads a disk has in flight. 64: a
-/// PCIe 4.0 NVMe serves its 4 KiB rate at a queue depth of 32 to 64.
-pub const IO_THREADS: usize = 64;
 
 /// Host bytes a cache slot costs beside its rows (its key, CLOCK's bit, its gather, its entry
 /// in the key map), held in the host budget with the rows.
@@ -83,6 +82,10 @@ pub struct FileStats {
     /// Whether reads bypass the page cache (else the file system refused it: its rate may be
     /// the page cache's).
     pub direct: bool,
+    /// Gathers, and those the device read from the cache (a step's picks that all had a slot;
+    /// the others were widened by the CPU).
+    pub gathers: u64,
+    pub device_gathers: u64,
     /// Blocks asked for (once per gather), and those the cache held.
     pub blocks: u64,
     pub hits: u64,
@@ -119,6 +122,10 @@ pub struct FileRows {
     /// read here), and the host budget's hold on them and the step stamps.
     scales: Vec<Vec<f32>>,
     _hold: Hold,
+    /// The cache's slots as K (0) and V (1) rows the device gathers from (a kind not read
+    /// here has none), and that device.
+    views: [Option<HostRows>; 2],
+    device: Device,
     state: Mutex<State>,
 }
 
@@ -156,6 +163,27 @@ impl State {
     }
 }
 
+/// A gather's rows, as [`FileRows::fetch`] gives them.
+pub enum Fetched {
+    /// Gathered by the device from the cache: `[rows, sel, d]` in the tier's dtype.
+    Gathered(Tensor),
+    /// Widened here: `rows · sel · d` f32.
+    Widened(Vec<f32>),
+}
+
+/// A gather's positions by block: `order` holds (block key, index of the position) sorted,
+/// `groups` each block's key and its range of `order`.
+struct ByBlock {
+    order: Vec<(u64, u32)>,
+    groups: Vec<(u64, std::ops::Range<usize>)>,
+}
+
+/// A block a gather misses: its key, the slot it fills (none: it passes the cache), its group.
+type Miss = (u64, Option<usize>, usize);
+
+/// Widens a group's rows from its block's bytes.
+type Widen<'a> = &'a (dyn Fn(usize, &[u8]) + Sync);
+
 /// A run of consecutive blocks of one head of one section, read with one call.
 struct Run {
     section: usize,
@@ -168,13 +196,14 @@ impl FileRows {
     /// The rows of the file at `path`, `kv_dtype` sections at `sections` (K then V of each
     /// layer), `[heads, n, d]` each, keys read here or not (`keys`), in at most `cache_bytes`
     /// of host memory held in the host budget: the scales and the records first, the rest a
-    /// cache of whole blocks (at least one).
+    /// cache of whole blocks (at least one) that `device` gathers `dtype` rows from.
     pub fn open(
         path: &Path,
         sections: Vec<u64>,
         kv_dtype: KvDtype,
         (heads, n, d): (usize, usize, usize),
         (cache_bytes, keys): (u64, bool),
+        (dtype, device): (DType, &Device),
     ) -> Result<Self> {
         if heads > MAX_HEADS {
             return Err(Error::Invalid(format!("the file tier reads at most {MAX_HEADS} KV heads, not {heads}")));
@@ -190,19 +219,34 @@ impl FileRows {
             .par_iter()
             .enumerate()
             .map(|(s, &base)| match (with_scales(s), stored[s % 2]) {
-                (true, Stored::Fp8 { scales }) => read_scales(&file, base + scales as u64, heads * n),
+                (true, Stored::Fp8 { scales }) => io::read_scales(&file, base + scales as u64, heads * n),
                 _ => Ok(Vec::new()),
             })
             .collect::<std::io::Result<Vec<_>>>()
             .map_err(|e| Error::Context { path: path.to_owned(), msg: format!("reading its K/V scales: {e}") })?;
         let slot_bytes = stored.iter().map(|s| s.row_bytes(d) * BLOCK_ROWS).max().unwrap_or(0);
-        let slots = (cache_bytes.saturating_sub(side) / (slot_bytes + SLOT_META_BYTES) as u64).max(1) as usize;
-        let slots_held = (slots * (slot_bytes + SLOT_META_BYTES)) as u64;
+        // A slot's scales: one for each fp8 row a slot could hold.
+        let scale_bytes = if stored.iter().any(|s| matches!(s, Stored::Fp8 { .. })) { 4 * slot_bytes / d } else { 0 };
+        let per_slot = slot_bytes + scale_bytes + SLOT_META_BYTES;
+        let slots = (cache_bytes.saturating_sub(side) / per_slot as u64).max(1) as usize;
+        let slots_held = (slots * per_slot) as u64;
         let what = format!("the K/V cache of {}", path.display());
         let cache_hold = host_budget::hold(slots_held, &what).map_err(kv_refused)?;
-        let cache = BlockCache::new(slots, slot_bytes, cache_hold).map_err(|e| {
+        let cache = BlockCache::new(slots, (slot_bytes, scale_bytes), cache_hold, device).map_err(|e| {
             Error::Invalid(format!("{} of host memory for the K/V cache: {e}", human_bytes(slots_held)))
         })?;
+        let view = |kind: usize| -> Result<Option<HostRows>> {
+            if kind == 0 && !keys {
+                return Ok(None);
+            }
+            let rows = slots * slot_bytes / stored[kind].row_bytes(d);
+            let as_slots = match stored[kind] {
+                Stored::Fp8 { .. } => Stored::Fp8 { scales: slots * slot_bytes },
+                other => other,
+            };
+            Ok(Some(HostRows::view(device, cache.shared(), 0, as_slots, (1, rows, d), dtype)?))
+        };
+        let views = [view(0)?, view(1)?];
         let stats = FileStats {
             cache_bytes: slots_held + side,
             slots: slots as u64,
@@ -220,6 +264,8 @@ impl FileRows {
             keys,
             scales,
             _hold: hold,
+            views,
+            device: device.clone(),
             state: Mutex::new(State {
                 cache,
                 gathers: 0,
@@ -269,23 +315,76 @@ impl FileRows {
     }
 
     /// Rows of `layer`'s K (`kind` 0) or V (1) at the positions `idx` (`rows · sel` of them;
-    /// row `r` of head `r / group`), widened to f32, `d` values each in `idx`'s order; a
-    /// position at or past the saved length gives zeros (the caller's tail has it). `keep`:
-    /// the blocks read go into the cache (a step's picks), or pass through it (a scan).
-    pub fn rows(
+    /// row `r` of head `r / group`), `d` values each in `idx`'s order; a position at or past
+    /// the saved length gives zeros or another row (the caller's tail has it). `keep`: the
+    /// blocks read go into the cache (a step's picks), or pass through it (a scan). A step's
+    /// picks that all have a slot are gathered from the cache by the device ([`Fetched::Gathered`],
+    /// `[rows, sel, d]` in the tier's dtype); others are widened to f32 here.
+    pub fn fetch(
         &self,
-        layer: usize,
-        kind: usize,
+        (layer, kind): (usize, usize),
         idx: &[u32],
-        sel: usize,
-        group: usize,
+        (sel, group): (usize, usize),
         keep: bool,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<Fetched> {
         let section = 2 * layer + kind;
         if section >= self.sections.len() || kind > 1 || (kind == 0 && !self.keys) {
             return Err(Error::Invalid(format!("the file tier reads no section {kind} of layer {layer}")));
         }
-        // The positions by block (in the file's order), one group of positions a block.
+        let blocks = self.by_block(section, idx, sel, group);
+        let mut state = self.lock();
+        state.gathers += 1;
+        let (hits, missing) = self.look_up(&mut state, section, &blocks.groups, keep);
+        let view = self.views[kind].as_ref().filter(|_| keep && missing.iter().all(|m| m.1.is_some()));
+        let fetched = match view {
+            Some(view) => {
+                self.read_or_forget(&missing, &mut state, None)?;
+                let per_slot = state.cache.slot_bytes() / self.stored[kind].row_bytes(self.d);
+                let slots =
+                    hits.iter().map(|&(g, slot)| (g, slot)).chain(missing.iter().filter_map(|m| Some((m.2, m.1?))));
+                let mut at = vec![0u32; idx.len()];
+                for (g, slot) in slots {
+                    for &(_, i) in &blocks.order[blocks.groups[g].1.clone()] {
+                        at[i as usize] = (slot * per_slot + idx[i as usize] as usize % BLOCK_ROWS) as u32;
+                    }
+                }
+                let rows = idx.len() / sel;
+                let at = Tensor::from_vec(at, (rows, sel), &self.device)?;
+                // Queued while the lock is held: a later gather quiesces the device before it
+                // writes a slot this one reads.
+                Fetched::Gathered(view.gather(&at, rows, None, Positions::Trusted)?)
+            }
+            None => {
+                let mut out = vec![0f32; idx.len() * self.d];
+                let rows_out = RowsOut { ptr: out.as_mut_ptr(), d: self.d };
+                let (stored, scales) = (self.stored[kind], &self.scales[section]);
+                // Widens the rows of group `g` from its block's bytes.
+                let widen = |g: usize, bytes: &[u8]| {
+                    let head = split_key(blocks.groups[g].0).1;
+                    for &(_, i) in &blocks.order[blocks.groups[g].1.clone()] {
+                        let p = idx[i as usize] as usize;
+                        // SAFETY: `i` is in one group only, once: no two threads write the same row.
+                        let out = unsafe { rows_out.row(i as usize) };
+                        widen_row(bytes, stored, p % BLOCK_ROWS, scales.get(head * self.n + p).copied(), out);
+                    }
+                };
+                let cache = &state.cache;
+                hits.par_iter().for_each(|&(g, slot)| widen(g, cache.slot(slot)));
+                self.read_or_forget(&missing, &mut state, Some(&widen))?;
+                Fetched::Widened(out)
+            }
+        };
+        let s = &mut state.stats;
+        s.gathers += 1;
+        s.device_gathers += u64::from(matches!(fetched, Fetched::Gathered(_)));
+        s.blocks += blocks.groups.len() as u64;
+        s.hits += hits.len() as u64;
+        Ok(fetched)
+    }
+
+    /// The positions `idx` of `section` by block, in the file's order; positions at or past
+    /// the saved length are left out.
+    fn by_block(&self, section: usize, idx: &[u32], sel: usize, group: usize) -> ByBlock {
         let mut order: Vec<(u64, u32)> = idx
             .iter()
             .enumerate()
@@ -293,7 +392,7 @@ impl FileRows {
             .map(|(i, &p)| (block_key(section, i / sel / group, p as usize / BLOCK_ROWS), i as u32))
             .collect();
         order.sort_unstable();
-        let groups: Vec<(u64, std::ops::Range<usize>)> = order
+        let groups = order
             .chunk_by(|a, b| a.0 == b.0)
             .scan(0, |at, g| {
                 let range = *at..*at + g.len();
@@ -301,21 +400,19 @@ impl FileRows {
                 Some((g[0].0, range))
             })
             .collect();
-        let mut out = vec![0f32; idx.len() * self.d];
-        let rows_out = RowsOut { ptr: out.as_mut_ptr(), d: self.d };
-        let (stored, scales) = (self.stored[kind], &self.scales[section]);
-        // Widens the rows of group `g` from its block's bytes.
-        let widen = |g: usize, bytes: &[u8]| {
-            let head = split_key(groups[g].0).1;
-            for &(_, i) in &order[groups[g].1.clone()] {
-                let p = idx[i as usize] as usize;
-                // SAFETY: `i` is in one group only, once: no two threads write the same row.
-                let out = unsafe { rows_out.row(i as usize) };
-                widen_row(bytes, stored, p % BLOCK_ROWS, scales.get(head * self.n + p).copied(), out);
-            }
-        };
-        let mut state = self.lock();
-        state.gathers += 1;
+        ByBlock { order, groups }
+    }
+
+    /// Each block of `groups` from the cache: taken for a step's picks (`keep`: a slot to fill
+    /// when it is not cached), found for a scan. The hits `(group, slot)` and the misses
+    /// `(key, slot to fill, group)` in the file's order.
+    fn look_up(
+        &self,
+        state: &mut State,
+        section: usize,
+        groups: &[(u64, std::ops::Range<usize>)],
+        keep: bool,
+    ) -> (Vec<(usize, usize)>, Vec<Miss>) {
         let gather = state.gathers;
         let blocks_per_head = self.n.div_ceil(BLOCK_ROWS);
         let (mut hits, mut missing) = (Vec::new(), Vec::new());
@@ -334,27 +431,36 @@ impl FileRows {
                 Found::Pass => missing.push((key, None, g)),
             }
         }
-        let cache = &state.cache;
-        hits.par_iter().for_each(|&(g, slot)| widen(g, cache.slot(slot)));
-        if let Err(e) = self.read_blocks(&missing, &mut state, &widen) {
+        (hits, missing)
+    }
+
+    /// [`Self::read_blocks`], and on an error the slots it was to fill forgotten (they hold no
+    /// rows).
+    fn read_or_forget(&self, missing: &[Miss], state: &mut State, widen: Option<Widen<'_>>) -> Result<()> {
+        let read = self.read_blocks(missing, state, widen);
+        if read.is_err() {
             missing.iter().filter_map(|&(_, slot, _)| slot).for_each(|slot| state.cache.forget(slot));
-            return Err(e);
         }
-        let s = &mut state.stats;
-        s.blocks += groups.len() as u64;
-        s.hits += hits.len() as u64;
-        drop(state);
-        Ok(out)
+        read
+    }
+
+    /// Block `key`'s fp8 scales as bytes (none for rows without), as a slot keeps them.
+    fn block_scales(&self, key: u64) -> Vec<u8> {
+        let (section, head, block) = split_key(key);
+        let scales = &self.scales[section];
+        if scales.is_empty() {
+            return Vec::new();
+        }
+        let from = head * self.n + block * BLOCK_ROWS;
+        let to = (from + BLOCK_ROWS).min((head + 1) * self.n);
+        scales[from..to].iter().flat_map(|s| s.to_le_bytes()).collect()
     }
 
     /// Reads the `missing` blocks (`(key, slot, group)`, in key order: the file's order), puts
-    /// each into its slot if it has one, and hands its bytes to `widen(group, bytes)`.
-    fn read_blocks(
-        &self,
-        missing: &[(u64, Option<usize>, usize)],
-        state: &mut State,
-        widen: &(dyn Fn(usize, &[u8]) + Sync),
-    ) -> Result<()> {
+    /// each into its slot if it has one (with its scales; the device's queued gathers done
+    /// first), and hands its bytes to `widen(group, bytes)` if given.
+    fn read_blocks(&self, missing: &[Miss], state: &mut State, widen: Option<Widen<'_>>) -> Result<()> {
+        let mut quiet = !missing.iter().any(|m| m.1.is_some());
         let mut runs: Vec<Run> = Vec::new();
         for &(key, _, _) in missing {
             let (section, head, block) = split_key(key);
@@ -390,7 +496,7 @@ impl FileRows {
             let (batch, after) = rest.split_at(take);
             rest = after;
             let started = Instant::now();
-            let read: Vec<(Vec<u8>, u64)> = io_pool()
+            let read: Vec<(Vec<u8>, u64)> = io::io_pool()
                 .install(|| batch.par_iter().map(|run| self.read_run(run)).collect::<std::io::Result<_>>())
                 .map_err(|e| Error::Context {
                     path: self.path.clone(),
@@ -400,18 +506,24 @@ impl FileRows {
                     ),
                 })?;
             seconds += started.elapsed().as_secs_f64();
+            if !quiet {
+                state.cache.quiesce()?;
+                quiet = true;
+            }
             let mut pieces = Vec::new();
             for ((bytes, n), run) in read.iter().zip(batch) {
                 (bytes_read, reads) = (bytes_read + n, reads + 1);
                 for piece in bytes.chunks_exact(bytes.len() / run.blocks) {
-                    let &(_, slot, g) = next.next().expect("one block of a run for each missing block");
+                    let &(key, slot, g) = next.next().expect("one block of a run for each missing block");
                     if let Some(slot) = slot {
-                        state.cache.slot_mut(slot)[..piece.len()].copy_from_slice(piece);
+                        state.cache.write(slot, piece, &self.block_scales(key));
                     }
                     pieces.push((g, piece));
                 }
             }
-            pieces.par_iter().for_each(|&(g, piece)| widen(g, piece));
+            if let Some(widen) = widen {
+                pieces.par_iter().for_each(|&(g, piece)| widen(g, piece));
+            }
         }
         let s = &mut state.stats;
         s.blocks_read += missing.len() as u64;
@@ -427,58 +539,10 @@ impl FileRows {
         let first_row = run.head * self.n + run.first * BLOCK_ROWS;
         let rows = (run.blocks * BLOCK_ROWS).min(self.n - run.first * BLOCK_ROWS);
         let mut out = vec![0u8; rb * BLOCK_ROWS * run.blocks];
-        let (read, skip) = read_span(&self.file, self.sections[run.section] + (first_row * rb) as u64, rows * rb)?;
-        out[..rows * rb].copy_from_slice(&read[skip..skip + rows * rb]);
-        Ok((out, read.len() as u64))
+        let offset = self.sections[run.section] + (first_row * rb) as u64;
+        let read = io::read_into(&self.file, offset, &mut out[..rows * rb])?;
+        Ok((out, read))
     }
-}
-
-/// The file at `path` opened for the tier's reads, and whether they bypass the page cache: they
-/// do unless another disk is emulated (whose medium is the page cache) or the file system
-/// refuses.
-pub fn open_for_reads(path: &Path) -> std::io::Result<(File, bool)> {
-    match disk::rate() {
-        Some(_) => Ok((File::open(path)?, false)),
-        None => open_unbuffered(path),
-    }
-}
-
-/// Reads `need` bytes at `offset` (a multiple of [`DIRECT_ALIGN`]) of a file from
-/// [`open_for_reads`] into `buf` (page-aligned), at the emulated disk's pace where one is.
-pub fn read_paced(file: &File, buf: &mut [u8], offset: u64, need: usize) -> std::io::Result<()> {
-    let issued = Instant::now();
-    read_aligned(file, buf, offset, need)?;
-    disk::pace(issued, buf.len().min(need.next_multiple_of(DIRECT_ALIGN)) as u64);
-    Ok(())
-}
-
-/// `len` bytes from `offset` of `file`, read aligned for an unbuffered file: a page-aligned
-/// buffer and where the bytes start in it; its length is the bytes read.
-fn read_span(file: &File, offset: u64, len: usize) -> std::io::Result<(memmap2::MmapMut, usize)> {
-    let start = offset / DIRECT_ALIGN as u64 * DIRECT_ALIGN as u64;
-    let skip = (offset - start) as usize;
-    // An anonymous map: page-aligned, as unbuffered reads want.
-    let mut buf = memmap2::MmapMut::map_anon((skip + len).next_multiple_of(DIRECT_ALIGN))?;
-    read_paced(file, &mut buf, start, skip + len)?;
-    Ok((buf, skip))
-}
-
-/// The `rows` fp8 scales at `offset` of `file`.
-fn read_scales(file: &File, offset: u64, rows: usize) -> std::io::Result<Vec<f32>> {
-    let (bytes, skip) = read_span(file, offset, 4 * rows)?;
-    Ok(bytes[skip..skip + 4 * rows].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
-}
-
-/// The pool of [`IO_THREADS`] that reads the file (the cores' pool widens what they read).
-fn io_pool() -> &'static rayon::ThreadPool {
-    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(IO_THREADS)
-            .thread_name(|i| format!("folio-disk-{i}"))
-            .build()
-            .expect("the file tier's read threads")
-    })
 }
 
 /// Row `r` of a block's `bytes` stored as `stored` into `out`; an fp8 row with its `scale`.
@@ -567,8 +631,12 @@ pub(crate) fn gather(
     if let Some(&bad) = pos.iter().find(|&&p| p as usize >= rows.n + tail_n) {
         return Err(Error::Invalid(format!("file tier: position {bad} is past the {} stored rows", rows.n + tail_n)));
     }
-    let saved = rows.rows(layer, kind, &pos, sel, group, keep)?;
-    let out = Tensor::from_vec(saved, (ih, sel, d), &Device::Cpu)?.to_dtype(dtype)?.to_device(device)?;
+    let out = match rows.fetch((layer, kind), &pos, (sel, group), keep)? {
+        Fetched::Gathered(out) => out,
+        Fetched::Widened(rows) => {
+            Tensor::from_vec(rows, (ih, sel, d), &Device::Cpu)?.to_dtype(dtype)?.to_device(device)?
+        }
+    };
     let Some(tail) = tail.filter(|_| pos.iter().any(|&p| p as usize >= rows.n)) else {
         return Ok(out);
     };

@@ -97,7 +97,8 @@ impl OffloadKv {
             false => Vec::new(),
         };
         let blocks = if in_memory { cache_bytes - keys_bytes } else { cache_bytes };
-        let rows = FileRows::open(path, sections, kv_dtype, (kv_heads, saved, head_dim), (blocks, !in_memory))?;
+        let shape = (kv_heads, saved, head_dim);
+        let rows = FileRows::open(path, sections, kv_dtype, shape, (blocks, !in_memory), (dtype, device))?;
         let shape = (layers, kv_heads, saved, head_dim);
         Ok(Self { file_rows: Some(rows), host_keys, ..Self::empty(shape, dtype, device) })
     }

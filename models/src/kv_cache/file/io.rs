@@ -1,0 +1,95 @@
+//! How the file tier reads the disk: a pool of threads that keeps dozens of reads in flight,
+//! reads aligned for a file opened without the page cache into buffers kept between reads, and
+//! held to the emulated disk's pace where one is ([`folio_runtime::disk`]).
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use folio_context_file::platform::{open_unbuffered, read_aligned, DIRECT_ALIGN};
+use folio_runtime::disk;
+
+/// Threads that read the file, each one read at a time: the reads a disk has in flight. 64: a
+/// PCIe 4.0 NVMe serves its 4 KiB rate at a queue depth of 32 to 64.
+pub const IO_THREADS: usize = 64;
+
+/// Bytes of each read thread's buffer, kept between its reads (a larger read maps its own): a
+/// fresh map a read cost a page fault a page and, unmapped, a TLB flush on every core running
+/// the process — at 64 threads half the reads of an emulated NVMe ran late.
+const SCRATCH_BYTES: usize = 64 << 10;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Option<memmap2::MmapMut>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The file at `path` opened for the tier's reads, and whether they bypass the page cache: they
+/// do unless another disk is emulated (whose medium is the page cache) or the file system
+/// refuses.
+pub fn open_for_reads(path: &Path) -> std::io::Result<(File, bool)> {
+    match disk::rate() {
+        Some(_) => Ok((File::open(path)?, false)),
+        None => open_unbuffered(path),
+    }
+}
+
+/// Reads `need` bytes at `offset` (a multiple of [`DIRECT_ALIGN`]) of a file from
+/// [`open_for_reads`] into `buf` (page-aligned), at the emulated disk's pace where one is.
+pub fn read_paced(file: &File, buf: &mut [u8], offset: u64, need: usize) -> std::io::Result<()> {
+    let issued = Instant::now();
+    read_aligned(file, buf, offset, need)?;
+    disk::pace(issued, buf.len().min(need.next_multiple_of(DIRECT_ALIGN)) as u64);
+    Ok(())
+}
+
+/// `len` bytes from `offset` of `file`, read aligned for an unbuffered file: a page-aligned
+/// buffer and where the bytes start in it; its length is the bytes read.
+pub(super) fn read_span(file: &File, offset: u64, len: usize) -> std::io::Result<(memmap2::MmapMut, usize)> {
+    let start = offset / DIRECT_ALIGN as u64 * DIRECT_ALIGN as u64;
+    let skip = (offset - start) as usize;
+    // An anonymous map: page-aligned, as unbuffered reads want.
+    let mut buf = memmap2::MmapMut::map_anon((skip + len).next_multiple_of(DIRECT_ALIGN))?;
+    read_paced(file, &mut buf, start, skip + len)?;
+    Ok((buf, skip))
+}
+
+/// The `rows` fp8 scales at `offset` of `file`.
+pub(super) fn read_scales(file: &File, offset: u64, rows: usize) -> std::io::Result<Vec<f32>> {
+    let (bytes, skip) = read_span(file, offset, 4 * rows)?;
+    Ok(bytes[skip..skip + 4 * rows].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+/// The pool of [`IO_THREADS`] that reads the file (the cores' pool widens what they read).
+pub(super) fn io_pool() -> &'static rayon::ThreadPool {
+    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(IO_THREADS)
+            .thread_name(|i| format!("folio-disk-{i}"))
+            .build()
+            .expect("the file tier's read threads")
+    })
+}
+
+/// Reads `out.len()` bytes at `offset` of `file` into `out` through the calling thread's kept
+/// buffer (a read larger than it through one of its own): the bytes read, alignment included.
+pub(super) fn read_into(file: &File, offset: u64, out: &mut [u8]) -> std::io::Result<u64> {
+    let len = out.len();
+    let start = offset / DIRECT_ALIGN as u64 * DIRECT_ALIGN as u64;
+    let skip = (offset - start) as usize;
+    let read = (skip + len).next_multiple_of(DIRECT_ALIGN);
+    if read > SCRATCH_BYTES {
+        let (bytes, skip) = read_span(file, offset, len)?;
+        out.copy_from_slice(&bytes[skip..skip + len]);
+        return Ok(bytes.len() as u64);
+    }
+    SCRATCH.with_borrow_mut(|scratch| {
+        let buf = match scratch {
+            Some(buf) => buf,
+            None => scratch.insert(memmap2::MmapMut::map_anon(SCRATCH_BYTES)?),
+        };
+        read_paced(file, &mut buf[..read], start, skip + len)?;
+        out.copy_from_slice(&buf[skip..skip + len]);
+        Ok(read as u64)
+    })
+}
