@@ -285,7 +285,13 @@ fn stored_rows_read_as_the_file_decodes(device: &Device) -> Result<()> {
         let keyed = OffloadKv::stored_file(&keyed_path, shape, (kv_dtype, dtype), device, fill, 64 << 20)?;
         assert!(keyed.file_stats().is_some_and(|s| s.keys_in_memory > 0));
         for layer in 0..layers {
-            let picks: Vec<u32> = (0..2 * kv_heads * 300).map(|_| rng.random_range(0..saved as u32)).collect();
+            // Random rows, and rows of every other block (runs read with the gaps between).
+            let picks: Vec<u32> = (0..2 * kv_heads * 300)
+                .map(|i| match i % 2 {
+                    0 => rng.random_range(0..saved as u32),
+                    _ => (i as u32 / 2 * 64 + 3) % saved as u32,
+                })
+                .collect();
             let idx = Tensor::from_vec(picks, (2 * kv_heads, 300), device)?;
             for (tier, file_kv) in [("file", &on_file), ("file+keys", &keyed)] {
                 let name = format!("seed {seed}: {} layer {layer} on the {tier} tier", kv_dtype.name());
