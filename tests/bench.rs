@@ -202,8 +202,18 @@ fn an_emulated_disk_paces_the_file_tier() {
     for (flags, says) in [
         (&["--disk-gbps", "5"][..], "--disk-iops"),
         (&["--disk-iops", "500000"][..], "--disk-gbps"),
-        (&["--disk-gbps", "0", "--disk-iops", "1"][..], "--disk-gbps and --disk-iops must be positive rates"),
-        (&["--disk-gbps=-1", "--disk-iops", "1"][..], "--disk-gbps and --disk-iops must be positive rates"),
+        (
+            &["--disk-gbps", "0", "--disk-iops", "1"][..],
+            "--disk-gbps and --disk-iops must be at least 0.01 GB/s and 100 reads a second",
+        ),
+        (
+            &["--disk-gbps=-1", "--disk-iops", "1000"][..],
+            "--disk-gbps and --disk-iops must be at least 0.01 GB/s and 100 reads a second",
+        ),
+        (
+            &["--disk-gbps", "5", "--disk-iops", "1e-300"][..],
+            "--disk-gbps and --disk-iops must be at least 0.01 GB/s and 100 reads a second",
+        ),
     ] {
         let err = err_text(folio(&[flags, &["bench", "link"][..]].concat()));
         assert!(err.contains(says), "{flags:?}: {err}");

@@ -22,7 +22,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
-use crate::attention::{CostInput, Shape};
+use crate::attention::{CostInput, Shape, StepCost};
 use crate::attention::{MethodChoice, Tier};
 use crate::config::ModelConfig;
 use crate::error::{human_bytes, Error, Result};
@@ -120,6 +120,10 @@ pub struct Bandwidths {
     pub link: Option<f64>,
     /// Host memory read by every core.
     pub host: f64,
+    /// The context file's disk, read as the file tier reads a step's misses (4 KiB blocks at
+    /// random, in parallel); `None` until measured for a context on the file tier
+    /// ([`Self::with_disk`]).
+    pub disk: Option<f64>,
 }
 
 impl Bandwidths {
@@ -134,7 +138,15 @@ impl Bandwidths {
                 Some(folio_kernels::link::rate().map_or(measured, |r| r.min(measured)))
             }
         };
-        Ok(Self { device: copy_bandwidth(device, bytes, ROUNDS)?, link, host: host_read_bandwidth(bytes, ROUNDS) })
+        let (device, host) = (copy_bandwidth(device, bytes, ROUNDS)?, host_read_bandwidth(bytes, ROUNDS));
+        Ok(Self { device, link, host, disk: None })
+    }
+
+    /// These with the disk under the context file at `path` measured
+    /// ([`crate::kv_cache::block_read_rate`]).
+    pub fn with_disk(self, path: &std::path::Path) -> Result<Self> {
+        let rate = crate::kv_cache::block_read_rate(path).map_err(|e| crate::error::Error::io(path, e))?;
+        Ok(Self { disk: Some(rate), ..self })
     }
 }
 
@@ -154,6 +166,13 @@ pub struct Term {
     pub bytes: f64,
     pub bandwidth: f64,
     pub ms: f64,
+}
+
+impl Term {
+    /// `bytes` over `path` at `bandwidth` bytes/s.
+    fn new(path: &'static str, bytes: f64, bandwidth: f64) -> Self {
+        Self { path, bytes, bandwidth, ms: bytes / bandwidth * 1e3 }
+    }
 }
 
 /// Where a context's K/V and a method's state live, and what a step costs; see the module docs.
@@ -244,7 +263,7 @@ pub fn plan(
     let method_device = cost.resident_bytes;
     let mut problems = Vec::new();
     let link = bw.link.unwrap_or(bw.device);
-    let term = |path, bytes: f64, bandwidth: f64| Term { path, bytes, bandwidth, ms: bytes / bandwidth * 1e3 };
+    let term = Term::new;
     let weights_read = weights_read as f64;
     let host_budget = budgets.host.or_else(folio_runtime::host_budget::budget);
     let process = folio_runtime::host_memory::rss().unwrap_or(0).saturating_sub(folio_runtime::host_budget::held());
@@ -284,19 +303,10 @@ pub fn plan(
             (layer_bytes * kept as u64, kept, 0, terms, false)
         }
         Tier::Offloaded => {
-            // The file's K/V sections, read in place (`OffloadKv::from_context`): page-locked in
-            // the page cache with the rest of its mapping, and crossing the link in the file's
-            // dtype; or, when the budget cannot hold the mapping beside the rest, left on disk
-            // with the file tier's share of the budget (its keys and a cache of row blocks).
-            let kv = layers as u64 * header.kv_dtype.kv_bytes(header.kv_heads * tokens, header.head_dim);
-            let host = offloaded_host(header, kv, host_budget, [cost.host_state_bytes, model.weights_host, process]);
-            let file_per_compute = kv as f64 / (layer_bytes * layers as u64).max(1) as f64;
-            let terms = vec![
-                term("device", weights_read + cost.device_bytes, bw.device),
-                term("link", cost.link_bytes * file_per_compute, link),
-                term("host", cost.host_bytes, bw.host),
-            ];
-            (0, 0, host, terms, host != header.file_bytes.max(kv))
+            let besides = [cost.host_state_bytes, model.weights_host, process];
+            let (host, terms, on_disk) =
+                offloaded(header, &cost, (weights_read, layer_bytes * layers as u64), (host_budget, besides), bw);
+            (0, 0, host, terms, on_disk)
         }
     };
     let host_parts = [kv_host, cost.host_state_bytes, model.weights_host, process];
@@ -336,18 +346,51 @@ pub fn plan(
     })
 }
 
+/// The offloaded tier's K/V in host memory, a step's terms and whether the rows stay on disk:
+/// the file's K/V sections read in place (`OffloadKv::from_context`), page-locked in the page
+/// cache with the rest of its mapping and crossing the link in the file's dtype; or, when the
+/// budget cannot hold the mapping beside the rest (`besides`: the method's host state, the
+/// weights', the process's), left on disk with the file tier's share of the budget, a step
+/// then reading from disk what that share misses.
+fn offloaded(
+    header: &Header,
+    cost: &StepCost,
+    (weights_read, compute_kv): (f64, u64),
+    (budget, besides): (Option<u64>, [u64; 3]),
+    bw: &Bandwidths,
+) -> (u64, Vec<Term>, bool) {
+    let kv = header.layers as u64 * header.kv_dtype.kv_bytes(header.kv_heads * header.tokens, header.head_dim);
+    let host = offloaded_host(header, kv, budget, besides);
+    let file_per_compute = kv as f64 / compute_kv.max(1) as f64;
+    let mut terms = vec![
+        Term::new("device", weights_read + cost.device_bytes, bw.device),
+        Term::new("link", cost.link_bytes * file_per_compute, bw.link.unwrap_or(bw.device)),
+        Term::new("host", cost.host_bytes, bw.host),
+    ];
+    let on_disk = host != header.file_bytes.max(kv);
+    if let (true, Some(disk)) = (on_disk, bw.disk) {
+        // What the step reads that the tier's memory misses, at the share of the K/V it holds:
+        // picks spread as on random weights (a real model's re-picks hit more).
+        let miss = 1.0 - (host as f64 / kv.max(1) as f64).min(1.0);
+        terms.push(Term::new("disk", cost.link_bytes * file_per_compute * miss, disk));
+    }
+    (host, terms, on_disk)
+}
+
 /// The host memory the offloaded tier takes for a context of `kv` bytes of rows: the file's
 /// mapping, read in place; or, when `budget` cannot hold it beside `[method state, weights,
 /// the rest of the process]`, the file tier's share of the room those leave (its keys and a
 /// cache of row blocks), as `OffloadKv::from_context` opens it — when that share is no less
-/// than the file tier's smallest cache.
+/// than the least the file tier opens with (`least_bytes`).
 fn offloaded_host(header: &Header, kv: u64, budget: Option<u64>, [state, weights, process]: [u64; 3]) -> u64 {
     let in_place = header.file_bytes.max(kv);
     let file_tier = budget.filter(|&b| state + weights + process + in_place > b).map(|b| {
         let room = b.saturating_sub(weights + process);
         crate::kv_cache::file_tier_bytes(room, kv)
     });
-    file_tier.filter(|&c| c >= crate::kv_cache::FILE_CACHE_MIN).unwrap_or(in_place)
+    let least =
+        crate::kv_cache::least_bytes(header.kv_dtype, (header.layers, header.kv_heads, header.tokens, header.head_dim));
+    file_tier.filter(|&c| c >= least).unwrap_or(in_place)
 }
 
 /// Why a device budget `b` does not hold a step of `method` that needs `[weights, method

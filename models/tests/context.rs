@@ -572,7 +572,7 @@ fn the_memory_planner_places_the_kv_and_prices_a_step() -> Result<()> {
     let h = file.header();
     let cfg = e.config();
     let facts = ModelFacts { config: cfg, elem: 4, weights: None, weights_host: 0 };
-    let bw = Bandwidths { device: 4e9, link: Some(1e9), host: 2e9 };
+    let bw = Bandwidths { device: 4e9, link: Some(1e9), host: 2e9, disk: None };
     let layer = (2 * h.kv_heads * h.tokens * h.head_dim * 4) as u64;
     let (total, read) = plan::parameters(cfg);
     assert_eq!(total, e.model.parameters(), "the planner counts the weights the model has");
@@ -632,6 +632,18 @@ fn the_memory_planner_places_the_kv_and_prices_a_step() -> Result<()> {
     // (The plan reads the process as it is then: other tests' holds come and go beside it.)
     let share = (b - p.process_host_bytes - p.weights_host_bytes) as f64 * folio_models::kv_cache::FILE_CACHE_SHARE;
     assert!(p.kv_host_bytes < big.file_bytes && p.kv_host_bytes.abs_diff(share as u64) <= 1 && p.host_bytes <= b);
+    // With the disk measured, a step's reads the tier's memory misses are priced on it: the
+    // link's rows at the share of the K/V not held, at the disk's rate.
+    assert!(p.terms.iter().all(|t| t.path != "disk"), "no disk rate, no disk term");
+    let disk_bw = Bandwidths { disk: Some(1e8), ..bw };
+    let budgets = Budgets { device: None, host: Some(b) };
+    let d = plan::plan(&facts, &big, &hip, Tier::Offloaded, budgets, &disk_bw)?;
+    let miss = 1.0 - d.kv_host_bytes as f64 / big.file_bytes as f64;
+    let link_bytes = d.terms.iter().find(|t| t.path == "link").map_or(0.0, |t| t.bytes);
+    assert!((ms_of(&d, "disk") - link_bytes * miss / 1e8 * 1e3).abs() < 1e-6 && miss > 0.0, "{d:?}");
+    assert!(d.floor_ms >= ms_of(&d, "disk"));
+    let measured = bw.with_disk(&out)?.disk.expect("a rate");
+    assert!(measured.is_finite() && measured > 0.0);
     let magicpig = MethodChoice::parse("magicpig:64").unwrap();
     let p = plan::plan(&facts, h, &magicpig, Tier::Offloaded, Budgets::default(), &bw)?;
     assert!(p.method_host_bytes > 0 && p.host_bytes > p.kv_host_bytes + p.method_host_bytes, "{p:?}");

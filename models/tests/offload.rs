@@ -275,11 +275,18 @@ fn stored_rows_read_as_the_file_decodes(device: &Device) -> Result<()> {
         let shape = (layers, kv_heads, saved, d);
         let kv = OffloadKv::stored(shape, kv_dtype, dtype, device, fill)?;
         assert!(kv.in_place());
-        // The same layout in a file, on the file tier with 192 KiB (less than the fp8 scales:
-        // one block of cache): a scan (the segments) and random picks give the in-memory rows
-        // bit for bit.
+        // The same layout in a file, on the file tier with 3 MB (the fp8 scales take 2.2 MB of
+        // it: a few hundred blocks of cache, fewer than a gather's): a scan (the segments) and
+        // random picks give the in-memory rows bit for bit.
         let path = dir.path().join(kv_dtype.name());
-        let on_file = OffloadKv::stored_file(&path, shape, (kv_dtype, dtype), device, fill, 3 << 16)?;
+        let on_file = OffloadKv::stored_file(&path, shape, (kv_dtype, dtype), device, fill, 3_000_000)?;
+        if kv_dtype == KvDtype::Fp8 {
+            // Less than its scales and a block is refused, saying what it needs.
+            let small = dir.path().join("small");
+            let err = OffloadKv::stored_file(&small, shape, (kv_dtype, dtype), device, fill, 3 << 16).err();
+            let err = err.map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains("needs at least 2.2 MiB of host memory"), "{err}");
+        }
         // And with 64 MiB: the keys (at most 36 MB) read into memory, the values from the file.
         let keyed_path = dir.path().join(format!("{}-keyed", kv_dtype.name()));
         let keyed = OffloadKv::stored_file(&keyed_path, shape, (kv_dtype, dtype), device, fill, 64 << 20)?;

@@ -13,11 +13,11 @@
 //! at `t` occupies the disk for `max(b / rate, 1 / iops)` from the later of `t` and the end of
 //! the reads before it, and ends no sooner than [`LATENCY`] plus that after `t` (a read alone
 //! still waits for the flash). The reading thread sleeps until then (with its timer slack cut
-//! to a microsecond where the platform allows: Linux's default slack of 50 µs is most of an
+//! to a nanosecond where the platform allows: Linux's default slack of 50 µs is most of an
 //! NVMe read). A read that took longer than the emulated disk would have is counted
 //! ([`late_reads`]): the file was not in memory, and the emulation was slower than asked.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -35,15 +35,27 @@ pub struct DiskRate {
     pub reads_per_s: f64,
 }
 
-/// The emulated disk and the end of the last read queued on it.
+/// The emulated disk and the end of the last read queued on it; whether there is one (read
+/// first: the real disk's reads take no lock).
 static DISK: Mutex<Option<(DiskRate, Instant)>> = Mutex::new(None);
+static EMULATED: AtomicBool = AtomicBool::new(false);
+
+/// The slowest rates emulated: 10 MB/s and 100 reads a second (slower, a read's wait would
+/// pass what a sleep can say).
+pub const MIN_BYTES_PER_S: f64 = 1e7;
+pub const MIN_READS_PER_S: f64 = 100.0;
 /// Reads slower than the emulated disk since the process started.
 static LATE: AtomicU64 = AtomicU64::new(0);
 
 /// Emulates `rate` from now on (`None`: the real disk). The file tier then reads through the
 /// page cache, which is the emulated disk's medium.
 pub fn set_rate(rate: Option<DiskRate>) {
+    let rate = rate.map(|r| DiskRate {
+        bytes_per_s: r.bytes_per_s.max(MIN_BYTES_PER_S),
+        reads_per_s: r.reads_per_s.max(MIN_READS_PER_S),
+    });
     *lock() = rate.map(|r| (r, Instant::now()));
+    EMULATED.store(rate.is_some(), Ordering::SeqCst);
 }
 
 /// The disk emulated, if one is.
@@ -74,6 +86,9 @@ pub fn pace(issued: Instant, bytes: u64) {
 
 /// Queues a read on the emulated disk: when it ends.
 fn queue(issued: Instant, bytes: u64) -> Option<Instant> {
+    if !EMULATED.load(Ordering::Relaxed) {
+        return None;
+    }
     let mut disk = lock();
     let (rate, free) = disk.as_mut()?;
     let serve = Duration::from_secs_f64((bytes as f64 / rate.bytes_per_s).max(1.0 / rate.reads_per_s));
@@ -111,8 +126,7 @@ mod tests {
     /// one disk would be shared with other tests.)
     #[test]
     fn reads_queue_at_the_rate_and_the_iops() {
-        let rate = DiskRate { bytes_per_s: 4e9, reads_per_s: 1e5 };
-        *lock() = Some((rate, Instant::now()));
+        set_rate(Some(DiskRate { bytes_per_s: 4e9, reads_per_s: 1e5 }));
         let t = Instant::now();
         let lone = queue(t, 4096).unwrap() - t;
         assert_eq!(lone, LATENCY + Duration::from_secs_f64(1e-5), "{lone:?}");
@@ -124,7 +138,11 @@ mod tests {
         let t = t + Duration::from_secs(1);
         let last = (0..10).fold(t, |_, _| queue(t, 4_000_000).unwrap()) - t;
         assert!((last.as_secs_f64() - 1e-2).abs() < 1e-6, "{last:?}");
-        *lock() = None;
+        set_rate(None);
         assert_eq!(queue(t, 1), None);
+        // Rates below the slowest emulated are held to it.
+        set_rate(Some(DiskRate { bytes_per_s: 1e-300, reads_per_s: 0.0 }));
+        assert_eq!(rate(), Some(DiskRate { bytes_per_s: MIN_BYTES_PER_S, reads_per_s: MIN_READS_PER_S }));
+        set_rate(None);
     }
 }

@@ -115,6 +115,13 @@ const EXIT_TARGET: &str = "folio::exit";
 /// The slowest link `--link-gbps` emulates: slower, a step's wait would pass the pace kernel's
 /// bound (kernels/cuda/link.cu) and stop being the rate asked for.
 const MIN_LINK_GBPS: f64 = 0.1;
+/// Whether the emulated disk's rates given are ones it emulates.
+fn disk_rates_ok(gbps: Option<f64>, iops: Option<f64>) -> bool {
+    use folio_runtime::disk::{MIN_BYTES_PER_S, MIN_READS_PER_S};
+    gbps.is_none_or(|r| r.is_finite() && r * 1e9 >= MIN_BYTES_PER_S)
+        && iops.is_none_or(|r| r.is_finite() && r >= MIN_READS_PER_S)
+}
+
 /// What `folio serve` shows on stderr when `RUST_LOG` does not say: a line per request.
 const SERVE_STDERR_LOG: &str = "info,folio::exit=off";
 
@@ -132,9 +139,11 @@ fn main() {
         Ok(_) if args.link_gbps.is_some_and(|r| !(r.is_finite() && r >= MIN_LINK_GBPS)) => {
             Err(anyhow::anyhow!("--link-gbps must be a rate of at least {MIN_LINK_GBPS} GB/s (25: PCIe 4.0 x16)"))
         }
-        Ok(_) if [args.disk_gbps, args.disk_iops].iter().flatten().any(|r| !(r.is_finite() && *r > 0.0)) => {
-            Err(anyhow::anyhow!("--disk-gbps and --disk-iops must be positive rates (5 and 500000: a PCIe 4.0 NVMe)"))
-        }
+        Ok(_) if !disk_rates_ok(args.disk_gbps, args.disk_iops) => Err(anyhow::anyhow!(
+            "--disk-gbps and --disk-iops must be at least {} GB/s and {} reads a second (5 and 500000: a PCIe 4.0 NVMe)",
+            folio_runtime::disk::MIN_BYTES_PER_S / 1e9,
+            folio_runtime::disk::MIN_READS_PER_S
+        )),
         Ok(budget) => {
             folio_runtime::host_budget::set_budget(budget);
             folio_kernels::link::set_rate(args.link_gbps.map(|r| r * 1e9));

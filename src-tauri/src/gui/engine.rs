@@ -276,7 +276,18 @@ async fn plan_of(
         weights: Some((engine.model.weights().device_bytes(), engine.model.weight_bytes_per_step())),
         weights_host: engine.model.weights().host_bytes,
     };
-    plan::plan(&facts, file.header(), method, settings.tier(), settings.budgets()?, &bw).map_err(|e| e.to_string())
+    let (tier, budgets) = (settings.tier(), settings.budgets()?);
+    let planned = plan::plan(&facts, file.header(), method, tier, budgets, &bw).map_err(|e| e.to_string())?;
+    if !planned.kv_on_disk {
+        return Ok(planned);
+    }
+    // On the file tier a step reads from disk too: the disk under this file, measured now.
+    let path = file.path().to_owned();
+    let bw = tauri::async_runtime::spawn_blocking(move || bw.with_disk(&path))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    plan::plan(&facts, file.header(), method, tier, budgets, &bw).map_err(|e| e.to_string())
 }
 
 /// A session over the context at `path` on `settings`' tier, keeping as many decoded layers

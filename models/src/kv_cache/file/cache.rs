@@ -13,9 +13,13 @@
 //! The slots are shared with the device's gathers ([`SharedHost`]: registered in place on a
 //! GPU), followed by a region of fp8 scales, a slot's beside it: a step's picks are then
 //! gathered from the slots by the device over the host link and widened there, as the host tier
-//! gathers from a context file's mapping, instead of widened by the CPU and copied as f32. A slot
-//! is written only after the device has finished every gather queued before
-//! ([`BlockCache::write`]).
+//! gathers from a context file's mapping, instead of widened by the CPU and copied as f32 (where
+//! the device cannot register the memory, the CPU widens every gather). A slot is written only
+//! once the device has finished every gather that may read it ([`BlockCache::quiesce`]): the
+//! device's stream is waited for only when a slot being refilled was used by a gather queued
+//! since the last wait — with a cache of a million slots, an evicted block was mostly last
+//! used many gathers ago, and a wait per gather would drain the forward pass's queue at every
+//! layer. (Registered memory is read-only *to the device*; the host writes it between its reads.)
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,6 +41,12 @@ pub(super) struct BlockCache {
     /// Where `mem` lies, for [`BlockCache::write`].
     base: Base,
     device: Device,
+    /// Whether the device gathers from the memory (registered with it, or the CPU's own).
+    on_device: bool,
+    /// Every gather numbered below `synced` has finished on the device; the latest gather that
+    /// used a slot refilled since.
+    synced: u64,
+    refilled_use: u64,
     map: HashMap<u64, u32>,
     keys: Vec<u64>,
     /// CLOCK's bit: used since the hand last passed.
@@ -76,13 +86,24 @@ impl BlockCache {
     ) -> candle_core::Result<Self> {
         let mut map = folio_runtime::host_memory::anon_huge(slots * (slot_bytes + scale_bytes))?;
         let base = Base(map.as_mut_ptr());
-        let mem = SharedHost::new(device, Arc::new(Held::new(map, hold)))?;
+        let owner = Arc::new(Held::new(map, hold));
+        let (mem, on_device) = match SharedHost::new(device, owner.clone()) {
+            Ok(mem) => (mem, true),
+            Err(e) => {
+                // (A platform that refuses to register it: the CPU widens what the steps pick.)
+                tracing::warn!(error = %e, "the file tier's cache is not shared with the device");
+                (SharedHost::new(&Device::Cpu, owner)?, false)
+            }
+        };
         Ok(Self {
             slot_bytes,
             scale_bytes,
             mem,
             base,
             device: device.clone(),
+            on_device,
+            synced: 1,
+            refilled_use: 0,
             map: HashMap::with_capacity(slots),
             keys: vec![EMPTY; slots],
             referenced: vec![false; slots],
@@ -107,6 +128,7 @@ impl BlockCache {
         if self.keys[slot] != EMPTY {
             self.map.remove(&self.keys[slot]);
         }
+        self.refilled_use = self.refilled_use.max(self.used_by[slot]);
         self.keys[slot] = key;
         self.map.insert(key, slot as u32);
         self.referenced[slot] = true;
@@ -168,21 +190,30 @@ impl BlockCache {
         &self.mem.bytes()[slot * self.slot_bytes..(slot + 1) * self.slot_bytes]
     }
 
-    /// Waits for the device to finish every gather queued from the slots: before a slot is
-    /// written (a queued gather may read a slot a later gather evicted).
-    pub(super) fn quiesce(&self) -> candle_core::Result<()> {
-        self.device.synchronize()
+    /// Whether the device gathers from the slots (else the CPU widens every gather).
+    pub(super) fn on_device(&self) -> bool {
+        self.on_device
+    }
+
+    /// Before gather `gather` writes the slots it took: waits for the device to finish the
+    /// gathers queued before it when one of them may read a slot being refilled.
+    pub(super) fn quiesce(&mut self, gather: u64) -> candle_core::Result<()> {
+        if self.refilled_use >= self.synced {
+            self.device.synchronize()?;
+            self.synced = gather;
+        }
+        Ok(())
     }
 
     /// Fills `slot` with a block's `rows` and (fp8) `scales` (at most a slot's bytes each),
-    /// once [`Self::quiesce`] has returned since the device was last given a gather.
+    /// after [`Self::quiesce`] for the gather that took it.
     pub(super) fn write(&mut self, slot: usize, rows: &[u8], scales: &[u8]) {
         assert!(rows.len() <= self.slot_bytes && scales.len() <= self.scale_bytes && slot < self.keys.len());
         let scales_at = self.keys.len() * self.slot_bytes + slot * self.scale_bytes;
         // SAFETY: both ranges lie within the cache's memory (checked above), which lives as
         // long as `self`; `&mut self` excludes every other writer and every CPU reader of it
-        // (readers borrow `self`), and the device reads nothing queued before the caller's
-        // `quiesce`.
+        // (readers borrow `self`), and every gather queued that used the slot before has
+        // finished (the caller's `quiesce`).
         unsafe {
             std::ptr::copy_nonoverlapping(rows.as_ptr(), self.base.0.add(slot * self.slot_bytes), rows.len());
             std::ptr::copy_nonoverlapping(scales.as_ptr(), self.base.0.add(scales_at), scales.len());

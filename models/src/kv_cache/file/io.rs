@@ -93,3 +93,45 @@ pub(super) fn read_into(file: &File, offset: u64, out: &mut [u8]) -> std::io::Re
         Ok(read as u64)
     })
 }
+
+/// Reads of one [`PROBE_BLOCK`] at spread places of a file that [`block_read_rate`] makes.
+const PROBE_READS: u64 = 4096;
+const PROBE_BLOCK: usize = 4096;
+
+/// The rate a step's reads get from the disk under `path`, bytes a second: [`PROBE_READS`]
+/// blocks of 4 KiB at places spread over the file, read as the tier reads its misses (in
+/// parallel on its threads, the page cache bypassed, paced where a disk is emulated).
+pub fn block_read_rate(path: &Path) -> std::io::Result<f64> {
+    use rayon::prelude::*;
+    let (file, _) = open_for_reads(path)?;
+    let blocks = file.metadata()?.len() / PROBE_BLOCK as u64;
+    if blocks == 0 {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "it holds no whole 4 KiB block"));
+    }
+    let started = Instant::now();
+    io_pool().install(|| {
+        (0..PROBE_READS).into_par_iter().try_for_each(|i| {
+            // A multiplicative hash of `i`: neighbouring reads far apart in the file.
+            let at = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % blocks) * PROBE_BLOCK as u64;
+            read_into(&file, at, &mut [0u8; PROBE_BLOCK]).map(drop)
+        })
+    })?;
+    Ok((PROBE_READS as usize * PROBE_BLOCK) as f64 / started.elapsed().as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The probe reads a file of a few blocks and says a rate; a file without a whole block is
+    /// refused.
+    #[test]
+    fn block_read_rate_reads_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows");
+        std::fs::write(&path, vec![7u8; 5 * super::PROBE_BLOCK]).unwrap();
+        let rate = super::block_read_rate(&path).unwrap();
+        assert!(rate.is_finite() && rate > 0.0, "{rate}");
+        std::fs::write(&path, [1u8; 100]).unwrap();
+        let err = super::block_read_rate(&path).unwrap_err().to_string();
+        assert!(err.contains("no whole 4 KiB block"), "{err}");
+    }
+}

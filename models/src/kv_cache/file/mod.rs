@@ -27,6 +27,7 @@
 
 mod cache;
 mod io;
+mod layout;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -34,7 +35,6 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use folio_context_file::format::SectionKind;
 use folio_context_file::rows::{fp8_values, stored_row, Stored};
 use folio_context_file::KvDtype;
 use folio_kernels::select::HostRows;
@@ -45,7 +45,9 @@ use rayon::prelude::*;
 
 use crate::error::{human_bytes, kv_refused, Error, Result};
 use cache::{BlockCache, Found};
-pub use io::{open_for_reads, read_paced};
+pub use io::{block_read_rate, open_for_reads, read_paced};
+use layout::Layout;
+pub use layout::{least_bytes, FILE_CACHE_MIN};
 
 /// Rows of one head in a block: 4 KiB of fp8 rows (8 KiB of bf16) at 128 values a row — a disk
 /// reads no less than a 4 KiB page, and a larger block reads rows no one picked (at 256 rows,
@@ -56,10 +58,6 @@ pub const BLOCK_ROWS: usize = 32;
 /// Bytes of consecutive blocks read in one call at most: 2 MiB, large enough for a disk's
 /// sequential rate, small enough that a scan's runs spread over the threads.
 const RUN_BYTES: usize = 2 << 20;
-
-/// Host bytes a cache slot costs beside its rows (its key, CLOCK's bit, its gather, its entry
-/// in the key map), held in the host budget with the rows.
-const SLOT_META_BYTES: usize = 32;
 
 /// Blocks not asked for that a run reads to join the missing blocks on either side: one read of
 /// 12 KiB costs a disk less than two of 4 KiB (an NVMe serves ~1M reads a second and ~7 GB/s:
@@ -84,8 +82,8 @@ pub struct FileStats {
     pub scales_in_memory: u64,
     /// Bytes of the keys read into host memory (then the cache holds value blocks only).
     pub keys_in_memory: u64,
-    /// Whether reads bypass the page cache (else the file system refused it: its rate may be
-    /// the page cache's).
+    /// Whether reads bypass the page cache (else a disk is emulated, whose medium is the page
+    /// cache, or the file system refused it: the rate may be the page cache's).
     pub direct: bool,
     /// Gathers, and those the device read from the cache (a step's picks that all had a slot;
     /// the others were widened by the CPU).
@@ -94,7 +92,8 @@ pub struct FileStats {
     /// Blocks asked for (once per gather), and those the cache held.
     pub blocks: u64,
     pub hits: u64,
-    /// Blocks read from the file, the reads they took and their bytes (alignment included).
+    /// Blocks read from the file that were asked for, the reads they took and their bytes
+    /// (alignment and the blocks of gaps a read spans included).
     pub blocks_read: u64,
     pub reads: u64,
     pub bytes_read: u64,
@@ -213,49 +212,57 @@ impl FileRows {
         if heads > MAX_HEADS {
             return Err(Error::Invalid(format!("the file tier reads at most {MAX_HEADS} KV heads, not {heads}")));
         }
+        let layout = Layout::of(kv_dtype, (sections.len(), heads, n, d), keys);
+        let (stored, slot_bytes, scale_bytes) = (layout.stored, layout.slot_bytes, layout.scale_bytes);
+        let (side, per_slot) = (layout.scales + layout.stamps, layout.per_slot());
+        if cache_bytes < side + per_slot as u64 {
+            return Err(Error::Invalid(format!(
+                "the file tier over {} needs at least {} of host memory (its fp8 scales, a record a block, a block); \
+                 {} was left for it: raise --host-budget",
+                path.display(),
+                human_bytes(side + per_slot as u64),
+                human_bytes(cache_bytes)
+            )));
+        }
         let (file, direct) = open_for_reads(path).map_err(|e| Error::io(path, e))?;
-        let stored = [SectionKind::Keys, SectionKind::Values].map(|k| kv_dtype.codec(k).stored(heads * n, d));
-        let picked_len = sections.len() * heads * n.div_ceil(BLOCK_ROWS);
-        let with_scales = |s: usize| (keys || s % 2 == 1) && matches!(stored[s % 2], Stored::Fp8 { .. });
-        let scales_bytes = (0..sections.len()).filter(|&s| with_scales(s)).count() as u64 * 4 * (heads * n) as u64;
-        let side = scales_bytes + 4 * picked_len as u64;
         let hold = host_budget::hold(side, &format!("the K/V scales of {}", path.display())).map_err(kv_refused)?;
+        // One section at a time: what is read beside the held scales is one section's.
         let scales = sections
-            .par_iter()
+            .iter()
             .enumerate()
-            .map(|(s, &base)| match (with_scales(s), stored[s % 2]) {
+            .map(|(s, &base)| match (layout.with_scales(s), stored[s % 2]) {
                 (true, Stored::Fp8 { scales }) => io::read_scales(&file, base + scales as u64, heads * n),
                 _ => Ok(Vec::new()),
             })
             .collect::<std::io::Result<Vec<_>>>()
             .map_err(|e| Error::Context { path: path.to_owned(), msg: format!("reading its K/V scales: {e}") })?;
-        let slot_bytes = stored.iter().map(|s| s.row_bytes(d) * BLOCK_ROWS).max().unwrap_or(0);
-        // A slot's scales: one for each fp8 row a slot could hold.
-        let scale_bytes = if stored.iter().any(|s| matches!(s, Stored::Fp8 { .. })) { 4 * slot_bytes / d } else { 0 };
-        let per_slot = slot_bytes + scale_bytes + SLOT_META_BYTES;
-        let slots = (cache_bytes.saturating_sub(side) / per_slot as u64).max(1) as usize;
+        let slots = ((cache_bytes - side) / per_slot as u64) as usize;
         let slots_held = (slots * per_slot) as u64;
         let what = format!("the K/V cache of {}", path.display());
         let cache_hold = host_budget::hold(slots_held, &what).map_err(kv_refused)?;
         let cache = BlockCache::new(slots, (slot_bytes, scale_bytes), cache_hold, device).map_err(|e| {
             Error::Invalid(format!("{} of host memory for the K/V cache: {e}", human_bytes(slots_held)))
         })?;
-        let view = |kind: usize| -> Result<Option<HostRows>> {
-            if kind == 0 && !keys {
-                return Ok(None);
+        // The slots as rows of each kind the tier reads, for the device's gathers; none where
+        // the device cannot read them (the CPU then widens every gather).
+        let view = |kind: usize| -> Option<HostRows> {
+            if (kind == 0 && !keys) || !cache.on_device() {
+                return None;
             }
             let rows = slots * slot_bytes / stored[kind].row_bytes(d);
             let as_slots = match stored[kind] {
                 Stored::Fp8 { .. } => Stored::Fp8 { scales: slots * slot_bytes },
                 other => other,
             };
-            Ok(Some(HostRows::view(device, cache.shared(), 0, as_slots, (1, rows, d), dtype)?))
+            HostRows::view(device, cache.shared(), 0, as_slots, (1, rows, d), dtype)
+                .inspect_err(|e| tracing::warn!(error = %e, "the file tier's rows are widened by the CPU"))
+                .ok()
         };
-        let views = [view(0)?, view(1)?];
+        let views = [view(0), view(1)];
         let stats = FileStats {
             cache_bytes: slots_held + side,
             slots: slots as u64,
-            scales_in_memory: scales_bytes,
+            scales_in_memory: layout.scales,
             direct,
             ..FileStats::default()
         };
@@ -275,7 +282,7 @@ impl FileRows {
                 cache,
                 gathers: 0,
                 step: 0,
-                picked: vec![NEVER; picked_len],
+                picked: vec![NEVER; layout.blocks],
                 section_steps: vec![(NEVER, NEVER); sections.len()],
                 stats,
             }),
@@ -512,7 +519,8 @@ impl FileRows {
                 })?;
             seconds += started.elapsed().as_secs_f64();
             if !quiet {
-                state.cache.quiesce()?;
+                let gather = state.gathers;
+                state.cache.quiesce(gather)?;
                 quiet = true;
             }
             let mut pieces = Vec::new();

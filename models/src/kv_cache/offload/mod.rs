@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 
 mod on_file;
 
-use super::file::{self as file_tier, FileRows, FileStats};
+use super::file::{self as file_tier, least_bytes, FileRows, FileStats};
 use super::tier::{DecodeTier, Exact, TierRef};
 use super::{KvSegment, KvStore, SavedTail};
 use crate::error::{kv_refused, Error, Result};
@@ -54,10 +54,6 @@ pub const FILE_CACHE_SHARE: f64 = 0.75;
 pub fn file_tier_bytes(room: u64, kv: u64) -> u64 {
     ((room as f64 * FILE_CACHE_SHARE) as u64).min(kv)
 }
-
-/// The smallest cache the file tier opens with (a few blocks of each head: less, and a step's
-/// picks pass the cache by); less room than that is a refusal.
-pub const FILE_CACHE_MIN: u64 = 1 << 20;
 
 /// A saved prefix in host memory (or in its file, on the file tier) plus a device tail.
 pub struct OffloadKv {
@@ -145,7 +141,7 @@ impl OffloadKv {
                 let kv_bytes = h.layers as u64 * h.kv_dtype.kv_bytes(h.kv_heads * h.tokens, h.head_dim);
                 let room = host_budget::room().unwrap_or(kv_bytes);
                 let cache = file_tier_bytes(room, kv_bytes);
-                if cache < FILE_CACHE_MIN {
+                if cache < least_bytes(h.kv_dtype, (h.layers, h.kv_heads, h.tokens, h.head_dim)) {
                     return Err(kv_refused(refused));
                 }
                 return Self::on_file(file, cache, dtype, device);

@@ -15,4 +15,10 @@ link: number | null,
 /**
  * Host memory read by every core.
  */
-host: number, };
+host: number, 
+/**
+ * The context file's disk, read as the file tier reads a step's misses (4 KiB blocks at
+ * random, in parallel); `None` until measured for a context on the file tier
+ * ([`Self::with_disk`]).
+ */
+disk: number | null, };
