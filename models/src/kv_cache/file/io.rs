@@ -94,29 +94,39 @@ pub(super) fn read_into(file: &File, offset: u64, out: &mut [u8]) -> std::io::Re
     })
 }
 
-/// Reads of one [`PROBE_BLOCK`] at spread places of a file that [`block_read_rate`] makes.
+/// Reads of one [`PROBE_BLOCK`] at spread places of a file that [`block_read_rate`] makes at
+/// most, and the time it reads for at most (a slow disk — a hard disk serves ~100 reads a
+/// second — is measured on the reads done by then: the window asks while a person waits).
 const PROBE_READS: u64 = 4096;
 const PROBE_BLOCK: usize = 4096;
+const PROBE_TIME: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// The rate a step's reads get from the disk under `path`, bytes a second: [`PROBE_READS`]
-/// blocks of 4 KiB at places spread over the file, read as the tier reads its misses (in
-/// parallel on its threads, the page cache bypassed, paced where a disk is emulated).
+/// The rate a step's reads get from the disk under `path`, bytes a second: up to
+/// [`PROBE_READS`] blocks of 4 KiB at places spread over the file (for [`PROBE_TIME`] at most),
+/// read as the tier reads its misses (in parallel on its threads, the page cache bypassed,
+/// paced where a disk is emulated).
 pub fn block_read_rate(path: &Path) -> std::io::Result<f64> {
     use rayon::prelude::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
     let (file, _) = open_for_reads(path)?;
     let blocks = file.metadata()?.len() / PROBE_BLOCK as u64;
     if blocks == 0 {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "it holds no whole 4 KiB block"));
     }
-    let started = Instant::now();
+    let (started, done) = (Instant::now(), AtomicU64::new(0));
     io_pool().install(|| {
         (0..PROBE_READS).into_par_iter().try_for_each(|i| {
+            if started.elapsed() > PROBE_TIME {
+                return Ok(());
+            }
             // A multiplicative hash of `i`: neighbouring reads far apart in the file.
             let at = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % blocks) * PROBE_BLOCK as u64;
-            read_into(&file, at, &mut [0u8; PROBE_BLOCK]).map(drop)
+            read_into(&file, at, &mut [0u8; PROBE_BLOCK])?;
+            done.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, std::io::Error>(())
         })
     })?;
-    Ok((PROBE_READS as usize * PROBE_BLOCK) as f64 / started.elapsed().as_secs_f64())
+    Ok((done.into_inner() as usize * PROBE_BLOCK) as f64 / started.elapsed().as_secs_f64())
 }
 
 #[cfg(test)]
