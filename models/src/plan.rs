@@ -368,9 +368,11 @@ fn offloaded(
         Term::new("host", cost.host_bytes, bw.host),
     ];
     let on_disk = host != header.file_bytes.max(kv);
-    if let (true, Some(disk)) = (on_disk, bw.disk) {
+    if let (true, Some(disk)) = (on_disk, bw.disk.filter(|&d| d > 0.0)) {
         // What the step reads that the tier's memory misses, at the share of the K/V it holds:
-        // picks spread as on random weights (a real model's re-picks hit more).
+        // picks spread as on random weights (a real model's re-picks hit more); a floor, as
+        // the other terms: picked rows that cluster (HiP's leaves) read about their bytes, a
+        // scattered row reads a whole 4 KiB block (up to 32 rows' bytes).
         let miss = 1.0 - (host as f64 / kv.max(1) as f64).min(1.0);
         terms.push(Term::new("disk", cost.link_bytes * file_per_compute * miss, disk));
     }

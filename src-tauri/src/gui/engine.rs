@@ -261,14 +261,14 @@ async fn bandwidths(state: &AppState, engine: &Engine) -> Result<Bandwidths, Str
     Ok(bw)
 }
 
-/// The planner's view of `file` with `method` under `settings`.
+/// The planner's view of `file` with `method` under `settings`, and the bandwidths it used.
 async fn plan_of(
     state: &AppState,
     settings: &EngineSettings,
     engine: &Engine,
     file: &ContextFile,
     method: &MethodChoice,
-) -> Result<Plan, String> {
+) -> Result<(Plan, Bandwidths), String> {
     let bw = bandwidths(state, engine).await?;
     let facts = ModelFacts {
         config: engine.config(),
@@ -279,15 +279,30 @@ async fn plan_of(
     let (tier, budgets) = (settings.tier(), settings.budgets()?);
     let planned = plan::plan(&facts, file.header(), method, tier, budgets, &bw).map_err(|e| e.to_string())?;
     if !planned.kv_on_disk {
-        return Ok(planned);
+        return Ok((planned, bw));
     }
-    // On the file tier a step reads from disk too: the disk under this file, measured now.
+    // On the file tier a step reads from disk too: the disk under this file, measured once.
     let path = file.path().to_owned();
-    let bw = tauri::async_runtime::spawn_blocking(move || bw.with_disk(&path))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-    plan::plan(&facts, file.header(), method, tier, budgets, &bw).map_err(|e| e.to_string())
+    let known = state.disk_rate.lock().unwrap_or_else(|e| e.into_inner()).clone().filter(|(p, _)| *p == path);
+    let measured = match known {
+        Some((_, rate)) => Ok(Bandwidths { disk: Some(rate), ..bw }),
+        None => {
+            let at = path.clone();
+            tauri::async_runtime::spawn_blocking(move || bw.with_disk(&at)).await.map_err(|e| e.to_string())?
+        }
+    };
+    match measured {
+        Ok(bw) => {
+            *state.disk_rate.lock().unwrap_or_else(|e| e.into_inner()) = bw.disk.map(|rate| (path, rate));
+            let replanned = plan::plan(&facts, file.header(), method, tier, budgets, &bw).map_err(|e| e.to_string())?;
+            Ok((replanned, bw))
+        }
+        // (The plan without its disk term: a probe's failure does not stop the context opening.)
+        Err(e) => {
+            tracing::warn!(error = %e, "the disk under the context file was not measured");
+            Ok((planned, bw))
+        }
+    }
 }
 
 /// A session over the context at `path` on `settings`' tier, keeping as many decoded layers
@@ -302,7 +317,7 @@ pub(super) async fn open_session(
     method.spec().and_then(|s| s.check_tier(settings.tier())).map_err(|e| e.to_string())?;
     let file = ContextFile::open(path).map_err(|e| e.to_string())?;
     engine.check_context(&file).map_err(|e| e.to_string())?;
-    let planned = plan_of(state, settings, &engine, &file, method).await?;
+    let (planned, _) = plan_of(state, settings, &engine, &file, method).await?;
     plan::check(&planned).map_err(|e| e.to_string())?;
     let resident = match settings.budgets()?.device {
         Some(_) => planned.kv_device_bytes,
@@ -331,7 +346,6 @@ pub(super) async fn memory_plan(state: State<'_, AppState>, method: Option<Metho
     let method = method.unwrap_or_else(|| state.method.lock().unwrap_or_else(|e| e.into_inner()).clone());
     method.check().map_err(|e| e.to_string())?;
     let file = ContextFile::open(&path).map_err(|e| e.to_string())?;
-    let plan = plan_of(&state, &settings, &engine, &file, &method).await?;
-    let bandwidths = bandwidths(&state, &engine).await?;
+    let (plan, bandwidths) = plan_of(&state, &settings, &engine, &file, &method).await?;
     Ok(PlanView { plan, bandwidths, device: device_name(engine.model.device()) })
 }

@@ -74,6 +74,8 @@ struct AppState {
     engine_settings: Mutex<engine::EngineSettings>,
     /// The memory planner's bandwidths of a device, once measured.
     bandwidths: Mutex<Option<(String, folio_models::plan::Bandwidths)>>,
+    /// The disk under a context file on the file tier, once measured (bytes/s).
+    disk_rate: Mutex<Option<(std::path::PathBuf, f64)>>,
     /// `--host-budget` as given at start: the host budget while the settings name none.
     cli_host_budget: Option<u64>,
     /// The session answering now (the bare model, or an opened context) and its conversation.
@@ -400,6 +402,7 @@ fn start(model: Option<String>, fallback: Option<String>, device: &str, dtype: &
         dtype_spec,
         engine_settings: Mutex::new(settings),
         bandwidths: Mutex::new(None),
+        disk_rate: Mutex::new(None),
         cli_host_budget,
         chat: Mutex::new(bare),
         open_context: Mutex::new(None),

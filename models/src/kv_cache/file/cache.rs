@@ -16,8 +16,8 @@
 //! gathers from a context file's mapping, instead of widened by the CPU and copied as f32 (where
 //! the device cannot register the memory, the CPU widens every gather). A slot is written only
 //! once the device has finished every gather that may read it ([`BlockCache::quiesce`]): the
-//! device's stream is waited for only when a slot being refilled was used by a gather queued
-//! since the last wait — with a cache of a million slots, an evicted block was mostly last
+//! device's stream is waited for only when a slot being refilled was read by a device gather
+//! queued since the last wait — with a cache of a million slots, an evicted block was mostly last
 //! used many gathers ago, and a wait per gather would drain the forward pass's queue at every
 //! layer. (Registered memory is read-only *to the device*; the host writes it between its reads.)
 
@@ -44,9 +44,11 @@ pub(super) struct BlockCache {
     /// Whether the device gathers from the memory (registered with it, or the CPU's own).
     on_device: bool,
     /// Every gather numbered below `synced` has finished on the device; the latest gather that
-    /// used a slot refilled since.
+    /// queued a device read of a slot refilled since; per slot, the latest gather that queued
+    /// a device read of it.
     synced: u64,
     refilled_use: u64,
+    device_use: Vec<u64>,
     map: HashMap<u64, u32>,
     keys: Vec<u64>,
     /// CLOCK's bit: used since the hand last passed.
@@ -104,6 +106,7 @@ impl BlockCache {
             on_device,
             synced: 1,
             refilled_use: 0,
+            device_use: vec![0; slots],
             map: HashMap::with_capacity(slots),
             keys: vec![EMPTY; slots],
             referenced: vec![false; slots],
@@ -128,7 +131,7 @@ impl BlockCache {
         if self.keys[slot] != EMPTY {
             self.map.remove(&self.keys[slot]);
         }
-        self.refilled_use = self.refilled_use.max(self.used_by[slot]);
+        self.refilled_use = self.refilled_use.max(self.device_use[slot]);
         self.keys[slot] = key;
         self.map.insert(key, slot as u32);
         self.referenced[slot] = true;
@@ -198,11 +201,16 @@ impl BlockCache {
     /// Before gather `gather` writes the slots it took: waits for the device to finish the
     /// gathers queued before it when one of them may read a slot being refilled.
     pub(super) fn quiesce(&mut self, gather: u64) -> candle_core::Result<()> {
-        if self.refilled_use >= self.synced {
+        if self.on_device && self.refilled_use >= self.synced {
             self.device.synchronize()?;
             self.synced = gather;
         }
         Ok(())
+    }
+
+    /// Records that gather `gather` queued a device read of `slots`.
+    pub(super) fn queued_on_device(&mut self, slots: &[usize], gather: u64) {
+        slots.iter().for_each(|&slot| self.device_use[slot] = gather);
     }
 
     /// Fills `slot` with a block's `rows` and (fp8) `scales` (at most a slot's bytes each),
@@ -278,5 +286,35 @@ mod tests {
         c.clear();
         assert!(c.map.is_empty() && c.keys.iter().all(|&k| k == EMPTY));
         assert!(matches!(c.take(cached, 3000), Found::Fill(_)));
+    }
+
+    /// The device is waited for before a refill only when a device gather queued since the
+    /// last wait read the slot being refilled.
+    #[test]
+    fn a_refill_waits_only_for_device_reads_of_its_slot() {
+        let mut c = cache(2);
+        assert!(matches!(c.take(10, 1), Found::Fill(0)) && matches!(c.take(11, 1), Found::Fill(1)));
+        c.quiesce(1).unwrap();
+        assert_eq!(c.synced, 1, "empty slots were read by no one");
+        c.queued_on_device(&[0], 2);
+        // Gather 3 refills slot 1 (read only by the CPU): no wait.
+        c.referenced.fill(false);
+        c.hand = 1;
+        assert!(matches!(c.take(12, 3), Found::Fill(1)));
+        c.quiesce(3).unwrap();
+        assert_eq!(c.synced, 1);
+        // Gather 4 refills slot 0, which gather 2 read on the device: a wait, then gathers
+        // below 4 are done.
+        c.referenced.fill(false);
+        c.hand = 0;
+        assert!(matches!(c.take(13, 4), Found::Fill(0)));
+        c.quiesce(4).unwrap();
+        assert_eq!(c.synced, 4);
+        // Refilled again by gather 5: gather 2's read is done by now.
+        c.referenced.fill(false);
+        c.hand = 0;
+        assert!(matches!(c.take(14, 5), Found::Fill(0)));
+        c.quiesce(5).unwrap();
+        assert_eq!(c.synced, 4);
     }
 }

@@ -113,10 +113,13 @@ pub fn block_read_rate(path: &Path) -> std::io::Result<f64> {
     if blocks == 0 {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "it holds no whole 4 KiB block"));
     }
-    let (started, done) = (Instant::now(), AtomicU64::new(0));
-    io_pool().install(|| {
+    let done = AtomicU64::new(0);
+    let seconds = io_pool().install(|| {
+        // Timed from when the pool takes the probe (a step's reads may hold it first); a read
+        // for each thread whatever the time.
+        let started = Instant::now();
         (0..PROBE_READS).into_par_iter().try_for_each(|i| {
-            if started.elapsed() > PROBE_TIME {
+            if i >= IO_THREADS as u64 && started.elapsed() > PROBE_TIME {
                 return Ok(());
             }
             // A multiplicative hash of `i`: neighbouring reads far apart in the file.
@@ -124,9 +127,10 @@ pub fn block_read_rate(path: &Path) -> std::io::Result<f64> {
             read_into(&file, at, &mut [0u8; PROBE_BLOCK])?;
             done.fetch_add(1, Ordering::Relaxed);
             Ok::<_, std::io::Error>(())
-        })
+        })?;
+        Ok::<_, std::io::Error>(started.elapsed().as_secs_f64())
     })?;
-    Ok((done.into_inner() as usize * PROBE_BLOCK) as f64 / started.elapsed().as_secs_f64())
+    Ok((done.into_inner() as usize * PROBE_BLOCK) as f64 / seconds.max(f64::MIN_POSITIVE))
 }
 
 #[cfg(test)]

@@ -352,19 +352,22 @@ impl FileRows {
             Some(view) => {
                 self.read_or_forget(&missing, &mut state, None)?;
                 let per_slot = state.cache.slot_bytes() / self.stored[kind].row_bytes(self.d);
-                let slots =
-                    hits.iter().map(|&(g, slot)| (g, slot)).chain(missing.iter().filter_map(|m| Some((m.2, m.1?))));
+                let slots: Vec<(usize, usize)> =
+                    hits.iter().copied().chain(missing.iter().filter_map(|m| Some((m.2, m.1?)))).collect();
                 let mut at = vec![0u32; idx.len()];
-                for (g, slot) in slots {
+                for &(g, slot) in &slots {
                     for &(_, i) in &blocks.order[blocks.groups[g].1.clone()] {
                         at[i as usize] = (slot * per_slot + idx[i as usize] as usize % BLOCK_ROWS) as u32;
                     }
                 }
                 let rows = idx.len() / sel;
                 let at = Tensor::from_vec(at, (rows, sel), &self.device)?;
-                // Queued while the lock is held: a later gather quiesces the device before it
-                // writes a slot this one reads.
-                Fetched::Gathered(view.gather(&at, rows, None, Positions::Trusted)?)
+                // Queued while the lock is held: a later gather refilling one of these slots
+                // waits for the device first.
+                let gathered = view.gather(&at, rows, None, Positions::Trusted)?;
+                let gather = state.gathers;
+                state.cache.queued_on_device(&slots.iter().map(|&(_, slot)| slot).collect::<Vec<_>>(), gather);
+                Fetched::Gathered(gathered)
             }
             None => {
                 let mut out = vec![0f32; idx.len() * self.d];
