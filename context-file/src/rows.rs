@@ -61,12 +61,16 @@ pub fn stored_row(section: &[u8], stored: Stored, row: usize, d: usize, out: &mu
         }
         Stored::Fp8 { scales } => {
             let s = &section[scales + 4 * row..scales + 4 * row + 4];
-            let scale = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-            let table = fp8_values();
-            for (o, &c) in out.iter_mut().zip(raw) {
-                *o = table[c as usize] * scale;
-            }
+            fp8_row_values(raw, f32::from_le_bytes([s[0], s[1], s[2], s[3]]), out);
         }
+    }
+}
+
+/// One fp8 row's values into `out`: each of its `codes` times the row's `scale`.
+pub fn fp8_row_values(codes: &[u8], scale: f32, out: &mut [f32]) {
+    let table = fp8_values();
+    for (o, &c) in out.iter_mut().zip(codes) {
+        *o = table[c as usize] * scale;
     }
 }
 

@@ -209,8 +209,8 @@ impl BlockCache {
     }
 
     /// Records that gather `gather` queued a device read of `slots`.
-    pub(super) fn queued_on_device(&mut self, slots: &[usize], gather: u64) {
-        slots.iter().for_each(|&slot| self.device_use[slot] = gather);
+    pub(super) fn queued_on_device(&mut self, slots: impl IntoIterator<Item = usize>, gather: u64) {
+        slots.into_iter().for_each(|slot| self.device_use[slot] = gather);
     }
 
     /// Fills `slot` with a block's `rows` and (fp8) `scales` (at most a slot's bytes each),
@@ -296,7 +296,7 @@ mod tests {
         assert!(matches!(c.take(10, 1), Found::Fill(0)) && matches!(c.take(11, 1), Found::Fill(1)));
         c.quiesce(1).unwrap();
         assert_eq!(c.synced, 1, "empty slots were read by no one");
-        c.queued_on_device(&[0], 2);
+        c.queued_on_device([0], 2);
         // Gather 3 refills slot 1 (read only by the CPU): no wait.
         c.referenced.fill(false);
         c.hand = 1;

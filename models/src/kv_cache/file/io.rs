@@ -45,12 +45,19 @@ pub fn read_paced(file: &File, buf: &mut [u8], offset: u64, need: usize) -> std:
 /// `len` bytes from `offset` of `file`, read aligned for an unbuffered file: a page-aligned
 /// buffer and where the bytes start in it; its length is the bytes read.
 pub(super) fn read_span(file: &File, offset: u64, len: usize) -> std::io::Result<(memmap2::MmapMut, usize)> {
-    let start = offset / DIRECT_ALIGN as u64 * DIRECT_ALIGN as u64;
-    let skip = (offset - start) as usize;
+    let (start, skip, read) = aligned(offset, len);
     // An anonymous map: page-aligned, as unbuffered reads want.
-    let mut buf = memmap2::MmapMut::map_anon((skip + len).next_multiple_of(DIRECT_ALIGN))?;
+    let mut buf = memmap2::MmapMut::map_anon(read)?;
     read_paced(file, &mut buf, start, skip + len)?;
     Ok((buf, skip))
+}
+
+/// The aligned read that covers `len` bytes at `offset`: where it starts, where the bytes start
+/// in it, and its length.
+fn aligned(offset: u64, len: usize) -> (u64, usize, usize) {
+    let start = offset / DIRECT_ALIGN as u64 * DIRECT_ALIGN as u64;
+    let skip = (offset - start) as usize;
+    (start, skip, (skip + len).next_multiple_of(DIRECT_ALIGN))
 }
 
 /// The `rows` fp8 scales at `offset` of `file`.
@@ -75,9 +82,7 @@ pub(super) fn io_pool() -> &'static rayon::ThreadPool {
 /// buffer (a read larger than it through one of its own): the bytes read, alignment included.
 pub(super) fn read_into(file: &File, offset: u64, out: &mut [u8]) -> std::io::Result<u64> {
     let len = out.len();
-    let start = offset / DIRECT_ALIGN as u64 * DIRECT_ALIGN as u64;
-    let skip = (offset - start) as usize;
-    let read = (skip + len).next_multiple_of(DIRECT_ALIGN);
+    let (start, skip, read) = aligned(offset, len);
     if read > SCRATCH_BYTES {
         let (bytes, skip) = read_span(file, offset, len)?;
         out.copy_from_slice(&bytes[skip..skip + len]);

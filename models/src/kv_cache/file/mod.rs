@@ -35,7 +35,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use folio_context_file::rows::{fp8_values, stored_row, Stored};
+use folio_context_file::rows::{fp8_row_values, stored_row, Stored};
 use folio_context_file::KvDtype;
 use folio_kernels::select::HostRows;
 use folio_kernels::Positions;
@@ -366,7 +366,7 @@ impl FileRows {
                 // waits for the device first.
                 let gathered = view.gather(&at, rows, None, Positions::Trusted)?;
                 let gather = state.gathers;
-                state.cache.queued_on_device(&slots.iter().map(|&(_, slot)| slot).collect::<Vec<_>>(), gather);
+                state.cache.queued_on_device(slots.iter().map(|&(_, slot)| slot), gather);
                 Fetched::Gathered(gathered)
             }
             None => {
@@ -569,11 +569,8 @@ impl FileRows {
 fn widen_row(bytes: &[u8], stored: Stored, r: usize, scale: Option<f32>, out: &mut [f32]) {
     match (stored, scale) {
         (Stored::Fp8 { .. }, Some(scale)) => {
-            let table = fp8_values();
             let d = out.len();
-            for (o, &c) in out.iter_mut().zip(&bytes[r * d..(r + 1) * d]) {
-                *o = table[c as usize] * scale;
-            }
+            fp8_row_values(&bytes[r * d..(r + 1) * d], scale, out)
         }
         _ => stored_row(bytes, stored, r, out.len(), out),
     }
