@@ -245,6 +245,8 @@ fn read_through_the_cache(file_kv: &OffloadKv, keys_kv: &OffloadKv, block: usize
     assert!(read && stats.cache_bytes <= 40 * block as u64 && stats.slots >= 38, "{stats:?}");
     let keyed = keys_kv.file_stats().expect("rows on the file tier");
     assert!(keyed.device_gathers > 0 && stats.device_gathers < stats.gathers, "{stats:?} {keyed:?}");
+    // HiP's searches between refreshes read their rows ahead.
+    assert!(stats.blocks_ahead > 0 && keyed.blocks_ahead > 0, "{stats:?} {keyed:?}");
 }
 
 test_device!(offloaded_matches_reference, offloaded_cpu, offloaded_cuda);
@@ -315,6 +317,8 @@ fn stored_rows_read_as_the_file_decodes(device: &Device) -> Result<()> {
         }
         // The picks from the 64 MiB cache were gathered by the device from its slots.
         assert!(keyed.file_stats().is_some_and(|s| s.device_gathers > 0), "{}", kv_dtype.name());
+        let name = format!("seed {seed}: {}", kv_dtype.name());
+        reads_ahead(&kv, [("file", &on_file), ("file+keys", &keyed)], &mut rng, &name)?;
         for layer in 0..layers {
             let got = kv.segments(layer, saved)?;
             for (i, (kind, t)) in
@@ -339,3 +343,48 @@ fn stored_rows_read_as_the_file_decodes(device: &Device) -> Result<()> {
 }
 
 test_device!(stored_rows_read_as_the_file_decodes, stored_rows_cpu, stored_rows_cuda);
+
+/// A read-ahead on the file tier (what HiP starts as its search ends): fresh picks read into
+/// the cache on a thread of their own while another gather runs, then gathered with their
+/// positions listed — the in-memory rows bit for bit, and where the cache holds every block
+/// (`file+keys`: the values cached, the keys in memory) none read by the gather. The host tier
+/// reads nothing ahead.
+fn reads_ahead(kv: &OffloadKv, tiers: [(&str, &OffloadKv); 2], rng: &mut rand::rngs::StdRng, name: &str) -> Result<()> {
+    use folio_models::kv_cache::DecodeTier;
+    use rand::Rng;
+    let (saved, heads) = (DecodeTier::saved(kv), 2 * DecodeTier::kv_heads(kv));
+    let device = DecodeTier::device(kv).clone();
+    let mut picks = || -> Result<(Vec<u32>, Tensor)> {
+        let list: Vec<u32> = (0..heads * 300).map(|_| rng.random_range(0..saved as u32)).collect();
+        let idx = Tensor::from_vec(list.clone(), (heads, 300), &device)?;
+        Ok((list, idx))
+    };
+    let same = |a: &(Tensor, Tensor), b: &(Tensor, Tensor), what: &str| -> Result<()> {
+        for (x, y) in [(&a.0, &b.0), (&a.1, &b.1)] {
+            assert_eq!(max_diff(x, y)?, 0.0, "{name}: {what}");
+        }
+        Ok(())
+    };
+    for (tier, file_kv) in tiers {
+        let ((ahead, ahead_idx), (other, other_idx)) = (picks()?, picks()?);
+        let before = file_kv.file_stats().expect("the file tier");
+        let list = ahead.clone();
+        let read = DecodeTier::read_ahead(file_kv, 0, (heads, 300), Box::new(move || Ok(list)));
+        let read = read.expect("the file tier reads ahead");
+        // A gather while the read-ahead runs.
+        let got = DecodeTier::gather_listed(file_kv, 0, &other_idx, &other, saved)?;
+        same(&got, &DecodeTier::gather(kv, 0, &other_idx, saved)?, &format!("{tier}: a gather beside a read-ahead"))?;
+        assert_eq!(read.positions()?, ahead, "{name}: {tier}: the positions read ahead");
+        let mid = file_kv.file_stats().expect("the file tier");
+        let got = DecodeTier::gather_listed(file_kv, 0, &ahead_idx, &ahead, saved)?;
+        same(&got, &DecodeTier::gather(kv, 0, &ahead_idx, saved)?, &format!("{tier}: rows read ahead"))?;
+        let after = file_kv.file_stats().expect("the file tier");
+        assert!(mid.blocks_ahead > before.blocks_ahead, "{name}: {tier}: nothing read ahead: {mid:?}");
+        if tier == "file+keys" {
+            assert_eq!(after.blocks_read, mid.blocks_read, "{name}: the gather read blocks read ahead");
+        }
+        assert!(DecodeTier::gather_listed(file_kv, 0, &ahead_idx, &ahead[1..], saved).is_err());
+    }
+    assert!(DecodeTier::read_ahead(kv, 0, (heads, 300), Box::new(|| Ok(Vec::new()))).is_none());
+    Ok(())
+}

@@ -320,7 +320,7 @@ pub fn search(
                 }
             };
             let keep = std::iter::once(q.clone()).chain(tail.cloned()).collect();
-            Some(Pending { done, main: dev.cuda_stream(), keep })
+            Some(Pending { done, main: dev.cuda_stream(), side, keep })
         }
         None => None,
     };
@@ -334,6 +334,7 @@ pub fn search(
 pub struct Pending {
     done: CudaEvent,
     main: Arc<CudaStream>,
+    side: Arc<CudaStream>,
     keep: Vec<Tensor>,
 }
 
@@ -341,6 +342,42 @@ impl Pending {
     /// Makes candle's stream wait for the work (the host does not wait).
     pub fn wait(&self) -> Result<()> {
         self.main.wait(&self.done).w()
+    }
+
+    /// The stream the work runs on.
+    pub fn stream(&self) -> Arc<CudaStream> {
+        self.side.clone()
+    }
+}
+
+/// Where the stream writing a search's positions stood when a copy of them was asked for, and
+/// the stream the copy runs on ([`super::HostCopy`]).
+pub struct Ready {
+    done: CudaEvent,
+    copy: Arc<CudaStream>,
+}
+
+/// Marks the positions written by work queued so far on `producer` (candle's stream if none).
+pub fn mark_ready(dev: &CudaDevice, producer: Option<Arc<CudaStream>>) -> Result<Ready> {
+    let producer = producer.unwrap_or_else(|| dev.cuda_stream());
+    let done = producer.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)).w()?;
+    Ok(Ready { done, copy: stream_of(dev, &COPY)? })
+}
+
+impl Ready {
+    /// `idx` (u32, contiguous) copied to the host once the marked work is done.
+    pub fn copy(&self, idx: &Tensor) -> Result<Vec<u32>> {
+        if !idx.is_contiguous() {
+            candle_core::bail!("a search's positions {:?} are not contiguous", idx.dims());
+        }
+        self.done.synchronize().w()?;
+        let (storage, layout) = idx.storage_and_layout();
+        let candle_core::Storage::Cuda(s) = &*storage else {
+            candle_core::bail!("a search's positions are not on the GPU")
+        };
+        let from = layout.start_offset();
+        let slice = s.as_cuda_slice::<u32>()?.slice(from..from + idx.elem_count());
+        self.copy.clone_dtoh(&slice).w()
     }
 }
 
@@ -359,12 +396,25 @@ impl Drop for Pending {
 /// the two streams is ordered by hand: the side stream joins candle's before a launch, candle's
 /// waits on [`Pending`] before it reads what the launch wrote.
 fn side_stream(dev: &CudaDevice) -> Result<Arc<CudaStream>> {
-    static SIDE: Mutex<Vec<(DeviceId, Arc<CudaStream>)>> = Mutex::new(Vec::new());
-    let mut all = SIDE.lock().unwrap_or_else(|e| e.into_inner());
+    stream_of(dev, &SIDE)
+}
+
+/// Streams made on first use, one per device.
+type Streams = Mutex<Vec<(DeviceId, Arc<CudaStream>)>>;
+
+static SIDE: Streams = Mutex::new(Vec::new());
+
+/// The stream that copies positions to the host for another thread ([`Ready`]): apart from
+/// the side stream, where a later search may be queued by then.
+static COPY: Streams = Mutex::new(Vec::new());
+
+/// `dev`'s stream of `streams`, made on first use.
+fn stream_of(dev: &CudaDevice, streams: &Streams) -> Result<Arc<CudaStream>> {
+    let mut all = streams.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, s)) = all.iter().find(|(id, _)| *id == dev.id()) {
         return Ok(s.clone());
     }
-    let side = dev.cuda_stream().context().new_stream().w()?;
-    all.push((dev.id(), side.clone()));
-    Ok(side)
+    let made = dev.cuda_stream().context().new_stream().w()?;
+    all.push((dev.id(), made.clone()));
+    Ok(made)
 }

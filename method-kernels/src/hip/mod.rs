@@ -190,6 +190,48 @@ impl Found {
         }
         Ok(self.idx)
     }
+
+    /// `[heads, picks]`.
+    pub fn dims(&self) -> Result<(usize, usize)> {
+        self.idx.dims2()
+    }
+
+    /// A copy of the positions to the host that any thread can make ([`HostCopy::get`]).
+    pub fn host_copy(&self) -> Result<HostCopy> {
+        Ok(HostCopy {
+            #[cfg(feature = "cuda")]
+            ready: match self.idx.device() {
+                candle_core::Device::Cuda(dev) => {
+                    Some(cuda::mark_ready(dev, self.pending.as_ref().map(cuda::Pending::stream))?)
+                }
+                _ => None,
+            },
+            idx: self.idx.clone(),
+        })
+    }
+}
+
+/// A search's positions to bring to the host, on a thread of the caller's choosing (the file
+/// tier's read-ahead, which reads the rows they name while the step goes on). On a GPU an event
+/// marks where the stream that writes them stands when the copy is asked for; the thread waits
+/// for that event — the search, not the work queued after it — and only then copies, on a
+/// stream of its own: a copy to pageable memory issued before the data is ready would hold the
+/// driver while it waits, and the step's launches on the other thread with it.
+pub struct HostCopy {
+    #[cfg(feature = "cuda")]
+    ready: Option<cuda::Ready>,
+    idx: Tensor,
+}
+
+impl HostCopy {
+    /// The positions, row-major (waits for the search).
+    pub fn get(self) -> Result<Vec<u32>> {
+        #[cfg(feature = "cuda")]
+        if let Some(ready) = &self.ready {
+            return ready.copy(&self.idx);
+        }
+        self.idx.flatten_all()?.to_vec1()
+    }
 }
 
 /// The search round by round for every head of `q [heads, d]` at once: nodes are `[heads, n, 2]`

@@ -49,7 +49,7 @@ use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Dense, Knobs, MethodSpec, Needs, ParamSpec, Params, Read,
 };
 use crate::error::Result;
-use crate::kv_cache::DecodeTier;
+use crate::kv_cache::{DecodeTier, ReadAhead};
 use crate::profile::span;
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
@@ -162,9 +162,13 @@ impl Kept {
 
 /// A layer's next mask on the fast path, searched at its turn with that step's query (queued
 /// ahead: on a GPU it runs beside the rest of the step) and taken up at the next step: the pick
-/// ([`Hip::pick`]'s), where its window starts, and the sinks, heads and step it was made for.
+/// ([`Hip::pick`]'s), where its window starts, and the sinks, heads and step it was made for;
+/// where the tier reads its rows from a slower medium, the read of the pick's rows begun as
+/// the search ends ([`DecodeTier::read_ahead`]: the file tier reads a refresh's blocks from
+/// disk while the step goes on, and the next step's gather finds them cached).
 struct Ahead {
     picked: Option<Found>,
+    read: Option<ReadAhead>,
     window_start: usize,
     lo: usize,
     heads: usize,
@@ -396,29 +400,39 @@ impl Hip {
     /// The layer's kept rows for a mask: the picked rows (`picked [heads, s]`), then the
     /// window's from `window_start` up to the step's `hi`, then room for the rows of the
     /// `refresh` steps the mask may still serve (the current row repeated, overwritten as the
-    /// steps come), gathered once into per-head buffers.
+    /// steps come), gathered once into per-head buffers. With the picks on the host too (a
+    /// read-ahead's), the tier is handed them.
     #[allow(clippy::too_many_arguments)]
     fn keep(
         &self,
         call: &AttnCall<'_>,
         kv: &dyn DecodeTier,
-        picked: Option<Tensor>,
+        picked: Option<(Tensor, Option<Vec<u32>>)>,
         window_start: usize,
         (lo, hi): (usize, usize),
         heads: usize,
         built_hi: usize,
     ) -> Result<Kept> {
         let dev = kv.device();
-        let s = picked.as_ref().map_or(Ok(0), |p| p.dim(1))?;
+        let s = picked.as_ref().map_or(Ok(0), |p| p.0.dim(1))?;
         let room = self.params.usize("refresh");
         let tail: Vec<u32> =
             (window_start as u32..hi as u32).chain(std::iter::repeat_n((hi - 1) as u32, room)).collect();
-        let tail = Tensor::from_vec(tail, (1, hi - window_start + room), dev)?.repeat((heads, 1))?;
-        let idx = match &picked {
-            Some(p) => Tensor::cat(&[p, &tail], 1)?,
-            None => tail,
+        let listed: Option<Vec<u32>> = match &picked {
+            Some((_, Some(list))) if s > 0 && list.len() == heads * s => {
+                Some(list.chunks(s).flat_map(|row| row.iter().chain(&tail)).copied().collect())
+            }
+            _ => None,
         };
-        let (k, v) = span(dev, "attention: gather", || kv.gather(call.kv_layer, &idx, hi))?;
+        let tail = Tensor::from_vec(tail, (1, hi - window_start + room), dev)?.repeat((heads, 1))?;
+        let (idx, picked) = match picked {
+            Some((p, _)) => (Tensor::cat(&[&p, &tail], 1)?, Some(p)),
+            None => (tail, None),
+        };
+        let (k, v) = span(dev, "attention: gather", || match &listed {
+            Some(list) => kv.gather_listed(call.kv_layer, &idx, list, hi),
+            None => kv.gather(call.kv_layer, &idx, hi),
+        })?;
         Ok(Kept { idx: picked, k, v, s, filled: s + hi - window_start, lo, window_start, built_hi })
     }
 
@@ -441,7 +455,12 @@ impl Hip {
         // The search queued at this layer's last turn takes over from this step.
         if let Some(next) = self.ahead.lock().remove(&call.layer) {
             if next.lo == lo && next.heads == heads && next.built_hi < hi && self.usable(next.built_hi, hi) {
-                let picked = next.picked.map(Found::positions).transpose()?;
+                // A read-ahead that failed leaves the gather to read (and report) what it lacks.
+                let listed = next.read.and_then(|r| {
+                    let waited = span(&dev, "attention: read-ahead wait", || r.positions());
+                    waited.inspect_err(|e| tracing::warn!(error = %e)).ok()
+                });
+                let picked = next.picked.map(|p| Ok::<_, crate::error::Error>((p.positions()?, listed))).transpose()?;
                 let kept = self.keep(call, kv, picked, next.window_start, (lo, hi), heads, next.built_hi)?;
                 all.insert(call.layer, kept);
             }
@@ -459,10 +478,17 @@ impl Hip {
             let (picked, window_start, scored) = self.pick(call, kv, &q, (lo, hi), usable)?;
             searched = scored;
             if usable {
-                let next = Ahead { picked, window_start, lo, heads, built_hi: hi };
+                let read = match &picked {
+                    Some(found) => {
+                        let copy = found.host_copy()?;
+                        kv.read_ahead(call.kv_layer, found.dims()?, Box::new(move || copy.get()))
+                    }
+                    None => None,
+                };
+                let next = Ahead { picked, read, window_start, lo, heads, built_hi: hi };
                 self.ahead.lock().insert(call.layer, next);
             } else {
-                let picked = picked.map(Found::positions).transpose()?;
+                let picked = picked.map(|p| Ok::<_, crate::error::Error>((p.positions()?, None))).transpose()?;
                 all.insert(call.layer, self.keep(call, kv, picked, window_start, (lo, hi), heads, hi)?);
             }
         }

@@ -25,7 +25,7 @@ pub use file::{
     block_read_rate, least_bytes, open_for_reads, read_paced, FileRows, FileStats, BLOCK_ROWS, FILE_CACHE_MIN,
 };
 pub use offload::{file_tier_bytes, OffloadKv, FILE_CACHE_SHARE, KEYS_IN_MEMORY_SHARE};
-pub use tier::{dense_over_segments, DecodeTier, Exact, Resident, TierRef};
+pub use tier::{dense_over_segments, DecodeTier, Exact, PositionsLater, ReadAhead, Resident, TierRef};
 
 /// Rows of positions `start..start + len` of one layer: K and V `[kv_heads, len, head_dim]`.
 #[derive(Debug, Clone)]

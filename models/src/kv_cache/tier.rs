@@ -100,6 +100,40 @@ pub trait DecodeTier {
     fn host_keys(&self, layer: usize) -> Option<&HostRows> {
         self.host_rows(layer).map(|(k, _)| k)
     }
+    /// Starts reading, on a thread of its own, the saved rows a coming
+    /// [`DecodeTier::gather_listed`] of `layer` will ask for — `dims` `[rows, s]` positions,
+    /// given by `positions` when they are ready — where the tier reads rows from a slower
+    /// medium than the one the gather reads (the file tier: the disk read while the device
+    /// works, the gather a hit). `None` where nothing is read ahead.
+    fn read_ahead(&self, _layer: usize, _dims: (usize, usize), _positions: PositionsLater) -> Option<ReadAhead> {
+        None
+    }
+    /// [`DecodeTier::gather`] with `idx`'s positions on the host too (`listed`, row-major; a
+    /// [`ReadAhead`]'s): a tier that looks positions up on the CPU then need not wait for the
+    /// device to bring them over.
+    fn gather_listed(&self, layer: usize, idx: &Tensor, _listed: &[u32], end: usize) -> Result<(Tensor, Tensor)> {
+        self.gather(layer, idx, end)
+    }
+}
+
+/// A coming gather's positions, row-major, brought to the host when they are ready (run on the
+/// read-ahead's thread: what it waits for, the caller does not).
+pub type PositionsLater = Box<dyn FnOnce() -> candle_core::Result<Vec<u32>> + Send>;
+
+/// A read-ahead in flight ([`DecodeTier::read_ahead`]).
+pub struct ReadAhead(std::thread::JoinHandle<Result<Vec<u32>>>);
+
+impl ReadAhead {
+    /// Runs `read` on a thread of its own.
+    pub(crate) fn spawn(read: impl FnOnce() -> Result<Vec<u32>> + Send + 'static) -> Option<Self> {
+        let spawned = std::thread::Builder::new().name("folio-read-ahead".into()).spawn(read);
+        spawned.inspect_err(|e| tracing::warn!(error = %e, "no thread to read ahead")).ok().map(Self)
+    }
+
+    /// Waits for the read; the positions it read the rows of.
+    pub fn positions(self) -> Result<Vec<u32>> {
+        self.0.join().map_err(|_| Error::Invalid("a read-ahead's thread panicked".into()))?
+    }
 }
 
 /// [`DecodeTier::row`] through [`DecodeTier::gather`]: what a tier does for a row it cannot

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use folio_eval::bench::decode::{self, DecodeBench, DecodeReport, PCIE4_X16};
+use folio_eval::bench::decode::{self, DecodeBench, DecodeReport, FileSteps, PCIE4_X16};
 use folio_models::attention::MethodChoice;
 use folio_models::context::KvDtype;
 use folio_models::error::human_bytes;
@@ -149,33 +149,7 @@ fn print_report(r: &DecodeReport, json: bool, steps: usize) -> Result<()> {
         r.host_threads
     );
     if let Some(f) = &r.file {
-        println!(
-            "  file tier: keys in memory {}, cache {} ({} blocks, {} of scales){}, disk {:.2} GB/s sequential (measured now{}); a step read {} in {:.1} reads ({:.2} ms reading, {:.2} GB/s; {:.2} ms at the sequential rate), {:.0} blocks, {}% from the cache, {}% picked by the previous picks",
-            human_bytes(f.keys_in_memory),
-            human_bytes(f.cache_bytes),
-            f.slots,
-            human_bytes(f.scales_in_memory),
-            match (f.direct, f.emulated_disk) {
-                (_, Some(_)) => "",
-                (true, None) => "",
-                (false, None) => " (the page cache was not bypassed)",
-            },
-            f.disk_bandwidth / 1e9,
-            f.emulated_disk.map_or(String::new(), |(rate, iops)| format!(
-                ", emulating {:.2} GB/s and {:.0}k reads/s, {} reads slower than it",
-                rate / 1e9,
-                iops / 1e3,
-                f.late_reads
-            )),
-            human_bytes(f.disk_bytes_per_step as u64),
-            f.disk_reads_per_step,
-            f.disk_read_ms_per_step,
-            f.disk_rate / 1e9,
-            f.disk_floor_ms,
-            f.blocks_per_step,
-            f.hit_rate.map_or("-".into(), |r| format!("{:.1}", 100.0 * r)),
-            f.step_overlap.map_or("-".into(), |r| format!("{:.1}", 100.0 * r))
-        );
+        print_file_tier(f);
     }
     if let Some(p) = &r.profile {
         println!(
@@ -206,4 +180,39 @@ fn print_report(r: &DecodeReport, json: bool, steps: usize) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The file tier's line of the report.
+fn print_file_tier(f: &FileSteps) {
+    println!(
+        "  file tier: keys in memory {}, cache {} ({} blocks, {} of scales){}, disk {:.2} GB/s sequential (measured now{}); a step read {} in {:.1} reads ({:.2} ms reading in its gathers and {:.2} ms ahead of them, {:.0} blocks placed ahead, a read-ahead {:.2} ms to its positions and {:.2} ms to done; {:.2} GB/s; {:.2} ms at the sequential rate), {:.0} blocks, {}% from the cache, {}% picked by the previous picks",
+        human_bytes(f.keys_in_memory),
+        human_bytes(f.cache_bytes),
+        f.slots,
+        human_bytes(f.scales_in_memory),
+        match (f.direct, f.emulated_disk) {
+            (_, Some(_)) => "",
+            (true, None) => "",
+            (false, None) => " (the page cache was not bypassed)",
+        },
+        f.disk_bandwidth / 1e9,
+        f.emulated_disk.map_or(String::new(), |(rate, iops)| format!(
+            ", emulating {:.2} GB/s and {:.0}k reads/s, {} reads slower than it",
+            rate / 1e9,
+            iops / 1e3,
+            f.late_reads
+        )),
+        human_bytes(f.disk_bytes_per_step as u64),
+        f.disk_reads_per_step,
+        f.disk_read_ms_per_step,
+        f.ahead_read_ms_per_step,
+        f.ahead_blocks_per_step,
+        f.ahead_start_ms,
+        f.ahead_wall_ms,
+        f.disk_rate / 1e9,
+        f.disk_floor_ms,
+        f.blocks_per_step,
+        f.hit_rate.map_or("-".into(), |r| format!("{:.1}", 100.0 * r)),
+        f.step_overlap.map_or("-".into(), |r| format!("{:.1}", 100.0 * r))
+    );
 }

@@ -114,7 +114,15 @@ pub struct FileSteps {
     pub disk_reads_per_step: f64,
     /// The bytes read ÷ the seconds spent reading them (reads in parallel overlap).
     pub disk_rate: f64,
+    /// Milliseconds a step's gathers spent reading (the step waited for them), and those the
+    /// read-aheads spent (beside the device's work), with the blocks they placed.
     pub disk_read_ms_per_step: f64,
+    pub ahead_read_ms_per_step: f64,
+    pub ahead_blocks_per_step: f64,
+    /// A read-ahead's mean milliseconds from asked for to positions in hand, and from then to
+    /// done.
+    pub ahead_start_ms: f64,
+    pub ahead_wall_ms: f64,
     /// The disk bytes at the measured sequential rate: the step's floor on this tier.
     pub disk_floor_ms: f64,
     pub blocks_per_step: f64,
@@ -128,12 +136,22 @@ pub struct FileSteps {
     pub step_overlap: Option<f64>,
 }
 
+/// Milliseconds a time, of `seconds` over `times` (0 when none).
+fn mean_ms(seconds: f64, times: u64) -> f64 {
+    if times == 0 {
+        0.0
+    } else {
+        seconds * 1e3 / times as f64
+    }
+}
+
 /// [`FileSteps`] from the tier's counts before and after `steps` timed steps.
 pub(super) fn per_step(before: &FileStats, after: &FileStats, steps: usize, disk_bandwidth: f64) -> FileSteps {
     let per = |a: u64, b: u64| (a - b) as f64 / steps as f64;
     let ratio = |a: u64, b: u64| (b > 0).then(|| a as f64 / b as f64);
     let bytes = after.bytes_read - before.bytes_read;
     let seconds = after.read_seconds - before.read_seconds;
+    let ahead = after.ahead_seconds - before.ahead_seconds;
     FileSteps {
         cache_bytes: after.cache_bytes,
         keys_in_memory: after.keys_in_memory,
@@ -145,8 +163,18 @@ pub(super) fn per_step(before: &FileStats, after: &FileStats, steps: usize, disk
         disk_bandwidth,
         disk_bytes_per_step: per(after.bytes_read, before.bytes_read),
         disk_reads_per_step: per(after.reads, before.reads),
-        disk_rate: if seconds > 0.0 { bytes as f64 / seconds } else { 0.0 },
+        disk_rate: if seconds + ahead > 0.0 { bytes as f64 / (seconds + ahead) } else { 0.0 },
         disk_read_ms_per_step: seconds * 1e3 / steps as f64,
+        ahead_read_ms_per_step: ahead * 1e3 / steps as f64,
+        ahead_blocks_per_step: per(after.blocks_ahead, before.blocks_ahead),
+        ahead_start_ms: mean_ms(
+            after.ahead_start_seconds - before.ahead_start_seconds,
+            after.read_aheads - before.read_aheads,
+        ),
+        ahead_wall_ms: mean_ms(
+            after.ahead_wall_seconds - before.ahead_wall_seconds,
+            after.read_aheads - before.read_aheads,
+        ),
         disk_floor_ms: per(after.bytes_read, before.bytes_read) / disk_bandwidth * 1e3,
         blocks_per_step: per(after.blocks, before.blocks),
         device_gathers: ratio(after.device_gathers - before.device_gathers, after.gathers - before.gathers),

@@ -28,11 +28,11 @@
 mod cache;
 mod io;
 mod layout;
+mod read;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use folio_context_file::rows::{fp8_row_values, stored_row, Stored};
@@ -44,30 +44,18 @@ use folio_runtime::host_budget::{self, Hold};
 use rayon::prelude::*;
 
 use crate::error::{human_bytes, kv_refused, Error, Result};
+use crate::profile::span;
 use cache::{BlockCache, Found};
 pub use io::{block_read_rate, open_for_reads, read_paced};
 use layout::Layout;
 pub use layout::{least_bytes, FILE_CACHE_MIN};
+use read::Miss;
 
 /// Rows of one head in a block: 4 KiB of fp8 rows (8 KiB of bf16) at 128 values a row — a disk
 /// reads no less than a 4 KiB page, and a larger block reads rows no one picked (at 256 rows,
 /// HiP's 64-row leaves read 4× their bytes and missed the cache more, a block holding rows
 /// the next search did not keep).
 pub const BLOCK_ROWS: usize = 32;
-
-/// Bytes of consecutive blocks read in one call at most: 2 MiB, large enough for a disk's
-/// sequential rate, small enough that a scan's runs spread over the threads.
-const RUN_BYTES: usize = 2 << 20;
-
-/// Blocks not asked for that a run reads to join the missing blocks on either side: one read of
-/// 12 KiB costs a disk less than two of 4 KiB (an NVMe serves ~1M reads a second and ~7 GB/s:
-/// a read is worth ~7 KiB of its bandwidth; a virtio disk far more).
-const GAP_BLOCKS: usize = 1;
-
-/// Bytes of blocks read before they are placed and the next are read (at most; a small cache
-/// reads less at once): bounds what a gather holds in flight (a cold step misses GBs) while
-/// keeping dozens of reads in parallel.
-const READ_BATCH_BYTES: usize = 32 << 20;
 
 /// KV heads a block's key has room for.
 const MAX_HEADS: usize = 0xff;
@@ -97,8 +85,19 @@ pub struct FileStats {
     pub blocks_read: u64,
     pub reads: u64,
     pub bytes_read: u64,
-    /// Seconds spent reading the file.
+    /// Seconds the gathers spent reading the file.
     pub read_seconds: f64,
+    /// Blocks read ahead of the gathers that ask for them and placed in the cache, and the
+    /// seconds spent reading them (while the device worked; their reads and bytes are among
+    /// the above).
+    pub blocks_ahead: u64,
+    pub ahead_seconds: f64,
+    /// Read-aheads done; seconds from a read-ahead being asked for to its positions in hand (the search it
+    /// waits for), and from then to its blocks placed (the sort, the lock, the disk, the
+    /// placing: the part of a read-ahead beside [`Self::ahead_seconds`]'s reads is the rest).
+    pub read_aheads: u64,
+    pub ahead_start_seconds: f64,
+    pub ahead_wall_seconds: f64,
     /// The process's reads so far that took longer than the emulated disk would have
     /// ([`folio_runtime::disk::late_reads`]; 0 when none is emulated).
     pub late_reads: u64,
@@ -131,6 +130,8 @@ pub struct FileRows {
     views: [Option<HostRows>; 2],
     device: Device,
     state: Mutex<State>,
+    /// The read-aheads running.
+    ahead: read::Aheads,
 }
 
 struct State {
@@ -180,20 +181,6 @@ pub enum Fetched {
 struct ByBlock {
     order: Vec<(u64, u32)>,
     groups: Vec<(u64, std::ops::Range<usize>)>,
-}
-
-/// A block a gather misses: its key, the slot it fills (none: it passes the cache), its group.
-type Miss = (u64, Option<usize>, usize);
-
-/// Widens a group's rows from its block's bytes.
-type Widen<'a> = &'a (dyn Fn(usize, &[u8]) + Sync);
-
-/// A run of consecutive blocks of one head of one section, read with one call.
-struct Run {
-    section: usize,
-    head: usize,
-    first: usize,
-    blocks: usize,
 }
 
 impl FileRows {
@@ -286,6 +273,7 @@ impl FileRows {
                 section_steps: vec![(NEVER, NEVER); sections.len()],
                 stats,
             }),
+            ahead: (Mutex::new(0), std::sync::Condvar::new()),
             sections,
         })
     }
@@ -339,10 +327,7 @@ impl FileRows {
         (sel, group): (usize, usize),
         keep: bool,
     ) -> Result<Fetched> {
-        let section = 2 * layer + kind;
-        if section >= self.sections.len() || kind > 1 || (kind == 0 && !self.keys) {
-            return Err(Error::Invalid(format!("the file tier reads no section {kind} of layer {layer}")));
-        }
+        let section = self.section(layer, kind)?;
         let blocks = self.by_block(section, idx, sel, group);
         let mut state = self.lock();
         state.gathers += 1;
@@ -397,6 +382,15 @@ impl FileRows {
         Ok(fetched)
     }
 
+    /// The section of `layer`'s K (`kind` 0) or V (1), if the tier reads it.
+    fn section(&self, layer: usize, kind: usize) -> Result<usize> {
+        let section = 2 * layer + kind;
+        if section >= self.sections.len() || kind > 1 || (kind == 0 && !self.keys) {
+            return Err(Error::Invalid(format!("the file tier reads no section {kind} of layer {layer}")));
+        }
+        Ok(section)
+    }
+
     /// The positions `idx` of `section` by block, in the file's order; positions at or past
     /// the saved length are left out.
     fn by_block(&self, section: usize, idx: &[u32], sel: usize, group: usize) -> ByBlock {
@@ -406,7 +400,8 @@ impl FileRows {
             .filter(|&(_, &p)| (p as usize) < self.n)
             .map(|(i, &p)| (block_key(section, i / sel / group, p as usize / BLOCK_ROWS), i as u32))
             .collect();
-        order.sort_unstable();
+        // A refresh's picks are tens of thousands of positions: sorted on the cores.
+        order.par_sort_unstable();
         let groups = order
             .chunk_by(|a, b| a.0 == b.0)
             .scan(0, |at, g| {
@@ -447,121 +442,6 @@ impl FileRows {
             }
         }
         (hits, missing)
-    }
-
-    /// [`Self::read_blocks`], and on an error the slots it was to fill forgotten (they hold no
-    /// rows).
-    fn read_or_forget(&self, missing: &[Miss], state: &mut State, widen: Option<Widen<'_>>) -> Result<()> {
-        let read = self.read_blocks(missing, state, widen);
-        if read.is_err() {
-            missing.iter().filter_map(|&(_, slot, _)| slot).for_each(|slot| state.cache.forget(slot));
-        }
-        read
-    }
-
-    /// Block `key`'s fp8 scales as bytes (none for rows without), as a slot keeps them.
-    fn block_scales(&self, key: u64) -> Vec<u8> {
-        let (section, head, block) = split_key(key);
-        let scales = &self.scales[section];
-        if scales.is_empty() {
-            return Vec::new();
-        }
-        let from = head * self.n + block * BLOCK_ROWS;
-        let to = (from + BLOCK_ROWS).min((head + 1) * self.n);
-        scales[from..to].iter().flat_map(|s| s.to_le_bytes()).collect()
-    }
-
-    /// Reads the `missing` blocks (`(key, slot, group)`, in key order: the file's order), puts
-    /// each into its slot if it has one (with its scales; the device's queued gathers done
-    /// first), and hands its bytes to `widen(group, bytes)` if given.
-    fn read_blocks(&self, missing: &[Miss], state: &mut State, widen: Option<Widen<'_>>) -> Result<()> {
-        let mut quiet = !missing.iter().any(|m| m.1.is_some());
-        let mut runs: Vec<Run> = Vec::new();
-        for &(key, _, _) in missing {
-            let (section, head, block) = split_key(key);
-            let run_blocks = RUN_BYTES / (self.stored[section % 2].row_bytes(self.d) * BLOCK_ROWS);
-            match runs.last_mut() {
-                Some(r)
-                    if r.section == section
-                        && r.head == head
-                        && block - (r.first + r.blocks) <= GAP_BLOCKS
-                        && block + 1 - r.first <= run_blocks =>
-                {
-                    r.blocks = block + 1 - r.first
-                }
-                _ => runs.push(Run { section, head, first: block, blocks: 1 }),
-            }
-        }
-        // Read a batch of runs at a time (in parallel within it) and placed before the next:
-        // what a gather holds in flight is a batch, however many blocks it misses.
-        let mut next = missing.iter().peekable();
-        let (mut bytes_read, mut reads, mut seconds) = (0u64, 0u64, 0f64);
-        let mut rest = &runs[..];
-        // A batch in flight is held twice (the aligned reads and the blocks cut from them): at
-        // most an eighth of the cache beside it, within the budget's room the cache left.
-        let slot_bytes = state.cache.slot_bytes();
-        let batch_limit = (state.stats.cache_bytes as usize / 16).clamp(slot_bytes, READ_BATCH_BYTES);
-        while !rest.is_empty() {
-            let mut take = 0;
-            let mut batch_bytes = 0;
-            while take < rest.len() && (take == 0 || batch_bytes < batch_limit) {
-                batch_bytes += rest[take].blocks * slot_bytes;
-                take += 1;
-            }
-            let (batch, after) = rest.split_at(take);
-            rest = after;
-            let started = Instant::now();
-            let read: Vec<(Vec<u8>, u64)> = io::io_pool()
-                .install(|| batch.par_iter().map(|run| self.read_run(run)).collect::<std::io::Result<_>>())
-                .map_err(|e| Error::Context {
-                    path: self.path.clone(),
-                    msg: format!(
-                        "reading its K/V rows from disk: {e}; if the file was changed or cut short since it \
-                             was opened, open it again (or prefill again)"
-                    ),
-                })?;
-            seconds += started.elapsed().as_secs_f64();
-            if !quiet {
-                let gather = state.gathers;
-                state.cache.quiesce(gather)?;
-                quiet = true;
-            }
-            let mut pieces = Vec::new();
-            for ((bytes, n), run) in read.iter().zip(batch) {
-                (bytes_read, reads) = (bytes_read + n, reads + 1);
-                for (b, piece) in bytes.chunks_exact(bytes.len() / run.blocks).enumerate() {
-                    // A block of a gap between the missing blocks: read, not wanted.
-                    if next.peek().is_none_or(|m| m.0 != block_key(run.section, run.head, run.first + b)) {
-                        continue;
-                    }
-                    let &(key, slot, g) = next.next().expect("a missing block");
-                    if let Some(slot) = slot {
-                        state.cache.write(slot, piece, &self.block_scales(key));
-                    }
-                    pieces.push((g, piece));
-                }
-            }
-            if let Some(widen) = widen {
-                pieces.par_iter().for_each(|&(g, piece)| widen(g, piece));
-            }
-        }
-        let s = &mut state.stats;
-        s.blocks_read += missing.len() as u64;
-        s.reads += reads;
-        s.bytes_read += bytes_read;
-        s.read_seconds += seconds;
-        Ok(())
-    }
-
-    /// A run's blocks (a head's last block padded), with the bytes read (one read).
-    fn read_run(&self, run: &Run) -> std::io::Result<(Vec<u8>, u64)> {
-        let rb = self.stored[run.section % 2].row_bytes(self.d);
-        let first_row = run.head * self.n + run.first * BLOCK_ROWS;
-        let rows = (run.blocks * BLOCK_ROWS).min(self.n - run.first * BLOCK_ROWS);
-        let mut out = vec![0u8; rb * BLOCK_ROWS * run.blocks];
-        let offset = self.sections[run.section] + (first_row * rb) as u64;
-        let read = io::read_into(&self.file, offset, &mut out[..rows * rb])?;
-        Ok((out, read))
     }
 }
 
@@ -608,11 +488,13 @@ fn split_key(key: u64) -> (usize, usize, usize) {
 
 /// `out [rows, sel, d]` in `dtype` on `device`: `rows`'s saved rows of `layer`'s `kind` at
 /// `idx [rows, sel]` (row `r` reads head `r / group`), positions from the saved length on read
-/// from `tail [heads, tail_n, d]` (the device tail); `keep` as [`FileRows::rows`]. The file tier's [`folio_kernels::select::HostRows::gather`].
+/// from `tail [heads, tail_n, d]` (the device tail); `keep` as [`FileRows::fetch`]; `listed`:
+/// `idx`'s positions on the host already (else copied from the device). The file tier's
+/// [`folio_kernels::select::HostRows::gather`].
 pub(crate) fn gather(
     rows: &FileRows,
     (layer, kind): (usize, usize),
-    idx: &Tensor,
+    (idx, listed): (&Tensor, Option<&[u32]>),
     group: usize,
     tail: Option<&Tensor>,
     (dtype, device): (DType, &Device),
@@ -644,16 +526,25 @@ pub(crate) fn gather(
     if sel == 0 {
         return Ok(Tensor::zeros((ih, 0, d), dtype, device)?);
     }
-    let pos: Vec<u32> = idx.flatten_all()?.to_vec1()?;
+    let copied;
+    let pos: &[u32] = match listed {
+        Some(listed) => listed,
+        None => {
+            copied = idx.flatten_all()?.to_vec1::<u32>()?;
+            &copied
+        }
+    };
     if let Some(&bad) = pos.iter().find(|&&p| p as usize >= rows.n + tail_n) {
         return Err(Error::Invalid(format!("file tier: position {bad} is past the {} stored rows", rows.n + tail_n)));
     }
-    let out = match rows.fetch((layer, kind), &pos, (sel, group), keep)? {
-        Fetched::Gathered(out) => out,
-        Fetched::Widened(rows) => {
-            Tensor::from_vec(rows, (ih, sel, d), &Device::Cpu)?.to_dtype(dtype)?.to_device(device)?
-        }
-    };
+    let out = span(device, "attention: file tier fetch", || {
+        Ok(match rows.fetch((layer, kind), pos, (sel, group), keep)? {
+            Fetched::Gathered(out) => out,
+            Fetched::Widened(rows) => {
+                Tensor::from_vec(rows, (ih, sel, d), &Device::Cpu)?.to_dtype(dtype)?.to_device(device)?
+            }
+        })
+    })?;
     let Some(tail) = tail.filter(|_| pos.iter().any(|&p| p as usize >= rows.n)) else {
         return Ok(out);
     };

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 mod on_file;
 
 use super::file::{self as file_tier, least_bytes, FileRows, FileStats};
-use super::tier::{DecodeTier, Exact, TierRef};
+use super::tier::{DecodeTier, Exact, PositionsLater, ReadAhead, TierRef};
 use super::{KvSegment, KvStore, SavedTail};
 use crate::error::{kv_refused, Error, Result};
 use folio_context_file::format::SectionKind;
@@ -68,7 +68,7 @@ pub struct OffloadKv {
     in_place: bool,
     /// The saved rows when they stay in the context file (the file tier: `host` is empty), and
     /// on it each layer's keys when they were read into host memory (then the file serves values).
-    file_rows: Option<FileRows>,
+    file_rows: Option<Arc<FileRows>>,
     host_keys: Vec<HostRows>,
     /// Saved layers copied to the device because a method reads all of their rows every step
     /// (HiP's dense leading layers): `(k, v)` `[kv_heads, saved, d]`.
@@ -243,7 +243,7 @@ impl OffloadKv {
 
     /// Host bytes held for the saved prefix (K and V of every layer; on the file tier its cache).
     pub fn host_bytes(&self) -> u64 {
-        let cache = self.file_rows.as_ref().map_or(0, FileRows::cache_bytes);
+        let cache = self.file_rows.as_deref().map_or(0, FileRows::cache_bytes);
         let keys = self.host_keys.iter().map(|k| k.bytes() as u64).sum::<u64>();
         cache + keys + self.host.iter().map(|(k, v)| (k.bytes() + v.bytes()) as u64).sum::<u64>()
     }
@@ -260,11 +260,12 @@ impl OffloadKv {
 
     /// The saved K (`kind` 0) or V (1) rows of `layer` at `idx` (`[rows, s]`, row `r` of KV head
     /// `r / group`), positions past the saved ones from `tail`: from host memory, or from the
-    /// file tier (`keep`: a step's picks, cached; else a scan, passed through).
+    /// file tier (`keep`: a step's picks, cached; else a scan, passed through; `listed`: `idx`'s
+    /// positions on the host already).
     fn read(
         &self,
         (layer, kind): (usize, usize),
-        idx: &Tensor,
+        (idx, listed): (&Tensor, Option<&[u32]>),
         group: usize,
         tail: Option<&Tensor>,
         keep: bool,
@@ -273,7 +274,8 @@ impl OffloadKv {
             return Ok(keys.gather(idx, group, tail, Positions::Trusted)?);
         }
         if let Some(rows) = &self.file_rows {
-            return file_tier::gather(rows, (layer, kind), idx, group, tail, (self.dtype, &self.device), keep);
+            let at = (self.dtype, &self.device);
+            return file_tier::gather(rows, (layer, kind), (idx, listed), group, tail, at, keep);
         }
         let (k, v) = self.layer(layer)?;
         Ok([k, v][kind].gather(idx, group, tail, Positions::Trusted)?)
@@ -316,6 +318,21 @@ impl OffloadKv {
     }
 
     /// The tail's rows of `layer` up to absolute position `end` (`None` when there are none).
+    /// K and V rows at `idx` (positions also on the host where `listed`), as
+    /// [`DecodeTier::gather`].
+    fn gather_at(
+        &self,
+        layer: usize,
+        (idx, listed): (&Tensor, Option<&[u32]>),
+        end: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        let group = idx.dim(0)? / self.kv_heads;
+        let tail = self.tail_rows(layer, end)?;
+        let (tk, tv) = (tail.as_ref().map(|t| &t.0), tail.as_ref().map(|t| &t.1));
+        let k = self.read((layer, 0), (idx, listed), group, tk, true)?;
+        Ok((k, self.read((layer, 1), (idx, listed), group, tv, true)?))
+    }
+
     fn tail_rows(&self, layer: usize, end: usize) -> Result<Option<(Tensor, Tensor)>> {
         match self.tail.segments(layer, end)?.pop() {
             Some(seg) => Ok(Some((seg.k.contiguous()?, seg.v.contiguous()?))),
@@ -326,12 +343,12 @@ impl OffloadKv {
     /// Rows `[kv_heads, end - start, d]` of positions `start..end` (all below the saved length).
     fn host_chunk(&self, layer: usize, start: usize, end: usize) -> Result<(Tensor, Tensor)> {
         let idx = self.chunk_positions(start, end)?;
-        Ok((self.read((layer, 0), &idx, 1, None, false)?, self.read((layer, 1), &idx, 1, None, false)?))
+        Ok((self.read((layer, 0), (&idx, None), 1, None, false)?, self.read((layer, 1), (&idx, None), 1, None, false)?))
     }
 
     /// Keys only of [`Self::host_chunk`]: a scan or an index build needs no values.
     fn host_keys(&self, layer: usize, start: usize, end: usize) -> Result<Tensor> {
-        self.read((layer, 0), &self.chunk_positions(start, end)?, 1, None, false)
+        self.read((layer, 0), (&self.chunk_positions(start, end)?, None), 1, None, false)
     }
 
     /// `[kv_heads, end - start]` u32: positions `start..end` for every KV head.
@@ -410,15 +427,44 @@ impl DecodeTier for OffloadKv {
     }
 
     fn gather(&self, layer: usize, idx: &Tensor, end: usize) -> Result<(Tensor, Tensor)> {
-        let group = idx.dim(0)? / self.kv_heads;
-        let tail = self.tail_rows(layer, end)?;
-        let (tk, tv) = (tail.as_ref().map(|t| &t.0), tail.as_ref().map(|t| &t.1));
-        Ok((self.read((layer, 0), idx, group, tk, true)?, self.read((layer, 1), idx, group, tv, true)?))
+        self.gather_at(layer, (idx, None), end)
     }
 
     fn gather_keys(&self, layer: usize, idx: &Tensor, end: usize) -> Result<Tensor> {
         let group = idx.dim(0)? / self.kv_heads;
-        self.read((layer, 0), idx, group, self.tail_keys(layer, end)?.as_ref(), true)
+        self.read((layer, 0), (idx, None), group, self.tail_keys(layer, end)?.as_ref(), true)
+    }
+
+    /// On the file tier, the saved rows a step's picks will read ([`FileRows::read_ahead`]):
+    /// the values, and the keys where they are not in host memory.
+    fn read_ahead(&self, layer: usize, (rows, sel): (usize, usize), positions: PositionsLater) -> Option<ReadAhead> {
+        let file = self.file_rows.clone()?;
+        if rows == 0 || !rows.is_multiple_of(self.kv_heads) {
+            return None;
+        }
+        let kinds: &'static [usize] = if self.host_keys.is_empty() { &[0, 1] } else { &[1] };
+        let group = rows / self.kv_heads;
+        let asked = std::time::Instant::now();
+        ReadAhead::spawn(move || {
+            let pos = positions()?;
+            if pos.len() != rows * sel {
+                return Err(Error::Invalid(format!("a read-ahead of {rows}×{sel} positions got {}", pos.len())));
+            }
+            for &kind in kinds {
+                // A failed read is the gather's to report: it reads the blocks again.
+                if let Err(e) = file.read_ahead((layer, kind), &pos, (sel, group), asked) {
+                    tracing::warn!(error = %e, layer, "reading a step's rows ahead");
+                }
+            }
+            Ok(pos)
+        })
+    }
+
+    fn gather_listed(&self, layer: usize, idx: &Tensor, listed: &[u32], end: usize) -> Result<(Tensor, Tensor)> {
+        if listed.len() != idx.elem_count() {
+            return Err(Error::Invalid(format!("{} positions listed for a gather of {:?}", listed.len(), idx.dims())));
+        }
+        self.gather_at(layer, (idx, Some(listed)), end)
     }
 
     /// A tail row is a view of the tail narrowed to it (the gather kernel would want the whole

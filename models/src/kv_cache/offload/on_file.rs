@@ -100,7 +100,7 @@ impl OffloadKv {
         let shape = (kv_heads, saved, head_dim);
         let rows = FileRows::open(path, sections, kv_dtype, shape, (blocks, !in_memory), (dtype, device))?;
         let shape = (layers, kv_heads, saved, head_dim);
-        Ok(Self { file_rows: Some(rows), host_keys, ..Self::empty(shape, dtype, device) })
+        Ok(Self { file_rows: Some(Arc::new(rows)), host_keys, ..Self::empty(shape, dtype, device) })
     }
 }
 
