@@ -45,7 +45,9 @@ pub fn parse_device(spec: &str) -> Result<Device> {
 /// everything on candle's one stream except HiP's search a step ahead, which orders its few
 /// buffers by hand (`folio_kernels::select::HostRows::search_blocks`: the side stream joins
 /// candle's before the launch, candle's waits on the search's event before reading its
-/// output, and its inputs live until then). With tracking on, a decode step — hundreds of small
+/// output, and its inputs live until then), and the copy of its positions to the host for the
+/// file tier's read-ahead (on a third stream, after an event that follows the search; the copy
+/// holds the positions' tensor until it is done). With tracking on, a decode step — hundreds of small
 /// allocations — paid for the events on the host that queues the GPU's work, and, once the side
 /// stream existed, an event record and wait per buffer of every launch. Page-locked host rows
 /// are written only while a tier is filled (each write synchronises) and freed after the
@@ -56,8 +58,8 @@ pub fn cuda_device(ordinal: usize) -> Result<Device> {
     if let Device::Cuda(cuda) = &device {
         // SAFETY: cudarc's rules for turning tracking off — no use of a buffer on another
         // stream before its allocation or after its free, no concurrent writes from two
-        // streams — hold: candle's work is on one stream, and the one use of the second
-        // stream (above) orders its buffers with events and keeps them alive itself.
+        // streams — hold: candle's work is on one stream, and the uses of the others (above)
+        // order their buffers with events and keep them alive themselves.
         unsafe { cuda.disable_event_tracking() };
     }
     Ok(device)

@@ -391,7 +391,8 @@ impl Drop for Pending {
 }
 
 /// The device's second stream (one per context, made on first use): work on it overlaps what
-/// candle's stream runs meanwhile. Folio's only user is HiP's search a step ahead; the engine
+/// candle's stream runs meanwhile. Its only user is HiP's search a step ahead (a copy of the
+/// search's positions for another thread runs on a third, [`COPY`]); the engine
 /// turns cudarc's per-allocation events off (`folio_models::cuda_device`), so every use across
 /// the two streams is ordered by hand: the side stream joins candle's before a launch, candle's
 /// waits on [`Pending`] before it reads what the launch wrote.

@@ -478,12 +478,16 @@ impl Hip {
             let (picked, window_start, scored) = self.pick(call, kv, &q, (lo, hi), usable)?;
             searched = scored;
             if usable {
-                let read = match &picked {
-                    Some(found) => {
-                        let copy = found.host_copy()?;
-                        kv.read_ahead(call.kv_layer, found.dims()?, Box::new(move || copy.get()))
-                    }
-                    None => None,
+                // Where the tier reads ahead (without it, the step's gather reads the rows).
+                let read = match (&picked, kv.reads_ahead()) {
+                    (Some(found), true) => match found.host_copy() {
+                        Ok(copy) => kv.read_ahead(call.kv_layer, found.dims()?, Box::new(move || copy.get())),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "no read-ahead: the positions cannot reach the host");
+                            None
+                        }
+                    },
+                    _ => None,
                 };
                 let next = Ahead { picked, read, window_start, lo, heads, built_hi: hi };
                 self.ahead.lock().insert(call.layer, next);

@@ -108,6 +108,11 @@ pub trait DecodeTier {
     fn read_ahead(&self, _layer: usize, _dims: (usize, usize), _positions: PositionsLater) -> Option<ReadAhead> {
         None
     }
+    /// Whether [`DecodeTier::read_ahead`] reads anything (a caller need not make the positions
+    /// ready for the host where it does not).
+    fn reads_ahead(&self) -> bool {
+        false
+    }
     /// [`DecodeTier::gather`] with `idx`'s positions on the host too (`listed`, row-major; a
     /// [`ReadAhead`]'s): a tier that looks positions up on the CPU then need not wait for the
     /// device to bring them over.
@@ -120,19 +125,29 @@ pub trait DecodeTier {
 /// read-ahead's thread: what it waits for, the caller does not).
 pub type PositionsLater = Box<dyn FnOnce() -> candle_core::Result<Vec<u32>> + Send>;
 
-/// A read-ahead in flight ([`DecodeTier::read_ahead`]).
-pub struct ReadAhead(std::thread::JoinHandle<Result<Vec<u32>>>);
+/// A read-ahead in flight ([`DecodeTier::read_ahead`]); dropped unread, it is waited for (its
+/// thread holds the tier, and with it the tier's host memory, until it is done).
+pub struct ReadAhead(Option<std::thread::JoinHandle<Result<Vec<u32>>>>);
 
 impl ReadAhead {
     /// Runs `read` on a thread of its own.
     pub(crate) fn spawn(read: impl FnOnce() -> Result<Vec<u32>> + Send + 'static) -> Option<Self> {
         let spawned = std::thread::Builder::new().name("folio-read-ahead".into()).spawn(read);
-        spawned.inspect_err(|e| tracing::warn!(error = %e, "no thread to read ahead")).ok().map(Self)
+        spawned.inspect_err(|e| tracing::warn!(error = %e, "no thread to read ahead")).ok().map(|t| Self(Some(t)))
     }
 
     /// Waits for the read; the positions it read the rows of.
-    pub fn positions(self) -> Result<Vec<u32>> {
-        self.0.join().map_err(|_| Error::Invalid("a read-ahead's thread panicked".into()))?
+    pub fn positions(mut self) -> Result<Vec<u32>> {
+        let thread = self.0.take().ok_or_else(|| Error::Invalid("a read-ahead waited for twice".into()))?;
+        thread.join().map_err(|_| Error::Invalid("a read-ahead's thread panicked".into()))?
+    }
+}
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        if let Some(thread) = self.0.take() {
+            let _ = thread.join();
+        }
     }
 }
 

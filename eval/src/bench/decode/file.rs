@@ -112,7 +112,8 @@ pub struct FileSteps {
     pub disk_bandwidth: f64,
     pub disk_bytes_per_step: f64,
     pub disk_reads_per_step: f64,
-    /// The bytes read ÷ the seconds spent reading them (reads in parallel overlap).
+    /// The bytes read ÷ the seconds spent reading them (reads in parallel overlap; read-aheads
+    /// overlapping each other count their seconds each: a lower bound).
     pub disk_rate: f64,
     /// Milliseconds a step's gathers spent reading (the step waited for them), and those the
     /// read-aheads spent (beside the device's work), with the blocks they placed.

@@ -156,6 +156,17 @@ impl BlockCache {
         self.map.contains_key(&key)
     }
 
+    /// Whether block `key` is cached, marking it used (CLOCK keeps it a turn longer).
+    pub(super) fn touch(&mut self, key: u64) -> bool {
+        match self.map.get(&key) {
+            Some(&slot) => {
+                self.referenced[slot as usize] = true;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Block `key`'s slot when it is cached (a scan's lookup: it takes no slot).
     pub(super) fn find(&mut self, key: u64, gather: u64) -> Option<usize> {
         let slot = *self.map.get(&key)? as usize;

@@ -93,8 +93,8 @@ pub struct FileStats {
     pub blocks_ahead: u64,
     pub ahead_seconds: f64,
     /// Read-aheads done; seconds from a read-ahead being asked for to its positions in hand (the search it
-    /// waits for), and from then to its blocks placed (the sort, the lock, the disk, the
-    /// placing: the part of a read-ahead beside [`Self::ahead_seconds`]'s reads is the rest).
+    /// waits for), and from then to its blocks placed (a place among the read-aheads running,
+    /// the sort, the lock, the disk, the placing: [`Self::ahead_seconds`]'s reads are a part).
     pub read_aheads: u64,
     pub ahead_start_seconds: f64,
     pub ahead_wall_seconds: f64,

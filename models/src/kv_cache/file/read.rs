@@ -108,36 +108,19 @@ impl FileRows {
     /// [`Self::fetch`] takes them) that it does not hold, for the gather that will ask for
     /// them (see the module docs): the lock is held to look them up and to place each batch,
     /// not while the disk reads. A block a gather reads meanwhile is read twice and placed
-    /// once. At most [`AHEAD_MAX`] read-aheads run at once (each holds a batch). Returns the
-    /// blocks placed; `asked`: when the read-ahead was asked for (its figures count from then).
-    pub fn read_ahead(
-        &self,
-        (layer, kind): (usize, usize),
-        idx: &[u32],
-        (sel, group): (usize, usize),
-        asked: Instant,
-    ) -> Result<u64> {
-        let started = Instant::now();
-        let placed = self.read_ahead_now((layer, kind), idx, (sel, group))?;
-        let mut state = self.lock();
-        state.stats.read_aheads += 1;
-        state.stats.ahead_start_seconds += (started - asked).as_secs_f64();
-        state.stats.ahead_wall_seconds += started.elapsed().as_secs_f64();
-        Ok(placed)
-    }
-
-    /// [`Self::read_ahead`], asked for now.
-    fn read_ahead_now(&self, (layer, kind): (usize, usize), idx: &[u32], (sel, group): (usize, usize)) -> Result<u64> {
+    /// once. At most [`AHEAD_MAX`] read-aheads run at once (each holds a batch).
+    pub fn read_ahead(&self, (layer, kind): (usize, usize), idx: &[u32], (sel, group): (usize, usize)) -> Result<()> {
         let section = self.section(layer, kind)?;
         let _slot = AheadSlot::take(&self.ahead);
         let blocks = self.by_block(section, idx, sel, group);
         let (keys, limit, slot_bytes) = {
-            let state = self.lock();
-            let keys: Vec<u64> = blocks.groups.iter().map(|g| g.0).filter(|&key| !state.cache.holds(key)).collect();
+            let mut state = self.lock();
+            // (A block cached already is marked used: the gather to come wants it kept.)
+            let keys: Vec<u64> = blocks.groups.iter().map(|g| g.0).filter(|&key| !state.cache.touch(key)).collect();
             (keys, self.batch_limit(&state), state.cache.slot_bytes())
         };
         let runs = self.runs(&keys);
-        let (mut next, mut placed) = (0, 0);
+        let mut next = 0;
         for batch in batches(&runs, limit, slot_bytes) {
             let (read, seconds) = self.read_batch(batch)?;
             let pieces = wanted(&read, batch, &keys, &mut next);
@@ -148,21 +131,30 @@ impl FileRows {
             let fills: Vec<(usize, usize)> = (pieces.iter().enumerate())
                 .filter_map(|(p, &(i, _))| Some((state.cache.take_absent(keys[i], gather)?, p)))
                 .collect();
-            if !fills.is_empty() {
-                state.cache.quiesce(gather)?;
+            if let Err(e) = fills.first().map_or(Ok(()), |_| state.cache.quiesce(gather)) {
+                // The slots taken hold no rows: forgotten, not served.
+                fills.iter().for_each(|&(slot, _)| state.cache.forget(slot));
+                return Err(e.into());
             }
             for &(slot, p) in &fills {
                 let (i, piece) = pieces[p];
                 state.cache.write(slot, piece, &self.block_scales(keys[i]));
             }
-            placed += fills.len() as u64;
             let s = &mut state.stats;
             s.blocks_ahead += fills.len() as u64;
             s.reads += read.len() as u64;
             s.bytes_read += read.iter().map(|r| r.1).sum::<u64>();
             s.ahead_seconds += seconds;
         }
-        Ok(placed)
+        Ok(())
+    }
+
+    /// Counts a read-ahead asked for at `asked`, its positions in hand at `got`, done now.
+    pub fn count_read_ahead(&self, asked: Instant, got: Instant) {
+        let s = &mut self.lock().stats;
+        s.read_aheads += 1;
+        s.ahead_start_seconds += (got - asked).as_secs_f64();
+        s.ahead_wall_seconds += got.elapsed().as_secs_f64();
     }
 
     /// Block `key`'s fp8 scales as bytes (none for rows without), as a slot keeps them.

@@ -317,7 +317,6 @@ impl OffloadKv {
         self.resident.lock().unwrap_or_else(|e| e.into_inner()).get(&layer).cloned()
     }
 
-    /// The tail's rows of `layer` up to absolute position `end` (`None` when there are none).
     /// K and V rows at `idx` (positions also on the host where `listed`), as
     /// [`DecodeTier::gather`].
     fn gather_at(
@@ -333,6 +332,7 @@ impl OffloadKv {
         Ok((k, self.read((layer, 1), (idx, listed), group, tv, true)?))
     }
 
+    /// The tail's rows of `layer` up to absolute position `end` (`None` when there are none).
     fn tail_rows(&self, layer: usize, end: usize) -> Result<Option<(Tensor, Tensor)>> {
         match self.tail.segments(layer, end)?.pop() {
             Some(seg) => Ok(Some((seg.k.contiguous()?, seg.v.contiguous()?))),
@@ -450,14 +450,20 @@ impl DecodeTier for OffloadKv {
             if pos.len() != rows * sel {
                 return Err(Error::Invalid(format!("a read-ahead of {rows}×{sel} positions got {}", pos.len())));
             }
+            let got = std::time::Instant::now();
             for &kind in kinds {
                 // A failed read is the gather's to report: it reads the blocks again.
-                if let Err(e) = file.read_ahead((layer, kind), &pos, (sel, group), asked) {
+                if let Err(e) = file.read_ahead((layer, kind), &pos, (sel, group)) {
                     tracing::warn!(error = %e, layer, "reading a step's rows ahead");
                 }
             }
+            file.count_read_ahead(asked, got);
             Ok(pos)
         })
+    }
+
+    fn reads_ahead(&self) -> bool {
+        self.file_rows.is_some()
     }
 
     fn gather_listed(&self, layer: usize, idx: &Tensor, listed: &[u32], end: usize) -> Result<(Tensor, Tensor)> {
