@@ -140,6 +140,8 @@ fn the_host_budget_holds_a_decode_run() {
         assert!(peak <= budget && r["planned_host_bytes"].as_u64().unwrap() > r["host_kv_bytes"].as_u64().unwrap());
     }
     assert!(err_text(bench("lots")).contains("--host-budget: bad size \"lots\""));
+    let huge = err_text(bench("18446744073709551615KiB"));
+    assert!(huge.contains("more bytes than a size can hold"), "{huge}");
 }
 
 /// `--kv-on-disk`: a context larger than the host budget decodes on the file tier — its rows in

@@ -375,6 +375,10 @@ pub(crate) fn parse_bytes(s: &str) -> Result<u64> {
     if !(n > 0.0 && n.is_finite()) {
         bail!("bad size \"{s}\": it must be positive");
     }
+    // (2^64 bytes and more would saturate to 16 EiB, not be refused.)
+    if n * mult >= u64::MAX as f64 {
+        bail!("bad size \"{s}\": more bytes than a size can hold");
+    }
     Ok((n * mult) as u64)
 }
 
