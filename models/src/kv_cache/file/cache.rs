@@ -241,10 +241,11 @@ impl BlockCache {
         slots.into_iter().for_each(|slot| self.device_use[slot] = gather);
     }
 
-    /// Fills `slot` with a block's `rows` and (fp8) `scales` (at most a slot's bytes each),
-    /// after [`Self::quiesce`] for the gather that took it.
-    pub(super) fn write(&mut self, slot: usize, rows: &[u8], scales: &[u8]) {
-        assert!(rows.len() <= self.slot_bytes && scales.len() <= self.scale_bytes && slot < self.keys.len());
+    /// Fills `slot` with a block's `rows` and (fp8) `scales` (at most a slot's bytes each; the
+    /// scales stored little-endian), after [`Self::quiesce`] for the gather that took it.
+    pub(super) fn write(&mut self, slot: usize, rows: &[u8], scales: &[f32]) {
+        let scale_bytes = std::mem::size_of_val(scales);
+        assert!(rows.len() <= self.slot_bytes && scale_bytes <= self.scale_bytes && slot < self.keys.len());
         let scales_at = self.keys.len() * self.slot_bytes + slot * self.scale_bytes;
         // SAFETY: both ranges lie within the cache's memory (checked above), which lives as
         // long as `self`; `&mut self` excludes every other writer and every CPU reader of it
@@ -252,7 +253,10 @@ impl BlockCache {
         // finished (the caller's `quiesce`).
         unsafe {
             std::ptr::copy_nonoverlapping(rows.as_ptr(), self.base.0.add(slot * self.slot_bytes), rows.len());
-            std::ptr::copy_nonoverlapping(scales.as_ptr(), self.base.0.add(scales_at), scales.len());
+            let to = self.base.0.add(scales_at);
+            for (i, s) in scales.iter().enumerate() {
+                std::ptr::copy_nonoverlapping(s.to_le_bytes().as_ptr(), to.add(4 * i), 4);
+            }
         }
     }
 }
@@ -308,7 +312,7 @@ mod tests {
         assert!(!c.map.contains_key(&1000));
         c.forget(3);
         assert_eq!(c.keys[3], EMPTY);
-        c.write(3, &[7; 64], &[9; 8]);
+        c.write(3, &[7; 64], &[f32::from_le_bytes([9; 4]); 2]);
         assert_eq!(c.slot(3), &[7; 64]);
         assert_eq!(&c.shared().bytes()[8 * 64 + 3 * 8..8 * 64 + 4 * 8], &[9; 8]);
         c.clear();

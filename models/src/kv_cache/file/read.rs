@@ -88,7 +88,7 @@ impl FileRows {
             let pieces = wanted(&read, batch, &keys, &mut next);
             for &(i, piece) in &pieces {
                 if let (key, Some(slot), _) = missing[i] {
-                    state.cache.write(slot, piece, &self.block_scales(key));
+                    state.cache.write(slot, piece, self.block_scales(key));
                 }
             }
             (bytes_read, reads) = (bytes_read + read.iter().map(|r| r.1).sum::<u64>(), reads + read.len() as u64);
@@ -138,7 +138,7 @@ impl FileRows {
             }
             for &(slot, p) in &fills {
                 let (i, piece) = pieces[p];
-                state.cache.write(slot, piece, &self.block_scales(keys[i]));
+                state.cache.write(slot, piece, self.block_scales(keys[i]));
             }
             let s = &mut state.stats;
             s.blocks_ahead += fills.len() as u64;
@@ -157,16 +157,15 @@ impl FileRows {
         s.ahead_wall_seconds += got.elapsed().as_secs_f64();
     }
 
-    /// Block `key`'s fp8 scales as bytes (none for rows without), as a slot keeps them.
-    fn block_scales(&self, key: u64) -> Vec<u8> {
+    /// Block `key`'s fp8 scales (none for rows without), as a slot keeps them.
+    fn block_scales(&self, key: u64) -> &[f32] {
         let (section, head, block) = split_key(key);
         let scales = &self.scales[section];
         if scales.is_empty() {
-            return Vec::new();
+            return &[];
         }
         let from = head * self.n + block * BLOCK_ROWS;
-        let to = (from + BLOCK_ROWS).min((head + 1) * self.n);
-        scales[from..to].iter().flat_map(|s| s.to_le_bytes()).collect()
+        &scales[from..(from + BLOCK_ROWS).min((head + 1) * self.n)]
     }
 
     /// The blocks `keys` (sorted) as runs: consecutive blocks of one head of one section, and
