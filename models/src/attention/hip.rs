@@ -460,7 +460,7 @@ impl Hip {
                     let waited = span(&dev, "attention: read-ahead wait", || r.positions());
                     waited.inspect_err(|e| tracing::warn!(error = %e)).ok()
                 });
-                let picked = next.picked.map(|p| Ok::<_, crate::error::Error>((p.positions()?, listed))).transpose()?;
+                let picked = next.picked.map(|p| p.positions().map(|t| (t, listed))).transpose()?;
                 let kept = self.keep(call, kv, picked, next.window_start, (lo, hi), heads, next.built_hi)?;
                 all.insert(call.layer, kept);
             }
@@ -492,7 +492,7 @@ impl Hip {
                 let next = Ahead { picked, read, window_start, lo, heads, built_hi: hi };
                 self.ahead.lock().insert(call.layer, next);
             } else {
-                let picked = picked.map(|p| Ok::<_, crate::error::Error>((p.positions()?, None))).transpose()?;
+                let picked = picked.map(|p| p.positions().map(|t| (t, None))).transpose()?;
                 all.insert(call.layer, self.keep(call, kv, picked, window_start, (lo, hi), heads, hi)?);
             }
         }

@@ -139,23 +139,6 @@ impl BlockCache {
         Found::Fill(slot)
     }
 
-    /// A slot to fill with block `key` for `gather` when it is not cached (a read-ahead's:
-    /// a block cached meanwhile is left as it is).
-    pub(super) fn take_absent(&mut self, key: u64, gather: u64) -> Option<usize> {
-        match self.holds(key) {
-            true => None,
-            false => match self.take(key, gather) {
-                Found::Fill(slot) => Some(slot),
-                Found::Hit(_) | Found::Pass => None,
-            },
-        }
-    }
-
-    /// Whether block `key` is cached.
-    pub(super) fn holds(&self, key: u64) -> bool {
-        self.map.contains_key(&key)
-    }
-
     /// Whether block `key` is cached, marking it used (CLOCK keeps it a turn longer).
     pub(super) fn touch(&mut self, key: u64) -> bool {
         match self.map.get(&key) {

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use super::cache::Found;
 use super::{block_key, io, split_key, FileRows, State, BLOCK_ROWS};
 use crate::error::{Error, Result};
 
@@ -127,9 +128,12 @@ impl FileRows {
             let mut state = self.lock();
             state.gathers += 1;
             let gather = state.gathers;
-            // (slot, piece): a block cached meanwhile (by a gather) is left as it is.
+            // (slot, piece): a block a gather cached meanwhile is a hit, left as it is.
             let fills: Vec<(usize, usize)> = (pieces.iter().enumerate())
-                .filter_map(|(p, &(i, _))| Some((state.cache.take_absent(keys[i], gather)?, p)))
+                .filter_map(|(p, &(i, _))| match state.cache.take(keys[i], gather) {
+                    Found::Fill(slot) => Some((slot, p)),
+                    Found::Hit(_) | Found::Pass => None,
+                })
                 .collect();
             if let Err(e) = fills.first().map_or(Ok(()), |_| state.cache.quiesce(gather)) {
                 // The slots taken hold no rows: forgotten, not served.
