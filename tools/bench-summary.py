@@ -38,6 +38,9 @@ for path in sys.argv[1:]:
                 f["disk_bytes_per_step"] / 2**20, f["disk_reads_per_step"], f["disk_read_ms_per_step"],
                 f["disk_rate"] / 1e9, 100 * (f["hit_rate"] if f["hit_rate"] is not None else float("nan")),
                 100 * (f["step_overlap"] if f["step_overlap"] is not None else float("nan"))))
+            if f.get("state_reads_per_step"):
+                print("       the method's state on disk (magicpig's bucket lists): %.1f MiB a step in %.0f reads" % (
+                    f["state_bytes_per_step"] / 2**20, f["state_reads_per_step"]))
             if f.get("ahead_blocks_per_step"):
                 print("       read ahead of the gathers: %.2f ms and %.0f blocks a step (beside the device's work); a read-ahead %.2f ms to its positions, %.2f ms to done" % (
                     f["ahead_read_ms_per_step"], f["ahead_blocks_per_step"], f.get("ahead_start_ms", 0), f.get("ahead_wall_ms", 0)))

@@ -309,7 +309,9 @@ pub fn plan(
             (0, 0, host, terms, on_disk)
         }
     };
-    let host_parts = [kv_host, cost.host_state_bytes, model.weights_host, process];
+    // On the file tier a method's state may lie on disk too (MagicPIG's bucket lists).
+    let method_host = cost.host_state(kv_on_disk);
+    let host_parts = [kv_host, method_host, model.weights_host, process];
     let host_total: u64 = host_parts.iter().sum();
     if let Some(b) = host_budget.filter(|&b| host_total > b && problems.is_empty()) {
         problems.push(over_host_budget(b, spec.name, host_parts, budgets.host.is_none(), (tier, kv_on_disk)));
@@ -334,7 +336,7 @@ pub fn plan(
         kv_on_disk,
         method_device_bytes: method_device,
         device_bytes: device_total,
-        method_host_bytes: cost.host_state_bytes,
+        method_host_bytes: method_host,
         weights_host_bytes: model.weights_host,
         process_host_bytes: process,
         host_bytes: host_total,
@@ -374,7 +376,8 @@ fn offloaded(
         // the other terms: picked rows that cluster (HiP's leaves) read about their bytes, a
         // scattered row reads a whole 4 KiB block (up to 32 rows' bytes).
         let miss = 1.0 - (host as f64 / kv.max(1) as f64).min(1.0);
-        terms.push(Term::new("disk", cost.link_bytes * file_per_compute * miss, disk));
+        // And what the method's state on disk reads (MagicPIG's runs of its bucket lists).
+        terms.push(Term::new("disk", cost.link_bytes * file_per_compute * miss + cost.state_disk_bytes, disk));
     }
     (host, terms, on_disk)
 }

@@ -333,7 +333,7 @@ pub fn run<E: From<Error>>(
     let tail = cfg.kv_bytes_per_token(elem) as u64 * (a.warmup + a.steps + profiled) as u64;
     let weights = a.weights.iter().map(|w| weight_bytes(&cfg, dtype, *w, device)).max().unwrap_or(0);
     let (planned, budget) = plan_memory(&sampler, &cfg, weights, index, tail, a.context, a.vram_budget)?;
-    let host_state = methods.iter().map(|m| m.2.host_state_bytes).max().unwrap_or(0);
+    let host_state = methods.iter().map(|m| m.2.host_state(a.kv_on_disk.is_some())).max().unwrap_or(0);
     let table = weight_bytes(&cfg, dtype, None, &Device::Cpu).saturating_sub(weight_bytes(&cfg, dtype, None, device));
     let kv_host = kv_dtype.map_or(2 * (rows * cfg.head_dim * elem) as u64, |k| k.kv_bytes(rows, cfg.head_dim))
         * cfg.num_layers as u64;

@@ -67,6 +67,22 @@ pub struct StepCost {
     pub resident_bytes: u64,
     /// Host memory the method keeps while decoding (MagicPIG's hash tables).
     pub host_state_bytes: u64,
+    /// Of `host_state_bytes`, what the method keeps on disk beside the context file instead
+    /// when the rows are read from it (the file tier): MagicPIG's bucket lists, but for the
+    /// layer being built.
+    pub host_state_on_disk: u64,
+    /// What a step then reads of that state from the disk (4 KiB a read at least).
+    pub state_disk_bytes: f64,
+}
+
+impl StepCost {
+    /// The host memory the method keeps, with the rows on the file tier (`on_disk`) or not.
+    pub fn host_state(&self, on_disk: bool) -> u64 {
+        match on_disk {
+            true => self.host_state_bytes.saturating_sub(self.host_state_on_disk),
+            false => self.host_state_bytes,
+        }
+    }
 }
 
 /// Streaming: one set of `picked` positions per KV head, kept on the device and read there once

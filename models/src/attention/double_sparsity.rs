@@ -112,7 +112,7 @@ fn cost(input: &CostInput<'_>) -> StepCost {
         link_bytes: input.layers() * input.rows(picked, input.shape.heads),
         host_bytes: 0.0,
         resident_bytes: labels as u64,
-        host_state_bytes: 0,
+        ..StepCost::default()
     }
 }
 

@@ -91,7 +91,7 @@ fn cost(input: &CostInput<'_>) -> StepCost {
         link_bytes: sparse * (input.rows(picked, heads) + search) / refresh as f64,
         host_bytes: 0.0,
         resident_bytes: (dense as f64 * input.rows(input.context, kv) + sparse * kept) as u64,
-        host_state_bytes: 0,
+        ..StepCost::default()
     }
 }
 

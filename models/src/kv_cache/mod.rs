@@ -22,7 +22,8 @@ mod tier;
 
 pub use context::ContextKv;
 pub use file::{
-    block_read_rate, least_bytes, open_for_reads, read_paced, FileRows, FileStats, BLOCK_ROWS, FILE_CACHE_MIN,
+    block_read_rate, least_bytes, open_for_reads, read_paced, spill_reads, FileRows, FileStats, Spill, BLOCK_ROWS,
+    FILE_CACHE_MIN,
 };
 pub use offload::{file_tier_bytes, OffloadKv, FILE_CACHE_SHARE, KEYS_IN_MEMORY_SHARE};
 pub use tier::{dense_over_segments, DecodeTier, Exact, PositionsLater, ReadAhead, Resident, TierRef};

@@ -100,6 +100,12 @@ pub trait DecodeTier {
     fn host_keys(&self, layer: usize) -> Option<&HostRows> {
         self.host_rows(layer).map(|(k, _)| k)
     }
+    /// Where the saved rows lie when the tier reads them from a file (the file tier): the
+    /// directory a method's state too large for host memory goes to ([`super::Spill`]), on
+    /// the same disk. `None` where the rows are in memory.
+    fn file_dir(&self) -> Option<&std::path::Path> {
+        None
+    }
     /// Starts reading, on a thread of its own, the saved rows a coming
     /// [`DecodeTier::gather_listed`] of `layer` will ask for — `dims` `[rows, s]` positions,
     /// given by `positions` when they are ready — where the tier reads rows from a slower

@@ -215,4 +215,11 @@ fn print_file_tier(f: &FileSteps) {
         f.hit_rate.map_or("-".into(), |r| format!("{:.1}", 100.0 * r)),
         f.step_overlap.map_or("-".into(), |r| format!("{:.1}", 100.0 * r))
     );
+    if f.state_reads_per_step > 0.0 {
+        println!(
+            "  and the method's state on disk beside it (magicpig's bucket lists): {} a step in {:.0} reads",
+            human_bytes(f.state_bytes_per_step as u64),
+            f.state_reads_per_step
+        );
+    }
 }

@@ -124,7 +124,12 @@ pub struct FileSteps {
     /// done.
     pub ahead_start_ms: f64,
     pub ahead_wall_ms: f64,
-    /// The disk bytes at the measured sequential rate: the step's floor on this tier.
+    /// Reads and bytes a step read of a method's state on disk beside the rows (MagicPIG's
+    /// bucket lists: one read per query head and table), apart from the rows' above.
+    pub state_reads_per_step: f64,
+    pub state_bytes_per_step: f64,
+    /// The disk bytes (rows and state) at the measured sequential rate: the step's floor on
+    /// this tier.
     pub disk_floor_ms: f64,
     pub blocks_per_step: f64,
     /// Of the steps' gathers, the share the device read from the cache (their blocks all had a
@@ -176,7 +181,11 @@ pub(super) fn per_step(before: &FileStats, after: &FileStats, steps: usize, disk
             after.ahead_wall_seconds - before.ahead_wall_seconds,
             after.read_aheads - before.read_aheads,
         ),
-        disk_floor_ms: per(after.bytes_read, before.bytes_read) / disk_bandwidth * 1e3,
+        state_reads_per_step: per(after.spill_reads, before.spill_reads),
+        state_bytes_per_step: per(after.spill_bytes, before.spill_bytes),
+        disk_floor_ms: (per(after.bytes_read, before.bytes_read) + per(after.spill_bytes, before.spill_bytes))
+            / disk_bandwidth
+            * 1e3,
         blocks_per_step: per(after.blocks, before.blocks),
         device_gathers: ratio(after.device_gathers - before.device_gathers, after.gathers - before.gathers),
         hit_rate: ratio(after.hits - before.hits, after.blocks - before.blocks),

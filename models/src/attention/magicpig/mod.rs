@@ -47,8 +47,10 @@ use crate::kv_cache::KvStore;
 use crate::profile::{self, span};
 use index::{LayerIndex, OnDevice, Plan, BIAS_TABLE_STEPS, INDEX_CHUNK};
 
+mod centre;
 mod index;
 mod offload;
+mod on_file;
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
     name: "magicpig",
@@ -101,6 +103,12 @@ fn cost(input: &CostInput<'_>) -> StepCost {
     // The tables kept, and one layer's codes while its tables are built.
     let host_state_bytes = (layers - dense) as u64 * index::kept_bytes(kv_heads, indexed, bits, tables)
         + (4 * kv_heads * tables * indexed) as u64;
+    // On the file tier the bucket lists but the one being built lie on disk, and a step reads
+    // one code's runs per query head and table: ~2 KiB at a million keys, a 4 KiB read.
+    let lists = (2 * kv_heads * tables * indexed) as u64;
+    let host_state_on_disk = (layers - dense).saturating_sub(1) as u64 * lists;
+    let run = ((indexed >> bits) * ENTRY_BYTES as usize).next_multiple_of(DISK_READ) as f64;
+    let state_disk_bytes = sparse * (heads * tables) as f64 * run;
     if input.params.usize("gpu") == 0 {
         let host_bytes = sample(heads) + walked;
         return StepCost {
@@ -109,6 +117,8 @@ fn cost(input: &CostInput<'_>) -> StepCost {
             host_bytes,
             resident_bytes: resident,
             host_state_bytes,
+            host_state_on_disk,
+            state_disk_bytes,
         };
     }
     let on_gpu = gpu_heads(gpu_share(input.params, input.fp8_rows), heads);
@@ -119,8 +129,13 @@ fn cost(input: &CostInput<'_>) -> StepCost {
         host_bytes: sample(heads - on_gpu),
         resident_bytes: resident + norms,
         host_state_bytes,
+        host_state_on_disk,
+        state_disk_bytes,
     }
 }
+
+/// The least a disk reads at once: a 4 KiB page.
+const DISK_READ: usize = 4096;
 
 /// Query heads whose sample the GPU attends (a layer's first), of `heads`, for a `gpu_attend`
 /// share: the nearest whole number. By query head, not KV head: the 7B shape's 4 KV heads
@@ -353,15 +368,18 @@ impl MagicPig {
 
     /// The layer's index: cached, else read from the context file, else built.
     fn layer_index(&self, call: &AttnCall<'_>, rows: &LayerRows, hi: usize) -> Result<Option<Arc<LayerIndex>>> {
-        self.layer_index_with(call, hi, (rows.kv_heads, rows.head_dim), |plan| LayerIndex::build(rows, plan))
+        self.layer_index_with(call, hi, (rows.kv_heads, rows.head_dim), None, |plan| LayerIndex::build(rows, plan))
     }
 
-    /// [`Self::layer_index`] with the build left to the caller (`shape`: KV heads, head dim).
+    /// [`Self::layer_index`] with the build left to the caller (`shape`: KV heads, head dim),
+    /// its bucket lists moved to a spill file in `spill` where one is given (the file tier's
+    /// directory: [`lists`]).
     fn layer_index_with(
         &self,
         call: &AttnCall<'_>,
         hi: usize,
         (kv_heads, d): (usize, usize),
+        spill: Option<&std::path::Path>,
         build: impl FnOnce(&Plan) -> Result<LayerIndex>,
     ) -> Result<Option<Arc<LayerIndex>>> {
         if let Some(ix) = self.index.cached(call.layer, |ix| ix.end <= hi) {
@@ -369,7 +387,12 @@ impl MagicPig {
         }
         let Some(plan) = self.plan(call.kv, hi) else { return Ok(None) };
         let name = plan.name();
-        Ok(Some(self.index.load(call, &name, |b| LayerIndex::decode(b, &name, &plan, kv_heads, d), || build(&plan))?))
+        let placed = |ix: LayerIndex| match spill {
+            Some(dir) => ix.spill(dir),
+            None => Ok(ix),
+        };
+        let decode = |b: &[u8]| LayerIndex::decode(b, &name, &plan, kv_heads, d).and_then(placed);
+        Ok(Some(self.index.load(call, &name, decode, || build(&plan).and_then(placed))?))
     }
 }
 
@@ -462,7 +485,7 @@ impl Attention for MagicPig {
         };
         let rows = LayerRows::read_store(kv, layer, plan.end)?;
         let ix = LayerIndex::build(&rows, &plan)?;
-        Ok(Some((plan.name(), ix.encode())))
+        Ok(Some((plan.name(), ix.encode()?)))
     }
 
     fn index_sources(&self) -> BTreeMap<usize, IndexSource> {
@@ -474,10 +497,15 @@ impl Attention for MagicPig {
             return Dense.attend(call);
         }
         // The paper's split needs the saved rows in host memory, where the CPU attends the
-        // sample: the offloaded tier. Elsewhere the reference runs.
+        // sample: the offloaded tier; the file tier has a step of its own ([`on_file`]).
+        // Elsewhere (the resident tier, a prefill) the reference runs.
         if let (Some(kv), 1) = (call.kv.tier(), call.q.dim(1)?) {
             if let Some(host) = kv.host_rows(call.kv_layer) {
                 return self.attend_fast(call, &*kv, host);
+            }
+            // The file tier: the rows in the file, the bucket lists beside it.
+            if let Some(dir) = kv.file_dir() {
+                return self.attend_on_file(call, &*kv, dir);
             }
         }
         sparse_decode(call, |rows, lo, hi| {
@@ -494,7 +522,7 @@ impl Attention for MagicPig {
                     let q = &q[0];
                     let kvh = h / groups;
                     let t = &ix.heads[kvh];
-                    let (sampled, walked) = ix.retrieve(kvh, q);
+                    let (sampled, walked) = ix.retrieve(kvh, q)?;
                     walked_total += walked;
                     let q_norm = dot(q, q).sqrt().max(f32::MIN_POSITIVE);
                     // Static part: sinks and everything after the index, weight 1.
@@ -511,9 +539,9 @@ impl Attention for MagicPig {
                         pick.pos.push(p);
                         pick.bias.push(ix.logit_bias(t, q, q_norm, i, rows.key(kvh, p)));
                     }
-                    pick
+                    Ok(pick)
                 })
-                .collect();
+                .collect::<Result<_>>()?;
             let searched = walked_total as f64 * ENTRY_BYTES / (2 * rows.head_dim) as f64 / queries.len() as f64;
             Ok((picks, searched))
         })

@@ -23,11 +23,13 @@ impl MagicPig {
         let (lo, hi) = visible(call);
         // Stored tables, else built once from the layer's saved keys: means and norms from host
         // memory, codes on the device a chunk at a time.
-        let ix = self.layer_index_with(call, hi, (kv.kv_heads(), kv.head_dim()), |plan| {
+        let ix = self.layer_index_with(call, hi, (kv.kv_heads(), kv.head_dim()), None, |plan| {
             let view = keys.host()?;
             let key = |h: usize, p: usize, out: &mut [f32]| view.row(h, p, out);
             let chunk = |a: usize, b: usize| kv.keys(call.kv_layer, a, b);
-            LayerIndex::build_with((kv.kv_heads(), kv.head_dim()), plan, &key, &chunk, (INDEX_CHUNK, kv.device()))
+            let shape = (kv.kv_heads(), kv.head_dim());
+            let centre = centre::of_rows(shape, plan.first..plan.end, &key);
+            LayerIndex::build_with(shape, plan, centre, &chunk, (INDEX_CHUNK, kv.device()))
         })?;
         let Some(ix) = ix else {
             // Every token static: exact attention over the visible keys.
@@ -118,7 +120,7 @@ impl MagicPig {
                     .into_par_iter()
                     .map(|(h, range)| {
                         let started = Instant::now();
-                        let (found, walked) = ix.retrieve_segments(h / groups, &codes[h], range);
+                        let (found, walked) = ix.retrieve_segments(h / groups, &codes[h], range)?;
                         let norms = &ix.heads[h / groups].norms;
                         let (mut pick, mut picked_norms) = (Vec::with_capacity(found.len()), Vec::new());
                         for i in found.into_iter().filter(|&i| ix.first + i >= lo) {

@@ -166,18 +166,22 @@ fn chunked_build_equals_whole() {
         Ok(Tensor::from_vec(part, (kv_heads, b - a, d), &Device::Cpu)?)
     };
     for chunk_rows in [1, 37, 100, 424, 1000] {
-        let parts = LayerIndex::build_with((kv_heads, d), &plan, &key, &chunk, (chunk_rows, &Device::Cpu)).unwrap();
+        let centre = super::centre::of_rows((kv_heads, d), plan.first..plan.end, &key);
+        let parts = LayerIndex::build_with((kv_heads, d), &plan, centre, &chunk, (chunk_rows, &Device::Cpu)).unwrap();
+        let centre = super::centre::of_chunks((kv_heads, d), plan.first..plan.end, &chunk, chunk_rows).unwrap();
+        assert!(centre.iter().zip(&whole.heads).all(|(c, h)| c.0 == h.mean && c.1 == h.norms), "seed {seed}");
         assert_eq!((parts.first, parts.end, &parts.w), (whole.first, whole.end, &whole.w));
         for (a, b) in parts.heads.iter().zip(&whole.heads) {
             assert!(a.mean == b.mean && a.norms == b.norms, "seed {seed}");
             assert!(
-                a.members[..] == b.members[..] && a.starts[..] == b.starts[..],
+                (0..plan.tables).all(|l| a.members(l) == b.members(l)) && a.starts[..] == b.starts[..],
                 "seed {seed}: chunks of {chunk_rows}"
             );
         }
     }
     let short = |a: usize, b: usize| -> Result<Tensor> { chunk(a, b - 1) };
-    assert!(LayerIndex::build_with((kv_heads, d), &plan, &key, &short, (100, &Device::Cpu)).is_err());
+    let centre = super::centre::of_rows((kv_heads, d), plan.first..plan.end, &key);
+    assert!(LayerIndex::build_with((kv_heads, d), &plan, centre, &short, (100, &Device::Cpu)).is_err());
 }
 
 /// A build that would not fit in the host memory available is refused with what to change;
@@ -225,10 +229,11 @@ fn retrieval_equals_brute_force_collision_counting() {
             for _ in 0..5 {
                 let q = rand_vec(&mut rng, d);
                 // Ascending, as the fast path reads them.
-                let (got, _) = ix.retrieve(h, &q);
+                let (got, _) = ix.retrieve(h, &q).unwrap();
                 // The same keys, walked one segment at a time (the fast path's parts).
+                let qc = ix.query_codes(&q);
                 let parts: Vec<usize> =
-                    (0..ix.segments()).flat_map(|s| ix.retrieve_segments(h, &ix.query_codes(&q), s..s + 1).0).collect();
+                    (0..ix.segments()).flat_map(|s| ix.retrieve_segments(h, &qc, s..s + 1).unwrap().0).collect();
                 assert_eq!(parts, got, "seed {seed}: n {n}, walked in parts");
                 let qc = codes(&q, &ix.w, bits, tables);
                 let want: Vec<usize> = (0..end - first)
@@ -236,6 +241,40 @@ fn retrieval_equals_brute_force_collision_counting() {
                     .collect();
                 assert_eq!(got, want, "seed {seed}: n {n}");
             }
+        }
+    }
+}
+
+/// Bucket lists moved to a spill file (the file tier's) give the walk what the lists in memory
+/// give — every query's keys and entries walked, whole and in parts, several heads' runs read
+/// at once — and encode to the same section.
+#[test]
+fn lists_on_disk_walk_as_lists_in_memory() {
+    let seed = rand::random();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (d, n, heads) = (8, 2 * 65_536 + 300, 2);
+    let k: Vec<f32> = (0..heads * n * d).map(|_| normal(&mut rng) + 0.5).collect();
+    let rows = LayerRows { k: k.clone(), v: k, kv_heads: heads, len: n, head_dim: d };
+    let plan = Plan { first: 5, end: n - 9, bits: 4, tables: 10, seed };
+    let memory = LayerIndex::build(&rows, &plan).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = LayerIndex::build(&rows, &plan).unwrap().spill(dir.path()).unwrap();
+    assert!((0..plan.tables).all(|l| disk.heads[0].members(l).is_none()), "the lists left memory");
+    assert_eq!(disk.encode().unwrap(), memory.encode().unwrap(), "seed {seed}");
+    for _ in 0..4 {
+        let q = rand_vec(&mut rng, d);
+        let qc = memory.query_codes(&q);
+        for h in 0..heads {
+            let want = memory.retrieve(h, &q).unwrap();
+            assert!(!want.0.is_empty(), "seed {seed}: a walk that finds nothing checks little");
+            assert_eq!(disk.retrieve(h, &q).unwrap(), want, "seed {seed}: head {h}");
+            let parts: Vec<usize> =
+                (0..disk.segments()).flat_map(|s| disk.retrieve_segments(h, &qc, s..s + 1).unwrap().0).collect();
+            assert_eq!(parts, want.0, "seed {seed}: head {h}, in parts");
+        }
+        let all = disk.read_runs(&[(0, &qc), (1, &qc)], 0..disk.segments()).unwrap();
+        for (h, runs) in all.iter().enumerate() {
+            assert_eq!(disk.walk_read(h, &qc, runs), memory.retrieve(h, &q).unwrap(), "seed {seed}: read at once");
         }
     }
 }
@@ -251,10 +290,11 @@ fn sections_round_trip_and_refuse_members_past_their_segment() {
     let rows = LayerRows { k: k.clone(), v: k, kv_heads: heads, len: n, head_dim: d };
     let plan = Plan { first: 0, end: n, bits: 3, tables: 2, seed };
     let ix = LayerIndex::build(&rows, &plan).unwrap();
-    let mut bytes = ix.encode();
+    let mut bytes = ix.encode().unwrap();
     let back = LayerIndex::decode(&bytes, "test", &plan, heads, d).unwrap();
     let (a, b) = (&ix.heads[0], &back.heads[0]);
-    assert!(a.members[..] == b.members[..] && a.starts[..] == b.starts[..] && a.norms == b.norms && back.w == ix.w);
+    let same_lists = (0..plan.tables).all(|l| a.members(l) == b.members(l));
+    assert!(same_lists && a.starts[..] == b.starts[..] && a.norms == b.norms && back.w == ix.w);
     // Table 0's first member of a non-empty run in the last segment, where 300 keys lie.
     let segs = super::index::segments(n);
     let run = (0..1 << plan.bits).map(|c| c * segs + segs - 1).find(|&r| a.starts(0)[r] < a.starts(0)[r + 1]);

@@ -29,6 +29,7 @@ mod cache;
 mod io;
 mod layout;
 mod read;
+mod spill;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -50,6 +51,7 @@ pub use io::{block_read_rate, open_for_reads, read_paced};
 use layout::Layout;
 pub use layout::{least_bytes, FILE_CACHE_MIN};
 use read::Miss;
+pub use spill::{spill_reads, Spill};
 
 /// Rows of one head in a block: 4 KiB of fp8 rows (8 KiB of bf16) at 128 values a row — a disk
 /// reads no less than a 4 KiB page, and a larger block reads rows no one picked (at 256 rows,
@@ -101,6 +103,10 @@ pub struct FileStats {
     /// The process's reads so far that took longer than the emulated disk would have
     /// ([`folio_runtime::disk::late_reads`]; 0 when none is emulated).
     pub late_reads: u64,
+    /// Reads and bytes (alignment included) of the methods' state on disk beside the file, the
+    /// process's so far ([`Spill`]: MagicPIG's bucket lists).
+    pub spill_reads: u64,
+    pub spill_bytes: u64,
     /// Distinct blocks the steps' picks used, and those the previous step that read their
     /// section (layer, K or V) had used too.
     pub step_blocks: u64,
@@ -283,14 +289,21 @@ impl FileRows {
         &self.file
     }
 
+    /// The directory of that file: where a method's state too large for host memory goes
+    /// ([`Spill`]), on the disk the tier reads.
+    pub fn dir(&self) -> &Path {
+        self.path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
+    }
+
     /// Bytes of host memory the cache holds.
     pub fn cache_bytes(&self) -> u64 {
         self.lock().stats.cache_bytes
     }
 
-    /// What the tier has done so far.
+    /// What the tier has done so far (and the methods' spills beside it: the process's).
     pub fn stats(&self) -> FileStats {
-        FileStats { late_reads: disk::late_reads(), ..self.lock().stats }
+        let (spill_reads, spill_bytes) = spill_reads();
+        FileStats { late_reads: disk::late_reads(), spill_reads, spill_bytes, ..self.lock().stats }
     }
 
     /// A decode step ended: the next lookups count as the next step's.

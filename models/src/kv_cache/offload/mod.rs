@@ -587,6 +587,10 @@ impl DecodeTier for OffloadKv {
         self.host.get(layer).filter(|_| self.saved > 0).map(|(k, v)| (k, v))
     }
 
+    fn file_dir(&self) -> Option<&std::path::Path> {
+        self.file_rows.as_deref().map(FileRows::dir)
+    }
+
     /// On the file tier, the keys read into host memory (the values stay in the file).
     fn host_keys(&self, layer: usize) -> Option<&HostRows> {
         match self.host.get(layer) {

@@ -3,6 +3,8 @@
 //! device codes), checked against the host memory it will take, and stored as a context-file
 //! section.
 
+mod lists;
+
 use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -15,12 +17,14 @@ use folio_kernels::select::SharedHost;
 use folio_kernels::sparse;
 use folio_method_kernels::magicpig as lsh;
 
+use super::centre::{self, Centre};
 use super::{collision_probability, sampling_probability, U_FLOOR};
 use crate::attention::select::{dot, LayerRows, SectionReader, SectionWriter};
 use crate::error::{human_bytes, Error, Result};
 use crate::random::normal;
 use folio_runtime::host_budget::{self, Hold};
 use folio_runtime::host_memory;
+use lists::Lists;
 
 /// Keys hashed per chunk of an index build: 64 Ki rows per KV head (what the offloaded tier
 /// reads at a time).
@@ -32,16 +36,9 @@ pub(super) fn projection(d: usize, planes: usize, seed: u64) -> Vec<f32> {
     (0..d * planes).map(|_| normal(&mut rng)).collect()
 }
 
-/// Runs (one table's members in one segment, ~64 entries at a million keys and K = 10) ahead of
-/// the one being walked whose loads are started.
-const WALK_AHEAD: usize = 8;
-
 /// Keys per segment of a bucket list, whose members are stored as 16-bit offsets within their
 /// segment: the device walk's layout too ([`lsh`]).
-const SEGMENT_KEYS: usize = lsh::SEGMENT_KEYS;
-
-/// 64-bit words of a one-bit-per-key set over a segment.
-const SEGMENT_WORDS: usize = SEGMENT_KEYS / 64;
+pub(super) const SEGMENT_KEYS: usize = lsh::SEGMENT_KEYS;
 
 pub(super) use lsh::segments;
 
@@ -58,9 +55,9 @@ pub(super) struct HeadTables {
     pub(super) mean: Vec<f32>,
     /// |k_i - mean| for each indexed key.
     pub(super) norms: Vec<f32>,
-    /// `[tables][n]`: per table, the keys' offsets within their segment, sorted by (code, key).
-    /// Shared: a GPU walks them in place ([`LayerIndex::on_device`]).
-    pub(super) members: Arc<HugePages<u16>>,
+    /// `[tables][n]`: per table, the keys' offsets within their segment, sorted by (code, key):
+    /// in host memory, where a GPU walks them in place ([`LayerIndex::on_device`]), or on disk.
+    pub(super) lists: Lists,
     /// `[tables][2^K · segments + 1]`: per table, where the run of code `c`, segment `s` starts
     /// in its members, at `c · segments + s` (the last entry `n`).
     pub(super) starts: Arc<HugePages<u32>>,
@@ -118,8 +115,9 @@ impl HeadTables {
     /// view of a table).
     #[cfg(test)]
     pub(super) fn bucket(&self, l: usize, c: u32) -> impl Iterator<Item = usize> + '_ {
+        let members = self.members(l).expect("the tests' tables are in memory");
         (0..segments(self.norms.len()))
-            .flat_map(move |s| self.run(l, c, s).iter().map(move |&m| s * SEGMENT_KEYS + m as usize))
+            .flat_map(move |s| members[self.run_at(l, c, s..s + 1)].iter().map(move |&m| s * SEGMENT_KEYS + m as usize))
     }
 
     /// Tables `mean`/`norms` (`n` keys) and the maps of `tables` tables of `bits`-bit codes.
@@ -133,14 +131,23 @@ impl HeadTables {
         let segments = segments(norms.len());
         let per_table = (1 << bits) * segments + 1;
         debug_assert!(members.len() == tables * norms.len() && starts.len() == tables * per_table);
-        let (members, starts) = (Arc::new(members), Arc::new(starts));
-        Self { mean, norms, members, starts, tables, segments, per_table }
+        let (lists, starts) = (Lists::Memory(Arc::new(members)), Arc::new(starts));
+        Self { mean, norms, lists, starts, tables, segments, per_table }
     }
 
-    /// Table `l`'s keys' offsets within their segments, sorted by (code, key).
-    pub(super) fn members(&self, l: usize) -> &[u16] {
+    /// Table `l`'s keys' offsets within their segments, sorted by (code, key), where they are in
+    /// host memory.
+    pub(super) fn members(&self, l: usize) -> Option<&[u16]> {
         let n = self.norms.len();
-        &self.members[l * n..(l + 1) * n]
+        match &self.lists {
+            Lists::Memory(members) => Some(&members[l * n..(l + 1) * n]),
+            Lists::Disk { .. } => None,
+        }
+    }
+
+    /// Keys indexed.
+    pub(super) fn len(&self) -> usize {
+        self.norms.len()
     }
 
     /// Table `l`'s run starts.
@@ -148,14 +155,15 @@ impl HeadTables {
         &self.starts[l * self.per_table..(l + 1) * self.per_table]
     }
 
-    /// Table `l`'s members with code `c` in segment `s`, as offsets within the segment.
-    fn run(&self, l: usize, c: u32, s: usize) -> &[u16] {
-        let (starts, at) = (self.starts(l), c as usize * self.segments + s);
-        &self.members(l)[starts[at] as usize..starts[at + 1] as usize]
+    /// Where table `l`'s members with code `c` in segments `segs` lie in its members: a code's
+    /// runs in consecutive segments lie together.
+    pub(super) fn run_at(&self, l: usize, c: u32, segs: Range<usize>) -> Range<usize> {
+        let (starts, at) = (self.starts(l), c as usize * self.segments);
+        starts[at + segs.start] as usize..starts[at + segs.end] as usize
     }
 
     /// Starts the loads of table `l`'s run starts for code `c` (every segment's).
-    fn prefetch_starts(&self, l: usize, c: u32) {
+    pub(super) fn prefetch_starts(&self, l: usize, c: u32) {
         lsh::prefetch_lines(&self.starts(l)[c as usize * self.segments..][..self.segments + 1]);
     }
 }
@@ -192,19 +200,19 @@ impl LayerIndex {
         let key = |h: usize, p: usize, out: &mut [f32]| out.copy_from_slice(rows.key(h, p));
         let all = Tensor::from_slice(&rows.k, (kv_heads, rows.len, d), &Device::Cpu)?;
         let chunk = |a: usize, b: usize| Ok(all.narrow(1, a, b - a)?);
-        Self::build_with((kv_heads, d), plan, &key, &chunk, (INDEX_CHUNK, &Device::Cpu))
+        let centre = centre::of_rows((kv_heads, d), plan.first..plan.end, &key);
+        Self::build_with((kv_heads, d), plan, centre, &chunk, (INDEX_CHUNK, &Device::Cpu))
     }
 
-    /// The index over `plan`'s keys from two views of them: `key(h, p, out)` writes key `p` of KV
-    /// head `h` as f32 (host memory: the means and norms, summed in position order), and
-    /// `chunk(a, b)` gives keys `a..b` as `[kv_heads, b - a, d]` on the device that hashes them
-    /// (`device`: the GPU for an offloaded layer), `chunk_rows` at a time. SimHash codes are the
+    /// The index over `plan`'s keys from their `centre` (each head's mean and the keys' centred
+    /// norms: [`centre`]) and `chunk(a, b)`, keys `a..b` as `[kv_heads, b - a, d]` on the device
+    /// that hashes them (`device`: the GPU for an offloaded layer), `chunk_rows` at a time. SimHash codes are the
     /// same bits on every device, so the resident reference and the offloaded tier build the
     /// same tables from the same keys, whatever the chunking.
     pub(super) fn build_with(
         (kv_heads, d): (usize, usize),
         plan: &Plan,
-        key: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
+        centre: Centre,
         chunk: &dyn Fn(usize, usize) -> Result<Tensor>,
         (chunk_rows, device): (usize, &Device),
     ) -> Result<Self> {
@@ -216,30 +224,6 @@ impl LayerIndex {
         let _codes_hold = host_budget::hold(codes_bytes, "magicpig's hash codes while its tables are built")
             .map_err(tables_refused)?;
         let w = projection(d, bits * tables, seed);
-        // Per head: the mean (f64 sums in position order), then each key's centred norm.
-        let centre: Vec<(Vec<f32>, Vec<f32>)> = (0..kv_heads)
-            .into_par_iter()
-            .map(|h| {
-                let (mut sum, mut row) = (vec![0f64; d], vec![0f32; d]);
-                for p in first..end {
-                    key(h, p, &mut row);
-                    sum.iter_mut().zip(&row).for_each(|(m, x)| *m += *x as f64);
-                }
-                let mean: Vec<f32> = sum.iter().map(|m| (m / n as f64) as f32).collect();
-                let norms = (first..end)
-                    .into_par_iter()
-                    .map_init(
-                        || vec![0f32; d],
-                        |row, p| {
-                            key(h, p, row);
-                            row.iter_mut().zip(&mean).for_each(|(x, m)| *x -= m);
-                            dot(row, row).sqrt()
-                        },
-                    )
-                    .collect();
-                (mean, norms)
-            })
-            .collect();
         // Codes, table-major per head (`[tables][n]`), hashed a chunk at a time on the device.
         let w_dev = Tensor::from_slice(&w, (d, bits * tables), device)?;
         let means: Vec<f32> = centre.iter().flat_map(|c| c.0.iter().copied()).collect();
@@ -333,7 +317,7 @@ impl LayerIndex {
 
     /// The index as `device` (a GPU) walks it: registered, weights uploaded, at the first call;
     /// `None` without a bias table (a (K, L) whose bias the fast paths compute exactly, on the
-    /// CPU).
+    /// CPU) or with the bucket lists on disk.
     pub(super) fn on_device(&self, device: &Device) -> Result<Option<Arc<OnDevice>>> {
         let Some(bias) = self.bias_table() else { return Ok(None) };
         let mut slot = self.device.lock().unwrap_or_else(|e| e.into_inner());
@@ -343,11 +327,12 @@ impl LayerIndex {
         // Another device's registration ends first: the same pages cannot be registered twice.
         *slot = None;
         let share = |owner: Arc<dyn AsRef<[u8]> + Send + Sync>| SharedHost::new(device, owner);
-        let lists = self
-            .heads
-            .iter()
-            .map(|h| Ok((share(h.members.clone())?, share(h.starts.clone())?)))
-            .collect::<Result<Vec<_>>>()?;
+        let mut lists = Vec::with_capacity(self.heads.len());
+        for h in &self.heads {
+            // Lists on disk: the CPU walks them as it reads them.
+            let Lists::Memory(members) = &h.lists else { return Ok(None) };
+            lists.push((share(members.clone())?, share(h.starts.clone())?));
+        }
         let n = self.end - self.first;
         let tables = lsh::Tables::new(device, lists, (n, self.bits, self.tables))?;
         let weights: Vec<f32> = bias.0.iter().chain(self.heads.iter().flat_map(|h| h.norms.iter())).copied().collect();
@@ -384,70 +369,9 @@ impl LayerIndex {
         sparse::reference::simhash_codes(q, &self.w, q.len(), self.bits, self.tables)
     }
 
-    /// Offsets (from `first`) of the keys whose code equals `q`'s in at least two tables,
-    /// ascending, and the index entries walked.
-    ///
-    /// The walk goes a segment at a time, every table's run for that segment, so that the
-    /// two bitsets (keys seen once, seen twice: one bit each) cover one segment — 16 KB, in a
-    /// core's L1, where a bitset of every key took 256 KB at a million keys — and so that a
-    /// head's walk splits into ranges of segments ([`Self::retrieve_segments`]). The bits are
-    /// set without a branch, and the sample is read off the second set in key order, the
-    /// order the caller reads rows and norms in (ascending addresses, not one cache and TLB
-    /// miss each).
-    pub(super) fn retrieve(&self, head: usize, q: &[f32]) -> (Vec<usize>, usize) {
-        self.retrieve_segments(head, &self.query_codes(q), 0..self.segments())
-    }
-
     /// Segments of the indexed keys (of [`SEGMENT_KEYS`] each, the last partial).
     pub(super) fn segments(&self) -> usize {
         segments(self.end - self.first)
-    }
-
-    /// [`Self::retrieve`] over the keys of segments `segs` only, for a query whose codes are
-    /// `qc` (a head's walk can be split into parts that run on different cores).
-    pub(super) fn retrieve_segments(&self, head: usize, qc: &[u32], segs: Range<usize>) -> (Vec<usize>, usize) {
-        let t = &self.heads[head];
-        let tables = qc.len();
-        let (mut once, mut twice) = ([0u64; SEGMENT_WORDS], [0u64; SEGMENT_WORDS]);
-        let (mut out, mut walked) = (Vec::new(), 0);
-        // Each run is a DRAM miss the hardware cannot predict: every table's run starts are
-        // loaded first (independent loads, in flight together), then each run a few runs
-        // before it is walked.
-        qc.iter().enumerate().for_each(|(l, &c)| t.prefetch_starts(l, c));
-        // The next run to prefetch: table `pl` of segment `ps`, WALK_AHEAD runs ahead.
-        let (mut ps, mut pl, end) = (segs.start, 0, segs.end);
-        let mut prefetch_next = || {
-            if ps < end && tables > 0 {
-                lsh::prefetch_lines(t.run(pl, qc[pl], ps));
-                pl += 1;
-                if pl == tables {
-                    (ps, pl) = (ps + 1, 0);
-                }
-            }
-        };
-        (0..WALK_AHEAD).for_each(|_| prefetch_next());
-        for s in segs {
-            for (l, &c) in qc.iter().enumerate() {
-                prefetch_next();
-                let members = t.run(l, c, s);
-                walked += members.len();
-                for &m in members {
-                    let (w, bit) = (m as usize / 64, 1u64 << (m % 64));
-                    twice[w] |= once[w] & bit;
-                    once[w] |= bit;
-                }
-            }
-            for (w, &bits) in twice.iter().enumerate() {
-                let mut rest = bits;
-                while rest != 0 {
-                    out.push(s * SEGMENT_KEYS + w * 64 + rest.trailing_zeros() as usize);
-                    rest &= rest - 1;
-                }
-            }
-            once.fill(0);
-            twice.fill(0);
-        }
-        (out, walked)
     }
 }
 
@@ -553,7 +477,7 @@ impl Plan {
 impl LayerIndex {
     /// The hyperplanes first (stored, not regenerated: the file must not depend on a random
     /// generator's version), then per KV head the mean, norms and bucket lists.
-    pub(super) fn encode(&self) -> Vec<u8> {
+    pub(super) fn encode(&self) -> Result<Vec<u8>> {
         let mut w = SectionWriter::default();
         w.f32s(&self.w);
         for h in &self.heads {
@@ -561,10 +485,13 @@ impl LayerIndex {
             w.f32s(&h.norms);
             for l in 0..h.tables {
                 w.u32s(h.starts(l).iter().copied());
-                w.u16s(h.members(l));
+                match h.members(l) {
+                    Some(members) => w.u16s(members),
+                    None => w.u16s(&h.read_table(l)?),
+                }
             }
         }
-        w.0
+        Ok(w.0)
     }
 
     pub(super) fn decode(bytes: &[u8], name: &str, plan: &Plan, kv_heads: usize, d: usize) -> Result<Self> {
