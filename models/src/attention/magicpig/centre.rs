@@ -75,7 +75,11 @@ pub(super) fn of_chunks(
         let keys = host(a, b)?;
         centre.par_iter_mut().enumerate().for_each(|(h, (mean, norms))| {
             let rows = keys[h * (b - a) * d..(h + 1) * (b - a) * d].par_chunks_exact(d);
-            let mut got: Vec<f32> = rows.map(|row| centred_norm(&mut row.to_vec(), mean)).collect();
+            let centred = |buf: &mut Vec<f32>, row: &[f32]| {
+                buf.copy_from_slice(row);
+                centred_norm(buf, mean)
+            };
+            let mut got: Vec<f32> = rows.map_init(|| vec![0f32; d], centred).collect();
             norms.append(&mut got);
         });
     }

@@ -12,6 +12,7 @@
 //! every row with its bias — the one softmax over both parts that Algorithm 1's LSE merge is.
 
 use std::path::Path;
+use std::time::Instant;
 
 use candle_core::{DType, Device};
 
@@ -115,14 +116,29 @@ fn attend_rows(
 /// the tier read them there, else from two passes over them a chunk at a time; hashed on the
 /// tier's device a chunk at a time.
 fn build_on_file(call: &AttnCall<'_>, kv: &dyn DecodeTier, plan: &Plan) -> Result<LayerIndex> {
-    let shape = (kv.kv_heads(), kv.head_dim());
+    let started = Instant::now();
+    let (shape, dev) = ((kv.kv_heads(), kv.head_dim()), kv.device());
     let chunk = |a: usize, b: usize| kv.keys(call.kv_layer, a, b);
-    let centre = match kv.host_keys(call.kv_layer) {
-        Some(keys) => {
-            let view = keys.host()?;
-            centre::of_rows(shape, plan.first..plan.end, &|h, p, out| view.row(h, p, out))
+    let keys = plan.first..plan.end;
+    let centre = span(dev, "magicpig index: means and norms", || match kv.host_keys(call.kv_layer) {
+        Some(rows) => {
+            let view = rows.host()?;
+            Ok(centre::of_rows(shape, keys, &|h, p, out| view.row(h, p, out)))
         }
-        None => centre::of_chunks(shape, plan.first..plan.end, &chunk, INDEX_CHUNK)?,
-    };
-    LayerIndex::build_with(shape, plan, centre, &chunk, (INDEX_CHUNK, kv.device()))
+        None => centre::of_chunks(shape, keys, &chunk, INDEX_CHUNK),
+    })?;
+    let centred = started.elapsed();
+    let ix = span(dev, "magicpig index: codes and lists", || {
+        LayerIndex::build_with(shape, plan, centre, &chunk, (INDEX_CHUNK, dev))
+    })?;
+    tracing::info!(
+        layer = call.layer,
+        keys = plan.end - plan.first,
+        tables = plan.tables,
+        keys_in_memory = kv.host_keys(call.kv_layer).is_some(),
+        centre_s = centred.as_secs_f64(),
+        seconds = started.elapsed().as_secs_f64(),
+        "magicpig's tables built over the file tier"
+    );
+    Ok(ix)
 }
