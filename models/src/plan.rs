@@ -309,8 +309,10 @@ pub fn plan(
             (0, 0, host, terms, on_disk)
         }
     };
-    // On the file tier a method's state may lie on disk too (MagicPIG's bucket lists).
-    let method_host = cost.host_state(kv_on_disk);
+    // A method's state lies on disk beside the rows (MagicPIG's bucket lists) when the session
+    // opens the file tier — when the file alone does not fit beside the rest of Folio, as
+    // `OffloadKv::from_context` decides, not when only the file and the state do not.
+    let method_host = cost.host_state(kv_on_disk && file_alone_over(header, host_budget, model.weights_host + process));
     let host_parts = [kv_host, method_host, model.weights_host, process];
     let host_total: u64 = host_parts.iter().sum();
     if let Some(b) = host_budget.filter(|&b| host_total > b && problems.is_empty()) {
@@ -361,25 +363,45 @@ fn offloaded(
     (budget, besides): (Option<u64>, [u64; 3]),
     bw: &Bandwidths,
 ) -> (u64, Vec<Term>, bool) {
-    let kv = header.layers as u64 * header.kv_dtype.kv_bytes(header.kv_heads * header.tokens, header.head_dim);
+    let kv = kv_bytes(header);
     let host = offloaded_host(header, kv, budget, besides);
     let file_per_compute = kv as f64 / compute_kv.max(1) as f64;
+    let on_disk = host != header.file_bytes.max(kv);
+    // On the file tier a method may read otherwise (MagicPIG attends its whole sample on the
+    // device, read through the tier's cache).
+    let link = match on_disk {
+        true => cost.file_link_bytes.unwrap_or(cost.link_bytes),
+        false => cost.link_bytes,
+    } * file_per_compute;
     let mut terms = vec![
         Term::new("device", weights_read + cost.device_bytes, bw.device),
-        Term::new("link", cost.link_bytes * file_per_compute, bw.link.unwrap_or(bw.device)),
+        Term::new("link", link, bw.link.unwrap_or(bw.device)),
         Term::new("host", cost.host_bytes, bw.host),
     ];
-    let on_disk = host != header.file_bytes.max(kv);
     if let (true, Some(disk)) = (on_disk, bw.disk.filter(|&d| d > 0.0)) {
         // What the step reads that the tier's memory misses, at the share of the K/V it holds:
         // picks spread as on random weights (a real model's re-picks hit more); a floor, as
         // the other terms: picked rows that cluster (HiP's leaves) read about their bytes, a
         // scattered row reads a whole 4 KiB block (up to 32 rows' bytes).
         let miss = 1.0 - (host as f64 / kv.max(1) as f64).min(1.0);
-        // And what the method's state on disk reads (MagicPIG's runs of its bucket lists).
-        terms.push(Term::new("disk", cost.link_bytes * file_per_compute * miss + cost.state_disk_bytes, disk));
+        // And what the method's state on disk reads (MagicPIG's runs of its bucket lists),
+        // where it lies there.
+        let lists_on_disk = file_alone_over(header, budget, besides[1] + besides[2]);
+        let state = if lists_on_disk { cost.state_disk_bytes } else { 0.0 };
+        terms.push(Term::new("disk", link * miss + state, disk));
     }
     (host, terms, on_disk)
+}
+
+/// Bytes of a context's K/V as the file stores them.
+fn kv_bytes(header: &Header) -> u64 {
+    header.layers as u64 * header.kv_dtype.kv_bytes(header.kv_heads * header.tokens, header.head_dim)
+}
+
+/// Whether `budget` cannot hold the context file's rows beside `rest` (the weights in host
+/// memory and the rest of Folio): the file tier then, whatever the method.
+fn file_alone_over(header: &Header, budget: Option<u64>, rest: u64) -> bool {
+    budget.is_some_and(|b| rest + header.file_bytes.max(kv_bytes(header)) > b)
 }
 
 /// The host memory the offloaded tier takes for a context of `kv` bytes of rows: the file's

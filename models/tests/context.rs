@@ -647,6 +647,23 @@ fn the_memory_planner_places_the_kv_and_prices_a_step() -> Result<()> {
     let magicpig = MethodChoice::parse("magicpig:64").unwrap();
     let p = plan::plan(&facts, h, &magicpig, Tier::Offloaded, Budgets::default(), &bw)?;
     assert!(p.method_host_bytes > 0 && p.host_bytes > p.kv_host_bytes + p.method_host_bytes, "{p:?}");
+    // On the file tier MagicPIG's bucket lists lie on disk beside the file: its host state is the
+    // rest (run starts, norms, a layer's build), the link carries its whole sample, and the
+    // disk term adds its reads of the lists to the rows' misses.
+    let params = magicpig.params()?;
+    let input =
+        CostInput { shape: Shape::of(cfg), context: big.tokens, elem: 4, budget: 64, params: &params, fp8_rows: false };
+    let cost = (magicpig.spec()?.cost)(&input);
+    assert!(
+        cost.host_state_on_disk > 0 && cost.host_state(true) < cost.host_state_bytes && cost.state_disk_bytes > 0.0
+    );
+    let p = plan::plan(&facts, &big, &magicpig, Tier::Offloaded, budgets, &disk_bw)?;
+    assert!(p.kv_on_disk && p.method_host_bytes == cost.host_state(true), "{p:?}");
+    let link_bytes = p.terms.iter().find(|t| t.path == "link").map_or(0.0, |t| t.bytes);
+    let file_per_compute = big.file_bytes as f64 / (big.layers as u64 * layer * (1 << 20) / h.tokens as u64) as f64;
+    assert!((link_bytes - cost.file_link_bytes.expect("its own") * file_per_compute).abs() < 1.0, "{p:?}");
+    let miss = 1.0 - p.kv_host_bytes as f64 / big.file_bytes as f64;
+    assert!((ms_of(&p, "disk") - (link_bytes * miss + cost.state_disk_bytes) / 1e8 * 1e3).abs() < 1e-6, "{p:?}");
     Ok(())
 }
 

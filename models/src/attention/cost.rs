@@ -71,8 +71,11 @@ pub struct StepCost {
     /// when the rows are read from it (the file tier): MagicPIG's bucket lists, but for the
     /// layer being built.
     pub host_state_on_disk: u64,
-    /// What a step then reads of that state from the disk (4 KiB a read at least).
+    /// What a step then reads of that state from the disk (a read of one or two 4 KiB pages).
     pub state_disk_bytes: f64,
+    /// Bytes over the host link on the file tier, where the method reads otherwise there
+    /// (MagicPIG's whole sample through the tier's cache); `None`: `link_bytes`.
+    pub file_link_bytes: Option<f64>,
 }
 
 impl StepCost {

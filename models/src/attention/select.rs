@@ -221,13 +221,25 @@ impl<T> Indexes<T> {
         decode: impl FnOnce(&[u8]) -> Result<T>,
         build: impl FnOnce() -> Result<T>,
     ) -> Result<Arc<T>> {
+        self.load_placed(call, name, (decode, build), Ok)
+    }
+
+    /// [`Self::load`], the index then handed to `place` (MagicPIG's lists moved to disk on the
+    /// file tier), whose error is the call's: a failure there says nothing of the section.
+    pub fn load_placed(
+        &self,
+        call: &AttnCall<'_>,
+        name: &str,
+        (decode, build): (impl FnOnce(&[u8]) -> Result<T>, impl FnOnce() -> Result<T>),
+        place: impl FnOnce(T) -> Result<T>,
+    ) -> Result<Arc<T>> {
         let stored = call.kv.saved_index(name, call.kv_layer).and_then(|b| b.map(|b| decode(&b)).transpose());
         let (ix, source) = match stored {
             Ok(Some(ix)) => (ix, IndexSource::File),
             Ok(None) => (build()?, IndexSource::Built),
             Err(_) => (build()?, IndexSource::Rebuilt),
         };
-        let ix = Arc::new(ix);
+        let ix = Arc::new(place(ix)?);
         self.0.lock().insert(call.layer, (ix.clone(), source));
         Ok(ix)
     }

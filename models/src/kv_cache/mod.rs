@@ -21,8 +21,9 @@ mod offload;
 mod tier;
 
 pub use context::ContextKv;
+pub(crate) use file::Spill;
 pub use file::{
-    block_read_rate, least_bytes, open_for_reads, read_paced, spill_reads, FileRows, FileStats, Spill, BLOCK_ROWS,
+    block_read_rate, least_bytes, open_for_reads, read_paced, spill_reads, FileRows, FileStats, BLOCK_ROWS,
     FILE_CACHE_MIN,
 };
 pub use offload::{file_tier_bytes, OffloadKv, FILE_CACHE_SHARE, KEYS_IN_MEMORY_SHARE};

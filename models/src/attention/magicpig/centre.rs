@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
 use crate::attention::select::dot;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Per KV head: the keys' mean and each indexed key's centred norm.
 pub(super) type Centre = Vec<(Vec<f32>, Vec<f32>)>;
@@ -57,15 +57,29 @@ pub(super) fn of_chunks(
 ) -> Result<Centre> {
     let (first, end, step) = (keys.start, keys.end, chunk_rows.max(1));
     let host = |a: usize, b: usize| -> Result<Vec<f32>> {
-        Ok(chunk(a, b)?.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?)
+        let keys = chunk(a, b)?;
+        if keys.dims() != [kv_heads, b - a, d] {
+            return Err(Error::Invalid(format!(
+                "magicpig: keys {a}..{b} came as {:?}, not [{kv_heads}, {}, {d}]",
+                keys.dims(),
+                b - a
+            )));
+        }
+        Ok(keys.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?)
     };
+    // Each head's channels in [`SUM_LANES`]-wide parts over the cores: a channel's sum is its
+    // own, in position order, whatever the split.
     let mut sums = vec![vec![0f64; d]; kv_heads];
     for a in (first..end).step_by(step) {
         let b = (a + step).min(end);
         let keys = host(a, b)?;
-        sums.par_iter_mut().enumerate().for_each(|(h, sum)| {
+        let parts = sums
+            .iter_mut()
+            .enumerate()
+            .flat_map(|(h, sum)| sum.chunks_mut(SUM_LANES).enumerate().map(move |(c, part)| (h, c * SUM_LANES, part)));
+        parts.collect::<Vec<_>>().into_par_iter().for_each(|(h, from, part)| {
             for row in keys[h * (b - a) * d..(h + 1) * (b - a) * d].chunks_exact(d) {
-                sum.iter_mut().zip(row).for_each(|(m, x)| *m += *x as f64);
+                part.iter_mut().zip(&row[from..]).for_each(|(m, x)| *m += *x as f64);
             }
         });
     }
@@ -85,6 +99,9 @@ pub(super) fn of_chunks(
     }
     Ok(centre)
 }
+
+/// Channels of a head summed by one task: 16 f64 sums, two cache lines.
+const SUM_LANES: usize = 16;
 
 fn mean_of(sum: &[f64], n: usize) -> Vec<f32> {
     sum.iter().map(|m| (m / n as f64) as f32).collect()

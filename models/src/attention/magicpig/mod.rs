@@ -104,11 +104,13 @@ fn cost(input: &CostInput<'_>) -> StepCost {
     let host_state_bytes = (layers - dense) as u64 * index::kept_bytes(kv_heads, indexed, bits, tables)
         + (4 * kv_heads * tables * indexed) as u64;
     // On the file tier the bucket lists but the one being built lie on disk, and a step reads
-    // one code's runs per query head and table: ~2 KiB at a million keys, a 4 KiB read.
+    // one code's runs per query head and table: ~2 KiB at a million keys, at any offset, so a
+    // read of its bytes and a page more on average; the whole sample crosses the link.
     let lists = (2 * kv_heads * tables * indexed) as u64;
     let host_state_on_disk = (layers - dense).saturating_sub(1) as u64 * lists;
-    let run = ((indexed >> bits) * ENTRY_BYTES as usize).next_multiple_of(DISK_READ) as f64;
+    let run = ((indexed >> bits) as f64 * ENTRY_BYTES).max(1.0) + DISK_READ as f64;
     let state_disk_bytes = sparse * (heads * tables) as f64 * run;
+    let file_link_bytes = Some(link + sample(heads));
     if input.params.usize("gpu") == 0 {
         let host_bytes = sample(heads) + walked;
         return StepCost {
@@ -119,6 +121,7 @@ fn cost(input: &CostInput<'_>) -> StepCost {
             host_state_bytes,
             host_state_on_disk,
             state_disk_bytes,
+            file_link_bytes,
         };
     }
     let on_gpu = gpu_heads(gpu_share(input.params, input.fp8_rows), heads);
@@ -131,6 +134,7 @@ fn cost(input: &CostInput<'_>) -> StepCost {
         host_state_bytes,
         host_state_on_disk,
         state_disk_bytes,
+        file_link_bytes,
     }
 }
 
@@ -180,7 +184,8 @@ const PARAMS: [ParamSpec; 10] = [
         integer: true,
         doc: "1: a GPU takes the queries' codes, walks the tables over the host link and attends the \
               gpu_attend share of the sample, the CPU the rest in host memory (0: the CPU walks and attends \
-              everything, as the paper splits it; a CPU device always does)",
+              everything, as the paper splits it; a CPU device always does). On the file tier the CPU walks \
+              the lists it reads from disk and the device attends every head",
     },
     ParamSpec {
         name: "gpu_attend",
@@ -373,7 +378,7 @@ impl MagicPig {
 
     /// [`Self::layer_index`] with the build left to the caller (`shape`: KV heads, head dim),
     /// its bucket lists moved to a spill file in `spill` where one is given (the file tier's
-    /// directory: [`lists`]).
+    /// directory; the disk asked for room for this layer's lists and the later layers' too).
     fn layer_index_with(
         &self,
         call: &AttnCall<'_>,
@@ -387,12 +392,13 @@ impl MagicPig {
         }
         let Some(plan) = self.plan(call.kv, hi) else { return Ok(None) };
         let name = plan.name();
-        let placed = |ix: LayerIndex| match spill {
-            Some(dir) => ix.spill(dir),
+        let to_come = (call.layer..call.layers).filter(|&l| !self.dense_layer(l, call.layers)).count();
+        let place = |ix: LayerIndex| match spill {
+            Some(dir) => ix.spill(dir, to_come),
             None => Ok(ix),
         };
-        let decode = |b: &[u8]| LayerIndex::decode(b, &name, &plan, kv_heads, d).and_then(placed);
-        Ok(Some(self.index.load(call, &name, decode, || build(&plan).and_then(placed))?))
+        let decode = |b: &[u8]| LayerIndex::decode(b, &name, &plan, kv_heads, d);
+        Ok(Some(self.index.load_placed(call, &name, (decode, || build(&plan)), place)?))
     }
 }
 

@@ -1,7 +1,8 @@
 //! MagicPIG's step over the offloaded tier: the GPU attends the static part while the sample
 //! is drawn and attended — by the CPU straight from host memory (the paper's split), or walked
 //! by the GPU and attended by both. Apart from the method's declaration and its resident-tier
-//! path (the parent module) because it is the one part that knows where rows and tables lie.
+//! path (the parent module) because it knows where the host tier's rows and tables lie (the
+//! file tier's step is `on_file`).
 
 use super::*;
 use crate::attention::DeviceDraw;

@@ -6,8 +6,9 @@
 //! blocks, as every other method's picks do. So the CPU takes each query head's codes, reads
 //! its runs (one read per table, every head's at once on the tier's read threads) and walks
 //! them; the sample and the static part (sinks, window, the tokens after the saved prefix) are
-//! gathered in one `[heads, s]` gather, each head's row padded with its first position and a
-//! weight of nothing; the device takes each row's `q·k`, the CPU the sampled keys' biases from
+//! gathered in one `[heads, s]` gather, each head's row padded with the first static position
+//! and a weight of nothing (the `gpu`, `gpu_attend` and `balance` knobs split the host tier's
+//! sample: here the device attends every head); the device takes each row's `q·k`, the CPU the sampled keys' biases from
 //! it (their norms are in memory, the bias a function of the cosine), and one kernel attends
 //! every row with its bias — the one softmax over both parts that Algorithm 1's LSE merge is.
 

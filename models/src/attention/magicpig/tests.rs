@@ -182,6 +182,7 @@ fn chunked_build_equals_whole() {
     let short = |a: usize, b: usize| -> Result<Tensor> { chunk(a, b - 1) };
     let centre = super::centre::of_rows((kv_heads, d), plan.first..plan.end, &key);
     assert!(LayerIndex::build_with((kv_heads, d), &plan, centre, &short, (100, &Device::Cpu)).is_err());
+    assert!(super::centre::of_chunks((kv_heads, d), plan.first..plan.end, &short, 100).is_err());
 }
 
 /// A build that would not fit in the host memory available is refused with what to change;
@@ -258,7 +259,7 @@ fn lists_on_disk_walk_as_lists_in_memory() {
     let plan = Plan { first: 5, end: n - 9, bits: 4, tables: 10, seed };
     let memory = LayerIndex::build(&rows, &plan).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let disk = LayerIndex::build(&rows, &plan).unwrap().spill(dir.path()).unwrap();
+    let disk = LayerIndex::build(&rows, &plan).unwrap().spill(dir.path(), 1).unwrap();
     assert!((0..plan.tables).all(|l| disk.heads[0].members(l).is_none()), "the lists left memory");
     assert_eq!(disk.encode().unwrap(), memory.encode().unwrap(), "seed {seed}");
     for _ in 0..4 {
@@ -271,6 +272,8 @@ fn lists_on_disk_walk_as_lists_in_memory() {
             let parts: Vec<usize> =
                 (0..disk.segments()).flat_map(|s| disk.retrieve_segments(h, &qc, s..s + 1).unwrap().0).collect();
             assert_eq!(parts, want.0, "seed {seed}: head {h}, in parts");
+            let (segs, tail) = (disk.segments(), memory.retrieve_segments(h, &qc, 1..disk.segments()).unwrap());
+            assert_eq!(disk.retrieve_segments(h, &qc, 1..segs).unwrap(), tail, "seed {seed}: head {h}, segments 1..");
         }
         let all = disk.read_runs(&[(0, &qc), (1, &qc)], 0..disk.segments()).unwrap();
         for (h, runs) in all.iter().enumerate() {

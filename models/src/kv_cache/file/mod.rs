@@ -291,7 +291,7 @@ impl FileRows {
 
     /// The directory of that file: where a method's state too large for host memory goes
     /// ([`Spill`]), on the disk the tier reads.
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         self.path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
     }
 
@@ -553,8 +553,10 @@ pub(crate) fn gather(
     let out = span(device, "attention: file tier fetch", || {
         Ok(match rows.fetch((layer, kind), pos, (sel, group), keep)? {
             Fetched::Gathered(out) => out,
+            // Narrowed where the device is: on a GPU in a launch, where the CPU would take one
+            // core a value (a scan's 64 Ki rows of 4 heads are 33 M values).
             Fetched::Widened(rows) => {
-                Tensor::from_vec(rows, (ih, sel, d), &Device::Cpu)?.to_dtype(dtype)?.to_device(device)?
+                Tensor::from_vec(rows, (ih, sel, d), &Device::Cpu)?.to_device(device)?.to_dtype(dtype)?
             }
         })
     })?;

@@ -1,17 +1,17 @@
 //! A method's state that host memory cannot hold, kept on the disk the file tier reads: at a
-//! million keys of the 7B shape MagicPIG's bucket lists are 30 GB (2 bytes a key a table, 153
-//! tables, 4 KV heads, 26 layers) beside a 28 GiB host budget already holding the keys.
+//! million keys of the 7B shape MagicPIG's bucket lists are 15–30 GB (2 bytes a key a table,
+//! 66–153 tables as the budget asks, 4 KV heads, 26–28 layers) beside a 28 GiB host budget.
 //!
 //! Why a file of its own, not a section of the context file: a method's index is built from the
 //! keys when the method is first chosen for a saved context (no prefill, no rewrite of a 31 GB
 //! file to switch a setting), and the file is unlinked as soon as it is made, so that a crash
 //! leaves nothing behind on a disk the person did not give to Folio. It lies beside the context
-//! file (the same disk, measured by the same planner) and is read as the tier reads rows: the
-//! page cache bypassed so that the host budget sees every byte held and the bench the disk's own
-//! rate, on the tier's read threads, held to the emulated disk's pace where one is.
+//! file (the same disk) and is read as the tier reads rows: the page cache bypassed (the bench
+//! sees the disk's own rate), on the tier's read threads, held to the emulated disk's pace where
+//! one is. It is written through the page cache, which the kernel may give back at once.
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -39,16 +39,20 @@ pub fn spill_reads() -> (u64, u64) {
 pub struct Spill {
     write: File,
     read: File,
+    dir: PathBuf,
     /// Bytes written so far (each piece starts aligned for unbuffered reads).
     len: Mutex<u64>,
 }
 
 impl Spill {
-    /// A spill of up to `bytes` in `dir` for `what` (an error's words): refused when the disk
-    /// has not that much free beyond [`LEAVE_FREE`].
+    /// A spill in `dir` for `what` (an error's words), refused when the disk has not `bytes`
+    /// free beyond [`LEAVE_FREE`] (what the caller will write: a layer's lists and the later
+    /// layers' to come). Its first page is written before it is opened for reads, so that the
+    /// check of an unbuffered open reads a real page (an empty file says nothing), and its name
+    /// is removed as soon as both handles hold it.
     pub fn create(dir: &Path, bytes: u64, what: &str) -> Result<Self> {
         if let Ok(free) = fs4::available_space(dir) {
-            if free < bytes + LEAVE_FREE {
+            if free < bytes.saturating_add(LEAVE_FREE) {
                 return Err(Error::Invalid(format!(
                     "{what} take {} of disk beside the context file, and {} has {} free: free some space there, \
                      or give the host budget room for them",
@@ -67,12 +71,13 @@ impl Spill {
             .create_new(true)
             .open(&path)
             .map_err(|e| Error::io(&path, e))?;
-        let read = open_for_reads(&path).map(|(read, _)| read);
+        let first = write.write_all_at(&[0u8; DIRECT_ALIGN], 0).map_err(|e| Error::io(&path, e));
+        let read = first.and_then(|()| open_for_reads(&path).map(|(read, _)| read).map_err(|e| Error::io(&path, e)));
         // The name goes now, opened or not: both handles keep the file until they close.
         let removed = std::fs::remove_file(&path);
-        let read = read.map_err(|e| Error::io(&path, e))?;
+        let read = read?;
         removed.map_err(|e| Error::io(&path, e))?;
-        Ok(Self { write, read, len: Mutex::new(0) })
+        Ok(Self { write, read, dir: dir.to_owned(), len: Mutex::new(DIRECT_ALIGN as u64) })
     }
 
     /// Writes `bytes` after what is there, from the next aligned offset; returns that offset.
@@ -82,19 +87,9 @@ impl Spill {
     pub fn append(&self, bytes: &[u8]) -> Result<u64> {
         let mut len = self.len.lock().unwrap_or_else(|e| e.into_inner());
         let at = len.next_multiple_of(DIRECT_ALIGN as u64);
-        self.write.write_all_at(bytes, at).map_err(|e| Error::Invalid(format!("writing a spill file: {e}")))?;
+        self.write.write_all_at(bytes, at).map_err(|e| self.error("writing", e))?;
         *len = at + bytes.len() as u64;
         Ok(at)
-    }
-
-    /// Bytes written.
-    pub fn len(&self) -> u64 {
-        *self.len.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Whether nothing is written.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Reads each `(offset, len)` span into its own buffer, in parallel on the tier's read
@@ -113,11 +108,15 @@ impl Spill {
                 })
                 .collect::<std::io::Result<Vec<_>>>()
         });
-        let out = out.map_err(|e| Error::Invalid(format!("reading a spill file: {e}")))?;
+        let out = out.map_err(|e| self.error("reading", e))?;
         let bytes: u64 = out.iter().map(|(_, read)| read).sum();
         READS.fetch_add(out.iter().filter(|(_, read)| *read > 0).count() as u64, Ordering::Relaxed);
         BYTES.fetch_add(bytes, Ordering::Relaxed);
         Ok(out.into_iter().map(|(buf, _)| buf).collect())
+    }
+
+    fn error(&self, doing: &str, e: std::io::Error) -> Error {
+        Error::Invalid(format!("{doing} a spill file in {}: {e}", self.dir.display()))
     }
 }
 
@@ -129,11 +128,10 @@ mod tests {
     fn pieces_read_back_and_the_file_has_no_name() {
         let dir = tempfile::tempdir().unwrap();
         let spill = Spill::create(dir.path(), 1 << 20, "the test's lists").unwrap();
-        assert!(spill.is_empty());
         let a: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
         let b: Vec<u8> = (0..300u32).map(|i| (i * 13 + 1) as u8).collect();
         let (at_a, at_b) = (spill.append(&a).unwrap(), spill.append(&b).unwrap());
-        assert_eq!(at_a, 0);
+        assert_eq!(at_a, DIRECT_ALIGN as u64, "after the page that opened it");
         assert_eq!(at_b % DIRECT_ALIGN as u64, 0, "each piece starts aligned");
         assert!(at_b >= a.len() as u64);
         let (reads, _) = spill_reads();

@@ -2,13 +2,15 @@
 //! the disk the file tier reads ([`Spill`]) — and the walk that counts a query's collisions
 //! over them.
 //!
-//! Why on disk: at a million keys of the 7B shape the lists are 30 GB (2 bytes a key a table,
-//! L = 153), more than a 32 GiB laptop has beside its keys; their run starts (~1 GB for every
-//! layer) and the keys' norms stay in memory. Why that costs one read per (query head, table):
-//! a table's members are sorted by (code, segment, key), so one code's runs in every segment
-//! lie together — ~1,000 keys at a million keys and K = 10, 2 KiB, one 4 KiB read — and the
-//! walk, given those bytes, counts exactly what it counts over memory.
+//! Why on disk: at a million keys of the 7B shape the lists are 15–30 GB (2 bytes a key a
+//! table, L = 66–153), more than a 32 GiB laptop has beside its keys; their run starts (~40 MB
+//! a layer, ~1 GB in all) and the keys' norms stay in memory. Why that costs one read per
+//! (query head, table): a table's members are sorted by (code, segment, key), so one code's runs
+//! in every segment lie together — ~1,000 keys at a million keys and K = 10, 2 KiB, one read of
+//! one or two 4 KiB pages — and the walk, given those bytes, counts exactly what it counts over
+//! memory.
 
+use std::borrow::Cow;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
@@ -47,13 +49,13 @@ impl HeadTables {
         (at + from, range.len() * 2)
     }
 
-    /// Table `l`'s members read back from disk (or copied from memory).
-    pub(in crate::attention::magicpig) fn read_table(&self, l: usize) -> Result<Vec<u16>> {
+    /// Table `l`'s members, read back from disk where they lie there.
+    pub(in crate::attention::magicpig) fn table(&self, l: usize) -> Result<Cow<'_, [u16]>> {
         match &self.lists {
-            Lists::Memory(_) => Ok(self.members(l).map(<[u16]>::to_vec).unwrap_or_default()),
+            Lists::Memory(_) => Ok(Cow::Borrowed(self.members(l).unwrap_or_default())),
             Lists::Disk { spill, at } => {
                 let bytes = spill.read(&[self.span(*at, l, &(0..self.len()))])?;
-                Ok(u16s(&bytes[0]))
+                Ok(Cow::Owned(u16s(&bytes[0])))
             }
         }
     }
@@ -163,6 +165,8 @@ impl LayerIndex {
             let Lists::Disk { spill: s, at } = &t.lists else {
                 return Err(crate::error::Error::Invalid("magicpig: these bucket lists are in memory".into()));
             };
+            // One spill a layer: every head's lists are in it.
+            debug_assert!(spill.as_ref().is_none_or(|first| Arc::ptr_eq(first, s)));
             spill = Some(s.clone());
             spans.extend(qc.iter().enumerate().map(|(l, &c)| t.span(*at, l, &t.run_at(l, c, segs.clone()))));
         }
@@ -209,11 +213,14 @@ impl LayerIndex {
     }
 
     /// This index with its bucket lists moved to a spill file in `dir` (the context file's
-    /// directory): each KV head's written, then its memory returned.
-    pub(in crate::attention::magicpig) fn spill(mut self, dir: &Path) -> Result<Self> {
+    /// directory): each KV head's written, then its memory returned. The disk is asked for room
+    /// for `layers` layers' lists like these (this one and those to come), so that a disk that
+    /// cannot hold them all says so at the first layer, not minutes into the answer.
+    pub(in crate::attention::magicpig) fn spill(mut self, dir: &Path, layers: usize) -> Result<Self> {
         let started = std::time::Instant::now();
-        let bytes: u64 = self.heads.iter().map(|h| (h.len() * self.tables * 2) as u64).sum();
-        let spill = Arc::new(Spill::create(dir, bytes, "magicpig's bucket lists")?);
+        let bytes: u64 = self.heads.iter().map(|h| (h.len() * self.tables * 2) as u64 + PAGE).sum();
+        let what = format!("magicpig's bucket lists ({layers} layers of {})", crate::error::human_bytes(bytes));
+        let spill = Arc::new(Spill::create(dir, bytes * layers.max(1) as u64, &what)?);
         for h in &mut self.heads {
             if let Lists::Memory(members) = &h.lists {
                 let at = spill.append(bytemuck::cast_slice::<u16, u8>(members))?;
@@ -224,3 +231,6 @@ impl LayerIndex {
         Ok(self)
     }
 }
+
+/// A page of a spill: each head's lists start on one, and the spill's first is its own.
+const PAGE: u64 = 4096;

@@ -38,7 +38,7 @@ pub(super) fn projection(d: usize, planes: usize, seed: u64) -> Vec<f32> {
 
 /// Keys per segment of a bucket list, whose members are stored as 16-bit offsets within their
 /// segment: the device walk's layout too ([`lsh`]).
-pub(super) const SEGMENT_KEYS: usize = lsh::SEGMENT_KEYS;
+const SEGMENT_KEYS: usize = lsh::SEGMENT_KEYS;
 
 pub(super) use lsh::segments;
 
@@ -146,7 +146,7 @@ impl HeadTables {
     }
 
     /// Keys indexed.
-    pub(super) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.norms.len()
     }
 
@@ -157,13 +157,13 @@ impl HeadTables {
 
     /// Where table `l`'s members with code `c` in segments `segs` lie in its members: a code's
     /// runs in consecutive segments lie together.
-    pub(super) fn run_at(&self, l: usize, c: u32, segs: Range<usize>) -> Range<usize> {
+    fn run_at(&self, l: usize, c: u32, segs: Range<usize>) -> Range<usize> {
         let (starts, at) = (self.starts(l), c as usize * self.segments);
         starts[at + segs.start] as usize..starts[at + segs.end] as usize
     }
 
     /// Starts the loads of table `l`'s run starts for code `c` (every segment's).
-    pub(super) fn prefetch_starts(&self, l: usize, c: u32) {
+    fn prefetch_starts(&self, l: usize, c: u32) {
         lsh::prefetch_lines(&self.starts(l)[c as usize * self.segments..][..self.segments + 1]);
     }
 }
@@ -485,10 +485,7 @@ impl LayerIndex {
             w.f32s(&h.norms);
             for l in 0..h.tables {
                 w.u32s(h.starts(l).iter().copied());
-                match h.members(l) {
-                    Some(members) => w.u16s(members),
-                    None => w.u16s(&h.read_table(l)?),
-                }
+                w.u16s(&h.table(l)?);
             }
         }
         Ok(w.0)
