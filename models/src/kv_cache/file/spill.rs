@@ -4,8 +4,9 @@
 //!
 //! Why a file of its own, not a section of the context file: a method's index is built from the
 //! keys when the method is first chosen for a saved context (no prefill, no rewrite of a 31 GB
-//! file to switch a setting), and the file is unlinked as soon as it is made, so that a crash
-//! leaves nothing behind on a disk the person did not give to Folio. It lies beside the context
+//! file to switch a setting), and the file's name is removed as soon as it is open (one a
+//! crashed process left is removed by the next spill), so that nothing stays behind on a disk
+//! the person did not give to Folio. It lies beside the context
 //! file (the same disk) and is read as the tier reads rows: the page cache bypassed (the bench
 //! sees the disk's own rate), on the tier's read threads, held to the emulated disk's pace where
 //! one is. It is written through the page cache, which the kernel may give back at once.
@@ -24,6 +25,23 @@ use crate::error::{human_bytes, Error, Result};
 /// Free bytes a spill leaves on its disk: the context's answers (conversations, a grown file)
 /// still need room.
 const LEAVE_FREE: u64 = 1 << 30;
+
+/// How a spill's short-lived name begins: `PREFIX` then the process id and a count.
+const PREFIX: &str = ".folio-spill-";
+
+/// Removes spills in `dir` that a process no longer running left there (it ended between
+/// making one and removing its name), where the platform says which processes run (Linux).
+fn remove_stale(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name.to_str().and_then(|n| n.strip_prefix(PREFIX)).and_then(|rest| rest.split('-').next());
+        let Some(pid) = pid.and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if Path::new("/proc/self").exists() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
 
 /// Reads and bytes every spill of this process has read (the bench's figures per step).
 static READS: AtomicU64 = AtomicU64::new(0);
@@ -62,8 +80,9 @@ impl Spill {
                 )));
             }
         }
+        remove_stale(dir);
         static MADE: AtomicU64 = AtomicU64::new(0);
-        let name = format!(".folio-spill-{}-{}", std::process::id(), MADE.fetch_add(1, Ordering::Relaxed));
+        let name = format!("{PREFIX}{}-{}", std::process::id(), MADE.fetch_add(1, Ordering::Relaxed));
         let path = dir.join(name);
         let write = std::fs::OpenOptions::new()
             .read(true)
@@ -140,6 +159,23 @@ mod tests {
         assert!(spill_reads().0 >= reads + 3, "the reads are counted");
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert!(names.is_empty(), "the spill leaves no file behind: {names:?}");
+    }
+
+    #[test]
+    fn a_spill_left_by_a_process_that_ended_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        // Past Linux's largest process id: no such process runs.
+        let stale = dir.path().join(format!("{PREFIX}{}-0", u32::MAX));
+        let ours = dir.path().join(format!("{PREFIX}{}-999999", std::process::id()));
+        let other = dir.path().join("notes.txt");
+        for path in [&stale, &ours, &other] {
+            std::fs::write(path, b"x").unwrap();
+        }
+        let _spill = Spill::create(dir.path(), 1 << 20, "the test's lists").unwrap();
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+        let proc = Path::new("/proc/self").exists();
+        assert_eq!(left.contains(&stale), !proc, "{left:?}");
+        assert!(left.contains(&ours) && left.contains(&other), "a running process's and other files stay: {left:?}");
     }
 
     #[test]
