@@ -47,8 +47,10 @@ pub(super) fn of_rows(
 }
 
 /// Over keys `keys`, from `chunk(a, b)`, keys `a..b` as `[kv_heads, b - a, d]` on any device,
-/// read twice `chunk_rows` at a time (the file tier without its keys in memory: a layer's keys
-/// as f32 would be 2 GiB at a million tokens).
+/// read once `chunk_rows` at a time (the file tier without its keys in memory: a layer's keys
+/// as f32 would be 2 GiB at a million tokens): the means, the norms left empty — the build takes
+/// them from the centred keys it hashes ([`super::index::LayerIndex::build_with`]), which saves
+/// a pass over the keys from disk.
 pub(super) fn of_chunks(
     (kv_heads, d): (usize, usize),
     keys: Range<usize>,
@@ -56,7 +58,11 @@ pub(super) fn of_chunks(
     chunk_rows: usize,
 ) -> Result<Centre> {
     let (first, end, step) = (keys.start, keys.end, chunk_rows.max(1));
-    let host = |a: usize, b: usize| -> Result<Vec<f32>> {
+    // Each head's channels in [`SUM_LANES`]-wide parts over the cores: a channel's sum is its
+    // own, in position order, whatever the split.
+    let mut sums = vec![vec![0f64; d]; kv_heads];
+    for a in (first..end).step_by(step) {
+        let b = (a + step).min(end);
         let keys = chunk(a, b)?;
         if keys.dims() != [kv_heads, b - a, d] {
             return Err(Error::Invalid(format!(
@@ -65,14 +71,7 @@ pub(super) fn of_chunks(
                 b - a
             )));
         }
-        Ok(keys.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?)
-    };
-    // Each head's channels in [`SUM_LANES`]-wide parts over the cores: a channel's sum is its
-    // own, in position order, whatever the split.
-    let mut sums = vec![vec![0f64; d]; kv_heads];
-    for a in (first..end).step_by(step) {
-        let b = (a + step).min(end);
-        let keys = host(a, b)?;
+        let keys: Vec<f32> = keys.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?;
         let parts = sums
             .iter_mut()
             .enumerate()
@@ -83,21 +82,12 @@ pub(super) fn of_chunks(
             }
         });
     }
-    let mut centre: Centre = sums.iter().map(|s| (mean_of(s, end - first), Vec::with_capacity(end - first))).collect();
-    for a in (first..end).step_by(step) {
-        let b = (a + step).min(end);
-        let keys = host(a, b)?;
-        centre.par_iter_mut().enumerate().for_each(|(h, (mean, norms))| {
-            let rows = keys[h * (b - a) * d..(h + 1) * (b - a) * d].par_chunks_exact(d);
-            let centred = |buf: &mut Vec<f32>, row: &[f32]| {
-                buf.copy_from_slice(row);
-                centred_norm(buf, mean)
-            };
-            let mut got: Vec<f32> = rows.map_init(|| vec![0f32; d], centred).collect();
-            norms.append(&mut got);
-        });
-    }
-    Ok(centre)
+    Ok(sums.iter().map(|s| (mean_of(s, end - first), Vec::new())).collect())
+}
+
+/// The norms of `rows` (`d` values each) already centred, as [`of_rows`] takes them.
+pub(super) fn norms_of_centred(rows: &[f32], d: usize) -> Vec<f32> {
+    rows.par_chunks_exact(d).map(|row| dot(row, row).sqrt()).collect()
 }
 
 /// Channels of a head summed by one task: 16 f64 sums, two cache lines.

@@ -205,7 +205,7 @@ impl LayerIndex {
     }
 
     /// The index over `plan`'s keys from their `centre` (each head's mean and the keys' centred
-    /// norms: [`centre`]) and `chunk(a, b)`, keys `a..b` as `[kv_heads, b - a, d]` on the device
+    /// norms, or no norms: then taken here from the centred keys: [`centre`]) and `chunk(a, b)`, keys `a..b` as `[kv_heads, b - a, d]` on the device
     /// that hashes them (`device`: the GPU for an offloaded layer), `chunk_rows` at a time. SimHash codes are the
     /// same bits on every device, so the resident reference and the offloaded tier build the
     /// same tables from the same keys, whatever the chunking.
@@ -228,6 +228,15 @@ impl LayerIndex {
         let w_dev = Tensor::from_slice(&w, (d, bits * tables), device)?;
         let means: Vec<f32> = centre.iter().flat_map(|c| c.0.iter().copied()).collect();
         let means = Tensor::from_vec(means, (kv_heads, 1, d), device)?;
+        // Norms not given: taken from the centred keys as they are hashed (`centre::of_chunks`).
+        let mut centre = centre;
+        let fill_norms = centre.iter().all(|c| c.1.is_empty()) && n > 0;
+        if centre.len() != kv_heads || centre.iter().any(|c| c.0.len() != d || (!fill_norms && c.1.len() != n)) {
+            return Err(Error::Invalid(format!(
+                "magicpig: a centre of {} heads for {kv_heads} of {n} keys",
+                centre.len()
+            )));
+        }
         let mut codes = vec![vec![0u32; tables * n]; kv_heads];
         for a in (first..end).step_by(chunk_rows.max(1)) {
             let b = (a + chunk_rows.max(1)).min(end);
@@ -242,6 +251,11 @@ impl LayerIndex {
             }
             let centred = keys.broadcast_sub(&means)?;
             for (h, head_codes) in codes.iter_mut().enumerate() {
+                if fill_norms {
+                    // f32 differences, rounded alike on every device: the reference's norms.
+                    let rows: Vec<f32> = centred.get(h)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?;
+                    centre[h].1.extend(centre::norms_of_centred(&rows, d));
+                }
                 // Transposed where they were made: a table's codes land as one run.
                 let c: Vec<u32> = sparse::simhash_codes(&centred.get(h)?, &w_dev, bits, tables)?
                     .t()?
