@@ -250,12 +250,15 @@ impl LayerIndex {
                 )));
             }
             let centred = keys.broadcast_sub(&means)?;
-            for (h, head_codes) in codes.iter_mut().enumerate() {
-                if fill_norms {
-                    // f32 differences, rounded alike on every device: the reference's norms.
-                    let rows: Vec<f32> = centred.get(h)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?;
-                    centre[h].1.extend(centre::norms_of_centred(&rows, d));
+            if fill_norms {
+                // f32 differences, rounded alike on every device: the reference's norms. One
+                // copy for every head (a head's own would copy the whole chunk from a GPU).
+                let rows: Vec<f32> = centred.flatten_all()?.to_vec1()?;
+                for (h, (_, norms)) in centre.iter_mut().enumerate() {
+                    norms.extend(centre::norms_of_centred(&rows[h * (b - a) * d..(h + 1) * (b - a) * d], d));
                 }
+            }
+            for (h, head_codes) in codes.iter_mut().enumerate() {
                 // Transposed where they were made: a table's codes land as one run.
                 let c: Vec<u32> = sparse::simhash_codes(&centred.get(h)?, &w_dev, bits, tables)?
                     .t()?
