@@ -6,10 +6,10 @@
 //! keys when the method is first chosen for a saved context (no prefill, no rewrite of a 31 GB
 //! file to switch a setting), and the file's name is removed as soon as it is open (one a
 //! crashed process left is removed by the next spill), so that nothing stays behind on a disk
-//! the person did not give to Folio. It lies beside the context
-//! file (the same disk) and is read as the tier reads rows: the page cache bypassed (the bench
-//! sees the disk's own rate), on the tier's read threads, held to the emulated disk's pace where
-//! one is. It is written through the page cache, which the kernel may give back at once.
+//! the person did not give to Folio. It lies beside the context file (the same disk) and is
+//! read as the tier reads rows: the page cache bypassed (the bench sees the disk's own rate), on
+//! the tier's read threads, held to the emulated disk's pace where one is. It is written through
+//! the page cache, which the kernel may give back at once.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -32,12 +32,15 @@ const PREFIX: &str = ".folio-spill-";
 /// Removes spills in `dir` that a process no longer running left there (it ended between
 /// making one and removing its name), where the platform says which processes run (Linux).
 fn remove_stale(dir: &Path) {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name();
         let pid = name.to_str().and_then(|n| n.strip_prefix(PREFIX)).and_then(|rest| rest.split('-').next());
         let Some(pid) = pid.and_then(|p| p.parse::<u32>().ok()) else { continue };
-        if Path::new("/proc/self").exists() && !Path::new(&format!("/proc/{pid}")).exists() {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
             let _ = std::fs::remove_file(entry.path());
         }
     }
