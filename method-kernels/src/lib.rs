@@ -1,5 +1,6 @@
 //! The kernels that belong to one attention method each: [`hip`] (HiP's hierarchical block
-//! search: a round's steps, the whole search round by round, and in one launch over host rows)
+//! search: a round's steps, the whole search round by round, in one launch over host rows, and
+//! one head's search on the CPU over host rows)
 //! and [`magicpig`] (MagicPIG's LSH table walk and sample attention on the GPU, and the CPU's
 //! attention of a sample straight from host memory).
 //!

@@ -229,3 +229,67 @@ fn search_blocks_matches_rounds(device: &Device) -> Result<()> {
 }
 
 test_device!(search_blocks_matches_rounds, search_blocks_cpu, search_blocks_cuda);
+
+/// HiP's search on the CPU ([`hip::host::search_head`], one query head at a time over the saved
+/// rows where they lie and the rows written since) against the search round by round on the
+/// CPU over the same keys as the tier's gather gives them. Integer keys and queries (and fp8
+/// codes read as bf16, whose values are then dyadic with 8-bit mantissas) make every sum
+/// exact in both arithmetics, so the positions must be equal.
+#[test]
+fn cpu_search_matches_rounds() -> Result<()> {
+    let seed = common::seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let cpu = Device::Cpu;
+    #[rustfmt::skip]
+    let cases = [
+        // (kv heads, group, rows, tail, d, stored, read as, plan)
+        (4, 7, 6000, 0, 128, DType::BF16, DType::BF16, Search { n: 256, blocks: 2900, b: 2, first: 4, lo: 0 }),
+        (2, 3, 1000, 50, 64, DType::F32, DType::F32, Search { n: 7, blocks: 255, b: 4, first: 20, lo: 3 }),
+        (2, 2, 3000, 10, 36, DType::BF16, DType::F32, Search { n: 1024, blocks: 3005, b: 1, first: 0, lo: 0 }),
+        (4, 7, 4000, 30, 128, DType::F8E4M3, DType::BF16, Search { n: 256, blocks: 2010, b: 2, first: 4, lo: 0 }),
+        (2, 2, 800, 5, 20, DType::F8E4M3, DType::BF16, Search { n: 9, blocks: 800, b: 1, first: 2, lo: 1 }),
+    ];
+    for (kv_heads, group, n, tail_n, d, kind, dtype, plan) in cases {
+        let heads = kv_heads * group;
+        let ints = |rng: &mut StdRng, len: usize, spread: i32| -> Vec<f32> {
+            (0..len).map(|_| rng.random_range(-spread..=spread) as f32).collect()
+        };
+        let (section, stored, decoded) = stored_section(&ints(&mut rng, kv_heads * n * d, 3), d, kind);
+        let at = PageAligned::PAGE;
+        let mut bytes = vec![0u8; at];
+        bytes.extend(&section);
+        let shared = SharedHost::new(&cpu, Arc::new(PageAligned::new(&bytes)))?;
+        let rows = HostRows::view(&cpu, &shared, at, stored, (kv_heads, n, d), dtype)?;
+        let tail: Vec<f32> = ints(&mut rng, kv_heads * tail_n * d, 3);
+        let q = ints(&mut rng, heads * d, 2);
+        let view = rows.host()?;
+        let got: Vec<u32> = (0..heads)
+            .flat_map(|h| {
+                let kvh = h / group;
+                let keys = hip::host::HeadKeys {
+                    rows: &view,
+                    kvh,
+                    tail: &tail[kvh * tail_n * d..(kvh + 1) * tail_n * d],
+                    bf16: dtype == DType::BF16,
+                };
+                hip::host::search_head(&keys, &q[h * d..(h + 1) * d], &plan)
+            })
+            .collect();
+        // The definition: the rounds over the decoded keys as the tier's dtype.
+        let keys: Vec<f32> = (0..kv_heads)
+            .flat_map(|g| [&decoded[g * n * d..(g + 1) * n * d], &tail[g * tail_n * d..(g + 1) * tail_n * d]])
+            .flatten()
+            .copied()
+            .collect();
+        let keys = Tensor::from_vec(keys, (kv_heads, n + tail_n, d), &cpu)?.to_dtype(dtype)?;
+        let gather = |pos: &Tensor| -> Result<Tensor> {
+            let per_head =
+                (0..heads).map(|h| keys.get(h / group)?.index_select(&pos.get(h)?, 0)).collect::<Result<Vec<_>>>()?;
+            Tensor::stack(&per_head, 0)
+        };
+        let want = hip::search_by_rounds(&Tensor::from_vec(q, (heads, d), &cpu)?, &plan, gather)?;
+        assert_eq!(got, want.flatten_all()?.to_vec1::<u32>()?, "seed {seed}: {kind:?} as {dtype:?}, {plan:?}");
+        println!("cpu search {heads}/{kv_heads} heads, {kind:?} as {dtype:?}, tail {tail_n}, {plan:?}: equal");
+    }
+    Ok(())
+}

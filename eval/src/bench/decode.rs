@@ -514,7 +514,7 @@ impl RunFacts {
             emulated_link: folio_kernels::link::rate().filter(|_| self.device != "cpu"),
             host_budget: host_budget::budget(),
             huge_page_bytes: huge_page_bytes(),
-            host_threads: folio_models::attention::cpu_pool_threads(),
+            host_threads: folio_models::attention::host_pool::threads(),
             profile: t.profile,
             first_step_profile: t.first_step_profile,
         }

@@ -135,6 +135,11 @@ impl SharedHost {
 /// or a view of a [`SharedHost`] (a context file's section) in its stored dtype. Rows are
 /// written as they are produced (not into a view) and read by [`HostRows::gather`] in the
 /// dtype they were made for.
+///
+/// A clone shares the memory (it is reference-counted): a thread that reads the rows after the
+/// caller's borrow ends (HiP's search on the CPU, a step ahead) holds one, and the memory lives
+/// until the last is gone. Rows are written only through the one handle there is.
+#[derive(Clone)]
 pub struct HostRows {
     heads: usize,
     n: usize,
@@ -146,10 +151,11 @@ pub struct HostRows {
     mem: HostMem,
 }
 
+#[derive(Clone)]
 enum HostMem {
-    Plain(Vec<u8>),
+    Plain(Arc<Vec<u8>>),
     #[cfg(feature = "cuda")]
-    Mapped(cuda::Mapped),
+    Mapped(Arc<cuda::Mapped>),
     /// A section of shared memory, from byte `at`.
     Shared {
         host: Arc<SharedHost>,
@@ -169,8 +175,8 @@ impl HostRows {
         let bytes = stored.section_bytes(heads * n, d);
         let mem = match device {
             #[cfg(feature = "cuda")]
-            Device::Cuda(dev) => HostMem::Mapped(cuda::Mapped::new(dev, bytes)?),
-            _ => HostMem::Plain(vec![0; bytes]),
+            Device::Cuda(dev) => HostMem::Mapped(Arc::new(cuda::Mapped::new(dev, bytes)?)),
+            _ => HostMem::Plain(Arc::new(vec![0; bytes])),
         };
         Ok(Self { heads, n, d, dtype, stored, device: device.clone(), mem })
     }
@@ -261,9 +267,9 @@ impl HostRows {
 
     fn host_mut(&mut self) -> Result<&mut [u8]> {
         match &mut self.mem {
-            HostMem::Plain(v) => Ok(v),
+            HostMem::Plain(v) => Arc::get_mut(v).map(Vec::as_mut_slice).ok_or_else(shared_while_written),
             #[cfg(feature = "cuda")]
-            HostMem::Mapped(m) => m.as_mut_slice(),
+            HostMem::Mapped(m) => Arc::get_mut(m).ok_or_else(shared_while_written)?.as_mut_slice(),
             HostMem::Shared { .. } => candle_core::bail!("host rows: a view of shared memory is read-only"),
         }
     }
@@ -289,6 +295,7 @@ impl HostRows {
         #[cfg(feature = "cuda")]
         if let (HostMem::Mapped(m), Device::Cuda(_)) = (&mut self.mem, rows.device()) {
             // Straight from device memory into the page-locked rows, one copy per head.
+            let m = Arc::get_mut(m).ok_or_else(shared_while_written)?;
             return m.write_rows(&rows.contiguous()?, (h, t, n, pos), rb);
         }
         let bytes = tensor_bytes(&rows.to_device(&Device::Cpu)?.contiguous()?)?;
@@ -305,7 +312,7 @@ impl HostRows {
     #[cfg(feature = "cuda")]
     pub fn source(&self) -> Result<cuda::Source<'_>> {
         match &self.mem {
-            HostMem::Mapped(m) => Ok(cuda::Source::Mapped(m)),
+            HostMem::Mapped(m) => Ok(cuda::Source::Mapped(m.as_ref())),
             HostMem::Shared { host, at } => {
                 let registered = host.registered.as_ref().ok_or_else(|| {
                     candle_core::Error::Msg("host rows: shared memory not registered with the GPU".into())
@@ -387,7 +394,7 @@ impl HostRows {
         let bytes: &[u8] = match &self.mem {
             HostMem::Plain(v) => v.as_slice(),
             #[cfg(feature = "cuda")]
-            HostMem::Mapped(m) => m.as_slice()?,
+            HostMem::Mapped(m) => m.as_ref().as_slice()?,
             HostMem::Shared { host, at } => &host.bytes()[*at..*at + self.bytes()],
         };
         Ok(HostView { bytes, heads: self.heads, n: self.n, d: self.d, stored: self.stored })
@@ -454,6 +461,41 @@ impl<'a> HostView<'a> {
     pub fn row(&self, head: usize, pos: usize, out: &mut [f32]) {
         reference::stored_row(self.bytes, self.stored, head * self.n + pos, self.d, out);
     }
+
+    /// Asks the CPU to bring row `pos` of `head` (and an fp8 row's scale) toward its caches: a
+    /// hint that neither waits nor faults, so that a loop over scattered rows keeps many of
+    /// them in flight from DRAM instead of one after another (a no-op off x86-64, and for a
+    /// position past the rows).
+    #[inline]
+    pub fn prefetch(&self, head: usize, pos: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            const LINE: usize = 64;
+            let row = head * self.n + pos;
+            let rb = self.stored.row_bytes(self.d);
+            let scale = match self.stored {
+                Stored::Fp8 { scales } => Some(scales + 4 * row),
+                _ => None,
+            };
+            if pos >= self.n || (row + 1) * rb > self.bytes.len() {
+                return;
+            }
+            let at = self.bytes.as_ptr();
+            for offset in (row * rb..(row + 1) * rb).step_by(LINE).chain(scale) {
+                // SAFETY: every offset lies within `bytes` (the row's are checked above; an fp8
+                // section holds a scale for each of its rows), and a prefetch reads nothing.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(at.add(offset) as *const i8) };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (head, pos);
+    }
+}
+
+/// A write to rows another handle still reads (a clone held by a search in flight).
+fn shared_while_written() -> candle_core::Error {
+    candle_core::Error::Msg("host rows: written while another handle reads them".into())
 }
 
 /// `[heads, 0, d]`: built from an empty host vector, as a zero-byte device allocation is refused.

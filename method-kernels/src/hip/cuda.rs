@@ -4,8 +4,8 @@
 use std::sync::{Arc, Mutex};
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda::cudarc::driver::{sys, CudaEvent, CudaStream, LaunchConfig, PushKernelArg};
-use candle_core::cuda::{CudaDevice, DeviceId, WrapErr};
+use candle_core::cuda::cudarc::driver::{sys, CudaEvent, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda::{CudaDType, CudaDevice, DeviceId, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result, Shape, Tensor};
 use folio_kernels::select::cuda::{tail_ptr, Source};
 use folio_kernels::select::Stored;
@@ -350,8 +350,8 @@ impl Pending {
     }
 }
 
-/// Where the stream writing a search's positions stood when a copy of them was asked for, and
-/// the stream the copy runs on ([`super::HostCopy`]).
+/// Where the stream writing a tensor (a search's positions, a step's query) stood when a copy
+/// of it was asked for, and the stream the copy runs on ([`super::HostCopy`]).
 pub struct Ready {
     done: CudaEvent,
     copy: Arc<CudaStream>,
@@ -365,18 +365,18 @@ pub fn mark_ready(dev: &CudaDevice, producer: Option<Arc<CudaStream>>) -> Result
 }
 
 impl Ready {
-    /// `idx` (u32, contiguous) copied to the host once the marked work is done.
-    pub fn copy(&self, idx: &Tensor) -> Result<Vec<u32>> {
-        if !idx.is_contiguous() {
-            candle_core::bail!("a search's positions {:?} are not contiguous", idx.dims());
+    /// `t` (contiguous, of `T`'s dtype) copied to the host once the marked work is done.
+    pub fn copy<T: CudaDType + DeviceRepr>(&self, t: &Tensor) -> Result<Vec<T>> {
+        if !t.is_contiguous() {
+            candle_core::bail!("a copy to the host of {:?}: not contiguous", t.dims());
         }
         self.done.synchronize().w()?;
-        let (storage, layout) = idx.storage_and_layout();
+        let (storage, layout) = t.storage_and_layout();
         let candle_core::Storage::Cuda(s) = &*storage else {
-            candle_core::bail!("a search's positions are not on the GPU")
+            candle_core::bail!("a copy to the host of {:?}: not on the GPU", t.dims())
         };
         let from = layout.start_offset();
-        let slice = s.as_cuda_slice::<u32>()?.slice(from..from + idx.elem_count());
+        let slice = s.as_cuda_slice::<T>()?.slice(from..from + t.elem_count());
         self.copy.clone_dtoh(&slice).w()
     }
 }

@@ -20,7 +20,9 @@
 //! the caller's gather of each round's keys), or in one launch where the keys are rows the
 //! select kernels read where they lie ([`search_host`]: the
 //! `hip_search` kernel of method-kernels/cuda/hip.cu, the same rounds inside one block per head,
-//! which the tests hold to [`search_by_rounds`] position for position).
+//! which the tests hold to [`search_by_rounds`] position for position), or a head at a time on
+//! the CPU over the rows where they lie ([`host::search_head`], held to [`search_by_rounds`] on
+//! integer keys), the step's query brought to the host by a [`HostCopy`].
 
 use candle_core::{DType, Result, Tensor};
 use folio_kernels::select::HostRows;
@@ -198,39 +200,71 @@ impl Found {
 
     /// A copy of the positions to the host that any thread can make ([`HostCopy::get`]).
     pub fn host_copy(&self) -> Result<HostCopy> {
-        Ok(HostCopy {
-            #[cfg(feature = "cuda")]
-            ready: match self.idx.device() {
-                candle_core::Device::Cuda(dev) => {
-                    Some(cuda::mark_ready(dev, self.pending.as_ref().map(cuda::Pending::stream))?)
-                }
-                _ => None,
-            },
-            idx: self.idx.clone(),
-        })
+        #[cfg(feature = "cuda")]
+        let producer = self.pending.as_ref().map(cuda::Pending::stream);
+        #[cfg(not(feature = "cuda"))]
+        let producer = None;
+        HostCopy::marked(&self.idx, producer)
     }
 }
 
-/// A search's positions to bring to the host, on a thread of the caller's choosing (the file
-/// tier's read-ahead, which reads the rows they name while the step goes on). On a GPU an event
-/// marks where the stream that writes them stands when the copy is asked for; the thread waits
-/// for that event — the search, not the work queued after it — and only then copies, on a
-/// stream of its own: a copy to pageable memory issued before the data is ready would hold the
-/// driver while it waits, and the step's launches on the other thread with it.
+/// The stream whose work writes what a [`HostCopy`] copies (candle's when none is named).
+#[cfg(feature = "cuda")]
+type Producer = std::sync::Arc<candle_core::cuda::cudarc::driver::CudaStream>;
+#[cfg(not(feature = "cuda"))]
+type Producer = std::convert::Infallible;
+
+/// A tensor to bring to the host, on a thread of the caller's choosing: a search's positions
+/// (the file tier's read-ahead, which reads the rows they name while the step goes on), a
+/// step's query (HiP's search on the CPU, [`host::search_head`]). On a GPU an event marks where
+/// the stream that writes it stands when the copy is asked for; the thread waits for that event
+/// — the work that wrote it, not the work queued after — and only then copies, on a stream of
+/// its own: a copy to pageable memory issued before the data is ready would hold the driver
+/// while it waits, and the step's launches on the other thread with it. The copy holds the
+/// tensor, so its memory is not reused before it is read.
 pub struct HostCopy {
     #[cfg(feature = "cuda")]
     ready: Option<cuda::Ready>,
-    idx: Tensor,
+    t: Tensor,
 }
 
 impl HostCopy {
-    /// The positions, row-major (waits for the search).
+    /// A copy of `t` (contiguous) as the work queued so far on candle's stream leaves it.
+    pub fn of(t: &Tensor) -> Result<Self> {
+        Self::marked(t, None)
+    }
+
+    fn marked(t: &Tensor, producer: Option<Producer>) -> Result<Self> {
+        #[cfg(feature = "cuda")]
+        let ready = match t.device() {
+            candle_core::Device::Cuda(dev) => Some(cuda::mark_ready(dev, producer)?),
+            _ => None,
+        };
+        #[cfg(not(feature = "cuda"))]
+        let _ = producer;
+        Ok(Self {
+            #[cfg(feature = "cuda")]
+            ready,
+            t: t.clone(),
+        })
+    }
+
+    /// The positions, row-major (waits for the work that writes them).
     pub fn get(self) -> Result<Vec<u32>> {
         #[cfg(feature = "cuda")]
         if let Some(ready) = &self.ready {
-            return ready.copy(&self.idx);
+            return ready.copy(&self.t);
         }
-        self.idx.flatten_all()?.to_vec1()
+        self.t.flatten_all()?.to_vec1()
+    }
+
+    /// An f32 tensor's values, row-major (waits for the work that writes them).
+    pub fn get_f32(self) -> Result<Vec<f32>> {
+        #[cfg(feature = "cuda")]
+        if let Some(ready) = &self.ready {
+            return ready.copy(&self.t);
+        }
+        self.t.flatten_all()?.to_vec1()
     }
 }
 
@@ -389,3 +423,4 @@ pub fn search_host(
 
 #[cfg(feature = "cuda")]
 mod cuda;
+pub mod host;

@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
@@ -34,6 +34,7 @@ use rayon::prelude::*;
 
 use super::cost::{CostInput, StepCost};
 use super::fast;
+use super::host_pool;
 use super::method::Tiers;
 use super::method::{budgeted, Budgeted};
 use super::select::{dot, index_base, query_rows, sparse_decode, visible, HeadPick, IndexSource, Indexes, LayerRows};
@@ -427,42 +428,6 @@ struct Sampled {
     walking: Duration,
     attending: Duration,
     threads: usize,
-}
-
-/// Threads of MagicPIG's CPU pool: [`HOST_THREADS_VAR`] when set to a positive number, else one
-/// per physical core within the CPUs this process may use (a container's quota) — the paper's
-/// CPU side is bound by memory bandwidth and FP units, which hyperthreads share. The variable
-/// is there to measure the other choice: the walk and the sample's scattered rows wait on DRAM
-/// more than they compute, which a second thread per core may hide.
-pub fn cpu_pool_threads() -> usize {
-    static THREADS: OnceLock<usize> = OnceLock::new();
-    *THREADS.get_or_init(|| {
-        std::env::var(HOST_THREADS_VAR)
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or_else(|| num_cpus::get_physical().min(num_cpus::get()).max(1))
-    })
-}
-
-/// The environment variable that sets [`cpu_pool_threads`].
-const HOST_THREADS_VAR: &str = "FOLIO_HOST_THREADS";
-
-/// Runs `f` on MagicPIG's CPU pool ([`cpu_pool_threads`] threads), apart from the global pool
-/// the rest of the engine uses. Should the pool fail to start, the global one runs it.
-fn on_cpu_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    let pool = POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(cpu_pool_threads())
-            .thread_name(|i| format!("folio-magicpig-{i}"))
-            .build()
-            .ok()
-    });
-    match pool {
-        Some(pool) => pool.install(f),
-        None => f(),
-    }
 }
 
 impl Attention for MagicPig {

@@ -108,7 +108,7 @@ impl MagicPig {
         let groups = heads / ix.heads.len();
         let (kh, vh) = (keys.host()?, values.host()?);
         let sampled = span(dev, "attention: sample", || {
-            on_cpu_pool(|| {
+            host_pool::install(|| {
                 let codes: Vec<Vec<u32>> =
                     (0..heads).into_par_iter().map(|h| ix.query_codes(&q_flat[h * d..(h + 1) * d])).collect();
                 let q_of = |h: usize| &q_flat[h * d..(h + 1) * d];
@@ -252,7 +252,7 @@ impl MagicPig {
         } else {
             let (kh, vh) = (keys.host()?, values.host()?);
             let (out, lse) = span(dev, "attention: sample: attend (CPU)", || {
-                on_cpu_pool(|| {
+                host_pool::install(|| {
                     let rows: usize = picks.iter().map(Vec::len).sum();
                     let chunk =
                         rows.div_ceil(ATTEND_ROUNDS * rayon::current_num_threads()).clamp(1, ATTEND_ROWS_PER_TASK);

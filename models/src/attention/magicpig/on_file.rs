@@ -38,7 +38,7 @@ impl MagicPig {
         let groups = heads / ix.heads.len();
         let dev = call.q.device();
         let found = span(dev, "attention: sample: walk (disk)", || {
-            on_cpu_pool(|| {
+            host_pool::install(|| {
                 let codes: Vec<Vec<u32>> = (0..heads).into_par_iter().map(|h| ix.query_codes(&queries[h][0])).collect();
                 let wants: Vec<(usize, &[u32])> = codes.iter().enumerate().map(|(h, c)| (h / groups, &c[..])).collect();
                 ix.retrieve_many(&wants)

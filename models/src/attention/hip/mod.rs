@@ -42,6 +42,7 @@ use folio_kernels::{heads, sparse};
 use folio_method_kernels::hip::{self as blocks, Found};
 
 use super::cost::{CostInput, StepCost};
+use super::host_pool;
 use super::method::Tiers;
 use super::method::{budgeted, Budgeted};
 use super::select::{dot, query_rows, sparse_decode, visible, HeadPick, LayerRows, PerLayer};
@@ -51,6 +52,9 @@ use super::{
 use crate::error::Result;
 use crate::kv_cache::{DecodeTier, ReadAhead};
 use crate::profile::span;
+
+mod on_host;
+use on_host::{HostSearch, Searched};
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
     name: "hip",
@@ -83,19 +87,24 @@ fn cost(input: &CostInput<'_>) -> StepCost {
     let blocks = input.context.div_ceil(block).max(1);
     let rounds = (blocks as f64 / n as f64).log2().ceil().max(0.0);
     let search = rounds * input.keys(2 * n * block, heads);
+    // Searched on the CPU in host memory, or by the GPU over the link.
+    let (search_link, search_host) = match on_host::search_on_cpu(input.params.usize("cpu_search"), None) {
+        false => (search, 0.0),
+        true => (0.0, search),
+    };
     // The kept buffers: the picks, the window (each up to a block longer: whole blocks), and
     // room for the rows of a refresh period.
     let kept = input.rows(picked + 2 * (block - 1) + refresh, heads);
     StepCost {
         device_bytes: dense as f64 * input.rows(input.context, kv) + sparse * input.rows(picked, heads),
-        link_bytes: sparse * (input.rows(picked, heads) + search) / refresh as f64,
-        host_bytes: 0.0,
+        link_bytes: sparse * (input.rows(picked, heads) + search_link) / refresh as f64,
+        host_bytes: sparse * search_host / refresh as f64,
         resident_bytes: (dense as f64 * input.rows(input.context, kv) + sparse * kept) as u64,
         ..StepCost::default()
     }
 }
 
-const PARAMS: [ParamSpec; 5] = [
+const PARAMS: [ParamSpec; 6] = [
     ParamSpec { name: "block", default: 2.0, min: 1.0, max: 256.0, integer: true, doc: "b_k, keys per block" },
     ParamSpec {
         name: "sinks",
@@ -121,6 +130,14 @@ const PARAMS: [ParamSpec; 5] = [
         max: 4096.0,
         integer: true,
         doc: "r_m, decode steps per mask",
+    },
+    ParamSpec {
+        name: "cpu_search",
+        default: 2.0,
+        min: 0.0,
+        max: 2.0,
+        integer: true,
+        doc: "where a search a step ahead runs, the keys in host memory: 0 the device, 1 the CPU, 2 the CPU where the host link is under 40 GB/s",
     },
 ];
 
@@ -167,7 +184,7 @@ impl Kept {
 /// the search ends ([`DecodeTier::read_ahead`]: the file tier reads a refresh's blocks from
 /// disk while the step goes on, and the next step's gather finds them cached).
 struct Ahead {
-    picked: Option<Found>,
+    picked: Option<Searched>,
     read: Option<ReadAhead>,
     window_start: usize,
     lo: usize,
@@ -332,29 +349,36 @@ impl Hip {
 
 /// The block search (`plan`) of every query head of `q [q_heads, d]` over the keys of `layer`
 /// below `end`: the positions each head reads, `[q_heads, plan.picks()]` u32 on the device.
-/// Where the tier keeps the saved keys in host memory, one launch reads each round's
-/// representatives where they lie (a round's representatives are a few hundred scattered rows
-/// a head: the search is its launches and its link reads, not its arithmetic), and with `ahead`
-/// may be queued where it overlaps the device's other work until [`Found::positions`] is asked;
-/// otherwise round by round through the tier's key gather, in the device's stream order. Both
-/// give the same positions.
+/// Where the tier keeps the saved keys in host memory: with `ahead` and `on_host`, on the
+/// methods' CPU pool once the device has computed `q` ([`HostSearch`]: the host reads the keys
+/// where they lie and no step's link carries them); else in one launch that reads each
+/// round's representatives where they lie (a round's representatives are a few hundred
+/// scattered rows a head: the search is its launches and its link reads, not its arithmetic),
+/// queued with `ahead` where it overlaps the device's other work until the positions are
+/// asked for. Otherwise round by round through the tier's key gather, in the device's stream
+/// order. Each gives the same positions where the scores' sums are exact.
 fn search_on(
     kv: &dyn DecodeTier,
     layer: usize,
     q: &Tensor,
     plan: &blocks::Search,
     end: usize,
-    ahead: bool,
-) -> Result<Found> {
+    (ahead, on_host): (bool, bool),
+) -> Result<Searched> {
     if let Some(keys) = kv.host_keys(layer) {
         let group = q.dim(0)? / kv.kv_heads();
         let saved = kv.saved();
         let tail = if end > saved { Some(kv.keys(layer, saved, end)?.contiguous()?) } else { None };
-        return Ok(blocks::search_host(keys, q, group, tail.as_ref(), plan, ahead)?);
+        if ahead && on_host {
+            let (search, job) = HostSearch::start(keys, q, tail.as_ref(), group, *plan)?;
+            host_pool::spawn(job);
+            return Ok(Searched::Host(search));
+        }
+        return Ok(Searched::Device(blocks::search_host(keys, q, group, tail.as_ref(), plan, ahead)?));
     }
     let idx =
         blocks::search_by_rounds(q, plan, |pos| kv.gather_keys(layer, pos, end).map_err(candle_core::Error::wrap))?;
-    Ok(Found::ready(idx))
+    Ok(Searched::Device(Found::ready(idx)))
 }
 
 impl Hip {
@@ -377,7 +401,7 @@ impl Hip {
         q: &Tensor,
         (lo, hi): (usize, usize),
         ahead: bool,
-    ) -> Result<(Option<Found>, usize, usize)> {
+    ) -> Result<(Option<Searched>, usize, usize)> {
         let (first, window_start) = self.region(lo, hi);
         let b = self.params.usize("block");
         let blocks = (window_start - first) / b;
@@ -385,14 +409,16 @@ impl Hip {
         let dev = q.device();
         if blocks > n {
             let plan = blocks::Search { n, blocks, b, first, lo };
-            let found =
-                span(dev, "attention: search", || search_on(kv, call.kv_layer, q, &plan, call.q_start + 1, ahead))?;
+            let on_host = on_host::search_on_cpu(self.params.usize("cpu_search"), Some(dev));
+            let found = span(dev, "attention: search", || {
+                search_on(kv, call.kv_layer, q, &plan, call.q_start + 1, (ahead, on_host))
+            })?;
             return Ok((Some(found), window_start, plan.scored()));
         }
         if window_start > lo {
             let all: Vec<u32> = (lo as u32..window_start as u32).collect();
             let idx = Tensor::from_vec(all, (1, window_start - lo), dev)?.repeat((q.dim(0)?, 1))?;
-            return Ok((Some(Found::ready(idx)), window_start, 0));
+            return Ok((Some(Searched::Device(Found::ready(idx))), window_start, 0));
         }
         Ok((None, window_start, 0))
     }
@@ -460,7 +486,8 @@ impl Hip {
                     let waited = span(&dev, "attention: read-ahead wait", || r.positions());
                     waited.inspect_err(|e| tracing::warn!(error = %e)).ok()
                 });
-                let picked = next.picked.map(|p| p.positions().map(|t| (t, listed))).transpose()?;
+                let picked = next.picked.map(|p| span(&dev, "attention: search wait", || p.positions(&dev)));
+                let picked = picked.transpose()?.map(|t| (t, listed));
                 let kept = self.keep(call, kv, picked, next.window_start, (lo, hi), heads, next.built_hi)?;
                 all.insert(call.layer, kept);
             }
@@ -481,7 +508,7 @@ impl Hip {
                 // Where the tier reads ahead (without it, the step's gather reads the rows).
                 let read = match (&picked, kv.reads_ahead()) {
                     (Some(found), true) => match found.host_copy() {
-                        Ok(copy) => kv.read_ahead(call.kv_layer, found.dims()?, Box::new(move || copy.get())),
+                        Ok(copy) => kv.read_ahead(call.kv_layer, found.dims()?, copy),
                         Err(e) => {
                             tracing::warn!(error = %e, "no read-ahead: the positions cannot reach the host");
                             None
@@ -492,7 +519,7 @@ impl Hip {
                 let next = Ahead { picked, read, window_start, lo, heads, built_hi: hi };
                 self.ahead.lock().insert(call.layer, next);
             } else {
-                let picked = picked.map(|p| p.positions().map(|t| (t, None))).transpose()?;
+                let picked = picked.map(|p| p.positions(&dev).map(|t| (t, None))).transpose()?;
                 all.insert(call.layer, self.keep(call, kv, picked, window_start, (lo, hi), heads, hi)?);
             }
         }
