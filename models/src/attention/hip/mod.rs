@@ -87,11 +87,14 @@ fn cost(input: &CostInput<'_>) -> StepCost {
     let blocks = input.context.div_ceil(block).max(1);
     let rounds = (blocks as f64 / n as f64).log2().ceil().max(0.0);
     let search = rounds * input.keys(2 * n * block, heads);
-    // Searched on the CPU in host memory, or by the GPU over the link.
-    let (search_link, search_host) = match on_host::search_on_cpu(input.params.usize("cpu_search"), None) {
+    // Searched on the CPU in host memory, or by the GPU over the link — on the file tier, which
+    // reads ahead, by the GPU unless asked otherwise (`file_link_bytes`).
+    let setting = input.params.usize("cpu_search");
+    let (search_link, search_host) = match on_host::search_on_cpu(setting, None, false) {
         false => (search, 0.0),
         true => (0.0, search),
     };
+    let gpu_search_link = sparse * (input.rows(picked, heads) + search) / refresh as f64;
     // The kept buffers: the picks, the window (each up to a block longer: whole blocks), and
     // room for the rows of a refresh period.
     let kept = input.rows(picked + 2 * (block - 1) + refresh, heads);
@@ -100,6 +103,7 @@ fn cost(input: &CostInput<'_>) -> StepCost {
         link_bytes: sparse * (input.rows(picked, heads) + search_link) / refresh as f64,
         host_bytes: sparse * search_host / refresh as f64,
         resident_bytes: (dense as f64 * input.rows(input.context, kv) + sparse * kept) as u64,
+        file_link_bytes: (search_host > 0.0 && setting != 1).then_some(gpu_search_link),
         ..StepCost::default()
     }
 }
@@ -409,7 +413,7 @@ impl Hip {
         let dev = q.device();
         if blocks > n {
             let plan = blocks::Search { n, blocks, b, first, lo };
-            let on_host = on_host::search_on_cpu(self.params.usize("cpu_search"), Some(dev));
+            let on_host = on_host::search_on_cpu(self.params.usize("cpu_search"), Some(dev), kv.reads_ahead());
             let found = span(dev, "attention: search", || {
                 search_on(kv, call.kv_layer, q, &plan, call.q_start + 1, (ahead, on_host))
             })?;
