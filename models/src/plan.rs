@@ -368,15 +368,16 @@ fn offloaded(
     let file_per_compute = kv as f64 / compute_kv.max(1) as f64;
     let on_disk = host != header.file_bytes.max(kv);
     // On the file tier a method may read otherwise (MagicPIG attends its whole sample on the
-    // device, read through the tier's cache).
-    let link = match on_disk {
-        true => cost.file_link_bytes.unwrap_or(cost.link_bytes),
-        false => cost.link_bytes,
-    } * file_per_compute;
+    // device, read through the tier's cache; HiP searches on the GPU).
+    let (link, host_read) = match on_disk {
+        true => (cost.file_link_bytes.unwrap_or(cost.link_bytes), cost.file_host_bytes.unwrap_or(cost.host_bytes)),
+        false => (cost.link_bytes, cost.host_bytes),
+    };
+    let link = link * file_per_compute;
     let mut terms = vec![
         Term::new("device", weights_read + cost.device_bytes, bw.device),
         Term::new("link", link, bw.link.unwrap_or(bw.device)),
-        Term::new("host", cost.host_bytes, bw.host),
+        Term::new("host", host_read, bw.host),
     ];
     if let (true, Some(disk)) = (on_disk, bw.disk.filter(|&d| d > 0.0)) {
         // What the step reads that the tier's memory misses, at the share of the K/V it holds:

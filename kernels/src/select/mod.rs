@@ -472,20 +472,20 @@ impl<'a> HostView<'a> {
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             const LINE: usize = 64;
-            let row = head * self.n + pos;
-            let rb = self.stored.row_bytes(self.d);
-            let scale = match self.stored {
-                Stored::Fp8 { scales } => Some(scales + 4 * row),
-                _ => None,
-            };
-            if pos >= self.n || (row + 1) * rb > self.bytes.len() {
+            if head >= self.heads || pos >= self.n {
                 return;
             }
-            let at = self.bytes.as_ptr();
-            for offset in (row * rb..(row + 1) * rb).step_by(LINE).chain(scale) {
-                // SAFETY: every offset lies within `bytes` (the row's are checked above; an fp8
-                // section holds a scale for each of its rows), and a prefetch reads nothing.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(at.add(offset) as *const i8) };
+            let row = head * self.n + pos;
+            let rb = self.stored.row_bytes(self.d);
+            // A section holds its rows, then (fp8) a scale for each.
+            let scale = match self.stored {
+                Stored::Fp8 { scales } => Some(scales + std::mem::size_of::<f32>() * row),
+                _ => None,
+            };
+            let offsets = (row * rb..(row + 1) * rb).step_by(LINE).chain(scale);
+            for offset in offsets.filter(|&o| o < self.bytes.len()) {
+                // SAFETY: `offset` lies within `bytes` (filtered), and a prefetch reads nothing.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(self.bytes.as_ptr().add(offset).cast::<i8>()) };
             }
         }
         #[cfg(not(target_arch = "x86_64"))]

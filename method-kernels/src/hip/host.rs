@@ -37,12 +37,13 @@ pub struct HeadKeys<'a> {
 }
 
 impl HeadKeys<'_> {
-    /// `q·k` of key `pos`, `row` a buffer of `d` values: bf16 and f32 rows read as they lie,
-    /// others widened into `row` first (the same values and sum either way).
+    /// `q·k` of key `pos`, `row` a buffer of `d` values: bf16 and f32 rows read as they lie
+    /// where nothing rounds them, others widened (and rounded) into `row` first — the same
+    /// values and sum either way.
     fn dot(&self, pos: usize, q: &[f32], row: &mut [f32]) -> f32 {
         let (n, d) = (self.rows.len(), q.len());
         let stored = self.rows.stored();
-        if pos < n && matches!(stored, Stored::Bf16 | Stored::F32) {
+        if pos < n && !self.bf16 && matches!(stored, Stored::Bf16 | Stored::F32) {
             let rb = stored.row_bytes(d);
             let raw = &self.rows.bytes()[(self.kvh * n + pos) * rb..][..rb];
             return match stored {

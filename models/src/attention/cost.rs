@@ -74,8 +74,12 @@ pub struct StepCost {
     /// What a step then reads of that state from the disk (a read of one or two 4 KiB pages).
     pub state_disk_bytes: f64,
     /// Bytes over the host link on the file tier, where the method reads otherwise there
-    /// (MagicPIG's whole sample through the tier's cache); `None`: `link_bytes`.
+    /// (MagicPIG's whole sample through the tier's cache, HiP's search by the GPU); `None`:
+    /// `link_bytes`.
     pub file_link_bytes: Option<f64>,
+    /// Bytes the CPU reads in host memory on the file tier, where that differs (HiP's search,
+    /// by the GPU there); `None`: `host_bytes`.
+    pub file_host_bytes: Option<f64>,
 }
 
 impl StepCost {

@@ -40,11 +40,3 @@ pub(super) fn install<T: Send>(f: impl FnOnce() -> T + Send) -> T {
         None => f(),
     }
 }
-
-/// Starts `f` on the pool and returns at once.
-pub(super) fn spawn(f: impl FnOnce() + Send + 'static) {
-    match pool() {
-        Some(pool) => pool.spawn(f),
-        None => rayon::spawn(f),
-    }
-}

@@ -24,7 +24,9 @@
 //! whole block ends (up to `block − 1` keys more than `window`), so every block is whole and
 //! every head picks the same number of keys: one `[heads, s]` pick, no padding.
 //!
-//! The fast path keeps the search and the picked rows on the device: each refresh searches every
+//! The fast path keeps the picked rows on the device, and the search there too unless the host
+//! link is slow ([`on_host`]: then the CPU searches a step ahead, the keys in host memory, and
+//! only the positions cross): each refresh searches every
 //! head at once and expands the chosen blocks to positions there (`search_on`: where the tier
 //! keeps the saved keys in host memory, [`DecodeTier::host_keys`], one launch that reads each
 //! round's representative keys where they lie, up to 2048 candidates and 256 dimensions a head;
@@ -74,8 +76,9 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
 
 /// The dense leading layers are kept on the device and read whole. The others search once per
 /// refresh period (the representative blocks' keys of both halves of every branch, per query
-/// head, over the link) and gather their picks and window into device buffers then; each step
-/// reads those buffers on the device and adds its own row, already there.
+/// head: over the link, or read by the CPU in host memory where it searches, [`on_host`]) and
+/// gather their picks and window into device buffers then; each step reads those buffers on
+/// the device and adds its own row, already there.
 fn cost(input: &CostInput<'_>) -> StepCost {
     let (layers, heads, kv) = (input.shape.layers, input.shape.heads, input.shape.kv_heads);
     let dense = input.params.usize("dense_layers").min(layers);
@@ -103,7 +106,9 @@ fn cost(input: &CostInput<'_>) -> StepCost {
         link_bytes: sparse * (input.rows(picked, heads) + search_link) / refresh as f64,
         host_bytes: sparse * search_host / refresh as f64,
         resident_bytes: (dense as f64 * input.rows(input.context, kv) + sparse * kept) as u64,
+        // The file tier reads ahead: there the automatic setting leaves the search to the GPU.
         file_link_bytes: (search_host > 0.0 && setting != 1).then_some(gpu_search_link),
+        file_host_bytes: (search_host > 0.0 && setting != 1).then_some(0.0),
         ..StepCost::default()
     }
 }
@@ -353,9 +358,11 @@ impl Hip {
 
 /// The block search (`plan`) of every query head of `q [q_heads, d]` over the keys of `layer`
 /// below `end`: the positions each head reads, `[q_heads, plan.picks()]` u32 on the device.
-/// Where the tier keeps the saved keys in host memory: with `ahead` and `on_host`, on the
-/// methods' CPU pool once the device has computed `q` ([`HostSearch`]: the host reads the keys
-/// where they lie and no step's link carries them); else in one launch that reads each
+/// Where the tier keeps the saved keys in host memory: with `ahead`, where `cpu_search` puts
+/// it there ([`on_host::search_on_cpu`]) and the rows written since the save are few enough to
+/// copy ([`on_host::MAX_TAIL_ROWS`]), on the methods' CPU pool once the device has computed `q`
+/// ([`HostSearch`]: the host reads the keys where they lie and no step's link carries them);
+/// else in one launch that reads each
 /// round's representatives where they lie (a round's representatives are a few hundred
 /// scattered rows a head: the search is its launches and its link reads, not its arithmetic),
 /// queued with `ahead` where it overlaps the device's other work until the positions are
@@ -367,16 +374,17 @@ fn search_on(
     q: &Tensor,
     plan: &blocks::Search,
     end: usize,
-    (ahead, on_host): (bool, bool),
+    (ahead, cpu_search): (bool, usize),
 ) -> Result<Searched> {
     if let Some(keys) = kv.host_keys(layer) {
         let group = q.dim(0)? / kv.kv_heads();
         let saved = kv.saved();
         let tail = if end > saved { Some(kv.keys(layer, saved, end)?.contiguous()?) } else { None };
-        if ahead && on_host {
-            let (search, job) = HostSearch::start(keys, q, tail.as_ref(), group, *plan)?;
-            host_pool::spawn(job);
-            return Ok(Searched::Host(search));
+        if ahead
+            && end.saturating_sub(saved) <= on_host::MAX_TAIL_ROWS
+            && on_host::search_on_cpu(cpu_search, Some(q.device()), kv.reads_ahead())
+        {
+            return Ok(Searched::Host(HostSearch::start(keys, q, tail.as_ref(), group, *plan)?));
         }
         return Ok(Searched::Device(blocks::search_host(keys, q, group, tail.as_ref(), plan, ahead)?));
     }
@@ -413,9 +421,9 @@ impl Hip {
         let dev = q.device();
         if blocks > n {
             let plan = blocks::Search { n, blocks, b, first, lo };
-            let on_host = on_host::search_on_cpu(self.params.usize("cpu_search"), Some(dev), kv.reads_ahead());
+            let cpu_search = self.params.usize("cpu_search");
             let found = span(dev, "attention: search", || {
-                search_on(kv, call.kv_layer, q, &plan, call.q_start + 1, (ahead, on_host))
+                search_on(kv, call.kv_layer, q, &plan, call.q_start + 1, (ahead, cpu_search))
             })?;
             return Ok((Some(found), window_start, plan.scored()));
         }
@@ -467,10 +475,10 @@ impl Hip {
     }
 
     /// The fast path over a decode tier (offloaded or resident). At a layer's turn (see
-    /// [`Hip::stale`]) it searches every query head's blocks at once on the device
-    /// ([`DecodeTier::search_blocks`]); while the rows kept at its last turn can still serve
-    /// the step, the search is queued ahead (on a GPU's side stream, where it overlaps the rest
-    /// of the step: it reads the host link, the step reads the device's memory) and its rows
+    /// [`Hip::stale`]) it searches every query head's blocks at once (`search_on`); while the
+    /// rows kept at its last turn can still serve the step, the search is queued ahead (on a
+    /// GPU's side stream, where it overlaps the rest of the step: it reads the host link, the
+    /// step reads the device's memory; or on the CPU, [`on_host`]) and its rows
     /// replace the kept ones at the next step — each mask serves the `refresh` steps after the
     /// one whose query searched it. Otherwise (the first step, new sinks) it searches in
     /// order and uses the result at once. Between turns it gathers the rows written since the

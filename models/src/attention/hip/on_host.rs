@@ -25,6 +25,7 @@ use folio_kernels::select::{HostRows, Stored};
 use folio_method_kernels::hip::{host, Found, HostCopy, Search};
 use rayon::prelude::*;
 
+use super::host_pool;
 use crate::error::{Error, Result};
 use crate::kv_cache::PositionsLater;
 
@@ -34,6 +35,11 @@ const CPU_SEARCH_BELOW: f64 = 40e9;
 
 /// Bytes of the one copy that measures the host link (a few milliseconds at PCIe 4.0 rates).
 const LINK_PROBE_BYTES: usize = 64 << 20;
+
+/// The most rows written since the context was saved that a search on the CPU takes: it copies
+/// every one to the host (in f32, 2 MiB for a 7B layer's 4 KV heads at this count) where the
+/// GPU's search reads only the few it scores; past this the GPU searches.
+pub(super) const MAX_TAIL_ROWS: usize = 1024;
 
 /// Whether a search a step ahead runs on the CPU, for the `cpu_search` setting: 0 never, 1
 /// always, otherwise (automatic) where the host link is slower than [`CPU_SEARCH_BELOW`] — the
@@ -132,17 +138,13 @@ struct Slot {
 }
 
 impl HostSearch {
-    /// A search of `plan` for every query head of `q [heads, d]` (KV head `h / group` each) over
-    /// `keys` and `tail [kv heads, t, d]` (the rows past the saved ones, on the device), and the
-    /// job that runs it — queued where the device computes `q` and `tail`, run on a thread of
-    /// the caller's choosing (the methods' CPU pool).
-    pub fn start(
-        keys: &HostRows,
-        q: &Tensor,
-        tail: Option<&Tensor>,
-        group: usize,
-        plan: Search,
-    ) -> Result<(Self, impl FnOnce() + Send + 'static)> {
+    /// Starts a search of `plan` for every query head of `q [heads, d]` (KV head `h / group`
+    /// each) over `keys` and `tail [kv heads, t, d]` (the rows past the saved ones, on the
+    /// device): a thread of its own waits for the device to have computed `q` and `tail` and
+    /// copies them, then the methods' CPU pool searches a head a task. The wait is not on a
+    /// pool thread: one waiting inside its own search's tasks could pick up the next search's
+    /// job from the pool's queue and block there on a later layer's query.
+    pub fn start(keys: &HostRows, q: &Tensor, tail: Option<&Tensor>, group: usize, plan: Search) -> Result<Self> {
         plan.check()?;
         let heads = q.dim(0)?;
         if group == 0 || heads != keys.heads() * group || q.dim(1)? != keys.dim() {
@@ -165,7 +167,11 @@ impl HostSearch {
                 Some(searched.map(Arc::new).map_err(|e| e.to_string()));
             out.ready.notify_all();
         };
-        Ok((Self { dims: (heads, plan.picks()), slot }, job))
+        std::thread::Builder::new()
+            .name("folio-hip-search".into())
+            .spawn(job)
+            .map_err(|e| Error::Invalid(format!("hip: no thread for the search on the host: {e}")))?;
+        Ok(Self { dims: (heads, plan.picks()), slot })
     }
 
     /// The positions, row-major, once searched.
@@ -181,24 +187,25 @@ impl HostSearch {
     }
 }
 
-/// Every query head's search, a head a task on the current pool, once the query and the tail
-/// have reached the host.
+/// Every query head's search, a head a task on the methods' CPU pool, once the query and the
+/// tail have reached the host (this thread waits for them).
 fn search(keys: &HostRows, q: HostCopy, tail: Option<HostCopy>, group: usize, plan: &Search) -> Result<Vec<u32>> {
     let q = q.get_f32()?;
     let tail = tail.map(HostCopy::get_f32).transpose()?.unwrap_or_default();
     let view = keys.host()?;
     let d = view.dim();
     let per_head = tail.len() / view.heads();
-    // Rounded to bf16 as the tier's gather gives them, where they are stored otherwise (fp8).
+    // Rounded to bf16 as the tier's gather gives them, where they are stored otherwise.
     let bf16 = keys.dtype() == DType::BF16 && !matches!(keys.stored(), Stored::Bf16);
-    let picks: Vec<Vec<u32>> = q
-        .par_chunks(d)
-        .enumerate()
-        .map(|(h, q)| {
-            let kvh = h / group;
-            let keys = host::HeadKeys { rows: &view, kvh, tail: &tail[kvh * per_head..(kvh + 1) * per_head], bf16 };
-            host::search_head(&keys, q, plan)
-        })
-        .collect();
+    let picks: Vec<Vec<u32>> = host_pool::install(|| {
+        q.par_chunks(d)
+            .enumerate()
+            .map(|(h, q)| {
+                let kvh = h / group;
+                let tail = &tail[kvh * per_head..(kvh + 1) * per_head];
+                host::search_head(&host::HeadKeys { rows: &view, kvh, tail, bf16 }, q, plan)
+            })
+            .collect()
+    });
     Ok(picks.concat())
 }

@@ -123,6 +123,7 @@ fn cost(input: &CostInput<'_>) -> StepCost {
             host_state_on_disk,
             state_disk_bytes,
             file_link_bytes,
+            file_host_bytes: None,
         };
     }
     let on_gpu = gpu_heads(gpu_share(input.params, input.fp8_rows), heads);
@@ -136,6 +137,7 @@ fn cost(input: &CostInput<'_>) -> StepCost {
         host_state_on_disk,
         state_disk_bytes,
         file_link_bytes,
+        file_host_bytes: None,
     }
 }
 

@@ -56,8 +56,9 @@ pub(super) struct BlockCache {
     /// The gather that last used the slot (a slot of the gather in flight is not evicted).
     used_by: Vec<u64>,
     hand: usize,
-    /// The gather that found every slot its own (0: none): its later misses pass at once. A
-    /// slot once a gather's stays that gather's, so none frees up within it, and without this
+    /// The gather that found every slot its own (0: none): its later misses pass at once. No
+    /// slot becomes free for it again (another gather, a read-ahead's, may take its slots but
+    /// hands none back), and without this
     /// every further miss of a gather larger than the cache turned the clock twice round (a
     /// million-row pick through a 64 MiB cache took seconds a step in these scans alone).
     exhausted: u64,
