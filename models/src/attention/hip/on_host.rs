@@ -4,9 +4,9 @@
 //! those reads cross the host link beside the step and slowed it by a third at a million
 //! tokens (folio_method_kernels::hip::host says by how much). Here the step's query (and the
 //! rows written since the context was saved) come to the host once the device has computed
-//! them — an event marks the point, a pool thread waits for it, the host thread that queues
-//! the step does not — and the methods' CPU pool searches every query head over the saved
-//! keys where they lie. The positions cross to the device when the next step takes the mask
+//! them — an event marks the point, a thread of the search's own waits for it, the host
+//! thread that queues the step does not — and the methods' CPU pool searches every query head
+//! over the saved keys where they lie. The positions cross to the device when the next step takes the mask
 //! up, as a queued GPU search's are waited for then.
 //!
 //! Which side searches depends on the host link ([`search_on_cpu`]): on an H200 at a million
