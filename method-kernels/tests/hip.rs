@@ -274,8 +274,7 @@ fn cpu_search_matches_rounds() -> Result<()> {
                     rows: &view,
                     kvh,
                     tail: &tail[kvh * tail_n * d..(kvh + 1) * tail_n * d],
-                    // As the engine sets it: rounded where the stored rows are not bf16 already.
-                    bf16: dtype == DType::BF16 && kind != DType::BF16,
+                    bf16: hip::host::rounds_to_bf16(dtype, stored),
                 };
                 hip::host::search_head(&keys, &q[h * d..(h + 1) * d], &plan)
             })

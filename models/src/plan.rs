@@ -369,10 +369,7 @@ fn offloaded(
     let on_disk = host != header.file_bytes.max(kv);
     // On the file tier a method may read otherwise (MagicPIG attends its whole sample on the
     // device, read through the tier's cache; HiP searches on the GPU).
-    let (link, host_read) = match on_disk {
-        true => (cost.file_link_bytes.unwrap_or(cost.link_bytes), cost.file_host_bytes.unwrap_or(cost.host_bytes)),
-        false => (cost.link_bytes, cost.host_bytes),
-    };
+    let (link, host_read) = cost.link_and_host(on_disk);
     let link = link * file_per_compute;
     let mut terms = vec![
         Term::new("device", weights_read + cost.device_bytes, bw.device),

@@ -465,12 +465,7 @@ impl RunFacts {
         let mean = times.iter().sum::<f64>() / times.len() as f64;
         // Rows cross the link as they are stored (the method's cost counts them in the compute
         // dtype); on the file tier, what the method moves there.
-        let (link, host_bytes) = match self.disk_bandwidth {
-            Some(_) => {
-                (cost.file_link_bytes.unwrap_or(cost.link_bytes), cost.file_host_bytes.unwrap_or(cost.host_bytes))
-            }
-            None => (cost.link_bytes, cost.host_bytes),
-        };
+        let (link, host_bytes) = cost.link_and_host(self.disk_bandwidth.is_some());
         let link_bytes = link * self.link_scale;
         let device_bytes = self.weight_bytes + cost.device_bytes;
         let (floor, pcie4) = Floor::of([device_bytes, link_bytes, host_bytes], self.bandwidths);

@@ -15,6 +15,7 @@
 //! (the tests' integer keys) and may differ on a tie within rounding elsewhere, as the GPU's
 //! do.
 
+use candle_core::DType;
 use folio_kernels::select::{HostView, Stored};
 
 use super::Search;
@@ -34,6 +35,12 @@ pub struct HeadKeys<'a> {
     pub kvh: usize,
     pub tail: &'a [f32],
     pub bf16: bool,
+}
+
+/// Whether a search rounds rows stored as `stored` to bf16, for rows read as `dtype`: where the
+/// tier's gather gives bf16 from rows stored otherwise (fp8, f32), as [`HeadKeys::bf16`] asks.
+pub fn rounds_to_bf16(dtype: DType, stored: Stored) -> bool {
+    dtype == DType::BF16 && !matches!(stored, Stored::Bf16)
 }
 
 impl HeadKeys<'_> {

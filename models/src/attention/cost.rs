@@ -90,6 +90,16 @@ impl StepCost {
             false => self.host_state_bytes,
         }
     }
+
+    /// The bytes a step moves over the host link and reads in host memory, with the rows on the
+    /// file tier (`on_disk`: where a method reads otherwise, [`Self::file_link_bytes`] and
+    /// [`Self::file_host_bytes`]) or not.
+    pub fn link_and_host(&self, on_disk: bool) -> (f64, f64) {
+        match on_disk {
+            true => (self.file_link_bytes.unwrap_or(self.link_bytes), self.file_host_bytes.unwrap_or(self.host_bytes)),
+            false => (self.link_bytes, self.host_bytes),
+        }
+    }
 }
 
 /// Streaming: one set of `picked` positions per KV head, kept on the device and read there once

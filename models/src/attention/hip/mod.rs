@@ -98,6 +98,8 @@ fn cost(input: &CostInput<'_>) -> StepCost {
         true => (0.0, search),
     };
     let gpu_search_link = sparse * (input.rows(picked, heads) + search) / refresh as f64;
+    // The file tier reads ahead: there the automatic setting leaves the search to the GPU.
+    let gpu_on_file = search_host > 0.0 && setting != 1;
     // The kept buffers: the picks, the window (each up to a block longer: whole blocks), and
     // room for the rows of a refresh period.
     let kept = input.rows(picked + 2 * (block - 1) + refresh, heads);
@@ -106,9 +108,8 @@ fn cost(input: &CostInput<'_>) -> StepCost {
         link_bytes: sparse * (input.rows(picked, heads) + search_link) / refresh as f64,
         host_bytes: sparse * search_host / refresh as f64,
         resident_bytes: (dense as f64 * input.rows(input.context, kv) + sparse * kept) as u64,
-        // The file tier reads ahead: there the automatic setting leaves the search to the GPU.
-        file_link_bytes: (search_host > 0.0 && setting != 1).then_some(gpu_search_link),
-        file_host_bytes: (search_host > 0.0 && setting != 1).then_some(0.0),
+        file_link_bytes: gpu_on_file.then_some(gpu_search_link),
+        file_host_bytes: gpu_on_file.then_some(0.0),
         ..StepCost::default()
     }
 }

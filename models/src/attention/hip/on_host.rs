@@ -21,7 +21,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use candle_core::{DType, Device, Tensor};
-use folio_kernels::select::{HostRows, Stored};
+use folio_kernels::select::HostRows;
 use folio_method_kernels::hip::{host, Found, HostCopy, Search};
 use rayon::prelude::*;
 
@@ -117,14 +117,16 @@ impl Searched {
                 Box::new(move || copy.get())
             }
             Self::Host(search) => {
-                let search = HostSearch { dims: search.dims, slot: search.slot.clone() };
+                let search = search.clone();
                 Box::new(move || search.wait().map(|p| p.to_vec()).map_err(candle_core::Error::wrap))
             }
         })
     }
 }
 
-/// A search running on the host: `[heads, picks]` and where its positions land.
+/// A search running on the host: `[heads, picks]` and where its positions land (a clone waits
+/// for the same search).
+#[derive(Clone)]
 pub(super) struct HostSearch {
     dims: (usize, usize),
     slot: Arc<Slot>,
@@ -195,8 +197,7 @@ fn search(keys: &HostRows, q: HostCopy, tail: Option<HostCopy>, group: usize, pl
     let view = keys.host()?;
     let d = view.dim();
     let per_head = tail.len() / view.heads();
-    // Rounded to bf16 as the tier's gather gives them, where they are stored otherwise.
-    let bf16 = keys.dtype() == DType::BF16 && !matches!(keys.stored(), Stored::Bf16);
+    let bf16 = host::rounds_to_bf16(keys.dtype(), keys.stored());
     let picks: Vec<Vec<u32>> = host_pool::install(|| {
         q.par_chunks(d)
             .enumerate()
