@@ -48,6 +48,43 @@ extern "C" __global__ void split_heads_bias_bf16(const __nv_bfloat16* y, const _
     split_heads<true>(y, bias, out, t, n, hd);
 }
 
+// split_rope: split_heads_bias, then RoPE (the rotate-half form: d and d + hd/2 a pair) on the
+// first `roped` heads, in one pass: out[h][i][p], out[h][i][p + hd/2] from y[i][h * hd + p] and
+// y[i][h * hd + p + hd/2] (+ bias), rotated by cos[i][p], sin[i][p] when h < roped. A thread a
+// pair. The arithmetic is split's bias add and candle's rope kernel's expressions on
+// __nv_bfloat16 (each product and sum rounded to bf16), so the result is theirs to the bit:
+// a decode step's Q, K and V heads in one launch of a few thousand threads, where split and
+// rope took five (each ~2.3 us of a step's ~6 ms, 28 layers). CPU reference:
+// heads::split_rope_reference.
+// grid ceil(t * n * hd / 2 / blockDim.x); hd even; cos and sin [t][hd / 2]; bias null or [n * hd].
+extern "C" __global__ void split_rope_bf16(const __nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ cos,
+                                           const __nv_bfloat16* __restrict__ sin,
+                                           const __nv_bfloat16* __restrict__ bias, __nv_bfloat16* __restrict__ out,
+                                           int t, int n, int roped, int hd) {
+    const long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int half = hd / 2;
+    if (v >= (long long)t * n * half) return;
+    const int p = (int)(v % half);
+    const long long hi = v / half;
+    const int i = (int)(hi % t), h = (int)(hi / t);
+    const int col = h * hd + p;
+    const __nv_bfloat16* row = y + (size_t)i * n * hd;
+    __nv_bfloat16 a = row[col], b = row[col + half];
+    if (bias != nullptr) {
+        a = a + bias[col];
+        b = b + bias[col + half];
+    }
+    __nv_bfloat16* o = out + ((size_t)h * t + i) * hd;
+    if (h < roped) {
+        const __nv_bfloat16 c = cos[(size_t)i * half + p], s = sin[(size_t)i * half + p];
+        o[p] = a * c - b * s;
+        o[p + half] = a * s + b * c;
+    } else {
+        o[p] = a;
+        o[p + half] = b;
+    }
+}
+
 // grid ceil(t * n * hd / VEC / blockDim.x); a and out 16-byte aligned.
 extern "C" __global__ void merge_heads_bf16(const __nv_bfloat16* __restrict__ a, __nv_bfloat16* __restrict__ out,
                                             int t, int n, int hd) {

@@ -1,7 +1,7 @@
 //! A projection's output as attention heads: `[t, n * hd]` plus the projection's bias, if any,
-//! to `[n, t, hd]` ([`split`]), and attention's heads back as rows for the output projection
-//! ([`merge`]), each in one pass on CUDA; and a decode step's new K or V row into per-query-head
-//! buffers ([`place_row`]), in one launch.
+//! to `[n, t, hd]` ([`split`]; with RoPE on the Q and K heads, [`split_rope`]), and attention's
+//! heads back as rows for the output projection ([`merge`]), each in one pass on CUDA; and a
+//! decode step's new K or V row into per-query-head buffers ([`place_row`]), in one launch.
 //!
 //! Why: every layer of a prefill does this to Q, K and V, and back to its attention output.
 //! candle adds the bias in one pass and moves the heads in another, through its general strided
@@ -43,8 +43,67 @@ pub fn reference(y: &Tensor, bias: Option<&Tensor>, n: usize, hd: usize) -> Resu
     y.reshape((t, n, hd))?.transpose(0, 1)?.contiguous()
 }
 
-/// Heads `a` (`[n, t, hd]`) as rows `[t, n * hd]`.
+/// [`split`], then RoPE on the first `roped` heads (the rotate-half form, as
+/// `candle_nn::rotary_emb::rope`; `cos`, `sin` `[t, hd / 2]` for the rows' positions): a layer's
+/// Q and K heads ready for attention and its V heads, from one stacked projection in one pass
+/// on CUDA (a decode step's five launches were a tenth of its small kernels' time), the same
+/// bits as the reference.
+pub fn split_rope(
+    y: &Tensor,
+    bias: Option<&Tensor>,
+    (n, roped, hd): (usize, usize, usize),
+    cos: &Tensor,
+    sin: &Tensor,
+) -> Result<Tensor> {
+    let t = y.dim(0)?;
+    if roped > n || !hd.is_multiple_of(2) || (roped > 0 && (cos.dims() != [t, hd / 2] || sin.dims() != [t, hd / 2])) {
+        candle_core::bail!(
+            "split rope: {roped} of {n} heads of {hd} over {t} rows with cos {:?} and sin {:?}",
+            cos.dims(),
+            sin.dims()
+        );
+    }
+    if roped == 0 {
+        return split(y, bias, n, hd);
+    }
+    #[cfg(feature = "cuda")]
+    if y.device().is_cuda()
+        && [y.dtype(), cos.dtype(), sin.dtype()].iter().all(|&d| d == candle_core::DType::BF16)
+        && y.dims2()?.1 == n * hd
+        && bias.is_none_or(|b| b.dims() == [n * hd] && b.dtype() == y.dtype())
+    {
+        let op = cuda::SplitRope { n, roped, hd, bias: bias.map(|b| b.contiguous()).transpose()? };
+        return y.contiguous()?.apply_op3_no_bwd(&cos.contiguous()?, &sin.contiguous()?, &crate::cuda_op::CudaOnly(op));
+    }
+    split_rope_reference(y, bias, (n, roped, hd), cos, sin)
+}
+
+/// [`split_rope`] as candle's ops: [`reference`]'s split, then candle-nn's `rope` over the first
+/// `roped` heads.
+pub fn split_rope_reference(
+    y: &Tensor,
+    bias: Option<&Tensor>,
+    (n, roped, hd): (usize, usize, usize),
+    cos: &Tensor,
+    sin: &Tensor,
+) -> Result<Tensor> {
+    let heads = reference(y, bias, n, hd)?;
+    if roped == 0 {
+        return Ok(heads);
+    }
+    let rotated = candle_nn::rotary_emb::rope(&heads.narrow(0, 0, roped)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
+    if roped == n {
+        return Ok(rotated);
+    }
+    Tensor::cat(&[&rotated, &heads.narrow(0, roped, n - roped)?], 0)
+}
+
+/// Heads `a` (`[n, t, hd]`) as rows `[t, n * hd]`: for one row (a decode step) the same
+/// memory, a view rather than a launch.
 pub fn merge(a: &Tensor) -> Result<Tensor> {
+    if let (Ok((n, 1, hd)), true) = (a.dims3(), a.is_contiguous()) {
+        return a.reshape((1, n * hd));
+    }
     #[cfg(feature = "cuda")]
     if a.device().is_cuda() && a.dtype() == candle_core::DType::BF16 {
         let (n, _, hd) = a.dims3()?;
@@ -100,11 +159,11 @@ pub fn place_row_reference(dst: &Tensor, src: &Tensor, row: usize, slot: usize, 
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda::cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
     use candle_core::cuda::WrapErr;
     use candle_core::{CpuStorage, CudaStorage, InplaceOp2, Layout, Result, Shape};
 
-    use crate::cuda_op::{CudaOp1, CudaOp2};
+    use crate::cuda_op::{CudaOp1, CudaOp2, CudaOp3};
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/heads.ptx"));
     const MODULE: &str = "folio_heads";
@@ -201,6 +260,63 @@ mod cuda {
 
         fn cuda_fwd(&self, y: &CudaStorage, yl: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
             self.launch((y, yl), Some((b, bl)))
+        }
+    }
+
+    /// [`super::split_rope`]'s launch: inputs y, cos, sin; the bias carried.
+    pub struct SplitRope {
+        pub n: usize,
+        pub roped: usize,
+        pub hd: usize,
+        pub bias: Option<candle_core::Tensor>,
+    }
+
+    impl CudaOp3 for SplitRope {
+        const NAME: &'static str = "folio-split-rope";
+
+        fn cuda_fwd(&self, [y, cos, sin]: [(&CudaStorage, &Layout); 3]) -> Result<(CudaStorage, Shape)> {
+            let count = y.1.shape().elem_count();
+            let (n, hd) = (self.n, self.hd);
+            let t = count / (n * hd);
+            if count > i32::MAX as usize {
+                candle_core::bail!("split rope: {count} values are past the kernel's i32 indices");
+            }
+            let dev = y.0.device().clone();
+            // SAFETY: every output pair is written by the thread owning it.
+            let out = unsafe { dev.alloc::<half::bf16>(count.max(1))? };
+            let bias_guard = self.bias.as_ref().map(|b| b.storage_and_layout());
+            if count > 0 {
+                fn view<'a>((s, l): (&'a CudaStorage, &Layout)) -> Result<CudaView<'a, half::bf16>> {
+                    Ok(s.as_cuda_slice::<half::bf16>()?.slice(l.start_offset()..))
+                }
+                let (yv, cv, sv) = (view(y)?, view(cos)?, view(sin)?);
+                let bias = match &bias_guard {
+                    Some((s, l)) => Some(view((crate::cuda_op::cuda_storage(s, "split rope's bias")?, l))?),
+                    None => None,
+                };
+                let cfg = LaunchConfig {
+                    grid_dim: ((count / 2).div_ceil(THREADS) as u32, 1, 1),
+                    block_dim: (THREADS as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let ints = [t, n, self.roped, hd].map(|x| x as i32);
+                let func = dev.get_or_load_custom_func("split_rope_bf16", MODULE, PTX)?;
+                let mut b = func.builder();
+                let null = 0u64;
+                b.arg(&yv).arg(&cv).arg(&sv);
+                match &bias {
+                    Some(v) => b.arg(v),
+                    None => b.arg(&null),
+                };
+                b.arg(&out);
+                for x in &ints {
+                    b.arg(x);
+                }
+                // SAFETY: y is [t, n·hd], cos and sin [t, hd/2], the bias n·hd values, all
+                // contiguous bf16 (the caller made them so); out holds `count`.
+                unsafe { b.launch(cfg) }.w()?;
+            }
+            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((n, t, hd))))
         }
     }
 

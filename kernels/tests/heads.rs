@@ -1,7 +1,8 @@
 //! Projections to heads and heads back to rows against candle's ops (bias add, reshape,
 //! transpose, copy), bit for bit, on fresh random bf16 inputs, with and without a bias,
 //! Qwen-like and odd shapes, a view that starts off a 16-byte boundary; and shapes that do not
-//! split are errors.
+//! split are errors. The split with RoPE on its first heads against the split and candle-nn's
+//! rope, bit for bit, and against the rotation's definition.
 
 use candle_core::{DType, Device, Result, Tensor};
 use folio_kernels::heads::{merge, merge_reference, reference, split};
@@ -62,7 +63,7 @@ test_device!(fast_matches_reference, fast_matches_reference_cpu, fast_matches_re
 fn merge_matches_reference(device: &Device) -> Result<()> {
     let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
-    for (n, t, hd) in [(1, 1, 8), (2, 3, 16), (4, 37, 128), (28, 100, 128), (3, 5, 12)] {
+    for (n, t, hd) in [(1, 1, 8), (2, 3, 16), (4, 37, 128), (28, 100, 128), (3, 5, 12), (28, 1, 128)] {
         let v: Vec<f32> = (0..n * t * hd + 1).map(|_| rng.random_range(-4.0f32..4.0)).collect();
         let all = Tensor::from_vec(v, n * t * hd + 1, device)?.to_dtype(DType::BF16)?;
         for start in [0, 1] {
@@ -129,3 +130,62 @@ fn place_row_matches_reference(device: &Device) -> Result<()> {
 }
 
 test_device!(place_row_matches_reference, place_row_cpu, place_row_cuda);
+
+/// [`split_rope`] against [`split_rope_reference`] (split, then candle-nn's rope) bit for bit,
+/// and against the definition: out[h][i][p] = a·cos − b·sin and out[h][i][p + hd/2] = a·sin +
+/// b·cos of a = y[i][h·hd + p] (+ bias), b its pair, for h < roped, the values as they are
+/// past it: a decode step's Q, K and V of a 7B model in one call, a prefill chunk's heads, no
+/// head rotated, odd sizes; mismatched tables are an error.
+fn split_rope_matches_reference(device: &Device) -> Result<()> {
+    use folio_kernels::heads::{split_rope, split_rope_reference};
+    let seed = common::seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for (t, n, roped, hd) in [(1, 36, 32, 128), (37, 4, 4, 128), (5, 3, 0, 16), (3, 5, 2, 12)] {
+        let mut values = |len: usize, spread: f32| -> Result<Tensor> {
+            let v: Vec<f32> = (0..len).map(|_| rng.random_range(-spread..spread)).collect();
+            Tensor::from_vec(v, len, device)?.to_dtype(DType::BF16)
+        };
+        let y = values(t * n * hd, 4.0)?.reshape((t, n * hd))?;
+        let bias = values(n * hd, 1.0)?;
+        let (cos, sin) =
+            (values(t * hd / 2, 1.0)?.reshape((t, hd / 2))?, values(t * hd / 2, 1.0)?.reshape((t, hd / 2))?);
+        for b in [None, Some(&bias)] {
+            let fast = split_rope(&y, b, (n, roped, hd), &cos, &sin)?;
+            let slow = split_rope_reference(&y, b, (n, roped, hd), &cos, &sin)?;
+            assert_eq!(fast.dims(), [n, t, hd]);
+            let f32s = |x: &Tensor| -> Result<Vec<f32>> { x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>() };
+            let got = f32s(&fast)?;
+            assert!(
+                got.iter().map(|v| v.to_bits()).eq(f32s(&slow)?.iter().map(|v| v.to_bits())),
+                "{t}x{n}x{hd}, {roped} roped (bias {}) differs on {device:?} (seed {seed})",
+                b.is_some()
+            );
+            let (yv, cv, sv) = (f32s(&y)?, f32s(&cos)?, f32s(&sin)?);
+            let bv = b.map(f32s).transpose()?;
+            let half = hd / 2;
+            let input = |i: usize, col: usize| {
+                let v = yv[i * n * hd + col] + bv.as_ref().map_or(0.0, |b| b[col]);
+                half::bf16::from_f32(v).to_f32()
+            };
+            for (at, got) in got.iter().enumerate() {
+                let (h, i, d) = (at / (t * hd), at / hd % t, at % hd);
+                let p = d % half;
+                let (a, bb) = (input(i, h * hd + p), input(i, h * hd + p + half));
+                let want = match (h < roped, d < half) {
+                    (false, true) => a,
+                    (false, false) => bb,
+                    (true, true) => a * cv[i * half + p] - bb * sv[i * half + p],
+                    (true, false) => a * sv[i * half + p] + bb * cv[i * half + p],
+                };
+                // Three bf16 roundings of terms up to 4 in size.
+                assert!((got - want).abs() <= 4.0 * 3.0 / 128.0, "[{h}][{i}][{d}] = {got}, not {want} (seed {seed})");
+            }
+        }
+    }
+    let (y, cos) = (Tensor::zeros((2, 32), DType::BF16, device)?, Tensor::zeros((2, 4), DType::BF16, device)?);
+    let err = split_rope(&y, None, (2, 2, 16), &cos, &cos).unwrap_err().to_string();
+    assert!(err.contains("2 of 2 heads of 16 over 2 rows"), "{err}");
+    Ok(())
+}
+
+test_device!(split_rope_matches_reference, split_rope_cpu, split_rope_cuda);

@@ -102,9 +102,11 @@ extern "C" __global__ void block_max_bf16(const float* q, const __nv_bfloat16* k
 // million tokens a search is 11 rounds, and the launches and their hand-offs were a third of
 // its device time and nearly all of its host time.
 //   q [heads, d] f32   out [heads, (first - lo) + n * b] u32; rows as gather_wide's (group,
-//   n_rows, tail_n, d); n survivors of `blocks` blocks of b keys from key `first`; 2n <= SEARCH_MAX
-#define SEARCH_MAX SMALL_MAX
-#define SEARCH_MAX_D 256
+//   n_rows, tail_n, d); n survivors of `blocks` blocks of b keys from key `first`; 2n <= 2048.
+// Its shared memory is sized to the search (8·p + 4·(4n + 2n + pn + d) bytes, p and pn the
+// powers of two from 2n and n): at HiP's default 12 KB a block where a fixed 2048-candidate
+// layout took 46 KB, so that the step's own kernels beside it (the search runs on a second
+// stream for a few ms) still find room on the multiprocessors it holds.
 
 template <int S>
 __device__ __forceinline__ float load1(const char* src, const float* scales, size_t row, int i, int d);
@@ -134,14 +136,16 @@ template <int S, typename O>
 __device__ void hip_search(const float* q, const char* src, const float* scales, const O* tail, uint32_t* out,
                            int group, int n_rows, int tail_n, int d, int n, int blocks, int b, int first, int lo,
                            int rounds) {
-    __shared__ uint32_t cand[SEARCH_MAX * 2];
-    __shared__ uint32_t nodes[SEARCH_MAX];
-    __shared__ unsigned long long s_key[SEARCH_MAX];
-    __shared__ uint32_t s_pos[SEARCH_MAX / 2];
-    __shared__ float s_q[SEARCH_MAX_D];
     const int h = blockIdx.x, t = threadIdx.x, lane = t % 32, warp = t / 32, warps = blockDim.x / 32;
     const int g = h / group, c = 2 * n;
     const int p = c <= 1 ? 1 : 1 << (32 - __clz(c - 1)), pn = n <= 1 ? 1 : 1 << (32 - __clz(n - 1));
+    // Shared memory sized to this search (search_shared_bytes): the keys to sort (p), the
+    // candidates (2c), the nodes (2n), the survivors' order (pn) and the query (d).
+    extern __shared__ unsigned long long s_key[];
+    uint32_t* cand = reinterpret_cast<uint32_t*>(s_key + p);
+    uint32_t* nodes = cand + 2 * c;
+    uint32_t* s_pos = nodes + 2 * n;
+    float* s_q = reinterpret_cast<float*>(s_pos + pn);
     const long long keys = (long long)blocks * b;
     const uint32_t last_row = (uint32_t)(n_rows + tail_n - 1);
     for (int i = t; i < d; i += blockDim.x) s_q[i] = q[(size_t)h * d + i];

@@ -1,9 +1,10 @@
 //! Token generation: sampling settings (with the model's generation_config.json as defaults),
 //! the decode loop, stop conditions, and streaming of text pieces to a callback.
 //!
-//! Sampling is candle-transformers' `LogitsProcessor` (argmax, temperature, top-k, top-p,
-//! seeded) after its Hugging Face-style repetition penalty; this module owns the loop, the stop
-//! rules and the streaming, which are Folio's.
+//! Sampling is candle-transformers' `LogitsProcessor` (temperature, top-k, top-p,
+//! seeded) after its Hugging Face-style repetition penalty, and greedy decoding
+//! `folio_kernels::argmax` (the first of equal logits, as torch's); this module owns the loop,
+//! the stop rules and the streaming, which are Folio's.
 
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -182,7 +183,10 @@ pub fn generate(
     // rather than reserving the model's whole context for a large --max-tokens.
     let answer_room = params.max_new_tokens.min(INITIAL_ANSWER_ROOM);
     kv.reserve(kv.len().saturating_add(prompt.len()).saturating_add(answer_room).min(limit))?;
-    let mut processor = LogitsProcessor::from_sampling(params.sampling.seed, params.sampling.sampling());
+    let sampling = params.sampling.sampling();
+    // Greedy: the first index of the largest logit where the logits are (one kernel on a GPU).
+    let greedy = matches!(sampling, Sampling::ArgMax);
+    let mut processor = LogitsProcessor::from_sampling(params.sampling.seed, sampling);
     let mut context: Vec<u32> = prompt.to_vec();
     let mut tokens = Vec::new();
     let mut emitted = 0;
@@ -202,7 +206,7 @@ pub fn generate(
         } else {
             logits
         };
-        let next = processor.sample(&logits)?;
+        let next = if greedy { folio_kernels::argmax::argmax(&logits)? } else { processor.sample(&logits)? };
         first_token_s.get_or_insert_with(|| started.elapsed().as_secs_f64());
         tokens.push(next);
         context.push(next);

@@ -128,7 +128,7 @@ fn decode_step(model: &Model, kv: &mut OffloadKv, method: &dyn Attention, token:
     let start = Instant::now();
     let logits = model.forward(&[token], kv, method, Logits::Last)?;
     let queued = start.elapsed().as_secs_f64();
-    let next = logits.argmax(candle_core::D::Minus1)?.flatten_all()?.to_vec1::<u32>()?[0];
+    let next = folio_kernels::argmax::argmax(&logits)?;
     Ok((next, queued, start.elapsed().as_secs_f64()))
 }
 

@@ -193,6 +193,15 @@ pub fn block_max(q: &Tensor, keys: &Tensor, cand: &Tensor, dims: (usize, usize, 
 /// enough to keep the link busy with a few dozen heads.
 const SEARCH_THREADS: u32 = 512;
 
+/// `hip_search`'s shared memory for `n` survivors of heads of `d`: the keys it sorts (2n up to
+/// a power of two, 8 bytes each), the candidates' ranges (4n), the nodes' (2n), the
+/// survivors' order (n up to a power of two) and the query (d), 4 bytes each — at most 46 KB
+/// (2n = 2048, d = 256), under the 48 KB a launch gets without asking.
+fn search_shared_bytes(n: usize, d: usize) -> u32 {
+    let (p, pn) = ((2 * n).max(1).next_power_of_two(), n.max(1).next_power_of_two());
+    (8 * p + 4 * (4 * n + 2 * n + pn + d)) as u32
+}
+
 /// HiP's whole block search over rows read where they lie (`hip_search` in select.cu): `q`'s
 /// heads (f32, contiguous) each search `rows = (group, n, tail_n, d)`'s keys of head
 /// `h / group` as `plan` says; positions past `n` read `tail` (the rows' dtype `dtype`).
@@ -235,7 +244,11 @@ impl BlockSearch {
         let Ok(grid) = u32::try_from(heads) else {
             candle_core::bail!("block search: {heads} heads are more than one launch holds");
         };
-        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (SEARCH_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (SEARCH_THREADS, 1, 1),
+            shared_mem_bytes: search_shared_bytes(plan.n, d),
+        };
         let ints = sizes.map(|x| x as i32);
         let f = dev.get_or_load_custom_func(kernel, MODULE, PTX)?;
         let mut b = match &self.side {

@@ -372,8 +372,9 @@ pub fn block_max(q: &Tensor, keys: &Tensor, cand: &Tensor, b: usize) -> Result<T
     }
 }
 
-/// Candidates a head sorts in the one-launch search (SEARCH_MAX in the kernel: `2n` of them) and
-/// the widest head it holds in shared memory (SEARCH_MAX_D).
+/// Candidates a head sorts in the one-launch search (`2n` of them) and the widest head it holds
+/// in shared memory: together under the 48 KB of shared memory a launch gets without asking
+/// (`cuda::search_shared_bytes`).
 #[cfg(feature = "cuda")]
 const SEARCH_MAX: usize = 2048;
 #[cfg(feature = "cuda")]

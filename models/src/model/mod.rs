@@ -346,8 +346,12 @@ impl Model {
         // [t, hidden] -> [heads, t, hd]: the product, then its bias and the move to heads in
         // one pass (folio_kernels::heads; candle's Linear would add the bias on its own).
         let (nq, nkv) = (self.cfg.num_heads, self.cfg.num_kv_heads);
-        let (mut q, mut k, v) = span(dev, "q/k/v projections", || {
-            // One token (a decode step): one product, each projection a view of its columns.
+        // Q and K are rotated as they are split into heads (folio_kernels::heads::split_rope),
+        // unless the model normalises them first (q/k norms come between the two).
+        let norms = layer.q_norm.as_ref().zip(layer.k_norm.as_ref());
+        let roped = |heads: usize| if norms.is_none() { heads } else { 0 };
+        let (q, k, v) = span(dev, "q/k/v projections, RoPE", || {
+            // One token (a decode step): one product, whose Q, K and V heads one pass makes.
             // More (a prefill chunk): a product per projection over its rows of a plain stacked
             // weight, whose outputs the head split reads as they are, where columns of one
             // product would each be copied out first (a quantized stack: one product, whose
@@ -357,35 +361,43 @@ impl Model {
                 Qkv::Stacked(w @ Proj::Quant { .. }) => Some(w.product(&h)?),
                 _ => None,
             };
+            if let (Some(y), Qkv::Stacked(w)) = (&whole, &layer.qkv) {
+                let shape = (nq + 2 * nkv, roped(nq + nkv), hd);
+                let all = folio_kernels::heads::split_rope(y, w.bias(), shape, cos, sin)?;
+                return Ok((all.narrow(0, 0, nq)?, all.narrow(0, nq, nkv)?, all.narrow(0, nq + nkv, nkv)?));
+            }
             let (at, widths) = ([0, nq, nq + nkv], [nq, nkv, nkv]);
             let heads = |part: usize| -> candle_core::Result<Tensor> {
                 let (from, width) = (at[part] * hd, widths[part] * hd);
                 let (y, bias) = match &layer.qkv {
-                    Qkv::Stacked(w) => {
-                        let y = match (&whole, w.dense()) {
-                            (Some(y), _) => y.narrow(1, from, width)?,
-                            (None, Some(w)) => h.matmul(&w.weight().narrow(0, from, width)?.t()?)?,
-                            (None, None) => candle_core::bail!("a quantized q/k/v stack without its product"),
-                        };
-                        (y, w.bias().map(|b| b.narrow(0, from, width)).transpose()?)
-                    }
+                    Qkv::Stacked(w) => match w.dense() {
+                        Some(w) => (
+                            h.matmul(&w.weight().narrow(0, from, width)?.t()?)?,
+                            w.bias().map(|b| b.narrow(0, from, width)).transpose()?,
+                        ),
+                        None => candle_core::bail!("a quantized q/k/v stack without its product"),
+                    },
                     Qkv::Parts(parts) => (parts[part].product(&h)?, parts[part].bias().cloned()),
                 };
-                folio_kernels::heads::split(&y, bias.as_ref(), widths[part], hd)
+                let rotated = if part < 2 { roped(widths[part]) } else { 0 };
+                folio_kernels::heads::split_rope(&y, bias.as_ref(), (widths[part], rotated, hd), cos, sin)
             };
             Ok((heads(0)?, heads(1)?, heads(2)?))
         })?;
-        if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-            (q, k) = span(dev, "norms", || {
-                Ok((folio_kernels::norm::rms_norm(&q, qn, eps)?, folio_kernels::norm::rms_norm(&k, kn, eps)?))
-            })?;
-        }
-        let (q, k) = span(dev, "rope", || {
-            Ok((
-                candle_nn::rotary_emb::rope(&q.unsqueeze(0)?, cos, sin)?.squeeze(0)?,
-                candle_nn::rotary_emb::rope(&k.unsqueeze(0)?, cos, sin)?.squeeze(0)?,
-            ))
-        })?;
+        let (q, k) = match norms {
+            Some((qn, kn)) => {
+                let (q, k) = span(dev, "norms", || {
+                    Ok((folio_kernels::norm::rms_norm(&q, qn, eps)?, folio_kernels::norm::rms_norm(&k, kn, eps)?))
+                })?;
+                span(dev, "rope", || {
+                    Ok((
+                        candle_nn::rotary_emb::rope(&q.unsqueeze(0)?, cos, sin)?.squeeze(0)?,
+                        candle_nn::rotary_emb::rope(&k.unsqueeze(0)?, cos, sin)?.squeeze(0)?,
+                    ))
+                })?
+            }
+            None => (q, k),
+        };
         span(dev, "K/V into the cache", || kv.write(kv_layer, pos, &k, &v))?;
         let scale = 1.0 / (hd as f32).sqrt();
         let call = AttnCall {
@@ -399,11 +411,12 @@ impl Model {
             window: self.cfg.sliding_window,
         };
         let a = span(dev, "attention", || attn.forward(&call))?; // [heads, t, hd]
-        let x = span(dev, "o projection, residual", || {
-            // [heads, t, hd] -> [t, hidden] in one pass (folio_kernels::heads).
-            Ok((x + layer.o.forward(&folio_kernels::heads::merge(&a)?)?)?)
+        let (x, h) = span(dev, "o projection, residual, norm", || {
+            // [heads, t, hd] -> [t, hidden] in one pass (folio_kernels::heads), then the residual
+            // added and the sum normalised in one more (folio_kernels::norm).
+            let o = layer.o.forward(&folio_kernels::heads::merge(&a)?)?;
+            Ok(folio_kernels::norm::add_rms_norm(x, &o, &layer.post_attn_norm, eps)?)
         })?;
-        let h = span(dev, "norms", || Ok(folio_kernels::norm::rms_norm(&x, &layer.post_attn_norm, eps)?))?;
         span(dev, "MLP, residual", || {
             let gated = folio_kernels::mlp::swiglu(&layer.gate.forward(&h)?, &layer.up.forward(&h)?)?;
             Ok((x + layer.down.forward(&gated)?)?)
