@@ -116,8 +116,8 @@ test_device!(expand_matches_reference, expand_cpu, expand_cuda);
 /// search over the decoded keys on the CPU, its definition; with random keys on the same
 /// device (the same f32 arithmetic), rows stored as fp8, bf16 and f32 and read as bf16 or f32
 /// (a context file's section read in place) or held in the tier's own page-locked copy, regions
-/// that run into the device tail, sinks, GQA, 2n at the kernel's limit and past it. Each search
-/// also runs queued ahead while the device's stream does other work.
+/// that run into the device tail, sinks, GQA, an odd number of heads, 2n at the kernel's limit
+/// and past it. Each search also runs queued ahead while the device's stream does other work.
 fn search_blocks_matches_rounds(device: &Device) -> Result<()> {
     let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
@@ -131,6 +131,8 @@ fn search_blocks_matches_rounds(device: &Device) -> Result<()> {
         (2, 3, 4000, 20, 64, DType::BF16, DType::F32, false, false, Search { n: 100, blocks: 2005, b: 2, first: 4, lo: 0 }),
         (4, 7, 4000, 30, 128, DType::F8E4M3, DType::BF16, false, false, Search { n: 256, blocks: 2010, b: 2, first: 4, lo: 0 }),
         (2, 2, 800, 5, 16, DType::F8E4M3, DType::F32, false, false, Search { n: 9, blocks: 800, b: 1, first: 2, lo: 1 }),
+        // An odd number of heads: the last block's second half searches none.
+        (1, 3, 2000, 7, 64, DType::BF16, DType::BF16, true, false, Search { n: 33, blocks: 990, b: 2, first: 4, lo: 0 }),
         // Past the kernel's 2048 candidates: round by round everywhere.
         (1, 4, 5000, 0, 32, DType::BF16, DType::BF16, false, false, Search { n: 1100, blocks: 4000, b: 1, first: 8, lo: 2 }),
     ];

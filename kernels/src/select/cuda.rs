@@ -222,6 +222,8 @@ struct Gather {
     stored: Stored,
     dims: (usize, usize, usize, usize, usize, usize),
     dtype: DType,
+    /// Launch here after everything queued so far on candle's stream, instead of on it.
+    side: Option<Arc<CudaStream>>,
 }
 
 impl Gather {
@@ -251,7 +253,14 @@ impl Gather {
                 // SAFETY: one thread per vector (or 8 values) writes every byte of the output.
                 let out = unsafe { dev.alloc::<$t>(heads * sel * d)? };
                 let f = dev.get_or_load_custom_func(kernel, MODULE, PTX)?;
-                let mut b = f.builder();
+                let mut b = match &self.side {
+                    Some(side) => {
+                        // After idx, the tail and `out` exist: everything candle's stream queued.
+                        side.join(&dev.cuda_stream()).w()?;
+                        side.launch_builder(&f)
+                    }
+                    None => f.builder(),
+                };
                 let (total_i, sel_i, group_i, n_i, tail_i) =
                     (total as i64, sel as i32, group as i32, n as i32, tail_n as i32);
                 let last_i = per_row as i32;
@@ -366,18 +375,26 @@ pub fn tail_ptr(tail: &CudaStorage, tl: &Layout, stream: &Arc<CudaStream>, what:
     })
 }
 
+/// The gather kernel over `source`'s rows (and `tail`'s past them) at `idx`: on candle's
+/// stream, or with `side` on that stream once candle's has queued everything so far — the
+/// caller then orders candle's stream after it before the rows are read, and keeps `idx` and
+/// the tail alive until then (HiP's rows gathered beside the step, as its search is).
 pub fn gather(
     source: Source<'_>,
     tail: Option<&Tensor>,
     idx: &Tensor,
     dims: (usize, usize, usize, usize, usize, usize),
-    dtype: DType,
+    (dtype, side): (DType, Option<&Arc<CudaStream>>),
 ) -> Result<Tensor> {
     let candle_core::Device::Cuda(dev) = idx.device() else { candle_core::bail!("gather: idx must be on the GPU") };
-    let stream = dev.cuda_stream();
+    let stream = side.cloned().unwrap_or_else(|| dev.cuda_stream());
     let idx = idx.contiguous()?;
     let (src, scales, stored) = source.address(dtype)?;
-    let op = CudaOnly(Gather { src, scales, stored, dims, dtype });
+    if let (Some(side), Some(_)) = (side, crate::link::rate()) {
+        // The emulated link's read starts after what candle's stream queued, as the gather does.
+        side.join(&dev.cuda_stream()).w()?;
+    }
+    let op = CudaOnly(Gather { src, scales, stored, dims, dtype, side: side.cloned() });
     let (heads, sel, d) = (dims.0, dims.1, dims.5);
     // Every picked row counted as a host row (the tail's few are on the device).
     let bytes = (heads * sel * link_row_bytes(stored, d)) as u64;

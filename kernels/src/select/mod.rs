@@ -368,7 +368,7 @@ impl HostRows {
         if self.device.is_cuda() {
             let tail = tail.map(|t| t.contiguous()).transpose()?;
             let dims = (ih, sel, group, self.n, tail_n, self.d);
-            return cuda::gather(self.source()?, tail.as_ref(), idx, dims, self.dtype);
+            return cuda::gather(self.source()?, tail.as_ref(), idx, dims, (self.dtype, None));
         }
         let idx_v: Vec<u32> = idx.flatten_all()?.to_vec1()?;
         let view = self.host()?;
@@ -387,7 +387,43 @@ impl HostRows {
     }
 }
 
+/// A GPU's second stream, where work overlaps what candle's stream runs meanwhile (HiP's
+/// search a step ahead, and the gather of the rows it picks: [`HostRows::gather_after`]).
+#[cfg(feature = "cuda")]
+pub type Side = std::sync::Arc<candle_core::cuda::cudarc::driver::CudaStream>;
+
+/// What launches queued on a [`Side`] stream write, and the tensors they read: both to be kept
+/// until candle's stream has waited for the launches (a tensor freed on candle's stream before
+/// could be handed to a new allocation while the side stream still uses it).
+#[cfg(feature = "cuda")]
+pub struct SideWork {
+    pub written: Vec<Tensor>,
+    pub read: Vec<Tensor>,
+}
+
 impl HostRows {
+    /// [`HostRows::gather`] of trusted positions on the GPU stream `side`, once candle's stream
+    /// has queued everything so far: the caller orders candle's stream after `side` before it
+    /// reads the rows, and keeps `idx` and `tail` (contiguous) alive until then.
+    #[cfg(feature = "cuda")]
+    pub fn gather_after(&self, idx: &Tensor, group: usize, tail: Option<&Tensor>, side: &Side) -> Result<Tensor> {
+        let (ih, sel) = idx.dims2()?;
+        if !self.device.is_cuda() || group == 0 || ih != self.heads * group || sel == 0 {
+            candle_core::bail!(
+                "host rows: a gather of {:?} with group {group} from {} heads on a side stream",
+                idx.dims(),
+                self.heads
+            );
+        }
+        let tail_n = match tail {
+            Some(t) if !t.is_contiguous() => candle_core::bail!("host rows: a side stream's tail must be contiguous"),
+            Some(t) => self.check_tail(t)?,
+            None => 0,
+        };
+        let dims = (ih, sel, group, self.n, tail_n, self.d);
+        cuda::gather(self.source()?, tail, idx, dims, (self.dtype, Some(side)))
+    }
+
     /// The rows as the CPU reads them, from host memory (no device work: writes have landed
     /// when [`HostRows::write`] returns, and the saved rows are not written again).
     pub fn host(&self) -> Result<HostView<'_>> {

@@ -26,6 +26,8 @@
 
 use candle_core::{DType, Result, Tensor};
 use folio_kernels::select::HostRows;
+#[cfg(feature = "cuda")]
+use folio_kernels::select::{Side, SideWork};
 use folio_kernels::Positions;
 
 /// The plain-slice definitions.
@@ -205,6 +207,39 @@ impl Found {
         #[cfg(not(feature = "cuda"))]
         let producer = None;
         HostCopy::marked(&self.idx, producer)
+    }
+
+    /// Where the search was queued on the side stream: `gather(positions, side)`'s launches
+    /// queued there after it (the rows the positions name, read over the host link beside the
+    /// step as the search's keys were), with what they write and what they read, kept until
+    /// candle's stream has waited for them ([`Gathered::take`]). `None` where the positions
+    /// are in candle's stream order already, or where `gather` queues nothing.
+    #[cfg(feature = "cuda")]
+    pub fn gather_after(
+        &self,
+        gather: impl FnOnce(&Tensor, &Side) -> Result<Option<SideWork>>,
+    ) -> Result<Option<Gathered>> {
+        let Some(pending) = &self.pending else { return Ok(None) };
+        let side = pending.stream();
+        let Some(work) = gather(&self.idx, &side)? else { return Ok(None) };
+        let keep = work.read.into_iter().chain([self.idx.clone()]).chain(work.written.iter().cloned()).collect();
+        Ok(Some(Gathered { out: work.written, pending: cuda::Pending::after(&self.idx, side, keep)? }))
+    }
+}
+
+/// Tensors written on the side stream after a search ([`Found::gather_after`]).
+#[cfg(feature = "cuda")]
+pub struct Gathered {
+    out: Vec<Tensor>,
+    pending: cuda::Pending,
+}
+
+#[cfg(feature = "cuda")]
+impl Gathered {
+    /// The tensors, for work queued on candle's stream from now on.
+    pub fn take(self) -> Result<Vec<Tensor>> {
+        self.pending.wait()?;
+        Ok(self.out)
     }
 }
 

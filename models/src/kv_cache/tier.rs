@@ -119,6 +119,21 @@ pub trait DecodeTier {
     fn reads_ahead(&self) -> bool {
         false
     }
+    /// [`DecodeTier::gather`] queued on the GPU's side stream once the device's own has queued
+    /// everything so far (HiP: a searched mask's rows read over the host link beside the step,
+    /// as the search's keys were, not on the step's own stream): the K and V rows written, and
+    /// the tensors the launches read. `None` where the tier reads rows otherwise (from a file,
+    /// or on the device: nothing to overlap), and then the caller gathers in order.
+    #[cfg(feature = "cuda")]
+    fn gather_after(
+        &self,
+        _layer: usize,
+        _idx: &Tensor,
+        _end: usize,
+        _side: &folio_kernels::select::Side,
+    ) -> Result<Option<folio_kernels::select::SideWork>> {
+        Ok(None)
+    }
     /// [`DecodeTier::gather`] with `idx`'s positions on the host too (`listed`, row-major; a
     /// [`ReadAhead`]'s): a tier that looks positions up on the CPU then need not wait for the
     /// device to bring them over.

@@ -52,10 +52,12 @@ use super::{
     Attended, Attention, AttnCall, Budget, DefaultBudget, Dense, Knobs, MethodSpec, Needs, ParamSpec, Params, Read,
 };
 use crate::error::Result;
-use crate::kv_cache::{DecodeTier, ReadAhead};
+use crate::kv_cache::DecodeTier;
 use crate::profile::span;
 
+mod ahead;
 mod on_host;
+use ahead::Ahead;
 use on_host::{HostSearch, Searched};
 
 pub(super) const SPEC: MethodSpec = MethodSpec {
@@ -185,21 +187,6 @@ impl Kept {
     fn next(&self) -> usize {
         self.window_start + self.filled - self.s
     }
-}
-
-/// A layer's next mask on the fast path, searched at its turn with that step's query (queued
-/// ahead: on a GPU it runs beside the rest of the step) and taken up at the next step: the pick
-/// ([`Hip::pick`]'s), where its window starts, and the sinks, heads and step it was made for;
-/// where the tier reads its rows from a slower medium, the read of the pick's rows begun as
-/// the search ends ([`DecodeTier::read_ahead`]: the file tier reads a refresh's blocks from
-/// disk while the step goes on, and the next step's gather finds them cached).
-struct Ahead {
-    picked: Option<Searched>,
-    read: Option<ReadAhead>,
-    window_start: usize,
-    lo: usize,
-    heads: usize,
-    built_hi: usize,
 }
 
 pub struct Hip {
@@ -501,7 +488,17 @@ impl Hip {
                 });
                 let picked = next.picked.map(|p| span(&dev, "attention: search wait", || p.positions(&dev)));
                 let picked = picked.transpose()?.map(|t| (t, listed));
-                let kept = self.keep(call, kv, picked, next.window_start, (lo, hi), heads, next.built_hi)?;
+                let kept = match (next.gathered, picked) {
+                    // The rows gathered beside the last step, up to the step that searched them.
+                    (Some(rows), Some((idx, _))) => {
+                        let room = self.params.usize("refresh") + 1;
+                        let (k, v) = span(&dev, "attention: gather wait", || ahead::stacked(rows, room, &dev))?;
+                        let (s, built_hi, window_start) = (idx.dim(1)?, next.built_hi, next.window_start);
+                        let filled = s + built_hi - window_start;
+                        Kept { idx: Some(idx), k, v, s, filled, lo, window_start, built_hi }
+                    }
+                    (_, picked) => self.keep(call, kv, picked, next.window_start, (lo, hi), heads, next.built_hi)?,
+                };
                 all.insert(call.layer, kept);
             }
         }
@@ -529,7 +526,12 @@ impl Hip {
                     },
                     _ => None,
                 };
-                let next = Ahead { picked, read, window_start, lo, heads, built_hi: hi };
+                // Where the tier keeps the rows in host memory, their gather after the search.
+                let gathered = match (&picked, read.is_none()) {
+                    (Some(found), true) => ahead::gather_ahead(kv, call.kv_layer, found, (window_start, hi), heads)?,
+                    _ => None,
+                };
+                let next = Ahead { picked, read, gathered, window_start, lo, heads, built_hi: hi };
                 self.ahead.lock().insert(call.layer, next);
             } else {
                 let picked = picked.map(|p| p.positions(&dev).map(|t| (t, None))).transpose()?;

@@ -473,6 +473,28 @@ impl DecodeTier for OffloadKv {
         self.gather_at(layer, (idx, Some(listed)), end)
     }
 
+    /// The rows in host memory (not the file tier's) gathered on the side stream; the tail's
+    /// rows, copied contiguous on the device's stream first, are what the launches read.
+    #[cfg(feature = "cuda")]
+    fn gather_after(
+        &self,
+        layer: usize,
+        idx: &Tensor,
+        end: usize,
+        side: &folio_kernels::select::Side,
+    ) -> Result<Option<folio_kernels::select::SideWork>> {
+        if self.file_rows.is_some() || !self.device.is_cuda() {
+            return Ok(None);
+        }
+        let (k, v) = self.layer(layer)?;
+        let group = idx.dim(0)? / self.kv_heads;
+        let tail = self.tail_rows(layer, end)?;
+        let (tk, tv) = (tail.as_ref().map(|t| &t.0), tail.as_ref().map(|t| &t.1));
+        let written = vec![k.gather_after(idx, group, tk, side)?, v.gather_after(idx, group, tv, side)?];
+        let read = tail.map(|(k, v)| vec![k, v]).unwrap_or_default();
+        Ok(Some(folio_kernels::select::SideWork { written, read }))
+    }
+
     /// A tail row is a view of the tail narrowed to it (the gather kernel would want the whole
     /// tail contiguous: a copy of every row the conversation wrote, per layer, per step).
     fn row(&self, layer: usize, pos: usize) -> Result<(Tensor, Tensor)> {
