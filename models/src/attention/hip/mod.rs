@@ -32,8 +32,8 @@
 //! round's representative keys where they lie, up to 2048 candidates and 256 dimensions a head;
 //! otherwise round by round with a gather, past 2048 candidates with a top-k whose ties are
 //! arbitrary), gathers the picked rows and the
-//! window's into per-head buffers once, and each step in between gathers only its own new row
-//! into them (`Kept`): the picks cross the host link once per refresh, not once per step, and
+//! window's into per-head buffers once (on the side stream right after the search where it can:
+//! [`ahead`]), and each step in between gathers only its own new row into them (`Kept`): the picks cross the host link once per refresh, not once per step, and
 //! no step waits for a copy to the host. The device search differs from the host's
 //! [`search_blocks`] in two ways: ties at the n-th score go to the lower candidate (left halves
 //! before right ones), not to the earlier block, and every round scores every half instead of
