@@ -21,10 +21,12 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_f32(const fl
                                                                        int n) {
     __shared__ unsigned long long warp_best[ARGMAX_THREADS / 32];
     unsigned long long key = 0ull;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const float v = x[i];
-        // Every NaN as the largest key a value can have (sortable puts a negative one lowest).
-        const uint32_t order = v != v ? 0xffffffffu : sortable(v);
+        // Every NaN as the largest key a value can have (sortable puts a negative one lowest),
+        // and -0 as +0 (sortable orders them; the comparison, and torch, do not).
+        const uint32_t order = v != v ? 0xffffffffu : sortable(v == 0.0f ? 0.0f : v);
         key = larger(key, ((unsigned long long)order << 32) | (uint32_t)~(uint32_t)i);
     }
     for (int s = 16; s > 0; s >>= 1) key = larger(key, __shfl_xor_sync(0xffffffff, key, s));

@@ -1,7 +1,7 @@
 //! Attention math for Folio, with no knowledge of models — and the few other device primitives
 //! a prefill needs fused or moved (the K/V codec in [`encode`], the MLP's activation in [`mlp`],
 //! RMSNorm in [`norm`], projections to heads and back in [`heads`], a greedy step's token in
-//! [`argmax`]), held to the same rules
+//! [`argmax`], a decode step's projections in [`gemv`]), held to the same rules
 //! (copies between host and device, and the device's memory readings, are folio-runtime's). An attention *method's*
 //! own kernels (HiP's block search, MagicPIG's LSH sample and CPU attention) live in
 //! folio-method-kernels, over the host rows and mapped memory of [`select`].
@@ -34,6 +34,7 @@ pub mod attention;
 #[cfg(feature = "cuda")]
 pub mod cuda_op;
 pub mod encode;
+pub mod gemv;
 pub mod heads;
 mod layout;
 pub mod link;

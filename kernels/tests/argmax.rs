@@ -1,6 +1,7 @@
 //! The greedy step's argmax against the definition (the first index of the maximum, a NaN
 //! first of all) on fresh random rows: a 7B vocabulary's 152,064 logits, the maximum planted
-//! twice (the first must win), at the ends, a single value, a NaN; an empty row is an error.
+//! twice (the first must win), at the ends, a single value, a NaN, zeros of both signs; an empty
+//! row is an error.
 
 use candle_core::{Device, Result, Tensor};
 use folio_kernels::argmax::{argmax, reference};
@@ -32,6 +33,10 @@ fn fast_matches_reference(device: &Device) -> Result<()> {
         }
     }
     assert_eq!(reference(&[1.0, 3.0, 3.0, f32::NEG_INFINITY]), 1);
+    // The zeros are equal: the first of them, whichever its sign.
+    for zeros in [[-0.0f32, 0.0, -1.0], [0.0, -0.0, -1.0]] {
+        assert_eq!(argmax(&Tensor::new(&zeros, device)?)?, 0, "{zeros:?} on {device:?}");
+    }
     assert!(argmax(&Tensor::zeros(0, candle_core::DType::F32, device)?).is_err());
     assert!(argmax(&Tensor::zeros((2, 3), candle_core::DType::F32, device)?).is_err());
     Ok(())

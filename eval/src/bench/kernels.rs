@@ -357,12 +357,18 @@ fn quant_rows(device: &Device, dtype: DType, bandwidth: f64) -> Result<Vec<Kerne
         let secs = time_calls(device, || x.matmul(&plain.t()?))?;
         let bytes = (rows * cols * dtype.size_in_bytes()) as f64;
         out.push(KernelRow::moving(
-            format!("matvec {rows}x{cols}, plain {dtype:?}"),
+            format!("matvec {rows}x{cols}, plain {dtype:?}, candle's matmul"),
             secs,
             bytes,
             bandwidth,
             "copy bandwidth",
         ));
+        if device.is_cuda() && dtype == DType::BF16 {
+            // The decode step's own kernel (a warp a row, small blocks), beside cuBLAS's above.
+            let secs = time_calls(device, || folio_kernels::gemv::product(&x, &plain))?;
+            let kernel = format!("matvec {rows}x{cols}, plain {dtype:?}, kernels/cuda/gemv.cu");
+            out.push(KernelRow::moving(kernel, secs, bytes, bandwidth, "copy bandwidth"));
+        }
         drop(plain);
         for ggml in QUANT_TYPES {
             let format = folio_models::gguf::kernel_format(ggml).expect("every timed type has a kernel");

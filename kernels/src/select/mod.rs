@@ -408,7 +408,8 @@ impl HostRows {
     #[cfg(feature = "cuda")]
     pub fn gather_after(&self, idx: &Tensor, group: usize, tail: Option<&Tensor>, side: &Side) -> Result<Tensor> {
         let (ih, sel) = idx.dims2()?;
-        if !self.device.is_cuda() || group == 0 || ih != self.heads * group || sel == 0 {
+        // A copy made here would be freed on candle's stream while the side stream reads it.
+        if !self.device.is_cuda() || !idx.is_contiguous() || group == 0 || ih != self.heads * group || sel == 0 {
             candle_core::bail!(
                 "host rows: a gather of {:?} with group {group} from {} heads on a side stream",
                 idx.dims(),

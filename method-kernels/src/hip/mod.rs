@@ -221,7 +221,16 @@ impl Found {
     ) -> Result<Option<Gathered>> {
         let Some(pending) = &self.pending else { return Ok(None) };
         let side = pending.stream();
-        let Some(work) = gather(&self.idx, &side)? else { return Ok(None) };
+        let work = match gather(&self.idx, &side) {
+            Ok(Some(work)) => work,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                // What `gather` queued before it failed may still write or read what it
+                // dropped (freed on candle's stream): nothing is allocated again before this.
+                let _ = side.synchronize();
+                return Err(e);
+            }
+        };
         let keep = work.read.into_iter().chain([self.idx.clone()]).chain(work.written.iter().cloned()).collect();
         Ok(Some(Gathered { out: work.written, pending: cuda::Pending::after(&self.idx, side, keep)? }))
     }

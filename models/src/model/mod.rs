@@ -357,7 +357,7 @@ impl Model {
             // product would each be copied out first (a quantized stack: one product, whose
             // dequantized matrix is made once).
             let whole = match &layer.qkv {
-                Qkv::Stacked(Proj::Dense(w)) if h.dim(0)? == 1 => Some(h.matmul(&w.weight().t()?)?),
+                Qkv::Stacked(Proj::Dense(w)) if h.dim(0)? == 1 => Some(folio_kernels::gemv::product(&h, w.weight())?),
                 Qkv::Stacked(w @ Proj::Quant { .. }) => Some(w.product(&h)?),
                 _ => None,
             };

@@ -86,7 +86,7 @@ impl Proj {
     /// `x @ W^T` without the bias, in `x`'s dtype.
     pub fn product(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let weight = match self {
-            Self::Dense(l) => return x.matmul(&l.weight().t()?),
+            Self::Dense(l) => return folio_kernels::gemv::product(x, l.weight()),
             Self::Quant { weight: QWeight::Blocks(q), .. } => return q.matvec(x),
             Self::Quant { weight: QWeight::Candle(q), .. } => q,
         };
@@ -108,17 +108,12 @@ impl Proj {
         }
     }
 
-    /// `x @ W^T + b`.
+    /// `x @ W^T + b` (`x` `[rows, cols]`, as candle's `Linear` takes it).
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match self {
-            Self::Dense(l) => l.forward(x),
-            Self::Quant { bias, .. } => {
-                let y = self.product(x)?;
-                match bias {
-                    Some(b) => y.broadcast_add(b),
-                    None => Ok(y),
-                }
-            }
+        let y = self.product(x)?;
+        match self.bias() {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
         }
     }
 

@@ -52,16 +52,11 @@ pub(super) fn gather_ahead(
 ) -> Result<Option<Gathered>> {
     let Searched::Device(found) = picked else { return Ok(None) };
     let wrap = candle_core::Error::wrap;
-    let window = match hi > window_start {
-        true => {
-            let all: Vec<u32> = (window_start as u32..hi as u32).collect();
-            Some(Tensor::from_vec(all, (1, hi - window_start), kv.device())?.repeat((heads, 1))?)
-        }
-        false => None,
-    };
     Ok(found.gather_after(|idx, side| {
         let Some(mut work) = kv.gather_after(layer, idx, hi, side).map_err(wrap)? else { return Ok(None) };
-        if let Some(window) = window {
+        if hi > window_start {
+            let all: Vec<u32> = (window_start as u32..hi as u32).collect();
+            let window = Tensor::from_vec(all, (1, hi - window_start), kv.device())?.repeat((heads, 1))?;
             let rows = kv.gather_after(layer, &window, hi, side).map_err(wrap)?;
             let Some(rows) = rows else { candle_core::bail!("hip: the tier gathered the picks ahead, not the window") };
             work.written.extend(rows.written);
