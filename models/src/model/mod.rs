@@ -291,8 +291,14 @@ impl Model {
         self.cfg.check_fits(pos + t)?;
         let mut x = self.embed(ids)?;
         let rope = self.rope(pos, t)?;
+        // Each layer's MLP output is added by the next layer's first norm (`layer_parts`).
+        let mut mlp = None;
         for i in 0..self.layers.len() {
-            x = self.layer_forward(i, &x, pos, &rope, kv, i, attn)?;
+            let (residual, out) = self.layer_parts(i, (&x, mlp.as_ref()), pos, &rope, kv, i, attn)?;
+            (x, mlp) = (residual, Some(out));
+        }
+        if let Some(mlp) = mlp {
+            x = (x + mlp)?;
         }
         kv.set_len(pos + t)?;
         let x = match logits {
@@ -337,12 +343,38 @@ impl Model {
         kv_layer: usize,
         attn: &dyn Attention,
     ) -> Result<Tensor> {
+        let (x, mlp) = self.layer_parts(i, (x, None), pos, rope, kv, kv_layer, attn)?;
+        Ok((x + mlp)?)
+    }
+
+    /// [`Model::layer_forward`] with the last layer's MLP output not yet added to `x`
+    /// (`pending`): the residual add and this layer's first norm in one launch
+    /// (`folio_kernels::norm::add_rms_norm`, the same bits as the two), and this layer's MLP
+    /// output returned beside its residual for the next layer to add so — one launch fewer a
+    /// layer of a decode step.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_parts(
+        &self,
+        i: usize,
+        (x, pending): (&Tensor, Option<&Tensor>),
+        pos: usize,
+        rope: &(Tensor, Tensor),
+        kv: &mut dyn KvStore,
+        kv_layer: usize,
+        attn: &dyn Attention,
+    ) -> Result<(Tensor, Tensor)> {
         let layer = &self.layers[i];
         let eps = self.cfg.rms_norm_eps as f32;
         let hd = self.cfg.head_dim;
         let (cos, sin) = rope;
         let dev = &self.device;
-        let h = span(dev, "norms", || Ok(folio_kernels::norm::rms_norm(x, &layer.input_norm, eps)?))?;
+        let (x, h) = span(dev, "norms", || {
+            Ok(match pending {
+                Some(mlp) => folio_kernels::norm::add_rms_norm(x, mlp, &layer.input_norm, eps)?,
+                None => (x.clone(), folio_kernels::norm::rms_norm(x, &layer.input_norm, eps)?),
+            })
+        })?;
+        let x = &x;
         // [t, hidden] -> [heads, t, hd]: the product, then its bias and the move to heads in
         // one pass (folio_kernels::heads; candle's Linear would add the bias on its own).
         let (nq, nkv) = (self.cfg.num_heads, self.cfg.num_kv_heads);
@@ -417,10 +449,11 @@ impl Model {
             let o = layer.o.forward(&folio_kernels::heads::merge(&a)?)?;
             Ok(folio_kernels::norm::add_rms_norm(x, &o, &layer.post_attn_norm, eps)?)
         })?;
-        span(dev, "MLP, residual", || {
+        let mlp = span(dev, "MLP", || {
             let gated = folio_kernels::mlp::swiglu(&layer.gate.forward(&h)?, &layer.up.forward(&h)?)?;
-            Ok((x + layer.down.forward(&gated)?)?)
-        })
+            Ok(layer.down.forward(&gated)?)
+        })?;
+        Ok((x, mlp))
     }
 
     /// Final norm and LM head over hidden rows `[n, hidden]`: f32 logits `[n, vocab]`.
