@@ -98,19 +98,7 @@ fn questions_go_where_the_person_is_looking() {
         d.texts("[data-testid=method-note]").concat().contains("99,999,999 tokens covers this whole context")
     });
     screenshot(&display, "20-budget-note");
-    // Opened, Advanced lists hip's knobs with the papers' defaults as placeholders — among them
-    // where its search runs (cpu_search: 2, the CPU under a slow host link), its doc the tooltip.
-    d.click("[data-testid=advanced]");
-    d.wait("hip's knobs", |d| d.element("[data-testid=knob-cpu_search]").is_some());
-    d.script("document.querySelector('[data-testid=knob-cpu_search]').scrollIntoView({block: 'center'})", json!([]));
-    let knob = d.script(
-        "const k = document.querySelector('[data-testid=knob-cpu_search]');          return [k.placeholder, k.closest('label').title, document.querySelectorAll('details.advanced input').length]",
-        json!([]),
-    );
-    assert_eq!(knob[0], json!("2 (default)"), "{knob}");
-    assert!(knob[1].as_str().is_some_and(|t| t.contains("40 GB/s")), "{knob}");
-    assert_eq!(knob[2], json!(6), "hip's six knobs: {knob}");
-    screenshot(&display, "20b-hip-knobs");
+    hip_knobs_opened(&d, &display);
     d.click("[aria-label='Close settings']");
 
     // A method applied in this chat does not carry over: Ctrl+N starts a new chat over the
@@ -173,4 +161,22 @@ fn questions_go_where_the_person_is_looking() {
     let page = d.texts("body").concat();
     assert!(!page.contains("no chat") && !page.contains("no context"), "{page}");
     d.quit();
+}
+
+/// Settings' Advanced on hip, clicked open: its six knobs with the papers' defaults as
+/// placeholders — among them where its search runs (cpu_search: 2, the CPU under a slow host
+/// link), its meaning in the tooltip.
+fn hip_knobs_opened(d: &Driver, display: &str) {
+    d.click("[data-testid=advanced]");
+    d.wait("hip's knobs", |d| d.element("[data-testid=knob-cpu_search]").is_some());
+    d.script("document.querySelector('[data-testid=knob-cpu_search]').scrollIntoView({block: 'center'})", json!([]));
+    let knob = d.script(
+        "const k = document.querySelector('[data-testid=knob-cpu_search]'); \
+         return [k.placeholder, k.closest('label').title, document.querySelectorAll('details.advanced input').length]",
+        json!([]),
+    );
+    assert_eq!(knob[0], json!("2 (default)"), "{knob}");
+    assert!(knob[1].as_str().is_some_and(|t| t.contains("40 GB/s")), "{knob}");
+    assert_eq!(knob[2], json!(6), "hip's six knobs: {knob}");
+    screenshot(display, "20b-hip-knobs");
 }
