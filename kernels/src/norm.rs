@@ -92,7 +92,12 @@ mod cuda {
     /// Whether `x`'s rows get a block each (few, and wide).
     pub fn few_rows(x: &Tensor) -> Result<bool> {
         let cols = x.dim(candle_core::D::Minus1)?;
-        Ok(x.elem_count() / cols.max(1) <= BLOCK_ROWS && cols >= BLOCK_THREADS)
+        Ok(block_a_row(x.elem_count() / cols.max(1), cols))
+    }
+
+    /// Whether `rows` rows of `cols` values get a block each rather than a warp.
+    fn block_a_row(rows: usize, cols: usize) -> bool {
+        rows <= BLOCK_ROWS && cols >= BLOCK_THREADS
     }
 
     /// Rows and columns of `xl`, checked against the kernels' i32 indices.
@@ -132,7 +137,7 @@ mod cuda {
             if count > 0 {
                 let xs = x.as_cuda_slice::<T>()?.slice(xl.start_offset()..);
                 let ws = w.as_cuda_slice::<T>()?.slice(wl.start_offset()..);
-                if rows <= BLOCK_ROWS && cols >= BLOCK_THREADS {
+                if block_a_row(rows, cols) {
                     let (cols, null) = (cols as i32, 0u64);
                     let func = dev.get_or_load_custom_func(&name.replace("rmsnorm_", "rmsnorm_block_"), MODULE, PTX)?;
                     let mut b = func.builder();

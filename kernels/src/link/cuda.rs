@@ -59,7 +59,8 @@ fn words(stream: &Arc<CudaStream>) -> Result<(u64, u64)> {
 
 /// `launch`, a kernel reading `known` bytes of host memory over the link on `stream` (plus what
 /// it counts itself at the address it is given: 0 when no rate is set), paced to the emulated
-/// rate when one is set ([`super::set_rate`]); see the module docs.
+/// rate when one is set ([`super::set_rate`]; a stream other than candle's then first waits
+/// for what candle's has queued); see the module docs.
 pub fn paced<T>(
     dev: &CudaDevice,
     stream: &Arc<CudaStream>,
@@ -67,6 +68,12 @@ pub fn paced<T>(
     launch: impl FnOnce(u64) -> Result<T>,
 ) -> Result<T> {
     let Some(rate) = super::rate() else { return launch(0) };
+    let main = dev.cuda_stream();
+    if !Arc::ptr_eq(stream, &main) {
+        // A second stream's emulated read starts after what candle's stream queued, as the
+        // launches there do (they read what candle's stream wrote).
+        stream.join(&main).w()?;
+    }
     let (pair, link) = words(stream)?;
     let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
     let stamp = dev.get_or_load_custom_func("link_stamp", MODULE, PTX)?;

@@ -390,10 +390,6 @@ pub fn gather(
     let stream = side.cloned().unwrap_or_else(|| dev.cuda_stream());
     let idx = idx.contiguous()?;
     let (src, scales, stored) = source.address(dtype)?;
-    if let (Some(side), Some(_)) = (side, crate::link::rate()) {
-        // The emulated link's read starts after what candle's stream queued, as the gather does.
-        side.join(&dev.cuda_stream()).w()?;
-    }
     let op = CudaOnly(Gather { src, scales, stored, dims, dtype, side: side.cloned() });
     let (heads, sel, d) = (dims.0, dims.1, dims.5);
     // Every picked row counted as a host row (the tail's few are on the device).

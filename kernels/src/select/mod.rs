@@ -345,14 +345,7 @@ impl HostRows {
     /// written after the host tier was filled. A position past both is refused when `positions`
     /// asks for the check (always on the CPU), clamped by the kernel otherwise.
     pub fn gather(&self, idx: &Tensor, group: usize, tail: Option<&Tensor>, positions: Positions) -> Result<Tensor> {
-        let (ih, sel) = idx.dims2()?;
-        if group == 0 || ih != self.heads * group {
-            candle_core::bail!("host rows: gathering {:?} with group {group} from {} heads", idx.dims(), self.heads);
-        }
-        let tail_n = match tail {
-            Some(t) => self.check_tail(t)?,
-            None => 0,
-        };
+        let (ih, sel, tail_n) = self.gather_shape(idx, group, tail)?;
         if sel == 0 {
             return empty_rows(ih, self.d, self.dtype, &self.device);
         }
@@ -407,22 +400,30 @@ impl HostRows {
     /// reads the rows, and keeps `idx` and `tail` (contiguous) alive until then.
     #[cfg(feature = "cuda")]
     pub fn gather_after(&self, idx: &Tensor, group: usize, tail: Option<&Tensor>, side: &Side) -> Result<Tensor> {
-        let (ih, sel) = idx.dims2()?;
+        let (ih, sel, tail_n) = self.gather_shape(idx, group, tail)?;
         // A copy made here would be freed on candle's stream while the side stream reads it.
-        if !self.device.is_cuda() || !idx.is_contiguous() || group == 0 || ih != self.heads * group || sel == 0 {
-            candle_core::bail!(
-                "host rows: a gather of {:?} with group {group} from {} heads on a side stream",
-                idx.dims(),
-                self.heads
-            );
+        if !self.device.is_cuda() || !idx.is_contiguous() || sel == 0 {
+            candle_core::bail!("host rows: a gather of {:?} on a side stream (contiguous, on the GPU)", idx.dims());
+        }
+        if tail.is_some_and(|t| !t.is_contiguous()) {
+            candle_core::bail!("host rows: a side stream's tail must be contiguous");
+        }
+        let dims = (ih, sel, group, self.n, tail_n, self.d);
+        cuda::gather(self.source()?, tail, idx, dims, (self.dtype, Some(side)))
+    }
+
+    /// `idx`'s rows and positions a row, and `tail`'s rows, checked against this store: `idx`
+    /// `[heads · group, sel]`, the tail as [`HostRows::check_tail`] wants it.
+    fn gather_shape(&self, idx: &Tensor, group: usize, tail: Option<&Tensor>) -> Result<(usize, usize, usize)> {
+        let (ih, sel) = idx.dims2()?;
+        if group == 0 || ih != self.heads * group {
+            candle_core::bail!("host rows: gathering {:?} with group {group} from {} heads", idx.dims(), self.heads);
         }
         let tail_n = match tail {
-            Some(t) if !t.is_contiguous() => candle_core::bail!("host rows: a side stream's tail must be contiguous"),
             Some(t) => self.check_tail(t)?,
             None => 0,
         };
-        let dims = (ih, sel, group, self.n, tail_n, self.d);
-        cuda::gather(self.source()?, tail, idx, dims, (self.dtype, Some(side)))
+        Ok((ih, sel, tail_n))
     }
 
     /// The rows as the CPU reads them, from host memory (no device work: writes have landed

@@ -313,10 +313,6 @@ pub fn search(
     // Each round reads the keys of 2·n blocks of b per head (the keys past n are the tail's).
     let heads = q.dims2()?.0;
     let keys = heads * plan.rounds() * 2 * plan.n * plan.b;
-    if let (Some(side), Some(_)) = (&side, folio_kernels::link::rate()) {
-        // The emulated link's read starts after what candle's stream queued, as the search does.
-        side.join(&dev.cuda_stream()).w()?;
-    }
     let bytes = (keys * folio_kernels::select::cuda::link_row_bytes(stored, rows.3)) as u64;
     let out = folio_kernels::link::paced(dev, &stream, bytes, |_| {
         source.ordered(&stream, || match tail {
