@@ -526,15 +526,18 @@ extern "C" __global__ void attention_mass_bf16(const float* q, const __nv_bfloat
 // projection is summed over the d channels in order with one rounded multiply and one rounded
 // add per channel (__fmul_rn/__fadd_rn: nvcc would otherwise fuse them into FMAs, whose single
 // rounding flips the sign of near-zero projections against the CPU). Block: SH_ROWS rows x
-// SH_TABLES tables, thread (row, table) computes that table's `bits` projections; a warp is 32
-// rows of one table, so each plane's weight is one broadcast load, and the block's rows sit in
-// shared memory (padded by one float: lanes read the same channel of different rows).
+// SH_TABLES tables, thread (row, table) computes that table's bits `per · blockIdx.z ..` (all of
+// them when gridDim.z is 1, stored; else a share, OR-ed into zeroed codes: a decode step's few
+// rows fill a handful of blocks, and each projection is a chain of d dependent adds, so the
+// bits go to blocks of their own); a warp is 32 rows of one table, so each plane's weight is
+// one broadcast load, and the block's rows sit in shared memory (padded by one float: lanes
+// read the same channel of different rows).
 //   x [rows, d] f32   w [d, bits * tables] f32   codes [rows, tables] u32
 #define SH_ROWS 32
 #define SH_TABLES 8
 
 extern "C" __global__ void simhash_codes(const float* x, const float* w, uint32_t* codes, int rows, int d, int bits,
-                                         int tables) {
+                                         int tables, int per) {
     extern __shared__ float xs[];  // [SH_ROWS][d + 1]
     const int r0 = blockIdx.x * SH_ROWS;
     const int tid = threadIdx.y * SH_ROWS + threadIdx.x;
@@ -545,16 +548,17 @@ extern "C" __global__ void simhash_codes(const float* x, const float* w, uint32_
     __syncthreads();
     const int row = r0 + threadIdx.x, l = blockIdx.y * SH_TABLES + threadIdx.y;
     if (row >= rows || l >= tables) return;
-    const int planes = bits * tables;
+    const int planes = bits * tables, b0 = blockIdx.z * per, b1 = min(bits, b0 + per);
     const float* xr = xs + threadIdx.x * (d + 1);
     uint32_t code = 0;
-    for (int b = 0; b < bits; ++b) {
+    for (int b = b0; b < b1; ++b) {
         const float* wp = w + (size_t)l * bits + b;
         float p = 0.f;
         for (int i = 0; i < d; ++i) p = __fadd_rn(p, __fmul_rn(xr[i], __ldg(wp + (size_t)i * planes)));
         code |= (uint32_t)(p > 0.f) << b;
     }
-    codes[(size_t)row * tables + l] = code;
+    if (gridDim.z == 1) codes[(size_t)row * tables + l] = code;
+    else atomicOr(codes + (size_t)row * tables + l, code);
 }
 
 // Double Sparsity's label scores: one thread per (query head, token); the token's label is r
