@@ -48,8 +48,8 @@ __device__ __forceinline__ uint32_t warp_inclusive(uint32_t x, int lane) {
 // its members) is read where it lies; each member sets its bit in `once`, or in `twice` when
 // `once` had it. The keys in `twice` from `skip` on are written ascending as positions
 // `first + key` from `picks[h][s · SEG_KEYS]` on, their number to `counts[h][s]` (h the row).
-// members[kvh], starts[kvh]: device addresses of KV head kvh's lists ([tables][n] u16 and
-// [tables][2^bits · segs + 1] u32).
+// members[kvh], starts[kvh]: device addresses of KV head kvh's lists ([tables][n] u16 in host
+// memory and [tables][2^bits · segs + 1] u32 in device memory: lsh::Tables says why).
 extern "C" __global__ void __launch_bounds__(WALK_THREADS)
     lsh_walk(const unsigned long long* members, const unsigned long long* starts, const uint32_t* codes,
              uint32_t* picks, uint32_t* counts, int n, int segs, int tables, int bits, int group, int h0, int first,
@@ -88,8 +88,8 @@ extern "C" __global__ void __launch_bounds__(WALK_THREADS)
     }
     __syncthreads();
     const uint32_t total = scan[tables];
-    // What crossed the link: the runs' members and each table's two starts (kernels/src/link).
-    if (link_bytes != nullptr && t == 0) atomicAdd(link_bytes, 2ull * total + 8ull * tables);
+    // What crossed the link: the runs' members (kernels/src/link).
+    if (link_bytes != nullptr && t == 0) atomicAdd(link_bytes, 2ull * total);
     for (uint32_t j0 = t; j0 < total; j0 += WALK_THREADS * WALK_UNROLL) {
         uint32_t m[WALK_UNROLL];
 #pragma unroll

@@ -6,7 +6,7 @@
 use std::sync::Mutex;
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda::cudarc::driver::{sys, CudaEvent, LaunchConfig, PushKernelArg};
+use candle_core::cuda::cudarc::driver::{sys, CudaEvent, DevicePtr, LaunchConfig, PushKernelArg};
 use candle_core::cuda::{CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result, Shape, Tensor};
 
@@ -27,6 +27,16 @@ const ATTEND_WARPS: usize = 8;
 /// of host memory is where they fall: the warps take a head's picks strided, so that they read
 /// neighbouring positions together (magicpig.cu).
 const ATTEND_BLOCKS: usize = 8;
+
+/// Where `t` (u32, on a GPU) begins in device memory.
+pub(super) fn device_address(t: &Tensor) -> Result<u64> {
+    let (storage, layout) = t.storage_and_layout();
+    let candle_core::Storage::Cuda(cs) = &*storage else { candle_core::bail!("lsh tables: not on the GPU") };
+    let stream = cs.device().cuda_stream();
+    let slice = cs.as_cuda_slice::<u32>()?.slice(layout.start_offset()..);
+    let (at, _sync) = slice.device_ptr(&stream);
+    Ok(at)
+}
 
 /// MagicPIG's table walk (`lsh_walk`): `codes [heads, tables]` u32 of query heads `h0..h0 +
 /// heads`, `addresses [2 · kv_heads]` the lists' device addresses; `(n, bits, group, h0, first,

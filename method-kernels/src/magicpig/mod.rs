@@ -17,8 +17,9 @@
 //! because the host waits for their report: walked after the GPU's heads, it came ~4 ms a
 //! step later (54.1 against 44.8 ms a token on one host). The tables' layout is the
 //! CPU walk's (bucket lists of 16-bit offsets within 64 Ki-key segments, a start per (code,
-//! segment) run), so one index serves both and neither needs a copy: the lists are registered
-//! in place.
+//! segment) run), so one index serves both: the members are registered in place, and only the
+//! starts (3% of the bytes) are copied to the device, where each table's dependent read of its
+//! start no longer waits on the link ([`Tables`]).
 //!
 //! The walk runs a block per (segment, query head): the segment's two bitsets (seen once,
 //! seen twice) in shared memory, every table's run for the segment read and its members'
@@ -82,7 +83,15 @@ pub fn interpolate(table: &[f32], cos: f32) -> f32 {
 /// One layer's tables: for each KV head, its bucket lists — `members` (`[tables][n]` u16, each
 /// table's keys sorted by (code, key) as offsets within their segment) and `starts`
 /// (`[tables][2^bits · segments + 1]` u32, where the run of code `c` in segment `s` starts, at
-/// `c · segments + s`) — in host memory shared with the device (registered in place on a GPU).
+/// `c · segments + s`) — in host memory; on a GPU the members are read where they lie
+/// (registered in place) and the starts from a copy in device memory.
+///
+/// Why the starts are copied: a walk reads each table's start before its run, so over the
+/// link every table cost two dependent reads of host memory, each at a page of its own, and a
+/// read of host memory waits on its page's translation. Read from device memory, the walk's
+/// reads of 28 query heads' runs at a million keys took 4.08 ms a step against 6.52 (an H200,
+/// results/2026-12-01b-magicpig/zc-probe6.cu), for 3% of the lists' bytes on the device
+/// (21.8 MB a layer at (K, L) = (10, 83)).
 pub struct Tables {
     lists: Vec<(Arc<SharedHost>, Arc<SharedHost>)>,
     n: usize,
@@ -92,11 +101,15 @@ pub struct Tables {
     /// (`[2 · kv_heads]` i64).
     #[cfg(feature = "cuda")]
     addresses: Option<Tensor>,
+    /// Every KV head's starts in device memory, one after another (what `addresses` points at).
+    #[cfg(feature = "cuda")]
+    _starts: Option<Tensor>,
 }
 
 impl Tables {
-    /// Tables of `tables` codes of `bits` bits over `n` keys; the lists must be registered with
-    /// `device` when it is a GPU ([`SharedHost::new`] on it).
+    /// Tables of `tables` codes of `bits` bits over `n` keys; the members must be registered with
+    /// `device` when it is a GPU ([`SharedHost::new`] on it), the starts need not be (a GPU reads
+    /// a copy).
     pub fn new(
         device: &Device,
         lists: Vec<(Arc<SharedHost>, Arc<SharedHost>)>,
@@ -111,7 +124,7 @@ impl Tables {
                     starts.bytes().len()
                 );
             }
-            if members.registered() != device.is_cuda() || starts.registered() != device.is_cuda() {
+            if members.registered() != device.is_cuda() {
                 candle_core::bail!("lsh tables: the lists are not registered with {device:?}");
             }
         }
@@ -119,18 +132,24 @@ impl Tables {
             candle_core::bail!("lsh tables: {tables} tables of {bits} bits over {n} keys are past the kernels' limits");
         }
         #[cfg(feature = "cuda")]
-        let addresses = match device {
+        let (addresses, _starts) = match device {
             Device::Cuda(_) => {
+                let words = tables * per_table;
+                let starts: Vec<u32> = lists
+                    .iter()
+                    .flat_map(|(_, s)| s.bytes()[..4 * words].chunks_exact(4))
+                    .map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+                    .collect();
+                let starts = Tensor::from_vec(starts, lists.len() * words, device)?;
+                let base = cuda::device_address(&starts)?;
                 let mut at = Vec::with_capacity(2 * lists.len());
                 for (members, _) in &lists {
                     at.push(members.device_address()? as i64);
                 }
-                for (_, starts) in &lists {
-                    at.push(starts.device_address()? as i64);
-                }
-                Some(Tensor::from_vec(at, 2 * lists.len(), device)?)
+                at.extend((0..lists.len()).map(|h| (base + (4 * h * words) as u64) as i64));
+                (Some(Tensor::from_vec(at, 2 * lists.len(), device)?), Some(starts))
             }
-            _ => None,
+            _ => (None, None),
         };
         Ok(Self {
             lists,
@@ -139,6 +158,8 @@ impl Tables {
             tables,
             #[cfg(feature = "cuda")]
             addresses,
+            #[cfg(feature = "cuda")]
+            _starts,
         })
     }
 

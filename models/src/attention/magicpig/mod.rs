@@ -81,10 +81,10 @@ pub(super) const SPEC: MethodSpec = MethodSpec {
 /// The dense layers read every row over the link; the others gather their static part (sinks
 /// and window) per query head on the device, walk each query head's tables (each table's
 /// bucket run, 2 bytes a member) and read its sample: with `gpu=0` both in host memory by the
-/// CPU, with `gpu=1` the walk over the link (the keys' norms kept on the device) and the sampled
-/// rows of the `gpu_attend` share of heads (`gpu_attend_fp8` over fp8 rows) over the link too,
-/// the rest's in host memory by the CPU — counted so even where a step falls back to the CPU:
-/// a CPU device, a bf16-fp8 file's mixed rows.
+/// CPU, with `gpu=1` the walk over the link (the keys' norms and the runs' starts kept on the
+/// device) and the sampled rows of the `gpu_attend` share of heads (`gpu_attend_fp8` over fp8
+/// rows) over the link too, the rest's in host memory by the CPU — counted so even where a
+/// step falls back to the CPU: a CPU device, a bf16-fp8 file's mixed rows.
 fn cost(input: &CostInput<'_>) -> StepCost {
     let layers = input.shape.layers;
     // `dense_layers=1` keeps layers 0 and L/2 dense.
@@ -127,12 +127,15 @@ fn cost(input: &CostInput<'_>) -> StepCost {
         };
     }
     let on_gpu = gpu_heads(gpu_share(input.params, input.fp8_rows), heads);
+    // On the device beside the weights: the keys' norms and the lists' run starts.
     let norms = 4 * indexed as u64 * kv_heads as u64 * (layers - dense) as u64;
+    let per_table = (1u64 << bits) * indexed.div_ceil(lsh::SEGMENT_KEYS) as u64 + 1;
+    let starts = 4 * (tables * kv_heads * (layers - dense)) as u64 * per_table;
     StepCost {
         device_bytes: 0.0,
         link_bytes: link + sample(on_gpu) + walked,
         host_bytes: sample(heads - on_gpu),
-        resident_bytes: resident + norms,
+        resident_bytes: resident + norms + starts,
         host_state_bytes,
         host_state_on_disk,
         state_disk_bytes,

@@ -348,7 +348,8 @@ impl LayerIndex {
         for h in &self.heads {
             // Lists on disk: the CPU walks them as it reads them.
             let Lists::Memory(members) = &h.lists else { return Ok(None) };
-            lists.push((share(members.clone())?, share(h.starts.clone())?));
+            // The starts are copied to the device (lsh::Tables): not registered.
+            lists.push((share(members.clone())?, SharedHost::new(&Device::Cpu, h.starts.clone())?));
         }
         let n = self.end - self.first;
         let tables = lsh::Tables::new(device, lists, (n, self.bits, self.tables))?;
