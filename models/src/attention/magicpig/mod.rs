@@ -311,7 +311,8 @@ pub struct MagicPig {
 /// Off by default: at 1M (docs/performance.md) it settled at 13 of 28 heads and took 57.25 ms
 /// a token between two runs of the fixed split it started from (14 heads), 54.04 and 54.13, in
 /// one command (an A-B-A order: a bench's first method pays nothing the later ones do not).
-/// That was before the GPU's reads were strided; from today's 18 heads it is not yet measured.
+/// From 18 heads with the GPU's reads strided (2026-12-02, A-B-A on one H200 host): settled at
+/// 15, 38.07 ms against 39.33 and 38.57, within a host's run-to-run spread; p90 1.4 ms worse.
 #[derive(Debug, Default)]
 struct Balance {
     on_gpu: Option<usize>,
