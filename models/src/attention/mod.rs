@@ -45,6 +45,7 @@ pub use buzz::Buzz;
 pub use cost::{CostInput, Shape, StepCost};
 pub use dense::Dense;
 pub use double_sparsity::{Channels, DoubleSparsity};
+pub use hip::prefill::SparsePrefill;
 pub use hip::Hip;
 pub use ivf::TopKIvf;
 pub use magicpig::MagicPig;

@@ -57,6 +57,7 @@ use crate::profile::span;
 
 mod ahead;
 mod on_host;
+pub mod prefill;
 use ahead::Ahead;
 use on_host::{HostSearch, Searched};
 
