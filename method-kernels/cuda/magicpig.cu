@@ -1,5 +1,5 @@
-// MagicPIG's sample on the GPU, over tables and rows that lie in host memory (mapped into the
-// device's address space): the table walk (`lsh_walk`) and the attention over what it found
+// MagicPIG's sample on the GPU, over bucket lists and rows that lie in host memory (mapped into
+// the device's address space; the lists' run starts in device memory): the table walk (`lsh_walk`) and the attention over what it found
 // (`lsh_attend_*`). Definitions and the reasons for this split: method-kernels/src/magicpig/mod.rs.
 #include <cfloat>
 #include <cstdint>

@@ -103,7 +103,8 @@ impl CudaOp2 for LshWalk {
             };
             // SAFETY: codes hold heads × tables u32 (tables ≤ MAX_TABLES, segs ≤ MAX_SEGS:
             // `lsh::Tables::new`), and heads h0.. walk KV heads below kv_heads (`lsh::Tables::walk`);
-            // the lists are registered and hold what the tables say.
+            // the members are registered, the starts copied to the device, and both hold what
+            // the tables say.
             unsafe { b.launch(cfg) }.w()?;
         }
         Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), Shape::from(cap + heads * segs)))

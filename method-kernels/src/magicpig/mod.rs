@@ -1,7 +1,8 @@
 //! MagicPIG's sample where the GPU can run it: the walk of a layer's LSH tables (keys whose code
 //! equals the query's in at least two tables) and the importance-weighted attention over what
-//! it found, both reading the tables and the K/V rows where they lie in host memory, mapped
-//! into the device's address space.
+//! it found, both reading the tables' bucket lists and the K/V rows where they lie in host
+//! memory, mapped into the device's address space (the lists' run starts from a copy on the
+//! device, [`Tables`]).
 //!
 //! Why it exists beside the paper's split, which keeps the sampled rows off the host link: the
 //! CPU's side (a walk that waits on DRAM for each bucket run, then scattered row reads) is most
@@ -90,8 +91,8 @@ pub fn interpolate(table: &[f32], cos: f32) -> f32 {
 /// link every table cost two dependent reads of host memory, each at a page of its own, and a
 /// read of host memory waits on its page's translation. Read from device memory, the walk's
 /// reads of 28 query heads' runs at a million keys took 4.08 ms a step against 6.52 (an H200,
-/// results/2026-12-01b-magicpig/zc-probe6.cu), for 3% of the lists' bytes on the device
-/// (21.8 MB a layer at (K, L) = (10, 83)).
+/// 83 tables: results/2026-12-01b-magicpig/zc-probe6.cu), for 3% of the lists' bytes on the
+/// device (17.3 MB a layer at 2048 of 1M keys, (K, L) = (10, 66)).
 pub struct Tables {
     lists: Vec<(Arc<SharedHost>, Arc<SharedHost>)>,
     n: usize,

@@ -9,7 +9,7 @@
 //! mask of a query block is the decode search's ([`search_blocks`]) with one change the paper
 //! makes for blocks of queries: a key block's score is the best dot product of any of the
 //! block's representative queries (every `stride_q`-th row) with any of its keys. Every key of
-//! the searched region lies before the block's first query, so the chosen blocks are visible to
+//! the searched region lies at or before the block's first query, so the chosen blocks are visible to
 //! all of its rows; only the window is causal row by row.
 //!
 //! Two implementations, held together by the tests on fresh random inputs: [`Self::reference`]
