@@ -80,6 +80,18 @@ pub(super) fn attend_row(
     keys: impl Iterator<Item = (usize, f32)> + Clone,
     scale: f32,
 ) -> Vec<f32> {
+    attend_row_lse(q, rows, kvh, keys, scale).0
+}
+
+/// [`attend_row`] and the log-sum-exp of its logits (`-inf` over an empty set), for references
+/// whose fast paths merge partials by LSE.
+pub(super) fn attend_row_lse(
+    q: &[f32],
+    rows: &LayerRows,
+    kvh: usize,
+    keys: impl Iterator<Item = (usize, f32)> + Clone,
+    scale: f32,
+) -> (Vec<f32>, f32) {
     let logits: Vec<(usize, f64)> =
         keys.map(|(p, b)| (p, (dot(q, rows.key(kvh, p)) * scale) as f64 + b as f64)).collect();
     let max = logits.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
@@ -92,7 +104,8 @@ pub(super) fn attend_row(
             *a += w * *v as f64;
         }
     }
-    acc.iter().map(|a| if total > 0.0 { (a / total) as f32 } else { 0.0 }).collect()
+    let out = acc.iter().map(|a| if total > 0.0 { (a / total) as f32 } else { 0.0 }).collect();
+    (out, (max + total.ln()) as f32)
 }
 
 /// A decode step's output `[q_heads, 1, d]` from per-head picks, on the query's device.

@@ -21,7 +21,7 @@ use candle_core::{Device, Tensor};
 use folio_kernels::attention::{attention_block, merge, AttnOutput, Mask};
 
 use super::search_blocks;
-use crate::attention::select::{dot, LayerRows};
+use crate::attention::select::{attend_row_lse, dot, LayerRows};
 use crate::error::{Error, Result};
 
 /// One layer's sparse prefill: the shape of its masks.
@@ -87,8 +87,9 @@ impl SparsePrefill {
 
     /// The sparse attention of `q` (`[heads, t, d]` f32 rows, flat; query `i` at position
     /// `q_start + i`) over the keys of `kv` (every key up to the last query's position), from
-    /// the definition: per row a two-pass softmax of `scale · q·k` over the sinks, its block's
-    /// chosen keys and the window up to itself. `(out [heads·t·d], lse [heads·t])`.
+    /// the definition: per row the methods' reference softmax ([`attend_row_lse`], in f64) of
+    /// `scale · q·k` over the sinks, its block's chosen keys and the window up to itself.
+    /// `(out [heads·t·d], lse [heads·t])`.
     pub fn reference(
         &self,
         q: &[f32],
@@ -99,7 +100,7 @@ impl SparsePrefill {
     ) -> (Vec<f32>, Vec<f32>) {
         let d = kv.head_dim;
         let group = heads / kv.kv_heads;
-        let (mut out, mut lse) = (vec![0f32; heads * t * d], vec![f32::NEG_INFINITY; heads * t]);
+        let (mut out, mut lse) = (Vec::with_capacity(heads * t * d), Vec::with_capacity(heads * t));
         for h in 0..heads {
             let row = |i: usize| &q[(h * t + i) * d..(h * t + i + 1) * d];
             for b0 in (0..t).step_by(self.block_q) {
@@ -109,19 +110,10 @@ impl SparsePrefill {
                 let chosen = self.mask(&rows, kv, h / group, p0);
                 let (first, window_start) = self.region(p0);
                 for i in b0..b1 {
-                    let visible: Vec<usize> =
-                        (0..first).chain(chosen.iter().copied()).chain(window_start..=q_start + i).collect();
-                    let scores: Vec<f32> = visible.iter().map(|&p| scale * dot(row(i), kv.key(h / group, p))).collect();
-                    let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let weights: Vec<f32> = scores.iter().map(|s| (s - m).exp()).collect();
-                    let sum: f32 = weights.iter().sum();
-                    let o = &mut out[(h * t + i) * d..(h * t + i + 1) * d];
-                    for (w, &p) in weights.iter().zip(&visible) {
-                        for (o, v) in o.iter_mut().zip(kv.value(h / group, p)) {
-                            *o += w / sum * v;
-                        }
-                    }
-                    lse[h * t + i] = m + sum.ln();
+                    let visible = (0..first).chain(chosen.iter().copied()).chain(window_start..=q_start + i);
+                    let (o, l) = attend_row_lse(row(i), kv, h / group, visible.map(|p| (p, 0.0)), scale);
+                    out.extend(o);
+                    lse.push(l);
                 }
             }
         }
