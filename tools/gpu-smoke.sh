@@ -312,7 +312,8 @@ for s in p["spans"]: print("  %-28s %8.3f s %5.1f%%" % (s["name"], s["seconds"],
     # needle), every offloaded method on the same prompts (folio eval fidelity):
     # `tools/gpu-smoke.sh fidelity LENGTHS [DEPTHS] [SAMPLES]`, the methods in $METHODS (default:
     # every method at its paper default), the budgets in $BUDGETS (a budget curve per method),
-    # the question mode in $QUESTION (dense|sparse|both). One tar under $OUT, as for needle;
+    # the question mode in $QUESTION (dense|sparse|both), the documents' prefill in $PREFILL
+    # (dense, or sparse[:KNOBS]: `--prefill`). One tar under $OUT, as for needle;
     # the missed prompts' token ids are kept up to 256k tokens (a 1M prompt's are 4 MiB).
     demo_eval_setup fidelity
     methods=${METHODS:-streaming,hip,topk,magicpig,double-sparsity,buzz}
@@ -323,7 +324,8 @@ for s in p["spans"]: print("  %-28s %8.3f s %5.1f%%" % (s["name"], s["seconds"],
       # shellcheck disable=SC2086  # $budgets is a flag and its value, or nothing
       timeout "${EVAL_SECONDS:-480}" "$folio" eval fidelity --model "$model" --device "${DEVICE:-cuda}" \
         --lengths "${2:-128k}" --depths "${3:-0.25,0.5,0.75}" --samples "${4:-1}" --offload \
-        --methods "$methods" $budgets --question "${QUESTION:-dense}" --out "$res" || echo "eval exit status $?"
+        --methods "$methods" $budgets --question "${QUESTION:-dense}" --prefill "${PREFILL:-dense}" --out "$res" \
+        || echo "eval exit status $?"
       find "$res" -name '*.u32' -size +1M -delete
     } 2>&1 | tee "$res/fidelity.log" || true
     tar -C "$(dirname "$res")" -czf "${OUT:-/tmp}/fidelity.tar.gz" fidelity

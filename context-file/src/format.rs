@@ -21,9 +21,11 @@ use crate::codec::Codec;
 use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 8] = *b"FOLIOCTX";
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest version this Folio opens. Version 2 added document parts (pages, chapters,
 /// sections) to the document table; a version 1 file is a version 2 file without them.
+/// Version 3 added the record of which prefill computed which tokens ([`Header::prefill`]);
+/// every earlier file was prefilled densely.
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 /// Bytes before the header: magic, version, reserved, header length, header checksum.
 pub const PREAMBLE_BYTES: u64 = 32;
@@ -226,9 +228,25 @@ pub struct Header {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub prompt: PromptStamp,
+    /// Which prefill computed which tokens, in order, covering them all (a grown context can
+    /// mix); empty in files before version 3, which were prefilled densely ([`Header::prefill_runs`]).
+    #[serde(default)]
+    pub prefill: Vec<PrefillRun>,
     pub file_bytes: u64,
     pub sections: Vec<Section>,
 }
+
+/// How the prefill attended for context positions `from..to` ([`Header::prefill`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefillRun {
+    pub from: usize,
+    pub to: usize,
+    /// `dense`, or `sparse:` and its knobs (docs/engine.md, "Sparse prefill").
+    pub mode: String,
+}
+
+/// [`PrefillRun::mode`] of a prefill that attended to every earlier key.
+pub const DENSE_PREFILL: &str = "dense";
 
 impl Header {
     /// A header with its section table laid out: tokens, documents, then keys and values of
@@ -273,9 +291,35 @@ impl Header {
                 });
             }
         }
-        let mut header = Self { model, kv_dtype, tokens, layers, kv_heads, head_dim, prompt, file_bytes: 0, sections };
+        let prefill = vec![PrefillRun { from: 0, to: tokens, mode: DENSE_PREFILL.into() }];
+        let mut header =
+            Self { model, kv_dtype, tokens, layers, kv_heads, head_dim, prompt, prefill, file_bytes: 0, sections };
         header.lay_out();
         header
+    }
+
+    /// Which prefill computed which tokens: the record, or for a file from before it (version
+    /// 1 or 2) one dense run over every token.
+    pub fn prefill_runs(&self) -> Vec<PrefillRun> {
+        if self.prefill.is_empty() {
+            return vec![PrefillRun { from: 0, to: self.tokens, mode: DENSE_PREFILL.into() }];
+        }
+        self.prefill.clone()
+    }
+
+    /// Records that positions `from..` (to the end) were computed by a prefill of `mode`,
+    /// after the record's runs before `from` (a grown or changed context keeps its first
+    /// `from` tokens as they were made); runs of one mode side by side are joined. Lays the
+    /// sections out again (the header's length changed): before anything is written.
+    pub fn record_prefill(&mut self, kept: &[PrefillRun], from: usize, mode: &str) {
+        let mut runs: Vec<PrefillRun> =
+            kept.iter().filter(|r| r.from < from).map(|r| PrefillRun { to: r.to.min(from), ..r.clone() }).collect();
+        match runs.last_mut() {
+            Some(last) if last.mode == mode => last.to = self.tokens,
+            _ => runs.push(PrefillRun { from, to: self.tokens, mode: mode.into() }),
+        }
+        self.prefill = runs;
+        self.lay_out();
     }
 
     /// Places the sections, in table order, page-aligned after the header. Offsets change the
@@ -401,6 +445,47 @@ mod tests {
         assert_eq!(KvDtype::Bf16Fp8.codec(SectionKind::Keys), Codec::Bf16);
         assert_eq!(KvDtype::Bf16Fp8.codec(SectionKind::Values), Codec::Fp8);
         assert!(KvDtype::NAMES.iter().all(|n| KvDtype::parse(n).unwrap().name() == *n));
+    }
+
+    /// A new header records a dense prefill of every token; a grown context keeps its runs
+    /// before the kept tokens' end and adds its own, joining runs of one mode; a header
+    /// without the record (versions 1 and 2) reads as dense; the layout follows the record.
+    #[test]
+    fn the_prefill_record_grows_and_old_headers_read_dense() {
+        let fingerprint: Fingerprint = serde_json::from_value(serde_json::json!({
+            "architecture": "llama", "layers": 2, "hidden_size": 64, "intermediate_size": 128, "heads": 4,
+            "kv_heads": 2, "head_dim": 16, "vocab_size": 100, "rope_theta": 1e4, "rope_scaling": null,
+            "sliding_window": null, "qkv_bias": false, "qk_norm": false, "tokenizer": "t", "weights": "w"
+        }))
+        .unwrap();
+        let model = ModelStamp { name: "m".into(), source: "m".into(), fingerprint };
+        let prompt = PromptStamp {
+            kind: PromptKind::Raw,
+            head: String::new(),
+            system: None,
+            date: String::new(),
+            document_template: "{text}".into(),
+        };
+        let header = |tokens| Header::new(model.clone(), KvDtype::Bf16, tokens, 10, (2, 2, 16), prompt.clone());
+        let run = |from, to, mode: &str| PrefillRun { from, to, mode: mode.into() };
+        let first = header(100);
+        assert_eq!(first.prefill_runs(), [run(0, 100, DENSE_PREFILL)]);
+        let sparse = "sparse:block=64,keys=2048,sinks=64,window=1024";
+        let mut grown = header(250);
+        grown.record_prefill(&first.prefill_runs(), 100, sparse);
+        assert_eq!(grown.prefill_runs(), [run(0, 100, DENSE_PREFILL), run(100, 250, sparse)]);
+        let mut layout = grown.clone();
+        layout.lay_out();
+        assert_eq!(layout, grown, "the record is laid out");
+        // A document taken out at 180 and the rest prefilled sparsely again: one sparse run.
+        let mut changed = header(220);
+        changed.record_prefill(&grown.prefill_runs(), 180, sparse);
+        assert_eq!(changed.prefill_runs(), [run(0, 100, DENSE_PREFILL), run(100, 220, sparse)]);
+        let mut old = serde_json::to_value(&first).unwrap();
+        old.as_object_mut().unwrap().remove("prefill");
+        let old: Header = serde_json::from_value(old).unwrap();
+        assert!(old.prefill.is_empty());
+        assert_eq!(old.prefill_runs(), [run(0, 100, DENSE_PREFILL)]);
     }
 
     /// A field one fingerprint has and the other lacks is a difference (an old file's model

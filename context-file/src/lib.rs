@@ -30,5 +30,5 @@ pub mod rows;
 pub use codec::Codec;
 pub use error::{io_message, Error, Result};
 pub use file::{ContextFile, VerifyReport};
-pub use format::{DocumentSpan, Fingerprint, Header, KvDtype, ModelStamp, SpanPart};
+pub use format::{DocumentSpan, Fingerprint, Header, KvDtype, ModelStamp, PrefillRun, SpanPart, DENSE_PREFILL};
 pub use partial::{partial_dir, pending, pending_date, Pending};

@@ -36,6 +36,7 @@ use folio_models::attention::{Attention, Dense};
 use folio_models::distribution::{argmax, kl_divergence};
 use folio_models::error::Result;
 use folio_models::generate::{self, GenerateParams, Generation, SamplingParams};
+use folio_models::prefill::PrefillMode;
 use folio_models::Engine;
 
 /// How the question (the prompt after the documents) is attended.
@@ -102,11 +103,22 @@ pub struct Outcome {
     pub rows_read_fraction: f64,
     /// The documents' prefill on the offloaded tier, shared by the methods (0 on the resident).
     pub prefill_seconds: f64,
+    /// How the documents the method decoded over were prefilled (`dense`, or `sparse:` and its
+    /// knobs); the reference's always densely. Absent in reports from before it: dense.
+    #[serde(default = "dense_prefill")]
+    pub prefill: String,
+}
+
+fn dense_prefill() -> String {
+    PrefillMode::Dense.name()
 }
 
 /// Runs `prompt` with dense attention, then with each of `attns` for each of `questions`:
 /// `out[q][m]` is method `m`'s outcome with question mode `questions[q]`. The documents are
-/// prefilled (offloaded tier) and dense's reference computed once for all of them.
+/// prefilled (offloaded tier) and dense's reference computed once for all of them; with a
+/// sparse `prefill` the methods decode over a second prefill of the documents, that one's,
+/// and are measured against the dense prefill's dense answer.
+#[allow(clippy::too_many_arguments)]
 pub fn run_prompt(
     engine: &Engine,
     prompt: &TaskPrompt,
@@ -114,8 +126,10 @@ pub fn run_prompt(
     attns: &[&dyn Attention],
     tier: &PromptTier,
     questions: &[QuestionMode],
+    prefill: PrefillMode,
 ) -> Result<Vec<Vec<Outcome>>> {
-    let (mut store, prefill_seconds) = PromptStore::new(engine, &prompt.ids, prompt.documents_end, tier)?;
+    let (mut reference_store, dense_seconds) =
+        PromptStore::new(engine, &prompt.ids, prompt.documents_end, (tier, PrefillMode::Dense))?;
     let params = |pass| GenerateParams {
         max_new_tokens: prompt.expected_ids.len() + EXTRA_ANSWER_TOKENS,
         sampling: SamplingParams::default(),
@@ -127,11 +141,18 @@ pub fn run_prompt(
     let steps = |_, _| ControlFlow::Continue(());
     let (model, tokenizer) = (&engine.model, &engine.tokenizer);
 
-    let dense = store
+    let dense = reference_store
         .run(false, |kv, input, pass| generate::generate(model, tokenizer, &Dense, kv, input, &params(pass), quiet))?;
     let answer = &dense.tokens;
-    let reference =
-        store.run(false, |kv, input, pass| generate::teacher_forced(model, &Dense, kv, input, answer, pass, steps))?;
+    let reference = reference_store
+        .run(false, |kv, input, pass| generate::teacher_forced(model, &Dense, kv, input, answer, pass, steps))?;
+    let (mut store, prefill_seconds) = match prefill {
+        PrefillMode::Dense => (reference_store, dense_seconds),
+        sparse => {
+            drop(reference_store);
+            PromptStore::new(engine, &prompt.ids, prompt.documents_end, (tier, sparse))?
+        }
+    };
     let q_heads = engine.config().num_heads as f64;
     let mut one = |attn: &dyn Attention, question: QuestionMode| -> Result<Outcome> {
         let sparse = question == QuestionMode::Sparse;
@@ -174,6 +195,7 @@ pub fn run_prompt(
             rows_read: reads.total_rows / (reads.calls as f64 * q_heads).max(1.0),
             rows_read_fraction: reads.total_rows / reads.visible_rows.max(1.0),
             prefill_seconds,
+            prefill: prefill.name(),
         })
     };
     questions.iter().map(|&q| attns.iter().map(|&attn| one(attn, q)).collect()).collect()

@@ -20,6 +20,7 @@ use folio_models::error::{Error, Result};
 use folio_models::generate::{self, GenerateParams, PromptPass, SamplingParams, PREFILL_CHUNK};
 use folio_models::kv_cache::KvStore;
 use folio_models::kv_cache::OffloadKv;
+use folio_models::prefill::PrefillMode;
 use folio_models::Engine;
 
 /// The context file a prompt's documents are prefilled into in `--kv-on-disk`'s folder.
@@ -371,7 +372,8 @@ pub fn run_sample(
         disk_bytes,
     };
     let quiet = |_: &str| ControlFlow::Continue(());
-    let (mut store, prefill_seconds) = PromptStore::new(engine, &prompt.ids, prompt.documents_end, tier)?;
+    let (mut store, prefill_seconds) =
+        PromptStore::new(engine, &prompt.ids, prompt.documents_end, (tier, PrefillMode::Dense))?;
     attns
         .iter()
         .map(|&attn| {
@@ -414,24 +416,33 @@ impl Drop for PromptStore<'_> {
 }
 
 impl<'a> PromptStore<'a> {
-    /// The store and the seconds its documents' prefill took (0 on the resident tier).
+    /// The store and the seconds its documents' prefill (of `prefill`'s kind) took (0 on the
+    /// resident tier, which prefills densely with each run and refuses a sparse prefill).
     pub(crate) fn new(
         engine: &'a Engine,
         ids: &'a [u32],
         documents_end: usize,
-        tier: &PromptTier,
+        (tier, prefill): (&PromptTier, PrefillMode),
     ) -> Result<(Self, f64)> {
         let started = Instant::now();
         let documents = &ids[..documents_end];
         let (offloaded, file) = match tier {
-            PromptTier::Resident => (None, None),
-            PromptTier::Offloaded => {
-                (Some(folio_models::prefill::prefill_offloaded(&engine.model, documents, PREFILL_CHUNK)?), None)
+            PromptTier::Resident if prefill != PrefillMode::Dense => {
+                return Err(Error::Invalid(
+                    "a sparse prefill is of documents held offloaded: give --offload (the resident tier prefills \
+                     each run's whole prompt densely)"
+                        .into(),
+                ))
             }
+            PromptTier::Resident => (None, None),
+            PromptTier::Offloaded => (
+                Some(folio_models::prefill::prefill_offloaded(&engine.model, documents, PREFILL_CHUNK, prefill)?),
+                None,
+            ),
             PromptTier::OnDisk(dir, cache) => {
                 let path = dir.join(PROMPT_FILE);
                 let plan = PrefixPlan::raw_tokens(documents.to_vec());
-                let opts = BuildOptions::new(context::DEFAULT_KV_DTYPE);
+                let opts = BuildOptions { prefill, ..BuildOptions::new(context::DEFAULT_KV_DTYPE) };
                 let stamp = engine.stamp()?;
                 context::build(&engine.model, stamp, &plan, &path, &opts, &mut |_| ControlFlow::Continue(()))?;
                 let file = Arc::new(ContextFile::open(&path)?);

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use folio_runtime::device::{copy_to_host, from_host_bytes, to_host_bytes};
 
-use crate::attention::Dense;
+use crate::attention::{Attention, Dense, SparseAttention, SparsePrefill};
 use crate::error::{Error, Result};
 use crate::kv_cache::OffloadKv;
 use crate::kv_cache::{DenseKv, KvStore};
@@ -44,6 +44,38 @@ const MAX_CHUNK: usize = 8192;
 /// Below this many tokens per chunk, prefill would be dominated by per-chunk overhead: a
 /// budget that only allows fewer is refused.
 const MIN_CHUNK: usize = 16;
+
+/// How a prefill attends: to every earlier key, or sparsely
+/// ([`crate::attention::sparse_prefill`]: sinks, the best key blocks of each query block, a
+/// window). `--prefill dense | sparse[:KNOBS]`; a context file records it per stretch of tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PrefillMode {
+    #[default]
+    Dense,
+    Sparse(SparsePrefill),
+}
+
+impl PrefillMode {
+    /// `dense`, `sparse`, or `sparse:` and knobs (`sparse:keys=1024,window=512`).
+    pub fn parse(text: &str) -> Result<Self> {
+        match text.trim().split_once(':').unwrap_or((text.trim(), "")) {
+            ("dense", "") => Ok(Self::Dense),
+            ("sparse", knobs) => Ok(Self::Sparse(SparsePrefill::parse(knobs)?)),
+            _ => Err(Error::Invalid(format!(
+                "unknown prefill `{text}`: dense, sparse, or sparse:KNOBS (block, keys, sinks, window; e.g. \
+                 sparse:keys=1024)"
+            ))),
+        }
+    }
+
+    /// What the context file records: `dense`, or `sparse:` and every knob.
+    pub fn name(&self) -> String {
+        match self {
+            Self::Dense => folio_context_file::DENSE_PREFILL.into(),
+            Self::Sparse(p) => format!("sparse:{}", p.knobs()),
+        }
+    }
+}
 
 /// Hidden states of every token between two layers (`[tokens, hidden]`), read and written
 /// one chunk at a time.
@@ -367,8 +399,13 @@ pub struct ChunkPlan {
 /// The largest chunk whose working set fits `budget` (or [`DEFAULT_CHUNK`] without one) for a
 /// prefill of `tokens` tokens whose larger K/V section is `section_bytes` once encoded (a
 /// layer's two sections are held while the next layer runs).
-pub fn plan_chunk(model: &Model, tokens: usize, section_bytes: u64, budget: Option<u64>) -> Result<ChunkPlan> {
-    let (fixed, per_token) = working_set_terms(model, tokens, section_bytes);
+pub fn plan_chunk(
+    model: &Model,
+    tokens: usize,
+    (section_bytes, mode): (u64, PrefillMode),
+    budget: Option<u64>,
+) -> Result<ChunkPlan> {
+    let (fixed, per_token) = working_set_terms(model, tokens, section_bytes, mode);
     let most = tokens.clamp(1, MAX_CHUNK);
     let chunk = match budget {
         None => DEFAULT_CHUNK.min(most),
@@ -389,13 +426,13 @@ pub fn plan_chunk(model: &Model, tokens: usize, section_bytes: u64, budget: Opti
 
 /// The working set of a prefill that runs in chunks of `chunk` tokens (a resumed one keeps
 /// the chunk it started with).
-pub fn chunk_working_set(model: &Model, tokens: usize, section_bytes: u64, chunk: usize) -> u64 {
-    let (fixed, per_token) = working_set_terms(model, tokens, section_bytes);
+pub fn chunk_working_set(model: &Model, tokens: usize, (section_bytes, mode): (u64, PrefillMode), chunk: usize) -> u64 {
+    let (fixed, per_token) = working_set_terms(model, tokens, section_bytes, mode);
     fixed + chunk as u64 * per_token
 }
 
 /// The working set's bytes independent of the chunk, and its bytes per token of a chunk.
-fn working_set_terms(model: &Model, tokens: usize, section_bytes: u64) -> (u64, u64) {
+fn working_set_terms(model: &Model, tokens: usize, section_bytes: u64, mode: PrefillMode) -> (u64, u64) {
     let cfg = model.config();
     let dsize = model.dtype().size_in_bytes() as u64;
     let kv_values = (tokens * cfg.num_kv_heads * cfg.head_dim) as u64;
@@ -417,6 +454,11 @@ fn working_set_terms(model: &Model, tokens: usize, section_bytes: u64) -> (u64, 
             fixed += 2 * kv_values * 4;
         }
         fixed += 3 * 4 * folio_kernels::attention::max_score_elems(model.device()) as u64;
+    }
+    // A sparse prefill's staged batch and its key blocks' means (f32), at the largest chunk.
+    if let PrefillMode::Sparse(p) = mode {
+        let shape = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        fixed += p.staged_bytes(shape, tokens, MAX_CHUNK, model.dtype());
     }
     // Per token of a chunk: hidden in/out and norms, q/k/v (+ f32 q), MLP intermediates.
     let per_token =
@@ -442,10 +484,19 @@ pub fn run_layer<H: Hidden>(
     tokens: &[u32],
     prefix: Option<&(Tensor, Tensor)>,
     hidden: &mut [H; 2],
-    rope: &RopeTables,
+    (rope, mode): (&RopeTables, PrefillMode),
     progress: &mut dyn FnMut(usize) -> ControlFlow<()>,
 ) -> Result<(Tensor, Tensor)> {
     let chunk = rope.chunk();
+    // A sparse prefill's attention keeps the layer's key-block means across its chunks.
+    let sparse = match mode {
+        PrefillMode::Dense => None,
+        PrefillMode::Sparse(pattern) => Some(SparseAttention::new(pattern)),
+    };
+    let attn: &dyn Attention = match &sparse {
+        Some(s) => s,
+        None => &Dense,
+    };
     let cfg = model.config();
     let t = tokens.len();
     let mut kv = DenseKv::new(1, cfg.num_kv_heads, cfg.head_dim, model.dtype(), model.device());
@@ -475,7 +526,7 @@ pub fn run_layer<H: Hidden>(
                 input.read(start, n)
             }
         })?;
-        let y = model.layer_forward(layer, &x, offset + start, rope.table(start / chunk)?, &mut kv, 0, &Dense)?;
+        let y = model.layer_forward(layer, &x, offset + start, rope.table(start / chunk)?, &mut kv, 0, attn)?;
         kv.set_len(offset + start + n)?;
         span(dev, "hidden states out", || output.write(start, &y))?;
         start += n;
@@ -498,7 +549,7 @@ pub fn layer_output<H>(hidden: &[H; 2], layer: usize) -> &H {
 #[allow(clippy::type_complexity)]
 pub fn prefill_in_memory(model: &Model, tokens: &[u32], chunk: usize) -> Result<(Vec<(Tensor, Tensor)>, Tensor)> {
     let mut layers = Vec::with_capacity(model.config().num_layers);
-    let logits = prefill_layers(model, tokens, chunk, |_, k, v| {
+    let logits = prefill_layers(model, tokens, (chunk, PrefillMode::Dense), |_, k, v| {
         layers.push((k, v));
         Ok(())
     })?;
@@ -508,11 +559,11 @@ pub fn prefill_in_memory(model: &Model, tokens: &[u32], chunk: usize) -> Result<
 /// `tokens` prefilled layer-major on the model's device as an offloaded store's saved prefix,
 /// each layer's rows moved to host memory as soon as it is done: a context file's store without
 /// the file (the needle eval's offloaded tier). The device holds one layer's K/V at a time.
-pub fn prefill_offloaded(model: &Model, tokens: &[u32], chunk: usize) -> Result<OffloadKv> {
+pub fn prefill_offloaded(model: &Model, tokens: &[u32], chunk: usize, mode: PrefillMode) -> Result<OffloadKv> {
     let cfg = model.config();
     let mut kv =
         OffloadKv::new(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, tokens.len(), model.dtype(), model.device())?;
-    prefill_layers(model, tokens, chunk, |layer, k, v| kv.fill(layer, 0, &k, &v))?;
+    prefill_layers(model, tokens, (chunk, mode), |layer, k, v| kv.fill(layer, 0, &k, &v))?;
     Ok(kv)
 }
 
@@ -522,7 +573,7 @@ pub fn prefill_offloaded(model: &Model, tokens: &[u32], chunk: usize) -> Result<
 pub fn prefill_layers(
     model: &Model,
     tokens: &[u32],
-    chunk: usize,
+    (chunk, mode): (usize, PrefillMode),
     mut on_layer: impl FnMut(usize, Tensor, Tensor) -> Result<()>,
 ) -> Result<Tensor> {
     let cfg = model.config();
@@ -534,7 +585,8 @@ pub fn prefill_layers(
     let mut hidden = [new()?, new()?];
     let rope = RopeTables::new(model, 0, tokens.len(), chunk)?;
     for layer in 0..cfg.num_layers {
-        let (k, v) = run_layer(model, layer, tokens, None, &mut hidden, &rope, &mut |_| ControlFlow::Continue(()))?;
+        let (k, v) =
+            run_layer(model, layer, tokens, None, &mut hidden, (&rope, mode), &mut |_| ControlFlow::Continue(()))?;
         on_layer(layer, k, v)?;
     }
     let last = layer_output(&hidden, cfg.num_layers - 1).read(tokens.len() - 1, 1)?;

@@ -16,6 +16,7 @@ use folio_models::context::{
     self, Bookkeeping, BuildOptions, BuildReport, Builder, Change, ContextFile, DocumentSpan, KvDtype, Progress,
 };
 use folio_models::error::human_bytes;
+use folio_models::prefill::PrefillMode;
 use folio_models::Engine;
 use serde_json::json;
 
@@ -52,6 +53,12 @@ pub struct PrefillArgs {
     /// chunk of 2048 tokens).
     #[arg(long)]
     memory_budget: Option<String>,
+    /// How the prefill attends: dense (every earlier key, the default) or sparse[:KNOBS]
+    /// (each block of 64 queries to the sinks, its 2,048 best keys and a 1,024-key window;
+    /// knobs block, keys, sinks, window, e.g. sparse:keys=4096). Sparse is faster on long
+    /// contexts and may cost answers (docs/quality.md); the file records which made it.
+    #[arg(long, default_value = "dense")]
+    prefill: String,
     /// System message placed before the documents (chat models).
     #[arg(long, conflicts_with = "context")]
     system: Option<String>,
@@ -92,6 +99,7 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     }
     let memory_budget = a.memory_budget.as_deref().map(parse_bytes).transpose()?;
     let explicit_dtype = a.kv_dtype.as_deref().map(KvDtype::parse).transpose()?;
+    let mode = PrefillMode::parse(&a.prefill)?;
     let out = a.out.clone().or_else(|| a.context.clone()).context("--out is required")?;
     // Before anything opens it (a named pipe would wait for a writer forever), and before the
     // model loads: a path that cannot be written is said at once.
@@ -114,7 +122,8 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
         eprintln!("prefilling {n} tokens after the {keep} kept as saved{time}");
     }
     let kv_dtype = planned.kv_dtype(explicit_dtype, context::DEFAULT_KV_DTYPE);
-    let opts = BuildOptions { memory_budget, restart: a.restart, prior_cost, ..BuildOptions::new(kv_dtype) };
+    let opts =
+        BuildOptions { memory_budget, restart: a.restart, prior_cost, prefill: mode, ..BuildOptions::new(kv_dtype) };
     let stop = ctrl_c_flag();
     let bar = progress_bar(a.json);
     let mut on_progress = |p: &Progress| {
@@ -255,6 +264,9 @@ fn print_report(report: &BuildReport, ingested: &ingest::Ingested, documents: &[
         report.kv_dtype.name(),
         human_bytes(report.file_bytes)
     );
+    if report.prefill != folio_models::context::DENSE_PREFILL {
+        println!("prefill      {} (attention of the computed tokens)", report.prefill);
+    }
     if report.computed_tokens < report.tokens {
         println!("grown by {} tokens ({} documents in all)", report.computed_tokens, report.documents);
     }
@@ -464,6 +476,7 @@ fn info(a: InfoArgs) -> Result<()> {
             "layers": h.layers,
             "file_bytes": h.file_bytes,
             "prompt": h.prompt,
+            "prefill": h.prefill_runs(),
             "documents": file.documents(),
             "sections": h.sections,
             "verified": verified,
@@ -476,6 +489,9 @@ fn info(a: InfoArgs) -> Result<()> {
     println!("tokens       {}", h.tokens);
     println!("K/V          {} ({} KV heads x {} dims)", h.kv_dtype.name(), h.kv_heads, h.head_dim);
     println!("file         {}", human_bytes(h.file_bytes));
+    for run in h.prefill_runs() {
+        println!("prefill      {} (tokens {}..{})", run.mode, run.from, run.to);
+    }
     println!(
         "sections     tokens {}, documents {}, keys {}, values {}",
         human_bytes(sum(SectionKind::Tokens)),

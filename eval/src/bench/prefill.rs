@@ -21,6 +21,7 @@ use folio_models::context::{
 use folio_models::error::{human_bytes, Error, Result};
 use folio_models::kv_cache::{ContextKv, KvStore, OffloadKv};
 use folio_models::model::{Logits, Model};
+use folio_models::prefill::PrefillMode;
 use folio_models::{device_name, Engine};
 use folio_runtime::device::MemorySampler;
 use folio_runtime::host_memory::{drop_page_cache, peak_rss, reset_peak_rss};
@@ -64,6 +65,8 @@ pub struct PrefillBench {
     pub profile: bool,
     /// Reopen on the offloaded tier even where the decoded layers would fit the device.
     pub offload: bool,
+    /// How every prefill of the bench attends (`--prefill`).
+    pub prefill: PrefillMode,
 }
 
 impl PrefillBench {
@@ -220,6 +223,8 @@ pub struct PrefillReport {
     pub device: String,
     pub dtype: String,
     pub kv_dtype: KvDtype,
+    /// How the prefills attended (`dense`, or `sparse:` and its knobs).
+    pub prefill: String,
     pub threads: usize,
     pub matmul_flops_per_s: f64,
     pub vram_budget_bytes: Option<u64>,
@@ -281,7 +286,7 @@ pub fn run<E: From<Error>>(
     let warm_tokens = b.tokens.iter().copied().min().unwrap_or(0).min(WARMUP_TOKENS);
     let warmup = {
         let started = Instant::now();
-        let opts = BuildOptions { memory_budget, restart: true, ..BuildOptions::new(b.kv_dtype) };
+        let opts = BuildOptions { memory_budget, restart: true, prefill: b.prefill, ..BuildOptions::new(b.kv_dtype) };
         let out = dir.path().join("warm-up.folio");
         let vocab = model.config().vocab_size as u32;
         let plan = PrefixPlan::raw_tokens((0..warm_tokens as u32).map(|i| i % vocab).collect());
@@ -292,7 +297,8 @@ pub fn run<E: From<Error>>(
     on(PrefillEvent::WarmedUp { tokens: warm_tokens, seconds: warmup, matmul_flops_per_s: matmul })?;
     let mut rows = Vec::new();
     for &n in &b.tokens {
-        let opts = BuildOptions { memory_budget, restart: !b.resume, ..BuildOptions::new(b.kv_dtype) };
+        let opts =
+            BuildOptions { memory_budget, restart: !b.resume, prefill: b.prefill, ..BuildOptions::new(b.kv_dtype) };
         let measure = Measure { matmul, sampler: &sampler, stop };
         let row = one(subject, n, &opts, dir.path(), (b.append, b.offload), &measure, &mut on)?;
         on(PrefillEvent::Row(&row))?;
@@ -307,6 +313,7 @@ pub fn run<E: From<Error>>(
         device: device_name(model.device()),
         dtype: format!("{:?}", model.dtype()).to_lowercase(),
         kv_dtype: b.kv_dtype,
+        prefill: b.prefill.name(),
         threads: candle_core::utils::get_num_threads(),
         matmul_flops_per_s: matmul,
         vram_budget_bytes: b.vram_budget,
@@ -467,7 +474,8 @@ fn one<E: From<Error>>(
     let append = append.map(|m| grow(subject, &out, m, opts, dir, &mut rng)).transpose()?;
     remove(&out)?;
     let computed = report.layers - report.resumed_layers;
-    let flops = prefill_flops(model.config(), n) * computed as f64 / report.layers as f64 / report.seconds;
+    let flops =
+        prefill_flops(model.config(), n, opts.prefill) * computed as f64 / report.layers as f64 / report.seconds;
     Ok(Row {
         tokens: n,
         layers_computed: computed,
@@ -559,13 +567,14 @@ fn grow(
         remove(p)?;
     }
     let cfg = model.config();
-    let work_share = 1.0 - prefill_flops(cfg, n) / prefill_flops(cfg, n + m);
+    let work_share = 1.0 - prefill_flops(cfg, n, opts.prefill) / prefill_flops(cfg, n + m, opts.prefill);
     Ok(AppendRow { new_tokens: m, append_seconds, full_seconds, ratio: append_seconds / full_seconds, work_share })
 }
 
 /// Multiply-adds ×2 of a layer-major prefill of `n` tokens: projections and MLP per token and
-/// layer, causal attention (QKᵀ and PV over n²/2 pairs), one LM-head row.
-fn prefill_flops(c: &ModelConfig, n: usize) -> f64 {
+/// layer, causal attention (QKᵀ and PV over n²/2 pairs; a sparse prefill's over the keys its rows
+/// keep, its own block counted whole, its estimate not at all), one LM-head row.
+fn prefill_flops(c: &ModelConfig, n: usize, mode: PrefillMode) -> f64 {
     let (h, q, kv, i) = (
         c.hidden_size as f64,
         (c.num_heads * c.head_dim) as f64,
@@ -573,8 +582,15 @@ fn prefill_flops(c: &ModelConfig, n: usize) -> f64 {
         c.intermediate_size as f64,
     );
     let per_token_layer = 2.0 * (h * (q + 2.0 * kv) + q * h + 3.0 * h * i);
+    let pairs = match mode {
+        PrefillMode::Dense => (n as f64).powi(2) / 2.0,
+        PrefillMode::Sparse(p) => {
+            let dense = (p.first_sparse_block() * p.block).min(n) as f64;
+            dense * dense / 2.0 + (n as f64 - dense) * p.keys_per_row() as f64
+        }
+    };
     let n = n as f64;
-    let attention = 2.0 * 2.0 * q * n * n / 2.0;
+    let attention = 2.0 * 2.0 * q * pairs;
     c.num_layers as f64 * (per_token_layer * n + attention) + 2.0 * h * c.vocab_size as f64
 }
 

@@ -38,6 +38,7 @@ mod params;
 pub mod reads;
 mod registry;
 mod select;
+pub mod sparse_prefill;
 mod streaming;
 mod topk;
 
@@ -45,7 +46,6 @@ pub use buzz::Buzz;
 pub use cost::{CostInput, Shape, StepCost};
 pub use dense::Dense;
 pub use double_sparsity::{Channels, DoubleSparsity};
-pub use hip::prefill::SparsePrefill;
 pub use hip::Hip;
 pub use ivf::TopKIvf;
 pub use magicpig::MagicPig;
@@ -54,6 +54,7 @@ pub use params::{parse_params, Budget, ParamSpec, Params};
 pub use reads::{Passage, ReadSummary, ReadTally, Weighing};
 pub use registry::{by_name, names, spec, MethodChoice, REGISTRY};
 pub use select::{dot, query_rows, visible, IndexSource, LayerRows};
+pub use sparse_prefill::{SparseAttention, SparsePrefill};
 pub use streaming::Streaming;
 pub use topk::TopK;
 

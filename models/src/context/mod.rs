@@ -26,6 +26,7 @@ pub use folio_context_file::atomic::{check_replaceable, write_atomic};
 pub use folio_context_file::{codec, file, format, platform};
 pub use folio_context_file::{partial_dir, pending, pending_date, Pending};
 pub use folio_context_file::{
-    ContextFile, DocumentSpan, Fingerprint, Header, KvDtype, ModelStamp, SpanPart, VerifyReport,
+    ContextFile, DocumentSpan, Fingerprint, Header, KvDtype, ModelStamp, PrefillRun, SpanPart, VerifyReport,
+    DENSE_PREFILL,
 };
 pub use prompt::{DocumentText, PrefixPlan, TextPart, TokenCount, ANSWER_ROOM, DEFAULT_DOCUMENT_TEMPLATE};

@@ -238,7 +238,9 @@ pub fn estimate_layout(
             .file_bytes;
     let section = kv_dtype.max_section_bytes(cfg.num_kv_heads * tokens.max(1), cfg.head_dim);
     let working_set_bytes =
-        crate::prefill::plan_chunk(&engine.model, tokens.max(1), section, None).map(|p| p.working_set).unwrap_or(0);
+        crate::prefill::plan_chunk(&engine.model, tokens.max(1), (section, crate::prefill::PrefillMode::Dense), None)
+            .map(|p| p.working_set)
+            .unwrap_or(0);
     let scratch_bytes = 2 * (layout.computed * cfg.hidden_size * engine.model.dtype().size_in_bytes()) as u64;
     let _ = std::fs::create_dir_all(folder);
     let predicted = cost.map(|c| c.seconds(cfg.num_layers, tokens - layout.computed, tokens));

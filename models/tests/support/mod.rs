@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
 use folio_models::context::{self, BuildOptions, KvDtype, PrefixPlan};
-use folio_models::prefill::plan_chunk;
+use folio_models::prefill::{plan_chunk, PrefillMode};
 use folio_models::{Engine, Error};
 
 pub fn model_dir(name: &str) -> PathBuf {
@@ -28,8 +28,13 @@ pub fn plan(tokens: Vec<u32>) -> PrefixPlan {
 
 /// The budget that buys the smallest chunk: prefill goes through many chunks even on tiny prompts.
 pub fn smallest_budget(e: &Engine, tokens: usize, kv_dtype: KvDtype) -> u64 {
+    smallest_budget_for(e, tokens, kv_dtype, PrefillMode::Dense)
+}
+
+/// [`smallest_budget`] of a prefill of `mode`.
+pub fn smallest_budget_for(e: &Engine, tokens: usize, kv_dtype: KvDtype, mode: PrefillMode) -> u64 {
     let section = kv_dtype.max_section_bytes(e.config().num_kv_heads * tokens, e.config().head_dim);
-    match plan_chunk(&e.model, tokens, section, Some(1)) {
+    match plan_chunk(&e.model, tokens, (section, mode), Some(1)) {
         Err(Error::MemoryBudget { needed, .. }) => needed,
         other => panic!("a 1-byte budget must be refused, got {other:?}"),
     }

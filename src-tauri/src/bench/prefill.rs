@@ -56,6 +56,9 @@ pub struct PrefillBenchArgs {
     /// quantized as a GGUF holds them).
     #[arg(long, default_value = "plain")]
     weights: String,
+    /// How the prefills attend: dense or sparse[:KNOBS] (as `folio prefill --prefill`).
+    #[arg(long, default_value = "dense")]
+    prefill: String,
     #[arg(long)]
     json: bool,
 }
@@ -71,6 +74,7 @@ pub(super) fn bench_prefill(common: &Common, a: PrefillBenchArgs) -> Result<()> 
         append: a.append,
         profile: a.profile,
         offload: a.offload,
+        prefill: folio_models::prefill::PrefillMode::parse(&a.prefill)?,
     };
     let subject = match &a.shape {
         None => Subject::loaded(common.engine()?)?,

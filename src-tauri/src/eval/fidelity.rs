@@ -18,6 +18,7 @@ use folio_eval::needle::PromptTier;
 use folio_eval::spec::EvalSpec;
 use folio_eval::tasks::{self, Task};
 use folio_models::attention::{Attention, MethodChoice};
+use folio_models::prefill::PrefillMode;
 
 use super::{human_length, parse_length, save_prompt, write_file};
 use crate::cli::Common;
@@ -52,6 +53,11 @@ pub struct FidelityArgs {
     /// Decode over the offloaded tier (each prompt's documents prefilled into host memory once).
     #[arg(long)]
     offload: bool,
+    /// How the documents the methods decode over are prefilled: dense, or sparse[:KNOBS] (as
+    /// `folio prefill --prefill`; needs --offload). The reference is always dense prefill and
+    /// dense decode: the figures are then the cost of the sparse prefill and the method together.
+    #[arg(long, default_value = "dense")]
+    prefill: String,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Also write fidelity.json, fidelity.svg and the missed prompts (misses/) into this folder.
@@ -223,6 +229,10 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
     let runs = runs(&a, &engine)?;
     let labels: Vec<Label> = runs.iter().map(Run::label).collect();
     let tier = if a.offload { PromptTier::Offloaded } else { PromptTier::Resident };
+    let prefill = PrefillMode::parse(&a.prefill)?;
+    if prefill != PrefillMode::Dense && !a.offload {
+        bail!("--prefill {} prefills the documents once, into the offloaded tier: add --offload", a.prefill);
+    }
     let modes = a.question.modes();
     // outcomes[r]: run r's, over every prompt and question mode
     let mut outcomes: Vec<Vec<Outcome>> = runs.iter().map(|_| Vec::new()).collect();
@@ -243,6 +253,7 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
             "samples": a.samples,
             "seed": a.seed,
             "offload": a.offload,
+            "prefill": prefill.name(),
             "prefilled_answer_prefix": spec.chat.prefill_answer_prefix,
             "complete": complete,
             "summaries": figures,
@@ -261,14 +272,14 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
     let warm = tasks::cell_prompt(&engine, &spec, a.tasks[0], (warm_length, a.depths[0], 0), a.seed)?;
     eprintln!("warming up on a {}-token {} prompt", warm.ids.len(), a.tasks[0].name());
     let warm_cell = Cell { task: a.tasks[0], length: warm_length, depth: a.depths[0], sample: 0 };
-    fidelity::run_prompt(&engine, &warm, warm_cell, &attns, &tier, &modes)?;
+    fidelity::run_prompt(&engine, &warm, warm_cell, &attns, &tier, &modes, prefill)?;
     for &length in &a.lengths {
         for &task in &a.tasks {
             for &depth in &a.depths {
                 for sample in 0..a.samples {
                     let prompt = tasks::cell_prompt(&engine, &spec, task, (length, depth, sample), a.seed)?;
                     let cell = Cell { task, length, depth, sample };
-                    let got = fidelity::run_prompt(&engine, &prompt, cell, &attns, &tier, &modes)?;
+                    let got = fidelity::run_prompt(&engine, &prompt, cell, &attns, &tier, &modes, prefill)?;
                     for (mode, got) in modes.iter().zip(got) {
                         record(&runs, *mode, got, &prompt.ids, a.out.as_deref(), &mut outcomes);
                     }
@@ -293,6 +304,9 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
     if a.json {
         println!("{}", report(&outcomes, true));
     } else {
+        if prefill != PrefillMode::Dense {
+            println!("documents prefilled {}; every figure against a dense prefill's dense decode", prefill.name());
+        }
         print!("{}", table(&last, &a.tasks));
     }
     Ok(())

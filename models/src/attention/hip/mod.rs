@@ -57,7 +57,6 @@ use crate::profile::span;
 
 mod ahead;
 mod on_host;
-pub mod prefill;
 use ahead::Ahead;
 use on_host::{HostSearch, Searched};
 

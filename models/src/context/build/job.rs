@@ -98,7 +98,7 @@ impl Job<'_> {
         let section = self.job.kv_dtype.max_section_bytes(cfg.num_kv_heads * t, cfg.head_dim);
         let checkpoint = self.open_checkpoint(opts, &paths, t, section)?;
         self.chunk = checkpoint.chunk;
-        let working_set = crate::prefill::chunk_working_set(self.model, t, section, self.chunk);
+        let working_set = crate::prefill::chunk_working_set(self.model, t, (section, self.prefill), self.chunk);
         let file = OpenOptions::new().read(true).write(true).open(&paths.tmp).map_err(|e| Error::io(&paths.tmp, e))?;
         let place = opts.hidden_in.unwrap_or_else(|| self.hidden_place(working_set, opts.memory_budget));
         // Hidden states on the device are part of its working set.
@@ -119,7 +119,9 @@ impl Job<'_> {
         let run_start = Instant::now();
         ledger.marks.push(Queued::timed(self.model.device())?);
         std::thread::scope(|scope| {
-            let prior = opts.prior_cost;
+            // A dense prefill's fitted cost has a quadratic term a sparse one does not: a sparse
+            // run fits its own.
+            let prior = opts.prior_cost.filter(|_| opts.prefill == crate::prefill::PrefillMode::Dense);
             let mut run = LayerRun { place, files, hidden: &mut hidden, file: &file, paths: &paths, scope, prior };
             self.layers(&mut run, &mut ledger, &rope, run_start)
         })?;
@@ -137,7 +139,7 @@ impl Job<'_> {
                 // A resume computes with the chunk it started with (the bytes depend on it):
                 // that chunk's working set is what runs, and it must fit today's budget;
                 // `--restart` plans anew, otherwise the interrupted prefill is left as it is.
-                let need = crate::prefill::chunk_working_set(self.model, t, section, cp.chunk);
+                let need = crate::prefill::chunk_working_set(self.model, t, (section, self.prefill), cp.chunk);
                 match opts.memory_budget.filter(|&b| need > b && cp.layers_done < layers) {
                     Some(b) if !opts.restart => Err(Error::Invalid(format!(
                         "this prefill resumes in chunks of {} tokens, as it started, which need {} of \
@@ -240,7 +242,8 @@ impl Job<'_> {
             };
             let at = Instant::now();
             let computed = &self.plan.tokens[t - n..];
-            let result = run_layer(self.model, layer, computed, prefix.as_ref(), run.hidden, rope, &mut report);
+            let result =
+                run_layer(self.model, layer, computed, prefix.as_ref(), run.hidden, (rope, self.prefill), &mut report);
             let (k, v) = match result {
                 Ok(kv) => kv,
                 Err(e) => {
@@ -388,6 +391,7 @@ impl Job<'_> {
             layers,
             documents: self.plan.documents.len(),
             kv_dtype: header.kv_dtype,
+            prefill: self.prefill.name(),
             file_bytes: header.file_bytes,
             seconds: run.started.elapsed().as_secs_f64(),
             tokens_per_s: if run_secs > 0.0 { computed as f64 / layers as f64 / run_secs } else { 0.0 },

@@ -57,7 +57,7 @@ use super::cost::{PrefillCost, Timed};
 use super::prompt::PrefixPlan;
 use crate::error::{Error, Result};
 use crate::model::Model;
-use crate::prefill::plan_chunk;
+use crate::prefill::{plan_chunk, PrefillMode};
 
 mod job;
 mod persist;
@@ -75,13 +75,22 @@ pub struct BuildOptions {
     /// The cost fitted by the last prefill with this model on this device (the library keeps
     /// it): the ETA until this run has timed enough of its own chunks.
     pub prior_cost: Option<PrefillCost>,
+    /// How the tokens computed here attend (the file records it).
+    pub prefill: PrefillMode,
 }
 
 impl BuildOptions {
-    /// A new context's prefill in `kv_dtype`: the default chunk, the hidden states where they
-    /// fit, no interrupted prefill discarded, no earlier cost known.
+    /// A new context's dense prefill in `kv_dtype`: the default chunk, the hidden states where
+    /// they fit, no interrupted prefill discarded, no earlier cost known.
     pub fn new(kv_dtype: KvDtype) -> Self {
-        Self { kv_dtype, memory_budget: None, restart: false, hidden_in: None, prior_cost: None }
+        Self {
+            kv_dtype,
+            memory_budget: None,
+            restart: false,
+            hidden_in: None,
+            prior_cost: None,
+            prefill: PrefillMode::Dense,
+        }
     }
 }
 
@@ -137,6 +146,8 @@ pub struct BuildReport {
     pub layers: usize,
     pub documents: usize,
     pub kv_dtype: KvDtype,
+    /// How the computed tokens attended ([`PrefillMode::name`]).
+    pub prefill: String,
     pub file_bytes: u64,
     pub seconds: f64,
     /// Prompt tokens per second over the layers computed in this run.
@@ -294,7 +305,7 @@ fn build_job(
     }
     let docs_json = serde_json::to_vec(&plan.documents).map_err(|e| Error::Invalid(e.to_string()))?;
     let shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim);
-    let job = Header::new(
+    let mut job = Header::new(
         stamp.clone(),
         opts.kv_dtype,
         plan.tokens.len(),
@@ -302,8 +313,12 @@ fn build_job(
         shape,
         plan.prompt.clone(),
     );
+    match &base {
+        Some(b) => job.record_prefill(&b.file.header().prefill_runs(), b.keep, &opts.prefill.name()),
+        None => job.record_prefill(&[], 0, &opts.prefill.name()),
+    }
     let kv_section = opts.kv_dtype.max_section_bytes(cfg.num_kv_heads * plan.tokens.len(), cfg.head_dim);
-    let chunk_plan = plan_chunk(model, plan.tokens.len(), kv_section, opts.memory_budget)?;
+    let chunk_plan = plan_chunk(model, plan.tokens.len(), (kv_section, opts.prefill), opts.memory_budget)?;
     let dir = partial_dir(out);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     let lock_path = dir.join("lock");
@@ -320,6 +335,7 @@ fn build_job(
         job,
         docs_json,
         chunk: chunk_plan.chunk,
+        prefill: opts.prefill,
         on_progress,
         owns_dir: false,
     };
@@ -365,6 +381,8 @@ struct Job<'a> {
     job: Header,
     docs_json: Vec<u8>,
     chunk: usize,
+    /// How the computed tokens attend (the header records it too).
+    prefill: PrefillMode,
     on_progress: &'a mut dyn FnMut(&Progress) -> ControlFlow<()>,
     /// The partial folder holds this job (started fresh, or a matching checkpoint resumed).
     owns_dir: bool,

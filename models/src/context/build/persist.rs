@@ -250,6 +250,9 @@ impl Job<'_> {
             format!("it used model {}", cp.job.model.name)
         } else if cp.job.kv_dtype != self.job.kv_dtype {
             format!("it stores {} K/V", cp.job.kv_dtype.name())
+        } else if cp.job.prefill_runs() != self.job.prefill_runs() {
+            let modes: Vec<String> = cp.job.prefill_runs().into_iter().map(|r| r.mode).collect();
+            format!("its prefill was {} (--prefill)", modes.join(" then "))
         } else {
             format!("its documents or prompt differ ({} tokens then, {} now)", cp.job.tokens, self.job.tokens)
         };
