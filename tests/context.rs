@@ -476,3 +476,50 @@ fn other_weights_are_refused_or_read_on_request() {
     let err = err_text(folio(&["chat", "--context", &c, "--model", &llama, "--accept-other-weights", question]));
     assert!(err.contains("was made with model demo"), "{err}");
 }
+
+/// `--prefill sparse:KNOBS` (knobs small enough to be sparse on the samples' ~700 tokens): the
+/// report, `context info` and a chat's provenance name it; growing the context densely records
+/// both runs; an unknown knob is refused by name.
+#[test]
+fn a_sparse_prefill_is_recorded_and_a_dense_addition_beside_it() {
+    let d = docs(1);
+    let work = tempfile::tempdir().unwrap();
+    let out = work.path().join("sparse.folio");
+    let (o, m) = (out.display().to_string(), demo());
+    let (first, last) = (d.path().join("field_notes.txt"), d.path().join("the_diary_of_greta.txt"));
+    let (f, l) = (first.display().to_string(), last.display().to_string());
+    let mode = "sparse:block=16,keys=64,sinks=16,window=64";
+    let report = ok_json(folio(&["prefill", "--model", &m, "--docs", &f, "--out", &o, "--prefill", mode, "--json"]));
+    assert_eq!(report["report"]["prefill"].as_str(), Some(mode), "{report}");
+    let saved = report["report"]["tokens"].as_u64().unwrap();
+    assert!(saved > 160, "{saved} tokens: the first sparse block (10) starts at 160");
+    let info = ok_json(folio(&["context", "info", &o, "--json"]));
+    assert_eq!(info["prefill"], serde_json::json!([{ "from": 0, "to": saved, "mode": mode }]), "{info}");
+    let answer = ok_json(folio(&["chat", "--context", &o, "what is the secret code of amber falcon ?", "--json"]));
+    assert_eq!(answer["context"]["prefill"][0]["mode"].as_str(), Some(mode), "{answer}");
+
+    ok_json(folio(&["prefill", "--context", &o, "--add", &l, "--json"]));
+    let info = ok_json(folio(&["context", "info", &o, "--json"]));
+    let runs = info["prefill"].as_array().unwrap();
+    let modes: Vec<(u64, u64, &str)> = runs
+        .iter()
+        .map(|r| (r["from"].as_u64().unwrap(), r["to"].as_u64().unwrap(), r["mode"].as_str().unwrap()))
+        .collect();
+    assert_eq!(modes, [(0, saved, mode), (saved, info["tokens"].as_u64().unwrap(), "dense")], "{info}");
+
+    let err = err_text(folio(&[
+        "prefill",
+        "--model",
+        &m,
+        "--docs",
+        &f,
+        "--out",
+        &o,
+        "--force",
+        "--prefill",
+        "sparse:depth=3",
+    ]));
+    assert!(err.contains("no knob `depth`") && err.contains("block, keys, sinks, window"), "{err}");
+    let err = err_text(folio(&["prefill", "--model", &m, "--docs", &f, "--out", &o, "--force", "--prefill", "fast"]));
+    assert!(err.contains("unknown prefill `fast`"), "{err}");
+}

@@ -76,6 +76,9 @@ fn answers_over_a_saved_context_as_openai_does() {
     let (status, r) = server.post("/chat/completions", &follow);
     assert_eq!((status, content(&r)), (200, JADE_ANSWER), "{r}");
     assert!(r["folio"]["reused_tokens"].as_u64().unwrap() > context_tokens, "{r}");
+    // Which prefill made the context's tokens: the samples' context was prefilled densely.
+    let made = &r["folio"]["prefill"];
+    assert_eq!((made[0]["mode"].as_str(), made[0]["to"].as_u64()), (Some("dense"), Some(context_tokens)), "{r}");
 
     // Streamed, with the usage asked for: a role chunk, the text in pieces, the finish, the
     // usage, [DONE].

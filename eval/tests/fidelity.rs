@@ -14,6 +14,7 @@ use folio_eval::tasks::{self, Task};
 use folio_models::attention::reads::ReadTally;
 use folio_models::attention::{self, Attention, Dense, Resources};
 use folio_models::generate::{self, GenerateParams, PromptPass, SamplingParams};
+use folio_models::prefill::PrefillMode;
 use folio_models::Engine;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -121,8 +122,16 @@ fn the_report_measures_against_dense() {
     let attns: [&dyn Attention; 2] = [&Dense, streaming.as_ref()];
     let cell = Cell { task: Task::Chain, length: 1024, depth: 0.25, sample: 0 };
     let prompt = tasks::cell_prompt(&engine, &spec, cell.task, (cell.length, cell.depth, cell.sample), 0).unwrap();
-    let got =
-        fidelity::run_prompt(&engine, &prompt, cell, &attns, &PromptTier::Resident, &[QuestionMode::Dense]).unwrap();
+    let got = fidelity::run_prompt(
+        &engine,
+        &prompt,
+        cell,
+        &attns,
+        &PromptTier::Resident,
+        &[QuestionMode::Dense],
+        PrefillMode::Dense,
+    )
+    .unwrap();
     let (dense, sparse) = (&got[0][0], &got[0][1]);
     println!("dense {:?}\nstreaming {:?}", dense.output, sparse.output);
     assert!(dense.correct && dense.dense_correct, "the demo model answers this chain: {:?}", dense.output);
@@ -183,8 +192,12 @@ fn the_offloaded_tier_gives_the_resident_answers() {
     let cell = Cell { task: Task::Pair, length: 1024, depth: 0.75, sample: 0 };
     let prompt = tasks::cell_prompt(&engine, &spec, cell.task, (cell.length, cell.depth, cell.sample), 0).unwrap();
     let modes = [QuestionMode::Dense, QuestionMode::Sparse];
-    let resident = fidelity::run_prompt(&engine, &prompt, cell, &attns, &PromptTier::Resident, &modes).unwrap();
-    let offloaded = fidelity::run_prompt(&engine, &prompt, cell, &attns, &PromptTier::Offloaded, &modes).unwrap();
+    let resident =
+        fidelity::run_prompt(&engine, &prompt, cell, &attns, &PromptTier::Resident, &modes, PrefillMode::Dense)
+            .unwrap();
+    let offloaded =
+        fidelity::run_prompt(&engine, &prompt, cell, &attns, &PromptTier::Offloaded, &modes, PrefillMode::Dense)
+            .unwrap();
     for ((mode, resident), offloaded) in modes.iter().zip(&resident).zip(&offloaded) {
         for (r, o) in resident.iter().zip(offloaded) {
             assert_eq!((r.question, o.question), (*mode, *mode));
@@ -192,4 +205,29 @@ fn the_offloaded_tier_gives_the_resident_answers() {
             assert!((r.mean_kl - o.mean_kl).abs() < 1e-3, "{mode:?}: {} {}", r.mean_kl, o.mean_kl);
         }
     }
+}
+
+/// Over a sparse prefill (knobs small enough to be sparse at 1,024 tokens) the methods are
+/// measured against the dense prefill's dense decode: the reference's answer is the dense
+/// prefill's, the outcomes name the prefill, and the resident tier (which prefills each run's
+/// whole prompt densely) refuses it.
+#[test]
+fn a_sparse_prefill_is_measured_against_the_dense_prefill() {
+    let (engine, spec) = demo();
+    let attns: [&dyn Attention; 1] = [&Dense];
+    let cell = Cell { task: Task::Needle, length: 1024, depth: 0.5, sample: 0 };
+    let prompt = tasks::cell_prompt(&engine, &spec, cell.task, (cell.length, cell.depth, cell.sample), 0).unwrap();
+    let modes = [QuestionMode::Dense];
+    let sparse = PrefillMode::parse("sparse:block=16,keys=64,sinks=16,window=64").unwrap();
+    let dense =
+        fidelity::run_prompt(&engine, &prompt, cell, &attns, &PromptTier::Offloaded, &modes, PrefillMode::Dense)
+            .unwrap();
+    let over = fidelity::run_prompt(&engine, &prompt, cell, &attns, &PromptTier::Offloaded, &modes, sparse).unwrap();
+    let (d, s) = (&dense[0][0], &over[0][0]);
+    assert_eq!((d.prefill.as_str(), s.prefill.as_str()), ("dense", "sparse:block=16,keys=64,sinks=16,window=64"));
+    assert_eq!(d.mean_kl, 0.0, "dense over a dense prefill is the reference");
+    assert_eq!(s.dense_output, d.dense_output, "the reference is the dense prefill's");
+    assert!(s.mean_kl > 0.0, "a sparse prefill of 1,024 tokens in blocks of 16 changed no distribution");
+    let err = fidelity::run_prompt(&engine, &prompt, cell, &attns, &PromptTier::Resident, &modes, sparse).unwrap_err();
+    assert!(err.to_string().contains("--offload"), "{err}");
 }

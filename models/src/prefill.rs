@@ -421,6 +421,12 @@ pub fn plan_chunk(
             fit.min(most)
         }
     };
+    // A sparse prefill's chunks end on whole query blocks where they can: a block cut by a
+    // chunk's edge is estimated from part of its rows, so the result would depend on the budget.
+    let chunk = match mode {
+        PrefillMode::Sparse(p) if chunk >= p.block => chunk / p.block * p.block,
+        _ => chunk,
+    };
     Ok(ChunkPlan { chunk, working_set: fixed + chunk as u64 * per_token })
 }
 

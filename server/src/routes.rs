@@ -280,10 +280,11 @@ impl Shape {
     }
 }
 
-/// What Folio adds to a response: the method's settings and the answer's times.
+/// What Folio adds to a response: the method's settings, over a context which prefill made
+/// its tokens, and the answer's times.
 fn provenance(f: &Finished) -> Value {
-    json!({ "method": f.method, "reused_tokens": f.reused_tokens, "first_token_s": f.first_token_s,
-            "seconds": f.seconds, "queued_s": f.queued_s })
+    json!({ "method": f.method, "prefill": f.prefill, "reused_tokens": f.reused_tokens,
+            "first_token_s": f.first_token_s, "seconds": f.seconds, "queued_s": f.queued_s })
 }
 
 /// The answer as one JSON response, or as a stream of server-sent events. A stream starts

@@ -52,6 +52,9 @@ pub struct Finished {
     pub completion_tokens: usize,
     /// The method's full settings (budget resolved), as the answer's provenance.
     pub method: serde_json::Value,
+    /// Over a saved context, which prefill computed which of its tokens (dense or sparse:
+    /// a sparse prefill's answers say so).
+    pub prefill: Option<serde_json::Value>,
     pub first_token_s: Option<f64>,
     pub seconds: f64,
     /// Seconds the request waited in the queue.
@@ -168,6 +171,7 @@ impl Worker {
         // was prefilled with, and the session refuses another by name.
         settings.system = turns.system;
         let saved = session.context().map_or(0, |f| f.tokens().len());
+        let prefill = session.context().map(|f| serde_json::json!(f.header().prefill_runs()));
         let answer = session
             .ask(&mut conversation, &turns.question, method, &settings, |piece| send(out, piece, delay, &stopping))?;
         Ok(Finished {
@@ -176,6 +180,7 @@ impl Worker {
             reused_tokens: saved + answer.reused_tokens,
             completion_tokens: answer.tokens.len(),
             method: answer.settings,
+            prefill,
             first_token_s: answer.timings.first_token_s,
             seconds: answer.timings.seconds,
             queued_s: 0.0,
@@ -198,6 +203,7 @@ impl Worker {
             reused_tokens: 0,
             completion_tokens: g.tokens.len(),
             method: serde_json::json!({ "method": "dense" }),
+            prefill: None,
             first_token_s: g.first_token_s,
             seconds: g.seconds,
             queued_s: 0.0,

@@ -241,9 +241,11 @@ pub fn chat(common: &Common, a: ChatArgs) -> Result<()> {
         conv.save(p)?;
     }
     if a.json {
-        let context = session.context().map(
-            |f| json!({"path": f.path(), "tokens": f.header().tokens, "documents": f.documents().len(), "tier": tier}),
-        );
+        // `prefill`: which prefill computed which of the saved tokens (dense or sparse).
+        let context = session.context().map(|f| {
+            json!({"path": f.path(), "tokens": f.header().tokens, "documents": f.documents().len(), "tier": tier,
+                   "prefill": f.header().prefill_runs()})
+        });
         // Over a context the turn's tokens follow the saved ones; with the bare model they are
         // the whole prompt.
         let prompt_key = if context.is_some() { "tail_tokens" } else { "prompt_tokens" };

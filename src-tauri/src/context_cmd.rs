@@ -56,9 +56,10 @@ pub struct PrefillArgs {
     /// How the prefill attends: dense (every earlier key, the default) or sparse[:KNOBS]
     /// (each block of 64 queries to the sinks, its 2,048 best keys and a 1,024-key window;
     /// knobs block, keys, sinks, window, e.g. sparse:keys=4096). Sparse is faster on long
-    /// contexts and may cost answers (docs/quality.md); the file records which made it.
-    #[arg(long, default_value = "dense")]
-    prefill: String,
+    /// contexts and may cost answers (docs/quality.md); the file records which made it. A
+    /// resume keeps the interrupted prefill's.
+    #[arg(long)]
+    prefill: Option<String>,
     /// System message placed before the documents (chat models).
     #[arg(long, conflicts_with = "context")]
     system: Option<String>,
@@ -99,7 +100,7 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     }
     let memory_budget = a.memory_budget.as_deref().map(parse_bytes).transpose()?;
     let explicit_dtype = a.kv_dtype.as_deref().map(KvDtype::parse).transpose()?;
-    let mode = PrefillMode::parse(&a.prefill)?;
+    let explicit_mode = a.prefill.as_deref().map(PrefillMode::parse).transpose()?;
     let out = a.out.clone().or_else(|| a.context.clone()).context("--out is required")?;
     // Before anything opens it (a named pipe would wait for a writer forever), and before the
     // model loads: a path that cannot be written is said at once.
@@ -114,6 +115,9 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     warn_about_shrinking(&ingested, &planned.plan.documents);
     let keys = listing::PrefillKeys::new(&engine, &common.device_label()?);
     let prior_cost = crate::library_cmd::stored_cost(&keys);
+    let mode = planned.prefill(explicit_mode);
+    // The stored cost is a dense prefill's: a sparse one has no estimate until it times itself.
+    let prior_cost = prior_cost.filter(|_| mode == PrefillMode::Dense);
     if planned.keep > 0 && !a.json {
         let (keep, n) = (planned.keep, planned.computed());
         let layers = engine.config().num_layers;

@@ -90,8 +90,11 @@ impl Bookkeeping for Listing {
         self.run("listing", out, async { self.lib.add_context(out).await.map(drop) });
     }
 
+    /// A dense prefill's rate and fitted cost become the next estimates' (a sparse one's would
+    /// make every later dense estimate several times too short).
     fn finished(&mut self, out: &Path, report: Option<&BuildReport>) {
-        if let (Some(r), Some(keys)) = (report, &self.keys) {
+        let dense = report.is_some_and(|r| r.prefill == folio_models::context::DENSE_PREFILL);
+        if let (Some(r), Some(keys), true) = (report, &self.keys, dense) {
             let rate = serde_json::json!(r.tokens_per_s);
             self.run("the rate of", out, self.lib.set_setting(&keys.rate, &rate));
             if let Some(cost) = r.cost.and_then(|c| serde_json::to_value(c).ok()) {

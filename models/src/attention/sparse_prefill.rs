@@ -37,7 +37,6 @@ use super::cost::{CostInput, StepCost};
 use super::select::{attend_row_lse, dot, LayerRows};
 use super::{Attended, Attention, AttnCall, Knobs, MethodSpec, Needs, Tiers};
 use crate::error::{Error, Result};
-use crate::kv_cache::dense_over_segments;
 
 /// Bytes one batch of query blocks stages on the device (pooled scores, gathered rows and
 /// their positions): batches stay well under a consumer card's headroom at a million tokens.
@@ -417,13 +416,15 @@ impl Attention for SparseAttention {
         Knobs { spec: &SPEC, budget: None, params: None }
     }
 
-    /// A chunk of the prefill over the store's keys so far; a model with a sliding window of
-    /// its own attends densely (its window already bounds the keys). What was read is not
-    /// reported: a prefill keeps no reads.
+    /// A chunk of the prefill over the store's keys so far. A model with a sliding window of
+    /// its own is refused (its window already bounds the keys; a file of it labelled sparse
+    /// would not be). What was read is not reported: a prefill keeps no reads.
     fn attend(&self, call: &AttnCall<'_>) -> Result<Attended> {
         let t = call.q.dim(1)?;
-        if call.window.is_some() {
-            return Ok(Attended::dense(dense_over_segments(call.kv, &call.exact())?));
+        if let Some(w) = call.window {
+            return Err(Error::Invalid(format!(
+                "this model attends within a sliding window of {w} tokens: prefill it densely (--prefill dense)"
+            )));
         }
         let mut segs = call.kv.segments(call.kv_layer, call.q_start + t)?;
         if segs.len() != 1 || segs[0].start != 0 {

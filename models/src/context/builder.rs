@@ -28,6 +28,7 @@ use super::build::{extend, Base};
 use super::prompt::{DocumentText, PrefixPlan};
 use super::{BuildOptions, BuildReport, Progress};
 use crate::error::{Error, Result};
+use crate::prefill::PrefillMode;
 use crate::Engine;
 
 /// How contexts store K/V unless told otherwise (the window's, and `folio prefill`'s default).
@@ -83,6 +84,8 @@ pub struct Planned {
     base: Option<ContextFile>,
     /// The K/V dtype the saved file or the interrupted prefill already has.
     saved_kv_dtype: Option<KvDtype>,
+    /// How the interrupted prefill a resume finishes attends (its computed tokens' run).
+    saved_prefill: Option<PrefillMode>,
 }
 
 impl Planned {
@@ -107,6 +110,23 @@ impl Planned {
     pub fn kv_dtype(&self, explicit: Option<KvDtype>, default: KvDtype) -> KvDtype {
         explicit.or(self.saved_kv_dtype).unwrap_or(default)
     }
+
+    /// How the computed tokens attend: `explicit` when the user named a mode, else the
+    /// interrupted prefill's when this resumes one, else dense.
+    pub fn prefill(&self, explicit: Option<PrefillMode>) -> PrefillMode {
+        explicit.or(self.saved_prefill).unwrap_or_default()
+    }
+}
+
+/// The prefill mode of an interrupted prefill's computed tokens (its header's last run).
+fn pending_prefill(pending: &Pending) -> Result<PrefillMode> {
+    let runs = pending.header.prefill_runs();
+    let mode = runs.last().map_or(folio_context_file::DENSE_PREFILL, |r| r.mode.as_str());
+    PrefillMode::parse(mode).map_err(|e| {
+        Error::Invalid(format!(
+            "the interrupted prefill was made with `--prefill {mode}`, which this Folio does not read: {e}"
+        ))
+    })
 }
 
 /// Makes or changes the context file `out` with one engine. See the module docs.
@@ -149,7 +169,7 @@ impl<'a> Builder<'a> {
             Change::New { documents, system } => {
                 let date = if self.restart { None } else { pending_date(&self.out) };
                 let plan = engine.plan_context(&documents, system.as_deref(), date)?;
-                Ok(Planned { plan, keep: 0, base: None, saved_kv_dtype: None })
+                Ok(Planned { plan, keep: 0, base: None, saved_kv_dtype: None, saved_prefill: None })
             }
             Change::Add(documents) => {
                 let base = self.open_base()?;
@@ -158,6 +178,7 @@ impl<'a> Builder<'a> {
                     keep: base.tokens().len(),
                     plan,
                     saved_kv_dtype: Some(base.header().kv_dtype),
+                    saved_prefill: None,
                     base: Some(base),
                 })
             }
@@ -166,7 +187,8 @@ impl<'a> Builder<'a> {
                 let (kept, after) = removal(&base, &doc, saved)?;
                 let plan = engine.plan_keeping(&base, kept, &after)?;
                 let keep = base.tokens_before(kept);
-                Ok(Planned { keep, plan, saved_kv_dtype: Some(base.header().kv_dtype), base: Some(base) })
+                let saved_kv_dtype = Some(base.header().kv_dtype);
+                Ok(Planned { keep, plan, saved_kv_dtype, saved_prefill: None, base: Some(base) })
             }
             Change::Resume => {
                 let pending = pending(&self.out)?.ok_or_else(|| {
@@ -242,7 +264,8 @@ impl<'a> Builder<'a> {
         })?;
         let prompt = &pending.header.prompt;
         let plan = self.engine.plan_context(&documents, prompt.system.as_deref(), Some(prompt.date.clone()))?;
-        Ok(Planned { plan, keep: 0, base: None, saved_kv_dtype: Some(pending.header.kv_dtype) })
+        let saved_prefill = Some(pending_prefill(pending)?);
+        Ok(Planned { plan, keep: 0, base: None, saved_kv_dtype: Some(pending.header.kv_dtype), saved_prefill })
     }
 
     /// The interrupted change of the saved context — its checkpoint keeps `base_tokens` of the
@@ -279,7 +302,8 @@ impl<'a> Builder<'a> {
             })
         })?;
         let plan = self.engine.plan_keeping(&base, kept, &documents)?;
-        Ok(Planned { keep, plan, saved_kv_dtype: Some(base.header().kv_dtype), base: Some(base) })
+        let (saved_kv_dtype, saved_prefill) = (Some(base.header().kv_dtype), Some(pending_prefill(pending)?));
+        Ok(Planned { keep, plan, saved_kv_dtype, saved_prefill, base: Some(base) })
     }
 }
 

@@ -392,7 +392,11 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
     let keys = PrefillKeys::new(engine, &folio_models::device_name(engine.model.device()));
     let prior_cost = w.library().and_then(|lib| tauri::async_runtime::block_on(keys.read(&lib)).ok().flatten());
     let memory_budget = memory_budget(engine, &settings)?;
-    let opts = BuildOptions { memory_budget, prior_cost, ..BuildOptions::new(kv_dtype) };
+    // A resume keeps the interrupted prefill's mode (the CLI's --prefill sparse); the window
+    // starts dense ones.
+    let prefill = planned.prefill(None);
+    let prior_cost = prior_cost.filter(|_| prefill == folio_models::prefill::PrefillMode::Dense);
+    let opts = BuildOptions { memory_budget, prior_cost, prefill, ..BuildOptions::new(kv_dtype) };
     let mut last = Instant::now() - PROGRESS_INTERVAL;
     let mut on_progress = |p: &Progress| {
         if last.elapsed() >= PROGRESS_INTERVAL {

@@ -303,6 +303,13 @@ fn build_job(
     if plan.tokens.is_empty() {
         return Err(Error::Invalid("nothing to prefill: the context has no tokens".into()));
     }
+    if let (PrefillMode::Sparse(_), Some(w)) = (opts.prefill, cfg.sliding_window) {
+        return Err(Error::Invalid(format!(
+            "{} attends within a sliding window of {w} tokens: a sparse prefill would change nothing it \
+             computes; prefill it densely (--prefill dense)",
+            stamp.name
+        )));
+    }
     let docs_json = serde_json::to_vec(&plan.documents).map_err(|e| Error::Invalid(e.to_string()))?;
     let shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim);
     let mut job = Header::new(

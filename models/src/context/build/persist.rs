@@ -250,6 +250,8 @@ impl Job<'_> {
             format!("it used model {}", cp.job.model.name)
         } else if cp.job.kv_dtype != self.job.kv_dtype {
             format!("it stores {} K/V", cp.job.kv_dtype.name())
+        } else if cp.job.prefill.is_empty() && !self.job.prefill.is_empty() {
+            "it was started by an earlier Folio, whose checkpoint this one does not resume".to_owned()
         } else if cp.job.prefill_runs() != self.job.prefill_runs() {
             let modes: Vec<String> = cp.job.prefill_runs().into_iter().map(|r| r.mode).collect();
             format!("its prefill was {} (--prefill)", modes.join(" then "))
