@@ -394,8 +394,8 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
     let memory_budget = memory_budget(engine, &settings)?;
     // A resume keeps the interrupted prefill's mode (the CLI's --prefill sparse); the window
     // starts dense ones.
+    // (The build drops a dense prior for a sparse one.)
     let prefill = planned.prefill(None);
-    let prior_cost = prior_cost.filter(|_| prefill == folio_models::prefill::PrefillMode::Dense);
     let opts = BuildOptions { memory_budget, prior_cost, prefill, ..BuildOptions::new(kv_dtype) };
     let mut last = Instant::now() - PROGRESS_INTERVAL;
     let mut on_progress = |p: &Progress| {
