@@ -394,6 +394,84 @@ fn fidelity_eval_reports_each_method_against_dense() {
     assert!(err.contains("dense is measured twice"), "{err}");
 }
 
+/// `folio eval fidelity --prefill sparse` on a copy of the demo model at 1,024 tokens (knobs
+/// small enough to be sparse there), read by `folio eval prefill-cost`: a row per length, and
+/// with `--record` the model's answer-cost file, which `folio prefill --dry-run` then prints
+/// beside the sparse prefill's time — saying so when it loses answers.
+#[test]
+fn a_sparse_prefills_cost_in_answers_is_recorded_and_shown_before_a_prefill() {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/models/demo");
+    let model = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&demo).unwrap() {
+        let p = entry.unwrap().path();
+        if p.file_name().is_some_and(|n| n != "prefill_answers.json") {
+            std::fs::copy(&p, model.path().join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let m = model.path().to_str().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let mode = "sparse:block=16,keys=64,sinks=16,window=64";
+    let eval = [
+        "eval",
+        "fidelity",
+        "--model",
+        m,
+        "--lengths",
+        "1024",
+        "--tasks",
+        "chain,pair",
+        "--depths",
+        "0.5",
+        "--samples",
+        "1",
+        "--methods",
+        "streaming",
+        "--budgets",
+        "64",
+        "--offload",
+        "--prefill",
+        mode,
+        "--out",
+    ];
+    let run = folio(&[&eval[..], &[out.path().to_str().unwrap()]].concat(), &[]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let report = out.path().join("fidelity.json");
+    let (r, measured) = (report.to_str().unwrap(), "a test run");
+    let rows = ok_json(folio(&["eval", "prefill-cost", r, "--measured", measured, "--json"], &[]));
+    let row = &rows[0];
+    assert_eq!((rows.as_array().unwrap().len(), row["prefill"].as_str()), (1, Some(mode)), "{rows}");
+    assert_eq!((row["length"].as_u64(), row["prompts"].as_u64()), (Some(1024), Some(2)), "{row}");
+    assert_eq!(row["dense_answered"], 2, "the demo model answers both over a dense prefill");
+    let table = folio(&["eval", "prefill-cost", r, "--measured", measured, "--record", "--model", m], &[]);
+    assert!(table.status.success(), "{}", String::from_utf8_lossy(&table.stderr));
+    assert!(String::from_utf8_lossy(&table.stdout).contains(mode), "the table");
+
+    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/samples");
+    let planned = out.path().join("planned.folio");
+    let (docs, planned) = (samples.to_str().unwrap(), planned.to_str().unwrap());
+    let dry = ["prefill", "--dry-run", "--model", m, "--docs", docs, "--prefill", mode, "--out", planned];
+    let shown = |args: &[&str]| {
+        let run = folio(args, &[]);
+        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+        String::from_utf8_lossy(&run.stdout).into_owned()
+    };
+    let text = shown(&dry);
+    let right = format!("at 1024 tokens: {} of 2 answers right (over a dense prefill 2)", row["answered"]);
+    assert!(text.contains(&format!("* prefill {mode}: working memory")) && text.contains(&right), "{text}");
+    assert!(text.contains("  prefill dense:") && text.contains("not measured on this model"), "{text}");
+    // A recorded loss is said beside the time.
+    let file = model.path().join("prefill_answers.json");
+    let mut recorded: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    recorded["rows"][0]["answered"] = 1.into();
+    std::fs::write(&file, recorded.to_string()).unwrap();
+    assert!(shown(&dry).contains("1 of 2 answers right (over a dense prefill 2), KL"), "the edited row");
+    assert!(shown(&dry).contains(": it loses answers"), "the loss said");
+
+    let err =
+        err_text(folio(&["eval", "prefill-cost", demo.join("config.json").to_str().unwrap(), "--measured", "x"], &[]));
+    assert!(err.contains("is not a report of `folio eval fidelity`"), "{err}");
+}
+
 #[test]
 fn needle_eval_writes_table_json_and_heatmap() {
     let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/models/demo");
@@ -467,6 +545,18 @@ fn needle_eval_writes_table_json_and_heatmap() {
     assert!(err.contains("topk-ivf on the offloaded tier: no offloaded fast path"), "{err}");
     let err = err_text(needle(several.path(), &["--methods", "dense", "--method", "hip"]));
     assert!(err.contains("cannot be used with"), "{err}");
+
+    // --prefill sparse:KNOBS (small enough to be sparse at 1k) on the offloaded tier: the
+    // report names it; the resident tier, which prefills the whole prompt each run, refuses it.
+    let sparse = tempfile::tempdir().unwrap();
+    let mode = "sparse:block=16,keys=64,sinks=16,window=64";
+    let run = needle(sparse.path(), &["--depths", "0.5", "--samples", "1", "--offload", "--prefill", mode]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let doc: Value =
+        serde_json::from_str(&std::fs::read_to_string(sparse.path().join("needle.json")).unwrap()).unwrap();
+    assert_eq!((doc["prefill"].as_str(), doc["results"].as_array().map(Vec::len)), (Some(mode), Some(1)), "{doc}");
+    let err = err_text(needle(sparse.path(), &["--depths", "0.5", "--samples", "1", "--prefill", mode]));
+    assert!(err.contains("give --offload"), "{err}");
 }
 
 /// `--accept-other-weights` where it could do nothing (the window, the server) is refused, not

@@ -287,8 +287,10 @@ for s in p["spans"]: print("  %-28s %8.3f s %5.1f%%" % (s["name"], s["seconds"],
     # `tools/gpu-smoke.sh needle [lengths] [samples]` (default 1M, 2 per depth). Each prompt's
     # documents are prefilled once for all methods (--offload --methods); the prompts dense
     # missed go through transformers (tools/demo_check_ids.py: the model's miss or the engine's).
-    # Everything lands in ONE tar under $OUT: the device tool returns a limited number of files
-    # per command. FOLIO=<binary> DEVICE=cpu runs it here (a dry run at small lengths).
+    # $PREFILL prefills the documents sparsely (sparse[:KNOBS], `--prefill`); the same prompts
+    # as a dense run of the same seed. Everything lands in ONE tar under $OUT ($TAR.tar.gz,
+    # default needle): the device tool returns a limited number of files per command.
+    # FOLIO=<binary> DEVICE=cpu runs it here (a dry run at small lengths).
     demo_eval_setup needle
     methods=${METHODS:-dense,hip:2048,hip:2%,topk:1%,magicpig:2%,double-sparsity:5%,buzz:50%,streaming:5%}
     {
@@ -297,7 +299,7 @@ for s in p["spans"]: print("  %-28s %8.3f s %5.1f%%" % (s["name"], s["seconds"],
       # Cut short (device time), the reports hold every cell reached; the tar still follows.
       timeout "${EVAL_SECONDS:-480}" "$folio" eval needle --model "$model" --device "${DEVICE:-cuda}" \
         --lengths "${2:-1M}" --depths 0,0.25,0.5,0.75,1 --samples "${3:-2}" --offload --methods "$methods" \
-        --out "$res" || echo "eval exit status $?"
+        --prefill "${PREFILL:-dense}" --out "$res" || echo "eval exit status $?"
       if [ -d "$res/dense/misses" ]; then
         echo "== transformers on the prompts dense missed"
         timeout "${CHECK_SECONDS:-120}" python3 tools/demo_check_ids.py "$model" "$res/dense/misses" 2>&1 \
@@ -305,7 +307,7 @@ for s in p["spans"]: print("  %-28s %8.3f s %5.1f%%" % (s["name"], s["seconds"],
       fi
       find "$res" -name '*.u32' -delete   # 4 MiB per 1M-token prompt
     } 2>&1 | tee "$res/needle.log" || true
-    tar -C "$(dirname "$res")" -czf "${OUT:-/tmp}/needle.tar.gz" needle
+    tar -C "$(dirname "$res")" -czf "${OUT:-/tmp}/${TAR:-needle}.tar.gz" needle
     ;;
   fidelity)
     # The demo model's answers against dense attention on the fidelity tasks (chain, pair,
@@ -328,7 +330,7 @@ for s in p["spans"]: print("  %-28s %8.3f s %5.1f%%" % (s["name"], s["seconds"],
         || echo "eval exit status $?"
       find "$res" -name '*.u32' -size +1M -delete
     } 2>&1 | tee "$res/fidelity.log" || true
-    tar -C "$(dirname "$res")" -czf "${OUT:-/tmp}/fidelity.tar.gz" fidelity
+    tar -C "$(dirname "$res")" -czf "${OUT:-/tmp}/${TAR:-fidelity}.tar.gz" fidelity
     ;;
   *) echo "usage: $0 pack|run|kernels|tiers|shape|prefill|peer|needle|fidelity" >&2; exit 2 ;;
 esac

@@ -33,6 +33,7 @@ use crate::needle::{PromptStore, PromptTier, EXTRA_ANSWER_TOKENS};
 use crate::tasks::{Task, TaskPrompt};
 use folio_models::attention::ReadTally;
 use folio_models::attention::{Attention, Dense};
+use folio_models::context::answers::AnswerCost;
 use folio_models::distribution::{argmax, kl_divergence};
 use folio_models::error::Result;
 use folio_models::generate::{self, GenerateParams, Generation, SamplingParams};
@@ -199,4 +200,89 @@ pub fn run_prompt(
         })
     };
     questions.iter().map(|&q| attns.iter().map(|&attn| one(attn, q)).collect()).collect()
+}
+
+/// What a sparse prefill cost in answers, per context length, from dense attention's outcomes
+/// over it (the method that isolates the prefill: its reference is the dense prefill's dense
+/// answer on the same prompt): right answers over each prefill, and the means of the prompts'
+/// KL and top-1 agreement (as the report's summaries take them). Outcomes over a dense
+/// prefill, and those with a sparse question, are left out; `measured` names the run.
+pub fn answer_costs(dense_outcomes: &[Outcome], measured: &str) -> Vec<AnswerCost> {
+    let over_sparse: Vec<&Outcome> = dense_outcomes
+        .iter()
+        .filter(|o| o.question == QuestionMode::Dense && o.prefill != PrefillMode::Dense.name())
+        .collect();
+    let mut keys: Vec<(String, usize)> = over_sparse.iter().map(|o| (o.prefill.clone(), o.length)).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .map(|(prefill, length)| {
+            let mine: Vec<&&Outcome> =
+                over_sparse.iter().filter(|o| o.prefill == prefill && o.length == length).collect();
+            let n = mine.len();
+            let mean = |f: &dyn Fn(&Outcome) -> f64| mine.iter().map(|o| f(o)).sum::<f64>() / n as f64;
+            AnswerCost {
+                length,
+                prompts: n,
+                answered: mine.iter().filter(|o| o.correct).count(),
+                dense_answered: mine.iter().filter(|o| o.dense_correct).count(),
+                mean_kl: mean(&|o| o.mean_kl),
+                top1_agreement: mean(&|o| o.top1_agreement),
+                measured: measured.to_owned(),
+                prefill,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(prefill: &str, length: usize, correct: bool, dense_correct: bool, kl: f64) -> Outcome {
+        Outcome {
+            task: Task::Needle,
+            length,
+            depth: 0.5,
+            sample: 0,
+            question: QuestionMode::Dense,
+            prompt_tokens: length,
+            expected: "1".into(),
+            output: "1".into(),
+            correct,
+            values_right: 0,
+            values: 1,
+            dense_output: "1".into(),
+            dense_correct,
+            first_token_s: None,
+            ms_per_token: None,
+            mean_kl: kl,
+            max_kl: kl,
+            top1_agreement: 1.0 - kl,
+            forced_steps: 3,
+            rows_read: 0.0,
+            rows_read_fraction: 1.0,
+            prefill_seconds: 0.0,
+            prefill: prefill.into(),
+        }
+    }
+
+    /// Per (prefill, length): right answers over each prefill and the prompts' mean KL; a
+    /// dense prefill's outcomes are not a cost.
+    #[test]
+    fn answer_costs_group_by_prefill_and_length() {
+        let outcomes = [
+            outcome("sparse:x", 1024, true, true, 0.1),
+            outcome("sparse:x", 1024, false, true, 0.3),
+            outcome("sparse:x", 4096, true, false, 0.0),
+            outcome("dense", 1024, true, true, 0.0),
+        ];
+        let rows = answer_costs(&outcomes, "here");
+        assert_eq!(rows.len(), 2);
+        let r = &rows[0];
+        assert_eq!((r.length, r.prompts, r.answered, r.dense_answered), (1024, 2, 1, 2));
+        assert!((r.mean_kl - 0.2).abs() < 1e-12 && r.loses_answers() && r.measured == "here");
+        assert_eq!((rows[1].length, rows[1].answered, rows[1].dense_answered), (4096, 1, 0));
+        assert!(!rows[1].loses_answers());
+    }
 }

@@ -342,13 +342,13 @@ pub fn cell_prompt(
 
 /// Runs `prompt` (cell `(length, depth, sample)`, from [`cell_prompt`]) greedily with each of
 /// `attns` and checks the answers (a sample per method, in order). On the offloaded tier its
-/// documents are prefilled once, and each method's question and answer overwrite the previous
-/// method's.
+/// documents are prefilled once, as `prefill` says (a sparse prefill only there), and each
+/// method's question and answer overwrite the previous method's.
 pub fn run_sample(
     engine: &Engine,
     prompt: &NeedlePrompt,
     attns: &[&dyn Attention],
-    tier: &PromptTier,
+    (tier, prefill): (&PromptTier, PrefillMode),
     (length, depth, sample): (usize, f64, usize),
 ) -> Result<Vec<NeedleSample>> {
     let expected = if prompt.prefilled { &prompt.value } else { &prompt.answer };
@@ -372,8 +372,7 @@ pub fn run_sample(
         disk_bytes,
     };
     let quiet = |_: &str| ControlFlow::Continue(());
-    let (mut store, prefill_seconds) =
-        PromptStore::new(engine, &prompt.ids, prompt.documents_end, (tier, PrefillMode::Dense))?;
+    let (mut store, prefill_seconds) = PromptStore::new(engine, &prompt.ids, prompt.documents_end, (tier, prefill))?;
     attns
         .iter()
         .map(|&attn| {

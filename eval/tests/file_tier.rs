@@ -10,6 +10,7 @@ use candle_core::{DType, Device};
 use folio_eval::needle::{self, PromptTier};
 use folio_eval::spec::EvalSpec;
 use folio_models::attention::{self, Attention, Resources};
+use folio_models::prefill::PrefillMode;
 use folio_models::Engine;
 
 #[test]
@@ -36,11 +37,11 @@ fn the_needle_eval_answers_from_the_file_tier_as_from_host_memory() {
     // Read in place from host memory (the default budget has room for the file's 4 MiB of rows):
     // nothing read from disk.
     let in_memory = PromptTier::OnDisk(folder.path().to_owned(), None);
-    let in_memory = needle::run_sample(&engine, &prompt, &attns, &in_memory, cell).unwrap();
+    let in_memory = needle::run_sample(&engine, &prompt, &attns, (&in_memory, PrefillMode::Dense), cell).unwrap();
     assert!(in_memory.iter().all(|s| s.disk_bytes.is_none()));
     // On the file tier through a cache of 1 MiB: most rows come from the file, the same answers.
     let on_file = PromptTier::OnDisk(folder.path().to_owned(), Some(1 << 20));
-    let from_file = needle::run_sample(&engine, &prompt, &attns, &on_file, cell).unwrap();
+    let from_file = needle::run_sample(&engine, &prompt, &attns, (&on_file, PrefillMode::Dense), cell).unwrap();
     for (((method, _), m), f) in methods.iter().zip(&in_memory).zip(&from_file) {
         println!("{method}: in memory {:?}, from the file {:?} ({:?} bytes read)", m.output, f.output, f.disk_bytes);
         assert_eq!(m.output, f.output, "{method}");

@@ -7,6 +7,7 @@ use candle_core::{DType, Device};
 use folio_eval::needle::{self, build_prompt, value_match, PromptTier};
 use folio_eval::spec::EvalSpec;
 use folio_models::attention::{self, Attention, Dense, Resources};
+use folio_models::prefill::PrefillMode;
 use folio_models::Engine;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -91,7 +92,10 @@ fn demo_model_finds_needles_with_dense_attention() {
             for sample in 0..2 {
                 let cell = (length, depth, sample);
                 let prompt = needle::cell_prompt(&engine, &spec, cell, 7).unwrap();
-                let s = needle::run_sample(&engine, &prompt, &[&Dense], &PromptTier::Resident, cell).unwrap().remove(0);
+                let s =
+                    needle::run_sample(&engine, &prompt, &[&Dense], (&PromptTier::Resident, PrefillMode::Dense), cell)
+                        .unwrap()
+                        .remove(0);
                 correct += s.correct as usize;
                 total += 1;
                 if !s.correct {
@@ -126,8 +130,10 @@ fn offloaded_tier_answers_as_the_resident_one() {
     for (length, depth, sample) in [(1024, 0.25, 0), (2048, 0.75, 1)] {
         let cell = (length, depth, sample);
         let prompt = needle::cell_prompt(&engine, &spec, cell, 3).unwrap();
-        let resident = needle::run_sample(&engine, &prompt, &attns, &PromptTier::Resident, cell).unwrap();
-        let offloaded = needle::run_sample(&engine, &prompt, &attns, &PromptTier::Offloaded, cell).unwrap();
+        let resident =
+            needle::run_sample(&engine, &prompt, &attns, (&PromptTier::Resident, PrefillMode::Dense), cell).unwrap();
+        let offloaded =
+            needle::run_sample(&engine, &prompt, &attns, (&PromptTier::Offloaded, PrefillMode::Dense), cell).unwrap();
         for (((method, _, exact), r), o) in methods.iter().zip(&resident).zip(&offloaded) {
             println!("{method} {cell:?}: resident {:?}, offloaded {:?}", r.output, o.output);
             if *exact {

@@ -56,6 +56,9 @@ pub enum PrefillMode {
 }
 
 impl PrefillMode {
+    /// `--prefill sparse`: the sparse prefill at its defaults (the staging sheet's choice).
+    pub const SPARSE: Self = Self::Sparse(SparsePrefill::DEFAULT);
+
     /// `dense`, `sparse`, or `sparse:` and knobs (`sparse:keys=1024,window=512`).
     pub fn parse(text: &str) -> Result<Self> {
         match text.trim().split_once(':').unwrap_or((text.trim(), "")) {
@@ -461,10 +464,11 @@ fn working_set_terms(model: &Model, tokens: usize, section_bytes: u64, mode: Pre
         }
         fixed += 3 * 4 * folio_kernels::attention::max_score_elems(model.device()) as u64;
     }
-    // A sparse prefill's staged batch and its key blocks' means (f32), at the largest chunk.
+    // A sparse prefill's staged batch and its key blocks' means (f32), at the largest chunk
+    // (no larger than the context).
     if let PrefillMode::Sparse(p) = mode {
         let shape = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        fixed += p.staged_bytes(shape, tokens, MAX_CHUNK, model.dtype());
+        fixed += p.staged_bytes(shape, tokens, MAX_CHUNK.min(tokens), model.dtype());
     }
     // Per token of a chunk: hidden in/out and norms, q/k/v (+ f32 q), MLP intermediates.
     let per_token =

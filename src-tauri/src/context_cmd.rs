@@ -114,10 +114,9 @@ pub fn prefill(common: &Common, a: PrefillArgs) -> Result<()> {
     let planned = builder.plan(change, &ingest::Files)?;
     warn_about_shrinking(&ingested, &planned.plan.documents);
     let keys = listing::PrefillKeys::new(&engine, &common.device_label()?);
-    let prior_cost = crate::library_cmd::stored_cost(&keys);
     let mode = planned.prefill(explicit_mode);
-    // The stored cost is a dense prefill's: a sparse one has no estimate until it times itself.
-    let prior_cost = prior_cost.filter(|_| mode == PrefillMode::Dense);
+    // The last cost of this kind of prefill (a sparse one has none until one has run here).
+    let prior_cost = crate::library_cmd::stored_costs(&keys, vec![mode]).pop().and_then(|(_, c)| c);
     if planned.keep > 0 && !a.json {
         let (keep, n) = (planned.keep, planned.computed());
         let layers = engine.config().num_layers;
@@ -298,8 +297,10 @@ fn dry_run(common: &Common, a: &PrefillArgs) -> Result<()> {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
         _ => std::env::current_dir()?,
     };
-    let cost = library_cmd::stored_cost(&listing::PrefillKeys::new(&engine, &common.device_label()?));
-    let est = staging::estimate(&engine, &staged.documents, kv_dtype, &folder, cost)?;
+    let mode = a.prefill.as_deref().map(PrefillMode::parse).transpose()?.unwrap_or_default();
+    let keys = listing::PrefillKeys::new(&engine, &common.device_label()?);
+    let choices = library_cmd::stored_costs(&keys, staging::prefill_modes(&engine, mode));
+    let est = staging::estimate(&engine, &staged.documents, kv_dtype, &folder, &choices)?;
     let tokens = est.tokens;
     if a.json {
         println!("{}", json!({ "staged": staged, "estimate": est, "tokens": tokens }));
@@ -327,19 +328,13 @@ fn dry_run(common: &Common, a: &PrefillArgs) -> Result<()> {
             staged.seconds,
             counted as f64 / staged.seconds.max(1e-9)
         );
-        let time = match (est.predicted_seconds, est.rate_tokens_per_s) {
-            (Some(s), Some(r)) => {
-                format!("about {} at {r:.0} tokens/s (fitted to the last prefill with this model here)", human_secs(s))
-            }
-            _ => "measured by the first prefill with this model here".into(),
-        };
         println!(
-            "file {} ({} free), working memory {} beyond the model, scratch {}; time {time}",
+            "file {} ({} free), scratch {}",
             human_bytes(est.file_bytes),
             est.disk_free_bytes.map_or("?".into(), human_bytes),
-            human_bytes(est.working_set_bytes),
             human_bytes(est.scratch_bytes)
         );
+        print_choices(&est);
     }
     if !est.fits {
         bail!(
@@ -349,6 +344,43 @@ fn dry_run(common: &Common, a: &PrefillArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The dry run's lines per prefill it could make: memory, time and measured cost in answers
+/// (the staging sheet's choice), the one `--prefill` asked for first.
+fn print_choices(est: &staging::Estimate) {
+    for c in &est.choices {
+        let kind = c.prefill.split(':').next().unwrap_or("dense");
+        let time = match (c.predicted_seconds, c.rate_tokens_per_s) {
+            (Some(s), Some(r)) => format!(
+                "about {} at {r:.0} tokens/s (fitted to the last {kind} prefill with this model here)",
+                human_secs(s)
+            ),
+            _ => format!("measured by the first {kind} prefill with this model here"),
+        };
+        let mark = if c.prefill == est.prefill { "*" } else { " " };
+        println!(
+            "{mark} prefill {}: working memory {} beyond the model; time {time}",
+            c.prefill,
+            human_bytes(c.working_set_bytes)
+        );
+        for a in &c.answers {
+            println!(
+                "    at {} tokens: {} of {} answers right (over a dense prefill {}), KL {:.4} nats, top-1 {:.1}% ({}){}",
+                a.length,
+                a.answered,
+                a.prompts,
+                a.dense_answered,
+                a.mean_kl,
+                a.top1_agreement * 100.0,
+                a.measured,
+                if a.loses_answers() { ": it loses answers" } else { "" }
+            );
+        }
+        if kind != "dense" && c.answers.is_empty() {
+            println!("    its cost in answers is not measured on this model (`folio eval fidelity --prefill`, then `folio eval prefill-cost`)");
+        }
+    }
 }
 
 fn progress_bar(json: bool) -> Option<indicatif::ProgressBar> {

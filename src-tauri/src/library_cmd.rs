@@ -8,6 +8,7 @@ use clap::{Args, Subcommand};
 use folio_library::{ContextInfo, Library, Status};
 use folio_models::context::PrefillCost;
 use folio_models::error::human_bytes;
+use folio_models::prefill::PrefillMode;
 use serde_json::json;
 
 use crate::listing::{Listing, PrefillKeys};
@@ -261,10 +262,16 @@ pub(crate) fn listing(keys: PrefillKeys, changes_a_file: bool) -> Option<Listing
     attempt().map_err(|e| warn(&e)).ok()
 }
 
-/// The last prefill's cost under `keys`, if the library has one.
-pub(crate) fn stored_cost(keys: &PrefillKeys) -> Option<PrefillCost> {
-    let rt = runtime().ok()?;
-    rt.block_on(async { keys.read(&Library::open_default().await.ok()?).await.ok()? })
+/// Each of `modes` with the last cost of its kind under `keys` (none where the library has
+/// none, or cannot be read).
+pub(crate) fn stored_costs(keys: &PrefillKeys, modes: Vec<PrefillMode>) -> Vec<(PrefillMode, Option<PrefillCost>)> {
+    let unknown: Vec<_> = modes.iter().map(|m| (*m, None)).collect();
+    let Ok(rt) = runtime() else { return unknown };
+    rt.block_on(async {
+        let lib = Library::open_default().await.ok()?;
+        keys.read_all(&lib, modes).await.ok()
+    })
+    .unwrap_or(unknown)
 }
 
 fn warn(e: &anyhow::Error) {

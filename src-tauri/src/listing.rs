@@ -10,7 +10,8 @@ use std::path::Path;
 use std::pin::Pin;
 
 use folio_library::Library;
-use folio_models::context::{Bookkeeping, BuildReport, PrefillCost};
+use folio_models::context::{Bookkeeping, BuildReport, PrefillCost, DENSE_PREFILL};
+use folio_models::prefill::PrefillMode;
 use folio_models::Engine;
 
 /// A library call run to its end from the prefill's (blocking) thread.
@@ -19,8 +20,9 @@ pub(crate) type Block = Box<
 >;
 
 /// The settings keys of what the last prefill of a model on a device measured (written by
-/// every prefill, read by the next estimate): the cost fitted to its chunks, and its rate —
-/// what earlier Folio versions kept and read, still written for them and read when no cost is.
+/// every prefill, read by the next estimate): the cost fitted to its chunks, one per kind of
+/// prefill (a sparse one's time is not a dense one's), and a dense one's rate — what earlier
+/// Folio versions kept and read, still written for them and read when no cost is.
 #[derive(Clone)]
 pub(crate) struct PrefillKeys {
     cost: String,
@@ -37,13 +39,40 @@ impl PrefillKeys {
         }
     }
 
-    /// The last prefill's cost, else one from an earlier Folio's rate; `None` before any.
-    pub(crate) async fn read(&self, lib: &Library) -> folio_library::Result<Option<PrefillCost>> {
-        if let Some(cost) = lib.setting(&self.cost).await?.and_then(|v| serde_json::from_value(v).ok()) {
+    /// Where the cost of a `prefill` (`dense`, `sparse:KNOBS`) is kept: a dense one's where
+    /// earlier Folios kept it, each sparse one's beside it.
+    fn cost_key(&self, prefill: &str) -> String {
+        match prefill == DENSE_PREFILL {
+            true => self.cost.clone(),
+            false => format!("{}/{prefill}", self.cost),
+        }
+    }
+
+    /// The last cost of a prefill like `mode`, else (dense) one from an earlier Folio's rate;
+    /// `None` before any.
+    pub(crate) async fn read(&self, lib: &Library, mode: PrefillMode) -> folio_library::Result<Option<PrefillCost>> {
+        let key = self.cost_key(&mode.name());
+        if let Some(cost) = lib.setting(&key).await?.and_then(|v| serde_json::from_value(v).ok()) {
             return Ok(Some(cost));
+        }
+        if mode != PrefillMode::Dense {
+            return Ok(None);
         }
         let rate = lib.setting(&self.rate).await?.and_then(|v| v.as_f64());
         Ok(rate.and_then(|r| PrefillCost::from_rate(r, self.layers)))
+    }
+
+    /// Each of `modes` with its last cost here (the staging sheet's choices).
+    pub(crate) async fn read_all(
+        &self,
+        lib: &Library,
+        modes: Vec<PrefillMode>,
+    ) -> folio_library::Result<Vec<(PrefillMode, Option<PrefillCost>)>> {
+        let mut choices = Vec::with_capacity(modes.len());
+        for mode in modes {
+            choices.push((mode, self.read(lib, mode).await?));
+        }
+        Ok(choices)
     }
 }
 
@@ -90,15 +119,16 @@ impl Bookkeeping for Listing {
         self.run("listing", out, async { self.lib.add_context(out).await.map(drop) });
     }
 
-    /// A dense prefill's rate and fitted cost become the next estimates' (a sparse one's would
-    /// make every later dense estimate several times too short).
+    /// A prefill's fitted cost becomes the next estimates' of its kind (a sparse one's would
+    /// make every later dense estimate several times too short); a dense one's rate too.
     fn finished(&mut self, out: &Path, report: Option<&BuildReport>) {
-        let dense = report.is_some_and(|r| r.prefill == folio_models::context::DENSE_PREFILL);
-        if let (Some(r), Some(keys), true) = (report, &self.keys, dense) {
-            let rate = serde_json::json!(r.tokens_per_s);
-            self.run("the rate of", out, self.lib.set_setting(&keys.rate, &rate));
+        if let (Some(r), Some(keys)) = (report, &self.keys) {
+            if r.prefill == DENSE_PREFILL {
+                let rate = serde_json::json!(r.tokens_per_s);
+                self.run("the rate of", out, self.lib.set_setting(&keys.rate, &rate));
+            }
             if let Some(cost) = r.cost.and_then(|c| serde_json::to_value(c).ok()) {
-                self.run("the cost of", out, self.lib.set_setting(&keys.cost, &cost));
+                self.run("the cost of", out, self.lib.set_setting(&keys.cost_key(&r.prefill), &cost));
             }
         }
         self.refresh(out);

@@ -8,9 +8,11 @@
 //! * [`builder`]: the one call that makes or changes a context — new, add, remove, resume —
 //!   planned, prefilled and handed to the library's bookkeeping.
 //! * [`staging`]: what a set of documents would make, counted and estimated before a prefill;
-//!   [`cost`]: a prefill's time, fitted to this machine's own timings.
+//!   [`cost`]: a prefill's time, fitted to this machine's own timings; [`answers`]: what a
+//!   sparse prefill was measured to cost in answers on a model.
 //! * [`build`]: layer-major prefill into a file, checkpointed per layer, saved atomically.
 
+pub mod answers;
 pub mod build;
 pub mod builder;
 pub mod cost;

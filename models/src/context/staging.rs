@@ -13,10 +13,12 @@ use serde::{Deserialize, Serialize};
 use folio_context_file::format::{DocumentSpan, Header, PromptStamp, SpanPart};
 use folio_context_file::KvDtype;
 
+use super::answers::{self, AnswerCost};
 use super::builder::Planned;
 use super::cost::PrefillCost;
 use super::prompt::{DocumentText, TokenCount, ANSWER_ROOM};
 use crate::error::Result;
+use crate::prefill::PrefillMode;
 use crate::Engine;
 
 /// One document as the sheet lists it (and as `start_prefill` gets it back).
@@ -124,6 +126,47 @@ pub struct Estimate {
     pub predicted_seconds: Option<f64>,
     /// The tokens computed over the predicted seconds: the prediction's average speed.
     pub rate_tokens_per_s: Option<f64>,
+    /// The prefill the memory and time above are for (`dense`, or `sparse:` and its knobs).
+    pub prefill: String,
+    /// Each prefill this model can run, the one above first: its memory, its time and what it
+    /// was measured to cost in answers (the sheet's choice).
+    pub choices: Vec<PrefillChoice>,
+}
+
+/// One prefill the staged documents can be made with.
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+pub struct PrefillChoice {
+    /// `dense`, or `sparse:` and its knobs, as `--prefill` reads it.
+    pub prefill: String,
+    /// Earlier keys a token reads at most (a sparse prefill's; `None`: every one).
+    pub keys_per_row: Option<usize>,
+    /// Memory it uses beyond the model weights.
+    pub working_set_bytes: u64,
+    /// Seconds it is predicted to take, by the cost fitted to the last prefill of this kind
+    /// with this model on this device (none before one: a sparse prefill's time is not a
+    /// dense one's, so each kind is measured once).
+    pub predicted_seconds: Option<f64>,
+    pub rate_tokens_per_s: Option<f64>,
+    /// What it was measured to cost in answers on this model, by context length (empty for
+    /// dense — the reference — and where it was not measured).
+    pub answers: Vec<AnswerCost>,
+}
+
+/// The prefills a sheet offers for `engine`'s model, `first` first: dense and the default
+/// sparse one (none sparse for a sliding-window model, which refuses it).
+pub fn prefill_modes(engine: &Engine, first: PrefillMode) -> Vec<PrefillMode> {
+    let mut modes = vec![first, PrefillMode::Dense];
+    if engine.config().sliding_window.is_none() {
+        modes.push(PrefillMode::SPARSE);
+    }
+    let mut seen = Vec::new();
+    modes.retain(|m| {
+        let new = !seen.contains(m);
+        seen.push(*m);
+        new
+    });
+    modes
 }
 
 /// What a reader noticed about a document beside its text.
@@ -177,8 +220,12 @@ pub fn count(
     Staged { documents, skipped, head_tokens, seconds: started.elapsed().as_secs_f64() }
 }
 
+/// Each prefill to estimate, the one the estimate's own figures are for first, with the cost
+/// fitted to the last prefill of its kind here (none before one).
+pub type Choices<'a> = &'a [(PrefillMode, Option<PrefillCost>)];
+
 /// What a prefill of `documents` (as staged) with `engine`, stored as `kv_dtype`, into
-/// `folder` needs: the layout is the one `plan_context` will make (head, spans), so the file
+/// `folder` needs, for each of `choices`: the layout is the one `plan_context` will make (head, spans), so the file
 /// size is exact (but for a page more or less when the parts' token positions, which only the
 /// prefill knows, change the document table's length across a page boundary).
 pub fn estimate(
@@ -186,7 +233,7 @@ pub fn estimate(
     documents: &[StagedDocument],
     kv_dtype: KvDtype,
     folder: &Path,
-    cost: Option<PrefillCost>,
+    choices: Choices<'_>,
 ) -> Result<Estimate> {
     let prompt = engine.prompt_stamp(None, None)?;
     let mut tokens = engine.head_ids(&prompt)?.len();
@@ -207,7 +254,7 @@ pub fn estimate(
         tokens += d.tokens;
     }
     let layout = Layout { tokens, computed: tokens, spans: &spans, prompt };
-    estimate_layout(engine, &layout, kv_dtype, folder, cost)
+    estimate_layout(engine, &layout, kv_dtype, folder, choices)
 }
 
 /// A context file's layout as a prefill will write it.
@@ -220,13 +267,14 @@ pub struct Layout<'a> {
     pub prompt: PromptStamp,
 }
 
-/// What a prefill writing `layout` needs (the file's exact size, memory, disk, time).
+/// What a prefill writing `layout` needs (the file's exact size, disk; memory and time for each
+/// of `choices`, with each sparse one's measured cost in answers).
 pub fn estimate_layout(
     engine: &Engine,
     layout: &Layout<'_>,
     kv_dtype: KvDtype,
     folder: &Path,
-    cost: Option<PrefillCost>,
+    choices: Choices<'_>,
 ) -> Result<Estimate> {
     let cfg = engine.config();
     let limit = cfg.max_position_embeddings.saturating_sub(ANSWER_ROOM);
@@ -237,13 +285,44 @@ pub fn estimate_layout(
         Header::new(engine.stamp()?.clone(), kv_dtype, tokens.max(1), spans_bytes, shape, layout.prompt.clone())
             .file_bytes;
     let section = kv_dtype.max_section_bytes(cfg.num_kv_heads * tokens.max(1), cfg.head_dim);
-    let working_set_bytes =
-        crate::prefill::plan_chunk(&engine.model, tokens.max(1), (section, crate::prefill::PrefillMode::Dense), None)
-            .map(|p| p.working_set)
-            .unwrap_or(0);
     let scratch_bytes = 2 * (layout.computed * cfg.hidden_size * engine.model.dtype().size_in_bytes()) as u64;
+    let choices = choices
+        .iter()
+        .map(|(mode, cost)| {
+            let working_set_bytes = crate::prefill::plan_chunk(&engine.model, tokens.max(1), (section, *mode), None)
+                .map(|p| p.working_set)
+                .unwrap_or(0);
+            let predicted = cost.map(|c| c.seconds(cfg.num_layers, tokens - layout.computed, tokens));
+            let prefill = mode.name();
+            PrefillChoice {
+                answers: match mode {
+                    PrefillMode::Dense => Vec::new(),
+                    // A measurement file that does not read costs its rows, not the estimate.
+                    PrefillMode::Sparse(_) => answers::measured(engine, &prefill).unwrap_or_else(|e| {
+                        eprintln!("folio: {e}; the sparse prefill's cost in answers is not shown");
+                        Vec::new()
+                    }),
+                },
+                prefill,
+                keys_per_row: match mode {
+                    PrefillMode::Dense => None,
+                    PrefillMode::Sparse(p) => Some(p.keys_per_row()),
+                },
+                working_set_bytes,
+                predicted_seconds: predicted,
+                rate_tokens_per_s: predicted.filter(|s| *s > 0.0).map(|s| layout.computed as f64 / s),
+            }
+        })
+        .collect::<Vec<_>>();
+    let first = choices.first().cloned().unwrap_or(PrefillChoice {
+        prefill: PrefillMode::Dense.name(),
+        keys_per_row: None,
+        working_set_bytes: 0,
+        predicted_seconds: None,
+        rate_tokens_per_s: None,
+        answers: Vec::new(),
+    });
     let _ = std::fs::create_dir_all(folder);
-    let predicted = cost.map(|c| c.seconds(cfg.num_layers, tokens - layout.computed, tokens));
     Ok(Estimate {
         tokens,
         computed_tokens: layout.computed,
@@ -251,11 +330,13 @@ pub fn estimate_layout(
         context_length: cfg.max_position_embeddings,
         fits: tokens <= limit,
         file_bytes,
-        working_set_bytes,
+        working_set_bytes: first.working_set_bytes,
         scratch_bytes,
         disk_free_bytes: fs4::available_space(folder).ok(),
-        predicted_seconds: predicted,
-        rate_tokens_per_s: predicted.filter(|s| *s > 0.0).map(|s| layout.computed as f64 / s),
+        predicted_seconds: first.predicted_seconds,
+        rate_tokens_per_s: first.rate_tokens_per_s,
+        prefill: first.prefill,
+        choices,
     })
 }
 
@@ -266,7 +347,7 @@ pub fn estimate_planned(
     planned: &Planned,
     kv_dtype: KvDtype,
     folder: &Path,
-    cost: Option<PrefillCost>,
+    choices: Choices<'_>,
 ) -> Result<Estimate> {
     let layout = Layout {
         tokens: planned.plan.tokens.len(),
@@ -274,7 +355,7 @@ pub fn estimate_planned(
         spans: &planned.plan.documents,
         prompt: planned.plan.prompt.clone(),
     };
-    estimate_layout(engine, &layout, kv_dtype, folder, cost)
+    estimate_layout(engine, &layout, kv_dtype, folder, choices)
 }
 
 #[cfg(test)]
@@ -323,16 +404,31 @@ mod tests {
             assert_eq!(d.tokens, span.end - span.start, "{}", d.title);
         }
         let dir = tempfile::tempdir().unwrap();
-        let fits = estimate(&e, &staged.documents, KvDtype::Bf16, dir.path(), None).unwrap();
+        let fits = estimate(&e, &staged.documents, KvDtype::Bf16, dir.path(), &[(PrefillMode::Dense, None)]).unwrap();
         assert!(fits.fits && fits.tokens == total && fits.predicted_seconds.is_none());
         let mut huge = staged.documents[0].clone();
         huge.tokens = fits.limit;
         // The time is the cost's: every layer over every token, attention's pairs included.
         let cost = PrefillCost { per_token: 1e-4, per_pair: 1e-9 };
-        let over = estimate(&e, &[huge], KvDtype::Bf16, dir.path(), Some(cost)).unwrap();
+        let sparse_cost = PrefillCost { per_token: 3e-4, per_pair: 1e-10 };
+        let modes = prefill_modes(&e, PrefillMode::Dense);
+        let choices: Vec<_> = modes.iter().zip([cost, sparse_cost]).map(|(m, c)| (*m, Some(c))).collect();
+        let over = estimate(&e, &[huge], KvDtype::Bf16, dir.path(), &choices).unwrap();
         assert!(!over.fits);
         let layers = e.config().num_layers;
         assert!((over.predicted_seconds.unwrap() - cost.seconds(layers, 0, over.tokens)).abs() < 1e-9);
+        // Each choice is timed by its own cost, and the first one's figures are the estimate's.
+        assert_eq!(over.choices.len(), 2);
+        assert_eq!((over.prefill.as_str(), over.choices[0].prefill.as_str()), ("dense", "dense"));
+        let sparse = &over.choices[1];
+        assert_eq!(sparse.prefill, PrefillMode::SPARSE.name());
+        assert!((sparse.predicted_seconds.unwrap() - sparse_cost.seconds(layers, 0, over.tokens)).abs() < 1e-9);
+        assert!(over.choices[0].answers.is_empty(), "dense is the reference: it has no cost in answers");
+        // The demo model ships what its sparse prefill was measured to cost (for its weights).
+        assert!(
+            !sparse.answers.is_empty() && sparse.answers.iter().all(|a| a.prefill == sparse.prefill),
+            "assets/models/demo/prefill_answers.json for these weights (`folio eval prefill-cost --record`)"
+        );
     }
 
     /// A 20 MB file of one repeated letter (the demo model's tokenizer makes a handful of

@@ -31,13 +31,18 @@ impl Engine {
     pub fn calibration_dir(&self) -> Result<std::path::PathBuf> {
         match self.calibrations.get() {
             Some(dir) => {
-                let stamp = self.stamp()?;
-                let id = serde_json::to_vec(&stamp.fingerprint).map_err(|e| Error::Invalid(e.to_string()))?;
-                let id = folio_context_file::format::checksum(&id);
-                Ok(dir.join(format!("{}-{}", stamp.name.replace(['/', '\\'], "_"), id)))
+                let name = self.stamp()?.name.replace(['/', '\\'], "_");
+                Ok(dir.join(format!("{name}-{}", self.fingerprint_id()?)))
             }
             None => Ok(self.model_dir().to_owned()),
         }
+    }
+
+    /// A short id of the model's fingerprint (its weights and tokenizer): what files measured
+    /// on this model (a calibration's folder, answer costs) are tied to.
+    pub fn fingerprint_id(&self) -> Result<String> {
+        let id = serde_json::to_vec(&self.stamp()?.fingerprint).map_err(|e| Error::Invalid(e.to_string()))?;
+        Ok(folio_context_file::format::checksum(&id))
     }
 
     /// The folder the calibration is read from: the model's when it holds one for this model,

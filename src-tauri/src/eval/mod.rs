@@ -1,6 +1,7 @@
 //! `folio eval`: answer-quality measurements with a table on stdout, one JSON document with
 //! `--json`, and (with `--out DIR`) the JSON plus a heatmap image for docs and reports.
 
+mod answers;
 mod attention;
 mod fidelity;
 mod sources;
@@ -39,6 +40,10 @@ enum EvalKind {
     /// and top-1 agreement on dense's answer, rows read, time per token; a budget curve per
     /// method. `--question sparse` attends the question with the method too.
     Fidelity(fidelity::FidelityArgs),
+    /// What a sparse prefill cost in answers, from `fidelity --prefill sparse` reports: right
+    /// answers over it and over a dense prefill, KL and top-1 per context length; `--record`
+    /// keeps them beside the model, where the window's staging sheet shows them.
+    PrefillCost(answers::PrefillCostArgs),
     /// Whether each answer's first source passage holds the fact it was copied from: the
     /// sample questions' facts planted once each in one long document, asked per method with
     /// sources weighed as the window weighs them (exit status 1 when one does not).
@@ -80,6 +85,11 @@ pub struct NeedleArgs {
     /// (e.g. 64MiB: most rows then come from the file), whatever the host budget.
     #[arg(long, value_name = "SIZE", requires = "kv_on_disk")]
     kv_cache: Option<String>,
+    /// How each prompt's documents are prefilled, as `folio prefill --prefill` (dense, sparse,
+    /// sparse:KNOBS); a sparse prefill needs --offload or --kv-on-disk. Run it beside a dense
+    /// run of the same seed: the prompts are the same, and the two reports give its cost.
+    #[arg(long, default_value = "dense")]
+    prefill: String,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Also write needle.json and needle-heatmap.svg into this folder.
@@ -104,6 +114,7 @@ pub fn eval(common: &Common, args: EvalArgs) -> Result<()> {
         EvalKind::Needle(a) => needle_eval(common, a),
         EvalKind::Attention(a) => attention::eval_attention(common, a),
         EvalKind::Fidelity(a) => fidelity::eval_fidelity(common, a),
+        EvalKind::PrefillCost(a) => answers::eval_prefill_cost(common, a),
         EvalKind::Sources(a) => sources::eval_sources(common, a),
     }
 }
@@ -202,6 +213,7 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
     let engine = common.engine()?;
     let mut runs = method_runs(&a, &engine)?;
     let tier = prompt_tier(&a)?;
+    let prefill = folio_models::prefill::PrefillMode::parse(&a.prefill)?;
     let model_dir = engine.model_dir().to_owned();
     let spec = EvalSpec::load(&model_dir)?;
     let defaults = spec.eval_defaults.clone();
@@ -227,6 +239,7 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
             "offload": a.offload || a.kv_on_disk.is_some(),
             "kv_on_disk": a.kv_on_disk.is_some(),
             "kv_cache": a.kv_cache,
+            "prefill": prefill.name(),
             "host_budget": folio_runtime::host_budget::budget(),
             "prefilled_answer_prefix": spec.chat.prefill_answer_prefix,
             "seed": a.seed,
@@ -267,7 +280,7 @@ fn needle_eval(common: &Common, a: NeedleArgs) -> Result<()> {
             let cell: Vec<Vec<NeedleSample>> = prompts
                 .iter()
                 .enumerate()
-                .map(|(s, prompt)| needle::run_sample(&engine, prompt, &attns, &tier, (length, depth, s)))
+                .map(|(s, prompt)| needle::run_sample(&engine, prompt, &attns, (&tier, prefill), (length, depth, s)))
                 .collect::<std::result::Result<_, _>>()?;
             for (m, run) in runs.iter_mut().enumerate() {
                 let mine: Vec<NeedleSample> = cell.iter().map(|per_method| per_method[m].clone()).collect();

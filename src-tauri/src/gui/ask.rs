@@ -55,7 +55,7 @@ pub(super) async fn chat(
         settings.system = None;
     }
     let generation = settings.clone();
-    let answer = tauri::async_runtime::spawn_blocking(move || {
+    let (answer, prefill) = tauri::async_runtime::spawn_blocking(move || {
         // One answer at a time: a question sent while one runs waits here, and clears a Stop
         // only once the answer it was meant for is over. A panic in an earlier answer leaves
         // the session usable (every ask cuts the store back to what it holds).
@@ -80,11 +80,12 @@ pub(super) async fn chat(
             tokens: answer.tokens.len(),
             tokens_per_second: answer.timings.decode_tokens_per_s.unwrap_or(0.0),
         });
-        Ok::<_, String>(answer)
+        let prefill = session.context().map(|f| f.header().prefill_runs()).unwrap_or_default();
+        Ok::<_, String>((answer, prefill))
     })
     .await
     .map_err(|e| e.to_string())??;
-    let details = AnswerDetails::of(&answer, &generation);
+    let details = AnswerDetails::of(&answer, &generation, &prefill);
     // Still the conversation on screen (not deleted, no other chat, context or model opened)?
     let on_screen =
         state.chat.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|c| Arc::ptr_eq(c, &asked_in))

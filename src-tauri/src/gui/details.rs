@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 use folio_library::MessageRow;
 use folio_models::attention::{IndexSource, MethodChoice};
+use folio_models::context::{PrefillRun, DENSE_PREFILL};
 use folio_models::generate::StopReason;
 use folio_models::session::{Answer, Comparison, DocumentRead, GenerationSettings, Timings};
 use serde::{Deserialize, Serialize};
@@ -44,6 +45,10 @@ pub(super) struct AnswerDetails {
     pub context: Option<String>,
     #[serde(default)]
     pub reused_tokens: usize,
+    /// How the context's tokens were prefilled where not densely (`sparse:KNOBS over tokens
+    /// 0–7210`, each such run); `None` for a dense prefill, a bare chat, or an earlier record.
+    #[serde(default)]
+    pub prefill: Option<String>,
     /// Its comparison with dense attention, once made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
@@ -51,7 +56,14 @@ pub(super) struct AnswerDetails {
 }
 
 impl AnswerDetails {
-    pub fn of(answer: &Answer, generation: &GenerationSettings) -> Self {
+    /// The details of `answer`, made with `generation` over a context prefilled as `prefill`
+    /// says (its file's runs; none for a bare chat).
+    pub fn of(answer: &Answer, generation: &GenerationSettings, prefill: &[PrefillRun]) -> Self {
+        let sparse: Vec<String> = prefill
+            .iter()
+            .filter(|r| r.mode != DENSE_PREFILL)
+            .map(|r| format!("{} over tokens {}–{}", r.mode, r.from, r.to))
+            .collect();
         Self {
             method: answer.method.clone(),
             settings: answer.settings.clone(),
@@ -64,6 +76,7 @@ impl AnswerDetails {
             index: answer.index.clone(),
             context: answer.context.clone(),
             reused_tokens: answer.reused_tokens,
+            prefill: (!sparse.is_empty()).then(|| sparse.join("; ")),
             comparison: None,
         }
     }

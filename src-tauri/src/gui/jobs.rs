@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use folio_library::Library;
 use folio_models::context::staging::{Skip, StagedDocument};
 use folio_models::context::{self, Bookkeeping, BuildOptions, Builder, Change, DocumentText, Progress};
+use folio_models::prefill::PrefillMode;
 use folio_models::Engine;
 use serde::{Deserialize, Serialize};
 
@@ -28,13 +29,26 @@ const PROGRESS_INTERVAL: Duration = Duration::from_millis(150);
 #[derive(Debug, Clone, Serialize, Deserialize, ts_rs::TS)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum JobKind {
-    /// A new context from staged documents.
-    New { documents: Vec<StagedDocument> },
+    /// A new context from staged documents. `prefill` is how its tokens attend (`dense`,
+    /// `sparse:KNOBS`; a queue saved by an earlier Folio has none: dense).
+    New {
+        documents: Vec<StagedDocument>,
+        #[serde(default)]
+        prefill: Option<String>,
+    },
     /// Documents added to a ready context (only they are prefilled).
-    Add { documents: Vec<StagedDocument> },
+    Add {
+        documents: Vec<StagedDocument>,
+        #[serde(default)]
+        prefill: Option<String>,
+    },
     /// A document (its path) taken out of a ready context (the documents after it are
     /// prefilled again).
-    Remove { document: String },
+    Remove {
+        document: String,
+        #[serde(default)]
+        prefill: Option<String>,
+    },
     /// The interrupted prefill or change of a context, from its partial folder.
     Resume,
 }
@@ -369,12 +383,15 @@ fn worker_loop(shared: &Shared, w: &Worker) {
 
 fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow::Result<()> {
     let engine = &job.engine;
-    let change = match &job.kind {
-        JobKind::New { documents } => Change::New { documents: reread_noted(shared, job.id, documents)?, system: None },
-        JobKind::Add { documents } => Change::Add(reread_noted(shared, job.id, documents)?),
-        JobKind::Remove { document } => Change::Remove(document.clone()),
-        JobKind::Resume => Change::Resume,
+    let (change, explicit) = match &job.kind {
+        JobKind::New { documents, prefill } => {
+            (Change::New { documents: reread_noted(shared, job.id, documents)?, system: None }, prefill)
+        }
+        JobKind::Add { documents, prefill } => (Change::Add(reread_noted(shared, job.id, documents)?), prefill),
+        JobKind::Remove { document, prefill } => (Change::Remove(document.clone()), prefill),
+        JobKind::Resume => (Change::Resume, &None),
     };
+    let explicit = explicit.as_deref().map(PrefillMode::parse).transpose()?;
     let builder = Builder::new(engine, &job.out);
     let planned = builder.plan(change, &ingest::Files)?;
     // The engine settings as they are when the job starts: a new context's K/V dtype, and the
@@ -389,13 +406,12 @@ fn run(shared: &Shared, w: &Worker, job: &Queued, cancel: &AtomicBool) -> anyhow
         Some(saved) => saved,
         None => settings.kv_dtype().map_err(anyhow::Error::msg)?,
     };
+    // The sheet's choice; a resume keeps the interrupted prefill's.
+    let prefill = planned.prefill(explicit);
     let keys = PrefillKeys::new(engine, &folio_models::device_name(engine.model.device()));
-    let prior_cost = w.library().and_then(|lib| tauri::async_runtime::block_on(keys.read(&lib)).ok().flatten());
+    let prior_cost =
+        w.library().and_then(|lib| tauri::async_runtime::block_on(keys.read(&lib, prefill)).ok().flatten());
     let memory_budget = memory_budget(engine, &settings)?;
-    // A resume keeps the interrupted prefill's mode (the CLI's --prefill sparse); the window
-    // starts dense ones.
-    // (The build drops a dense prior for a sparse one.)
-    let prefill = planned.prefill(None);
     let opts = BuildOptions { memory_budget, prior_cost, prefill, ..BuildOptions::new(kv_dtype) };
     let mut last = Instant::now() - PROGRESS_INTERVAL;
     let mut on_progress = |p: &Progress| {
@@ -561,10 +577,10 @@ mod tests {
             Jobs::start(worker, Some(queue.clone()), |_| {})
         };
         let first = start();
-        first.submit(out("a"), JobKind::New { documents: vec![long] }, engine.clone()).unwrap();
+        first.submit(out("a"), JobKind::New { documents: vec![long], prefill: None }, engine.clone()).unwrap();
         wait_for(&first, "the first job running", |v| v[0].state == JobState::Running);
-        first.submit(out("b"), JobKind::New { documents: vec![short.clone()] }, engine.clone()).unwrap();
-        first.submit(out("c"), JobKind::New { documents: vec![short.clone()] }, engine.clone()).unwrap();
+        first.submit(out("b"), JobKind::New { documents: vec![short.clone()], prefill: None }, engine.clone()).unwrap();
+        first.submit(out("c"), JobKind::New { documents: vec![short.clone()], prefill: None }, engine.clone()).unwrap();
         let saved: Vec<SavedJob> = serde_json::from_slice(&std::fs::read(&queue).unwrap()).unwrap();
         let outs: Vec<&Path> = saved.iter().map(|j| j.out.as_path()).collect();
         assert_eq!(outs, [out("b"), out("c")]);
@@ -580,7 +596,7 @@ mod tests {
         let mut saved: Vec<SavedJob> = serde_json::from_slice(&left).unwrap();
         saved.push(SavedJob {
             out: out("d"),
-            kind: JobKind::New { documents: vec![short] },
+            kind: JobKind::New { documents: vec![short], prefill: None },
             model: "other/model".into(),
         });
         std::fs::write(&queue, serde_json::to_vec(&saved).unwrap()).unwrap();
@@ -594,7 +610,7 @@ mod tests {
         }
         // The job of the other model waits in the file for its model, and a new job of this
         // run does not push it out.
-        second.submit(out("e"), JobKind::New { documents: vec![short_again] }, engine.clone()).unwrap();
+        second.submit(out("e"), JobKind::New { documents: vec![short_again], prefill: None }, engine.clone()).unwrap();
         wait_for(&second, "e done", |v| v.len() == 3 && v.iter().all(|j| j.state == JobState::Done));
         let kept: Vec<SavedJob> = serde_json::from_slice(&std::fs::read(&queue).unwrap()).unwrap();
         assert_eq!(kept.iter().map(|j| j.out.clone()).collect::<Vec<_>>(), [out("d")]);

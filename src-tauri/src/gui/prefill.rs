@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use folio_library::{ContextInfo, Library};
 use folio_models::context::staging::{self, Estimate, StagedDocument};
-use folio_models::context::{self, Builder, Change};
+use folio_models::context::{self, Builder, Change, PrefillCost};
+use folio_models::prefill::PrefillMode;
 use folio_models::Engine;
 use serde::{Deserialize, Serialize};
 use tauri::ipc::Channel;
@@ -43,26 +44,40 @@ pub(super) async fn stage(
     .map_err(|e| e.to_string())
 }
 
-/// What a prefill of the staged documents needs (tokens, file, memory, disk, time).
+/// Each prefill the sheet offers for the loaded model (dense first) with its last cost here.
+async fn choices(state: &AppState, engine: &Engine) -> Result<Vec<(PrefillMode, Option<PrefillCost>)>, String> {
+    let keys = PrefillKeys::new(engine, &state.device_label());
+    let modes = staging::prefill_modes(engine, PrefillMode::Dense);
+    keys.read_all(&state.library()?, modes).await.map_err(|e| e.to_string())
+}
+
+/// A prefill as the sheet names it (`dense`, `sparse:KNOBS`); `None` is dense.
+fn mode(prefill: Option<&str>) -> Result<PrefillMode, String> {
+    prefill.map(PrefillMode::parse).transpose().map(Option::unwrap_or_default).map_err(|e| e.to_string())
+}
+
+/// What a prefill of the staged documents needs (tokens, file, disk; memory, time and measured
+/// cost in answers of each prefill the model can run).
 #[tauri::command]
 pub(super) async fn estimate(state: State<'_, AppState>, documents: Vec<StagedDocument>) -> Result<Estimate, String> {
     let engine = state.engine()?;
-    let lib = state.library()?;
-    let cost = PrefillKeys::new(&engine, &state.device_label()).read(&lib).await.map_err(|e| e.to_string())?;
-    let folder = lib.contexts_folder();
+    let folder = state.library()?.contexts_folder();
+    let choices = choices(&state, &engine).await?;
     let kv_dtype = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).kv_dtype()?;
-    tauri::async_runtime::spawn_blocking(move || staging::estimate(&engine, &documents, kv_dtype, &folder, cost))
+    tauri::async_runtime::spawn_blocking(move || staging::estimate(&engine, &documents, kv_dtype, &folder, &choices))
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())
 }
 
-/// Queues a prefill of the staged documents into a new context named `name`.
+/// Queues a prefill (`dense` when `None`, or `sparse:KNOBS`) of the staged documents into a
+/// new context named `name`.
 #[tauri::command]
 pub(super) fn start_prefill(
     state: State<'_, AppState>,
     documents: Vec<StagedDocument>,
     name: String,
+    prefill: Option<String>,
 ) -> Result<u64, String> {
     let engine = state.engine()?;
     let lib = state.library()?;
@@ -70,8 +85,9 @@ pub(super) fn start_prefill(
     if documents.is_empty() {
         return Err("there are no documents to prefill: drop files or folders on the window".into());
     }
+    let prefill = mode(prefill.as_deref())?.name();
     let out = lib.free_context_path(name).map_err(|e| e.to_string())?;
-    state.jobs.submit(out, JobKind::New { documents }, engine)
+    state.jobs.submit(out, JobKind::New { documents, prefill: Some(prefill) }, engine)
 }
 
 /// Queues the resume of a paused context, or of an interrupted change to a ready one.
@@ -117,8 +133,7 @@ pub(super) async fn estimate_change(
 ) -> Result<Estimate, String> {
     let engine = state.engine()?;
     let info = changeable(&state, id).await?;
-    let keys = PrefillKeys::new(&engine, &state.device_label());
-    let cost = keys.read(&state.library()?).await.map_err(|e| e.to_string())?;
+    let choices = choices(&state, &engine).await?;
     tauri::async_runtime::spawn_blocking(move || {
         let what = match change {
             ChangeRequest::Add { documents } => Change::Add(jobs::reread(&documents).0),
@@ -127,24 +142,31 @@ pub(super) async fn estimate_change(
         let planned = Builder::new(&engine, &info.path).plan(what, &ingest::Files)?;
         let folder = info.path.parent().map(PathBuf::from).unwrap_or_default();
         let kv_dtype = planned.kv_dtype(None, context::DEFAULT_KV_DTYPE);
-        staging::estimate_planned(&engine, &planned, kv_dtype, &folder, cost)
+        staging::estimate_planned(&engine, &planned, kv_dtype, &folder, &choices)
     })
     .await
     .map_err(|e| e.to_string())?
     .map_err(|e| e.to_string())
 }
 
-/// Queues a change to context `id`; its file is replaced when the change is done.
+/// Queues a change to context `id` (its tokens computed with `prefill`: `dense` when `None`,
+/// or `sparse:KNOBS`); its file is replaced when the change is done.
 #[tauri::command]
-pub(super) async fn start_change(state: State<'_, AppState>, id: i64, change: ChangeRequest) -> Result<u64, String> {
+pub(super) async fn start_change(
+    state: State<'_, AppState>,
+    id: i64,
+    change: ChangeRequest,
+    prefill: Option<String>,
+) -> Result<u64, String> {
     let engine = state.engine()?;
     let info = changeable(&state, id).await?;
+    let prefill = Some(mode(prefill.as_deref())?.name());
     let kind = match change {
         ChangeRequest::Add { documents } if documents.is_empty() => {
             return Err("there are no documents to add: drop files or folders on the window".into())
         }
-        ChangeRequest::Add { documents } => JobKind::Add { documents },
-        ChangeRequest::Remove { document } => JobKind::Remove { document },
+        ChangeRequest::Add { documents } => JobKind::Add { documents, prefill },
+        ChangeRequest::Remove { document } => JobKind::Remove { document, prefill },
     };
     state.jobs.submit(info.path, kind, engine)
 }

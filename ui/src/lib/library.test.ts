@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { contextName, when } from './library';
+import { answerCost, contextName, when } from './library';
 
 describe('when', () => {
   const now = new Date(2026, 10, 29, 15, 0);
@@ -21,5 +21,23 @@ describe('contextName', () => {
     expect(contextName(['/docs/notes.md', '/docs/a.pdf', '/docs/b.txt'])).toBe('notes and 2 more');
     expect(contextName(['/docs/.hidden'])).toBe('hidden');
     expect(contextName([])).toBe('Documents');
+  });
+});
+
+describe('answerCost', () => {
+  it('names the length, the right answers over each prefill and the KL', () => {
+    const a = {
+      prefill: 'sparse:block=64,keys=2048,sinks=64,window=1024',
+      length: 1048576,
+      prompts: 3,
+      answered: 2,
+      dense_answered: 1,
+      mean_kl: 0.13621,
+      top1_agreement: 0.86,
+      measured: 'H200, 2026-12-02',
+    };
+    expect(answerCost(a)).toBe('at 1M, 2 of 3 answers right (over a dense prefill 1), KL 0.1362');
+    expect(answerCost({ ...a, length: 131072 })).toContain('at 128k,');
+    expect(answerCost({ ...a, length: 5000 })).toContain('at 5,000,');
   });
 });

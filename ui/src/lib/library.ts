@@ -48,10 +48,12 @@ import type { CachedModel } from './bindings/CachedModel';
 import type { LibraryModel } from './bindings/LibraryModel';
 import type { ModelChoices } from './bindings/ModelChoices';
 import type { GgufListing } from './bindings/GgufListing';
+import type { PrefillChoice } from './bindings/PrefillChoice';
+import type { AnswerCost } from './bindings/AnswerCost';
 
 // The types the Rust side sends and takes, generated from its structs (ui/src/lib/bindings,
 // src-tauri/src/gui/bindings.rs): re-exported so that components import them from here.
-export type { ContextInfo, DocumentInfo, StagedDocument, Skip, Staged, Estimate, Progress, JobState, JobView, UiEvent, ChangeRequest, Imported, MethodChoice, MethodSpec, GenerationSettings, OpenedChat, Piece, DocumentExcerpts, EngineSettings, DeviceChoice, EngineView, PlanView, StoredIndex, CalibrationStatus, CachedModel, LibraryModel, ModelChoices, GgufListing, ServerStatus, Lookup, DownloadView, DownloadProgress, Choices, Choice, MeasureProgress };
+export type { ContextInfo, DocumentInfo, StagedDocument, Skip, Staged, Estimate, Progress, JobState, JobView, UiEvent, ChangeRequest, Imported, MethodChoice, MethodSpec, GenerationSettings, OpenedChat, Piece, DocumentExcerpts, EngineSettings, DeviceChoice, EngineView, PlanView, StoredIndex, CalibrationStatus, CachedModel, LibraryModel, ModelChoices, GgufListing, ServerStatus, Lookup, DownloadView, DownloadProgress, Choices, Choice, MeasureProgress, PrefillChoice, AnswerCost };
 
 /** A chat's message as the window reads it back (details typed; an unreadable record is null). */
 export type MessageRow = ChatMessage;
@@ -91,10 +93,12 @@ export const rebuildLibrary = () => call<ContextInfo[]>('rebuild_library');
 export const openContext = (id: number) => call<ContextInfo>('open_context', { id });
 export const closeContext = () => call<void>('close_context');
 export const estimate = (documents: StagedDocument[]) => call<Estimate>('estimate', { documents });
-export const startPrefill = (documents: StagedDocument[], name: string) =>
-  call<number>('start_prefill', { documents, name });
+/** Queues a new context's prefill; `prefill` is a choice of the estimate's (`dense`, `sparse:…`). */
+export const startPrefill = (documents: StagedDocument[], name: string, prefill: string | null = null) =>
+  call<number>('start_prefill', { documents, name, prefill });
 export const estimateChange = (id: number, change: ChangeRequest) => call<Estimate>('estimate_change', { id, change });
-export const startChange = (id: number, change: ChangeRequest) => call<number>('start_change', { id, change });
+export const startChange = (id: number, change: ChangeRequest, prefill: string | null = null) =>
+  call<number>('start_change', { id, change, prefill });
 export const resumeContext = (id: number) => call<number>('resume_context', { id });
 export const cancelJob = (id: number) => call<boolean>('cancel_job', { id });
 export const autoResume = () => call<boolean>('auto_resume');
@@ -296,4 +300,24 @@ export function duration(s: number): string {
   if (t < 60) return `${t}s`;
   if (t < 3600) return `${Math.floor(t / 60)}m ${String(t % 60).padStart(2, '0')}s`;
   return `${Math.floor(t / 3600)}h ${String(Math.floor((t % 3600) / 60)).padStart(2, '0')}m`;
+}
+
+/** A prefill choice's name: "Dense", or "Sparse (MInference block-sparse)". */
+export function prefillLabel(c: PrefillChoice): string {
+  return c.keys_per_row === null ? 'Dense' : 'Sparse (block-sparse, as MInference)';
+}
+
+/** 131072 → "128k", 1048576 → "1M", 5000 → "5,000": a context length as the docs write it. */
+export function lengthLabel(tokens: number): string {
+  if (tokens >= 1 << 20 && tokens % (1 << 20) === 0) return `${tokens >> 20}M`;
+  if (tokens >= 1 << 10 && tokens % (1 << 10) === 0) return `${tokens >> 10}k`;
+  return count(tokens);
+}
+
+/** One measured cost in answers: "at 128k, 9 of 9 right (over a dense prefill 9), KL 0.0008". */
+export function answerCost(a: AnswerCost): string {
+  return (
+    `at ${lengthLabel(a.length)}, ${a.answered} of ${a.prompts} answers right ` +
+    `(over a dense prefill ${a.dense_answered}), KL ${a.mean_kl.toFixed(4)}`
+  );
 }

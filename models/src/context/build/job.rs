@@ -119,10 +119,15 @@ impl Job<'_> {
         let run_start = Instant::now();
         ledger.marks.push(Queued::timed(self.model.device())?);
         std::thread::scope(|scope| {
-            // A dense prefill's fitted cost has a quadratic term a sparse one does not: a sparse
-            // run fits its own.
-            let prior = opts.prior_cost.filter(|_| opts.prefill == crate::prefill::PrefillMode::Dense);
-            let mut run = LayerRun { place, files, hidden: &mut hidden, file: &file, paths: &paths, scope, prior };
+            let mut run = LayerRun {
+                place,
+                files,
+                hidden: &mut hidden,
+                file: &file,
+                paths: &paths,
+                scope,
+                prior: opts.prior_cost,
+            };
             self.layers(&mut run, &mut ledger, &rope, run_start)
         })?;
         let finished = Finished { place, working_set, started, run_start };

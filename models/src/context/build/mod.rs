@@ -72,8 +72,9 @@ pub struct BuildOptions {
     /// Where the hidden states between layers live (`None`: the device when they fit the
     /// budget, else RAM when it has room, else files; see `crate::prefill`).
     pub hidden_in: Option<HiddenPlace>,
-    /// The cost fitted by the last prefill with this model on this device (the library keeps
-    /// it): the ETA until this run has timed enough of its own chunks.
+    /// The cost fitted by the last prefill of the same kind (`prefill`) with this model on this
+    /// device (the library keeps one per kind): the ETA until this run has timed enough of its
+    /// own chunks. A dense prefill's cost would make a sparse one's ETA several times too long.
     pub prior_cost: Option<PrefillCost>,
     /// How the tokens computed here attend (the file records it).
     pub prefill: PrefillMode,

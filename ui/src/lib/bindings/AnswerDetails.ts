@@ -33,6 +33,11 @@ index: { [key in number]: IndexSource },
  */
 context: string | null, reused_tokens: number, 
 /**
+ * How the context's tokens were prefilled where not densely (`sparse:KNOBS over tokens
+ * 0–7210`, each such run); `None` for a dense prefill, a bare chat, or an earlier record.
+ */
+prefill: string | null, 
+/**
  * Its comparison with dense attention, once made.
  */
 comparison?: Comparison, };
