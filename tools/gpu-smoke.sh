@@ -315,7 +315,8 @@ for s in p["spans"]: print("  %-28s %8.3f s %5.1f%%" % (s["name"], s["seconds"],
     # `tools/gpu-smoke.sh fidelity LENGTHS [DEPTHS] [SAMPLES]`, the methods in $METHODS (default:
     # every method at its paper default), the budgets in $BUDGETS (a budget curve per method),
     # the question mode in $QUESTION (dense|sparse|both), the documents' prefill in $PREFILL
-    # (dense, or sparse[:KNOBS]: `--prefill`). One tar under $OUT, as for needle;
+    # (dense, or sparse[:KNOBS]: `--prefill`), the prompts' seed in $SEED (0). One tar under
+    # $OUT ($TAR.tar.gz, default fidelity), as for needle;
     # the missed prompts' token ids are kept up to 256k tokens (a 1M prompt's are 4 MiB).
     demo_eval_setup fidelity
     methods=${METHODS:-streaming,hip,topk,magicpig,double-sparsity,buzz}
@@ -326,7 +327,8 @@ for s in p["spans"]: print("  %-28s %8.3f s %5.1f%%" % (s["name"], s["seconds"],
       # shellcheck disable=SC2086  # $budgets is a flag and its value, or nothing
       timeout "${EVAL_SECONDS:-480}" "$folio" eval fidelity --model "$model" --device "${DEVICE:-cuda}" \
         --lengths "${2:-128k}" --depths "${3:-0.25,0.5,0.75}" --samples "${4:-1}" --offload \
-        --methods "$methods" $budgets --question "${QUESTION:-dense}" --prefill "${PREFILL:-dense}" --out "$res" \
+        --methods "$methods" $budgets --question "${QUESTION:-dense}" --prefill "${PREFILL:-dense}" \
+        --seed "${SEED:-0}" --out "$res" \
         || echo "eval exit status $?"
       find "$res" -name '*.u32' -size +1M -delete
     } 2>&1 | tee "$res/fidelity.log" || true

@@ -204,8 +204,8 @@ pub fn run_prompt(
 
 /// What a sparse prefill cost in answers, per context length, from dense attention's outcomes
 /// over it (the method that isolates the prefill: its reference is the dense prefill's dense
-/// answer on the same prompt): right answers over each prefill, and the means of the prompts'
-/// KL and top-1 agreement (as the report's summaries take them). Outcomes over a dense
+/// answer on the same prompt): right answers over each prefill, the prompts it lost, and the
+/// means of the prompts' KL and top-1 agreement (as the report's summaries take them). Outcomes over a dense
 /// prefill, and those with a sparse question, are left out; `measured` names the run.
 pub fn answer_costs(dense_outcomes: &[Outcome], measured: &str) -> Vec<AnswerCost> {
     let over_sparse: Vec<&Outcome> = dense_outcomes
@@ -226,6 +226,7 @@ pub fn answer_costs(dense_outcomes: &[Outcome], measured: &str) -> Vec<AnswerCos
                 prompts: n,
                 answered: mine.iter().filter(|o| o.correct).count(),
                 dense_answered: mine.iter().filter(|o| o.dense_correct).count(),
+                lost: mine.iter().filter(|o| o.dense_correct && !o.correct).count(),
                 mean_kl: mean(&|o| o.mean_kl),
                 top1_agreement: mean(&|o| o.top1_agreement),
                 measured: measured.to_owned(),
@@ -267,22 +268,26 @@ mod tests {
         }
     }
 
-    /// Per (prefill, length): right answers over each prefill and the prompts' mean KL; a
-    /// dense prefill's outcomes are not a cost.
+    /// Per (prefill, length): right answers over each prefill, the ones lost, and the prompts'
+    /// mean KL; a dense prefill's outcomes are not a cost.
     #[test]
     fn answer_costs_group_by_prefill_and_length() {
         let outcomes = [
             outcome("sparse:x", 1024, true, true, 0.1),
             outcome("sparse:x", 1024, false, true, 0.3),
             outcome("sparse:x", 4096, true, false, 0.0),
+            outcome("sparse:x", 4096, true, false, 0.0),
+            outcome("sparse:x", 4096, false, true, 0.0),
             outcome("dense", 1024, true, true, 0.0),
         ];
         let rows = answer_costs(&outcomes, "here");
         assert_eq!(rows.len(), 2);
         let r = &rows[0];
-        assert_eq!((r.length, r.prompts, r.answered, r.dense_answered), (1024, 2, 1, 2));
+        assert_eq!((r.length, r.prompts, r.answered, r.dense_answered, r.lost), (1024, 2, 1, 2, 1));
         assert!((r.mean_kl - 0.2).abs() < 1e-12 && r.loses_answers() && r.measured == "here");
-        assert_eq!((rows[1].length, rows[1].answered, rows[1].dense_answered), (4096, 1, 0));
-        assert!(!rows[1].loses_answers());
+        // Two gained and one lost: more right answers, and still a loss.
+        let r = &rows[1];
+        assert_eq!((r.length, r.answered, r.dense_answered, r.lost), (4096, 2, 1, 1));
+        assert!(r.loses_answers());
     }
 }

@@ -71,6 +71,29 @@ impl PrefillMode {
         }
     }
 
+    /// Refuses a sparse prefill of a model with a sliding window of its own (`name` is the
+    /// model's, for the message): the window already bounds what a row reads.
+    pub fn check(&self, cfg: &crate::config::ModelConfig, name: &str) -> Result<()> {
+        match (self, cfg.sliding_window) {
+            (Self::Sparse(_), Some(w)) => Err(Error::Invalid(format!(
+                "{name} attends within a sliding window of {w} tokens: a sparse prefill would change nothing it \
+                 computes; prefill it densely (--prefill dense)"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether a run of this prefill over `tokens` computed tokens times enough of it to be the
+    /// next estimates' cost: a dense run always; a sparse one only where most rows are sparse
+    /// (its first `keys_per_row` rows read every earlier key, as dense rows do, and a fit of a
+    /// short run would say a 1M-token sparse prefill takes about as long as a dense one).
+    pub fn keeps_fit(&self, tokens: usize) -> bool {
+        match self {
+            Self::Dense => true,
+            Self::Sparse(p) => tokens >= SPARSE_FIT_ROWS * p.keys_per_row(),
+        }
+    }
+
     /// What the context file records: `dense`, or `sparse:` and every knob.
     pub fn name(&self) -> String {
         match self {
@@ -79,6 +102,10 @@ impl PrefillMode {
         }
     }
 }
+
+/// Computed tokens, in multiples of a sparse row's keys, from which a sparse prefill's fitted
+/// cost is kept: three quarters of its rows sparse.
+const SPARSE_FIT_ROWS: usize = 4;
 
 /// Hidden states of every token between two layers (`[tokens, hidden]`), read and written
 /// one chunk at a time.

@@ -298,6 +298,7 @@ fn dry_run(common: &Common, a: &PrefillArgs) -> Result<()> {
         _ => std::env::current_dir()?,
     };
     let mode = a.prefill.as_deref().map(PrefillMode::parse).transpose()?.unwrap_or_default();
+    mode.check(engine.config(), &engine.name)?;
     let keys = listing::PrefillKeys::new(&engine, &common.device_label()?);
     let choices = library_cmd::stored_costs(&keys, staging::prefill_modes(&engine, mode));
     let est = staging::estimate(&engine, &staged.documents, kv_dtype, &folder, &choices)?;
@@ -365,8 +366,12 @@ fn print_choices(est: &staging::Estimate) {
             human_bytes(c.working_set_bytes)
         );
         for a in &c.answers {
+            let lost = match a.lost {
+                0 => String::new(),
+                n => format!("; it loses {n} a dense prefill answers right"),
+            };
             println!(
-                "    at {} tokens: {} of {} answers right (over a dense prefill {}), KL {:.4} nats, top-1 {:.1}% ({}){}",
+                "    at {} tokens: {} of {} answers right (over a dense prefill {}), KL {:.4} nats, top-1 {:.1}% ({}){lost}",
                 a.length,
                 a.answered,
                 a.prompts,
@@ -374,7 +379,6 @@ fn print_choices(est: &staging::Estimate) {
                 a.mean_kl,
                 a.top1_agreement * 100.0,
                 a.measured,
-                if a.loses_answers() { ": it loses answers" } else { "" }
             );
         }
         if kind != "dense" && c.answers.is_empty() {

@@ -36,6 +36,10 @@ pub struct AnswerCost {
     pub answered: usize,
     /// The same prompts answered right over a dense prefill (decoded densely).
     pub dense_answered: usize,
+    /// Of those, the prompts this prefill got wrong: what it loses, which a count of right
+    /// answers can hide (one lost and two gained read as one more right).
+    #[serde(default)]
+    pub lost: usize,
     /// Mean KL(dense prefill ‖ this prefill) of the next-token distributions over the dense
     /// prefill's answer (nats), and the share of those steps whose top token is the same.
     pub mean_kl: f64,
@@ -45,9 +49,9 @@ pub struct AnswerCost {
 }
 
 impl AnswerCost {
-    /// Fewer right answers than over a dense prefill.
+    /// Some prompt a dense prefill answers right is answered wrong over this one.
     pub fn loses_answers(&self) -> bool {
-        self.answered < self.dense_answered
+        self.lost > 0
     }
 }
 
@@ -119,6 +123,7 @@ mod tests {
             prompts: 9,
             answered,
             dense_answered: 9,
+            lost: 9 - answered,
             mean_kl: 0.01,
             top1_agreement: 0.99,
             measured: "test".into(),

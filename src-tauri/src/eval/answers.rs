@@ -38,7 +38,19 @@ pub struct PrefillCostArgs {
 #[derive(Deserialize)]
 struct Report {
     model: String,
+    /// The measured weights' fingerprint id (absent in reports before it: the name is checked).
+    #[serde(default)]
+    model_id: Option<String>,
+    /// False in a report of a run cut short (it holds the prompts reached).
+    #[serde(default = "yes")]
+    complete: bool,
+    /// The prompts' seed: with the cell, what makes a prompt.
+    seed: u64,
     runs: Vec<RunReport>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Deserialize)]
@@ -48,14 +60,29 @@ struct RunReport {
 }
 
 pub fn eval_prefill_cost(common: &Common, a: PrefillCostArgs) -> Result<()> {
-    let (mut outcomes, mut models) = (Vec::new(), Vec::new());
+    let (mut outcomes, mut models) = (Vec::<(u64, Outcome)>::new(), Vec::new());
     for path in &a.reports {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         let report: Report = serde_json::from_slice(&bytes)
             .with_context(|| format!("{} is not a report of `folio eval fidelity`", path.display()))?;
-        models.push(report.model);
-        outcomes.extend(report.runs.into_iter().filter(|r| r.method == "dense").flat_map(|r| r.outcomes));
+        if !report.complete {
+            eprintln!("warning: {} is of a run cut short: its prompts so far are counted", path.display());
+        }
+        models.push((report.model, report.model_id, path));
+        let seed = report.seed;
+        for o in report.runs.into_iter().filter(|r| r.method == "dense").flat_map(|r| r.outcomes) {
+            // The same prompt in two reports (one given twice, a rerun beside a cut-short one)
+            // counts once.
+            let same = |(s, k): &(u64, Outcome)| {
+                (*s, k.task, k.length, k.depth.to_bits(), k.sample, k.question, &k.prefill)
+                    == (seed, o.task, o.length, o.depth.to_bits(), o.sample, o.question, &o.prefill)
+            };
+            if !outcomes.iter().any(same) {
+                outcomes.push((seed, o));
+            }
+        }
     }
+    let outcomes: Vec<Outcome> = outcomes.into_iter().map(|(_, o)| o).collect();
     let rows = answer_costs(&outcomes, &a.measured);
     if rows.is_empty() {
         bail!(
@@ -67,28 +94,44 @@ pub fn eval_prefill_cost(common: &Common, a: PrefillCostArgs) -> Result<()> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        println!("{:<48} {:>9} {:>8} {:>10} {:>9} {:>7}", "prefill", "length", "prompts", "right", "mean KL", "top-1");
+        println!(
+            "{:<48} {:>9} {:>8} {:>10} {:>5} {:>9} {:>7}",
+            "prefill", "length", "prompts", "right", "lost", "mean KL", "top-1"
+        );
         for r in &rows {
             let right = format!("{} ({})", r.answered, r.dense_answered);
-            let lost = if r.loses_answers() { "  loses answers" } else { "" };
             println!(
-                "{:<48} {:>9} {:>8} {:>10} {:>9.4} {:>6.1}%{lost}",
+                "{:<48} {:>9} {:>8} {:>10} {:>5} {:>9.4} {:>6.1}%",
                 r.prefill,
                 r.length,
                 r.prompts,
                 right,
+                r.lost,
                 r.mean_kl,
                 r.top1_agreement * 100.0
             );
         }
-        println!("right: answers right over the sparse prefill (over a dense prefill); both decoded densely");
+        println!(
+            "right: answers right over the sparse prefill (over a dense prefill), both decoded densely; lost: \
+             prompts a dense prefill answers right and the sparse one does not"
+        );
     }
     if a.record {
         let engine = common.engine()?;
-        if let Some(other) = models.iter().find(|m| **m != engine.name) {
-            bail!("a report measured {other}, not {}: pass --model with the model it measured", engine.name);
+        let id = engine.fingerprint_id()?;
+        for (name, model_id, path) in &models {
+            // The weights when the report names them, else (an earlier report) the model's name.
+            let same = model_id.as_ref().map_or(*name == engine.name, |m| *m == id);
+            if !same {
+                bail!(
+                    "{} measured {name} ({}), not the model at --model ({}, {id}): pass the model it measured",
+                    path.display(),
+                    model_id.as_deref().unwrap_or("no fingerprint recorded"),
+                    engine.name
+                );
+            }
         }
-        answers::record(engine.model_dir(), &engine.fingerprint_id()?, &rows)?;
+        answers::record(engine.model_dir(), &id, &rows)?;
         eprintln!("recorded in {}", engine.model_dir().join(ANSWERS_FILE).display());
     }
     Ok(())

@@ -243,10 +243,13 @@ pub fn eval_fidelity(common: &Common, a: FidelityArgs) -> Result<()> {
             std::fs::remove_dir_all(&misses).with_context(|| format!("clearing {}", misses.display()))?;
         }
     }
+    // The weights measured (what `folio eval prefill-cost --record` ties its rows to).
+    let model_id = engine.fingerprint_id()?;
     let report = |outcomes: &[Vec<Outcome>], complete: bool| {
         let figures: Vec<Summary> = summaries(&labels, outcomes, &a.tasks, &a.lengths, &modes);
         json!({
             "model": engine.name,
+            "model_id": model_id,
             "tasks": a.tasks,
             "lengths": a.lengths,
             "depths": a.depths,

@@ -44,11 +44,24 @@ pub(super) async fn stage(
     .map_err(|e| e.to_string())
 }
 
-/// Each prefill the sheet offers for the loaded model (dense first) with its last cost here.
-async fn choices(state: &AppState, engine: &Engine) -> Result<Vec<(PrefillMode, Option<PrefillCost>)>, String> {
+/// Each prefill the sheet offers for the loaded model (`first` first) with its last cost here.
+async fn choices(
+    state: &AppState,
+    engine: &Engine,
+    first: PrefillMode,
+) -> Result<Vec<(PrefillMode, Option<PrefillCost>)>, String> {
     let keys = PrefillKeys::new(engine, &state.device_label());
-    let modes = staging::prefill_modes(engine, PrefillMode::Dense);
+    let modes = staging::prefill_modes(engine, first);
     keys.read_all(&state.library()?, modes).await.map_err(|e| e.to_string())
+}
+
+/// How the last tokens of the saved context at `path` were prefilled: what a change to it
+/// offers first (a context made sparse for its speed is changed sparsely unless the person
+/// picks dense). Dense when the file does not say (an earlier Folio's) or does not open (the
+/// change's plan then says why).
+fn last_prefill(path: &std::path::Path) -> PrefillMode {
+    let last = context::ContextFile::open(path).ok().and_then(|f| f.header().prefill_runs().pop());
+    last.and_then(|run| PrefillMode::parse(&run.mode).ok()).unwrap_or_default()
 }
 
 /// A prefill as the sheet names it (`dense`, `sparse:KNOBS`); `None` is dense.
@@ -62,7 +75,7 @@ fn mode(prefill: Option<&str>) -> Result<PrefillMode, String> {
 pub(super) async fn estimate(state: State<'_, AppState>, documents: Vec<StagedDocument>) -> Result<Estimate, String> {
     let engine = state.engine()?;
     let folder = state.library()?.contexts_folder();
-    let choices = choices(&state, &engine).await?;
+    let choices = choices(&state, &engine, PrefillMode::Dense).await?;
     let kv_dtype = state.engine_settings.lock().unwrap_or_else(|e| e.into_inner()).kv_dtype()?;
     tauri::async_runtime::spawn_blocking(move || staging::estimate(&engine, &documents, kv_dtype, &folder, &choices))
         .await
@@ -124,7 +137,8 @@ pub(super) async fn changeable(state: &AppState, id: i64) -> Result<ContextInfo,
 }
 
 /// What a change to context `id` needs: the new file's tokens, the tokens it computes (only
-/// those after what it keeps), file size, memory, disk and time.
+/// those after what it keeps), file size, disk, and each prefill's memory and time — the one
+/// its last tokens were made with first.
 #[tauri::command]
 pub(super) async fn estimate_change(
     state: State<'_, AppState>,
@@ -133,7 +147,11 @@ pub(super) async fn estimate_change(
 ) -> Result<Estimate, String> {
     let engine = state.engine()?;
     let info = changeable(&state, id).await?;
-    let choices = choices(&state, &engine).await?;
+    let first = {
+        let path = info.path.clone();
+        tauri::async_runtime::spawn_blocking(move || last_prefill(&path)).await.map_err(|e| e.to_string())?
+    };
+    let choices = choices(&state, &engine, first).await?;
     tauri::async_runtime::spawn_blocking(move || {
         let what = match change {
             ChangeRequest::Add { documents } => Change::Add(jobs::reread(&documents).0),

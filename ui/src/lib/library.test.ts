@@ -32,6 +32,7 @@ describe('answerCost', () => {
       prompts: 3,
       answered: 2,
       dense_answered: 1,
+      lost: 0,
       mean_kl: 0.13621,
       top1_agreement: 0.86,
       measured: 'H200, 2026-12-02',

@@ -302,7 +302,7 @@ export function duration(s: number): string {
   return `${Math.floor(t / 3600)}h ${String(Math.floor((t % 3600) / 60)).padStart(2, '0')}m`;
 }
 
-/** A prefill choice's name: "Dense", or "Sparse (MInference block-sparse)". */
+/** A prefill choice's name: "Dense", or "Sparse (block-sparse, as MInference)". */
 export function prefillLabel(c: PrefillChoice): string {
   return c.keys_per_row === null ? 'Dense' : 'Sparse (block-sparse, as MInference)';
 }
@@ -314,7 +314,7 @@ export function lengthLabel(tokens: number): string {
   return count(tokens);
 }
 
-/** One measured cost in answers: "at 128k, 9 of 9 right (over a dense prefill 9), KL 0.0008". */
+/** One measured cost in answers: "at 128k, 9 of 9 answers right (over a dense prefill 9), KL 0.0008". */
 export function answerCost(a: AnswerCost): string {
   return (
     `at ${lengthLabel(a.length)}, ${a.answered} of ${a.prompts} answers right ` +

@@ -407,7 +407,7 @@ impl Job<'_> {
             stages: ledger.stages,
             hidden_in: run.place,
             checkpoints: ledger.checkpoints,
-            cost: PrefillCost::fit_kept(&ledger.timed),
+            cost: PrefillCost::fit_kept(&ledger.timed).filter(|_| self.prefill.keeps_fit(n)),
         })
     }
 }

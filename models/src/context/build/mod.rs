@@ -164,7 +164,8 @@ pub struct BuildReport {
     pub hidden_in: HiddenPlace,
     /// Checkpoints written by this run (resumable points; files mode writes one per layer).
     pub checkpoints: usize,
-    /// The cost fitted to this run's timed chunks: the next estimate's and ETA's.
+    /// The cost fitted to this run's timed chunks: the next estimate's and ETA's of its kind
+    /// (none from a sparse run too short to say how a long one goes: `PrefillMode::keeps_fit`).
     pub cost: Option<PrefillCost>,
 }
 
@@ -304,13 +305,7 @@ fn build_job(
     if plan.tokens.is_empty() {
         return Err(Error::Invalid("nothing to prefill: the context has no tokens".into()));
     }
-    if let (PrefillMode::Sparse(_), Some(w)) = (opts.prefill, cfg.sliding_window) {
-        return Err(Error::Invalid(format!(
-            "{} attends within a sliding window of {w} tokens: a sparse prefill would change nothing it \
-             computes; prefill it densely (--prefill dense)",
-            stamp.name
-        )));
-    }
+    opts.prefill.check(cfg, &stamp.name)?;
     let docs_json = serde_json::to_vec(&plan.documents).map_err(|e| Error::Invalid(e.to_string()))?;
     let shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim);
     let mut job = Header::new(

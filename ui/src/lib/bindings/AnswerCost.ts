@@ -21,6 +21,11 @@ answered: number,
  */
 dense_answered: number, 
 /**
+ * Of those, the prompts this prefill got wrong: what it loses, which a count of right
+ * answers can hide (one lost and two gained read as one more right).
+ */
+lost: number, 
+/**
  * Mean KL(dense prefill ‖ this prefill) of the next-token distributions over the dense
  * prefill's answer (nats), and the share of those steps whose top token is the same.
  */

@@ -35,8 +35,8 @@ scratch_bytes: number,
  */
 disk_free_bytes: number | null, 
 /**
- * Seconds the prefill is predicted to take, by the cost fitted to the last prefill with
- * this model on this device (none before one).
+ * Seconds the prefill ([`Estimate::prefill`]) is predicted to take, by the cost fitted to
+ * the last prefill of its kind with this model on this device (none before one).
  */
 predicted_seconds: number | null, 
 /**
