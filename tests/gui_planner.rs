@@ -10,7 +10,6 @@ mod webdriver;
 #[path = "common/xvfb.rs"]
 mod xvfb;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -63,14 +62,7 @@ fn a_context_past_the_host_budget_is_planned_on_the_file_tier() {
     let home = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     // About 12k tokens: 12 MiB of K/V on the demo model (1 KiB a token).
-    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/samples");
-    let text: String = ["field_notes.txt", "market_records.txt", "the_diary_of_greta.txt"]
-        .iter()
-        .map(|f| std::fs::read_to_string(samples.join(f)).unwrap())
-        .collect();
-    let notes = work.path().join("long notes");
-    std::fs::create_dir(&notes).unwrap();
-    std::fs::write(notes.join("notes.txt"), text.repeat(18)).unwrap();
+    let notes = webdriver::repeated_samples(work.path(), "long notes", 18);
     let (_td, base) = webdriver::tauri_driver(&display, home.path(), "tauri-driver-planner.log");
     let d = Driver::start(&base);
     d.wait("the window", |d| d.element(".sidebar").is_some());

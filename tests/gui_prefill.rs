@@ -13,12 +13,10 @@ mod webdriver;
 #[path = "common/xvfb.rs"]
 mod xvfb;
 
-use std::path::Path;
-
 use folio_models::context::{ContextFile, PrefillRun};
 use folio_models::prefill::PrefillMode;
 use serde_json::json;
-use webdriver::{drop_paths, screenshot, statuses, tauri_driver, Driver, ENTER};
+use webdriver::{drop_paths, repeated_samples, screenshot, statuses, tauri_driver, Driver, ENTER};
 use xvfb::start_xvfb;
 
 /// How often the samples' text is repeated into the dropped document: about 13.8k tokens,
@@ -41,14 +39,7 @@ fn the_staging_sheet_offers_a_sparse_prefill_with_its_time_and_cost_in_answers()
     let (_xvfb, display) = start_xvfb();
     let home = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
-    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/samples");
-    let text: String = ["field_notes.txt", "market_records.txt", "the_diary_of_greta.txt"]
-        .iter()
-        .map(|f| std::fs::read_to_string(samples.join(f)).unwrap())
-        .collect();
-    let folder = work.path().join("notes");
-    std::fs::create_dir(&folder).unwrap();
-    std::fs::write(folder.join("notes.txt"), text.repeat(REPEATS)).unwrap();
+    let folder = repeated_samples(work.path(), "notes", REPEATS);
     let (_td, base) = tauri_driver(&display, home.path(), "tauri-driver-prefill.log");
     let d = Driver::start(&base);
     d.wait("the window", |d| d.element(".sidebar").is_some());

@@ -226,6 +226,20 @@ pub fn drop_paths(d: &Driver, paths: &[&Path]) {
     invoke(d, "simulate_drop", json!({ "paths": paths }));
 }
 
+/// A folder `folder` under `dir` holding `notes.txt`: the repository's three sample documents'
+/// text `times` over (a long document the demo model reads, about 690 tokens a time).
+pub fn repeated_samples(dir: &Path, folder: &str, times: usize) -> PathBuf {
+    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/samples");
+    let text: String = ["field_notes.txt", "market_records.txt", "the_diary_of_greta.txt"]
+        .iter()
+        .map(|f| std::fs::read_to_string(samples.join(f)).unwrap())
+        .collect();
+    let folder = dir.join(folder);
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::write(folder.join("notes.txt"), text.repeat(times)).unwrap();
+    folder
+}
+
 /// The repository's sample documents dropped on an empty library and prefilled as a person
 /// does it (the sheet's Start): waits until `samples` is listed ready.
 pub fn prefill_samples(d: &Driver) {

@@ -305,7 +305,7 @@ pub fn run<E: From<Error>>(
         rows.push(row);
     }
     let profile = match (b.profile, b.tokens.first()) {
-        (true, Some(&n)) => Some(profile_prefill(subject, n, b.kv_dtype, memory_budget, dir.path())?),
+        (true, Some(&n)) => Some(profile_prefill(subject, n, (b.kv_dtype, b.prefill), memory_budget, dir.path())?),
         _ => None,
     };
     Ok(PrefillReport {
@@ -381,7 +381,7 @@ pub struct ProfileSpan {
 fn profile_prefill(
     subject: &Subject,
     n: usize,
-    kv_dtype: KvDtype,
+    (kv_dtype, prefill): (KvDtype, PrefillMode),
     memory_budget: Option<u64>,
     dir: &Path,
 ) -> Result<Profile> {
@@ -390,7 +390,8 @@ fn profile_prefill(
     let mut rng = StdRng::seed_from_u64(n as u64);
     let plan = PrefixPlan::raw_tokens((0..n).map(|_| rng.random_range(0..vocab)).collect());
     let out = dir.join(format!("profile-{n}.folio"));
-    let opts = BuildOptions { memory_budget, restart: true, ..BuildOptions::new(kv_dtype) };
+    // The bench's prefill (a sparse one's estimate, gather and kernel are timed apart).
+    let opts = BuildOptions { memory_budget, restart: true, prefill, ..BuildOptions::new(kv_dtype) };
     folio_models::profile::start(folio_models::profile::Clock::Device);
     let report = context::build(model, &subject.stamp, &plan, &out, &opts, &mut |_| ControlFlow::Continue(()));
     let spans = folio_models::profile::finish();

@@ -37,6 +37,7 @@ use super::cost::{CostInput, StepCost};
 use super::select::{attend_row_lse, dot, LayerRows};
 use super::{Attended, Attention, AttnCall, Knobs, MethodSpec, Needs, Tiers};
 use crate::error::{Error, Result};
+use crate::profile::span;
 
 /// Bytes one batch of query blocks stages on the device (pooled scores, gathered rows and
 /// their positions): batches stay well under a consumer card's headroom at a million tokens.
@@ -303,7 +304,9 @@ impl SparseAttention {
         if dense_rows > 0 {
             let end = q_start + dense_rows;
             let (dk, dv) = (k.narrow(1, 0, end)?, v.narrow(1, 0, end)?);
-            parts.push(attention_block(&q.narrow(1, 0, dense_rows)?, &dk, &dv, 0, Mask::causal(q_start), scale)?);
+            parts.push(span(q.device(), "attention: sparse, dense rows", || {
+                Ok(attention_block(&q.narrow(1, 0, dense_rows)?, &dk, &dv, 0, Mask::causal(q_start), scale)?)
+            })?);
         }
         // The sparse rows in batches of query blocks of one shape (rows here, and keys of their
         // own block up to the last): whole blocks together, a block cut by the chunk's edge alone.
@@ -354,41 +357,47 @@ impl SparseAttention {
         let key_blocks = first_end + nb - 1;
         // The estimate: each block's mean query rows against the key blocks' mean rows, the
         // best of a group's heads, a penalty outside the region; the best `n` of each block.
-        let qb = q.narrow(1, first_row, nb * rows)?.to_dtype(DType::F32)?.reshape((heads, nb, rows, d))?.mean(2)?;
-        let means = self.key_means(k, key_blocks)?;
-        let scores = qb.reshape((kv_heads, group * nb, d))?.matmul(&means.t()?)?;
-        let scores = scores.reshape((kv_heads, group, nb, key_blocks))?.max(1)?;
-        let c = Tensor::arange(0f32, key_blocks as f32, dev)?.unsqueeze(0)?;
-        let ends = Tensor::arange(first_end as f32, (first_end + nb) as f32, dev)?.unsqueeze(1)?;
-        // 1 on and after a block's region end, 1 on the sink blocks (whole numbers in f32).
-        let after = c.broadcast_sub(&ends)?.affine(1.0, 1.0)?.clamp(0f32, 1f32)?;
-        let sink = c.affine(-1.0, sinks as f64)?.clamp(0f32, 1f32)?;
-        let outside = after.broadcast_add(&sink)?.affine(OUTSIDE_REGION, 0.0)?;
-        let scores = scores.broadcast_add(&outside)?.reshape((kv_heads * nb, key_blocks))?;
-        let picked = folio_kernels::select::topk(&scores, n)?;
+        // Timed apart in a profiled prefill (`folio bench prefill --profile`), as is each step.
+        let picked = span(dev, "attention: sparse estimate", || {
+            let qb = q.narrow(1, first_row, nb * rows)?.to_dtype(DType::F32)?.reshape((heads, nb, rows, d))?.mean(2)?;
+            let means = self.key_means(k, key_blocks)?;
+            let scores = qb.reshape((kv_heads, group * nb, d))?.matmul(&means.t()?)?;
+            let scores = scores.reshape((kv_heads, group, nb, key_blocks))?.max(1)?;
+            let c = Tensor::arange(0f32, key_blocks as f32, dev)?.unsqueeze(0)?;
+            let ends = Tensor::arange(first_end as f32, (first_end + nb) as f32, dev)?.unsqueeze(1)?;
+            // 1 on and after a block's region end, 1 on the sink blocks (whole numbers in f32).
+            let after = c.broadcast_sub(&ends)?.affine(1.0, 1.0)?.clamp(0f32, 1f32)?;
+            let sink = c.affine(-1.0, sinks as f64)?.clamp(0f32, 1f32)?;
+            let outside = after.broadcast_add(&sink)?.affine(OUTSIDE_REGION, 0.0)?;
+            let scores = scores.broadcast_add(&outside)?.reshape((kv_heads * nb, key_blocks))?;
+            Ok(folio_kernels::select::topk(&scores, n)?)
+        })?;
         // Positions `[kv_heads, nb, width]`: the sinks, the picked blocks' keys, and the window
         // with the block's own keys up to its last row (the same length for every block here).
         let seen = q_start + batch[0].1.end - first_j * b;
         let near = (first_j - first_end) * b + seen;
-        let span = |len: usize| -> Result<Tensor> { Ok(Tensor::arange(0u32, len as u32, dev)?) };
+        let range = |len: usize| -> Result<Tensor> { Ok(Tensor::arange(0u32, len as u32, dev)?) };
         let chosen = picked
             .affine(b as f64, 0.0)?
             .unsqueeze(2)?
-            .broadcast_add(&span(b)?.reshape((1, 1, b))?)?
+            .broadcast_add(&range(b)?.reshape((1, 1, b))?)?
             .reshape((kv_heads, nb, n * b))?;
-        let sink_rows = span(sinks * b)?.reshape((1, 1, sinks * b))?.broadcast_as((kv_heads, nb, sinks * b))?;
+        let sink_rows = range(sinks * b)?.reshape((1, 1, sinks * b))?.broadcast_as((kv_heads, nb, sinks * b))?;
         let starts = Tensor::arange(first_end as u32, (first_end + nb) as u32, dev)?.affine(b as f64, 0.0)?;
         let near_rows = starts
             .reshape((1, nb, 1))?
-            .broadcast_add(&span(near)?.reshape((1, 1, near))?)?
+            .broadcast_add(&range(near)?.reshape((1, 1, near))?)?
             .broadcast_as((kv_heads, nb, near))?;
         let idx = Tensor::cat(&[&sink_rows.contiguous()?, &chosen, &near_rows.contiguous()?], 2)?;
         let width = idx.dim(2)?;
         let mut outs = Vec::with_capacity(kv_heads);
         for kvh in 0..kv_heads {
             let ids = idx.get(kvh)?.flatten_all()?;
-            let gather =
-                |x: &Tensor| -> Result<Tensor> { Ok(x.get(kvh)?.index_select(&ids, 0)?.reshape((nb, width, d))?) };
+            let gather = |x: &Tensor| -> Result<Tensor> {
+                span(dev, "attention: sparse gather", || {
+                    Ok(x.get(kvh)?.index_select(&ids, 0)?.reshape((nb, width, d))?)
+                })
+            };
             // The group's heads of each block side by side: query head `bi·group + g` reads
             // gathered block `bi` (grouped-query attention's mapping).
             let qh = q
@@ -400,7 +409,10 @@ impl SparseAttention {
                 .reshape((nb * group, rows, d))?;
             // Every gathered key before the block's own sits before its first row; the own
             // block's last `rows` keys are the queries' own positions: causal at `width - rows`.
-            let a = attention_block(&qh, &gather(k)?, &gather(v)?, 0, Mask::causal(width - rows), scale)?;
+            let (gk, gv) = (gather(k)?, gather(v)?);
+            let a = span(dev, "attention: sparse kernel", || {
+                Ok(attention_block(&qh, &gk, &gv, 0, Mask::causal(width - rows), scale)?)
+            })?;
             let out = a.out.reshape((nb, group, rows, d))?.transpose(0, 1)?.reshape((group, nb * rows, d))?;
             let lse = a.lse.reshape((nb, group, rows))?.transpose(0, 1)?.reshape((group, nb * rows))?;
             outs.push(AttnOutput { out, lse });

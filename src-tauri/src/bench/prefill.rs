@@ -139,10 +139,16 @@ fn print_profile(p: &Profile) {
         ("K/V store (writer waits)", st.store),
         ("hidden states (checkpoints)", st.hidden_io),
     ];
-    let spans = p.spans.iter().map(|s| (s.name, s.seconds, Some(s.calls)));
+    // Parts of a span (`attention: sparse estimate`) after the spans, indented: their time is
+    // in their span's too.
+    let (parts, spans): (Vec<_>, Vec<_>) = p.spans.iter().partition(|s| folio_models::profile::is_part(s.name));
+    let spans = spans.into_iter().map(|s| (s.name, s.seconds, Some(s.calls)));
     for (name, secs, calls) in spans.chain(outside.into_iter().map(|(n, s)| (n, s, None))) {
         let calls = calls.map_or(String::new(), |c| c.to_string());
         println!("  {:<28} {:>9.3} {:>6.1}% {:>7}", name, secs, 100.0 * secs / p.seconds, calls);
+    }
+    for s in parts {
+        println!("    {:<26} {:>9.3} {:>6.1}% {:>7}", s.name, s.seconds, 100.0 * s.seconds / p.seconds, s.calls);
     }
 }
 
