@@ -10,7 +10,7 @@ step() { echo; echo "== $* ($(date +%T))"; }
 step "UI type check (svelte-check) and unit tests (vitest)"
 (cd ui && npm run --silent check && npm run --silent test)
 
-step "demo model data, tokenizer, template and eval spec (tools/test_demo.py)"
+step "demo and yardstick data, tokenizers, template and eval specs (tools/test_demo.py, tools/test_yardstick.py)"
 # numpy, tokenizers, jinja2 and openai: from the system when present, else pip-installed into a cache
 # folder (the way scripts/cuda-toolchain.sh installs its wheels).
 py_deps="$HOME/.cache/folio-py"
@@ -23,6 +23,7 @@ if ! python3 -c "import numpy, tokenizers, jinja2, openai" 2>/dev/null; then
   fi
 fi
 python3 tools/test_demo.py assets/models/demo | tail -n 3
+python3 tools/test_yardstick.py | tail -n 3
 
 step "the code's shape: import cycles, upward imports, long files and functions (tools/shape.py)"
 python3 tools/test_shape.py

@@ -394,6 +394,37 @@ fn fidelity_eval_reports_each_method_against_dense() {
     assert!(err.contains("dense is measured twice"), "{err}");
 }
 
+/// `folio eval fidelity` runs the RULER-style suite on a model whose spec has it (the
+/// yardstick's language with random weights: the answers are wrong, the pipeline is what is
+/// tested) and refuses it, saying why, on the demo model.
+#[test]
+fn fidelity_eval_runs_the_suite_where_the_model_has_it() {
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/yardstick-tiny");
+    let out = tempfile::tempdir().unwrap();
+    let args = ["--lengths", "1024", "--depths", "0.5", "--samples", "1", "--methods", "streaming", "--budgets", "64"];
+    let run = folio(
+        &[
+            &["eval", "fidelity", "--model", tiny.to_str().unwrap(), "--tasks", "count,recite,two_hop"][..],
+            &args[..],
+            &["--out", out.path().to_str().unwrap()],
+        ]
+        .concat(),
+        &[],
+    );
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(out.path().join("fidelity.json")).unwrap()).unwrap();
+    assert_eq!(doc["tasks"], serde_json::json!(["count", "recite", "two_hop"]));
+    let outcomes = doc["runs"][1]["outcomes"].as_array().unwrap();
+    let tasks: Vec<&str> = outcomes.iter().map(|o| o["task"].as_str().unwrap()).collect();
+    assert_eq!(tasks, ["count", "recite", "two_hop"], "one prompt per task");
+    let table = String::from_utf8_lossy(&run.stdout);
+    assert!(table.contains("recite") && table.contains("two_hop"), "{table}");
+
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/models/demo");
+    let err = err_text(folio(&["eval", "fidelity", "--model", demo.to_str().unwrap(), "--tasks", "recite"], &[]));
+    assert!(err.contains("no `ruler` section") && err.contains("yardstick"), "{err}");
+}
+
 /// `folio eval fidelity --prefill sparse` on a copy of the demo model at 1,024 tokens (knobs
 /// small enough to be sparse there), read by `folio eval prefill-cost`: a row per length, and
 /// with `--record` the model's answer-cost file, which `folio prefill --dry-run` then prints

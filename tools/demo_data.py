@@ -15,10 +15,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import demo_grammar as G  # noqa: E402
+import yardstick_tasks as Y  # noqa: E402
 from demo_prompts import SpecGen, make_prompt  # noqa: E402
 
 MAX_POS = 1179648  # 2^20 + 2^17: a 2^20-token prompt plus its answer fits
 ROPE_THETA = 2_000_000.0
+# the demo's task mix (shares of training sequences); a recipe's "tasks" replaces it
+DEMO_TASKS = {"passkey": 0.1, "kv": 0.5, "multi_doc": 0.2, "var": 0.2}
 CURRICULUM = [(256, 0.10), (512, 0.10), (1024, 0.15), (2048, 0.20), (4096, 0.45)]
 
 
@@ -30,11 +33,14 @@ class TrainData:
                  recipe: str = G.DEFAULT_RECIPE):
         self.spec = spec
         self.recipe = recipe
-        self.r = G.RECIPES[recipe]
+        self.r = {**G.RECIPES, **Y.RECIPES}[recipe]
         self.w2i = {w: i for i, w in enumerate(vocab)}
         self.sp = {t: self.w2i[t] for t in G.SPECIALS}
         gen = SpecGen(spec, random.Random(seed))
-        sents = [self.ids(gen.sentence()) for _ in range(pool_size)]
+        texts = [gen.sentence() for _ in range(pool_size)]
+        sents = [self.ids(t) for t in texts]
+        # the recite task copies whole sentences, so it needs their text
+        self.texts = texts if "recite" in self.r.get("tasks", {}) else []
         self.lens = np.array([len(s) for s in sents], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.lens)[:-1]])
         self.flat = np.concatenate(sents).astype(np.int64)
@@ -84,6 +90,9 @@ class TrainData:
         tok = np.repeat(self.starts[idx] - sent_start, self.lens[idx]) + np.arange(cs[-1])
         return self.flat[tok], np.concatenate([sent_start, [cs[-1]]])
 
+    def sentence_text(self, rng) -> str:
+        return self.texts[int(rng.integers(len(self.texts)))]
+
     def value(self, rng) -> str:
         lo, hi = self.r["value_digits"]
         n = lo if lo == hi else int(rng.integers(lo, hi + 1))
@@ -130,17 +139,26 @@ class TrainData:
         return [f"{A[out[i][0]]} {N[out[i][1]]}" for i in order]
 
     # ---- one sequence ---------------------------------------------------------------
-    def sample(self, rng: np.random.Generator, L: int, info: dict | None = None):
+    def sample(self, rng: np.random.Generator, L: int, info: dict | None = None, force: str | None = None):
         """(ids, loss targets for next-token prediction, position ids), each of length L.
         `info`, if given, receives the task and the position-id distance from the asked fact
-        (the one whose value the first answer copies) to the first question."""
+        (the one whose value the first answer copies) to the first question. `force` sets the
+        task (held-out scoring per task); else the recipe's mix draws it."""
         sp = self.sp
         short = L <= 512
-        task = rng.choice(["passkey", "kv", "multi_doc", "var"], p=[0.1, 0.5, 0.2, 0.2])
+        mix = self.r.get("tasks", DEMO_TASKS)
+        task = force or rng.choice(list(mix), p=list(mix.values()))
         n_docs = int(rng.integers(1, 3 if short else 5))
-        facts: list[tuple[str, int | None]] = []  # (text, forced document or None)
+        facts: list[tuple[str, object]] = []  # (text, place: None, a document or an ordered group)
         turns: list[tuple[str, str]] = []  # (question, answer)
-        if task == "passkey":
+        if task in Y.TASKS:
+            got = Y.draw(str(task), rng, self, short)
+            facts, turns, answered, target = got["facts"], got["turns"], got["answered"], 0
+            if any(p in ("A", "B") for _, p in facts):
+                n_docs = max(n_docs, 2)
+                d1, d2 = (int(x) for x in rng.choice(n_docs, 2, replace=False))
+                facts = [(f, d1 if p == "A" else d2 if p == "B" else p) for f, p in facts]
+        elif task == "passkey":
             v = self.value(rng)
             target = 0
             facts.append((G.PASSKEY_FACT.format(value=v), None))
@@ -185,8 +203,8 @@ class TrainData:
             turns.append((q, a))
             answered = vals[:2]
         else:  # variable tracking
-            hops = int(rng.integers(0, 3))
-            extra = int(rng.integers(0, 2 if short else 3))
+            hops = int(rng.integers(0, self.r.get("max_hops", 2) + 1))
+            extra = int(rng.integers(0, 2 if short else 3 if hops <= 2 else 5))
             names = [G.VARIABLES[i] for i in rng.choice(len(G.VARIABLES), hops + 1 + extra, replace=False)]
             chain, others = names[: hops + 1], names[hops + 1:]
             v = self.value(rng)
@@ -203,12 +221,13 @@ class TrainData:
             answered = [v]
         decoys: list[list[int]] = []
         if self.r["decoys"] and rng.random() < G.DECOY_SEQUENCE_SHARE:
-            for _ in range(int(rng.integers(1, G.max_decoys(L) + 1))):
-                decoys.append(self.decoy(rng, answered[int(rng.integers(len(answered)))]))
+            numbers = [a for a in answered if a.isdigit() and len(a) >= 2]  # decoys mimic values only
+            for _ in range(int(rng.integers(1, G.max_decoys(L) + 1)) if numbers else 0):
+                decoys.append(self.decoy(rng, numbers[int(rng.integers(len(numbers)))]))
 
         docs_in_user = rng.random() < 0.3
         headers = [self.titles[int(rng.integers(len(self.titles)))] for _ in range(n_docs)]
-        fact_ids = [self.cids(f) for f, _ in facts] + decoys
+        fact_ids = [self.cids(f) if task not in Y.TASKS else self.ids(f) for f, _ in facts] + decoys
         facts += [("", None)] * len(decoys)
         # tail: questions and answers, with the loss mask
         tail: list[int] = []
@@ -228,7 +247,7 @@ class TrainData:
         fixed = len(head) + sum(len(h) for h in headers) + sum(len(f) for f in fact_ids) + len(tail)
         budget = L - fixed
         if budget < 8:  # too many parts for this length: try again
-            return self.sample(rng, L, info)
+            return self.sample(rng, L, info, force)
         toks, bounds = self.filler(rng, budget)
         nb = len(bounds)
         # document starts: doc 0 at 0, the others at distinct sentence boundaries
@@ -238,8 +257,12 @@ class TrainData:
         events = [(0, 0, i, h) for i, h in enumerate(headers[:1])]
         for j, c in enumerate(cuts):
             events.append((int(bounds[c]), 0, j + 1, headers[j + 1]))
+        ordered: dict[object, list[int]] = {}  # group -> indices into events, in fact order
         for i, ((_, doc), f) in enumerate(zip(facts, fact_ids)):
             r = rng.random()
+            if isinstance(doc, tuple):  # ("ordered", group): anywhere, the group kept in order
+                ordered.setdefault(doc, []).append(len(events))
+                doc = None
             if doc is not None and doc < n_docs:
                 lo, hi = int(doc_b[doc]), int(doc_b[doc + 1])
                 hi = hi if doc == n_docs - 1 else hi - 1  # a fact at a cut belongs to the next doc
@@ -251,6 +274,10 @@ class TrainData:
             else:
                 b = int(rng.integers(0, nb))
             events.append((int(bounds[b]), 1, i, f))
+        for group in ordered.values():  # the drawn places, sorted, given to the facts in order
+            at_ = sorted(events[j][0] for j in group)
+            for j, p in zip(group, at_):
+                events[j] = (p,) + events[j][1:]
         events.sort(key=lambda e: (e[0], e[1], e[2]))
         pieces = [np.array(head)]
         prev = 0

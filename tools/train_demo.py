@@ -11,6 +11,12 @@ Dense eval at 1M tokens of an exported folder (~20 s a prompt on an H200):
 
 Quick check of the whole pipeline (~1 minute): add `--smoke`.
 
+`--model yardstick` trains issue #49's deeper model instead (yardstick_tasks.SHAPE: 24 layers,
+7 query heads per K/V head) on the RULER-style suite's data (recipe yard1), and ends by scoring
+each task on held-out sequences (docs/yardstick.md, with the first runs' figures):
+
+    python3 tools/train_demo.py --model yardstick --out /tmp/y1 --seed 1234 --steps 3600 --eval-tasks none
+
 The defaults are the first of the shipped model's three stages (recipe run1); the other two
 fine-tune it (`--init`) on longer sequences (`--curriculum`) and on recipe run5's data:
 tools/train_demo_shipped.sh runs all three. `--recipe run3` is a documented negative result
@@ -62,6 +68,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import demo_grammar as G  # noqa: E402
+import yardstick_tasks as Y  # noqa: E402
 from demo_prompts import make_prompt, value_match  # noqa: E402
 
 from demo_data import MAX_POS, ROPE_THETA, CURRICULUM, TrainData, distance_histogram, length_at, parse_curriculum  # noqa: E402
@@ -87,13 +94,23 @@ def write_static_files(out: Path, vocab: list[str], spec: dict) -> None:
     }, indent=1))
 
 
-def llama_config(vocab: list[str]):
+# The demo model's shape; the yardstick's is yardstick_tasks.SHAPE.
+DEMO_SHAPE = {"layers": 4, "hidden": 256, "heads": 8, "kv_heads": 2, "head_dim": 32, "intermediate": 768}
+# Per model: its shape, vocabulary, eval spec and default recipe.
+MODELS = {
+    "demo": (DEMO_SHAPE, G.vocabulary, G.eval_spec, G.DEFAULT_RECIPE),
+    "yardstick": (Y.SHAPE, Y.vocabulary, lambda _recipe: Y.eval_spec(), "yard1"),
+}
+
+
+def llama_config(vocab: list[str], shape: dict = DEMO_SHAPE):
     from transformers import LlamaConfig
 
     ids = {t: vocab.index(t) for t in G.SPECIALS}
     return LlamaConfig(
-        vocab_size=len(vocab), hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=32, max_position_embeddings=MAX_POS,
+        vocab_size=len(vocab), hidden_size=shape["hidden"], intermediate_size=shape["intermediate"],
+        num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"], head_dim=shape["head_dim"], max_position_embeddings=MAX_POS,
         rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
         bos_token_id=ids[G.BOS], eos_token_id=[ids[G.END], ids[G.EOS]], pad_token_id=ids[G.PAD],
         tie_word_embeddings=False, hidden_act="silu", attention_bias=False, mlp_bias=False,
@@ -274,8 +291,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--recipe", choices=sorted(G.RECIPES), default=G.DEFAULT_RECIPE,
-                    help="data recipe (demo_grammar.RECIPES); the default is the shipped model's first stage")
+    ap.add_argument("--model", choices=sorted(MODELS), default="demo",
+                    help="demo: the bundled 4-layer model; yardstick: the 24-layer model of the RULER-style suite "
+                    "(docs/yardstick.md)")
+    ap.add_argument("--recipe", choices=sorted({**G.RECIPES, **Y.RECIPES}),
+                    help="data recipe (demo_grammar.RECIPES, yardstick_tasks.RECIPES); the default is the model's "
+                    "first stage")
+    ap.add_argument("--task-eval-lengths", default="2048,8192",
+                    help="held-out sequences per task scored by exact match of the whole answer (teacher forced)")
+    ap.add_argument("--task-eval-samples", type=int, default=64)
     ap.add_argument("--steps", type=int, default=14000)
     ap.add_argument("--curriculum", type=parse_curriculum, default=CURRICULUM,
                     help="sequence length:share of the steps, e.g. 4096:1 (default: the run-1 curriculum)")
@@ -322,17 +346,20 @@ def main() -> None:
     np.random.seed(a.seed)
     torch.manual_seed(a.seed)
     G.check_disjoint()
-    vocab = G.vocabulary()
-    spec = G.eval_spec(a.recipe)
+    Y.check_disjoint()
+    shape, vocabulary, spec_of, default_recipe = MODELS[a.model]
+    a.recipe = a.recipe or default_recipe
+    vocab = vocabulary()
+    spec = spec_of(a.recipe)
     write_static_files(out, vocab, spec)
     t_setup = time.time()
     data = TrainData(vocab, spec, a.seed, pool_size=50_000 if a.smoke else 400_000, recipe=a.recipe)
-    log(f"recipe {a.recipe} {G.RECIPES[a.recipe]}; vocab {len(vocab)}, sentence pool {len(data.lens)} "
+    log(f"model {a.model} {shape}; recipe {a.recipe} {data.r}; vocab {len(vocab)}, sentence pool {len(data.lens)} "
         f"({data.avg_len:.1f} tokens avg) in {time.time() - t_setup:.1f}s")
     hist = distance_histogram(data, a.seed, a.steps, curriculum=a.curriculum)
     log(f"fact->question position distance, share of training sequences per decade: {json.dumps(hist)}")
 
-    cfg = llama_config(vocab)
+    cfg = llama_config(vocab, shape)
     model = LlamaForCausalLM(cfg).cuda()  # sdpa attention (the default)
     if a.init:
         init = LlamaForCausalLM.from_pretrained(a.init, dtype=torch.float32)
@@ -348,7 +375,7 @@ def main() -> None:
     # reads jumps in position_ids as packed sequences and blocks attention across them. Training
     # sequences are never packed, so switch that detection off (then sdpa runs with is_causal).
     pj = torch.tensor([[0, 1, 2, 5000, 5001, 900000]], device="cuda")
-    emb = torch.zeros(1, 6, 256, device="cuda")
+    emb = torch.zeros(1, 6, cfg.hidden_size, device="cuda")
     assert create_causal_mask(config=cfg, inputs_embeds=emb, attention_mask=None, past_key_values=None, position_ids=pj) is not None
     masking_utils.find_packed_sequence_indices = lambda position_ids: None
     assert create_causal_mask(config=cfg, inputs_embeds=emb, attention_mask=None, past_key_values=None, position_ids=pj) is None
@@ -438,10 +465,11 @@ def main() -> None:
     assert parity < 1e-2, parity
     del re
 
+    scores = task_scores(model, data, a, log)
     final = [c["loss"] for c in curve[-4:]]
     training_log = {
-        "command": " ".join(sys.argv),
-        "seed": a.seed, "recipe": a.recipe, "recipe_settings": G.RECIPES[a.recipe],
+        "command": " ".join(sys.argv), "model": a.model, "shape": shape, "task_scores": scores,
+        "seed": a.seed, "recipe": a.recipe, "recipe_settings": data.r,
         "fact_question_distance_histogram": hist, "steps_planned": steps, "steps_done": s + 1, "tokens_per_step": a.tokens_per_step,
         "curriculum": a.curriculum, "init": a.init, "lr": a.lr, "warmup": a.warmup, "parameters": n_params,
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
@@ -453,6 +481,32 @@ def main() -> None:
     log(f"train {train_s:.0f}s, final loss {training_log['final_loss']:.4f}")
     del model, opt
     run_eval(a, out, log, training_log)
+
+
+def task_scores(model, data: TrainData, a, log) -> dict:
+    """Per task of the recipe and length: the share of held-out answers whose every token is the
+    model's argmax given the right ones before it (teacher forced), which is exactly the share a
+    greedy decode would write out in full. Held-out: step seeds no run reaches."""
+    import torch
+
+    mix = data.r.get("tasks", {"passkey": 1, "kv": 1, "multi_doc": 1, "var": 1})
+    out: dict = {}
+    for L in (int(x) for x in a.task_eval_lengths.split(",")):
+        for task in mix:
+            rng = np.random.default_rng([a.seed, 2 * 10**9, L, sorted(mix).index(task)])
+            right = 0
+            for i in range(0, a.task_eval_samples, 8):
+                n = min(8, a.task_eval_samples - i)
+                ids, tgt, pos = (torch.from_numpy(np.stack(x)).cuda() for x in
+                                 zip(*[data.sample(rng, L, None, task) for _ in range(n)]))
+                with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                    logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+                ok = (logits.argmax(-1) == tgt) | (tgt == -100)
+                right += int(ok.all(-1).sum())
+            out.setdefault(task, {})[L] = right / a.task_eval_samples
+        log(f"task scores at {L} tokens (whole answer, teacher forced): "
+            f"{json.dumps({t: out[t][L] for t in mix})}")
+    return out
 
 
 def run_eval(a, out: Path, log, training_log: dict | None) -> None:

@@ -12,6 +12,8 @@
 //!   synthetic documents for the retrieval-trained demo model ([`spec`]: its
 //!   `eval_spec.json`), and each method's answers to prompts that read the documents while
 //!   they are generated, against dense's (`folio eval needle`, `folio eval fidelity`);
+//!   [`ruler`]: the RULER-style suite of the yardstick model (many keys, many values,
+//!   near-duplicates, deep chains, counting, frequency, two hops, recitation);
 //! * [`sources`]: whether an answer's first source passage holds the fact it copied
 //!   (`folio eval sources`);
 //! * [`bench`]: speed and memory — decode over a long offloaded context with a model of a
@@ -38,6 +40,7 @@ pub mod bench;
 pub mod fidelity;
 pub mod needle;
 pub mod probe;
+pub mod ruler;
 pub mod sources;
 pub mod spec;
 pub mod tasks;

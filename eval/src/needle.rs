@@ -60,6 +60,9 @@ pub(crate) enum Place {
     Anywhere,
     /// At a random sentence of another document than the first fact's.
     OtherDocument,
+    /// At a uniformly random sentence, the `Ordered` facts kept in the order they are listed
+    /// (an answer that lists them in document order knows that order).
+    Ordered,
 }
 
 /// A prompt's tokens and where its parts are.
@@ -124,7 +127,7 @@ pub(crate) fn assemble(
                 }
                 (depth * n as f64).round() as usize
             }
-            Place::Anywhere => rng.random_range(0..=n),
+            Place::Anywhere | Place::Ordered => rng.random_range(0..=n),
             Place::OtherDocument => {
                 let first = placed.first().map(|p| document_of(p.index));
                 // Some place must lie in another document, or the draw below would not end.
@@ -144,6 +147,13 @@ pub(crate) fn assemble(
             }
         };
         placed.push(Placed { index, text: text.clone() });
+    }
+    // The ordered facts take their drawn places sorted, in list order.
+    let ordered: Vec<usize> = (0..facts.len()).filter(|&i| matches!(facts[i].1, Place::Ordered)).collect();
+    let mut places: Vec<usize> = ordered.iter().map(|&i| placed[i].index).collect();
+    places.sort_unstable();
+    for (&i, index) in ordered.iter().zip(places) {
+        placed[i].index = index;
     }
     let docs = documents(spec, titles, &sentences, &placed);
     let (mut ids, documents_end) = render(engine, spec, &docs, question)?;

@@ -21,6 +21,10 @@ pub struct EvalSpec {
     pub keys: KeySpec,
     pub value: ValueSpec,
     pub tasks: TaskSpecs,
+    /// The RULER-style suite (version 2; the yardstick model's spec): absent from specs of
+    /// models not trained on it.
+    #[serde(default)]
+    pub ruler: Option<RulerSpec>,
     #[serde(default)]
     pub eval_defaults: Option<EvalDefaults>,
 }
@@ -121,6 +125,109 @@ pub struct NeedleSpec {
     pub documents: usize,
 }
 
+/// The suite's sentence forms and eval settings (tools/yardstick_tasks.py writes them; docs/yardstick.md
+/// says what each task asks).
+#[derive(Debug, Clone, Deserialize)]
+pub struct RulerSpec {
+    /// "the {relation} of {key} is {value} ." and its question and answer.
+    pub fact: String,
+    pub relations: Vec<String>,
+    pub question: String,
+    pub answer: String,
+    pub answer_prefix: String,
+    /// The words `frequent` counts, and the names that see and feed.
+    pub animals: Vec<String>,
+    pub names: Vec<String>,
+    pub multi_key: MultiKeySpec,
+    pub multi_value: MultiValueSpec,
+    pub near_dup: NearDupSpec,
+    pub deep_chain: DeepChainSpec,
+    pub count: CountSpec,
+    pub frequent: FrequentSpec,
+    pub two_hop: TwoHopSpec,
+    pub recite: ReciteSpec,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct MultiKeySpec {
+    /// Other facts, each key sharing a word with the asked one.
+    pub distractors: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct MultiValueSpec {
+    /// "what are all the {relation} values of {key} ?"
+    pub question: String,
+    pub values: usize,
+    pub distractors: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct NearDupSpec {
+    /// The asked key under other relations.
+    pub same_key: usize,
+    /// The asked relation of keys sharing a word with the asked one.
+    pub same_relation: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct DeepChainSpec {
+    pub hops: usize,
+    pub distractors: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CountSpec {
+    /// "{name} saw the {key} ."
+    pub sighting: String,
+    pub question: String,
+    /// "the {key} was seen {count} times ."
+    pub answer: String,
+    pub answer_prefix: String,
+    /// The asked key's sightings, uniform in min..=max.
+    pub min: usize,
+    pub max: usize,
+    /// Other keys (sharing a word with it), each seen 1..=other_max times.
+    pub other_keys: usize,
+    pub other_max: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct FrequentSpec {
+    /// "{name} fed a {animal} ."
+    pub feeding: String,
+    pub question: String,
+    pub answer: String,
+    pub answer_prefix: String,
+    pub winner_min: usize,
+    pub winner_max: usize,
+    /// Other animals, each fed at least `gap` times fewer than the winner (and at least once).
+    pub others: usize,
+    pub gap: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct TwoHopSpec {
+    /// "the friend of {key} is {key2} ."
+    pub link: String,
+    pub question: String,
+    pub answer_prefix: String,
+    /// Other friendships, each with its friend's fact.
+    pub distractors: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReciteSpec {
+    /// "the {key} passage :" and "end of the {key} passage .": the passage between them.
+    pub open: String,
+    pub close: String,
+    pub question: String,
+    pub answer_prefix: String,
+    /// The passage's filler sentences take at least `min_tokens` and are cut before `max_tokens`.
+    pub min_tokens: usize,
+    pub max_tokens: usize,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct EvalDefaults {
     pub lengths: Vec<usize>,
@@ -130,7 +237,8 @@ pub struct EvalDefaults {
 
 /// The format name this reader understands, and the newest version.
 const FORMAT: &str = "folio-demo-eval-spec";
-const VERSION: u32 = 1;
+/// Version 2 added the `ruler` section (the RULER-style suite); version 1 files read unchanged.
+const VERSION: u32 = 2;
 
 impl EvalSpec {
     /// Reads `eval_spec.json` from a model folder; a model without one cannot be evaluated

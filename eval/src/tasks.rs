@@ -14,6 +14,8 @@
 //!   spec's `multi_doc`).
 //! * **needle** — the single fact, kept as the baseline the others are compared with; its
 //!   prompts are exactly `folio eval needle`'s (same cell seeds).
+//! * the RULER-style suite of [`crate::ruler`] (multi_key, multi_value, near_dup, deep_chain,
+//!   count, frequent, two_hop, recite), for models whose spec has its `ruler` section.
 //!
 //! Every prompt is reproducible from its cell (task, length, depth, sample) and seed, and is
 //! scored exactly: the generated tokens must begin with the expected answer's tokens.
@@ -23,7 +25,8 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::needle::{self, assemble, Assembled, Parts, Place};
-use crate::spec::EvalSpec;
+use crate::ruler::{self, Draw, RulerTask};
+use crate::spec::{ChainSpec, EvalSpec};
 use folio_models::error::{Error, Result};
 use folio_models::Engine;
 
@@ -34,17 +37,72 @@ pub enum Task {
     Needle,
     Chain,
     Pair,
+    MultiKey,
+    MultiValue,
+    NearDup,
+    DeepChain,
+    Count,
+    Frequent,
+    TwoHop,
+    Recite,
 }
 
 impl Task {
-    pub const ALL: [Task; 3] = [Task::Needle, Task::Chain, Task::Pair];
+    pub const ALL: [Task; 11] = [
+        Task::Needle,
+        Task::Chain,
+        Task::Pair,
+        Task::MultiKey,
+        Task::MultiValue,
+        Task::NearDup,
+        Task::DeepChain,
+        Task::Count,
+        Task::Frequent,
+        Task::TwoHop,
+        Task::Recite,
+    ];
+    /// The tasks the demo model was trained on.
+    pub const DEMO: [Task; 3] = [Task::Needle, Task::Chain, Task::Pair];
+    /// The RULER-style suite (the yardstick model's tasks).
+    pub const SUITE: [Task; 8] = [
+        Task::MultiKey,
+        Task::MultiValue,
+        Task::NearDup,
+        Task::DeepChain,
+        Task::Count,
+        Task::Frequent,
+        Task::TwoHop,
+        Task::Recite,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Task::Needle => "needle",
             Task::Chain => "chain",
             Task::Pair => "pair",
+            Task::MultiKey => "multi_key",
+            Task::MultiValue => "multi_value",
+            Task::NearDup => "near_dup",
+            Task::DeepChain => "deep_chain",
+            Task::Count => "count",
+            Task::Frequent => "frequent",
+            Task::TwoHop => "two_hop",
+            Task::Recite => "recite",
         }
+    }
+
+    /// The suite's draw for this task, if it is one of the suite's (deep_chain is a chain).
+    fn ruler(self) -> Option<RulerTask> {
+        Some(match self {
+            Task::MultiKey => RulerTask::MultiKey,
+            Task::MultiValue => RulerTask::MultiValue,
+            Task::NearDup => RulerTask::NearDup,
+            Task::Count => RulerTask::Count,
+            Task::Frequent => RulerTask::Frequent,
+            Task::TwoHop => RulerTask::TwoHop,
+            Task::Recite => RulerTask::Recite,
+            Task::Needle | Task::Chain | Task::Pair | Task::DeepChain => return None,
+        })
     }
 
     pub fn parse(s: &str) -> Result<Self> {
@@ -59,6 +117,8 @@ impl Task {
             Task::Needle => 0,
             Task::Chain => 0xC4A1_0000_0000_0001,
             Task::Pair => 0x9A12_0000_0000_0002,
+            // the suite's: its place in ALL, above the demo tasks' salts
+            other => 0x5017_0000_0000_0000 + Task::ALL.iter().position(|t| *t == other).unwrap_or(0) as u64,
         }
     }
 }
@@ -87,20 +147,31 @@ impl TaskPrompt {
 
     /// How many of the answer's values the generated text holds at their place: each value
     /// must follow the words that come before it in the expected answer (since the previous
-    /// value), up to the next '.', spaces ignored — so a wrong first value does not hide a right
-    /// second one.
+    /// value) and be followed by the words that follow it there up to the end of its sentence
+    /// (or by nothing: a generation cut there), spaces ignored — so a wrong first value does
+    /// not hide a right second one, "123456" is not "12345" and "whale whale was fed" is not
+    /// "whale was fed".
     pub fn values_right(&self, generated_text: &str) -> usize {
         let squeeze = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
         let (got, want) = (squeeze(generated_text), squeeze(&self.expected));
         let (mut right, mut from, mut got_from) = (0, 0, 0);
         for value in &self.values {
-            let Some(at) = want[from..].find(value.as_str()).map(|i| from + i) else { break };
+            let value = squeeze(value);
+            let Some(at) = want.get(from..).and_then(|w| w.find(value.as_str())).map(|i| from + i) else { break };
             let words = &want[from..at];
-            let Some(start) = got[got_from..].find(words).map(|i| got_from + i + words.len()) else { break };
-            if got[start..].split('.').next() == Some(value.as_str()) {
+            let Some(start) = got.get(got_from..).and_then(|g| g.find(words)).map(|i| got_from + i + words.len())
+            else {
+                break;
+            };
+            let end = at + value.len();
+            // the value and the rest of its sentence, unless the value is a sentence itself
+            let tail = if value.ends_with('.') { "" } else { want[end..].split_inclusive('.').next().unwrap_or("") };
+            let whole = format!("{value}{tail}");
+            let rest = got.get(start..).unwrap_or("");
+            if rest.starts_with(whole.as_str()) || (rest.len() >= value.len() && whole.starts_with(rest)) {
                 right += 1;
             }
-            (from, got_from) = (at + value.len(), start);
+            (from, got_from) = (end, (start + value.len()).min(got.len()));
         }
         right
     }
@@ -140,8 +211,16 @@ pub fn build(
             let expected = if p.prefilled { expected_after(&p.answer, &p.answer_prefix)? } else { p.answer.clone() };
             return finish(engine, task, p.ids, p.documents_end, expected, vec![p.value]);
         }
-        Task::Chain => {
+        Task::Chain | Task::DeepChain => {
             let t = spec.tasks.variable_tracking.as_ref().ok_or_else(|| missing("variable_tracking"))?;
+            let deep;
+            let t = if task == Task::DeepChain {
+                let r = spec.ruler.as_ref().ok_or_else(|| missing("ruler"))?;
+                deep = ChainSpec { hops: r.deep_chain.hops, distractors: r.deep_chain.distractors, ..t.clone() };
+                &deep
+            } else {
+                t
+            };
             let titles = (0..t.documents.max(1)).map(|_| spec.title(rng)).collect::<Result<Vec<_>>>()?;
             let wanted = t.hops + 1 + t.distractors;
             if wanted > t.variables.len() {
@@ -208,6 +287,11 @@ pub fn build(
             let question = spec.fill(&t.question, &fixed, rng)?;
             let prefix = spec.fill(&n.answer_prefix, &fixed, rng)?;
             let values = asked.into_iter().map(|(_, _, v)| v).collect();
+            (titles, facts, question, answer, prefix, values)
+        }
+        suite => {
+            let t = suite.ruler().ok_or_else(|| Error::Invalid(format!("{suite:?} is not a suite task")))?;
+            let Draw { titles, facts, question, answer, prefix, values } = ruler::draw(engine, spec, t, depth, rng)?;
             (titles, facts, question, answer, prefix, values)
         }
     };

@@ -26,7 +26,9 @@ use crate::cli::Common;
 #[derive(Args)]
 pub struct FidelityArgs {
     /// Tasks, comma-separated: chain (follow references hop by hop while answering), pair (two
-    /// facts in two documents), needle (one fact; the baseline).
+    /// facts in two documents), needle (one fact; the baseline); for a model trained on the
+    /// RULER-style suite (its eval_spec.json has `ruler`, docs/yardstick.md): multi_key,
+    /// multi_value, near_dup, deep_chain, count, frequent, two_hop, recite.
     #[arg(long, value_delimiter = ',', default_value = "chain,pair,needle", value_parser = parse_task)]
     tasks: Vec<Task>,
     /// Context lengths in tokens: 4k = 4096, 1M = 1048576.
