@@ -1,7 +1,8 @@
 """The demo model's training data at the level of token ids (tools/train_demo.py): batches of
 the same distribution as demo_prompts.make_prompt, drawn fast enough to keep a GPU busy, the
 curriculum of lengths over a run, and the distance histogram a run logs. Seeded: the data of
-step s comes from numpy's default_rng([seed, s]).
+step s comes from numpy's default_rng([seed, s]). The yardstick's recipe (yardstick_tasks.RECIPES)
+adds the RULER-style suite's tasks to the mix; the demo's recipes draw exactly what they drew before.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ class TrainData:
         n_docs = int(rng.integers(1, 3 if short else 5))
         facts: list[tuple[str, object]] = []  # (text, place: None, a document or an ordered group)
         turns: list[tuple[str, str]] = []  # (question, answer)
-        if task in Y.TASKS:
+        if task in Y.DRAWN:
             got = Y.draw(str(task), rng, self, short)
             facts, turns, answered, target = got["facts"], got["turns"], got["answered"], 0
             if any(p in ("A", "B") for _, p in facts):
@@ -227,7 +228,7 @@ class TrainData:
 
         docs_in_user = rng.random() < 0.3
         headers = [self.titles[int(rng.integers(len(self.titles)))] for _ in range(n_docs)]
-        fact_ids = [self.cids(f) if task not in Y.TASKS else self.ids(f) for f, _ in facts] + decoys
+        fact_ids = [self.cids(f) if task not in Y.DRAWN else self.ids(f) for f, _ in facts] + decoys
         facts += [("", None)] * len(decoys)
         # tail: questions and answers, with the loss mask
         tail: list[int] = []

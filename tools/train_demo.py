@@ -99,7 +99,7 @@ DEMO_SHAPE = {"layers": 4, "hidden": 256, "heads": 8, "kv_heads": 2, "head_dim":
 # Per model: its shape, vocabulary, eval spec and default recipe.
 MODELS = {
     "demo": (DEMO_SHAPE, G.vocabulary, G.eval_spec, G.DEFAULT_RECIPE),
-    "yardstick": (Y.SHAPE, Y.vocabulary, lambda _recipe: Y.eval_spec(), "yard1"),
+    "yardstick": (Y.SHAPE, Y.vocabulary, Y.eval_spec, "yard1"),
 }
 
 
@@ -294,6 +294,12 @@ def main() -> None:
     ap.add_argument("--model", choices=sorted(MODELS), default="demo",
                     help="demo: the bundled 4-layer model; yardstick: the 24-layer model of the RULER-style suite "
                     "(docs/yardstick.md)")
+    ap.add_argument("--shape", type=parse_shape, default={},
+                    help="change the model's shape for an ablation, e.g. layers=4,kv_heads=2 (keys of "
+                    "yardstick_tasks.SHAPE; hidden follows heads x head_dim unless given)")
+    ap.add_argument("--residual-init", action="store_true",
+                    help="initialise o_proj and down_proj at std initializer_range / sqrt(2 x layers) (GPT-2's "
+                    "scaled initialisation for deep residual stacks)")
     ap.add_argument("--recipe", choices=sorted({**G.RECIPES, **Y.RECIPES}),
                     help="data recipe (demo_grammar.RECIPES, yardstick_tasks.RECIPES); the default is the model's "
                     "first stage")
@@ -348,7 +354,12 @@ def main() -> None:
     G.check_disjoint()
     Y.check_disjoint()
     shape, vocabulary, spec_of, default_recipe = MODELS[a.model]
+    shape = {**shape, **a.shape}
+    if ("heads" in a.shape or "head_dim" in a.shape) and "hidden" not in a.shape:
+        shape["hidden"] = shape["heads"] * shape["head_dim"]
     a.recipe = a.recipe or default_recipe
+    if a.model == "demo" and a.recipe not in G.RECIPES:
+        raise SystemExit(f"--recipe {a.recipe} needs the yardstick's words: use it with --model yardstick")
     vocab = vocabulary()
     spec = spec_of(a.recipe)
     write_static_files(out, vocab, spec)
@@ -361,6 +372,12 @@ def main() -> None:
 
     cfg = llama_config(vocab, shape)
     model = LlamaForCausalLM(cfg).cuda()  # sdpa attention (the default)
+    if a.residual_init:
+        with torch.no_grad():
+            std = cfg.initializer_range / math.sqrt(2 * cfg.num_hidden_layers)
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight.normal_(0.0, std)
+                layer.mlp.down_proj.weight.normal_(0.0, std)
     if a.init:
         init = LlamaForCausalLM.from_pretrained(a.init, dtype=torch.float32)
         missing = model.load_state_dict(init.state_dict(), strict=True)
@@ -468,7 +485,8 @@ def main() -> None:
     scores = task_scores(model, data, a, log)
     final = [c["loss"] for c in curve[-4:]]
     training_log = {
-        "command": " ".join(sys.argv), "model": a.model, "shape": shape, "task_scores": scores,
+        "command": " ".join(sys.argv), "model": a.model, "shape": shape, "residual_init": a.residual_init,
+        "task_scores": scores,
         "seed": a.seed, "recipe": a.recipe, "recipe_settings": data.r,
         "fact_question_distance_histogram": hist, "steps_planned": steps, "steps_done": s + 1, "tokens_per_step": a.tokens_per_step,
         "curriculum": a.curriculum, "init": a.init, "lr": a.lr, "warmup": a.warmup, "parameters": n_params,
@@ -481,6 +499,17 @@ def main() -> None:
     log(f"train {train_s:.0f}s, final loss {training_log['final_loss']:.4f}")
     del model, opt
     run_eval(a, out, log, training_log)
+
+
+def parse_shape(text: str) -> dict:
+    """"layers=4,kv_heads=2" -> {"layers": 4, "kv_heads": 2}, keys of the shapes' (DEMO_SHAPE)."""
+    out = {}
+    for part in filter(None, text.split(",")):
+        k, _, v = part.partition("=")
+        if k not in DEMO_SHAPE or not v.isdigit() or int(v) < 1:
+            raise SystemExit(f"--shape {text!r}: KEY=N pairs with keys {sorted(DEMO_SHAPE)}")
+        out[k] = int(v)
+    return out
 
 
 def task_scores(model, data: TrainData, a, log) -> dict:

@@ -64,6 +64,8 @@ EVAL = {
     "recite": {"min_tokens": 64, "max_tokens": 96},
 }
 TASKS = list(EVAL)
+# The tasks draw() makes; deep_chain is the demo's chain task (demo_data's "var") to more hops.
+DRAWN = [t for t in TASKS if t != "deep_chain"]
 
 # The yardstick's shape (docs/yardstick.md): the demo's width per head, a real model's depth,
 # and Qwen2.5-7B's grouping of 7 query heads per K/V head.
@@ -96,10 +98,16 @@ def check_disjoint() -> None:
     assert not clash, f"yardstick words also in the filler: {sorted(clash)}"
 
 
-def eval_spec() -> dict:
-    """The demo's eval_spec (recipe run6) with version 2's `ruler` section: each task's forms
-    and the eval settings, which `folio eval` reads."""
-    spec = G.eval_spec("run6")
+# The demo recipe whose prompt settings (value digits, filler numbers, prefilled prefix) a
+# yardstick recipe shares, for its eval_spec.
+SPEC_BASE = {"yard1": "run6"}
+
+
+def eval_spec(recipe: str = "yard1") -> dict:
+    """The eval_spec of the data `recipe` makes (a yardstick recipe's demo base, or a demo
+    recipe trained on the yardstick's shape) with version 2's `ruler` section: each task's
+    forms and the eval settings, which `folio eval` reads."""
+    spec = G.eval_spec(SPEC_BASE.get(recipe, recipe))
     spec["version"] = 2
     spec["description"] = ("Prompt distribution of Folio's yardstick model: the demo's, plus the RULER-style suite "
                            "of docs/yardstick.md.")

@@ -54,6 +54,8 @@ pub(crate) enum RulerTask {
 
 /// Documents a suite prompt spreads its filler over.
 const DOCUMENTS: usize = 3;
+/// Near-duplicate values share a run of two digits with the answer's, so values have at least 2.
+const MIN_VALUE_DIGITS: usize = 2;
 /// Sentences drawn for a recited passage before its token window is called impossible.
 const RECITE_DRAWS: usize = 10_000;
 
@@ -64,7 +66,8 @@ fn pick<'a>(items: &'a [String], rng: &mut impl Rng) -> &'a str {
 /// `n` distinct keys other than `key`, each sharing its adjective or its noun.
 fn confusable(spec: &EvalSpec, key: &str, n: usize, rng: &mut impl Rng) -> Result<Vec<String>> {
     let (adj, noun) = key.split_once(' ').ok_or_else(|| Error::Invalid(format!("key {key:?} is not two words")))?;
-    let possible = spec.keys.adjectives.len() + spec.keys.nouns.len() - 2;
+    let distinct = |words: &[String]| words.iter().collect::<std::collections::BTreeSet<_>>().len();
+    let possible = (distinct(&spec.keys.adjectives) + distinct(&spec.keys.nouns)).saturating_sub(2);
     if n > possible {
         return Err(Error::Invalid(format!(
             "{n} keys sharing a word with {key:?} asked of a spec that has {possible}"
@@ -98,14 +101,19 @@ fn similar_value(spec: &EvalSpec, v: &str, rng: &mut impl Rng) -> String {
     w.into_iter().collect()
 }
 
-/// Draws the facts and answer of `task` with its first fact at `depth`.
-pub(crate) fn draw(engine: &Engine, spec: &EvalSpec, task: RulerTask, depth: f64, rng: &mut impl Rng) -> Result<Draw> {
-    let r = spec.ruler.as_ref().ok_or_else(|| {
+/// The spec's suite, or an error saying the model was not trained on `task`.
+pub(crate) fn suite_of<'s>(spec: &'s EvalSpec, task: &str) -> Result<&'s RulerSpec> {
+    spec.ruler.as_ref().ok_or_else(|| {
         Error::Invalid(format!(
-            "this model's eval_spec.json has no `ruler` section: it was not trained on the suite's {task:?} task \
+            "this model's eval_spec.json has no `ruler` section: it was not trained on the suite's {task} task \
              (the yardstick model is, docs/yardstick.md)"
         ))
-    })?;
+    })
+}
+
+/// Draws the facts and answer of `task` with its first fact at `depth`.
+pub(crate) fn draw(engine: &Engine, spec: &EvalSpec, task: RulerTask, depth: f64, rng: &mut impl Rng) -> Result<Draw> {
+    let r = suite_of(spec, &format!("{task:?}"))?;
     let titles = (0..DOCUMENTS).map(|_| spec.title(rng)).collect::<Result<Vec<_>>>()?;
     let kv = |rel: &str, key: &str, value: &str, rng: &mut _| {
         spec.fill(&r.fact, &[("relation", rel), ("key", key), ("value", value)], rng)
@@ -114,6 +122,13 @@ pub(crate) fn draw(engine: &Engine, spec: &EvalSpec, task: RulerTask, depth: f64
         let fixed = [("relation", rel), ("key", key)];
         Ok((spec.fill(&r.question, &fixed, rng)?, spec.fill(&r.answer_prefix, &fixed, rng)?))
     };
+    if spec.value.digits < MIN_VALUE_DIGITS {
+        return Err(Error::Invalid(format!(
+            "the suite's values need at least {MIN_VALUE_DIGITS} digits (near-duplicates share a run of two); \
+             this spec's have {}",
+            spec.value.digits
+        )));
+    }
     let rel = pick(&r.relations, rng).to_owned();
     let key = spec.keys(1, rng)?.remove(0);
     let d = match task {
@@ -226,14 +241,12 @@ fn count(spec: &EvalSpec, r: &RulerSpec, key: &str, titles: Vec<String>, rng: &m
 
 fn frequent(spec: &EvalSpec, r: &RulerSpec, titles: Vec<String>, rng: &mut impl Rng) -> Result<Draw> {
     let f = &r.frequent;
-    if f.winner_min < f.gap + 1 || f.winner_min > f.winner_max || f.others + 1 > r.animals.len() {
+    let distinct = r.animals.iter().collect::<std::collections::BTreeSet<_>>().len();
+    if f.gap == 0 || f.winner_min < f.gap + 1 || f.winner_min > f.winner_max || f.others + 1 > distinct {
         return Err(Error::Invalid(format!(
-            "the frequent task needs winner_min > gap and fewer other animals than the spec's {} \
-             (winner_min {}, gap {}, others {})",
-            r.animals.len(),
-            f.winner_min,
-            f.gap,
-            f.others
+            "the frequent task needs 1 <= gap < winner_min <= winner_max and fewer other animals than the \
+             spec's {distinct} distinct ones (winner_min {}, gap {}, others {})",
+            f.winner_min, f.gap, f.others
         )));
     }
     let mut animals: Vec<&str> = Vec::with_capacity(f.others + 1);

@@ -149,8 +149,8 @@ impl TaskPrompt {
     /// must follow the words that come before it in the expected answer (since the previous
     /// value) and be followed by the words that follow it there up to the end of its sentence
     /// (or by nothing: a generation cut there), spaces ignored — so a wrong first value does
-    /// not hide a right second one, "123456" is not "12345" and "whale whale was fed" is not
-    /// "whale was fed".
+    /// not hide a right second one, "123456" is not "12345", "whale whale was fed" is not
+    /// "whale was fed", and a recited sentence is found after a wrong one.
     pub fn values_right(&self, generated_text: &str) -> usize {
         let squeeze = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
         let (got, want) = (squeeze(generated_text), squeeze(&self.expected));
@@ -159,19 +159,28 @@ impl TaskPrompt {
             let value = squeeze(value);
             let Some(at) = want.get(from..).and_then(|w| w.find(value.as_str())).map(|i| from + i) else { break };
             let words = &want[from..at];
-            let Some(start) = got.get(got_from..).and_then(|g| g.find(words)).map(|i| got_from + i + words.len())
-            else {
-                break;
-            };
             let end = at + value.len();
             // the value and the rest of its sentence, unless the value is a sentence itself
             let tail = if value.ends_with('.') { "" } else { want[end..].split_inclusive('.').next().unwrap_or("") };
             let whole = format!("{value}{tail}");
+            let after = got.get(got_from..).unwrap_or("");
+            // a value right after the previous one (recited sentences) is looked for whole, so a
+            // wrong sentence does not make the ones after it wrong too
+            let start = if words.is_empty() && from > 0 {
+                Some(after.find(whole.as_str()).map_or(got_from, |i| got_from + i))
+            } else {
+                after.find(words).map(|i| got_from + i + words.len())
+            };
+            let Some(start) = start else { break };
             let rest = got.get(start..).unwrap_or("");
             if rest.starts_with(whole.as_str()) || (rest.len() >= value.len() && whole.starts_with(rest)) {
                 right += 1;
             }
-            (from, got_from) = (end, (start + value.len()).min(got.len()));
+            // on past what the output has of the value, so a value cut short or too long does
+            // not carry the next value's lead-in away with it
+            let kept: usize =
+                rest.chars().zip(value.chars()).take_while(|(a, b)| a == b).map(|(a, _)| a.len_utf8()).sum();
+            (from, got_from) = (end, start + kept);
         }
         right
     }
@@ -215,7 +224,7 @@ pub fn build(
             let t = spec.tasks.variable_tracking.as_ref().ok_or_else(|| missing("variable_tracking"))?;
             let deep;
             let t = if task == Task::DeepChain {
-                let r = spec.ruler.as_ref().ok_or_else(|| missing("ruler"))?;
+                let r = ruler::suite_of(spec, task.name())?;
                 deep = ChainSpec { hops: r.deep_chain.hops, distractors: r.deep_chain.distractors, ..t.clone() };
                 &deep
             } else {

@@ -74,6 +74,9 @@ fn task_prompts_follow_the_spec() {
                 let wrong: String = first.chars().map(|c| if c == '9' { '0' } else { (c as u8 + 1) as char }).collect();
                 let altered = expected.replacen(&spaced(first), &spaced(&wrong), 1);
                 assert_eq!(p.values_right(&altered), values - 1, "{at}: {altered:?}");
+                // nor does a first value cut short
+                let altered = expected.replacen(&spaced(first), &spaced(&first[..first.len() - 1]), 1);
+                assert_eq!(p.values_right(&altered), values - 1, "{at}: {altered:?}");
             }
             match task {
                 // Each hop the answer takes is a sentence of the documents.
