@@ -63,10 +63,24 @@ fn pick<'a>(items: &'a [String], rng: &mut impl Rng) -> &'a str {
     &items[rng.random_range(0..items.len())]
 }
 
+/// How many different words a list holds (an edited spec may repeat one).
+fn distinct(words: &[String]) -> usize {
+    words.iter().collect::<std::collections::BTreeSet<_>>().len()
+}
+
+/// "the {relation} of {key} is {value} .", the suite's fact.
+fn kv_fact(
+    spec: &EvalSpec,
+    r: &RulerSpec,
+    (rel, key, value): (&str, &str, &str),
+    rng: &mut impl Rng,
+) -> Result<String> {
+    spec.fill(&r.fact, &[("relation", rel), ("key", key), ("value", value)], rng)
+}
+
 /// `n` distinct keys other than `key`, each sharing its adjective or its noun.
 fn confusable(spec: &EvalSpec, key: &str, n: usize, rng: &mut impl Rng) -> Result<Vec<String>> {
     let (adj, noun) = key.split_once(' ').ok_or_else(|| Error::Invalid(format!("key {key:?} is not two words")))?;
-    let distinct = |words: &[String]| words.iter().collect::<std::collections::BTreeSet<_>>().len();
     let possible = (distinct(&spec.keys.adjectives) + distinct(&spec.keys.nouns)).saturating_sub(2);
     if n > possible {
         return Err(Error::Invalid(format!(
@@ -115,9 +129,7 @@ pub(crate) fn suite_of<'s>(spec: &'s EvalSpec, task: &str) -> Result<&'s RulerSp
 pub(crate) fn draw(engine: &Engine, spec: &EvalSpec, task: RulerTask, depth: f64, rng: &mut impl Rng) -> Result<Draw> {
     let r = suite_of(spec, &format!("{task:?}"))?;
     let titles = (0..DOCUMENTS).map(|_| spec.title(rng)).collect::<Result<Vec<_>>>()?;
-    let kv = |rel: &str, key: &str, value: &str, rng: &mut _| {
-        spec.fill(&r.fact, &[("relation", rel), ("key", key), ("value", value)], rng)
-    };
+    let kv = |rel: &str, key: &str, value: &str, rng: &mut _| kv_fact(spec, r, (rel, key, value), rng);
     let asked = |rel: &str, key: &str, rng: &mut _| -> Result<(String, String)> {
         let fixed = [("relation", rel), ("key", key)];
         Ok((spec.fill(&r.question, &fixed, rng)?, spec.fill(&r.answer_prefix, &fixed, rng)?))
@@ -189,9 +201,7 @@ fn multi_value(
     titles: Vec<String>,
     rng: &mut impl Rng,
 ) -> Result<Draw> {
-    let kv = |rel: &str, key: &str, value: &str, rng: &mut _| {
-        spec.fill(&r.fact, &[("relation", rel), ("key", key), ("value", value)], rng)
-    };
+    let kv = |rel: &str, key: &str, value: &str, rng: &mut _| kv_fact(spec, r, (rel, key, value), rng);
     let values: Vec<String> = (0..r.multi_value.values).map(|_| spec.value(rng)).collect();
     let mut facts = Vec::new();
     for v in &values {
@@ -241,11 +251,11 @@ fn count(spec: &EvalSpec, r: &RulerSpec, key: &str, titles: Vec<String>, rng: &m
 
 fn frequent(spec: &EvalSpec, r: &RulerSpec, titles: Vec<String>, rng: &mut impl Rng) -> Result<Draw> {
     let f = &r.frequent;
-    let distinct = r.animals.iter().collect::<std::collections::BTreeSet<_>>().len();
-    if f.gap == 0 || f.winner_min < f.gap + 1 || f.winner_min > f.winner_max || f.others + 1 > distinct {
+    let distinct_animals = distinct(&r.animals);
+    if f.gap == 0 || f.winner_min < f.gap + 1 || f.winner_min > f.winner_max || f.others + 1 > distinct_animals {
         return Err(Error::Invalid(format!(
             "the frequent task needs 1 <= gap < winner_min <= winner_max and fewer other animals than the \
-             spec's {distinct} distinct ones (winner_min {}, gap {}, others {})",
+             spec's {distinct_animals} distinct ones (winner_min {}, gap {}, others {})",
             f.winner_min, f.gap, f.others
         )));
     }

@@ -61,19 +61,10 @@ impl Task {
         Task::TwoHop,
         Task::Recite,
     ];
-    /// The tasks the demo model was trained on.
-    pub const DEMO: [Task; 3] = [Task::Needle, Task::Chain, Task::Pair];
-    /// The RULER-style suite (the yardstick model's tasks).
-    pub const SUITE: [Task; 8] = [
-        Task::MultiKey,
-        Task::MultiValue,
-        Task::NearDup,
-        Task::DeepChain,
-        Task::Count,
-        Task::Frequent,
-        Task::TwoHop,
-        Task::Recite,
-    ];
+    /// The tasks the demo model was trained on: the first of ALL.
+    pub const DEMO: &[Task] = Self::ALL.as_slice().split_at(3).0;
+    /// The RULER-style suite (the yardstick model's tasks): the rest of ALL.
+    pub const SUITE: &[Task] = Self::ALL.as_slice().split_at(3).1;
 
     pub fn name(self) -> &'static str {
         match self {

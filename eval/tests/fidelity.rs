@@ -22,6 +22,7 @@ use rand::SeedableRng;
 // The kernels' shared test helpers (a replayable seed).
 #[path = "../../kernels/tests/common/mod.rs"]
 mod common;
+mod prompt_checks;
 
 fn demo() -> (Engine, EvalSpec) {
     let dir: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/models/demo");
@@ -36,18 +37,13 @@ fn spaced(value: &str) -> String {
 #[test]
 fn task_prompts_follow_the_spec() {
     let (engine, spec) = demo();
-    let unk = engine.tokenizer.token_id("<|unk|>").unwrap();
     let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
-    for task in Task::DEMO {
+    for &task in Task::DEMO {
         for (length, depth) in [(768, 0.0), (1024, 0.5), (2048, 1.0)] {
             let p = tasks::build(&engine, &spec, task, length, depth, &mut rng).unwrap();
             let at = format!("seed {seed}, {task:?} at {length}/{depth}");
-            assert!(p.ids.len() <= length && p.ids.len() + 40 >= length, "{at}: {} tokens", p.ids.len());
-            assert!(!p.ids.contains(&unk), "{at}: out-of-vocabulary words");
-            let (docs, tail) = p.ids.split_at(p.documents_end);
-            let (docs, tail) =
-                (engine.tokenizer.decode(docs, false).unwrap(), engine.tokenizer.decode(tail, false).unwrap());
+            let (docs, tail) = prompt_checks::documents_and_question(&engine, &p, length, &at);
             // Every value is in the documents and none in the question: the answer must read them.
             for v in &p.values {
                 assert!(docs.contains(&spaced(v)), "{at}: value {v} is not in the documents");

@@ -16,6 +16,7 @@ use rand::SeedableRng;
 
 #[path = "../../kernels/tests/common/mod.rs"]
 mod common;
+mod prompt_checks;
 
 fn yardstick_tiny() -> (Engine, EvalSpec) {
     let dir: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/yardstick-tiny");
@@ -81,18 +82,13 @@ fn check_scoring(engine: &Engine, p: &TaskPrompt, at: &str) {
 fn suite_prompts_say_what_their_answers_claim() {
     let (engine, spec) = yardstick_tiny();
     let r = spec.ruler.clone().expect("the yardstick's spec has the suite");
-    let unk = engine.tokenizer.token_id("<|unk|>").unwrap();
     let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
-    for task in Task::SUITE {
+    for &task in Task::SUITE {
         for (length, depth) in [(1024, 0.0), (2048, 0.5), (3072, 1.0)] {
             let p = tasks::build(&engine, &spec, task, length, depth, &mut rng).unwrap();
             let at = format!("seed {seed}, {task:?} at {length}/{depth}");
-            assert!(p.ids.len() <= length && p.ids.len() + 40 >= length, "{at}: {} tokens", p.ids.len());
-            assert!(!p.ids.contains(&unk), "{at}: out-of-vocabulary words");
-            let (docs, tail) = p.ids.split_at(p.documents_end);
-            let (docs, tail) =
-                (engine.tokenizer.decode(docs, false).unwrap(), engine.tokenizer.decode(tail, false).unwrap());
+            let (docs, tail) = prompt_checks::documents_and_question(&engine, &p, length, &at);
             let facts = ["secret code of", "access code of", "room number of", "lucky number of"]
                 .map(|rel| occurrences(&docs, rel))
                 .iter()
@@ -151,7 +147,7 @@ fn the_demo_model_has_no_suite_and_says_so() {
     let engine = Engine::load(dir.to_str().unwrap(), &Device::Cpu, DType::F32).unwrap();
     let spec = EvalSpec::load(&dir).unwrap();
     let mut rng = StdRng::seed_from_u64(1);
-    for task in Task::SUITE {
+    for &task in Task::SUITE {
         let e = tasks::build(&engine, &spec, task, 2048, 0.5, &mut rng).unwrap_err().to_string();
         assert!(e.contains("has no `ruler` section: it was not trained on"), "{task:?}: {e}");
     }
@@ -160,7 +156,7 @@ fn the_demo_model_has_no_suite_and_says_so() {
 #[test]
 fn a_task_cell_is_the_same_prompt_on_every_run() {
     let (engine, spec) = yardstick_tiny();
-    for task in Task::SUITE {
+    for &task in Task::SUITE {
         let a = tasks::cell_prompt(&engine, &spec, task, (2048, 0.25, 3), 11).unwrap();
         let b = tasks::cell_prompt(&engine, &spec, task, (2048, 0.25, 3), 11).unwrap();
         let c = tasks::cell_prompt(&engine, &spec, task, (2048, 0.25, 4), 11).unwrap();
